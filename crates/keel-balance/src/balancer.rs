@@ -1,0 +1,473 @@
+//! The one API every driver uses: build a [`Balancer`], [`Balancer::pick`] an endpoint, then
+//! [`Balancer::finish`] the [`Pick`] with its [`Outcome`].
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+
+use crate::config::BalancerConfig;
+use crate::endpoint::{nanos, Endpoint, EndpointId, EndpointSpec, EndpointStatus};
+use crate::rng::SharedRng;
+use crate::strategy::{Strategy, View};
+
+/// What a call to an endpoint came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// The endpoint answered as it should.
+    Success,
+    /// The endpoint failed the call: refused, reset, timed out, or answered with an error that
+    /// the driver counts as the endpoint's fault.
+    Failure,
+}
+
+/// Why a balancer could not be built or updated.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BuildError {
+    /// The configuration is out of range.
+    #[error("invalid balancer configuration: {0}")]
+    Config(String),
+    /// Two endpoints share an address.
+    #[error("endpoint `{0}` is listed twice")]
+    DuplicateEndpoint(String),
+    /// A weight of zero.
+    #[error("endpoint `{0}` has weight 0; weights start at 1")]
+    ZeroWeight(String),
+    /// More endpoints than a Maglev table of this size can hold.
+    #[error("maglev table_size {size} must be larger than the endpoint count {count}")]
+    TableTooSmall {
+        /// Table size.
+        size: u64,
+        /// Endpoints.
+        count: usize,
+    },
+}
+
+/// What one pick is about.
+#[derive(Debug, Clone, Copy)]
+pub struct PickContext<'a> {
+    /// The current time on the driver's clock (monotonic, any epoch).
+    pub now: Duration,
+    /// The request's key for the hash strategies (see [`crate::hash_key`]); without one they
+    /// use a random key.
+    pub hash_key: Option<u64>,
+    /// Endpoints not to pick (the ones a retry already tried), unless no other is left.
+    pub avoid: &'a [EndpointId],
+}
+
+impl<'a> PickContext<'a> {
+    /// A context at `now` with no key and nothing to avoid.
+    pub fn new(now: Duration) -> Self {
+        Self {
+            now,
+            hash_key: None,
+            avoid: &[],
+        }
+    }
+
+    /// The same context with a hash key.
+    pub fn with_hash_key(mut self, key: u64) -> Self {
+        self.hash_key = Some(key);
+        self
+    }
+
+    /// The same context, avoiding these endpoints.
+    pub fn with_avoid(mut self, avoid: &'a [EndpointId]) -> Self {
+        self.avoid = avoid;
+        self
+    }
+}
+
+/// A picked endpoint: one call in flight on it until [`Balancer::finish`] records the outcome.
+/// Dropping it unfinished (a cancelled call) releases the in-flight slot and records nothing.
+#[derive(Debug)]
+#[must_use = "finish the pick with its outcome, or drop it to cancel"]
+pub struct Pick {
+    endpoint: Arc<Endpoint>,
+    index: usize,
+    picked_at: u64,
+    group: Option<Arc<AtomicU64>>,
+    open: bool,
+}
+
+impl Pick {
+    /// The endpoint.
+    pub fn endpoint(&self) -> &Arc<Endpoint> {
+        &self.endpoint
+    }
+
+    /// Its position in the endpoint list when it was picked.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Its address.
+    pub fn address(&self) -> &str {
+        self.endpoint.address()
+    }
+
+    /// Its identity (put it in [`PickContext::avoid`] for a retry).
+    pub fn id(&self) -> EndpointId {
+        self.endpoint.id()
+    }
+
+    fn release(&mut self) {
+        if self.open {
+            self.open = false;
+            self.endpoint.in_flight.fetch_sub(1, Ordering::Relaxed);
+            if let Some(g) = &self.group {
+                g.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl Drop for Pick {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// How many endpoints are out (unhealthy or ejected), recounted lazily when an ejection ends or
+/// health changes, so that a pick does not scan every endpoint to apply the panic threshold.
+#[derive(Debug)]
+struct HealthSummary {
+    unavailable: AtomicUsize,
+    /// Recount at or after this instant (0: at the next pick; u64::MAX: nothing pending).
+    recount_at: AtomicU64,
+}
+
+impl HealthSummary {
+    fn refresh(&self, eps: &[Arc<Endpoint>], now: u64) {
+        let mut out = 0;
+        let mut next = u64::MAX;
+        for e in eps {
+            let until = e.ejected_until.load(Ordering::Relaxed);
+            if until > now {
+                next = next.min(until);
+            }
+            if !e.is_available(now) {
+                out += 1;
+            }
+        }
+        self.unavailable.store(out, Ordering::Relaxed);
+        self.recount_at.store(next, Ordering::Relaxed);
+    }
+}
+
+struct Snapshot {
+    endpoints: Vec<Arc<Endpoint>>,
+    strategy: Strategy,
+    total_weight: u64,
+    health: HealthSummary,
+}
+
+/// A load balancer over a set of endpoints: one strategy, its protections (outlier ejection,
+/// panic threshold, slow start) and the live state of every endpoint.
+///
+/// `Send + Sync`: share it in an `Arc` and pick from any number of threads. Picks are lock-free
+/// except for weighted round-robin, whose smooth sequence needs one short lock.
+pub struct Balancer {
+    config: BalancerConfig,
+    rng: SharedRng,
+    /// Calls in flight over all endpoints (kept only for bounded loads).
+    group: Arc<AtomicU64>,
+    snapshot: ArcSwap<Snapshot>,
+}
+
+impl std::fmt::Debug for Balancer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Balancer")
+            .field("strategy", &self.config.strategy)
+            .field("endpoints", &self.snapshot.load().endpoints.len())
+            .finish()
+    }
+}
+
+impl Balancer {
+    /// Builds a balancer. Endpoints present at build time start at full weight (no slow start).
+    pub fn new(config: BalancerConfig, endpoints: &[EndpointSpec]) -> Result<Self, BuildError> {
+        config.validate().map_err(BuildError::Config)?;
+        let eps = Self::carry_over(&[], endpoints, 0)?;
+        let snapshot = Self::snapshot(&config, eps)?;
+        Ok(Self {
+            rng: SharedRng::new(config.seed),
+            config,
+            group: Arc::new(AtomicU64::new(0)),
+            snapshot: ArcSwap::from_pointee(snapshot),
+        })
+    }
+
+    /// A new balancer (e.g. from a reloaded configuration) that keeps the live state of the
+    /// endpoints it shares with `self`: in-flight counts, health, ejections, latency estimates.
+    /// New endpoints start their slow start at `now`.
+    pub fn rebuild(
+        &self,
+        config: BalancerConfig,
+        endpoints: &[EndpointSpec],
+        now: Duration,
+    ) -> Result<Self, BuildError> {
+        config.validate().map_err(BuildError::Config)?;
+        let old = self.snapshot.load();
+        let eps = Self::carry_over(&old.endpoints, endpoints, nanos(now).max(1))?;
+        let snapshot = Self::snapshot(&config, eps)?;
+        Ok(Self {
+            rng: SharedRng::new(config.seed),
+            config,
+            group: self.group.clone(),
+            snapshot: ArcSwap::from_pointee(snapshot),
+        })
+    }
+
+    /// Replaces the endpoint list in place (add, remove, re-weight). Endpoints that stay keep
+    /// their state; hash tables are rebuilt; picks in flight finish normally.
+    pub fn update(&self, endpoints: &[EndpointSpec], now: Duration) -> Result<(), BuildError> {
+        let old = self.snapshot.load();
+        let eps = Self::carry_over(&old.endpoints, endpoints, nanos(now).max(1))?;
+        let snapshot = Self::snapshot(&self.config, eps)?;
+        self.snapshot.store(Arc::new(snapshot));
+        Ok(())
+    }
+
+    /// Changes one endpoint's weight (a rebuild of the tables that depend on weights).
+    /// Returns false if no endpoint has that address.
+    pub fn set_weight(
+        &self,
+        address: &str,
+        weight: u32,
+        now: Duration,
+    ) -> Result<bool, BuildError> {
+        let mut specs = self.specs();
+        let Some(s) = specs.iter_mut().find(|s| s.address == address) else {
+            return Ok(false);
+        };
+        s.weight = weight;
+        self.update(&specs, now)?;
+        Ok(true)
+    }
+
+    fn carry_over(
+        old: &[Arc<Endpoint>],
+        specs: &[EndpointSpec],
+        ramp_from: u64,
+    ) -> Result<Vec<Arc<Endpoint>>, BuildError> {
+        let mut seen = std::collections::HashSet::new();
+        specs
+            .iter()
+            .map(|s| {
+                if !seen.insert(s.address.as_str()) {
+                    return Err(BuildError::DuplicateEndpoint(s.address.clone()));
+                }
+                if s.weight == 0 {
+                    return Err(BuildError::ZeroWeight(s.address.clone()));
+                }
+                Ok(match old.iter().find(|e| e.address() == s.address) {
+                    Some(e) => {
+                        e.weight.store(s.weight, Ordering::Relaxed);
+                        e.clone()
+                    }
+                    None => Arc::new(Endpoint::new(s, ramp_from)),
+                })
+            })
+            .collect()
+    }
+
+    fn snapshot(
+        config: &BalancerConfig,
+        endpoints: Vec<Arc<Endpoint>>,
+    ) -> Result<Snapshot, BuildError> {
+        if config.strategy == crate::StrategyKind::Maglev
+            && endpoints.len() as u64 >= config.options.table_size
+        {
+            return Err(BuildError::TableTooSmall {
+                size: config.options.table_size,
+                count: endpoints.len(),
+            });
+        }
+        Ok(Snapshot {
+            strategy: Strategy::build(config.strategy, &config.options, &endpoints),
+            total_weight: endpoints.iter().map(|e| e.weight() as u64).sum(),
+            health: HealthSummary {
+                unavailable: AtomicUsize::new(0),
+                recount_at: AtomicU64::new(0),
+            },
+            endpoints,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &BalancerConfig {
+        &self.config
+    }
+
+    /// The endpoints, in configuration order.
+    pub fn endpoints(&self) -> Vec<Arc<Endpoint>> {
+        self.snapshot.load().endpoints.clone()
+    }
+
+    /// The endpoint list as specs (address and weight).
+    pub fn specs(&self) -> Vec<EndpointSpec> {
+        self.snapshot
+            .load()
+            .endpoints
+            .iter()
+            .map(|e| EndpointSpec::new(e.address()).with_weight(e.weight()))
+            .collect()
+    }
+
+    /// Number of ring points (ring-hash only).
+    pub fn ring_points(&self) -> Option<usize> {
+        self.snapshot.load().strategy.ring_points()
+    }
+
+    /// True while fewer than `panic_threshold` percent of the endpoints are available, so that
+    /// picks ignore health.
+    pub fn is_panicking(&self, now: Duration) -> bool {
+        let snap = self.snapshot.load();
+        self.panic(&snap, nanos(now))
+    }
+
+    fn panic(&self, snap: &Snapshot, now: u64) -> bool {
+        let h = &snap.health;
+        if now >= h.recount_at.load(Ordering::Relaxed) {
+            h.refresh(&snap.endpoints, now);
+        }
+        let out = h.unavailable.load(Ordering::Relaxed);
+        if out == 0 || self.config.panic_threshold <= 0.0 {
+            return false;
+        }
+        let n = snap.endpoints.len();
+        ((n - out.min(n)) as f64) * 100.0 < self.config.panic_threshold * n as f64
+    }
+
+    /// Picks an endpoint for one call. `None` when no endpoint may take it (empty list, or all
+    /// unavailable with the panic threshold off). Endpoints in `ctx.avoid` are skipped while
+    /// another one is allowed.
+    pub fn pick(&self, ctx: &PickContext<'_>) -> Option<Pick> {
+        let snap = self.snapshot.load();
+        let now = nanos(ctx.now);
+        let mut view = View {
+            eps: &snap.endpoints,
+            now,
+            avoid: ctx.avoid,
+            ignore_health: self.panic(&snap, now),
+            slow_start: self.config.slow_start.as_ref(),
+            rng: &self.rng,
+        };
+        let bounded = snap.strategy.bounded();
+        let load = if bounded {
+            self.group.load(Ordering::Relaxed)
+        } else {
+            0
+        };
+        let mut index = snap
+            .strategy
+            .pick(&view, ctx.hash_key, load, snap.total_weight);
+        if index.is_none() && !ctx.avoid.is_empty() {
+            // Nothing else left: a retry may go back to an endpoint it already tried.
+            view.avoid = &[];
+            index = snap
+                .strategy
+                .pick(&view, ctx.hash_key, load, snap.total_weight);
+        }
+        let index = index?;
+        let endpoint = snap.endpoints[index].clone();
+        endpoint.in_flight.fetch_add(1, Ordering::Relaxed);
+        let group = bounded.then(|| {
+            self.group.fetch_add(1, Ordering::Relaxed);
+            self.group.clone()
+        });
+        Some(Pick {
+            endpoint,
+            index,
+            picked_at: now,
+            group,
+            open: true,
+        })
+    }
+
+    /// Records the outcome of a picked call that ended at `now` (its latency is `now` minus the
+    /// pick's time): in-flight counts, latency estimates, outlier detection.
+    pub fn finish(&self, mut pick: Pick, outcome: Outcome, now: Duration) {
+        pick.release();
+        let now = nanos(now);
+        let e = &*pick.endpoint;
+        let failed = outcome == Outcome::Failure;
+        if failed {
+            e.failures.fetch_add(1, Ordering::Relaxed);
+        } else {
+            e.successes.fetch_add(1, Ordering::Relaxed);
+        }
+        let snap = self.snapshot.load();
+        snap.strategy
+            .record(e, outcome, now.saturating_sub(pick.picked_at), now);
+        if let Some(od) = &self.config.outlier_detection {
+            let mut st = e.outlier.lock().unwrap_or_else(|p| p.into_inner());
+            if st.record(od, failed, now) && e.ejected_until.load(Ordering::Relaxed) <= now {
+                let ejected = snap
+                    .endpoints
+                    .iter()
+                    .filter(|x| x.ejected_until.load(Ordering::Relaxed) > now)
+                    .count();
+                if ejected < od.max_ejected(snap.endpoints.len()) {
+                    let until = st.eject(od, now);
+                    e.ejected_until.store(until, Ordering::Relaxed);
+                    snap.health.unavailable.fetch_add(1, Ordering::Relaxed);
+                    snap.health.recount_at.fetch_min(until, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Sets an endpoint's active-health-check verdict. Back to healthy starts its slow start.
+    /// Returns false if no endpoint has that id.
+    pub fn set_healthy(&self, id: EndpointId, healthy: bool, now: Duration) -> bool {
+        let snap = self.snapshot.load();
+        let Some(e) = snap.endpoints.iter().find(|e| e.id() == id) else {
+            return false;
+        };
+        let was = e.healthy.swap(healthy, Ordering::Relaxed);
+        if was != healthy {
+            if healthy {
+                e.ramp_from.store(nanos(now).max(1), Ordering::Relaxed);
+            }
+            snap.health.recount_at.store(0, Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// A copy of every endpoint's state, for status pages and reports.
+    pub fn status(&self, now: Duration) -> Vec<EndpointStatus> {
+        let snap = self.snapshot.load();
+        let view = View {
+            eps: &snap.endpoints,
+            now: nanos(now),
+            avoid: &[],
+            ignore_health: false,
+            slow_start: self.config.slow_start.as_ref(),
+            rng: &self.rng,
+        };
+        snap.endpoints
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let (successes, failures) = e.outcomes();
+                EndpointStatus {
+                    id: e.id().0,
+                    address: e.address().to_string(),
+                    weight: e.weight(),
+                    effective_weight: e.weight() as f64 * view.ramp(i),
+                    healthy: e.is_healthy(),
+                    ejected_until: e.ejected_until(now),
+                    ejections: e.outlier.lock().map(|s| s.ejections).unwrap_or(0),
+                    in_flight: e.in_flight(),
+                    latency_estimate: e.latency_estimate(),
+                    successes,
+                    failures,
+                }
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,44 @@
+//! # keel-balance
+//!
+//! keel's load-balancing core: every strategy and protection, pure (no I/O, no threads, no
+//! clock). The reliability simulator and the HTTP proxy are two drivers of the same API:
+//!
+//! ```
+//! use std::time::Duration;
+//! use keel_balance::{Balancer, BalancerConfig, EndpointSpec, Outcome, PickContext, StrategyKind};
+//!
+//! let endpoints: Vec<EndpointSpec> = ["10.0.0.1:80", "10.0.0.2:80"]
+//!     .into_iter()
+//!     .map(EndpointSpec::new)
+//!     .collect();
+//! let lb = Balancer::new(BalancerConfig::new(StrategyKind::LeastConnections), &endpoints).unwrap();
+//! let now = Duration::from_millis(5); // the driver's clock, passed in
+//! let pick = lb.pick(&PickContext::new(now)).expect("an endpoint");
+//! // ... call pick.address() ...
+//! lb.finish(pick, Outcome::Success, now + Duration::from_millis(10));
+//! ```
+//!
+//! Time is always a `Duration` since an epoch the driver chooses (the proxy: process start; the
+//! simulator: virtual time zero), which is what makes simulation and deterministic tests
+//! possible.
+
+#![warn(missing_docs)]
+
+mod balancer;
+mod config;
+mod endpoint;
+mod hash;
+mod outlier;
+mod retry_budget;
+mod rng;
+mod slow_start;
+mod strategy;
+
+pub use balancer::{Balancer, BuildError, Outcome, Pick, PickContext};
+pub use config::{BalancerConfig, StrategyKind, StrategyOptions, TieBreak, UnknownStrategy};
+pub use endpoint::{Endpoint, EndpointId, EndpointSpec, EndpointStatus};
+pub use hash::hash_key;
+pub use outlier::{FailureRate, OutlierConfig};
+pub use retry_budget::{RetryBudget, RetryBudgetConfig};
+pub use rng::{mix64, SharedRng};
+pub use slow_start::SlowStartConfig;

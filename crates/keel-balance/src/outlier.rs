@@ -1,0 +1,174 @@
+//! Passive outlier detection: eject endpoints whose recent calls keep failing, for a time that
+//! grows when they are ejected again, never more than a cap of the endpoints at once.
+//!
+//! The semantics follow Envoy's outlier detection, with time passed in:
+//! - **consecutive failures**: `consecutive_failures` failures in a row eject the endpoint;
+//! - **failure rate**: within the current `interval`, once an endpoint has at least
+//!   `minimum_requests` outcomes and `threshold_percent` of them failed, it is ejected (checked on
+//!   every outcome, so a bad endpoint does not wait for the interval to end);
+//! - **ejection time** = `base_ejection_time` x times ejected in a row, at most
+//!   `max_ejection_time`; the multiplier drops by one for each `interval` the endpoint spends back
+//!   in service;
+//! - **cap**: at most `max(1, floor(n x max_ejection_percent / 100))` of the n endpoints are
+//!   ejected at once (a cluster of 5 at 50 % may lose 2, not 3); `0` disables ejection;
+//! - **return**: an endpoint is back in service as soon as its ejection time has passed, and a
+//!   configured slow start then ramps its weight up again.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Outlier detection settings. Every field has a default, so `OutlierConfig::default()` is a
+/// working detector.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OutlierConfig {
+    /// Failures in a row that eject an endpoint (`0` turns this rule off). Default 5.
+    pub consecutive_failures: u32,
+    /// Failure-rate rule; off unless given.
+    pub failure_rate: Option<FailureRate>,
+    /// The failure-rate window, and the time in service that removes one step of the ejection
+    /// multiplier. Default 10 s.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Ejection time for a first ejection. Default 30 s.
+    #[serde(with = "humantime_serde")]
+    pub base_ejection_time: Duration,
+    /// Longest ejection. Default 300 s.
+    #[serde(with = "humantime_serde")]
+    pub max_ejection_time: Duration,
+    /// Most endpoints out at once, in percent (rounded down, at least one). Default 10.
+    pub max_ejection_percent: f64,
+}
+
+impl Default for OutlierConfig {
+    fn default() -> Self {
+        Self {
+            consecutive_failures: 5,
+            failure_rate: None,
+            interval: Duration::from_secs(10),
+            base_ejection_time: Duration::from_secs(30),
+            max_ejection_time: Duration::from_secs(300),
+            max_ejection_percent: 10.0,
+        }
+    }
+}
+
+/// The failure-rate ejection rule.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FailureRate {
+    /// Failed share, in percent, at or above which an endpoint is ejected. Default 85.
+    pub threshold_percent: f64,
+    /// Outcomes needed in the window before the rule judges. Default 50.
+    pub minimum_requests: u32,
+}
+
+impl Default for FailureRate {
+    fn default() -> Self {
+        Self {
+            threshold_percent: 85.0,
+            minimum_requests: 50,
+        }
+    }
+}
+
+impl OutlierConfig {
+    /// Checks the ranges; the message names the field and what is allowed.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(0.0..=100.0).contains(&self.max_ejection_percent) {
+            return Err(format!(
+                "max_ejection_percent must be within 0..=100, got {}",
+                self.max_ejection_percent
+            ));
+        }
+        if self.interval.is_zero() {
+            return Err("interval must be greater than zero".into());
+        }
+        if self.base_ejection_time.is_zero() {
+            return Err("base_ejection_time must be greater than zero".into());
+        }
+        if self.max_ejection_time < self.base_ejection_time {
+            return Err("max_ejection_time must be at least base_ejection_time".into());
+        }
+        if let Some(fr) = &self.failure_rate {
+            if !(0.0..=100.0).contains(&fr.threshold_percent) {
+                return Err(format!(
+                    "failure_rate.threshold_percent must be within 0..=100, got {}",
+                    fr.threshold_percent
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// How many of `n` endpoints may be ejected at once.
+    pub fn max_ejected(&self, n: usize) -> usize {
+        if self.max_ejection_percent <= 0.0 || n == 0 {
+            return 0;
+        }
+        ((n as f64 * self.max_ejection_percent / 100.0).floor() as usize).max(1)
+    }
+}
+
+/// Per-endpoint detector state (behind the endpoint's own mutex, touched only when an outcome
+/// is recorded with outlier detection on).
+#[derive(Debug, Default)]
+pub(crate) struct OutlierState {
+    consecutive: u32,
+    window_start: u64,
+    window_requests: u32,
+    window_failures: u32,
+    /// Ejections in a row: the ejection-time multiplier.
+    pub(crate) ejections: u32,
+    /// When the last ejection ended (or will end).
+    last_ejection_end: u64,
+}
+
+impl OutlierState {
+    /// Records an outcome; returns true when a rule says "eject".
+    pub(crate) fn record(&mut self, cfg: &OutlierConfig, failed: bool, now: u64) -> bool {
+        let interval = crate::endpoint::nanos(cfg.interval);
+        if now.saturating_sub(self.window_start) >= interval {
+            self.window_start = now;
+            self.window_requests = 0;
+            self.window_failures = 0;
+        }
+        self.window_requests += 1;
+        if failed {
+            self.window_failures += 1;
+            self.consecutive += 1;
+        } else {
+            self.consecutive = 0;
+        }
+        let by_consecutive =
+            cfg.consecutive_failures > 0 && self.consecutive >= cfg.consecutive_failures;
+        let by_rate = cfg.failure_rate.as_ref().is_some_and(|fr| {
+            self.window_requests >= fr.minimum_requests.max(1)
+                && self.window_failures as f64 * 100.0
+                    >= fr.threshold_percent * self.window_requests as f64
+        });
+        failed && (by_consecutive || by_rate)
+    }
+
+    /// Starts an ejection at `now`; returns the instant it ends.
+    pub(crate) fn eject(&mut self, cfg: &OutlierConfig, now: u64) -> u64 {
+        let interval = crate::endpoint::nanos(cfg.interval).max(1);
+        if self.ejections > 0 && now > self.last_ejection_end {
+            let healthy_intervals = (now - self.last_ejection_end) / interval;
+            self.ejections = self
+                .ejections
+                .saturating_sub(healthy_intervals.min(u32::MAX as u64) as u32);
+        }
+        self.ejections = self.ejections.saturating_add(1);
+        let base = crate::endpoint::nanos(cfg.base_ejection_time);
+        let max = crate::endpoint::nanos(cfg.max_ejection_time);
+        let duration = base.saturating_mul(self.ejections as u64).min(max);
+        self.consecutive = 0;
+        self.window_start = now;
+        self.window_requests = 0;
+        self.window_failures = 0;
+        self.last_ejection_end = now.saturating_add(duration);
+        self.last_ejection_end
+    }
+}

@@ -1,0 +1,39 @@
+//! `keel`: one binary, one subcommand per job.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+
+/// keel: a load balancer that can prove how reliable its choices are.
+#[derive(Parser)]
+#[command(name = "keel", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Preview how a strategy spreads picks or keys over endpoints, and what an add/remove moves.
+    Distribute(cmd::distribute::Args),
+    /// The closed forms: success rate of each strategy when some servers fail (and --sweep charts).
+    Analyze(cmd::analyze::Args),
+    /// Discrete-event simulation of the reliability experiments (E1-E6) or a scenario file.
+    Simulate(cmd::simulate::Args),
+    /// Run the HTTP reverse proxy from a TOML configuration file.
+    Proxy(cmd::proxy::Args),
+    /// A small HTTP server for experiments, demos and tests, with injectable faults.
+    Backend(cmd::backend::Args),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Distribute(args) => cmd::distribute::run(args),
+        Command::Analyze(args) => cmd::analyze::run(args),
+        Command::Simulate(args) => cmd::simulate::run(args),
+        Command::Proxy(args) => cmd::proxy::run(args),
+        Command::Backend(args) => cmd::backend::run(args),
+    };
+    cmd::exit(result)
+}
