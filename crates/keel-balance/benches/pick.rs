@@ -1,1 +1,170 @@
-fn main() {}
+//! Cost of keel-balance's hot path and of its table rebuilds.
+//!
+//! - `pick_finish_1t/<strategy>/<n>`: one `pick` + `finish(Success)` on one thread, n endpoints.
+//! - `pick_finish_2t/<strategy>/<n>`: two threads doing pick + finish on one shared balancer;
+//!   the time is wall time / ops per thread, i.e. the latency of one op while the other thread
+//!   contends (equal to the 1-thread number under perfect scaling, larger with contention).
+//! - `build/<strategy>/<n>`: `Balancer::new` (hash tables built from scratch).
+//! - `update_remove_one/<strategy>/<n>`: `Balancer::update` with one endpoint removed.
+//!
+//! Run: `cargo bench -p keel-balance --bench pick` (bench/balance.sh runs it together with the
+//! pingora comparison and prints the tables). Measurement times are short on purpose, so that
+//! the whole run takes a few minutes on 2 cores.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
+use keel_balance::{
+    mix64, Balancer, BalancerConfig, EndpointSpec, Outcome, PickContext, StrategyKind,
+};
+
+const SIZES: [usize; 3] = [10, 100, 1000];
+
+/// Endpoints `127.a.b.c:80`; the addresses are only hashed, never contacted.
+fn endpoints(n: usize) -> Vec<EndpointSpec> {
+    (0..n)
+        .map(|i| EndpointSpec::new(format!("127.1.{}.{}:80", i / 256, i % 256)))
+        .collect()
+}
+
+/// Every strategy by its name, plus the hash strategies with bounded loads (c = 1.25).
+fn configs() -> Vec<(String, BalancerConfig)> {
+    let mut out: Vec<(String, BalancerConfig)> = StrategyKind::ALL
+        .into_iter()
+        .map(|k| (k.name().to_string(), BalancerConfig::new(k)))
+        .collect();
+    for k in [
+        StrategyKind::RingHash,
+        StrategyKind::Maglev,
+        StrategyKind::Rendezvous,
+    ] {
+        let mut cfg = BalancerConfig::new(k);
+        cfg.options.bounded_load = Some(1.25);
+        out.push((format!("{}+bounded-1.25", k.name()), cfg));
+    }
+    out
+}
+
+/// One request: pick (with a fresh hash key, used only by the hash strategies) and finish it
+/// 0.5-1.2 µs later on the driver's clock, so the latency strategies see varied samples.
+#[inline]
+fn pick_finish(lb: &Balancer, i: u64) {
+    let now = Duration::from_nanos(i * 2_000);
+    let ctx = PickContext::new(now).with_hash_key(mix64(i));
+    let pick = lb
+        .pick(&ctx)
+        .expect("a balancer with endpoints always picks");
+    let latency = Duration::from_nanos(500 + (i % 8) * 100);
+    lb.finish(black_box(pick), Outcome::Success, now + latency);
+}
+
+fn bench_pick_finish(c: &mut Criterion) {
+    let mut one = c.benchmark_group("pick_finish_1t");
+    for (name, cfg) in configs() {
+        for n in SIZES {
+            let lb = Balancer::new(cfg.clone(), &endpoints(n)).expect("valid config");
+            let mut i = 0u64;
+            one.bench_with_input(BenchmarkId::new(&name, n), &n, |b, _| {
+                b.iter(|| {
+                    i += 1;
+                    pick_finish(&lb, i);
+                })
+            });
+        }
+    }
+    one.finish();
+
+    let mut two = c.benchmark_group("pick_finish_2t");
+    for (name, cfg) in configs() {
+        for n in SIZES {
+            let lb = Balancer::new(cfg.clone(), &endpoints(n)).expect("valid config");
+            two.bench_with_input(BenchmarkId::new(&name, n), &n, |b, _| {
+                b.iter_custom(|iters| {
+                    let start = Instant::now();
+                    std::thread::scope(|s| {
+                        for t in 0..2u64 {
+                            let lb = &lb;
+                            s.spawn(move || {
+                                // Disjoint key/time streams per thread.
+                                let base = t << 40;
+                                for i in 0..iters {
+                                    pick_finish(lb, base + i);
+                                }
+                            });
+                        }
+                    });
+                    // Each thread did `iters` ops: wall time per op of one contending thread.
+                    start.elapsed()
+                })
+            });
+        }
+    }
+    two.finish();
+}
+
+fn hash_configs() -> Vec<(String, BalancerConfig)> {
+    [
+        StrategyKind::RingHash,
+        StrategyKind::Maglev,
+        StrategyKind::Rendezvous,
+    ]
+    .into_iter()
+    .map(|k| (k.name().to_string(), BalancerConfig::new(k)))
+    .collect()
+}
+
+fn bench_tables(c: &mut Criterion) {
+    let mut build = c.benchmark_group("build");
+    for (name, cfg) in hash_configs() {
+        for n in SIZES {
+            let specs = endpoints(n);
+            build.bench_with_input(BenchmarkId::new(&name, n), &n, |b, _| {
+                b.iter(|| Balancer::new(black_box(cfg.clone()), black_box(&specs)).unwrap())
+            });
+        }
+    }
+    build.finish();
+
+    // Round-robin has no table: its row is the cost of carrying endpoint state over alone.
+    let mut update = c.benchmark_group("update_remove_one");
+    let mut cfgs = vec![(
+        "round-robin".to_string(),
+        BalancerConfig::new(StrategyKind::RoundRobin),
+    )];
+    cfgs.extend(hash_configs());
+    for (name, cfg) in cfgs {
+        for n in SIZES {
+            let specs = endpoints(n);
+            // Remove one from the middle.
+            let mut fewer = specs.clone();
+            fewer.remove(n / 2);
+            update.bench_with_input(BenchmarkId::new(&name, n), &n, |b, _| {
+                b.iter_batched(
+                    || Balancer::new(cfg.clone(), &specs).unwrap(),
+                    |lb| {
+                        lb.update(black_box(&fewer), Duration::from_secs(1))
+                            .unwrap();
+                        lb // dropped outside the timed part
+                    },
+                    BatchSize::LargeInput,
+                )
+            });
+        }
+    }
+    update.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(1))
+        .sample_size(20)
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = bench_pick_finish, bench_tables
+}
+criterion_main!(benches);
