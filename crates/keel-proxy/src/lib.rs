@@ -2,6 +2,33 @@
 //!
 //! The network driver of keel-balance: an HTTP reverse proxy, plus the experiment backend and a
 //! load generator used by tests and the lab.
+//!
+//! Every choice (which endpoint, whether it is ejected, whether a retry fits the budget) is
+//! keel-balance's; this crate only calls `pick`, `finish`, `set_healthy` and `RetryBudget`,
+//! with time measured from one monotonic epoch taken at [`start`].
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! let config = keel_proxy::ProxyConfig::from_file("examples/proxy.toml".as_ref())?;
+//! let proxy = keel_proxy::start(config).await?;
+//! println!("listening on {:?}", proxy.listener_addrs());
+//! proxy.shutdown(std::time::Duration::from_secs(10)).await;
+//! # Ok(()) }
+//! ```
+
+#![warn(missing_docs)]
 
 pub mod backend;
 pub mod loadgen;
+
+mod admin;
+pub mod body;
+pub mod cluster;
+pub mod config;
+pub mod forward;
+mod health;
+pub mod metrics;
+mod server;
+
+pub use config::{ConfigError, ProxyConfig};
+pub use server::{start, ProxyHandle};

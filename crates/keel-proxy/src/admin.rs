@@ -1,0 +1,262 @@
+//! The admin listener: `/metrics` (Prometheus text), `/status` (JSON), `/` (an HTML page that
+//! refreshes itself from `/status`) and `POST /reload` (re-reads the configuration file).
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{self, HeaderValue};
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::metrics::{self, ClusterView};
+use crate::server::{wait_shutdown, Shared};
+
+fn reply(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// The `/status` document.
+pub(crate) fn status_json(shared: &Shared) -> serde_json::Value {
+    let routing = shared.routing.load();
+    let config = shared.config.load();
+    let now = shared.epoch.elapsed();
+    let clusters: Vec<_> = routing
+        .clusters
+        .iter()
+        .map(|c| {
+            let (requests, retries) = c.budget.counts(c.now());
+            let endpoints: Vec<_> = c
+                .balancer
+                .status(c.now())
+                .into_iter()
+                .zip(&c.endpoints)
+                .map(|(s, e)| {
+                    json!({
+                        "address": s.address,
+                        "weight": s.weight,
+                        "effective_weight": s.effective_weight,
+                        "healthy": s.healthy,
+                        "ejected": s.ejected_until.is_some(),
+                        "ejected_for_ms": s.ejected_until.map(|u| ms(u.saturating_sub(now))),
+                        "ejections_in_a_row": s.ejections,
+                        "ejections_total": e.metrics.ejections.load(Relaxed),
+                        "in_flight": s.in_flight,
+                        "latency_estimate_ms": s.latency_estimate.map(ms),
+                        "successes": s.successes,
+                        "failures": s.failures,
+                    })
+                })
+                .collect();
+            let m = &c.metrics;
+            json!({
+                "name": c.name(),
+                "strategy": c.config.strategy.name(),
+                "panicking": c.balancer.is_panicking(c.now()),
+                "in_flight": m.in_flight.load(Relaxed),
+                "requests": m.latency.count(),
+                "retries": m.retries.load(Relaxed),
+                "retry_budget_refusals": m.budget_refusals.load(Relaxed),
+                "retry_budget_window": { "requests": requests, "retries": retries },
+                "health_check": c.config.health_check.is_some(),
+                "outlier_detection": c.config.outlier_detection.is_some(),
+                "endpoints": endpoints,
+            })
+        })
+        .collect();
+    let listeners: Vec<_> = config
+        .listeners
+        .iter()
+        .zip(&shared.listener_addrs)
+        .map(|(l, a)| json!({ "listen": a.to_string(), "cluster": l.cluster }))
+        .collect();
+    json!({
+        "uptime_s": now.as_secs_f64(),
+        "config_file": config.source.as_ref().map(|p| p.display().to_string()),
+        "reloads": shared.reloads.load(Relaxed),
+        "reload_failures": shared.reload_failures.load(Relaxed),
+        "listeners": listeners,
+        "clusters": clusters,
+    })
+}
+
+fn metrics_text(shared: &Shared) -> String {
+    let routing = shared.routing.load();
+    let views: Vec<ClusterView<'_>> = routing
+        .clusters
+        .iter()
+        .map(|c| ClusterView {
+            name: c.name(),
+            metrics: &c.metrics,
+            panicking: c.balancer.is_panicking(c.now()),
+            endpoints: c
+                .balancer
+                .status(c.now())
+                .into_iter()
+                .zip(&c.endpoints)
+                .map(|(s, e)| (s, e.metrics.clone()))
+                .collect(),
+        })
+        .collect();
+    metrics::render(
+        &views,
+        shared.reloads.load(Relaxed),
+        shared.reload_failures.load(Relaxed),
+    )
+}
+
+fn reload_from_file(shared: &Shared) -> Response<Full<Bytes>> {
+    let Some(path) = shared.config.load().source.clone() else {
+        return reply(
+            StatusCode::CONFLICT,
+            "text/plain; charset=utf-8",
+            "this proxy was not started from a file; nothing to reload\n",
+        );
+    };
+    match crate::ProxyConfig::from_file(&path) {
+        Err(e) => {
+            shared.reload_failures.fetch_add(1, Relaxed);
+            tracing::error!("configuration reload refused, the old one keeps serving: {e}");
+            reply(
+                StatusCode::BAD_REQUEST,
+                "text/plain; charset=utf-8",
+                format!("reload refused, the old configuration keeps serving: {e}\n"),
+            )
+        }
+        Ok(config) => match shared.reload(config) {
+            Ok(()) => reply(StatusCode::OK, "text/plain; charset=utf-8", "reloaded\n"),
+            Err(e) => reply(
+                StatusCode::BAD_REQUEST,
+                "text/plain; charset=utf-8",
+                format!("reload refused, the old configuration keeps serving: {e:#}\n"),
+            ),
+        },
+    }
+}
+
+fn route(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/metrics") => reply(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            metrics_text(shared),
+        ),
+        (&Method::GET, "/status") => reply(
+            StatusCode::OK,
+            "application/json",
+            serde_json::to_vec_pretty(&status_json(shared)).unwrap_or_default(),
+        ),
+        (&Method::GET, "/") => reply(StatusCode::OK, "text/html; charset=utf-8", PAGE),
+        (&Method::POST, "/reload") => reload_from_file(shared),
+        (_, "/reload") => reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain; charset=utf-8",
+            "use POST /reload\n",
+        ),
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            "not found; try /, /status, /metrics or POST /reload\n",
+        ),
+    }
+}
+
+/// Serves the admin listener until shutdown.
+pub(crate) async fn serve(
+    shared: Arc<Shared>,
+    listener: TcpListener,
+    mut shutdown: watch::Receiver<Option<Duration>>,
+) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = wait_shutdown(&mut shutdown) => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                };
+                let shared = shared.clone();
+                conns.spawn(async move {
+                    let svc = service_fn(move |req| {
+                        let r = route(&shared, &req);
+                        async move { Ok::<_, Infallible>(r) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        }
+    }
+    conns.abort_all();
+}
+
+const PAGE: &str = r#"<!doctype html>
+<html><head><meta charset="utf-8"><title>keel proxy</title>
+<style>
+body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
+table{border-collapse:collapse;margin:.5em 0 1.5em}
+td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}
+th{background:#f3f3f3}td:first-child{text-align:left}
+.bad{background:#fdd}.ej{background:#ffe9b3}small{color:#777}
+</style></head>
+<body>
+<h1>keel proxy</h1>
+<p><small id="meta">loading /status ...</small> &middot; <a href="/metrics">/metrics</a> &middot; <a href="/status">/status</a></p>
+<div id="clusters"></div>
+<script>
+function f(v, d) { return v === null || v === undefined ? "-" : (typeof v === "number" ? v.toFixed(d) : v); }
+async function refresh() {
+  try {
+    const s = await (await fetch("/status", {cache: "no-store"})).json();
+    document.getElementById("meta").textContent =
+      "up " + s.uptime_s.toFixed(0) + " s, reloads " + s.reloads + " (refused " + s.reload_failures + "), config " + (s.config_file || "-");
+    let html = "";
+    for (const c of s.clusters) {
+      html += "<h2>" + c.name + " <small>" + c.strategy + (c.panicking ? ", PANIC (health ignored)" : "") +
+        ", in flight " + c.in_flight + ", retries " + c.retries + ", budget refusals " + c.retry_budget_refusals + "</small></h2>";
+      html += "<table><tr><th>endpoint</th><th>weight</th><th>effective</th><th>healthy</th><th>ejected for ms</th>" +
+        "<th>ejections</th><th>in flight</th><th>latency est. ms</th><th>successes</th><th>failures</th></tr>";
+      for (const e of c.endpoints) {
+        const cls = !e.healthy ? "bad" : (e.ejected ? "ej" : "");
+        html += "<tr class='" + cls + "'><td>" + e.address + "</td><td>" + e.weight + "</td><td>" + f(e.effective_weight, 2) +
+          "</td><td>" + (e.healthy ? "yes" : "NO") + "</td><td>" + f(e.ejected_for_ms, 0) + "</td><td>" + e.ejections_total +
+          "</td><td>" + e.in_flight + "</td><td>" + f(e.latency_estimate_ms, 2) + "</td><td>" + e.successes + "</td><td>" + e.failures + "</td></tr>";
+      }
+      html += "</table>";
+    }
+    document.getElementById("clusters").innerHTML = html;
+  } catch (err) {
+    document.getElementById("meta").textContent = "cannot read /status: " + err;
+  }
+}
+refresh();
+setInterval(refresh, 1000);
+</script>
+<noscript><meta http-equiv="refresh" content="2;url=/status"></noscript>
+</body></html>
+"#;

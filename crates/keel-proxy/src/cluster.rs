@@ -1,0 +1,196 @@
+//! A cluster at run time: its keel-balance [`Balancer`] and [`RetryBudget`], the HTTP client
+//! (keep-alive pool) that reaches its endpoints, and per-endpoint data prepared once so that
+//! the hot path does not parse addresses.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hyper::http::uri::Authority;
+use hyper::http::HeaderValue;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use keel_balance::{Balancer, EndpointId, EndpointSpec, Outcome, Pick, RetryBudget};
+
+use crate::body::UpstreamBody;
+use crate::config::{ClusterConfig, HashOn};
+use crate::metrics::{ClusterMetrics, EndpointMetrics, ErrorKind, Registry};
+
+/// The upstream HTTP client type.
+pub type UpstreamClient = Client<HttpConnector, UpstreamBody>;
+
+/// One endpoint's prepared data, by its index in the balancer.
+pub struct EndpointEntry {
+    /// keel-balance identity.
+    pub id: EndpointId,
+    /// `host:port`, parsed.
+    pub authority: Authority,
+    /// The address as a header value (`x-keel-endpoint`).
+    pub header: HeaderValue,
+    /// Counters.
+    pub metrics: Arc<EndpointMetrics>,
+}
+
+/// A cluster at run time. Immutable once built; a reload builds a new one (sharing endpoint
+/// state through [`Balancer::rebuild`]) and swaps it in.
+pub struct Cluster {
+    /// Its configuration.
+    pub config: ClusterConfig,
+    /// The balancer: every choice is its.
+    pub balancer: Balancer,
+    /// The retry budget (kept across reloads while its settings stay).
+    pub budget: Arc<RetryBudget>,
+    /// The client and its pool (kept across reloads while connect and pool settings stay).
+    pub client: UpstreamClient,
+    /// Endpoint data by balancer index.
+    pub endpoints: Vec<EndpointEntry>,
+    /// Client-facing counters.
+    pub metrics: Arc<ClusterMetrics>,
+    /// Per-try timeout in force.
+    pub per_try_timeout: Duration,
+    epoch: Instant,
+}
+
+fn make_client(c: &ClusterConfig) -> UpstreamClient {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(c.connect_timeout));
+    connector.set_nodelay(true);
+    connector.enforce_http(true);
+    Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .pool_idle_timeout(c.pool_idle_timeout)
+        .pool_max_idle_per_host(c.pool_max_idle_per_endpoint)
+        .build(connector)
+}
+
+fn same_client_settings(a: &ClusterConfig, b: &ClusterConfig) -> bool {
+    a.connect_timeout == b.connect_timeout
+        && a.pool_idle_timeout == b.pool_idle_timeout
+        && a.pool_max_idle_per_endpoint == b.pool_max_idle_per_endpoint
+}
+
+impl Cluster {
+    /// Builds a cluster; with `previous` (same name, older configuration) the endpoints that
+    /// stay keep their state, and the pool and retry budget are kept when their settings did
+    /// not change.
+    pub fn build(
+        config: ClusterConfig,
+        previous: Option<&Cluster>,
+        registry: &Registry,
+        epoch: Instant,
+    ) -> anyhow::Result<Cluster> {
+        let now = epoch.elapsed();
+        let bc = config.balancer_config();
+        let balancer = match previous {
+            Some(old) => old.balancer.rebuild(bc, &config.endpoints, now)?,
+            None => Balancer::new(bc, &config.endpoints)?,
+        };
+        let budget_config = config.retry.budget();
+        let budget = match previous {
+            Some(old) if *old.budget.config() == budget_config => old.budget.clone(),
+            _ => Arc::new(RetryBudget::new(budget_config)),
+        };
+        let client = match previous {
+            Some(old) if same_client_settings(&old.config, &config) => old.client.clone(),
+            _ => make_client(&config),
+        };
+        let endpoints = balancer
+            .endpoints()
+            .iter()
+            .map(|e| {
+                Ok(EndpointEntry {
+                    id: e.id(),
+                    authority: e.address().parse()?,
+                    header: HeaderValue::from_str(e.address())?,
+                    metrics: registry.endpoint(&config.name, e.address()),
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Cluster {
+            metrics: registry.cluster(&config.name),
+            per_try_timeout: config.per_try_timeout(),
+            config,
+            balancer,
+            budget,
+            client,
+            endpoints,
+            epoch,
+        })
+    }
+
+    /// The name.
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// Time on the proxy's clock (since its start), as keel-balance wants it.
+    #[inline]
+    pub fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    /// True if an upstream status counts as the endpoint's failure (and may be retried).
+    #[inline]
+    pub fn is_failure_status(&self, status: u16) -> bool {
+        self.config.retry.retry_on_status.contains(&status)
+    }
+
+    /// The request's hash key, for the hash strategies.
+    pub fn hash_key(&self, parts: &hyper::http::request::Parts, peer: SocketAddr) -> Option<u64> {
+        match self.config.hash_on.as_ref()? {
+            HashOn::Header(name) => parts
+                .headers
+                .get(name)
+                .map(|v| keel_balance::hash_key(v.as_bytes())),
+            HashOn::Path => Some(keel_balance::hash_key(parts.uri.path().as_bytes())),
+            HashOn::ClientIp => Some(match peer.ip() {
+                std::net::IpAddr::V4(ip) => keel_balance::hash_key(&ip.octets()),
+                std::net::IpAddr::V6(ip) => keel_balance::hash_key(&ip.octets()),
+            }),
+        }
+    }
+
+    /// Finishes a pick made at `picked_at` with its outcome, counting the try's latency, the
+    /// error kind and any ejection it caused.
+    pub fn finish(
+        &self,
+        pick: Pick,
+        picked_at: Duration,
+        outcome: Outcome,
+        kind: Option<ErrorKind>,
+    ) {
+        let now = self.now();
+        let entry = self.endpoints.get(pick.index());
+        if let Some(e) = entry {
+            e.metrics.latency.observe(now.saturating_sub(picked_at));
+            if let Some(k) = kind {
+                e.metrics.errors[k as usize].fetch_add(1, Relaxed);
+            }
+        }
+        if outcome == Outcome::Failure && self.config.outlier_detection.is_some() {
+            let endpoint = pick.endpoint().clone();
+            let was_out = endpoint.ejected_until(now).is_some();
+            self.balancer.finish(pick, outcome, now);
+            if !was_out && endpoint.ejected_until(now).is_some() {
+                if let Some(e) = entry {
+                    e.metrics.ejections.fetch_add(1, Relaxed);
+                }
+                tracing::warn!(
+                    cluster = %self.config.name,
+                    endpoint = endpoint.address(),
+                    "endpoint ejected by outlier detection"
+                );
+            }
+        } else {
+            self.balancer.finish(pick, outcome, now);
+        }
+    }
+
+    /// Specs of the endpoints (for tests and status).
+    pub fn specs(&self) -> Vec<EndpointSpec> {
+        self.balancer.specs()
+    }
+}

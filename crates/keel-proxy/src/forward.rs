@@ -1,0 +1,406 @@
+//! The request path: pick an endpoint, forward, finish the pick with the outcome; retry on
+//! another endpoint when that is safe and the budget allows; answer 502/503/504 otherwise.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
+use hyper::body::{Body, Incoming};
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::http::uri::{PathAndQuery, Scheme};
+use hyper::{Method, Request, Response, StatusCode, Uri, Version};
+use keel_balance::{EndpointId, Outcome, PickContext};
+
+use crate::body::{DownstreamGuard, RespBody, SharedBody, StreamTail, UpstreamBody};
+use crate::cluster::Cluster;
+use crate::config::MAX_RETRY_ATTEMPTS;
+use crate::metrics::{class_index, ErrorKind};
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+/// Response header naming the endpoint that answered.
+pub const X_KEEL_ENDPOINT: HeaderName = HeaderName::from_static("x-keel-endpoint");
+const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+/// Headers that concern one connection only (RFC 9110 section 7.6.1), never forwarded.
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    KEEP_ALIVE,
+    PROXY_CONNECTION,
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Removes hop-by-hop headers, including those that `Connection` names.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    if headers.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+/// Prepares a client's request headers for the upstream: hop-by-hop headers removed,
+/// `X-Forwarded-For` appended to, `X-Forwarded-Proto` and `X-Forwarded-Host` set, `Host` kept
+/// (taken from the URI for HTTP/2 clients, which send `:authority` instead).
+pub fn prepare_request_headers(parts: &mut hyper::http::request::Parts, peer: SocketAddr) {
+    let headers = &mut parts.headers;
+    remove_hop_by_hop(headers);
+    if !headers.contains_key(header::HOST) {
+        if let Some(a) = parts.uri.authority() {
+            if let Ok(v) = HeaderValue::from_str(a.as_str()) {
+                headers.insert(header::HOST, v);
+            }
+        }
+    }
+    let ip = peer.ip().to_string();
+    let xff = if headers.contains_key(&X_FORWARDED_FOR) {
+        let mut joined = String::new();
+        for v in headers.get_all(&X_FORWARDED_FOR) {
+            if let Ok(s) = v.to_str() {
+                joined.push_str(s);
+                joined.push_str(", ");
+            }
+        }
+        joined.push_str(&ip);
+        joined
+    } else {
+        ip
+    };
+    if let Ok(v) = HeaderValue::from_str(&xff) {
+        headers.insert(X_FORWARDED_FOR, v);
+    }
+    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    if let Some(host) = headers.get(header::HOST).cloned() {
+        headers.insert(X_FORWARDED_HOST, host);
+    }
+}
+
+/// Methods that may be sent twice with the effect of once (RFC 9110 section 9.2.2).
+fn is_idempotent(m: &Method) -> bool {
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
+}
+
+/// A response made by the proxy itself: a status and a one-line plain-text cause.
+pub fn proxy_response(
+    status: StatusCode,
+    cause: &str,
+    guard: Option<DownstreamGuard>,
+) -> Response<RespBody> {
+    let text = format!(
+        "{} {}: {cause}\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or("")
+    );
+    let mut r = Response::new(RespBody::full(text, guard));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+/// Why a try failed.
+enum Failure {
+    /// No usable answer.
+    Error { kind: ErrorKind, cause: String },
+    /// The endpoint answered with a status that counts as failure; forwarded if it is the
+    /// last try.
+    Status(Response<Incoming>),
+}
+
+impl Failure {
+    fn into_response(
+        self,
+        endpoint: &HeaderValue,
+        guard: DownstreamGuard,
+        deadline: tokio::time::Instant,
+    ) -> Response<RespBody> {
+        match self {
+            Failure::Error { kind, cause } => {
+                let status = match kind {
+                    ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
+                    ErrorKind::Connect | ErrorKind::Reset => StatusCode::BAD_GATEWAY,
+                };
+                let mut r = proxy_response(status, &cause, Some(guard));
+                r.headers_mut().insert(X_KEEL_ENDPOINT, endpoint.clone());
+                r
+            }
+            Failure::Status(resp) => {
+                let (mut parts, body) = resp.into_parts();
+                remove_hop_by_hop(&mut parts.headers);
+                parts.headers.insert(X_KEEL_ENDPOINT, endpoint.clone());
+                Response::from_parts(
+                    parts,
+                    RespBody::Stream {
+                        body,
+                        deadline: tokio::time::sleep_until(deadline),
+                        tail: None,
+                        guard: Some(guard),
+                    },
+                )
+            }
+        }
+    }
+}
+
+/// Describes a client error (innermost cause, which says "connection refused" and the like).
+fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut inner: &(dyn std::error::Error + 'static) = e;
+    while let Some(s) = inner.source() {
+        inner = s;
+    }
+    inner.to_string()
+}
+
+fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::TimedOut {
+                return true;
+            }
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// Reads a small body whole (at most `limit` bytes).
+async fn read_small(body: Incoming, limit: u64) -> Result<Bytes, String> {
+    let mut body = body;
+    let mut buf = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| describe(&e))?;
+        if let Ok(data) = frame.into_data() {
+            if (buf.len() + data.len()) as u64 > limit {
+                return Err("response body longer than its Content-Length".into());
+            }
+            if buf.is_empty() && body.is_end_stream() {
+                return Ok(data);
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(buf.freeze())
+}
+
+/// Serves one client request on `cluster`.
+pub async fn handle(
+    cluster: Arc<Cluster>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Response<RespBody> {
+    let start = Instant::now();
+    let guard = DownstreamGuard::new(cluster.metrics.clone(), start);
+    let deadline = tokio::time::Instant::from_std(start + cluster.config.request_timeout);
+    let (mut parts, body) = req.into_parts();
+    prepare_request_headers(&mut parts, peer);
+    let hash = cluster.hash_key(&parts, peer);
+    let idempotent = is_idempotent(&parts.method);
+    let client_body = (!body.is_end_stream()).then(|| SharedBody::new(body));
+    let path = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+
+    let first_now = cluster.now();
+    cluster.budget.record_request(first_now);
+    let attempts = cluster.config.retry.attempts.min(MAX_RETRY_ATTEMPTS) as usize;
+    let mut tried = [EndpointId(0); MAX_RETRY_ATTEMPTS as usize + 1];
+    let mut headers = Some(std::mem::take(&mut parts.headers));
+    let mut attempt = 0;
+    let response = loop {
+        let now = cluster.now();
+        let mut ctx = PickContext::new(now).with_avoid(&tried[..attempt]);
+        if let Some(k) = hash {
+            ctx = ctx.with_hash_key(k);
+        }
+        let Some(pick) = cluster.balancer.pick(&ctx) else {
+            cluster.metrics.no_endpoint.fetch_add(1, Relaxed);
+            break proxy_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!("no endpoint available in cluster `{}`", cluster.name()),
+                Some(guard),
+            );
+        };
+        tried[attempt] = pick.id();
+        let entry = &cluster.endpoints[pick.index()];
+        let last = attempt >= attempts;
+
+        let uri = {
+            let mut p = hyper::http::uri::Parts::default();
+            p.scheme = Some(Scheme::HTTP);
+            p.authority = Some(entry.authority.clone());
+            p.path_and_query = Some(path.clone());
+            Uri::from_parts(p).expect("scheme, authority and path make a URI")
+        };
+        let try_headers = if last {
+            headers.take().unwrap_or_default()
+        } else {
+            headers.clone().unwrap_or_default()
+        };
+        let mut up = Request::new(match &client_body {
+            Some(b) => UpstreamBody::Client(b.clone()),
+            None => UpstreamBody::Empty,
+        });
+        *up.method_mut() = parts.method.clone();
+        *up.uri_mut() = uri;
+        *up.version_mut() = Version::HTTP_11;
+        *up.headers_mut() = try_headers;
+
+        let try_deadline = deadline.min(tokio::time::Instant::now() + cluster.per_try_timeout);
+        let result = tokio::time::timeout_at(try_deadline, cluster.client.request(up)).await;
+        let failure = match result {
+            Err(_) => Failure::Error {
+                kind: ErrorKind::Timeout,
+                cause: format!(
+                    "upstream {} did not answer within {}",
+                    entry.authority,
+                    humantime::format_duration(if try_deadline == deadline {
+                        cluster.config.request_timeout
+                    } else {
+                        cluster.per_try_timeout
+                    })
+                ),
+            },
+            Ok(Err(e)) if e.is_connect() => {
+                let timed_out = is_timeout(&e);
+                Failure::Error {
+                    kind: ErrorKind::Connect,
+                    cause: format!(
+                        "cannot connect to upstream {}: {}",
+                        entry.authority,
+                        if timed_out {
+                            format!(
+                                "connect timed out after {}",
+                                humantime::format_duration(cluster.config.connect_timeout)
+                            )
+                        } else {
+                            describe(&e)
+                        }
+                    ),
+                }
+            }
+            Ok(Err(e)) => Failure::Error {
+                kind: ErrorKind::Reset,
+                cause: format!(
+                    "upstream {} closed the connection or sent an invalid response: {}",
+                    entry.authority,
+                    describe(&e)
+                ),
+            },
+            Ok(Ok(resp)) => {
+                let status = resp.status().as_u16();
+                entry.metrics.responses[class_index(status)].fetch_add(1, Relaxed);
+                if cluster.is_failure_status(status) {
+                    Failure::Status(resp)
+                } else {
+                    let small = resp
+                        .headers()
+                        .get(header::CONTENT_LENGTH)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .filter(|n| *n <= cluster.config.max_buffered_response);
+                    let (mut rparts, rbody) = resp.into_parts();
+                    remove_hop_by_hop(&mut rparts.headers);
+                    rparts.headers.insert(X_KEEL_ENDPOINT, entry.header.clone());
+                    match small {
+                        Some(limit) => {
+                            match tokio::time::timeout_at(try_deadline, read_small(rbody, limit))
+                                .await
+                            {
+                                Ok(Ok(data)) => {
+                                    cluster.finish(pick, now, Outcome::Success, None);
+                                    break Response::from_parts(
+                                        rparts,
+                                        RespBody::full(data, Some(guard)),
+                                    );
+                                }
+                                Ok(Err(cause)) => Failure::Error {
+                                    kind: ErrorKind::Reset,
+                                    cause: format!(
+                                        "upstream {} failed in the middle of the response body: {cause}",
+                                        entry.authority
+                                    ),
+                                },
+                                Err(_) => Failure::Error {
+                                    kind: ErrorKind::Timeout,
+                                    cause: format!(
+                                        "upstream {} did not send the response body in time",
+                                        entry.authority
+                                    ),
+                                },
+                            }
+                        }
+                        None => {
+                            break Response::from_parts(
+                                rparts,
+                                RespBody::Stream {
+                                    body: rbody,
+                                    deadline: tokio::time::sleep_until(deadline),
+                                    tail: Some(StreamTail {
+                                        cluster: cluster.clone(),
+                                        pick,
+                                        picked_at: now,
+                                    }),
+                                    guard: Some(guard),
+                                },
+                            );
+                        }
+                    }
+                }
+            }
+        };
+
+        // The try failed: record it, then retry if that is safe, useful and within budget.
+        let kind = match &failure {
+            Failure::Error { kind, .. } => Some(*kind),
+            Failure::Status(_) => None,
+        };
+        let endpoint_header = entry.header.clone();
+        cluster.finish(pick, now, Outcome::Failure, kind);
+        let body_ok = match &client_body {
+            None => true,
+            Some(b) => b.replayable(),
+        };
+        // A connect failure means the request never left: any method may go again. Otherwise
+        // the endpoint may have acted on it, so only idempotent methods are retried.
+        let safe = body_ok && (idempotent || kind == Some(ErrorKind::Connect));
+        if !last && safe && tokio::time::Instant::now() < deadline {
+            if cluster.budget.try_retry(cluster.now()) {
+                cluster.metrics.retries.fetch_add(1, Relaxed);
+                attempt += 1;
+                continue;
+            }
+            cluster.metrics.budget_refusals.fetch_add(1, Relaxed);
+        }
+        break failure.into_response(&endpoint_header, guard, deadline);
+    };
+    cluster.metrics.responses[class_index(response.status().as_u16())].fetch_add(1, Relaxed);
+    response
+}

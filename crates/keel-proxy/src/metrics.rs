@@ -1,0 +1,428 @@
+//! Counters and histograms on atomics, and their Prometheus text rendering. The hot path only
+//! touches atomics; the registry (a map behind a mutex) is used when clusters are built and when
+//! `/metrics` is scraped, so counters survive a configuration reload.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Upper bounds of the latency histogram buckets, in seconds.
+pub const LATENCY_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// A latency histogram: one atomic per bucket (not cumulative), a count and a sum.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
+    sum_nanos: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one observation.
+    pub fn observe(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        let i = LATENCY_BUCKETS
+            .iter()
+            .position(|b| s <= *b)
+            .unwrap_or(LATENCY_BUCKETS.len());
+        self.buckets[i].fetch_add(1, Relaxed);
+        self.sum_nanos
+            .fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().map(|b| b.load(Relaxed)).sum()
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let mut cumulative = 0;
+        for (i, le) in LATENCY_BUCKETS.iter().enumerate() {
+            cumulative += self.buckets[i].load(Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+        }
+        cumulative += self.buckets[LATENCY_BUCKETS.len()].load(Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
+        let sum = self.sum_nanos.load(Relaxed) as f64 / 1e9;
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
+        let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
+    }
+}
+
+/// Index of a status class: 0 = 1xx ... 4 = 5xx.
+pub fn class_index(status: u16) -> usize {
+    ((status / 100).clamp(1, 5) - 1) as usize
+}
+
+const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// Why a try to an endpoint failed without a usable answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The TCP connection could not be made (refused, unreachable, connect timeout).
+    Connect = 0,
+    /// No answer (or no complete body) within the per-try or request timeout.
+    Timeout = 1,
+    /// The connection was reset or closed early, or the answer was not valid HTTP.
+    Reset = 2,
+}
+
+const ERROR_KINDS: [&str; 3] = ["connect", "timeout", "reset"];
+
+/// What the proxy answered clients, per cluster.
+#[derive(Debug, Default)]
+pub struct ClusterMetrics {
+    /// Responses to clients by status class.
+    pub responses: [AtomicU64; 5],
+    /// Requests being served now.
+    pub in_flight: AtomicI64,
+    /// Time from request to the end of the response, as the client sees it.
+    pub latency: Histogram,
+    /// Retries made.
+    pub retries: AtomicU64,
+    /// Retries wanted but refused by the retry budget.
+    pub budget_refusals: AtomicU64,
+    /// Requests answered 503 because no endpoint could be picked.
+    pub no_endpoint: AtomicU64,
+}
+
+/// What each endpoint answered.
+#[derive(Debug, Default)]
+pub struct EndpointMetrics {
+    /// Upstream answers by status class.
+    pub responses: [AtomicU64; 5],
+    /// Failed tries by [`ErrorKind`].
+    pub errors: [AtomicU64; 3],
+    /// Time of each try, from the pick to the end of the body (or the failure).
+    pub latency: Histogram,
+    /// Ejections by the outlier detector.
+    pub ejections: AtomicU64,
+    /// Active health checks that passed.
+    pub health_checks_passed: AtomicU64,
+    /// Active health checks that failed.
+    pub health_checks_failed: AtomicU64,
+}
+
+/// Metrics by cluster name and endpoint address, kept across reloads.
+#[derive(Debug, Default)]
+pub struct Registry {
+    clusters: Mutex<HashMap<String, ClusterEntry>>,
+}
+
+#[derive(Debug, Default)]
+struct ClusterEntry {
+    metrics: Arc<ClusterMetrics>,
+    endpoints: HashMap<String, Arc<EndpointMetrics>>,
+}
+
+impl Registry {
+    /// The metrics of a cluster, created on first use.
+    pub fn cluster(&self, name: &str) -> Arc<ClusterMetrics> {
+        let mut map = self.clusters.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry(name.to_string()).or_default().metrics.clone()
+    }
+
+    /// The metrics of an endpoint of a cluster, created on first use.
+    pub fn endpoint(&self, cluster: &str, address: &str) -> Arc<EndpointMetrics> {
+        let mut map = self.clusters.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry(cluster.to_string())
+            .or_default()
+            .endpoints
+            .entry(address.to_string())
+            .or_default()
+            .clone()
+    }
+}
+
+/// Escapes a Prometheus label value.
+pub fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// One cluster's figures for the text rendering.
+pub struct ClusterView<'a> {
+    /// Cluster name.
+    pub name: &'a str,
+    /// Its metrics.
+    pub metrics: &'a ClusterMetrics,
+    /// True while the balancer ignores health (panic threshold).
+    pub panicking: bool,
+    /// Endpoints: status from keel-balance and the proxy's counters.
+    pub endpoints: Vec<(keel_balance::EndpointStatus, Arc<EndpointMetrics>)>,
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// Renders the Prometheus text exposition format (version 0.0.4).
+pub fn render(clusters: &[ClusterView<'_>], reloads: u64, reload_failures: u64) -> String {
+    let mut out = String::with_capacity(8192);
+    header(
+        &mut out,
+        "keel_requests_total",
+        "counter",
+        "Responses sent to clients, by cluster and status class.",
+    );
+    for c in clusters {
+        let n = label(c.name);
+        for (i, class) in CLASSES.iter().enumerate() {
+            let v = c.metrics.responses[i].load(Relaxed);
+            let _ = writeln!(
+                out,
+                "keel_requests_total{{cluster=\"{n}\",class=\"{class}\"}} {v}"
+            );
+        }
+    }
+    header(
+        &mut out,
+        "keel_request_duration_seconds",
+        "histogram",
+        "Time from a client's request to the end of its response.",
+    );
+    for c in clusters {
+        c.metrics.latency.render(
+            &mut out,
+            "keel_request_duration_seconds",
+            &format!("cluster=\"{}\"", label(c.name)),
+        );
+    }
+    header(
+        &mut out,
+        "keel_requests_in_flight",
+        "gauge",
+        "Client requests being served.",
+    );
+    for c in clusters {
+        let _ = writeln!(
+            out,
+            "keel_requests_in_flight{{cluster=\"{}\"}} {}",
+            label(c.name),
+            c.metrics.in_flight.load(Relaxed)
+        );
+    }
+    header(
+        &mut out,
+        "keel_retries_total",
+        "counter",
+        "Retries made on another endpoint.",
+    );
+    for c in clusters {
+        let _ = writeln!(
+            out,
+            "keel_retries_total{{cluster=\"{}\"}} {}",
+            label(c.name),
+            c.metrics.retries.load(Relaxed)
+        );
+    }
+    header(
+        &mut out,
+        "keel_retry_budget_refusals_total",
+        "counter",
+        "Retries refused by the retry budget.",
+    );
+    for c in clusters {
+        let _ = writeln!(
+            out,
+            "keel_retry_budget_refusals_total{{cluster=\"{}\"}} {}",
+            label(c.name),
+            c.metrics.budget_refusals.load(Relaxed)
+        );
+    }
+    header(
+        &mut out,
+        "keel_no_endpoint_total",
+        "counter",
+        "Requests answered 503 because no endpoint was available.",
+    );
+    for c in clusters {
+        let _ = writeln!(
+            out,
+            "keel_no_endpoint_total{{cluster=\"{}\"}} {}",
+            label(c.name),
+            c.metrics.no_endpoint.load(Relaxed)
+        );
+    }
+    header(
+        &mut out,
+        "keel_cluster_panicking",
+        "gauge",
+        "1 while the panic threshold makes the balancer ignore health.",
+    );
+    for c in clusters {
+        let _ = writeln!(
+            out,
+            "keel_cluster_panicking{{cluster=\"{}\"}} {}",
+            label(c.name),
+            c.panicking as u8
+        );
+    }
+    header(
+        &mut out,
+        "keel_upstream_responses_total",
+        "counter",
+        "Answers of each endpoint, by status class.",
+    );
+    for c in clusters {
+        for (s, m) in &c.endpoints {
+            for (i, class) in CLASSES.iter().enumerate() {
+                let _ = writeln!(out, "keel_upstream_responses_total{{cluster=\"{}\",endpoint=\"{}\",class=\"{class}\"}} {}", label(c.name), label(&s.address), m.responses[i].load(Relaxed));
+            }
+        }
+    }
+    header(
+        &mut out,
+        "keel_upstream_errors_total",
+        "counter",
+        "Tries that got no usable answer, by kind (connect, timeout, reset).",
+    );
+    for c in clusters {
+        for (s, m) in &c.endpoints {
+            for (i, kind) in ERROR_KINDS.iter().enumerate() {
+                let _ = writeln!(out, "keel_upstream_errors_total{{cluster=\"{}\",endpoint=\"{}\",kind=\"{kind}\"}} {}", label(c.name), label(&s.address), m.errors[i].load(Relaxed));
+            }
+        }
+    }
+    header(
+        &mut out,
+        "keel_upstream_duration_seconds",
+        "histogram",
+        "Time of each try to an endpoint.",
+    );
+    for c in clusters {
+        for (s, m) in &c.endpoints {
+            m.latency.render(
+                &mut out,
+                "keel_upstream_duration_seconds",
+                &format!(
+                    "cluster=\"{}\",endpoint=\"{}\"",
+                    label(c.name),
+                    label(&s.address)
+                ),
+            );
+        }
+    }
+    type Gauge = fn(&keel_balance::EndpointStatus, &EndpointMetrics) -> f64;
+    let gauges: [(&str, &str, &str, Gauge); 7] = [
+        (
+            "keel_endpoint_in_flight",
+            "gauge",
+            "Calls in flight on the endpoint.",
+            |s, _| s.in_flight as f64,
+        ),
+        (
+            "keel_endpoint_healthy",
+            "gauge",
+            "1 if the active health check passes (or is off).",
+            |s, _| s.healthy as u8 as f64,
+        ),
+        (
+            "keel_endpoint_ejected",
+            "gauge",
+            "1 while the outlier detector keeps the endpoint out.",
+            |s, _| s.ejected_until.is_some() as u8 as f64,
+        ),
+        (
+            "keel_endpoint_ejections_total",
+            "counter",
+            "Ejections by the outlier detector.",
+            |_, m| m.ejections.load(Relaxed) as f64,
+        ),
+        (
+            "keel_endpoint_effective_weight",
+            "gauge",
+            "Weight in force after slow start.",
+            |s, _| s.effective_weight,
+        ),
+        (
+            "keel_endpoint_latency_estimate_seconds",
+            "gauge",
+            "The strategy's latency estimate (0 if none).",
+            |s, _| s.latency_estimate.map_or(0.0, |d| d.as_secs_f64()),
+        ),
+        (
+            "keel_health_checks_failed_total",
+            "counter",
+            "Active health checks that failed.",
+            |_, m| m.health_checks_failed.load(Relaxed) as f64,
+        ),
+    ];
+    for (name, kind, help, f) in gauges {
+        header(&mut out, name, kind, help);
+        for c in clusters {
+            for (s, m) in &c.endpoints {
+                let _ = writeln!(
+                    out,
+                    "{name}{{cluster=\"{}\",endpoint=\"{}\"}} {}",
+                    label(c.name),
+                    label(&s.address),
+                    f(s, m)
+                );
+            }
+        }
+    }
+    header(
+        &mut out,
+        "keel_health_checks_passed_total",
+        "counter",
+        "Active health checks that passed.",
+    );
+    for c in clusters {
+        for (s, m) in &c.endpoints {
+            let _ = writeln!(
+                out,
+                "keel_health_checks_passed_total{{cluster=\"{}\",endpoint=\"{}\"}} {}",
+                label(c.name),
+                label(&s.address),
+                m.health_checks_passed.load(Relaxed)
+            );
+        }
+    }
+    header(
+        &mut out,
+        "keel_config_reloads_total",
+        "counter",
+        "Configuration reloads, by result.",
+    );
+    let _ = writeln!(out, "keel_config_reloads_total{{result=\"ok\"}} {reloads}");
+    let _ = writeln!(
+        out,
+        "keel_config_reloads_total{{result=\"refused\"}} {reload_failures}"
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative_in_text() {
+        let h = Histogram::default();
+        h.observe(Duration::from_micros(300));
+        h.observe(Duration::from_millis(3));
+        h.observe(Duration::from_secs(20));
+        let mut s = String::new();
+        h.render(&mut s, "x", "a=\"b\"");
+        assert!(s.contains("x_bucket{a=\"b\",le=\"0.0005\"} 1\n"), "{s}");
+        assert!(s.contains("x_bucket{a=\"b\",le=\"0.005\"} 2\n"), "{s}");
+        assert!(s.contains("x_bucket{a=\"b\",le=\"10\"} 2\n"), "{s}");
+        assert!(s.contains("x_bucket{a=\"b\",le=\"+Inf\"} 3\n"), "{s}");
+        assert!(s.contains("x_count{a=\"b\"} 3\n"), "{s}");
+        assert_eq!(h.count(), 3);
+    }
+
+    #[test]
+    fn status_classes() {
+        assert_eq!(class_index(200), 1);
+        assert_eq!(class_index(503), 4);
+        assert_eq!(class_index(101), 0);
+        assert_eq!(label("a\"b"), "a\\\"b");
+    }
+}

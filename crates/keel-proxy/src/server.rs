@@ -1,0 +1,337 @@
+//! Listeners, lifecycle and reload: [`start`] binds everything and returns a [`ProxyHandle`];
+//! the routing (listener -> cluster) lives behind an `ArcSwap`, so a reload swaps it atomically
+//! while requests in flight finish on the clusters they started on.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use arc_swap::ArcSwap;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::cluster::Cluster;
+use crate::config::ProxyConfig;
+use crate::metrics::Registry;
+
+/// What requests see: the cluster of each listener. Swapped whole on reload.
+pub(crate) struct Routing {
+    /// Cluster by listener index.
+    pub listeners: Vec<Arc<Cluster>>,
+    /// All clusters, in configuration order.
+    pub clusters: Vec<Arc<Cluster>>,
+}
+
+/// State shared by listeners, the admin listener and the handle.
+pub(crate) struct Shared {
+    pub epoch: Instant,
+    pub routing: ArcSwap<Routing>,
+    pub config: ArcSwap<ProxyConfig>,
+    pub registry: Registry,
+    pub runtime: tokio::runtime::Handle,
+    /// Health-check tasks of the current clusters (cold path only).
+    pub health_tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Serializes reloads.
+    pub reload_lock: Mutex<()>,
+    pub reloads: AtomicU64,
+    pub reload_failures: AtomicU64,
+    pub listener_addrs: Vec<SocketAddr>,
+}
+
+impl Shared {
+    fn build_routing(
+        &self,
+        config: &ProxyConfig,
+        previous: Option<&Routing>,
+    ) -> anyhow::Result<Routing> {
+        let mut clusters = Vec::with_capacity(config.clusters.len());
+        for c in &config.clusters {
+            let old = previous.and_then(|r| r.clusters.iter().find(|o| o.name() == c.name));
+            let cluster = Cluster::build(c.clone(), old.map(|o| &**o), &self.registry, self.epoch)
+                .with_context(|| format!("cluster `{}`", c.name))?;
+            if c.health_check.is_none() {
+                // Without checks nothing would ever mark an endpoint up again.
+                for e in &cluster.endpoints {
+                    cluster.balancer.set_healthy(e.id, true, cluster.now());
+                }
+            }
+            clusters.push(Arc::new(cluster));
+        }
+        let listeners = config
+            .listeners
+            .iter()
+            .map(|l| {
+                clusters
+                    .iter()
+                    .find(|c| c.name() == l.cluster)
+                    .cloned()
+                    .with_context(|| format!("no cluster named `{}`", l.cluster))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Routing {
+            listeners,
+            clusters,
+        })
+    }
+
+    fn restart_health_checks(&self, routing: &Routing) {
+        let mut tasks = self.health_tasks.lock().unwrap_or_else(|e| e.into_inner());
+        for t in tasks.drain(..) {
+            t.abort();
+        }
+        for c in &routing.clusters {
+            tasks.extend(crate::health::spawn(c, &self.runtime));
+        }
+    }
+
+    /// Validates that the new configuration can be applied to the running listeners, then
+    /// swaps it in.
+    pub fn reload(&self, config: ProxyConfig) -> anyhow::Result<()> {
+        let _serial = self.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let result = self.try_reload(config);
+        match &result {
+            Ok(()) => {
+                self.reloads.fetch_add(1, Relaxed);
+                tracing::info!("configuration reloaded");
+            }
+            Err(e) => {
+                self.reload_failures.fetch_add(1, Relaxed);
+                tracing::error!("configuration reload refused, the old one keeps serving: {e:#}");
+            }
+        }
+        result
+    }
+
+    fn try_reload(&self, config: ProxyConfig) -> anyhow::Result<()> {
+        let old = self.config.load();
+        let listens = |c: &ProxyConfig| c.listeners.iter().map(|l| l.listen).collect::<Vec<_>>();
+        if listens(&old) != listens(&config) {
+            anyhow::bail!(
+                "the listeners' addresses changed ({:?} -> {:?}); a reload can change clusters and routes, not addresses: restart keel proxy instead",
+                listens(&old),
+                listens(&config)
+            );
+        }
+        if old.admin != config.admin {
+            anyhow::bail!("the [admin] listener changed; restart keel proxy to apply that");
+        }
+        let previous = self.routing.load();
+        let routing = self.build_routing(&config, Some(&previous))?;
+        self.restart_health_checks(&routing);
+        self.routing.store(Arc::new(routing));
+        self.config.store(Arc::new(config));
+        Ok(())
+    }
+}
+
+/// A running proxy.
+pub struct ProxyHandle {
+    shared: Arc<Shared>,
+    admin_addr: Option<SocketAddr>,
+    shutdown: watch::Sender<Option<Duration>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for ProxyHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyHandle")
+            .field("listeners", &self.shared.listener_addrs)
+            .field("admin", &self.admin_addr)
+            .finish()
+    }
+}
+
+/// Binds every listener (port 0 = ephemeral) and the admin listener, starts health checks,
+/// returns once it is accepting.
+pub async fn start(config: ProxyConfig) -> anyhow::Result<ProxyHandle> {
+    let mut bound = Vec::with_capacity(config.listeners.len());
+    for l in &config.listeners {
+        let listener = TcpListener::bind(l.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", l.listen))?;
+        bound.push(listener);
+    }
+    let admin = match &config.admin {
+        Some(a) => Some(
+            TcpListener::bind(a.listen)
+                .await
+                .with_context(|| format!("cannot listen on {} (admin)", a.listen))?,
+        ),
+        None => None,
+    };
+    let listener_addrs = bound
+        .iter()
+        .map(|l| l.local_addr())
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let admin_addr = admin.as_ref().map(|a| a.local_addr()).transpose()?;
+
+    let empty = Routing {
+        listeners: Vec::new(),
+        clusters: Vec::new(),
+    };
+    let shared = Arc::new(Shared {
+        epoch: Instant::now(),
+        routing: ArcSwap::from_pointee(empty),
+        config: ArcSwap::from_pointee(config.clone()),
+        registry: Registry::default(),
+        runtime: tokio::runtime::Handle::current(),
+        health_tasks: Mutex::new(Vec::new()),
+        reload_lock: Mutex::new(()),
+        reloads: AtomicU64::new(0),
+        reload_failures: AtomicU64::new(0),
+        listener_addrs: listener_addrs.clone(),
+    });
+    let routing = shared.build_routing(&config, None)?;
+    shared.restart_health_checks(&routing);
+    shared.routing.store(Arc::new(routing));
+
+    let (shutdown, shutdown_rx) = watch::channel(None);
+    let mut tasks = Vec::new();
+    for (i, listener) in bound.into_iter().enumerate() {
+        tasks.push(tokio::spawn(accept_loop(
+            shared.clone(),
+            i,
+            listener,
+            shutdown_rx.clone(),
+        )));
+    }
+    if let Some(admin) = admin {
+        tasks.push(tokio::spawn(crate::admin::serve(
+            shared.clone(),
+            admin,
+            shutdown_rx.clone(),
+        )));
+    }
+    Ok(ProxyHandle {
+        shared,
+        admin_addr,
+        shutdown,
+        tasks,
+    })
+}
+
+impl ProxyHandle {
+    /// The listeners' bound addresses, in configuration order.
+    pub fn listener_addrs(&self) -> Vec<SocketAddr> {
+        self.shared.listener_addrs.clone()
+    }
+
+    /// The admin listener's bound address, if any.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
+    /// Swaps in a new configuration atomically; endpoints that stay keep their state. Refused
+    /// (and the old configuration kept) if it changes listener or admin addresses or a
+    /// cluster cannot be built.
+    pub fn reload(&self, config: ProxyConfig) -> anyhow::Result<()> {
+        self.shared.reload(config)
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> Arc<ProxyConfig> {
+        self.shared.config.load_full()
+    }
+
+    /// keel-balance status of a cluster's endpoints (for tests and tools).
+    pub fn cluster_status(&self, name: &str) -> Option<Vec<keel_balance::EndpointStatus>> {
+        let routing = self.shared.routing.load();
+        let c = routing.clusters.iter().find(|c| c.name() == name)?;
+        Some(c.balancer.status(c.now()))
+    }
+
+    /// Stops accepting, lets requests in flight finish for up to `drain`, then cuts the rest.
+    pub async fn shutdown(self, drain: Duration) {
+        let _ = self.shutdown.send(Some(drain));
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        let mut tasks = self
+            .shared
+            .health_tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for t in tasks.drain(..) {
+            t.abort();
+        }
+    }
+}
+
+/// Waits until the shutdown channel carries a drain time.
+pub(crate) async fn wait_shutdown(rx: &mut watch::Receiver<Option<Duration>>) -> Duration {
+    loop {
+        if let Some(d) = *rx.borrow_and_update() {
+            return d;
+        }
+        if rx.changed().await.is_err() {
+            return Duration::ZERO;
+        }
+    }
+}
+
+async fn accept_loop(
+    shared: Arc<Shared>,
+    index: usize,
+    listener: TcpListener,
+    mut shutdown: watch::Receiver<Option<Duration>>,
+) {
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new());
+    let builder = Arc::new(builder);
+    let mut conns = JoinSet::new();
+    let drain = loop {
+        tokio::select! {
+            d = wait_shutdown(&mut shutdown) => break d,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(x) => x,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        tracing::warn!("accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let shared = shared.clone();
+                let builder = builder.clone();
+                let mut stop = shutdown.clone();
+                conns.spawn(async move {
+                    let svc = service_fn(move |req| {
+                        let cluster = shared.routing.load().listeners[index].clone();
+                        async move {
+                            Ok::<_, std::convert::Infallible>(
+                                crate::forward::handle(cluster, peer, req).await,
+                            )
+                        }
+                    });
+                    let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                    tokio::pin!(conn);
+                    tokio::select! {
+                        r = conn.as_mut() => { if let Err(e) = r { tracing::debug!("client connection: {e}"); } return; }
+                        _ = wait_shutdown(&mut stop) => {}
+                    }
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                });
+            }
+        }
+    };
+    drop(listener);
+    let finished =
+        tokio::time::timeout(drain, async { while conns.join_next().await.is_some() {} }).await;
+    if finished.is_err() {
+        tracing::warn!(
+            "drain timeout: cutting {} connection(s) still busy",
+            conns.len()
+        );
+        conns.abort_all();
+        while conns.join_next().await.is_some() {}
+    }
+}
