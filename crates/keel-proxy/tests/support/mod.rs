@@ -1,0 +1,131 @@
+//! Helpers shared by the proxy's loopback tests: backends on ephemeral ports, configurations
+//! derived from the issue's example file, and a small HTTP client.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::header::HeaderMap;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use keel_proxy::backend::{self, BackendConfig, BackendHandle, Fault};
+use keel_proxy::ProxyConfig;
+
+/// The issue's configuration file, verbatim.
+pub const ISSUE_CONFIG: &str = include_str!("../../../../examples/proxy.toml");
+
+/// Loopback, any port.
+pub fn any_port() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+/// Starts `n` backends named b0..b{n-1} with this latency.
+pub async fn backends(n: usize, latency: Duration) -> Vec<BackendHandle> {
+    let mut v = Vec::new();
+    for i in 0..n {
+        let cfg = BackendConfig {
+            latency,
+            name: format!("b{i}"),
+            ..BackendConfig::default()
+        };
+        v.push(backend::spawn(any_port(), cfg).await.unwrap());
+    }
+    v
+}
+
+/// The issue's file with listener and admin on ephemeral ports and the five endpoints replaced
+/// by `addrs` (the first keeps weight 2), then `edit` applied to the text.
+pub fn issue_config(addrs: &[SocketAddr], edit: impl Fn(String) -> String) -> ProxyConfig {
+    assert_eq!(addrs.len(), 5);
+    let mut text = ISSUE_CONFIG
+        .replace("127.0.0.1:9901", "127.0.0.1:0")
+        .replace("127.0.0.1:8080", "127.0.0.1:0");
+    for (i, a) in addrs.iter().enumerate() {
+        text = text.replace(&format!("127.0.0.1:900{}", i + 1), &a.to_string());
+    }
+    ProxyConfig::from_toml_str(&edit(text), "test.toml").unwrap()
+}
+
+/// A configuration with one listener, one cluster over `addrs` and `cluster_extra` lines
+/// appended to the cluster table (tables may follow).
+pub fn simple_config(addrs: &[SocketAddr], strategy: &str, cluster_extra: &str) -> ProxyConfig {
+    let eps: Vec<String> = addrs
+        .iter()
+        .map(|a| format!("{{ address = \"{a}\" }}"))
+        .collect();
+    let text = format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n\n[[cluster]]\nname = \"app\"\nstrategy = \"{strategy}\"\nendpoints = [{}]\n{cluster_extra}\n",
+        eps.join(", ")
+    );
+    ProxyConfig::from_toml_str(&text, "test.toml")
+        .unwrap_or_else(|e| panic!("{e}\n--- config ---\n{text}"))
+}
+
+/// A response read whole.
+#[derive(Debug)]
+pub struct Got {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Got {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// A plain HTTP/1.1 client.
+pub fn client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// Sends a request and reads the whole response (or the error, as text) within 5 s.
+pub async fn send(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    method: Method,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &'static [u8],
+) -> Result<Got, String> {
+    let mut b = Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let req = b.body(Full::new(Bytes::from_static(body))).unwrap();
+    let work = async {
+        let resp = client.request(req).await.map_err(|e| format!("{e:?}"))?;
+        let (parts, body) = resp.into_parts();
+        let body = body
+            .collect()
+            .await
+            .map_err(|e| format!("body: {e:?}"))?
+            .to_bytes();
+        Ok(Got {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(5), work)
+        .await
+        .map_err(|_| "client timeout".to_string())?
+}
+
+/// GET `url` with a fresh client.
+pub async fn get(url: &str) -> Result<Got, String> {
+    send(&client(), Method::GET, url, &[], b"").await
+}
+
+/// Sets a fault and waits until it is in force.
+pub async fn fault(b: &BackendHandle, f: Fault) {
+    b.apply_fault(f).await.unwrap();
+}
