@@ -1,10 +1,127 @@
-//! `keel proxy` (placeholder until its issue lands).
+//! `keel proxy`: runs the HTTP reverse proxy from a TOML configuration file.
+//!
+//! Signals: SIGTERM or SIGINT drain and stop (a second one stops at once); SIGHUP reloads the
+//! file (an invalid file is refused with a logged error and the old configuration keeps
+//! serving). The admin listener's `POST /reload` does the same as SIGHUP.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use keel_proxy::ProxyConfig;
 
 /// Arguments of `keel proxy`.
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// The TOML configuration file (see docs/configuration.md and examples/proxy.toml).
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: PathBuf,
+    /// Only check the configuration: print a summary and exit 0, or the error and exit 2.
+    #[arg(long)]
+    pub check: bool,
+    /// Log filter in RUST_LOG syntax (RUST_LOG, when set, wins).
+    #[arg(long, default_value = "info", value_name = "FILTER")]
+    pub log: String,
+}
+
+fn summary(config: &ProxyConfig) -> String {
+    let mut s = String::new();
+    for (l, addr) in config
+        .listeners
+        .iter()
+        .zip(config.listeners.iter().map(|l| l.listen))
+    {
+        s.push_str(&format!("  listener {addr} -> cluster {}\n", l.cluster));
+    }
+    for c in &config.clusters {
+        s.push_str(&format!(
+            "  cluster {}: {} over {} endpoint(s); retries {}, health check {}, outlier detection {}\n",
+            c.name,
+            c.strategy,
+            c.endpoints.len(),
+            c.retry.attempts,
+            if c.health_check.is_some() { "on" } else { "off" },
+            if c.outlier_detection.is_some() { "on" } else { "off" },
+        ));
+    }
+    if let Some(a) = &config.admin {
+        s.push_str(&format!("  admin {}\n", a.listen));
+    }
+    s
+}
 
 /// Runs `keel proxy`.
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`keel proxy` is not built yet")
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let config = match ProxyConfig::from_file(&args.config) {
+        Ok(c) => c,
+        Err(e) => return crate::cmd::usage(format!("invalid configuration: {e}")),
+    };
+    if args.check {
+        print!("{}: ok\n{}", args.config.display(), summary(&config));
+        return Ok(());
+    }
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&args.log));
+    let filter = match filter {
+        Ok(f) => f,
+        Err(e) => return crate::cmd::usage(format!("invalid --log filter `{}`: {e}", args.log)),
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(serve(config, args.config))
+}
+
+async fn serve(config: ProxyConfig, path: PathBuf) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
+
+    let drain = config.drain_timeout;
+    let listeners = config.listeners.clone();
+    let proxy = keel_proxy::start(config).await?;
+    {
+        // One line per listener on stdout, for people and for scripts that start the proxy on
+        // ephemeral ports.
+        let mut out = std::io::stdout().lock();
+        for (l, addr) in listeners.iter().zip(proxy.listener_addrs()) {
+            writeln!(
+                out,
+                "keel proxy: listening on http://{addr} (cluster {})",
+                l.cluster
+            )?;
+        }
+        if let Some(a) = proxy.admin_addr() {
+            writeln!(out, "keel proxy: admin on http://{a}")?;
+        }
+        out.flush()?;
+    }
+    tracing::info!(config = %path.display(), "keel proxy started");
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = hup.recv() => {
+                tracing::info!(config = %path.display(), "SIGHUP: reloading");
+                match ProxyConfig::from_file(&path) {
+                    Ok(c) => { let _ = proxy.reload(c); } // the proxy logs the outcome
+                    Err(e) => tracing::error!("configuration reload refused, the old one keeps serving: {e}"),
+                }
+            }
+        }
+    }
+    tracing::info!(
+        "shutting down: no new connections, draining requests in flight for up to {}",
+        humantime::format_duration(drain)
+    );
+    tokio::select! {
+        _ = proxy.shutdown(drain) => tracing::info!("stopped"),
+        _ = term.recv() => tracing::warn!("second signal: stopping at once"),
+        _ = int.recv() => tracing::warn!("second signal: stopping at once"),
+    }
+    Ok(())
 }
