@@ -37,16 +37,16 @@ pub struct Args {
     #[arg(long, default_value = "fixed", value_name = "DIST")]
     latency_dist: String,
     /// Standard deviation of the log of the latency, for --latency-dist lognormal.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.5)]
     sigma: f64,
     /// Fault to inject: none, refuse, hang, error, slow, reset, flap (see below).
     #[arg(long, default_value = "none")]
     fault: String,
     /// Probability in [0, 1] that a request gets an instant 503.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
     error_rate: f64,
     /// Latency multiplier of --fault slow.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 10.0)]
     slow_factor: f64,
     /// Length of a healthy period of --fault flap.
     #[arg(long, default_value = "2s")]
@@ -239,4 +239,102 @@ async fn wait_for_stop() -> anyhow::Result<()> {
         .await
         .context("cannot handle Ctrl-C")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse_cli(argv: &[&str]) -> anyhow::Result<(Vec<SocketAddr>, BackendConfig)> {
+        let cli = Cli::try_parse_from(std::iter::once("backend").chain(argv.iter().copied()))
+            .expect("clap accepts the flags");
+        parse(&cli.args)
+    }
+
+    fn is_usage(r: anyhow::Result<(Vec<SocketAddr>, BackendConfig)>) -> bool {
+        r.err()
+            .is_some_and(|e| e.downcast_ref::<crate::cmd::UsageError>().is_some())
+    }
+
+    #[test]
+    fn flags_build_the_config() {
+        let (addrs, cfg) = parse_cli(&[
+            "--listen",
+            "127.0.0.1:0",
+            "--listen",
+            "[::1]:9002",
+            "--latency",
+            "10ms",
+            "--latency-dist",
+            "lognormal",
+            "--sigma",
+            "1",
+            "--fault",
+            "flap",
+            "--flap-up",
+            "300ms",
+            "--error-rate",
+            "0.1",
+            "--body-bytes",
+            "10",
+        ])
+        .unwrap();
+        assert_eq!(addrs.len(), 2);
+        assert_eq!(cfg.latency, Duration::from_millis(10));
+        assert_eq!(cfg.latency_dist, LatencyDist::LogNormal { sigma: 1.0 });
+        assert_eq!(
+            cfg.fault,
+            Fault::Flap {
+                up: Duration::from_millis(300),
+                down: Duration::from_secs(1)
+            }
+        );
+        assert_eq!((cfg.error_rate, cfg.body_bytes), (0.1, 10));
+        let (_, cfg) = parse_cli(&["--listen", "127.0.0.1:0", "--fault", "slow"]).unwrap();
+        assert_eq!(cfg.fault, Fault::Slow { factor: 10.0 });
+    }
+
+    #[test]
+    fn bad_values_are_usage_errors() {
+        for argv in [
+            &["--listen", "localhost"][..],
+            &["--listen", "127.0.0.1:0", "--fault", "crash"],
+            &["--listen", "127.0.0.1:0", "--latency", "fast"],
+            &["--listen", "127.0.0.1:0", "--latency-dist", "pareto"],
+            &["--listen", "127.0.0.1:0", "--error-rate", "-0.1"],
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--fault",
+                "slow",
+                "--slow-factor",
+                "-2",
+            ],
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--fault",
+                "flap",
+                "--flap-down",
+                "0s",
+            ],
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--latency-dist",
+                "lognormal",
+                "--sigma",
+                "-1",
+            ],
+        ] {
+            assert!(is_usage(parse_cli(argv)), "{argv:?}");
+        }
+    }
 }
