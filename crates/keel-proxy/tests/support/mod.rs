@@ -129,3 +129,79 @@ pub async fn get(url: &str) -> Result<Got, String> {
 pub async fn fault(b: &BackendHandle, f: Fault) {
     b.apply_fault(f).await.unwrap();
 }
+
+/// A server that answers every request with its method, headers and body length as text
+/// (one `name: value` per line), plus hop-by-hop headers of its own that a proxy must drop.
+pub async fn echo_server() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    use hyper::service::service_fn;
+    use hyper_util::rt::TokioIo;
+    let listener = tokio::net::TcpListener::bind(any_port()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let svc = service_fn(|req: Request<hyper::body::Incoming>| async move {
+                    let (parts, body) = req.into_parts();
+                    let body = body
+                        .collect()
+                        .await
+                        .map(|b| b.to_bytes())
+                        .unwrap_or_default();
+                    let mut text =
+                        format!("method: {}\nbody-length: {}\n", parts.method, body.len());
+                    for (k, v) in &parts.headers {
+                        text.push_str(&format!("{k}: {}\n", v.to_str().unwrap_or("?")));
+                    }
+                    let resp = hyper::Response::builder()
+                        .header("x-backend", "echo")
+                        .header("keep-alive", "timeout=5")
+                        .header("connection", "x-secret")
+                        .header("x-secret", "1")
+                        .body(Full::new(Bytes::from(text)))
+                        .unwrap();
+                    Ok::<_, std::convert::Infallible>(resp)
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, task)
+}
+
+/// A server that answers every connection with bytes that are not HTTP.
+pub async fn garbage_server() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind(any_port()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                let _ = stream.read(&mut buf).await;
+                let _ = stream.write_all(b"SMTP ready, not HTTP\r\n\r\n").await;
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    (addr, task)
+}
+
+/// Polls `cond` every 20 ms for up to `limit`; true if it became true.
+pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cond()
+}
