@@ -1,0 +1,183 @@
+//! `keel proxy` as a process: `--check`, exit 2 on an invalid file, serving the issue's
+//! configuration with one endpoint failed while SIGHUP reloads it, and SIGTERM draining.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use keel_proxy::backend::{self, BackendConfig, Fault};
+use keel_proxy::loadgen::{self, LoadSpec, Target};
+
+const KEEL: &str = env!("CARGO_BIN_EXE_keel");
+const ISSUE_CONFIG: &str = include_str!("../../../examples/proxy.toml");
+
+fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("keel-proxy-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn check_accepts_the_example_file() {
+    let out = Command::new(KEEL)
+        .args(["proxy", "--check", "--config"])
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../examples/proxy.toml"
+        ))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(": ok"), "{stdout}");
+    assert!(
+        stdout.contains("least-connections over 5 endpoint(s)"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn an_invalid_file_exits_2_naming_file_line_and_key() {
+    let bad = ISSUE_CONFIG.replace("attempts = 2", "attempts = 2\nbudget = 20");
+    let path = temp_file("bad.toml", &bad);
+    for check in [true, false] {
+        let mut cmd = Command::new(KEEL);
+        cmd.arg("proxy");
+        if check {
+            cmd.arg("--check");
+        }
+        let out = cmd.arg("--config").arg(&path).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("bad.toml:23:1"), "file and line: {stderr}");
+        assert!(stderr.contains("cluster[0].retry.budget"), "key: {stderr}");
+        assert!(
+            stderr.contains("budget_percent"),
+            "what is allowed: {stderr}"
+        );
+    }
+    let out = Command::new(KEEL)
+        .args(["proxy", "--config", "/nonexistent/keel.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+#[test]
+fn serves_the_issue_config_with_one_endpoint_failed_through_sighup_reloads_and_drains_on_sigterm() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut backends = Vec::new();
+    for i in 0..5 {
+        let cfg = BackendConfig {
+            latency: Duration::from_millis(1),
+            name: format!("b{i}"),
+            ..BackendConfig::default()
+        };
+        let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        backends.push(rt.block_on(backend::spawn(addr, cfg)).unwrap());
+    }
+    rt.block_on(backends[2].apply_fault(Fault::Error)).unwrap();
+    let mut text = ISSUE_CONFIG
+        .replace("127.0.0.1:9901", "127.0.0.1:0")
+        .replace("127.0.0.1:8080", "127.0.0.1:0");
+    for (i, b) in backends.iter().enumerate() {
+        text = text.replace(&format!("127.0.0.1:900{}", i + 1), &b.addr().to_string());
+    }
+    let path = temp_file("proxy.toml", &text);
+
+    let mut child = Command::new(KEEL)
+        .args(["proxy", "--config"])
+        .arg(&path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let logs = Arc::new(Mutex::new(String::new()));
+    {
+        let logs = logs.clone();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut l = logs.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+    }
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let listen = loop {
+        line.clear();
+        if stdout.read_line(&mut line).unwrap() == 0 {
+            let _ = child.kill();
+            panic!("keel proxy ended early:\n{}", logs.lock().unwrap());
+        }
+        if let Some(rest) = line.trim().strip_prefix("keel proxy: listening on http://") {
+            break rest.split(' ').next().unwrap().to_string();
+        }
+    };
+
+    let mut spec = LoadSpec::new(Target::Url(format!("http://{listen}/work")), 5_000);
+    spec.concurrency = 32;
+    spec.timeout = Duration::from_secs(3);
+    let load = rt.spawn(loadgen::run(spec));
+    let mut hups = 0;
+    while !load.is_finished() {
+        std::thread::sleep(Duration::from_millis(150));
+        signal(pid, "-HUP");
+        hups += 1;
+    }
+    let report = rt.block_on(load).unwrap();
+    println!("through `keel proxy`, b2 answering 503, {hups} SIGHUP reloads:\n{report}");
+    assert!(
+        report.success_rate() >= 0.999,
+        "{report}\n{}",
+        logs.lock().unwrap()
+    );
+
+    let t = Instant::now();
+    signal(pid, "-TERM");
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            panic!("keel proxy did not stop on SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "exit status {status:?}");
+    let logs = logs.lock().unwrap().clone();
+    let reloads = logs.matches("configuration reloaded").count();
+    assert!(
+        reloads >= 1 && reloads <= hups,
+        "{reloads} of {hups} reloads logged:\n{logs}"
+    );
+    assert!(logs.contains("shutting down"), "{logs}");
+    for b in backends {
+        rt.block_on(b.shutdown());
+    }
+}
