@@ -1,10 +1,251 @@
-//! `keel distribute` (placeholder until its issue lands).
+//! `keel distribute`: preview how a strategy spreads picks (or hash keys) over endpoints, and
+//! how many keys move when endpoints are removed or added.
+
+use std::time::Duration;
+
+use keel_balance::{
+    hash_key, Balancer, BalancerConfig, EndpointSpec, Outcome, PickContext, StrategyKind,
+};
+use serde::Serialize;
+
+use super::usage;
 
 /// Arguments of `keel distribute`.
-#[derive(clap::Args)]
-pub struct Args {}
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Strategy name (e.g. round-robin, maglev, ring-hash, least-request).
+    #[arg(long)]
+    strategy: String,
+    /// Number of endpoints.
+    #[arg(long)]
+    endpoints: usize,
+    /// Comma-separated weights, one per endpoint (default: all 1).
+    #[arg(long, value_delimiter = ',')]
+    weights: Vec<u32>,
+    /// Number of picks; for hash strategies, of distinct keys.
+    #[arg(long, default_value_t = 100_000)]
+    keys: u64,
+    /// Then remove this many endpoints (the last ones) and report the keys that moved.
+    #[arg(long, conflicts_with = "add")]
+    remove: Option<usize>,
+    /// Then add this many endpoints (weight 1) and report the keys that moved.
+    #[arg(long)]
+    add: Option<usize>,
+    /// Bounded loads for hash strategies (c, e.g. 1.25).
+    #[arg(long)]
+    bounded_load: Option<f64>,
+    /// Maglev table size (a prime).
+    #[arg(long)]
+    table_size: Option<u64>,
+    /// Ring-hash virtual nodes per endpoint.
+    #[arg(long)]
+    vnodes: Option<u32>,
+    /// Seed of the balancer's random choices.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    strategy: String,
+    endpoints: usize,
+    keys: u64,
+    shares: Vec<f64>,
+    /// Largest share divided by the share its weight entitles it to.
+    max_over_mean: f64,
+    /// Share of keys (or of the i-th pick, for strategies without keys) whose endpoint changed.
+    moved: Option<f64>,
+    /// Shares after the removal or addition.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shares_after: Option<Vec<f64>>,
+}
+
+fn endpoint_specs(weights: &[u32]) -> Vec<EndpointSpec> {
+    weights
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| {
+            EndpointSpec::new(format!(
+                "10.{}.{}.{}:8080",
+                i >> 16,
+                (i >> 8) & 255,
+                i & 255
+            ))
+            .with_weight(w)
+        })
+        .collect()
+}
+
+/// Makes `keys` picks at time zero, each finished at once; returns the endpoint index of each.
+fn assign(lb: &Balancer, keys: u64, hashed: bool) -> Vec<u32> {
+    let now = Duration::ZERO;
+    (0..keys)
+        .map(|k| {
+            let mut ctx = PickContext::new(now);
+            if hashed {
+                ctx = ctx.with_hash_key(hash_key(format!("key-{k}").as_bytes()));
+            }
+            let pick = lb.pick(&ctx).expect("endpoints are all healthy");
+            let i = pick.index() as u32;
+            lb.finish(pick, Outcome::Success, now);
+            i
+        })
+        .collect()
+}
+
+fn shares(assigned: &[u32], n: usize) -> Vec<f64> {
+    let mut counts = vec![0u64; n];
+    for &i in assigned {
+        counts[i as usize] += 1;
+    }
+    counts
+        .iter()
+        .map(|&c| c as f64 / assigned.len().max(1) as f64)
+        .collect()
+}
 
 /// Runs `keel distribute`.
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`keel distribute` is not built yet")
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let kind: StrategyKind = match args.strategy.parse() {
+        Ok(k) => k,
+        Err(e) => return usage(e.to_string()),
+    };
+    if args.endpoints == 0 || args.endpoints > 100_000 {
+        return usage(format!(
+            "--endpoints must be within 1..=100000, got {}",
+            args.endpoints
+        ));
+    }
+    if args.keys == 0 || args.keys > 100_000_000 {
+        return usage(format!(
+            "--keys must be within 1..=100000000, got {}",
+            args.keys
+        ));
+    }
+    let weights = if args.weights.is_empty() {
+        vec![1; args.endpoints]
+    } else if args.weights.len() != args.endpoints {
+        return usage(format!(
+            "--weights has {} values for {} endpoints; give one weight per endpoint",
+            args.weights.len(),
+            args.endpoints
+        ));
+    } else if args.weights.contains(&0) {
+        return usage("--weights must all be 1 or more");
+    } else {
+        args.weights.clone()
+    };
+    if args.remove.is_some_and(|r| r >= args.endpoints) {
+        return usage(format!(
+            "--remove must leave at least one endpoint (of {})",
+            args.endpoints
+        ));
+    }
+
+    let mut config = BalancerConfig::new(kind);
+    config.seed = args.seed;
+    config.options.bounded_load = args.bounded_load;
+    if let Some(t) = args.table_size {
+        config.options.table_size = t;
+    }
+    if let Some(v) = args.vnodes {
+        config.options.vnodes = v;
+    }
+    config.validate().map_err(super::UsageError)?;
+
+    let specs = endpoint_specs(&weights);
+    let lb = Balancer::new(config, &specs).map_err(|e| super::UsageError(e.to_string()))?;
+    let hashed = kind.is_hash();
+    let before = assign(&lb, args.keys, hashed);
+    let shares_before = shares(&before, specs.len());
+    let total_w: u64 = weights.iter().map(|&w| w as u64).sum();
+    let max_over_mean = shares_before
+        .iter()
+        .zip(&weights)
+        .map(|(s, &w)| s / (w as f64 / total_w as f64))
+        .fold(0.0, f64::max);
+
+    let mut moved = None;
+    let mut shares_after = None;
+    if args.remove.is_some() || args.add.is_some() {
+        let mut new_weights = weights.clone();
+        match (args.remove, args.add) {
+            (Some(r), _) => new_weights.truncate(weights.len() - r),
+            (_, Some(a)) => new_weights.extend(std::iter::repeat_n(1, a)),
+            _ => unreachable!(),
+        }
+        let new_specs = endpoint_specs(&new_weights);
+        lb.update(&new_specs, Duration::ZERO)
+            .map_err(|e| super::UsageError(e.to_string()))?;
+        let after = assign(&lb, args.keys, hashed);
+        // Indices are stable: removal drops the last endpoints, addition appends.
+        let changed = before.iter().zip(&after).filter(|(a, b)| a != b).count();
+        moved = Some(changed as f64 / args.keys as f64);
+        shares_after = Some(shares(&after, new_specs.len()));
+    }
+
+    let report = Report {
+        strategy: kind.name().to_string(),
+        endpoints: args.endpoints,
+        keys: args.keys,
+        shares: shares_before,
+        max_over_mean,
+        moved,
+        shares_after,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
+    println!(
+        "{} over {} endpoints, {} {}:",
+        report.strategy,
+        report.endpoints,
+        report.keys,
+        if hashed { "distinct keys" } else { "picks" }
+    );
+    println!(
+        "  {:>5}  {:>6}  {:>8}  {:>8}",
+        "#", "weight", "expected", "share"
+    );
+    let show = report.shares.len().min(20);
+    for (i, s) in report.shares.iter().enumerate().take(show) {
+        println!(
+            "  {:>5}  {:>6}  {:>7.3}%  {:>7.3}%",
+            i,
+            weights[i],
+            100.0 * weights[i] as f64 / total_w as f64,
+            100.0 * s
+        );
+    }
+    if report.shares.len() > show {
+        println!("  ... {} more endpoints", report.shares.len() - show);
+    }
+    println!("  max share / expected share: {:.4}", report.max_over_mean);
+    if let Some(m) = report.moved {
+        let what = match (args.remove, args.add) {
+            (Some(r), _) => format!("removing {r}"),
+            (_, Some(a)) => format!("adding {a}"),
+            _ => unreachable!(),
+        };
+        let ideal = match (args.remove, args.add) {
+            (Some(r), _) => r as f64 / args.endpoints as f64,
+            (_, Some(a)) => a as f64 / (args.endpoints + a) as f64,
+            _ => unreachable!(),
+        };
+        println!(
+            "  {what} endpoint(s) moved {:.3}% of {} (ideal for consistent hashing: {:.3}%)",
+            100.0 * m,
+            if hashed {
+                "keys"
+            } else {
+                "picks (no keys: the i-th pick is compared)"
+            },
+            100.0 * ideal
+        );
+    }
+    Ok(())
 }
