@@ -722,7 +722,7 @@ fn collect_item(item: &toml_edit::Item, path: &mut Vec<String>, out: &mut Vec<Lo
     }
 }
 
-fn collect_table(t: &toml_edit::Table, path: &mut Vec<String>, out: &mut Vec<Located>) {
+fn collect_table(t: &toml_edit::Table, path: &[String], out: &mut Vec<Located>) {
     for (k, item) in t.iter() {
         let Some((key, _)) = t.get_key_value(k) else {
             continue;
