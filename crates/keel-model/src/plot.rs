@@ -24,6 +24,8 @@ pub enum Style {
     Line,
     /// A dashed line through the points, to tell apart curves that share a colour.
     Dashed,
+    /// A dotted line, a third line style for curves that share a colour.
+    Dotted,
     /// A marker at each point (simulated or measured values).
     Points,
 }
@@ -297,6 +299,9 @@ fn draw(
             Style::Dashed => {
                 chart.draw_series(DashedLineSeries::new(points, 8, 5, color.stroke_width(2)))?;
             }
+            Style::Dotted => {
+                chart.draw_series(DashedLineSeries::new(points, 2, 4, color.stroke_width(2)))?;
+            }
             Style::Points => {
                 chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
             }
@@ -331,6 +336,14 @@ fn draw(
                     vec![(22, y), (31, y)],
                     color.stroke_width(2),
                 ))?;
+            }
+            Style::Dotted => {
+                for x in [8, 14, 20, 26, 32] {
+                    legend_area.draw(&PathElement::new(
+                        vec![(x, y), (x + 2, y)],
+                        color.stroke_width(2),
+                    ))?;
+                }
             }
             Style::Points => legend_area.draw(&Circle::new((23, y), 4, color.filled()))?,
         }

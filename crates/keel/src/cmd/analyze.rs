@@ -1,10 +1,466 @@
-//! `keel analyze` (placeholder until its issue lands).
+//! `keel analyze`: the closed forms of the reliability model for one setting, or a sweep of
+//! f(p) over q and k written as a CSV table and SVG charts. See docs/reliability.md.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Context as _;
+use keel_balance::StrategyKind;
+use keel_model::analytic;
+use keel_model::plot::{self, ChartSpec, Series, Style};
+use serde::Serialize;
+
+use crate::cmd::usage;
 
 /// Arguments of `keel analyze`.
 #[derive(clap::Args)]
-pub struct Args {}
+#[command(after_help = "Examples:\n  \
+    keel analyze --strategy least-connections --servers 5 --failed 1 --q 100 --calls 3\n  \
+    keel analyze --strategy random --p 0.2 --calls 3 --json\n  \
+    keel analyze --sweep --q 0.1,0.5,1,10,100 --calls 1,3,5 --out docs/img")]
+pub struct Args {
+    /// Strategy with a closed form: round-robin, weighted-round-robin, random, weighted-random
+    /// (equal weights), least-connections. The others need `keel simulate`.
+    #[arg(long, conflicts_with = "sweep")]
+    strategy: Option<String>,
+    /// Servers in the cluster (m). Give with --failed, or give --p instead.
+    #[arg(long, requires = "failed", conflicts_with_all = ["p", "sweep"])]
+    servers: Option<u64>,
+    /// Failed servers (n_f); p = n_f / m.
+    #[arg(long, requires = "servers", conflicts_with = "sweep")]
+    failed: Option<u64>,
+    /// Fraction of failed servers, in [0, 1] (instead of --servers/--failed).
+    #[arg(long, conflicts_with = "sweep", allow_negative_numbers = true)]
+    p: Option<f64>,
+    /// q = t_fail / t_ok: how much longer a failed server holds a call than a healthy one
+    /// answers it (1 s timeout / 10 ms = 100). Needed by least-connections. With --sweep, a
+    /// comma-separated list (default 0.1,0.5,1,10,100).
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    q: Vec<f64>,
+    /// Calls per request, one after another (k); the request succeeds only if all do. Default 1;
+    /// with --sweep a comma-separated list (default 1,3,5).
+    #[arg(long, value_delimiter = ',')]
+    calls: Vec<u32>,
+    /// Retries per call on distinct servers (needs --servers/--failed): adds the retry formula.
+    #[arg(long, conflicts_with = "sweep")]
+    retries: Option<u64>,
+    /// Sweep p over [0, 1] for each q and k: writes f_p.csv and SVG charts into --out.
+    #[arg(long)]
+    sweep: bool,
+    /// Directory for the sweep's files (created if missing).
+    /// Default: ./keel-analyze.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Step of p in the sweep; must divide 1 (0.01, 0.005, ...). Default 0.01.
+    #[arg(long)]
+    step: Option<f64>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
 
 /// Runs `keel analyze`.
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`keel analyze` is not built yet")
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.sweep {
+        run_sweep(&args)
+    } else {
+        run_single(&args)
+    }
+}
+
+/// The JSON of one analysis; field order is the documented one.
+#[derive(Serialize)]
+struct Analysis {
+    strategy: &'static str,
+    servers: Option<u64>,
+    failed: Option<u64>,
+    p: f64,
+    q: Option<f64>,
+    calls: u32,
+    healthy_pick: f64,
+    success: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retries: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_call_failure: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_success: Option<f64>,
+}
+
+fn parse_strategy(name: &str) -> anyhow::Result<StrategyKind> {
+    let strategy: StrategyKind = match name.parse() {
+        Ok(s) => s,
+        Err(e) => return usage(format!("{e}")),
+    };
+    if !analytic::has_closed_form(strategy) {
+        let with_form: Vec<&str> = analytic::CLOSED_FORM.iter().map(|s| s.name()).collect();
+        return usage(format!(
+            "{strategy} has no closed form: its choices follow latency estimates, sampling or hashing, \
+             not a fixed share; run `keel simulate` to measure it. Closed forms exist for: {}",
+            with_form.join(", ")
+        ));
+    }
+    Ok(strategy)
+}
+
+fn check_q(q: f64) -> anyhow::Result<f64> {
+    if !(q.is_finite() && q > 0.0) {
+        return usage(format!(
+            "--q must be a finite number > 0 (t_fail / t_ok), got {q}"
+        ));
+    }
+    Ok(q)
+}
+
+fn check_calls(k: u32) -> anyhow::Result<u32> {
+    if k == 0 {
+        return usage("--calls must be at least 1 (calls per request)");
+    }
+    Ok(k)
+}
+
+fn run_single(args: &Args) -> anyhow::Result<()> {
+    if args.out.is_some() || args.step.is_some() {
+        return usage("--out and --step belong to --sweep");
+    }
+    let Some(name) = args.strategy.as_deref() else {
+        return usage(
+            "give --strategy NAME (or --sweep for charts of every strategy with a closed form)",
+        );
+    };
+    let strategy = parse_strategy(name)?;
+
+    let (servers, failed, p) = match (args.servers, args.failed, args.p) {
+        (Some(m), Some(n_f), None) => {
+            if m == 0 {
+                return usage("--servers must be at least 1");
+            }
+            if n_f > m {
+                return usage(format!("--failed ({n_f}) cannot exceed --servers ({m})"));
+            }
+            (Some(m), Some(n_f), n_f as f64 / m as f64)
+        }
+        (None, None, Some(p)) => {
+            if !(0.0..=1.0).contains(&p) {
+                return usage(format!(
+                    "--p is a fraction of servers and must be in [0, 1], got {p}"
+                ));
+            }
+            (None, None, p)
+        }
+        (None, None, None) => return usage("give either --p FRACTION or --servers M --failed N_F"),
+        // clap's requires/conflicts rule out the other combinations
+        _ => return usage("give either --p or --servers with --failed, not both"),
+    };
+
+    let q = match args.q.as_slice() {
+        [] if strategy == StrategyKind::LeastConnections => {
+            return usage(
+                "least-connections needs --q (t_fail / t_ok: 100 for a failed server that hangs to a \
+                 1 s timeout while healthy ones answer in 10 ms; 0.1 for one that fails 10x faster)",
+            )
+        }
+        [] => None,
+        [q] => Some(check_q(*q)?),
+        _ => return usage("give one --q value (lists are for --sweep)"),
+    };
+    let calls = match args.calls.as_slice() {
+        [] => 1,
+        [k] => check_calls(*k)?,
+        _ => return usage("give one --calls value (lists are for --sweep)"),
+    };
+    // round-robin and random ignore q; 1 keeps the call defined when it was not given
+    let q_value = q.unwrap_or(1.0);
+    let healthy_pick = analytic::healthy_pick(strategy, p, q_value).context("closed form")?;
+    let success = analytic::success(strategy, p, q_value, calls).context("closed form")?;
+
+    let (retry_call_failure, retry_success) = match args.retries {
+        None => (None, None),
+        Some(r) => {
+            let (Some(m), Some(n_f)) = (servers, failed) else {
+                return usage(
+                    "--retries needs --servers and --failed (the retry formula counts servers)",
+                );
+            };
+            let failure = match strategy {
+                StrategyKind::LeastConnections => {
+                    analytic::retry_call_failure_weighted(m, n_f, r, q_value)
+                }
+                _ => analytic::retry_call_failure(m, n_f, r),
+            };
+            let success = analytic::retry_success(strategy, m, n_f, q_value, r, calls)
+                .context("closed form")?;
+            (Some(failure), Some(success))
+        }
+    };
+
+    let analysis = Analysis {
+        strategy: strategy.name(),
+        servers,
+        failed,
+        p,
+        q,
+        calls,
+        healthy_pick,
+        success,
+        retries: args.retries,
+        retry_call_failure,
+        retry_success,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&analysis)?);
+    } else {
+        print!("{}", describe(&analysis));
+    }
+    Ok(())
+}
+
+/// The readable form of one analysis.
+fn describe(a: &Analysis) -> String {
+    let mut text = String::new();
+    let cluster = match (a.servers, a.failed) {
+        (Some(m), Some(n_f)) => format!("{n_f} of {m} servers failed (p = {})", a.p),
+        _ => format!("a fraction p = {} of the servers failed", a.p),
+    };
+    let q = match a.q {
+        Some(q) => format!(", q = t_fail/t_ok = {q}"),
+        None => String::new(),
+    };
+    let plural = if a.calls == 1 { "call" } else { "calls" };
+    let _ = writeln!(
+        text,
+        "{}: {cluster}{q}, {} {plural} per request",
+        a.strategy, a.calls
+    );
+    let failed_share = 1.0 - a.healthy_pick;
+    let one_in = if failed_share > 0.0 {
+        let n = 1.0 / failed_share;
+        // 1/401 prints as "1 in 401", 0.3 as "1 in 3.3"
+        if (n - n.round()).abs() < 1e-6 {
+            format!(" (1 in {})", n.round())
+        } else {
+            format!(" (1 in {n:.1})")
+        }
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        text,
+        "  a call lands on a healthy server     h = {:.6}",
+        a.healthy_pick
+    );
+    let _ = writeln!(
+        text,
+        "  share of calls to failed servers  1-h = {failed_share:.6}{one_in}"
+    );
+    let _ = writeln!(
+        text,
+        "  request success                 h^{} = {:.6}",
+        a.calls, a.success
+    );
+    if a.strategy == "least-connections" {
+        let uniform = (1.0 - a.p).powi(a.calls as i32);
+        let _ = writeln!(
+            text,
+            "  (round-robin / random here:  (1-p)^{} = {uniform:.6})",
+            a.calls
+        );
+    }
+    if let (Some(r), Some(call_failure), Some(success)) =
+        (a.retries, a.retry_call_failure, a.retry_success)
+    {
+        let plural = if r == 1 { "retry" } else { "retries" };
+        let _ = writeln!(
+            text,
+            "  with {r} {plural} on distinct servers: a call fails {call_failure:.6}, request success {success:.6}"
+        );
+    }
+    text
+}
+
+/// The strategies the sweep covers: the weighted ones equal these with equal weights.
+const SWEEP_STRATEGIES: [StrategyKind; 3] = [
+    StrategyKind::RoundRobin,
+    StrategyKind::Random,
+    StrategyKind::LeastConnections,
+];
+
+const P_LABEL: &str = "fraction of failed servers p";
+const F_LABEL: &str = "request success rate f(p)";
+
+/// The result of a sweep, for --json.
+#[derive(Serialize)]
+struct SweepReport {
+    csv: PathBuf,
+    rows: usize,
+    charts: Vec<PathBuf>,
+    seconds: f64,
+}
+
+fn run_sweep(args: &Args) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let qs = if args.q.is_empty() {
+        vec![0.1, 0.5, 1.0, 10.0, 100.0]
+    } else {
+        args.q.clone()
+    };
+    for &q in &qs {
+        check_q(q)?;
+    }
+    let ks = if args.calls.is_empty() {
+        vec![1, 3, 5]
+    } else {
+        args.calls.clone()
+    };
+    for &k in &ks {
+        check_calls(k)?;
+    }
+    let step = args.step.unwrap_or(0.01);
+    let steps = 1.0 / step;
+    let n = steps.round();
+    if !(step > 0.0 && (steps - n).abs() < 1e-6 && (1.0..=1e6).contains(&n)) {
+        return usage(format!(
+            "--step must divide 1 into at most a million steps (0.01, 0.005, ...), got {step}"
+        ));
+    }
+    let n = n as u32;
+    // i / n, not i * step: exact endpoints and the shortest decimal form in the CSV
+    let ps: Vec<f64> = (0..=n).map(|i| i as f64 / n as f64).collect();
+
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("keel-analyze"));
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let csv_path = out.join("f_p.csv");
+    let mut csv = String::from("strategy,q,k,p,healthy_pick,success\n");
+    let mut rows = 0;
+    for strategy in SWEEP_STRATEGIES {
+        for &q in &qs {
+            for &k in &ks {
+                for &p in &ps {
+                    let h = analytic::healthy_pick(strategy, p, q).context("closed form")?;
+                    let f = analytic::success(strategy, p, q, k).context("closed form")?;
+                    let _ = writeln!(csv, "{},{q},{k},{p},{h},{f}", strategy.name());
+                    rows += 1;
+                }
+            }
+        }
+    }
+    std::fs::write(&csv_path, csv).with_context(|| format!("writing {}", csv_path.display()))?;
+
+    let charts = write_charts(&out, &qs, &ks, &ps)?;
+    let seconds = started.elapsed().as_secs_f64();
+    if args.json {
+        let report = SweepReport {
+            csv: csv_path,
+            rows,
+            charts,
+            seconds,
+        };
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!("wrote {} ({rows} rows)", csv_path.display());
+        for chart in &charts {
+            println!("wrote {}", chart.display());
+        }
+        println!("in {:.3} s", seconds);
+    }
+    Ok(())
+}
+
+fn curve(strategy: StrategyKind, q: f64, k: u32, ps: &[f64]) -> Vec<(f64, f64)> {
+    ps.iter()
+        .filter_map(|&p| analytic::success(strategy, p, q, k).map(|f| (p, f)))
+        .collect()
+}
+
+/// Line style by position of k in the list, so colour can carry q.
+fn k_style(i: usize) -> Style {
+    [Style::Line, Style::Dashed, Style::Dotted][i % 3]
+}
+
+fn unit_square(title: String) -> ChartSpec {
+    ChartSpec::new(title, P_LABEL, F_LABEL)
+        .x_range(0.0, 1.0)
+        .y_range(0.0, 1.0)
+}
+
+fn write_chart(
+    path: PathBuf,
+    spec: &ChartSpec,
+    series: &[Series],
+    written: &mut Vec<PathBuf>,
+) -> anyhow::Result<()> {
+    plot::write_svg(&path, spec, series)?;
+    written.push(path);
+    Ok(())
+}
+
+fn write_charts(out: &Path, qs: &[f64], ks: &[u32], ps: &[f64]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut written = Vec::new();
+
+    // Round-robin and random share one curve per k; q plays no part in them.
+    let series: Vec<Series> = ks
+        .iter()
+        .enumerate()
+        .map(|(i, &k)| {
+            Series::line(
+                format!("k = {k}"),
+                curve(StrategyKind::RoundRobin, 1.0, k, ps),
+            )
+            .with_color(plot::palette(i))
+        })
+        .collect();
+    let spec = unit_square("Round-robin and random: f(p) = (1 - p)^k (independent of q)".into());
+    write_chart(
+        out.join("f_p_round-robin_random.svg"),
+        &spec,
+        &series,
+        &mut written,
+    )?;
+
+    // Least-connections: colour by q, line style by k.
+    let mut series = Vec::new();
+    for (qi, &q) in qs.iter().enumerate() {
+        for (ki, &k) in ks.iter().enumerate() {
+            let points = curve(StrategyKind::LeastConnections, q, k, ps);
+            series.push(
+                Series::new(format!("q = {q}, k = {k}"), points, k_style(ki))
+                    .with_color(plot::palette(qi)),
+            );
+        }
+    }
+    let spec = unit_square("Least-connections: f(p) = [q(1-p) / (q(1-p) + p)]^k".into());
+    write_chart(
+        out.join("f_p_least-connections.svg"),
+        &spec,
+        &series,
+        &mut written,
+    )?;
+
+    // The strategies side by side for one k: round-robin/random in black, least-connections per q.
+    for &k in ks {
+        let mut series = vec![Series::line(
+            "round-robin / random",
+            curve(StrategyKind::RoundRobin, 1.0, k, ps),
+        )
+        .with_color((0, 0, 0))];
+        for (qi, &q) in qs.iter().enumerate() {
+            let points = curve(StrategyKind::LeastConnections, q, k, ps);
+            series.push(
+                Series::dashed(format!("least-connections, q = {q}"), points)
+                    .with_color(plot::palette(qi)),
+            );
+        }
+        let spec = unit_square(format!("Strategies compared, k = {k} calls per request"));
+        write_chart(
+            out.join(format!("f_p_compare_k{k}.svg")),
+            &spec,
+            &series,
+            &mut written,
+        )?;
+    }
+    Ok(written)
 }
