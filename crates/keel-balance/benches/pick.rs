@@ -2,22 +2,29 @@
 //!
 //! - `pick_finish_1t/<strategy>/<n>`: one `pick` + `finish(Success)` on one thread, n endpoints.
 //! - `pick_finish_2t/<strategy>/<n>`: two threads doing pick + finish on one shared balancer;
-//!   the time is wall time / ops per thread, i.e. the latency of one op while the other thread
-//!   contends (equal to the 1-thread number under perfect scaling, larger with contention).
+//!   the time is per op of one thread while the other contends (equal to the 1-thread number
+//!   under perfect scaling, larger with contention).
 //! - `build/<strategy>/<n>`: `Balancer::new` (hash tables built from scratch).
 //! - `update_remove_one/<strategy>/<n>`: `Balancer::update` with one endpoint removed.
+//!
+//! Time is this process's CPU time by default, wall time with `KEEL_BENCH_CLOCK=wall`
+//! (see common/clock.rs: the CPU clock keeps other processes' load out of the numbers).
 //!
 //! Run: `cargo bench -p keel-balance --bench pick` (bench/balance.sh runs it together with the
 //! pingora comparison and prints the tables). Measurement times are short on purpose, so that
 //! the whole run takes a few minutes on 2 cores.
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use keel_balance::{
     mix64, Balancer, BalancerConfig, EndpointSpec, Outcome, PickContext, StrategyKind,
 };
+
+#[path = "common/clock.rs"]
+mod clock;
+use clock::BenchClock;
 
 const SIZES: [usize; 3] = [10, 100, 1000];
 
@@ -59,7 +66,8 @@ fn pick_finish(lb: &Balancer, i: u64) {
     lb.finish(black_box(pick), Outcome::Success, now + latency);
 }
 
-fn bench_pick_finish(c: &mut Criterion) {
+fn bench_pick_finish(c: &mut Criterion<BenchClock>) {
+    let clock = BenchClock::from_env();
     let mut one = c.benchmark_group("pick_finish_1t");
     for (name, cfg) in configs() {
         for n in SIZES {
@@ -81,7 +89,7 @@ fn bench_pick_finish(c: &mut Criterion) {
             let lb = Balancer::new(cfg.clone(), &endpoints(n)).expect("valid config");
             two.bench_with_input(BenchmarkId::new(&name, n), &n, |b, _| {
                 b.iter_custom(|iters| {
-                    let start = Instant::now();
+                    let start = clock.now();
                     std::thread::scope(|s| {
                         for t in 0..2u64 {
                             let lb = &lb;
@@ -94,8 +102,8 @@ fn bench_pick_finish(c: &mut Criterion) {
                             });
                         }
                     });
-                    // Each thread did `iters` ops: wall time per op of one contending thread.
-                    start.elapsed()
+                    // Each thread did `iters` ops: time per op of one contending thread.
+                    clock.per_thread_since(start, 2)
                 })
             });
         }
@@ -114,7 +122,7 @@ fn hash_configs() -> Vec<(String, BalancerConfig)> {
     .collect()
 }
 
-fn bench_tables(c: &mut Criterion) {
+fn bench_tables(c: &mut Criterion<BenchClock>) {
     let mut build = c.benchmark_group("build");
     for (name, cfg) in hash_configs() {
         for n in SIZES {
@@ -155,8 +163,11 @@ fn bench_tables(c: &mut Criterion) {
     update.finish();
 }
 
-fn config() -> Criterion {
+fn config() -> Criterion<BenchClock> {
+    let clock = BenchClock::from_env();
+    eprintln!("measuring {} (KEEL_BENCH_CLOCK=cpu|wall)", clock.name());
     Criterion::default()
+        .with_measurement(clock)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(1))
         .sample_size(20)
