@@ -6,4 +6,5 @@
 
 pub mod analytic;
 pub mod plot;
+pub mod presets;
 pub mod sim;

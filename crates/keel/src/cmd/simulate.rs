@@ -1,10 +1,202 @@
-//! `keel simulate` (placeholder until its issue lands).
+//! `keel simulate`: the discrete-event simulator of `keel_model::sim`, on a scenario file or on
+//! the built-in experiments E1-E6 (`keel_model::presets`).
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use keel_model::presets::{self, Experiment};
+use keel_model::sim::{self, BatchReport, Scenario, SimResult};
+use serde::Serialize;
+
+use crate::cmd::usage;
 
 /// Arguments of `keel simulate`.
 #[derive(clap::Args)]
-pub struct Args {}
+#[command(after_help = "\
+Examples:
+  keel simulate --preset e2
+  keel simulate --preset seed --json        # E1..E6, one JSON object per line
+  keel simulate --scenario scenarios/source-example.toml --json
+
+JSON (one object per experiment): {\"experiment\", \"title\", \"calls_per_second\", \"wall_seconds\",
+\"threads\", \"ci_method\", \"results\": [{\"label\", \"strategy\", \"protections\", \"failure_mode\",
+\"placement\", \"p\", \"q\", \"k\", \"requests\", \"success\", \"ci95\", \"failed_pick_share\",
+\"analytic_success\", \"max_server_share\", \"retries_per_request\", \"no_endpoint\",
+\"mean_latency_ms\", \"replications\"}, ...]}. With --preset seed, the six objects are printed as
+JSON Lines (one per line, E1 first).")]
+pub struct Args {
+    /// A scenario file (TOML; see scenarios/*.toml for documented examples).
+    #[arg(long, value_name = "FILE", conflicts_with = "preset")]
+    pub scenario: Option<PathBuf>,
+    /// A built-in experiment: e1, e2, e3, e4, e5, e6, or `seed` for all of them.
+    #[arg(long, value_name = "ID")]
+    pub preset: Option<String>,
+    /// Seed of every random choice (overrides the scenario's); same seed, same results.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Replications per row (overrides the scenario's); the 95 % interval is over them.
+    #[arg(long)]
+    pub replications: Option<u32>,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+    /// Machine-readable output (see below).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// How `ci95` is computed, stated in every JSON report.
+const CI_METHOD: &str = "union of a Student-t 95% interval over replication success rates and \
+a Wilson 95% interval on the pooled request counts";
+
+/// One experiment's report, as printed.
+#[derive(Serialize)]
+struct Report<'a> {
+    experiment: &'a str,
+    title: &'a str,
+    calls_per_second: f64,
+    wall_seconds: f64,
+    threads: usize,
+    ci_method: &'static str,
+    results: &'a [SimResult],
+}
 
 /// Runs `keel simulate`.
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`keel simulate` is not built yet")
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.replications == Some(0) {
+        return usage("--replications must be at least 1");
+    }
+    if args.replications.is_some_and(|r| r > 10_000) {
+        return usage("--replications must be at most 10000");
+    }
+    let experiments: Vec<Experiment> = match (&args.scenario, &args.preset) {
+        (Some(path), None) => {
+            let text = match std::fs::read_to_string(path) {
+                Ok(t) => t,
+                Err(e) => {
+                    return usage(format!("cannot read scenario file {}: {e}", path.display()))
+                }
+            };
+            let sc = match Scenario::from_toml_str(&text, &path.display().to_string()) {
+                Ok(sc) => sc,
+                Err(e) => return usage(e.to_string()),
+            };
+            vec![Experiment {
+                id: "scenario",
+                title: "scenario file",
+                rows: vec![sc],
+            }]
+        }
+        (None, Some(id)) if id.eq_ignore_ascii_case("seed") => presets::all(),
+        (None, Some(id)) => match presets::preset(id) {
+            Some(e) => vec![e],
+            None => {
+                return usage(format!(
+                    "unknown preset `{id}`; allowed: {}, seed",
+                    presets::IDS.join(", ")
+                ))
+            }
+        },
+        _ => return usage("give either --scenario FILE or --preset ID (e1..e6, seed)"),
+    };
+    let experiments: Vec<Experiment> = experiments
+        .into_iter()
+        .map(|mut e| {
+            if let Some(seed) = args.seed {
+                e = e.with_seed(seed);
+            }
+            if let Some(r) = args.replications {
+                e = e.with_replications(r);
+            }
+            e
+        })
+        .collect();
+
+    let total: u64 = experiments
+        .iter()
+        .map(|e| sim::total_requests(&e.rows))
+        .sum();
+    let bar = progress_bar(total, args.quiet);
+    for exp in &experiments {
+        bar.set_message(exp.id.to_string());
+        let progress = |n: u64| bar.inc(n);
+        let report = match sim::run_batch(&exp.rows, &progress) {
+            Ok(r) => r,
+            Err(e) => return usage(e.to_string()),
+        };
+        // A scenario file names its own experiment.
+        let id = if exp.id == "scenario" {
+            exp.rows[0].name.as_str()
+        } else {
+            exp.id
+        };
+        bar.suspend(|| print_report(id, exp.title, &report, args.json))?;
+    }
+    bar.finish_and_clear();
+    Ok(())
+}
+
+fn progress_bar(total: u64, quiet: bool) -> ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg:>4} [{elapsed_precise}] {wide_bar} {human_pos}/{human_len} requests ({eta})",
+        )
+        .expect("valid template"),
+    );
+    bar
+}
+
+fn print_report(id: &str, title: &str, report: &BatchReport, json: bool) -> anyhow::Result<()> {
+    if json {
+        let out = Report {
+            experiment: id,
+            title,
+            calls_per_second: report.calls_per_second(),
+            wall_seconds: report.wall.as_secs_f64(),
+            threads: report.threads,
+            ci_method: CI_METHOD,
+            results: &report.results,
+        };
+        println!(
+            "{}",
+            serde_json::to_string(&out).context("serialising the report")?
+        );
+        return Ok(());
+    }
+    println!("{}: {title}", id.to_uppercase());
+    println!(
+        "  {:<58} {:<18} {:<27} {:>8} {:>19} {:>9} {:>8} {:>7}",
+        "label", "strategy", "protections", "success", "95% CI", "analytic", "failed%", "max%"
+    );
+    for r in &report.results {
+        let analytic = r
+            .analytic_success
+            .map_or_else(|| "-".to_string(), |a| format!("{a:.5}"));
+        println!(
+            "  {:<58} {:<18} {:<27} {:>8.5} [{:.5},{:.5}] {:>9} {:>8.3} {:>7.1}",
+            r.label,
+            r.strategy,
+            r.protections,
+            r.success,
+            r.ci95[0],
+            r.ci95[1],
+            analytic,
+            r.failed_pick_share * 100.0,
+            r.max_server_share * 100.0,
+        );
+    }
+    println!(
+        "  {} calls in {:.2} s on {} thread(s): {:.2} M calls/s per thread\n",
+        report.calls,
+        report.wall.as_secs_f64(),
+        report.threads,
+        report.calls_per_second() / 1e6
+    );
+    Ok(())
 }

@@ -1,0 +1,439 @@
+//! The experiments E1-E6 of `shared/RELIABILITY-MODEL.md` as built-in simulation presets: one
+//! [`Experiment`] per id, each a list of [`Scenario`] rows (`keel simulate --preset e2`).
+//!
+//! Sizes are chosen so that every row's 95 % interval is at most about ±0.005 wide and
+//! `keel simulate --preset seed` (all six) finishes in well under a minute on two cores.
+
+use std::time::Duration;
+
+use keel_balance::{
+    BalancerConfig, FailureRate, OutlierConfig, RetryBudgetConfig, StrategyKind, TieBreak,
+};
+
+use crate::sim::{
+    ClusterConfig, FailedPosition, FailureMode, HealthCheckConfig, LatencyConfig, LatencyDist,
+    Load, Placement, RetryConfig, Scenario,
+};
+
+/// The experiment ids, in order.
+pub const IDS: [&str; 6] = ["e1", "e2", "e3", "e4", "e5", "e6"];
+
+/// One experiment: an id, what it shows, and its rows.
+#[derive(Debug, Clone)]
+pub struct Experiment {
+    /// `e1` ... `e6`.
+    pub id: &'static str,
+    /// One line on what it shows.
+    pub title: &'static str,
+    /// The scenarios, one result row each.
+    pub rows: Vec<Scenario>,
+}
+
+impl Experiment {
+    /// Sets every row's seed.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        for r in &mut self.rows {
+            r.seed = seed;
+        }
+        self
+    }
+
+    /// Sets every row's replication count.
+    pub fn with_replications(mut self, replications: u32) -> Self {
+        for r in &mut self.rows {
+            r.replications = replications;
+        }
+        self
+    }
+
+    /// Divides every row's request count by `factor` (at least 1 request), for quick runs
+    /// and tests.
+    pub fn scaled_down(mut self, factor: u64) -> Self {
+        for r in &mut self.rows {
+            r.requests = (r.requests / factor.max(1)).max(1);
+        }
+        self
+    }
+}
+
+/// The experiment with this id (`e1` ... `e6`, case-insensitive).
+pub fn preset(id: &str) -> Option<Experiment> {
+    match id.to_ascii_lowercase().as_str() {
+        "e1" => Some(e1()),
+        "e2" => Some(e2()),
+        "e3" => Some(e3()),
+        "e4" => Some(e4()),
+        "e5" => Some(e5()),
+        "e6" => Some(e6()),
+        _ => None,
+    }
+}
+
+/// All six experiments, in order.
+pub fn all() -> Vec<Experiment> {
+    IDS.iter().map(|id| preset(id).expect("known id")).collect()
+}
+
+const MS: Duration = Duration::from_millis(1);
+
+fn ms(n: u64) -> Duration {
+    MS * n as u32
+}
+
+/// The source's cluster B: m servers, n_f failed, k calls per request, 10 ms healthy.
+fn cluster(
+    strategy: StrategyKind,
+    m: u32,
+    failed: u32,
+    k: u32,
+    failure: FailureMode,
+) -> ClusterConfig {
+    ClusterConfig {
+        name: "B".into(),
+        calls: k,
+        servers: m,
+        failed,
+        failed_position: FailedPosition::Last,
+        latency: LatencyConfig::default(),
+        failure,
+        balancer: BalancerConfig::new(strategy),
+    }
+}
+
+fn scenario(
+    id: &str,
+    label: String,
+    cluster: ClusterConfig,
+    clients: u32,
+    requests: u64,
+    replications: u32,
+) -> Scenario {
+    Scenario {
+        name: id.into(),
+        label,
+        seed: 1,
+        replications,
+        requests,
+        warmup: Duration::from_secs(2),
+        timeout: Duration::from_secs(1),
+        abort_on_failure: true,
+        call_gap: Duration::ZERO,
+        placement: Placement::ServerSide,
+        load: Load::Closed {
+            clients,
+            in_flight: 1,
+            think_time: Duration::ZERO,
+        },
+        retry: None,
+        health_check: None,
+        clusters: vec![cluster],
+    }
+}
+
+/// E1: round-robin and random, m = 5, n_f = 1, k = 3: success (4/5)^3 = 0.512. Exponential
+/// service times, so that the calls of one request fall at unrelated places of the
+/// round-robin cycle.
+pub fn e1() -> Experiment {
+    let rows = [StrategyKind::RoundRobin, StrategyKind::Random]
+        .into_iter()
+        .map(|s| {
+            let mut c = cluster(s, 5, 1, 3, FailureMode::Hang);
+            c.latency.dist = LatencyDist::Exponential;
+            scenario("e1", "m=5 n_f=1 k=3, hang".into(), c, 200, 25_000, 8)
+        })
+        .collect();
+    Experiment {
+        id: "e1",
+        title: "round-robin and random, m=5, n_f=1, k=3: success 0.512",
+        rows,
+    }
+}
+
+/// E2: least-connections, the failed server hangs to the 1 s timeout, healthy 10 ms (q = 100),
+/// 200 requests in flight (about 40 per server): success (400/401)^3 = 0.99253, failed share
+/// 1/401.
+pub fn e2() -> Experiment {
+    let c = cluster(StrategyKind::LeastConnections, 5, 1, 3, FailureMode::Hang);
+    Experiment {
+        id: "e2",
+        title: "least-connections, hang to 1 s timeout (q=100), 200 in flight: success 0.9925",
+        rows: vec![scenario(
+            "e2",
+            "m=5 n_f=1 k=3 q=100, 200 in flight".into(),
+            c,
+            200,
+            100_000,
+            8,
+        )],
+    }
+}
+
+/// E3: points of f(p) for q in {0.1, 0.5, 1, 10, 100} and k in {1, 3, 5}, m = 10, where the model
+/// holds: server-side, calls independent of each other. That takes an open loop (Poisson
+/// arrivals, 20 000 requests/s, tens of calls in flight per server) and a random gap (the
+/// caller's own work, exponential, mean 10 ms) before each call after the first; with calls
+/// issued back to back by a closed loop, least-connections sends a request's next call to the
+/// server its previous call just freed, and calls stop being independent (see E4). The failed
+/// servers fail after q x 10 ms. Round-robin and random do not depend on q and run at q = 1.
+pub fn e3() -> Experiment {
+    let mut rows = Vec::new();
+    let model_load = |sc: &mut Scenario, q: f64| {
+        sc.load = Load::Open {
+            rate: 20_000.0,
+            clients: 1,
+        };
+        sc.call_gap = ms(10);
+        // q = 100 fails at 1 s: the timeout must not cut it short, and the warm-up must see
+        // the slow failures settle.
+        sc.timeout = Duration::from_secs(2);
+        sc.warmup = if q >= 10.0 {
+            Duration::from_secs(2)
+        } else {
+            Duration::from_millis(200)
+        };
+    };
+    for p_tenths in [2u32, 5, 8] {
+        for k in [1u32, 3, 5] {
+            for s in [StrategyKind::RoundRobin, StrategyKind::Random] {
+                let c = cluster(s, 10, p_tenths, k, FailureMode::FailFast { after: ms(10) });
+                let label = format!("p={:.1} k={k} q=1", f64::from(p_tenths) / 10.0);
+                let mut sc = scenario("e3", label, c, 1, 12_000, 8);
+                model_load(&mut sc, 1.0);
+                rows.push(sc);
+            }
+            for q in [0.1f64, 0.5, 1.0, 10.0, 100.0] {
+                let after = Duration::from_secs_f64(0.010 * q);
+                let c = cluster(
+                    StrategyKind::LeastConnections,
+                    10,
+                    p_tenths,
+                    k,
+                    FailureMode::FailFast { after },
+                );
+                let label = format!("p={:.1} k={k} q={q}", f64::from(p_tenths) / 10.0);
+                let mut sc = scenario("e3", label, c, 1, 12_000, 8);
+                model_load(&mut sc, q);
+                rows.push(sc);
+            }
+        }
+    }
+    Experiment {
+        id: "e3",
+        title: "f(p) points for q in {0.1,0.5,1,10,100}, k in {1,3,5}, m=10, open loop",
+        rows,
+    }
+}
+
+/// E4: fast failure (q < 1: the failed server answers an error after 1 ms or 5 ms, healthy
+/// exponential with mean 10 ms), m = 5, n_f = 1, k = 3, 200 in flight: least-connections and least-time collapse;
+/// peak-EWMA's failure penalty (1 s) and power-of-two-choices are shown beside them, with
+/// round-robin as the reference at the same p.
+pub fn e4() -> Experiment {
+    let mut rows = Vec::new();
+    for after_ms in [1u64, 5] {
+        for s in [
+            StrategyKind::RoundRobin,
+            StrategyKind::LeastConnections,
+            StrategyKind::LeastTime,
+            StrategyKind::PeakEwma,
+            StrategyKind::LeastRequest,
+        ] {
+            let mut c = cluster(
+                s,
+                5,
+                1,
+                3,
+                FailureMode::FailFast {
+                    after: ms(after_ms),
+                },
+            );
+            // Exponential service times keep the round-robin reference free of lockstep (with
+            // fixed ones, a request's calls fall at related places of the cycle).
+            c.latency.dist = LatencyDist::Exponential;
+            let q = after_ms as f64 / 10.0;
+            rows.push(scenario(
+                "e4",
+                format!("fail-fast q={q}"),
+                c,
+                200,
+                25_000,
+                8,
+            ));
+        }
+    }
+    Experiment {
+        id: "e4",
+        title: "fast failure (q<1): least-connections and least-time collapse, peak-ewma does not",
+        rows,
+    }
+}
+
+/// E5: client-side least-connections at low concurrency: 50 clients, each with its own
+/// balancer and 1 (or 4) requests in flight; tie-break random vs lowest-index; failed server
+/// hanging or failing fast; for lowest-index, the failed server first or last in the list.
+pub fn e5() -> Experiment {
+    let mut rows = Vec::new();
+    let modes = [FailureMode::Hang, FailureMode::FailFast { after: ms(1) }];
+    for in_flight in [1u32, 4] {
+        for mode in &modes {
+            for (tie, position) in [
+                (TieBreak::Random, FailedPosition::Last),
+                (TieBreak::LowestIndex, FailedPosition::First),
+                (TieBreak::LowestIndex, FailedPosition::Last),
+            ] {
+                let mut c = cluster(StrategyKind::LeastConnections, 5, 1, 3, mode.clone());
+                c.balancer.options.tie_break = tie;
+                c.failed_position = position;
+                let tie_name = match tie {
+                    TieBreak::Random => "random",
+                    TieBreak::LowestIndex => "lowest-index",
+                };
+                let pos = match position {
+                    FailedPosition::First => "first",
+                    FailedPosition::Last => "last",
+                };
+                let label = format!(
+                    "tie-break={tie_name} in-flight={in_flight}/client failed-server={pos}"
+                );
+                let mut sc = scenario("e5", label, c, 50, 25_000, 8);
+                sc.placement = Placement::ClientSide;
+                sc.load = Load::Closed {
+                    clients: 50,
+                    in_flight,
+                    think_time: Duration::ZERO,
+                };
+                rows.push(sc);
+            }
+        }
+    }
+    Experiment {
+        id: "e5",
+        title:
+            "client-side least-connections at low concurrency: tie-break and failure timing decide",
+        rows,
+    }
+}
+
+/// The protections of E6: outlier ejection after 5 failures in a row (Envoy's defaults: 30 s
+/// base ejection, at most 10 % of the servers, at least one) or, for servers that fail only
+/// part of their calls, 30 % failures out of at least 20 calls in a 10 s window; and up to 2
+/// retries on other endpoints within a 20 % retry budget (which, by design, refuses to cover a
+/// server failing more than a fifth of all calls for long: ejection has to do that).
+fn protect(sc: &mut Scenario) {
+    for c in &mut sc.clusters {
+        c.balancer.outlier_detection = Some(OutlierConfig {
+            failure_rate: Some(FailureRate {
+                threshold_percent: 30.0,
+                minimum_requests: 20,
+            }),
+            ..OutlierConfig::default()
+        });
+    }
+    sc.retry = Some(RetryConfig {
+        max_retries: 2,
+        budget: RetryBudgetConfig::default(),
+    });
+}
+
+/// E6: the failure modes of E1-E5 (hang, fast error, slow, errors with a probability, flapping)
+/// with protections on, for the strategies of E1-E5 and peak-EWMA: success >= 0.999 each.
+/// Runs cover minutes of virtual time, so that ejections end and repeat.
+pub fn e6() -> Experiment {
+    let modes: [(FailureMode, &str); 5] = [
+        (FailureMode::Hang, "hang"),
+        (FailureMode::FailFast { after: ms(1) }, "fail-fast 1ms"),
+        (FailureMode::Slow { factor: 50.0 }, "slow x50 (lognormal)"),
+        (FailureMode::Error { probability: 0.5 }, "error p=0.5"),
+        (
+            FailureMode::Flap {
+                up: Duration::from_secs(5),
+                down: Duration::from_secs(5),
+                down_fails_after: None,
+            },
+            "flap 5s/5s (hang when down)",
+        ),
+    ];
+    let mut rows = Vec::new();
+    for (mode, mode_label) in &modes {
+        let setups: [(StrategyKind, Placement, TieBreak, &str); 6] = [
+            (
+                StrategyKind::RoundRobin,
+                Placement::ServerSide,
+                TieBreak::Random,
+                "E1",
+            ),
+            (
+                StrategyKind::LeastConnections,
+                Placement::ServerSide,
+                TieBreak::Random,
+                "E2",
+            ),
+            (
+                StrategyKind::LeastTime,
+                Placement::ServerSide,
+                TieBreak::Random,
+                "E4",
+            ),
+            (
+                StrategyKind::PeakEwma,
+                Placement::ServerSide,
+                TieBreak::Random,
+                "E4",
+            ),
+            (
+                StrategyKind::LeastConnections,
+                Placement::ClientSide,
+                TieBreak::LowestIndex,
+                "E5",
+            ),
+            (
+                StrategyKind::LeastConnections,
+                Placement::ClientSide,
+                TieBreak::Random,
+                "E5",
+            ),
+        ];
+        for (strategy, placement, tie, from) in setups {
+            let mut c = cluster(strategy, 5, 1, 3, mode.clone());
+            c.balancer.options.tie_break = tie;
+            if matches!(mode, FailureMode::Slow { .. }) {
+                c.latency.dist = LatencyDist::Lognormal;
+            }
+            let mut label = format!("{from}: {mode_label}");
+            if placement == Placement::ClientSide {
+                c.failed_position = FailedPosition::First;
+                let t = if tie == TieBreak::Random {
+                    "random"
+                } else {
+                    "lowest-index"
+                };
+                label = format!("{label}, client-side tie-break={t}, failed-server=first");
+            }
+            let mut sc = scenario("e6", label, c, 40, 150_000, 4);
+            // Detection itself counts: measure from the start.
+            sc.warmup = Duration::ZERO;
+            sc.placement = placement;
+            protect(&mut sc);
+            rows.push(sc);
+        }
+    }
+    // Active health checks on top, where they matter: a server down for long (hang) or often
+    // (flap).
+    for (mode, mode_label) in [&modes[0], &modes[4]] {
+        let c = cluster(StrategyKind::RoundRobin, 5, 1, 3, mode.clone());
+        let mut sc = scenario("e6", format!("E1: {mode_label}"), c, 40, 150_000, 4);
+        sc.warmup = Duration::ZERO;
+        protect(&mut sc);
+        sc.health_check = Some(HealthCheckConfig {
+            interval: Duration::from_secs(1),
+            unhealthy_threshold: 2,
+            healthy_threshold: 2,
+        });
+        rows.push(sc);
+    }
+    Experiment {
+        id: "e6",
+        title: "E1-E5 failure modes with protections (outlier ejection, retries within a budget)",
+        rows,
+    }
+}

@@ -1,0 +1,229 @@
+//! A discrete-event simulator of requests crossing clusters of servers through keel-balance's
+//! own balancers, on a virtual clock, deterministic for a seed.
+//!
+//! - **Load**: open loop (Poisson arrivals at a rate) or closed loop (clients keeping a fixed
+//!   number of requests in flight).
+//! - **Servers**: healthy service time (fixed, exponential, log-normal) and a failure mode for
+//!   the failed ones: hang to the caller's timeout, fail fast, slow down, error with a
+//!   probability, flap. Servers have no queue: a call's time does not depend on load (the
+//!   model's assumption: what the balancer changes is *where* calls go).
+//! - **Call graph**: a request calls each cluster `calls` times in sequence and succeeds iff
+//!   every call does; balancers server-side (one shared per cluster) or client-side (one per
+//!   client and cluster).
+//! - **Balancing and protections** are [`keel_balance`]'s: every call is a
+//!   [`keel_balance::Balancer::pick`] at the virtual now and a `finish` with the outcome when it
+//!   ends, so in-flight counts, latency estimates and outlier ejection evolve as in the proxy.
+//!   Retries go to endpoints the call has not tried (`PickContext::with_avoid`), within a
+//!   [`keel_balance::RetryBudget`]; active health checks are periodic probe events that call
+//!   `set_healthy`.
+//!
+//! Replications run in parallel (rayon). See [`SimResult::ci95`] for the interval.
+
+mod engine;
+pub mod scenario;
+mod stats;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rayon::prelude::*;
+use serde::Serialize;
+
+pub use engine::{replication_seed, run_replication, RepStats};
+pub use scenario::{
+    ClusterConfig, FailedPosition, FailureMode, HealthCheckConfig, LatencyConfig, LatencyDist,
+    Load, Placement, RetryConfig, Scenario,
+};
+pub use stats::{student_t95, wilson95};
+
+/// A scenario that cannot run.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SimError {
+    /// Out of range or unparsable input; the message names the key.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// One scenario's results over all its replications.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SimResult {
+    /// The scenario's label (what distinguishes it from its siblings).
+    pub label: String,
+    /// The focus cluster's strategy (the first cluster with failed servers).
+    pub strategy: String,
+    /// `none`, or the protections in force, e.g. `outlier+retry`.
+    pub protections: String,
+    /// The focus cluster's failure mode.
+    pub failure_mode: String,
+    /// `server-side` or `client-side`.
+    pub placement: String,
+    /// Failed share of the focus cluster's servers.
+    pub p: f64,
+    /// t_fail / t_ok of the focus cluster when its failure mode fixes it (hang, fail-fast).
+    pub q: Option<f64>,
+    /// Calls a request makes to the focus cluster.
+    pub k: u32,
+    /// Measured requests over all replications.
+    pub requests: u64,
+    /// Share of requests that succeeded.
+    pub success: f64,
+    /// 95 % confidence interval of `success`: the union of a Student-t interval over the
+    /// replications' rates (which carries correlation inside a replication: ejection cycles,
+    /// lockstep) and a Wilson interval on the pooled counts (which stays honest when every
+    /// replication gives the same rate, e.g. 1.0).
+    pub ci95: [f64; 2],
+    /// Share of the focus cluster's attempts that landed on a server failing at that moment.
+    pub failed_pick_share: f64,
+    /// The closed form's success for this setup, when one applies (no protections; hang or
+    /// fail-fast; a strategy with a closed form). It is the model's prediction, shown even where
+    /// the simulation departs from it.
+    pub analytic_success: Option<f64>,
+    /// Largest share of the focus cluster's attempts that went to one server (1/m when even).
+    pub max_server_share: f64,
+    /// Retries granted per request.
+    pub retries_per_request: f64,
+    /// Attempts for which the balancer had no endpoint at all.
+    pub no_endpoint: u64,
+    /// Mean request latency in milliseconds (virtual time).
+    pub mean_latency_ms: f64,
+    /// Replications run.
+    pub replications: u32,
+    /// Calls simulated, warm-up included (for the speed figure).
+    #[serde(skip)]
+    pub calls_simulated: u64,
+}
+
+/// Results of a batch of scenarios, with the simulator's speed.
+#[derive(Debug, Clone)]
+pub struct BatchReport {
+    /// One result per scenario, in order.
+    pub results: Vec<SimResult>,
+    /// Calls simulated in all.
+    pub calls: u64,
+    /// Wall time.
+    pub wall: Duration,
+    /// Worker threads that ran replications.
+    pub threads: usize,
+}
+
+impl BatchReport {
+    /// Simulated calls per wall-clock second per thread used.
+    pub fn calls_per_second(&self) -> f64 {
+        self.calls as f64 / self.wall.as_secs_f64().max(1e-9) / self.threads.max(1) as f64
+    }
+}
+
+/// Measured requests a batch will complete (for a progress bar's length).
+pub fn total_requests(scenarios: &[Scenario]) -> u64 {
+    scenarios
+        .iter()
+        .map(|s| s.requests * u64::from(s.replications))
+        .sum()
+}
+
+/// Runs one scenario (its replications in parallel).
+pub fn run(scenario: &Scenario) -> Result<SimResult, SimError> {
+    Ok(run_batch(std::slice::from_ref(scenario), &|_| {})?
+        .results
+        .remove(0))
+}
+
+/// Runs every replication of every scenario as one parallel job list (so that many small
+/// scenarios keep every core busy), then summarises each scenario. `progress` receives counts
+/// of completed measured requests, from any thread.
+pub fn run_batch(
+    scenarios: &[Scenario],
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<BatchReport, SimError> {
+    for (i, s) in scenarios.iter().enumerate() {
+        s.validate()
+            .map_err(|e| SimError::Invalid(format!("scenario {i} ({}): {e}", s.name)))?;
+    }
+    let jobs: Vec<(usize, u32)> = scenarios
+        .iter()
+        .enumerate()
+        .flat_map(|(i, s)| (0..s.replications).map(move |r| (i, r)))
+        .collect();
+    let started = Instant::now();
+    let calls = AtomicU64::new(0);
+    let reps: Vec<RepStats> = jobs
+        .par_iter()
+        .map(|&(i, r)| {
+            let st = run_replication(&scenarios[i], r, progress)?;
+            calls.fetch_add(st.calls, Ordering::Relaxed);
+            Ok(st)
+        })
+        .collect::<Result<_, SimError>>()?;
+    let wall = started.elapsed();
+    let mut results = Vec::with_capacity(scenarios.len());
+    let mut at = 0;
+    for s in scenarios {
+        let n = s.replications as usize;
+        results.push(summarise(s, &reps[at..at + n]));
+        at += n;
+    }
+    Ok(BatchReport {
+        results,
+        calls: calls.into_inner(),
+        wall,
+        threads: rayon::current_num_threads().min(jobs.len()).max(1),
+    })
+}
+
+fn summarise(s: &Scenario, reps: &[RepStats]) -> SimResult {
+    let sum = |f: fn(&RepStats) -> u64| reps.iter().map(f).sum::<u64>();
+    let requests = sum(|r| r.requests);
+    let successes = sum(|r| r.successes);
+    let success = successes as f64 / requests.max(1) as f64;
+    let rates: Vec<f64> = reps
+        .iter()
+        .map(|r| r.successes as f64 / r.requests.max(1) as f64)
+        .collect();
+    let (wl, wh) = wilson95(successes, requests);
+    let ci95 = match student_t95(&rates) {
+        Some((tl, th)) => [wl.min(tl).max(0.0), wh.max(th).min(1.0)],
+        None => [wl, wh],
+    };
+    let focus = &s.clusters[s.focus()];
+    let mut per_server = vec![0u64; focus.servers as usize];
+    for r in reps {
+        for (a, b) in per_server.iter_mut().zip(&r.focus_picks) {
+            *a += b;
+        }
+    }
+    let focus_total: u64 = per_server.iter().sum();
+    let q = match &focus.failure {
+        FailureMode::Hang => Some(s.timeout.as_secs_f64() / focus.latency.mean.as_secs_f64()),
+        FailureMode::FailFast { after } => {
+            Some(after.min(&s.timeout).as_secs_f64() / focus.latency.mean.as_secs_f64())
+        }
+        _ => None,
+    };
+    SimResult {
+        label: s.label.clone(),
+        strategy: s.strategy().name().to_string(),
+        protections: s.protections(),
+        failure_mode: focus.failure.name().to_string(),
+        placement: match s.placement {
+            Placement::ServerSide => "server-side".into(),
+            Placement::ClientSide => "client-side".into(),
+        },
+        p: f64::from(focus.failed) / f64::from(focus.servers),
+        q,
+        k: focus.calls,
+        requests,
+        success,
+        ci95,
+        failed_pick_share: sum(|r| r.failed_picks) as f64 / focus_total.max(1) as f64,
+        analytic_success: s.analytic_success(),
+        max_server_share: per_server.iter().copied().max().unwrap_or(0) as f64
+            / focus_total.max(1) as f64,
+        retries_per_request: sum(|r| r.retries) as f64 / requests.max(1) as f64,
+        no_endpoint: sum(|r| r.no_endpoint),
+        mean_latency_ms: reps.iter().map(|r| r.latency_sum_ns).sum::<u128>() as f64
+            / requests.max(1) as f64
+            / 1e6,
+        replications: s.replications,
+        calls_simulated: sum(|r| r.calls),
+    }
+}

@@ -1,0 +1,504 @@
+//! What a simulation runs: load, clusters of servers with their failure modes, balancers and
+//! protections. Every type deserializes from TOML (see `scenarios/*.toml` for documented
+//! examples) with defaults and `deny_unknown_fields`; durations are humantime strings ("10ms").
+
+use std::time::Duration;
+
+use keel_balance::{BalancerConfig, RetryBudgetConfig, StrategyKind};
+use serde::{Deserialize, Serialize};
+
+use super::SimError;
+
+/// One simulated setup: the unit that produces one row of results.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Name shown as `experiment` in reports.
+    #[serde(default = "default_name")]
+    pub name: String,
+    /// What distinguishes this row from its siblings (shown as `label`).
+    #[serde(default)]
+    pub label: String,
+    /// Seed of everything random: latencies, arrivals, and every balancer's own seed.
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// Independent replications (run in parallel); the confidence interval is over them.
+    #[serde(default = "default_replications")]
+    pub replications: u32,
+    /// Measured requests per replication.
+    pub requests: u64,
+    /// Virtual time before requests count (lets in-flight counts and estimates settle).
+    #[serde(default, with = "humantime_serde")]
+    pub warmup: Duration,
+    /// The caller's timeout for one attempt of one call.
+    #[serde(default = "default_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// A request stops at its first failed call (the caller returns the error).
+    #[serde(default = "default_true")]
+    pub abort_on_failure: bool,
+    /// The caller's own work between two calls of a request: exponential with this mean;
+    /// `0s` (the default) makes the next call start the instant the previous one ends.
+    #[serde(default, with = "humantime_serde")]
+    pub call_gap: Duration,
+    /// Where the balancers live.
+    #[serde(default)]
+    pub placement: Placement,
+    /// How requests arrive.
+    pub load: Load,
+    /// Retries to another endpoint, bounded by a budget; off unless given.
+    #[serde(default)]
+    pub retry: Option<RetryConfig>,
+    /// Active health checks; off unless given.
+    #[serde(default)]
+    pub health_check: Option<HealthCheckConfig>,
+    /// The call graph: every request calls these clusters in order, each `calls` times.
+    pub clusters: Vec<ClusterConfig>,
+}
+
+fn default_name() -> String {
+    "scenario".into()
+}
+fn default_seed() -> u64 {
+    1
+}
+fn default_replications() -> u32 {
+    4
+}
+fn default_timeout() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_true() -> bool {
+    true
+}
+fn default_one() -> u32 {
+    1
+}
+
+/// Where the balancers run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// One balancer per cluster, shared by every client (a proxy in front of the cluster).
+    #[default]
+    ServerSide,
+    /// Every client has its own balancer per cluster and sees only its own calls.
+    ClientSide,
+}
+
+/// How requests arrive.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Load {
+    /// `clients` clients, each keeping `in_flight` requests going back to back (with an
+    /// optional think time between them).
+    Closed {
+        /// Number of clients.
+        clients: u32,
+        /// Requests each client keeps in flight.
+        #[serde(default = "default_one")]
+        in_flight: u32,
+        /// Pause between a client's request and its next.
+        #[serde(default, with = "humantime_serde")]
+        think_time: Duration,
+    },
+    /// Poisson arrivals at `rate` requests per second, spread round-robin over `clients`
+    /// (which matters only client-side: each client has its own balancers).
+    Open {
+        /// Requests per second of virtual time.
+        rate: f64,
+        /// Clients the arrivals are spread over.
+        #[serde(default = "default_one")]
+        clients: u32,
+    },
+}
+
+impl Load {
+    /// Number of clients (balancer owners when client-side).
+    pub fn clients(&self) -> u32 {
+        match self {
+            Load::Closed { clients, .. } | Load::Open { clients, .. } => *clients,
+        }
+    }
+}
+
+/// Retries of a failed call on another endpoint.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryConfig {
+    /// Retries per call at most (each to an endpoint this call has not tried yet, while one is
+    /// left). Default 2, at most 7.
+    #[serde(default = "default_retries")]
+    pub max_retries: u32,
+    /// The budget that caps retries as a share of calls (one budget per balancer).
+    #[serde(default)]
+    pub budget: RetryBudgetConfig,
+}
+
+fn default_retries() -> u32 {
+    2
+}
+
+/// Active health checks: every `interval`, each balancer probes each server of a cluster.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheckConfig {
+    /// Time between probes. Default 1 s.
+    #[serde(default = "default_interval", with = "humantime_serde")]
+    pub interval: Duration,
+    /// Failed probes in a row that mark a server unhealthy. Default 2.
+    #[serde(default = "default_two")]
+    pub unhealthy_threshold: u32,
+    /// Passed probes in a row that mark it healthy again. Default 2.
+    #[serde(default = "default_two")]
+    pub healthy_threshold: u32,
+}
+
+fn default_interval() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_two() -> u32 {
+    2
+}
+
+/// One cluster of identical servers, some of which have failed.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Name, for reports.
+    #[serde(default)]
+    pub name: String,
+    /// Calls a request makes to this cluster, one after the other.
+    #[serde(default = "default_one")]
+    pub calls: u32,
+    /// Servers in the cluster.
+    pub servers: u32,
+    /// How many of them have failed (they behave as `failure` says).
+    #[serde(default)]
+    pub failed: u32,
+    /// Which servers are the failed ones, in configuration order.
+    #[serde(default)]
+    pub failed_position: FailedPosition,
+    /// Healthy service time.
+    #[serde(default)]
+    pub latency: LatencyConfig,
+    /// How the failed servers fail.
+    #[serde(default)]
+    pub failure: FailureMode,
+    /// The balancer in front of the cluster (keel-balance's own configuration).
+    #[serde(default)]
+    pub balancer: BalancerConfig,
+}
+
+/// Where in the endpoint list the failed servers sit (it matters for lowest-index tie-breaks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailedPosition {
+    /// The last `failed` servers.
+    #[default]
+    Last,
+    /// The first `failed` servers.
+    First,
+}
+
+/// A service-time distribution, by its mean.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LatencyConfig {
+    /// The distribution's shape. Default fixed.
+    #[serde(default)]
+    pub dist: LatencyDist,
+    /// Its mean. Default 10 ms.
+    #[serde(default = "default_mean", with = "humantime_serde")]
+    pub mean: Duration,
+    /// Log-normal only: the standard deviation of the log. Default 0.5.
+    #[serde(default = "default_sigma")]
+    pub sigma: f64,
+}
+
+fn default_mean() -> Duration {
+    Duration::from_millis(10)
+}
+fn default_sigma() -> f64 {
+    0.5
+}
+
+impl Default for LatencyConfig {
+    fn default() -> Self {
+        Self {
+            dist: LatencyDist::Fixed,
+            mean: default_mean(),
+            sigma: default_sigma(),
+        }
+    }
+}
+
+/// Service-time shapes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LatencyDist {
+    /// Always the mean.
+    #[default]
+    Fixed,
+    /// Exponential with that mean.
+    Exponential,
+    /// Log-normal with that mean and `sigma`.
+    Lognormal,
+}
+
+/// How a failed server behaves.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
+#[serde(tag = "mode", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum FailureMode {
+    /// Not failed at all (the failed servers behave like healthy ones).
+    #[default]
+    None,
+    /// Never answers: the caller fails the call at its timeout.
+    Hang,
+    /// Answers an error after `after`.
+    FailFast {
+        /// Delay before the error.
+        #[serde(with = "humantime_serde")]
+        after: Duration,
+    },
+    /// Answers correctly but `factor` times slower (a failure only past the timeout).
+    Slow {
+        /// Slow-down factor (>= 1).
+        factor: f64,
+    },
+    /// Answers in the healthy time, with an error with this probability.
+    Error {
+        /// Error probability in [0, 1].
+        probability: f64,
+    },
+    /// Alternates `up` (healthy) and `down`; while down it hangs, or fails after
+    /// `down_fails_after` if given. Each failed server starts at a random phase.
+    Flap {
+        /// Time up.
+        #[serde(with = "humantime_serde")]
+        up: Duration,
+        /// Time down.
+        #[serde(with = "humantime_serde")]
+        down: Duration,
+        /// While down, fail after this delay instead of hanging.
+        #[serde(default, with = "humantime_serde")]
+        down_fails_after: Option<Duration>,
+    },
+}
+
+impl FailureMode {
+    /// The mode's kebab-case name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            FailureMode::None => "none",
+            FailureMode::Hang => "hang",
+            FailureMode::FailFast { .. } => "fail-fast",
+            FailureMode::Slow { .. } => "slow",
+            FailureMode::Error { .. } => "error",
+            FailureMode::Flap { .. } => "flap",
+        }
+    }
+}
+
+/// Most stages (calls per request over all clusters) and servers a scenario may have; keeps
+/// indices in compact event and slot fields.
+pub const MAX_STAGES: u32 = 1024;
+/// Most servers per cluster.
+pub const MAX_SERVERS: u32 = 4096;
+/// Most retries per call.
+pub const MAX_RETRIES: u32 = 7;
+
+impl Scenario {
+    /// Parses a scenario from TOML; `origin` (a file name) prefixes error messages.
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Scenario, SimError> {
+        let sc: Scenario =
+            toml::from_str(text).map_err(|e| SimError::Invalid(format!("{origin}: {e}")))?;
+        sc.validate()
+            .map_err(|e| SimError::Invalid(format!("{origin}: {e}")))?;
+        Ok(sc)
+    }
+
+    /// Checks every range; the message names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.requests == 0 {
+            return Err("requests must be at least 1".into());
+        }
+        if self.replications == 0 || self.replications > 10_000 {
+            return Err(format!(
+                "replications must be within 1..=10000, got {}",
+                self.replications
+            ));
+        }
+        if self.timeout.is_zero() {
+            return Err("timeout must be greater than zero".into());
+        }
+        match &self.load {
+            Load::Closed {
+                clients, in_flight, ..
+            } => {
+                if *clients == 0 || *in_flight == 0 {
+                    return Err("load.clients and load.in_flight must be at least 1".into());
+                }
+                if u64::from(*clients) * u64::from(*in_flight) > 10_000_000 {
+                    return Err("load.clients x load.in_flight must be at most 10000000".into());
+                }
+            }
+            Load::Open { rate, clients } => {
+                if !(rate.is_finite() && *rate > 0.0) {
+                    return Err(format!("load.rate must be a positive number, got {rate}"));
+                }
+                if *clients == 0 {
+                    return Err("load.clients must be at least 1".into());
+                }
+            }
+        }
+        let balancers = match self.placement {
+            Placement::ServerSide => 1,
+            Placement::ClientSide => u64::from(self.load.clients()),
+        };
+        if balancers * self.clusters.len() as u64 > 1_000_000 {
+            return Err("client-side: clients x clusters must be at most 1000000".into());
+        }
+        if let Some(r) = &self.retry {
+            if r.max_retries > MAX_RETRIES {
+                return Err(format!(
+                    "retry.max_retries must be at most {MAX_RETRIES}, got {}",
+                    r.max_retries
+                ));
+            }
+            r.budget
+                .validate()
+                .map_err(|e| format!("retry.budget: {e}"))?;
+        }
+        if let Some(h) = &self.health_check {
+            if h.interval.is_zero() {
+                return Err("health_check.interval must be greater than zero".into());
+            }
+            if h.unhealthy_threshold == 0 || h.healthy_threshold == 0 {
+                return Err("health_check thresholds must be at least 1".into());
+            }
+        }
+        if self.clusters.is_empty() {
+            return Err("at least one [[clusters]] entry is needed".into());
+        }
+        let mut stages = 0u32;
+        for (i, c) in self.clusters.iter().enumerate() {
+            let at = if c.name.is_empty() {
+                format!("clusters[{i}]")
+            } else {
+                format!("cluster `{}`", c.name)
+            };
+            if c.servers == 0 || c.servers > MAX_SERVERS {
+                return Err(format!(
+                    "{at}: servers must be within 1..={MAX_SERVERS}, got {}",
+                    c.servers
+                ));
+            }
+            if c.failed > c.servers {
+                return Err(format!(
+                    "{at}: failed ({}) is more than servers ({})",
+                    c.failed, c.servers
+                ));
+            }
+            if c.calls == 0 {
+                return Err(format!("{at}: calls must be at least 1"));
+            }
+            stages = stages.saturating_add(c.calls);
+            if c.latency.mean.is_zero() {
+                return Err(format!("{at}: latency.mean must be greater than zero"));
+            }
+            if !(c.latency.sigma.is_finite() && c.latency.sigma >= 0.0) {
+                return Err(format!("{at}: latency.sigma must be 0 or more"));
+            }
+            match &c.failure {
+                FailureMode::Slow { factor } if !(factor.is_finite() && *factor >= 1.0) => {
+                    return Err(format!(
+                        "{at}: failure.factor must be 1 or more, got {factor}"
+                    ))
+                }
+                FailureMode::Error { probability } if !(0.0..=1.0).contains(probability) => {
+                    return Err(format!(
+                        "{at}: failure.probability must be within 0..=1, got {probability}"
+                    ))
+                }
+                FailureMode::Flap { up, down, .. } if up.is_zero() || down.is_zero() => {
+                    return Err(format!(
+                        "{at}: failure.up and failure.down must be greater than zero"
+                    ))
+                }
+                _ => {}
+            }
+            c.balancer
+                .validate()
+                .map_err(|e| format!("{at}: balancer: {e}"))?;
+        }
+        if stages > MAX_STAGES {
+            return Err(format!(
+                "a request makes {stages} calls in all; at most {MAX_STAGES}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The cluster the report is about: the first with failed servers, else the first.
+    pub fn focus(&self) -> usize {
+        self.clusters
+            .iter()
+            .position(|c| c.failed > 0 && c.failure != FailureMode::None)
+            .unwrap_or(0)
+    }
+
+    /// The protections in force, as a short label: `none`, or e.g. `outlier+retry`.
+    pub fn protections(&self) -> String {
+        let mut p = Vec::new();
+        if self
+            .clusters
+            .iter()
+            .any(|c| c.balancer.outlier_detection.is_some())
+        {
+            p.push("outlier");
+        }
+        if self.health_check.is_some() {
+            p.push("health-check");
+        }
+        if self.retry.is_some() {
+            p.push("retry");
+        }
+        if p.is_empty() {
+            "none".into()
+        } else {
+            p.join("+")
+        }
+    }
+
+    /// The closed form's success for this scenario, when the model covers it: no protections,
+    /// and every cluster either without failures or failing by hang / fail-fast (which fixes
+    /// q = t_fail / t_ok) under a strategy with a closed form.
+    pub fn analytic_success(&self) -> Option<f64> {
+        if self.protections() != "none" {
+            return None;
+        }
+        let mut total = 1.0;
+        for c in &self.clusters {
+            if c.failed == 0 || c.failure == FailureMode::None {
+                continue;
+            }
+            let t_ok = c.latency.mean.as_secs_f64();
+            let t_fail = match &c.failure {
+                FailureMode::Hang => self.timeout.as_secs_f64(),
+                FailureMode::FailFast { after } => {
+                    after.as_secs_f64().min(self.timeout.as_secs_f64())
+                }
+                _ => return None,
+            };
+            let q = t_fail / t_ok;
+            let p = f64::from(c.failed) / f64::from(c.servers);
+            total *= crate::analytic::success(c.balancer.strategy, p, q, c.calls)?;
+        }
+        Some(total)
+    }
+
+    /// The focus cluster's strategy.
+    pub fn strategy(&self) -> StrategyKind {
+        self.clusters[self.focus()].balancer.strategy
+    }
+}
