@@ -322,3 +322,36 @@ async fn per_worker_balancers_see_only_their_own_in_flight_calls() {
     assert!(b0 < 80, "{r:?}");
     assert_eq!(r.per_endpoint.len(), 3, "{r:?}");
 }
+
+/// Direct-path throughput and latency of backend + load generator (no proxy): the baseline the
+/// proxy's overhead is measured against. Not a pass/fail test; run it with
+/// `cargo test --release -p keel-proxy --test loadgen -- --ignored --nocapture direct_path`.
+/// `KEEL_BENCH_URL=http://127.0.0.1:9001/` targets a backend (or proxy) in another process
+/// instead of an in-process one; `KEEL_BENCH_REQUESTS` and `KEEL_BENCH_CONCURRENCY` change the
+/// defaults of 10,000 and 32.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, not a test"]
+async fn direct_path_performance() {
+    let env_num = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let requests = env_num("KEEL_BENCH_REQUESTS", 10_000);
+    let concurrency = env_num("KEEL_BENCH_CONCURRENCY", 32) as usize;
+    let local = backends(1, BackendConfig::default()).await;
+    let target = match std::env::var("KEEL_BENCH_URL") {
+        Ok(u) => Target::Url(u),
+        Err(_) => url(&local[0]),
+    };
+    println!("target {target:?}, {requests} requests, concurrency {concurrency}");
+    // A warm-up opens the connections.
+    let mut spec = LoadSpec::new(target, 1_000);
+    spec.concurrency = concurrency;
+    loadgen::run(spec.clone()).await;
+    spec.requests = requests;
+    let r = loadgen::run(spec).await;
+    println!("{r}");
+    assert_eq!(r.succeeded, r.requests, "{r}");
+}
