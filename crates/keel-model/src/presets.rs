@@ -225,9 +225,12 @@ pub fn e3() -> Experiment {
 }
 
 /// E4: fast failure (q < 1: the failed server answers an error after 1 ms or 5 ms, healthy
-/// exponential with mean 10 ms), m = 5, n_f = 1, k = 3, 200 in flight: least-connections and least-time collapse;
-/// peak-EWMA's failure penalty (1 s) and power-of-two-choices are shown beside them, with
-/// round-robin as the reference at the same p.
+/// 10 ms as in the source), m = 5, n_f = 1, k = 3, 200 requests in flight: least-connections
+/// and least-time collapse; peak-EWMA's failure penalty (1 s) avoids the failed server;
+/// power-of-two-choices is shown beside them, with round-robin as the reference at the same p.
+/// Three more rows at q = 0.1 use exponential service times: there peak-EWMA's estimate of a
+/// healthy server follows its latency peaks, and times its ~40 calls in flight it can exceed
+/// the 1 s penalty of an idle failed server; a 10 s penalty restores the avoidance.
 pub fn e4() -> Experiment {
     let mut rows = Vec::new();
     for after_ms in [1u64, 5] {
@@ -238,7 +241,7 @@ pub fn e4() -> Experiment {
             StrategyKind::PeakEwma,
             StrategyKind::LeastRequest,
         ] {
-            let mut c = cluster(
+            let c = cluster(
                 s,
                 5,
                 1,
@@ -247,9 +250,6 @@ pub fn e4() -> Experiment {
                     after: ms(after_ms),
                 },
             );
-            // Exponential service times keep the round-robin reference free of lockstep (with
-            // fixed ones, a request's calls fall at related places of the cycle).
-            c.latency.dist = LatencyDist::Exponential;
             let q = after_ms as f64 / 10.0;
             rows.push(scenario(
                 "e4",
@@ -260,6 +260,20 @@ pub fn e4() -> Experiment {
                 8,
             ));
         }
+    }
+    for (s, penalty) in [
+        (StrategyKind::RoundRobin, 1u64),
+        (StrategyKind::PeakEwma, 1),
+        (StrategyKind::PeakEwma, 10),
+    ] {
+        let mut c = cluster(s, 5, 1, 3, FailureMode::FailFast { after: ms(1) });
+        c.latency.dist = LatencyDist::Exponential;
+        c.balancer.options.failure_penalty = Duration::from_secs(penalty);
+        let mut label = "fail-fast q=0.1, exponential service times".to_string();
+        if s == StrategyKind::PeakEwma {
+            label = format!("{label}, failure_penalty={penalty}s");
+        }
+        rows.push(scenario("e4", label, c, 200, 25_000, 8));
     }
     Experiment {
         id: "e4",
