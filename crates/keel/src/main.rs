@@ -1,6 +1,7 @@
 //! `keel`: one binary, one subcommand per job.
 
 mod cmd;
+mod lab;
 
 use clap::{Parser, Subcommand};
 
@@ -14,6 +15,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The main job: the reliability experiments as formula, simulation and real traffic, with a report.
+    Lab(cmd::lab::Args),
     /// Preview how a strategy spreads picks or keys over endpoints, and what an add/remove moves.
     Distribute(cmd::distribute::Args),
     /// The closed forms: success rate of each strategy when some servers fail (and --sweep charts).
@@ -29,6 +32,7 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Lab(args) => cmd::lab::run(args),
         Command::Distribute(args) => cmd::distribute::run(args),
         Command::Analyze(args) => cmd::analyze::run(args),
         Command::Simulate(args) => cmd::simulate::run(args),

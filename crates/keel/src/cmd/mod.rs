@@ -3,6 +3,7 @@
 pub mod analyze;
 pub mod backend;
 pub mod distribute;
+pub mod lab;
 pub mod proxy;
 pub mod simulate;
 

@@ -1,0 +1,71 @@
+//! `keel lab`: the main job. Formula, simulation and real traffic side by side.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use keel_balance::StrategyKind;
+
+use super::usage;
+use crate::lab::{self, LabOptions};
+
+/// Arguments of `keel lab`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// A first look in under 20 s: experiments e1, e2, e6 with fewer requests.
+    #[arg(long)]
+    quick: bool,
+    /// Experiments to run, comma-separated (e1..e6). Default: all (quick: e1,e2,e6).
+    #[arg(long, value_delimiter = ',')]
+    experiments: Vec<String>,
+    /// Only these strategies, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    strategies: Vec<String>,
+    /// Report directory.
+    #[arg(long, default_value = "keel-lab-report")]
+    out: PathBuf,
+    /// Print the results JSON on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Seed of balancers, backends and simulations.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// Runs `keel lab`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let mut strategies = Vec::new();
+    for s in &args.strategies {
+        match s.parse::<StrategyKind>() {
+            Ok(k) => strategies.push(k),
+            Err(e) => return usage(e.to_string()),
+        }
+    }
+    let experiments: Vec<String> = args
+        .experiments
+        .iter()
+        .map(|e| e.to_ascii_lowercase())
+        .collect();
+    let opts = LabOptions {
+        quick: args.quick,
+        experiments,
+        strategies,
+        out: args.out.clone(),
+        seed: args.seed,
+        progress: !args.quiet && std::io::stderr().is_terminal(),
+    };
+    let report = lab::run(&opts)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&lab::results_json(&report))?);
+    } else {
+        lab::print_table(&report);
+        println!(
+            "Report: {} and {}",
+            args.out.join("index.html").display(),
+            args.out.join("results.json").display()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,408 @@
+//! The lab's cases: one per (experiment, strategy, failure mode, protections), each described
+//! once and turned into a proxy configuration, a simulator scenario and a closed form.
+
+use std::time::Duration;
+
+use keel_balance::{BalancerConfig, OutlierConfig, RetryBudgetConfig, StrategyKind, TieBreak};
+use keel_model::sim::{
+    ClusterConfig, FailedPosition, FailureMode, HealthCheckConfig, LatencyConfig, LatencyDist,
+    Load, Placement, RetryConfig, Scenario,
+};
+use keel_proxy::backend::Fault;
+use serde::Serialize;
+
+use super::LabOptions;
+
+/// The source's times scaled down (10 ms -> 4 ms, 1 s -> 400 ms): q = 100 is kept.
+#[derive(Debug, Clone, Serialize)]
+pub struct Timing {
+    /// Healthy service time.
+    #[serde(with = "humantime_serde")]
+    pub healthy: Duration,
+    /// The caller's timeout for one try (a hanging server costs this much).
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Assumed time of an instant error over loopback (for q of fast failures).
+    #[serde(with = "humantime_serde")]
+    pub fast_error: Duration,
+    /// How long the backend's reset fault takes before it resets the connection.
+    #[serde(with = "humantime_serde")]
+    pub reset_after: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            healthy: Duration::from_millis(4),
+            timeout: Duration::from_millis(400),
+            fast_error: Duration::from_micros(100),
+            reset_after: Duration::from_millis(20),
+        }
+    }
+}
+
+/// How the failed servers fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Failure {
+    /// Never answers: the caller's timeout ends the call (q = timeout / healthy = 100).
+    Hang,
+    /// Answers 503 at once (q << 1).
+    FastError,
+    /// Connection refused.
+    Refuse,
+    /// Sends headers and half the body, then resets the connection.
+    Reset,
+}
+
+impl Failure {
+    /// Kebab-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Failure::Hang => "hang",
+            Failure::FastError => "fast-error",
+            Failure::Refuse => "refuse",
+            Failure::Reset => "reset",
+        }
+    }
+
+    pub(super) fn fault(self) -> Fault {
+        match self {
+            Failure::Hang => Fault::Hang,
+            Failure::FastError => Fault::Error,
+            Failure::Refuse => Fault::Refuse,
+            Failure::Reset => Fault::Reset,
+        }
+    }
+
+    /// Time a failed call takes.
+    pub fn t_fail(self, t: &Timing) -> Duration {
+        match self {
+            Failure::Hang => t.timeout,
+            Failure::FastError | Failure::Refuse => t.fast_error,
+            Failure::Reset => t.reset_after,
+        }
+    }
+
+    /// q = t_fail / t_ok.
+    pub fn q(self, t: &Timing) -> f64 {
+        self.t_fail(t).as_secs_f64() / t.healthy.as_secs_f64()
+    }
+
+    fn sim_mode(self, t: &Timing) -> FailureMode {
+        match self {
+            Failure::Hang => FailureMode::Hang,
+            _ => FailureMode::FailFast {
+                after: self.t_fail(t),
+            },
+        }
+    }
+}
+
+/// One experiment case.
+#[derive(Debug, Clone)]
+pub struct Case {
+    /// e1..e6.
+    pub experiment: &'static str,
+    /// The balancer's strategy.
+    pub strategy: StrategyKind,
+    /// Tie-break (least-connections).
+    pub tie_break: TieBreak,
+    /// The failed servers come first in the endpoint list (matters for lowest-index).
+    pub failed_first: bool,
+    /// Outlier ejection, retries with a budget, health checks.
+    pub protections: bool,
+    /// Failure mode.
+    pub failure: Failure,
+    /// Servers in the cluster.
+    pub servers: u32,
+    /// Failed servers.
+    pub failed: u32,
+    /// Calls per request (k).
+    pub calls: u32,
+    /// The balancer runs in each client (one per worker) instead of in the proxy.
+    pub client_side: bool,
+    /// Requests in flight at once (workers).
+    pub concurrency: usize,
+    /// Requests measured.
+    pub requests: u64,
+}
+
+impl Case {
+    fn new(
+        experiment: &'static str,
+        strategy: StrategyKind,
+        failure: Failure,
+        requests: u64,
+    ) -> Self {
+        Case {
+            experiment,
+            strategy,
+            tie_break: TieBreak::Random,
+            failed_first: false,
+            protections: false,
+            failure,
+            servers: 5,
+            failed: 1,
+            calls: 3,
+            client_side: false,
+            concurrency: 24,
+            requests,
+        }
+    }
+
+    /// Failed share of servers.
+    pub fn p(&self) -> f64 {
+        self.failed as f64 / self.servers as f64
+    }
+
+    /// `none` or the protections in force.
+    pub fn protections_name(&self) -> &'static str {
+        if self.protections {
+            "outlier+retry+health"
+        } else {
+            "none"
+        }
+    }
+
+    /// A one-line description.
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "{} {} {} p={:.1} {}",
+            self.experiment,
+            self.strategy,
+            self.failure.name(),
+            self.p(),
+            self.protections_name()
+        );
+        if self.client_side {
+            s.push_str(&format!(
+                " client-side tie-break={} failed={}",
+                tie_name(self.tie_break),
+                if self.failed_first { "first" } else { "last" }
+            ));
+        }
+        s
+    }
+
+    /// Is server `i` (in endpoint order) one of the failed ones?
+    pub fn is_failed(&self, i: u32) -> bool {
+        if self.failed_first {
+            i < self.failed
+        } else {
+            i >= self.servers - self.failed
+        }
+    }
+
+    /// keel-balance configuration of the cluster.
+    pub fn balancer(&self, seed: u64) -> BalancerConfig {
+        let mut cfg = BalancerConfig::new(self.strategy);
+        cfg.options.tie_break = self.tie_break;
+        cfg.seed = seed;
+        if self.protections {
+            cfg.outlier_detection = Some(self.outlier());
+        }
+        cfg
+    }
+
+    fn outlier(&self) -> OutlierConfig {
+        OutlierConfig {
+            consecutive_failures: 3,
+            base_ejection_time: Duration::from_secs(5),
+            max_ejection_percent: 50.0,
+            ..OutlierConfig::default()
+        }
+    }
+
+    /// The proxy configuration for a server-side case (listener on an ephemeral port).
+    pub fn proxy_toml(&self, t: &Timing, endpoints: &[std::net::SocketAddr], seed: u64) -> String {
+        let eps: Vec<String> = endpoints
+            .iter()
+            .map(|a| format!("{{ address = \"{a}\" }}"))
+            .collect();
+        let ms = |d: Duration| format!("\"{}ms\"", d.as_secs_f64() * 1000.0);
+        let mut s = format!(
+            "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"lab\"\n\n[[cluster]]\nname = \"lab\"\n\
+             strategy = \"{}\"\ntie_break = \"{}\"\nseed = {seed}\nendpoints = [{}]\n\
+             connect_timeout = \"100ms\"\n",
+            self.strategy,
+            tie_name(self.tie_break),
+            eps.join(", "),
+        );
+        if self.protections {
+            let od = self.outlier();
+            s.push_str(&format!(
+                "request_timeout = \"1s\"\n\n[cluster.retry]\nattempts = 2\nper_try_timeout = {}\n\
+                 budget_percent = 20\n\n[cluster.health_check]\ninterval = \"100ms\"\ntimeout = \"100ms\"\n\
+                 unhealthy_threshold = 2\nhealthy_threshold = 2\n\n[cluster.outlier_detection]\n\
+                 consecutive_failures = {}\nbase_ejection_time = \"{}s\"\nmax_ejection_percent = {}\n",
+                ms(t.timeout),
+                od.consecutive_failures,
+                od.base_ejection_time.as_secs(),
+                od.max_ejection_percent
+            ));
+        } else {
+            s.push_str(&format!(
+                "request_timeout = {}\n\n[cluster.retry]\nattempts = 0\n",
+                ms(t.timeout)
+            ));
+        }
+        s
+    }
+
+    /// The same case for the simulator.
+    pub fn scenario(&self, t: &Timing, seed: u64) -> Scenario {
+        let replications = 8;
+        Scenario {
+            name: self.experiment.to_string(),
+            label: self.describe(),
+            seed,
+            replications,
+            requests: self.requests.div_ceil(2).max(200),
+            warmup: Duration::ZERO,
+            timeout: t.timeout,
+            abort_on_failure: true,
+            call_gap: Duration::ZERO,
+            placement: if self.client_side {
+                Placement::ClientSide
+            } else {
+                Placement::ServerSide
+            },
+            load: Load::Closed {
+                clients: self.concurrency as u32,
+                in_flight: 1,
+                think_time: Duration::ZERO,
+            },
+            retry: self.protections.then(|| RetryConfig {
+                max_retries: 2,
+                budget: RetryBudgetConfig::default(),
+            }),
+            health_check: self.protections.then(|| HealthCheckConfig {
+                interval: Duration::from_millis(100),
+                unhealthy_threshold: 2,
+                healthy_threshold: 2,
+            }),
+            clusters: vec![ClusterConfig {
+                name: "b".into(),
+                calls: self.calls,
+                servers: self.servers,
+                failed: self.failed,
+                failed_position: if self.failed_first {
+                    FailedPosition::First
+                } else {
+                    FailedPosition::Last
+                },
+                latency: LatencyConfig {
+                    dist: LatencyDist::Fixed,
+                    mean: t.healthy,
+                    sigma: 0.5,
+                },
+                failure: self.failure.sim_mode(t),
+                balancer: self.balancer(seed),
+            }],
+        }
+    }
+}
+
+pub(super) fn tie_name(t: TieBreak) -> &'static str {
+    match t {
+        TieBreak::Random => "random",
+        TieBreak::LowestIndex => "lowest-index",
+    }
+}
+
+/// The cases of the selected experiments.
+pub fn plan(opts: &LabOptions) -> anyhow::Result<Vec<Case>> {
+    use StrategyKind::*;
+    let quick = opts.quick;
+    let known = ["e1", "e2", "e3", "e4", "e5", "e6"];
+    for e in &opts.experiments {
+        if !known.contains(&e.as_str()) {
+            return Err(crate::cmd::UsageError(format!(
+                "unknown experiment `{e}`; allowed: {}",
+                known.join(", ")
+            ))
+            .into());
+        }
+    }
+    let default: &[&str] = if quick { &["e1", "e2", "e6"] } else { &known };
+    let selected = |e: &str| {
+        if opts.experiments.is_empty() {
+            default.contains(&e)
+        } else {
+            opts.experiments.iter().any(|x| x == e)
+        }
+    };
+    let n = |full: u64, fast: u64| if quick { fast } else { full };
+    let mut cases = Vec::new();
+    if selected("e1") {
+        for s in [RoundRobin, Random] {
+            cases.push(Case::new("e1", s, Failure::FastError, n(6000, 3000)));
+        }
+    }
+    if selected("e2") {
+        cases.push(Case::new(
+            "e2",
+            LeastConnections,
+            Failure::Hang,
+            n(4000, 1500),
+        ));
+    }
+    if selected("e3") {
+        for s in [RoundRobin, LeastConnections] {
+            for failed in 0..=4 {
+                let mut c = Case::new(
+                    "e3",
+                    s,
+                    Failure::Hang,
+                    if failed >= 2 {
+                        n(500, 200)
+                    } else {
+                        n(1500, 500)
+                    },
+                );
+                c.failed = failed;
+                cases.push(c);
+            }
+        }
+    }
+    if selected("e4") {
+        for s in [RoundRobin, LeastConnections, LeastTime, PeakEwma] {
+            cases.push(Case::new("e4", s, Failure::FastError, n(3000, 1000)));
+        }
+    }
+    if selected("e5") {
+        for failure in [Failure::Hang, Failure::FastError] {
+            for (tie, first) in [
+                (TieBreak::Random, false),
+                (TieBreak::LowestIndex, true),
+                (TieBreak::LowestIndex, false),
+            ] {
+                let mut c = Case::new("e5", LeastConnections, failure, n(600, 300));
+                c.client_side = true;
+                c.concurrency = 16;
+                c.tie_break = tie;
+                c.failed_first = first;
+                cases.push(c);
+            }
+        }
+    }
+    if selected("e6") {
+        for s in [RoundRobin, LeastConnections, PeakEwma] {
+            for failure in [
+                Failure::Hang,
+                Failure::FastError,
+                Failure::Refuse,
+                Failure::Reset,
+            ] {
+                let mut c = Case::new("e6", s, failure, n(3000, 1000));
+                c.protections = true;
+                cases.push(c);
+            }
+        }
+    }
+    if !opts.strategies.is_empty() {
+        cases.retain(|c| opts.strategies.contains(&c.strategy));
+    }
+    Ok(cases)
+}

@@ -1,0 +1,144 @@
+//! Real traffic: in-process backends on loopback, keel's proxy (or a client-side balancer in
+//! the load generator), and a bounded load.
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use keel_balance::{Balancer, EndpointSpec};
+use keel_proxy::backend::{self, BackendConfig, BackendHandle};
+use keel_proxy::loadgen::{self, LoadOptions, LoadReport, LoadSpec, Target};
+
+use super::cases::{Case, Timing};
+
+/// What the real run measured.
+#[derive(Debug, Clone)]
+pub struct Measured {
+    /// The load generator's report.
+    pub load: LoadReport,
+    /// Share of calls (attempts) that went to a failed server.
+    pub failed_share: f64,
+    /// Largest share of calls that went to one server.
+    pub max_share: f64,
+    /// Attempts per endpoint, in endpoint order.
+    pub attempts: Vec<u64>,
+}
+
+/// Runs one case over real sockets.
+pub async fn measure(
+    case: &Case,
+    t: &Timing,
+    seed: u64,
+    progress: Arc<AtomicU64>,
+) -> anyhow::Result<Measured> {
+    let loopback: SocketAddr = "127.0.0.1:0".parse().expect("literal address");
+    let mut backends: Vec<BackendHandle> = Vec::new();
+    for i in 0..case.servers {
+        let cfg = BackendConfig {
+            latency: t.healthy,
+            name: format!("server-{i}"),
+            ..BackendConfig::default()
+        };
+        let b = backend::spawn_with_seed(loopback, cfg, seed.wrapping_add(i as u64))
+            .await
+            .context("starting a backend")?;
+        backends.push(b);
+    }
+    let addrs: Vec<SocketAddr> = backends.iter().map(|b| b.addr()).collect();
+    for (i, b) in backends.iter().enumerate() {
+        if case.is_failed(i as u32) {
+            b.set_fault(case.failure.fault());
+        }
+    }
+
+    let mut proxy = None;
+    let (target, timeout) = if case.client_side {
+        let specs: Vec<EndpointSpec> = addrs
+            .iter()
+            .map(|a| EndpointSpec::new(a.to_string()))
+            .collect();
+        let base = case.balancer(seed);
+        let make = Arc::new(move |worker: usize| {
+            let mut cfg = base.clone();
+            cfg.seed = base.seed.wrapping_add(worker as u64);
+            Balancer::new(cfg, &specs).expect("valid lab balancer")
+        });
+        (
+            Target::ClientSidePerWorker {
+                endpoints: addrs.clone(),
+                make_balancer: make,
+                path: "/".into(),
+            },
+            t.timeout,
+        )
+    } else {
+        let text = case.proxy_toml(t, &addrs, seed);
+        let config = keel_proxy::ProxyConfig::from_toml_str(&text, "lab")
+            .map_err(|e| anyhow::anyhow!("lab proxy configuration: {e}\n{text}"))?;
+        let handle = keel_proxy::start(config).await?;
+        let url = format!("http://{}/", handle.listener_addrs()[0]);
+        proxy = Some(handle);
+        // The proxy answers every call within its own timeouts; this one only guards the lab.
+        (Target::Url(url), Duration::from_secs(3))
+    };
+
+    let spec = LoadSpec {
+        target,
+        requests: case.requests,
+        concurrency: case.concurrency,
+        timeout,
+        calls_per_request: case.calls,
+    };
+    let options = LoadOptions {
+        deadline: Some(Duration::from_secs(120)),
+        progress: Some(progress),
+    };
+    let load = loadgen::try_run(spec, options)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+
+    // Attempts per endpoint: the proxy's own counts (retries included), or the client's picks.
+    let attempts: Vec<u64> = match &proxy {
+        Some(p) => {
+            let status = p.cluster_status("lab").unwrap_or_default();
+            addrs
+                .iter()
+                .map(|a| {
+                    status
+                        .iter()
+                        .find(|s| s.address == a.to_string())
+                        .map(|s| s.successes + s.failures)
+                        .unwrap_or(0)
+                })
+                .collect()
+        }
+        None => addrs
+            .iter()
+            .map(|a| load.picks.get(&a.to_string()).copied().unwrap_or(0))
+            .collect(),
+    };
+    let total = attempts.iter().sum::<u64>().max(1) as f64;
+    let failed_share = attempts
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| case.is_failed(*i as u32))
+        .map(|(_, &a)| a as f64)
+        .sum::<f64>()
+        / total;
+    let max_share = attempts.iter().copied().max().unwrap_or(0) as f64 / total;
+
+    if let Some(p) = proxy {
+        p.shutdown(Duration::from_millis(300)).await;
+    }
+    for b in backends {
+        b.shutdown().await;
+    }
+    Ok(Measured {
+        load,
+        failed_share,
+        max_share,
+        attempts,
+    })
+}

@@ -1,0 +1,78 @@
+//! `keel lab --quick --json` end to end: real sockets on loopback, the issue's thresholds.
+
+use std::process::Command;
+
+#[test]
+fn quick_lab_reproduces_e1_e2_e6_over_real_sockets() {
+    let out_dir = std::env::temp_dir().join(format!("keel-lab-test-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["lab", "--quick", "--json", "--quiet", "--out"])
+        .arg(&out_dir)
+        .output()
+        .expect("run keel lab");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "keel lab failed: {stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    let rows = v["rows"].as_array().expect("rows");
+    let of = |e: &str| -> Vec<&serde_json::Value> {
+        rows.iter().filter(|r| r["experiment"] == e).collect()
+    };
+    let e1 = of("e1");
+    assert_eq!(e1.len(), 2);
+    for r in e1 {
+        let m = r["measured"].as_f64().unwrap();
+        assert!((m - 0.512).abs() <= 0.03, "E1 {}: {m}", r["strategy"]);
+        assert!((r["analytic"].as_f64().unwrap() - 0.512).abs() < 1e-12);
+        let ci = r["measured_ci95"].as_array().unwrap();
+        assert!(ci[0].as_f64().unwrap() <= m && m <= ci[1].as_f64().unwrap());
+    }
+    let e2 = of("e2");
+    assert_eq!(e2.len(), 1);
+    assert_eq!(e2[0]["strategy"], "least-connections");
+    let m = e2[0]["measured"].as_f64().unwrap();
+    assert!(
+        m >= 0.98,
+        "E2 least-connections measured {m}: {}",
+        e2[0]["explanation"]
+    );
+    let e6 = of("e6");
+    assert!(e6.len() >= 8, "E6 covers strategies x failure modes");
+    for r in e6 {
+        assert_eq!(r["protections"], "outlier+retry+health");
+        let m = r["measured"].as_f64().unwrap();
+        assert!(
+            m >= 0.999,
+            "E6 {} {}: {m}: {}",
+            r["strategy"],
+            r["failure_mode"],
+            r["explanation"]
+        );
+        assert!(r["requests"].as_u64().unwrap() >= 1000);
+    }
+    // The same document on disk, and a self-contained page with charts and the table.
+    let on_disk: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("results.json")).unwrap()).unwrap();
+    assert_eq!(on_disk["rows"].as_array().unwrap().len(), rows.len());
+    let html = std::fs::read_to_string(out_dir.join("index.html")).unwrap();
+    assert!(
+        html.contains("<svg") && html.contains("<table"),
+        "charts and table"
+    );
+    assert!(!html.contains("src=\"http"), "self-contained");
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
+
+#[test]
+fn bad_lab_arguments_exit_2() {
+    let out = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["lab", "--experiments", "e9", "--quiet"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("e1, e2"));
+    let out = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["lab", "--strategies", "fastest", "--quiet"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
