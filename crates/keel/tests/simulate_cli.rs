@@ -63,6 +63,7 @@ fn scenario_file_is_deterministic_for_a_seed_and_has_a_table() {
         &file,
         "name = \"small\"\nrequests = 2000\nreplications = 2\n[load]\nkind = \"closed\"\nclients = 20\n\
          [[clusters]]\nservers = 5\nfailed = 1\ncalls = 3\nfailure = { mode = \"hang\" }\n\
+         latency = { dist = \"exponential\", mean = \"10ms\" }\n\
          [clusters.balancer]\nstrategy = \"least-connections\"\n",
     )
     .unwrap();
