@@ -494,3 +494,28 @@ async fn admin_serves_metrics_status_and_page() {
     );
     proxy.shutdown(Duration::from_secs(1)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_are_served_over_http1_upstreams() {
+    let (echo, task) = echo_server().await;
+    let proxy = keel_proxy::start(simple_config(&[echo], "round-robin", ""))
+        .await
+        .unwrap();
+    let h2: hyper_util::client::legacy::Client<_, http_body_util::Full<bytes::Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(true)
+            .build_http();
+    let addr = proxy.listener_addrs()[0];
+    let r = send(&h2, Method::POST, &format!("http://{addr}/h2"), &[], b"abc")
+        .await
+        .unwrap();
+    let text = r.text();
+    assert_eq!(r.status, StatusCode::OK, "{text}");
+    assert!(text.contains("method: POST\nbody-length: 3\n"), "{text}");
+    assert!(
+        text.contains(&format!("host: {addr}\n")),
+        "Host from :authority: {text}"
+    );
+    proxy.shutdown(Duration::from_secs(1)).await;
+    task.abort();
+}
