@@ -263,7 +263,7 @@ pub fn run_replication(
         .clusters
         .iter()
         .enumerate()
-        .flat_map(|(i, c)| std::iter::repeat(i as u32).take(c.calls as usize))
+        .flat_map(|(i, c)| (0..c.calls).map(move |_| i as u32))
         .collect();
     let focus = sc.focus();
 
