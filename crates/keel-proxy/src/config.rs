@@ -965,6 +965,56 @@ mod tests {
         assert_eq!(bc.slow_start.unwrap().window, Duration::from_secs(2));
     }
 
+    /// The keys serde accepts in each table, read back from its "unknown field" error.
+    fn allowed_keys(text: &str) -> Vec<String> {
+        let e = err(text);
+        let list = e
+            .message
+            .split("expected one of ")
+            .nth(1)
+            .or_else(|| e.message.split("expected ").nth(1))
+            .unwrap_or_else(|| panic!("no key list in: {e}"));
+        list.split(", ")
+            .flat_map(|k| k.split(" or "))
+            .map(|k| k.trim().trim_matches('`').to_string())
+            .collect()
+    }
+
+    #[test]
+    fn every_option_is_documented() {
+        let docs = include_str!("../../../docs/configuration.md");
+        let tables = [
+            format!("nonsense = 1\n{HEAD}"),
+            format!("[admin]\nnonsense = 1\n{HEAD}"),
+            HEAD.replace("cluster = \"app\"", "cluster = \"app\"\nnonsense = 1"),
+            format!("{HEAD}nonsense = 1\n"),
+            format!("{HEAD}[cluster.retry]\nnonsense = 1\n"),
+            format!("{HEAD}[cluster.health_check]\nnonsense = 1\n"),
+            format!("{HEAD}[cluster.outlier_detection]\nnonsense = 1\n"),
+            format!("{HEAD}[cluster.outlier_detection.failure_rate]\nnonsense = 1\n"),
+            format!("{HEAD}[cluster.slow_start]\nnonsense = 1\n"),
+            HEAD.replace("9001\" }", "9001\", nonsense = 1 }"),
+        ];
+        let mut checked = 0;
+        for t in &tables {
+            for key in allowed_keys(t) {
+                let documented = [
+                    format!("`{key}`"),
+                    format!("[{key}]"),
+                    format!("[cluster.{key}]"),
+                ]
+                .iter()
+                .any(|form| docs.contains(form.as_str()));
+                assert!(
+                    documented,
+                    "option `{key}` is not documented in docs/configuration.md"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked > 40, "{checked} options checked");
+    }
+
     #[test]
     fn hash_on_parses() {
         assert_eq!("path".parse::<HashOn>().unwrap(), HashOn::Path);
