@@ -383,6 +383,13 @@ pub async fn handle(
             Failure::Status(_) => None,
         };
         let endpoint_header = entry.header.clone();
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let cause = match &failure {
+                Failure::Error { cause, .. } => cause.clone(),
+                Failure::Status(r) => format!("status {}", r.status()),
+            };
+            tracing::debug!(cluster = cluster.name(), endpoint = %entry.authority, attempt, %cause, "try failed");
+        }
         cluster.finish(pick, now, Outcome::Failure, kind);
         let body_ok = match &client_body {
             None => true,

@@ -344,3 +344,68 @@ async fn shutdown_cuts_requests_still_running_at_the_drain_timeout() {
     );
     assert!(pending.await.unwrap().is_err(), "the hung request was cut");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn panic_threshold_and_slow_start_come_from_the_cluster_config() {
+    let bs = backends(3, Duration::ZERO).await;
+    let addrs: Vec<_> = bs.iter().map(|b| b.addr()).collect();
+    let hc = "[cluster.retry]\nattempts = 0\n[cluster.health_check]\ninterval = \"30ms\"\ntimeout = \"100ms\"\nunhealthy_threshold = 1\nhealthy_threshold = 1\n[cluster.slow_start]\nwindow = \"20s\"\n";
+    fault(&bs[0], Fault::Error).await;
+    fault(&bs[1], Fault::Error).await;
+    for (threshold, expect_panic) in [(50, true), (0, false)] {
+        let proxy = keel_proxy::start(simple_config(
+            &addrs,
+            "round-robin",
+            &format!("panic_threshold = {threshold}\n{hc}"),
+        ))
+        .await
+        .unwrap();
+        let down = eventually(Duration::from_secs(3), || {
+            let st = proxy.cluster_status("app").unwrap();
+            !st[0].healthy && !st[1].healthy
+        })
+        .await;
+        assert!(down);
+        let url = format!("http://{}/", proxy.listener_addrs()[0]);
+        let c = client();
+        let mut ok = 0;
+        for _ in 0..30 {
+            if send(&c, Method::GET, &url, &[], b"").await.unwrap().status == StatusCode::OK {
+                ok += 1;
+            }
+        }
+        if expect_panic {
+            // 1 of 3 available < 50%: health is ignored and round-robin covers all three.
+            assert_eq!(ok, 10, "panic mode spreads over every endpoint");
+        } else {
+            assert_eq!(ok, 30, "threshold 0: only the healthy endpoint serves");
+        }
+        proxy.shutdown(Duration::from_secs(1)).await;
+    }
+
+    // Slow start: an endpoint back from a failed health check ramps up its weight.
+    let proxy = keel_proxy::start(simple_config(&addrs, "weighted-random", hc))
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(3), || !proxy
+            .cluster_status("app")
+            .unwrap()[0]
+            .healthy)
+        .await
+    );
+    fault(&bs[0], Fault::None).await;
+    assert!(
+        eventually(Duration::from_secs(3), || proxy
+            .cluster_status("app")
+            .unwrap()[0]
+            .healthy)
+        .await
+    );
+    let st = proxy.cluster_status("app").unwrap();
+    assert!(
+        st[0].effective_weight < 0.5 && st[2].effective_weight == 1.0,
+        "b0 ramps up, b2 at full weight: {st:?}"
+    );
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
