@@ -218,7 +218,7 @@ impl Body for RespBody {
                 deadline,
                 tail,
                 guard,
-            } => match Pin::new(body).poll_frame(cx) {
+            } => match Pin::new(&mut *body).poll_frame(cx) {
                 Poll::Ready(None) => {
                     if let Some(t) = tail.take() {
                         t.finish(Outcome::Success, None);
@@ -226,7 +226,16 @@ impl Body for RespBody {
                     guard.take();
                     Poll::Ready(None)
                 }
-                Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+                Poll::Ready(Some(Ok(frame))) => {
+                    // With a Content-Length, hyper stops polling once that many bytes are out:
+                    // the last frame is the end, there may be no `None` after it.
+                    if body.is_end_stream() {
+                        if let Some(t) = tail.take() {
+                            t.finish(Outcome::Success, None);
+                        }
+                    }
+                    Poll::Ready(Some(Ok(frame)))
+                }
                 Poll::Ready(Some(Err(e))) => {
                     if let Some(t) = tail.take() {
                         t.finish(Outcome::Failure, Some(ErrorKind::Reset));

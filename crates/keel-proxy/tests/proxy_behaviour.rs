@@ -224,11 +224,10 @@ async fn no_available_endpoint_is_503() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_body_that_breaks_mid_stream_aborts_the_client_response() {
-    let mut cfg = keel_proxy::backend::BackendConfig {
+    let cfg = keel_proxy::backend::BackendConfig {
         body_bytes: 200_000,
         ..Default::default()
     };
-    cfg.fault = Fault::Reset;
     let b = keel_proxy::backend::spawn(any_port(), cfg).await.unwrap();
     let proxy = keel_proxy::start(simple_config(
         &[b.addr()],
@@ -237,7 +236,22 @@ async fn a_large_body_that_breaks_mid_stream_aborts_the_client_response() {
     ))
     .await
     .unwrap();
-    let r = get(&format!("http://{}/", proxy.listener_addrs()[0])).await;
+    let url = format!("http://{}/", proxy.listener_addrs()[0]);
+    // Streamed whole, and its end recorded as the endpoint's success.
+    let r = get(&url).await.unwrap();
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body.len(), 200_000);
+    let st = proxy.cluster_status("app").unwrap();
+    assert_eq!(
+        (st[0].successes, st[0].failures, st[0].in_flight),
+        (1, 0, 0)
+    );
+    let r = send(&client(), Method::HEAD, &url, &[], b"").await.unwrap();
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(r.body.is_empty());
+
+    fault(&b, Fault::Reset).await;
+    let r = get(&url).await;
     // 200 KB is above max_buffered_response: the headers went out, then the body broke, and the
     // client must see a broken body, never a short one that looks complete.
     let err = r.expect_err("a truncated body must not look complete");
