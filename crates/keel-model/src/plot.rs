@@ -258,7 +258,17 @@ fn fit_range(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
     Some((lo - pad, hi + pad))
 }
 
-const LEGEND_WIDTH: u32 = 250;
+/// Width of the legend column: fits the longest label (about 7.5 px a character at 14 px),
+/// at most 45% of the chart.
+fn legend_width(series: &[Series], chart_width: u32) -> u32 {
+    let longest = series
+        .iter()
+        .map(|s| s.label.chars().count())
+        .max()
+        .unwrap_or(0);
+    let wanted = 60 + (longest as f64 * 7.5).ceil() as u32;
+    wanted.clamp(120, chart_width * 45 / 100)
+}
 
 fn draw(
     svg: &mut String,
@@ -270,8 +280,11 @@ fn draw(
     let root = SVGBackend::with_string(svg, spec.size).into_drawing_area();
     root.fill(&WHITE)?;
     let body = root.titled(&spec.title, ("sans-serif", 22))?;
-    let (plot_area, legend_area) =
-        body.split_horizontally(spec.size.0.saturating_sub(LEGEND_WIDTH));
+    let (plot_area, legend_area) = body.split_horizontally(
+        spec.size
+            .0
+            .saturating_sub(legend_width(series, spec.size.0)),
+    );
 
     let mut chart = ChartBuilder::on(&plot_area)
         .margin(12)

@@ -283,3 +283,77 @@ fn sweep_writes_csv_and_charts() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn overlay_draws_simulated_points_and_compares_them() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("analyze-overlay-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // The shape `keel simulate --json` prints: one experiment per line.
+    let row = |strategy: &str, protections: &str, q: f64, success: f64, ci: [f64; 2]| {
+        serde_json::json!({"label": "t", "strategy": strategy, "protections": protections,
+            "placement": "server-side", "p": 0.2, "q": q, "k": 3, "success": success, "ci95": ci})
+    };
+    let e1 = serde_json::json!({"experiment": "e1", "results": [
+        row("round-robin", "none", 100.0, 0.511, [0.505, 0.517]),
+        row("peak-ewma", "none", 100.0, 0.9, [0.89, 0.91]),
+        row("round-robin", "outlier+retry", 100.0, 1.0, [1.0, 1.0]),
+    ]});
+    let e2 = serde_json::json!({"experiment": "e2", "results": [
+        row("least-connections", "none", 100.0, 0.98, [0.979, 0.981]),
+    ]});
+    let overlay = dir.join("sim.jsonl");
+    std::fs::write(&overlay, format!("{e1}\n{e2}\n")).unwrap();
+    let out_dir = dir.join("out");
+    let out = keel(&[
+        "--sweep",
+        "--q",
+        "100",
+        "--calls",
+        "3",
+        "--out",
+        out_dir.to_str().unwrap(),
+        "--overlay",
+        overlay.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("  e")).collect();
+    assert_eq!(
+        lines.len(),
+        2,
+        "the protected and peak-ewma rows are left out: {text}"
+    );
+    assert!(
+        lines[0].contains("e1 round-robin") && lines[0].contains("within the CI"),
+        "{text}"
+    );
+    // analytic 0.99254 lies 0.0115 above the interval's top
+    assert!(
+        lines[1].contains("e2 least-connections") && lines[1].contains("outside the CI by 0.0115"),
+        "{text}"
+    );
+    let svg = std::fs::read_to_string(out_dir.join("f_p_simulated_k3.svg")).unwrap();
+    assert!(
+        svg.contains("<svg") && svg.contains("<circle"),
+        "points drawn"
+    );
+    assert!(svg.contains("least-connections q = 100, simulated"));
+
+    std::fs::write(&overlay, "not json\n").unwrap();
+    let out = keel(&[
+        "--sweep",
+        "--out",
+        out_dir.to_str().unwrap(),
+        "--overlay",
+        overlay.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("sim.jsonl:1"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -2,6 +2,7 @@
 //! f(p) over q and k written as a CSV table and SVG charts. See docs/reliability.md.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -55,9 +56,22 @@ pub struct Args {
     /// Step of p in the sweep; must divide 1 (0.01, 0.005, ...). Default 0.01.
     #[arg(long)]
     step: Option<f64>,
+    /// With --sweep: results of `keel simulate ... --json` (JSON Lines or one object) to draw
+    /// as points with their 95% intervals over the analytic curves (f_p_simulated_k*.svg), and
+    /// to compare with the closed form row by row.
+    #[arg(long, value_name = "FILE")]
+    overlay: Option<PathBuf>,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
+}
+
+/// Writes to stdout; a closed pipe (`keel analyze ... | head`) ends the output quietly.
+fn emit(text: &str) -> anyhow::Result<()> {
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
 }
 
 /// Runs `keel analyze`.
@@ -121,8 +135,8 @@ fn check_calls(k: u32) -> anyhow::Result<u32> {
 }
 
 fn run_single(args: &Args) -> anyhow::Result<()> {
-    if args.out.is_some() || args.step.is_some() {
-        return usage("--out and --step belong to --sweep");
+    if args.out.is_some() || args.step.is_some() || args.overlay.is_some() {
+        return usage("--out, --step and --overlay belong to --sweep");
     }
     let Some(name) = args.strategy.as_deref() else {
         return usage(
@@ -209,9 +223,9 @@ fn run_single(args: &Args) -> anyhow::Result<()> {
         retry_success,
     };
     if args.json {
-        println!("{}", serde_json::to_string(&analysis)?);
+        emit(&format!("{}\n", serde_json::to_string(&analysis)?))?;
     } else {
-        print!("{}", describe(&analysis));
+        emit(&describe(&analysis))?;
     }
     Ok(())
 }
@@ -295,6 +309,8 @@ struct SweepReport {
     csv: PathBuf,
     rows: usize,
     charts: Vec<PathBuf>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    overlay: Vec<SimPoint>,
     seconds: f64,
 }
 
@@ -350,24 +366,36 @@ fn run_sweep(args: &Args) -> anyhow::Result<()> {
     }
     std::fs::write(&csv_path, csv).with_context(|| format!("writing {}", csv_path.display()))?;
 
-    let charts = write_charts(&out, &qs, &ks, &ps)?;
+    let sim_points = match &args.overlay {
+        Some(path) => read_overlay(path)?,
+        None => Vec::new(),
+    };
+    let mut charts = write_charts(&out, &qs, &ks, &ps)?;
+    charts.extend(write_overlay_charts(&out, &qs, &ps, &sim_points)?);
     let seconds = started.elapsed().as_secs_f64();
     if args.json {
         let report = SweepReport {
             csv: csv_path,
             rows,
             charts,
+            overlay: sim_points,
             seconds,
         };
-        println!("{}", serde_json::to_string(&report)?);
+        emit(&format!("{}\n", serde_json::to_string(&report)?))
     } else {
-        println!("wrote {} ({rows} rows)", csv_path.display());
+        let mut text = format!("wrote {} ({rows} rows)\n", csv_path.display());
         for chart in &charts {
-            println!("wrote {}", chart.display());
+            let _ = writeln!(text, "wrote {}", chart.display());
         }
-        println!("in {:.3} s", seconds);
+        if !sim_points.is_empty() {
+            text.push_str("simulated vs closed form:\n");
+            for point in &sim_points {
+                let _ = writeln!(text, "  {}", point.describe());
+            }
+        }
+        let _ = writeln!(text, "in {seconds:.3} s");
+        emit(&text)
     }
-    Ok(())
 }
 
 fn curve(strategy: StrategyKind, q: f64, k: u32, ps: &[f64]) -> Vec<(f64, f64)> {
@@ -457,6 +485,221 @@ fn write_charts(out: &Path, qs: &[f64], ks: &[u32], ps: &[f64]) -> anyhow::Resul
         let spec = unit_square(format!("Strategies compared, k = {k} calls per request"));
         write_chart(
             out.join(format!("f_p_compare_k{k}.svg")),
+            &spec,
+            &series,
+            &mut written,
+        )?;
+    }
+    Ok(written)
+}
+
+/// One simulated result that has a closed form to compare with.
+#[derive(Serialize, Clone)]
+struct SimPoint {
+    experiment: String,
+    label: String,
+    strategy: &'static str,
+    p: f64,
+    q: Option<f64>,
+    k: u32,
+    success: f64,
+    ci95: (f64, f64),
+    analytic: f64,
+    within_ci: bool,
+}
+
+impl SimPoint {
+    fn describe(&self) -> String {
+        let q = self.q.map(|q| format!(" q={q}")).unwrap_or_default();
+        let verdict = if self.within_ci {
+            "within the CI".to_string()
+        } else {
+            let gap = if self.analytic < self.ci95.0 {
+                self.ci95.0 - self.analytic
+            } else {
+                self.analytic - self.ci95.1
+            };
+            format!("outside the CI by {gap:.4}")
+        };
+        format!(
+            "{} {} p={} k={}{q}: simulated {:.4} [{:.4}, {:.4}], analytic {:.4} ({verdict})",
+            self.experiment,
+            self.strategy,
+            self.p,
+            self.k,
+            self.success,
+            self.ci95.0,
+            self.ci95.1,
+            self.analytic
+        )
+    }
+}
+
+/// Reads `keel simulate --json` output: JSON Lines (one experiment per line) or one JSON value
+/// (an experiment or an array of them). Keeps the unprotected server-side rows of strategies
+/// with a closed form: the setting the model describes.
+fn read_overlay(path: &Path) -> anyhow::Result<Vec<SimPoint>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let experiments: Vec<serde_json::Value> = match serde_json::from_str(&text) {
+        Ok(serde_json::Value::Array(items)) => items,
+        Ok(value) => vec![value],
+        Err(_) => {
+            let mut items = Vec::new();
+            for (n, line) in text.lines().enumerate() {
+                if line.trim().is_empty() {
+                    continue;
+                }
+                match serde_json::from_str(line) {
+                    Ok(value) => items.push(value),
+                    Err(e) => {
+                        return usage(format!(
+                            "{}:{}: not JSON from `keel simulate --json`: {e}",
+                            path.display(),
+                            n + 1
+                        ))
+                    }
+                }
+            }
+            items
+        }
+    };
+    let mut points = Vec::new();
+    for experiment in &experiments {
+        let id = experiment["experiment"].as_str().unwrap_or("?").to_string();
+        let Some(results) = experiment["results"].as_array() else {
+            return usage(format!(
+                "{}: an experiment without \"results\" (expected `keel simulate --json` output)",
+                path.display()
+            ));
+        };
+        for r in results {
+            if let Some(point) = sim_point(&id, r) {
+                points.push(point);
+            }
+        }
+    }
+    if points.is_empty() {
+        return usage(format!(
+            "{}: no unprotected server-side result of a strategy with a closed form to draw",
+            path.display()
+        ));
+    }
+    Ok(points)
+}
+
+fn sim_point(experiment: &str, r: &serde_json::Value) -> Option<SimPoint> {
+    let strategy: StrategyKind = r["strategy"].as_str()?.parse().ok()?;
+    if !analytic::has_closed_form(strategy)
+        || r["protections"].as_str() != Some("none")
+        || r["placement"].as_str().is_some_and(|p| p != "server-side")
+    {
+        return None;
+    }
+    let p = r["p"].as_f64()?;
+    let q = r["q"].as_f64();
+    let k = u32::try_from(r["k"].as_u64()?).ok()?;
+    let success = r["success"].as_f64()?;
+    let ci = r["ci95"].as_array()?;
+    let ci95 = (ci.first()?.as_f64()?, ci.get(1)?.as_f64()?);
+    let analytic = analytic::success(strategy, p, q.unwrap_or(1.0), k)?;
+    Some(SimPoint {
+        experiment: experiment.to_string(),
+        label: r["label"].as_str().unwrap_or_default().to_string(),
+        strategy: strategy.name(),
+        p,
+        // q does not enter round-robin and random
+        q: if strategy == StrategyKind::LeastConnections {
+            q
+        } else {
+            None
+        },
+        k,
+        success,
+        ci95,
+        analytic,
+        within_ci: ci95.0 <= analytic && analytic <= ci95.1,
+    })
+}
+
+/// Simulated points drawn as one legend entry: strategy, q (least-connections only), colour.
+type PointGroup = (&'static str, Option<f64>, (u8, u8, u8));
+
+/// One chart per k present in the overlay: analytic curves (round-robin/random black,
+/// least-connections per q in colour) with the simulated points and their 95% intervals on top.
+fn write_overlay_charts(
+    out: &Path,
+    qs: &[f64],
+    ps: &[f64],
+    points: &[SimPoint],
+) -> anyhow::Result<Vec<PathBuf>> {
+    let mut written = Vec::new();
+    let mut ks: Vec<u32> = points.iter().map(|p| p.k).collect();
+    ks.sort_unstable();
+    ks.dedup();
+    // the curves' q values: the sweep's, and any other q a simulated point was run at
+    let mut all_q = qs.to_vec();
+    for q in points.iter().filter_map(|p| p.q) {
+        if !all_q.contains(&q) {
+            all_q.push(q);
+        }
+    }
+    for k in ks {
+        let at_k: Vec<&SimPoint> = points.iter().filter(|p| p.k == k).collect();
+        let mut series = vec![Series::line(
+            "round-robin / random (closed form)",
+            curve(StrategyKind::RoundRobin, 1.0, k, ps),
+        )
+        .with_color((0, 0, 0))];
+        let lc_qs: Vec<(usize, f64)> = all_q
+            .iter()
+            .copied()
+            .enumerate()
+            .filter(|(_, q)| at_k.iter().any(|p| p.q == Some(*q)))
+            .collect();
+        for &(qi, q) in &lc_qs {
+            series.push(
+                Series::dashed(
+                    format!("least-connections q = {q} (closed form)"),
+                    curve(StrategyKind::LeastConnections, q, k, ps),
+                )
+                .with_color(plot::palette(qi)),
+            );
+        }
+        let groups: Vec<PointGroup> = [
+            ("round-robin", None, (0, 0, 0)),
+            ("random", None, (110, 110, 110)),
+        ]
+        .into_iter()
+        .chain(
+            lc_qs
+                .iter()
+                .map(|&(qi, q)| ("least-connections", Some(q), plot::palette(qi))),
+        )
+        .collect();
+        for (strategy, q, color) in groups {
+            let mine: Vec<&&SimPoint> = at_k
+                .iter()
+                .filter(|p| p.strategy == strategy && (q.is_none() || p.q == q))
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let label = match q {
+                Some(q) => format!("{strategy} q = {q}, simulated"),
+                None => format!("{strategy}, simulated"),
+            };
+            series.push(
+                Series::points(label, mine.iter().map(|p| (p.p, p.success)).collect())
+                    .with_error_bars(mine.iter().map(|p| p.ci95).collect())
+                    .with_color(color),
+            );
+        }
+        let spec = unit_square(format!(
+            "Simulated (points, 95% CI) vs closed form (lines), k = {k}"
+        ));
+        write_chart(
+            out.join(format!("f_p_simulated_k{k}.svg")),
             &spec,
             &series,
             &mut written,
