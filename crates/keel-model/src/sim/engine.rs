@@ -29,6 +29,7 @@ const KIND_START: u128 = 1;
 const KIND_ARRIVAL: u128 = 2;
 const KIND_PROBE: u128 = 3;
 const KIND_NEXT_CALL: u128 = 4;
+const NO_SERVER: u32 = u32::MAX;
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 /// Measured requests between two progress reports.
 const PROGRESS_EVERY: u64 = 1 << 14;
@@ -166,6 +167,8 @@ struct Slot {
     measured: bool,
     started: u64,
     pick: Option<Pick>,
+    /// Index in its cluster of the server the open pick went to (`NO_SERVER`: none).
+    server: u32,
     n_avoid: usize,
     avoid: [EndpointId; MAX_RETRIES as usize + 1],
 }
@@ -181,6 +184,7 @@ impl Slot {
             measured: false,
             started: 0,
             pick: None,
+            server: NO_SERVER,
             n_avoid: 0,
             avoid: [EndpointId(0); MAX_RETRIES as usize + 1],
         }
@@ -305,6 +309,7 @@ pub fn run_replication(
         n_clusters,
         client_side: sc.placement == Placement::ClientSide,
         balancers,
+        ids,
         budgets,
         max_retries: sc.retry.as_ref().map_or(0, |r| r.max_retries),
         call_gap: (!sc.call_gap.is_zero())
@@ -326,7 +331,7 @@ pub fn run_replication(
         progress,
         unreported: 0,
     };
-    sim.run(ids);
+    sim.run();
     progress(sim.unreported);
     Ok(sim.stats)
 }
@@ -340,6 +345,8 @@ struct Sim<'a> {
     n_clusters: usize,
     client_side: bool,
     balancers: Vec<Balancer>,
+    /// Endpoint ids per balancer, by position (for retries' avoid lists and health checks).
+    ids: Vec<Vec<EndpointId>>,
     budgets: Vec<RetryBudget>,
     max_retries: u32,
     call_gap: Option<Exp<f64>>,
@@ -360,7 +367,7 @@ struct Sim<'a> {
 }
 
 impl Sim<'_> {
-    fn run(&mut self, ids: Vec<Vec<EndpointId>>) {
+    fn run(&mut self) {
         let sc = self.sc;
         let first_mean = ns(sc.clusters[0].latency.mean).max(1);
         match &sc.load {
@@ -409,7 +416,7 @@ impl Sim<'_> {
                 KIND_START => self.start_request(index as usize, now),
                 KIND_ARRIVAL => self.arrival(now),
                 KIND_NEXT_CALL => self.start_call(index as usize, now),
-                _ => self.probe(index as usize, now, &ids, &mut probes),
+                _ => self.probe(index as usize, now, &mut probes),
             }
         }
     }
@@ -528,6 +535,7 @@ impl Sim<'_> {
             }
         };
         slot.ok = ok;
+        slot.server = pick.as_ref().map_or(NO_SERVER, |p| p.index() as u32);
         slot.pick = pick;
         self.heap.push(event(now + took, KIND_CALL, s as u32));
     }
@@ -542,20 +550,18 @@ impl Sim<'_> {
         } else {
             c
         };
-        let tried = slot.pick.take().map(|p| {
-            let id = p.id();
+        if let Some(p) = slot.pick.take() {
             let outcome = if ok {
                 Outcome::Success
             } else {
                 Outcome::Failure
             };
             self.balancers[b].finish(p, outcome, dur(now));
-            id
-        });
+        }
         if !ok {
             if slot.attempt < self.max_retries && self.budgets[b].try_retry(dur(now)) {
-                if let Some(id) = tried {
-                    slot.avoid[slot.n_avoid] = id;
+                if slot.server != NO_SERVER {
+                    slot.avoid[slot.n_avoid] = self.ids[b][slot.server as usize];
                     slot.n_avoid += 1;
                 }
                 slot.attempt += 1;
@@ -612,13 +618,7 @@ impl Sim<'_> {
         }
     }
 
-    fn probe(
-        &mut self,
-        cluster: usize,
-        now: u64,
-        ids: &[Vec<EndpointId>],
-        probes: &mut [Vec<ProbeState>],
-    ) {
+    fn probe(&mut self, cluster: usize, now: u64, probes: &mut [Vec<ProbeState>]) {
         let sc = self.sc;
         let h = sc
             .health_check
@@ -645,7 +645,7 @@ impl Sim<'_> {
                 if st.streak >= needed {
                     st.healthy = passed;
                     st.streak = 0;
-                    self.balancers[b].set_healthy(ids[b][i], passed, dur(now));
+                    self.balancers[b].set_healthy(self.ids[b][i], passed, dur(now));
                 }
             }
         }
