@@ -126,6 +126,7 @@ pub async fn measure(
         .filter(|(i, _)| case.is_failed(*i as u32))
         .map(|(_, &a)| a as f64)
         .sum::<f64>()
+        .max(0.0) // an empty float sum is -0.0
         / total;
     let max_share = attempts.iter().copied().max().unwrap_or(0) as f64 / total;
 

@@ -356,7 +356,7 @@ fn fmt_opt(x: Option<f64>) -> String {
 /// The table, for a terminal.
 pub fn print_table(report: &LabReport) {
     println!(
-        "{:<4} {:<18} {:<11} {:<21} {:<12} {:>8} {:>9} {:>8} {:>17} {:>8}",
+        "{:<4} {:<40} {:<15} {:<21} {:<12} {:>8} {:>9} {:>8} {:>17} {:>8}",
         "exp",
         "strategy",
         "failure",
@@ -370,11 +370,11 @@ pub fn print_table(report: &LabReport) {
     );
     for r in &report.rows {
         let strategy = match (&r.tie_break, &r.failed_position) {
-            (Some(t), Some(_)) if t == "lowest-index" => format!("{} (lowest)", r.strategy),
+            (Some(t), Some(pos)) => format!("{} ({t}, failed {pos})", short_strategy(&r.strategy)),
             _ => r.strategy.clone(),
         };
         println!(
-            "{:<4} {:<18} {:<11} {:<21} {:<12} {:>8} {:>9.4} {:>8.4} {:>8.4}-{:<8.4} {:>8}",
+            "{:<4} {:<40} {:<15} {:<21} {:<12} {:>8} {:>9.4} {:>8.4} {:>8.4}-{:<8.4} {:>8}",
             r.experiment,
             strategy,
             format!(
@@ -404,6 +404,14 @@ pub fn print_table(report: &LabReport) {
         report.timing.timeout,
         report.seed
     );
+}
+
+/// Shorter names for the terminal table.
+fn short_strategy(s: &str) -> &str {
+    match s {
+        "least-connections" => "least-conn",
+        other => other,
+    }
 }
 
 fn curve(f: impl Fn(f64) -> f64) -> Vec<(f64, f64)> {
