@@ -30,7 +30,20 @@ async fn one_mode(fault_mode: Fault, edit: fn(String) -> String) -> loadgen::Loa
     let proxy = keel_proxy::start(issue_config(&addrs, edit)).await.unwrap();
     let url = format!("http://{}/work", proxy.listener_addrs()[0]);
     let report = run_through_proxy(url).await;
-    println!("fault {fault_mode}:\n{report}\n");
+    let admin = proxy.admin_addr().unwrap();
+    let status: serde_json::Value =
+        serde_json::from_slice(&get(&format!("http://{admin}/status")).await.unwrap().body)
+            .unwrap();
+    let retries = status["clusters"][0]["retries"].as_u64().unwrap();
+    let failed_ep = &status["clusters"][0]["endpoints"][0];
+    println!(
+        "fault {fault_mode}: retries {retries}, failed endpoint: failures {} healthy {} ejected {}\n{report}\n",
+        failed_ep["failures"], failed_ep["healthy"], failed_ep["ejected"]
+    );
+    if !matches!(fault_mode, Fault::Slow { .. }) {
+        // The failed endpoint was met: the test is not passing by never touching it.
+        assert!(failed_ep["failures"].as_u64().unwrap() > 0, "{status}");
+    }
     proxy.shutdown(Duration::from_secs(1)).await;
     for b in bs {
         b.shutdown().await;
