@@ -196,6 +196,7 @@ struct Shared {
     latency_rng: SharedRng,
     requests: AtomicU64,
     healthz: AtomicU64,
+    connections: AtomicU64,
     control: watch::Sender<Control>,
     listening: watch::Sender<bool>,
 }
@@ -261,6 +262,7 @@ async fn spawn_inner(
         latency_rng: SharedRng::new(mix64(seed ^ 0x1A7)),
         requests: AtomicU64::new(0),
         healthz: AtomicU64::new(0),
+        connections: AtomicU64::new(0),
         control,
         listening,
     });
@@ -378,6 +380,11 @@ impl BackendHandle {
         self.shared.healthz.load(Ordering::Relaxed)
     }
 
+    /// Client connections open right now.
+    pub fn open_connections(&self) -> u64 {
+        self.shared.connections.load(Ordering::Relaxed)
+    }
+
     /// Stops listening, closes every connection and waits for the listener task to end.
     pub async fn shutdown(mut self) {
         self.shared.control.send_modify(|c| c.shutdown = true);
@@ -467,6 +474,8 @@ async fn listen_loop(shared: Arc<Shared>, mut listener: Option<TcpListener>, add
 /// Serves one connection until the client closes it, a reset fault ends it, or the backend
 /// starts refusing or shuts down (then it is dropped as a dying process would drop it).
 async fn serve_connection(shared: Arc<Shared>, stream: TcpStream) {
+    shared.connections.fetch_add(1, Ordering::Relaxed);
+    let _open = OpenConnection(shared.clone());
     let _ = stream.set_nodelay(true);
     let reset = Arc::new(AtomicBool::new(false));
     let io = TokioIo::new(ResettableStream {
@@ -492,6 +501,15 @@ async fn serve_connection(shared: Arc<Shared>, stream: TcpStream) {
             _ = &mut conn => return,
             changed = rx.changed() => if changed.is_err() { return },
         }
+    }
+}
+
+/// Counts a connection as open until dropped (however the connection task ends).
+struct OpenConnection(Arc<Shared>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -191,6 +191,14 @@ async fn hang_holds_the_call_past_the_client_timeout_until_the_fault_changes() {
     assert_eq!(r.unwrap_err(), "timeout");
     assert!(t.elapsed() >= Duration::from_millis(200));
     assert_eq!(b.requests(), 1, "the request was received, not answered");
+    assert_eq!(b.open_connections(), 1);
+    // The client gives up and closes: the backend lets the connection go.
+    drop(s);
+    let t = Instant::now();
+    while b.open_connections() > 0 && t.elapsed() < Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(b.open_connections(), 0, "a hung call outlived its client");
     // /healthz hangs as well.
     let mut s2 = connect(b.addr()).await.unwrap();
     let hung = tokio::spawn(async move { get(&mut s2, "/healthz", Duration::from_secs(5)).await });
