@@ -62,7 +62,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
 /// Prepares a client's request headers for the upstream: hop-by-hop headers removed,
 /// `X-Forwarded-For` appended to, `X-Forwarded-Proto` and `X-Forwarded-Host` set, `Host` kept
 /// (taken from the URI for HTTP/2 clients, which send `:authority` instead).
-pub fn prepare_request_headers(parts: &mut hyper::http::request::Parts, peer: SocketAddr) {
+pub fn prepare_request_headers(parts: &mut hyper::http::request::Parts, client: &Client) {
     let headers = &mut parts.headers;
     remove_hop_by_hop(headers);
     if !headers.contains_key(header::HOST) {
@@ -72,8 +72,7 @@ pub fn prepare_request_headers(parts: &mut hyper::http::request::Parts, peer: So
             }
         }
     }
-    let ip = peer.ip().to_string();
-    let xff = if headers.contains_key(&X_FORWARDED_FOR) {
+    if headers.contains_key(&X_FORWARDED_FOR) {
         let mut joined = String::new();
         for v in headers.get_all(&X_FORWARDED_FOR) {
             if let Ok(s) = v.to_str() {
@@ -81,17 +80,34 @@ pub fn prepare_request_headers(parts: &mut hyper::http::request::Parts, peer: So
                 joined.push_str(", ");
             }
         }
-        joined.push_str(&ip);
-        joined
+        joined.push_str(client.ip_header.to_str().unwrap_or(""));
+        if let Ok(v) = HeaderValue::from_str(&joined) {
+            headers.insert(X_FORWARDED_FOR, v);
+        }
     } else {
-        ip
-    };
-    if let Ok(v) = HeaderValue::from_str(&xff) {
-        headers.insert(X_FORWARDED_FOR, v);
+        headers.insert(X_FORWARDED_FOR, client.ip_header.clone());
     }
     headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     if let Some(host) = headers.get(header::HOST).cloned() {
         headers.insert(X_FORWARDED_HOST, host);
+    }
+}
+
+/// The client end of a connection, prepared once per connection.
+#[derive(Debug, Clone)]
+pub struct Client {
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// Its IP as a header value (for `X-Forwarded-For`).
+    pub ip_header: HeaderValue,
+}
+
+impl Client {
+    /// Prepares a connection's client.
+    pub fn new(peer: SocketAddr) -> Self {
+        let ip_header = HeaderValue::from_str(&peer.ip().to_string())
+            .expect("an IP address is a valid header value");
+        Self { peer, ip_header }
     }
 }
 
@@ -211,15 +227,15 @@ async fn read_small(body: Incoming, limit: u64) -> Result<Bytes, String> {
 /// Serves one client request on `cluster`.
 pub async fn handle(
     cluster: Arc<Cluster>,
-    peer: SocketAddr,
+    client: &Client,
     req: Request<Incoming>,
 ) -> Response<RespBody> {
     let start = Instant::now();
     let guard = DownstreamGuard::new(cluster.metrics.clone(), start);
     let deadline = tokio::time::Instant::from_std(start + cluster.config.request_timeout);
     let (mut parts, body) = req.into_parts();
-    prepare_request_headers(&mut parts, peer);
-    let hash = cluster.hash_key(&parts, peer);
+    prepare_request_headers(&mut parts, client);
+    let hash = cluster.hash_key(&parts, client.peer);
     let idempotent = is_idempotent(&parts.method);
     let client_body = (!body.is_end_stream()).then(|| SharedBody::new(body));
     let path = parts

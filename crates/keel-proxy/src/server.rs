@@ -303,11 +303,13 @@ async fn accept_loop(
                 let builder = builder.clone();
                 let mut stop = shutdown.clone();
                 conns.spawn(async move {
+                    let client = Arc::new(crate::forward::Client::new(peer));
                     let svc = service_fn(move |req| {
                         let cluster = shared.routing.load().listeners[index].clone();
+                        let client = client.clone();
                         async move {
                             Ok::<_, std::convert::Infallible>(
-                                crate::forward::handle(cluster, peer, req).await,
+                                crate::forward::handle(cluster, &client, req).await,
                             )
                         }
                     });
