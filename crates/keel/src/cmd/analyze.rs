@@ -43,7 +43,9 @@ pub struct Args {
     /// with --sweep a comma-separated list (default 1,3,5).
     #[arg(long, value_delimiter = ',')]
     calls: Vec<u32>,
-    /// Retries per call on distinct servers (needs --servers/--failed): adds the retry formula.
+    /// Retries per call on distinct servers (needs --servers/--failed): adds the retry formula,
+    /// C(n_f, r+1) / C(m, r+1) per call under uniform choice; for least-connections its
+    /// extension with healthy servers weighted by q (docs/reliability.md).
     #[arg(long, conflicts_with = "sweep")]
     retries: Option<u64>,
     /// Sweep p over [0, 1] for each q and k: writes f_p.csv and SVG charts into --out.
