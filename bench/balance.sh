@@ -2,7 +2,7 @@
 # Runs keel-balance's criterion benches and the keel vs pingora-load-balancing comparison in one
 # sequence, then prints the combined tables (Markdown, as in BENCHMARKS.md).
 #
-#   bash bench/balance.sh            # both benches, then the tables (~5-8 min on 2 cores)
+#   bash bench/balance.sh            # both benches, then the tables (~15 min on 2 busy cores, plus the first build)
 #   BENCH_ONLY=compare bash bench/balance.sh   # only the pingora comparison
 #   BENCH_ONLY=pick bash bench/balance.sh      # only keel-balance's own bench
 #

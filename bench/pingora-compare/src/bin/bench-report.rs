@@ -176,20 +176,29 @@ fn render(r: &Results) -> String {
         }
         s += &format!("### keel vs pingora-load-balancing, same run, {title}\n\n");
         s += "ratio = keel pick+finish / pingora select (below 1: keel faster).\n\n";
-        s += "| n | keel strategy | pingora selector | pingora select | keel pick+finish | keel pick only | ratio |\n";
-        s += "|---:|---|---|---:|---:|---:|---:|\n";
+        // Pick-only is measured on one thread only.
+        let pick_only = group == "compare_1t";
+        s += "| n | keel strategy | pingora selector | pingora select | keel pick+finish |";
+        s += if pick_only {
+            " keel pick only | ratio |\n"
+        } else {
+            " ratio |\n"
+        };
+        s += if pick_only {
+            "|---:|---|---|---:|---:|---:|---:|\n"
+        } else {
+            "|---:|---|---|---:|---:|---:|\n"
+        };
         for n in SIZES {
             for (k, p) in pairs {
                 let pv = get(r, group, &format!("pingora.{p}"), n);
                 let kv = get(r, group, &format!("keel.{k}"), n);
-                let ko = get(r, group, &format!("keel-pick-only.{k}"), n);
-                s += &format!(
-                    "| {n} | {k} | {p} | {} | {} | {} | {} |\n",
-                    fmt_time(pv),
-                    fmt_time(kv),
-                    fmt_time(ko),
-                    fmt_ratio(kv, pv)
-                );
+                s += &format!("| {n} | {k} | {p} | {} | {} |", fmt_time(pv), fmt_time(kv));
+                if pick_only {
+                    let ko = get(r, group, &format!("keel-pick-only.{k}"), n);
+                    s += &format!(" {} |", fmt_time(ko));
+                }
+                s += &format!(" {} |\n", fmt_ratio(kv, pv));
             }
         }
         s += "\n";

@@ -1,0 +1,415 @@
+#!/usr/bin/env bash
+# Proxy benchmark: keel vs NGINX vs HAProxy in front of the same four loopback backends, plus the
+# direct path to one backend (the limit). Then a failover test: one backend is killed under load.
+#
+#   bench/proxy/run.sh [--quick] [--profile] [--no-failover]
+#
+# --quick        1 round of 3 s per point, 1 worker; under 2 minutes once keel is built.
+# --profile      also record a perf profile of keel under load (perf record -g, cpu-clock) and
+#                print the top of `perf report`.
+# --no-failover  skip the failover test.
+#
+# Environment (all optional):
+#   KEEL_BIN          use this keel binary instead of building with `cargo build --release`
+#   CARGO_TARGET_DIR  honoured by the build (the binary is taken from there)
+#   ROUNDS DURATION   rounds and seconds per wrk point (default 3 and 8; --quick: 1 and 3)
+#   CONNS             wrk connection counts (default "16 128")
+#   WORKERS           proxy worker threads/processes to test (default "1 2"; --quick: "1")
+#   PROXY_CPUS        CPU list the proxies are pinned to when WORKERS=1 (default 0)
+#   LOAD_CPUS         CPU list wrk, the backends and the failover client are pinned to (default 1)
+#   OUT               where raw results go (default target/proxy-bench)
+#
+# Everything listens on 127.0.0.1 ports 41001-41012 and is stopped on exit (trap).
+# The last line printed is one JSON object (workers=1, the highest connection count, medians).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+
+QUICK=0
+PROFILE=0
+FAILOVER=1
+for arg in "$@"; do
+    case "$arg" in
+        --quick) QUICK=1 ;;
+        --profile) PROFILE=1 ;;
+        --no-failover) FAILOVER=0 ;;
+        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+        *) echo "run.sh: unknown argument: $arg (try --help)" >&2; exit 2 ;;
+    esac
+done
+if [ "$QUICK" = 1 ]; then
+    ROUNDS="${ROUNDS:-1}"; DURATION="${DURATION:-3}"; WORKERS="${WORKERS:-1}"
+    FAILOVER_TRIALS="${FAILOVER_TRIALS:-1}"; FO_BEFORE=1.5; FO_AFTER=4
+else
+    ROUNDS="${ROUNDS:-3}"; DURATION="${DURATION:-8}"; WORKERS="${WORKERS:-1 2}"
+    FAILOVER_TRIALS="${FAILOVER_TRIALS:-2}"; FO_BEFORE=2; FO_AFTER=8
+fi
+CONNS="${CONNS:-16 128}"
+NCPU="$(nproc)"
+if [ "$NCPU" -ge 2 ]; then
+    PROXY_CPUS="${PROXY_CPUS:-0}"; LOAD_CPUS="${LOAD_CPUS:-1}"
+else
+    PROXY_CPUS="${PROXY_CPUS:-0}"; LOAD_CPUS="${LOAD_CPUS:-0}"
+fi
+OUT="${OUT:-$REPO/target/proxy-bench}"
+BACKEND_PORTS=(41001 41002 41003 41004)
+KEEL_PORT=41010
+NGINX_PORT=41011
+HAPROXY_PORT=41012
+CLK_TCK="$(getconf CLK_TCK)"
+
+log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+
+# ---------------------------------------------------------------- prerequisites
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO="sudo"
+missing=()
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx)
+command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
+command -v wrk >/dev/null || missing+=(wrk)
+command -v python3 >/dev/null || missing+=(python3)
+command -v taskset >/dev/null || missing+=(util-linux)
+if [ "$PROFILE" = 1 ] && ! command -v perf >/dev/null; then missing+=(linux-perf); fi
+if [ "${#missing[@]}" -gt 0 ]; then
+    log "installing ${missing[*]} (apt-get)"
+    $SUDO apt-get update -qq
+    # The packages' own services must not start (policy-rc.d may already forbid it).
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+export PATH="$PATH:/usr/sbin:/sbin"
+
+if [ -z "${KEEL_BIN:-}" ]; then
+    log "building keel (cargo build --release -p keel)"
+    (cd "$REPO" && cargo build --release -p keel --quiet)
+    KEEL_BIN="${CARGO_TARGET_DIR:-$REPO/target}/release/keel"
+fi
+[ -x "$KEEL_BIN" ] || { echo "run.sh: no keel binary at $KEEL_BIN" >&2; exit 1; }
+
+# ---------------------------------------------------------------- process bookkeeping
+WORK="$(mktemp -d /tmp/keel-proxy-bench.XXXXXX)"
+mkdir -p "$OUT"
+STARTED=()          # every pid we started, killed on exit
+declare -A BACKEND_PID
+declare -A PROXY_PID
+
+cleanup() {
+    set +e
+    for pid in "${STARTED[@]}"; do kill "$pid" 2>/dev/null; done
+    sleep 0.3
+    for pid in "${STARTED[@]}"; do kill -9 "$pid" 2>/dev/null; done
+    wait 2>/dev/null
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+wait_port() { # port [seconds]: waits until something accepts on 127.0.0.1:port
+    local deadline=$((SECONDS + ${2:-10}))
+    until (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do
+        [ "$SECONDS" -lt "$deadline" ] || { echo "run.sh: nothing listens on port $1" >&2; return 1; }
+        sleep 0.05
+    done
+}
+
+wait_200() { # port: waits until a GET through it answers 200 (all backends may take a moment)
+    local deadline=$((SECONDS + 10))
+    until [ "$(python3 - "$1" <<'PY'
+import http.client, sys
+try:
+    c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=1)
+    c.request("GET", "/"); print(c.getresponse().status)
+except Exception:
+    print(0)
+PY
+)" = 200 ]; do
+        [ "$SECONDS" -lt "$deadline" ] || { echo "run.sh: port $1 does not answer 200" >&2; return 1; }
+        sleep 0.1
+    done
+}
+
+# ---------------------------------------------------------------- backends
+# Four nginx instances, one process each (master_process off), so that one can be killed alone;
+# each answers a small fixed body from memory.
+start_backend() { # index
+    local i="$1" port="${BACKEND_PORTS[$1]}" dir="$WORK/backend$1"
+    mkdir -p "$dir"
+    cat >"$dir/nginx.conf" <<EOF
+daemon off;
+master_process off;
+worker_processes 1;
+pid $dir/nginx.pid;
+error_log $dir/error.log warn;
+events { worker_connections 8192; }
+http {
+    access_log off;
+    keepalive_requests 10000000;
+    keepalive_timeout 120s;
+    default_type text/plain;
+    server {
+        listen 127.0.0.1:$port backlog=4096;
+        location / { return 200 "backend $i: ok\n"; }
+    }
+}
+EOF
+    taskset -c "$LOAD_CPUS" nginx -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" &
+    BACKEND_PID[$i]=$!
+    STARTED+=("$!")
+    wait_port "$port"
+}
+
+stop_pid() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
+
+# ---------------------------------------------------------------- proxy configurations
+# Equivalent settings: round-robin over the four backends, keep-alive pools to them, access logs
+# off, the same worker count, active health checks every 500 ms (2 to fall, 2 to rise), passive
+# ejection after 3 consecutive failures, up to 2 retries on another backend for connect errors,
+# resets, timeouts and 502/503/504, connect timeout 200 ms, request timeout 2 s, and the same
+# request headers added (X-Forwarded-For/-Proto/-Host) and a response header naming the backend.
+write_configs() { # workers
+    local w="$1" d="$WORK/proxies"
+    mkdir -p "$d/nginx"
+    {
+        echo "[[listener]]"
+        echo "listen = \"127.0.0.1:$KEEL_PORT\""
+        echo "cluster = \"app\""
+        echo "[[cluster]]"
+        echo "name = \"app\""
+        echo "strategy = \"round-robin\""
+        echo "endpoints = ["
+        for p in "${BACKEND_PORTS[@]}"; do echo "  { address = \"127.0.0.1:$p\" },"; done
+        echo "]"
+        cat <<'EOF'
+connect_timeout = "200ms"
+request_timeout = "2s"
+pool_idle_timeout = "60s"
+pool_max_idle_per_endpoint = 256
+
+[cluster.retry]
+attempts = 2
+
+[cluster.health_check]
+path = "/healthz"
+interval = "500ms"
+timeout = "200ms"
+unhealthy_threshold = 2
+healthy_threshold = 2
+
+[cluster.outlier_detection]
+consecutive_failures = 3
+base_ejection_time = "10s"
+max_ejection_percent = 25
+EOF
+    } >"$d/keel.toml"
+
+    {
+        cat <<EOF
+daemon off;
+worker_processes $w;
+pid $d/nginx/nginx.pid;
+error_log $d/nginx/error.log warn;
+events { worker_connections 8192; }
+http {
+    access_log off;
+    keepalive_requests 10000000;
+    keepalive_timeout 120s;
+    upstream app {
+EOF
+        for p in "${BACKEND_PORTS[@]}"; do echo "        server 127.0.0.1:$p max_fails=3 fail_timeout=10s;"; done
+        cat <<EOF
+        keepalive 256;
+        keepalive_requests 10000000;
+        keepalive_timeout 60s;
+    }
+    server {
+        listen 127.0.0.1:$NGINX_PORT backlog=4096;
+        location / {
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Proto http;
+            proxy_set_header X-Forwarded-Host \$host;
+            proxy_connect_timeout 200ms;
+            proxy_send_timeout 2s;
+            proxy_read_timeout 2s;
+            proxy_next_upstream error timeout http_502 http_503 http_504;
+            proxy_next_upstream_tries 3;
+            proxy_next_upstream_timeout 2s;
+            add_header X-Upstream \$upstream_addr;
+        }
+    }
+}
+EOF
+    } >"$d/nginx/nginx.conf"
+
+    {
+        cat <<EOF
+global
+    nbthread $w
+    maxconn 4096
+defaults
+    mode http
+    timeout connect 200ms
+    timeout client 30s
+    timeout server 2s
+    timeout http-keep-alive 60s
+    option http-keep-alive
+    http-reuse always
+    retries 2
+    option redispatch 1
+    retry-on conn-failure empty-response junk-response response-timeout 502 503 504
+frontend fe
+    bind 127.0.0.1:$HAPROXY_PORT
+    option forwardfor
+    http-request set-header X-Forwarded-Proto http
+    http-request set-header X-Forwarded-Host %[req.hdr(host)]
+    http-response set-header X-Upstream %[srv_name]
+    default_backend app
+backend app
+    balance roundrobin
+    option httpchk GET /healthz
+    default-server check inter 500ms fall 2 rise 2 observe layer7 error-limit 3 on-error mark-down
+EOF
+        local n=1
+        for p in "${BACKEND_PORTS[@]}"; do echo "    server b$n 127.0.0.1:$p"; n=$((n + 1)); done
+    } >"$d/haproxy.cfg"
+}
+
+start_proxy() { # name workers
+    local name="$1" w="$2" d="$WORK/proxies" cpus="$PROXY_CPUS"
+    [ "$w" = 1 ] || cpus="0-$((NCPU - 1))"
+    case "$name" in
+        keel)
+            TOKIO_WORKER_THREADS="$w" taskset -c "$cpus" "$KEEL_BIN" proxy --config "$d/keel.toml" --log warn >"$d/keel.out" 2>"$d/keel.err" &
+            PROXY_PID[keel]=$!; STARTED+=("$!"); wait_port "$KEEL_PORT" || { cat "$d/keel.err" >&2; return 1; } ;;
+        nginx)
+            taskset -c "$cpus" nginx -p "$d/nginx" -c "$d/nginx/nginx.conf" -e "$d/nginx/error.log" &
+            PROXY_PID[nginx]=$!; STARTED+=("$!"); wait_port "$NGINX_PORT" || { cat "$d/nginx/error.log" >&2; return 1; } ;;
+        haproxy)
+            taskset -c "$cpus" haproxy -db -f "$d/haproxy.cfg" >"$d/haproxy.out" 2>&1 &
+            PROXY_PID[haproxy]=$!; STARTED+=("$!"); wait_port "$HAPROXY_PORT" || { cat "$d/haproxy.out" >&2; return 1; } ;;
+    esac
+}
+
+stop_proxy() { # name (nginx's master stops its workers on SIGTERM)
+    local pid="${PROXY_PID[$1]:-}"
+    [ -n "$pid" ] && stop_pid "$pid"
+    PROXY_PID[$1]=""
+}
+
+port_of() { case "$1" in keel) echo $KEEL_PORT ;; nginx) echo $NGINX_PORT ;; haproxy) echo $HAPROXY_PORT ;; direct) echo "${BACKEND_PORTS[0]}" ;; esac; }
+
+pids_of() { # a process and its children (nginx workers)
+    local pid="$1"
+    echo "$pid"
+    pgrep -P "$pid" 2>/dev/null || true
+}
+
+cpu_ticks() { # total utime+stime of a process tree, in clock ticks
+    local t=0 p f
+    for p in $(pids_of "$1"); do
+        f="$(cat "/proc/$p/stat" 2>/dev/null)" || continue
+        f="${f##*) }"              # the fields after the command name
+        set -- $f
+        t=$((t + ${12} + ${13}))   # utime and stime (fields 14 and 15 of stat)
+    done
+    echo "$t"
+}
+
+peak_rss_kb() { # sum of VmHWM over a process tree
+    local t=0 p v
+    for p in $(pids_of "$1"); do
+        v="$(awk '/^VmHWM:/ {print $2}' "/proc/$p/status" 2>/dev/null)" || continue
+        t=$((t + ${v:-0}))
+    done
+    echo "$t"
+}
+
+# ---------------------------------------------------------------- throughput and latency
+RAW="$OUT/raw.tsv"
+printf 'workers\tround\tconns\ttarget\trps\tp50_ms\tp99_ms\trequests\terrors\tcpu_s\tpeak_rss_kb\tload1\n' >"$RAW"
+
+wrk_point() { # workers round conns target
+    local w="$1" r="$2" c="$3" t="$4" port pid before after out cpu rss
+    port="$(port_of "$t")"
+    pid="${PROXY_PID[$t]:-}"
+    [ "$t" = direct ] && pid="${BACKEND_PID[0]}"
+    before="$(cpu_ticks "$pid")"
+    out="$(taskset -c "$LOAD_CPUS" wrk -t1 -c"$c" -d"${DURATION}s" --latency -H 'Host: bench' "http://127.0.0.1:$port/")"
+    after="$(cpu_ticks "$pid")"
+    rss="$(peak_rss_kb "$pid")"
+    cpu="$(awk -v a="$before" -v b="$after" -v hz="$CLK_TCK" 'BEGIN { printf "%.2f", (b - a) / hz }')"
+    local file="$OUT/wrk-w$w-r$r-c$c-$t.txt"
+    echo "$out" >"$file"
+    python3 "$HERE/report.py" --parse-wrk "$file" "$w" "$r" "$c" "$t" "$cpu" "$rss" "$(cut -d' ' -f1 /proc/loadavg)" >>"$RAW"
+    log "  w=$w round $r c=$c $(printf '%-8s' "$t") $(tail -1 "$RAW" | awk -F'\t' '{printf "%7d req/s  p50 %6.3f ms  p99 %7.3f ms  errors %s  cpu %ss", $5, $6, $7, $9, $10}')"
+}
+
+log "machine: $NCPU CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg); proxies on CPU $PROXY_CPUS (1 worker), wrk + backends on CPU $LOAD_CPUS"
+log "keel: $KEEL_BIN; $(nginx -v 2>&1); $(haproxy -v 2>&1 | head -1); $(wrk --version 2>&1 | head -1 | cut -d' ' -f1-2)"
+for i in 0 1 2 3; do start_backend "$i"; done
+log "backends up on ports ${BACKEND_PORTS[*]}"
+
+TARGETS=(keel nginx haproxy direct)
+for w in $WORKERS; do
+    write_configs "$w"
+    for p in keel nginx haproxy; do start_proxy "$p" "$w"; done
+    for p in keel nginx haproxy; do wait_200 "$(port_of "$p")"; done
+    # Warm-up: fills the keep-alive pools and the caches, not measured.
+    for t in "${TARGETS[@]}"; do
+        taskset -c "$LOAD_CPUS" wrk -t1 -c128 -d1s "http://127.0.0.1:$(port_of "$t")/" >/dev/null
+    done
+    log "workers=$w: ${ROUNDS} round(s) x conns {$CONNS} x ${DURATION}s, targets rotated each round"
+    for r in $(seq 1 "$ROUNDS"); do
+        for c in $CONNS; do
+            # Rotate the order every round so that drift (other jobs on the machine) hits all alike.
+            for k in 0 1 2 3; do
+                wrk_point "$w" "$r" "$c" "${TARGETS[$(((k + r + c) % 4))]}"
+            done
+        done
+    done
+    if [ "$PROFILE" = 1 ] && [ "$w" = 1 ]; then
+        log "profiling keel for 10 s under wrk -c128 (perf record -g -e cpu-clock)"
+        taskset -c "$LOAD_CPUS" wrk -t1 -c128 -d14s "http://127.0.0.1:$KEEL_PORT/" >/dev/null &
+        wrk_pid=$!
+        sleep 2
+        perf record -q -g -e cpu-clock -F 999 -p "${PROXY_PID[keel]}" -o "$OUT/perf.data" -- sleep 10 2>/dev/null || true
+        wait "$wrk_pid" || true
+        perf report -i "$OUT/perf.data" --stdio --no-children --percent-limit 1 2>/dev/null | grep -v '^$' | head -80 >"$OUT/perf-report.txt" || true
+        perf report -i "$OUT/perf.data" --stdio --no-children -g none --percent-limit 0.5 2>/dev/null | grep -v '^#' | grep -v '^$' | head -60 >"$OUT/perf-flat.txt" || true
+        echo "---- perf (self time, flat) ----" >&2
+        cat "$OUT/perf-flat.txt" >&2
+    fi
+    for p in keel nginx haproxy; do stop_proxy "$p"; done
+done
+
+# ---------------------------------------------------------------- failover
+FO="$OUT/failover.tsv"
+printf 'proxy\ttrial\trequests_before\terrors_before\trequests_after\terrors_after\tlast_error_ms\tmax_latency_after_ms\tp99_first_second_ms\trps\n' >"$FO"
+if [ "$FAILOVER" = 1 ]; then
+    write_configs 1
+    log "failover: 8 client threads, SIGKILL backend 2 after ${FO_BEFORE}s, then ${FO_AFTER}s more; ${FAILOVER_TRIALS} trial(s) per proxy"
+    for trial in $(seq 1 "$FAILOVER_TRIALS"); do
+        for p in keel nginx haproxy; do
+            start_proxy "$p" 1
+            wait_200 "$(port_of "$p")"
+            sleep 1.2   # let the health checks of a fresh start settle
+            res="$(taskset -c "$LOAD_CPUS" python3 "$HERE/failover.py" --port "$(port_of "$p")" --kill-pid "${BACKEND_PID[1]}" --before "$FO_BEFORE" --after "$FO_AFTER")"
+            wait "${BACKEND_PID[1]}" 2>/dev/null || true
+            python3 - "$p" "$trial" "$res" >>"$FO" <<'PY'
+import json, sys
+p, trial, res = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+keys = ["requests_before", "errors_before", "requests_after", "errors_after", "last_error_ms", "max_latency_after_ms", "p99_first_second_ms", "rps"]
+print("\t".join([p, trial] + [str(res[k]) for k in keys]))
+PY
+            log "  $p trial $trial: $res"
+            stop_proxy "$p"
+            start_backend 1
+        done
+    done
+fi
+
+# ---------------------------------------------------------------- report
+log "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg); raw results in $OUT"
+python3 "$HERE/report.py" "$RAW" "$FO"
