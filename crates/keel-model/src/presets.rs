@@ -197,7 +197,7 @@ pub fn e3() -> Experiment {
             for s in [StrategyKind::RoundRobin, StrategyKind::Random] {
                 let c = cluster(s, 10, p_tenths, k, FailureMode::FailFast { after: ms(10) });
                 let label = format!("p={:.1} k={k} q=1", f64::from(p_tenths) / 10.0);
-                let mut sc = scenario("e3", label, c, 1, 12_000, 8);
+                let mut sc = scenario("e3", label, c, 1, 15_000, 8);
                 model_load(&mut sc, 1.0);
                 rows.push(sc);
             }
@@ -211,7 +211,7 @@ pub fn e3() -> Experiment {
                     FailureMode::FailFast { after },
                 );
                 let label = format!("p={:.1} k={k} q={q}", f64::from(p_tenths) / 10.0);
-                let mut sc = scenario("e3", label, c, 1, 12_000, 8);
+                let mut sc = scenario("e3", label, c, 1, 15_000, 8);
                 model_load(&mut sc, q);
                 rows.push(sc);
             }

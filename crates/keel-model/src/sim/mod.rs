@@ -104,12 +104,21 @@ pub struct BatchReport {
     pub wall: Duration,
     /// Worker threads that ran replications.
     pub threads: usize,
+    /// CPU time the replications used (summed over threads), where the platform reports it.
+    pub cpu: Option<Duration>,
 }
 
 impl BatchReport {
-    /// Simulated calls per wall-clock second per thread used.
+    /// Simulated calls per wall-clock second per thread used. On a machine shared with other
+    /// work this understates the simulator's speed; see [`Self::calls_per_cpu_second`].
     pub fn calls_per_second(&self) -> f64 {
         self.calls as f64 / self.wall.as_secs_f64().max(1e-9) / self.threads.max(1) as f64
+    }
+
+    /// Simulated calls per second of CPU time actually spent, independent of other load.
+    pub fn calls_per_cpu_second(&self) -> Option<f64> {
+        self.cpu
+            .map(|c| self.calls as f64 / c.as_secs_f64().max(1e-9))
     }
 }
 
@@ -146,10 +155,15 @@ pub fn run_batch(
         .collect();
     let started = Instant::now();
     let calls = AtomicU64::new(0);
+    let cpu_ns = AtomicU64::new(0);
     let reps: Vec<RepStats> = jobs
         .par_iter()
         .map(|&(i, r)| {
+            let cpu_start = thread_cpu_ns();
             let st = run_replication(&scenarios[i], r, progress)?;
+            if let (Some(a), Some(b)) = (cpu_start, thread_cpu_ns()) {
+                cpu_ns.fetch_add(b.saturating_sub(a), Ordering::Relaxed);
+            }
             calls.fetch_add(st.calls, Ordering::Relaxed);
             Ok(st)
         })
@@ -167,7 +181,25 @@ pub fn run_batch(
         calls: calls.into_inner(),
         wall,
         threads: rayon::current_num_threads().min(jobs.len()).max(1),
+        cpu: thread_cpu_ns().map(|_| Duration::from_nanos(cpu_ns.into_inner())),
     })
+}
+
+/// CPU time of the calling thread, in nanoseconds.
+#[cfg(unix)]
+fn thread_cpu_ns() -> Option<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the call only writes to it.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (rc == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+#[cfg(not(unix))]
+fn thread_cpu_ns() -> Option<u64> {
+    None
 }
 
 fn summarise(s: &Scenario, reps: &[RepStats]) -> SimResult {

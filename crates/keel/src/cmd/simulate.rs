@@ -20,7 +20,8 @@ Examples:
   keel simulate --preset seed --json        # E1..E6, one JSON object per line
   keel simulate --scenario scenarios/source-example.toml --json
 
-JSON (one object per experiment): {\"experiment\", \"title\", \"calls_per_second\", \"wall_seconds\",
+JSON (one object per experiment): {\"experiment\", \"title\", \"calls_per_second\" (calls / wall
+seconds / threads), \"calls_per_cpu_second\" (calls / CPU seconds used), \"wall_seconds\",
 \"threads\", \"ci_method\", \"results\": [{\"label\", \"strategy\", \"protections\", \"failure_mode\",
 \"placement\", \"p\", \"q\", \"k\", \"requests\", \"success\", \"ci95\", \"failed_pick_share\",
 \"analytic_success\", \"max_server_share\", \"retries_per_request\", \"no_endpoint\",
@@ -57,6 +58,7 @@ struct Report<'a> {
     experiment: &'a str,
     title: &'a str,
     calls_per_second: f64,
+    calls_per_cpu_second: Option<f64>,
     wall_seconds: f64,
     threads: usize,
     ci_method: &'static str,
@@ -158,6 +160,7 @@ fn print_report(id: &str, title: &str, report: &BatchReport, json: bool) -> anyh
             experiment: id,
             title,
             calls_per_second: report.calls_per_second(),
+            calls_per_cpu_second: report.calls_per_cpu_second(),
             wall_seconds: report.wall.as_secs_f64(),
             threads: report.threads,
             ci_method: CI_METHOD,
@@ -191,8 +194,11 @@ fn print_report(id: &str, title: &str, report: &BatchReport, json: bool) -> anyh
             r.max_server_share * 100.0,
         );
     }
+    let cpu = report.calls_per_cpu_second().map_or_else(String::new, |c| {
+        format!(", {:.2} M per CPU second", c / 1e6)
+    });
     println!(
-        "  {} calls in {:.2} s on {} thread(s): {:.2} M calls/s per thread\n",
+        "  {} calls in {:.2} s on {} thread(s): {:.2} M calls/s per thread{cpu}\n",
         report.calls,
         report.wall.as_secs_f64(),
         report.threads,
