@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Failover probe: keeps a proxy busy with keep-alive GETs from a few client threads, kills one
-backend (SIGKILL) after `--before` seconds, keeps going for `--after` seconds, and prints one
-JSON object: requests and errors before/after the kill, the time from the kill to the last error
-the clients saw, and the worst latency after the kill.
+backend after `--before` seconds (SIGKILL: it dies, its port refuses connections; or SIGSTOP: it
+hangs, connections are accepted by the kernel and never answered, until SIGCONT at the end),
+keeps going for `--after` seconds, and prints one JSON object: requests and errors before/after
+the kill, the time from the kill to the last error the clients saw, and the worst latency after
+the kill.
 
 The kill and every client timestamp are taken on the same monotonic clock in this process, so
 "last error - kill" needs no clock synchronisation. Only 127.0.0.1; bounded in time.
@@ -56,7 +58,9 @@ def main():
     p.add_argument("--before", type=float, default=2.0, help="seconds of load before the kill")
     p.add_argument("--after", type=float, default=6.0, help="seconds of load after the kill")
     p.add_argument("--timeout", type=float, default=3.0, help="client socket timeout, seconds")
+    p.add_argument("--signal", choices=["KILL", "STOP"], default="KILL")
     a = p.parse_args()
+    sig = signal.SIGKILL if a.signal == "KILL" else signal.SIGSTOP
 
     t0 = time.monotonic()
     stop_at = t0 + a.before + a.after
@@ -71,9 +75,13 @@ def main():
         t.start()
     time.sleep(a.before)
     kill_at = time.monotonic()
-    os.kill(a.kill_pid, signal.SIGKILL)
-    for t in threads:
-        t.join(a.after + a.timeout + 5)
+    os.kill(a.kill_pid, sig)
+    try:
+        for t in threads:
+            t.join(a.after + a.timeout + 5)
+    finally:
+        if sig == signal.SIGSTOP:
+            os.kill(a.kill_pid, signal.SIGCONT)
 
     samples = sorted(s for r in results for s in r)
     before = [s for s in samples if s[0] < kill_at]

@@ -118,13 +118,13 @@ def report(raw_path, fo_path):
     fo = read_tsv(fo_path) if fo_path else []
     if fo:
         print()
-        print("### Failover: backend 2 of 4 killed (SIGKILL) under load, 8 keep-alive clients")
+        print("### Failover: backend 2 of 4 dies (SIGKILL) or hangs (SIGSTOP) under load, 8 keep-alive clients")
         print()
-        print("| proxy | trial | client req/s | errors after kill | last error after kill (ms) | max latency after kill (ms) | p99 in the first second (ms) |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-        for r in fo:
+        print("| proxy | backend | trial | client req/s | errors after | last error after (ms) | max latency after (ms) | p99 in the first second (ms) |")
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for r in sorted(fo, key=lambda r: (r["signal"], PROXIES.index(r["proxy"]), r["trial"])):
             print(
-                f"| {r['proxy']} | {r['trial']} | {r['rps']} | {r['errors_after']} | {r['last_error_ms']} "
+                f"| {r['proxy']} | {'killed' if r['signal'] == 'KILL' else 'hung'} | {r['trial']} | {r['rps']} | {r['errors_after']} | {r['last_error_ms']} "
                 f"| {r['max_latency_after_ms']} | {r['p99_first_second_ms']} |"
             )
 

@@ -40,7 +40,7 @@ for arg in "$@"; do
 done
 if [ "$QUICK" = 1 ]; then
     ROUNDS="${ROUNDS:-1}"; DURATION="${DURATION:-3}"; WORKERS="${WORKERS:-1}"
-    FAILOVER_TRIALS="${FAILOVER_TRIALS:-1}"; FO_BEFORE=1.5; FO_AFTER=4
+    FAILOVER_TRIALS="${FAILOVER_TRIALS:-1}"; FO_BEFORE=1.5; FO_AFTER=3
 else
     ROUNDS="${ROUNDS:-3}"; DURATION="${DURATION:-8}"; WORKERS="${WORKERS:-1 2}"
     FAILOVER_TRIALS="${FAILOVER_TRIALS:-2}"; FO_BEFORE=2; FO_AFTER=8
@@ -164,7 +164,8 @@ stop_pid() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 # Equivalent settings: round-robin over the four backends, keep-alive pools to them, access logs
 # off, the same worker count, active health checks every 500 ms (2 to fall, 2 to rise), passive
 # ejection after 3 consecutive failures, up to 2 retries on another backend for connect errors,
-# resets, timeouts and 502/503/504, connect timeout 200 ms, request timeout 2 s, and the same
+# resets, timeouts and 502/503/504, connect timeout 200 ms, per-try timeout 500 ms, request
+# timeout 2 s (nginx: proxy_next_upstream_timeout; HAProxy has none), and the same
 # request headers added (X-Forwarded-For/-Proto/-Host) and a response header naming the backend.
 write_configs() { # workers
     local w="$1" d="$WORK/proxies"
@@ -187,6 +188,7 @@ pool_max_idle_per_endpoint = 256
 
 [cluster.retry]
 attempts = 2
+per_try_timeout = "500ms"
 
 [cluster.health_check]
 path = "/healthz"
@@ -232,7 +234,7 @@ EOF
             proxy_set_header X-Forwarded-Host \$host;
             proxy_connect_timeout 200ms;
             proxy_send_timeout 2s;
-            proxy_read_timeout 2s;
+            proxy_read_timeout 500ms;
             proxy_next_upstream error timeout http_502 http_503 http_504;
             proxy_next_upstream_tries 3;
             proxy_next_upstream_timeout 2s;
@@ -252,7 +254,7 @@ defaults
     mode http
     timeout connect 200ms
     timeout client 30s
-    timeout server 2s
+    timeout server 500ms
     timeout http-keep-alive 60s
     option http-keep-alive
     http-reuse always
@@ -386,26 +388,31 @@ done
 
 # ---------------------------------------------------------------- failover
 FO="$OUT/failover.tsv"
-printf 'proxy\ttrial\trequests_before\terrors_before\trequests_after\terrors_after\tlast_error_ms\tmax_latency_after_ms\tp99_first_second_ms\trps\n' >"$FO"
+printf 'proxy\tsignal\ttrial\trequests_before\terrors_before\trequests_after\terrors_after\tlast_error_ms\tmax_latency_after_ms\tp99_first_second_ms\trps\n' >"$FO"
 if [ "$FAILOVER" = 1 ]; then
     write_configs 1
-    log "failover: 8 client threads, SIGKILL backend 2 after ${FO_BEFORE}s, then ${FO_AFTER}s more; ${FAILOVER_TRIALS} trial(s) per proxy"
+    log "failover: 8 client threads; backend 2 gets SIGKILL (dies) or SIGSTOP (hangs) after ${FO_BEFORE}s, then ${FO_AFTER}s more; ${FAILOVER_TRIALS} trial(s) per proxy and signal"
     for trial in $(seq 1 "$FAILOVER_TRIALS"); do
-        for p in keel nginx haproxy; do
-            start_proxy "$p" 1
-            wait_200 "$(port_of "$p")"
-            sleep 1.2   # let the health checks of a fresh start settle
-            res="$(taskset -c "$LOAD_CPUS" python3 "$HERE/failover.py" --port "$(port_of "$p")" --kill-pid "${BACKEND_PID[1]}" --before "$FO_BEFORE" --after "$FO_AFTER")"
-            wait "${BACKEND_PID[1]}" 2>/dev/null || true
-            python3 - "$p" "$trial" "$res" >>"$FO" <<'PY'
+        for sig in KILL STOP; do
+            for p in keel nginx haproxy; do
+                start_proxy "$p" 1
+                wait_200 "$(port_of "$p")"
+                sleep 1.2   # let the health checks of a fresh start settle
+                res="$(taskset -c "$LOAD_CPUS" python3 "$HERE/failover.py" --signal "$sig" --port "$(port_of "$p")" \
+                    --kill-pid "${BACKEND_PID[1]}" --before "$FO_BEFORE" --after "$FO_AFTER")"
+                python3 - "$p" "$sig" "$trial" "$res" >>"$FO" <<'PY'
 import json, sys
-p, trial, res = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+p, sig, trial, res = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 keys = ["requests_before", "errors_before", "requests_after", "errors_after", "last_error_ms", "max_latency_after_ms", "p99_first_second_ms", "rps"]
-print("\t".join([p, trial] + [str(res[k]) for k in keys]))
+print("\t".join([p, sig, trial] + [str(res[k]) for k in keys]))
 PY
-            log "  $p trial $trial: $res"
-            stop_proxy "$p"
-            start_backend 1
+                log "  $p SIG$sig trial $trial: $res"
+                stop_proxy "$p"
+                if [ "$sig" = KILL ]; then
+                    wait "${BACKEND_PID[1]}" 2>/dev/null || true
+                    start_backend 1
+                fi
+            done
         done
     done
 fi
