@@ -108,6 +108,11 @@ impl Pick {
         self.endpoint.address()
     }
 
+    /// When it was picked, on the driver's clock (`PickContext::now`).
+    pub fn picked_at(&self) -> Duration {
+        Duration::from_nanos(self.picked_at)
+    }
+
     /// Its identity (put it in [`PickContext::avoid`] for a retry).
     pub fn id(&self) -> EndpointId {
         self.endpoint.id()
@@ -389,8 +394,9 @@ impl Balancer {
     }
 
     /// Records the outcome of a picked call that ended at `now` (its latency is `now` minus the
-    /// pick's time): in-flight counts, latency estimates, outlier detection.
-    pub fn finish(&self, mut pick: Pick, outcome: Outcome, now: Duration) {
+    /// pick's time): in-flight counts, latency estimates, outlier detection. Returns true when
+    /// this outcome ejected the endpoint.
+    pub fn finish(&self, mut pick: Pick, outcome: Outcome, now: Duration) -> bool {
         pick.release();
         let now = nanos(now);
         let e = &*pick.endpoint;
@@ -416,9 +422,11 @@ impl Balancer {
                     e.ejected_until.store(until, Ordering::Relaxed);
                     snap.health.unavailable.fetch_add(1, Ordering::Relaxed);
                     snap.health.recount_at.fetch_min(until, Ordering::Relaxed);
+                    return true;
                 }
             }
         }
+        false
     }
 
     /// Sets an endpoint's active-health-check verdict. Back to healthy starts its slow start.
@@ -462,6 +470,7 @@ impl Balancer {
                     healthy: e.is_healthy(),
                     ejected_until: e.ejected_until(now),
                     ejections: e.outlier.lock().map(|s| s.ejections).unwrap_or(0),
+                    ejections_total: e.outlier.lock().map(|s| s.ejections_total).unwrap_or(0),
                     in_flight: e.in_flight(),
                     latency_estimate: e.latency_estimate(),
                     successes,

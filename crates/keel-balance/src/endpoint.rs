@@ -178,6 +178,8 @@ pub struct EndpointStatus {
     pub ejected_until: Option<Duration>,
     /// Times ejected in a row (the ejection-time multiplier).
     pub ejections: u32,
+    /// Times ejected since the endpoint was added.
+    pub ejections_total: u64,
     /// Calls in flight.
     pub in_flight: u32,
     /// The strategy's latency estimate, if any.

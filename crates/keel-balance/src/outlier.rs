@@ -121,6 +121,8 @@ pub(crate) struct OutlierState {
     window_failures: u32,
     /// Ejections in a row: the ejection-time multiplier.
     pub(crate) ejections: u32,
+    /// Ejections since the endpoint was created.
+    pub(crate) ejections_total: u64,
     /// When the last ejection ended (or will end).
     last_ejection_end: u64,
 }
@@ -161,6 +163,7 @@ impl OutlierState {
                 .saturating_sub(healthy_intervals.min(u32::MAX as u64) as u32);
         }
         self.ejections = self.ejections.saturating_add(1);
+        self.ejections_total += 1;
         let base = crate::endpoint::nanos(cfg.base_ejection_time);
         let max = crate::endpoint::nanos(cfg.max_ejection_time);
         let duration = base.saturating_mul(self.ejections as u64).min(max);

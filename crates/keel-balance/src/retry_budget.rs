@@ -2,7 +2,7 @@
 //! sliding window, plus a small floor rate so that a quiet service can still retry. This is what
 //! keeps retries from multiplying the load on a cluster that is already failing (a retry storm).
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -56,20 +56,23 @@ impl RetryBudgetConfig {
 
 const BUCKETS: usize = 10;
 
-#[derive(Debug, Default, Clone, Copy)]
+/// One tenth of the window: the requests and retries counted in it, and which tenth it is.
+#[derive(Debug, Default)]
 struct Bucket {
-    epoch: u64,
-    requests: u64,
-    retries: u64,
+    epoch: AtomicU64,
+    requests: AtomicU64,
+    retries: AtomicU64,
 }
 
 /// Counts requests and retries in a sliding window of ten buckets and says whether one more
-/// retry fits. One short lock per call: the counts must move together.
+/// retry fits. Lock-free: every request of a cluster passes here, so it must not serialise
+/// them. Under a race two threads may both take the last retry of the budget, and a count
+/// made at the instant its bucket is recycled may be lost; both are off by one at most.
 #[derive(Debug)]
 pub struct RetryBudget {
     config: RetryBudgetConfig,
     bucket_ns: u64,
-    buckets: Mutex<[Bucket; BUCKETS]>,
+    buckets: [Bucket; BUCKETS],
 }
 
 impl RetryBudget {
@@ -79,7 +82,7 @@ impl RetryBudget {
         Self {
             config,
             bucket_ns,
-            buckets: Mutex::new([Bucket::default(); BUCKETS]),
+            buckets: Default::default(),
         }
     }
 
@@ -88,62 +91,69 @@ impl RetryBudget {
         &self.config
     }
 
-    fn with_current<R>(
-        &self,
-        now: Duration,
-        f: impl FnOnce(&mut [Bucket; BUCKETS], usize) -> R,
-    ) -> R {
-        let epoch = nanos(now) / self.bucket_ns + 1;
-        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
-        let i = (epoch % BUCKETS as u64) as usize;
-        if buckets[i].epoch != epoch {
-            buckets[i] = Bucket {
-                epoch,
-                requests: 0,
-                retries: 0,
-            };
+    fn epoch(&self, now: Duration) -> u64 {
+        nanos(now) / self.bucket_ns + 1
+    }
+
+    /// The bucket of `epoch`, recycled if it still holds an older tenth.
+    fn current(&self, epoch: u64) -> &Bucket {
+        let b = &self.buckets[(epoch % BUCKETS as u64) as usize];
+        let seen = b.epoch.load(Ordering::Acquire);
+        if seen < epoch
+            && b.epoch
+                .compare_exchange(seen, epoch, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            b.requests.store(0, Ordering::Relaxed);
+            b.retries.store(0, Ordering::Relaxed);
         }
-        // Buckets older than the window no longer count.
-        for b in buckets.iter_mut() {
-            if b.epoch + (BUCKETS as u64) <= epoch {
-                *b = Bucket::default();
-            }
-        }
-        f(&mut buckets, i)
+        b
+    }
+
+    /// (requests, retries) in the buckets of the window ending at `epoch`.
+    fn window(&self, epoch: u64) -> (u64, u64) {
+        self.buckets
+            .iter()
+            .filter(|b| {
+                let e = b.epoch.load(Ordering::Acquire);
+                e <= epoch && e + (BUCKETS as u64) > epoch
+            })
+            .fold((0, 0), |(q, r), b| {
+                (
+                    q + b.requests.load(Ordering::Relaxed),
+                    r + b.retries.load(Ordering::Relaxed),
+                )
+            })
     }
 
     /// Counts one original request (not a retry).
     pub fn record_request(&self, now: Duration) {
-        self.with_current(now, |b, i| b[i].requests += 1);
+        self.current(self.epoch(now))
+            .requests
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// Asks for one retry: true (and counted) while retries in the window stay within
     /// `budget_percent` of the requests plus `min_retries_per_second` x window.
     pub fn try_retry(&self, now: Duration) -> bool {
-        let window_s = self.config.window.as_secs_f64();
-        let pct = self.config.budget_percent;
-        let floor = self.config.min_retries_per_second * window_s;
-        self.with_current(now, |b, i| {
-            let requests: u64 = b.iter().map(|x| x.requests).sum();
-            let retries: u64 = b.iter().map(|x| x.retries).sum();
-            let allowed = (requests as f64 * pct / 100.0 + floor).floor();
-            if (retries as f64) < allowed {
-                b[i].retries += 1;
-                true
-            } else {
-                false
-            }
-        })
+        let epoch = self.epoch(now);
+        let bucket = self.current(epoch);
+        let (requests, retries) = self.window(epoch);
+        let floor = self.config.min_retries_per_second * self.config.window.as_secs_f64();
+        let allowed = (requests as f64 * self.config.budget_percent / 100.0 + floor).floor();
+        if (retries as f64) < allowed {
+            bucket.retries.fetch_add(1, Ordering::Relaxed);
+            true
+        } else {
+            false
+        }
     }
 
     /// (requests, retries) counted in the current window.
     pub fn counts(&self, now: Duration) -> (u64, u64) {
-        self.with_current(now, |b, _| {
-            (
-                b.iter().map(|x| x.requests).sum(),
-                b.iter().map(|x| x.retries).sum(),
-            )
-        })
+        let epoch = self.epoch(now);
+        self.current(epoch);
+        self.window(epoch)
     }
 }
 
@@ -178,6 +188,21 @@ mod tests {
         });
         let granted = (0..100).filter(|_| b.try_retry(ms(5))).count();
         assert_eq!(granted, 10, "1/s over a 10 s window");
+    }
+
+    #[test]
+    fn concurrent_requests_are_all_counted() {
+        let b = RetryBudget::new(RetryBudgetConfig::default());
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..10_000 {
+                        b.record_request(ms(1_500));
+                    }
+                });
+            }
+        });
+        assert_eq!(b.counts(ms(1_500)), (40_000, 0));
     }
 
     #[test]

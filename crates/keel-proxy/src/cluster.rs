@@ -170,22 +170,15 @@ impl Cluster {
                 e.metrics.errors[k as usize].fetch_add(1, Relaxed);
             }
         }
-        if outcome == Outcome::Failure && self.config.outlier_detection.is_some() {
-            let endpoint = pick.endpoint().clone();
-            let was_out = endpoint.ejected_until(now).is_some();
-            self.balancer.finish(pick, outcome, now);
-            if !was_out && endpoint.ejected_until(now).is_some() {
-                if let Some(e) = entry {
-                    e.metrics.ejections.fetch_add(1, Relaxed);
-                }
+        if self.balancer.finish(pick, outcome, now) {
+            if let Some(e) = entry {
+                e.metrics.ejections.fetch_add(1, Relaxed);
                 tracing::warn!(
                     cluster = %self.config.name,
-                    endpoint = endpoint.address(),
+                    endpoint = %e.authority,
                     "endpoint ejected by outlier detection"
                 );
             }
-        } else {
-            self.balancer.finish(pick, outcome, now);
         }
     }
 
