@@ -35,6 +35,16 @@ pub enum BuildError {
     /// A weight of zero.
     #[error("endpoint `{0}` has weight 0; weights start at 1")]
     ZeroWeight(String),
+    /// More endpoints than the strategy supports (ring-hash: 2^20).
+    #[error("{strategy} supports at most {max} endpoints, got {count}")]
+    TooManyEndpoints {
+        /// The strategy.
+        strategy: crate::StrategyKind,
+        /// Its limit.
+        max: usize,
+        /// Endpoints given.
+        count: usize,
+    },
     /// More endpoints than a Maglev table of this size can hold.
     #[error("maglev table_size {size} must be larger than the endpoint count {count}")]
     TableTooSmall {
@@ -258,7 +268,10 @@ impl Balancer {
         specs: &[EndpointSpec],
         ramp_from: u64,
     ) -> Result<Vec<Arc<Endpoint>>, BuildError> {
-        let mut seen = std::collections::HashSet::new();
+        // Indexed by address so that an update of n endpoints is O(n), not O(n^2).
+        let old: std::collections::HashMap<&str, &Arc<Endpoint>> =
+            old.iter().map(|e| (e.address(), e)).collect();
+        let mut seen = std::collections::HashSet::with_capacity(specs.len());
         specs
             .iter()
             .map(|s| {
@@ -268,10 +281,10 @@ impl Balancer {
                 if s.weight == 0 {
                     return Err(BuildError::ZeroWeight(s.address.clone()));
                 }
-                Ok(match old.iter().find(|e| e.address() == s.address) {
+                Ok(match old.get(s.address.as_str()) {
                     Some(e) => {
                         e.weight.store(s.weight, Ordering::Relaxed);
-                        e.clone()
+                        Arc::clone(e)
                     }
                     None => Arc::new(Endpoint::new(s, ramp_from)),
                 })
@@ -288,6 +301,15 @@ impl Balancer {
         {
             return Err(BuildError::TableTooSmall {
                 size: config.options.table_size,
+                count: endpoints.len(),
+            });
+        }
+        if config.strategy == crate::StrategyKind::RingHash
+            && endpoints.len() > crate::hash::RING_MAX_ENDPOINTS
+        {
+            return Err(BuildError::TooManyEndpoints {
+                strategy: config.strategy,
+                max: crate::hash::RING_MAX_ENDPOINTS,
                 count: endpoints.len(),
             });
         }
@@ -405,6 +427,15 @@ impl Balancer {
             e.failures.fetch_add(1, Ordering::Relaxed);
         } else {
             e.successes.fetch_add(1, Ordering::Relaxed);
+        }
+        // Only latency-aware strategies and outlier detection need the snapshot: plain
+        // strategies skip its load.
+        let latency_aware = matches!(
+            self.config.strategy,
+            crate::StrategyKind::LeastTime | crate::StrategyKind::PeakEwma
+        );
+        if !latency_aware && self.config.outlier_detection.is_none() {
+            return false;
         }
         let snap = self.snapshot.load();
         snap.strategy

@@ -30,11 +30,19 @@ pub fn is_prime(n: u64) -> bool {
     true
 }
 
+/// Low bits of a ring point that hold the endpoint's index (so at most 2^20 endpoints).
+const RING_INDEX_BITS: u32 = 20;
+const RING_INDEX_MASK: u64 = (1 << RING_INDEX_BITS) - 1;
+/// Most endpoints a ring can index.
+pub(crate) const RING_MAX_ENDPOINTS: usize = 1 << RING_INDEX_BITS;
+
 /// A ring of virtual nodes: each endpoint owns `vnodes x weight / mean weight` points (at least
-/// one); a key belongs to the first point clockwise from its hash.
+/// one); a key belongs to the first point clockwise from its hash. A point is one `u64`: the
+/// top 44 bits of its hash with the endpoint's index below, so that the ring sorts and scans as
+/// plain integers (half the memory of (hash, index) pairs, and a faster build).
 #[derive(Debug)]
 pub(crate) struct Ring {
-    points: Vec<(u64, u32)>,
+    points: Vec<u64>,
 }
 
 impl Ring {
@@ -45,7 +53,8 @@ impl Ring {
         for (i, (address, weight)) in endpoints.iter().enumerate() {
             let count = ((vnodes as f64 * *weight as f64 / mean).round() as u64).max(1);
             for v in 0..count {
-                points.push((xxh3_64_with_seed(address.as_bytes(), v), i as u32));
+                let hash = xxh3_64_with_seed(address.as_bytes(), v);
+                points.push((hash & !RING_INDEX_MASK) | i as u64);
             }
         }
         points.sort_unstable();
@@ -68,11 +77,11 @@ impl Ring {
         if len == 0 {
             return None;
         }
-        let start = self.points.partition_point(|p| p.0 < key) % len;
+        let start = self.points.partition_point(|&p| p < key) % len;
         // Fast path: the owner or one of its next few neighbours.
         let quick = len.min(32);
         for step in 0..quick {
-            let i = self.points[(start + step) % len].1 as usize;
+            let i = (self.points[(start + step) % len] & RING_INDEX_MASK) as usize;
             if accept(i) {
                 return Some(i);
             }
@@ -81,7 +90,7 @@ impl Ring {
         let mut refused = vec![false; n];
         let mut left = n;
         for step in 0..len {
-            let i = self.points[(start + step) % len].1 as usize;
+            let i = (self.points[(start + step) % len] & RING_INDEX_MASK) as usize;
             if refused[i] {
                 continue;
             }

@@ -271,7 +271,7 @@ impl Strategy {
         match self {
             Strategy::RoundRobin { next } => {
                 let start = next.fetch_add(1, Ordering::Relaxed) % n;
-                (0..n).map(|j| (start + j) % n).find(|&i| v.allowed(i))
+                (start..n).chain(0..start).find(|&i| v.allowed(i))
             }
             Strategy::WeightedRoundRobin { current } => {
                 let mut cur = current.lock().unwrap_or_else(|e| e.into_inner());
@@ -328,7 +328,7 @@ impl Strategy {
                 }
                 None
             }
-            Strategy::LeastConnections { tie } => v.min_by(*tie, |i| LoadKey(v, i)),
+            Strategy::LeastConnections { tie } => least_loaded(v, *tie),
             Strategy::LeastRequest { choices } => {
                 let mut best = v.random_allowed()?;
                 for _ in 1..*choices {
@@ -445,6 +445,42 @@ impl Strategy {
             _ => {}
         }
     }
+}
+
+/// Least-connections' scan: the smallest (in flight + 1) / weight, each endpoint's atomics read
+/// once, ties broken as told (reservoir sampling for random ties).
+fn least_loaded(v: &View<'_>, tie: TieBreak) -> Option<usize> {
+    let mut best: Option<(usize, u128, u128)> = None;
+    let mut ties = 0u64;
+    let mut bits = 0u64;
+    for i in 0..v.eps.len() {
+        if !v.allowed(i) {
+            continue;
+        }
+        let (load, weight) = (v.load(i) as u128, v.weight_milli(i) as u128);
+        let Some((_, best_load, best_weight)) = best else {
+            best = Some((i, load, weight));
+            ties = 1;
+            continue;
+        };
+        // load / weight < best_load / best_weight, without division.
+        let (mine, theirs) = (load * best_weight, best_load * weight);
+        if mine < theirs {
+            best = Some((i, load, weight));
+            ties = 1;
+        } else if mine == theirs && tie == TieBreak::Random {
+            ties += 1;
+            bits = if ties == 2 {
+                v.rng.next_u64()
+            } else {
+                mix64(bits)
+            };
+            if below(bits, ties as usize) == 0 {
+                best = Some((i, load, weight));
+            }
+        }
+    }
+    best.map(|b| b.0)
 }
 
 /// The peak-EWMA estimate decayed to `now` (read-only: an endpoint that gets no traffic slowly
