@@ -59,6 +59,12 @@ def main():
     p.add_argument("--after", type=float, default=6.0, help="seconds of load after the kill")
     p.add_argument("--timeout", type=float, default=3.0, help="client socket timeout, seconds")
     p.add_argument("--signal", choices=["KILL", "STOP"], default="KILL")
+    p.add_argument(
+        "--slow-ms",
+        type=float,
+        default=250.0,
+        help="a request slower than this after the kill counts as slowed by the failover",
+    )
     a = p.parse_args()
     sig = signal.SIGKILL if a.signal == "KILL" else signal.SIGSTOP
 
@@ -87,6 +93,7 @@ def main():
     before = [s for s in samples if s[0] < kill_at]
     after = [s for s in samples if s[0] >= kill_at]
     errors_after = [s for s in after if not s[1]]
+    slow_after = [s for s in after if s[2] * 1000.0 > a.slow_ms]
     lat_after = sorted(s[2] for s in after)
     first_second = sorted(s[2] for s in after if s[0] < kill_at + 1.0)
 
@@ -103,6 +110,13 @@ def main():
                 # Time from the kill to the END of the last failed request (0 = none failed).
                 "last_error_ms": round((errors_after[-1][0] - kill_at) * 1000.0, 1)
                 if errors_after
+                else 0.0,
+                # Requests slowed by the failover (e.g. waited for the per-try timeout on the
+                # hung backend before a retry), and when the last of them ended: roughly when
+                # the proxy stopped sending requests to the dead backend.
+                "slow_after": len(slow_after),
+                "last_slow_ms": round((slow_after[-1][0] - kill_at) * 1000.0, 1)
+                if slow_after
                 else 0.0,
                 "max_latency_after_ms": round(lat_after[-1] * 1000.0, 1) if lat_after else None,
                 "p99_first_second_ms": round(pct(first_second, 0.99), 2)

@@ -120,11 +120,11 @@ def report(raw_path, fo_path):
         print()
         print("### Failover: backend 2 of 4 dies (SIGKILL) or hangs (SIGSTOP) under load, 8 keep-alive clients")
         print()
-        print("| proxy | backend | trial | client req/s | errors after | last error after (ms) | max latency after (ms) | p99 in the first second (ms) |")
-        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print("| proxy | backend | trial | client req/s | errors after | last error after (ms) | requests > 250 ms after | last such request ended after (ms) | max latency after (ms) | p99 in the first second (ms) |")
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for r in sorted(fo, key=lambda r: (r["signal"], PROXIES.index(r["proxy"]), r["trial"])):
             print(
-                f"| {r['proxy']} | {'killed' if r['signal'] == 'KILL' else 'hung'} | {r['trial']} | {r['rps']} | {r['errors_after']} | {r['last_error_ms']} "
+                f"| {r['proxy']} | {'killed' if r['signal'] == 'KILL' else 'hung'} | {r['trial']} | {r['rps']} | {r['errors_after']} | {r['last_error_ms']} | {r['slow_after']} | {r['last_slow_ms']} "
                 f"| {r['max_latency_after_ms']} | {r['p99_first_second_ms']} |"
             )
 

@@ -5,9 +5,11 @@
 #   bench/proxy/run.sh [--quick] [--profile] [--no-failover]
 #
 # --quick        1 round of 3 s per point, 1 worker; under 2 minutes once keel is built.
-# --profile      also record a perf profile of keel under load (perf record -g, cpu-clock) and
-#                print the top of `perf report`.
+# --profile      also count syscalls and context switches per request of each proxy under load
+#                (perf stat), and record a perf profile of keel (cpu-clock, DWARF call graphs);
+#                reports go to $OUT/perf-*.txt.
 # --no-failover  skip the failover test.
+# --only-failover  only the failover test.
 #
 # Environment (all optional):
 #   KEEL_BIN          use this keel binary instead of building with `cargo build --release`
@@ -29,11 +31,13 @@ REPO="$(cd "$HERE/../.." && pwd)"
 QUICK=0
 PROFILE=0
 FAILOVER=1
+THROUGHPUT=1
 for arg in "$@"; do
     case "$arg" in
         --quick) QUICK=1 ;;
         --profile) PROFILE=1 ;;
         --no-failover) FAILOVER=0 ;;
+        --only-failover) THROUGHPUT=0 ;;
         -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
         *) echo "run.sh: unknown argument: $arg (try --help)" >&2; exit 2 ;;
     esac
@@ -319,6 +323,17 @@ cpu_ticks() { # total utime+stime of a process tree, in clock ticks
     echo "$t"
 }
 
+cpu_split() { # "utime stime" of a process tree, in clock ticks
+    local u=0 k=0 p f
+    for p in $(pids_of "$1"); do
+        f="$(cat "/proc/$p/stat" 2>/dev/null)" || continue
+        f="${f##*) }"
+        set -- $f
+        u=$((u + ${12})); k=$((k + ${13}))
+    done
+    echo "$u $k"
+}
+
 peak_rss_kb() { # sum of VmHWM over a process tree
     local t=0 p v
     for p in $(pids_of "$1"); do
@@ -354,6 +369,7 @@ for i in 0 1 2 3; do start_backend "$i"; done
 log "backends up on ports ${BACKEND_PORTS[*]}"
 
 TARGETS=(keel nginx haproxy direct)
+[ "$THROUGHPUT" = 1 ] || WORKERS=""
 for w in $WORKERS; do
     write_configs "$w"
     for p in keel nginx haproxy; do start_proxy "$p" "$w"; done
@@ -371,24 +387,48 @@ for w in $WORKERS; do
             done
         done
     done
-    if [ "$PROFILE" = 1 ] && [ "$w" = 1 ]; then
-        log "profiling keel for 10 s under wrk -c128 (perf record -g -e cpu-clock)"
-        taskset -c "$LOAD_CPUS" wrk -t1 -c128 -d14s "http://127.0.0.1:$KEEL_PORT/" >/dev/null &
+    if [ "$PROFILE" = 1 ]; then
+        # Syscalls and context switches per request: how many times each proxy enters the
+        # kernel and sleeps for one proxied request (the same wrk load on each, 5 s).
+        events="raw_syscalls:sys_enter,context-switches"
+        for sc in writev write sendto sendmsg recvfrom read readv epoll_wait epoll_ctl futex; do
+            events="$events,syscalls:sys_enter_$sc"
+        done
+        : >"$OUT/perf-syscalls-w$w.txt"
+        for p in keel nginx haproxy; do
+            pids="$(pids_of "${PROXY_PID[$p]}" | paste -sd, -)"
+            taskset -c "$LOAD_CPUS" wrk -t1 -c128 -d7s "http://127.0.0.1:$(port_of "$p")/" >"$OUT/perf-wrk-$p.txt" &
+            wrk_pid=$!
+            sleep 1
+            read -r u0 k0 < <(cpu_split "${PROXY_PID[$p]}")
+            perf stat -x, -e "$events" -p "$pids" -o "$OUT/perf-stat-$p.csv" -- sleep 5 2>/dev/null || true
+            read -r u1 k1 < <(cpu_split "${PROXY_PID[$p]}")
+            wait "$wrk_pid" || true
+            reqs="$(python3 -c 'import re,sys; print(re.search(r"Requests/sec:\s+([\d.]+)", open(sys.argv[1]).read()).group(1))' "$OUT/perf-wrk-$p.txt")"
+            awk -F, -v p="$p" -v rps="$reqs" '$1 ~ /^[0-9]+$/ { printf "%s\t%s\t%.2f\n", p, $3, $1 / (rps * 5) }' "$OUT/perf-stat-$p.csv" >>"$OUT/perf-syscalls-w$w.txt"
+            awk -v p="$p" -v rps="$reqs" -v hz="$CLK_TCK" -v u="$((u1 - u0))" -v k="$((k1 - k0))" \
+                'BEGIN { printf "%s\tuser_us_per_request\t%.2f\n%s\tsys_us_per_request\t%.2f\n%s\treq_per_s\t%.0f\n", p, u / hz * 1e6 / (rps * 5), p, k / hz * 1e6 / (rps * 5), p, rps }' >>"$OUT/perf-syscalls-w$w.txt"
+        done
+        log "profiling keel for 8 s under wrk -c128 (perf record --call-graph dwarf -e cpu-clock)"
+        taskset -c "$LOAD_CPUS" wrk -t1 -c128 -d11s "http://127.0.0.1:$KEEL_PORT/" >/dev/null &
         wrk_pid=$!
-        sleep 2
-        perf record -q -g -e cpu-clock -F 999 -p "${PROXY_PID[keel]}" -o "$OUT/perf.data" -- sleep 10 2>/dev/null || true
+        sleep 1
+        perf record -q --call-graph dwarf,16384 -e cpu-clock -F 999 -p "${PROXY_PID[keel]}" -o "$OUT/perf-w$w.data" -- sleep 8 2>/dev/null || true
         wait "$wrk_pid" || true
-        perf report -i "$OUT/perf.data" --stdio --no-children --percent-limit 1 2>/dev/null | grep -v '^$' | head -80 >"$OUT/perf-report.txt" || true
-        perf report -i "$OUT/perf.data" --stdio --no-children -g none --percent-limit 0.5 2>/dev/null | grep -v '^#' | grep -v '^$' | head -60 >"$OUT/perf-flat.txt" || true
-        echo "---- perf (self time, flat) ----" >&2
-        cat "$OUT/perf-flat.txt" >&2
+        # Inclusive ("children") and self time by function, the call graph folded by caller.
+        perf report -i "$OUT/perf-w$w.data" --stdio --children -g none --sort symbol --percent-limit 1.5 2>/dev/null | grep -v '^#' | grep -v '^$' >"$OUT/perf-children-w$w.txt" || true
+        perf report -i "$OUT/perf-w$w.data" --stdio --no-children -g none --sort dso,symbol --percent-limit 0.4 2>/dev/null | grep -v '^#' | grep -v '^$' >"$OUT/perf-flat-w$w.txt" || true
+        log "workers=$w: syscalls, context switches and CPU per request (approximate: wrk's req/s x 5 s):"
+        grep -v ':sys_enter_.*\s0\.00$' "$OUT/perf-syscalls-w$w.txt" | column -t >&2
+        log "keel, self time (top 25; the rest in $OUT/perf-flat-w$w.txt):"
+        head -25 "$OUT/perf-flat-w$w.txt" | cut -c1-150 >&2
     fi
     for p in keel nginx haproxy; do stop_proxy "$p"; done
 done
 
 # ---------------------------------------------------------------- failover
 FO="$OUT/failover.tsv"
-printf 'proxy\tsignal\ttrial\trequests_before\terrors_before\trequests_after\terrors_after\tlast_error_ms\tmax_latency_after_ms\tp99_first_second_ms\trps\n' >"$FO"
+printf 'proxy\tsignal\ttrial\trequests_before\terrors_before\trequests_after\terrors_after\tlast_error_ms\tslow_after\tlast_slow_ms\tmax_latency_after_ms\tp99_first_second_ms\trps\n' >"$FO"
 if [ "$FAILOVER" = 1 ]; then
     write_configs 1
     log "failover: 8 client threads; backend 2 gets SIGKILL (dies) or SIGSTOP (hangs) after ${FO_BEFORE}s, then ${FO_AFTER}s more; ${FAILOVER_TRIALS} trial(s) per proxy and signal"
@@ -403,7 +443,7 @@ if [ "$FAILOVER" = 1 ]; then
                 python3 - "$p" "$sig" "$trial" "$res" >>"$FO" <<'PY'
 import json, sys
 p, sig, trial, res = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
-keys = ["requests_before", "errors_before", "requests_after", "errors_after", "last_error_ms", "max_latency_after_ms", "p99_first_second_ms", "rps"]
+keys = ["requests_before", "errors_before", "requests_after", "errors_after", "last_error_ms", "slow_after", "last_slow_ms", "max_latency_after_ms", "p99_first_second_ms", "rps"]
 print("\t".join([p, sig, trial] + [str(res[k]) for k in keys]))
 PY
                 log "  $p SIG$sig trial $trial: $res"
