@@ -270,8 +270,16 @@ impl Strategy {
         }
         match self {
             Strategy::RoundRobin { next } => {
-                let start = next.fetch_add(1, Ordering::Relaxed) % n;
-                (start..n).chain(0..start).find(|&i| v.allowed(i))
+                // An unavailable endpoint's turn goes to the next value of the counter, not to
+                // its neighbour in the list, so that the others keep equal shares (walking to
+                // the neighbour would give it a double share).
+                for _ in 0..n {
+                    let i = next.fetch_add(1, Ordering::Relaxed) % n;
+                    if v.allowed(i) {
+                        return Some(i);
+                    }
+                }
+                None
             }
             Strategy::WeightedRoundRobin { current } => {
                 let mut cur = current.lock().unwrap_or_else(|e| e.into_inner());

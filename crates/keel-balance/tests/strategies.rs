@@ -64,6 +64,14 @@ fn round_robin_visits_each_in_turn() {
 }
 
 #[test]
+fn round_robin_shares_evenly_around_an_unavailable_endpoint() {
+    let b = lb(StrategyKind::RoundRobin, &specs(5));
+    b.set_healthy(b.endpoints()[4].id(), false, T0);
+    let counts = shares(&b, 4_000);
+    assert_eq!(counts, [1_000, 1_000, 1_000, 1_000, 0]);
+}
+
+#[test]
 fn weighted_shares_follow_weights() {
     let n = 70_000;
     for kind in [
