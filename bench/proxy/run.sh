@@ -90,6 +90,14 @@ if [ -z "${KEEL_BIN:-}" ]; then
 fi
 [ -x "$KEEL_BIN" ] || { echo "run.sh: no keel binary at $KEEL_BIN" >&2; exit 1; }
 
+# Refuse to run beside another run (or anything else) on our ports: results would mix.
+for port in "${BACKEND_PORTS[@]}" "$KEEL_PORT" "$NGINX_PORT" "$HAPROXY_PORT"; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+        echo "run.sh: 127.0.0.1:$port is already in use (another benchmark run?); stop it first" >&2
+        exit 1
+    fi
+done
+
 # ---------------------------------------------------------------- process bookkeeping
 WORK="$(mktemp -d /tmp/keel-proxy-bench.XXXXXX)"
 mkdir -p "$OUT"
