@@ -11,7 +11,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::header::{self, HeaderValue};
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -156,7 +156,46 @@ fn reload_from_file(shared: &Shared) -> Response<Full<Bytes>> {
     }
 }
 
+/// Compares in time that depends only on the lengths, not on where the bytes differ, so that
+/// a client cannot find the token byte by byte from response times.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u64;
+    for (i, x) in a.iter().enumerate() {
+        diff |= u64::from(x ^ b.get(i).copied().unwrap_or(!x));
+    }
+    diff == 0
+}
+
+/// True if the request carries `Authorization: Bearer TOKEN` with the configured token.
+fn authorized(token: &str, req: &Request<Incoming>) -> bool {
+    let Some(v) = req.headers().get(header::AUTHORIZATION) else {
+        return false;
+    };
+    let v = v.as_bytes();
+    let presented = match v.get(..7) {
+        Some(p) if p.eq_ignore_ascii_case(b"bearer ") => &v[7..],
+        _ => return false,
+    };
+    constant_time_eq(token.as_bytes(), presented)
+}
+
 fn route(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    let config = shared.config.load();
+    if let Some(token) = config.admin.as_ref().and_then(|a| a.token.as_deref()) {
+        if !authorized(token, req) {
+            let mut r = reply(
+                StatusCode::UNAUTHORIZED,
+                "text/plain; charset=utf-8",
+                "401 Unauthorized: send Authorization: Bearer TOKEN with the token of [admin]\n",
+            );
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"keel admin\""),
+            );
+            return r;
+        }
+    }
+    drop(config);
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/metrics") => reply(
             StatusCode::OK,
@@ -170,11 +209,16 @@ fn route(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
         ),
         (&Method::GET, "/") => reply(StatusCode::OK, "text/html; charset=utf-8", PAGE),
         (&Method::POST, "/reload") => reload_from_file(shared),
-        (_, "/reload") => reply(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "text/plain; charset=utf-8",
-            "use POST /reload\n",
-        ),
+        (_, "/reload") => {
+            let mut r = reply(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "text/plain; charset=utf-8",
+                "use POST /reload\n",
+            );
+            r.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("POST"));
+            r
+        }
         _ => reply(
             StatusCode::NOT_FOUND,
             "text/plain; charset=utf-8",
@@ -205,7 +249,12 @@ pub(crate) async fn serve(
                         let r = route(&shared, &req);
                         async move { Ok::<_, Infallible>(r) }
                     });
+                    // Bounded like the listeners: a client that never finishes its headers is
+                    // closed, oversized headers get 431.
                     let _ = hyper::server::conn::http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(Duration::from_secs(10))
+                        .max_buf_size(crate::config::MIN_HEADER_BYTES * 2)
                         .serve_connection(TokioIo::new(stream), svc)
                         .await;
                 });
@@ -260,3 +309,17 @@ setInterval(refresh, 1000);
 <noscript><meta http-equiv="refresh" content="2;url=/status"></noscript>
 </body></html>
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn constant_time_eq_compares_whole_values() {
+        assert!(constant_time_eq(b"secret-token-123", b"secret-token-123"));
+        assert!(!constant_time_eq(b"secret-token-123", b"secret-token-124"));
+        assert!(!constant_time_eq(b"secret-token-123", b"secret-token-12"));
+        assert!(!constant_time_eq(b"secret-token-123", b"secret-token-1234"));
+        assert!(!constant_time_eq(b"secret-token-123", b""));
+    }
+}

@@ -4,7 +4,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -25,15 +25,47 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub struct SharedBody {
     slot: Mutex<Option<Incoming>>,
     sent: AtomicBool,
+    /// Bytes handed upstream so far (counted against `limit`).
+    received: AtomicU64,
+    /// Largest body accepted (`u64::MAX`: no limit).
+    limit: u64,
+    /// A [`ClientBodyFault`] as u8 (0: none).
+    fault: AtomicU8,
+}
+
+/// Why the client's body could not be forwarded: the client's fault, not the endpoint's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientBodyFault {
+    /// The body was malformed (invalid chunked encoding) or cut short by the client.
+    Invalid = 1,
+    /// The body passed the listener's `max_request_body_bytes`.
+    TooLarge = 2,
 }
 
 impl SharedBody {
-    /// Wraps a client body.
-    pub fn new(body: Incoming) -> Arc<Self> {
+    /// Wraps a client body; `limit` is the most bytes it may carry (`u64::MAX`: no limit).
+    pub fn new(body: Incoming, limit: u64) -> Arc<Self> {
         Arc::new(Self {
             slot: Mutex::new(Some(body)),
             sent: AtomicBool::new(false),
+            received: AtomicU64::new(0),
+            limit,
+            fault: AtomicU8::new(0),
         })
+    }
+
+    /// Set once reading the client's body failed by the client's doing.
+    pub fn fault(&self) -> Option<ClientBodyFault> {
+        match self.fault.load(Ordering::Acquire) {
+            1 => Some(ClientBodyFault::Invalid),
+            2 => Some(ClientBodyFault::TooLarge),
+            _ => None,
+        }
+    }
+
+    /// The limit in force (`u64::MAX`: none).
+    pub fn limit(&self) -> u64 {
+        self.limit
     }
 
     /// True once a data byte has been handed upstream.
@@ -73,13 +105,32 @@ impl Body for UpstreamBody {
                 };
                 match Pin::new(body).poll_frame(cx) {
                     Poll::Ready(Some(Ok(frame))) => {
-                        if frame.data_ref().is_some_and(|d| !d.is_empty()) {
-                            shared.sent.store(true, Ordering::Release);
+                        if let Some(d) = frame.data_ref() {
+                            if !d.is_empty() {
+                                shared.sent.store(true, Ordering::Release);
+                                let total =
+                                    shared.received.fetch_add(d.len() as u64, Ordering::Relaxed)
+                                        + d.len() as u64;
+                                if total > shared.limit {
+                                    shared
+                                        .fault
+                                        .store(ClientBodyFault::TooLarge as u8, Ordering::Release);
+                                    // Cuts the upstream request: its body never arrives whole.
+                                    return Poll::Ready(Some(Err(format!(
+                                        "request body larger than {} bytes",
+                                        shared.limit
+                                    )
+                                    .into())));
+                                }
+                            }
                         }
                         Poll::Ready(Some(Ok(frame)))
                     }
                     Poll::Ready(Some(Err(e))) => {
                         shared.sent.store(true, Ordering::Release);
+                        shared
+                            .fault
+                            .store(ClientBodyFault::Invalid as u8, Ordering::Release);
                         Poll::Ready(Some(Err(e.into())))
                     }
                     Poll::Ready(None) => Poll::Ready(None),
@@ -114,24 +165,109 @@ impl Body for UpstreamBody {
 }
 
 /// Counts a client request while it is served and records its latency when its response is
-/// done (sent, or dropped because the client went away).
+/// done (sent, or dropped because the client went away); also marks the client connection
+/// busy meanwhile (for its idle timeout).
 pub struct DownstreamGuard {
     metrics: Arc<ClusterMetrics>,
     start: Instant,
+    conn: Option<Arc<ConnActivity>>,
 }
 
 impl DownstreamGuard {
     /// Starts counting.
     pub fn new(metrics: Arc<ClusterMetrics>, start: Instant) -> Self {
         metrics.in_flight.fetch_add(1, Ordering::Relaxed);
-        Self { metrics, start }
+        Self {
+            metrics,
+            start,
+            conn: None,
+        }
+    }
+
+    /// Starts counting unless the cluster already serves `max_in_flight` requests (the
+    /// circuit breaker): then nothing is counted and `None` is returned. The in-flight gauge
+    /// is the counter, so the check costs no extra atomic operation.
+    pub fn try_new(
+        metrics: &Arc<ClusterMetrics>,
+        start: Instant,
+        max_in_flight: usize,
+        conn: Option<&Arc<ConnActivity>>,
+    ) -> Option<Self> {
+        let before = metrics.in_flight.fetch_add(1, Ordering::Relaxed);
+        if before >= max_in_flight as i64 {
+            metrics.in_flight.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        let conn = conn.map(|c| {
+            c.active.fetch_add(1, Ordering::Relaxed);
+            c.clone()
+        });
+        Some(Self {
+            metrics: metrics.clone(),
+            start,
+            conn,
+        })
     }
 }
 
 impl Drop for DownstreamGuard {
     fn drop(&mut self) {
         self.metrics.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.metrics.latency.observe(self.start.elapsed());
+        let now = Instant::now();
+        self.metrics.latency.observe(now - self.start);
+        if let Some(c) = &self.conn {
+            c.last_end_nanos.store(
+                now.saturating_duration_since(c.base).as_nanos() as u64,
+                Ordering::Relaxed,
+            );
+            c.active.fetch_sub(1, Ordering::Release);
+        }
+    }
+}
+
+/// A client connection's activity: requests being served and when the last one ended, read
+/// by the connection's idle timer.
+#[derive(Debug)]
+pub struct ConnActivity {
+    /// When the connection was accepted.
+    pub base: Instant,
+    /// Requests whose response is not finished.
+    pub active: std::sync::atomic::AtomicU32,
+    /// When the last response finished, in nanoseconds since `base` (0: none yet).
+    pub last_end_nanos: AtomicU64,
+}
+
+impl ConnActivity {
+    /// A connection accepted now.
+    pub fn new() -> Self {
+        Self {
+            base: Instant::now(),
+            active: std::sync::atomic::AtomicU32::new(0),
+            last_end_nanos: AtomicU64::new(0),
+        }
+    }
+
+    /// Resolves once the connection has had no request in flight for `idle`.
+    pub async fn idle_for(&self, idle: std::time::Duration) {
+        loop {
+            let last = self.last_end_nanos.load(Ordering::Relaxed);
+            let deadline = self.base + std::time::Duration::from_nanos(last) + idle;
+            tokio::time::sleep_until(deadline.into()).await;
+            if self.active.load(Ordering::Acquire) > 0 {
+                // Busy: look again one idle period later.
+                tokio::time::sleep(idle).await;
+                continue;
+            }
+            if self.last_end_nanos.load(Ordering::Relaxed) == last {
+                return;
+            }
+        }
+    }
+}
+
+impl Default for ConnActivity {
+    fn default() -> Self {
+        Self::new()
     }
 }
 

@@ -44,13 +44,27 @@ fn default_drain_timeout() -> Duration {
 }
 
 /// `[admin]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
     /// Address of the admin listener. Default `127.0.0.1:9901` (loopback: the admin listener
     /// can reload the configuration, so it should not face the network).
     #[serde(default = "default_admin_listen")]
     pub listen: SocketAddr,
+    /// Bearer token every admin request must carry (`Authorization: Bearer TOKEN`). Required
+    /// when `listen` is not a loopback address; optional (but then enforced) on loopback.
+    #[serde(default)]
+    pub token: Option<String>,
+}
+
+impl fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print the token (configurations are logged and shown in errors).
+        f.debug_struct("AdminConfig")
+            .field("listen", &self.listen)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 fn default_admin_listen() -> SocketAddr {
@@ -65,6 +79,58 @@ pub struct ListenerConfig {
     pub listen: SocketAddr,
     /// Name of the cluster that serves this listener's requests.
     pub cluster: String,
+    /// Most client connections open at once; further clients wait in the kernel's accept
+    /// queue until one closes. Default 10000.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Most bytes of a request's line and headers (HTTP/1.1; the header list for HTTP/2);
+    /// beyond it the answer is `431`. At least 8192 (hyper's smallest read buffer). Default
+    /// 65536.
+    #[serde(default = "default_max_header_bytes")]
+    pub max_header_bytes: usize,
+    /// Most header lines in an HTTP/1.1 request; beyond it the answer is `431`. Default 100.
+    #[serde(default = "default_max_headers")]
+    pub max_headers: usize,
+    /// Time allowed to receive a request's headers, counted from the moment the connection
+    /// waits for a request; then the connection is closed. HTTP/1.1 only. Default 10 s.
+    #[serde(default = "default_header_read_timeout", with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// A connection with no request in flight for this long is closed. Default 60 s.
+    #[serde(default = "default_idle_timeout", with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Largest request body accepted, in bytes; larger ones get `413` (at once when
+    /// `Content-Length` says so, else when the streamed body passes the limit). Unset: no
+    /// limit.
+    #[serde(default)]
+    pub max_request_body_bytes: Option<u64>,
+}
+
+fn default_max_connections() -> usize {
+    10_000
+}
+fn default_max_header_bytes() -> usize {
+    65536
+}
+fn default_max_headers() -> usize {
+    100
+}
+fn default_header_read_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_idle_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+
+/// hyper's smallest HTTP/1 read buffer, hence the smallest `max_header_bytes`.
+pub const MIN_HEADER_BYTES: usize = 8192;
+
+impl ListenerConfig {
+    /// True if everything but the routed cluster is the same (what a reload may not change).
+    pub fn same_socket_settings(&self, other: &ListenerConfig) -> bool {
+        let mut a = self.clone();
+        a.cluster.clone_from(&other.cluster);
+        a == *other
+    }
 }
 
 /// `[[cluster]]`: a set of endpoints, its balancer and how requests to it are made.
@@ -138,6 +204,10 @@ pub struct ClusterConfig {
     /// Most idle keep-alive connections kept per endpoint. Default 256.
     #[serde(default = "default_pool_max_idle")]
     pub pool_max_idle_per_endpoint: usize,
+    /// Circuit breaker: most client requests served at once by this cluster; beyond it the
+    /// proxy answers `503` at once, without trying an endpoint. Default 10000.
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
     /// Retries (`[cluster.retry]`).
     #[serde(default)]
     pub retry: RetryConfig,
@@ -184,6 +254,9 @@ fn default_pool_idle_timeout() -> Duration {
 }
 fn default_pool_max_idle() -> usize {
     256
+}
+fn default_max_in_flight() -> usize {
+    10_000
 }
 
 /// Most retries a request may make (keeps the per-request list of tried endpoints inline).
@@ -489,8 +562,57 @@ impl ProxyConfig {
         if self.clusters.is_empty() {
             return Err((vec![], "at least one [[cluster]] is required".into()));
         }
+        if let Some(a) = &self.admin {
+            match &a.token {
+                None if !a.listen.ip().is_loopback() => {
+                    return Err((
+                        vec![K("admin"), K("token")],
+                        format!(
+                            "the admin listener {} is not on loopback: set `token` in [admin] (every admin request must then carry `Authorization: Bearer TOKEN`), or listen on 127.0.0.1",
+                            a.listen
+                        ),
+                    ));
+                }
+                Some(t)
+                    if t.len() < 16 || t.chars().any(|c| c.is_whitespace() || c.is_control()) =>
+                {
+                    return Err((
+                        vec![K("admin"), K("token")],
+                        "must be at least 16 characters, without spaces or control characters"
+                            .into(),
+                    ));
+                }
+                _ => {}
+            }
+        }
         let names: Vec<&str> = self.clusters.iter().map(|c| c.name.as_str()).collect();
         for (i, l) in self.listeners.iter().enumerate() {
+            let at = |key: &'static str| vec![K("listener"), I(i), K(key)];
+            if l.max_connections == 0 {
+                return Err((at("max_connections"), "must be at least 1".into()));
+            }
+            if l.max_header_bytes < MIN_HEADER_BYTES || l.max_header_bytes > u32::MAX as usize {
+                return Err((
+                    at("max_header_bytes"),
+                    format!(
+                        "must be within {MIN_HEADER_BYTES}..={}, got {}",
+                        u32::MAX,
+                        l.max_header_bytes
+                    ),
+                ));
+            }
+            if l.max_headers == 0 {
+                return Err((at("max_headers"), "must be at least 1".into()));
+            }
+            if l.header_read_timeout.is_zero() {
+                return Err((
+                    at("header_read_timeout"),
+                    "must be greater than zero".into(),
+                ));
+            }
+            if l.idle_timeout.is_zero() {
+                return Err((at("idle_timeout"), "must be greater than zero".into()));
+            }
             if !names.contains(&l.cluster.as_str()) {
                 return Err((
                     vec![K("listener"), I(i), K("cluster")],
@@ -540,6 +662,9 @@ impl ProxyConfig {
             }
             if c.request_timeout.is_zero() {
                 return Err((at("request_timeout"), "must be greater than zero".into()));
+            }
+            if c.max_in_flight == 0 {
+                return Err((at("max_in_flight"), "must be at least 1".into()));
             }
             if c.hash_on.is_some() && !c.strategy.is_hash() {
                 return Err((

@@ -14,7 +14,9 @@ use hyper::http::uri::{PathAndQuery, Scheme};
 use hyper::{Method, Request, Response, StatusCode, Uri, Version};
 use keel_balance::{EndpointId, Outcome, PickContext};
 
-use crate::body::{DownstreamGuard, RespBody, SharedBody, StreamTail, UpstreamBody};
+use crate::body::{
+    ClientBodyFault, ConnActivity, DownstreamGuard, RespBody, SharedBody, StreamTail, UpstreamBody,
+};
 use crate::cluster::Cluster;
 use crate::config::MAX_RETRY_ATTEMPTS;
 use crate::metrics::{class_index, ErrorKind};
@@ -100,14 +102,49 @@ pub struct Client {
     pub peer: SocketAddr,
     /// Its IP as a header value (for `X-Forwarded-For`).
     pub ip_header: HeaderValue,
+    /// Largest request body accepted (`u64::MAX`: no limit).
+    pub max_request_body: u64,
+    /// Requests in flight on this connection (for its idle timeout).
+    pub activity: Arc<ConnActivity>,
 }
 
 impl Client {
-    /// Prepares a connection's client.
+    /// Prepares a connection's client, without a body limit.
     pub fn new(peer: SocketAddr) -> Self {
         let ip_header = HeaderValue::from_str(&peer.ip().to_string())
             .expect("an IP address is a valid header value");
-        Self { peer, ip_header }
+        Self {
+            peer,
+            ip_header,
+            max_request_body: u64::MAX,
+            activity: Arc::new(ConnActivity::new()),
+        }
+    }
+
+    /// Sets the largest request body accepted.
+    pub fn with_max_request_body(mut self, limit: Option<u64>) -> Self {
+        self.max_request_body = limit.unwrap_or(u64::MAX);
+        self
+    }
+}
+
+/// The proxy's answer when the client's body was at fault.
+fn client_body_response(
+    fault: ClientBodyFault,
+    limit: u64,
+    guard: DownstreamGuard,
+) -> Response<RespBody> {
+    match fault {
+        ClientBodyFault::TooLarge => proxy_response(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("request body larger than {limit} bytes (max_request_body_bytes)"),
+            Some(guard),
+        ),
+        ClientBodyFault::Invalid => proxy_response(
+            StatusCode::BAD_REQUEST,
+            "the request body is malformed or was cut short",
+            Some(guard),
+        ),
     }
 }
 
@@ -231,13 +268,43 @@ pub async fn handle(
     req: Request<Incoming>,
 ) -> Response<RespBody> {
     let start = Instant::now();
-    let guard = DownstreamGuard::new(cluster.metrics.clone(), start);
+    let Some(guard) = DownstreamGuard::try_new(
+        &cluster.metrics,
+        start,
+        cluster.config.max_in_flight,
+        Some(&client.activity),
+    ) else {
+        cluster.metrics.overloaded.fetch_add(1, Relaxed);
+        cluster.metrics.responses[class_index(503)].fetch_add(1, Relaxed);
+        return proxy_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!(
+                "cluster `{}` is overloaded: {} requests in flight (max_in_flight); refused without trying an endpoint",
+                cluster.name(),
+                cluster.config.max_in_flight
+            ),
+            None,
+        );
+    };
+    if client.max_request_body != u64::MAX {
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > client.max_request_body) {
+            let r = client_body_response(ClientBodyFault::TooLarge, client.max_request_body, guard);
+            cluster.metrics.responses[class_index(413)].fetch_add(1, Relaxed);
+            return r;
+        }
+    }
     let deadline = tokio::time::Instant::from_std(start + cluster.config.request_timeout);
     let (mut parts, body) = req.into_parts();
     prepare_request_headers(&mut parts, client);
     let hash = cluster.hash_key(&parts, client.peer);
     let idempotent = is_idempotent(&parts.method);
-    let client_body = (!body.is_end_stream()).then(|| SharedBody::new(body));
+    let client_body =
+        (!body.is_end_stream()).then(|| SharedBody::new(body, client.max_request_body));
     let path = parts
         .uri
         .path_and_query()
@@ -393,6 +460,13 @@ pub async fn handle(
             }
         };
 
+        // The client's body broke the try (malformed, cut short, too large): the client's
+        // fault, so the pick is cancelled (not held against the endpoint) and never retried.
+        if let Some(fault) = client_body.as_ref().and_then(|b| b.fault()) {
+            drop(pick);
+            let limit = client_body.as_ref().map_or(u64::MAX, |b| b.limit());
+            break client_body_response(fault, limit, guard);
+        }
         // The try failed: record it, then retry if that is safe, useful and within budget.
         let kind = match &failure {
             Failure::Error { kind, .. } => Some(*kind),

@@ -87,6 +87,8 @@ pub struct ClusterMetrics {
     pub budget_refusals: AtomicU64,
     /// Requests answered 503 because no endpoint could be picked.
     pub no_endpoint: AtomicU64,
+    /// Requests answered 503 at once because the cluster had `max_in_flight` requests.
+    pub overloaded: AtomicU64,
 }
 
 /// What each endpoint answered.
@@ -247,6 +249,20 @@ pub fn render(clusters: &[ClusterView<'_>], reloads: u64, reload_failures: u64) 
             "keel_no_endpoint_total{{cluster=\"{}\"}} {}",
             label(c.name),
             c.metrics.no_endpoint.load(Relaxed)
+        );
+    }
+    header(
+        &mut out,
+        "keel_overloaded_total",
+        "counter",
+        "Requests answered 503 at once because the cluster had max_in_flight requests in flight.",
+    );
+    for c in clusters {
+        let _ = writeln!(
+            out,
+            "keel_overloaded_total{{cluster=\"{}\"}} {}",
+            label(c.name),
+            c.metrics.overloaded.load(Relaxed)
         );
     }
     header(

@@ -117,6 +117,17 @@ impl Shared {
                 listens(&config)
             );
         }
+        if let Some((i, _)) = old
+            .listeners
+            .iter()
+            .zip(&config.listeners)
+            .enumerate()
+            .find(|(_, (a, b))| !a.same_socket_settings(b))
+        {
+            anyhow::bail!(
+                "listener[{i}]'s connection limits or timeouts changed; a reload can change its cluster only: restart keel proxy to apply them"
+            );
+        }
         if old.admin != config.admin {
             anyhow::bail!("the [admin] listener changed; restart keel proxy to apply that");
         }
@@ -280,15 +291,39 @@ async fn accept_loop(
     listener: TcpListener,
     mut shutdown: watch::Receiver<Option<Duration>>,
 ) {
+    // Listener settings cannot change by reload (it refuses that), so they are read once.
+    let settings = shared.config.load().listeners[index].clone();
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        // hyper answers 431 when the line and headers do not fit, 400 when they are not HTTP.
+        .max_buf_size(settings.max_header_bytes)
+        .max_headers(settings.max_headers)
+        // Runs from the moment the connection waits for a request (also between keep-alive
+        // requests) until its headers are complete; then hyper closes the connection.
+        .header_read_timeout(settings.header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(settings.max_header_bytes.min(u32::MAX as usize) as u32);
     let builder = Arc::new(builder);
+    let idle_timeout = settings.idle_timeout;
+    let max_body = settings.max_request_body_bytes;
+    // Connections beyond the limit are not accepted: they wait in the kernel's accept queue.
+    let slots = Arc::new(tokio::sync::Semaphore::new(settings.max_connections));
     let mut conns = JoinSet::new();
     let drain = loop {
         tokio::select! {
             d = wait_shutdown(&mut shutdown) => break d,
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
-            accepted = listener.accept() => {
+            accepted = async {
+                // Dropped (slot released) if another branch wins first; accept is cancel-safe.
+                let slot = slots.clone().acquire_owned().await;
+                (slot, listener.accept().await)
+            } => {
+                let (slot, accepted) = accepted;
+                let Ok(slot) = slot else { continue };
                 let (stream, peer) = match accepted {
                     Ok(x) => x,
                     Err(e) => {
@@ -303,7 +338,10 @@ async fn accept_loop(
                 let builder = builder.clone();
                 let mut stop = shutdown.clone();
                 conns.spawn(async move {
-                    let client = Arc::new(crate::forward::Client::new(peer));
+                    let _slot = slot;
+                    let client =
+                        Arc::new(crate::forward::Client::new(peer).with_max_request_body(max_body));
+                    let activity = client.activity.clone();
                     let svc = service_fn(move |req| {
                         let cluster = shared.routing.load().listeners[index].clone();
                         let client = client.clone();
@@ -316,8 +354,12 @@ async fn accept_loop(
                     let conn = builder.serve_connection(TokioIo::new(stream), svc);
                     tokio::pin!(conn);
                     tokio::select! {
+                        biased;
                         r = conn.as_mut() => { if let Err(e) = r { tracing::debug!("client connection: {e}"); } return; }
                         _ = wait_shutdown(&mut stop) => {}
+                        _ = activity.idle_for(idle_timeout) => {
+                            tracing::debug!(%peer, "closing a connection idle for {}", humantime::format_duration(idle_timeout));
+                        }
                     }
                     conn.as_mut().graceful_shutdown();
                     let _ = conn.await;
