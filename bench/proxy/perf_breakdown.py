@@ -49,7 +49,8 @@ def main():
         m = re.match(r"\s*([\d.]+)%\s+(\S+)\s+\[[.k]\]\s+(.*?)\s*$", line)
         if not m:
             continue
-        pct, dso, sym = float(m.group(1)), m.group(2), m.group(3).strip()
+        pct, dso = float(m.group(1)), m.group(2)
+        sym = re.sub(r"(\s+-)+$", "", m.group(3)).strip()  # perf pads and appends "-" columns
         for name, rule in RULES:
             if rule(dso, sym):
                 total[name] += pct
@@ -63,7 +64,7 @@ def main():
         if not total[name]:
             continue
         share = "-" if name == kernel else f"{total[name] / user * 100:.1f}"
-        hot = "; ".join(f"`{s[:70]}` {p:.1f}" for p, s in sorted(top[name], reverse=True)[:2])
+        hot = "; ".join(f"`{s.strip()[:70]}` {p:.1f}" for p, s in sorted(top[name], reverse=True)[:2])
         print(f"| {name} | {total[name]:.1f} | {share} | {hot} |")
 
 

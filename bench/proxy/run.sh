@@ -372,7 +372,7 @@ wrk_point() { # workers round conns target
 }
 
 log "machine: $NCPU CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg); proxies on CPU $PROXY_CPUS (1 worker), wrk + backends on CPU $LOAD_CPUS"
-log "keel: $KEEL_BIN; $(nginx -v 2>&1); $(haproxy -v 2>&1 | head -1); $(wrk --version 2>&1 | head -1 | cut -d' ' -f1-2)"
+log "keel: $KEEL_BIN (tree: $(git -C "$REPO" describe --always --dirty 2>/dev/null || echo unknown)); $(nginx -v 2>&1); $(haproxy -v 2>&1 | head -1); $(wrk --version 2>&1 | head -1 | cut -d' ' -f1-2)"
 for i in 0 1 2 3; do start_backend "$i"; done
 log "backends up on ports ${BACKEND_PORTS[*]}"
 
