@@ -2,7 +2,7 @@
 # Proxy benchmark: keel vs NGINX vs HAProxy in front of the same four loopback backends, plus the
 # direct path to one backend (the limit). Then a failover test: one backend is killed under load.
 #
-#   bench/proxy/run.sh [--quick] [--profile] [--no-failover]
+#   bench/proxy/run.sh [--quick] [--profile] [--no-failover | --only-failover]
 #
 # --quick        1 round of 3 s per point, 1 worker; under 2 minutes once keel is built.
 # --profile      also count syscalls and context switches per request of each proxy under load
@@ -21,7 +21,8 @@
 #   LOAD_CPUS         CPU list wrk, the backends and the failover client are pinned to (default 1)
 #   OUT               where raw results go (default target/proxy-bench)
 #
-# Everything listens on 127.0.0.1 ports 41001-41012 and is stopped on exit (trap).
+# Everything listens on 127.0.0.1 ports 21001-21012 (below the ephemeral port range, so that
+# no outgoing connection can hold one of them) and is stopped on exit (trap).
 # The last line printed is one JSON object (workers=1, the highest connection count, medians).
 set -euo pipefail
 
@@ -38,7 +39,7 @@ for arg in "$@"; do
         --profile) PROFILE=1 ;;
         --no-failover) FAILOVER=0 ;;
         --only-failover) THROUGHPUT=0 ;;
-        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
         *) echo "run.sh: unknown argument: $arg (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -57,10 +58,10 @@ else
     PROXY_CPUS="${PROXY_CPUS:-0}"; LOAD_CPUS="${LOAD_CPUS:-0}"
 fi
 OUT="${OUT:-$REPO/target/proxy-bench}"
-BACKEND_PORTS=(41001 41002 41003 41004)
-KEEL_PORT=41010
-NGINX_PORT=41011
-HAPROXY_PORT=41012
+BACKEND_PORTS=(21001 21002 21003 21004)
+KEEL_PORT=21010
+NGINX_PORT=21011
+HAPROXY_PORT=21012
 CLK_TCK="$(getconf CLK_TCK)"
 
 log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
@@ -167,6 +168,9 @@ EOF
     taskset -c "$LOAD_CPUS" nginx -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" &
     BACKEND_PID[$i]=$!
     STARTED+=("$!")
+    # Out of the job table: the failover test SIGKILLs backends, and bash would print a
+    # "Killed" notice for each (cleanup still kills it by pid).
+    disown "$!"
     wait_port "$port"
 }
 
@@ -457,7 +461,6 @@ PY
                 log "  $p SIG$sig trial $trial: $res"
                 stop_proxy "$p"
                 if [ "$sig" = KILL ]; then
-                    wait "${BACKEND_PID[1]}" 2>/dev/null || true
                     start_backend 1
                 fi
             done
