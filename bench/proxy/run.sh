@@ -431,7 +431,11 @@ for w in $WORKERS; do
         perf report -i "$OUT/perf-w$w.data" --stdio --children -g none --sort symbol --percent-limit 1.5 2>/dev/null | grep -v '^#' | grep -v '^$' >"$OUT/perf-children-w$w.txt" || true
         perf report -i "$OUT/perf-w$w.data" --stdio --no-children -g none --sort dso,symbol --percent-limit 0.4 2>/dev/null | grep -v '^#' | grep -v '^$' >"$OUT/perf-flat-w$w.txt" || true
         log "workers=$w: syscalls, context switches and CPU per request (approximate: wrk's req/s x 5 s):"
-        grep -v ':sys_enter_.*\s0\.00$' "$OUT/perf-syscalls-w$w.txt" | column -t >&2
+        if command -v column >/dev/null; then
+            grep -v ':sys_enter_.*\s0\.00$' "$OUT/perf-syscalls-w$w.txt" | column -t >&2 || true
+        else
+            grep -v ':sys_enter_.*\s0\.00$' "$OUT/perf-syscalls-w$w.txt" >&2 || true
+        fi
         log "keel, self time (top 25; the rest in $OUT/perf-flat-w$w.txt):"
         head -25 "$OUT/perf-flat-w$w.txt" | cut -c1-150 >&2
     fi
