@@ -18,6 +18,9 @@ pub struct Args {
     /// Only check the configuration: print a summary and exit 0, or the error and exit 2.
     #[arg(long)]
     pub check: bool,
+    /// Worker threads serving connections (default: one per CPU).
+    #[arg(long, value_name = "N")]
+    pub workers: Option<usize>,
     /// Log filter in RUST_LOG syntax (RUST_LOG, when set, wins).
     #[arg(long, default_value = "info", value_name = "FILTER")]
     pub log: String,
@@ -69,9 +72,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    match args.workers {
+        Some(0) => return super::usage("--workers must be at least 1"),
+        Some(n) => {
+            builder.worker_threads(n);
+        }
+        None => {}
+    }
+    let runtime = builder.enable_all().build()?;
     runtime.block_on(serve(config, args.config))
 }
 
