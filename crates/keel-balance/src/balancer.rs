@@ -493,6 +493,11 @@ impl Balancer {
             .enumerate()
             .map(|(i, e)| {
                 let (successes, failures) = e.outcomes();
+                let (ejections, ejections_total) = e
+                    .outlier
+                    .lock()
+                    .map(|s| (s.ejections, s.ejections_total))
+                    .unwrap_or((0, 0));
                 EndpointStatus {
                     id: e.id().0,
                     address: e.address().to_string(),
@@ -500,8 +505,8 @@ impl Balancer {
                     effective_weight: e.weight() as f64 * view.ramp(i),
                     healthy: e.is_healthy(),
                     ejected_until: e.ejected_until(now),
-                    ejections: e.outlier.lock().map(|s| s.ejections).unwrap_or(0),
-                    ejections_total: e.outlier.lock().map(|s| s.ejections_total).unwrap_or(0),
+                    ejections,
+                    ejections_total,
                     in_flight: e.in_flight(),
                     latency_estimate: e.latency_estimate(),
                     successes,

@@ -67,7 +67,7 @@ impl View<'_> {
         self.eps[i].in_flight() as u64 + 1
     }
 
-    /// True when `a` carries strictly less load per unit of weight than `b`.
+    /// Compares the load per unit of weight of `a` with that of `b` (`Less`: `a` is lighter).
     #[inline]
     fn lighter(&self, a: usize, b: usize) -> std::cmp::Ordering {
         let la = self.load(a) as u128 * self.weight_milli(b) as u128;
