@@ -136,9 +136,11 @@ pub struct StrategyOptions {
     /// that fails fast does not look fast. Default 1 s.
     #[serde(with = "humantime_serde")]
     pub failure_penalty: Duration,
-    /// ring-hash: virtual nodes per endpoint of mean weight. Default 160 (ketama's 40 x 4).
+    /// ring-hash: virtual nodes per endpoint of mean weight, at most 65536. Default 160
+    /// (ketama's 40 x 4).
     pub vnodes: u32,
-    /// maglev: lookup table size, a prime larger than the endpoint count. Default 65537.
+    /// maglev: lookup table size, a prime larger than the endpoint count, at most
+    /// 5000011. Default 65537.
     pub table_size: u64,
     /// Hash strategies: bounded loads; no endpoint takes more than ceil(c x mean load) calls in
     /// flight (Mirrokni et al.), overflow walks on to the next endpoint. Off unless set; 1.25 is
@@ -160,6 +162,14 @@ impl Default for StrategyOptions {
         }
     }
 }
+
+/// Largest `vnodes`: the ring holds about `vnodes x endpoints` points (8 bytes each), so an
+/// unbounded value could ask for more memory than there is (4 billion vnodes: 32 GiB per
+/// endpoint) and abort the process that loads the configuration.
+pub const MAX_VNODES: u32 = 65536;
+
+/// Largest maglev `table_size` (a prime).
+pub const MAX_TABLE_SIZE: u64 = 5_000_011;
 
 /// Everything a [`crate::Balancer`] needs besides its endpoints.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -210,12 +220,16 @@ impl BalancerConfig {
         if o.decay.is_zero() {
             return Err("decay must be greater than zero".into());
         }
-        if o.vnodes == 0 {
-            return Err("vnodes must be at least 1".into());
-        }
-        if !crate::hash::is_prime(o.table_size) || o.table_size > 5_000_011 {
+        if o.vnodes == 0 || o.vnodes > MAX_VNODES {
             return Err(format!(
-                "table_size must be a prime of at most 5000011, got {}",
+                "vnodes must be within 1..={MAX_VNODES}, got {}",
+                o.vnodes
+            ));
+        }
+        // The bound first: trial division of a huge prime would take seconds.
+        if o.table_size > MAX_TABLE_SIZE || !crate::hash::is_prime(o.table_size) {
+            return Err(format!(
+                "table_size must be a prime of at most {MAX_TABLE_SIZE}, got {}",
                 o.table_size
             ));
         }
@@ -287,5 +301,38 @@ mod tests {
         let mut cfg = BalancerConfig::new(StrategyKind::Maglev);
         cfg.options.table_size = 65536;
         assert!(cfg.validate().unwrap_err().contains("prime"));
+    }
+
+    /// Regression: `vnodes = 4000000000` was accepted, and building the ring then asked for
+    /// tens of GiB and aborted the process (a reload could kill a running proxy).
+    #[test]
+    fn vnodes_are_bounded() {
+        let mut cfg = BalancerConfig::new(StrategyKind::RingHash);
+        cfg.options.vnodes = MAX_VNODES + 1;
+        let err = cfg.validate().unwrap_err();
+        assert!(err.starts_with("vnodes") && err.contains("65536"), "{err}");
+        cfg.options.vnodes = u32::MAX;
+        assert!(cfg.validate().is_err());
+        cfg.options.vnodes = MAX_VNODES;
+        let eps = [
+            crate::EndpointSpec::new("10.0.0.1:80"),
+            crate::EndpointSpec::new("10.0.0.2:80"),
+        ];
+        assert!(crate::Balancer::new(cfg, &eps).is_ok());
+    }
+
+    /// Regression: a huge prime `table_size` (2^63 - 25, the largest prime a TOML
+    /// integer can hold) was refused only after seconds of trial division.
+    #[test]
+    fn a_huge_table_size_is_refused_at_once() {
+        let mut cfg = BalancerConfig::new(StrategyKind::Maglev);
+        cfg.options.table_size = (1u64 << 63) - 25;
+        let start = std::time::Instant::now();
+        let err = cfg.validate().unwrap_err();
+        assert!(err.contains("table_size"), "{err}");
+        // Trial division would take seconds; the bound check takes nanoseconds.
+        assert!(start.elapsed() < std::time::Duration::from_secs(1));
+        cfg.options.table_size = MAX_TABLE_SIZE;
+        assert!(cfg.validate().is_ok());
     }
 }
