@@ -463,7 +463,7 @@ impl ConfigSpec {
             // Integer and float spellings of a float option are both accepted.
             s.set(
                 "panic_threshold",
-                if c.panic_threshold % 2 == 0 {
+                if c.panic_threshold.is_multiple_of(2) {
                     c.panic_threshold.to_string()
                 } else {
                     format!("{}.0", c.panic_threshold)
@@ -1056,7 +1056,7 @@ fn mutate(
             let admin = Section::new(Some("[admin]"), "admin");
             doc.sections.retain(|s| s.path != "admin");
             doc.sections.insert(1, admin);
-            if r % 2 == 0 {
+            if r.is_multiple_of(2) {
                 doc.section("admin").set("listen", q("0.0.0.0:9901"));
                 Mutation {
                     what: "admin on 0.0.0.0 without a token".into(),
