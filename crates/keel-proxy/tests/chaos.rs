@@ -142,7 +142,7 @@ fn proxy_config(slots: &[Slot], strategy: StrategyKind) -> ProxyConfig {
         .map(|s| format!("{{ address = \"{}\", weight = {} }}", s.addr, s.weight))
         .collect();
     let text = format!(
-        "drain_timeout = \"2s\"\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n\n[[cluster]]\nname = \"app\"\nstrategy = \"{}\"\nendpoints = [{}]\n{CLUSTER_SETTINGS}",
+        "drain_timeout = \"2s\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n\n[[cluster]]\nname = \"app\"\nstrategy = \"{}\"\nendpoints = [{}]\n{CLUSTER_SETTINGS}",
         strategy.name(),
         eps.join(", ")
     );
@@ -167,6 +167,29 @@ fn memory_kb() -> (u64, u64) {
             .unwrap_or_else(|| panic!("{name} in /proc/self/status"))
     };
     (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// The proxy's `/metrics` text, fetched on a plain socket.
+async fn metrics_text(admin: SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(admin).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out))
+        .await
+        .expect("/metrics within 5 s")
+        .unwrap();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The value of the metric line that starts with `series` (name and labels), 0 if absent.
+fn metric(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
 }
 
 /// What the clients saw.
@@ -598,6 +621,12 @@ async fn chaos_loses_no_request_and_leaks_nothing() {
     let ok = stats.ok.load(Relaxed);
     let failed = stats.failed.load(Relaxed);
 
+    let m = metrics_text(proxy.admin_addr().expect("admin listener")).await;
+    let retries = metric(&m, "keel_retries_total{cluster=\"app\"}");
+    let budget_refusals = metric(&m, "keel_retry_budget_refusals_total{cluster=\"app\"}");
+    let no_endpoint = metric(&m, "keel_no_endpoint_total{cluster=\"app\"}");
+    let reloads_ok = metric(&m, "keel_config_reloads_total{result=\"ok\"}");
+
     // Everything stops: the proxy (its pool closes with it), then every backend.
     proxy.shutdown(Duration::from_secs(2)).await;
     let final_endpoints: Vec<SocketAddr> = chaos.slots.iter().map(|s| s.addr).collect();
@@ -627,7 +656,7 @@ async fn chaos_loses_no_request_and_leaks_nothing() {
     let mut summary = String::new();
     write!(
         summary,
-        "chaos summary: seed {seed}; chaos {:.1}s (load {:.1}s); requests sent {sent} ok {ok} failed {failed} ({:.0}/s); \
+        "chaos summary: seed {seed}; chaos {:.1}s (load {:.1}s); requests sent {sent} ok {ok} failed {failed} ({:.0}/s), proxy retries {retries} (budget refusals {budget_refusals}, no endpoint {no_endpoint}); \
          kills {} restarts {} (port taken {}); faults [{}] cleared {}; reloads {}; endpoints added {} removed {} (most down at once {}); \
          fds before {fds_before} peak {fds_peak} after {fds_after}; RSS kB before {rss_before} peak {rss_peak} after {rss_after}; \
          {} endpoints answered",
@@ -660,6 +689,9 @@ async fn chaos_loses_no_request_and_leaks_nothing() {
         "requests failed although at most half of the endpoints were down (see above)"
     );
     assert_eq!(ok, sent);
+    // The faults were met (tries failed and were retried) and the proxy applied every reload.
+    assert!(retries > 0, "{summary}");
+    assert_eq!(reloads_ok, u64::from(c.reloads), "{summary}");
     // The chaos did something: load flowed, and every kind of event happened.
     assert!(sent >= 1000, "too little load: {sent}");
     assert!(
