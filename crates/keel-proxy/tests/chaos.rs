@@ -193,7 +193,6 @@ fn metric(text: &str, series: &str) -> u64 {
 }
 
 /// What the clients saw.
-#[derive(Default)]
 struct LoadStats {
     sent: AtomicU64,
     ok: AtomicU64,
@@ -202,6 +201,24 @@ struct LoadStats {
     failures: Mutex<Vec<String>>,
     /// 200 responses by answering endpoint.
     by_endpoint: Mutex<BTreeMap<String, u64>>,
+    /// Per second since the start: requests answered, and those that took >= 250 ms (one
+    /// per-try timeout or more), for `KEEL_CHAOS_VERBOSE`.
+    per_second: [AtomicU64; 128],
+    slow_per_second: [AtomicU64; 128],
+}
+
+impl Default for LoadStats {
+    fn default() -> Self {
+        Self {
+            sent: AtomicU64::new(0),
+            ok: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            failures: Mutex::new(Vec::new()),
+            by_endpoint: Mutex::new(BTreeMap::new()),
+            per_second: std::array::from_fn(|_| AtomicU64::new(0)),
+            slow_per_second: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
 }
 
 impl LoadStats {
@@ -266,6 +283,7 @@ async fn client(
             .body(Empty::<Bytes>::new())
             .expect("valid request");
         stats.sent.fetch_add(1, Relaxed);
+        let sent_at = Instant::now();
         let exchange = async {
             let resp = s.send_request(req).await.map_err(|e| format!("{e:?}"))?;
             let (parts, body) = resp.into_parts();
@@ -277,7 +295,13 @@ async fn client(
             Ok::<_, String>((parts, body))
         };
         // Longer than the proxy's request timeout (5 s): the proxy must answer first.
-        match tokio::time::timeout(Duration::from_secs(10), exchange).await {
+        let outcome = tokio::time::timeout(Duration::from_secs(10), exchange).await;
+        let second = (t0.elapsed().as_secs() as usize).min(127);
+        stats.per_second[second].fetch_add(1, Relaxed);
+        if sent_at.elapsed() >= Duration::from_millis(250) {
+            stats.slow_per_second[second].fetch_add(1, Relaxed);
+        }
+        match outcome {
             Err(_) => {
                 sender = None;
                 stats.fail(t0, format!("client {id} req {n}: no answer within 10 s"));
@@ -677,8 +701,21 @@ async fn chaos_loses_no_request_and_leaks_nothing() {
     .unwrap();
     println!("{summary}");
 
-    if failed > 0 {
+    if failed > 0 || std::env::var_os("KEEL_CHAOS_VERBOSE").is_some() {
         println!("--- chaos schedule ---\n{}", chaos.log.join("\n"));
+        let seconds: Vec<String> = (0..=(load_took.as_secs() as usize).min(127))
+            .map(|i| {
+                format!(
+                    "{i}s: {} ({} slow)",
+                    stats.per_second[i].load(Relaxed),
+                    stats.slow_per_second[i].load(Relaxed)
+                )
+            })
+            .collect();
+        println!(
+            "--- requests answered per second (slow: >= 250 ms) ---\n{}",
+            seconds.join("\n")
+        );
         println!(
             "--- failures (first 50) ---\n{}",
             stats.failures.lock().unwrap().join("\n")
