@@ -299,7 +299,7 @@ start_proxy() { # name workers
     [ "$w" = 1 ] || cpus="0-$((NCPU - 1))"
     case "$name" in
         keel)
-            TOKIO_WORKER_THREADS="$w" taskset -c "$cpus" "$KEEL_BIN" proxy --config "$d/keel.toml" --log warn >"$d/keel.out" 2>"$d/keel.err" &
+            taskset -c "$cpus" "$KEEL_BIN" proxy --config "$d/keel.toml" --workers "$w" --log warn >"$d/keel.out" 2>"$d/keel.err" &
             PROXY_PID[keel]=$!; STARTED+=("$!"); wait_port "$KEEL_PORT" || { cat "$d/keel.err" >&2; return 1; } ;;
         nginx)
             taskset -c "$cpus" nginx -p "$d/nginx" -c "$d/nginx/nginx.conf" -e "$d/nginx/error.log" &

@@ -18,7 +18,8 @@ pub struct Args {
     /// Only check the configuration: print a summary and exit 0, or the error and exit 2.
     #[arg(long)]
     pub check: bool,
-    /// Worker threads serving connections (default: one per CPU).
+    /// Worker threads serving connections (default: one per CPU; 1 runs the proxy on a
+    /// single-threaded runtime).
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
     /// Log filter in RUST_LOG syntax (RUST_LOG, when set, wins).
@@ -72,14 +73,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    match args.workers {
+    let mut builder = match args.workers {
         Some(0) => return super::usage("--workers must be at least 1"),
+        // One worker: a current-thread runtime. Every task runs on this thread, so wakeups
+        // need no cross-thread queue or atomics (the work-stealing scheduler's cost, about
+        // a tenth of keel's user time in `bench/proxy/run.sh --profile`, buys nothing then).
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
         Some(n) => {
-            builder.worker_threads(n);
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
         }
-        None => {}
-    }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    };
     let runtime = builder.enable_all().build()?;
     runtime.block_on(serve(config, args.config))
 }
