@@ -56,7 +56,7 @@ const FD_SLACK: usize = 2;
 ///   good one; the budget is raised so that a burst of failures (a kill with requests in
 ///   flight) cannot use it up.
 /// - per-try timeout 250 ms: a hung endpoint costs a request 250 ms, not the whole
-///   request timeout, and the retry goes elsewhere. Healthy answers take ~1 ms.
+///   request timeout, and the retry goes elsewhere. Healthy answers take ~2 ms.
 /// - outlier detection: 2 failures in a row eject for 1 s (at most 4 s), at most 50%.
 /// - health checks every 100 ms (timeout 200 ms, 2 in a row): a killed or hung endpoint is out
 ///   of rotation within ~0.5 s, a restarted one back within ~0.2 s.
@@ -102,7 +102,7 @@ impl Rng {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     Up,
-    /// Slow but answering (x20 latency, ~20 ms): not down.
+    /// Slow but answering (x20 latency, mean 40 ms): not down.
     Slow,
     Hang,
     Error,
@@ -130,7 +130,9 @@ fn backend_config() -> BackendConfig {
     // Named after nothing: the `x-backend` header is then the bound address, which the test
     // compares with the proxy's `x-keel-endpoint`.
     BackendConfig {
-        latency: Duration::from_millis(1),
+        // Exponential, mean 2 ms: a kill usually finds requests in flight.
+        latency: Duration::from_millis(2),
+        latency_dist: backend::LatencyDist::Exponential,
         body_bytes: BODY_BYTES,
         ..BackendConfig::default()
     }
@@ -365,6 +367,8 @@ struct Peaks {
 #[derive(Default)]
 struct ChaosCounts {
     kills: u32,
+    /// Connections open on the backends when they were killed (cut with them).
+    connections_cut: u64,
     restarts: u32,
     restart_port_taken: u32,
     faults: BTreeMap<&'static str, u32>,
@@ -438,6 +442,7 @@ impl Chaos {
                     };
                     let b = self.slots[i].backend.take().expect("an up backend runs");
                     // Stops listening and drops every connection, in-flight requests included.
+                    self.counts.connections_cut += b.open_connections();
                     b.shutdown().await;
                     self.slots[i].state = State::Killed;
                     self.counts.kills += 1;
@@ -681,13 +686,14 @@ async fn chaos_loses_no_request_and_leaks_nothing() {
     write!(
         summary,
         "chaos summary: seed {seed}; chaos {:.1}s (load {:.1}s); requests sent {sent} ok {ok} failed {failed} ({:.0}/s), proxy retries {retries} (budget refusals {budget_refusals}, no endpoint {no_endpoint}); \
-         kills {} restarts {} (port taken {}); faults [{}] cleared {}; reloads {}; endpoints added {} removed {} (most down at once {}); \
+         kills {} (connections cut {}) restarts {} (port taken {}); faults [{}] cleared {}; reloads {}; endpoints added {} removed {} (most down at once {}); \
          fds before {fds_before} peak {fds_peak} after {fds_after}; RSS kB before {rss_before} peak {rss_peak} after {rss_after}; \
          {} endpoints answered",
         chaos_took.as_secs_f64(),
         load_took.as_secs_f64(),
         sent as f64 / load_took.as_secs_f64(),
         c.kills,
+        c.connections_cut,
         c.restarts,
         c.restart_port_taken,
         faults.join(", "),
