@@ -17,9 +17,10 @@ use keel_balance::{Balancer, EndpointId, EndpointSpec, Outcome, Pick, RetryBudge
 use crate::body::UpstreamBody;
 use crate::config::{ClusterConfig, HashOn};
 use crate::metrics::{ClusterMetrics, EndpointMetrics, ErrorKind, Registry};
+use crate::tls::{UpstreamConnector, UpstreamTls};
 
-/// The upstream HTTP client type.
-pub type UpstreamClient = Client<HttpConnector, UpstreamBody>;
+/// The upstream HTTP client type (TCP, plus TLS for a cluster with `[cluster.tls]`).
+pub type UpstreamClient = Client<UpstreamConnector, UpstreamBody>;
 
 /// One endpoint's prepared data, by its index in the balancer.
 pub struct EndpointEntry {
@@ -53,23 +54,31 @@ pub struct Cluster {
     epoch: Instant,
 }
 
-fn make_client(c: &ClusterConfig) -> UpstreamClient {
+fn make_client(c: &ClusterConfig) -> anyhow::Result<UpstreamClient> {
     let mut connector = HttpConnector::new();
     connector.set_connect_timeout(Some(c.connect_timeout));
     connector.set_nodelay(true);
     connector.enforce_http(true);
-    Client::builder(TokioExecutor::new())
+    // The handshake gets its own connect_timeout, after the TCP connect's.
+    let tls = c
+        .tls
+        .as_ref()
+        .map(|t| UpstreamTls::new(t, c.connect_timeout))
+        .transpose()?;
+    let connector = UpstreamConnector::new(connector, tls);
+    Ok(Client::builder(TokioExecutor::new())
         .pool_timer(TokioTimer::new())
         .timer(TokioTimer::new())
         .pool_idle_timeout(c.pool_idle_timeout)
         .pool_max_idle_per_host(c.pool_max_idle_per_endpoint)
-        .build(connector)
+        .build(connector))
 }
 
 fn same_client_settings(a: &ClusterConfig, b: &ClusterConfig) -> bool {
     a.connect_timeout == b.connect_timeout
         && a.pool_idle_timeout == b.pool_idle_timeout
         && a.pool_max_idle_per_endpoint == b.pool_max_idle_per_endpoint
+        && a.tls == b.tls
 }
 
 impl Cluster {
@@ -95,7 +104,7 @@ impl Cluster {
         };
         let client = match previous {
             Some(old) if same_client_settings(&old.config, &config) => old.client.clone(),
-            _ => make_client(&config),
+            _ => make_client(&config)?,
         };
         let endpoints = balancer
             .endpoints()

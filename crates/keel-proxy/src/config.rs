@@ -103,6 +103,34 @@ pub struct ListenerConfig {
     /// limit.
     #[serde(default)]
     pub max_request_body_bytes: Option<u64>,
+    /// Terminate TLS on this listener (`[listener.tls]`); plain TCP unless present.
+    #[serde(default)]
+    pub tls: Option<ListenerTlsConfig>,
+}
+
+/// `[listener.tls]`: the listener terminates TLS (HTTP/2 or HTTP/1.1, chosen by ALPN).
+/// Relative paths are taken from the configuration file's directory.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerTlsConfig {
+    /// PEM file with the certificate chain, the server's certificate first.
+    pub cert: PathBuf,
+    /// PEM file with the certificate's private key (PKCS#8, PKCS#1 RSA or SEC1 EC).
+    pub key: PathBuf,
+}
+
+/// `[cluster.tls]`: the cluster's endpoints are reached over TLS (HTTP/1.1). Relative paths
+/// are taken from the configuration file's directory.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTlsConfig {
+    /// PEM file with the CA certificates that endpoints' certificates must chain to. Required:
+    /// the system's roots are not used.
+    pub ca: PathBuf,
+    /// Name that every endpoint's certificate must be valid for (also sent as SNI). Default:
+    /// each endpoint's host (an IP address is matched against the certificate's IP SANs).
+    #[serde(default)]
+    pub server_name: Option<String>,
 }
 
 fn default_max_connections() -> usize {
@@ -125,7 +153,8 @@ fn default_idle_timeout() -> Duration {
 pub const MIN_HEADER_BYTES: usize = 8192;
 
 impl ListenerConfig {
-    /// True if everything but the routed cluster is the same (what a reload may not change).
+    /// True if everything but the routed cluster is the same (what a reload may not change,
+    /// TLS certificate paths included).
     pub fn same_socket_settings(&self, other: &ListenerConfig) -> bool {
         let mut a = self.clone();
         a.cluster.clone_from(&other.cluster);
@@ -214,6 +243,9 @@ pub struct ClusterConfig {
     /// Active HTTP health checks (`[cluster.health_check]`); off unless present.
     #[serde(default)]
     pub health_check: Option<HealthCheckConfig>,
+    /// TLS to the endpoints (`[cluster.tls]`); plain TCP unless present.
+    #[serde(default)]
+    pub tls: Option<UpstreamTlsConfig>,
 }
 
 fn default_strategy() -> StrategyKind {
@@ -482,7 +514,15 @@ impl fmt::Display for ConfigError {
 
 impl ProxyConfig {
     /// Parses and validates TOML; `origin` (a file name) appears in error messages.
+    ///
+    /// Relative TLS file paths are taken from the current directory.
     pub fn from_toml_str(text: &str, origin: &str) -> Result<ProxyConfig, ConfigError> {
+        Self::parse(text, origin, None)
+    }
+
+    /// Parses, makes relative TLS paths relative to `base` (when given), and validates
+    /// (loading the TLS files).
+    fn parse(text: &str, origin: &str, base: Option<&Path>) -> Result<ProxyConfig, ConfigError> {
         let doc = match toml_edit::ImDocument::parse(text) {
             Ok(doc) => doc,
             Err(e) => {
@@ -513,7 +553,7 @@ impl ProxyConfig {
                 message,
             }
         };
-        let config: ProxyConfig = match toml::from_str(text) {
+        let mut config: ProxyConfig = match toml::from_str(text) {
             Ok(c) => c,
             Err(e) => {
                 let span = e.span();
@@ -521,6 +561,9 @@ impl ProxyConfig {
                 return Err(locate(span, key, e.message().trim().to_string()));
             }
         };
+        if let Some(base) = base {
+            config.resolve_paths(base);
+        }
         if let Err((path, message)) = config.validate() {
             let (span, key) = span_of(&index, &path);
             return Err(locate(span, Some(key), message));
@@ -538,9 +581,30 @@ impl ProxyConfig {
             key: None,
             message: format!("cannot read the file: {e}"),
         })?;
-        let mut config = Self::from_toml_str(&text, &origin)?;
+        let mut config = Self::parse(&text, &origin, path.parent())?;
         config.source = Some(path.to_path_buf());
         Ok(config)
+    }
+
+    /// Makes the TLS file paths that are relative relative to `base` (the directory of the
+    /// configuration file).
+    fn resolve_paths(&mut self, base: &Path) {
+        let resolve = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        for l in &mut self.listeners {
+            if let Some(t) = &mut l.tls {
+                resolve(&mut t.cert);
+                resolve(&mut t.key);
+            }
+        }
+        for c in &mut self.clusters {
+            if let Some(t) = &mut c.tls {
+                resolve(&mut t.ca);
+            }
+        }
     }
 
     /// The cluster of this name.
@@ -629,6 +693,12 @@ impl ProxyConfig {
                     format!("{} is already used by another listener", l.listen),
                 ));
             }
+            if let Some(t) = &l.tls {
+                // Loads the files now, so that `--check` and a reload catch a bad certificate.
+                if let Err(e) = crate::tls::server_config(t) {
+                    return Err((vec![K("listener"), I(i), K("tls"), K(e.key)], e.message));
+                }
+            }
         }
         for (i, c) in self.clusters.iter().enumerate() {
             let at = |key: &'static str| vec![K("cluster"), I(i), K(key)];
@@ -665,6 +735,27 @@ impl ProxyConfig {
             }
             if c.max_in_flight == 0 {
                 return Err((at("max_in_flight"), "must be at least 1".into()));
+            }
+            if let Some(t) = &c.tls {
+                let tls = |key: &'static str| vec![K("cluster"), I(i), K("tls"), K(key)];
+                if let Err(e) = crate::tls::UpstreamTls::new(t, c.connect_timeout) {
+                    return Err((tls(e.key), e.message));
+                }
+                if t.server_name.is_none() {
+                    for (j, e) in c.endpoints.iter().enumerate() {
+                        let host = e
+                            .address
+                            .parse::<hyper::http::uri::Authority>()
+                            .map(|a| a.host().to_string())
+                            .unwrap_or_default();
+                        if let Err(m) = crate::tls::server_name(&host) {
+                            return Err((
+                                vec![K("cluster"), I(i), K("endpoints"), I(j), K("address")],
+                                format!("{m}: it cannot be verified against a certificate; set `server_name` in [cluster.tls]"),
+                            ));
+                        }
+                    }
+                }
             }
             if c.hash_on.is_some() && !c.strategy.is_hash() {
                 return Err((
@@ -1119,6 +1210,11 @@ mod tests {
             format!("{HEAD}[cluster.outlier_detection.failure_rate]\nnonsense = 1\n"),
             format!("{HEAD}[cluster.slow_start]\nnonsense = 1\n"),
             HEAD.replace("9001\" }", "9001\", nonsense = 1 }"),
+            HEAD.replace(
+                "cluster = \"app\"",
+                "cluster = \"app\"\n[listener.tls]\nnonsense = 1",
+            ),
+            format!("{HEAD}[cluster.tls]\nnonsense = 1\n"),
         ];
         let mut checked = 0;
         for t in &tables {

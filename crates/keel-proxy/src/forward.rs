@@ -62,7 +62,8 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// Prepares a client's request headers for the upstream: hop-by-hop headers removed,
-/// `X-Forwarded-For` appended to, `X-Forwarded-Proto` and `X-Forwarded-Host` set, `Host` kept
+/// `X-Forwarded-For` appended to, `X-Forwarded-Proto` (`http` or `https`, the client
+/// connection's scheme) and `X-Forwarded-Host` set, `Host` kept
 /// (taken from the URI for HTTP/2 clients, which send `:authority` instead).
 pub fn prepare_request_headers(parts: &mut hyper::http::request::Parts, client: &Client) {
     let headers = &mut parts.headers;
@@ -89,7 +90,7 @@ pub fn prepare_request_headers(parts: &mut hyper::http::request::Parts, client: 
     } else {
         headers.insert(X_FORWARDED_FOR, client.ip_header.clone());
     }
-    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    headers.insert(X_FORWARDED_PROTO, client.proto_header.clone());
     if let Some(host) = headers.get(header::HOST).cloned() {
         headers.insert(X_FORWARDED_HOST, host);
     }
@@ -102,6 +103,9 @@ pub struct Client {
     pub peer: SocketAddr,
     /// Its IP as a header value (for `X-Forwarded-For`).
     pub ip_header: HeaderValue,
+    /// The connection's scheme as a header value (for `X-Forwarded-Proto`): `https` when the
+    /// listener terminated TLS, else `http`.
+    pub proto_header: HeaderValue,
     /// Largest request body accepted (`u64::MAX`: no limit).
     pub max_request_body: u64,
     /// Requests in flight on this connection (for its idle timeout).
@@ -116,9 +120,16 @@ impl Client {
         Self {
             peer,
             ip_header,
+            proto_header: HeaderValue::from_static("http"),
             max_request_body: u64::MAX,
             activity: Arc::new(ConnActivity::new()),
         }
+    }
+
+    /// Marks the connection as TLS (`X-Forwarded-Proto: https`) or not.
+    pub fn with_tls(mut self, tls: bool) -> Self {
+        self.proto_header = HeaderValue::from_static(if tls { "https" } else { "http" });
+        self
     }
 
     /// Sets the largest request body accepted.

@@ -29,6 +29,7 @@ pub mod forward;
 mod health;
 pub mod metrics;
 mod server;
+pub mod tls;
 
 pub use config::{ConfigError, ProxyConfig};
 pub use server::{start, ProxyHandle};

@@ -41,6 +41,8 @@ pub(crate) struct Shared {
     pub reloads: AtomicU64,
     pub reload_failures: AtomicU64,
     pub listener_addrs: Vec<SocketAddr>,
+    /// TLS handshakes that failed or timed out, by listener index.
+    pub tls_handshake_failures: Vec<AtomicU64>,
 }
 
 impl Shared {
@@ -125,7 +127,7 @@ impl Shared {
             .find(|(_, (a, b))| !a.same_socket_settings(b))
         {
             anyhow::bail!(
-                "listener[{i}]'s connection limits or timeouts changed; a reload can change its cluster only: restart keel proxy to apply them"
+                "listener[{i}]'s connection limits, timeouts or TLS settings changed; a reload can change its cluster only: restart keel proxy to apply them"
             );
         }
         if old.admin != config.admin {
@@ -160,6 +162,23 @@ impl std::fmt::Debug for ProxyHandle {
 /// Binds every listener (port 0 = ephemeral) and the admin listener, starts health checks,
 /// returns once it is accepting.
 pub async fn start(config: ProxyConfig) -> anyhow::Result<ProxyHandle> {
+    // TLS files are read again here (validation read them too) so that start fails, rather
+    // than each connection, if they went away since.
+    let acceptors = config
+        .listeners
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            l.tls
+                .as_ref()
+                .map(|t| {
+                    crate::tls::server_config(t)
+                        .map(tokio_rustls::TlsAcceptor::from)
+                        .with_context(|| format!("listener[{i}] ({}) tls", l.listen))
+                })
+                .transpose()
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let mut bound = Vec::with_capacity(config.listeners.len());
     for l in &config.listeners {
         let listener = TcpListener::bind(l.listen)
@@ -195,6 +214,7 @@ pub async fn start(config: ProxyConfig) -> anyhow::Result<ProxyHandle> {
         reload_lock: Mutex::new(()),
         reloads: AtomicU64::new(0),
         reload_failures: AtomicU64::new(0),
+        tls_handshake_failures: listener_addrs.iter().map(|_| AtomicU64::new(0)).collect(),
         listener_addrs: listener_addrs.clone(),
     });
     let routing = shared.build_routing(&config, None)?;
@@ -203,11 +223,12 @@ pub async fn start(config: ProxyConfig) -> anyhow::Result<ProxyHandle> {
 
     let (shutdown, shutdown_rx) = watch::channel(None);
     let mut tasks = Vec::new();
-    for (i, listener) in bound.into_iter().enumerate() {
+    for (i, (listener, tls)) in bound.into_iter().zip(acceptors).enumerate() {
         tasks.push(tokio::spawn(accept_loop(
             shared.clone(),
             i,
             listener,
+            tls,
             shutdown_rx.clone(),
         )));
     }
@@ -242,6 +263,14 @@ impl ProxyHandle {
     /// cluster cannot be built.
     pub fn reload(&self, config: ProxyConfig) -> anyhow::Result<()> {
         self.shared.reload(config)
+    }
+
+    /// TLS handshakes that failed or timed out on a listener (by configuration index).
+    pub fn tls_handshake_failures(&self, listener: usize) -> u64 {
+        self.shared
+            .tls_handshake_failures
+            .get(listener)
+            .map_or(0, |c| c.load(Relaxed))
     }
 
     /// The configuration in force.
@@ -289,6 +318,7 @@ async fn accept_loop(
     shared: Arc<Shared>,
     index: usize,
     listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     mut shutdown: watch::Receiver<Option<Duration>>,
 ) {
     // Listener settings cannot change by reload (it refuses that), so they are read once.
@@ -309,6 +339,7 @@ async fn accept_loop(
         .max_header_list_size(settings.max_header_bytes.min(u32::MAX as usize) as u32);
     let builder = Arc::new(builder);
     let idle_timeout = settings.idle_timeout;
+    let handshake_timeout = settings.header_read_timeout;
     let max_body = settings.max_request_body_bytes;
     // Connections beyond the limit are not accepted: they wait in the kernel's accept queue.
     let slots = Arc::new(tokio::sync::Semaphore::new(settings.max_connections));
@@ -337,32 +368,32 @@ async fn accept_loop(
                 let shared = shared.clone();
                 let builder = builder.clone();
                 let mut stop = shutdown.clone();
+                let tls = tls.clone();
                 conns.spawn(async move {
                     let _slot = slot;
-                    let client =
-                        Arc::new(crate::forward::Client::new(peer).with_max_request_body(max_body));
-                    let activity = client.activity.clone();
-                    let svc = service_fn(move |req| {
-                        let cluster = shared.routing.load().listeners[index].clone();
-                        let client = client.clone();
-                        async move {
-                            Ok::<_, std::convert::Infallible>(
-                                crate::forward::handle(cluster, &client, req).await,
-                            )
+                    let client = crate::forward::Client::new(peer)
+                        .with_max_request_body(max_body)
+                        .with_tls(tls.is_some());
+                    let Some(acceptor) = tls else {
+                        serve_connection(shared, index, &builder, TokioIo::new(stream), client, idle_timeout, stop).await;
+                        return;
+                    };
+                    // Here, not in the accept loop: a slow or silent client delays only itself.
+                    // The header-read timeout bounds the handshake, so it cannot hold a slot.
+                    let handshake = tokio::select! {
+                        r = tokio::time::timeout(handshake_timeout, acceptor.accept(stream)) => r,
+                        _ = wait_shutdown(&mut stop) => return,
+                    };
+                    let cause = match handshake {
+                        Ok(Ok(tls_stream)) => {
+                            serve_connection(shared, index, &builder, TokioIo::new(tls_stream), client, idle_timeout, stop).await;
+                            return;
                         }
-                    });
-                    let conn = builder.serve_connection(TokioIo::new(stream), svc);
-                    tokio::pin!(conn);
-                    tokio::select! {
-                        biased;
-                        r = conn.as_mut() => { if let Err(e) = r { tracing::debug!("client connection: {e}"); } return; }
-                        _ = wait_shutdown(&mut stop) => {}
-                        _ = activity.idle_for(idle_timeout) => {
-                            tracing::debug!(%peer, "closing a connection idle for {}", humantime::format_duration(idle_timeout));
-                        }
-                    }
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
+                        Ok(Err(e)) => e.to_string(),
+                        Err(_) => format!("not finished within {}", humantime::format_duration(handshake_timeout)),
+                    };
+                    shared.tls_handshake_failures[index].fetch_add(1, Relaxed);
+                    tracing::debug!(%peer, "TLS handshake failed: {cause}");
                 });
             }
         }
@@ -378,4 +409,46 @@ async fn accept_loop(
         conns.abort_all();
         while conns.join_next().await.is_some() {}
     }
+}
+
+/// Serves one client connection (plain or TLS) until it ends, stays idle too long, or the
+/// proxy shuts down (then it finishes its requests in flight).
+async fn serve_connection<I>(
+    shared: Arc<Shared>,
+    index: usize,
+    builder: &hyper_util::server::conn::auto::Builder<TokioExecutor>,
+    io: TokioIo<I>,
+    client: crate::forward::Client,
+    idle_timeout: Duration,
+    mut stop: watch::Receiver<Option<Duration>>,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let peer = client.peer;
+    let client = Arc::new(client);
+    let activity = client.activity.clone();
+    let svc = service_fn(move |req| {
+        let cluster = shared.routing.load().listeners[index].clone();
+        let client = client.clone();
+        async move {
+            Ok::<_, std::convert::Infallible>(crate::forward::handle(cluster, &client, req).await)
+        }
+    });
+    let conn = builder.serve_connection(io, svc);
+    tokio::pin!(conn);
+    tokio::select! {
+        biased;
+        r = conn.as_mut() => {
+            if let Err(e) = r {
+                tracing::debug!("client connection: {e}");
+            }
+            return;
+        }
+        _ = wait_shutdown(&mut stop) => {}
+        _ = activity.idle_for(idle_timeout) => {
+            tracing::debug!(%peer, "closing a connection idle for {}", humantime::format_duration(idle_timeout));
+        }
+    }
+    conn.as_mut().graceful_shutdown();
+    let _ = conn.await;
 }

@@ -1,0 +1,385 @@
+//! TLS with rustls and its `ring` crypto provider: the listeners' server side
+//! ([`server_config`]) and the connections to a cluster's endpoints ([`UpstreamTls`],
+//! [`UpstreamConnector`]).
+//!
+//! The crypto provider is passed to every config builder explicitly, so nothing depends on a
+//! process-wide default provider being installed (or on which one).
+
+use std::future::Future;
+use std::io;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper::Uri;
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::rt::TokioIo;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+use crate::config::{ListenerTlsConfig, UpstreamTlsConfig};
+
+/// ALPN protocol id of HTTP/2.
+pub const ALPN_H2: &[u8] = b"h2";
+/// ALPN protocol id of HTTP/1.1.
+pub const ALPN_HTTP11: &[u8] = b"http/1.1";
+
+/// The `ring` crypto provider, built once.
+pub fn provider() -> Arc<CryptoProvider> {
+    static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
+    PROVIDER
+        .get_or_init(|| Arc::new(rustls::crypto::ring::default_provider()))
+        .clone()
+}
+
+/// A TLS setting that cannot be used: the key of its `tls` table and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{key}`: {message}")]
+pub struct TlsSettingError {
+    /// The key in the `tls` table (`cert`, `key`, `ca`, `server_name`).
+    pub key: &'static str,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl TlsSettingError {
+    fn new(key: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            key,
+            message: message.into(),
+        }
+    }
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("cannot read `{}`: {e}", path.display()))
+}
+
+/// Every certificate of a PEM file, in file order.
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let pem = read_file(path)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("`{}` is not valid PEM: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "no certificate in `{}` (expected PEM blocks `-----BEGIN CERTIFICATE-----`)",
+            path.display()
+        ));
+    }
+    Ok(certs)
+}
+
+/// The first private key of a PEM file (PKCS#8, PKCS#1 RSA or SEC1 EC).
+pub fn load_private_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+    let pem = read_file(path)?;
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| match e {
+        rustls::pki_types::pem::Error::NoItemsFound => format!(
+            "no private key in `{}` (expected a PEM block `PRIVATE KEY`, `RSA PRIVATE KEY` or `EC PRIVATE KEY`)",
+            path.display()
+        ),
+        e => format!("`{}` is not valid PEM: {e}", path.display()),
+    })
+}
+
+/// The server side of a TLS listener: its certificate chain and key, checked to match, and
+/// ALPN offering `h2` then `http/1.1`.
+pub fn server_config(c: &ListenerTlsConfig) -> Result<Arc<ServerConfig>, TlsSettingError> {
+    let certs = load_certs(&c.cert).map_err(|m| TlsSettingError::new("cert", m))?;
+    let key = load_private_key(&c.key).map_err(|m| TlsSettingError::new("key", m))?;
+    let mut config = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsSettingError::new("cert", e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| {
+            let message = match e {
+                rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => format!(
+                    "the private key in `{}` does not match the certificate in `{}`",
+                    c.key.display(),
+                    c.cert.display()
+                ),
+                e => format!("unusable private key in `{}`: {e}", c.key.display()),
+            };
+            TlsSettingError::new("key", message)
+        })?;
+    config.alpn_protocols = vec![ALPN_H2.to_vec(), ALPN_HTTP11.to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The client side of TLS to a cluster's endpoints: trusts the certificates of `ca` only,
+/// offers ALPN `http/1.1`.
+pub fn client_config(c: &UpstreamTlsConfig) -> Result<Arc<ClientConfig>, TlsSettingError> {
+    let certs = load_certs(&c.ca).map_err(|m| TlsSettingError::new("ca", m))?;
+    let mut roots = RootCertStore::empty();
+    for (i, cert) in certs.into_iter().enumerate() {
+        roots.add(cert).map_err(|e| {
+            TlsSettingError::new(
+                "ca",
+                format!(
+                    "certificate {} in `{}` is not usable as a CA: {e}",
+                    i + 1,
+                    c.ca.display()
+                ),
+            )
+        })?;
+    }
+    let mut config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsSettingError::new("ca", e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![ALPN_HTTP11.to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The name to verify an endpoint's certificate against (and send as SNI): an IP address is
+/// matched against the certificate's IP SANs, anything else against its DNS names.
+pub fn server_name(host: &str) -> Result<ServerName<'static>, String> {
+    // URIs write IPv6 hosts in brackets.
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    ServerName::try_from(host.to_string())
+        .map_err(|_| format!("`{host}` is neither a DNS name nor an IP address"))
+}
+
+/// TLS to one cluster's endpoints: the handshake on an open TCP connection, bounded in time.
+/// Independent of any HTTP client, so that a connection pool can call [`UpstreamTls::connect`]
+/// itself.
+#[derive(Clone)]
+pub struct UpstreamTls {
+    connector: TlsConnector,
+    /// Fixed name to verify (`server_name`), else each endpoint's host.
+    server_name: Option<ServerName<'static>>,
+    handshake_timeout: Duration,
+}
+
+impl std::fmt::Debug for UpstreamTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamTls")
+            .field("server_name", &self.server_name)
+            .field("handshake_timeout", &self.handshake_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl UpstreamTls {
+    /// Loads the CA file; `handshake_timeout` bounds each handshake.
+    pub fn new(
+        c: &UpstreamTlsConfig,
+        handshake_timeout: Duration,
+    ) -> Result<UpstreamTls, TlsSettingError> {
+        let server_name = c
+            .server_name
+            .as_deref()
+            .map(server_name)
+            .transpose()
+            .map_err(|m| TlsSettingError::new("server_name", m))?;
+        Ok(UpstreamTls {
+            connector: TlsConnector::from(client_config(c)?),
+            server_name,
+            handshake_timeout,
+        })
+    }
+
+    /// Performs the TLS handshake on `tcp`, verifying the endpoint's certificate against the
+    /// CA and the configured `server_name` or else `host` (the endpoint's host).
+    pub async fn connect(&self, tcp: TcpStream, host: &str) -> io::Result<TlsStream<TcpStream>> {
+        let name = match &self.server_name {
+            Some(n) => n.clone(),
+            None => {
+                server_name(host).map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?
+            }
+        };
+        let shown = name.to_str().into_owned();
+        match tokio::time::timeout(self.handshake_timeout, self.connector.connect(name, tcp)).await
+        {
+            Ok(Ok(stream)) => Ok(stream),
+            Ok(Err(e)) => Err(io::Error::new(
+                e.kind(),
+                format!("TLS handshake with `{shown}` failed: {e}"),
+            )),
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "TLS handshake with `{shown}` not finished within {}",
+                    humantime::format_duration(self.handshake_timeout)
+                ),
+            )),
+        }
+    }
+}
+
+/// A connection to an endpoint: plain TCP or TLS over TCP.
+#[derive(Debug)]
+pub enum UpstreamStream {
+    /// Plain TCP.
+    Plain(TcpStream),
+    /// TLS over TCP (boxed: the TLS state is large).
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for UpstreamStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            UpstreamStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            UpstreamStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for UpstreamStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            UpstreamStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            UpstreamStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            UpstreamStream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            UpstreamStream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            UpstreamStream::Plain(s) => s.is_write_vectored(),
+            UpstreamStream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            UpstreamStream::Plain(s) => Pin::new(s).poll_flush(cx),
+            UpstreamStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            UpstreamStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            UpstreamStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+impl Connection for UpstreamStream {
+    fn connected(&self) -> Connected {
+        // Only `http/1.1` is offered upstream, so the connection never negotiates h2.
+        match self {
+            UpstreamStream::Plain(s) => s.connected(),
+            UpstreamStream::Tls(s) => s.get_ref().0.connected(),
+        }
+    }
+}
+
+/// hyper-util's [`HttpConnector`] followed, for a TLS cluster, by the handshake of
+/// [`UpstreamTls`]. The request URIs stay `http://host:port`: whether to speak TLS is the
+/// cluster's setting, not the URI's.
+#[derive(Debug, Clone)]
+pub struct UpstreamConnector {
+    http: HttpConnector,
+    tls: Option<UpstreamTls>,
+}
+
+impl UpstreamConnector {
+    /// Wraps a TCP connector; with `tls`, every connection is TLS.
+    pub fn new(http: HttpConnector, tls: Option<UpstreamTls>) -> Self {
+        Self { http, tls }
+    }
+
+    /// True if connections are TLS.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl tower_service::Service<Uri> for UpstreamConnector {
+    type Response = TokioIo<UpstreamStream>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.http.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let host = uri.host().unwrap_or_default().to_string();
+        let connecting = self.http.call(uri);
+        let tls = self.tls.clone();
+        Box::pin(async move {
+            let tcp = connecting.await?.into_inner();
+            let stream = match tls {
+                None => UpstreamStream::Plain(tcp),
+                Some(tls) => UpstreamStream::Tls(Box::new(tls.connect(tcp, &host).await?)),
+            };
+            Ok(TokioIo::new(stream))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_names_from_hosts() {
+        assert!(matches!(
+            server_name("127.0.0.1").unwrap(),
+            ServerName::IpAddress(_)
+        ));
+        assert!(matches!(
+            server_name("[::1]").unwrap(),
+            ServerName::IpAddress(_)
+        ));
+        assert!(matches!(
+            server_name("backend.internal").unwrap(),
+            ServerName::DnsName(_)
+        ));
+        assert!(server_name("not a name").is_err());
+    }
+
+    #[test]
+    fn missing_and_empty_files_are_explained() {
+        let e = load_certs(Path::new("/nonexistent/keel/cert.pem")).unwrap_err();
+        assert!(
+            e.contains("cannot read") && e.contains("/nonexistent/keel/cert.pem"),
+            "{e}"
+        );
+        let dir = std::env::temp_dir().join(format!("keel-tls-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let empty = dir.join("empty.pem");
+        std::fs::write(&empty, "just text\n").unwrap();
+        let e = load_certs(&empty).unwrap_err();
+        assert!(e.contains("no certificate"), "{e}");
+        let e = load_private_key(&empty).unwrap_err();
+        assert!(e.contains("no private key"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,542 @@
+//! TLS on loopback with certificates generated at test time (rcgen): the listener terminates
+//! TLS (HTTP/1.1 and HTTP/2 by ALPN), a client that never completes a handshake is cut after
+//! the handshake timeout without holding up others, clusters reach TLS endpoints verified
+//! against their CA (a wrong CA or name is a 502, never a success), and bad TLS settings are
+//! located configuration errors.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::{Request, Response, StatusCode, Version};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use keel_proxy::ProxyConfig;
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A directory of PEM files made for one test, removed on drop.
+struct Pki {
+    dir: PathBuf,
+}
+
+impl Pki {
+    /// A CA, a server certificate for `localhost` and `127.0.0.1` signed by it, its key, a
+    /// second unrelated CA and an unrelated key.
+    fn generate(test: &str) -> Pki {
+        let dir = std::env::temp_dir().join(format!("keel-tls-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (ca, ca_key) = make_ca("keel test CA");
+        let (other_ca, _) = make_ca("another CA");
+        let key = KeyPair::generate().unwrap();
+        let params =
+            CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+        let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+        let write = |name: &str, text: String| std::fs::write(dir.join(name), text).unwrap();
+        write("ca.pem", ca.pem());
+        write("other-ca.pem", other_ca.pem());
+        write("server.pem", cert.pem());
+        write("server.key", key.serialize_pem());
+        write("other.key", KeyPair::generate().unwrap().serialize_pem());
+        Pki { dir }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// `path` as a TOML string (the directory is absolute).
+    fn toml(&self, name: &str) -> String {
+        format!("{:?}", self.path(name).display().to_string())
+    }
+
+    fn certs(&self, name: &str) -> Vec<CertificateDer<'static>> {
+        CertificateDer::pem_file_iter(self.path(name))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    /// A client trusting the test CA, offering these ALPN protocols.
+    fn connector(&self, alpn: &[&[u8]]) -> tokio_rustls::TlsConnector {
+        let mut roots = rustls::RootCertStore::empty();
+        for c in self.certs("ca.pem") {
+            roots.add(c).unwrap();
+        }
+        let mut config = rustls::ClientConfig::builder_with_provider(keel_proxy::tls::provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        tokio_rustls::TlsConnector::from(Arc::new(config))
+    }
+
+    /// A server with the test server certificate, offering ALPN `http/1.1`.
+    fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        let key = PrivateKeyDer::from_pem_file(self.path("server.key")).unwrap();
+        let mut config = rustls::ServerConfig::builder_with_provider(keel_proxy::tls::provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(self.certs("server.pem"), key)
+            .unwrap();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        tokio_rustls::TlsAcceptor::from(Arc::new(config))
+    }
+}
+
+impl Drop for Pki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn make_ca(name: &str) -> (rcgen::Certificate, KeyPair) {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    (params.self_signed(&key).unwrap(), key)
+}
+
+/// What a test backend saw.
+#[derive(Default)]
+struct Seen {
+    /// `x-forwarded-proto` of each request other than health checks.
+    proto: Mutex<Vec<String>>,
+    /// Requests to `/healthz`.
+    healthz: AtomicU64,
+}
+
+/// A small HTTP/1.1 backend (over TLS with `tls`) answering 200 `ok` and recording what it saw.
+async fn backend(tls: Option<tokio_rustls::TlsAcceptor>) -> (SocketAddr, Arc<Seen>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Seen::default());
+    let seen2 = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let seen = seen2.clone();
+            let tls = tls.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let seen = seen.clone();
+                    async move {
+                        if req.uri().path() == "/healthz" {
+                            seen.healthz.fetch_add(1, Relaxed);
+                        } else {
+                            let proto = req
+                                .headers()
+                                .get("x-forwarded-proto")
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or("(none)")
+                                .to_string();
+                            seen.proto.lock().unwrap().push(proto);
+                        }
+                        Ok::<_, std::convert::Infallible>(Response::new(Full::new(
+                            Bytes::from_static(b"ok"),
+                        )))
+                    }
+                });
+                let http = hyper::server::conn::http1::Builder::new();
+                match tls {
+                    None => {
+                        let _ = http.serve_connection(TokioIo::new(tcp), svc).await;
+                    }
+                    Some(acceptor) => {
+                        if let Ok(stream) = acceptor.accept(tcp).await {
+                            let _ = http.serve_connection(TokioIo::new(stream), svc).await;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// One listener (with `listener_extra` lines, e.g. a `[listener.tls]` table) and one cluster over
+/// `backend` (with `cluster_extra` lines).
+fn config(backend: SocketAddr, listener_extra: &str, cluster_extra: &str) -> ProxyConfig {
+    let text = format!(
+        "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n{listener_extra}\n\n[[cluster]]\nname = \"app\"\nendpoints = [{{ address = \"{backend}\" }}]\nconnect_timeout = \"500ms\"\nrequest_timeout = \"3s\"\n{cluster_extra}\n"
+    );
+    ProxyConfig::from_toml_str(&text, "tls-test.toml")
+        .unwrap_or_else(|e| panic!("{e}\n--- config ---\n{text}"))
+}
+
+fn listener_tls(pki: &Pki, extra: &str) -> String {
+    format!(
+        "{extra}\n[listener.tls]\ncert = {}\nkey = {}\n",
+        pki.toml("server.pem"),
+        pki.toml("server.key")
+    )
+}
+
+/// A TLS connection to the proxy offering `alpn`; returns the stream and the negotiated ALPN.
+async fn tls_connect(
+    pki: &Pki,
+    addr: SocketAddr,
+    alpn: &[&[u8]],
+) -> (tokio_rustls::client::TlsStream<TcpStream>, Option<Vec<u8>>) {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = ServerName::try_from("localhost").unwrap();
+    let stream = pki.connector(alpn).connect(name, tcp).await.unwrap();
+    let negotiated = stream.get_ref().1.alpn_protocol().map(|p| p.to_vec());
+    (stream, negotiated)
+}
+
+/// `GET /` over HTTP/1.1 on an open TLS stream: (status, version, body).
+async fn get_h1(
+    stream: tokio_rustls::client::TlsStream<TcpStream>,
+) -> (StatusCode, Version, String) {
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::get("/")
+        .header("host", "localhost")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    let (status, version) = (resp.status(), resp.version());
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, version, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Plain `GET /` to the proxy: (status, body).
+async fn get_plain(addr: SocketAddr) -> (StatusCode, String) {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::get("/")
+        .header("host", "localhost")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    let status = resp.status();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_listener_serves_http1_and_http2_by_alpn() {
+    let pki = Pki::generate("listener");
+    let (backend_addr, seen) = backend(None).await;
+    let proxy = keel_proxy::start(config(backend_addr, &listener_tls(&pki, ""), ""))
+        .await
+        .unwrap();
+    let addr = proxy.listener_addrs()[0];
+
+    // HTTP/1.1: the client offers only http/1.1.
+    let (stream, alpn) = tls_connect(&pki, addr, &[b"http/1.1"]).await;
+    assert_eq!(alpn.as_deref(), Some(&b"http/1.1"[..]));
+    let (status, version, body) = get_h1(stream).await;
+    assert_eq!(
+        (status, version, body.as_str()),
+        (StatusCode::OK, Version::HTTP_11, "ok")
+    );
+
+    // HTTP/2: the client offers both; the proxy prefers h2.
+    let (stream, alpn) = tls_connect(&pki, addr, &[b"h2", b"http/1.1"]).await;
+    assert_eq!(alpn.as_deref(), Some(&b"h2"[..]));
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    for _ in 0..3 {
+        let req = Request::get("https://localhost/")
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        let resp = sender.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.version(), Version::HTTP_2);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"ok");
+    }
+
+    let proto = seen.proto.lock().unwrap().clone();
+    assert_eq!(
+        proto,
+        vec!["https"; 4],
+        "x-forwarded-proto seen by the backend"
+    );
+    assert_eq!(proxy.tls_handshake_failures(0), 0);
+
+    // A plain-HTTP request on the TLS port is a failed handshake, not a request.
+    let mut raw = TcpStream::connect(addr).await.unwrap();
+    raw.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(2), raw.read_to_end(&mut buf)).await;
+    assert!(
+        !buf.starts_with(b"HTTP/"),
+        "answered as plain HTTP: {buf:?}"
+    );
+    assert_eq!(
+        seen.proto.lock().unwrap().len(),
+        4,
+        "forwarded a plain request"
+    );
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_handshake_is_cut_and_holds_nobody_up() {
+    let pki = Pki::generate("stall");
+    let (backend_addr, seen) = backend(None).await;
+    let timeout = Duration::from_millis(600);
+    let proxy = keel_proxy::start(config(
+        backend_addr,
+        &listener_tls(&pki, "header_read_timeout = \"600ms\"\nmax_connections = 4"),
+        "",
+    ))
+    .await
+    .unwrap();
+    let addr = proxy.listener_addrs()[0];
+
+    let started = Instant::now();
+    // Three clients that never send a ClientHello take three of the four slots.
+    let mut silent = Vec::new();
+    for _ in 0..3 {
+        silent.push(TcpStream::connect(addr).await.unwrap());
+    }
+    // A garbage "ClientHello" is refused at once.
+    let mut garbage = TcpStream::connect(addr).await.unwrap();
+    garbage
+        .write_all(&[0x16, 0x03, 0x01, 0x00, 0x05, 1, 2, 3, 4, 5])
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(2), garbage.read_to_end(&mut buf))
+        .await
+        .expect("garbage connection not closed")
+        .ok();
+
+    // Meanwhile a real client is served, well before the silent ones time out.
+    let (stream, _) = tls_connect(&pki, addr, &[b"http/1.1"]).await;
+    let (status, _, _) = get_h1(stream).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        started.elapsed() < timeout,
+        "served only after {:?}",
+        started.elapsed()
+    );
+
+    // The silent clients are disconnected at the handshake timeout.
+    for mut s in silent {
+        let mut buf = [0u8; 64];
+        let r = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf))
+            .await
+            .expect("silent connection still open after 3 s");
+        assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
+    }
+    let waited = started.elapsed();
+    assert!(
+        waited >= timeout - Duration::from_millis(50) && waited < timeout * 3,
+        "silent clients closed after {waited:?}, handshake timeout {timeout:?}"
+    );
+    // Their slots came back: four new clients at once (max_connections = 4) are all served.
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let connector = pki.connector(&[b"http/1.1"]);
+        tasks.push(tokio::spawn(async move {
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            let s = connector
+                .connect(ServerName::try_from("localhost").unwrap(), tcp)
+                .await
+                .unwrap();
+            get_h1(s).await.0
+        }));
+    }
+    for t in tasks {
+        let status = tokio::time::timeout(Duration::from_secs(2), t)
+            .await
+            .expect("a client waited for a slot")
+            .unwrap();
+        assert_eq!(status, StatusCode::OK);
+    }
+    assert_eq!(proxy.tls_handshake_failures(0), 4, "3 silent + 1 garbage");
+    assert_eq!(seen.proto.lock().unwrap().len(), 5);
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_upstream_is_verified_against_the_cluster_ca() {
+    let pki = Pki::generate("upstream");
+    let (backend_addr, seen) = backend(Some(pki.acceptor())).await;
+    let tls_table = |ca: &str, extra: &str| {
+        format!(
+            "[cluster.health_check]\ninterval = \"100ms\"\ntimeout = \"500ms\"\n[cluster.tls]\nca = {}\n{extra}",
+            pki.toml(ca)
+        )
+    };
+    let proxy = keel_proxy::start(config(backend_addr, "", &tls_table("ca.pem", "")))
+        .await
+        .unwrap();
+    let addr = proxy.listener_addrs()[0];
+    for _ in 0..3 {
+        assert_eq!(get_plain(addr).await, (StatusCode::OK, "ok".to_string()));
+    }
+    assert_eq!(*seen.proto.lock().unwrap(), vec!["http"; 3]);
+    // Health checks reach the TLS-only backend too (it answers nothing but TLS).
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while seen.healthz.load(Relaxed) < 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(seen.healthz.load(Relaxed) >= 2, "no health check over TLS");
+    assert!(proxy.cluster_status("app").unwrap()[0].healthy);
+
+    // A CA that did not sign the backend's certificate: 502, the backend never sees a request.
+    let before = seen.proto.lock().unwrap().len();
+    proxy
+        .reload(config(backend_addr, "", &tls_table("other-ca.pem", "")))
+        .unwrap();
+    let (status, body) = get_plain(addr).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert!(body.contains("certificate"), "{body}");
+    // A name the certificate is not valid for: 502 too.
+    proxy
+        .reload(config(
+            backend_addr,
+            "",
+            &tls_table("ca.pem", "server_name = \"other.example\""),
+        ))
+        .unwrap();
+    let (status, body) = get_plain(addr).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert_eq!(seen.proto.lock().unwrap().len(), before);
+
+    // The right CA again (a reload may change [cluster.tls]), and a name the cert has.
+    proxy
+        .reload(config(
+            backend_addr,
+            "",
+            &tls_table("ca.pem", "server_name = \"localhost\""),
+        ))
+        .unwrap();
+    assert_eq!(get_plain(addr).await, (StatusCode::OK, "ok".to_string()));
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_cluster_to_a_tls_backend_is_a_502() {
+    let pki = Pki::generate("plain-to-tls");
+    let (backend_addr, seen) = backend(Some(pki.acceptor())).await;
+    let proxy = keel_proxy::start(config(backend_addr, "", ""))
+        .await
+        .unwrap();
+    let (status, _) = get_plain(proxy.listener_addrs()[0]).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    assert!(seen.proto.lock().unwrap().is_empty());
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_tls_change_is_refused_by_reload() {
+    let pki = Pki::generate("reload");
+    let (backend_addr, _) = backend(None).await;
+    let proxy = keel_proxy::start(config(backend_addr, &listener_tls(&pki, ""), ""))
+        .await
+        .unwrap();
+    let e = proxy.reload(config(backend_addr, "", "")).unwrap_err();
+    assert!(e.to_string().contains("TLS"), "{e}");
+    proxy
+        .reload(config(backend_addr, &listener_tls(&pki, ""), ""))
+        .unwrap();
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
+
+/// Writes `text` as `proxy.toml` in the PKI directory and loads it.
+fn load_file(pki: &Pki, text: &str) -> Result<ProxyConfig, keel_proxy::ConfigError> {
+    let path = pki.path("proxy.toml");
+    std::fs::write(&path, text).unwrap();
+    ProxyConfig::from_file(&path)
+}
+
+const FILE_HEAD: &str = "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n";
+const FILE_CLUSTER: &str =
+    "\n[[cluster]]\nname = \"app\"\nendpoints = [{ address = \"127.0.0.1:9\" }]\n";
+
+#[test]
+fn tls_files_are_relative_to_the_config_file_and_errors_are_located() {
+    let pki = Pki::generate("config");
+    let with_listener_tls = |cert: &str, key: &str| {
+        format!("{FILE_HEAD}[listener.tls]\ncert = \"{cert}\"\nkey = \"{key}\"\n{FILE_CLUSTER}")
+    };
+    // Relative names are found next to the file, whatever the current directory.
+    let c = load_file(&pki, &with_listener_tls("server.pem", "server.key")).unwrap();
+    let tls = c.listeners[0].tls.as_ref().unwrap();
+    assert_eq!(tls.cert, pki.path("server.pem"));
+
+    let e = load_file(&pki, &with_listener_tls("missing.pem", "server.key")).unwrap_err();
+    assert_eq!(e.key.as_deref(), Some("listener[0].tls.cert"), "{e}");
+    assert_eq!(e.line, Some(5), "{e}");
+    assert!(
+        e.message.contains("cannot read") && e.message.contains("missing.pem"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("proxy.toml:5:"), "{e}");
+
+    let e = load_file(&pki, &with_listener_tls("server.pem", "other.key")).unwrap_err();
+    assert_eq!(e.key.as_deref(), Some("listener[0].tls.key"), "{e}");
+    assert_eq!(e.line, Some(6), "{e}");
+    assert!(e.message.contains("does not match"), "{e}");
+
+    let e = load_file(&pki, &with_listener_tls("server.key", "server.key")).unwrap_err();
+    assert_eq!(e.key.as_deref(), Some("listener[0].tls.cert"), "{e}");
+    assert!(e.message.contains("no certificate"), "{e}");
+
+    let e = load_file(&pki, &with_listener_tls("server.pem", "server.pem")).unwrap_err();
+    assert_eq!(e.key.as_deref(), Some("listener[0].tls.key"), "{e}");
+    assert!(e.message.contains("no private key"), "{e}");
+
+    let with_cluster_tls =
+        |table: &str| format!("{FILE_HEAD}{FILE_CLUSTER}[cluster.tls]\n{table}\n");
+    load_file(&pki, &with_cluster_tls("ca = \"ca.pem\"")).unwrap();
+    let e = load_file(&pki, &with_cluster_tls("ca = \"nope.pem\"")).unwrap_err();
+    assert_eq!(e.key.as_deref(), Some("cluster[0].tls.ca"), "{e}");
+    assert_eq!(e.line, Some(9), "{e}");
+    assert!(e.message.contains("cannot read"), "{e}");
+    let e = load_file(
+        &pki,
+        &with_cluster_tls("ca = \"ca.pem\"\nserver_name = \"not a name\""),
+    )
+    .unwrap_err();
+    assert_eq!(e.key.as_deref(), Some("cluster[0].tls.server_name"), "{e}");
+    let e = load_file(&pki, &with_cluster_tls("server_name = \"localhost\"")).unwrap_err();
+    assert!(e.message.contains("ca"), "{e}");
+}
+
+#[test]
+fn certificate_paths_without_a_file_are_relative_to_the_current_directory() {
+    // The test binary runs in the crate directory; a path that exists only next to the PKI
+    // files is not found from there.
+    let pki = Pki::generate("cwd");
+    assert!(!Path::new("server.pem").exists());
+    let text = format!(
+        "{FILE_HEAD}[listener.tls]\ncert = \"server.pem\"\nkey = \"server.key\"\n{FILE_CLUSTER}"
+    );
+    let e = ProxyConfig::from_toml_str(&text, "inline").unwrap_err();
+    assert_eq!(e.key.as_deref(), Some("listener[0].tls.cert"), "{e}");
+    drop(pki);
+}
