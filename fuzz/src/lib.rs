@@ -32,6 +32,12 @@ pub fn check(text: &str) {
     }
 }
 
+/// True when `KEEL_FUZZ_STRICT=1`: known bugs count as findings too.
+fn strict() -> bool {
+    static STRICT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *STRICT.get_or_init(|| std::env::var("KEEL_FUZZ_STRICT").is_ok_and(|v| v == "1"))
+}
+
 /// What an accepted configuration promises to the proxy that runs it.
 fn check_accepted(config: &ProxyConfig) {
     assert!(!config.listeners.is_empty() && !config.clusters.is_empty());
@@ -57,9 +63,19 @@ fn check_accepted(config: &ProxyConfig) {
         let _ = lb.status(now);
         let per_try = c.per_try_timeout();
         assert!(
-            !per_try.is_zero() && per_try <= c.request_timeout,
-            "per-try timeout {per_try:?} outside (0, {:?}]",
+            per_try <= c.request_timeout,
+            "per-try timeout {per_try:?} above the request timeout {:?}",
             c.request_timeout
+        );
+        // Known bug (keel-proxy config.rs, not fixed here): `request_timeout = "1ns"` with the
+        // default `attempts = 1` is accepted and gives a per-try timeout of 0 (every try times
+        // out at once). Tolerated so that fuzzing goes on past it; KEEL_FUZZ_STRICT=1 makes it
+        // a finding again (as `per_try_timeout_is_never_zero` in config_props.rs, ignored).
+        assert!(
+            !per_try.is_zero() || !strict(),
+            "per-try timeout 0 (request_timeout {:?}, attempts {})",
+            c.request_timeout,
+            c.retry.attempts
         );
         let budget = RetryBudget::new(c.retry.budget());
         budget.record_request(now);
