@@ -51,10 +51,17 @@ const RSS_GROWTH_LIMIT_KB: u64 = 64 * 1024;
 const FD_SLACK: usize = 2;
 
 /// The proxy's cluster settings, tuned as a user would for this failure model:
-/// - retries: 4 (5 tries on distinct endpoints). At most half of the endpoints are bad at once,
-///   but one more may turn bad while a request is in flight, so 5 distinct tries always meet a
-///   good one; the budget is raised so that a burst of failures (a kill with requests in
-///   flight) cannot use it up.
+/// - retries: 4 (5 tries, each on an endpoint not tried yet while one is left). At most half of
+///   the endpoints (at most 4 of the at most 9) are down at once, so the 5th distinct try is on
+///   a good one unless the schedule took another one down during that very request; with
+///   ejection and health checks taking down endpoints out of rotation within ~0.5 s, most
+///   requests meet none. Only a try on a good endpoint is never lost: the proxy retries every
+///   failure of an idempotent GET (refused, reset, cut body, 503, per-try timeout). The budget
+///   is raised so that a burst of failures (a kill with requests in flight) cannot use it up.
+///   With `attempts = 1` this test does lose requests (5 to 509 per run over five seeds).
+/// - panic threshold: the default 50%. Endpoints still ejected after a restart can push the
+///   available share under it for a moment; picks then ignore health and meet down endpoints
+///   more often, which retries cover at the cost of latency.
 /// - per-try timeout 250 ms: a hung endpoint costs a request 250 ms, not the whole
 ///   request timeout, and the retry goes elsewhere. Healthy answers take ~2 ms.
 /// - outlier detection: 2 failures in a row eject for 1 s (at most 4 s), at most 50%.
@@ -441,7 +448,9 @@ impl Chaos {
                         continue;
                     };
                     let b = self.slots[i].backend.take().expect("an up backend runs");
-                    // Stops listening and drops every connection, in-flight requests included.
+                    // Stops listening and drops every connection, in-flight requests included
+                    // (closed with a FIN, as the kernel does for a process that exits; the
+                    // `reset` fault covers RSTs).
                     self.counts.connections_cut += b.open_connections();
                     b.shutdown().await;
                     self.slots[i].state = State::Killed;
@@ -735,23 +744,26 @@ async fn chaos_loses_no_request_and_leaks_nothing() {
     // The faults were met (tries failed and were retried) and the proxy applied every reload.
     assert!(retries > 0, "{summary}");
     assert_eq!(reloads_ok, u64::from(c.reloads), "{summary}");
-    // The chaos did something: load flowed, and every kind of event happened.
+    // The chaos did something: load flowed, and (in a run of the default length, ~100 events)
+    // every kind of event happened and added endpoints served requests. Shorter runs
+    // (KEEL_CHAOS_SECS) may miss a kind by chance, so only the default length checks that.
     assert!(sent >= 1000, "too little load: {sent}");
-    assert!(
-        c.kills > 0 && c.restarts > 0 && c.reloads > 0 && c.added > 0 && c.removed > 0,
-        "{summary}"
-    );
-    assert!(
-        c.faults.keys().filter(|k| **k != "slow").count() >= 2,
-        "{summary}"
-    );
-    // Endpoints added during the run served requests (the reload put them in rotation).
-    assert!(
-        by_endpoint
-            .keys()
-            .any(|e| !initial.iter().any(|a| a.to_string() == *e)),
-        "no answer from an added endpoint: {by_endpoint:?}"
-    );
+    if chaos_for >= DEFAULT_CHAOS {
+        assert!(
+            c.kills > 0 && c.restarts > 0 && c.reloads > 0 && c.added > 0 && c.removed > 0,
+            "{summary}"
+        );
+        assert!(
+            c.faults.keys().filter(|k| **k != "slow").count() >= 2,
+            "{summary}"
+        );
+        assert!(
+            by_endpoint
+                .keys()
+                .any(|e| !initial.iter().any(|a| a.to_string() == *e)),
+            "no answer from an added endpoint: {by_endpoint:?}"
+        );
+    }
     assert!(
         final_endpoints
             .iter()
