@@ -44,11 +44,12 @@ const RETIRE_AFTER: Duration = Duration::from_secs(1);
 /// the proxy, every backend and the clients; a few MB are expected (buffers of a few hundred
 /// connections, the maglev tables of the reloads); 64 MB would be a leak.
 const RSS_GROWTH_LIMIT_KB: u64 = 64 * 1024;
-/// Descriptors allowed above the starting count once everything has stopped. Everything this
-/// test opens is a socket that must be closed by then; the slack covers nothing but runtime
-/// internals created lazily on first use (none were seen in practice: the measured difference
-/// is 0), so it is kept at 2.
-const FD_SLACK: usize = 2;
+/// Descriptors allowed above the starting count once everything has stopped: none. Everything
+/// this test opens after its first count is a socket that must be closed by then (the tokio
+/// runtime's epoll and wake-up descriptors exist before it; address lookups are numeric and
+/// open nothing). Sockets close asynchronously (a connection task ends after its peer closed),
+/// which the wait of up to 3 s before the last count allows for, not a slack.
+const FD_SLACK: usize = 0;
 
 /// The proxy's cluster settings, tuned as a user would for this failure model:
 /// - retries: 4 (5 tries, each on an endpoint not tried yet while one is left). At most half of
@@ -67,8 +68,11 @@ const FD_SLACK: usize = 2;
 /// - outlier detection: 2 failures in a row eject for 1 s (at most 4 s), at most 50%.
 /// - health checks every 100 ms (timeout 200 ms, 2 in a row): a killed or hung endpoint is out
 ///   of rotation within ~0.5 s, a restarted one back within ~0.2 s.
+/// - pool idle timeout 2 s (default 90 s): pooled connections to a killed endpoint stay open
+///   (CLOSE-WAIT) until reaped, so a short timeout gives their descriptors back soon.
 const CLUSTER_SETTINGS: &str = r#"connect_timeout = "250ms"
 request_timeout = "5s"
+pool_idle_timeout = "2s"
 [cluster.retry]
 attempts = 4
 per_try_timeout = "250ms"
@@ -157,6 +161,19 @@ fn proxy_config(slots: &[Slot], strategy: StrategyKind) -> ProxyConfig {
     );
     ProxyConfig::from_toml_str(&text, "chaos.toml")
         .unwrap_or_else(|e| panic!("{e}\n--- config ---\n{text}"))
+}
+
+/// Waits up to `limit` for the open descriptors to come down to `target`; returns the last
+/// count (a probe's socket may be open for a moment, hence the polling).
+async fn settle_fds(target: usize, limit: Duration) -> usize {
+    let start = Instant::now();
+    loop {
+        let n = open_fds();
+        if n <= target || start.elapsed() >= limit {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 fn open_fds() -> usize {
@@ -665,8 +682,11 @@ async fn chaos_loses_no_request_and_leaks_nothing() {
     let no_endpoint = metric(&m, "keel_no_endpoint_total{cluster=\"app\"}");
     let reloads_ok = metric(&m, "keel_config_reloads_total{result=\"ok\"}");
 
-    // Everything stops: the proxy (its pool closes with it), then every backend.
-    proxy.shutdown(Duration::from_secs(2)).await;
+    // Everything stops: first every backend, with the proxy still running. Its pooled
+    // connections to them are then closed by the peer, but the pool closes its side only when
+    // it next checks a connection out or when `pool_idle_timeout` (2 s here) reaps it; until
+    // then they sit in CLOSE-WAIT. So the running proxy must come down to its two listening
+    // sockets (listener and admin) within a few idle timeouts.
     let final_endpoints: Vec<SocketAddr> = chaos.slots.iter().map(|s| s.addr).collect();
     for s in chaos.slots.drain(..) {
         if let Some(b) = s.backend {
@@ -676,14 +696,13 @@ async fn chaos_loses_no_request_and_leaks_nothing() {
     for (_, b) in chaos.retiring.drain(..) {
         b.shutdown().await;
     }
-    // Connection tasks end a moment after their peer closed: allow them up to 3 s.
-    let settle = Instant::now();
-    while open_fds() > fds_before && settle.elapsed() < Duration::from_secs(3) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let proxy_listeners = 2;
+    let fds_proxy_idle = settle_fds(fds_before + proxy_listeners, Duration::from_secs(8)).await;
+    // Then the proxy; connection tasks end a moment after their peer closed.
+    proxy.shutdown(Duration::from_secs(2)).await;
+    let fds_after = settle_fds(fds_before, Duration::from_secs(3)).await;
     stop_monitor.store(true, Relaxed);
     monitor.await.unwrap();
-    let fds_after = open_fds();
     let (rss_after, hwm) = memory_kb();
     let fds_peak = peaks.fds.load(Relaxed);
     let rss_peak = peaks.rss_kb.load(Relaxed).max(hwm);
@@ -696,7 +715,7 @@ async fn chaos_loses_no_request_and_leaks_nothing() {
         summary,
         "chaos summary: seed {seed}; chaos {:.1}s (load {:.1}s); requests sent {sent} ok {ok} failed {failed} ({:.0}/s), proxy retries {retries} (budget refusals {budget_refusals}, no endpoint {no_endpoint}); \
          kills {} (connections cut {}) restarts {} (port taken {}); faults [{}] cleared {}; reloads {}; endpoints added {} removed {} (most down at once {}); \
-         fds before {fds_before} peak {fds_peak} after {fds_after}; RSS kB before {rss_before} peak {rss_peak} after {rss_after}; \
+         fds before {fds_before} peak {fds_peak} proxy idle {fds_proxy_idle} after {fds_after}; RSS kB before {rss_before} peak {rss_peak} after {rss_after}; \
          {} endpoints answered",
         chaos_took.as_secs_f64(),
         load_took.as_secs_f64(),
@@ -769,6 +788,10 @@ async fn chaos_loses_no_request_and_leaks_nothing() {
             .iter()
             .any(|a| by_endpoint.contains_key(&a.to_string())),
         "{by_endpoint:?}"
+    );
+    assert!(
+        fds_proxy_idle <= fds_before + proxy_listeners + FD_SLACK,
+        "the running proxy holds descriptors after its backends stopped: {fds_before} before the start, {fds_proxy_idle} with the proxy idle (2 listeners)"
     );
     assert!(
         fds_after <= fds_before + FD_SLACK,
