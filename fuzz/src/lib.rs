@@ -103,6 +103,9 @@ enum Kind {
     Endpoints,
     Seed,
     Weight,
+    /// A PEM file path (none of them holds a usable certificate: the error paths).
+    File,
+    ServerName,
 }
 
 const TOP_KEYS: &[(&str, Kind)] = &[("drain_timeout", Kind::Duration)];
@@ -171,6 +174,8 @@ const SLOW_START_KEYS: &[(&str, Kind)] = &[
     ("min_weight_percent", Kind::Percent),
 ];
 const ENDPOINT_KEYS: &[(&str, Kind)] = &[("address", Kind::Address), ("weight", Kind::Weight)];
+const LISTENER_TLS_KEYS: &[(&str, Kind)] = &[("cert", Kind::File), ("key", Kind::File)];
+const CLUSTER_TLS_KEYS: &[(&str, Kind)] = &[("ca", Kind::File), ("server_name", Kind::ServerName)];
 
 /// Integers at and around every bound in the configuration.
 const EDGE_INTS: &[i128] = &[
@@ -285,6 +290,7 @@ enum Sub {
     OutlierDetection,
     FailureRate,
     SlowStart,
+    Tls,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -300,6 +306,7 @@ struct ListenerDoc {
     cluster: u8,
     port: u16,
     entries: Vec<Entry>,
+    tls: Option<Vec<Entry>>,
 }
 
 /// A whole configuration document, rendered to TOML by [`Doc::render`].
@@ -333,6 +340,7 @@ impl Doc {
             cluster: 0,
             port: 0,
             entries: Vec::new(),
+            tls: None,
         }];
         let listeners: &[ListenerDoc] = if self.listeners.is_empty() && self.bare % 8 != 0 {
             &default_listener
@@ -357,6 +365,11 @@ impl Doc {
                 ("cluster", quote(pick(CLUSTER_NAMES, l.cluster as u64))),
             ];
             write_entries(&mut out, LISTENER_KEYS, &l.entries, &base);
+            if let Some(tls) = &l.tls {
+                out.push_str("[listener.tls]\n");
+                let base = [("cert", quote("/dev/null")), ("key", quote("/dev/null"))];
+                write_entries(&mut out, LISTENER_TLS_KEYS, tls, &base);
+            }
         }
         for c in clusters {
             out.push_str("[[cluster]]\n");
@@ -392,6 +405,7 @@ impl Doc {
                         FAILURE_RATE_KEYS,
                     ),
                     Sub::SlowStart => ("[cluster.slow_start]", SLOW_START_KEYS),
+                    Sub::Tls => ("[cluster.tls]", CLUSTER_TLS_KEYS),
                 };
                 // A table defined twice is a TOML error that would end most documents at
                 // the parser.
@@ -401,7 +415,11 @@ impl Doc {
                 written.push(header);
                 out.push_str(header);
                 out.push('\n');
-                write_entries(&mut out, keys, entries, &[]);
+                let base: &[(&str, String)] = match sub {
+                    Sub::Tls => &[("ca", quote("/dev/null"))],
+                    _ => &[],
+                };
+                write_entries(&mut out, keys, entries, base);
             }
         }
         out
@@ -495,7 +513,7 @@ fn value(kind: Kind, v: &Val) -> String {
     }
     match &v.other {
         Other::Kind(k) => {
-            const KINDS: [Kind; 16] = [
+            const KINDS: [Kind; 18] = [
                 Kind::Count,
                 Kind::Size,
                 Kind::Float,
@@ -512,6 +530,8 @@ fn value(kind: Kind, v: &Val) -> String {
                 Kind::Endpoints,
                 Kind::Seed,
                 Kind::Weight,
+                Kind::File,
+                Kind::ServerName,
             ];
             typed(KINDS[*k as usize % KINDS.len()], v.sel, v.n)
         }
@@ -625,6 +645,31 @@ fn typed(kind: Kind, sel: u16, n: u64) -> String {
                 "with a space in it!!",
                 "tab\tin-the-middle-x",
                 "",
+            ],
+            n,
+        )),
+        // Never a device or a FIFO: reading `/dev/zero` does not end (a known bug, reported).
+        Kind::File => quote(pick(
+            &[
+                "/nonexistent/cert.pem",
+                "/dev/null",
+                "",
+                "certs/server.pem",
+                "/etc/hostname",
+                "/",
+                "Cargo.toml",
+            ],
+            n,
+        )),
+        Kind::ServerName => quote(pick(
+            &[
+                "localhost",
+                "",
+                "bad name",
+                "127.0.0.1",
+                "a..b",
+                "xn--",
+                "[::1]",
             ],
             n,
         )),
