@@ -1,7 +1,8 @@
-//! A cluster at run time: its keel-balance [`Balancer`] and [`RetryBudget`], the HTTP client
-//! (keep-alive pool) that reaches its endpoints, and per-endpoint data prepared once so that
-//! the hot path does not parse addresses.
+//! A cluster at run time: its keel-balance [`Balancer`] and [`RetryBudget`], and per endpoint
+//! its keep-alive pool ([`EndpointPool`]) and data prepared once so that the hot path does not
+//! parse addresses.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -9,18 +10,12 @@ use std::time::{Duration, Instant};
 
 use hyper::http::uri::Authority;
 use hyper::http::HeaderValue;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use keel_balance::{Balancer, EndpointId, EndpointSpec, Outcome, Pick, RetryBudget};
 
-use crate::body::UpstreamBody;
 use crate::config::{ClusterConfig, HashOn};
 use crate::metrics::{ClusterMetrics, EndpointMetrics, ErrorKind, Registry};
-use crate::tls::{UpstreamConnector, UpstreamTls};
-
-/// The upstream HTTP client type (TCP, plus TLS for a cluster with `[cluster.tls]`).
-pub type UpstreamClient = Client<UpstreamConnector, UpstreamBody>;
+use crate::pool::{EndpointPool, PoolSettings};
+use crate::tls::UpstreamTls;
 
 /// One endpoint's prepared data, by its index in the balancer.
 pub struct EndpointEntry {
@@ -32,6 +27,8 @@ pub struct EndpointEntry {
     pub header: HeaderValue,
     /// Counters.
     pub metrics: Arc<EndpointMetrics>,
+    /// Its keep-alive connections.
+    pub pool: Arc<EndpointPool>,
 }
 
 /// A cluster at run time. Immutable once built; a reload builds a new one (sharing endpoint
@@ -43,8 +40,6 @@ pub struct Cluster {
     pub balancer: Balancer,
     /// The retry budget (kept across reloads while its settings stay).
     pub budget: Arc<RetryBudget>,
-    /// The client and its pool (kept across reloads while connect and pool settings stay).
-    pub client: UpstreamClient,
     /// Endpoint data by balancer index.
     pub endpoints: Vec<EndpointEntry>,
     /// Client-facing counters.
@@ -54,26 +49,7 @@ pub struct Cluster {
     epoch: Instant,
 }
 
-fn make_client(c: &ClusterConfig) -> anyhow::Result<UpstreamClient> {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(c.connect_timeout));
-    connector.set_nodelay(true);
-    connector.enforce_http(true);
-    // The handshake gets its own connect_timeout, after the TCP connect's.
-    let tls = c
-        .tls
-        .as_ref()
-        .map(|t| UpstreamTls::new(t, c.connect_timeout))
-        .transpose()?;
-    let connector = UpstreamConnector::new(connector, tls);
-    Ok(Client::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
-        .timer(TokioTimer::new())
-        .pool_idle_timeout(c.pool_idle_timeout)
-        .pool_max_idle_per_host(c.pool_max_idle_per_endpoint)
-        .build(connector))
-}
-
+/// True if endpoints that stay can keep their pools (and idle connections).
 fn same_client_settings(a: &ClusterConfig, b: &ClusterConfig) -> bool {
     a.connect_timeout == b.connect_timeout
         && a.pool_idle_timeout == b.pool_idle_timeout
@@ -102,9 +78,25 @@ impl Cluster {
             Some(old) if *old.budget.config() == budget_config => old.budget.clone(),
             _ => Arc::new(RetryBudget::new(budget_config)),
         };
-        let client = match previous {
-            Some(old) if same_client_settings(&old.config, &config) => old.client.clone(),
-            _ => make_client(&config)?,
+        // The handshake gets its own connect_timeout, after the TCP connect's.
+        let tls = config
+            .tls
+            .as_ref()
+            .map(|t| UpstreamTls::new(t, config.connect_timeout))
+            .transpose()?;
+        let pool_settings = PoolSettings {
+            connect_timeout: config.connect_timeout,
+            idle_timeout: config.pool_idle_timeout,
+            max_idle: config.pool_max_idle_per_endpoint,
+        };
+        // Endpoints that stay keep their idle connections when the pool settings stay.
+        let old_pools: HashMap<&str, &Arc<EndpointPool>> = match previous {
+            Some(old) if same_client_settings(&old.config, &config) => old
+                .endpoints
+                .iter()
+                .map(|e| (e.authority.as_str(), &e.pool))
+                .collect(),
+            _ => HashMap::new(),
         };
         let endpoints = balancer
             .endpoints()
@@ -115,6 +107,10 @@ impl Cluster {
                     authority: e.address().parse()?,
                     header: HeaderValue::from_str(e.address())?,
                     metrics: registry.endpoint(&config.name, e.address()),
+                    pool: match old_pools.get(e.address()) {
+                        Some(p) => Arc::clone(p),
+                        None => EndpointPool::new(e.address(), pool_settings, tls.clone()),
+                    },
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
@@ -124,7 +120,6 @@ impl Cluster {
             config,
             balancer,
             budget,
-            client,
             endpoints,
             epoch,
         })

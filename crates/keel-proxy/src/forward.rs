@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Incoming};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
-use hyper::http::uri::{PathAndQuery, Scheme};
+use hyper::http::uri::PathAndQuery;
 use hyper::{Method, Request, Response, StatusCode, Uri, Version};
 use keel_balance::{EndpointId, Outcome, PickContext};
 
@@ -20,6 +20,7 @@ use crate::body::{
 use crate::cluster::Cluster;
 use crate::config::MAX_RETRY_ATTEMPTS;
 use crate::metrics::{class_index, ErrorKind};
+use crate::pool::UpstreamError;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -44,6 +45,12 @@ const HOP_BY_HOP: [HeaderName; 9] = [
 
 /// Removes hop-by-hop headers, including those that `Connection` names.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    // One pass over the names (comparisons of known names, no hashing) finds whether there is
+    // anything to remove: on most requests and responses there is not, and nine `remove`s
+    // would each hash a name.
+    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
+        return;
+    }
     if headers.contains_key(header::CONNECTION) {
         let named: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
@@ -240,19 +247,6 @@ fn describe(e: &(dyn std::error::Error + 'static)) -> String {
     inner.to_string()
 }
 
-fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur = Some(e);
-    while let Some(err) = cur {
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            if io.kind() == std::io::ErrorKind::TimedOut {
-                return true;
-            }
-        }
-        cur = err.source();
-    }
-    false
-}
-
 /// Reads a small body whole (at most `limit` bytes).
 async fn read_small(body: Incoming, limit: u64) -> Result<Bytes, String> {
     let mut body = body;
@@ -346,18 +340,17 @@ pub async fn handle(
         let entry = &cluster.endpoints[pick.index()];
         let last = attempt >= attempts;
 
-        let uri = {
-            let mut p = hyper::http::uri::Parts::default();
-            p.scheme = Some(Scheme::HTTP);
-            p.authority = Some(entry.authority.clone());
-            p.path_and_query = Some(path.clone());
-            Uri::from_parts(p).expect("scheme, authority and path make a URI")
-        };
-        let try_headers = if last {
+        // Origin form (`/path?query`): the connection is to the endpoint already.
+        let uri = Uri::from(path.clone());
+        let mut try_headers = if last {
             headers.take().unwrap_or_default()
         } else {
             headers.clone().unwrap_or_default()
         };
+        if !try_headers.contains_key(header::HOST) {
+            // HTTP/1.0 clients may send none; HTTP/1.1 requires one.
+            try_headers.insert(header::HOST, entry.header.clone());
+        }
         let mut up = Request::new(match &client_body {
             Some(b) => UpstreamBody::Client(b.clone()),
             None => UpstreamBody::Empty,
@@ -368,7 +361,7 @@ pub async fn handle(
         *up.headers_mut() = try_headers;
 
         let try_deadline = deadline.min(tokio::time::Instant::now() + cluster.per_try_timeout);
-        let result = tokio::time::timeout_at(try_deadline, cluster.client.request(up)).await;
+        let result = tokio::time::timeout_at(try_deadline, entry.pool.send(up)).await;
         let failure = match result {
             Err(_) => Failure::Error {
                 kind: ErrorKind::Timeout,
@@ -382,25 +375,11 @@ pub async fn handle(
                     })
                 ),
             },
-            Ok(Err(e)) if e.is_connect() => {
-                let timed_out = is_timeout(&e);
-                Failure::Error {
-                    kind: ErrorKind::Connect,
-                    cause: format!(
-                        "cannot connect to upstream {}: {}",
-                        entry.authority,
-                        if timed_out {
-                            format!(
-                                "connect timed out after {}",
-                                humantime::format_duration(cluster.config.connect_timeout)
-                            )
-                        } else {
-                            describe(&e)
-                        }
-                    ),
-                }
-            }
-            Ok(Err(e)) => Failure::Error {
+            Ok(Err(UpstreamError::Connect { cause, .. })) => Failure::Error {
+                kind: ErrorKind::Connect,
+                cause: format!("cannot connect to upstream {}: {cause}", entry.authority),
+            },
+            Ok(Err(UpstreamError::Http(e))) => Failure::Error {
                 kind: ErrorKind::Reset,
                 cause: format!(
                     "upstream {} closed the connection or sent an invalid response: {}",
@@ -408,10 +387,13 @@ pub async fn handle(
                     describe(&e)
                 ),
             },
-            Ok(Ok(resp)) => {
+            Ok(Ok((resp, mut conn))) => {
                 let status = resp.status().as_u16();
                 entry.metrics.responses[class_index(status)].fetch_add(1, Relaxed);
                 if cluster.is_failure_status(status) {
+                    // Its body is streamed to the client (last try) or dropped: either way
+                    // the connection is driven elsewhere from now on.
+                    entry.pool.put(conn);
                     Failure::Status(resp)
                 } else {
                     let small = resp
@@ -425,9 +407,13 @@ pub async fn handle(
                     rparts.headers.insert(X_KEEL_ENDPOINT, entry.header.clone());
                     match small {
                         Some(limit) => {
-                            match tokio::time::timeout_at(try_deadline, read_small(rbody, limit))
-                                .await
-                            {
+                            let read = tokio::time::timeout_at(
+                                try_deadline,
+                                conn.drive(read_small(rbody, limit)),
+                            )
+                            .await;
+                            entry.pool.put(conn);
+                            match read {
                                 Ok(Ok(data)) => {
                                     cluster.finish(pick, now, Outcome::Success, None);
                                     break Response::from_parts(
@@ -452,6 +438,8 @@ pub async fn handle(
                             }
                         }
                         None => {
+                            // Streamed: a task drives the connection until the body is done.
+                            entry.pool.put(conn);
                             break Response::from_parts(
                                 rparts,
                                 RespBody::Stream {

@@ -28,6 +28,7 @@ pub mod config;
 pub mod forward;
 mod health;
 pub mod metrics;
+pub mod pool;
 mod server;
 pub mod tls;
 

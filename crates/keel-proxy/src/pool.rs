@@ -1,0 +1,338 @@
+//! keel's own keep-alive pool of HTTP/1.1 connections to one endpoint.
+//!
+//! Why not hyper-util's pool: its client spawns a task per upstream connection, so every
+//! request crosses two tasks (the client's and the connection's) through channels, and its
+//! checkout takes a global lock and hashes the endpoint's key. Here a connection is a
+//! `(SendRequest, Connection)` pair owned by whoever uses it: the request's own task drives
+//! the connection while it sends the request and reads a small response, then puts the pair
+//! back in the endpoint's stack. Only a response streamed to the client (large or without a
+//! length) hands its connection to a spawned task, which returns it to the pool once the body
+//! is done. The stack is per endpoint (one short, uncontended lock), LIFO so that the warmest
+//! connection is reused and the idle ones age at the bottom, where they are pruned.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+use crate::body::UpstreamBody;
+use crate::tls::{UpstreamStream, UpstreamTls};
+
+/// The transport of an upstream connection (TCP, or TLS over TCP for a `[cluster.tls]`).
+pub type UpstreamIo = TokioIo<UpstreamStream>;
+
+/// One keep-alive connection: the sending half and the connection future that does its I/O.
+pub struct PooledConn {
+    send: http1::SendRequest<UpstreamBody>,
+    conn: http1::Connection<UpstreamIo, UpstreamBody>,
+    /// Set once the connection future finished (closed or failed): never pooled again.
+    done: bool,
+    /// When it was put back in the pool.
+    idle_since: Instant,
+    /// True if it came from the pool (a stale keep-alive connection may fail at first use).
+    reused: bool,
+}
+
+/// Why a request could not get a response from the endpoint.
+#[derive(Debug)]
+pub enum UpstreamError {
+    /// No connection could be made: the request never left.
+    Connect {
+        /// What the OS or resolver said.
+        cause: String,
+        /// The connect timeout ran out.
+        timed_out: bool,
+    },
+    /// The connection failed while the request was sent or the response read.
+    Http(hyper::Error),
+}
+
+impl UpstreamError {
+    /// True if the request never reached the endpoint.
+    pub fn is_connect(&self) -> bool {
+        matches!(self, UpstreamError::Connect { .. })
+    }
+}
+
+/// Settings of an endpoint's pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSettings {
+    /// Connect timeout.
+    pub connect_timeout: Duration,
+    /// Idle connections older than this are closed.
+    pub idle_timeout: Duration,
+    /// Most idle connections kept.
+    pub max_idle: usize,
+}
+
+/// The keep-alive pool of one endpoint.
+pub struct EndpointPool {
+    /// `host:port` as configured (resolved at each connect unless it is an IP address).
+    authority: String,
+    addr: Option<SocketAddr>,
+    /// The host part (the name TLS verifies unless the cluster sets `server_name`).
+    host: String,
+    settings: PoolSettings,
+    tls: Option<UpstreamTls>,
+    /// Idle connections, oldest at the front.
+    idle: Mutex<VecDeque<PooledConn>>,
+}
+
+impl EndpointPool {
+    /// A pool for `authority` (`host:port`); with `tls`, every connection is TLS.
+    pub fn new(authority: &str, settings: PoolSettings, tls: Option<UpstreamTls>) -> Arc<Self> {
+        let host = authority
+            .parse::<hyper::http::uri::Authority>()
+            .map(|a| a.host().to_string())
+            .unwrap_or_else(|_| authority.to_string());
+        let pool = Arc::new(Self {
+            authority: authority.to_string(),
+            addr: authority.parse().ok(),
+            host,
+            settings,
+            tls,
+            idle: Mutex::new(VecDeque::new()),
+        });
+        pool.spawn_reaper();
+        pool
+    }
+
+    /// Closes idle connections past the idle timeout even when no request comes to take or
+    /// return one (the pool prunes on use too). Ends once the pool is dropped.
+    fn spawn_reaper(self: &Arc<Self>) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pool = Arc::downgrade(self);
+        let every = (self.settings.idle_timeout / 2).max(Duration::from_millis(100));
+        rt.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                match pool.upgrade() {
+                    Some(p) => p.prune(Instant::now()),
+                    None => break,
+                }
+            }
+        });
+    }
+
+    /// The pool's settings.
+    pub fn settings(&self) -> PoolSettings {
+        self.settings
+    }
+
+    /// Idle connections held now.
+    pub fn idle_count(&self) -> usize {
+        self.idle.lock().map(|q| q.len()).unwrap_or(0)
+    }
+
+    /// Closes idle connections past the idle timeout.
+    pub fn prune(&self, now: Instant) {
+        let mut q = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        while q
+            .front()
+            .is_some_and(|c| now.duration_since(c.idle_since) >= self.settings.idle_timeout)
+        {
+            q.pop_front();
+        }
+    }
+
+    /// The most recently used idle connection that is still open, if any.
+    fn take_idle(&self) -> Option<PooledConn> {
+        let now = Instant::now();
+        loop {
+            let mut c = {
+                let mut q = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+                q.pop_back()?
+            };
+            if now.duration_since(c.idle_since) >= self.settings.idle_timeout {
+                // The newest is too old, so are all the others.
+                self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
+                return None;
+            }
+            // Lets the connection notice a close that arrived while it sat idle (EOF is read
+            // from the readiness the runtime already has; no syscall when nothing came).
+            c.poll_conn_once();
+            if !c.done && !c.send.is_closed() {
+                c.reused = true;
+                return Some(c);
+            }
+        }
+    }
+
+    /// Puts a connection back (or closes it if it is not reusable or the pool is full). A
+    /// connection whose response is still being read (streamed to a client) is handed to a
+    /// task that drives it and puts it back once the response is done.
+    pub fn put(self: &Arc<Self>, mut c: PooledConn) {
+        c.poll_conn_once();
+        if c.done || c.send.is_closed() || self.settings.max_idle == 0 {
+            return;
+        }
+        if !c.send.is_ready() {
+            // The response was not read to its end yet: return once it is.
+            return self.put_when_ready(c);
+        }
+        let now = Instant::now();
+        c.idle_since = now;
+        let mut q = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        while q.len() >= self.settings.max_idle
+            || q.front()
+                .is_some_and(|o| now.duration_since(o.idle_since) >= self.settings.idle_timeout)
+        {
+            q.pop_front();
+        }
+        q.push_back(c);
+    }
+
+    fn put_when_ready(self: &Arc<Self>, c: PooledConn) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        // Holds only a weak reference: a pool dropped by a reload is not kept alive by it.
+        let pool: Weak<Self> = Arc::downgrade(self);
+        rt.spawn(async move {
+            let mut c = c;
+            if c.until_ready().await {
+                if let Some(pool) = pool.upgrade() {
+                    pool.put(c);
+                }
+            }
+        });
+    }
+
+    /// A connection: an idle one, or a new one.
+    async fn get(&self) -> Result<PooledConn, UpstreamError> {
+        if let Some(c) = self.take_idle() {
+            return Ok(c);
+        }
+        self.connect().await
+    }
+
+    async fn connect(&self) -> Result<PooledConn, UpstreamError> {
+        let timeout = self.settings.connect_timeout;
+        let connect = async {
+            let stream = match self.addr {
+                Some(a) => TcpStream::connect(a).await?,
+                None => TcpStream::connect(self.authority.as_str()).await?,
+            };
+            stream.set_nodelay(true)?;
+            Ok::<_, std::io::Error>(stream)
+        };
+        let stream = match tokio::time::timeout(timeout, connect).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                return Err(UpstreamError::Connect {
+                    cause: e.to_string(),
+                    timed_out: false,
+                })
+            }
+            Err(_) => {
+                return Err(UpstreamError::Connect {
+                    cause: format!(
+                        "connect timed out after {}",
+                        humantime::format_duration(timeout)
+                    ),
+                    timed_out: true,
+                })
+            }
+        };
+        let stream = match &self.tls {
+            None => UpstreamStream::Plain(stream),
+            // A failed handshake is a connect failure: the request never left.
+            Some(tls) => match tls.connect(stream, &self.host).await {
+                Ok(s) => UpstreamStream::Tls(Box::new(s)),
+                Err(e) => {
+                    return Err(UpstreamError::Connect {
+                        timed_out: e.kind() == std::io::ErrorKind::TimedOut,
+                        cause: e.to_string(),
+                    })
+                }
+            },
+        };
+        let (send, conn) = http1::Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(UpstreamError::Http)?;
+        Ok(PooledConn {
+            send,
+            conn,
+            done: false,
+            idle_since: Instant::now(),
+            reused: false,
+        })
+    }
+
+    /// Sends `req` on a pooled or new connection and waits for the response head, driving the
+    /// connection in this task. A request that never left because the pooled connection had
+    /// closed goes again on another one; errors after that are the caller's to judge.
+    pub async fn send(
+        &self,
+        req: Request<UpstreamBody>,
+    ) -> Result<(Response<Incoming>, PooledConn), UpstreamError> {
+        let mut req = req;
+        loop {
+            let mut c = self.get().await?;
+            let reused = c.reused;
+            let sent = c.send.try_send_request(req);
+            match c.drive(sent).await {
+                Ok(resp) => return Ok((resp, c)),
+                Err(mut e) => match e.take_message() {
+                    // Never written: a stale idle connection. Try the next (or a new) one.
+                    Some(r) if reused => req = r,
+                    _ => return Err(UpstreamError::Http(e.into_error())),
+                },
+            }
+        }
+    }
+}
+
+impl PooledConn {
+    /// Polls the connection once without waiting (noticing EOF or errors).
+    fn poll_conn_once(&mut self) {
+        if self.done {
+            return;
+        }
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        if Pin::new(&mut self.conn).poll(&mut cx).is_ready() {
+            self.done = true;
+        }
+    }
+
+    /// Runs `fut` to completion while driving the connection's I/O in the same task.
+    pub async fn drive<F: Future>(&mut self, fut: F) -> F::Output {
+        let mut fut = std::pin::pin!(fut);
+        std::future::poll_fn(|cx| {
+            if !self.done && Pin::new(&mut self.conn).poll(cx).is_ready() {
+                self.done = true;
+            }
+            fut.as_mut().poll(cx)
+        })
+        .await
+    }
+
+    /// Drives the connection until it can take another request (true) or closes (false).
+    async fn until_ready(&mut self) -> bool {
+        std::future::poll_fn(|cx| {
+            if !self.done && Pin::new(&mut self.conn).poll(cx).is_ready() {
+                self.done = true;
+            }
+            match self.send.poll_ready(cx) {
+                Poll::Ready(Ok(())) => Poll::Ready(!self.done),
+                Poll::Ready(Err(_)) => Poll::Ready(false),
+                Poll::Pending if self.done => Poll::Ready(false),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await
+    }
+}
