@@ -336,3 +336,131 @@ impl PooledConn {
         .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use http_body_util::{BodyExt, Full};
+    use hyper::body::Bytes;
+
+    /// A loopback HTTP/1.1 server counting the connections it accepted; with `close_after`,
+    /// it drops each connection after that many responses without saying so (as a server
+    /// with a short keep-alive timeout does), leaving a stale connection in the pool.
+    async fn server(close_after: Option<usize>) -> (SocketAddr, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let served = Arc::new(AtomicUsize::new(0));
+                    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+                    let tx = std::sync::Mutex::new(Some(tx));
+                    let svc = hyper::service::service_fn(move |_req| {
+                        let n = served.fetch_add(1, Ordering::SeqCst) + 1;
+                        if close_after == Some(n) {
+                            if let Some(tx) = tx.lock().unwrap().take() {
+                                let _ = tx.send(());
+                            }
+                        }
+                        async {
+                            Ok::<_, std::convert::Infallible>(Response::new(Full::new(
+                                Bytes::from_static(b"ok"),
+                            )))
+                        }
+                    });
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc);
+                    tokio::select! {
+                        _ = conn => {}
+                        // Gives the response time to leave, then cuts the connection.
+                        _ = async { let _ = rx.await; tokio::time::sleep(Duration::from_millis(20)).await } => {}
+                    }
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    fn settings(idle_timeout: Duration) -> PoolSettings {
+        PoolSettings {
+            connect_timeout: Duration::from_secs(1),
+            idle_timeout,
+            max_idle: 8,
+        }
+    }
+
+    async fn get(pool: &Arc<EndpointPool>, addr: SocketAddr) -> Result<String, UpstreamError> {
+        let req = Request::builder()
+            .uri("/")
+            .header(hyper::header::HOST, addr.to_string())
+            .body(UpstreamBody::Empty)
+            .unwrap();
+        let (resp, mut conn) = pool.send(req).await?;
+        let body = conn
+            .drive(resp.into_body().collect())
+            .await
+            .map_err(UpstreamError::Http)?
+            .to_bytes();
+        pool.put(conn);
+        Ok(String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn sequential_requests_reuse_one_connection() {
+        let (addr, accepted) = server(None).await;
+        let pool = EndpointPool::new(&addr.to_string(), settings(Duration::from_secs(30)), None);
+        for _ in 0..20 {
+            assert_eq!(get(&pool, addr).await.unwrap(), "ok");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        assert_eq!(pool.idle_count(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_connection_closed_while_idle_is_not_a_failure() {
+        // Every connection is cut after one response: each pooled connection is stale by the
+        // time the next request takes it.
+        let (addr, accepted) = server(Some(1)).await;
+        let pool = EndpointPool::new(&addr.to_string(), settings(Duration::from_secs(30)), None);
+        for i in 0..10 {
+            assert_eq!(get(&pool, addr).await.unwrap(), "ok", "request {i}");
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 10);
+    }
+
+    #[tokio::test]
+    async fn idle_connections_close_after_the_idle_timeout() {
+        let (addr, _) = server(None).await;
+        let pool = EndpointPool::new(
+            &addr.to_string(),
+            settings(Duration::from_millis(100)),
+            None,
+        );
+        // Two requests in flight at once leave two idle connections.
+        let (a, b) = tokio::join!(get(&pool, addr), get(&pool, addr));
+        assert_eq!((a.unwrap(), b.unwrap()), ("ok".into(), "ok".into()));
+        assert_eq!(pool.idle_count(), 2);
+        // Nobody uses the pool: the reaper closes them.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(pool.idle_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_refused_connect_is_a_connect_error() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let pool = EndpointPool::new(&addr.to_string(), settings(Duration::from_secs(30)), None);
+        let err = get(&pool, addr).await.unwrap_err();
+        assert!(err.is_connect(), "{err:?}");
+    }
+}
