@@ -342,7 +342,8 @@ impl Doc {
             entries: Vec::new(),
             tls: None,
         }];
-        let listeners: &[ListenerDoc] = if self.listeners.is_empty() && self.bare % 8 != 0 {
+        let listeners: &[ListenerDoc] = if self.listeners.is_empty() && !self.bare.is_multiple_of(8)
+        {
             &default_listener
         } else {
             &self.listeners
@@ -353,7 +354,7 @@ impl Doc {
             entries: Vec::new(),
             subs: Vec::new(),
         }];
-        let clusters: &[ClusterDoc] = if self.clusters.is_empty() && self.bare % 8 != 0 {
+        let clusters: &[ClusterDoc] = if self.clusters.is_empty() && !self.bare.is_multiple_of(8) {
             &default_cluster
         } else {
             &self.clusters
