@@ -60,12 +60,13 @@ fn same_client_settings(a: &ClusterConfig, b: &ClusterConfig) -> bool {
 impl Cluster {
     /// Builds a cluster; with `previous` (same name, older configuration) the endpoints that
     /// stay keep their state, and the pool and retry budget are kept when their settings did
-    /// not change.
+    /// not change. `workers`: threads serving connections (one pool stack each).
     pub fn build(
         config: ClusterConfig,
         previous: Option<&Cluster>,
         registry: &Registry,
         epoch: Instant,
+        workers: usize,
     ) -> anyhow::Result<Cluster> {
         let now = epoch.elapsed();
         let bc = config.balancer_config();
@@ -88,6 +89,7 @@ impl Cluster {
             connect_timeout: config.connect_timeout,
             idle_timeout: config.pool_idle_timeout,
             max_idle: config.pool_max_idle_per_endpoint,
+            workers: workers.max(1),
         };
         // Endpoints that stay keep their idle connections when the pool settings stay.
         let old_pools: HashMap<&str, &Arc<EndpointPool>> = match previous {

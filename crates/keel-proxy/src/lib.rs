@@ -33,4 +33,4 @@ mod server;
 pub mod tls;
 
 pub use config::{ConfigError, ProxyConfig};
-pub use server::{start, ProxyHandle};
+pub use server::{start, start_with_workers, ProxyHandle};

@@ -70,8 +70,21 @@ pub struct PoolSettings {
     pub connect_timeout: Duration,
     /// Idle connections older than this are closed.
     pub idle_timeout: Duration,
-    /// Most idle connections kept.
+    /// Most idle connections kept (per worker thread).
     pub max_idle: usize,
+    /// Worker threads serving connections: one stack of idle connections each, so that a
+    /// connection is only ever used on the thread (and runtime) that opened it.
+    pub workers: usize,
+}
+
+thread_local! {
+    static WORKER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Declares the current thread to be worker `w` (see [`PoolSettings::workers`]). Threads that
+/// never call it use stack 0.
+pub fn set_worker(w: usize) {
+    WORKER.with(|c| c.set(w));
 }
 
 /// The keep-alive pool of one endpoint.
@@ -83,8 +96,8 @@ pub struct EndpointPool {
     host: String,
     settings: PoolSettings,
     tls: Option<UpstreamTls>,
-    /// Idle connections, oldest at the front.
-    idle: Mutex<VecDeque<PooledConn>>,
+    /// Idle connections per worker, oldest at the front.
+    idle: Box<[Mutex<VecDeque<PooledConn>>]>,
 }
 
 impl EndpointPool {
@@ -100,7 +113,9 @@ impl EndpointPool {
             host,
             settings,
             tls,
-            idle: Mutex::new(VecDeque::new()),
+            idle: (0..settings.workers.max(1))
+                .map(|_| Mutex::new(VecDeque::new()))
+                .collect(),
         });
         pool.spawn_reaper();
         pool
@@ -132,17 +147,27 @@ impl EndpointPool {
 
     /// Idle connections held now.
     pub fn idle_count(&self) -> usize {
-        self.idle.lock().map(|q| q.len()).unwrap_or(0)
+        self.idle
+            .iter()
+            .map(|q| q.lock().map(|q| q.len()).unwrap_or(0))
+            .sum()
+    }
+
+    /// The current thread's stack.
+    fn stack(&self) -> &Mutex<VecDeque<PooledConn>> {
+        &self.idle[WORKER.with(|w| w.get()) % self.idle.len()]
     }
 
     /// Closes idle connections past the idle timeout.
     pub fn prune(&self, now: Instant) {
-        let mut q = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        while q
-            .front()
-            .is_some_and(|c| now.duration_since(c.idle_since) >= self.settings.idle_timeout)
-        {
-            q.pop_front();
+        for q in self.idle.iter() {
+            let mut q = q.lock().unwrap_or_else(|e| e.into_inner());
+            while q
+                .front()
+                .is_some_and(|c| now.duration_since(c.idle_since) >= self.settings.idle_timeout)
+            {
+                q.pop_front();
+            }
         }
     }
 
@@ -151,12 +176,15 @@ impl EndpointPool {
         let now = Instant::now();
         loop {
             let mut c = {
-                let mut q = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+                let mut q = self.stack().lock().unwrap_or_else(|e| e.into_inner());
                 q.pop_back()?
             };
             if now.duration_since(c.idle_since) >= self.settings.idle_timeout {
                 // The newest is too old, so are all the others.
-                self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
+                self.stack()
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clear();
                 return None;
             }
             // Lets the connection notice a close that arrived while it sat idle (EOF is read
@@ -183,7 +211,7 @@ impl EndpointPool {
         }
         let now = Instant::now();
         c.idle_since = now;
-        let mut q = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let mut q = self.stack().lock().unwrap_or_else(|e| e.into_inner());
         while q.len() >= self.settings.max_idle
             || q.front()
                 .is_some_and(|o| now.duration_since(o.idle_since) >= self.settings.idle_timeout)
@@ -394,6 +422,7 @@ mod tests {
             connect_timeout: Duration::from_secs(1),
             idle_timeout,
             max_idle: 8,
+            workers: 1,
         }
     }
 

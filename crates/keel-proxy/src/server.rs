@@ -34,6 +34,9 @@ pub(crate) struct Shared {
     pub config: ArcSwap<ProxyConfig>,
     pub registry: Registry,
     pub runtime: tokio::runtime::Handle,
+    /// Threads serving connections (1 when they are served on `runtime`): the number of
+    /// per-thread stacks in each endpoint's pool.
+    pub workers: usize,
     /// Health-check tasks of the current clusters (cold path only).
     pub health_tasks: Mutex<Vec<JoinHandle<()>>>,
     /// Serializes reloads.
@@ -54,8 +57,14 @@ impl Shared {
         let mut clusters = Vec::with_capacity(config.clusters.len());
         for c in &config.clusters {
             let old = previous.and_then(|r| r.clusters.iter().find(|o| o.name() == c.name));
-            let cluster = Cluster::build(c.clone(), old.map(|o| &**o), &self.registry, self.epoch)
-                .with_context(|| format!("cluster `{}`", c.name))?;
+            let cluster = Cluster::build(
+                c.clone(),
+                old.map(|o| &**o),
+                &self.registry,
+                self.epoch,
+                self.workers,
+            )
+            .with_context(|| format!("cluster `{}`", c.name))?;
             if c.health_check.is_none() {
                 // Without checks nothing would ever mark an endpoint up again.
                 for e in &cluster.endpoints {
@@ -160,8 +169,21 @@ impl std::fmt::Debug for ProxyHandle {
 }
 
 /// Binds every listener (port 0 = ephemeral) and the admin listener, starts health checks,
-/// returns once it is accepting.
+/// returns once it is accepting. Connections are served on the calling runtime.
 pub async fn start(config: ProxyConfig) -> anyhow::Result<ProxyHandle> {
+    start_with_workers(config, 0).await
+}
+
+/// Like [`start`], but with `workers` > 0 connections are served by that many threads, each
+/// with its own single-threaded runtime and its own `SO_REUSEPORT` socket per listener (the
+/// kernel spreads new connections over them), and its own stack of upstream connections in
+/// every endpoint's pool: a request never leaves the thread that accepted its connection, so
+/// threads do not wake each other. Admin, health checks and reloads stay on the calling
+/// runtime. `workers` = 0 serves on the calling runtime.
+pub async fn start_with_workers(
+    config: ProxyConfig,
+    workers: usize,
+) -> anyhow::Result<ProxyHandle> {
     // TLS files are read again here (validation read them too) so that start fails, rather
     // than each connection, if they went away since.
     let acceptors = config
@@ -179,12 +201,20 @@ pub async fn start(config: ProxyConfig) -> anyhow::Result<ProxyHandle> {
                 .transpose()
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut bound = Vec::with_capacity(config.listeners.len());
+    // Per listener, one socket per worker (one if no workers), all on the same port.
+    let per_listener = workers.max(1);
+    let mut bound: Vec<Vec<TcpListener>> = Vec::with_capacity(config.listeners.len());
     for l in &config.listeners {
-        let listener = TcpListener::bind(l.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", l.listen))?;
-        bound.push(listener);
+        let mut sockets = Vec::with_capacity(per_listener);
+        let mut addr = l.listen;
+        for _ in 0..per_listener {
+            let listener = bind_listener(addr, workers > 0)
+                .with_context(|| format!("cannot listen on {}", l.listen))?;
+            // An ephemeral port is chosen by the first bind; the others share it.
+            addr = listener.local_addr()?;
+            sockets.push(listener);
+        }
+        bound.push(sockets);
     }
     let admin = match &config.admin {
         Some(a) => Some(
@@ -196,7 +226,7 @@ pub async fn start(config: ProxyConfig) -> anyhow::Result<ProxyHandle> {
     };
     let listener_addrs = bound
         .iter()
-        .map(|l| l.local_addr())
+        .map(|l| l[0].local_addr())
         .collect::<std::io::Result<Vec<_>>>()?;
     let admin_addr = admin.as_ref().map(|a| a.local_addr()).transpose()?;
 
@@ -210,6 +240,7 @@ pub async fn start(config: ProxyConfig) -> anyhow::Result<ProxyHandle> {
         config: ArcSwap::from_pointee(config.clone()),
         registry: Registry::default(),
         runtime: tokio::runtime::Handle::current(),
+        workers: per_listener,
         health_tasks: Mutex::new(Vec::new()),
         reload_lock: Mutex::new(()),
         reloads: AtomicU64::new(0),
@@ -223,14 +254,72 @@ pub async fn start(config: ProxyConfig) -> anyhow::Result<ProxyHandle> {
 
     let (shutdown, shutdown_rx) = watch::channel(None);
     let mut tasks = Vec::new();
-    for (i, (listener, tls)) in bound.into_iter().zip(acceptors).enumerate() {
-        tasks.push(tokio::spawn(accept_loop(
-            shared.clone(),
-            i,
-            listener,
-            tls,
-            shutdown_rx.clone(),
-        )));
+    if workers == 0 {
+        for (i, (mut sockets, tls)) in bound.into_iter().zip(acceptors).enumerate() {
+            tasks.push(tokio::spawn(accept_loop(
+                shared.clone(),
+                i,
+                sockets.remove(0),
+                tls,
+                shutdown_rx.clone(),
+            )));
+        }
+    } else {
+        // Socket w of every listener goes to worker w. They are moved as std sockets and
+        // registered again with the worker's own runtime.
+        let mut per_worker: Vec<Vec<(usize, std::net::TcpListener)>> =
+            (0..workers).map(|_| Vec::new()).collect();
+        for (i, sockets) in bound.into_iter().enumerate() {
+            for (w, l) in sockets.into_iter().enumerate() {
+                per_worker[w].push((i, l.into_std()?));
+            }
+        }
+        for (w, listeners) in per_worker.into_iter().enumerate() {
+            let shared = shared.clone();
+            let acceptors = acceptors.clone();
+            let shutdown_rx = shutdown_rx.clone();
+            let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+            std::thread::Builder::new()
+                .name(format!("keel-worker-{w}"))
+                .spawn(move || {
+                    let rt = match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(rt) => rt,
+                        Err(e) => {
+                            tracing::error!("worker {w}: cannot build its runtime: {e}");
+                            return;
+                        }
+                    };
+                    crate::pool::set_worker(w);
+                    rt.block_on(async move {
+                        let mut loops = JoinSet::new();
+                        for (i, l) in listeners {
+                            match TcpListener::from_std(l) {
+                                Ok(l) => {
+                                    loops.spawn(accept_loop(
+                                        shared.clone(),
+                                        i,
+                                        l,
+                                        acceptors[i].clone(),
+                                        shutdown_rx.clone(),
+                                    ));
+                                }
+                                Err(e) => tracing::error!("worker {w}: listener[{i}]: {e}"),
+                            }
+                        }
+                        while loops.join_next().await.is_some() {}
+                    });
+                    // Dropping the runtime here closes whatever the worker still held.
+                    drop(rt);
+                    let _ = done_tx.send(());
+                })
+                .context("cannot start a worker thread")?;
+            tasks.push(tokio::spawn(async move {
+                let _ = done_rx.await;
+            }));
+        }
     }
     if let Some(admin) = admin {
         tasks.push(tokio::spawn(crate::admin::serve(
@@ -312,6 +401,22 @@ pub(crate) async fn wait_shutdown(rx: &mut watch::Receiver<Option<Duration>>) ->
             return Duration::ZERO;
         }
     }
+}
+
+/// A listening socket; with `reuse_port`, several can share the address (one per worker).
+fn bind_listener(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As std's and tokio's `bind` do on Unix: a restarted proxy can bind at once.
+    socket.set_reuseaddr(true)?;
+    if reuse_port {
+        socket.set_reuseport(true)?;
+    }
+    socket.bind(addr)?;
+    socket.listen(1024)
 }
 
 async fn accept_loop(

@@ -18,8 +18,8 @@ pub struct Args {
     /// Only check the configuration: print a summary and exit 0, or the error and exit 2.
     #[arg(long)]
     pub check: bool,
-    /// Worker threads serving connections (default: one per CPU; 1 runs the proxy on a
-    /// single-threaded runtime).
+    /// Threads serving connections, each with its own runtime and listening sockets
+    /// (SO_REUSEPORT) (default: one per CPU; 1 runs the whole proxy on one thread).
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
     /// Log filter in RUST_LOG syntax (RUST_LOG, when set, wins).
@@ -73,24 +73,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    let mut builder = match args.workers {
+    let workers = match args.workers {
         Some(0) => return super::usage("--workers must be at least 1"),
-        // One worker: a current-thread runtime. Every task runs on this thread, so wakeups
-        // need no cross-thread queue or atomics (the work-stealing scheduler's cost, about
-        // a tenth of keel's user time in `bench/proxy/run.sh --profile`, buys nothing then).
-        Some(1) => tokio::runtime::Builder::new_current_thread(),
-        Some(n) => {
-            let mut b = tokio::runtime::Builder::new_multi_thread();
-            b.worker_threads(n);
-            b
-        }
-        None => tokio::runtime::Builder::new_multi_thread(),
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
-    let runtime = builder.enable_all().build()?;
-    runtime.block_on(serve(config, args.config))
+    // The main thread runs admin, health checks, signals and reloads. With one worker it also
+    // serves the connections (one thread in all); with more, each worker is a thread with its
+    // own single-threaded runtime and SO_REUSEPORT sockets (see keel_proxy::start_with_workers):
+    // no work-stealing scheduler, so threads do not wake each other.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let workers = if workers == 1 { 0 } else { workers };
+    runtime.block_on(serve(config, args.config, workers))
 }
 
-async fn serve(config: ProxyConfig, path: PathBuf) -> anyhow::Result<()> {
+async fn serve(config: ProxyConfig, path: PathBuf, workers: usize) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -98,7 +97,7 @@ async fn serve(config: ProxyConfig, path: PathBuf) -> anyhow::Result<()> {
 
     let drain = config.drain_timeout;
     let listeners = config.listeners.clone();
-    let proxy = keel_proxy::start(config).await?;
+    let proxy = keel_proxy::start_with_workers(config, workers).await?;
     {
         // One line per listener on stdout, for people and for scripts that start the proxy on
         // ephemeral ports.
