@@ -67,12 +67,10 @@ fn check_accepted(config: &ProxyConfig) {
             "per-try timeout {per_try:?} above the request timeout {:?}",
             c.request_timeout
         );
-        // Known bug (keel-proxy config.rs, not fixed here): `request_timeout = "1ns"` with the
-        // default `attempts = 1` is accepted and gives a per-try timeout of 0 (every try times
-        // out at once). Tolerated so that fuzzing goes on past it; KEEL_FUZZ_STRICT=1 makes it
-        // a finding again (as `per_try_timeout_is_never_zero` in config_props.rs, ignored).
+        // Found by this fuzzer (request_timeout = "1ns" gave a per-try timeout of 0); fixed:
+        // request_timeout must be at least 1ms.
         assert!(
-            !per_try.is_zero() || !strict(),
+            !per_try.is_zero(),
             "per-try timeout 0 (request_timeout {:?}, attempts {})",
             c.request_timeout,
             c.retry.attempts

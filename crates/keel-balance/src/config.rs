@@ -127,14 +127,14 @@ pub struct StrategyOptions {
     pub choices: u32,
     /// least-time, peak-ewma: EWMA time constant (a sample's weight halves in about 0.7 x
     /// decay). Default 10 s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::duration_serde")]
     pub decay: Duration,
     /// peak-ewma: the latency assumed for an endpoint with no sample yet. Default 30 ms.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::duration_serde")]
     pub default_rtt: Duration,
     /// peak-ewma: a failure counts as a call that took at least this long, so that an endpoint
     /// that fails fast does not look fast. Default 1 s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::duration_serde")]
     pub failure_penalty: Duration,
     /// ring-hash: virtual nodes per endpoint of mean weight, at most 65536. Default 160
     /// (ketama's 40 x 4).

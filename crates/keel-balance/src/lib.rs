@@ -26,6 +26,7 @@
 
 mod balancer;
 mod config;
+pub mod duration_serde;
 mod endpoint;
 mod hash;
 mod outlier;

@@ -29,13 +29,13 @@ pub struct OutlierConfig {
     pub failure_rate: Option<FailureRate>,
     /// The failure-rate window, and the time in service that removes one step of the ejection
     /// multiplier. Default 10 s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::duration_serde")]
     pub interval: Duration,
     /// Ejection time for a first ejection. Default 30 s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::duration_serde")]
     pub base_ejection_time: Duration,
     /// Longest ejection. Default 300 s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::duration_serde")]
     pub max_ejection_time: Duration,
     /// Most endpoints out at once, in percent (rounded down, at least one). Default 10.
     pub max_ejection_percent: f64,

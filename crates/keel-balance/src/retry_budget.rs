@@ -18,7 +18,7 @@ pub struct RetryBudgetConfig {
     /// Retries always allowed per second, whatever the request count. Default 3.
     pub min_retries_per_second: f64,
     /// Sliding window over which requests and retries are counted. Default 10 s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::duration_serde")]
     pub window: Duration,
 }
 

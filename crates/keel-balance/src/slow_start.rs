@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 #[serde(default, deny_unknown_fields)]
 pub struct SlowStartConfig {
     /// Length of the ramp. Default 30 s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::duration_serde")]
     pub window: Duration,
     /// Shape of the ramp: factor = (elapsed / window)^(1 / aggression); 1 is linear, larger
     /// values ramp faster at first. Default 1.

@@ -22,7 +22,7 @@ use serde::Deserialize;
 pub struct ProxyConfig {
     /// On shutdown, how long in-flight requests may take to finish before they are cut.
     /// Default 10 s.
-    #[serde(default = "default_drain_timeout", with = "humantime_serde")]
+    #[serde(default = "default_drain_timeout", with = "keel_balance::duration_serde")]
     pub drain_timeout: Duration,
     /// The admin listener (`/metrics`, `/status`, `/`, `POST /reload`); none unless the
     /// `[admin]` table is present.
@@ -93,10 +93,10 @@ pub struct ListenerConfig {
     pub max_headers: usize,
     /// Time allowed to receive a request's headers, counted from the moment the connection
     /// waits for a request; then the connection is closed. HTTP/1.1 only. Default 10 s.
-    #[serde(default = "default_header_read_timeout", with = "humantime_serde")]
+    #[serde(default = "default_header_read_timeout", with = "keel_balance::duration_serde")]
     pub header_read_timeout: Duration,
     /// A connection with no request in flight for this long is closed. Default 60 s.
-    #[serde(default = "default_idle_timeout", with = "humantime_serde")]
+    #[serde(default = "default_idle_timeout", with = "keel_balance::duration_serde")]
     pub idle_timeout: Duration,
     /// Largest request body accepted, in bytes; larger ones get `413` (at once when
     /// `Content-Length` says so, else when the streamed body passes the limit). Unset: no
@@ -181,13 +181,13 @@ pub struct ClusterConfig {
     #[serde(default = "default_choices")]
     pub choices: u32,
     /// least-time, peak-ewma: EWMA time constant. Default 10 s.
-    #[serde(default = "default_decay", with = "humantime_serde")]
+    #[serde(default = "default_decay", with = "keel_balance::duration_serde")]
     pub decay: Duration,
     /// peak-ewma: latency assumed before the first sample. Default 30 ms.
-    #[serde(default = "default_rtt", with = "humantime_serde")]
+    #[serde(default = "default_rtt", with = "keel_balance::duration_serde")]
     pub default_rtt: Duration,
     /// peak-ewma: a failure counts as at least this latency. Default 1 s.
-    #[serde(default = "default_failure_penalty", with = "humantime_serde")]
+    #[serde(default = "default_failure_penalty", with = "keel_balance::duration_serde")]
     pub failure_penalty: Duration,
     /// ring-hash: virtual nodes per endpoint of mean weight. Default 160.
     #[serde(default = "default_vnodes")]
@@ -216,11 +216,11 @@ pub struct ClusterConfig {
     pub hash_on: Option<HashOn>,
 
     /// Time allowed to open a TCP connection to an endpoint. Default 1 s.
-    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    #[serde(default = "default_connect_timeout", with = "keel_balance::duration_serde")]
     pub connect_timeout: Duration,
     /// Time allowed for the whole request, all tries included, until the response body has
     /// been sent. Default 15 s.
-    #[serde(default = "default_request_timeout", with = "humantime_serde")]
+    #[serde(default = "default_request_timeout", with = "keel_balance::duration_serde")]
     pub request_timeout: Duration,
     /// Responses whose `Content-Length` is at most this many bytes are read whole before they
     /// are forwarded, so that an endpoint failing mid-body can still be retried; larger or
@@ -228,7 +228,7 @@ pub struct ClusterConfig {
     #[serde(default = "default_max_buffered_response")]
     pub max_buffered_response: u64,
     /// Idle keep-alive connections to an endpoint are closed after this long. Default 90 s.
-    #[serde(default = "default_pool_idle_timeout", with = "humantime_serde")]
+    #[serde(default = "default_pool_idle_timeout", with = "keel_balance::duration_serde")]
     pub pool_idle_timeout: Duration,
     /// Most idle keep-alive connections kept per endpoint. Default 256.
     #[serde(default = "default_pool_max_idle")]
@@ -303,7 +303,7 @@ pub struct RetryConfig {
     pub attempts: u32,
     /// Time allowed for one try until the response headers (and a buffered body) arrive.
     /// Default: `request_timeout / (attempts + 1)`, so that every allowed try fits.
-    #[serde(default, with = "humantime_serde::option")]
+    #[serde(default, with = "keel_balance::duration_serde::option")]
     pub per_try_timeout: Option<Duration>,
     /// Upstream statuses that count as the endpoint's failure (for outlier detection and
     /// latency-aware strategies) and are retried. Default `[502, 503, 504]`.
@@ -316,7 +316,7 @@ pub struct RetryConfig {
     #[serde(default = "default_min_retries_per_second")]
     pub min_retries_per_second: f64,
     /// Sliding window of the retry budget. Default 10 s.
-    #[serde(default = "default_budget_window", with = "humantime_serde")]
+    #[serde(default = "default_budget_window", with = "keel_balance::duration_serde")]
     pub budget_window: Duration,
 }
 
@@ -369,10 +369,10 @@ pub struct HealthCheckConfig {
     #[serde(default = "default_hc_path")]
     pub path: String,
     /// Time between checks of one endpoint. Default 5 s.
-    #[serde(default = "default_hc_interval", with = "humantime_serde")]
+    #[serde(default = "default_hc_interval", with = "keel_balance::duration_serde")]
     pub interval: Duration,
     /// Time allowed for one check (connect, headers and body). Default 1 s.
-    #[serde(default = "default_hc_timeout", with = "humantime_serde")]
+    #[serde(default = "default_hc_timeout", with = "keel_balance::duration_serde")]
     pub timeout: Duration,
     /// Failed checks in a row that mark a healthy endpoint unhealthy. Default 2.
     #[serde(default = "default_threshold")]
@@ -730,8 +730,9 @@ impl ProxyConfig {
             if c.connect_timeout.is_zero() {
                 return Err((at("connect_timeout"), "must be greater than zero".into()));
             }
-            if c.request_timeout.is_zero() {
-                return Err((at("request_timeout"), "must be greater than zero".into()));
+            if c.request_timeout < Duration::from_millis(1) {
+                // Shared by the tries, it must leave each of them a usable slice.
+                return Err((at("request_timeout"), "must be at least 1ms".into()));
             }
             if c.max_in_flight == 0 {
                 return Err((at("max_in_flight"), "must be at least 1".into()));

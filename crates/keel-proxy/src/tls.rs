@@ -1,11 +1,10 @@
 //! TLS with rustls and its `ring` crypto provider: the listeners' server side
-//! ([`server_config`]) and the connections to a cluster's endpoints ([`UpstreamTls`],
-//! [`UpstreamConnector`]).
+//! ([`server_config`]) and the connections to a cluster's endpoints ([`UpstreamTls`], used by
+//! the pools of [`crate::pool`]).
 //!
 //! The crypto provider is passed to every config builder explicitly, so nothing depends on a
 //! process-wide default provider being installed (or on which one).
 
-use std::future::Future;
 use std::io;
 use std::path::Path;
 use std::pin::Pin;
@@ -13,9 +12,6 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use hyper::Uri;
-use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
-use hyper_util::rt::TokioIo;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -59,8 +55,27 @@ impl TlsSettingError {
     }
 }
 
+/// Largest PEM file read: certificate chains and CA bundles are kilobytes (a full public CA
+/// bundle is about 200 KiB).
+const MAX_PEM_BYTES: u64 = 1 << 20;
+
+/// Reads a PEM file: a regular file (a device such as `/dev/zero` would be read forever and a
+/// FIFO would block the load) of at most [`MAX_PEM_BYTES`].
 fn read_file(path: &Path) -> Result<Vec<u8>, String> {
-    std::fs::read(path).map_err(|e| format!("cannot read `{}`: {e}", path.display()))
+    use std::io::Read as _;
+    let cannot = |e: &dyn std::fmt::Display| format!("cannot read `{}`: {e}", path.display());
+    let meta = std::fs::metadata(path).map_err(|e| cannot(&e))?;
+    if !meta.is_file() {
+        return Err(cannot(&"not a regular file"));
+    }
+    let mut data = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_PEM_BYTES + 1).read_to_end(&mut data))
+        .map_err(|e| cannot(&e))?;
+    if data.len() as u64 > MAX_PEM_BYTES {
+        return Err(cannot(&format!("larger than {MAX_PEM_BYTES} bytes")));
+    }
+    Ok(data)
 }
 
 /// Every certificate of a PEM file, in file order.
@@ -287,66 +302,21 @@ impl AsyncWrite for UpstreamStream {
     }
 }
 
-impl Connection for UpstreamStream {
-    fn connected(&self) -> Connected {
-        // Only `http/1.1` is offered upstream, so the connection never negotiates h2.
-        match self {
-            UpstreamStream::Plain(s) => s.connected(),
-            UpstreamStream::Tls(s) => s.get_ref().0.connected(),
-        }
-    }
-}
-
-/// hyper-util's [`HttpConnector`] followed, for a TLS cluster, by the handshake of
-/// [`UpstreamTls`]. The request URIs stay `http://host:port`: whether to speak TLS is the
-/// cluster's setting, not the URI's.
-#[derive(Debug, Clone)]
-pub struct UpstreamConnector {
-    http: HttpConnector,
-    tls: Option<UpstreamTls>,
-}
-
-impl UpstreamConnector {
-    /// Wraps a TCP connector; with `tls`, every connection is TLS.
-    pub fn new(http: HttpConnector, tls: Option<UpstreamTls>) -> Self {
-        Self { http, tls }
-    }
-
-    /// True if connections are TLS.
-    pub fn is_tls(&self) -> bool {
-        self.tls.is_some()
-    }
-}
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-impl tower_service::Service<Uri> for UpstreamConnector {
-    type Response = TokioIo<UpstreamStream>;
-    type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.http.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, uri: Uri) -> Self::Future {
-        let host = uri.host().unwrap_or_default().to_string();
-        let connecting = self.http.call(uri);
-        let tls = self.tls.clone();
-        Box::pin(async move {
-            let tcp = connecting.await?.into_inner();
-            let stream = match tls {
-                None => UpstreamStream::Plain(tcp),
-                Some(tls) => UpstreamStream::Tls(Box::new(tls.connect(tcp, &host).await?)),
-            };
-            Ok(TokioIo::new(stream))
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_regular_files_of_bounded_size_are_read() {
+        // A device would be read forever (found by the config fuzzer).
+        let e = load_certs(Path::new("/dev/zero")).unwrap_err();
+        assert!(e.contains("not a regular file"), "{e}");
+        let big = std::env::temp_dir().join(format!("keel-tls-big-{}.pem", std::process::id()));
+        std::fs::write(&big, vec![b'a'; (MAX_PEM_BYTES + 1) as usize]).unwrap();
+        let e = load_certs(&big).unwrap_err();
+        let _ = std::fs::remove_file(&big);
+        assert!(e.contains("larger than"), "{e}");
+    }
 
     #[test]
     fn server_names_from_hosts() {

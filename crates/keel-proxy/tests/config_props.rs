@@ -1251,10 +1251,10 @@ const DURATION_KEYS: &[(&str, &str)] = &[
 /// parses up to about 5.8e11) must be refused at load time: today `idle_timeout` or
 /// `header_read_timeout` set so is accepted, and then every client connection panics
 /// ("overflow when adding duration to instant", in keel-proxy's body.rs `idle_for` and in
-/// hyper's header timer) and gets no answer. Ignored until keel-proxy's `validate` bounds
-/// durations.
+/// hyper's header timer) and gets no answer. Every duration is now at most 365 days
+/// (`keel_balance::duration_serde`).
 #[test]
-#[ignore = "keel-proxy accepts durations that overflow Instant (see the final report of issue 7 item 5)"]
+
 fn durations_too_long_for_the_clock_are_refused() {
     let mut accepted = Vec::new();
     for (table, key) in DURATION_KEYS {
@@ -1283,10 +1283,9 @@ fn durations_too_long_for_the_clock_are_refused() {
             doc.sections
                 .push(Section::new(Some(&format!("[{table}]")), &path));
         }
-        // max_ejection_time must stay at least base_ejection_time.
+        // max_ejection_time must stay at least base_ejection_time: the longest allowed.
         if *key == "base_ejection_time" {
-            doc.section(&path)
-                .set("max_ejection_time", q("300000000000y"));
+            doc.section(&path).set("max_ejection_time", q("365d"));
         }
         doc.section(&path).set(key, q("300000000000y"));
         let (text, _) = doc.render();
@@ -1306,9 +1305,8 @@ fn durations_too_long_for_the_clock_are_refused() {
 /// `attempts + 1` nanoseconds is accepted, and the default per-try timeout
 /// (`request_timeout / (attempts + 1)`) is then 0: every try times out at once. Either the
 /// configuration should be refused (at `cluster[0].request_timeout`) or the per-try timeout
-/// kept above zero. Ignored until keel-proxy's config.rs does one of them.
+/// kept above zero. Fixed: request_timeout must be at least 1ms.
 #[test]
-#[ignore = "keel-proxy accepts a per-try timeout of 0 (see the final report of issue 7 item 5)"]
 fn per_try_timeout_is_never_zero() {
     let text = "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n[[cluster]]\nname = \"app\"\nrequest_timeout = \"1ns\"\nendpoints = [{ address = \"127.0.0.1:9001\" }]\n";
     match load(text) {
