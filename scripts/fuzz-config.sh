@@ -15,8 +15,6 @@
 #
 # Needs a nightly toolchain (`rustup toolchain install nightly`); without one it tries the
 # stable toolchain with RUSTC_BOOTSTRAP=1. Installs cargo-fuzz if missing.
-# Known bugs that the checks tolerate (listed in fuzz/src/lib.rs) count as findings too with
-# KEEL_FUZZ_STRICT=1.
 # Environment: FUZZ_TARGET_DIR (build directory, default $CARGO_TARGET_DIR/fuzz or target/fuzz),
 # FUZZ_WORK (corpora, findings and logs, default $FUZZ_TARGET_DIR/work), FUZZ_TARGETS (names).
 set -euo pipefail

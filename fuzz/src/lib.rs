@@ -32,12 +32,6 @@ pub fn check(text: &str) {
     }
 }
 
-/// True when `KEEL_FUZZ_STRICT=1`: known bugs count as findings too.
-fn strict() -> bool {
-    static STRICT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *STRICT.get_or_init(|| std::env::var("KEEL_FUZZ_STRICT").is_ok_and(|v| v == "1"))
-}
-
 /// What an accepted configuration promises to the proxy that runs it.
 fn check_accepted(config: &ProxyConfig) {
     assert!(!config.listeners.is_empty() && !config.clusters.is_empty());
