@@ -48,12 +48,15 @@ fn check_accepted(config: &ProxyConfig) {
         });
         // Every endpoint starts healthy, so a pick must succeed (with and without a hash key).
         let now = Duration::from_millis(1);
+        // Both picks come before any outcome: a failure may eject the endpoint (failure rate
+        // with minimum_requests = 0), and with the panic threshold off a cluster of one then
+        // rightly has nothing to pick.
         let pick = lb.pick(&PickContext::new(now)).expect("a pick");
-        lb.finish(pick, Outcome::Failure, now + Duration::from_millis(2));
-        let pick = lb
+        let hashed = lb
             .pick(&PickContext::new(now).with_hash_key(0x6b65_656c))
             .expect("a hashed pick");
-        lb.finish(pick, Outcome::Success, now + Duration::from_millis(3));
+        lb.finish(hashed, Outcome::Success, now + Duration::from_millis(2));
+        lb.finish(pick, Outcome::Failure, now + Duration::from_millis(3));
         let _ = lb.status(now);
         let per_try = c.per_try_timeout();
         assert!(
