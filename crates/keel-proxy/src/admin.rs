@@ -120,11 +120,28 @@ fn metrics_text(shared: &Shared) -> String {
                 .collect(),
         })
         .collect();
-    metrics::render(
+    let mut out = metrics::render(
         &views,
         shared.reloads.load(Relaxed),
         shared.reload_failures.load(Relaxed),
-    )
+    );
+    let config = shared.config.load();
+    let tls: Vec<usize> = (0..config.listeners.len())
+        .filter(|&i| config.listeners[i].tls.is_some())
+        .collect();
+    if !tls.is_empty() {
+        use std::fmt::Write as _;
+        out.push_str("# HELP keel_tls_handshake_failures_total TLS handshakes with clients that failed or timed out, by listener.\n# TYPE keel_tls_handshake_failures_total counter\n");
+        for i in tls {
+            let _ = writeln!(
+                out,
+                "keel_tls_handshake_failures_total{{listener=\"{}\"}} {}",
+                shared.listener_addrs[i],
+                shared.tls_handshake_failures[i].load(Relaxed)
+            );
+        }
+    }
+    out
 }
 
 fn reload_from_file(shared: &Shared) -> Response<Full<Bytes>> {

@@ -4,6 +4,8 @@
 //! against their CA (a wrong CA or name is a 502, never a success), and bad TLS settings are
 //! located configuration errors.
 
+mod support;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -174,7 +176,7 @@ async fn backend(tls: Option<tokio_rustls::TlsAcceptor>) -> (SocketAddr, Arc<See
 /// `backend` (with `cluster_extra` lines).
 fn config(backend: SocketAddr, listener_extra: &str, cluster_extra: &str) -> ProxyConfig {
     let text = format!(
-        "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n{listener_extra}\n\n[[cluster]]\nname = \"app\"\nendpoints = [{{ address = \"{backend}\" }}]\nconnect_timeout = \"500ms\"\nrequest_timeout = \"3s\"\n{cluster_extra}\n"
+        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n{listener_extra}\n\n[[cluster]]\nname = \"app\"\nendpoints = [{{ address = \"{backend}\" }}]\nconnect_timeout = \"500ms\"\nrequest_timeout = \"3s\"\n{cluster_extra}\n"
     );
     ProxyConfig::from_toml_str(&text, "tls-test.toml")
         .unwrap_or_else(|e| panic!("{e}\n--- config ---\n{text}"))
@@ -376,6 +378,15 @@ async fn a_stalled_handshake_is_cut_and_holds_nobody_up() {
         assert_eq!(status, StatusCode::OK);
     }
     assert_eq!(proxy.tls_handshake_failures(0), 4, "3 silent + 1 garbage");
+    let metrics = support::get(&format!("http://{}/metrics", proxy.admin_addr().unwrap()))
+        .await
+        .unwrap()
+        .text();
+    let line = format!(
+        "keel_tls_handshake_failures_total{{listener=\"{}\"}} 4",
+        proxy.listener_addrs()[0]
+    );
+    assert!(metrics.contains(&line), "{line} not in /metrics");
     assert_eq!(seen.proto.lock().unwrap().len(), 5);
     proxy.shutdown(Duration::from_secs(1)).await;
 }
