@@ -128,7 +128,9 @@ impl EndpointPool {
             return;
         };
         let pool = Arc::downgrade(self);
-        let every = (self.settings.idle_timeout / 2).max(Duration::from_millis(100));
+        // Often enough that connections closed by a stopped endpoint go within seconds.
+        let every = (self.settings.idle_timeout / 2)
+            .clamp(Duration::from_millis(100), Duration::from_secs(2));
         rt.spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
@@ -158,16 +160,18 @@ impl EndpointPool {
         &self.idle[WORKER.with(|w| w.get()) % self.idle.len()]
     }
 
-    /// Closes idle connections past the idle timeout.
+    /// Closes idle connections past the idle timeout, and those the endpoint closed (which
+    /// would otherwise sit in CLOSE-WAIT, holding a descriptor, until taken or timed out).
     pub fn prune(&self, now: Instant) {
         for q in self.idle.iter() {
             let mut q = q.lock().unwrap_or_else(|e| e.into_inner());
-            while q
-                .front()
-                .is_some_and(|c| now.duration_since(c.idle_since) >= self.settings.idle_timeout)
-            {
-                q.pop_front();
-            }
+            q.retain_mut(|c| {
+                if now.duration_since(c.idle_since) >= self.settings.idle_timeout {
+                    return false;
+                }
+                c.poll_conn_once();
+                !c.done && !c.send.is_closed()
+            });
         }
     }
 
@@ -480,6 +484,18 @@ mod tests {
         assert_eq!(pool.idle_count(), 2);
         // Nobody uses the pool: the reaper closes them.
         tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(pool.idle_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn connections_the_endpoint_closed_are_pruned_while_idle() {
+        // The server cuts each connection after one response; nobody takes it from the pool,
+        // yet the reaper (every 2 s at most) drops it long before the 60 s idle timeout.
+        let (addr, _) = server(Some(1)).await;
+        let pool = EndpointPool::new(&addr.to_string(), settings(Duration::from_secs(60)), None);
+        assert_eq!(get(&pool, addr).await.unwrap(), "ok");
+        assert_eq!(pool.idle_count(), 1);
+        tokio::time::sleep(Duration::from_millis(2500)).await;
         assert_eq!(pool.idle_count(), 0);
     }
 
