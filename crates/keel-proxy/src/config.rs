@@ -22,7 +22,10 @@ use serde::Deserialize;
 pub struct ProxyConfig {
     /// On shutdown, how long in-flight requests may take to finish before they are cut.
     /// Default 10 s.
-    #[serde(default = "default_drain_timeout", with = "keel_balance::duration_serde")]
+    #[serde(
+        default = "default_drain_timeout",
+        with = "keel_balance::duration_serde"
+    )]
     pub drain_timeout: Duration,
     /// The admin listener (`/metrics`, `/status`, `/`, `POST /reload`); none unless the
     /// `[admin]` table is present.
@@ -93,10 +96,16 @@ pub struct ListenerConfig {
     pub max_headers: usize,
     /// Time allowed to receive a request's headers, counted from the moment the connection
     /// waits for a request; then the connection is closed. HTTP/1.1 only. Default 10 s.
-    #[serde(default = "default_header_read_timeout", with = "keel_balance::duration_serde")]
+    #[serde(
+        default = "default_header_read_timeout",
+        with = "keel_balance::duration_serde"
+    )]
     pub header_read_timeout: Duration,
     /// A connection with no request in flight for this long is closed. Default 60 s.
-    #[serde(default = "default_idle_timeout", with = "keel_balance::duration_serde")]
+    #[serde(
+        default = "default_idle_timeout",
+        with = "keel_balance::duration_serde"
+    )]
     pub idle_timeout: Duration,
     /// Largest request body accepted, in bytes; larger ones get `413` (at once when
     /// `Content-Length` says so, else when the streamed body passes the limit). Unset: no
@@ -187,7 +196,10 @@ pub struct ClusterConfig {
     #[serde(default = "default_rtt", with = "keel_balance::duration_serde")]
     pub default_rtt: Duration,
     /// peak-ewma: a failure counts as at least this latency. Default 1 s.
-    #[serde(default = "default_failure_penalty", with = "keel_balance::duration_serde")]
+    #[serde(
+        default = "default_failure_penalty",
+        with = "keel_balance::duration_serde"
+    )]
     pub failure_penalty: Duration,
     /// ring-hash: virtual nodes per endpoint of mean weight. Default 160.
     #[serde(default = "default_vnodes")]
@@ -216,11 +228,17 @@ pub struct ClusterConfig {
     pub hash_on: Option<HashOn>,
 
     /// Time allowed to open a TCP connection to an endpoint. Default 1 s.
-    #[serde(default = "default_connect_timeout", with = "keel_balance::duration_serde")]
+    #[serde(
+        default = "default_connect_timeout",
+        with = "keel_balance::duration_serde"
+    )]
     pub connect_timeout: Duration,
     /// Time allowed for the whole request, all tries included, until the response body has
     /// been sent. Default 15 s.
-    #[serde(default = "default_request_timeout", with = "keel_balance::duration_serde")]
+    #[serde(
+        default = "default_request_timeout",
+        with = "keel_balance::duration_serde"
+    )]
     pub request_timeout: Duration,
     /// Responses whose `Content-Length` is at most this many bytes are read whole before they
     /// are forwarded, so that an endpoint failing mid-body can still be retried; larger or
@@ -228,7 +246,10 @@ pub struct ClusterConfig {
     #[serde(default = "default_max_buffered_response")]
     pub max_buffered_response: u64,
     /// Idle keep-alive connections to an endpoint are closed after this long. Default 90 s.
-    #[serde(default = "default_pool_idle_timeout", with = "keel_balance::duration_serde")]
+    #[serde(
+        default = "default_pool_idle_timeout",
+        with = "keel_balance::duration_serde"
+    )]
     pub pool_idle_timeout: Duration,
     /// Most idle keep-alive connections kept per endpoint. Default 256.
     #[serde(default = "default_pool_max_idle")]
@@ -316,7 +337,10 @@ pub struct RetryConfig {
     #[serde(default = "default_min_retries_per_second")]
     pub min_retries_per_second: f64,
     /// Sliding window of the retry budget. Default 10 s.
-    #[serde(default = "default_budget_window", with = "keel_balance::duration_serde")]
+    #[serde(
+        default = "default_budget_window",
+        with = "keel_balance::duration_serde"
+    )]
     pub budget_window: Duration,
 }
 

@@ -32,7 +32,9 @@ async fn workers_serve_every_connection_take_reloads_and_stop() {
     let proxy = keel_proxy::start_with_workers(config, 3).await.unwrap();
     // Each thread names itself when it starts.
     assert!(
-        eventually(Duration::from_secs(2), || threads_named("keel-worker-") == 3).await,
+        eventually(Duration::from_secs(2), || threads_named("keel-worker-")
+            == 3)
+        .await,
         "{} worker threads",
         threads_named("keel-worker-")
     );
