@@ -205,6 +205,14 @@ pub async fn start_with_workers(
     let per_listener = workers.max(1);
     let mut bound: Vec<Vec<TcpListener>> = Vec::with_capacity(config.listeners.len());
     for l in &config.listeners {
+        if workers > 0 && l.listen.port() != 0 {
+            // SO_REUSEPORT would let a second proxy (same user) bind the same port and take
+            // half the connections: a plain bind first makes that an "address in use" error.
+            drop(
+                std::net::TcpListener::bind(l.listen)
+                    .with_context(|| format!("cannot listen on {}", l.listen))?,
+            );
+        }
         let mut sockets = Vec::with_capacity(per_listener);
         let mut addr = l.listen;
         for _ in 0..per_listener {

@@ -92,3 +92,22 @@ async fn workers_serve_every_connection_take_reloads_and_stop() {
         "still accepting after shutdown"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_proxy_on_the_same_port_is_refused() {
+    // SO_REUSEPORT must not let another process (or proxy) silently share a port in use.
+    let bs = backends(1, Duration::ZERO).await;
+    let addrs = [bs[0].addr()];
+    let first = keel_proxy::start_with_workers(simple_config(&addrs, "round-robin", ""), 2)
+        .await
+        .unwrap();
+    let port = first.listener_addrs()[0];
+    let text = format!(
+        "[[listener]]\nlisten = \"{port}\"\ncluster = \"app\"\n[[cluster]]\nname = \"app\"\nendpoints = [{{ address = \"{}\" }}]\n",
+        addrs[0]
+    );
+    let config = keel_proxy::ProxyConfig::from_toml_str(&text, "second.toml").unwrap();
+    let err = keel_proxy::start_with_workers(config, 2).await.unwrap_err();
+    assert!(format!("{err:#}").contains("cannot listen on"), "{err:#}");
+    first.shutdown(Duration::from_secs(1)).await;
+}
