@@ -203,10 +203,11 @@ async fn tls_connect(
     (stream, negotiated)
 }
 
-/// `GET /` over HTTP/1.1 on an open TLS stream: (status, version, body).
-async fn get_h1(
-    stream: tokio_rustls::client::TlsStream<TcpStream>,
-) -> (StatusCode, Version, String) {
+/// `GET /` over HTTP/1.1 on an open stream (TLS or plain TCP): (status, version, body).
+async fn get_h1<S>(stream: S) -> (StatusCode, Version, String)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .unwrap();
@@ -223,19 +224,8 @@ async fn get_h1(
 
 /// Plain `GET /` to the proxy: (status, body).
 async fn get_plain(addr: SocketAddr) -> (StatusCode, String) {
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let req = Request::get("/")
-        .header("host", "localhost")
-        .body(Empty::<Bytes>::new())
-        .unwrap();
-    let resp = sender.send_request(req).await.unwrap();
-    let status = resp.status();
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
+    let (status, _, body) = get_h1(TcpStream::connect(addr).await.unwrap()).await;
+    (status, body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
