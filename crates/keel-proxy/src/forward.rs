@@ -375,7 +375,7 @@ pub async fn handle(
                     })
                 ),
             },
-            Ok(Err(UpstreamError::Connect { cause, .. })) => Failure::Error {
+            Ok(Err(UpstreamError::Connect { cause })) => Failure::Error {
                 kind: ErrorKind::Connect,
                 cause: format!("cannot connect to upstream {}: {cause}", entry.authority),
             },

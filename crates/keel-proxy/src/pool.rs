@@ -47,10 +47,8 @@ pub struct PooledConn {
 pub enum UpstreamError {
     /// No connection could be made: the request never left.
     Connect {
-        /// What the OS or resolver said.
+        /// What the OS, the resolver or the TLS handshake said (a timeout says so).
         cause: String,
-        /// The connect timeout ran out.
-        timed_out: bool,
     },
     /// The connection failed while the request was sent or the response read.
     Http(hyper::Error),
@@ -264,7 +262,6 @@ impl EndpointPool {
             Ok(Err(e)) => {
                 return Err(UpstreamError::Connect {
                     cause: e.to_string(),
-                    timed_out: false,
                 })
             }
             Err(_) => {
@@ -273,7 +270,6 @@ impl EndpointPool {
                         "connect timed out after {}",
                         humantime::format_duration(timeout)
                     ),
-                    timed_out: true,
                 })
             }
         };
@@ -284,7 +280,6 @@ impl EndpointPool {
                 Ok(s) => UpstreamStream::Tls(Box::new(s)),
                 Err(e) => {
                     return Err(UpstreamError::Connect {
-                        timed_out: e.kind() == std::io::ErrorKind::TimedOut,
                         cause: e.to_string(),
                     })
                 }
