@@ -115,6 +115,24 @@ pub struct ListenerConfig {
     /// Terminate TLS on this listener (`[listener.tls]`); plain TCP unless present.
     #[serde(default)]
     pub tls: Option<ListenerTlsConfig>,
+    /// Which HTTP/1 server serves a plain-TCP listener: `"keel"` (default) or `"hyper"`.
+    /// TLS listeners are always served by hyper.
+    #[serde(default)]
+    pub http1: Http1Server,
+}
+
+/// The HTTP/1 server of a plain-TCP listener (`http1 = ...`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Http1Server {
+    /// keel's own HTTP/1.1 path: heads parsed in place and rewritten straight into the bytes
+    /// sent on, bodies through reused buffers; requests it does not handle itself (chunked or
+    /// bodies over 64 KiB, `Expect`, `CONNECT`, HTTP/2 with prior knowledge) pass to hyper
+    /// with the rest of their connection.
+    #[default]
+    Keel,
+    /// hyper's HTTP/1 and HTTP/2 server and keel's hyper-based forwarding, for every request.
+    Hyper,
 }
 
 /// `[listener.tls]`: the listener terminates TLS (HTTP/2 or HTTP/1.1, chosen by ALPN).

@@ -26,6 +26,7 @@ pub mod body;
 pub mod cluster;
 pub mod config;
 pub mod forward;
+mod h1;
 mod health;
 pub mod metrics;
 pub mod pool;

@@ -96,6 +96,31 @@ pub struct EndpointPool {
     tls: Option<UpstreamTls>,
     /// Idle connections per worker, oldest at the front.
     idle: Box<[Mutex<VecDeque<PooledConn>>]>,
+    /// Idle connections of keel's own HTTP/1.1 path ([`RawConn`]), per worker, oldest first.
+    raw_idle: Box<[Mutex<VecDeque<RawConn>>]>,
+}
+
+/// A keep-alive connection of keel's own HTTP/1.1 path (`crate::h1`): the stream and the
+/// bytes read from it but not yet used. Whoever holds it owns it; it goes back to its
+/// endpoint's pool only between responses.
+pub struct RawConn {
+    pub(crate) io: UpstreamStream,
+    pub(crate) buf: bytes::BytesMut,
+    idle_since: Instant,
+    /// True if it came from the pool (a stale keep-alive connection may fail at first use).
+    pub(crate) reused: bool,
+}
+
+impl RawConn {
+    /// True if the endpoint closed the connection (or sent something unasked, or it failed)
+    /// while it sat idle. Does not wait: a connection with nothing to read is still good.
+    fn closed_while_idle(&mut self) -> bool {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut scratch = [0u8; 64];
+        let mut read = tokio::io::ReadBuf::new(&mut scratch);
+        let io = Pin::new(&mut self.io);
+        tokio::io::AsyncRead::poll_read(io, &mut cx, &mut read).is_ready()
+    }
 }
 
 impl EndpointPool {
@@ -112,6 +137,9 @@ impl EndpointPool {
             settings,
             tls,
             idle: (0..settings.workers.max(1))
+                .map(|_| Mutex::new(VecDeque::new()))
+                .collect(),
+            raw_idle: (0..settings.workers.max(1))
                 .map(|_| Mutex::new(VecDeque::new()))
                 .collect(),
         });
@@ -147,10 +175,17 @@ impl EndpointPool {
 
     /// Idle connections held now.
     pub fn idle_count(&self) -> usize {
-        self.idle
+        let hyper: usize = self
+            .idle
             .iter()
             .map(|q| q.lock().map(|q| q.len()).unwrap_or(0))
-            .sum()
+            .sum();
+        let raw: usize = self
+            .raw_idle
+            .iter()
+            .map(|q| q.lock().map(|q| q.len()).unwrap_or(0))
+            .sum();
+        hyper + raw
     }
 
     /// The current thread's stack.
@@ -171,6 +206,72 @@ impl EndpointPool {
                 !c.done && !c.send.is_closed()
             });
         }
+        for q in self.raw_idle.iter() {
+            let mut q = q.lock().unwrap_or_else(|e| e.into_inner());
+            q.retain_mut(|c| {
+                now.duration_since(c.idle_since) < self.settings.idle_timeout
+                    && !c.closed_while_idle()
+            });
+        }
+    }
+
+    /// The current thread's stack of [`RawConn`]s.
+    fn raw_stack(&self) -> &Mutex<VecDeque<RawConn>> {
+        &self.raw_idle[WORKER.with(|w| w.get()) % self.raw_idle.len()]
+    }
+
+    /// The most recently used idle [`RawConn`] that is still open, or a new one.
+    pub async fn get_raw(&self) -> Result<RawConn, UpstreamError> {
+        let now = Instant::now();
+        loop {
+            let popped = self
+                .raw_stack()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop_back();
+            let Some(mut c) = popped else { break };
+            if now.duration_since(c.idle_since) >= self.settings.idle_timeout {
+                // The newest is too old, so are all the others.
+                self.raw_stack()
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clear();
+                break;
+            }
+            if !c.closed_while_idle() {
+                c.reused = true;
+                return Ok(c);
+            }
+        }
+        self.connect_raw().await
+    }
+
+    /// A new [`RawConn`].
+    pub async fn connect_raw(&self) -> Result<RawConn, UpstreamError> {
+        Ok(RawConn {
+            io: self.connect_stream().await?,
+            buf: bytes::BytesMut::with_capacity(8192),
+            idle_since: Instant::now(),
+            reused: false,
+        })
+    }
+
+    /// Puts back a [`RawConn`] whose last response was read to its end and nothing more
+    /// (or closes it if the pool is full).
+    pub fn put_raw(&self, mut c: RawConn) {
+        if self.settings.max_idle == 0 || !c.buf.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        c.idle_since = now;
+        let mut q = self.raw_stack().lock().unwrap_or_else(|e| e.into_inner());
+        while q.len() >= self.settings.max_idle
+            || q.front()
+                .is_some_and(|o| now.duration_since(o.idle_since) >= self.settings.idle_timeout)
+        {
+            q.pop_front();
+        }
+        q.push_back(c);
     }
 
     /// The most recently used idle connection that is still open, if any.
@@ -248,6 +349,22 @@ impl EndpointPool {
     }
 
     async fn connect(&self) -> Result<PooledConn, UpstreamError> {
+        let stream = self.connect_stream().await?;
+        let (send, conn) = http1::Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(UpstreamError::Http)?;
+        Ok(PooledConn {
+            send,
+            conn,
+            done: false,
+            idle_since: Instant::now(),
+            reused: false,
+        })
+    }
+
+    /// A new TCP (or TLS) connection to the endpoint, within the connect timeout.
+    async fn connect_stream(&self) -> Result<UpstreamStream, UpstreamError> {
         let timeout = self.settings.connect_timeout;
         let connect = async {
             let stream = match self.addr {
@@ -273,29 +390,16 @@ impl EndpointPool {
                 })
             }
         };
-        let stream = match &self.tls {
-            None => UpstreamStream::Plain(stream),
+        match &self.tls {
+            None => Ok(UpstreamStream::Plain(stream)),
             // A failed handshake is a connect failure: the request never left.
             Some(tls) => match tls.connect(stream, &self.host).await {
-                Ok(s) => UpstreamStream::Tls(Box::new(s)),
-                Err(e) => {
-                    return Err(UpstreamError::Connect {
-                        cause: e.to_string(),
-                    })
-                }
+                Ok(s) => Ok(UpstreamStream::Tls(Box::new(s))),
+                Err(e) => Err(UpstreamError::Connect {
+                    cause: e.to_string(),
+                }),
             },
-        };
-        let (send, conn) = http1::Builder::new()
-            .handshake(TokioIo::new(stream))
-            .await
-            .map_err(UpstreamError::Http)?;
-        Ok(PooledConn {
-            send,
-            conn,
-            done: false,
-            idle_since: Instant::now(),
-            reused: false,
-        })
+        }
     }
 
     /// Sends `req` on a pooled or new connection and waits for the response head, driving the

@@ -435,7 +435,8 @@ async fn accept_loop(
     mut shutdown: watch::Receiver<Option<Duration>>,
 ) {
     // Listener settings cannot change by reload (it refuses that), so they are read once.
-    let settings = shared.config.load().listeners[index].clone();
+    let settings = Arc::new(shared.config.load().listeners[index].clone());
+    let own_http1 = settings.http1 == crate::config::Http1Server::Keel;
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -482,13 +483,24 @@ async fn accept_loop(
                 let builder = builder.clone();
                 let mut stop = shutdown.clone();
                 let tls = tls.clone();
+                let settings = settings.clone();
                 conns.spawn(async move {
                     let _slot = slot;
                     let client = crate::forward::Client::new(peer)
                         .with_max_request_body(max_body)
                         .with_tls(tls.is_some());
                     let Some(acceptor) = tls else {
-                        serve_connection(shared, index, &builder, TokioIo::new(stream), client, idle_timeout, stop).await;
+                        if !own_http1 {
+                            serve_connection(shared, index, &builder, TokioIo::new(stream), client, idle_timeout, stop).await;
+                            return;
+                        }
+                        match crate::h1::serve(shared.clone(), index, settings, stream, peer, stop.clone()).await {
+                            crate::h1::Served::Closed => {}
+                            crate::h1::Served::Handoff(stream, read) => {
+                                let io = TokioIo::new(crate::h1::Prefixed::new(read, stream));
+                                serve_connection(shared, index, &builder, io, client, idle_timeout, stop).await;
+                            }
+                        }
                         return;
                     };
                     // Here, not in the accept loop: a slow or silent client delays only itself.
