@@ -13,6 +13,8 @@
 #
 # Environment (all optional):
 #   KEEL_BIN          use this keel binary instead of building with `cargo build --release`
+#   KEEL_HTTP1        keel's HTTP/1 server: keel (default, its own path) or hyper (the one
+#                     before the third round; for before/after comparisons with one binary)
 #   CARGO_TARGET_DIR  honoured by the build (the binary is taken from there)
 #   ROUNDS DURATION   rounds and seconds per wrk point (default 3 and 8; --quick: 1 and 3)
 #   CONNS             wrk connection counts (default "16 128")
@@ -190,6 +192,7 @@ write_configs() { # workers
         echo "[[listener]]"
         echo "listen = \"127.0.0.1:$KEEL_PORT\""
         echo "cluster = \"app\""
+        echo "http1 = \"${KEEL_HTTP1:-keel}\""
         echo "[[cluster]]"
         echo "name = \"app\""
         echo "strategy = \"round-robin\""

@@ -138,6 +138,12 @@ impl Cluster {
         self.epoch.elapsed()
     }
 
+    /// An instant already read, on the proxy's clock (saves reading the clock again).
+    #[inline]
+    pub fn at(&self, instant: Instant) -> Duration {
+        instant.saturating_duration_since(self.epoch)
+    }
+
     /// True if an upstream status counts as the endpoint's failure (and may be retried).
     #[inline]
     pub fn is_failure_status(&self, status: u16) -> bool {

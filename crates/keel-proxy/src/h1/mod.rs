@@ -59,8 +59,14 @@ pub(crate) async fn serve(
     settings: Arc<ListenerConfig>,
     stream: TcpStream,
     peer: SocketAddr,
-    mut stop: watch::Receiver<Option<Duration>>,
+    stop: watch::Receiver<Option<Duration>>,
 ) -> Served {
+    // One shutdown waiter for the connection's life: it registers once, instead of at every
+    // wait for a request.
+    let mut stop_waiter = stop.clone();
+    let mut shutdown = std::pin::pin!(async move {
+        crate::server::wait_shutdown(&mut stop_waiter).await;
+    });
     let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
     let mut conn = Downstream {
         stream,
@@ -126,7 +132,7 @@ pub(crate) async fn serve(
             let read = tokio::select! {
                 biased;
                 r = until(&mut conn.client_timer, deadline, conn.stream.read_buf(&mut conn.rbuf)) => r,
-                _ = stop.changed(), if idle => return Served::Closed,
+                _ = shutdown.as_mut(), if idle => return Served::Closed,
             };
             match read {
                 Some(Ok(n)) if n > 0 => {}
@@ -231,12 +237,18 @@ impl Downstream {
             }),
             _ => req.hash,
         };
-        cluster.budget.record_request(cluster.now());
+        // The first try's clock readings are `start`'s; later ones read the clock again.
+        let start_on_clock = cluster.at(start);
+        cluster.budget.record_request(start_on_clock);
         let attempts = cluster.config.retry.attempts.min(MAX_RETRY_ATTEMPTS) as usize;
         let mut tried = [EndpointId(0); MAX_RETRY_ATTEMPTS as usize + 1];
         let mut attempt = 0;
         loop {
-            let now = cluster.now();
+            let (now, wall) = if attempt == 0 {
+                (start_on_clock, start)
+            } else {
+                (cluster.now(), Instant::now())
+            };
             let mut ctx = PickContext::new(now).with_avoid(&tried[..attempt]);
             if let Some(k) = hash {
                 ctx = ctx.with_hash_key(k);
@@ -257,7 +269,7 @@ impl Downstream {
                 head::push_header(&mut self.up_head, b"host", entry.header.as_bytes());
             }
             self.up_head.extend_from_slice(b"\r\n");
-            let try_deadline = deadline.min(Instant::now() + cluster.per_try_timeout);
+            let try_deadline = deadline.min(wall + cluster.per_try_timeout);
             let tried_once = {
                 let body = &self.rbuf[body_range.clone()];
                 let fut = try_once(entry, cluster, &self.up_head, body, req, &mut self.out);
@@ -529,7 +541,12 @@ async fn try_once(
                 ),
             )
         };
-        if let Err(e) = write_all_2(&mut conn.io, head_bytes, body).await {
+        // (The flush matters for TLS, whose records may wait in its buffer; none for TCP.)
+        let written = match write_all_2(&mut conn.io, head_bytes, body).await {
+            Ok(()) => conn.io.flush().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
             if reused {
                 continue;
             }
