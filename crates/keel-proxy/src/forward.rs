@@ -51,6 +51,11 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
         return;
     }
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        // The chunks delimit the body: a Content-Length beside them is stale (RFC 9112
+        // section 6.3), and the body is re-framed on the next hop anyway.
+        headers.remove(header::CONTENT_LENGTH);
+    }
     if headers.contains_key(header::CONNECTION) {
         let named: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
@@ -98,8 +103,14 @@ pub fn prepare_request_headers(parts: &mut hyper::http::request::Parts, client: 
         headers.insert(X_FORWARDED_FOR, client.ip_header.clone());
     }
     headers.insert(X_FORWARDED_PROTO, client.proto_header.clone());
-    if let Some(host) = headers.get(header::HOST).cloned() {
-        headers.insert(X_FORWARDED_HOST, host);
+    match headers.get(header::HOST).cloned() {
+        Some(host) => {
+            headers.insert(X_FORWARDED_HOST, host);
+        }
+        // Never the client's own: it would pass for the proxy's.
+        None => {
+            headers.remove(X_FORWARDED_HOST);
+        }
     }
 }
 
@@ -266,12 +277,39 @@ async fn read_small(body: Incoming, limit: u64) -> Result<Bytes, String> {
     Ok(buf.freeze())
 }
 
+/// What is wrong with an HTTP/1 request's `Host` (RFC 9112 section 3.2), if anything: more
+/// than one, or none in HTTP/1.1 unless the target is in absolute form (whose authority
+/// stands for it, as NGINX takes it). HTTP/2 carries `:authority` instead.
+fn host_problem<B>(req: &Request<B>) -> Option<&'static str> {
+    if !matches!(
+        req.version(),
+        Version::HTTP_09 | Version::HTTP_10 | Version::HTTP_11
+    ) {
+        return None;
+    }
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (Some(_), Some(_)) => Some("more than one Host header"),
+        (None, _) if req.version() == Version::HTTP_11 && req.uri().authority().is_none() => {
+            Some("Host header missing (required since HTTP/1.1)")
+        }
+        _ => None,
+    }
+}
+
 /// Serves one client request on `cluster`.
 pub async fn handle(
     cluster: Arc<Cluster>,
     client: &Client,
     req: Request<Incoming>,
 ) -> Response<RespBody> {
+    if let Some(cause) = host_problem(&req) {
+        // Refused before any accounting, and the connection closed, as keel's own path does.
+        let mut r = proxy_response(StatusCode::BAD_REQUEST, cause, None);
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return r;
+    }
     let start = Instant::now();
     let Some(guard) = DownstreamGuard::try_new(
         &cluster.metrics,

@@ -165,7 +165,10 @@ fn parse_request_in<'b>(
         {
             return RequestParse::Handoff;
         } else if name.eq_ignore_ascii_case("host") {
-            host = host.or(Some(h.value));
+            if host.is_some() {
+                return RequestParse::Reject(400, "more than one Host header");
+            }
+            host = Some(h.value);
         } else if name.eq_ignore_ascii_case("x-forwarded-for") {
             forwarded_for = true;
         }
@@ -190,6 +193,10 @@ fn parse_request_in<'b>(
         Some(x) => x,
         None => return RequestParse::Handoff,
     };
+    if !http10 && host.is_none() && authority.is_none() {
+        // RFC 9112 section 3.2 (an absolute-form target names the host too, as NGINX takes).
+        return RequestParse::Reject(400, "Host header missing (required since HTTP/1.1)");
+    }
     if rules.hash_path {
         let end = path.find('?').unwrap_or(path.len());
         hash = Some(keel_balance::hash_key(&path.as_bytes()[..end]));
@@ -253,7 +260,8 @@ fn parse_request_in<'b>(
             "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
         ),
         is_head: method == "HEAD",
-        keep_alive: if http10 { keep_alive_token } else { !close },
+        // `close` wins over `keep-alive` (RFC 9112 section 9.3).
+        keep_alive: !close && (!http10 || keep_alive_token),
         http10,
         has_host: host.is_some(),
         hash,
@@ -639,13 +647,18 @@ mod tests {
     #[test]
     fn framing_and_connection_options() {
         let (h, out) = ready(
-            b"POST /u HTTP/1.1\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+            b"POST /u HTTP/1.0\r\nContent-Length: 5\r\n\r\nhello",
             &rules(),
         );
         assert_eq!(
             (h.body_len, h.keep_alive, h.idempotent, h.has_host),
             (5, false, false, false)
         );
+        let (h, _) = ready(
+            b"GET / HTTP/1.1\r\nHost: h\r\nConnection: keep-alive, close\r\n\r\n",
+            &rules(),
+        );
+        assert!(!h.keep_alive, "close wins");
         assert!(out.ends_with("content-length: 5\r\n"), "{out}");
         let (h, _) = ready(b"GET / HTTP/1.0\r\n\r\n", &rules());
         assert!(h.http10 && !h.keep_alive);
@@ -681,6 +694,8 @@ mod tests {
             (&b"HELLO THERE\r\n\r\n"[..], 400),
             (b"GET / HTTP/7.3\r\n\r\n", 400),
             (b"GET / HTTP/1.1\r\nBad Name: v\r\n\r\n", 400),
+            (b"GET / HTTP/1.1\r\n\r\n", 400),
+            (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),
             (
                 b"POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
                 400,
@@ -721,11 +736,14 @@ mod tests {
     fn hash_keys_match_the_general_path() {
         let mut rules = rules();
         rules.hash_header = Some("x-user");
-        let (h, _) = ready(b"GET / HTTP/1.1\r\nX-User: alice\r\n\r\n", &rules);
+        let (h, _) = ready(
+            b"GET / HTTP/1.1\r\nHost: h\r\nX-User: alice\r\n\r\n",
+            &rules,
+        );
         assert_eq!(h.hash, Some(keel_balance::hash_key(b"alice")));
         rules.hash_header = None;
         rules.hash_path = true;
-        let (h, _) = ready(b"GET /a/b?c=1 HTTP/1.1\r\n\r\n", &rules);
+        let (h, _) = ready(b"GET /a/b?c=1 HTTP/1.1\r\nHost: h\r\n\r\n", &rules);
         assert_eq!(h.hash, Some(keel_balance::hash_key(b"/a/b")));
     }
 

@@ -108,6 +108,12 @@ pub(crate) async fn serve(
                     max_inline_body: MAX_INLINE_BODY,
                 };
                 match head::parse_request(&conn.rbuf, &rules, &mut conn.up_head) {
+                    // However it arrived (one read may bring more than the limit).
+                    RequestParse::Ready(h) if h.head_len > settings.max_header_bytes => {
+                        conn.answer_and_close(431, "request head larger than max_header_bytes")
+                            .await;
+                        return Served::Closed;
+                    }
                     RequestParse::Ready(h) => break (cluster, h),
                     RequestParse::Handoff => return Served::Handoff(conn.stream, conn.rbuf),
                     RequestParse::Reject(status, cause) => {
