@@ -125,6 +125,17 @@ fn metrics_text(shared: &Shared) -> String {
         shared.reloads.load(Relaxed),
         shared.reload_failures.load(Relaxed),
     );
+    if !shared.worker_connections.is_empty() {
+        use std::fmt::Write as _;
+        out.push_str("# HELP keel_worker_connections Client connections open on each worker thread (new ones go to the worker with the fewest).\n# TYPE keel_worker_connections gauge\n");
+        for (w, n) in shared.worker_connections.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "keel_worker_connections{{worker=\"{w}\"}} {}",
+                n.load(Relaxed)
+            );
+        }
+    }
     let config = shared.config.load();
     let tls: Vec<usize> = (0..config.listeners.len())
         .filter(|&i| config.listeners[i].tls.is_some())

@@ -3,7 +3,7 @@
 //! while requests in flight finish on the clusters they started on.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use arc_swap::ArcSwap;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -46,6 +46,8 @@ pub(crate) struct Shared {
     pub listener_addrs: Vec<SocketAddr>,
     /// TLS handshakes that failed or timed out, by listener index.
     pub tls_handshake_failures: Vec<AtomicU64>,
+    /// Client connections open on each worker thread (empty without workers).
+    pub worker_connections: Arc<[AtomicUsize]>,
 }
 
 impl Shared {
@@ -175,11 +177,13 @@ pub async fn start(config: ProxyConfig) -> anyhow::Result<ProxyHandle> {
 }
 
 /// Like [`start`], but with `workers` > 0 connections are served by that many threads, each
-/// with its own single-threaded runtime and its own `SO_REUSEPORT` socket per listener (the
-/// kernel spreads new connections over them), and its own stack of upstream connections in
-/// every endpoint's pool: a request never leaves the thread that accepted its connection, so
-/// threads do not wake each other. Admin, health checks and reloads stay on the calling
-/// runtime. `workers` = 0 serves on the calling runtime.
+/// with its own single-threaded runtime and its own stack of upstream connections in every
+/// endpoint's pool: a connection and its requests never leave the thread that serves it, so
+/// threads do not wake each other. The calling runtime accepts the connections and hands each
+/// to the worker with the fewest open connections (Envoy's "exact balance"; with
+/// `SO_REUSEPORT` the kernel's hash would spread them unevenly: 16 connections on 2 workers
+/// split 10/6 or worse almost half the time). Admin, health checks and reloads stay on the
+/// calling runtime. `workers` = 0 serves on the calling runtime.
 pub async fn start_with_workers(
     config: ProxyConfig,
     workers: usize,
@@ -201,28 +205,11 @@ pub async fn start_with_workers(
                 .transpose()
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    // Per listener, one socket per worker (one if no workers), all on the same port.
-    let per_listener = workers.max(1);
-    let mut bound: Vec<Vec<TcpListener>> = Vec::with_capacity(config.listeners.len());
+    let mut bound = Vec::with_capacity(config.listeners.len());
     for l in &config.listeners {
-        if workers > 0 && l.listen.port() != 0 {
-            // SO_REUSEPORT would let a second proxy (same user) bind the same port and take
-            // half the connections: a plain bind first makes that an "address in use" error.
-            drop(
-                std::net::TcpListener::bind(l.listen)
-                    .with_context(|| format!("cannot listen on {}", l.listen))?,
-            );
-        }
-        let mut sockets = Vec::with_capacity(per_listener);
-        let mut addr = l.listen;
-        for _ in 0..per_listener {
-            let listener = bind_listener(addr, workers > 0)
-                .with_context(|| format!("cannot listen on {}", l.listen))?;
-            // An ephemeral port is chosen by the first bind; the others share it.
-            addr = listener.local_addr()?;
-            sockets.push(listener);
-        }
-        bound.push(sockets);
+        bound.push(
+            bind_listener(l.listen).with_context(|| format!("cannot listen on {}", l.listen))?,
+        );
     }
     let admin = match &config.admin {
         Some(a) => Some(
@@ -234,7 +221,7 @@ pub async fn start_with_workers(
     };
     let listener_addrs = bound
         .iter()
-        .map(|l| l[0].local_addr())
+        .map(|l| l.local_addr())
         .collect::<std::io::Result<Vec<_>>>()?;
     let admin_addr = admin.as_ref().map(|a| a.local_addr()).transpose()?;
 
@@ -248,13 +235,14 @@ pub async fn start_with_workers(
         config: ArcSwap::from_pointee(config.clone()),
         registry: Registry::default(),
         runtime: tokio::runtime::Handle::current(),
-        workers: per_listener,
+        workers: workers.max(1),
         health_tasks: Mutex::new(Vec::new()),
         reload_lock: Mutex::new(()),
         reloads: AtomicU64::new(0),
         reload_failures: AtomicU64::new(0),
         tls_handshake_failures: listener_addrs.iter().map(|_| AtomicU64::new(0)).collect(),
         listener_addrs: listener_addrs.clone(),
+        worker_connections: (0..workers).map(|_| AtomicUsize::new(0)).collect(),
     });
     let routing = shared.build_routing(&config, None)?;
     shared.restart_health_checks(&routing);
@@ -262,72 +250,53 @@ pub async fn start_with_workers(
 
     let (shutdown, shutdown_rx) = watch::channel(None);
     let mut tasks = Vec::new();
-    if workers == 0 {
-        for (i, (mut sockets, tls)) in bound.into_iter().zip(acceptors).enumerate() {
-            tasks.push(tokio::spawn(accept_loop(
-                shared.clone(),
-                i,
-                sockets.remove(0),
-                tls,
-                shutdown_rx.clone(),
-            )));
-        }
-    } else {
-        // Socket w of every listener goes to worker w. They are moved as std sockets and
-        // registered again with the worker's own runtime.
-        let mut per_worker: Vec<Vec<(usize, std::net::TcpListener)>> =
-            (0..workers).map(|_| Vec::new()).collect();
-        for (i, sockets) in bound.into_iter().enumerate() {
-            for (w, l) in sockets.into_iter().enumerate() {
-                per_worker[w].push((i, l.into_std()?));
-            }
-        }
-        for (w, listeners) in per_worker.into_iter().enumerate() {
-            let shared = shared.clone();
-            let acceptors = acceptors.clone();
-            let shutdown_rx = shutdown_rx.clone();
-            let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
-            std::thread::Builder::new()
-                .name(format!("keel-worker-{w}"))
-                .spawn(move || {
-                    let rt = match tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                    {
-                        Ok(rt) => rt,
-                        Err(e) => {
-                            tracing::error!("worker {w}: cannot build its runtime: {e}");
-                            return;
-                        }
-                    };
-                    crate::pool::set_worker(w);
-                    rt.block_on(async move {
-                        let mut loops = JoinSet::new();
-                        for (i, l) in listeners {
-                            match TcpListener::from_std(l) {
-                                Ok(l) => {
-                                    loops.spawn(accept_loop(
-                                        shared.clone(),
-                                        i,
-                                        l,
-                                        acceptors[i].clone(),
-                                        shutdown_rx.clone(),
-                                    ));
-                                }
-                                Err(e) => tracing::error!("worker {w}: listener[{i}]: {e}"),
-                            }
-                        }
-                        while loops.join_next().await.is_some() {}
-                    });
-                    // Dropping the runtime here closes whatever the worker still held.
-                    drop(rt);
-                    let _ = done_tx.send(());
-                })
-                .context("cannot start a worker thread")?;
-            tasks.push(tokio::spawn(async move {
-                let _ = done_rx.await;
-            }));
-        }
+    let mut senders = Vec::with_capacity(workers);
+    for w in 0..workers {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        senders.push(tx);
+        let shared = shared.clone();
+        let shutdown_rx = shutdown_rx.clone();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name(format!("keel-worker-{w}"))
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        tracing::error!("worker {w}: cannot build its runtime: {e}");
+                        return;
+                    }
+                };
+                crate::pool::set_worker(w);
+                rt.block_on(worker_loop(shared, rx, shutdown_rx));
+                // Dropping the runtime here closes whatever the worker still held.
+                drop(rt);
+                let _ = done_tx.send(());
+            })
+            .context("cannot start a worker thread")?;
+        tasks.push(tokio::spawn(async move {
+            let _ = done_rx.await;
+        }));
+    }
+    let dispatch = (workers > 0).then(|| {
+        Arc::new(Dispatch {
+            senders,
+            open: shared.worker_connections.clone(),
+            next: AtomicUsize::new(0),
+        })
+    });
+    for (i, (listener, tls)) in bound.into_iter().zip(acceptors).enumerate() {
+        let ctx = ListenerCtx::new(i, &config.listeners[i], tls);
+        tasks.push(tokio::spawn(accept_loop(
+            shared.clone(),
+            ctx,
+            listener,
+            dispatch.clone(),
+            shutdown_rx.clone(),
+        )));
     }
     if let Some(admin) = admin {
         tasks.push(tokio::spawn(crate::admin::serve(
@@ -368,6 +337,15 @@ impl ProxyHandle {
             .tls_handshake_failures
             .get(listener)
             .map_or(0, |c| c.load(Relaxed))
+    }
+
+    /// Client connections open on each worker thread (empty without workers).
+    pub fn worker_connections(&self) -> Vec<usize> {
+        self.shared
+            .worker_connections
+            .iter()
+            .map(|c| c.load(Relaxed))
+            .collect()
     }
 
     /// The configuration in force.
@@ -411,8 +389,8 @@ pub(crate) async fn wait_shutdown(rx: &mut watch::Receiver<Option<Duration>>) ->
     }
 }
 
-/// A listening socket; with `reuse_port`, several can share the address (one per worker).
-fn bind_listener(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpListener> {
+/// A listening socket.
+fn bind_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
     } else {
@@ -420,43 +398,171 @@ fn bind_listener(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpListe
     };
     // As std's and tokio's `bind` do on Unix: a restarted proxy can bind at once.
     socket.set_reuseaddr(true)?;
-    if reuse_port {
-        socket.set_reuseport(true)?;
-    }
     socket.bind(addr)?;
     socket.listen(1024)
 }
 
-async fn accept_loop(
-    shared: Arc<Shared>,
+/// What serving one listener's connections needs, shared by the threads that serve them.
+struct ListenerCtx {
     index: usize,
-    listener: TcpListener,
+    /// Listener settings cannot change by reload (it refuses that), so they are read once.
+    settings: Arc<crate::config::ListenerConfig>,
+    builder: hyper_util::server::conn::auto::Builder<TokioExecutor>,
     tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl ListenerCtx {
+    fn new(
+        index: usize,
+        settings: &crate::config::ListenerConfig,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> Arc<Self> {
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            // hyper answers 431 when the line and headers do not fit, 400 when they are not HTTP.
+            .max_buf_size(settings.max_header_bytes)
+            .max_headers(settings.max_headers)
+            // Runs from the moment the connection waits for a request (also between keep-alive
+            // requests) until its headers are complete; then hyper closes the connection.
+            .header_read_timeout(settings.header_read_timeout);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_header_list_size(settings.max_header_bytes.min(u32::MAX as usize) as u32);
+        Arc::new(Self {
+            index,
+            settings: Arc::new(settings.clone()),
+            builder,
+            tls,
+        })
+    }
+}
+
+/// An accepted connection on its way to a worker, with its listener slot and its place in
+/// the worker's count.
+struct Accepted {
+    ctx: Arc<ListenerCtx>,
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    slot: tokio::sync::OwnedSemaphorePermit,
+    open: OpenConnection,
+}
+
+/// Counts a connection on its worker while it lives.
+struct OpenConnection {
+    open: Arc<[AtomicUsize]>,
+    worker: usize,
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.open[self.worker].fetch_sub(1, Relaxed);
+    }
+}
+
+/// Hands accepted connections to the worker with the fewest open (ties: in turn).
+struct Dispatch {
+    senders: Vec<tokio::sync::mpsc::UnboundedSender<Accepted>>,
+    open: Arc<[AtomicUsize]>,
+    next: AtomicUsize,
+}
+
+impl Dispatch {
+    fn send(
+        &self,
+        ctx: &Arc<ListenerCtx>,
+        stream: TcpStream,
+        peer: SocketAddr,
+        slot: tokio::sync::OwnedSemaphorePermit,
+    ) {
+        let n = self.senders.len();
+        let start = self.next.fetch_add(1, Relaxed);
+        let worker = (0..n)
+            .map(|k| (start + k) % n)
+            .min_by_key(|&w| self.open[w].load(Relaxed))
+            .unwrap_or(0);
+        // Registered again with the worker's own runtime there.
+        let stream = match stream.into_std() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(%peer, "cannot hand a connection to a worker: {e}");
+                return;
+            }
+        };
+        self.open[worker].fetch_add(1, Relaxed);
+        let accepted = Accepted {
+            ctx: ctx.clone(),
+            stream,
+            peer,
+            slot,
+            open: OpenConnection {
+                open: self.open.clone(),
+                worker,
+            },
+        };
+        // A worker that stopped (shutdown) drops the connection, which closes it.
+        let _ = self.senders[worker].send(accepted);
+    }
+}
+
+/// A worker thread's life: serves the connections handed to it until shutdown, then lets
+/// them finish for up to the drain time.
+async fn worker_loop(
+    shared: Arc<Shared>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Accepted>,
     mut shutdown: watch::Receiver<Option<Duration>>,
 ) {
-    // Listener settings cannot change by reload (it refuses that), so they are read once.
-    let settings = Arc::new(shared.config.load().listeners[index].clone());
-    let own_http1 = settings.http1 == crate::config::Http1Server::Keel;
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        // hyper answers 431 when the line and headers do not fit, 400 when they are not HTTP.
-        .max_buf_size(settings.max_header_bytes)
-        .max_headers(settings.max_headers)
-        // Runs from the moment the connection waits for a request (also between keep-alive
-        // requests) until its headers are complete; then hyper closes the connection.
-        .header_read_timeout(settings.header_read_timeout);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(settings.max_header_bytes.min(u32::MAX as usize) as u32);
-    let builder = Arc::new(builder);
-    let idle_timeout = settings.idle_timeout;
-    let handshake_timeout = settings.header_read_timeout;
-    let max_body = settings.max_request_body_bytes;
+    let mut conns = JoinSet::new();
+    let drain = loop {
+        tokio::select! {
+            d = wait_shutdown(&mut shutdown) => break d,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            got = rx.recv() => {
+                let Some(a) = got else { break Duration::ZERO };
+                let stream = match TcpStream::from_std(a.stream) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!(peer = %a.peer, "worker cannot take a connection: {e}");
+                        continue;
+                    }
+                };
+                let (shared, stop) = (shared.clone(), shutdown.clone());
+                conns.spawn(async move {
+                    let _held = (a.slot, a.open);
+                    serve_accepted(shared, &a.ctx, stream, a.peer, stop).await;
+                });
+            }
+        }
+    };
+    drain_connections(conns, drain).await;
+}
+
+/// Lets connections finish for up to `drain`, then cuts the rest.
+async fn drain_connections(mut conns: JoinSet<()>, drain: Duration) {
+    let finished =
+        tokio::time::timeout(drain, async { while conns.join_next().await.is_some() {} }).await;
+    if finished.is_err() {
+        tracing::warn!(
+            "drain timeout: cutting {} connection(s) still busy",
+            conns.len()
+        );
+        conns.abort_all();
+        while conns.join_next().await.is_some() {}
+    }
+}
+
+async fn accept_loop(
+    shared: Arc<Shared>,
+    ctx: Arc<ListenerCtx>,
+    listener: TcpListener,
+    dispatch: Option<Arc<Dispatch>>,
+    mut shutdown: watch::Receiver<Option<Duration>>,
+) {
     // Connections beyond the limit are not accepted: they wait in the kernel's accept queue.
-    let slots = Arc::new(tokio::sync::Semaphore::new(settings.max_connections));
+    let slots = Arc::new(tokio::sync::Semaphore::new(ctx.settings.max_connections));
+    // Connections served here (no workers).
     let mut conns = JoinSet::new();
     let drain = loop {
         tokio::select! {
@@ -479,61 +585,80 @@ async fn accept_loop(
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let shared = shared.clone();
-                let builder = builder.clone();
-                let mut stop = shutdown.clone();
-                let tls = tls.clone();
-                let settings = settings.clone();
-                conns.spawn(async move {
-                    let _slot = slot;
-                    let client = crate::forward::Client::new(peer)
-                        .with_max_request_body(max_body)
-                        .with_tls(tls.is_some());
-                    let Some(acceptor) = tls else {
-                        if !own_http1 {
-                            serve_connection(shared, index, &builder, TokioIo::new(stream), client, idle_timeout, stop).await;
-                            return;
-                        }
-                        match crate::h1::serve(shared.clone(), index, settings, stream, peer, stop.clone()).await {
-                            crate::h1::Served::Closed => {}
-                            crate::h1::Served::Handoff(stream, read) => {
-                                let io = TokioIo::new(crate::h1::Prefixed::new(read, stream));
-                                serve_connection(shared, index, &builder, io, client, idle_timeout, stop).await;
-                            }
-                        }
-                        return;
-                    };
-                    // Here, not in the accept loop: a slow or silent client delays only itself.
-                    // The header-read timeout bounds the handshake, so it cannot hold a slot.
-                    let handshake = tokio::select! {
-                        r = tokio::time::timeout(handshake_timeout, acceptor.accept(stream)) => r,
-                        _ = wait_shutdown(&mut stop) => return,
-                    };
-                    let cause = match handshake {
-                        Ok(Ok(tls_stream)) => {
-                            serve_connection(shared, index, &builder, TokioIo::new(tls_stream), client, idle_timeout, stop).await;
-                            return;
-                        }
-                        Ok(Err(e)) => e.to_string(),
-                        Err(_) => format!("not finished within {}", humantime::format_duration(handshake_timeout)),
-                    };
-                    shared.tls_handshake_failures[index].fetch_add(1, Relaxed);
-                    tracing::debug!(%peer, "TLS handshake failed: {cause}");
-                });
+                match &dispatch {
+                    Some(d) => d.send(&ctx, stream, peer, slot),
+                    None => {
+                        let (shared, ctx, stop) = (shared.clone(), ctx.clone(), shutdown.clone());
+                        conns.spawn(async move {
+                            let _slot = slot;
+                            serve_accepted(shared, &ctx, stream, peer, stop).await;
+                        });
+                    }
+                }
             }
         }
     };
     drop(listener);
-    let finished =
-        tokio::time::timeout(drain, async { while conns.join_next().await.is_some() {} }).await;
-    if finished.is_err() {
-        tracing::warn!(
-            "drain timeout: cutting {} connection(s) still busy",
-            conns.len()
-        );
-        conns.abort_all();
-        while conns.join_next().await.is_some() {}
-    }
+    drain_connections(conns, drain).await;
+}
+
+/// Serves one accepted connection: TLS handshake if the listener has TLS, then keel's own
+/// HTTP/1.1 path or hyper.
+async fn serve_accepted(
+    shared: Arc<Shared>,
+    ctx: &ListenerCtx,
+    stream: TcpStream,
+    peer: SocketAddr,
+    mut stop: watch::Receiver<Option<Duration>>,
+) {
+    let index = ctx.index;
+    let settings = &ctx.settings;
+    let client = crate::forward::Client::new(peer)
+        .with_max_request_body(settings.max_request_body_bytes)
+        .with_tls(ctx.tls.is_some());
+    let idle_timeout = settings.idle_timeout;
+    let Some(acceptor) = &ctx.tls else {
+        if settings.http1 == crate::config::Http1Server::Hyper {
+            let io = TokioIo::new(stream);
+            serve_connection(shared, index, &ctx.builder, io, client, idle_timeout, stop).await;
+            return;
+        }
+        let served = crate::h1::serve(
+            shared.clone(),
+            index,
+            settings.clone(),
+            stream,
+            peer,
+            stop.clone(),
+        )
+        .await;
+        if let crate::h1::Served::Handoff(stream, read) = served {
+            let io = TokioIo::new(crate::h1::Prefixed::new(read, stream));
+            serve_connection(shared, index, &ctx.builder, io, client, idle_timeout, stop).await;
+        }
+        return;
+    };
+    // Here, not in the accept loop: a slow or silent client delays only itself.
+    // The header-read timeout bounds the handshake, so it cannot hold a slot.
+    let handshake_timeout = settings.header_read_timeout;
+    let handshake = tokio::select! {
+        r = tokio::time::timeout(handshake_timeout, acceptor.accept(stream)) => r,
+        _ = wait_shutdown(&mut stop) => return,
+    };
+    let cause = match handshake {
+        Ok(Ok(tls_stream)) => {
+            let io = TokioIo::new(tls_stream);
+            serve_connection(shared, index, &ctx.builder, io, client, idle_timeout, stop).await;
+            return;
+        }
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => format!(
+            "not finished within {}",
+            humantime::format_duration(handshake_timeout)
+        ),
+    };
+    shared.tls_handshake_failures[index].fetch_add(1, Relaxed);
+    tracing::debug!(%peer, "TLS handshake failed: {cause}");
 }
 
 /// Serves one client connection (plain or TLS) until it ends, stays idle too long, or the

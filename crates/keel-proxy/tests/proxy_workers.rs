@@ -1,6 +1,6 @@
-//! Worker threads (`start_with_workers`): each has its own runtime, SO_REUSEPORT sockets and
-//! pool stacks; requests on many connections are all served, a reload applies to every
-//! worker, and shutdown ends the threads.
+//! Worker threads (`start_with_workers`): each has its own runtime and pool stacks; new
+//! connections go to the worker with the fewest open; requests on many connections are all
+//! served, a reload applies to every worker, and shutdown ends the threads.
 
 mod support;
 
@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use hyper::Method;
 use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Threads of this process whose name starts with `prefix`.
 fn threads_named(prefix: &str) -> usize {
@@ -40,8 +41,31 @@ async fn workers_serve_every_connection_take_reloads_and_stop() {
     );
     let url = format!("http://{}/", proxy.listener_addrs()[0]);
 
-    // 24 clients with their own connections (the kernel spreads them over the 3 sockets),
-    // 25 keep-alive requests each.
+    // 24 connections held open at once go 8 to each worker (the fewest open first).
+    let mut held = Vec::new();
+    for _ in 0..24 {
+        let mut s = tokio::net::TcpStream::connect(proxy.listener_addrs()[0])
+            .await
+            .unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 512];
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+        held.push(s);
+    }
+    assert_eq!(proxy.worker_connections(), vec![8, 8, 8]);
+    drop(held);
+    assert!(
+        eventually(Duration::from_secs(2), || proxy.worker_connections()
+            == vec![0, 0, 0])
+        .await,
+        "closed connections are not counted: {:?}",
+        proxy.worker_connections()
+    );
+
+    // 24 clients with their own connections, 25 keep-alive requests each.
     let mut tasks = Vec::new();
     for _ in 0..24 {
         let url = url.clone();
@@ -95,7 +119,7 @@ async fn workers_serve_every_connection_take_reloads_and_stop() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_proxy_on_the_same_port_is_refused() {
-    // SO_REUSEPORT must not let another process (or proxy) silently share a port in use.
+    // Another process (or proxy) must not silently share a port in use.
     let bs = backends(1, Duration::ZERO).await;
     let addrs = [bs[0].addr()];
     let first = keel_proxy::start_with_workers(simple_config(&addrs, "round-robin", ""), 2)

@@ -18,8 +18,9 @@ pub struct Args {
     /// Only check the configuration: print a summary and exit 0, or the error and exit 2.
     #[arg(long)]
     pub check: bool,
-    /// Threads serving connections, each with its own runtime and listening sockets
-    /// (SO_REUSEPORT) (default: one per CPU; 1 runs the whole proxy on one thread).
+    /// Threads serving connections, each with its own runtime and keep-alive connections; a
+    /// new connection goes to the one with the fewest open (default: one per CPU; 1 runs
+    /// the whole proxy on one thread).
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
     /// Log filter in RUST_LOG syntax (RUST_LOG, when set, wins).
@@ -79,9 +80,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
     // The main thread runs admin, health checks, signals and reloads. With one worker it also
-    // serves the connections (one thread in all); with more, each worker is a thread with its
-    // own single-threaded runtime and SO_REUSEPORT sockets (see keel_proxy::start_with_workers):
-    // no work-stealing scheduler, so threads do not wake each other.
+    // serves the connections (one thread in all); with more, it accepts them and hands each to
+    // the worker thread with the fewest open, each worker with its own single-threaded runtime
+    // (see keel_proxy::start_with_workers): no work-stealing scheduler, so threads do not wake
+    // each other.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
