@@ -2,6 +2,7 @@
 //! connections go to the worker with the fewest open; requests on many connections are all
 //! served, a reload applies to every worker, and shutdown ends the threads.
 
+#[path = "proxy/support/mod.rs"]
 mod support;
 
 use std::collections::HashMap;

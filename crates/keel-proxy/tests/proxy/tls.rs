@@ -4,8 +4,6 @@
 //! against their CA (a wrong CA or name is a 502, never a success), and bad TLS settings are
 //! located configuration errors.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -368,7 +366,7 @@ async fn a_stalled_handshake_is_cut_and_holds_nobody_up() {
         assert_eq!(status, StatusCode::OK);
     }
     assert_eq!(proxy.tls_handshake_failures(0), 4, "3 silent + 1 garbage");
-    let metrics = support::get(&format!("http://{}/metrics", proxy.admin_addr().unwrap()))
+    let metrics = crate::support::get(&format!("http://{}/metrics", proxy.admin_addr().unwrap()))
         .await
         .unwrap()
         .text();

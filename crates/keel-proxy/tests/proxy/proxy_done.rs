@@ -4,13 +4,11 @@
 //! retries and no health check or outlier detection, about 80% succeed (one server in five
 //! fails every call that lands on it: 1 - p with p = 1/5).
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use keel_proxy::backend::Fault;
 use keel_proxy::loadgen::{self, LoadSpec, Target};
-use support::*;
 
 const REQUESTS: u64 = 5_000;
 

@@ -1,15 +1,13 @@
 //! The proxy on loopback: routing by strategy, the status of each fault, header handling,
 //! retries and the retry budget, the admin listener.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::support::*;
 use hyper::{Method, StatusCode};
 use keel_balance::StrategyKind;
 use keel_proxy::backend::Fault;
-use support::*;
 
 /// Sequential GETs; returns the count of answers per `x-backend` and per status.
 async fn tally(url: &str, n: usize, headers: &[(&str, &str)]) -> BTreeMap<String, usize> {

@@ -24,15 +24,13 @@
 //! chunks on the hyper path; a client's X-Forwarded-Host kept without Host on the hyper path) are
 //! fixed, and their tests run.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::support::any_port;
 use keel_proxy::ProxyConfig;
-use support::any_port;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -1361,7 +1359,8 @@ async fn a_large_response_streams_whole_and_a_cut_one_is_never_complete() {
             }
             assert!(start.elapsed() < Duration::from_secs(2), "{name} {path}");
             assert!(
-                support::eventually(Duration::from_secs(2), || failures() == before + 1).await,
+                crate::support::eventually(Duration::from_secs(2), || failures() == before + 1)
+                    .await,
                 "{name} {path}: endpoint failures {before} -> {}",
                 failures()
             );
@@ -1538,7 +1537,7 @@ async fn request_timeout_cuts_a_body_that_stalls() {
             "{name}: cut after {took:?} (request_timeout 600ms)"
         );
         assert!(
-            support::eventually(Duration::from_secs(2), || {
+            crate::support::eventually(Duration::from_secs(2), || {
                 proxy.cluster_status("app").unwrap()[0].failures == before + 1
             })
             .await,

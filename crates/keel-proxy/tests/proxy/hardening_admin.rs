@@ -1,13 +1,11 @@
 //! Admin safety (issue 7, item 4): loopback unless a token is set, bearer token checked on
 //! every request when set, `/reload` POST only.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use hyper::{Method, StatusCode};
 use keel_proxy::ProxyConfig;
-use support::*;
 
 const TOKEN: &str = "test-token-0123456789abcdef";
 

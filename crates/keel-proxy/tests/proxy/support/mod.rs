@@ -17,7 +17,7 @@ use keel_proxy::backend::{self, BackendConfig, BackendHandle, Fault};
 use keel_proxy::ProxyConfig;
 
 /// The issue's configuration file, verbatim.
-pub const ISSUE_CONFIG: &str = include_str!("../../../../examples/proxy.toml");
+pub const ISSUE_CONFIG: &str = include_str!("../../../../../examples/proxy.toml");
 
 /// Loopback, any port.
 pub fn any_port() -> SocketAddr {

@@ -1,13 +1,11 @@
 //! Limits (issue 7, item 2): `max_connections` per listener (extra clients wait in the accept
 //! queue) and `max_in_flight` per cluster (a circuit breaker answering a fast 503).
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use hyper::{Method, StatusCode};
 use keel_proxy::ProxyConfig;
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -1,16 +1,14 @@
 //! The proxy over time: outlier ejection and return, active health checks, reload under load
 //! (no request lost, endpoint state kept, bad files refused), graceful shutdown.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use hyper::{Method, StatusCode};
 use keel_proxy::backend::Fault;
 use keel_proxy::loadgen::{self, LoadSpec, Target};
 use keel_proxy::ProxyConfig;
-use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ejection_removes_a_failing_endpoint_and_brings_it_back() {
