@@ -90,8 +90,10 @@ pub(crate) async fn serve(
         let waited = Instant::now();
         let first_byte = waited + settings.header_read_timeout.min(settings.idle_timeout);
         let whole_head = waited + settings.header_read_timeout;
+        // Bytes of this request already searched for the blank line that ends a head.
+        let mut searched = None;
         let (cluster, req) = loop {
-            if !conn.rbuf.is_empty() {
+            if !conn.rbuf.is_empty() && may_end_head(&conn.rbuf, &mut searched) {
                 let cluster = shared.routing.load().listeners[index].clone();
                 let (hash_header, hash_path) = match &cluster.config.hash_on {
                     Some(HashOn::Header(h)) => (Some(h.as_str()), false),
@@ -127,6 +129,10 @@ pub(crate) async fn serve(
                     }
                     RequestParse::Partial => {}
                 }
+            } else if conn.rbuf.len() >= settings.max_header_bytes {
+                conn.answer_and_close(431, "request head larger than max_header_bytes")
+                    .await;
+                return Served::Closed;
             }
             let deadline = if conn.rbuf.is_empty() {
                 first_byte
@@ -169,6 +175,21 @@ pub(crate) async fn serve(
             return Served::Closed;
         }
     }
+}
+
+/// True if the head in `buf` may be complete: on the first look (so that a request line that
+/// is not HTTP gets its 400 at once), then only once a blank line may have arrived. Parsing
+/// restarts from the head's first byte, so without this a client sending its head a byte at
+/// a time would cost time quadratic in its length.
+fn may_end_head(buf: &[u8], searched: &mut Option<usize>) -> bool {
+    let Some(from) = *searched else {
+        *searched = Some(buf.len());
+        return true;
+    };
+    // A blank line is `\n\n` or `\n\r\n`; it may straddle the last search's end.
+    let new = &buf[from.saturating_sub(2)..];
+    *searched = Some(buf.len());
+    new.windows(2).any(|w| w == b"\n\n") || new.windows(3).any(|w| w == b"\n\r\n")
 }
 
 /// A client connection and its reusable buffers and timers.
@@ -835,5 +856,38 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::may_end_head;
+
+    #[test]
+    fn a_head_is_parsed_first_then_only_once_a_blank_line_may_have_come() {
+        let mut searched = None;
+        let mut buf = b"GET / HTTP/1.1\r\n".to_vec();
+        assert!(may_end_head(&buf, &mut searched), "first look");
+        buf.extend_from_slice(b"Host: x\r");
+        assert!(!may_end_head(&buf, &mut searched));
+        buf.extend_from_slice(b"\n");
+        assert!(!may_end_head(&buf, &mut searched));
+        // The blank line straddles two reads.
+        buf.extend_from_slice(b"\r");
+        assert!(!may_end_head(&buf, &mut searched));
+        buf.extend_from_slice(b"\n");
+        assert!(may_end_head(&buf, &mut searched));
+        // Bare line feeds end a head too (httparse accepts them).
+        let mut searched = None;
+        assert!(may_end_head(b"GET / HTTP/1.1\n", &mut searched));
+        assert!(may_end_head(b"GET / HTTP/1.1\nHost: x\n\n", &mut searched));
+        // Trickled one byte at a time, the head is searched once, not once per byte from its
+        // start: every byte is looked at a bounded number of times.
+        let head = format!("GET / HTTP/1.1\r\n{}\r\n", "X-A: b\r\n".repeat(2000));
+        let mut searched = None;
+        let parses = (1..=head.len())
+            .filter(|&n| may_end_head(&head.as_bytes()[..n], &mut searched))
+            .count();
+        assert_eq!(parses, 2, "the first byte and the last");
     }
 }
