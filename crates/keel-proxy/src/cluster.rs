@@ -150,6 +150,35 @@ impl Cluster {
         self.config.retry.retry_on_status.contains(&status)
     }
 
+    /// After a failed try, whether to try again: not after the last try, only when it is
+    /// safe (`safe`: the request never left, or may be repeated), before the request's
+    /// deadline, and within the retry budget. Counts the retry or the budget's refusal.
+    pub fn may_retry(&self, last: bool, safe: bool, before_deadline: bool) -> bool {
+        if last || !safe || !before_deadline {
+            return false;
+        }
+        if self.budget.try_retry(self.now()) {
+            self.metrics.retries.fetch_add(1, Relaxed);
+            true
+        } else {
+            self.metrics.budget_refusals.fetch_add(1, Relaxed);
+            false
+        }
+    }
+
+    /// Why a try timed out: the per-try timeout, or the request's when that came first.
+    pub fn timeout_cause(&self, entry: &EndpointEntry, request_deadline_first: bool) -> String {
+        format!(
+            "upstream {} did not answer within {}",
+            entry.authority,
+            humantime::format_duration(if request_deadline_first {
+                self.config.request_timeout
+            } else {
+                self.per_try_timeout
+            })
+        )
+    }
+
     /// The request's hash key, for the hash strategies.
     pub fn hash_key(&self, parts: &hyper::http::request::Parts, peer: SocketAddr) -> Option<u64> {
         match self.config.hash_on.as_ref()? {

@@ -403,15 +403,7 @@ pub async fn handle(
         let failure = match result {
             Err(_) => Failure::Error {
                 kind: ErrorKind::Timeout,
-                cause: format!(
-                    "upstream {} did not answer within {}",
-                    entry.authority,
-                    humantime::format_duration(if try_deadline == deadline {
-                        cluster.config.request_timeout
-                    } else {
-                        cluster.per_try_timeout
-                    })
-                ),
+                cause: cluster.timeout_cause(entry, try_deadline == deadline),
             },
             Ok(Err(UpstreamError::Connect { cause })) => Failure::Error {
                 kind: ErrorKind::Connect,
@@ -525,13 +517,9 @@ pub async fn handle(
         // A connect failure means the request never left: any method may go again. Otherwise
         // the endpoint may have acted on it, so only idempotent methods are retried.
         let safe = body_ok && (idempotent || kind == Some(ErrorKind::Connect));
-        if !last && safe && tokio::time::Instant::now() < deadline {
-            if cluster.budget.try_retry(cluster.now()) {
-                cluster.metrics.retries.fetch_add(1, Relaxed);
-                attempt += 1;
-                continue;
-            }
-            cluster.metrics.budget_refusals.fetch_add(1, Relaxed);
+        if cluster.may_retry(last, safe, tokio::time::Instant::now() < deadline) {
+            attempt += 1;
+            continue;
         }
         break failure.into_response(&endpoint_header, guard, deadline);
     };

@@ -305,15 +305,7 @@ impl Downstream {
             let failure = match tried_once {
                 None => Failure::Error(
                     ErrorKind::Timeout,
-                    format!(
-                        "upstream {} did not answer within {}",
-                        entry.authority,
-                        humantime::format_duration(if try_deadline == deadline {
-                            cluster.config.request_timeout
-                        } else {
-                            cluster.per_try_timeout
-                        })
-                    ),
+                    cluster.timeout_cause(entry, try_deadline == deadline),
                 ),
                 Some(Err(f)) => f,
                 Some(Ok((conn, resp))) => {
@@ -350,13 +342,9 @@ impl Downstream {
             // A connect failure means the request never left: any method may go again.
             // Otherwise the endpoint may have acted on it, so only idempotent methods are.
             let safe = req.idempotent || kind == Some(ErrorKind::Connect);
-            if !last && safe && Instant::now() < deadline {
-                if cluster.budget.try_retry(cluster.now()) {
-                    cluster.metrics.retries.fetch_add(1, Relaxed);
-                    attempt += 1;
-                    continue;
-                }
-                cluster.metrics.budget_refusals.fetch_add(1, Relaxed);
+            if cluster.may_retry(last, safe, Instant::now() < deadline) {
+                attempt += 1;
+                continue;
             }
             return match failure {
                 Failure::Error(kind, cause) => {
