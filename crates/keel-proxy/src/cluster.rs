@@ -187,10 +187,7 @@ impl Cluster {
                 .get(name)
                 .map(|v| keel_balance::hash_key(v.as_bytes())),
             HashOn::Path => Some(keel_balance::hash_key(parts.uri.path().as_bytes())),
-            HashOn::ClientIp => Some(match peer.ip() {
-                std::net::IpAddr::V4(ip) => keel_balance::hash_key(&ip.octets()),
-                std::net::IpAddr::V6(ip) => keel_balance::hash_key(&ip.octets()),
-            }),
+            HashOn::ClientIp => Some(client_ip_key(peer)),
         }
     }
 
@@ -226,5 +223,13 @@ impl Cluster {
     /// Specs of the endpoints (for tests and status).
     pub fn specs(&self) -> Vec<EndpointSpec> {
         self.balancer.specs()
+    }
+}
+
+/// The hash key of a client's IP address (`hash_on = "client-ip"`).
+pub fn client_ip_key(peer: SocketAddr) -> u64 {
+    match peer.ip() {
+        std::net::IpAddr::V4(ip) => keel_balance::hash_key(&ip.octets()),
+        std::net::IpAddr::V6(ip) => keel_balance::hash_key(&ip.octets()),
     }
 }

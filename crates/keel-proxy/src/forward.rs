@@ -27,20 +27,18 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 /// Response header naming the endpoint that answered.
 pub const X_KEEL_ENDPOINT: HeaderName = HeaderName::from_static("x-keel-endpoint");
-const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
-
-/// Headers that concern one connection only (RFC 9110 section 7.6.1), never forwarded.
-const HOP_BY_HOP: [HeaderName; 9] = [
-    header::CONNECTION,
-    KEEP_ALIVE,
-    PROXY_CONNECTION,
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
+/// Headers that concern one connection only (RFC 9110 section 7.6.1), never forwarded
+/// (lower-case; keel's own HTTP/1.1 path uses the same list).
+pub(crate) const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
 ];
 
 /// Removes hop-by-hop headers, including those that `Connection` names.
@@ -48,7 +46,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the names (comparisons of known names, no hashing) finds whether there is
     // anything to remove: on most requests and responses there is not, and nine `remove`s
     // would each hash a name.
-    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
+    if !headers.keys().any(|k| HOP_BY_HOP.contains(&k.as_str())) {
         return;
     }
     if headers.contains_key(header::TRANSFER_ENCODING) {

@@ -94,10 +94,93 @@ pub struct EndpointPool {
     host: String,
     settings: PoolSettings,
     tls: Option<UpstreamTls>,
-    /// Idle connections per worker, oldest at the front.
-    idle: Box<[Mutex<VecDeque<PooledConn>>]>,
-    /// Idle connections of keel's own HTTP/1.1 path ([`RawConn`]), per worker, oldest first.
-    raw_idle: Box<[Mutex<VecDeque<RawConn>>]>,
+    /// Idle connections of the hyper path.
+    idle: IdleStacks<PooledConn>,
+    /// Idle connections of keel's own HTTP/1.1 path.
+    raw_idle: IdleStacks<RawConn>,
+}
+
+/// A connection that can wait in an [`IdleStacks`].
+trait Idle {
+    /// When it was put back.
+    fn idle_since(&mut self) -> &mut Instant;
+    /// True if it can no longer be used (the endpoint closed it, or it failed). Does not
+    /// wait: a connection with nothing to read is still good.
+    fn is_dead(&mut self) -> bool;
+    /// Marks it as taken from the pool (a stale keep-alive connection may fail at first use).
+    fn mark_reused(&mut self);
+}
+
+/// Idle connections of one kind: a stack per worker thread (so that a connection is only
+/// used on the thread, and runtime, that opened it), newest at the back, taken LIFO so that
+/// the warmest is reused and the idle ones age at the front, where they are pruned.
+struct IdleStacks<C> {
+    stacks: Box<[Mutex<VecDeque<C>>]>,
+}
+
+impl<C: Idle> IdleStacks<C> {
+    fn new(workers: usize) -> Self {
+        Self {
+            stacks: (0..workers.max(1))
+                .map(|_| Mutex::new(VecDeque::new()))
+                .collect(),
+        }
+    }
+
+    /// Connections held now.
+    fn len(&self) -> usize {
+        self.stacks
+            .iter()
+            .map(|q| q.lock().map(|q| q.len()).unwrap_or(0))
+            .sum()
+    }
+
+    /// The current thread's stack.
+    fn stack(&self) -> std::sync::MutexGuard<'_, VecDeque<C>> {
+        self.stacks[WORKER.with(|w| w.get()) % self.stacks.len()]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The most recently used connection that is still open, if any.
+    fn take(&self, idle_timeout: Duration) -> Option<C> {
+        let now = Instant::now();
+        loop {
+            let mut c = self.stack().pop_back()?;
+            if now.duration_since(*c.idle_since()) >= idle_timeout {
+                // The newest is too old, so are all the others.
+                self.stack().clear();
+                return None;
+            }
+            if !c.is_dead() {
+                c.mark_reused();
+                return Some(c);
+            }
+        }
+    }
+
+    /// Puts a connection back, dropping the oldest beyond `max_idle` or `idle_timeout`.
+    fn put(&self, mut c: C, max_idle: usize, idle_timeout: Duration) {
+        let now = Instant::now();
+        *c.idle_since() = now;
+        let mut q = self.stack();
+        while q.len() >= max_idle
+            || q.front_mut()
+                .is_some_and(|o| now.duration_since(*o.idle_since()) >= idle_timeout)
+        {
+            q.pop_front();
+        }
+        q.push_back(c);
+    }
+
+    /// Closes connections past the idle timeout, and those the endpoint closed (which would
+    /// otherwise sit in CLOSE-WAIT, holding a descriptor, until taken or timed out).
+    fn prune(&self, now: Instant, idle_timeout: Duration) {
+        for q in self.stacks.iter() {
+            let mut q = q.lock().unwrap_or_else(|e| e.into_inner());
+            q.retain_mut(|c| now.duration_since(*c.idle_since()) < idle_timeout && !c.is_dead());
+        }
+    }
 }
 
 /// A keep-alive connection of keel's own HTTP/1.1 path (`crate::h1`): the stream and the
@@ -111,15 +194,40 @@ pub struct RawConn {
     pub(crate) reused: bool,
 }
 
-impl RawConn {
-    /// True if the endpoint closed the connection (or sent something unasked, or it failed)
-    /// while it sat idle. Does not wait: a connection with nothing to read is still good.
-    fn closed_while_idle(&mut self) -> bool {
+impl Idle for RawConn {
+    fn idle_since(&mut self) -> &mut Instant {
+        &mut self.idle_since
+    }
+
+    /// Anything to read (end of stream, an error, or bytes nobody asked for) means it is no
+    /// longer a clean idle connection.
+    fn is_dead(&mut self) -> bool {
         let mut cx = Context::from_waker(std::task::Waker::noop());
         let mut scratch = [0u8; 64];
         let mut read = tokio::io::ReadBuf::new(&mut scratch);
         let io = Pin::new(&mut self.io);
         tokio::io::AsyncRead::poll_read(io, &mut cx, &mut read).is_ready()
+    }
+
+    fn mark_reused(&mut self) {
+        self.reused = true;
+    }
+}
+
+impl Idle for PooledConn {
+    fn idle_since(&mut self) -> &mut Instant {
+        &mut self.idle_since
+    }
+
+    /// Lets the connection notice a close that arrived while it sat idle (EOF is read from
+    /// the readiness the runtime already has; no syscall when nothing came).
+    fn is_dead(&mut self) -> bool {
+        self.poll_conn_once();
+        self.done || self.send.is_closed()
+    }
+
+    fn mark_reused(&mut self) {
+        self.reused = true;
     }
 }
 
@@ -136,12 +244,8 @@ impl EndpointPool {
             host,
             settings,
             tls,
-            idle: (0..settings.workers.max(1))
-                .map(|_| Mutex::new(VecDeque::new()))
-                .collect(),
-            raw_idle: (0..settings.workers.max(1))
-                .map(|_| Mutex::new(VecDeque::new()))
-                .collect(),
+            idle: IdleStacks::new(settings.workers),
+            raw_idle: IdleStacks::new(settings.workers),
         });
         pool.spawn_reaper();
         pool
@@ -175,75 +279,21 @@ impl EndpointPool {
 
     /// Idle connections held now.
     pub fn idle_count(&self) -> usize {
-        let hyper: usize = self
-            .idle
-            .iter()
-            .map(|q| q.lock().map(|q| q.len()).unwrap_or(0))
-            .sum();
-        let raw: usize = self
-            .raw_idle
-            .iter()
-            .map(|q| q.lock().map(|q| q.len()).unwrap_or(0))
-            .sum();
-        hyper + raw
+        self.idle.len() + self.raw_idle.len()
     }
 
-    /// The current thread's stack.
-    fn stack(&self) -> &Mutex<VecDeque<PooledConn>> {
-        &self.idle[WORKER.with(|w| w.get()) % self.idle.len()]
-    }
-
-    /// Closes idle connections past the idle timeout, and those the endpoint closed (which
-    /// would otherwise sit in CLOSE-WAIT, holding a descriptor, until taken or timed out).
+    /// Closes idle connections past the idle timeout, and those the endpoint closed.
     pub fn prune(&self, now: Instant) {
-        for q in self.idle.iter() {
-            let mut q = q.lock().unwrap_or_else(|e| e.into_inner());
-            q.retain_mut(|c| {
-                if now.duration_since(c.idle_since) >= self.settings.idle_timeout {
-                    return false;
-                }
-                c.poll_conn_once();
-                !c.done && !c.send.is_closed()
-            });
-        }
-        for q in self.raw_idle.iter() {
-            let mut q = q.lock().unwrap_or_else(|e| e.into_inner());
-            q.retain_mut(|c| {
-                now.duration_since(c.idle_since) < self.settings.idle_timeout
-                    && !c.closed_while_idle()
-            });
-        }
-    }
-
-    /// The current thread's stack of [`RawConn`]s.
-    fn raw_stack(&self) -> &Mutex<VecDeque<RawConn>> {
-        &self.raw_idle[WORKER.with(|w| w.get()) % self.raw_idle.len()]
+        self.idle.prune(now, self.settings.idle_timeout);
+        self.raw_idle.prune(now, self.settings.idle_timeout);
     }
 
     /// The most recently used idle [`RawConn`] that is still open, or a new one.
     pub async fn get_raw(&self) -> Result<RawConn, UpstreamError> {
-        let now = Instant::now();
-        loop {
-            let popped = self
-                .raw_stack()
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pop_back();
-            let Some(mut c) = popped else { break };
-            if now.duration_since(c.idle_since) >= self.settings.idle_timeout {
-                // The newest is too old, so are all the others.
-                self.raw_stack()
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clear();
-                break;
-            }
-            if !c.closed_while_idle() {
-                c.reused = true;
-                return Ok(c);
-            }
+        match self.raw_idle.take(self.settings.idle_timeout) {
+            Some(c) => Ok(c),
+            None => self.connect_raw().await,
         }
-        self.connect_raw().await
     }
 
     /// A new [`RawConn`].
@@ -258,46 +308,12 @@ impl EndpointPool {
 
     /// Puts back a [`RawConn`] whose last response was read to its end and nothing more
     /// (or closes it if the pool is full).
-    pub fn put_raw(&self, mut c: RawConn) {
+    pub fn put_raw(&self, c: RawConn) {
         if self.settings.max_idle == 0 || !c.buf.is_empty() {
             return;
         }
-        let now = Instant::now();
-        c.idle_since = now;
-        let mut q = self.raw_stack().lock().unwrap_or_else(|e| e.into_inner());
-        while q.len() >= self.settings.max_idle
-            || q.front()
-                .is_some_and(|o| now.duration_since(o.idle_since) >= self.settings.idle_timeout)
-        {
-            q.pop_front();
-        }
-        q.push_back(c);
-    }
-
-    /// The most recently used idle connection that is still open, if any.
-    fn take_idle(&self) -> Option<PooledConn> {
-        let now = Instant::now();
-        loop {
-            let mut c = {
-                let mut q = self.stack().lock().unwrap_or_else(|e| e.into_inner());
-                q.pop_back()?
-            };
-            if now.duration_since(c.idle_since) >= self.settings.idle_timeout {
-                // The newest is too old, so are all the others.
-                self.stack()
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clear();
-                return None;
-            }
-            // Lets the connection notice a close that arrived while it sat idle (EOF is read
-            // from the readiness the runtime already has; no syscall when nothing came).
-            c.poll_conn_once();
-            if !c.done && !c.send.is_closed() {
-                c.reused = true;
-                return Some(c);
-            }
-        }
+        self.raw_idle
+            .put(c, self.settings.max_idle, self.settings.idle_timeout);
     }
 
     /// Puts a connection back (or closes it if it is not reusable or the pool is full). A
@@ -312,16 +328,8 @@ impl EndpointPool {
             // The response was not read to its end yet: return once it is.
             return self.put_when_ready(c);
         }
-        let now = Instant::now();
-        c.idle_since = now;
-        let mut q = self.stack().lock().unwrap_or_else(|e| e.into_inner());
-        while q.len() >= self.settings.max_idle
-            || q.front()
-                .is_some_and(|o| now.duration_since(o.idle_since) >= self.settings.idle_timeout)
-        {
-            q.pop_front();
-        }
-        q.push_back(c);
+        self.idle
+            .put(c, self.settings.max_idle, self.settings.idle_timeout);
     }
 
     fn put_when_ready(self: &Arc<Self>, c: PooledConn) {
@@ -342,7 +350,7 @@ impl EndpointPool {
 
     /// A connection: an idle one, or a new one.
     async fn get(&self) -> Result<PooledConn, UpstreamError> {
-        if let Some(c) = self.take_idle() {
+        if let Some(c) = self.idle.take(self.settings.idle_timeout) {
             return Ok(c);
         }
         self.connect().await

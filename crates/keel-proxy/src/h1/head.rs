@@ -5,18 +5,7 @@
 
 use std::mem::MaybeUninit;
 
-/// Headers that concern one connection only (RFC 9110 section 7.6.1), never forwarded.
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
+use crate::forward::HOP_BY_HOP;
 
 /// Most header names a `Connection` header may list for removal (more: the request is left to
 /// the general path, which has no such limit).
@@ -44,7 +33,7 @@ pub(crate) struct RequestRules<'a> {
 }
 
 /// A request head, parsed and rewritten.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct RequestHead {
     /// Bytes of the head, final CRLF included.
     pub head_len: usize,

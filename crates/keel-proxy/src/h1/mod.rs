@@ -258,10 +258,7 @@ impl Downstream {
         let common_len = self.up_head.len();
         let body_range = req.head_len..req.head_len + req.body_len;
         let hash = match cluster.config.hash_on {
-            Some(HashOn::ClientIp) => Some(match self.peer.ip() {
-                std::net::IpAddr::V4(ip) => keel_balance::hash_key(&ip.octets()),
-                std::net::IpAddr::V6(ip) => keel_balance::hash_key(&ip.octets()),
-            }),
+            Some(HashOn::ClientIp) => Some(crate::cluster::client_ip_key(self.peer)),
             _ => req.hash,
         };
         // The first try's clock readings are `start`'s; later ones read the clock again.
@@ -510,16 +507,7 @@ impl Downstream {
     /// Answers a request this path refuses (malformed, too large) and says the connection
     /// closes; the caller closes it.
     async fn answer_and_close(&mut self, status: u16, cause: &str) {
-        let req = RequestHead {
-            head_len: 0,
-            body_len: 0,
-            idempotent: false,
-            is_head: false,
-            keep_alive: false,
-            http10: false,
-            has_host: false,
-            hash: None,
-        };
+        let req = RequestHead::default();
         self.answer(status, cause, None, false, &req).await;
         let _ = self.stream.shutdown().await;
     }
