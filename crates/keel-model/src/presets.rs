@@ -97,6 +97,7 @@ fn cluster(
         latency: LatencyConfig::default(),
         failure,
         balancer: BalancerConfig::new(strategy),
+        ..ClusterConfig::default()
     }
 }
 
@@ -126,6 +127,7 @@ fn scenario(
         },
         retry: None,
         health_check: None,
+        hedge: None,
         clusters: vec![cluster],
     }
 }

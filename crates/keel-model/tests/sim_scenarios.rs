@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use keel_model::sim::{self, Scenario};
+use keel_model::sim::{self, Discipline, HedgeDelay, Scenario};
 
 fn scenario_dir() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios")
@@ -57,6 +57,38 @@ fn bad_scenarios_are_refused_with_the_key_named() {
             format!("{base}[clusters.balancer]\nstrategy = \"fastest\"\n"),
             "fastest",
         ),
+        (
+            format!("{base}capacity = {{ concurrency = 0 }}\n"),
+            "capacity.concurrency",
+        ),
+        (
+            format!("{base}capacity = {{ concurrency = 1, discipline = \"lifo\" }}\n"),
+            "lifo",
+        ),
+        (
+            format!("{base}antagonist = {{ servers = 4, factor = 3.0, period = \"1s\" }}\n"),
+            "antagonist.servers",
+        ),
+        (
+            format!("{base}antagonist = {{ servers = 1, factor = 0.5, period = \"1s\" }}\n"),
+            "antagonist.factor",
+        ),
+        (
+            format!("{base}slowdown = {{ factor = 5.0, start = \"2s\", end = \"1s\" }}\n"),
+            "slowdown.end",
+        ),
+        (
+            base.replace("[load]", "[hedge]\ndelay = \"p100\"\n[load]"),
+            "quantile",
+        ),
+        (
+            base.replace("[load]", "[hedge]\ndelay = \"soon\"\n[load]"),
+            "soon",
+        ),
+        (
+            base.replace("[load]", "[hedge]\ndelay = \"p95\"\nmax = 2\n[load]"),
+            "hedge.max",
+        ),
     ];
     for (text, key) in cases {
         let err = Scenario::from_toml_str(&text, "bad.toml")
@@ -100,4 +132,47 @@ fn open_loop_client_side_health_checks_and_retries_run() {
     assert!(r.success > 0.9, "{r:?}");
     assert!(r.failed_pick_share < 0.1, "{r:?}");
     assert_eq!(r.protections, "health-check+retry");
+}
+
+/// The issue's own words: a cluster of 100 servers with `capacity = { concurrency = 1 }`, and
+/// the optional processor-sharing discipline, load as written.
+#[test]
+fn capacity_keys_load_as_documented() {
+    let text = r#"
+        requests = 2000
+        [load]
+        kind = "open"
+        rate = 5000.0
+        [hedge]
+        delay = "p99.9"
+        [[clusters]]
+        servers = 100
+        latency = { dist = "exponential", mean = "10ms" }
+        capacity = { concurrency = 1 }   # at most this many calls in service per server; the rest
+                                         # wait in FIFO order. Absent: unlimited (today's model).
+    "#;
+    let sc = Scenario::from_toml_str(text, "inline").unwrap();
+    let c = &sc.clusters[0];
+    let cap = c.capacity.as_ref().unwrap();
+    assert_eq!((cap.concurrency, cap.discipline), (1, Discipline::Fifo));
+    let HedgeDelay::Quantile(q) = sc.hedge.as_ref().unwrap().delay else {
+        panic!("p99.9 is a quantile")
+    };
+    assert!((q - 0.999).abs() < 1e-12, "{q}");
+    assert_eq!(sc.hedge.as_ref().unwrap().budget_percent, 5.0);
+    assert!((sc.offered_load().unwrap() - 0.5).abs() < 1e-12);
+    let ps = text.replace(
+        "concurrency = 1 }",
+        "concurrency = 1, discipline = \"ps\" }",
+    );
+    let sc = Scenario::from_toml_str(&ps, "inline").unwrap();
+    assert_eq!(
+        sc.clusters[0].capacity.as_ref().unwrap().discipline,
+        Discipline::Ps
+    );
+    let r = sim::run(&sc).unwrap();
+    assert!((r.load.unwrap() - 0.5).abs() < 1e-12);
+    assert_eq!(r.protections, "hedge");
+    assert!(r.latency_ms.p50 > 0.0 && r.latency_ms.p50 <= r.latency_ms.p99);
+    assert!(r.latency_ms.p99 <= r.latency_ms.p999);
 }

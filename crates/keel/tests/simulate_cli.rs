@@ -51,6 +51,18 @@ fn preset_e1_json() {
         assert!((success - 0.512).abs() < 0.01, "{success}");
         assert!((r["analytic_success"].as_f64().unwrap() - 0.512).abs() < 1e-12);
         assert!((r["failed_pick_share"].as_f64().unwrap() - 0.2).abs() < 0.01);
+        // Servers without a capacity: no offered-load figure; a request takes three calls of
+        // 10 ms on average, or stops at a hung server's 1 s timeout (half the requests do).
+        assert!(r["load"].is_null());
+        let l = &r["latency_ms"];
+        let (p50, p99, p999) = (
+            l["p50"].as_f64().unwrap(),
+            l["p99"].as_f64().unwrap(),
+            l["p999"].as_f64().unwrap(),
+        );
+        assert!(p50 > 0.0 && p50 <= p99 && p99 <= p999, "{l}");
+        assert!((999.0..1100.0).contains(&p99), "p99 at the timeout: {l}");
+        assert_eq!(r["extra_calls"], 0.0);
     }
 }
 

@@ -1,11 +1,17 @@
 //! One replication: a discrete-event loop on a virtual clock (nanoseconds since 0).
 //!
 //! Hot-path layout, chosen for speed: an event is one `u128` (time in the high 64 bits, kind and
-//! slot index below) in a `BinaryHeap`, so that ordering is one integer compare and ties break
-//! deterministically by kind then slot; every request in progress lives in a preallocated
-//! `Slot` that also holds its open [`Pick`]; servers, balancers and counters are flat vectors
-//! indexed by position. One call costs one pick, one heap push and pop, one finish: no
-//! allocation, no map.
+//! index below) in a `BinaryHeap`, so that ordering is one integer compare and ties break
+//! deterministically by kind then index; every request in progress lives in a preallocated
+//! `Slot` that also holds its tries (the call's try and, when hedging, a second one) with their
+//! open [`Pick`]s; servers, balancers and counters are flat vectors indexed by position. One call
+//! to a server without a capacity costs one pick, one heap push and pop, one finish: no
+//! allocation, no map. A server with a capacity adds a job (from a free list) and its own
+//! completion event.
+//!
+//! Stale events are not removed from the heap: an event carries the time it was due, and the
+//! thing it is about (a try, a hedge timer, a processor-sharing server) remembers when its live
+//! event is due; a popped event that does not match is ignored.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -19,9 +25,12 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp, LogNormal};
 
+use super::hedge::Hedger;
 use super::scenario::{
     FailedPosition, FailureMode, LatencyDist, Load, Placement, Scenario, MAX_RETRIES,
 };
+use super::server::{ps_rate, Demand, Fault, Job, Latency, Server, Station};
+use super::stats::LatencyHistogram;
 use super::SimError;
 
 const KIND_CALL: u128 = 0;
@@ -29,10 +38,22 @@ const KIND_START: u128 = 1;
 const KIND_ARRIVAL: u128 = 2;
 const KIND_PROBE: u128 = 3;
 const KIND_NEXT_CALL: u128 = 4;
+const KIND_JOB: u128 = 5;
+const KIND_PS: u128 = 6;
+const KIND_HEDGE: u128 = 7;
+const KIND_ANTAGONIST: u128 = 8;
+const KIND_SLOWDOWN: u128 = 9;
 const NO_SERVER: u32 = u32::MAX;
+const NO_JOB: u32 = u32::MAX;
+const NEVER: u64 = u64::MAX;
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 /// Measured requests between two progress reports.
 const PROGRESS_EVERY: u64 = 1 << 14;
+/// Endpoints a call remembers having tried: every retry's, and a hedged try's.
+const AVOID: usize = MAX_RETRIES as usize + 2;
+
+/// Width of the bins of [`RepStats::reaction_bins`].
+pub const REACTION_BIN: Duration = Duration::from_millis(100);
 
 #[inline]
 fn event(time: u64, kind: u128, index: u32) -> Reverse<u128> {
@@ -48,7 +69,16 @@ fn ns(d: Duration) -> u64 {
     d.as_nanos().min(u64::MAX as u128 / 4) as u64
 }
 
-/// What one replication counted (only measured requests, except `calls`).
+#[inline]
+fn scaled(t: u64, factor: f64) -> u64 {
+    if factor == 1.0 {
+        t
+    } else {
+        (t as f64 * factor) as u64
+    }
+}
+
+/// What one replication counted (only measured requests, except `calls` and `reaction_bins`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RepStats {
     /// Measured requests.
@@ -57,7 +87,7 @@ pub struct RepStats {
     pub successes: u64,
     /// Every attempt simulated, warm-up included (for the speed figure).
     pub calls: u64,
-    /// Attempts of measured requests.
+    /// Attempts of measured requests (hedges and retries included).
     pub attempts: u64,
     /// Attempts of measured requests on the focus cluster that landed on a server failing at
     /// that moment.
@@ -66,111 +96,58 @@ pub struct RepStats {
     pub no_endpoint: u64,
     /// Retries granted.
     pub retries: u64,
+    /// Hedged tries sent.
+    pub hedges: u64,
+    /// Calls whose hedged try answered first.
+    pub hedges_won: u64,
     /// Attempts per server of the focus cluster.
     pub focus_picks: Vec<u64>,
     /// Sum of request latencies, in nanoseconds.
     pub latency_sum_ns: u128,
+    /// Request latencies (queueing, retries and hedges included).
+    pub latency: LatencyHistogram,
+    /// With a slowdown on the focus cluster: per [`REACTION_BIN`] of virtual time from 0
+    /// (warm-up and unmeasured requests included), the attempts on the slowed servers and all
+    /// attempts on the cluster.
+    pub reaction_bins: Vec<[u64; 2]>,
 }
 
-#[derive(Clone, Copy)]
-enum Latency {
-    Fixed(u64),
-    Exp(Exp<f64>),
-    LogNormal(LogNormal<f64>),
-}
-
-#[derive(Clone, Copy)]
-enum Fault {
-    None,
-    Hang,
-    FailFast(u64),
-    Slow(f64),
-    Error(f64),
-    Flap {
-        up: u64,
-        period: u64,
-        offset: u64,
-        fails_after: Option<u64>,
-    },
-}
-
-#[derive(Clone, Copy)]
-struct Server {
-    latency: Latency,
-    fault: Fault,
-}
-
-impl Server {
-    #[inline]
-    fn base(&self, rng: &mut StdRng) -> u64 {
-        match self.latency {
-            Latency::Fixed(t) => t,
-            Latency::Exp(d) => d.sample(rng) as u64,
-            Latency::LogNormal(d) => d.sample(rng) as u64,
-        }
-    }
-
-    /// True while the server is failing (for a flapping one: while down).
-    #[inline]
-    fn failing(&self, now: u64) -> bool {
-        match self.fault {
-            Fault::None => false,
-            Fault::Flap {
-                up, period, offset, ..
-            } => (now + offset) % period >= up,
-            _ => true,
-        }
-    }
-
-    /// How long the call takes and whether it succeeds (before the caller's timeout).
-    #[inline]
-    fn serve(&self, now: u64, timeout: u64, rng: &mut StdRng) -> (u64, bool) {
-        match self.fault {
-            Fault::None => (self.base(rng), true),
-            Fault::Hang => (timeout, false),
-            Fault::FailFast(after) => (after, false),
-            Fault::Slow(f) => ((self.base(rng) as f64 * f) as u64, true),
-            Fault::Error(p) => {
-                let t = self.base(rng);
-                (t, rng.gen::<f64>() >= p)
-            }
-            Fault::Flap { fails_after, .. } => {
-                if self.failing(now) {
-                    (fails_after.unwrap_or(timeout), false)
-                } else {
-                    (self.base(rng), true)
-                }
-            }
-        }
-    }
-
-    /// An active health probe's verdict.
-    fn probe(&self, now: u64, timeout: u64, rng: &mut StdRng) -> bool {
-        match self.fault {
-            Fault::None => true,
-            Fault::Hang | Fault::FailFast(_) => false,
-            _ => {
-                let (t, ok) = self.serve(now, timeout, rng);
-                ok && t < timeout
-            }
-        }
-    }
+/// One try of a call.
+#[derive(Default)]
+struct Attempt {
+    pick: Option<Pick>,
+    /// Index in its cluster of the server the pick went to (`NO_SERVER`: none).
+    server: u32,
+    /// Whether the answer is good (known at the start unless the server queues it).
+    ok: bool,
+    /// The call still waits for this try's answer.
+    pending: bool,
+    /// When its `KIND_CALL` event is due: the answer, or the caller's timeout.
+    due: u64,
+    /// Its job at a server with a capacity (`NO_JOB`: none).
+    job: u32,
+    started: u64,
+    /// This is a hedged try.
+    hedge: bool,
 }
 
 /// A request in progress (or a closed-loop client slot between requests).
 struct Slot {
     client: u32,
     stage: u32,
-    attempt: u32,
-    ok: bool,
+    retries: u32,
     failed: bool,
     measured: bool,
     started: u64,
-    pick: Option<Pick>,
-    /// Index in its cluster of the server the open pick went to (`NO_SERVER`: none).
-    server: u32,
+    tries: [Attempt; 2],
+    /// Tries of the current call still waiting for an answer.
+    outstanding: u8,
+    /// The current call has been hedged.
+    hedged: bool,
+    /// When the current call's hedge timer is due (`NEVER`: none).
+    hedge_due: u64,
     n_avoid: usize,
-    avoid: [EndpointId; MAX_RETRIES as usize + 1],
+    avoid: [EndpointId; AVOID],
 }
 
 impl Slot {
@@ -178,15 +155,24 @@ impl Slot {
         Self {
             client,
             stage: 0,
-            attempt: 0,
-            ok: false,
+            retries: 0,
             failed: false,
             measured: false,
             started: 0,
-            pick: None,
-            server: NO_SERVER,
+            tries: [Attempt::default(), Attempt::default()],
+            outstanding: 0,
+            hedged: false,
+            hedge_due: NEVER,
             n_avoid: 0,
-            avoid: [EndpointId(0); MAX_RETRIES as usize + 1],
+            avoid: [EndpointId(0); AVOID],
+        }
+    }
+
+    #[inline]
+    fn remember(&mut self, id: EndpointId) {
+        if self.n_avoid < AVOID && !self.avoid[..self.n_avoid].contains(&id) {
+            self.avoid[self.n_avoid] = id;
+            self.n_avoid += 1;
         }
     }
 }
@@ -216,6 +202,7 @@ pub fn run_replication(
     // Servers, flattened; the call graph as a list of cluster indices.
     let mut offsets = Vec::with_capacity(n_clusters);
     let mut servers = Vec::new();
+    let mut stations = Vec::new();
     for c in &sc.clusters {
         offsets.push(servers.len());
         let mean = ns(c.latency.mean) as f64;
@@ -260,7 +247,10 @@ pub fn run_replication(
                     }
                 }
             };
-            servers.push(Server { latency, fault });
+            servers.push(Server::new(latency, fault));
+            stations.push(Station::new(
+                c.capacity.as_ref().map(|k| (k.concurrency, k.discipline)),
+            ));
         }
     }
     let stages: Vec<u32> = sc
@@ -278,6 +268,7 @@ pub fn run_replication(
     };
     let mut balancers = Vec::with_capacity(owners * n_clusters);
     let mut budgets = Vec::new();
+    let mut hedgers = Vec::new();
     let mut ids: Vec<Vec<EndpointId>> = Vec::new();
     for owner in 0..owners {
         for (ci, c) in sc.clusters.iter().enumerate() {
@@ -297,20 +288,30 @@ pub fn run_replication(
             if let Some(r) = &sc.retry {
                 budgets.push(RetryBudget::new(r.budget.clone()));
             }
+            if let Some(h) = &sc.hedge {
+                hedgers.push(Hedger::new(h));
+            }
         }
     }
 
     let mut sim = Sim {
         sc,
         servers,
+        stations,
+        jobs: Vec::new(),
+        free_jobs: Vec::new(),
+        finished: Vec::new(),
+        draw: Vec::new(),
         offsets,
         stages,
         focus,
+        reaction_servers: sc.clusters[focus].slowdown.as_ref().map(|s| s.servers),
         n_clusters,
         client_side: sc.placement == Placement::ClientSide,
         balancers,
         ids,
         budgets,
+        hedgers,
         max_retries: sc.retry.as_ref().map_or(0, |r| r.max_retries),
         call_gap: (!sc.call_gap.is_zero())
             .then(|| Exp::new(1.0 / ns(sc.call_gap) as f64).expect("gap > 0")),
@@ -339,15 +340,25 @@ pub fn run_replication(
 struct Sim<'a> {
     sc: &'a Scenario,
     servers: Vec<Server>,
+    stations: Vec<Station>,
+    jobs: Vec<Job>,
+    free_jobs: Vec<u32>,
+    /// Scratch: jobs a processor-sharing server finished at one instant.
+    finished: Vec<u32>,
+    /// Scratch: server positions for the antagonists' draw.
+    draw: Vec<u32>,
     offsets: Vec<usize>,
     stages: Vec<u32>,
     focus: usize,
+    /// With a slowdown on the focus cluster: how many of its first servers are slowed.
+    reaction_servers: Option<u32>,
     n_clusters: usize,
     client_side: bool,
     balancers: Vec<Balancer>,
     /// Endpoint ids per balancer, by position (for retries' avoid lists and health checks).
     ids: Vec<Vec<EndpointId>>,
     budgets: Vec<RetryBudget>,
+    hedgers: Vec<Hedger>,
     max_retries: u32,
     call_gap: Option<Exp<f64>>,
     timeout: u64,
@@ -405,6 +416,15 @@ impl Sim<'_> {
                 ]);
             }
         }
+        for (c, cluster) in sc.clusters.iter().enumerate() {
+            if cluster.antagonist.is_some() {
+                self.heap.push(event(0, KIND_ANTAGONIST, c as u32));
+            }
+            if let Some(s) = &cluster.slowdown {
+                self.heap.push(event(ns(s.start), KIND_SLOWDOWN, c as u32));
+                self.heap.push(event(ns(s.end), KIND_SLOWDOWN, c as u32));
+            }
+        }
         while let Some(Reverse(ev)) = self.heap.pop() {
             if self.live == 0 && !self.arrivals_open {
                 break;
@@ -412,11 +432,16 @@ impl Sim<'_> {
             let now = (ev >> 64) as u64;
             let index = ev as u32;
             match (ev >> 32) as u32 as u128 {
-                KIND_CALL => self.call_done(index as usize, now),
+                KIND_CALL => self.call_event(index as usize, now),
                 KIND_START => self.start_request(index as usize, now),
                 KIND_ARRIVAL => self.arrival(now),
                 KIND_NEXT_CALL => self.start_call(index as usize, now),
-                _ => self.probe(index as usize, now, &mut probes),
+                KIND_PROBE => self.probe(index as usize, now, &mut probes),
+                KIND_JOB => self.fifo_done(index, now),
+                KIND_PS => self.ps_event(index as usize, now),
+                KIND_HEDGE => self.hedge(index as usize, now),
+                KIND_ANTAGONIST => self.antagonists(index as usize, now),
+                _ => self.slowdown(index as usize, now),
             }
         }
     }
@@ -478,79 +503,154 @@ impl Sim<'_> {
         self.start_call(s, now);
     }
 
+    /// The balancer that serves slot `s`'s current call.
     #[inline]
-    fn start_call(&mut self, s: usize, now: u64) {
-        let slot = &mut self.slots[s];
-        slot.attempt = 0;
-        slot.n_avoid = 0;
-        if !self.budgets.is_empty() {
-            let c = self.stages[slot.stage as usize] as usize;
-            let b = if self.client_side {
-                slot.client as usize * self.n_clusters + c
-            } else {
-                c
-            };
-            self.budgets[b].record_request(dur(now));
-        }
-        self.start_attempt(s, now);
-    }
-
-    #[inline]
-    fn start_attempt(&mut self, s: usize, now: u64) {
-        let slot = &mut self.slots[s];
+    fn balancer_of(&self, s: usize) -> (usize, usize) {
+        let slot = &self.slots[s];
         let c = self.stages[slot.stage as usize] as usize;
         let b = if self.client_side {
             slot.client as usize * self.n_clusters + c
         } else {
             c
         };
+        (c, b)
+    }
+
+    #[inline]
+    fn start_call(&mut self, s: usize, now: u64) {
+        let (_, b) = self.balancer_of(s);
+        let slot = &mut self.slots[s];
+        slot.retries = 0;
+        slot.n_avoid = 0;
+        slot.hedged = false;
+        slot.hedge_due = NEVER;
+        if !self.budgets.is_empty() {
+            self.budgets[b].record_request(dur(now));
+        }
+        if !self.hedgers.is_empty() {
+            let h = &mut self.hedgers[b];
+            h.budget.record_request(dur(now));
+            if let Some(d) = h.delay_ns() {
+                slot.hedge_due = now + d;
+                self.heap.push(event(now + d, KIND_HEDGE, s as u32));
+            }
+        }
+        self.start_attempt(s, 0, now);
+    }
+
+    #[inline]
+    fn start_attempt(&mut self, s: usize, which: usize, now: u64) {
+        let (c, b) = self.balancer_of(s);
+        let slot = &mut self.slots[s];
         let ctx = PickContext::new(dur(now)).with_avoid(&slot.avoid[..slot.n_avoid]);
         let pick = self.balancers[b].pick(&ctx);
         self.stats.calls += 1;
-        let (took, ok) = match &pick {
-            None => {
-                if slot.measured {
-                    self.stats.attempts += 1;
-                    self.stats.no_endpoint += 1;
-                }
-                (0, false)
+        slot.outstanding += 1;
+        let measured = slot.measured;
+        let a = &mut slot.tries[which];
+        a.pending = true;
+        a.started = now;
+        a.job = NO_JOB;
+        a.hedge = false;
+        let Some(p) = pick else {
+            if measured {
+                self.stats.attempts += 1;
+                self.stats.no_endpoint += 1;
             }
-            Some(p) => {
-                let server = &self.servers[self.offsets[c] + p.index()];
-                if slot.measured {
-                    self.stats.attempts += 1;
-                    if c == self.focus {
-                        self.stats.focus_picks[p.index()] += 1;
-                        if server.failing(now) {
-                            self.stats.failed_picks += 1;
-                        }
-                    }
-                }
-                let (t, ok) = server.serve(now, self.timeout, &mut self.rng);
-                if t >= self.timeout {
-                    (self.timeout, false)
-                } else {
-                    (t, ok)
-                }
-            }
+            a.ok = false;
+            a.server = NO_SERVER;
+            a.due = now;
+            self.heap
+                .push(event(now, KIND_CALL, (s * 2 + which) as u32));
+            return;
         };
-        slot.ok = ok;
-        slot.server = pick.as_ref().map_or(NO_SERVER, |p| p.index() as u32);
-        slot.pick = pick;
-        self.heap.push(event(now + took, KIND_CALL, s as u32));
+        let index = p.index();
+        a.server = index as u32;
+        a.pick = Some(p);
+        let g = self.offsets[c] + index;
+        let server = self.servers[g];
+        if measured {
+            self.stats.attempts += 1;
+            if c == self.focus {
+                self.stats.focus_picks[index] += 1;
+                if server.failing(now) {
+                    self.stats.failed_picks += 1;
+                }
+            }
+        }
+        if c == self.focus {
+            if let Some(slowed) = self.reaction_servers {
+                let bin = (now / ns(REACTION_BIN)) as usize;
+                if self.stats.reaction_bins.len() <= bin {
+                    self.stats.reaction_bins.resize(bin + 1, [0, 0]);
+                }
+                let counts = &mut self.stats.reaction_bins[bin];
+                counts[1] += 1;
+                if (index as u32) < slowed {
+                    counts[0] += 1;
+                }
+            }
+        }
+        let (took, ok) = match server.demand(now, self.timeout, &mut self.rng) {
+            Demand::Work(w, ok) if !matches!(self.stations[g], Station::Unlimited) => {
+                let job = self.new_job(Job {
+                    server: g as u32,
+                    slot: s as u32,
+                    which: which as u8,
+                    ok,
+                    abandoned: false,
+                    work: w,
+                });
+                let a = &mut self.slots[s].tries[which];
+                a.job = job;
+                a.due = now + self.timeout;
+                self.heap
+                    .push(event(a.due, KIND_CALL, (s * 2 + which) as u32));
+                self.arrive(g, job, now);
+                return;
+            }
+            Demand::Work(t, ok) => (scaled(t, server.factor()), ok),
+            Demand::Bypass(t, ok) => (t, ok),
+        };
+        let (took, ok) = if took >= self.timeout {
+            (self.timeout, false)
+        } else {
+            (took, ok)
+        };
+        let a = &mut self.slots[s].tries[which];
+        a.ok = ok;
+        a.due = now + took;
+        self.heap
+            .push(event(now + took, KIND_CALL, (s * 2 + which) as u32));
     }
 
+    /// A try's event: its answer from a server without a queue, or the caller's timeout.
     #[inline]
-    fn call_done(&mut self, s: usize, now: u64) {
-        let slot = &mut self.slots[s];
-        let ok = slot.ok;
-        let c = self.stages[slot.stage as usize] as usize;
-        let b = if self.client_side {
-            slot.client as usize * self.n_clusters + c
+    fn call_event(&mut self, index: usize, now: u64) {
+        let (s, which) = (index / 2, index % 2);
+        let a = &mut self.slots[s].tries[which];
+        if !a.pending || a.due != now {
+            return;
+        }
+        let ok = if a.job != NO_JOB {
+            // Timed out while the server still had it.
+            self.jobs[a.job as usize].abandoned = true;
+            a.job = NO_JOB;
+            false
         } else {
-            c
+            a.ok
         };
-        if let Some(p) = slot.pick.take() {
+        self.try_done(s, which, ok, now);
+    }
+
+    /// Try `which` of slot `s` answered (or failed) at `now`.
+    fn try_done(&mut self, s: usize, which: usize, ok: bool, now: u64) {
+        let (c, b) = self.balancer_of(s);
+        let slot = &mut self.slots[s];
+        let a = &mut slot.tries[which];
+        a.pending = false;
+        slot.outstanding -= 1;
+        if let Some(p) = a.pick.take() {
             let outcome = if ok {
                 Outcome::Success
             } else {
@@ -558,25 +658,73 @@ impl Sim<'_> {
             };
             self.balancers[b].finish(p, outcome, dur(now));
         }
-        if !ok {
-            if slot.attempt < self.max_retries && self.budgets[b].try_retry(dur(now)) {
-                if slot.server != NO_SERVER {
-                    slot.avoid[slot.n_avoid] = self.ids[b][slot.server as usize];
-                    slot.n_avoid += 1;
-                }
-                slot.attempt += 1;
-                if slot.measured {
-                    self.stats.retries += 1;
-                }
-                self.start_attempt(s, now);
-                return;
+        if ok {
+            if !self.hedgers.is_empty() && !a.hedge {
+                self.hedgers[b].observe(now - a.started);
             }
-            slot.failed = true;
-            if self.sc.abort_on_failure {
-                self.end_request(s, now);
-                return;
+            if a.hedge && slot.measured {
+                self.stats.hedges_won += 1;
             }
+            if slot.outstanding > 0 {
+                self.cancel(s, b, 1 - which, now);
+            }
+            self.call_ended(s, now);
+            return;
         }
+        if slot.outstanding > 0 {
+            // The other try may still answer.
+            return;
+        }
+        if slot.retries < self.max_retries && self.budgets[b].try_retry(dur(now)) {
+            let server = slot.tries[which].server;
+            if server != NO_SERVER {
+                slot.remember(self.ids[b][server as usize]);
+            }
+            slot.retries += 1;
+            if slot.measured {
+                self.stats.retries += 1;
+            }
+            self.start_attempt(s, which, now);
+            return;
+        }
+        let _ = c;
+        slot.failed = true;
+        if self.sc.abort_on_failure {
+            slot.hedge_due = NEVER;
+            self.end_request(s, now);
+            return;
+        }
+        self.call_ended(s, now);
+    }
+
+    /// Drops a try whose call no longer needs it (the other try won): its pick is released as
+    /// cancelled (no outcome recorded), and a server that has not started its work drops it.
+    ///
+    /// A first try that loses to its hedge would have taken at least as long as it ran: the
+    /// hedge delay's quantile counts it at that time. Leaving it out would keep the slowest
+    /// first tries out of the sample and pull the quantile down (more hedging, so more left
+    /// out: at p95 it hedged 10 % of calls instead of 5 %).
+    fn cancel(&mut self, s: usize, b: usize, which: usize, now: u64) {
+        let slot = &mut self.slots[s];
+        let a = &mut slot.tries[which];
+        debug_assert!(a.pending);
+        if !a.hedge {
+            self.hedgers[b].observe(now - a.started);
+        }
+        a.pending = false;
+        slot.outstanding -= 1;
+        drop(a.pick.take());
+        if a.job != NO_JOB {
+            self.jobs[a.job as usize].abandoned = true;
+            a.job = NO_JOB;
+        }
+    }
+
+    /// The current call of slot `s` is over (answered, or failed without aborting).
+    #[inline]
+    fn call_ended(&mut self, s: usize, now: u64) {
+        let slot = &mut self.slots[s];
+        slot.hedge_due = NEVER;
         slot.stage += 1;
         if slot.stage as usize == self.stages.len() {
             self.end_request(s, now);
@@ -588,6 +736,35 @@ impl Sim<'_> {
         }
     }
 
+    /// The hedge timer of slot `s`'s call: if it still waits on its only try, and the budget
+    /// allows, a second try goes to another endpoint.
+    fn hedge(&mut self, s: usize, now: u64) {
+        let slot = &mut self.slots[s];
+        if slot.hedge_due != now {
+            return;
+        }
+        slot.hedge_due = NEVER;
+        if slot.outstanding != 1 || slot.hedged {
+            return;
+        }
+        let (_, b) = self.balancer_of(s);
+        let slot = &mut self.slots[s];
+        if !self.hedgers[b].budget.try_retry(dur(now)) {
+            return;
+        }
+        slot.hedged = true;
+        if slot.measured {
+            self.stats.hedges += 1;
+        }
+        let waiting = if slot.tries[0].pending { 0 } else { 1 };
+        let server = slot.tries[waiting].server;
+        if server != NO_SERVER {
+            slot.remember(self.ids[b][server as usize]);
+        }
+        self.start_attempt(s, 1 - waiting, now);
+        self.slots[s].tries[1 - waiting].hedge = true;
+    }
+
     fn end_request(&mut self, s: usize, now: u64) {
         let slot = &self.slots[s];
         if slot.measured {
@@ -596,6 +773,7 @@ impl Sim<'_> {
                 self.stats.successes += 1;
             }
             self.stats.latency_sum_ns += u128::from(now - slot.started);
+            self.stats.latency.record(now - slot.started);
             self.unreported += 1;
             if self.unreported == PROGRESS_EVERY {
                 (self.progress)(PROGRESS_EVERY);
@@ -615,6 +793,204 @@ impl Sim<'_> {
                 self.live -= 1;
                 self.free.push(s as u32);
             }
+        }
+    }
+
+    fn new_job(&mut self, job: Job) -> u32 {
+        match self.free_jobs.pop() {
+            Some(j) => {
+                self.jobs[j as usize] = job;
+                j
+            }
+            None => {
+                self.jobs.push(job);
+                (self.jobs.len() - 1) as u32
+            }
+        }
+    }
+
+    /// Job `job` arrives at server `g` (a global position), which has a capacity.
+    fn arrive(&mut self, g: usize, job: u32, now: u64) {
+        let factor = self.servers[g].factor();
+        match &mut self.stations[g] {
+            Station::Unlimited => unreachable!("only servers with a capacity take jobs"),
+            Station::Fifo {
+                concurrency,
+                busy,
+                queue,
+            } => {
+                if *busy < *concurrency {
+                    *busy += 1;
+                    let t = scaled(self.jobs[job as usize].work, factor);
+                    self.heap.push(event(now + t, KIND_JOB, job));
+                } else {
+                    queue.push_back(job);
+                }
+            }
+            Station::Ps { .. } => {
+                self.ps_advance(g, now);
+                let Station::Ps { v, finishes, .. } = &mut self.stations[g] else {
+                    unreachable!()
+                };
+                let done_at = (*v + self.jobs[job as usize].work as f64).ceil() as u64;
+                finishes.push(Reverse((done_at, job)));
+                self.ps_schedule(g, now);
+            }
+        }
+    }
+
+    /// A FIFO server finished `job`: it takes the next waiting call, then answers.
+    fn fifo_done(&mut self, job: u32, now: u64) {
+        let g = self.jobs[job as usize].server as usize;
+        let factor = self.servers[g].factor();
+        let Station::Fifo { busy, queue, .. } = &mut self.stations[g] else {
+            unreachable!("job events come from FIFO servers")
+        };
+        *busy -= 1;
+        while let Some(next) = queue.pop_front() {
+            if self.jobs[next as usize].abandoned {
+                self.free_jobs.push(next);
+                continue;
+            }
+            *busy += 1;
+            let t = scaled(self.jobs[next as usize].work, factor);
+            self.heap.push(event(now + t, KIND_JOB, next));
+            break;
+        }
+        self.deliver(job, now);
+    }
+
+    /// The answer of a finished job reaches its caller, unless the caller has gone.
+    fn deliver(&mut self, job: u32, now: u64) {
+        self.free_jobs.push(job);
+        let j = self.jobs[job as usize];
+        if j.abandoned {
+            return;
+        }
+        let (s, which) = (j.slot as usize, j.which as usize);
+        let a = &mut self.slots[s].tries[which];
+        debug_assert!(a.pending && a.job == job);
+        a.job = NO_JOB;
+        self.try_done(s, which, j.ok, now);
+    }
+
+    fn ps_advance(&mut self, g: usize, now: u64) {
+        let factor = self.servers[g].factor();
+        let Station::Ps {
+            concurrency,
+            v,
+            at,
+            finishes,
+            ..
+        } = &mut self.stations[g]
+        else {
+            return;
+        };
+        *v += (now - *at) as f64 * ps_rate(*concurrency, finishes.len(), factor);
+        *at = now;
+    }
+
+    /// Schedules a processor-sharing server's next completion (after `ps_advance`).
+    fn ps_schedule(&mut self, g: usize, now: u64) {
+        let factor = self.servers[g].factor();
+        let Station::Ps {
+            concurrency,
+            v,
+            due,
+            finishes,
+            ..
+        } = &mut self.stations[g]
+        else {
+            return;
+        };
+        let Some(Reverse((done_at, _))) = finishes.peek() else {
+            *due = NEVER;
+            return;
+        };
+        let rate = ps_rate(*concurrency, finishes.len(), factor);
+        let wait = ((*done_at as f64 - *v).max(0.0) / rate).ceil() as u64;
+        *due = now + wait;
+        self.heap.push(event(*due, KIND_PS, g as u32));
+    }
+
+    fn ps_event(&mut self, g: usize, now: u64) {
+        if !matches!(self.stations[g], Station::Ps { due, .. } if due == now) {
+            return;
+        }
+        self.ps_advance(g, now);
+        let Station::Ps { v, finishes, .. } = &mut self.stations[g] else {
+            unreachable!()
+        };
+        self.finished.clear();
+        while let Some(&Reverse((done_at, job))) = finishes.peek() {
+            // The wait was rounded up, so every call due by now has v >= done_at (less a
+            // rounding error far below a nanosecond).
+            if done_at as f64 > *v + 1e-3 {
+                break;
+            }
+            finishes.pop();
+            self.finished.push(job);
+        }
+        self.ps_schedule(g, now);
+        for i in 0..self.finished.len() {
+            let job = self.finished[i];
+            self.deliver(job, now);
+        }
+    }
+
+    /// Sets a server's slow-downs (a processor-sharing server first accounts for the service
+    /// given at the old speed).
+    fn set_speed(&mut self, g: usize, antagonist: Option<f64>, slowdown: Option<f64>, now: u64) {
+        let ps = matches!(self.stations[g], Station::Ps { .. });
+        if ps {
+            self.ps_advance(g, now);
+        }
+        let server = &mut self.servers[g];
+        if let Some(a) = antagonist {
+            server.antagonist = a;
+        }
+        if let Some(s) = slowdown {
+            server.slowdown = s;
+        }
+        if ps {
+            self.ps_schedule(g, now);
+        }
+    }
+
+    fn antagonists(&mut self, c: usize, now: u64) {
+        let a = self.sc.clusters[c]
+            .antagonist
+            .as_ref()
+            .expect("antagonist events only with antagonists");
+        let (k, factor, period) = (a.servers as usize, a.factor, ns(a.period).max(1));
+        let m = self.sc.clusters[c].servers as usize;
+        let base = self.offsets[c];
+        for i in 0..m {
+            if self.servers[base + i].antagonist != 1.0 {
+                self.set_speed(base + i, Some(1.0), None, now);
+            }
+        }
+        // A partial Fisher-Yates shuffle: k distinct servers, uniformly.
+        self.draw.clear();
+        self.draw.extend(0..m as u32);
+        for i in 0..k {
+            let j = self.rng.gen_range(i..m);
+            self.draw.swap(i, j);
+            let g = base + self.draw[i] as usize;
+            self.set_speed(g, Some(factor), None, now);
+        }
+        self.heap
+            .push(event(now + period, KIND_ANTAGONIST, c as u32));
+    }
+
+    fn slowdown(&mut self, c: usize, now: u64) {
+        let s = self.sc.clusters[c]
+            .slowdown
+            .as_ref()
+            .expect("slowdown events only with a slowdown");
+        let factor = if now >= ns(s.end) { 1.0 } else { s.factor };
+        for i in 0..s.servers as usize {
+            self.set_speed(self.offsets[c] + i, None, Some(factor), now);
         }
     }
 

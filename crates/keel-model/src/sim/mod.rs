@@ -5,8 +5,12 @@
 //!   number of requests in flight).
 //! - **Servers**: healthy service time (fixed, exponential, log-normal) and a failure mode for
 //!   the failed ones: hang to the caller's timeout, fail fast, slow down, error with a
-//!   probability, flap. Servers have no queue: a call's time does not depend on load (the
-//!   model's assumption: what the balancer changes is *where* calls go).
+//!   probability, flap. Without a `capacity` a server has no queue: a call's time does not
+//!   depend on load (the reliability model's assumption: what the balancer changes is *where*
+//!   calls go). With one, at most `concurrency` calls are in service and the rest wait in FIFO
+//!   order, or all share the server (processor sharing): queueing theory's M/M/1, M/M/c, M/D/1
+//!   and the supermarket model come out (see `tests/sim_queues.rs`). Antagonists slow a new
+//!   random set of servers each period; a slowdown steps the first servers up for a while.
 //! - **Call graph**: a request calls each cluster `calls` times in sequence and succeeds iff
 //!   every call does; balancers server-side (one shared per cluster) or client-side (one per
 //!   client and cluster).
@@ -15,12 +19,18 @@
 //!   ends, so in-flight counts, latency estimates and outlier ejection evolve as in the proxy.
 //!   Retries go to endpoints the call has not tried (`PickContext::with_avoid`), within a
 //!   [`keel_balance::RetryBudget`]; active health checks are periodic probe events that call
-//!   `set_healthy`.
+//!   `set_healthy`. Hedged requests send a second try to another endpoint when a call has had no
+//!   answer after a delay (a fixed one, or a quantile of the first tries' latency); the first
+//!   good answer wins and the other try is cancelled.
+//! - **Results**: success with its confidence interval, where the focus cluster's calls went,
+//!   and the latency of requests (mean, p50, p99, p99.9 from a histogram within 0.4 %).
 //!
 //! Replications run in parallel (rayon). See [`SimResult::ci95`] for the interval.
 
 mod engine;
+mod hedge;
 pub mod scenario;
+mod server;
 mod stats;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,12 +39,13 @@ use std::time::{Duration, Instant};
 use rayon::prelude::*;
 use serde::Serialize;
 
-pub use engine::{replication_seed, run_replication, RepStats};
+pub use engine::{replication_seed, run_replication, RepStats, REACTION_BIN};
 pub use scenario::{
-    ClusterConfig, FailedPosition, FailureMode, HealthCheckConfig, LatencyConfig, LatencyDist,
-    Load, Placement, RetryConfig, Scenario,
+    AntagonistConfig, CapacityConfig, ClusterConfig, Discipline, FailedPosition, FailureMode,
+    HealthCheckConfig, HedgeConfig, HedgeDelay, LatencyConfig, LatencyDist, Load, Placement,
+    RetryConfig, Scenario, SlowdownConfig,
 };
-pub use stats::{student_t95, wilson95};
+pub use stats::{student_t95, wilson95, LatencyHistogram};
 
 /// A scenario that cannot run.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -86,11 +97,79 @@ pub struct SimResult {
     pub no_endpoint: u64,
     /// Mean request latency in milliseconds (virtual time).
     pub mean_latency_ms: f64,
+    /// Offered load as a fraction of the focus cluster's capacity (open loop into servers with
+    /// a capacity; see [`Scenario::offered_load`]).
+    pub load: Option<f64>,
+    /// Request latency (queueing, retries, hedges included; failed requests at the time they
+    /// failed), in milliseconds.
+    pub latency_ms: LatencySummary,
+    /// Hedged tries and retries per request: the calls a strategy's protections added.
+    pub extra_calls: f64,
+    /// Hedged tries sent.
+    pub hedges: u64,
+    /// Calls whose hedged try answered first.
+    pub hedges_won: u64,
+    /// With a slowdown on the focus cluster: how the slowed servers' share of calls moved.
+    pub reaction: Option<Reaction>,
+    /// `(latency in ms, share of requests at or below it)`, for charts.
+    #[serde(skip)]
+    pub latency_cdf: Vec<(f64, f64)>,
     /// Replications run.
     pub replications: u32,
     /// Calls simulated, warm-up included (for the speed figure).
     #[serde(skip)]
     pub calls_simulated: u64,
+}
+
+/// Request latency statistics, in milliseconds. Quantiles come from a log-linear histogram and
+/// are within 0.4 % of the exact order statistic; the mean is exact.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct LatencySummary {
+    /// Mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+}
+
+impl LatencySummary {
+    /// The summary of a histogram of nanoseconds.
+    pub fn of(h: &LatencyHistogram) -> Self {
+        Self {
+            mean: h.mean_ns() / 1e6,
+            p50: h.quantile_ns(0.5) / 1e6,
+            p99: h.quantile_ns(0.99) / 1e6,
+            p999: h.quantile_ns(0.999) / 1e6,
+        }
+    }
+}
+
+/// How the balancers moved calls off servers that slowed down for a while and back on when they
+/// recovered (experiment E9). Shares are pooled over replications, per [`REACTION_BIN`] of
+/// virtual time; times are measured to the end of the first bin that crosses the threshold, so
+/// they are upper bounds at that resolution.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Reaction {
+    /// The slowed servers' fair share of calls (slowed / servers).
+    pub fair_share: f64,
+    /// Their share from the end of the warm-up to the step up.
+    pub share_before: f64,
+    /// Their share while slowed.
+    pub share_during: f64,
+    /// Their share from the step down to the end of the run.
+    pub share_after: f64,
+    /// Time from the step up until their share of a bin fell below half the fair share;
+    /// `None`: it never did.
+    pub down_ms: Option<f64>,
+    /// Time from the step down until their share of a bin was back to half the fair share or
+    /// more; `None`: not within the run (or it never fell).
+    pub back_ms: Option<f64>,
+    /// `(seconds, share)` per bin, for charts.
+    #[serde(skip)]
+    pub series: Vec<(f64, f64)>,
 }
 
 /// Results of a batch of scenarios, with the simulator's speed.
@@ -224,6 +303,10 @@ fn summarise(s: &Scenario, reps: &[RepStats]) -> SimResult {
         }
     }
     let focus_total: u64 = per_server.iter().sum();
+    let mut latency = LatencyHistogram::new();
+    for r in reps {
+        latency.merge(&r.latency);
+    }
     let q = match &focus.failure {
         FailureMode::Hang => Some(s.timeout.as_secs_f64() / focus.latency.mean.as_secs_f64()),
         FailureMode::FailFast { after } => {
@@ -255,7 +338,77 @@ fn summarise(s: &Scenario, reps: &[RepStats]) -> SimResult {
         mean_latency_ms: reps.iter().map(|r| r.latency_sum_ns).sum::<u128>() as f64
             / requests.max(1) as f64
             / 1e6,
+        load: s.offered_load(),
+        latency_ms: LatencySummary::of(&latency),
+        extra_calls: (sum(|r| r.hedges) + sum(|r| r.retries)) as f64 / requests.max(1) as f64,
+        hedges: sum(|r| r.hedges),
+        hedges_won: sum(|r| r.hedges_won),
+        reaction: reaction(s, reps),
+        latency_cdf: latency
+            .cdf_ns()
+            .into_iter()
+            .map(|(v, f)| (v / 1e6, f))
+            .collect(),
         replications: s.replications,
         calls_simulated: sum(|r| r.calls),
     }
+}
+
+/// The slowed servers' share of calls over time, and how fast it left and came back.
+fn reaction(s: &Scenario, reps: &[RepStats]) -> Option<Reaction> {
+    let focus = &s.clusters[s.focus()];
+    let step = focus.slowdown.as_ref()?;
+    let bins = reps.iter().map(|r| r.reaction_bins.len()).max()?;
+    // The last bin is cut short by the end of the run.
+    let bins = bins.saturating_sub(1);
+    let mut pooled = vec![[0u64; 2]; bins];
+    for r in reps {
+        for (p, b) in pooled.iter_mut().zip(&r.reaction_bins) {
+            p[0] += b[0];
+            p[1] += b[1];
+        }
+    }
+    let bin_ns = REACTION_BIN.as_nanos() as u64;
+    let start = step.start.as_nanos() as u64;
+    let end = step.end.as_nanos() as u64;
+    let warmup = s.warmup.as_nanos() as u64;
+    let fair = f64::from(step.servers) / f64::from(focus.servers);
+    let share = |lo: u64, hi: u64| {
+        let (mut a, mut n) = (0, 0);
+        for (i, p) in pooled.iter().enumerate() {
+            let t = i as u64 * bin_ns;
+            if t >= lo && t + bin_ns <= hi {
+                a += p[0];
+                n += p[1];
+            }
+        }
+        a as f64 / n.max(1) as f64
+    };
+    let bin_share = |p: &[u64; 2]| p[0] as f64 / p[1].max(1) as f64;
+    let first = |from: u64, below: bool| {
+        pooled.iter().enumerate().find_map(|(i, p)| {
+            let t = i as u64 * bin_ns;
+            let crossed = if below {
+                bin_share(p) < fair / 2.0
+            } else {
+                bin_share(p) >= fair / 2.0
+            };
+            (t >= from && p[1] > 0 && crossed).then(|| (t + bin_ns - from) as f64 / 1e6)
+        })
+    };
+    let down_ms = first(start, true).filter(|&d| (d * 1e6) as u64 + start <= end);
+    let back_ms = down_ms.and_then(|_| first(end, false));
+    Some(Reaction {
+        fair_share: fair,
+        share_before: share(warmup, start),
+        share_during: share(start, end),
+        share_after: share(end, bins as u64 * bin_ns),
+        down_ms,
+        back_ms,
+        series: pooled
+            .iter()
+            .enumerate()
+            .map(|(i, p)| ((i as f64 + 0.5) * bin_ns as f64 / 1e9, bin_share(p)))
+            .collect(),
+    })
 }

@@ -51,8 +51,38 @@ pub struct Scenario {
     /// Active health checks; off unless given.
     #[serde(default)]
     pub health_check: Option<HealthCheckConfig>,
+    /// Hedged requests: a second try of a slow call to another endpoint; off unless given.
+    #[serde(default)]
+    pub hedge: Option<HedgeConfig>,
     /// The call graph: every request calls these clusters in order, each `calls` times.
     pub clusters: Vec<ClusterConfig>,
+}
+
+impl Default for Scenario {
+    /// One closed-loop client, 1000 measured requests, one default cluster; no protections.
+    fn default() -> Self {
+        Self {
+            name: default_name(),
+            label: String::new(),
+            seed: default_seed(),
+            replications: default_replications(),
+            requests: 1000,
+            warmup: Duration::ZERO,
+            timeout: default_timeout(),
+            abort_on_failure: true,
+            call_gap: Duration::ZERO,
+            placement: Placement::ServerSide,
+            load: Load::Closed {
+                clients: 1,
+                in_flight: 1,
+                think_time: Duration::ZERO,
+            },
+            retry: None,
+            health_check: None,
+            hedge: None,
+            clusters: vec![ClusterConfig::default()],
+        }
+    }
 }
 
 fn default_name() -> String {
@@ -187,6 +217,170 @@ pub struct ClusterConfig {
     /// The balancer in front of the cluster (keel-balance's own configuration).
     #[serde(default)]
     pub balancer: BalancerConfig,
+    /// How much work each server does at once; absent, unlimited (a call's time never depends
+    /// on load).
+    #[serde(default)]
+    pub capacity: Option<CapacityConfig>,
+    /// Servers slowed by other tenants' work, a new random set each period; off unless given.
+    #[serde(default)]
+    pub antagonist: Option<AntagonistConfig>,
+    /// One step of slowness on the first servers, from `start` to `end`; off unless given.
+    #[serde(default)]
+    pub slowdown: Option<SlowdownConfig>,
+}
+
+impl Default for ClusterConfig {
+    /// One healthy server of unlimited capacity behind round-robin, called once.
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            calls: 1,
+            servers: 1,
+            failed: 0,
+            failed_position: FailedPosition::Last,
+            latency: LatencyConfig::default(),
+            failure: FailureMode::None,
+            balancer: BalancerConfig::default(),
+            capacity: None,
+            antagonist: None,
+            slowdown: None,
+        }
+    }
+}
+
+/// A server's capacity: at most `concurrency` calls in service, the rest waiting in FIFO order
+/// (`discipline = "fifo"`), or every call present sharing `concurrency` units of service
+/// (`discipline = "ps"`, processor sharing).
+///
+/// A call whose caller has gone (timed out, or a hedge that lost) is dropped if it is still
+/// waiting; work the server has started runs to its end (the server cannot tell that nobody
+/// waits for the answer). Under processor sharing every call present is in service.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapacityConfig {
+    /// Calls in service at once (FIFO), or units of service shared (PS). At least 1.
+    pub concurrency: u32,
+    /// The queueing discipline. Default FIFO.
+    #[serde(default)]
+    pub discipline: Discipline,
+}
+
+/// How a server with a capacity orders its work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Discipline {
+    /// First in, first out: up to `concurrency` calls in service, the others wait.
+    #[default]
+    Fifo,
+    /// Processor sharing: n calls present each progress at min(1, concurrency / n) of full
+    /// speed.
+    Ps,
+}
+
+/// Antagonists: every `period`, `servers` servers drawn at random (a new draw each period) do
+/// their work `factor` times slower, as when other tenants' jobs share their machines.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AntagonistConfig {
+    /// Servers slowed at any time.
+    pub servers: u32,
+    /// Slow-down factor (>= 1).
+    pub factor: f64,
+    /// Time between two draws.
+    #[serde(with = "humantime_serde")]
+    pub period: Duration,
+}
+
+/// A step of slowness (experiment E9): the first `servers` servers work `factor` times slower
+/// from `start` to `end` of virtual time.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlowdownConfig {
+    /// How many servers (the first ones in the list). Default 1.
+    #[serde(default = "default_one")]
+    pub servers: u32,
+    /// Slow-down factor (>= 1).
+    pub factor: f64,
+    /// When the step up happens.
+    #[serde(with = "humantime_serde")]
+    pub start: Duration,
+    /// When the servers are back to normal speed.
+    #[serde(with = "humantime_serde")]
+    pub end: Duration,
+}
+
+/// Hedged requests (Dean and Barroso, "The Tail at Scale"): when a call has had no answer
+/// after `delay`, a second try goes to another endpoint; the first good answer wins and the
+/// other try is cancelled (its pick dropped: cancelled, not failed). Hedges are bounded by a
+/// budget per balancer, as retries are.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HedgeConfig {
+    /// When to hedge: `"p95"` (a quantile of the latency this balancer has observed for the
+    /// cluster) or a duration such as `"20ms"`.
+    pub delay: HedgeDelay,
+    /// Extra tries per call. The simulator supports 1 (the default).
+    #[serde(default = "default_one")]
+    pub max: u32,
+    /// Hedges may be at most this percentage of the calls in a 10 s window. Default 5.
+    #[serde(default = "default_hedge_budget")]
+    pub budget_percent: f64,
+}
+
+fn default_hedge_budget() -> f64 {
+    5.0
+}
+
+/// When a hedge goes out.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum HedgeDelay {
+    /// This quantile (in (0, 1)) of the call latencies the balancer has observed lately.
+    Quantile(f64),
+    /// A fixed delay.
+    Fixed(Duration),
+}
+
+impl std::fmt::Display for HedgeDelay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HedgeDelay::Quantile(q) => write!(f, "p{}", q * 100.0),
+            HedgeDelay::Fixed(d) => {
+                write!(f, "{}", humantime_serde::re::humantime::format_duration(*d))
+            }
+        }
+    }
+}
+
+impl std::str::FromStr for HedgeDelay {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if let Some(rest) = s.strip_prefix('p') {
+            let pct: f64 = rest
+                .parse()
+                .map_err(|_| format!("`{s}`: a quantile is written p50, p95, p99.9"))?;
+            if !(pct > 0.0 && pct < 100.0) {
+                return Err(format!("`{s}`: the quantile must be within (0, 100)"));
+            }
+            return Ok(HedgeDelay::Quantile(pct / 100.0));
+        }
+        humantime_serde::re::humantime::parse_duration(s)
+            .map(HedgeDelay::Fixed)
+            .map_err(|e| format!("`{s}`: neither a quantile (p95) nor a duration: {e}"))
+    }
+}
+
+impl Serialize for HedgeDelay {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for HedgeDelay {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 /// Where in the endpoint list the failed servers sit (it matters for lowest-index tie-breaks).
@@ -306,6 +500,8 @@ pub const MAX_STAGES: u32 = 1024;
 pub const MAX_SERVERS: u32 = 4096;
 /// Most retries per call.
 pub const MAX_RETRIES: u32 = 7;
+/// Most calls a server serves at once.
+pub const MAX_CONCURRENCY: u32 = 1 << 20;
 
 impl Scenario {
     /// Parses a scenario from TOML; `origin` (a file name) prefixes error messages.
@@ -377,6 +573,25 @@ impl Scenario {
                 return Err("health_check thresholds must be at least 1".into());
             }
         }
+        if let Some(h) = &self.hedge {
+            if h.max != 1 {
+                return Err(format!(
+                    "hedge.max must be 1 (one extra try) in the simulator, got {}",
+                    h.max
+                ));
+            }
+            if !(h.budget_percent.is_finite() && h.budget_percent >= 0.0) {
+                return Err(format!(
+                    "hedge.budget_percent must be 0 or more, got {}",
+                    h.budget_percent
+                ));
+            }
+            if let HedgeDelay::Fixed(d) = h.delay {
+                if d.is_zero() {
+                    return Err("hedge.delay must be greater than zero".into());
+                }
+            }
+        }
         if self.clusters.is_empty() {
             return Err("at least one [[clusters]] entry is needed".into());
         }
@@ -427,6 +642,48 @@ impl Scenario {
                 }
                 _ => {}
             }
+            if let Some(cap) = &c.capacity {
+                if cap.concurrency == 0 || cap.concurrency > MAX_CONCURRENCY {
+                    return Err(format!(
+                        "{at}: capacity.concurrency must be within 1..={MAX_CONCURRENCY}, got {}",
+                        cap.concurrency
+                    ));
+                }
+            }
+            if let Some(a) = &c.antagonist {
+                if a.servers > c.servers {
+                    return Err(format!(
+                        "{at}: antagonist.servers ({}) is more than servers ({})",
+                        a.servers, c.servers
+                    ));
+                }
+                if !(a.factor.is_finite() && a.factor >= 1.0) {
+                    return Err(format!(
+                        "{at}: antagonist.factor must be 1 or more, got {}",
+                        a.factor
+                    ));
+                }
+                if a.period.is_zero() {
+                    return Err(format!("{at}: antagonist.period must be greater than zero"));
+                }
+            }
+            if let Some(sd) = &c.slowdown {
+                if sd.servers == 0 || sd.servers > c.servers {
+                    return Err(format!(
+                        "{at}: slowdown.servers must be within 1..={}, got {}",
+                        c.servers, sd.servers
+                    ));
+                }
+                if !(sd.factor.is_finite() && sd.factor >= 1.0) {
+                    return Err(format!(
+                        "{at}: slowdown.factor must be 1 or more, got {}",
+                        sd.factor
+                    ));
+                }
+                if sd.end <= sd.start {
+                    return Err(format!("{at}: slowdown.end must be after slowdown.start"));
+                }
+            }
             c.balancer
                 .validate()
                 .map_err(|e| format!("{at}: balancer: {e}"))?;
@@ -463,6 +720,9 @@ impl Scenario {
         if self.retry.is_some() {
             p.push("retry");
         }
+        if self.hedge.is_some() {
+            p.push("hedge");
+        }
         if p.is_empty() {
             "none".into()
         } else {
@@ -495,6 +755,40 @@ impl Scenario {
             total *= crate::analytic::success(c.balancer.strategy, p, q, c.calls)?;
         }
         Some(total)
+    }
+
+    /// Offered load as a fraction of the focus cluster's capacity, for an open loop into a
+    /// cluster whose servers have a capacity: arrival rate x calls per request x mean service
+    /// time, over the sum of the servers' concurrency, each divided by its slow-down (a `slow`
+    /// failure's factor; antagonists at their long-run average). Retries and hedges are not
+    /// offered load: they are what a strategy adds.
+    pub fn offered_load(&self) -> Option<f64> {
+        let Load::Open { rate, .. } = self.load else {
+            return None;
+        };
+        let c = &self.clusters[self.focus_or_first_with_capacity()?];
+        let cap = c.capacity.as_ref()?;
+        let m = f64::from(c.servers);
+        let slowed = match &c.failure {
+            FailureMode::Slow { factor } => f64::from(c.failed) / factor,
+            _ => f64::from(c.failed),
+        };
+        let mut speed = m - f64::from(c.failed) + slowed;
+        if let Some(a) = &c.antagonist {
+            // Each server is an antagonist's victim a/m of the time.
+            let share = f64::from(a.servers) / m;
+            speed *= 1.0 - share + share / a.factor;
+        }
+        let capacity = f64::from(cap.concurrency) * speed / c.latency.mean.as_secs_f64();
+        Some(rate * f64::from(c.calls) / capacity)
+    }
+
+    fn focus_or_first_with_capacity(&self) -> Option<usize> {
+        let f = self.focus();
+        if self.clusters[f].capacity.is_some() {
+            return Some(f);
+        }
+        self.clusters.iter().position(|c| c.capacity.is_some())
     }
 
     /// The focus cluster's strategy.

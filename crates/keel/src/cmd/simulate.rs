@@ -25,8 +25,11 @@ seconds / threads), \"calls_per_cpu_second\" (calls / CPU seconds used), \"wall_
 \"threads\", \"ci_method\", \"results\": [{\"label\", \"strategy\", \"protections\", \"failure_mode\",
 \"placement\", \"p\", \"q\", \"k\", \"requests\", \"success\", \"ci95\", \"failed_pick_share\",
 \"analytic_success\", \"max_server_share\", \"retries_per_request\", \"no_endpoint\",
-\"mean_latency_ms\", \"replications\"}, ...]}. With --preset seed, the six objects are printed as
-JSON Lines (one per line, E1 first).")]
+\"mean_latency_ms\", \"load\" (offered load / capacity, servers with a capacity and an open loop,
+else null), \"latency_ms\": {\"mean\", \"p50\", \"p99\", \"p999\"}, \"extra_calls\" (hedges and retries
+per request), \"hedges\", \"hedges_won\", \"reaction\" (null, or {\"fair_share\", \"share_before\",
+\"share_during\", \"share_after\", \"down_ms\", \"back_ms\"} with a slowdown), \"replications\"}, ...]}.
+With --preset seed, the six objects are printed as JSON Lines (one per line, E1 first).")]
 pub struct Args {
     /// A scenario file (TOML; see scenarios/*.toml for documented examples).
     #[arg(long, value_name = "FILE", conflicts_with = "preset")]
@@ -173,26 +176,12 @@ fn print_report(id: &str, title: &str, report: &BatchReport, json: bool) -> anyh
         return Ok(());
     }
     println!("{}: {title}", id.to_uppercase());
-    println!(
-        "  {:<58} {:<18} {:<27} {:>8} {:>19} {:>9} {:>8} {:>7}",
-        "label", "strategy", "protections", "success", "95% CI", "analytic", "failed%", "max%"
-    );
-    for r in &report.results {
-        let analytic = r
-            .analytic_success
-            .map_or_else(|| "-".to_string(), |a| format!("{a:.5}"));
-        println!(
-            "  {:<58} {:<18} {:<27} {:>8.5} [{:.5},{:.5}] {:>9} {:>8.3} {:>7.1}",
-            r.label,
-            r.strategy,
-            r.protections,
-            r.success,
-            r.ci95[0],
-            r.ci95[1],
-            analytic,
-            r.failed_pick_share * 100.0,
-            r.max_server_share * 100.0,
-        );
+    if report.results.iter().any(|r| r.reaction.is_some()) {
+        print_reaction_table(&report.results);
+    } else if report.results.iter().any(|r| r.load.is_some()) {
+        print_tail_table(&report.results);
+    } else {
+        print_reliability_table(&report.results);
     }
     let cpu = report.calls_per_cpu_second().map_or_else(String::new, |c| {
         format!(", {:.2} M per CPU second", c / 1e6)
@@ -205,4 +194,111 @@ fn print_report(id: &str, title: &str, report: &BatchReport, json: bool) -> anyh
         report.calls_per_second() / 1e6
     );
     Ok(())
+}
+
+/// Success and where calls went (E1-E6 and scenario files), with request latency.
+fn print_reliability_table(results: &[SimResult]) {
+    println!(
+        "  {:<58} {:<18} {:<27} {:>8} {:>19} {:>9} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9}",
+        "label",
+        "strategy",
+        "protections",
+        "success",
+        "95% CI",
+        "analytic",
+        "failed%",
+        "max%",
+        "mean ms",
+        "p50 ms",
+        "p99 ms",
+        "p99.9 ms"
+    );
+    for r in results {
+        let analytic = r
+            .analytic_success
+            .map_or_else(|| "-".to_string(), |a| format!("{a:.5}"));
+        let l = &r.latency_ms;
+        println!(
+            "  {:<58} {:<18} {:<27} {:>8.5} [{:.5},{:.5}] {:>9} {:>8.3} {:>7.1} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
+            r.label,
+            r.strategy,
+            r.protections,
+            r.success,
+            r.ci95[0],
+            r.ci95[1],
+            analytic,
+            r.failed_pick_share * 100.0,
+            r.max_server_share * 100.0,
+            l.mean,
+            l.p50,
+            l.p99,
+            l.p999,
+        );
+    }
+}
+
+/// Latency under load (E8 and scenario files with servers that queue).
+fn print_tail_table(results: &[SimResult]) {
+    println!(
+        "  {:<44} {:<12} {:<18} {:<14} {:>5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>7}",
+        "label",
+        "placement",
+        "strategy",
+        "protections",
+        "load",
+        "success",
+        "mean ms",
+        "p50 ms",
+        "p99 ms",
+        "p99.9 ms",
+        "extra%"
+    );
+    for r in results {
+        let l = &r.latency_ms;
+        println!(
+            "  {:<44} {:<12} {:<18} {:<14} {:>5} {:>8.5} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>7.2}",
+            r.label,
+            r.placement,
+            r.strategy,
+            r.protections,
+            r.load.map_or_else(|| "-".into(), |x| format!("{x:.2}")),
+            r.success,
+            l.mean,
+            l.p50,
+            l.p99,
+            l.p999,
+            r.extra_calls * 100.0,
+        );
+    }
+}
+
+/// How fast the slowed servers' share of calls fell and came back (E9).
+fn print_reaction_table(results: &[SimResult]) {
+    println!(
+        "  {:<34} {:<16} {:>6} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9}",
+        "label", "strategy", "fair", "before", "during", "after", "down ms", "back ms", "p99 ms"
+    );
+    for r in results {
+        let Some(x) = &r.reaction else { continue };
+        let down = x
+            .down_ms
+            .map_or_else(|| "never".into(), |d| format!("{d:.0}"));
+        let back = match (x.down_ms, x.back_ms) {
+            (None, _) => "-".into(),
+            (Some(_), None) => "never".into(),
+            (Some(_), Some(b)) => format!("{b:.0}"),
+        };
+        println!(
+            "  {:<34} {:<16} {:>6.3} {:>8.3} {:>8.3} {:>8.3} {:>9} {:>9} {:>9.2}",
+            r.label,
+            r.strategy,
+            x.fair_share,
+            x.share_before,
+            x.share_during,
+            x.share_after,
+            down,
+            back,
+            r.latency_ms.p99,
+        );
+    }
 }

@@ -299,7 +299,9 @@ impl Case {
                 },
                 failure: self.failure.sim_mode(t),
                 balancer: self.balancer(seed),
+                ..ClusterConfig::default()
             }],
+            ..Scenario::default()
         }
     }
 }

@@ -1,0 +1,195 @@
+//! What a simulated server does with a call: how long its work takes (service-time
+//! distribution, failure mode, slow-downs) and, when it has a capacity, where the call waits.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+use rand::rngs::StdRng;
+use rand::Rng;
+use rand_distr::{Distribution, Exp, LogNormal};
+
+use super::scenario::Discipline;
+
+#[derive(Clone, Copy)]
+pub(super) enum Latency {
+    Fixed(u64),
+    Exp(Exp<f64>),
+    LogNormal(LogNormal<f64>),
+}
+
+#[derive(Clone, Copy)]
+pub(super) enum Fault {
+    None,
+    Hang,
+    FailFast(u64),
+    Slow(f64),
+    Error(f64),
+    Flap {
+        up: u64,
+        period: u64,
+        offset: u64,
+        fails_after: Option<u64>,
+    },
+}
+
+/// What a call asks of a server.
+pub(super) enum Demand {
+    /// Work the server does (queued behind others when it has a capacity): service time in
+    /// nanoseconds at full speed, and whether the answer is good.
+    Work(u64, bool),
+    /// An answer that takes no work (a failing server's error or silence): after this long,
+    /// never queued.
+    Bypass(u64, bool),
+}
+
+#[derive(Clone, Copy)]
+pub(super) struct Server {
+    pub latency: Latency,
+    pub fault: Fault,
+    /// Slow-down from antagonists (1: none).
+    pub antagonist: f64,
+    /// Slow-down from a scheduled step (1: none).
+    pub slowdown: f64,
+}
+
+impl Server {
+    pub(super) fn new(latency: Latency, fault: Fault) -> Self {
+        Self {
+            latency,
+            fault,
+            antagonist: 1.0,
+            slowdown: 1.0,
+        }
+    }
+
+    #[inline]
+    fn base(&self, rng: &mut StdRng) -> u64 {
+        match self.latency {
+            Latency::Fixed(t) => t,
+            Latency::Exp(d) => d.sample(rng) as u64,
+            Latency::LogNormal(d) => d.sample(rng) as u64,
+        }
+    }
+
+    /// How many times slower than normal the server works right now.
+    #[inline]
+    pub(super) fn factor(&self) -> f64 {
+        self.antagonist * self.slowdown
+    }
+
+    /// True while the server is failing (for a flapping one: while down).
+    #[inline]
+    pub(super) fn failing(&self, now: u64) -> bool {
+        match self.fault {
+            Fault::None => false,
+            Fault::Flap {
+                up, period, offset, ..
+            } => (now + offset) % period >= up,
+            _ => true,
+        }
+    }
+
+    /// What a call arriving now asks of the server; `never` is what "no answer" costs the
+    /// caller (its timeout).
+    #[inline]
+    pub(super) fn demand(&self, now: u64, never: u64, rng: &mut StdRng) -> Demand {
+        match self.fault {
+            Fault::None => Demand::Work(self.base(rng), true),
+            Fault::Hang => Demand::Bypass(never, false),
+            Fault::FailFast(after) => Demand::Bypass(after, false),
+            Fault::Slow(f) => Demand::Work((self.base(rng) as f64 * f) as u64, true),
+            Fault::Error(p) => {
+                let t = self.base(rng);
+                Demand::Work(t, rng.gen::<f64>() >= p)
+            }
+            Fault::Flap { fails_after, .. } => {
+                if self.failing(now) {
+                    Demand::Bypass(fails_after.unwrap_or(never), false)
+                } else {
+                    Demand::Work(self.base(rng), true)
+                }
+            }
+        }
+    }
+
+    /// An active health probe's verdict (probes take no place in the server's queue).
+    pub(super) fn probe(&self, now: u64, timeout: u64, rng: &mut StdRng) -> bool {
+        match self.fault {
+            Fault::None => true,
+            Fault::Hang | Fault::FailFast(_) => false,
+            _ => match self.demand(now, timeout, rng) {
+                Demand::Work(t, ok) | Demand::Bypass(t, ok) => ok && t < timeout,
+            },
+        }
+    }
+}
+
+/// One call's work at a server with a capacity.
+#[derive(Clone, Copy)]
+pub(super) struct Job {
+    /// The server (global position).
+    pub server: u32,
+    /// The request slot and which of its tries this is.
+    pub slot: u32,
+    pub which: u8,
+    /// Whether the answer will be good.
+    pub ok: bool,
+    /// The caller has gone (timed out, or its other try won): nobody takes the answer.
+    pub abandoned: bool,
+    /// Service time at full speed.
+    pub work: u64,
+}
+
+/// Where calls wait and are served at one server.
+pub(super) enum Station {
+    /// No capacity limit: every call is served at once.
+    Unlimited,
+    /// At most `concurrency` in service, the rest in FIFO order. Abandoned calls stay in
+    /// `queue` until they reach its head (a lazy removal), and are then dropped unserved.
+    Fifo {
+        concurrency: u32,
+        busy: u32,
+        queue: VecDeque<u32>,
+    },
+    /// Processor sharing on a virtual clock: `v` is the service each present call has received
+    /// so far (in full-speed nanoseconds), so a call that arrived at `v0` with work `w` is done
+    /// when `v` reaches `v0 + w`; `finishes` orders those instants.
+    Ps {
+        concurrency: u32,
+        v: f64,
+        at: u64,
+        /// The next completion event's time (u64::MAX: none), to recognise stale events.
+        due: u64,
+        finishes: BinaryHeap<Reverse<(u64, u32)>>,
+    },
+}
+
+impl Station {
+    pub(super) fn new(capacity: Option<(u32, Discipline)>) -> Self {
+        match capacity {
+            None => Station::Unlimited,
+            Some((concurrency, Discipline::Fifo)) => Station::Fifo {
+                concurrency,
+                busy: 0,
+                queue: VecDeque::new(),
+            },
+            Some((concurrency, Discipline::Ps)) => Station::Ps {
+                concurrency,
+                v: 0.0,
+                at: 0,
+                due: u64::MAX,
+                finishes: BinaryHeap::new(),
+            },
+        }
+    }
+}
+
+/// Processor sharing's speed per call with `n` calls present on a server `factor` times slower
+/// than normal.
+#[inline]
+pub(super) fn ps_rate(concurrency: u32, n: usize, factor: f64) -> f64 {
+    if n == 0 {
+        return 0.0;
+    }
+    (f64::from(concurrency) / n as f64).min(1.0) / factor
+}
