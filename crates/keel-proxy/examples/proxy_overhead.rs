@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use keel_proxy::backend::{self, BackendConfig};
-use keel_proxy::loadgen::{self, LoadSpec, Target};
 use keel_proxy::ProxyConfig;
+use keel_testbed::backend::{self, BackendConfig};
+use keel_testbed::loadgen::{self, LoadSpec, Target};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

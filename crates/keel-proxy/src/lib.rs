@@ -1,7 +1,7 @@
 //! # keel-proxy
 //!
-//! The network driver of keel-balance: an HTTP reverse proxy, plus the experiment backend and a
-//! load generator used by tests and the lab.
+//! The network driver of keel-balance: an HTTP reverse proxy. (The experiment backend and the
+//! load generator its tests and the lab use live in keel-testbed.)
 //!
 //! Every choice (which endpoint, whether it is ejected, whether a retry fits the budget) is
 //! keel-balance's; this crate only calls `pick`, `finish`, `set_healthy` and `RetryBudget`,
@@ -17,9 +17,6 @@
 //! ```
 
 #![warn(missing_docs)]
-
-pub mod backend;
-pub mod loadgen;
 
 mod admin;
 pub mod body;

@@ -21,8 +21,8 @@ use hyper::client::conn::http1;
 use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use keel_balance::StrategyKind;
-use keel_proxy::backend::{self, BackendConfig, BackendHandle, Fault};
 use keel_proxy::{ProxyConfig, ProxyHandle};
+use keel_testbed::backend::{self, BackendConfig, BackendHandle, Fault};
 
 /// The schedule used unless `KEEL_CHAOS_SEED` says otherwise.
 const DEFAULT_SEED: u64 = 0x6b65_656c_c4a0_5001;

@@ -7,8 +7,8 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use keel_proxy::backend::{self, BackendConfig, Fault};
-use keel_proxy::loadgen::{self, LoadSpec, Target};
+use keel_testbed::backend::{self, BackendConfig, Fault};
+use keel_testbed::loadgen::{self, LoadSpec, Target};
 
 const KEEL: &str = env!("CARGO_BIN_EXE_keel");
 const ISSUE_CONFIG: &str = include_str!("../../../examples/proxy.toml");

@@ -6,13 +6,11 @@
 
 mod support;
 
-mod backend;
 mod config_props;
 mod h1_path;
 mod hardening;
 mod hardening_admin;
 mod hardening_limits;
-mod loadgen;
 mod proxy_behaviour;
 mod proxy_done;
 mod proxy_lifecycle;

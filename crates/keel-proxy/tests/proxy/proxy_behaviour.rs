@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::support::*;
 use hyper::{Method, StatusCode};
 use keel_balance::StrategyKind;
-use keel_proxy::backend::Fault;
+use keel_testbed::backend::Fault;
 
 /// Sequential GETs; returns the count of answers per `x-backend` and per status.
 async fn tally(url: &str, n: usize, headers: &[(&str, &str)]) -> BTreeMap<String, usize> {
@@ -222,11 +222,11 @@ async fn no_available_endpoint_is_503() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_body_that_breaks_mid_stream_aborts_the_client_response() {
-    let cfg = keel_proxy::backend::BackendConfig {
+    let cfg = keel_testbed::backend::BackendConfig {
         body_bytes: 200_000,
         ..Default::default()
     };
-    let b = keel_proxy::backend::spawn(any_port(), cfg).await.unwrap();
+    let b = keel_testbed::backend::spawn(any_port(), cfg).await.unwrap();
     let proxy = keel_proxy::start(simple_config(
         &[b.addr()],
         "round-robin",

@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use crate::support::*;
-use keel_proxy::backend::Fault;
-use keel_proxy::loadgen::{self, LoadSpec, Target};
+use keel_testbed::backend::Fault;
+use keel_testbed::loadgen::{self, LoadSpec, Target};
 
 const REQUESTS: u64 = 5_000;
 

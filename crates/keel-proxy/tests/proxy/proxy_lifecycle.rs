@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 use hyper::{Method, StatusCode};
-use keel_proxy::backend::Fault;
-use keel_proxy::loadgen::{self, LoadSpec, Target};
 use keel_proxy::ProxyConfig;
+use keel_testbed::backend::Fault;
+use keel_testbed::loadgen::{self, LoadSpec, Target};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ejection_removes_a_failing_endpoint_and_brings_it_back() {

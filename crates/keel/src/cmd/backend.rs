@@ -1,11 +1,11 @@
-//! `keel backend`: the experiment backend of `keel_proxy::backend` as a process, for demos and
+//! `keel backend`: the experiment backend of `keel_testbed::backend` as a process, for demos and
 //! for trying the proxy by hand. Several `--listen` start several backends in one process.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use keel_proxy::backend::{self, BackendConfig, Fault, LatencyDist};
+use keel_testbed::backend::{self, BackendConfig, Fault, LatencyDist};
 
 use crate::cmd::usage;
 

@@ -8,7 +8,7 @@ use keel_model::sim::{
     ClusterConfig, FailedPosition, FailureMode, HealthCheckConfig, LatencyConfig, LatencyDist,
     Load, Placement, RetryConfig, Scenario,
 };
-use keel_proxy::backend::Fault;
+use keel_testbed::backend::Fault;
 use serde::Serialize;
 
 use super::LabOptions;

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use keel_balance::{Balancer, EndpointSpec};
-use keel_proxy::backend::{self, BackendConfig, BackendHandle};
-use keel_proxy::loadgen::{self, LoadOptions, LoadReport, LoadSpec, Target};
+use keel_testbed::backend::{self, BackendConfig, BackendHandle};
+use keel_testbed::loadgen::{self, LoadOptions, LoadReport, LoadSpec, Target};
 
 use super::cases::{Case, Timing};
 

@@ -13,8 +13,8 @@ use hyper::{Method, Request, StatusCode};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use keel_proxy::backend::{self, BackendConfig, BackendHandle, Fault};
 use keel_proxy::ProxyConfig;
+use keel_testbed::backend::{self, BackendConfig, BackendHandle, Fault};
 
 /// The issue's configuration file, verbatim.
 pub const ISSUE_CONFIG: &str = include_str!("../../../../../examples/proxy.toml");

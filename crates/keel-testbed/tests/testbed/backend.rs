@@ -8,8 +8,8 @@ use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1::SendRequest;
 use hyper::Request;
 use hyper_util::rt::TokioIo;
-use keel_proxy::backend::{self, BackendConfig, Fault, LatencyDist};
-use keel_proxy::loadgen::{self, LoadSpec, Target};
+use keel_testbed::backend::{self, BackendConfig, Fault, LatencyDist};
+use keel_testbed::loadgen::{self, LoadSpec, Target};
 use tokio::net::TcpStream;
 
 fn any_port() -> SocketAddr {

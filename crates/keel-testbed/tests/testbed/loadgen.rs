@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keel_balance::{Balancer, BalancerConfig, EndpointSpec, OutlierConfig, StrategyKind, TieBreak};
-use keel_proxy::backend::{self, BackendConfig, BackendHandle, Fault};
-use keel_proxy::loadgen::{self, wilson95, LoadOptions, LoadSpec, Target};
+use keel_testbed::backend::{self, BackendConfig, BackendHandle, Fault};
+use keel_testbed::loadgen::{self, wilson95, LoadOptions, LoadSpec, Target};
 
 fn any_port() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
@@ -325,7 +325,7 @@ async fn per_worker_balancers_see_only_their_own_in_flight_calls() {
 
 /// Direct-path throughput and latency of backend + load generator (no proxy): the baseline the
 /// proxy's overhead is measured against. Not a pass/fail test; run it with
-/// `cargo test --release -p keel-proxy --test proxy -- --ignored --nocapture loadgen::direct_path`.
+/// `cargo test --release -p keel-testbed --test testbed -- --ignored --nocapture loadgen::direct_path`.
 /// `KEEL_BENCH_URL=http://127.0.0.1:9001/` targets a backend (or proxy) in another process
 /// instead of an in-process one; `KEEL_BENCH_REQUESTS` and `KEEL_BENCH_CONCURRENCY` change the
 /// defaults of 10,000 and 32.
