@@ -1,5 +1,7 @@
 //! The experiments E1-E6 of `shared/RELIABILITY-MODEL.md` as built-in simulation presets: one
-//! [`Experiment`] per id, each a list of [`Scenario`] rows (`keel simulate --preset e2`).
+//! [`Experiment`] per id, each a list of [`Scenario`] rows (`keel simulate --preset e2`); and
+//! the tail-latency experiments E8 (`--preset tail`: latency under load on servers that queue)
+//! and E9 (`--preset reaction`: how fast calls move off a server that slows down, and back).
 //!
 //! Sizes are chosen so that every row's 95 % interval is at most about ±0.005 wide and
 //! `keel simulate --preset seed` (all six) finishes in well under a minute on two cores.
@@ -11,12 +13,16 @@ use keel_balance::{
 };
 
 use crate::sim::{
-    ClusterConfig, FailedPosition, FailureMode, HealthCheckConfig, LatencyConfig, LatencyDist,
-    Load, Placement, RetryConfig, Scenario,
+    AntagonistConfig, CapacityConfig, ClusterConfig, Discipline, FailedPosition, FailureMode,
+    HealthCheckConfig, HedgeConfig, HedgeDelay, LatencyConfig, LatencyDist, Load, Placement,
+    RetryConfig, Scenario, SlowdownConfig,
 };
 
-/// The experiment ids, in order.
+/// The reliability experiments' ids, in order (what `--preset seed` runs).
 pub const IDS: [&str; 6] = ["e1", "e2", "e3", "e4", "e5", "e6"];
+
+/// The tail-latency experiments' preset names (`e8` and `e9` are accepted too).
+pub const TAIL_IDS: [&str; 2] = ["tail", "reaction"];
 
 /// One experiment: an id, what it shows, and its rows.
 #[derive(Debug, Clone)]
@@ -56,7 +62,8 @@ impl Experiment {
     }
 }
 
-/// The experiment with this id (`e1` ... `e6`, case-insensitive).
+/// The experiment with this id (`e1` ... `e6`, `tail` or `e8`, `reaction` or `e9`;
+/// case-insensitive).
 pub fn preset(id: &str) -> Option<Experiment> {
     match id.to_ascii_lowercase().as_str() {
         "e1" => Some(e1()),
@@ -65,6 +72,8 @@ pub fn preset(id: &str) -> Option<Experiment> {
         "e4" => Some(e4()),
         "e5" => Some(e5()),
         "e6" => Some(e6()),
+        "tail" | "e8" => Some(tail()),
+        "reaction" | "e9" => Some(reaction()),
         _ => None,
     }
 }
@@ -456,6 +465,202 @@ pub fn e6() -> Experiment {
     Experiment {
         id: "e6",
         title: "E1-E5 failure modes with protections (outlier ejection, retries within a budget)",
+        rows,
+    }
+}
+
+/// Mean service time of the tail-latency experiments' servers.
+const TAIL_SERVICE: Duration = Duration::from_millis(10);
+
+/// E8's cluster: 40 servers that each serve one call at a time (FIFO, exponential 10 ms); 4 of
+/// them 3x slower for good, and 4 more (a new random draw every 5 s) slowed 3x by antagonists.
+fn tail_cluster(strategy: StrategyKind) -> ClusterConfig {
+    ClusterConfig {
+        name: "backend".into(),
+        servers: 40,
+        failed: 4,
+        failure: FailureMode::Slow { factor: 3.0 },
+        latency: LatencyConfig {
+            dist: LatencyDist::Exponential,
+            mean: TAIL_SERVICE,
+            sigma: 0.5,
+        },
+        capacity: Some(CapacityConfig {
+            concurrency: 1,
+            discipline: Discipline::Fifo,
+        }),
+        antagonist: Some(AntagonistConfig {
+            servers: 4,
+            factor: 3.0,
+            period: Duration::from_secs(5),
+        }),
+        balancer: BalancerConfig::new(strategy),
+        ..ClusterConfig::default()
+    }
+}
+
+/// One E8 row: `strategy` at `load` (offered work / capacity), client-side (100 clients, each
+/// with its own balancer) or server-side (one balancer for all), hedged or not.
+fn tail_row(strategy: StrategyKind, load: f64, client_side: bool, hedge: bool) -> Scenario {
+    let clients = 100;
+    let mut sc = Scenario {
+        name: "e8".into(),
+        seed: 1,
+        replications: 4,
+        requests: 150_000,
+        // The queues start empty; hedging reads its p95 from the latencies seen.
+        warmup: Duration::from_secs(10),
+        // A caller's patience: 200 service times. Past it, the call fails and its queued work
+        // is dropped (strategies that overload a slow server hit it).
+        timeout: Duration::from_secs(2),
+        placement: if client_side {
+            Placement::ClientSide
+        } else {
+            Placement::ServerSide
+        },
+        load: Load::Open { rate: 1.0, clients },
+        hedge: hedge.then_some(HedgeConfig {
+            delay: HedgeDelay::Quantile(0.95),
+            max: 1,
+            budget_percent: 5.0,
+        }),
+        clusters: vec![tail_cluster(strategy)],
+        ..Scenario::default()
+    };
+    let at_unit_rate = sc
+        .offered_load()
+        .expect("open loop into servers with a capacity");
+    sc.load = Load::Open {
+        rate: load / at_unit_rate,
+        clients,
+    };
+    let placement = if client_side {
+        "client-side x100"
+    } else {
+        "server-side"
+    };
+    sc.label = format!("load {load:.2}, {placement}");
+    sc
+}
+
+/// The offered loads of E8, as fractions of capacity.
+pub const TAIL_LOADS: [f64; 5] = [0.5, 0.7, 0.8, 0.9, 0.95];
+
+/// E8 tail: latency under load on heterogeneous servers that queue (see `tail_cluster`), for
+/// the strategies a client can run on its own (random, the source's advice for clients;
+/// round-robin; least-connections; least-request; peak-EWMA), with hedging (delay p95, budget
+/// 5 %) on top of some, and server-side balancers (one balancer that sees every call) for
+/// reference. Offered load 0.5 to 0.95 of capacity; Poisson arrivals spread over 100 clients.
+pub fn tail() -> Experiment {
+    use StrategyKind::*;
+    let mut rows = Vec::new();
+    for load in TAIL_LOADS {
+        for s in [Random, RoundRobin, LeastConnections, LeastRequest, PeakEwma] {
+            rows.push(tail_row(s, load, true, false));
+        }
+        for s in [Random, LeastRequest, PeakEwma] {
+            rows.push(tail_row(s, load, true, true));
+        }
+        for s in [LeastConnections, LeastRequest, PeakEwma] {
+            rows.push(tail_row(s, load, false, false));
+        }
+    }
+    Experiment {
+        id: "e8",
+        title: "tail latency on 40 queueing servers (4 at 1/3 speed, 4 antagonised), load 0.5-0.95",
+        rows,
+    }
+}
+
+/// One E9 row: 10 servers of 8 workers each (FIFO, exponential 10 ms) at half load, behind one
+/// balancer or 100 clients' own; the first server works 5x slower from 10 s to 25 s.
+fn reaction_row(strategy: StrategyKind, decay: Option<Duration>, client_side: bool) -> Scenario {
+    let mut balancer = BalancerConfig::new(strategy);
+    if let Some(d) = decay {
+        balancer.options.decay = d;
+    }
+    let mut sc = Scenario {
+        name: "e9".into(),
+        seed: 1,
+        replications: 4,
+        warmup: Duration::from_secs(2),
+        timeout: Duration::from_secs(2),
+        placement: if client_side {
+            Placement::ClientSide
+        } else {
+            Placement::ServerSide
+        },
+        load: Load::Open {
+            rate: 1.0,
+            clients: 100,
+        },
+        clusters: vec![ClusterConfig {
+            name: "backend".into(),
+            servers: 10,
+            latency: LatencyConfig {
+                dist: LatencyDist::Exponential,
+                mean: TAIL_SERVICE,
+                sigma: 0.5,
+            },
+            capacity: Some(CapacityConfig {
+                concurrency: 8,
+                discipline: Discipline::Fifo,
+            }),
+            slowdown: Some(SlowdownConfig {
+                servers: 1,
+                factor: 5.0,
+                start: Duration::from_secs(10),
+                end: Duration::from_secs(25),
+            }),
+            balancer,
+            ..ClusterConfig::default()
+        }],
+        ..Scenario::default()
+    };
+    let rate = 0.5
+        / sc.offered_load()
+            .expect("open loop into servers with a capacity");
+    sc.load = Load::Open { rate, clients: 100 };
+    // Measure until 40 s: 38 s after the warm-up.
+    sc.requests = (rate * 38.0) as u64;
+    let placement = if client_side {
+        "client-side x100"
+    } else {
+        "server-side"
+    };
+    sc.label = match decay {
+        Some(d) => format!(
+            "{placement}, decay {}",
+            humantime_serde::re::humantime::format_duration(d)
+        ),
+        None => placement.into(),
+    };
+    sc
+}
+
+/// E9 reaction: one of 10 servers steps up to 5x its service time at 10 s and back at 25 s;
+/// how long until its share of calls is below half its fair share, and back. Least-time (the
+/// source's minimum average response time) at decays of 1 s, 10 s (keel's default) and 60 s,
+/// peak-EWMA, least-request, and round-robin as the reference that does not react; behind one
+/// balancer (server-side) and behind 100 clients' own (client-side).
+pub fn reaction() -> Experiment {
+    use StrategyKind::*;
+    let mut rows = Vec::new();
+    for client_side in [false, true] {
+        rows.push(reaction_row(RoundRobin, None, client_side));
+        for d in [1u64, 10, 60] {
+            rows.push(reaction_row(
+                LeastTime,
+                Some(Duration::from_secs(d)),
+                client_side,
+            ));
+        }
+        rows.push(reaction_row(PeakEwma, None, client_side));
+        rows.push(reaction_row(LeastRequest, None, client_side));
+    }
+    Experiment {
+        id: "e9",
+        title: "reaction: one of 10 servers 5x slower from 10 s to 25 s, half load",
         rows,
     }
 }

@@ -109,7 +109,7 @@ fn bad_input_exits_with_code_2() {
     let bad = dir.join("bad.toml");
     std::fs::write(&bad, "requests = 10\n[load]\nkind = \"closed\"\nclients = 1\n[[clusters]]\nservers = 2\nfailed = 3\n").unwrap();
     let cases: [(&[&str], &str); 5] = [
-        (&["simulate", "--preset", "e9"], "unknown preset"),
+        (&["simulate", "--preset", "e7"], "unknown preset"),
         (&["simulate"], "--preset"),
         (
             &["simulate", "--preset", "e1", "--replications", "0"],
@@ -127,5 +127,66 @@ fn bad_input_exits_with_code_2() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(needle), "{args:?}: {err}");
     }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A scenario with servers that queue, antagonists and hedging: the E8 fields in the JSON, the
+/// latency columns in the table, and the charts with --plot.
+#[test]
+fn queueing_scenario_reports_latency_and_plots() {
+    let dir = std::env::temp_dir().join(format!("keel-sim-tail-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("tail.toml");
+    std::fs::write(
+        &file,
+        "name = \"tail\"\nrequests = 20000\nreplications = 2\nwarmup = \"2s\"\n\
+         placement = \"client-side\"\n\
+         [load]\nkind = \"open\"\nrate = 1500.0\nclients = 10\n\
+         [hedge]\ndelay = \"p95\"\n\
+         [[clusters]]\nservers = 20\nlatency = { dist = \"exponential\", mean = \"10ms\" }\n\
+         capacity = { concurrency = 1 }\n\
+         antagonist = { servers = 2, factor = 3.0, period = \"2s\" }\n\
+         [clusters.balancer]\nstrategy = \"least-request\"\n",
+    )
+    .unwrap();
+    let f = file.to_str().unwrap();
+    let charts = dir.join("charts");
+    let out = keel(&[
+        "simulate",
+        "--scenario",
+        f,
+        "--json",
+        "--plot",
+        charts.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = &v["results"][0];
+    assert_eq!(r["strategy"], "least-request");
+    assert_eq!(r["placement"], "client-side");
+    assert_eq!(r["protections"], "hedge");
+    // 1500/s of 10 ms calls on 20 servers, 2 of them at a third of their speed on average.
+    let load = r["load"].as_f64().unwrap();
+    let capacity = 100.0 * (20.0 - 2.0 + 2.0 / 3.0);
+    assert!((load - 1500.0 / capacity).abs() < 1e-9, "{load}");
+    for q in ["mean", "p50", "p99", "p999"] {
+        assert!(r["latency_ms"][q].as_f64().unwrap() > 0.0, "{q}");
+    }
+    let extra = r["extra_calls"].as_f64().unwrap();
+    assert!(extra > 0.0 && extra <= 0.0505, "{extra}");
+    assert!(r["hedges"].as_u64().unwrap() >= r["hedges_won"].as_u64().unwrap());
+    for chart in ["tail_cdf_load_0.80.svg", "tail_p99_load.svg"] {
+        let svg = std::fs::read_to_string(charts.join(chart)).unwrap();
+        assert!(svg.contains("client least-request + hedge"), "{chart}");
+    }
+    let table = String::from_utf8(keel(&["simulate", "--scenario", f]).stdout).unwrap();
+    assert!(
+        table.contains("p99.9 ms") && table.contains("extra%"),
+        "{table}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }

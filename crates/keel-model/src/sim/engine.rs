@@ -324,7 +324,6 @@ pub fn run_replication(
         live: 0,
         measured_started: 0,
         arrivals_open: false,
-        arrivals: 0,
         stats: RepStats {
             focus_picks: vec![0; sc.clusters[focus].servers as usize],
             ..RepStats::default()
@@ -371,7 +370,6 @@ struct Sim<'a> {
     live: u64,
     measured_started: u64,
     arrivals_open: bool,
-    arrivals: u64,
     stats: RepStats,
     progress: &'a (dyn Fn(u64) + Sync),
     unreported: u64,
@@ -467,8 +465,14 @@ impl Sim<'_> {
         let Load::Open { rate, clients } = self.sc.load else {
             unreachable!("arrivals only in open loops")
         };
-        let client = (self.arrivals % u64::from(clients)) as u32;
-        self.arrivals += 1;
+        // Each arrival goes to a client drawn at random, so that every client's requests are
+        // a Poisson stream of their own (dealing arrivals out in turn would make them as
+        // regular as clockwork, and lock clients' round-robin counters together).
+        let client = if clients == 1 {
+            0
+        } else {
+            self.rng.gen_range(0..clients)
+        };
         let s = match self.free.pop() {
             Some(s) => {
                 self.slots[s as usize].client = client;

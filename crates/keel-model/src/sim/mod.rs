@@ -121,6 +121,9 @@ pub struct SimResult {
     pub calls_simulated: u64,
 }
 
+/// How long a share must stay across a threshold to count as having crossed it (E9).
+pub const REACTION_HOLD: Duration = Duration::from_secs(1);
+
 /// Request latency statistics, in milliseconds. Quantiles come from a log-linear histogram and
 /// are within 0.4 % of the exact order statistic; the mean is exact.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
@@ -149,8 +152,9 @@ impl LatencySummary {
 
 /// How the balancers moved calls off servers that slowed down for a while and back on when they
 /// recovered (experiment E9). Shares are pooled over replications, per [`REACTION_BIN`] of
-/// virtual time; times are measured to the end of the first bin that crosses the threshold, so
-/// they are upper bounds at that resolution.
+/// virtual time. A threshold counts as crossed at the first bin after which the share stays
+/// across it for [`REACTION_HOLD`] (so that a strategy whose share swings does not cross by
+/// chance); times run to the end of that bin, upper bounds at the bins' resolution.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Reaction {
     /// The slowed servers' fair share of calls (slowed / servers).
@@ -161,11 +165,11 @@ pub struct Reaction {
     pub share_during: f64,
     /// Their share from the step down to the end of the run.
     pub share_after: f64,
-    /// Time from the step up until their share of a bin fell below half the fair share;
-    /// `None`: it never did.
+    /// Time from the step up until their share fell below half the fair share, to stay below
+    /// for [`REACTION_HOLD`]; `None`: it never did while they were slow.
     pub down_ms: Option<f64>,
-    /// Time from the step down until their share of a bin was back to half the fair share or
-    /// more; `None`: not within the run (or it never fell).
+    /// Time from the step down until their share was back to half the fair share or more, to
+    /// stay there for [`REACTION_HOLD`]; `None`: not within the run (or it never fell).
     pub back_ms: Option<f64>,
     /// `(seconds, share)` per bin, for charts.
     #[serde(skip)]
@@ -385,15 +389,15 @@ fn reaction(s: &Scenario, reps: &[RepStats]) -> Option<Reaction> {
         a as f64 / n.max(1) as f64
     };
     let bin_share = |p: &[u64; 2]| p[0] as f64 / p[1].max(1) as f64;
+    // The first bin from `from` on after which the share stays on the far side of half the
+    // fair share for `REACTION_HOLD` (or to the end of the run), as a time since `from`.
+    let hold = (REACTION_HOLD.as_nanos() as u64 / bin_ns).max(1) as usize;
     let first = |from: u64, below: bool| {
-        pooled.iter().enumerate().find_map(|(i, p)| {
+        let crossed = |p: &[u64; 2]| p[1] > 0 && (bin_share(p) < fair / 2.0) == below;
+        (0..pooled.len()).find_map(|i| {
             let t = i as u64 * bin_ns;
-            let crossed = if below {
-                bin_share(p) < fair / 2.0
-            } else {
-                bin_share(p) >= fair / 2.0
-            };
-            (t >= from && p[1] > 0 && crossed).then(|| (t + bin_ns - from) as f64 / 1e6)
+            let run = &pooled[i..(i + hold).min(pooled.len())];
+            (t >= from && run.iter().all(crossed)).then(|| (t + bin_ns - from) as f64 / 1e6)
         })
     };
     let down_ms = first(start, true).filter(|&d| (d * 1e6) as u64 + start <= end);

@@ -131,8 +131,9 @@ pub enum Load {
         #[serde(default, with = "humantime_serde")]
         think_time: Duration,
     },
-    /// Poisson arrivals at `rate` requests per second, spread round-robin over `clients`
-    /// (which matters only client-side: each client has its own balancers).
+    /// Poisson arrivals at `rate` requests per second, each from a client drawn at random among
+    /// `clients` (so each client sends a Poisson stream of its own; this matters only
+    /// client-side, where each client has its own balancers).
     Open {
         /// Requests per second of virtual time.
         rate: f64,

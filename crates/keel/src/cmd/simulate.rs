@@ -2,10 +2,11 @@
 //! the built-in experiments E1-E6 (`keel_model::presets`).
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use keel_model::plot::{self, ChartSpec, Series, Style};
 use keel_model::presets::{self, Experiment};
 use keel_model::sim::{self, BatchReport, Scenario, SimResult};
 use serde::Serialize;
@@ -34,7 +35,8 @@ pub struct Args {
     /// A scenario file (TOML; see scenarios/*.toml for documented examples).
     #[arg(long, value_name = "FILE", conflicts_with = "preset")]
     pub scenario: Option<PathBuf>,
-    /// A built-in experiment: e1, e2, e3, e4, e5, e6, or `seed` for all of them.
+    /// A built-in experiment: e1, e2, e3, e4, e5, e6, or `seed` for all six; `tail` (E8) or
+    /// `reaction` (E9).
     #[arg(long, value_name = "ID")]
     pub preset: Option<String>,
     /// Seed of every random choice (overrides the scenario's); same seed, same results.
@@ -49,6 +51,11 @@ pub struct Args {
     /// Machine-readable output (see below).
     #[arg(long)]
     pub json: bool,
+    /// Also write SVG charts into this directory: for `tail`, latency distributions per
+    /// strategy at each load and p99 against load; for `reaction`, the slowed server's share
+    /// of calls over time.
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<PathBuf>,
 }
 
 /// How `ci95` is computed, stated in every JSON report.
@@ -99,12 +106,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Some(e) => vec![e],
             None => {
                 return usage(format!(
-                    "unknown preset `{id}`; allowed: {}, seed",
-                    presets::IDS.join(", ")
+                    "unknown preset `{id}`; allowed: {}, seed, {}",
+                    presets::IDS.join(", "),
+                    presets::TAIL_IDS.join(", ")
                 ))
             }
         },
-        _ => return usage("give either --scenario FILE or --preset ID (e1..e6, seed)"),
+        _ => {
+            return usage(
+                "give either --scenario FILE or --preset ID (e1..e6, seed, tail, reaction)",
+            )
+        }
     };
     let experiments: Vec<Experiment> = experiments
         .into_iter()
@@ -138,6 +150,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             exp.id
         };
         bar.suspend(|| print_report(id, exp.title, &report, args.json))?;
+        if let Some(dir) = &args.plot {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            for path in write_charts(dir, &report.results)? {
+                bar.suspend(|| eprintln!("wrote {}", path.display()));
+            }
+        }
     }
     bar.finish_and_clear();
     Ok(())
@@ -301,4 +319,140 @@ fn print_reaction_table(results: &[SimResult]) {
             r.latency_ms.p99,
         );
     }
+}
+
+/// A row's name in a chart's legend: placement, strategy, hedging.
+fn legend(r: &SimResult) -> String {
+    let placement = if r.placement == "client-side" {
+        "client"
+    } else {
+        "server"
+    };
+    let hedge = if r.protections.contains("hedge") {
+        " + hedge"
+    } else {
+        ""
+    };
+    format!("{placement} {}{hedge}", r.strategy)
+}
+
+/// Line style by placement and hedging, so that colours can stay with strategies.
+fn style(r: &SimResult) -> Style {
+    if r.protections.contains("hedge") {
+        Style::Dashed
+    } else if r.placement == "server-side" {
+        Style::Dotted
+    } else {
+        Style::Line
+    }
+}
+
+/// A stable colour per strategy.
+fn strategy_color(strategy: &str) -> (u8, u8, u8) {
+    let i = keel_balance::StrategyKind::ALL
+        .iter()
+        .position(|k| k.name() == strategy)
+        .unwrap_or(keel_balance::StrategyKind::ALL.len());
+    plot::palette(i)
+}
+
+/// The charts of an E8- or E9-shaped result set; returns the files written (none for others).
+fn write_charts(dir: &Path, results: &[SimResult]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut written = Vec::new();
+    if results.iter().any(|r| r.reaction.is_some()) {
+        for placement in ["server-side", "client-side"] {
+            let series: Vec<Series> = results
+                .iter()
+                .filter(|r| r.placement == placement)
+                .filter_map(|r| {
+                    let x = r.reaction.as_ref()?;
+                    let label = match r.label.split_once("decay ") {
+                        Some((_, d)) => format!("{}, decay {d}", r.strategy),
+                        None => r.strategy.clone(),
+                    };
+                    Some(Series::line(label, x.series.clone()))
+                })
+                .collect();
+            if series.is_empty() {
+                continue;
+            }
+            let spec = ChartSpec::new(
+                format!("E9: the slowed server's share of calls ({placement})"),
+                "time (s); the server is 5x slower from 10 s to 25 s",
+                "share of calls (fair share 0.1)",
+            )
+            .y_range(0.0, 0.3);
+            let path = dir.join(format!("reaction_{placement}.svg"));
+            plot::write_svg(&path, &spec, &series)?;
+            written.push(path);
+        }
+        return Ok(written);
+    }
+    let mut loads: Vec<f64> = results.iter().filter_map(|r| r.load).collect();
+    if loads.is_empty() {
+        return Ok(written);
+    }
+    loads.sort_by(f64::total_cmp);
+    loads.dedup_by(|a, b| (*a - *b).abs() < 1e-9);
+    // Latency distributions at each load, on a scale of nines: y = -log10(1 - F), so that p90,
+    // p99 and p99.9 sit at 1, 2 and 3.
+    for &load in &loads {
+        let rows: Vec<&SimResult> = results
+            .iter()
+            .filter(|r| r.load.is_some_and(|l| (l - load).abs() < 1e-9))
+            .collect();
+        let x_max = rows.iter().map(|r| r.latency_ms.p999).fold(0.0, f64::max) * 1.05;
+        let series: Vec<Series> = rows
+            .iter()
+            .map(|r| {
+                let points = (0..=165)
+                    .filter_map(|i| {
+                        let nines = f64::from(i) * 0.02;
+                        let f = 1.0 - 10f64.powf(-nines);
+                        let (ms, _) = r.latency_cdf.iter().find(|(_, c)| *c >= f)?;
+                        Some((*ms, nines))
+                    })
+                    .collect();
+                Series::new(legend(r), points, style(r)).with_color(strategy_color(&r.strategy))
+            })
+            .collect();
+        let spec = ChartSpec::new(
+            format!("E8: request latency at load {load:.2}"),
+            "latency (ms)",
+            "nines: -log10(1 - F); 2 = p99, 3 = p99.9",
+        )
+        .x_range(0.0, x_max)
+        .y_range(0.0, 3.3);
+        let path = dir.join(format!("tail_cdf_load_{load:.2}.svg"));
+        plot::write_svg(&path, &spec, &series)?;
+        written.push(path);
+    }
+    // p99 against load, one line per (placement, strategy, hedging).
+    let mut keys: Vec<String> = Vec::new();
+    for r in results {
+        if r.load.is_some() && !keys.contains(&legend(r)) {
+            keys.push(legend(r));
+        }
+    }
+    let series: Vec<Series> = keys
+        .iter()
+        .map(|k| {
+            let rows: Vec<&SimResult> = results.iter().filter(|r| &legend(r) == k).collect();
+            let points = rows
+                .iter()
+                .filter_map(|r| Some((r.load?, r.latency_ms.p99)))
+                .collect();
+            Series::new(k.clone(), points, style(rows[0]))
+                .with_color(strategy_color(&rows[0].strategy))
+        })
+        .collect();
+    let spec = ChartSpec::new(
+        "E8: p99 latency against offered load",
+        "offered load (fraction of capacity)",
+        "p99 latency (ms)",
+    );
+    let path = dir.join("tail_p99_load.svg");
+    plot::write_svg(&path, &spec, &series)?;
+    written.push(path);
+    Ok(written)
 }
