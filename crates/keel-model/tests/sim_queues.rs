@@ -54,9 +54,24 @@ fn queues(
     }
 }
 
+/// Runs a scenario and prints what it measured (`-- --nocapture` shows the numbers that
+/// docs/tail-latency.md quotes).
 fn run(sc: &Scenario) -> SimResult {
     let r = sim::run(sc).expect("valid scenario");
     assert_eq!(r.success, 1.0, "nothing times out");
+    let c = &sc.clusters[0];
+    eprintln!(
+        "{} x{} {:?} {:?} load {:.3}: latency_ms {:?}, hedges {} won {} of {} requests",
+        c.balancer.strategy,
+        c.servers,
+        c.latency.dist,
+        c.capacity.as_ref().map(|k| (k.concurrency, k.discipline)),
+        r.load.unwrap_or(f64::NAN),
+        r.latency_ms,
+        r.hedges,
+        r.hedges_won,
+        r.requests
+    );
     r
 }
 
