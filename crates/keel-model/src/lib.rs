@@ -1,10 +1,18 @@
 //! # keel-model
 //!
-//! The reliability model of `shared/RELIABILITY-MODEL.md`: closed forms ([`analytic`]), a
-//! discrete-event simulator on a virtual clock that drives keel-balance's own balancers
-//! ([`sim`]), and SVG charts ([`plot`]).
+//! keel's reliability model: what share of requests succeeds when some servers of a cluster
+//! have failed, depending on how the balancer picks (docs/reliability.md states the model). It
+//! holds the closed forms ([`analytic`]), a discrete-event simulator on a virtual clock that
+//! drives keel-balance's own balancers ([`sim`]), the experiments as presets ([`presets`]),
+//! confidence intervals ([`stats`]), SVG charts ([`plot`]), and the vocabulary every experiment
+//! is written in ([`vocab`]: latency distributions and failure modes), which the testbed's
+//! backend and the lab use too.
 
 pub mod analytic;
 pub mod plot;
 pub mod presets;
 pub mod sim;
+pub mod stats;
+pub mod vocab;
+
+pub use vocab::{FailureMode, Latency, LatencyDist};

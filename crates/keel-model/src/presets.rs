@@ -1,7 +1,8 @@
-//! The experiments E1-E6 of `shared/RELIABILITY-MODEL.md` as built-in simulation presets: one
-//! [`Experiment`] per id, each a list of [`Scenario`] rows (`keel simulate --preset e2`); and
-//! the tail-latency experiments E8 (`--preset tail`: latency under load on servers that queue)
-//! and E9 (`--preset reaction`: how fast calls move off a server that slows down, and back).
+//! The experiments E1-E6 of the reliability model (docs/reliability.md) as built-in simulation
+//! presets: one [`Experiment`] per id, each a list of [`Scenario`] rows
+//! (`keel simulate --preset e2`); and the tail-latency experiments E8 (`--preset tail`: latency
+//! under load on servers that queue) and E9 (`--preset reaction`: how fast calls move off a
+//! server that slows down, and back).
 //!
 //! Sizes are chosen so that every row's 95 % interval is at most about ±0.005 wide and
 //! `keel simulate --preset seed` (all six) finishes in well under a minute on two cores.
@@ -13,10 +14,10 @@ use keel_balance::{
 };
 
 use crate::sim::{
-    AntagonistConfig, CapacityConfig, ClusterConfig, Discipline, FailedPosition, FailureMode,
-    HealthCheckConfig, HedgeConfig, HedgeDelay, LatencyConfig, LatencyDist, Load, Placement,
-    RetryConfig, Scenario, SlowdownConfig,
+    AntagonistConfig, CapacityConfig, ClusterConfig, Discipline, FailedPosition, HealthCheckConfig,
+    HedgeConfig, HedgeDelay, Load, Placement, RetryConfig, Scenario, SlowdownConfig,
 };
+use crate::vocab::{FailureMode, Latency, LatencyDist, DEFAULT_SIGMA};
 
 /// The reliability experiments' ids, in order (what `--preset seed` runs).
 pub const IDS: [&str; 6] = ["e1", "e2", "e3", "e4", "e5", "e6"];
@@ -103,7 +104,7 @@ fn cluster(
         servers: m,
         failed,
         failed_position: FailedPosition::Last,
-        latency: LatencyConfig::default(),
+        latency: Latency::default(),
         failure,
         balancer: BalancerConfig::new(strategy),
         ..ClusterConfig::default()
@@ -126,6 +127,7 @@ fn scenario(
         requests,
         warmup: Duration::from_secs(2),
         timeout: Duration::from_secs(1),
+        round_trip: Duration::ZERO,
         abort_on_failure: true,
         call_gap: Duration::ZERO,
         placement: Placement::ServerSide,
@@ -312,7 +314,7 @@ pub fn e5() -> Experiment {
                 (TieBreak::LowestIndex, FailedPosition::First),
                 (TieBreak::LowestIndex, FailedPosition::Last),
             ] {
-                let mut c = cluster(StrategyKind::LeastConnections, 5, 1, 3, mode.clone());
+                let mut c = cluster(StrategyKind::LeastConnections, 5, 1, 3, *mode);
                 c.balancer.options.tie_break = tie;
                 c.failed_position = position;
                 let tie_name = match tie {
@@ -425,10 +427,12 @@ pub fn e6() -> Experiment {
             ),
         ];
         for (strategy, placement, tie, from) in setups {
-            let mut c = cluster(strategy, 5, 1, 3, mode.clone());
+            let mut c = cluster(strategy, 5, 1, 3, *mode);
             c.balancer.options.tie_break = tie;
             if matches!(mode, FailureMode::Slow { .. }) {
-                c.latency.dist = LatencyDist::Lognormal;
+                c.latency.dist = LatencyDist::LogNormal {
+                    sigma: DEFAULT_SIGMA,
+                };
             }
             let mut label = format!("{from}: {mode_label}");
             if placement == Placement::ClientSide {
@@ -451,7 +455,7 @@ pub fn e6() -> Experiment {
     // Active health checks on top, where they matter: a server down for long (hang) or often
     // (flap).
     for (mode, mode_label) in [&modes[0], &modes[4]] {
-        let c = cluster(StrategyKind::RoundRobin, 5, 1, 3, mode.clone());
+        let c = cluster(StrategyKind::RoundRobin, 5, 1, 3, *mode);
         let mut sc = scenario("e6", format!("E1: {mode_label}"), c, 40, 150_000, 4);
         sc.warmup = Duration::ZERO;
         protect(&mut sc);
@@ -480,10 +484,9 @@ fn tail_cluster(strategy: StrategyKind) -> ClusterConfig {
         servers: 40,
         failed: 4,
         failure: FailureMode::Slow { factor: 3.0 },
-        latency: LatencyConfig {
+        latency: Latency {
             dist: LatencyDist::Exponential,
             mean: TAIL_SERVICE,
-            sigma: 0.5,
         },
         capacity: Some(CapacityConfig {
             concurrency: 1,
@@ -597,10 +600,9 @@ fn reaction_row(strategy: StrategyKind, decay: Option<Duration>, client_side: bo
         clusters: vec![ClusterConfig {
             name: "backend".into(),
             servers: 10,
-            latency: LatencyConfig {
+            latency: Latency {
                 dist: LatencyDist::Exponential,
                 mean: TAIL_SERVICE,
-                sigma: 0.5,
             },
             capacity: Some(CapacityConfig {
                 concurrency: 8,

@@ -10,8 +10,9 @@ use std::time::Duration;
 use keel_balance::{BalancerConfig, StrategyKind};
 use keel_model::sim::{
     self, AntagonistConfig, CapacityConfig, ClusterConfig, Discipline, HedgeConfig, HedgeDelay,
-    LatencyConfig, LatencyDist, Load, Scenario, SimResult,
+    Load, Scenario, SimResult,
 };
+use keel_model::{Latency, LatencyDist};
 
 const S_MS: f64 = 10.0;
 
@@ -38,10 +39,9 @@ fn queues(
         },
         clusters: vec![ClusterConfig {
             servers,
-            latency: LatencyConfig {
+            latency: Latency {
                 dist,
                 mean: Duration::from_millis(S_MS as u64),
-                sigma: 0.5,
             },
             capacity: Some(CapacityConfig {
                 concurrency: 1,

@@ -21,8 +21,9 @@ use hyper::client::conn::http1;
 use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use keel_balance::StrategyKind;
+use keel_model::{FailureMode, Latency, LatencyDist};
 use keel_proxy::{ProxyConfig, ProxyHandle};
-use keel_testbed::backend::{self, BackendConfig, BackendHandle, Fault};
+use keel_testbed::backend::{self, BackendConfig, BackendHandle};
 
 /// The schedule used unless `KEEL_CHAOS_SEED` says otherwise.
 const DEFAULT_SEED: u64 = 0x6b65_656c_c4a0_5001;
@@ -142,8 +143,10 @@ fn backend_config() -> BackendConfig {
     // compares with the proxy's `x-keel-endpoint`.
     BackendConfig {
         // Exponential, mean 2 ms: a kill usually finds requests in flight.
-        latency: Duration::from_millis(2),
-        latency_dist: backend::LatencyDist::Exponential,
+        latency: Latency {
+            mean: Duration::from_millis(2),
+            dist: LatencyDist::Exponential,
+        },
         body_bytes: BODY_BYTES,
         ..BackendConfig::default()
     }
@@ -503,10 +506,10 @@ impl Chaos {
                 }
                 6..=8 => {
                     let (state, fault, name) = match self.rng.below(4) {
-                        0 => (State::Hang, Fault::Hang, "hang"),
-                        1 => (State::Error, Fault::Error, "error"),
-                        2 => (State::Reset, Fault::Reset, "reset"),
-                        _ => (State::Slow, Fault::Slow { factor: 20.0 }, "slow"),
+                        0 => (State::Hang, FailureMode::Hang, "hang"),
+                        1 => (State::Error, FailureMode::FAIL_AT_ONCE, "error"),
+                        2 => (State::Reset, FailureMode::Reset, "reset"),
+                        _ => (State::Slow, FailureMode::Slow { factor: 20.0 }, "slow"),
                     };
                     if state.is_down() && !self.may_take_down() {
                         continue;
@@ -528,7 +531,9 @@ impl Chaos {
                         .backend
                         .as_ref()
                         .expect("a faulty backend runs");
-                    b.apply_fault(Fault::None).await.expect("fault cleared");
+                    b.apply_fault(FailureMode::None)
+                        .await
+                        .expect("fault cleared");
                     let was = self.slots[i].state;
                     self.slots[i].state = State::Up;
                     self.counts.cleared += 1;

@@ -1,27 +1,26 @@
-//! A small HTTP/1.1 server for experiments, demos and tests, with injectable faults.
+//! A small HTTP/1.1 server for experiments, demos and tests, that fails on purpose.
 //!
 //! [`spawn`] binds a listener and answers every path with a body of
-//! [`BackendConfig::body_bytes`] bytes after a sampled latency, with a `x-backend: <name>` header
-//! so that a client can tell which backend answered. `/healthz` answers `ok` the same way but is
-//! never hit by the random error rate (only by the fault), and is counted apart from the other
-//! requests.
+//! [`BackendConfig::body_bytes`] bytes after a latency drawn from [`BackendConfig::latency`],
+//! with a `x-backend: <name>` header so that a client can tell which backend answered.
+//! `/healthz` answers `ok` the same way (and fails the same way) and is counted apart from the
+//! other requests.
 //!
-//! The fault can change while the backend runs ([`BackendHandle::set_fault`]), which is how tests
-//! and the lab kill and restore a server. What each [`Fault`] does:
+//! How it fails is a [`FailureMode`], keel-model's vocabulary, which also says what a caller sees
+//! in each mode; the simulator implements the same modes, so a lab row's measured and simulated
+//! settings are one value. An error is a `503 Service Unavailable`. The mode can change while
+//! the backend runs ([`BackendHandle::set_fault`]), which is how tests and the lab kill and
+//! restore a server:
 //!
-//! | fault | what a client sees |
-//! | --- | --- |
-//! | `None` | 200 after the latency; 503 at once with probability `error_rate` |
-//! | `Refuse` | the listener is closed (connects are refused) and open connections are closed, as if the process died; back to another fault re-binds the same port |
-//! | `Hang` | the request is read and never answered: the connection is held until the fault changes or the backend shuts down, then closed without an answer |
-//! | `Error` | an instant `503 Service Unavailable` |
-//! | `Slow { factor }` | as `None`, with the sampled latency multiplied by `factor` |
-//! | `Reset` | after the latency, the status line, headers (with the full `content-length`) and half of the body, then the TCP connection is reset (`SO_LINGER` 0, RST) |
-//! | `Flap { up, down }` | alternates: `up` as `None`, then `down` as `Error` (instant 503), starting with `up` when the fault is set |
-//!
-//! Flap's down phase answers 503 rather than closing the port so that the phases switch exactly
-//! on time for requests on kept-alive connections too; use `Refuse` toggled by a driver for an
-//! up/down cycle of the port itself.
+//! - `refuse` closes the listener and every open connection, as if the process died; any other
+//!   mode binds the same port again.
+//! - `hang` (and a flap's down phase without `down_fails_after`) reads the request and holds the
+//!   connection without an answer until the mode changes or the backend shuts down.
+//! - `reset` sends the status line, the headers (with the full `content-length`) and half of the
+//!   body, then resets the TCP connection (`SO_LINGER` 0, RST) [`RESET_CUT`] later.
+//! - `flap` starts with its up phase when the mode is set; its down phase answers on kept-alive
+//!   connections too, so the phases switch exactly on time (use `refuse`, toggled by a driver,
+//!   for an up/down cycle of the port itself).
 
 use std::future::Future;
 use std::io;
@@ -39,124 +38,22 @@ use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use keel_balance::{mix64, SharedRng};
+use keel_model::vocab::{FailureMode, Latency, LatencySampler, RESET_CUT};
+use rand::{Rng, RngCore};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
 
 /// The longest latency a distribution may draw: keeps a heavy tail from parking a call forever.
 const MAX_LATENCY: Duration = Duration::from_secs(60);
-/// How long a reset response waits after sending half of its body, so that the client has
-/// received the headers and the partial body before the reset arrives.
-const RESET_PAUSE: Duration = Duration::from_millis(20);
-
-/// What a backend does wrong, on purpose. See the [module docs](self) for what a client sees.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub enum Fault {
-    /// Behave as configured.
-    #[default]
-    None,
-    /// Close the listener and all connections: connects are refused.
-    Refuse,
-    /// Read requests and never answer them.
-    Hang,
-    /// Answer `503` at once.
-    Error,
-    /// Multiply the sampled latency by `factor`.
-    Slow {
-        /// Latency multiplier (> 0).
-        factor: f64,
-    },
-    /// Send headers and half of the body, then reset the TCP connection.
-    Reset,
-    /// Alternate `up` (no fault) and `down` (instant 503) periods, starting with `up`.
-    Flap {
-        /// Length of a healthy period.
-        up: Duration,
-        /// Length of a failing period.
-        down: Duration,
-    },
-}
-
-impl Fault {
-    /// The fault's name as `keel backend --fault` spells it.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Fault::None => "none",
-            Fault::Refuse => "refuse",
-            Fault::Hang => "hang",
-            Fault::Error => "error",
-            Fault::Slow { .. } => "slow",
-            Fault::Reset => "reset",
-            Fault::Flap { .. } => "flap",
-        }
-    }
-
-    /// Every fault name, for help texts and error messages.
-    pub const NAMES: [&'static str; 7] =
-        ["none", "refuse", "hang", "error", "slow", "reset", "flap"];
-}
-
-impl std::fmt::Display for Fault {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Fault::Slow { factor } => write!(f, "slow (x{factor})"),
-            Fault::Flap { up, down } => write!(f, "flap (up {up:?}, down {down:?})"),
-            other => f.write_str(other.name()),
-        }
-    }
-}
-
-/// How the latency of a response is drawn; [`BackendConfig::latency`] is its mean.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub enum LatencyDist {
-    /// Exactly the latency, every time.
-    #[default]
-    Fixed,
-    /// Exponential with the latency as its mean.
-    Exponential,
-    /// Log-normal with the latency as its mean and `sigma` the standard deviation of its log
-    /// (1.0 is a heavy tail: p99 is about 4.5 times the mean).
-    LogNormal {
-        /// Standard deviation of the underlying normal (>= 0).
-        sigma: f64,
-    },
-}
-
-impl LatencyDist {
-    /// Draws one latency of mean `mean` from two independent uniforms in `[0, 1)`.
-    pub fn sample(&self, mean: Duration, u1: f64, u2: f64) -> Duration {
-        let mean_s = mean.as_secs_f64();
-        let secs = match self {
-            LatencyDist::Fixed => mean_s,
-            // 1 - u is in (0, 1], so its log is finite.
-            LatencyDist::Exponential => -mean_s * (1.0 - u1).ln(),
-            LatencyDist::LogNormal { sigma } => {
-                if mean_s <= 0.0 {
-                    0.0
-                } else {
-                    // Box-Muller; mu chosen so that E[exp(mu + sigma z)] = mean.
-                    let z =
-                        (-2.0 * (1.0 - u1).ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
-                    let mu = mean_s.ln() - sigma * sigma / 2.0;
-                    (mu + sigma * z).exp()
-                }
-            }
-        };
-        Duration::from_secs_f64(secs.clamp(0.0, MAX_LATENCY.as_secs_f64()))
-    }
-}
 
 /// How a backend behaves.
 #[derive(Clone, Debug)]
 pub struct BackendConfig {
-    /// Mean response latency (0: answer at once).
-    pub latency: Duration,
-    /// Distribution of the latency around its mean.
-    pub latency_dist: LatencyDist,
-    /// The fault at start; change it later with [`BackendHandle::set_fault`].
-    pub fault: Fault,
-    /// Probability in `[0, 1]` that a request (other than `/healthz`) gets an instant 503.
-    pub error_rate: f64,
+    /// Healthy service time (mean 0: answer at once).
+    pub latency: Latency,
+    /// The failure mode at start; change it later with [`BackendHandle::set_fault`].
+    pub fault: FailureMode,
     /// Size of a 200 response body.
     pub body_bytes: usize,
     /// Value of the `x-backend` header; empty: the bound address.
@@ -164,13 +61,11 @@ pub struct BackendConfig {
 }
 
 impl Default for BackendConfig {
-    /// No latency, no fault, no errors, a 64-byte body, named after its address.
+    /// No latency, no failure, a 64-byte body, named after its address.
     fn default() -> Self {
         Self {
-            latency: Duration::ZERO,
-            latency_dist: LatencyDist::Fixed,
-            fault: Fault::None,
-            error_rate: 0.0,
+            latency: Latency::fixed(Duration::ZERO),
+            fault: FailureMode::None,
             body_bytes: 64,
             name: String::new(),
         }
@@ -180,16 +75,14 @@ impl Default for BackendConfig {
 /// The fault in force and since when (a flap's phases count from there).
 #[derive(Clone, Debug)]
 struct Control {
-    fault: Fault,
+    fault: FailureMode,
     since: Instant,
     shutdown: bool,
 }
 
 /// State shared by the listener task, the connections and the handle.
 struct Shared {
-    latency: Duration,
-    latency_dist: LatencyDist,
-    error_rate: f64,
+    latency: LatencySampler,
     body: Bytes,
     name: HeaderValue,
     error_rng: SharedRng,
@@ -209,14 +102,14 @@ pub struct BackendHandle {
 }
 
 /// Starts a backend on `listen` (port 0: an ephemeral port; see [`BackendHandle::addr`]).
-/// Random draws (error rate, latency) use a seed derived from the backend's name.
+/// Random draws (latency, errors of the `error` mode) use a seed derived from the backend's name.
 pub async fn spawn(listen: SocketAddr, cfg: BackendConfig) -> io::Result<BackendHandle> {
     spawn_inner(listen, cfg, None).await
 }
 
 /// As [`spawn`], with an explicit seed for the random draws. Error draws and latency draws come
-/// from two separate streams, so the number of 503s among the first N requests depends only on
-/// the seed, whatever the order in which concurrent requests arrive.
+/// from two separate streams, so the number of 503s among the first N requests of the `error`
+/// mode depends only on the seed, whatever the order in which concurrent requests arrive.
 pub async fn spawn_with_seed(
     listen: SocketAddr,
     cfg: BackendConfig,
@@ -245,17 +138,15 @@ async fn spawn_inner(
         )
     })?;
     let seed = seed.unwrap_or_else(|| keel_balance::hash_key(name.as_bytes()));
-    let refusing = cfg.fault == Fault::Refuse;
+    let refusing = cfg.fault == FailureMode::Refuse;
     let (control, _) = watch::channel(Control {
-        fault: cfg.fault.clone(),
+        fault: cfg.fault,
         since: Instant::now(),
         shutdown: false,
     });
     let (listening, _) = watch::channel(!refusing);
     let shared = Arc::new(Shared {
-        latency: cfg.latency,
-        latency_dist: cfg.latency_dist,
-        error_rate: cfg.error_rate,
+        latency: cfg.latency.sampler(),
         body: Bytes::from(vec![b'x'; cfg.body_bytes]),
         name: name_header,
         error_rng: SharedRng::new(mix64(seed ^ 0xE77)),
@@ -277,30 +168,12 @@ async fn spawn_inner(
 }
 
 fn validate(cfg: &BackendConfig) -> io::Result<()> {
-    let bad = |msg: String| Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
-    if !(0.0..=1.0).contains(&cfg.error_rate) {
-        return bad(format!("error rate {} is not in [0, 1]", cfg.error_rate));
-    }
-    if let LatencyDist::LogNormal { sigma } = cfg.latency_dist {
-        if !(sigma.is_finite() && sigma >= 0.0) {
-            return bad(format!("log-normal sigma {sigma} must be finite and >= 0"));
-        }
-    }
-    validate_fault(&cfg.fault)
+    cfg.latency.validate().map_err(invalid)?;
+    cfg.fault.validate().map_err(invalid)
 }
 
-fn validate_fault(fault: &Fault) -> io::Result<()> {
-    match fault {
-        Fault::Slow { factor } if !(factor.is_finite() && *factor > 0.0) => Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("slow factor {factor} must be finite and > 0"),
-        )),
-        Fault::Flap { up, down } if up.is_zero() || down.is_zero() => Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "flap periods must both be > 0",
-        )),
-        _ => Ok(()),
-    }
+fn invalid(message: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, message)
 }
 
 /// Binds with `SO_REUSEADDR`, so that a port given up by `Refuse` can be bound again while old
@@ -327,18 +200,19 @@ impl BackendHandle {
         self.shared.name.to_str().unwrap_or("")
     }
 
-    /// The fault in force.
-    pub fn fault(&self) -> Fault {
-        self.shared.control.borrow().fault.clone()
+    /// The failure mode in force.
+    pub fn fault(&self) -> FailureMode {
+        self.shared.control.borrow().fault
     }
 
-    /// Changes the fault now. Responses already being produced keep the fault they started
-    /// with, except that `Refuse` closes every connection and a change away from `Hang` closes
-    /// the hung ones. The listener closes or re-binds asynchronously, within milliseconds; use
-    /// [`BackendHandle::apply_fault`] to wait for it. An invalid fault (a slow factor <= 0, a
-    /// zero flap period) is ignored with a warning.
-    pub fn set_fault(&self, fault: Fault) {
-        if let Err(e) = validate_fault(&fault) {
+    /// Changes the failure mode now. Responses already being produced keep the mode they
+    /// started with, except that `refuse` closes every connection and any change ends the
+    /// connections held by `hang` (or a flap's hanging down phase). The listener closes or
+    /// re-binds asynchronously, within milliseconds; use [`BackendHandle::apply_fault`] to wait
+    /// for it. An invalid mode (a slow factor below 1, a zero flap period) is ignored with a
+    /// warning.
+    pub fn set_fault(&self, fault: FailureMode) {
+        if let Err(e) = fault.validate() {
             tracing::warn!(backend = %self.addr, "ignoring fault: {e}");
             return;
         }
@@ -348,12 +222,12 @@ impl BackendHandle {
         });
     }
 
-    /// Changes the fault and waits until the listener is closed (`Refuse`) or accepting again
-    /// (any other fault). Fails if re-binding the port does not succeed within 5 s (another
-    /// process took it).
-    pub async fn apply_fault(&self, fault: Fault) -> io::Result<()> {
-        validate_fault(&fault)?;
-        let want_listening = fault != Fault::Refuse;
+    /// Changes the failure mode and waits until the listener is closed (`refuse`) or accepting
+    /// again (any other mode). Fails if re-binding the port does not succeed within 5 s
+    /// (another process took it).
+    pub async fn apply_fault(&self, fault: FailureMode) -> io::Result<()> {
+        fault.validate().map_err(invalid)?;
+        let want_listening = fault != FailureMode::Refuse;
         self.set_fault(fault);
         let mut rx = self.shared.listening.subscribe();
         let wait = rx.wait_for(|listening| *listening == want_listening);
@@ -418,7 +292,7 @@ async fn listen_loop(shared: Arc<Shared>, mut listener: Option<TcpListener>, add
     loop {
         let (refuse, shutdown) = {
             let c = rx.borrow_and_update();
-            (c.fault == Fault::Refuse, c.shutdown)
+            (c.fault == FailureMode::Refuse, c.shutdown)
         };
         if shutdown {
             break;
@@ -493,7 +367,7 @@ async fn serve_connection(shared: Arc<Shared>, stream: TcpStream) {
     loop {
         {
             let c = rx.borrow_and_update();
-            if c.shutdown || c.fault == Fault::Refuse {
+            if c.shutdown || c.fault == FailureMode::Refuse {
                 return;
             }
         }
@@ -623,72 +497,102 @@ async fn handle(
     }
     let control = shared.control.borrow().clone();
     let mut factor = 1.0;
+    let mut error = false;
     match control.fault {
-        Fault::None | Fault::Reset => {}
-        Fault::Refuse => {
+        FailureMode::None | FailureMode::Reset => {}
+        FailureMode::Refuse => {
             // Raced with the listener closing: drop the connection like a dead process.
             return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "refusing"));
         }
-        Fault::Hang => {
-            hang(&shared).await;
-            return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "hung"));
+        FailureMode::Hang => return hang(&shared, control.since).await,
+        FailureMode::FailFast { after } => return fail_after(&shared, after, "fail-fast").await,
+        FailureMode::Slow { factor: f } => factor = f,
+        // Drawn before the latency, so that the error stream follows the arrival order.
+        FailureMode::Error { probability } => {
+            error = Draws(&shared.error_rng).gen::<f64>() < probability;
         }
-        Fault::Error => return Ok(unavailable(&shared, "injected error")),
-        Fault::Slow { factor: f } => factor = f,
-        Fault::Flap { up, down } => {
+        FailureMode::Flap {
+            up,
+            down,
+            down_fails_after,
+        } => {
             if !flap_is_up(control.since, Instant::now(), up, down) {
-                return Ok(unavailable(&shared, "flapping (down)"));
+                return match down_fails_after {
+                    None => hang(&shared, control.since).await,
+                    Some(after) => fail_after(&shared, after, "flapping (down)").await,
+                };
             }
         }
     }
-    if !health && shared.error_rate > 0.0 {
-        let u = unit_f64(shared.error_rng.next_u64());
-        if u < shared.error_rate {
-            return Ok(unavailable(&shared, "injected error (error rate)"));
-        }
+    let latency = shared.latency.sample_secs(&mut Draws(&shared.latency_rng));
+    let latency = (latency * factor).min(MAX_LATENCY.as_secs_f64());
+    if latency > 0.0 {
+        tokio::time::sleep(Duration::from_secs_f64(latency)).await;
     }
-    if !shared.latency.is_zero() {
-        let u1 = unit_f64(shared.latency_rng.next_u64());
-        let u2 = unit_f64(shared.latency_rng.next_u64());
-        let latency = shared.latency_dist.sample(shared.latency, u1, u2);
-        let latency = Duration::from_secs_f64(
-            (latency.as_secs_f64() * factor).min(MAX_LATENCY.as_secs_f64()),
-        );
-        tokio::time::sleep(latency).await;
+    if error {
+        return Ok(unavailable(&shared, "error (probability)"));
     }
-    if health {
-        return Ok(respond(
-            &shared,
-            StatusCode::OK,
-            ResponseBody::whole(Bytes::from_static(b"ok\n")),
-        ));
-    }
-    if control.fault == Fault::Reset {
-        let total = shared.body.len().max(2);
+    let whole = if health {
+        Bytes::from_static(b"ok\n")
+    } else {
+        shared.body.clone()
+    };
+    if control.fault == FailureMode::Reset {
+        let total = whole.len().max(2);
         let body = ResponseBody::Reset {
             first: Some(Bytes::from(vec![b'x'; total / 2])),
-            pause: Box::pin(tokio::time::sleep(RESET_PAUSE)),
+            pause: Box::pin(tokio::time::sleep(RESET_CUT)),
             reset,
             total: total as u64,
         };
         return Ok(respond(&shared, StatusCode::OK, body));
     }
-    Ok(respond(
-        &shared,
-        StatusCode::OK,
-        ResponseBody::whole(shared.body.clone()),
-    ))
+    Ok(respond(&shared, StatusCode::OK, ResponseBody::whole(whole)))
 }
 
-/// Waits until the fault is no longer `Hang` or the backend shuts down.
-async fn hang(shared: &Shared) {
+/// A 503 after `after`.
+async fn fail_after(
+    shared: &Shared,
+    after: Duration,
+    why: &str,
+) -> Result<Response<ResponseBody>, io::Error> {
+    if !after.is_zero() {
+        tokio::time::sleep(after).await;
+    }
+    Ok(unavailable(shared, why))
+}
+
+/// Holds a call without an answer until the failure mode set at `since` changes or the backend
+/// shuts down, then drops the connection.
+async fn hang(shared: &Shared, since: Instant) -> Result<Response<ResponseBody>, io::Error> {
     let mut rx = shared.control.subscribe();
-    let _ = rx.wait_for(|c| c.shutdown || c.fault != Fault::Hang).await;
+    let _ = rx.wait_for(|c| c.shutdown || c.since != since).await;
+    Err(io::Error::new(io::ErrorKind::ConnectionAborted, "hung"))
 }
 
-/// A uniform float in `[0, 1)` from 64 random bits.
-fn unit_f64(bits: u64) -> f64 {
-    (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+/// A backend's shared random stream as a `rand` generator, for the vocabulary's samplers.
+struct Draws<'a>(&'a SharedRng);
+
+impl RngCore for Draws<'_> {
+    fn next_u32(&mut self) -> u32 {
+        (self.0.next_u64() >> 32) as u32
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0.next_u64()
+    }
+
+    fn fill_bytes(&mut self, dest: &mut [u8]) {
+        for chunk in dest.chunks_mut(8) {
+            let bytes = self.0.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&bytes[..chunk.len()]);
+        }
+    }
+
+    fn try_fill_bytes(&mut self, dest: &mut [u8]) -> Result<(), rand::Error> {
+        self.fill_bytes(dest);
+        Ok(())
+    }
 }
 
 /// A TCP stream that closes with a reset (RST) instead of a FIN once `reset` is set, which is
@@ -754,45 +658,6 @@ impl AsyncWrite for ResettableStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn latency_distributions_have_the_configured_mean() {
-        let mean = Duration::from_millis(10);
-        let rng = SharedRng::new(42);
-        for dist in [
-            LatencyDist::Fixed,
-            LatencyDist::Exponential,
-            LatencyDist::LogNormal { sigma: 0.5 },
-        ] {
-            let n = 200_000;
-            let total: f64 = (0..n)
-                .map(|_| {
-                    let u1 = unit_f64(rng.next_u64());
-                    let u2 = unit_f64(rng.next_u64());
-                    dist.sample(mean, u1, u2).as_secs_f64()
-                })
-                .sum();
-            let avg = total / n as f64;
-            // Standard error of the mean is at most 10 ms / sqrt(200k) = 22 us; allow 5 sigma.
-            assert!((avg - 0.010).abs() < 0.000_12, "{dist:?}: mean {avg}");
-        }
-    }
-
-    #[test]
-    fn exponential_median_is_mean_ln2() {
-        let mean = Duration::from_millis(10);
-        let rng = SharedRng::new(7);
-        let mut v: Vec<f64> = (0..100_001)
-            .map(|_| {
-                let u1 = unit_f64(rng.next_u64());
-                LatencyDist::Exponential.sample(mean, u1, 0.0).as_secs_f64()
-            })
-            .collect();
-        v.sort_by(f64::total_cmp);
-        let median = v[v.len() / 2];
-        let expected = 0.010 * std::f64::consts::LN_2;
-        assert!((median - expected).abs() < 0.000_1, "median {median}");
-    }
 
     #[test]
     fn flap_phases() {

@@ -227,7 +227,7 @@ impl LoadReport {
     /// Wilson score 95% confidence interval of the request success rate ((0, 1) with no
     /// requests).
     pub fn ci95(&self) -> (f64, f64) {
-        wilson95(self.succeeded, self.requests)
+        keel_model::stats::wilson95(self.succeeded, self.requests)
     }
 
     /// Requests finished per second of wall time.
@@ -284,32 +284,6 @@ impl std::fmt::Display for LoadReport {
             self.latency_mean
         )
     }
-}
-
-/// Wilson score interval at 95% for `successes` out of `n`.
-pub fn wilson95(successes: u64, n: u64) -> (f64, f64) {
-    if n == 0 {
-        return (0.0, 1.0);
-    }
-    let z = 1.959_963_984_540_054_f64;
-    let n_f = n as f64;
-    let p = successes as f64 / n_f;
-    let z2 = z * z;
-    let denom = 1.0 + z2 / n_f;
-    let center = (p + z2 / (2.0 * n_f)) / denom;
-    let half = z * (p * (1.0 - p) / n_f + z2 / (4.0 * n_f * n_f)).sqrt() / denom;
-    // At 0 or n successes the bound is exactly 0 or 1; rounding would leave a 1e-17 crumb.
-    let lo = if successes == 0 {
-        0.0
-    } else {
-        (center - half).max(0.0)
-    };
-    let hi = if successes >= n {
-        1.0
-    } else {
-        (center + half).min(1.0)
-    };
-    (lo, hi)
 }
 
 /// Runs the load and reports what it measured.
@@ -709,27 +683,6 @@ async fn connect(addr: SocketAddr) -> std::io::Result<Conn> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn wilson_matches_known_values() {
-        // 80 of 100: the textbook Wilson interval is (0.7112, 0.8666).
-        let (lo, hi) = wilson95(80, 100);
-        assert!(
-            (lo - 0.7112).abs() < 5e-4 && (hi - 0.8666).abs() < 5e-4,
-            "{lo} {hi}"
-        );
-        // All successes: upper bound 1, lower bound n / (n + z^2).
-        let (lo, hi) = wilson95(50, 50);
-        assert_eq!(hi, 1.0);
-        assert!(
-            (lo - 50.0 / (50.0 + 1.959_964f64.powi(2))).abs() < 1e-6,
-            "{lo}"
-        );
-        let (lo, hi) = wilson95(0, 50);
-        assert_eq!(lo, 0.0);
-        assert!(hi > 0.0 && hi < 0.08);
-        assert_eq!(wilson95(0, 0), (0.0, 1.0));
-    }
 
     #[test]
     fn nearest_rank_percentiles() {

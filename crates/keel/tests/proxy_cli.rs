@@ -7,7 +7,8 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use keel_testbed::backend::{self, BackendConfig, Fault};
+use keel_model::{FailureMode, Latency};
+use keel_testbed::backend::{self, BackendConfig};
 use keel_testbed::loadgen::{self, LoadSpec, Target};
 
 const KEEL: &str = env!("CARGO_BIN_EXE_keel");
@@ -90,14 +91,15 @@ fn serves_the_issue_config_with_one_endpoint_failed_through_sighup_reloads_and_d
     let mut backends = Vec::new();
     for i in 0..5 {
         let cfg = BackendConfig {
-            latency: Duration::from_millis(1),
+            latency: Latency::fixed(Duration::from_millis(1)),
             name: format!("b{i}"),
             ..BackendConfig::default()
         };
         let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
         backends.push(rt.block_on(backend::spawn(addr, cfg)).unwrap());
     }
-    rt.block_on(backends[2].apply_fault(Fault::Error)).unwrap();
+    rt.block_on(backends[2].apply_fault(FailureMode::FAIL_AT_ONCE))
+        .unwrap();
     let mut text = ISSUE_CONFIG
         .replace("127.0.0.1:9901", "127.0.0.1:0")
         .replace("127.0.0.1:8080", "127.0.0.1:0");

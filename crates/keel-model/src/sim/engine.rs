@@ -23,15 +23,14 @@ use keel_balance::{
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rand_distr::{Distribution, Exp, LogNormal};
+use rand_distr::{Distribution, Exp};
 
 use super::hedge::Hedger;
-use super::scenario::{
-    FailedPosition, FailureMode, LatencyDist, Load, Placement, Scenario, MAX_RETRIES,
-};
-use super::server::{ps_rate, Demand, Fault, Job, Latency, Server, Station};
+use super::scenario::{FailedPosition, Load, Placement, Scenario, MAX_RETRIES};
+use super::server::{ns, ps_rate, Demand, Job, Server, Station};
 use super::stats::LatencyHistogram;
 use super::SimError;
+use crate::vocab::FailureMode;
 
 const KIND_CALL: u128 = 0;
 const KIND_START: u128 = 1;
@@ -63,10 +62,6 @@ fn event(time: u64, kind: u128, index: u32) -> Reverse<u128> {
 #[inline]
 fn dur(ns: u64) -> Duration {
     Duration::from_nanos(ns)
-}
-
-fn ns(d: Duration) -> u64 {
-    d.as_nanos().min(u64::MAX as u128 / 4) as u64
 }
 
 #[inline]
@@ -205,17 +200,7 @@ pub fn run_replication(
     let mut stations = Vec::new();
     for c in &sc.clusters {
         offsets.push(servers.len());
-        let mean = ns(c.latency.mean) as f64;
-        let latency = match c.latency.dist {
-            LatencyDist::Fixed => Latency::Fixed(mean as u64),
-            LatencyDist::Exponential => Latency::Exp(Exp::new(1.0 / mean).expect("mean > 0")),
-            LatencyDist::Lognormal => {
-                let s = c.latency.sigma;
-                Latency::LogNormal(
-                    LogNormal::new(mean.ln() - s * s / 2.0, s).expect("validated sigma"),
-                )
-            }
-        };
+        let latency = c.latency.sampler();
         let n = c.servers as usize;
         let nf = c.failed as usize;
         for i in 0..n {
@@ -223,31 +208,16 @@ pub fn run_replication(
                 FailedPosition::Last => i >= n - nf,
                 FailedPosition::First => i < nf,
             };
-            let fault = if !is_failed {
-                Fault::None
+            let failure = if is_failed {
+                c.failure
             } else {
-                match &c.failure {
-                    FailureMode::None => Fault::None,
-                    FailureMode::Hang => Fault::Hang,
-                    FailureMode::FailFast { after } => Fault::FailFast(ns(*after)),
-                    FailureMode::Slow { factor } => Fault::Slow(*factor),
-                    FailureMode::Error { probability } => Fault::Error(*probability),
-                    FailureMode::Flap {
-                        up,
-                        down,
-                        down_fails_after,
-                    } => {
-                        let period = ns(*up) + ns(*down);
-                        Fault::Flap {
-                            up: ns(*up),
-                            period,
-                            offset: rng.gen_range(0..period),
-                            fails_after: down_fails_after.map(ns),
-                        }
-                    }
-                }
+                FailureMode::None
             };
-            servers.push(Server::new(latency, fault));
+            let flap_offset = match failure {
+                FailureMode::Flap { up, down, .. } => rng.gen_range(0..ns(up) + ns(down)),
+                _ => 0,
+            };
+            servers.push(Server::new(latency, failure, flap_offset));
             stations.push(Station::new(
                 c.capacity.as_ref().map(|k| (k.concurrency, k.discipline)),
             ));
@@ -316,6 +286,7 @@ pub fn run_replication(
         call_gap: (!sc.call_gap.is_zero())
             .then(|| Exp::new(1.0 / ns(sc.call_gap) as f64).expect("gap > 0")),
         timeout: ns(sc.timeout),
+        round_trip: ns(sc.round_trip),
         warmup: ns(sc.warmup),
         rng,
         heap: BinaryHeap::new(),
@@ -361,6 +332,8 @@ struct Sim<'a> {
     max_retries: u32,
     call_gap: Option<Exp<f64>>,
     timeout: u64,
+    /// Added to every try's time at a server without a capacity ([`Scenario::round_trip`]).
+    round_trip: u64,
     warmup: u64,
     rng: StdRng,
     heap: BinaryHeap<Reverse<u128>>,
@@ -613,8 +586,8 @@ impl Sim<'_> {
                 self.arrive(g, job, now);
                 return;
             }
-            Demand::Work(t, ok) => (scaled(t, server.factor()), ok),
-            Demand::Bypass(t, ok) => (t, ok),
+            Demand::Work(t, ok) => (scaled(t, server.factor()) + self.round_trip, ok),
+            Demand::Bypass(t, ok) => (t.saturating_add(self.round_trip), ok),
         };
         let (took, ok) = if took >= self.timeout {
             (self.timeout, false)

@@ -41,11 +41,12 @@ use serde::Serialize;
 
 pub use engine::{replication_seed, run_replication, RepStats, REACTION_BIN};
 pub use scenario::{
-    AntagonistConfig, CapacityConfig, ClusterConfig, Discipline, FailedPosition, FailureMode,
-    HealthCheckConfig, HedgeConfig, HedgeDelay, LatencyConfig, LatencyDist, Load, Placement,
-    RetryConfig, Scenario, SlowdownConfig,
+    AntagonistConfig, CapacityConfig, ClusterConfig, Discipline, FailedPosition, HealthCheckConfig,
+    HedgeConfig, HedgeDelay, Load, Placement, RetryConfig, Scenario, SlowdownConfig,
 };
-pub use stats::{student_t95, wilson95, LatencyHistogram};
+pub use stats::LatencyHistogram;
+
+use crate::stats::{student_t95, wilson95};
 
 /// A scenario that cannot run.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -70,7 +71,7 @@ pub struct SimResult {
     pub placement: String,
     /// Failed share of the focus cluster's servers.
     pub p: f64,
-    /// t_fail / t_ok of the focus cluster when its failure mode fixes it (hang, fail-fast).
+    /// t_fail / t_ok of the focus cluster when its failure mode fixes it ([`Scenario::q`]).
     pub q: Option<f64>,
     /// Calls a request makes to the focus cluster.
     pub k: u32,
@@ -311,13 +312,7 @@ fn summarise(s: &Scenario, reps: &[RepStats]) -> SimResult {
     for r in reps {
         latency.merge(&r.latency);
     }
-    let q = match &focus.failure {
-        FailureMode::Hang => Some(s.timeout.as_secs_f64() / focus.latency.mean.as_secs_f64()),
-        FailureMode::FailFast { after } => {
-            Some(after.min(&s.timeout).as_secs_f64() / focus.latency.mean.as_secs_f64())
-        }
-        _ => None,
-    };
+    let q = s.q(focus);
     SimResult {
         label: s.label.clone(),
         strategy: s.strategy().name().to_string(),

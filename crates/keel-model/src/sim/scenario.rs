@@ -8,6 +8,7 @@ use keel_balance::{BalancerConfig, RetryBudgetConfig, StrategyKind};
 use serde::{Deserialize, Serialize};
 
 use super::SimError;
+use crate::vocab::{FailureMode, Latency};
 
 /// One simulated setup: the unit that produces one row of results.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -33,6 +34,12 @@ pub struct Scenario {
     /// The caller's timeout for one attempt of one call.
     #[serde(default = "default_timeout", with = "humantime_serde")]
     pub timeout: Duration,
+    /// Time the network adds to every try, whatever the server does (a hanging server still
+    /// costs exactly the timeout). Default 0, the model's idealisation; the lab sets the
+    /// loopback round trip through its proxy, so that an error "at once" takes the time it
+    /// takes on real sockets. Servers with a `capacity` do not take it yet.
+    #[serde(default, with = "humantime_serde")]
+    pub round_trip: Duration,
     /// A request stops at its first failed call (the caller returns the error).
     #[serde(default = "default_true")]
     pub abort_on_failure: bool,
@@ -69,6 +76,7 @@ impl Default for Scenario {
             requests: 1000,
             warmup: Duration::ZERO,
             timeout: default_timeout(),
+            round_trip: Duration::ZERO,
             abort_on_failure: true,
             call_gap: Duration::ZERO,
             placement: Placement::ServerSide,
@@ -211,7 +219,7 @@ pub struct ClusterConfig {
     pub failed_position: FailedPosition,
     /// Healthy service time.
     #[serde(default)]
-    pub latency: LatencyConfig,
+    pub latency: Latency,
     /// How the failed servers fail.
     #[serde(default)]
     pub failure: FailureMode,
@@ -239,7 +247,7 @@ impl Default for ClusterConfig {
             servers: 1,
             failed: 0,
             failed_position: FailedPosition::Last,
-            latency: LatencyConfig::default(),
+            latency: Latency::default(),
             failure: FailureMode::None,
             balancer: BalancerConfig::default(),
             capacity: None,
@@ -395,105 +403,6 @@ pub enum FailedPosition {
     First,
 }
 
-/// A service-time distribution, by its mean.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct LatencyConfig {
-    /// The distribution's shape. Default fixed.
-    #[serde(default)]
-    pub dist: LatencyDist,
-    /// Its mean. Default 10 ms.
-    #[serde(default = "default_mean", with = "humantime_serde")]
-    pub mean: Duration,
-    /// Log-normal only: the standard deviation of the log. Default 0.5.
-    #[serde(default = "default_sigma")]
-    pub sigma: f64,
-}
-
-fn default_mean() -> Duration {
-    Duration::from_millis(10)
-}
-fn default_sigma() -> f64 {
-    0.5
-}
-
-impl Default for LatencyConfig {
-    fn default() -> Self {
-        Self {
-            dist: LatencyDist::Fixed,
-            mean: default_mean(),
-            sigma: default_sigma(),
-        }
-    }
-}
-
-/// Service-time shapes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum LatencyDist {
-    /// Always the mean.
-    #[default]
-    Fixed,
-    /// Exponential with that mean.
-    Exponential,
-    /// Log-normal with that mean and `sigma`.
-    Lognormal,
-}
-
-/// How a failed server behaves.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
-#[serde(tag = "mode", rename_all = "kebab-case", deny_unknown_fields)]
-pub enum FailureMode {
-    /// Not failed at all (the failed servers behave like healthy ones).
-    #[default]
-    None,
-    /// Never answers: the caller fails the call at its timeout.
-    Hang,
-    /// Answers an error after `after`.
-    FailFast {
-        /// Delay before the error.
-        #[serde(with = "humantime_serde")]
-        after: Duration,
-    },
-    /// Answers correctly but `factor` times slower (a failure only past the timeout).
-    Slow {
-        /// Slow-down factor (>= 1).
-        factor: f64,
-    },
-    /// Answers in the healthy time, with an error with this probability.
-    Error {
-        /// Error probability in [0, 1].
-        probability: f64,
-    },
-    /// Alternates `up` (healthy) and `down`; while down it hangs, or fails after
-    /// `down_fails_after` if given. Each failed server starts at a random phase.
-    Flap {
-        /// Time up.
-        #[serde(with = "humantime_serde")]
-        up: Duration,
-        /// Time down.
-        #[serde(with = "humantime_serde")]
-        down: Duration,
-        /// While down, fail after this delay instead of hanging.
-        #[serde(default, with = "humantime_serde")]
-        down_fails_after: Option<Duration>,
-    },
-}
-
-impl FailureMode {
-    /// The mode's kebab-case name.
-    pub fn name(&self) -> &'static str {
-        match self {
-            FailureMode::None => "none",
-            FailureMode::Hang => "hang",
-            FailureMode::FailFast { .. } => "fail-fast",
-            FailureMode::Slow { .. } => "slow",
-            FailureMode::Error { .. } => "error",
-            FailureMode::Flap { .. } => "flap",
-        }
-    }
-}
-
 /// Most stages (calls per request over all clusters) and servers a scenario may have; keeps
 /// indices in compact event and slot fields.
 pub const MAX_STAGES: u32 = 1024;
@@ -622,28 +531,18 @@ impl Scenario {
             if c.latency.mean.is_zero() {
                 return Err(format!("{at}: latency.mean must be greater than zero"));
             }
-            if !(c.latency.sigma.is_finite() && c.latency.sigma >= 0.0) {
-                return Err(format!("{at}: latency.sigma must be 0 or more"));
-            }
-            match &c.failure {
-                FailureMode::Slow { factor } if !(factor.is_finite() && *factor >= 1.0) => {
-                    return Err(format!(
-                        "{at}: failure.factor must be 1 or more, got {factor}"
-                    ))
-                }
-                FailureMode::Error { probability } if !(0.0..=1.0).contains(probability) => {
-                    return Err(format!(
-                        "{at}: failure.probability must be within 0..=1, got {probability}"
-                    ))
-                }
-                FailureMode::Flap { up, down, .. } if up.is_zero() || down.is_zero() => {
-                    return Err(format!(
-                        "{at}: failure.up and failure.down must be greater than zero"
-                    ))
-                }
-                _ => {}
-            }
+            c.latency
+                .validate()
+                .map_err(|e| format!("{at}: latency.{e}"))?;
+            c.failure
+                .validate()
+                .map_err(|e| format!("{at}: failure.{e}"))?;
             if let Some(cap) = &c.capacity {
+                if !self.round_trip.is_zero() {
+                    return Err(format!(
+                        "{at}: round_trip is not modelled for servers with a capacity; set it to 0s"
+                    ));
+                }
                 if cap.concurrency == 0 || cap.concurrency > MAX_CONCURRENCY {
                     return Err(format!(
                         "{at}: capacity.concurrency must be within 1..={MAX_CONCURRENCY}, got {}",
@@ -731,9 +630,21 @@ impl Scenario {
         }
     }
 
+    /// q = t_fail / t_ok of a cluster when its failure mode fixes t_fail (hang, fail-fast,
+    /// refuse, reset; see [`FailureMode::failure_time`]), with the round trip added to both
+    /// times as the simulation adds it.
+    pub fn q(&self, cluster: &ClusterConfig) -> Option<f64> {
+        let t_fail = cluster
+            .failure
+            .failure_time(self.timeout, cluster.latency.mean)?;
+        let t_fail = (t_fail + self.round_trip).min(self.timeout);
+        let t_ok = cluster.latency.mean + self.round_trip;
+        Some(t_fail.as_secs_f64() / t_ok.as_secs_f64())
+    }
+
     /// The closed form's success for this scenario, when the model covers it: no protections,
-    /// and every cluster either without failures or failing by hang / fail-fast (which fixes
-    /// q = t_fail / t_ok) under a strategy with a closed form.
+    /// and every cluster either without failures or failing in a mode that fixes q (see
+    /// [`Scenario::q`]) under a strategy with a closed form.
     pub fn analytic_success(&self) -> Option<f64> {
         if self.protections() != "none" {
             return None;
@@ -743,15 +654,7 @@ impl Scenario {
             if c.failed == 0 || c.failure == FailureMode::None {
                 continue;
             }
-            let t_ok = c.latency.mean.as_secs_f64();
-            let t_fail = match &c.failure {
-                FailureMode::Hang => self.timeout.as_secs_f64(),
-                FailureMode::FailFast { after } => {
-                    after.as_secs_f64().min(self.timeout.as_secs_f64())
-                }
-                _ => return None,
-            };
-            let q = t_fail / t_ok;
+            let q = self.q(c)?;
             let p = f64::from(c.failed) / f64::from(c.servers);
             total *= crate::analytic::success(c.balancer.strategy, p, q, c.calls)?;
         }

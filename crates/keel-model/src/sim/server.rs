@@ -4,33 +4,13 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
+use std::time::Duration;
+
 use rand::rngs::StdRng;
 use rand::Rng;
-use rand_distr::{Distribution, Exp, LogNormal};
 
 use super::scenario::Discipline;
-
-#[derive(Clone, Copy)]
-pub(super) enum Latency {
-    Fixed(u64),
-    Exp(Exp<f64>),
-    LogNormal(LogNormal<f64>),
-}
-
-#[derive(Clone, Copy)]
-pub(super) enum Fault {
-    None,
-    Hang,
-    FailFast(u64),
-    Slow(f64),
-    Error(f64),
-    Flap {
-        up: u64,
-        period: u64,
-        offset: u64,
-        fails_after: Option<u64>,
-    },
-}
+use crate::vocab::{FailureMode, LatencySampler, RESET_CUT};
 
 /// What a call asks of a server.
 pub(super) enum Demand {
@@ -42,10 +22,14 @@ pub(super) enum Demand {
     Bypass(u64, bool),
 }
 
+/// One server: its healthy service time and how it fails (`FailureMode::None` when healthy),
+/// as keel-model's vocabulary defines them.
 #[derive(Clone, Copy)]
 pub(super) struct Server {
-    pub latency: Latency,
-    pub fault: Fault,
+    pub latency: LatencySampler,
+    pub failure: FailureMode,
+    /// A flapping server's phase: where in its up/down period virtual time 0 falls.
+    pub flap_offset: u64,
     /// Slow-down from antagonists (1: none).
     pub antagonist: f64,
     /// Slow-down from a scheduled step (1: none).
@@ -53,10 +37,11 @@ pub(super) struct Server {
 }
 
 impl Server {
-    pub(super) fn new(latency: Latency, fault: Fault) -> Self {
+    pub(super) fn new(latency: LatencySampler, failure: FailureMode, flap_offset: u64) -> Self {
         Self {
             latency,
-            fault,
+            failure,
+            flap_offset,
             antagonist: 1.0,
             slowdown: 1.0,
         }
@@ -64,11 +49,7 @@ impl Server {
 
     #[inline]
     fn base(&self, rng: &mut StdRng) -> u64 {
-        match self.latency {
-            Latency::Fixed(t) => t,
-            Latency::Exp(d) => d.sample(rng) as u64,
-            Latency::LogNormal(d) => d.sample(rng) as u64,
-        }
+        (self.latency.sample_secs(rng) * 1e9) as u64
     }
 
     /// How many times slower than normal the server works right now.
@@ -80,11 +61,12 @@ impl Server {
     /// True while the server is failing (for a flapping one: while down).
     #[inline]
     pub(super) fn failing(&self, now: u64) -> bool {
-        match self.fault {
-            Fault::None => false,
-            Fault::Flap {
-                up, period, offset, ..
-            } => (now + offset) % period >= up,
+        match self.failure {
+            FailureMode::None => false,
+            FailureMode::Flap { up, down, .. } => {
+                let up = ns(up);
+                (now + self.flap_offset) % (up + ns(down)) >= up
+            }
             _ => true,
         }
     }
@@ -93,18 +75,25 @@ impl Server {
     /// caller (its timeout).
     #[inline]
     pub(super) fn demand(&self, now: u64, never: u64, rng: &mut StdRng) -> Demand {
-        match self.fault {
-            Fault::None => Demand::Work(self.base(rng), true),
-            Fault::Hang => Demand::Bypass(never, false),
-            Fault::FailFast(after) => Demand::Bypass(after, false),
-            Fault::Slow(f) => Demand::Work((self.base(rng) as f64 * f) as u64, true),
-            Fault::Error(p) => {
-                let t = self.base(rng);
-                Demand::Work(t, rng.gen::<f64>() >= p)
+        match self.failure {
+            FailureMode::None => Demand::Work(self.base(rng), true),
+            FailureMode::Hang => Demand::Bypass(never, false),
+            FailureMode::FailFast { after } => Demand::Bypass(ns(after), false),
+            FailureMode::Refuse => Demand::Bypass(0, false),
+            // The answer is worked out, then cut on its way.
+            FailureMode::Reset => Demand::Work(self.base(rng) + ns(RESET_CUT), false),
+            FailureMode::Slow { factor } => {
+                Demand::Work((self.base(rng) as f64 * factor) as u64, true)
             }
-            Fault::Flap { fails_after, .. } => {
+            FailureMode::Error { probability } => {
+                let t = self.base(rng);
+                Demand::Work(t, rng.gen::<f64>() >= probability)
+            }
+            FailureMode::Flap {
+                down_fails_after, ..
+            } => {
                 if self.failing(now) {
-                    Demand::Bypass(fails_after.unwrap_or(never), false)
+                    Demand::Bypass(down_fails_after.map_or(never, ns), false)
                 } else {
                     Demand::Work(self.base(rng), true)
                 }
@@ -114,14 +103,23 @@ impl Server {
 
     /// An active health probe's verdict (probes take no place in the server's queue).
     pub(super) fn probe(&self, now: u64, timeout: u64, rng: &mut StdRng) -> bool {
-        match self.fault {
-            Fault::None => true,
-            Fault::Hang | Fault::FailFast(_) => false,
+        match self.failure {
+            FailureMode::None => true,
+            FailureMode::Hang
+            | FailureMode::FailFast { .. }
+            | FailureMode::Refuse
+            | FailureMode::Reset => false,
             _ => match self.demand(now, timeout, rng) {
                 Demand::Work(t, ok) | Demand::Bypass(t, ok) => ok && t < timeout,
             },
         }
     }
+}
+
+/// Nanoseconds of a duration, capped far below u64's range so that sums cannot overflow.
+#[inline]
+pub(super) fn ns(d: Duration) -> u64 {
+    d.as_nanos().min(u64::MAX as u128 / 4) as u64
 }
 
 /// One call's work at a server with a capacity.

@@ -1,47 +1,5 @@
-//! 95 % confidence intervals for a success rate, and a latency histogram with bounded relative
-//! error for quantiles.
-
-/// Wilson score interval for `successes` out of `n` (n = 0 gives [0, 1]).
-pub fn wilson95(successes: u64, n: u64) -> (f64, f64) {
-    if n == 0 {
-        return (0.0, 1.0);
-    }
-    let z = 1.959_963_984_540_054_f64;
-    let n = n as f64;
-    let p = successes as f64 / n;
-    let z2 = z * z;
-    let centre = (p + z2 / (2.0 * n)) / (1.0 + z2 / n);
-    let half = z / (1.0 + z2 / n) * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt();
-    ((centre - half).max(0.0), (centre + half).min(1.0))
-}
-
-/// Student-t interval of the mean of `xs` (at least two values).
-pub fn student_t95(xs: &[f64]) -> Option<(f64, f64)> {
-    let n = xs.len();
-    if n < 2 {
-        return None;
-    }
-    let mean = xs.iter().sum::<f64>() / n as f64;
-    let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
-    let half = t975(n - 1) * (var / n as f64).sqrt();
-    Some((mean - half, mean + half))
-}
-
-/// The 97.5 % quantile of Student's t with `dof` degrees of freedom.
-fn t975(dof: usize) -> f64 {
-    const TABLE: [f64; 30] = [
-        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
-        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
-        2.052, 2.048, 2.045, 2.042,
-    ];
-    match dof {
-        0 => f64::INFINITY,
-        1..=30 => TABLE[dof - 1],
-        31..=60 => 2.000,
-        61..=120 => 1.980,
-        _ => 1.960,
-    }
-}
+//! A latency histogram with bounded relative error for quantiles. (Confidence intervals are in
+//! [`crate::stats`].)
 
 /// Sub-buckets per power of two: a bucket spans at most 1/128 of its lower bound, and a
 /// quantile read at the bucket's middle is within 0.4 % of the true value.
@@ -227,25 +185,5 @@ mod tests {
         let mut m = h.clone();
         m.merge(&s);
         assert_eq!(m.count(), 1_000_004);
-    }
-
-    #[test]
-    fn wilson_matches_a_known_value() {
-        // 512 of 1000: p = 0.512, Wilson 95 % = [0.4810, 0.5429].
-        let (lo, hi) = wilson95(512, 1000);
-        assert!(
-            (lo - 0.4810).abs() < 5e-4 && (hi - 0.5429).abs() < 5e-4,
-            "{lo} {hi}"
-        );
-        let (lo, hi) = wilson95(1000, 1000);
-        assert!(hi == 1.0 && lo > 0.995 && lo < 0.9975, "{lo}");
-    }
-
-    #[test]
-    fn student_t_widens_with_few_samples() {
-        let (lo, hi) = student_t95(&[0.5, 0.6]).unwrap();
-        // mean 0.55, s = 0.0707, se = 0.05, t = 12.706
-        assert!((hi - lo - 2.0 * 12.706 * 0.05).abs() < 1e-9);
-        assert!(student_t95(&[0.5]).is_none());
     }
 }

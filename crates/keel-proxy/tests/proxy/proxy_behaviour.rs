@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::support::*;
 use hyper::{Method, StatusCode};
 use keel_balance::StrategyKind;
-use keel_testbed::backend::Fault;
+use keel_model::FailureMode;
 
 /// Sequential GETs; returns the count of answers per `x-backend` and per status.
 async fn tally(url: &str, n: usize, headers: &[(&str, &str)]) -> BTreeMap<String, usize> {
@@ -127,13 +127,13 @@ async fn each_fault_gives_its_documented_status() {
         Some(b.addr().to_string().as_str())
     );
 
-    fault(b, Fault::Refuse).await;
+    fault(b, FailureMode::Refuse).await;
     let r = get(&url).await.unwrap();
     assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
     assert!(r.text().contains("cannot connect"), "{}", r.text());
     assert_eq!(r.header("content-type"), Some("text/plain; charset=utf-8"));
 
-    fault(b, Fault::Hang).await;
+    fault(b, FailureMode::Hang).await;
     let t = std::time::Instant::now();
     let r = get(&url).await.unwrap();
     assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT, "{}", r.text());
@@ -144,7 +144,7 @@ async fn each_fault_gives_its_documented_status() {
     );
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
 
-    fault(b, Fault::Error).await;
+    fault(b, FailureMode::FAIL_AT_ONCE).await;
     let r = get(&url).await.unwrap();
     assert_eq!(
         r.status,
@@ -153,7 +153,7 @@ async fn each_fault_gives_its_documented_status() {
     );
     assert_eq!(r.header("x-backend"), Some("b0"));
 
-    fault(b, Fault::Reset).await;
+    fault(b, FailureMode::Reset).await;
     let r = get(&url).await.unwrap();
     assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
     assert!(
@@ -163,15 +163,15 @@ async fn each_fault_gives_its_documented_status() {
     );
 
     // 5 ms x 100 = 500 ms, past the 200 ms request timeout.
-    fault(b, Fault::Slow { factor: 100.0 }).await;
+    fault(b, FailureMode::Slow { factor: 100.0 }).await;
     let r = get(&url).await.unwrap();
     assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT, "{}", r.text());
     // 5 ms x 4 = 20 ms: slow but in time.
-    fault(b, Fault::Slow { factor: 4.0 }).await;
+    fault(b, FailureMode::Slow { factor: 4.0 }).await;
     let r = get(&url).await.unwrap();
     assert_eq!(r.status, StatusCode::OK);
 
-    fault(b, Fault::None).await;
+    fault(b, FailureMode::None).await;
     assert_eq!(get(&url).await.unwrap().status, StatusCode::OK);
     proxy.shutdown(Duration::from_secs(1)).await;
 
@@ -195,7 +195,7 @@ async fn each_fault_gives_its_documented_status() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_available_endpoint_is_503() {
     let bs = backends(1, Duration::ZERO).await;
-    fault(&bs[0], Fault::Error).await;
+    fault(&bs[0], FailureMode::FAIL_AT_ONCE).await;
     let proxy = keel_proxy::start(simple_config(
         &[bs[0].addr()],
         "round-robin",
@@ -248,7 +248,7 @@ async fn a_large_body_that_breaks_mid_stream_aborts_the_client_response() {
     assert_eq!(r.status, StatusCode::OK);
     assert!(r.body.is_empty());
 
-    fault(&b, Fault::Reset).await;
+    fault(&b, FailureMode::Reset).await;
     let r = get(&url).await;
     // 200 KB is above max_buffered_response: the headers went out, then the body broke, and the
     // client must see a broken body, never a short one that looks complete.
@@ -329,7 +329,7 @@ async fn headers_are_forwarded_as_a_proxy_should() {
 async fn a_post_is_retried_only_when_its_request_never_left() {
     let (echo, task) = echo_server().await;
     let bs = backends(1, Duration::ZERO).await;
-    fault(&bs[0], Fault::Refuse).await;
+    fault(&bs[0], FailureMode::Refuse).await;
     // Round-robin starts at the refused endpoint half of the time; every POST must arrive
     // whole, through a retry with the body kept.
     let proxy = keel_proxy::start(simple_config(
@@ -349,7 +349,7 @@ async fn a_post_is_retried_only_when_its_request_never_left() {
     proxy.shutdown(Duration::from_secs(1)).await;
 
     // An endpoint that answers 503 may have acted on a POST: no retry, the 503 passes.
-    fault(&bs[0], Fault::Error).await;
+    fault(&bs[0], FailureMode::FAIL_AT_ONCE).await;
     let proxy = keel_proxy::start(simple_config(
         &[bs[0].addr(), echo],
         "round-robin",
@@ -374,8 +374,8 @@ async fn retries_go_to_another_endpoint() {
     // Two of three endpoints fail; with two retries and the tried ones avoided, every request
     // reaches the good one.
     let bs = backends(3, Duration::ZERO).await;
-    fault(&bs[0], Fault::Error).await;
-    fault(&bs[1], Fault::Refuse).await;
+    fault(&bs[0], FailureMode::FAIL_AT_ONCE).await;
+    fault(&bs[1], FailureMode::Refuse).await;
     let addrs: Vec<_> = bs.iter().map(|b| b.addr()).collect();
     let proxy = keel_proxy::start(simple_config(
         &addrs,
@@ -403,7 +403,7 @@ async fn retries_go_to_another_endpoint() {
 async fn retries_stop_at_the_budget() {
     let bs = backends(2, Duration::ZERO).await;
     for b in &bs {
-        fault(b, Fault::Error).await;
+        fault(b, FailureMode::FAIL_AT_ONCE).await;
     }
     let addrs: Vec<_> = bs.iter().map(|b| b.addr()).collect();
     let proxy = keel_proxy::start(simple_config(

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use crate::support::*;
-use keel_testbed::backend::Fault;
+use keel_model::FailureMode;
 use keel_testbed::loadgen::{self, LoadSpec, Target};
 
 const REQUESTS: u64 = 5_000;
@@ -21,10 +21,10 @@ async fn run_through_proxy(url: String) -> loadgen::LoadReport {
 
 /// One fault mode: fresh backends (1 ms latency) and a fresh proxy, endpoint 0 (weight 2, the
 /// one that takes the most traffic) failed before the load starts.
-async fn one_mode(fault_mode: Fault, edit: fn(String) -> String) -> loadgen::LoadReport {
+async fn one_mode(fault_mode: FailureMode, edit: fn(String) -> String) -> loadgen::LoadReport {
     let bs = backends(5, Duration::from_millis(1)).await;
     let addrs: Vec<_> = bs.iter().map(|b| b.addr()).collect();
-    fault(&bs[0], fault_mode.clone()).await;
+    fault(&bs[0], fault_mode).await;
     let proxy = keel_proxy::start(issue_config(&addrs, edit)).await.unwrap();
     let url = format!("http://{}/work", proxy.listener_addrs()[0]);
     let report = run_through_proxy(url).await;
@@ -38,7 +38,7 @@ async fn one_mode(fault_mode: Fault, edit: fn(String) -> String) -> loadgen::Loa
         "fault {fault_mode}: retries {retries}, failed endpoint: failures {} healthy {} ejected {}\n{report}\n",
         failed_ep["failures"], failed_ep["healthy"], failed_ep["ejected"]
     );
-    if !matches!(fault_mode, Fault::Slow { .. }) {
+    if !matches!(fault_mode, FailureMode::Slow { .. }) {
         // The failed endpoint was met: the test is not passing by never touching it.
         assert!(failed_ep["failures"].as_u64().unwrap() > 0, "{status}");
     }
@@ -49,20 +49,20 @@ async fn one_mode(fault_mode: Fault, edit: fn(String) -> String) -> loadgen::Loa
     report
 }
 
-fn faults() -> Vec<Fault> {
+fn faults() -> Vec<FailureMode> {
     vec![
-        Fault::Refuse,
-        Fault::Hang,
-        Fault::Error,
-        Fault::Reset,
-        Fault::Slow { factor: 50.0 },
+        FailureMode::Refuse,
+        FailureMode::Hang,
+        FailureMode::FAIL_AT_ONCE,
+        FailureMode::Reset,
+        FailureMode::Slow { factor: 50.0 },
     ]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn issue_config_keeps_999_per_mille_with_one_endpoint_failed_in_each_mode() {
     for f in faults() {
-        let r = one_mode(f.clone(), |t| t).await;
+        let r = one_mode(f, |t| t).await;
         assert_eq!(r.requests, REQUESTS);
         assert!(
             r.success_rate() >= 0.999,
@@ -83,8 +83,12 @@ fn unprotected(text: String) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unprotected_round_robin_succeeds_about_80_percent() {
     // Hang is left out: each of its 1,000 calls would hold a worker for the full second.
-    for f in [Fault::Refuse, Fault::Error, Fault::Reset] {
-        let r = one_mode(f.clone(), unprotected).await;
+    for f in [
+        FailureMode::Refuse,
+        FailureMode::FAIL_AT_ONCE,
+        FailureMode::Reset,
+    ] {
+        let r = one_mode(f, unprotected).await;
         let p = r.success_rate();
         assert!(
             (0.78..=0.82).contains(&p),

@@ -6,15 +6,15 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 use hyper::{Method, StatusCode};
+use keel_model::FailureMode;
 use keel_proxy::ProxyConfig;
-use keel_testbed::backend::Fault;
 use keel_testbed::loadgen::{self, LoadSpec, Target};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ejection_removes_a_failing_endpoint_and_brings_it_back() {
     let bs = backends(3, Duration::ZERO).await;
     let addrs: Vec<_> = bs.iter().map(|b| b.addr()).collect();
-    fault(&bs[0], Fault::Error).await;
+    fault(&bs[0], FailureMode::FAIL_AT_ONCE).await;
     let proxy = keel_proxy::start(simple_config(
         &addrs,
         "round-robin",
@@ -42,7 +42,7 @@ async fn ejection_removes_a_failing_endpoint_and_brings_it_back() {
     }
     assert_eq!(bs[0].requests(), seen);
 
-    fault(&bs[0], Fault::None).await;
+    fault(&bs[0], FailureMode::None).await;
     tokio::time::sleep(Duration::from_millis(450)).await;
     for _ in 0..30 {
         let r = send(&c, Method::GET, &url, &[], b"").await.unwrap();
@@ -72,7 +72,7 @@ async fn ejections_never_exceed_the_cap_on_a_small_cluster() {
     let bs = backends(2, Duration::ZERO).await;
     let addrs: Vec<_> = bs.iter().map(|b| b.addr()).collect();
     for b in &bs {
-        fault(b, Fault::Error).await;
+        fault(b, FailureMode::FAIL_AT_ONCE).await;
     }
     let proxy = keel_proxy::start(simple_config(
         &addrs,
@@ -104,7 +104,7 @@ async fn health_checks_mark_an_endpoint_down_and_up() {
     .await
     .unwrap();
     let url = format!("http://{}/", proxy.listener_addrs()[0]);
-    fault(&bs[0], Fault::Hang).await;
+    fault(&bs[0], FailureMode::Hang).await;
     let t = Instant::now();
     let down = eventually(Duration::from_secs(3), || {
         !proxy.cluster_status("app").unwrap()[0].healthy
@@ -122,7 +122,7 @@ async fn health_checks_mark_an_endpoint_down_and_up() {
         let r = send(&c, Method::GET, &url, &[], b"").await.unwrap();
         assert_eq!(r.header("x-backend"), Some("b1"));
     }
-    fault(&bs[0], Fault::None).await;
+    fault(&bs[0], FailureMode::None).await;
     let up = eventually(Duration::from_secs(3), || {
         proxy.cluster_status("app").unwrap()[0].healthy
     })
@@ -204,7 +204,7 @@ async fn reload_under_load_loses_no_request() {
 async fn reload_keeps_endpoint_state_and_refuses_bad_files() {
     let bs = backends(3, Duration::ZERO).await;
     let addrs: Vec<_> = bs.iter().map(|b| b.addr()).collect();
-    fault(&bs[0], Fault::Error).await;
+    fault(&bs[0], FailureMode::FAIL_AT_ONCE).await;
     let od = "[cluster.retry]\nattempts = 0\n[cluster.outlier_detection]\nconsecutive_failures = 1\nbase_ejection_time = \"30s\"\nmax_ejection_percent = 50\n";
     let dir = std::env::temp_dir().join(format!("keel-proxy-reload-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -322,7 +322,7 @@ async fn shutdown_completes_requests_in_flight_and_stops_accepting() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_cuts_requests_still_running_at_the_drain_timeout() {
     let bs = backends(1, Duration::ZERO).await;
-    fault(&bs[0], Fault::Hang).await;
+    fault(&bs[0], FailureMode::Hang).await;
     let proxy = keel_proxy::start(simple_config(
         &[bs[0].addr()],
         "round-robin",
@@ -348,8 +348,8 @@ async fn panic_threshold_and_slow_start_come_from_the_cluster_config() {
     let bs = backends(3, Duration::ZERO).await;
     let addrs: Vec<_> = bs.iter().map(|b| b.addr()).collect();
     let hc = "[cluster.retry]\nattempts = 0\n[cluster.health_check]\ninterval = \"30ms\"\ntimeout = \"100ms\"\nunhealthy_threshold = 1\nhealthy_threshold = 1\n[cluster.slow_start]\nwindow = \"20s\"\n";
-    fault(&bs[0], Fault::Error).await;
-    fault(&bs[1], Fault::Error).await;
+    fault(&bs[0], FailureMode::FAIL_AT_ONCE).await;
+    fault(&bs[1], FailureMode::FAIL_AT_ONCE).await;
     for (threshold, expect_panic) in [(50, true), (0, false)] {
         let proxy = keel_proxy::start(simple_config(
             &addrs,
@@ -392,7 +392,7 @@ async fn panic_threshold_and_slow_start_come_from_the_cluster_config() {
             .healthy)
         .await
     );
-    fault(&bs[0], Fault::None).await;
+    fault(&bs[0], FailureMode::None).await;
     assert!(
         eventually(Duration::from_secs(3), || proxy
             .cluster_status("app")

@@ -8,7 +8,8 @@ use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1::SendRequest;
 use hyper::Request;
 use hyper_util::rt::TokioIo;
-use keel_testbed::backend::{self, BackendConfig, Fault, LatencyDist};
+use keel_model::vocab::{FailureMode, Latency, LatencyDist};
+use keel_testbed::backend::{self, BackendConfig};
 use keel_testbed::loadgen::{self, LoadSpec, Target};
 use tokio::net::TcpStream;
 
@@ -107,17 +108,25 @@ async fn answers_with_body_name_and_counts_requests_apart_from_healthz() {
 async fn invalid_configs_are_refused() {
     for cfg in [
         BackendConfig {
-            error_rate: 1.5,
+            fault: FailureMode::Error { probability: 1.5 },
             ..Default::default()
         },
         BackendConfig {
-            fault: Fault::Slow { factor: 0.0 },
+            fault: FailureMode::Slow { factor: 0.0 },
             ..Default::default()
         },
         BackendConfig {
-            fault: Fault::Flap {
+            fault: FailureMode::Flap {
                 up: Duration::ZERO,
                 down: Duration::from_secs(1),
+                down_fails_after: None,
+            },
+            ..Default::default()
+        },
+        BackendConfig {
+            latency: Latency {
+                mean: Duration::from_millis(1),
+                dist: LatencyDist::LogNormal { sigma: -1.0 },
             },
             ..Default::default()
         },
@@ -143,13 +152,13 @@ async fn refuse_closes_the_port_and_connections_then_rebinds_the_same_port() {
         200
     );
 
-    b.apply_fault(Fault::Refuse).await.unwrap();
+    b.apply_fault(FailureMode::Refuse).await.unwrap();
     let err = TcpStream::connect(addr).await.unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
     // The kept-alive connection died with the "process" too.
     assert!(get(&mut kept, "/", Duration::from_secs(2)).await.is_err());
 
-    b.apply_fault(Fault::None).await.unwrap();
+    b.apply_fault(FailureMode::None).await.unwrap();
     assert_eq!(b.addr(), addr);
     assert_eq!(get_once(addr, "/").await.unwrap().0, 200);
     b.shutdown().await;
@@ -162,7 +171,7 @@ async fn a_backend_can_start_refusing() {
     let b = backend::spawn(
         any_port(),
         BackendConfig {
-            fault: Fault::Refuse,
+            fault: FailureMode::Refuse,
             ..Default::default()
         },
     )
@@ -170,7 +179,7 @@ async fn a_backend_can_start_refusing() {
     .unwrap();
     let err = TcpStream::connect(b.addr()).await.unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
-    b.apply_fault(Fault::None).await.unwrap();
+    b.apply_fault(FailureMode::None).await.unwrap();
     assert_eq!(get_once(b.addr(), "/").await.unwrap().0, 200);
 }
 
@@ -179,7 +188,7 @@ async fn hang_holds_the_call_past_the_client_timeout_until_the_fault_changes() {
     let b = backend::spawn(
         any_port(),
         BackendConfig {
-            fault: Fault::Hang,
+            fault: FailureMode::Hang,
             ..Default::default()
         },
     )
@@ -205,19 +214,19 @@ async fn hang_holds_the_call_past_the_client_timeout_until_the_fault_changes() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!hung.is_finished());
     // Changing the fault closes the hung connection without an answer.
-    b.set_fault(Fault::None);
+    b.set_fault(FailureMode::None);
     let r = hung.await.unwrap();
     assert!(r.is_err() && r.unwrap_err() != "timeout");
     assert_eq!(get_once(b.addr(), "/").await.unwrap().0, 200);
 }
 
 #[tokio::test]
-async fn error_answers_503_at_once_healthz_included() {
+async fn fail_fast_answers_503_after_its_delay_healthz_included() {
     let b = backend::spawn(
         any_port(),
         BackendConfig {
-            latency: Duration::from_millis(300),
-            fault: Fault::Error,
+            latency: Latency::fixed(Duration::from_millis(300)),
+            fault: FailureMode::FAIL_AT_ONCE,
             name: "e".into(),
             ..Default::default()
         },
@@ -227,13 +236,24 @@ async fn error_answers_503_at_once_healthz_included() {
     let t = Instant::now();
     let (status, name, body) = get_once(b.addr(), "/x").await.unwrap();
     assert_eq!((status, name.as_str()), (503, "e"));
-    assert!(String::from_utf8_lossy(&body).contains("injected error"));
+    assert!(String::from_utf8_lossy(&body).contains("fail-fast"));
     assert_eq!(get_once(b.addr(), "/healthz").await.unwrap().0, 503);
-    // Instant: the 300 ms latency does not apply.
+    // At once: the 300 ms latency does not apply.
     assert!(
         t.elapsed() < Duration::from_millis(250),
         "{:?}",
         t.elapsed()
+    );
+    // After a delay: the delay, not the latency.
+    b.set_fault(FailureMode::FailFast {
+        after: Duration::from_millis(120),
+    });
+    let t = Instant::now();
+    assert_eq!(get_once(b.addr(), "/x").await.unwrap().0, 503);
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(120) && took < Duration::from_millis(290),
+        "{took:?}"
     );
 }
 
@@ -242,7 +262,7 @@ async fn reset_sends_headers_and_part_of_the_body_then_resets() {
     let b = backend::spawn(
         any_port(),
         BackendConfig {
-            fault: Fault::Reset,
+            fault: FailureMode::Reset,
             body_bytes: 4096,
             ..Default::default()
         },
@@ -294,8 +314,8 @@ async fn slow_multiplies_the_latency() {
     let b = backend::spawn(
         any_port(),
         BackendConfig {
-            latency: Duration::from_millis(10),
-            fault: Fault::Slow { factor: 8.0 },
+            latency: Latency::fixed(Duration::from_millis(10)),
+            fault: FailureMode::Slow { factor: 8.0 },
             ..Default::default()
         },
     )
@@ -313,7 +333,7 @@ async fn slow_multiplies_the_latency() {
     // 80 ms; timers may add a millisecond or two, a busy machine more.
     assert!(slow.latency_p50 >= Duration::from_millis(80), "{slow}");
     assert!(slow.latency_p50 < Duration::from_millis(140), "{slow}");
-    b.set_fault(Fault::None);
+    b.set_fault(FailureMode::None);
     let normal = loadgen::run(spec(12)).await;
     assert!(normal.latency_p50 >= Duration::from_millis(10), "{normal}");
     assert!(normal.latency_p50 < Duration::from_millis(60), "{normal}");
@@ -324,8 +344,10 @@ async fn exponential_latency_spreads_around_its_mean() {
     let b = backend::spawn_with_seed(
         any_port(),
         BackendConfig {
-            latency: Duration::from_millis(10),
-            latency_dist: LatencyDist::Exponential,
+            latency: Latency {
+                mean: Duration::from_millis(10),
+                dist: LatencyDist::Exponential,
+            },
             ..Default::default()
         },
         3,
@@ -353,7 +375,11 @@ async fn flap_alternates_up_and_down_periods() {
         .unwrap();
     let mut s = connect(b.addr()).await.unwrap();
     let (up, down) = (Duration::from_millis(150), Duration::from_millis(100));
-    b.set_fault(Fault::Flap { up, down });
+    b.set_fault(FailureMode::Flap {
+        up,
+        down,
+        down_fails_after: Some(Duration::ZERO),
+    });
     let t0 = Instant::now();
     let period = (up + down).as_millis();
     let (mut ups, mut downs) = (0, 0);
@@ -379,9 +405,28 @@ async fn flap_alternates_up_and_down_periods() {
 }
 
 #[tokio::test]
-async fn error_rate_gives_that_share_of_503_and_is_repeatable_with_a_seed() {
+async fn flap_hangs_while_down_unless_told_to_fail() {
+    let b = backend::spawn(any_port(), BackendConfig::default())
+        .await
+        .unwrap();
+    b.set_fault(FailureMode::Flap {
+        up: Duration::from_millis(50),
+        down: Duration::from_secs(30),
+        down_fails_after: None,
+    });
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let mut s = connect(b.addr()).await.unwrap();
+    let r = get(&mut s, "/", Duration::from_millis(200)).await;
+    assert_eq!(r.unwrap_err(), "timeout");
+    assert_eq!(b.requests(), 1, "received, not answered");
+    b.set_fault(FailureMode::None);
+    assert_eq!(get_once(b.addr(), "/").await.unwrap().0, 200);
+}
+
+#[tokio::test]
+async fn error_gives_that_share_of_503_and_is_repeatable_with_a_seed() {
     let cfg = BackendConfig {
-        error_rate: 0.2,
+        fault: FailureMode::Error { probability: 0.2 },
         ..Default::default()
     };
     let mut counts = Vec::new();
@@ -400,10 +445,6 @@ async fn error_rate_gives_that_share_of_503_and_is_repeatable_with_a_seed() {
         assert_eq!(r.requests, 2000);
         assert_eq!(r.by_status.values().sum::<u64>(), 2000, "{r}");
         counts.push(r.by_status.get(&503).copied().unwrap_or(0));
-        // /healthz is exempt from the error rate.
-        for _ in 0..20 {
-            assert_eq!(get_once(b.addr(), "/healthz").await.unwrap().0, 200);
-        }
     }
     // Binomial(2000, 0.2): mean 400, sd 17.9; 5 sd = 89.
     assert!((311..=489).contains(&counts[0]), "{counts:?}");

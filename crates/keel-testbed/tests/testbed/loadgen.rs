@@ -7,8 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keel_balance::{Balancer, BalancerConfig, EndpointSpec, OutlierConfig, StrategyKind, TieBreak};
-use keel_testbed::backend::{self, BackendConfig, BackendHandle, Fault};
-use keel_testbed::loadgen::{self, wilson95, LoadOptions, LoadSpec, Target};
+use keel_model::stats::wilson95;
+use keel_model::{FailureMode, Latency};
+use keel_testbed::backend::{self, BackendConfig, BackendHandle};
+use keel_testbed::loadgen::{self, LoadOptions, LoadSpec, Target};
 
 fn any_port() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
@@ -75,7 +77,7 @@ async fn k_sequential_calls_succeed_together_as_the_model_says() {
     let b = backend::spawn_with_seed(
         any_port(),
         BackendConfig {
-            error_rate: 0.2,
+            fault: FailureMode::Error { probability: 0.2 },
             ..Default::default()
         },
         5,
@@ -108,7 +110,7 @@ async fn k_sequential_calls_succeed_together_as_the_model_says() {
 #[tokio::test]
 async fn transport_errors_refused_and_timeouts_are_counted() {
     let bs = backends(1, BackendConfig::default()).await;
-    bs[0].apply_fault(Fault::Refuse).await.unwrap();
+    bs[0].apply_fault(FailureMode::Refuse).await.unwrap();
     let r = loadgen::run(LoadSpec {
         target: url(&bs[0]),
         requests: 50,
@@ -121,7 +123,7 @@ async fn transport_errors_refused_and_timeouts_are_counted() {
     assert_eq!(r.timeouts, 0);
     assert_eq!(r.ci95().0, 0.0);
 
-    bs[0].apply_fault(Fault::Hang).await.unwrap();
+    bs[0].apply_fault(FailureMode::Hang).await.unwrap();
     let r = loadgen::run(LoadSpec {
         target: url(&bs[0]),
         requests: 8,
@@ -142,7 +144,7 @@ async fn the_overall_deadline_stops_a_run() {
     let bs = backends(
         1,
         BackendConfig {
-            fault: Fault::Hang,
+            fault: FailureMode::Hang,
             ..Default::default()
         },
     )
@@ -230,7 +232,7 @@ async fn client_side_failures_reach_the_balancer() {
     // One of three backends answers 503 at once; with outlier detection the balancer ejects it
     // after 3 consecutive failures, so it gets only a handful of the 300 calls.
     let bs = backends(3, BackendConfig::default()).await;
-    bs[2].set_fault(Fault::Error);
+    bs[2].set_fault(FailureMode::FAIL_AT_ONCE);
     let mut cfg = BalancerConfig::new(StrategyKind::RoundRobin);
     cfg.outlier_detection = Some(OutlierConfig {
         consecutive_failures: 3,
@@ -259,13 +261,13 @@ async fn client_side_failures_reach_the_balancer() {
 #[tokio::test]
 async fn per_worker_balancers_see_only_their_own_in_flight_calls() {
     // Least-connections with the lowest-index tie-break: one balancer per worker, each with at
-    // most one call in flight, always sees all counts at 0 and picks endpoint 0 (the source's
-    // client-side trap, experiment E5). One balancer shared by the same 6 workers sees the
-    // calls in flight and spreads them.
+    // most one call in flight, always sees all counts at 0 and picks endpoint 0 (the model's
+    // client-side trap, experiment E5). One balancer shared by the same 6 workers sees the calls
+    // in flight and spreads them.
     let bs = backends(
         3,
         BackendConfig {
-            latency: Duration::from_millis(5),
+            latency: Latency::fixed(Duration::from_millis(5)),
             ..Default::default()
         },
     )

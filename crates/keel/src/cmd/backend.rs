@@ -1,31 +1,39 @@
 //! `keel backend`: the experiment backend of `keel_testbed::backend` as a process, for demos and
 //! for trying the proxy by hand. Several `--listen` start several backends in one process.
+//!
+//! The latency and the failure mode are keel-model's vocabulary (the names of `--latency-dist`
+//! and `--fault` are those of the simulator's scenario files), so a backend started here fails
+//! exactly as a simulated server of the same setting.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use keel_testbed::backend::{self, BackendConfig, Fault, LatencyDist};
+use keel_model::vocab::{FailureMode, Latency, LatencyDist};
+use keel_testbed::backend::{self, BackendConfig};
 
 use crate::cmd::usage;
 
 /// Arguments of `keel backend`.
 #[derive(clap::Args)]
-#[command(after_help = "Faults:\n  \
-    none    answer 200 after the latency (503 at once with --error-rate)\n  \
-    refuse  do not listen: connects are refused\n  \
-    hang    read requests and never answer them\n  \
-    error   answer 503 at once\n  \
-    slow    the latency multiplied by --slow-factor\n  \
-    reset   send headers and half of the body, then reset the TCP connection\n  \
-    flap    alternate --flap-up periods of `none` and --flap-down periods of `error` (503)\n\
-/healthz answers 200 `ok` unless the fault says otherwise; --error-rate does not apply to it.\n\
+#[command(after_help = "Failure modes (--fault):\n  \
+    none       answer 200 after the latency\n  \
+    hang       read requests and never answer them\n  \
+    fail-fast  answer 503 after --fail-after (default: at once)\n  \
+    refuse     do not listen: connects are refused\n  \
+    reset      after the latency, send the headers and half of the body, then reset the connection\n  \
+    slow       the latency multiplied by --slow-factor\n  \
+    error      after the latency, answer 503 with probability --error-probability\n  \
+    flap       alternate --flap-up periods of `none` and --flap-down periods that hang (or answer\n             \
+               503 after --fail-after, when given)\n\
+/healthz answers 200 `ok` and fails the same way as every other path; it is counted apart.\n\
 Every response carries `x-backend: <name>`.\n\n\
 Examples:\n  \
     keel backend --listen 127.0.0.1:9001 --latency 10ms\n  \
-    keel backend --listen 127.0.0.1:9001 --listen 127.0.0.1:9002 --latency 10ms --latency-dist exp\n  \
+    keel backend --listen 127.0.0.1:9001 --listen 127.0.0.1:9002 --latency 10ms --latency-dist exponential\n  \
     keel backend --listen 127.0.0.1:9005 --fault hang\n  \
-    keel backend --listen 127.0.0.1:9005 --fault flap --flap-up 2s --flap-down 1s")]
+    keel backend --listen 127.0.0.1:9005 --fault error --error-probability 0.1\n  \
+    keel backend --listen 127.0.0.1:9005 --fault flap --flap-up 2s --flap-down 1s --fail-after 0ms")]
 pub struct Args {
     /// Address to listen on (port 0: any free port). Repeat for several backends in one process.
     #[arg(long, required = true, value_name = "ADDR")]
@@ -33,25 +41,29 @@ pub struct Args {
     /// Mean response latency, e.g. 10ms.
     #[arg(long, default_value = "0ms")]
     latency: String,
-    /// Latency distribution around its mean: fixed, exp (exponential) or lognormal.
+    /// Latency distribution around its mean: fixed, exponential or lognormal.
     #[arg(long, default_value = "fixed", value_name = "DIST")]
     latency_dist: String,
     /// Standard deviation of the log of the latency, for --latency-dist lognormal.
-    #[arg(long, allow_negative_numbers = true, default_value_t = 0.5)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = keel_model::vocab::DEFAULT_SIGMA)]
     sigma: f64,
-    /// Fault to inject: none, refuse, hang, error, slow, reset, flap (see below).
-    #[arg(long, default_value = "none")]
+    /// Failure mode: none, hang, fail-fast, refuse, reset, slow, error, flap (see below).
+    #[arg(long, default_value = "none", value_name = "MODE")]
     fault: String,
-    /// Probability in [0, 1] that a request gets an instant 503.
-    #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
-    error_rate: f64,
-    /// Latency multiplier of --fault slow.
+    /// fail-fast: delay before the 503 (default 0ms); flap: answer 503 after this delay while
+    /// down instead of hanging.
+    #[arg(long, value_name = "DURATION")]
+    fail_after: Option<String>,
+    /// Latency multiplier of --fault slow (1 or more).
     #[arg(long, allow_negative_numbers = true, default_value_t = 10.0)]
     slow_factor: f64,
+    /// Probability in [0, 1] of a 503, for --fault error.
+    #[arg(long, allow_negative_numbers = true, value_name = "P")]
+    error_probability: Option<f64>,
     /// Length of a healthy period of --fault flap.
     #[arg(long, default_value = "2s")]
     flap_up: String,
-    /// Length of a failing (503) period of --fault flap.
+    /// Length of a failing period of --fault flap.
     #[arg(long, default_value = "1s")]
     flap_down: String,
     /// Size of a response body in bytes.
@@ -61,7 +73,7 @@ pub struct Args {
     /// NAME-1, NAME-2, ...
     #[arg(long)]
     name: Option<String>,
-    /// Seed of the random draws (error rate, latency); default: derived from the name.
+    /// Seed of the random draws (latency, errors); default: derived from the name.
     #[arg(long)]
     seed: Option<u64>,
 }
@@ -75,55 +87,73 @@ fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
     }
 }
 
-fn latency_dist(args: &Args) -> anyhow::Result<LatencyDist> {
-    match args.latency_dist.as_str() {
-        "fixed" => Ok(LatencyDist::Fixed),
-        "exp" | "exponential" => Ok(LatencyDist::Exponential),
-        "lognormal" | "log-normal" => {
-            if !(args.sigma.is_finite() && args.sigma >= 0.0) {
-                return usage(format!("--sigma {}: must be a number >= 0", args.sigma));
-            }
-            Ok(LatencyDist::LogNormal { sigma: args.sigma })
+fn latency(args: &Args) -> anyhow::Result<Latency> {
+    let mean = duration("latency", &args.latency)?;
+    let dist = match args.latency_dist.as_str() {
+        "fixed" => LatencyDist::Fixed,
+        "exponential" => LatencyDist::Exponential,
+        "lognormal" => LatencyDist::LogNormal { sigma: args.sigma },
+        other => {
+            return usage(format!(
+                "--latency-dist {other:?}: unknown distribution; allowed: fixed, exponential, lognormal"
+            ))
         }
-        other => usage(format!(
-            "--latency-dist {other:?}: unknown distribution; allowed: fixed, exp, lognormal"
-        )),
+    };
+    let latency = Latency { mean, dist };
+    match latency.validate() {
+        Ok(()) => Ok(latency),
+        Err(e) => usage(format!("--{e}")),
     }
 }
 
-fn fault(args: &Args) -> anyhow::Result<Fault> {
-    Ok(match args.fault.as_str() {
-        "none" => Fault::None,
-        "refuse" => Fault::Refuse,
-        "hang" => Fault::Hang,
-        "error" => Fault::Error,
-        "reset" => Fault::Reset,
-        "slow" => {
-            if !(args.slow_factor.is_finite() && args.slow_factor > 0.0) {
-                return usage(format!(
-                    "--slow-factor {}: must be a number > 0",
-                    args.slow_factor
-                ));
-            }
-            Fault::Slow {
-                factor: args.slow_factor,
-            }
-        }
-        "flap" => {
-            let up = duration("flap-up", &args.flap_up)?;
-            let down = duration("flap-down", &args.flap_down)?;
-            if up.is_zero() || down.is_zero() {
-                return usage("--flap-up and --flap-down must both be > 0");
-            }
-            Fault::Flap { up, down }
-        }
+fn fault(args: &Args) -> anyhow::Result<FailureMode> {
+    let fail_after = match &args.fail_after {
+        Some(t) => Some(duration("fail-after", t)?),
+        None => None,
+    };
+    if fail_after.is_some() && !matches!(args.fault.as_str(), "fail-fast" | "flap") {
+        return usage("--fail-after applies to --fault fail-fast and flap only");
+    }
+    if args.error_probability.is_some() && args.fault != "error" {
+        return usage("--error-probability applies to --fault error only");
+    }
+    let mode = match args.fault.as_str() {
+        "none" => FailureMode::None,
+        "hang" => FailureMode::Hang,
+        "fail-fast" => FailureMode::FailFast {
+            after: fail_after.unwrap_or(Duration::ZERO),
+        },
+        "refuse" => FailureMode::Refuse,
+        "reset" => FailureMode::Reset,
+        "slow" => FailureMode::Slow {
+            factor: args.slow_factor,
+        },
+        "error" => match args.error_probability {
+            Some(probability) => FailureMode::Error { probability },
+            None => return usage("--fault error needs --error-probability P"),
+        },
+        "flap" => FailureMode::Flap {
+            up: duration("flap-up", &args.flap_up)?,
+            down: duration("flap-down", &args.flap_down)?,
+            down_fails_after: fail_after,
+        },
         other => {
             return usage(format!(
-                "--fault {other:?}: unknown fault; allowed: {}",
-                Fault::NAMES.join(", ")
+                "--fault {other:?}: unknown failure mode; allowed: {}",
+                FailureMode::NAMES.join(", ")
             ))
         }
-    })
+    };
+    // The vocabulary names the parameter; the flag is the mode's flag for it.
+    if let Err(e) = mode.validate() {
+        let flag = match mode {
+            FailureMode::Slow { .. } => "--slow-factor",
+            FailureMode::Error { .. } => "--error-probability",
+            _ => "--flap-up and --flap-down",
+        };
+        return usage(format!("{flag}: {e}"));
+    }
+    Ok(mode)
 }
 
 /// Checks every flag and returns the listen addresses and the shared configuration.
@@ -139,21 +169,13 @@ fn parse(args: &Args) -> anyhow::Result<(Vec<SocketAddr>, BackendConfig)> {
             }
         }
     }
-    if !(0.0..=1.0).contains(&args.error_rate) {
-        return usage(format!(
-            "--error-rate {}: must be in [0, 1]",
-            args.error_rate
-        ));
-    }
     let cfg = BackendConfig {
-        latency: duration("latency", &args.latency)?,
-        latency_dist: latency_dist(args)?,
+        latency: latency(args)?,
         fault: fault(args)?,
-        error_rate: args.error_rate,
         body_bytes: args.body_bytes,
         name: String::new(),
     };
-    if matches!(cfg.fault, Fault::Slow { .. }) && cfg.latency.is_zero() {
+    if matches!(cfg.fault, FailureMode::Slow { .. }) && cfg.latency.mean.is_zero() {
         eprintln!("keel backend: warning: --fault slow multiplies --latency, which is 0");
     }
     Ok((addrs, cfg))
@@ -194,18 +216,12 @@ async fn serve(args: Args, addrs: Vec<SocketAddr>, cfg: BackendConfig) -> anyhow
             Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => return usage(format!("{e}")),
             Err(e) => return Err(e).with_context(|| format!("cannot listen on {addr}")),
         };
-        let dist = match &cfg.latency_dist {
-            LatencyDist::Fixed => "fixed".to_string(),
-            LatencyDist::Exponential => "exponential".to_string(),
-            LatencyDist::LogNormal { sigma } => format!("log-normal sigma {sigma}"),
-        };
         println!(
-            "keel backend {} listening on {} (latency {:?} {dist}, fault {}, error rate {}, body {} bytes)",
+            "keel backend {} listening on {} (latency {}, failure {}, body {} bytes)",
             handle.name(),
             handle.addr(),
             cfg.latency,
             cfg.fault,
-            cfg.error_rate,
             cfg.body_bytes
         );
         handles.push(handle);
@@ -280,61 +296,80 @@ mod tests {
             "flap",
             "--flap-up",
             "300ms",
-            "--error-rate",
-            "0.1",
+            "--fail-after",
+            "0ms",
             "--body-bytes",
             "10",
         ])
         .unwrap();
         assert_eq!(addrs.len(), 2);
-        assert_eq!(cfg.latency, Duration::from_millis(10));
-        assert_eq!(cfg.latency_dist, LatencyDist::LogNormal { sigma: 1.0 });
         assert_eq!(
-            cfg.fault,
-            Fault::Flap {
-                up: Duration::from_millis(300),
-                down: Duration::from_secs(1)
+            cfg.latency,
+            Latency {
+                mean: Duration::from_millis(10),
+                dist: LatencyDist::LogNormal { sigma: 1.0 }
             }
         );
-        assert_eq!((cfg.error_rate, cfg.body_bytes), (0.1, 10));
-        let (_, cfg) = parse_cli(&["--listen", "127.0.0.1:0", "--fault", "slow"]).unwrap();
-        assert_eq!(cfg.fault, Fault::Slow { factor: 10.0 });
+        assert_eq!(
+            cfg.fault,
+            FailureMode::Flap {
+                up: Duration::from_millis(300),
+                down: Duration::from_secs(1),
+                down_fails_after: Some(Duration::ZERO),
+            }
+        );
+        assert_eq!(cfg.body_bytes, 10);
+        let mode = |argv: &[&str]| {
+            let mut all = vec!["--listen", "127.0.0.1:0"];
+            all.extend_from_slice(argv);
+            parse_cli(&all).unwrap().1.fault
+        };
+        assert_eq!(
+            mode(&["--fault", "slow"]),
+            FailureMode::Slow { factor: 10.0 }
+        );
+        assert_eq!(mode(&["--fault", "fail-fast"]), FailureMode::FAIL_AT_ONCE);
+        assert_eq!(
+            mode(&["--fault", "fail-fast", "--fail-after", "5ms"]),
+            FailureMode::FailFast {
+                after: Duration::from_millis(5)
+            }
+        );
+        assert_eq!(
+            mode(&["--fault", "error", "--error-probability", "0.1"]),
+            FailureMode::Error { probability: 0.1 }
+        );
+        // Every name of the vocabulary is a --fault value.
+        for name in FailureMode::NAMES {
+            let extra: &[&str] = match name {
+                "error" => &["--error-probability", "0.5"],
+                _ => &[],
+            };
+            let mut argv = vec!["--fault", name];
+            argv.extend_from_slice(extra);
+            assert_eq!(mode(&argv).name(), name);
+        }
     }
 
     #[test]
     fn bad_values_are_usage_errors() {
-        for argv in [
-            &["--listen", "localhost"][..],
-            &["--listen", "127.0.0.1:0", "--fault", "crash"],
-            &["--listen", "127.0.0.1:0", "--latency", "fast"],
-            &["--listen", "127.0.0.1:0", "--latency-dist", "pareto"],
-            &["--listen", "127.0.0.1:0", "--error-rate", "-0.1"],
-            &[
-                "--listen",
-                "127.0.0.1:0",
-                "--fault",
-                "slow",
-                "--slow-factor",
-                "-2",
-            ],
-            &[
-                "--listen",
-                "127.0.0.1:0",
-                "--fault",
-                "flap",
-                "--flap-down",
-                "0s",
-            ],
-            &[
-                "--listen",
-                "127.0.0.1:0",
-                "--latency-dist",
-                "lognormal",
-                "--sigma",
-                "-1",
-            ],
+        let base = ["--listen", "127.0.0.1:0"];
+        for extra in [
+            &["--fault", "crash"][..],
+            &["--latency", "fast"],
+            &["--latency-dist", "pareto"],
+            &["--latency-dist", "lognormal", "--sigma", "-1"],
+            &["--fault", "error"],
+            &["--fault", "error", "--error-probability", "-0.1"],
+            &["--error-probability", "0.5"],
+            &["--fault", "slow", "--slow-factor", "0.5"],
+            &["--fault", "flap", "--flap-down", "0s"],
+            &["--fault", "hang", "--fail-after", "1ms"],
+            &["--fault", "fail-fast", "--fail-after", "soon"],
         ] {
-            assert!(is_usage(parse_cli(argv)), "{argv:?}");
+            let argv: Vec<&str> = base.iter().chain(extra).copied().collect();
+            assert!(is_usage(parse_cli(&argv)), "{argv:?}");
         }
+        assert!(is_usage(parse_cli(&["--listen", "localhost"])));
     }
 }

@@ -1,33 +1,32 @@
 //! The lab's cases: one per (experiment, strategy, failure mode, protections), each described
-//! once and turned into a proxy configuration, a simulator scenario and a closed form.
+//! once and turned into a proxy configuration, a simulator scenario and a closed form. The
+//! backends and the simulated servers get the same [`Latency`] and [`FailureMode`] values.
 
 use std::time::Duration;
 
 use keel_balance::{BalancerConfig, OutlierConfig, RetryBudgetConfig, StrategyKind, TieBreak};
 use keel_model::sim::{
-    ClusterConfig, FailedPosition, FailureMode, HealthCheckConfig, LatencyConfig, LatencyDist,
-    Load, Placement, RetryConfig, Scenario,
+    ClusterConfig, FailedPosition, HealthCheckConfig, Load, Placement, RetryConfig, Scenario,
 };
-use keel_testbed::backend::Fault;
+use keel_model::{FailureMode, Latency};
 use serde::Serialize;
 
 use super::LabOptions;
 
-/// The source's times scaled down (10 ms -> 4 ms, 1 s -> 400 ms): q = 100 is kept.
+/// The model's times scaled down (10 ms -> 4 ms, 1 s -> 400 ms), so that a hanging server keeps
+/// q = 100 and a run takes about a minute.
 #[derive(Debug, Clone, Serialize)]
 pub struct Timing {
-    /// Healthy service time.
+    /// Healthy service time (fixed).
     #[serde(with = "humantime_serde")]
     pub healthy: Duration,
     /// The caller's timeout for one try (a hanging server costs this much).
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
-    /// Assumed time of an instant error over loopback (for q of fast failures).
+    /// What the simulation adds to every call for the loopback round trip through the proxy,
+    /// which its servers do not have: without it, an error "at once" would take no time at all.
     #[serde(with = "humantime_serde")]
-    pub fast_error: Duration,
-    /// How long the backend's reset fault takes before it resets the connection.
-    #[serde(with = "humantime_serde")]
-    pub reset_after: Duration,
+    pub round_trip: Duration,
 }
 
 impl Default for Timing {
@@ -35,67 +34,15 @@ impl Default for Timing {
         Self {
             healthy: Duration::from_millis(4),
             timeout: Duration::from_millis(400),
-            fast_error: Duration::from_micros(100),
-            reset_after: Duration::from_millis(20),
+            round_trip: Duration::from_micros(100),
         }
     }
 }
 
-/// How the failed servers fail.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Failure {
-    /// Never answers: the caller's timeout ends the call (q = timeout / healthy = 100).
-    Hang,
-    /// Answers 503 at once (q << 1).
-    FastError,
-    /// Connection refused.
-    Refuse,
-    /// Sends headers and half the body, then resets the connection.
-    Reset,
-}
-
-impl Failure {
-    /// Kebab-case name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Failure::Hang => "hang",
-            Failure::FastError => "fast-error",
-            Failure::Refuse => "refuse",
-            Failure::Reset => "reset",
-        }
-    }
-
-    pub(super) fn fault(self) -> Fault {
-        match self {
-            Failure::Hang => Fault::Hang,
-            Failure::FastError => Fault::Error,
-            Failure::Refuse => Fault::Refuse,
-            Failure::Reset => Fault::Reset,
-        }
-    }
-
-    /// Time a failed call takes.
-    pub fn t_fail(self, t: &Timing) -> Duration {
-        match self {
-            Failure::Hang => t.timeout,
-            Failure::FastError | Failure::Refuse => t.fast_error,
-            Failure::Reset => t.reset_after,
-        }
-    }
-
-    /// q = t_fail / t_ok.
-    pub fn q(self, t: &Timing) -> f64 {
-        self.t_fail(t).as_secs_f64() / t.healthy.as_secs_f64()
-    }
-
-    fn sim_mode(self, t: &Timing) -> FailureMode {
-        match self {
-            Failure::Hang => FailureMode::Hang,
-            _ => FailureMode::FailFast {
-                after: self.t_fail(t),
-            },
-        }
+impl Timing {
+    /// The healthy servers' latency.
+    pub fn latency(&self) -> Latency {
+        Latency::fixed(self.healthy)
     }
 }
 
@@ -112,8 +59,8 @@ pub struct Case {
     pub failed_first: bool,
     /// Outlier ejection, retries with a budget, health checks.
     pub protections: bool,
-    /// Failure mode.
-    pub failure: Failure,
+    /// How the failed servers fail, the same value for the backends and the simulated servers.
+    pub failure: FailureMode,
     /// Servers in the cluster.
     pub servers: u32,
     /// Failed servers.
@@ -132,7 +79,7 @@ impl Case {
     fn new(
         experiment: &'static str,
         strategy: StrategyKind,
-        failure: Failure,
+        failure: FailureMode,
         requests: u64,
     ) -> Self {
         Case {
@@ -171,7 +118,7 @@ impl Case {
             "{} {} {} p={:.1} {}",
             self.experiment,
             self.strategy,
-            self.failure.name(),
+            self.failure,
             self.p(),
             self.protections_name()
         );
@@ -261,6 +208,7 @@ impl Case {
             requests: self.requests.div_ceil(2).max(200),
             warmup: Duration::ZERO,
             timeout: t.timeout,
+            round_trip: t.round_trip,
             abort_on_failure: true,
             call_gap: Duration::ZERO,
             placement: if self.client_side {
@@ -292,12 +240,8 @@ impl Case {
                 } else {
                     FailedPosition::Last
                 },
-                latency: LatencyConfig {
-                    dist: LatencyDist::Fixed,
-                    mean: t.healthy,
-                    sigma: 0.5,
-                },
-                failure: self.failure.sim_mode(t),
+                latency: t.latency(),
+                failure: self.failure,
                 balancer: self.balancer(seed),
                 ..ClusterConfig::default()
             }],
@@ -339,14 +283,14 @@ pub fn plan(opts: &LabOptions) -> anyhow::Result<Vec<Case>> {
     let mut cases = Vec::new();
     if selected("e1") {
         for s in [RoundRobin, Random] {
-            cases.push(Case::new("e1", s, Failure::FastError, n(5000, 3000)));
+            cases.push(Case::new("e1", s, FailureMode::FAIL_AT_ONCE, n(5000, 3000)));
         }
     }
     if selected("e2") {
         cases.push(Case::new(
             "e2",
             LeastConnections,
-            Failure::Hang,
+            FailureMode::Hang,
             n(4000, 1500),
         ));
     }
@@ -356,7 +300,7 @@ pub fn plan(opts: &LabOptions) -> anyhow::Result<Vec<Case>> {
                 let mut c = Case::new(
                     "e3",
                     s,
-                    Failure::Hang,
+                    FailureMode::Hang,
                     if failed == 0 {
                         n(1000, 300)
                     } else {
@@ -375,11 +319,11 @@ pub fn plan(opts: &LabOptions) -> anyhow::Result<Vec<Case>> {
     }
     if selected("e4") {
         for s in [RoundRobin, LeastConnections, LeastTime, PeakEwma] {
-            cases.push(Case::new("e4", s, Failure::FastError, n(3000, 1000)));
+            cases.push(Case::new("e4", s, FailureMode::FAIL_AT_ONCE, n(3000, 1000)));
         }
     }
     if selected("e5") {
-        for failure in [Failure::Hang, Failure::FastError] {
+        for failure in [FailureMode::Hang, FailureMode::FAIL_AT_ONCE] {
             for (tie, first) in [
                 (TieBreak::Random, false),
                 (TieBreak::LowestIndex, true),
@@ -397,10 +341,10 @@ pub fn plan(opts: &LabOptions) -> anyhow::Result<Vec<Case>> {
     if selected("e6") {
         for s in [RoundRobin, LeastConnections, PeakEwma] {
             for failure in [
-                Failure::Hang,
-                Failure::FastError,
-                Failure::Refuse,
-                Failure::Reset,
+                FailureMode::Hang,
+                FailureMode::FAIL_AT_ONCE,
+                FailureMode::Refuse,
+                FailureMode::Reset,
             ] {
                 let mut c = Case::new("e6", s, failure, n(2000, 1000));
                 c.protections = true;

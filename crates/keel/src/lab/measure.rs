@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use keel_balance::{Balancer, EndpointSpec};
+use keel_model::FailureMode;
 use keel_testbed::backend::{self, BackendConfig, BackendHandle};
 use keel_testbed::loadgen::{self, LoadOptions, LoadReport, LoadSpec, Target};
 
@@ -37,7 +38,12 @@ pub async fn measure(
     let mut backends: Vec<BackendHandle> = Vec::new();
     for i in 0..case.servers {
         let cfg = BackendConfig {
-            latency: t.healthy,
+            latency: t.latency(),
+            fault: if case.is_failed(i) {
+                case.failure
+            } else {
+                FailureMode::None
+            },
             name: format!("server-{i}"),
             ..BackendConfig::default()
         };
@@ -47,11 +53,6 @@ pub async fn measure(
         backends.push(b);
     }
     let addrs: Vec<SocketAddr> = backends.iter().map(|b| b.addr()).collect();
-    for (i, b) in backends.iter().enumerate() {
-        if case.is_failed(i as u32) {
-            b.set_fault(case.failure.fault());
-        }
-    }
 
     let mut proxy = None;
     let (target, timeout) = if case.client_side {

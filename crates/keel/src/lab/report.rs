@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::Context;
 use keel_balance::StrategyKind;
@@ -12,7 +13,9 @@ use keel_model::plot::{render_svg, ChartSpec, Series, Style};
 use keel_model::sim::SimResult;
 use serde::Serialize;
 
-use super::cases::{tie_name, Case, Failure, Timing};
+use keel_model::FailureMode;
+
+use super::cases::{tie_name, Case, Timing};
 use super::measure::Measured;
 use super::LabReport;
 
@@ -37,8 +40,9 @@ pub struct Row {
     pub failed_position: Option<String>,
     /// Failed share of servers.
     pub p: f64,
-    /// t_fail / t_ok.
-    pub q: f64,
+    /// t_fail / t_ok, as the simulation has it (round trip included); null when the failure
+    /// mode does not fix t_fail.
+    pub q: Option<f64>,
     /// Calls per request.
     pub k: u32,
     /// Requests in flight.
@@ -86,20 +90,22 @@ fn half(ci: [f64; 2]) -> f64 {
 
 impl Row {
     pub(super) fn new(case: &Case, t: &Timing, m: Measured, sim: SimResult) -> Row {
-        let q = case.failure.q(t);
+        let q = sim.q;
         let p = case.p();
-        let analytic = if case.protections {
-            analytic::retry_success(
-                case.strategy,
-                case.servers as u64,
-                case.failed as u64,
-                q,
-                2,
-                case.calls,
-            )
-        } else {
-            analytic::success(case.strategy, p, q, case.calls)
-        };
+        let analytic = q.and_then(|q| {
+            if case.protections {
+                analytic::retry_success(
+                    case.strategy,
+                    case.servers as u64,
+                    case.failed as u64,
+                    q,
+                    2,
+                    case.calls,
+                )
+            } else {
+                analytic::success(case.strategy, p, q, case.calls)
+            }
+        });
         let (lo, hi) = m.load.ci95();
         let measured_ci95 = [lo, hi];
         let measured = m.load.success_rate();
@@ -107,7 +113,7 @@ impl Row {
         let tol_m = 0.01 + half(measured_ci95);
         let agrees_with_model = analytic.map(|a| (measured - a).abs() <= tol_m);
         let agrees_with_simulation = (measured - sim.success).abs() <= tol_m + half(simulated_ci95);
-        let analytic_failed_share = analytic::failed_share(case.strategy, p, q);
+        let analytic_failed_share = q.and_then(|q| analytic::failed_share(case.strategy, p, q));
         let mut row = Row {
             experiment: case.experiment.to_string(),
             strategy: case.strategy.name().to_string(),
@@ -149,6 +155,14 @@ impl Row {
         row.explanation = explain(&row, case, t);
         row
     }
+}
+
+/// How long a call to a failed server takes, round trip included, when the mode fixes it.
+fn t_fail(case: &Case, t: &Timing) -> Duration {
+    case.failure
+        .failure_time(t.timeout, t.healthy)
+        .unwrap_or(t.timeout)
+        + t.round_trip
 }
 
 fn pct(x: f64) -> String {
@@ -210,8 +224,8 @@ fn explain(r: &Row, case: &Case, t: &Timing) -> String {
                 pct(r.p)
             );
         }
-    } else if case.failure == Failure::FastError
-        && r.q < 1.0
+    } else if case.failure == FailureMode::FAIL_AT_ONCE
+        && r.q.is_some_and(|q| q < 1.0)
         && r.strategy != "round-robin"
         && r.strategy != "random"
     {
@@ -221,7 +235,7 @@ fn explain(r: &Row, case: &Case, t: &Timing) -> String {
                     s,
                     "peak-EWMA counts every failure as at least its failure penalty, so the server that fails in {:?} looks slow, \
                      not fast: it got {} of calls.",
-                    case.failure.t_fail(t),
+                    t_fail(case, t),
                     pct(r.measured_failed_share)
                 );
             }
@@ -230,9 +244,9 @@ fn explain(r: &Row, case: &Case, t: &Timing) -> String {
                     s,
                     "The failed server answers in about {:?}, faster than a healthy one ({:?}): q = {:.2} < 1, so {} sees it as the best \
                      server and sent it {} of calls{}: the black hole of the model.",
-                    case.failure.t_fail(t),
+                    t_fail(case, t),
                     t.healthy,
-                    r.q,
+                    r.q.unwrap_or(f64::NAN),
                     if case.strategy == StrategyKind::LeastTime {
                         "least-time (lowest average response time)"
                     } else {
@@ -263,7 +277,7 @@ fn explain(r: &Row, case: &Case, t: &Timing) -> String {
             "Measurement differs from the model by {:+.4}. ",
             r.measured - a
         );
-        if case.strategy == StrategyKind::LeastConnections && case.failure == Failure::Hang {
+        if case.strategy == StrategyKind::LeastConnections && case.failure == FailureMode::Hang {
             let _ = write!(
                 s,
                 "Least-connections sees capacity only through in-flight counts: the failed server got {} of calls (model {}). \
@@ -277,7 +291,7 @@ fn explain(r: &Row, case: &Case, t: &Timing) -> String {
                 t.healthy,
                 r.measured_p50_ms,
                 r.k,
-                r.q
+                r.q.unwrap_or(f64::NAN)
             );
         } else {
             let _ = write!(
@@ -423,13 +437,14 @@ fn curve(f: impl Fn(f64) -> f64) -> Vec<(f64, f64)> {
 
 /// Charts: measured (with 95 % bars) and simulated points over the analytic curves.
 fn charts(report: &LabReport) -> Vec<(String, String)> {
-    let t = &report.timing;
     let mut out = Vec::new();
     for (failure, title) in [
-        (Failure::Hang, "Failed servers hang to the timeout"),
-        (Failure::FastError, "Failed servers answer an error at once"),
+        (FailureMode::Hang, "Failed servers hang to the timeout"),
+        (
+            FailureMode::FAIL_AT_ONCE,
+            "Failed servers answer an error at once",
+        ),
     ] {
-        let q = failure.q(t);
         let k = 3;
         let rows: Vec<&Row> = report
             .rows
@@ -440,9 +455,9 @@ fn charts(report: &LabReport) -> Vec<(String, String)> {
                     && r.placement == "server-side"
             })
             .collect();
-        if rows.is_empty() {
+        let Some(q) = rows.first().and_then(|r| r.q) else {
             continue;
-        }
+        };
         let mut series = vec![
             Series::line(
                 "model: round-robin / random, (1-p)^3",
@@ -577,8 +592,8 @@ fn html(report: &LabReport) -> String {
         t.healthy,
         t.timeout,
         t.timeout.as_secs_f64() / t.healthy.as_secs_f64(),
-        t.fast_error,
-        Failure::FastError.q(t),
+        t.round_trip,
+        t.round_trip.as_secs_f64() / (t.healthy + t.round_trip).as_secs_f64(),
         t.timeout,
         report.seed,
         report.machine.cpus,
@@ -604,7 +619,7 @@ fn html(report: &LabReport) -> String {
         let _ = write!(
             h,
             "<tr class=\"{}\"><td class=l>{}</td><td class=l>{}</td><td class=l>{}</td><td class=l>{}</td><td class=l>{}</td>\
-             <td>{:.1}</td><td>{:.2}</td><td>{}</td><td>{:.4}</td><td class=m>{:.4}</td><td>{:.4}-{:.4}</td><td>{}</td><td>{}</td><td>{:.1}</td></tr>",
+             <td>{:.1}</td><td>{}</td><td>{}</td><td>{:.4}</td><td class=m>{:.4}</td><td>{:.4}-{:.4}</td><td>{}</td><td>{}</td><td>{:.1}</td></tr>",
             if ok { "ok" } else { "off" },
             r.experiment,
             esc(&strategy),
@@ -612,7 +627,7 @@ fn html(report: &LabReport) -> String {
             r.protections,
             r.placement,
             r.p,
-            r.q,
+            r.q.map_or("-".into(), |q| format!("{q:.2}")),
             fmt_opt(r.analytic),
             r.simulated,
             r.measured,

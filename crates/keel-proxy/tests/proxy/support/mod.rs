@@ -13,8 +13,9 @@ use hyper::{Method, Request, StatusCode};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use keel_model::{FailureMode, Latency};
 use keel_proxy::ProxyConfig;
-use keel_testbed::backend::{self, BackendConfig, BackendHandle, Fault};
+use keel_testbed::backend::{self, BackendConfig, BackendHandle};
 
 /// The issue's configuration file, verbatim.
 pub const ISSUE_CONFIG: &str = include_str!("../../../../../examples/proxy.toml");
@@ -29,7 +30,7 @@ pub async fn backends(n: usize, latency: Duration) -> Vec<BackendHandle> {
     let mut v = Vec::new();
     for i in 0..n {
         let cfg = BackendConfig {
-            latency,
+            latency: Latency::fixed(latency),
             name: format!("b{i}"),
             ..BackendConfig::default()
         };
@@ -126,7 +127,7 @@ pub async fn get(url: &str) -> Result<Got, String> {
 }
 
 /// Sets a fault and waits until it is in force.
-pub async fn fault(b: &BackendHandle, f: Fault) {
+pub async fn fault(b: &BackendHandle, f: FailureMode) {
     b.apply_fault(f).await.unwrap();
 }
 
