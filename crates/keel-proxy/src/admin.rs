@@ -156,31 +156,18 @@ fn metrics_text(shared: &Shared) -> String {
 }
 
 fn reload_from_file(shared: &Shared) -> Response<Full<Bytes>> {
-    let Some(path) = shared.config.load().source.clone() else {
-        return reply(
+    match shared.reload_from_file() {
+        Ok(()) => reply(StatusCode::OK, "text/plain; charset=utf-8", "reloaded\n"),
+        Err(crate::server::ReloadError::NoFile) => reply(
             StatusCode::CONFLICT,
             "text/plain; charset=utf-8",
             "this proxy was not started from a file; nothing to reload\n",
-        );
-    };
-    match crate::ProxyConfig::from_file(&path) {
-        Err(e) => {
-            shared.reload_failures.fetch_add(1, Relaxed);
-            tracing::error!("configuration reload refused, the old one keeps serving: {e}");
-            reply(
-                StatusCode::BAD_REQUEST,
-                "text/plain; charset=utf-8",
-                format!("reload refused, the old configuration keeps serving: {e}\n"),
-            )
-        }
-        Ok(config) => match shared.reload(config) {
-            Ok(()) => reply(StatusCode::OK, "text/plain; charset=utf-8", "reloaded\n"),
-            Err(e) => reply(
-                StatusCode::BAD_REQUEST,
-                "text/plain; charset=utf-8",
-                format!("reload refused, the old configuration keeps serving: {e:#}\n"),
-            ),
-        },
+        ),
+        Err(crate::server::ReloadError::Refused(e)) => reply(
+            StatusCode::BAD_REQUEST,
+            "text/plain; charset=utf-8",
+            format!("reload refused, the old configuration keeps serving: {e:#}\n"),
+        ),
     }
 }
 

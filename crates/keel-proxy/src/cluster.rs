@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use hyper::http::uri::Authority;
 use hyper::http::HeaderValue;
-use keel_balance::{Balancer, EndpointId, EndpointSpec, Outcome, Pick, RetryBudget};
+use keel_balance::{Balancer, EndpointId, Outcome, Pick, RetryBudget};
 
-use crate::config::{ClusterConfig, HashOn};
+use crate::config::ClusterConfig;
 use crate::metrics::{ClusterMetrics, EndpointMetrics, ErrorKind, Registry};
 use crate::pool::{EndpointPool, PoolSettings};
 use crate::tls::UpstreamTls;
@@ -46,6 +46,8 @@ pub struct Cluster {
     pub metrics: Arc<ClusterMetrics>,
     /// Per-try timeout in force.
     pub per_try_timeout: Duration,
+    /// Rate limit of the lines logged about this cluster's failures.
+    pub(crate) log_budget: crate::attempt::LogBudget,
     epoch: Instant,
 }
 
@@ -119,6 +121,7 @@ impl Cluster {
         Ok(Cluster {
             metrics: registry.cluster(&config.name),
             per_try_timeout: config.per_try_timeout(),
+            log_budget: crate::attempt::LogBudget::new(10, epoch),
             config,
             balancer,
             budget,
@@ -150,47 +153,6 @@ impl Cluster {
         self.config.retry.retry_on_status.contains(&status)
     }
 
-    /// After a failed try, whether to try again: not after the last try, only when it is
-    /// safe (`safe`: the request never left, or may be repeated), before the request's
-    /// deadline, and within the retry budget. Counts the retry or the budget's refusal.
-    pub fn may_retry(&self, last: bool, safe: bool, before_deadline: bool) -> bool {
-        if last || !safe || !before_deadline {
-            return false;
-        }
-        if self.budget.try_retry(self.now()) {
-            self.metrics.retries.fetch_add(1, Relaxed);
-            true
-        } else {
-            self.metrics.budget_refusals.fetch_add(1, Relaxed);
-            false
-        }
-    }
-
-    /// Why a try timed out: the per-try timeout, or the request's when that came first.
-    pub fn timeout_cause(&self, entry: &EndpointEntry, request_deadline_first: bool) -> String {
-        format!(
-            "upstream {} did not answer within {}",
-            entry.authority,
-            humantime::format_duration(if request_deadline_first {
-                self.config.request_timeout
-            } else {
-                self.per_try_timeout
-            })
-        )
-    }
-
-    /// The request's hash key, for the hash strategies.
-    pub fn hash_key(&self, parts: &hyper::http::request::Parts, peer: SocketAddr) -> Option<u64> {
-        match self.config.hash_on.as_ref()? {
-            HashOn::Header(name) => parts
-                .headers
-                .get(name)
-                .map(|v| keel_balance::hash_key(v.as_bytes())),
-            HashOn::Path => Some(keel_balance::hash_key(parts.uri.path().as_bytes())),
-            HashOn::ClientIp => Some(client_ip_key(peer)),
-        }
-    }
-
     /// Finishes a pick made at `picked_at` with its outcome, counting the try's latency, the
     /// error kind and any ejection it caused.
     pub fn finish(
@@ -201,7 +163,8 @@ impl Cluster {
         kind: Option<ErrorKind>,
     ) {
         let now = self.now();
-        let entry = self.endpoints.get(pick.index());
+        let index = pick.index();
+        let entry = self.endpoints.get(index);
         if let Some(e) = entry {
             e.metrics.latency.observe(now.saturating_sub(picked_at));
             if let Some(k) = kind {
@@ -211,18 +174,21 @@ impl Cluster {
         if self.balancer.finish(pick, outcome, now) {
             if let Some(e) = entry {
                 e.metrics.ejections.fetch_add(1, Relaxed);
+                let until = self
+                    .balancer
+                    .endpoints()
+                    .get(index)
+                    .and_then(|ep| ep.ejected_until(now));
+                let time =
+                    until.map(|u| humantime::format_duration(u.saturating_sub(now)).to_string());
                 tracing::warn!(
                     cluster = %self.config.name,
                     endpoint = %e.authority,
+                    ejected_for = time.as_deref().unwrap_or("?"),
                     "endpoint ejected by outlier detection"
                 );
             }
         }
-    }
-
-    /// Specs of the endpoints (for tests and status).
-    pub fn specs(&self) -> Vec<EndpointSpec> {
-        self.balancer.specs()
     }
 }
 

@@ -115,24 +115,34 @@ pub struct ListenerConfig {
     /// Terminate TLS on this listener (`[listener.tls]`); plain TCP unless present.
     #[serde(default)]
     pub tls: Option<ListenerTlsConfig>,
-    /// Which HTTP/1 server serves a plain-TCP listener: `"keel"` (default) or `"hyper"`.
-    /// TLS listeners are always served by hyper.
+    /// Clients whose `X-Forwarded-For` is believed (CIDR blocks, e.g. `["10.0.0.0/8"]`): keel
+    /// appends the client's address to theirs. From any other client the header is replaced
+    /// by the client's address, so a client cannot pass itself off as another. Default: none.
     #[serde(default)]
-    pub http1: Http1Server,
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// How much of a failure's cause keel's own answers (502, 503, 504) tell the client:
+    /// `"brief"` (default: the kind of failure, no addresses, no system errors) or `"full"`
+    /// (the endpoint's address and the error, as logged). Logs and metrics always have it all.
+    #[serde(default)]
+    pub error_detail: ErrorDetail,
 }
 
-/// The HTTP/1 server of a plain-TCP listener (`http1 = ...`).
+/// `error_detail` of a listener.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Http1Server {
-    /// keel's own HTTP/1.1 path: heads parsed in place and rewritten straight into the bytes
-    /// sent on, bodies through reused buffers; requests it does not handle itself (chunked or
-    /// bodies over 64 KiB, `Expect`, `CONNECT`, HTTP/2 with prior knowledge) pass to hyper
-    /// with the rest of their connection.
+pub enum ErrorDetail {
+    /// The kind of failure only.
     #[default]
-    Keel,
-    /// hyper's HTTP/1 and HTTP/2 server and keel's hyper-based forwarding, for every request.
-    Hyper,
+    Brief,
+    /// The endpoint's address and the error too.
+    Full,
+}
+
+impl ListenerConfig {
+    /// True if `ip` is one of `trusted_proxies`.
+    pub fn trusts(&self, ip: std::net::IpAddr) -> bool {
+        self.trusted_proxies.iter().any(|net| net.contains(&ip))
+    }
 }
 
 /// `[listener.tls]`: the listener terminates TLS (HTTP/2 or HTTP/1.1, chosen by ALPN).
@@ -174,6 +184,14 @@ fn default_header_read_timeout() -> Duration {
 }
 fn default_idle_timeout() -> Duration {
     Duration::from_secs(60)
+}
+
+/// True if two listening addresses would take the same port: the same port (not 0) on the
+/// same address, or on any address when one of them is unspecified (`0.0.0.0`, `[::]`).
+fn same_port(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() == b.port()
+        && a.port() != 0
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
 }
 
 /// hyper's smallest HTTP/1 read buffer, hence the smallest `max_header_bytes`.
@@ -729,10 +747,29 @@ impl ProxyConfig {
                     ),
                 ));
             }
-            if l.listen.port() != 0 && self.listeners[..i].iter().any(|o| o.listen == l.listen) {
+            if let Some(o) = self.listeners[..i]
+                .iter()
+                .find(|o| same_port(o.listen, l.listen))
+            {
                 return Err((
                     vec![K("listener"), I(i), K("listen")],
-                    format!("{} is already used by another listener", l.listen),
+                    format!(
+                        "{} is already used by another listener ({})",
+                        l.listen, o.listen
+                    ),
+                ));
+            }
+            if let Some(a) = self
+                .admin
+                .as_ref()
+                .filter(|a| same_port(a.listen, l.listen))
+            {
+                return Err((
+                    vec![K("listener"), I(i), K("listen")],
+                    format!(
+                        "{} is the admin listener's address ({}); give one of them another port",
+                        l.listen, a.listen
+                    ),
                 ));
             }
             if let Some(t) = &l.tls {
@@ -1160,6 +1197,44 @@ mod tests {
         let e = err(&format!("{HEAD}[cluster.retry]\nattempts = \"two\"\n"));
         assert_eq!(e.line, Some(9), "{e}");
         assert_eq!(e.key.as_deref(), Some("cluster[0].retry.attempts"), "{e}");
+    }
+
+    #[test]
+    fn a_listener_on_the_admin_address_is_refused_at_check() {
+        let text = "[admin]\nlisten = \"127.0.0.1:9901\"\n\n[[listener]]\nlisten = \"0.0.0.0:9901\"\ncluster = \"app\"\n\n[[cluster]]\nname = \"app\"\nendpoints = [{ address = \"127.0.0.1:9001\" }]\n";
+        let e = err(text);
+        assert_eq!(e.key.as_deref(), Some("listener[0].listen"), "{e}");
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(e.message.contains("admin"), "{e}");
+        // Another port is fine.
+        ProxyConfig::from_toml_str(&text.replace("0.0.0.0:9901", "0.0.0.0:9902"), "ok.toml")
+            .unwrap();
+    }
+
+    #[test]
+    fn trusted_proxies_are_cidr_blocks() {
+        let c = ProxyConfig::from_toml_str(
+            &HEAD.replace(
+                "cluster = \"app\"\n",
+                "cluster = \"app\"\ntrusted_proxies = [\"10.0.0.0/8\", \"::1/128\"]\nerror_detail = \"full\"\n",
+            ),
+            "ok.toml",
+        )
+        .unwrap();
+        let l = &c.listeners[0];
+        assert!(l.trusts("10.1.2.3".parse().unwrap()));
+        assert!(l.trusts("::1".parse().unwrap()));
+        assert!(!l.trusts("192.168.0.1".parse().unwrap()));
+        assert_eq!(l.error_detail, ErrorDetail::Full);
+        let e = err(&HEAD.replace(
+            "cluster = \"app\"\n",
+            "cluster = \"app\"\ntrusted_proxies = [\"10.0.0.0/33\"]\n",
+        ));
+        assert_eq!(
+            e.key.as_deref(),
+            Some("listener[0].trusted_proxies[0]"),
+            "{e}"
+        );
     }
 
     #[test]

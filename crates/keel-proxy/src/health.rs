@@ -2,62 +2,67 @@
 //! failures in a row mark it down and `healthy_threshold` passes mark it up again, through
 //! keel-balance's `set_healthy` (which starts a slow start on the way back up).
 //!
-//! Each probe opens its own connection (TCP, then TLS for a cluster with `[cluster.tls]`), so a
-//! probe tests that a new connection can be made, and the checks do not depend on the request
-//! path's connection pool.
+//! Each probe opens its own connection (TCP, then TLS for a cluster with `[cluster.tls]`), as
+//! the request path opens them but never pooled, so a probe tests that a new connection can be
+//! made, and the checks do not depend on the request path's idle connections.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
-use hyper::header;
-use hyper::http::uri::PathAndQuery;
-use hyper::{Request, Uri};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
 use crate::cluster::{Cluster, EndpointEntry};
-use crate::tls::UpstreamTls;
 
-/// Starts one checker task per endpoint of the cluster (none without `[health_check]`).
+/// Starts one checker task per endpoint of the cluster (none without `[health_check]`), and
+/// with outlier detection a task that logs ejections as they end.
 pub fn spawn(cluster: &Arc<Cluster>, rt: &tokio::runtime::Handle) -> Vec<JoinHandle<()>> {
-    if cluster.config.health_check.is_none() {
-        return Vec::new();
+    let mut tasks = Vec::new();
+    if cluster.config.health_check.is_some() {
+        tasks
+            .extend((0..cluster.endpoints.len()).map(|i| rt.spawn(check_loop(cluster.clone(), i))));
     }
-    (0..cluster.endpoints.len())
-        .map(|i| rt.spawn(check_loop(cluster.clone(), i)))
-        .collect()
+    if cluster.config.outlier_detection.is_some() {
+        tasks.push(rt.spawn(watch_ejections(cluster.clone())));
+    }
+    tasks
 }
 
-/// One probe: `Ok` for a 2xx answer whose body arrives whole within the timeout.
+/// Logs each endpoint whose ejection ended (ejections start in `Cluster::finish`, which logs
+/// them). keel-balance ends an ejection by time alone, so a look every half second tells.
+async fn watch_ejections(cluster: Arc<Cluster>) {
+    let mut ejected: Vec<bool> = Vec::new();
+    let mut ticker = tokio::time::interval(std::time::Duration::from_millis(500));
+    loop {
+        ticker.tick().await;
+        let now = cluster.now();
+        let endpoints = cluster.balancer.endpoints();
+        ejected.resize(endpoints.len(), false);
+        for (i, e) in endpoints.iter().enumerate() {
+            let now_ejected = e.ejected_until(now).is_some();
+            if ejected[i] && !now_ejected {
+                tracing::info!(cluster = cluster.name(), endpoint = %e.address(), "endpoint back from ejection");
+            }
+            ejected[i] = now_ejected;
+        }
+    }
+}
+
+/// One probe on a new connection (TCP, then TLS for a `[cluster.tls]`) made as the request
+/// path makes them: `Ok` for a 2xx answer whose body arrives whole within the timeout.
 async fn probe(
     entry: &EndpointEntry,
-    path: &PathAndQuery,
-    tls: Option<&UpstreamTls>,
+    head: &[u8],
     timeout: std::time::Duration,
 ) -> Result<(), String> {
-    let req = Request::get(Uri::from(path.clone()))
-        .header(header::HOST, entry.authority.as_str())
-        .header(header::USER_AGENT, "keel-health-check")
-        .header(header::CONNECTION, "close")
-        .body(Empty::<Bytes>::new())
-        .map_err(|e| e.to_string())?;
     let work = async {
-        let tcp = TcpStream::connect(entry.authority.as_str())
+        let mut conn = entry
+            .pool
+            .connect()
             .await
             .map_err(|e| format!("cannot connect: {e}"))?;
-        let _ = tcp.set_nodelay(true);
-        match tls {
-            None => exchange(TokioIo::new(tcp), req).await,
-            Some(tls) => {
-                let stream = tls
-                    .connect(tcp, entry.authority.host())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                exchange(TokioIo::new(stream), req).await
-            }
+        match crate::h1::upstream::exchange(&mut conn, head).await? {
+            (status, _) if (200..300).contains(&status) => Ok(()),
+            (status, _) => Err(format!("status {status}")),
         }
     };
     match tokio::time::timeout(timeout, work).await {
@@ -69,43 +74,6 @@ async fn probe(
     }
 }
 
-/// Sends the probe on a new HTTP/1.1 connection, driving the connection in this task.
-async fn exchange<I>(io: I, req: Request<Empty<Bytes>>) -> Result<(), String>
-where
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-{
-    let (mut send, conn) = hyper::client::conn::http1::handshake(io)
-        .await
-        .map_err(|e| e.to_string())?;
-    let answer = async move {
-        let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
-        let status = resp.status();
-        resp.into_body()
-            .collect()
-            .await
-            .map_err(|e| format!("body: {e}"))?;
-        if status.is_success() {
-            Ok(())
-        } else {
-            Err(format!("status {status}"))
-        }
-    };
-    tokio::pin!(answer);
-    tokio::pin!(conn);
-    let mut conn_done = false;
-    loop {
-        tokio::select! {
-            biased;
-            r = &mut answer => return r,
-            // A connection that ends cleanly has delivered the answer: read it on the next turn.
-            c = &mut conn, if !conn_done => match c {
-                Ok(()) => conn_done = true,
-                Err(e) => return Err(e.to_string()),
-            },
-        }
-    }
-}
-
 async fn check_loop(cluster: Arc<Cluster>, index: usize) {
     let hc = cluster
         .config
@@ -113,14 +81,10 @@ async fn check_loop(cluster: Arc<Cluster>, index: usize) {
         .clone()
         .expect("checked by spawn");
     let entry = &cluster.endpoints[index];
-    let path = hc.path.parse::<PathAndQuery>();
-    // Validation loaded the CA already; failing here (the file went away since) fails probes.
-    let tls = cluster
-        .config
-        .tls
-        .as_ref()
-        .map(|t| UpstreamTls::new(t, hc.timeout).map_err(|e| format!("tls {e}")))
-        .transpose();
+    let head = format!(
+        "GET {} HTTP/1.1\r\nhost: {}\r\nuser-agent: keel-health-check\r\nconnection: close\r\n\r\n",
+        hc.path, entry.authority
+    );
     let mut ticker = tokio::time::interval(hc.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut passes = 0u32;
@@ -132,11 +96,7 @@ async fn check_loop(cluster: Arc<Cluster>, index: usize) {
             .endpoints()
             .get(index)
             .is_some_and(|e| e.is_healthy());
-        let result = match (&path, &tls) {
-            (Ok(path), Ok(tls)) => probe(entry, path, tls.as_ref(), hc.timeout).await,
-            (Err(e), _) => Err(format!("bad path: {e}")),
-            (_, Err(e)) => Err(e.clone()),
-        };
+        let result = probe(entry, head.as_bytes(), hc.timeout).await;
         match result {
             Ok(()) => {
                 entry.metrics.health_checks_passed.fetch_add(1, Relaxed);

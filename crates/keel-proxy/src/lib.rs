@@ -1,6 +1,8 @@
 //! # keel-proxy
 //!
-//! The network driver of keel-balance: an HTTP reverse proxy. (The experiment backend and the
+//! The network driver of keel-balance: an HTTP reverse proxy. HTTP/1.1 (keel's own codec, over
+//! TCP or TLS) and HTTP/2 (hyper's) front ends hand every request to one attempt driver, which
+//! picks, tries through an upstream leg, retries and answers. (The experiment backend and the
 //! load generator its tests and the lab use live in keel-testbed.)
 //!
 //! Every choice (which endpoint, whether it is ejected, whether a retry fits the budget) is
@@ -19,16 +21,16 @@
 #![warn(missing_docs)]
 
 mod admin;
-pub mod body;
-pub mod cluster;
+mod attempt;
+mod cluster;
 pub mod config;
-pub mod forward;
 mod h1;
+mod h2;
 mod health;
-pub mod metrics;
-pub mod pool;
+mod metrics;
+mod pool;
 mod server;
 pub mod tls;
 
 pub use config::{ConfigError, ProxyConfig};
-pub use server::{start, start_with_workers, ProxyHandle};
+pub use server::{start, start_with_workers, ProxyHandle, ReloadError};

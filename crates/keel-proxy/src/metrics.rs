@@ -66,11 +66,13 @@ pub enum ErrorKind {
     Connect = 0,
     /// No answer (or no complete body) within the per-try or request timeout.
     Timeout = 1,
-    /// The connection was reset or closed early, or the answer was not valid HTTP.
+    /// The connection was reset or closed early (before or during the response).
     Reset = 2,
+    /// The answer was not valid HTTP/1.1.
+    Protocol = 3,
 }
 
-const ERROR_KINDS: [&str; 3] = ["connect", "timeout", "reset"];
+const ERROR_KINDS: [&str; 4] = ["connect", "timeout", "reset", "protocol"];
 
 /// What the proxy answered clients, per cluster.
 #[derive(Debug, Default)]
@@ -97,7 +99,7 @@ pub struct EndpointMetrics {
     /// Upstream answers by status class.
     pub responses: [AtomicU64; 5],
     /// Failed tries by [`ErrorKind`].
-    pub errors: [AtomicU64; 3],
+    pub errors: [AtomicU64; 4],
     /// Time of each try, from the pick to the end of the body (or the failure).
     pub latency: Histogram,
     /// Ejections by the outlier detector.

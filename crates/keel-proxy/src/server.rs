@@ -9,14 +9,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use arc_swap::ArcSwap;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
+use crate::attempt::Client;
 use crate::cluster::Cluster;
 use crate::config::ProxyConfig;
+use crate::h1;
 use crate::metrics::Registry;
 
 /// What requests see: the cluster of each listener. Swapped whole on reload.
@@ -26,6 +26,27 @@ pub(crate) struct Routing {
     /// All clusters, in configuration order.
     pub clusters: Vec<Arc<Cluster>>,
 }
+
+/// Why a reload from the configuration file did not happen.
+#[derive(Debug)]
+pub enum ReloadError {
+    /// The proxy was not started from a file.
+    NoFile,
+    /// The file is invalid, or cannot be applied to the running proxy; the old configuration
+    /// keeps serving.
+    Refused(anyhow::Error),
+}
+
+impl std::fmt::Display for ReloadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReloadError::NoFile => f.write_str("the proxy was not started from a file"),
+            ReloadError::Refused(e) => write!(f, "{e:#}"),
+        }
+    }
+}
+
+impl std::error::Error for ReloadError {}
 
 /// State shared by listeners, the admin listener and the handle.
 pub(crate) struct Shared {
@@ -99,6 +120,22 @@ impl Shared {
         }
         for c in &routing.clusters {
             tasks.extend(crate::health::spawn(c, &self.runtime));
+        }
+    }
+
+    /// Reads the configuration file again and reloads it. Every refusal, the file's own
+    /// errors included, is logged and counted (`keel_config_reloads_total{result="refused"}`).
+    pub fn reload_from_file(&self) -> Result<(), ReloadError> {
+        let Some(path) = self.config.load().source.clone() else {
+            return Err(ReloadError::NoFile);
+        };
+        match ProxyConfig::from_file(&path) {
+            Ok(config) => self.reload(config).map_err(ReloadError::Refused),
+            Err(e) => {
+                self.reload_failures.fetch_add(1, Relaxed);
+                tracing::error!("configuration reload refused, the old one keeps serving: {e}");
+                Err(ReloadError::Refused(e.into()))
+            }
         }
     }
 
@@ -270,8 +307,7 @@ pub async fn start_with_workers(
                         return;
                     }
                 };
-                crate::pool::set_worker(w);
-                rt.block_on(worker_loop(shared, rx, shutdown_rx));
+                rt.block_on(worker_loop(w, shared, rx, shutdown_rx));
                 // Dropping the runtime here closes whatever the worker still held.
                 drop(rt);
                 let _ = done_tx.send(());
@@ -329,6 +365,12 @@ impl ProxyHandle {
     /// cluster cannot be built.
     pub fn reload(&self, config: ProxyConfig) -> anyhow::Result<()> {
         self.shared.reload(config)
+    }
+
+    /// Reads the configuration file again and swaps it in (as SIGHUP and `POST /reload` do);
+    /// a refusal, the file's own errors included, is logged and counted.
+    pub fn reload_from_file(&self) -> Result<(), ReloadError> {
+        self.shared.reload_from_file()
     }
 
     /// TLS handshakes that failed or timed out on a listener (by configuration index).
@@ -407,7 +449,6 @@ struct ListenerCtx {
     index: usize,
     /// Listener settings cannot change by reload (it refuses that), so they are read once.
     settings: Arc<crate::config::ListenerConfig>,
-    builder: hyper_util::server::conn::auto::Builder<TokioExecutor>,
     tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
@@ -417,26 +458,24 @@ impl ListenerCtx {
         settings: &crate::config::ListenerConfig,
         tls: Option<tokio_rustls::TlsAcceptor>,
     ) -> Arc<Self> {
-        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            // hyper answers 431 when the line and headers do not fit, 400 when they are not HTTP.
-            .max_buf_size(settings.max_header_bytes)
-            .max_headers(settings.max_headers)
-            // Runs from the moment the connection waits for a request (also between keep-alive
-            // requests) until its headers are complete; then hyper closes the connection.
-            .header_read_timeout(settings.header_read_timeout);
-        builder
-            .http2()
-            .timer(TokioTimer::new())
-            .max_header_list_size(settings.max_header_bytes.min(u32::MAX as usize) as u32);
         Arc::new(Self {
             index,
             settings: Arc::new(settings.clone()),
-            builder,
             tls,
         })
+    }
+
+    /// What the attempt driver needs to know of a client connection.
+    fn client(&self, peer: SocketAddr, worker: usize) -> Client {
+        let ip = peer.ip();
+        Client {
+            peer,
+            ip: ip.to_string(),
+            proto: if self.tls.is_some() { "https" } else { "http" },
+            trust_forwarded: self.settings.trusts(ip),
+            worker,
+            error_detail: self.settings.error_detail,
+        }
     }
 }
 
@@ -510,6 +549,7 @@ impl Dispatch {
 /// A worker thread's life: serves the connections handed to it until shutdown, then lets
 /// them finish for up to the drain time.
 async fn worker_loop(
+    worker: usize,
     shared: Arc<Shared>,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Accepted>,
     mut shutdown: watch::Receiver<Option<Duration>>,
@@ -531,7 +571,7 @@ async fn worker_loop(
                 let (shared, stop) = (shared.clone(), shutdown.clone());
                 conns.spawn(async move {
                     let _held = (a.slot, a.open);
-                    serve_accepted(shared, &a.ctx, stream, a.peer, stop).await;
+                    serve_accepted(shared, &a.ctx, worker, stream, a.peer, stop).await;
                 });
             }
         }
@@ -591,7 +631,7 @@ async fn accept_loop(
                         let (shared, ctx, stop) = (shared.clone(), ctx.clone(), shutdown.clone());
                         conns.spawn(async move {
                             let _slot = slot;
-                            serve_accepted(shared, &ctx, stream, peer, stop).await;
+                            serve_accepted(shared, &ctx, 0, stream, peer, stop).await;
                         });
                     }
                 }
@@ -602,39 +642,33 @@ async fn accept_loop(
     drain_connections(conns, drain).await;
 }
 
-/// Serves one accepted connection: TLS handshake if the listener has TLS, then keel's own
-/// HTTP/1.1 path or hyper.
+/// Serves one accepted connection: TLS handshake if the listener has TLS, then keel's
+/// HTTP/1.1 front end, or the HTTP/2 one (ALPN `h2`, or HTTP/2's preface on plain TCP). Both
+/// hand their requests to the same attempt driver.
 async fn serve_accepted(
     shared: Arc<Shared>,
     ctx: &ListenerCtx,
+    worker: usize,
     stream: TcpStream,
     peer: SocketAddr,
     mut stop: watch::Receiver<Option<Duration>>,
 ) {
     let index = ctx.index;
     let settings = &ctx.settings;
-    let client = crate::forward::Client::new(peer)
-        .with_max_request_body(settings.max_request_body_bytes)
-        .with_tls(ctx.tls.is_some());
-    let idle_timeout = settings.idle_timeout;
+    let client = ctx.client(peer, worker);
     let Some(acceptor) = &ctx.tls else {
-        if settings.http1 == crate::config::Http1Server::Hyper {
-            let io = TokioIo::new(stream);
-            serve_connection(shared, index, &ctx.builder, io, client, idle_timeout, stop).await;
-            return;
-        }
-        let served = crate::h1::serve(
+        let served = h1::conn::serve(
             shared.clone(),
             index,
-            settings.clone(),
+            settings,
+            &client,
             stream,
-            peer,
             stop.clone(),
         )
         .await;
-        if let crate::h1::Served::Handoff(stream, read) = served {
-            let io = TokioIo::new(crate::h1::Prefixed::new(read, stream));
-            serve_connection(shared, index, &ctx.builder, io, client, idle_timeout, stop).await;
+        if let h1::conn::Served::Http2(stream, read) = served {
+            let io = crate::h2::Prefixed::new(read, stream);
+            crate::h2::serve(shared, index, settings.clone(), Arc::new(client), io, stop).await;
         }
         return;
     };
@@ -647,8 +681,32 @@ async fn serve_accepted(
     };
     let cause = match handshake {
         Ok(Ok(tls_stream)) => {
-            let io = TokioIo::new(tls_stream);
-            serve_connection(shared, index, &ctx.builder, io, client, idle_timeout, stop).await;
+            let h2 = tls_stream.get_ref().1.alpn_protocol() == Some(crate::tls::ALPN_H2);
+            if h2 {
+                crate::h2::serve(
+                    shared,
+                    index,
+                    settings.clone(),
+                    Arc::new(client),
+                    tls_stream,
+                    stop,
+                )
+                .await;
+                return;
+            }
+            let served = h1::conn::serve(
+                shared.clone(),
+                index,
+                settings,
+                &client,
+                tls_stream,
+                stop.clone(),
+            )
+            .await;
+            if let h1::conn::Served::Http2(stream, read) = served {
+                let io = crate::h2::Prefixed::new(read, stream);
+                crate::h2::serve(shared, index, settings.clone(), Arc::new(client), io, stop).await;
+            }
             return;
         }
         Ok(Err(e)) => e.to_string(),
@@ -659,46 +717,4 @@ async fn serve_accepted(
     };
     shared.tls_handshake_failures[index].fetch_add(1, Relaxed);
     tracing::debug!(%peer, "TLS handshake failed: {cause}");
-}
-
-/// Serves one client connection (plain or TLS) until it ends, stays idle too long, or the
-/// proxy shuts down (then it finishes its requests in flight).
-async fn serve_connection<I>(
-    shared: Arc<Shared>,
-    index: usize,
-    builder: &hyper_util::server::conn::auto::Builder<TokioExecutor>,
-    io: TokioIo<I>,
-    client: crate::forward::Client,
-    idle_timeout: Duration,
-    mut stop: watch::Receiver<Option<Duration>>,
-) where
-    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let peer = client.peer;
-    let client = Arc::new(client);
-    let activity = client.activity.clone();
-    let svc = service_fn(move |req| {
-        let cluster = shared.routing.load().listeners[index].clone();
-        let client = client.clone();
-        async move {
-            Ok::<_, std::convert::Infallible>(crate::forward::handle(cluster, &client, req).await)
-        }
-    });
-    let conn = builder.serve_connection(io, svc);
-    tokio::pin!(conn);
-    tokio::select! {
-        biased;
-        r = conn.as_mut() => {
-            if let Err(e) = r {
-                tracing::debug!("client connection: {e}");
-            }
-            return;
-        }
-        _ = wait_shutdown(&mut stop) => {}
-        _ = activity.idle_for(idle_timeout) => {
-            tracing::debug!(%peer, "closing a connection idle for {}", humantime::format_duration(idle_timeout));
-        }
-    }
-    conn.as_mut().graceful_shutdown();
-    let _ = conn.await;
 }

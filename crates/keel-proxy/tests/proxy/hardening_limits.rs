@@ -75,7 +75,7 @@ async fn connections_beyond_max_connections_wait_for_a_free_slot() {
 async fn requests_beyond_max_in_flight_get_a_fast_503() {
     let bs = backends(1, Duration::from_millis(500)).await;
     let text = format!(
-        "[admin]\nlisten = \"127.0.0.1:0\"\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n[[cluster]]\nname = \"app\"\nmax_in_flight = 2\nendpoints = [{{ address = \"{}\" }}]\n",
+        "[admin]\nlisten = \"127.0.0.1:0\"\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\nerror_detail = \"full\"\n[[cluster]]\nname = \"app\"\nmax_in_flight = 2\nendpoints = [{{ address = \"{}\" }}]\n",
         bs[0].addr()
     );
     let proxy = keel_proxy::start(ProxyConfig::from_toml_str(&text, "t.toml").unwrap())

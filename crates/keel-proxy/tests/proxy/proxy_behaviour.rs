@@ -531,3 +531,45 @@ async fn http2_clients_are_served_over_http1_upstreams() {
     proxy.shutdown(Duration::from_secs(1)).await;
     task.abort();
 }
+
+/// By default a listener trusts no client's `X-Forwarded-For` (it is replaced, so a client
+/// cannot pass itself off as another) and keel's own answers name no address and no system
+/// error (the full cause goes to the log).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_forwarded_for_is_replaced_and_errors_are_brief() {
+    let (echo, task) = echo_server().await;
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let text = format!(
+        "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"echo\"\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"dead\"\n[[cluster]]\nname = \"echo\"\nendpoints = [{{ address = \"{echo}\" }}]\n[[cluster]]\nname = \"dead\"\nendpoints = [{{ address = \"{dead}\" }}]\n"
+    );
+    let proxy = keel_proxy::start(keel_proxy::ProxyConfig::from_toml_str(&text, "t.toml").unwrap())
+        .await
+        .unwrap();
+    let c = client();
+    let url = format!("http://{}/", proxy.listener_addrs()[0]);
+    let r = send(
+        &c,
+        Method::GET,
+        &url,
+        &[("x-forwarded-for", "10.9.9.9")],
+        b"",
+    )
+    .await
+    .unwrap();
+    let seen = r.text();
+    assert!(seen.contains("x-forwarded-for: 127.0.0.1\n"), "{seen}");
+    assert!(
+        !seen.contains("10.9.9.9"),
+        "the client's claim is dropped: {seen}"
+    );
+
+    let url = format!("http://{}/", proxy.listener_addrs()[1]);
+    let r = send(&c, Method::GET, &url, &[], b"").await.unwrap();
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(r.text(), "502 Bad Gateway: cannot connect to an endpoint\n");
+    proxy.shutdown(Duration::from_secs(1)).await;
+    task.abort();
+}

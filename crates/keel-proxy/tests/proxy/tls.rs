@@ -174,7 +174,7 @@ async fn backend(tls: Option<tokio_rustls::TlsAcceptor>) -> (SocketAddr, Arc<See
 /// `backend` (with `cluster_extra` lines).
 fn config(backend: SocketAddr, listener_extra: &str, cluster_extra: &str) -> ProxyConfig {
     let text = format!(
-        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n{listener_extra}\n\n[[cluster]]\nname = \"app\"\nendpoints = [{{ address = \"{backend}\" }}]\nconnect_timeout = \"500ms\"\nrequest_timeout = \"3s\"\n{cluster_extra}\n"
+        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\nerror_detail = \"full\"\n{listener_extra}\n\n[[cluster]]\nname = \"app\"\nendpoints = [{{ address = \"{backend}\" }}]\nconnect_timeout = \"500ms\"\nrequest_timeout = \"3s\"\n{cluster_extra}\n"
     );
     ProxyConfig::from_toml_str(&text, "tls-test.toml")
         .unwrap_or_else(|e| panic!("{e}\n--- config ---\n{text}"))

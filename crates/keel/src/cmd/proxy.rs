@@ -54,6 +54,12 @@ fn summary(config: &ProxyConfig) -> String {
     s
 }
 
+/// Whether log lines carry ANSI colours: only on a terminal, and never when `NO_COLOR` is set
+/// to anything but the empty string (<https://no-color.org>).
+fn colour(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 /// Runs `keel proxy`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let config = match ProxyConfig::from_file(&args.config) {
@@ -73,6 +79,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour(
+            std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            std::env::var_os("NO_COLOR"),
+        ))
         .init();
     let workers = match args.workers {
         Some(0) => return super::usage("--workers must be at least 1"),
@@ -123,10 +133,8 @@ async fn serve(config: ProxyConfig, path: PathBuf, workers: usize) -> anyhow::Re
             _ = int.recv() => break,
             _ = hup.recv() => {
                 tracing::info!(config = %path.display(), "SIGHUP: reloading");
-                match ProxyConfig::from_file(&path) {
-                    Ok(c) => { let _ = proxy.reload(c); } // the proxy logs the outcome
-                    Err(e) => tracing::error!("configuration reload refused, the old one keeps serving: {e}"),
-                }
+                // Logged and counted by the proxy, refusals included.
+                let _ = proxy.reload_from_file();
             }
         }
     }
@@ -140,4 +148,17 @@ async fn serve(config: ProxyConfig, path: PathBuf, workers: usize) -> anyhow::Re
         _ = int.recv() => tracing::warn!("second signal: stopping at once"),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::colour;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(colour(true, None));
+        assert!(colour(true, Some("".into())), "NO_COLOR empty is unset");
+        assert!(!colour(true, Some("1".into())));
+        assert!(!colour(false, None), "a file or a pipe");
+    }
 }

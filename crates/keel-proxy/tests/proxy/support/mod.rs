@@ -60,7 +60,7 @@ pub fn simple_config(addrs: &[SocketAddr], strategy: &str, cluster_extra: &str) 
         .map(|a| format!("{{ address = \"{a}\" }}"))
         .collect();
     let text = format!(
-        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n\n[[cluster]]\nname = \"app\"\nstrategy = \"{strategy}\"\nendpoints = [{}]\n{cluster_extra}\n",
+        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\nerror_detail = \"full\"\ntrusted_proxies = [\"127.0.0.1/32\"]\n\n[[cluster]]\nname = \"app\"\nstrategy = \"{strategy}\"\nendpoints = [{}]\n{cluster_extra}\n",
         eps.join(", ")
     );
     ProxyConfig::from_toml_str(&text, "test.toml")

@@ -1,0 +1,679 @@
+//! The attempt driver: the one place where a request meets the balancer. Every front end
+//! (HTTP/1.1 over TCP or TLS, HTTP/2) hands it a rewritten request; it owns, once, the
+//! `max_in_flight` check, the pick (avoiding endpoints already tried), the per-try and
+//! whole-request deadlines, `finish` with the outcome, the retry decision within the budget,
+//! and the answer when every try failed (502/503/504 with a typed [`Cause`]). The upstream
+//! protocol is a leg ([`crate::h1::upstream`] today) that moves one try's bytes and reports
+//! a typed [`TryFailure`]: what failed, and whether the endpoint may have acted on the request.
+//!
+//! The front end then sends the [`Answer`]: keel's own, or the endpoint's response, whose
+//! [`Tail`] finishes the pick with the body's outcome.
+
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use keel_balance::{EndpointId, Outcome, Pick, PickContext};
+use tokio::time::Sleep;
+
+use crate::cluster::{Cluster, EndpointEntry};
+use crate::config::{ErrorDetail, HashOn, MAX_RETRY_ATTEMPTS};
+use crate::h1::request::{Reject, RequestHead};
+use crate::h1::response::ResponseHead;
+use crate::metrics::{class_index, ClusterMetrics, ErrorKind};
+use crate::pool::RawConn;
+
+/// A client connection, as the driver needs to know it.
+#[derive(Debug, Clone)]
+pub(crate) struct Client {
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// Its IP as text, for `X-Forwarded-For`.
+    pub ip: String,
+    /// `http` or `https`, for `X-Forwarded-Proto`.
+    pub proto: &'static str,
+    /// The client is one of the listener's `trusted_proxies`.
+    pub trust_forwarded: bool,
+    /// The worker thread serving the connection (its stack in every endpoint's pool).
+    pub worker: usize,
+    /// How much of a failure's cause keel's own answers show.
+    pub error_detail: ErrorDetail,
+}
+
+/// A request body as a leg sends it.
+pub(crate) trait RequestBody {
+    /// The whole body, when it is in memory: sent in one write with the head, and again on a
+    /// retry.
+    fn inline(&self) -> Option<&[u8]>;
+    /// The next piece of a streamed body; empty at its end. An error is the client's fault.
+    async fn next_piece(&mut self) -> Result<&[u8], Reject>;
+    /// True once a piece of a streamed body was handed out (it cannot be sent again).
+    fn started(&self) -> bool;
+}
+
+/// A body that is all in memory (or empty).
+impl RequestBody for &[u8] {
+    fn inline(&self) -> Option<&[u8]> {
+        Some(self)
+    }
+    async fn next_piece(&mut self) -> Result<&[u8], Reject> {
+        Ok(std::mem::take(self))
+    }
+    fn started(&self) -> bool {
+        false
+    }
+}
+
+/// Why a try, or the request, failed: typed until the edge renders it.
+#[derive(Debug)]
+pub(crate) enum Cause {
+    /// `max_in_flight` requests in the cluster already.
+    Overloaded {
+        /// The limit.
+        limit: usize,
+    },
+    /// The balancer had no endpoint to offer.
+    NoEndpoint,
+    /// The TCP connect or the TLS handshake failed.
+    Connect(io::Error),
+    /// The connect did not finish within `connect_timeout`.
+    ConnectTimeout(Duration),
+    /// Writing the request failed.
+    Write(io::Error),
+    /// Reading the response failed.
+    Read(io::Error),
+    /// The endpoint closed the connection before a response.
+    ClosedEarly,
+    /// The response was not valid HTTP/1.1.
+    InvalidResponse(&'static str),
+    /// The response body failed midway.
+    BodyFailed(String),
+    /// No answer within the per-try timeout.
+    TryTimeout(Duration),
+    /// No answer within the request timeout.
+    RequestTimeout(Duration),
+    /// The endpoint answered with a status in `retry_on_status`.
+    Status(u16),
+    /// The client's request or body was refused.
+    Client(Reject),
+}
+
+impl Cause {
+    /// The cause as a client may see it when `error_detail = "brief"`: no addresses, no
+    /// operating-system errors.
+    pub fn brief(&self) -> &'static str {
+        match self {
+            Cause::Overloaded { .. } => "the cluster is overloaded",
+            Cause::NoEndpoint => "no endpoint available",
+            Cause::Connect(_) | Cause::ConnectTimeout(_) => "cannot connect to an endpoint",
+            Cause::TryTimeout(_) | Cause::RequestTimeout(_) => {
+                "the endpoint did not answer in time"
+            }
+            Cause::Write(_)
+            | Cause::Read(_)
+            | Cause::ClosedEarly
+            | Cause::InvalidResponse(_)
+            | Cause::BodyFailed(_)
+            | Cause::Status(_) => "the endpoint failed",
+            Cause::Client(r) => r.cause(),
+        }
+    }
+}
+
+/// The cause in full, with the endpoint's address when it is known: for logs, and for
+/// clients when `error_detail = "full"`.
+pub(crate) struct Detailed<'a> {
+    /// The cause.
+    pub cause: &'a Cause,
+    /// The cluster.
+    pub cluster: &'a str,
+    /// The endpoint concerned, if any.
+    pub endpoint: Option<&'a str>,
+}
+
+impl fmt::Display for Detailed<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ep = self.endpoint.unwrap_or("?");
+        match self.cause {
+            Cause::Overloaded { limit } => write!(
+                f,
+                "cluster `{}` is overloaded: {limit} requests in flight (max_in_flight); refused without trying an endpoint",
+                self.cluster
+            ),
+            Cause::NoEndpoint => write!(f, "no endpoint available in cluster `{}`", self.cluster),
+            Cause::Connect(e) => write!(f, "cannot connect to upstream {ep}: {e}"),
+            Cause::ConnectTimeout(d) => write!(
+                f,
+                "cannot connect to upstream {ep}: connect timed out after {}",
+                humantime::format_duration(*d)
+            ),
+            Cause::Write(e) => write!(f, "upstream {ep} closed the connection while the request was sent: {e}"),
+            Cause::Read(e) => write!(f, "upstream {ep} closed the connection or sent an invalid response: {e}"),
+            Cause::ClosedEarly => write!(f, "upstream {ep} closed the connection before the response"),
+            Cause::InvalidResponse(what) => write!(f, "upstream {ep} sent an invalid response: {what}"),
+            Cause::BodyFailed(what) => write!(f, "upstream {ep} failed in the middle of the response body: {what}"),
+            Cause::TryTimeout(d) | Cause::RequestTimeout(d) => write!(
+                f,
+                "upstream {ep} did not answer within {}",
+                humantime::format_duration(*d)
+            ),
+            Cause::Status(s) => write!(f, "upstream {ep} answered {s}"),
+            Cause::Client(r) => f.write_str(r.cause()),
+        }
+    }
+}
+
+/// A failed try, as a leg reports it.
+#[derive(Debug)]
+pub(crate) struct TryError {
+    /// What failed (for metrics and the status).
+    pub kind: ErrorKind,
+    /// Any byte of the request reached the endpoint, so it may have acted on it: only an
+    /// idempotent request may then go to another endpoint.
+    pub may_have_acted: bool,
+    /// Why.
+    pub cause: Cause,
+}
+
+impl TryError {
+    /// A failure before any byte of the request left.
+    pub fn before_sending(kind: ErrorKind, cause: Cause) -> Self {
+        Self {
+            kind,
+            may_have_acted: false,
+            cause,
+        }
+    }
+
+    /// A failure once the request (or part of it) was sent.
+    pub fn after_sending(kind: ErrorKind, cause: Cause) -> Self {
+        Self {
+            kind,
+            may_have_acted: true,
+            cause,
+        }
+    }
+}
+
+/// How a try failed.
+pub(crate) enum TryFailure {
+    /// No usable answer from the endpoint.
+    Upstream(TryError),
+    /// The endpoint answered with a status that counts as its failure (`retry_on_status`):
+    /// forwarded as it is when no retry follows. Its head is in the front end's buffer.
+    Status(RawConn, ResponseHead),
+    /// The client's body broke the try: the client's fault, never the endpoint's.
+    Client(Reject),
+}
+
+/// How much of a failure's cause keel's own answers show to clients.
+impl ErrorDetail {
+    fn show(self, cause: &Cause, cluster: &str, endpoint: Option<&str>) -> String {
+        match self {
+            ErrorDetail::Brief => cause.brief().to_string(),
+            ErrorDetail::Full => Detailed {
+                cause,
+                cluster,
+                endpoint,
+            }
+            .to_string(),
+        }
+    }
+}
+
+/// The body text of keel's own answers: `"<status> <reason>: <cause>\n"`.
+pub(crate) fn answer_text(status: u16, cause: &str) -> String {
+    format!("{status} {}: {cause}\n", reason(status))
+}
+
+/// The standard reason phrase of a status.
+pub(crate) fn reason(status: u16) -> &'static str {
+    hyper::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or("")
+}
+
+/// keel's own answer to a request.
+pub(crate) struct OwnAnswer {
+    /// The status.
+    pub status: u16,
+    /// The body (see [`answer_text`]), with as much detail as the listener shows.
+    pub text: String,
+    /// The endpoint the last try went to (`x-keel-endpoint`), if any.
+    pub endpoint: Option<hyper::http::HeaderValue>,
+    /// Counts the request as in flight until the answer is sent.
+    pub guard: Option<DownstreamGuard>,
+}
+
+/// The endpoint's response, head read (and rewritten into the front end's buffer); its body
+/// still on the connection unless it was small.
+pub(crate) struct Upstream {
+    /// The connection, with what was read of the body.
+    pub conn: RawConn,
+    /// The head.
+    pub head: ResponseHead,
+    /// Finishes the pick once the body is through.
+    pub tail: Tail,
+}
+
+/// What the driver decided: the front end sends it.
+pub(crate) enum Answer {
+    /// keel answers itself.
+    Own(OwnAnswer),
+    /// The endpoint's response goes to the client.
+    Upstream(Upstream),
+}
+
+/// How sending a response body ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyEnd {
+    /// All of it reached the client.
+    Done,
+    /// The endpoint failed or sent a malformed body.
+    UpstreamFailed,
+    /// The request deadline passed.
+    Timeout,
+    /// The client went away (not the endpoint's fault).
+    ClientGone,
+}
+
+/// The end of a forwarded response: the pick to finish with the body's outcome (none when the
+/// response is a failure status already counted), the endpoint's pool, the request's
+/// accounting.
+pub(crate) struct Tail {
+    cluster: Arc<Cluster>,
+    endpoint: usize,
+    worker: usize,
+    pick: Option<(Pick, Duration)>,
+    guard: DownstreamGuard,
+    /// The request's deadline (bodies stream until then).
+    pub deadline: Instant,
+}
+
+impl Tail {
+    /// The endpoint's `x-keel-endpoint` value.
+    pub fn endpoint_header(&self) -> &hyper::http::HeaderValue {
+        &self.cluster.endpoints[self.endpoint].header
+    }
+
+    /// Finishes the pick with the body's outcome and puts the connection back in its pool
+    /// when the body was read to its end and the endpoint keeps it open.
+    pub fn end(mut self, end: BodyEnd, conn: Option<RawConn>) {
+        let entry = &self.cluster.endpoints[self.endpoint];
+        let failure = match end {
+            BodyEnd::Done => None,
+            BodyEnd::UpstreamFailed => Some(ErrorKind::Reset),
+            BodyEnd::Timeout => Some(ErrorKind::Timeout),
+            // Dropped below: cancelled, not held against the endpoint.
+            BodyEnd::ClientGone => {
+                self.pick = None;
+                None
+            }
+        };
+        if let Some((pick, at)) = self.pick.take() {
+            match failure {
+                None => self.cluster.finish(pick, at, Outcome::Success, None),
+                Some(kind) => {
+                    self.cluster.finish(pick, at, Outcome::Failure, Some(kind));
+                    let cause = match kind {
+                        ErrorKind::Timeout => {
+                            Cause::RequestTimeout(self.cluster.config.request_timeout)
+                        }
+                        _ => Cause::BodyFailed("the response body was cut".into()),
+                    };
+                    log_try_failure(&self.cluster, entry, &cause);
+                }
+            }
+        }
+        if let (BodyEnd::Done, Some(conn)) = (end, conn) {
+            entry.pool.put(self.worker, conn);
+        }
+        drop(self.guard);
+    }
+}
+
+/// What the driver needs to forward one request.
+pub(crate) struct Request<'a> {
+    /// The head for the upstream (see [`crate::h1::request::rewrite`]), without its per-try
+    /// end; the leg appends that.
+    pub head: &'a mut Vec<u8>,
+    /// What was learned of the request.
+    pub meta: &'a RequestHead,
+    /// When the request arrived (its deadline counts from here).
+    pub start: Instant,
+}
+
+/// Forwards a request to `cluster`: picks, tries, retries, and returns the answer to send.
+/// `out` receives the endpoint's response head; `timer` is the connection's reusable per-try
+/// timer.
+pub(crate) async fn forward<B: RequestBody>(
+    cluster: &Arc<Cluster>,
+    client: &Client,
+    req: Request<'_>,
+    body: &mut B,
+    out: &mut Vec<u8>,
+    timer: &mut Pin<Box<Sleep>>,
+) -> Answer {
+    let start = req.start;
+    let Some(guard) =
+        DownstreamGuard::try_new(&cluster.metrics, start, cluster.config.max_in_flight)
+    else {
+        cluster.metrics.overloaded.fetch_add(1, Relaxed);
+        let cause = Cause::Overloaded {
+            limit: cluster.config.max_in_flight,
+        };
+        return own(cluster, client, 503, &cause, None, None);
+    };
+    let deadline = start + cluster.config.request_timeout;
+    let common_len = req.head.len();
+    let hash = match cluster.config.hash_on {
+        Some(HashOn::ClientIp) => Some(crate::cluster::client_ip_key(client.peer)),
+        _ => req.meta.hash,
+    };
+    // The first try's clock readings are `start`'s; later ones read the clock again.
+    let start_on_clock = cluster.at(start);
+    cluster.budget.record_request(start_on_clock);
+    let attempts = cluster.config.retry.attempts.min(MAX_RETRY_ATTEMPTS) as usize;
+    let mut tried = [EndpointId(0); MAX_RETRY_ATTEMPTS as usize + 1];
+    let mut attempt = 0;
+    loop {
+        let (now, wall) = if attempt == 0 {
+            (start_on_clock, start)
+        } else {
+            (cluster.now(), Instant::now())
+        };
+        let mut ctx = PickContext::new(now).with_avoid(&tried[..attempt]);
+        if let Some(k) = hash {
+            ctx = ctx.with_hash_key(k);
+        }
+        let Some(pick) = cluster.balancer.pick(&ctx) else {
+            cluster.metrics.no_endpoint.fetch_add(1, Relaxed);
+            return own(cluster, client, 503, &Cause::NoEndpoint, None, Some(guard));
+        };
+        tried[attempt] = pick.id();
+        let index = pick.index();
+        let entry = &cluster.endpoints[index];
+        let last = attempt >= attempts;
+        // The per-try end of the head: `Host` if the client sent none, and the blank line.
+        req.head.truncate(common_len);
+        if !req.meta.has_host {
+            crate::h1::push_header(req.head, b"host", entry.header.as_bytes());
+        }
+        req.head.extend_from_slice(b"\r\n");
+        let try_deadline = deadline.min(wall + cluster.per_try_timeout);
+        let tried_once = {
+            let leg = crate::h1::upstream::try_once(
+                entry,
+                cluster,
+                client.worker,
+                req.head,
+                req.meta,
+                &mut *body,
+                out,
+            );
+            crate::h1::until(timer, try_deadline, leg).await
+        };
+        let failure = match tried_once {
+            Some(Ok((conn, head))) => {
+                count_response(cluster, head.status);
+                return Answer::Upstream(Upstream {
+                    conn,
+                    head,
+                    tail: Tail {
+                        cluster: cluster.clone(),
+                        endpoint: index,
+                        worker: client.worker,
+                        pick: Some((pick, now)),
+                        guard,
+                        deadline,
+                    },
+                });
+            }
+            Some(Err(f)) => f,
+            None => {
+                let cause = if try_deadline == deadline {
+                    Cause::RequestTimeout(cluster.config.request_timeout)
+                } else {
+                    Cause::TryTimeout(cluster.per_try_timeout)
+                };
+                TryFailure::Upstream(TryError::after_sending(ErrorKind::Timeout, cause))
+            }
+        };
+        let (kind, may_have_acted) = match &failure {
+            TryFailure::Client(reject) => {
+                // The client's fault: the pick is cancelled (dropped), never retried.
+                drop(pick);
+                let cause = Cause::Client(*reject);
+                return own(cluster, client, reject.status(), &cause, None, Some(guard));
+            }
+            TryFailure::Upstream(e) => (Some(e.kind), e.may_have_acted),
+            TryFailure::Status(..) => (None, true),
+        };
+        match &failure {
+            TryFailure::Upstream(e) => log_try_failure(cluster, entry, &e.cause),
+            TryFailure::Status(_, h) => log_try_failure(cluster, entry, &Cause::Status(h.status)),
+            TryFailure::Client(_) => {}
+        }
+        cluster.finish(pick, now, Outcome::Failure, kind);
+        let body_again = body.inline().is_some() || !body.started();
+        let safe = body_again && (req.meta.idempotent || !may_have_acted);
+        if may_retry(cluster, last, safe, Instant::now() < deadline) {
+            attempt += 1;
+            continue;
+        }
+        return match failure {
+            TryFailure::Upstream(e) => {
+                let status = match e.kind {
+                    ErrorKind::Timeout => 504,
+                    _ => 502,
+                };
+                own(cluster, client, status, &e.cause, Some(index), Some(guard))
+            }
+            TryFailure::Status(conn, head) => {
+                count_response(cluster, head.status);
+                Answer::Upstream(Upstream {
+                    conn,
+                    head,
+                    tail: Tail {
+                        cluster: cluster.clone(),
+                        endpoint: index,
+                        worker: client.worker,
+                        pick: None,
+                        guard,
+                        deadline,
+                    },
+                })
+            }
+            TryFailure::Client(_) => unreachable!("answered above"),
+        };
+    }
+}
+
+/// After a failed try, whether to try again: not after the last try, only when it is safe
+/// (the request can be sent again, and the endpoint cannot have acted on it or it is
+/// idempotent), before the request's deadline, and within the retry budget. Counts the retry
+/// or the budget's refusal.
+fn may_retry(cluster: &Cluster, last: bool, safe: bool, before_deadline: bool) -> bool {
+    if last || !safe || !before_deadline {
+        return false;
+    }
+    if cluster.budget.try_retry(cluster.now()) {
+        cluster.metrics.retries.fetch_add(1, Relaxed);
+        true
+    } else {
+        cluster.metrics.budget_refusals.fetch_add(1, Relaxed);
+        false
+    }
+}
+
+fn count_response(cluster: &Cluster, status: u16) {
+    cluster.metrics.responses[class_index(status)].fetch_add(1, Relaxed);
+}
+
+/// keel's own answer: counted, logged (5xx, rate-limited), its text as detailed as the
+/// listener shows.
+fn own(
+    cluster: &Cluster,
+    client: &Client,
+    status: u16,
+    cause: &Cause,
+    endpoint: Option<usize>,
+    guard: Option<DownstreamGuard>,
+) -> Answer {
+    count_response(cluster, status);
+    let entry = endpoint.map(|i| &cluster.endpoints[i]);
+    let address = entry.map(|e| e.authority.as_str());
+    if status >= 500 && cluster.log_budget.allow() {
+        tracing::warn!(
+            cluster = cluster.name(),
+            client = %client.peer,
+            suppressed = cluster.log_budget.take_suppressed(),
+            "answered {status}: {}",
+            Detailed { cause, cluster: cluster.name(), endpoint: address }
+        );
+    }
+    let text = client.error_detail.show(cause, cluster.name(), address);
+    Answer::Own(OwnAnswer {
+        status,
+        text: answer_text(status, &text),
+        endpoint: entry.map(|e| e.header.clone()),
+        guard,
+    })
+}
+
+/// Logs a failed try at info level, rate-limited per cluster.
+fn log_try_failure(cluster: &Cluster, entry: &EndpointEntry, cause: &Cause) {
+    if cluster.log_budget.allow() {
+        tracing::info!(
+            cluster = cluster.name(),
+            endpoint = %entry.authority,
+            suppressed = cluster.log_budget.take_suppressed(),
+            "try failed: {}",
+            Detailed { cause, cluster: cluster.name(), endpoint: Some(entry.authority.as_str()) }
+        );
+    }
+}
+
+/// A log rate limit: at most `per_second` lines a second (per cluster), counting the lines
+/// it suppressed so that the next line says how many. A few atomics, no lock: the logging of
+/// failures must not become the outage's bottleneck.
+#[derive(Debug)]
+pub(crate) struct LogBudget {
+    per_second: u64,
+    /// The second (since the epoch) the count is for.
+    second: AtomicU64,
+    /// Lines allowed in that second.
+    used: AtomicU64,
+    /// Lines suppressed since the last line written.
+    suppressed: AtomicU64,
+    epoch: Instant,
+}
+
+impl LogBudget {
+    /// At most `per_second` lines a second.
+    pub fn new(per_second: u64, epoch: Instant) -> Self {
+        Self {
+            per_second,
+            second: AtomicU64::new(0),
+            used: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+            epoch,
+        }
+    }
+
+    /// True if a line may be written now (then call [`Self::take_suppressed`] for it).
+    pub fn allow(&self) -> bool {
+        let now = self.epoch.elapsed().as_secs();
+        if self.second.load(Relaxed) != now {
+            self.second.store(now, Relaxed);
+            self.used.store(0, Relaxed);
+        }
+        if self.used.fetch_add(1, Relaxed) < self.per_second {
+            true
+        } else {
+            self.suppressed.fetch_add(1, Relaxed);
+            false
+        }
+    }
+
+    /// Lines suppressed since the last one written (reset to 0).
+    pub fn take_suppressed(&self) -> u64 {
+        self.suppressed.swap(0, Relaxed)
+    }
+}
+
+/// Counts a client request while it is served and records its latency when its response is
+/// done (sent, or dropped because the client went away).
+pub(crate) struct DownstreamGuard {
+    metrics: Arc<ClusterMetrics>,
+    start: Instant,
+}
+
+impl DownstreamGuard {
+    /// Starts counting unless the cluster already serves `max_in_flight` requests (the
+    /// circuit breaker): then nothing is counted and `None` is returned. The in-flight gauge
+    /// is the counter, so the check costs no extra atomic operation.
+    pub fn try_new(
+        metrics: &Arc<ClusterMetrics>,
+        start: Instant,
+        max_in_flight: usize,
+    ) -> Option<Self> {
+        let in_flight: &AtomicI64 = &metrics.in_flight;
+        let before = in_flight.fetch_add(1, Relaxed);
+        if before >= max_in_flight as i64 {
+            in_flight.fetch_sub(1, Relaxed);
+            return None;
+        }
+        Some(Self {
+            metrics: metrics.clone(),
+            start,
+        })
+    }
+}
+
+impl Drop for DownstreamGuard {
+    fn drop(&mut self) {
+        self.metrics.in_flight.fetch_sub(1, Relaxed);
+        self.metrics.latency.observe(self.start.elapsed());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_budget_allows_a_few_lines_a_second_and_counts_the_rest() {
+        let budget = LogBudget::new(3, Instant::now());
+        let allowed = (0..10).filter(|_| budget.allow()).count();
+        assert_eq!(allowed, 3);
+        assert_eq!(budget.take_suppressed(), 7);
+        assert_eq!(budget.take_suppressed(), 0);
+    }
+
+    #[test]
+    fn brief_causes_name_no_address_and_no_os_error() {
+        let refused = Cause::Connect(io::Error::from(io::ErrorKind::ConnectionRefused));
+        assert_eq!(refused.brief(), "cannot connect to an endpoint");
+        let full = Detailed {
+            cause: &refused,
+            cluster: "app",
+            endpoint: Some("10.0.0.7:9000"),
+        }
+        .to_string();
+        assert!(
+            full.contains("10.0.0.7:9000") && full.contains("refused"),
+            "{full}"
+        );
+        assert_eq!(
+            ErrorDetail::Brief.show(&refused, "app", Some("10.0.0.7:9000")),
+            "cannot connect to an endpoint"
+        );
+        assert_eq!(answer_text(502, "x"), "502 Bad Gateway: x\n");
+    }
+}

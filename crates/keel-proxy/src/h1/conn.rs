@@ -1,0 +1,423 @@
+//! The HTTP/1.1 front end: a client connection (plain TCP or TLS) served request by request.
+//! Each request head is parsed and rewritten ([`super::request`]), its body read whole when
+//! small (so that any try can send it again) or streamed, the request handed to the attempt
+//! driver, and the driver's answer sent back: keel's own, or the endpoint's response relayed
+//! as it arrives.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
+
+use super::relay::{relay_response, ClientBody, RelayError};
+use super::request::{parse_request, BodyFraming, Reject, RequestHead, RequestParse, RequestRules};
+use super::response::Framing;
+use super::{idle_timer, push_content_length, push_header, until, write_all_2};
+use crate::attempt::{self, Answer, BodyEnd, Client, OwnAnswer, Request, Upstream};
+use crate::config::{HashOn, ListenerConfig};
+use crate::server::Shared;
+
+/// Request bodies up to this size are read whole before the request is forwarded, so that
+/// any try can send them again; larger ones, and chunked ones, are streamed.
+const MAX_INLINE_BODY: u64 = 64 * 1024;
+
+/// How a client connection's service ended.
+pub(crate) enum Served<S> {
+    /// Closed (by either side, by a timeout, or by shutdown).
+    Closed,
+    /// The client sent HTTP/2's preface: the HTTP/2 front end takes the connection, with the
+    /// bytes read so far.
+    Http2(S, BytesMut),
+}
+
+/// A client connection and its reusable buffers and timers.
+struct Conn<S> {
+    stream: S,
+    /// Bytes read from the client not yet consumed: the current request first.
+    rbuf: BytesMut,
+    /// The request head for the upstream (its common part, then the per-try end).
+    up_head: Vec<u8>,
+    /// The response head for the client.
+    out: Vec<u8>,
+    /// Deadlines of reads from the client. (One timer per kind of deadline: each moves only
+    /// later, which costs no timer-wheel work.)
+    client_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// Per-try deadlines.
+    try_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// Whole-request deadlines, while a response body streams.
+    request_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+/// Serves a client connection until it closes, or until HTTP/2 takes it over.
+pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
+    shared: Arc<Shared>,
+    index: usize,
+    settings: &ListenerConfig,
+    client: &Client,
+    stream: S,
+    stop: watch::Receiver<Option<Duration>>,
+) -> Served<S> {
+    // One shutdown waiter for the connection's life: it registers once, instead of at every
+    // wait for a request.
+    let mut stop_waiter = stop.clone();
+    let mut shutdown = std::pin::pin!(async move {
+        crate::server::wait_shutdown(&mut stop_waiter).await;
+    });
+    let mut conn = Conn {
+        stream,
+        rbuf: BytesMut::with_capacity(8192),
+        up_head: Vec::with_capacity(1024),
+        out: Vec::with_capacity(1024),
+        client_timer: idle_timer(),
+        try_timer: idle_timer(),
+        request_timer: idle_timer(),
+    };
+    let max_body = settings.max_request_body_bytes.unwrap_or(u64::MAX);
+    loop {
+        if stop.borrow().is_some() {
+            return Served::Closed;
+        }
+        // Waiting for a request: the idle timeout until its first byte, the header-read
+        // timeout until its last (it runs between keep-alive requests too).
+        let waited = Instant::now();
+        let first_byte = waited + settings.header_read_timeout.min(settings.idle_timeout);
+        let whole_head = waited + settings.header_read_timeout;
+        // Bytes of this request already searched for the blank line that ends a head.
+        let mut searched = None;
+        let (cluster, req) = loop {
+            let parsed = if conn.rbuf.is_empty() || !may_end_head(&conn.rbuf, &mut searched) {
+                RequestParse::Partial
+            } else {
+                let cluster = shared.routing.load().listeners[index].clone();
+                let (hash_header, hash_path) = match &cluster.config.hash_on {
+                    Some(HashOn::Header(h)) => (Some(h.as_str()), false),
+                    Some(HashOn::Path) => (None, true),
+                    _ => (None, false),
+                };
+                let rules = RequestRules {
+                    client_ip: &client.ip,
+                    proto: client.proto,
+                    trust_forwarded: client.trust_forwarded,
+                    hash_header,
+                    hash_path,
+                    max_headers: settings.max_headers,
+                    max_body,
+                };
+                match parse_request(&conn.rbuf, &rules, &mut conn.up_head) {
+                    RequestParse::Ready(h) if h.head_len <= settings.max_header_bytes => {
+                        break (cluster, h)
+                    }
+                    // However it arrived (one read may bring more than the limit).
+                    RequestParse::Ready(_) => RequestParse::Reject(Reject::HeadTooLarge),
+                    other => other,
+                }
+            };
+            match parsed {
+                RequestParse::Http2Preface => return Served::Http2(conn.stream, conn.rbuf),
+                RequestParse::Reject(r) => return conn.refuse(client, r).await,
+                RequestParse::Partial if conn.rbuf.len() >= settings.max_header_bytes => {
+                    return conn.refuse(client, Reject::HeadTooLarge).await
+                }
+                _ => {}
+            }
+            let idle = conn.rbuf.is_empty();
+            let deadline = if idle { first_byte } else { whole_head };
+            conn.rbuf.reserve(4096);
+            let read = tokio::select! {
+                biased;
+                r = until(&mut conn.client_timer, deadline, conn.stream.read_buf(&mut conn.rbuf)) => r,
+                _ = shutdown.as_mut(), if idle => return Served::Closed,
+            };
+            match read {
+                Some(Ok(n)) if n > 0 => {}
+                // Closed, failed, or too slow: nothing to answer.
+                _ => return Served::Closed,
+            }
+        };
+        conn.rbuf.advance(req.head_len);
+        let keep = match req.body {
+            BodyFraming::Length(n) if n > MAX_INLINE_BODY => {
+                conn.streamed(&cluster, client, settings, &req, max_body, &stop)
+                    .await
+            }
+            BodyFraming::Chunked => {
+                conn.streamed(&cluster, client, settings, &req, max_body, &stop)
+                    .await
+            }
+            framing => {
+                let n = match framing {
+                    BodyFraming::Length(n) => n as usize,
+                    _ => 0,
+                };
+                if conn.rbuf.len() < n && req.expect_continue {
+                    let sent =
+                        write_all_2(&mut conn.stream, b"HTTP/1.1 100 Continue\r\n\r\n", &[]).await;
+                    if sent.is_err() {
+                        return Served::Closed;
+                    }
+                }
+                // Read whole, each read within the header-read timeout.
+                while conn.rbuf.len() < n {
+                    conn.rbuf.reserve(n - conn.rbuf.len());
+                    let deadline = Instant::now() + settings.header_read_timeout;
+                    let read = until(
+                        &mut conn.client_timer,
+                        deadline,
+                        conn.stream.read_buf(&mut conn.rbuf),
+                    )
+                    .await;
+                    if !matches!(read, Some(Ok(n)) if n > 0) {
+                        return Served::Closed;
+                    }
+                }
+                let answer = attempt::forward(
+                    &cluster,
+                    client,
+                    Request {
+                        head: &mut conn.up_head,
+                        meta: &req,
+                        start: Instant::now(),
+                    },
+                    &mut &conn.rbuf[..n],
+                    &mut conn.out,
+                    &mut conn.try_timer,
+                )
+                .await;
+                conn.rbuf.advance(n);
+                conn.send(answer, &req, true, &stop).await
+            }
+        };
+        if !keep {
+            let _ = conn.stream.shutdown().await;
+            return Served::Closed;
+        }
+    }
+}
+
+/// True if the head in `buf` may be complete: on the first look (so that a request line that
+/// is not HTTP gets its 400 at once), then only once a blank line may have arrived. Parsing
+/// restarts from the head's first byte, so without this a client sending its head a byte at
+/// a time would cost time quadratic in its length.
+fn may_end_head(buf: &[u8], searched: &mut Option<usize>) -> bool {
+    let Some(from) = *searched else {
+        *searched = Some(buf.len());
+        return true;
+    };
+    // A blank line is `\n\n` or `\n\r\n`; it may straddle the last search's end.
+    let new = &buf[from.saturating_sub(2)..];
+    *searched = Some(buf.len());
+    new.windows(2).any(|w| w == b"\n\n") || new.windows(3).any(|w| w == b"\n\r\n")
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
+    /// Forwards a request whose body is streamed from the client as the leg sends it; the
+    /// connection stays open only if the body was read to its end.
+    async fn streamed(
+        &mut self,
+        cluster: &Arc<crate::cluster::Cluster>,
+        client: &Client,
+        settings: &ListenerConfig,
+        req: &RequestHead,
+        max_body: u64,
+        stop: &watch::Receiver<Option<Duration>>,
+    ) -> bool {
+        let mut body = ClientBody::new(
+            &mut self.stream,
+            &mut self.rbuf,
+            &mut self.client_timer,
+            settings.header_read_timeout,
+            req.body,
+            max_body,
+            req.expect_continue,
+        );
+        let answer = attempt::forward(
+            cluster,
+            client,
+            Request {
+                head: &mut self.up_head,
+                meta: req,
+                start: Instant::now(),
+            },
+            &mut body,
+            &mut self.out,
+            &mut self.try_timer,
+        )
+        .await;
+        let finished = body.finished();
+        self.send(answer, req, finished, stop).await
+    }
+
+    /// Sends the driver's answer; returns whether the connection stays open. `reusable`:
+    /// the request was read to its end.
+    async fn send(
+        &mut self,
+        answer: Answer,
+        req: &RequestHead,
+        reusable: bool,
+        stop: &watch::Receiver<Option<Duration>>,
+    ) -> bool {
+        let keep = req.keep_alive && reusable && stop.borrow().is_none();
+        match answer {
+            Answer::Own(own) => {
+                // A refused body leaves the connection in an unknown state.
+                let keep = keep && own.status != 400 && own.status != 413 && own.status != 408;
+                self.answer(&own, keep, req).await
+            }
+            Answer::Upstream(up) => self.forward(up, keep, req).await,
+        }
+    }
+
+    /// Forwards an endpoint's response (its head is in `self.out`) and its body, then ends
+    /// its tail with the body's outcome. Returns whether the client connection stays.
+    async fn forward(&mut self, up: Upstream, keep_alive: bool, req: &RequestHead) -> bool {
+        let Upstream {
+            mut conn,
+            head,
+            tail,
+        } = up;
+        // An HTTP/1.0 client cannot take chunks: such a body ends with the connection.
+        let streamed = matches!(head.framing, Framing::Chunked | Framing::Close);
+        let keep = keep_alive && !(req.http10 && streamed);
+        push_header(
+            &mut self.out,
+            b"x-keel-endpoint",
+            tail.endpoint_header().as_bytes(),
+        );
+        match head.framing {
+            Framing::Length(n) => push_content_length(&mut self.out, n),
+            Framing::Chunked | Framing::Close if !req.http10 => {
+                self.out
+                    .extend_from_slice(b"transfer-encoding: chunked\r\n");
+            }
+            _ => {}
+        }
+        if !keep {
+            self.out.extend_from_slice(b"connection: close\r\n");
+        } else if req.http10 {
+            self.out.extend_from_slice(b"connection: keep-alive\r\n");
+        }
+        self.out.extend_from_slice(b"\r\n");
+        let deadline = tail.deadline;
+        let relayed = {
+            let fut = relay_response(
+                &mut self.stream,
+                &self.out,
+                &mut conn,
+                head.framing,
+                !req.http10,
+            );
+            until(&mut self.request_timer, deadline, fut).await
+        };
+        let end = match relayed {
+            Some(Ok(())) => BodyEnd::Done,
+            Some(Err(RelayError::Upstream(cause))) => {
+                tracing::debug!("response body failed: {cause}");
+                BodyEnd::UpstreamFailed
+            }
+            Some(Err(RelayError::Client)) => BodyEnd::ClientGone,
+            None => BodyEnd::Timeout,
+        };
+        tail.end(end, head.keep_alive.then_some(conn));
+        // A client that saw a head and part of a body only learns it is cut by the close.
+        keep && end == BodyEnd::Done
+    }
+
+    /// Writes keel's own answer; returns whether the connection stays open.
+    async fn answer(&mut self, own: &OwnAnswer, keep: bool, req: &RequestHead) -> bool {
+        self.out.clear();
+        self.out.extend_from_slice(b"HTTP/1.1 ");
+        self.out
+            .extend_from_slice(itoa_status(own.status).as_slice());
+        self.out.push(b' ');
+        self.out
+            .extend_from_slice(attempt::reason(own.status).as_bytes());
+        self.out.extend_from_slice(b"\r\n");
+        push_header(&mut self.out, b"content-type", b"text/plain; charset=utf-8");
+        push_content_length(&mut self.out, own.text.len() as u64);
+        push_header(
+            &mut self.out,
+            b"date",
+            httpdate::fmt_http_date(std::time::SystemTime::now()).as_bytes(),
+        );
+        if let Some(e) = &own.endpoint {
+            push_header(&mut self.out, b"x-keel-endpoint", e.as_bytes());
+        }
+        if !keep {
+            self.out.extend_from_slice(b"connection: close\r\n");
+        } else if req.http10 {
+            self.out.extend_from_slice(b"connection: keep-alive\r\n");
+        }
+        self.out.extend_from_slice(b"\r\n");
+        let body = if req.is_head {
+            &[][..]
+        } else {
+            own.text.as_bytes()
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let written = until(
+            &mut self.client_timer,
+            deadline,
+            write_all_2(&mut self.stream, &self.out, body),
+        )
+        .await;
+        keep && matches!(written, Some(Ok(())))
+    }
+
+    /// Answers a request refused before it reached the driver, and closes the connection.
+    async fn refuse(&mut self, client: &Client, reject: Reject) -> Served<S> {
+        let own = OwnAnswer {
+            status: reject.status(),
+            text: attempt::answer_text(reject.status(), reject.cause()),
+            endpoint: None,
+            guard: None,
+        };
+        tracing::debug!(client = %client.peer, "refused a request: {}", reject.cause());
+        self.answer(&own, false, &RequestHead::default()).await;
+        let _ = self.stream.shutdown().await;
+        Served::Closed
+    }
+}
+
+/// A status code's three digits.
+fn itoa_status(status: u16) -> [u8; 3] {
+    [
+        b'0' + (status / 100 % 10) as u8,
+        b'0' + (status / 10 % 10) as u8,
+        b'0' + (status % 10) as u8,
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::may_end_head;
+
+    #[test]
+    fn a_head_is_parsed_first_then_only_once_a_blank_line_may_have_come() {
+        let mut searched = None;
+        let mut buf = b"GET / HTTP/1.1\r\n".to_vec();
+        assert!(may_end_head(&buf, &mut searched), "first look");
+        buf.extend_from_slice(b"Host: x\r");
+        assert!(!may_end_head(&buf, &mut searched));
+        buf.extend_from_slice(b"\n");
+        assert!(!may_end_head(&buf, &mut searched));
+        // The blank line straddles two reads.
+        buf.extend_from_slice(b"\r");
+        assert!(!may_end_head(&buf, &mut searched));
+        buf.extend_from_slice(b"\n");
+        assert!(may_end_head(&buf, &mut searched));
+        // Bare line feeds end a head too (httparse accepts them).
+        let mut searched = None;
+        assert!(may_end_head(b"GET / HTTP/1.1\n", &mut searched));
+        assert!(may_end_head(b"GET / HTTP/1.1\nHost: x\n\n", &mut searched));
+        // Trickled one byte at a time, the head is searched once, not once per byte from its
+        // start: every byte is looked at a bounded number of times.
+        let head = format!("GET / HTTP/1.1\r\n{}\r\n", "X-A: b\r\n".repeat(2000));
+        let mut searched = None;
+        let parses = (1..=head.len())
+            .filter(|&n| may_end_head(&head.as_bytes()[..n], &mut searched))
+            .count();
+        assert_eq!(parses, 2, "the first byte and the last");
+    }
+}

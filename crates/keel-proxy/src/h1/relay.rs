@@ -1,0 +1,275 @@
+//! Bodies between a client's HTTP/1.1 connection and an endpoint's: the client's request body
+//! as the leg streams it ([`ClientBody`]), and the endpoint's response body on its way to the
+//! client ([`relay_response`]), passed through as it arrives.
+
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::Sleep;
+
+use super::chunked::{chunk, ChunkedDecoder, LAST_CHUNK};
+use super::request::{BodyFraming, Reject};
+use super::response::Framing;
+use super::{until, write_all_2, write_all_vectored};
+use crate::attempt::RequestBody;
+use crate::pool::RawConn;
+
+/// A request body streamed from the client as the leg asks for it: a piece at a time from
+/// the connection's read buffer, each read within `read_timeout`. Chunked bodies are decoded
+/// (the leg frames them again); `100 Continue` goes out before the first read when the client
+/// waits for it.
+pub(crate) struct ClientBody<'c, S> {
+    pub stream: &'c mut S,
+    /// Bytes read from the client; the body (then any pipelined request) at its front.
+    pub rbuf: &'c mut BytesMut,
+    pub timer: &'c mut Pin<Box<Sleep>>,
+    pub read_timeout: Duration,
+    pub framing: BodyFraming,
+    /// Bytes of a `Length` body not yet handed out.
+    left: u64,
+    decoder: ChunkedDecoder,
+    /// Bytes of the last piece, consumed at the next call.
+    pending: usize,
+    started: bool,
+    finished: bool,
+    received: u64,
+    max: u64,
+    expect_continue: bool,
+}
+
+impl<'c, S: AsyncRead + AsyncWrite + Unpin> ClientBody<'c, S> {
+    /// A body of `framing` at the front of `rbuf`, at most `max` bytes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        stream: &'c mut S,
+        rbuf: &'c mut BytesMut,
+        timer: &'c mut Pin<Box<Sleep>>,
+        read_timeout: Duration,
+        framing: BodyFraming,
+        max: u64,
+        expect_continue: bool,
+    ) -> Self {
+        let left = match framing {
+            BodyFraming::Length(n) => n,
+            _ => 0,
+        };
+        Self {
+            stream,
+            rbuf,
+            timer,
+            read_timeout,
+            framing,
+            left,
+            decoder: ChunkedDecoder::default(),
+            pending: 0,
+            started: false,
+            finished: framing == BodyFraming::None,
+            received: 0,
+            max,
+            expect_continue,
+        }
+    }
+
+    /// True once the whole body was read: the connection can carry another request.
+    pub fn finished(&self) -> bool {
+        self.finished && self.pending == 0
+    }
+
+    async fn read_more(&mut self) -> Result<(), Reject> {
+        if self.expect_continue {
+            self.expect_continue = false;
+            write_all_2(self.stream, b"HTTP/1.1 100 Continue\r\n\r\n", &[])
+                .await
+                .map_err(|_| Reject::InvalidBody)?;
+        }
+        self.rbuf.reserve(16 * 1024);
+        let deadline = Instant::now() + self.read_timeout;
+        match until(self.timer, deadline, self.stream.read_buf(self.rbuf)).await {
+            Some(Ok(n)) if n > 0 => Ok(()),
+            None => Err(Reject::Timeout),
+            _ => Err(Reject::InvalidBody),
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> RequestBody for ClientBody<'_, S> {
+    fn inline(&self) -> Option<&[u8]> {
+        None
+    }
+
+    fn started(&self) -> bool {
+        self.started
+    }
+
+    async fn next_piece(&mut self) -> Result<&[u8], Reject> {
+        self.started = true;
+        self.rbuf.advance(std::mem::take(&mut self.pending));
+        if self.finished {
+            return Ok(&[]);
+        }
+        let data = loop {
+            match self.framing {
+                BodyFraming::Length(_) => {
+                    if self.left == 0 {
+                        self.finished = true;
+                        return Ok(&[]);
+                    }
+                    if !self.rbuf.is_empty() {
+                        let n = (self.rbuf.len() as u64).min(self.left) as usize;
+                        self.left -= n as u64;
+                        break n;
+                    }
+                }
+                BodyFraming::Chunked => {
+                    let step = self
+                        .decoder
+                        .step(self.rbuf)
+                        .map_err(|_| Reject::InvalidBody)?;
+                    self.rbuf.advance(step.framing);
+                    if step.data > 0 {
+                        break step.data;
+                    }
+                    if step.done {
+                        self.finished = true;
+                        return Ok(&[]);
+                    }
+                }
+                BodyFraming::None => return Ok(&[]),
+            }
+            self.read_more().await?;
+        };
+        self.received += data as u64;
+        if self.received > self.max {
+            return Err(Reject::BodyTooLarge);
+        }
+        self.pending = data;
+        Ok(&self.rbuf[..data])
+    }
+}
+
+/// Why relaying a response body stopped early.
+#[derive(Debug)]
+pub(crate) enum RelayError {
+    /// The endpoint failed or sent a malformed body.
+    Upstream(String),
+    /// The client went away.
+    Client,
+}
+
+/// Sends the response head `head` and the body that `framing` delimits on `conn` to the
+/// client: the bytes already read go out with the head, the rest as it arrives. Bodies without
+/// a length go to HTTP/1.1 clients chunked (passed through as the endpoint chunked them, or
+/// chunked here when it ends the body by closing); to HTTP/1.0 clients as they are.
+pub(crate) async fn relay_response<W: AsyncWrite + Unpin>(
+    client: &mut W,
+    head: &[u8],
+    conn: &mut RawConn,
+    framing: Framing,
+    chunked_to_client: bool,
+) -> Result<(), RelayError> {
+    let mut head = head;
+    let to_client = |e: io::Error| {
+        tracing::debug!("client went away while its response was sent: {e}");
+        RelayError::Client
+    };
+    match framing {
+        Framing::Empty => write_all_2(client, head, &[]).await.map_err(to_client),
+        Framing::Length(n) => {
+            let mut left = n as usize;
+            loop {
+                let take = left.min(conn.buf.len());
+                write_all_2(client, head, &conn.buf[..take])
+                    .await
+                    .map_err(to_client)?;
+                head = &[];
+                conn.buf.advance(take);
+                left -= take;
+                if left == 0 {
+                    return Ok(());
+                }
+                read_more(conn).await?;
+            }
+        }
+        Framing::Chunked => {
+            let mut decoder = ChunkedDecoder::default();
+            loop {
+                if chunked_to_client {
+                    // Passed through as the endpoint chunked it, checked on the way.
+                    let used = decoder
+                        .skip(&conn.buf)
+                        .map_err(|e| RelayError::Upstream(e.to_string()))?;
+                    write_all_2(client, head, &conn.buf[..used])
+                        .await
+                        .map_err(to_client)?;
+                    conn.buf.advance(used);
+                } else {
+                    // HTTP/1.0: the data only, the body ending with the connection.
+                    loop {
+                        let step = decoder
+                            .step(&conn.buf)
+                            .map_err(|e| RelayError::Upstream(e.to_string()))?;
+                        let data = &conn.buf[step.framing..step.framing + step.data];
+                        write_all_2(client, head, data).await.map_err(to_client)?;
+                        conn.buf.advance(step.framing + step.data);
+                        if step.done || conn.buf.is_empty() {
+                            break;
+                        }
+                    }
+                }
+                head = &[];
+                if decoder.is_done() {
+                    return Ok(());
+                }
+                read_more(conn).await?;
+            }
+        }
+        Framing::Close => {
+            let mut line = [0u8; 18];
+            loop {
+                if chunked_to_client {
+                    let [size, data, end] = chunk(&conn.buf, &mut line);
+                    let mut all = [IoSlice::new(head), size, data, end];
+                    write_all_vectored(client, &mut all)
+                        .await
+                        .map_err(to_client)?;
+                    client.flush().await.map_err(to_client)?;
+                } else {
+                    write_all_2(client, head, &conn.buf)
+                        .await
+                        .map_err(to_client)?;
+                }
+                head = &[];
+                conn.buf.clear();
+                conn.buf.reserve(16 * 1024);
+                match conn.io.read_buf(&mut conn.buf).await {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) => return Err(RelayError::Upstream(e.to_string())),
+                }
+            }
+            if chunked_to_client {
+                write_all_2(client, LAST_CHUNK, &[])
+                    .await
+                    .map_err(to_client)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Reads more of a body the endpoint has not finished.
+async fn read_more(conn: &mut RawConn) -> Result<(), RelayError> {
+    if conn.buf.capacity() - conn.buf.len() < 4096 {
+        conn.buf.reserve(16 * 1024);
+    }
+    match conn.io.read_buf(&mut conn.buf).await {
+        Ok(0) => Err(RelayError::Upstream(
+            "connection closed in the middle of the body".into(),
+        )),
+        Ok(_) => Ok(()),
+        Err(e) => Err(RelayError::Upstream(e.to_string())),
+    }
+}

@@ -1,0 +1,648 @@
+//! Request heads: parsed in place with `httparse` (HTTP/1.1 clients) or taken from hyper's
+//! HTTP/2 server, checked, and rewritten straight into the HTTP/1.1 head sent upstream. One
+//! rewrite for both front ends: hop-by-hop headers and those `Connection` names removed,
+//! `X-Forwarded-For`/`-Proto`/`-Host` set, the body's framing decided.
+//!
+//! Every refusal is a [`Reject`], turned into a status and a cause in one place.
+
+use std::mem::MaybeUninit;
+
+use super::{push_content_length, push_header, HOP_BY_HOP};
+
+/// Most header names a `Connection` header may list for removal.
+const MAX_CONNECTION_TOKENS: usize = 16;
+
+/// Headers parsed on the stack up to this many; beyond, on the heap.
+const STACK_HEADERS: usize = 128;
+
+/// Why a request is refused before it reaches any endpoint. The connection is closed after
+/// the answer (the client may not agree with keel on where the next request starts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reject {
+    /// Not an HTTP/1.x request line and headers.
+    Malformed,
+    /// More header lines than `max_headers`.
+    TooManyHeaders,
+    /// A head longer than `max_header_bytes`.
+    HeadTooLarge,
+    /// A `Content-Length` that is not a number.
+    InvalidContentLength,
+    /// Two `Content-Length` headers that disagree.
+    ConflictingContentLength,
+    /// Both `Content-Length` and `Transfer-Encoding` (RFC 9112 section 6.3: a request
+    /// smuggling vector; refused, as NGINX does).
+    LengthAndTransferEncoding,
+    /// A `Transfer-Encoding` whose last coding is not `chunked`, or one in HTTP/1.0: the body's
+    /// end cannot be known (RFC 9112 section 6.3).
+    TransferEncodingNotChunked,
+    /// A transfer coding before `chunked` (e.g. `gzip, chunked`), which keel does not forward.
+    UnsupportedTransferEncoding,
+    /// An `Expect` other than `100-continue`.
+    UnsupportedExpectation,
+    /// HTTP/1.1 without `Host` (and not in absolute form).
+    MissingHost,
+    /// More than one `Host`.
+    DuplicateHost,
+    /// More `Connection` options than keel tracks.
+    TooManyConnectionOptions,
+    /// A target that is neither origin form nor an `http(s)://` absolute form.
+    UnsupportedTarget,
+    /// `CONNECT`: keel is a reverse proxy, not a tunnel to anywhere.
+    Connect,
+    /// A body declared or found larger than `max_request_body_bytes`.
+    BodyTooLarge,
+    /// A chunked body that is malformed, or a body cut short by the client.
+    InvalidBody,
+    /// The head or the body did not arrive within `header_read_timeout`.
+    Timeout,
+}
+
+impl Reject {
+    /// The status keel answers with.
+    pub fn status(self) -> u16 {
+        match self {
+            Reject::TooManyHeaders | Reject::HeadTooLarge | Reject::TooManyConnectionOptions => 431,
+            Reject::BodyTooLarge => 413,
+            Reject::UnsupportedTransferEncoding | Reject::Connect => 501,
+            Reject::UnsupportedExpectation => 417,
+            Reject::Timeout => 408,
+            Reject::Malformed
+            | Reject::InvalidContentLength
+            | Reject::ConflictingContentLength
+            | Reject::LengthAndTransferEncoding
+            | Reject::TransferEncodingNotChunked
+            | Reject::MissingHost
+            | Reject::DuplicateHost
+            | Reject::UnsupportedTarget
+            | Reject::InvalidBody => 400,
+        }
+    }
+
+    /// The cause, one line (no client data in it).
+    pub fn cause(self) -> &'static str {
+        match self {
+            Reject::Malformed => "malformed request head",
+            Reject::TooManyHeaders => "more request headers than max_headers",
+            Reject::HeadTooLarge => "request head larger than max_header_bytes",
+            Reject::InvalidContentLength => "invalid Content-Length",
+            Reject::ConflictingContentLength => "conflicting Content-Length headers",
+            Reject::LengthAndTransferEncoding => {
+                "both Content-Length and Transfer-Encoding (RFC 9112 section 6.3)"
+            }
+            Reject::TransferEncodingNotChunked => {
+                "Transfer-Encoding must end in chunked, and needs HTTP/1.1"
+            }
+            Reject::UnsupportedTransferEncoding => "only the chunked transfer coding is supported",
+            Reject::UnsupportedExpectation => "only Expect: 100-continue is supported",
+            Reject::MissingHost => "Host header missing (required since HTTP/1.1)",
+            Reject::DuplicateHost => "more than one Host header",
+            Reject::TooManyConnectionOptions => "too many Connection options",
+            Reject::UnsupportedTarget => "unsupported request target",
+            Reject::Connect => "CONNECT is not supported (keel is a reverse proxy)",
+            Reject::BodyTooLarge => "request body larger than max_request_body_bytes",
+            Reject::InvalidBody => "the request body is malformed or was cut short",
+            Reject::Timeout => "the request did not arrive within header_read_timeout",
+        }
+    }
+}
+
+/// What the rewrite needs to know about the client and the listener.
+pub(crate) struct RequestRules<'a> {
+    /// The client's IP, for `X-Forwarded-For`.
+    pub client_ip: &'a str,
+    /// `http` or `https`, for `X-Forwarded-Proto`.
+    pub proto: &'a str,
+    /// The client is a trusted proxy (`trusted_proxies`): its `X-Forwarded-For` is kept and
+    /// appended to. From any other client the header is replaced.
+    pub trust_forwarded: bool,
+    /// Hash on this header's value (lower-case name).
+    pub hash_header: Option<&'a str>,
+    /// Hash on the path (without the query).
+    pub hash_path: bool,
+    /// Most headers accepted (`max_headers`).
+    pub max_headers: usize,
+    /// Largest body accepted (`max_request_body_bytes`; `u64::MAX`: none).
+    pub max_body: u64,
+}
+
+/// How a request body is delimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum BodyFraming {
+    /// No body.
+    #[default]
+    None,
+    /// This many bytes (`Content-Length`).
+    Length(u64),
+    /// Chunked (HTTP/1.1), or of unknown length (HTTP/2 without `content-length`).
+    Chunked,
+}
+
+/// A request head, checked and rewritten.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct RequestHead {
+    /// Bytes of the head, final CRLF included (HTTP/1.1 clients).
+    pub head_len: usize,
+    /// How the body is delimited.
+    pub body: BodyFraming,
+    /// The method may be sent twice with the effect of once (RFC 9110 section 9.2.2).
+    pub idempotent: bool,
+    /// `HEAD`: the response has no body whatever its headers say.
+    pub is_head: bool,
+    /// The client wants the connection kept after the response.
+    pub keep_alive: bool,
+    /// HTTP/1.0 client (no chunked responses).
+    pub http10: bool,
+    /// `Host` was sent (else the endpoint's address is used).
+    pub has_host: bool,
+    /// The client waits for `100 Continue` before it sends the body.
+    pub expect_continue: bool,
+    /// The hash-strategy key's bytes were found: their hash.
+    pub hash: Option<u64>,
+}
+
+/// The outcome of reading an HTTP/1.1 request head.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum RequestParse {
+    /// The head is not complete yet.
+    Partial,
+    /// Complete and rewritten.
+    Ready(RequestHead),
+    /// HTTP/2's connection preface: the connection is HTTP/2 with prior knowledge.
+    Http2Preface,
+    /// Refused.
+    Reject(Reject),
+}
+
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
+
+/// Parses the request head at the start of `buf`; when complete, writes into `out` the head
+/// to send upstream, without `Host` when the client sent none and without the final CRLF
+/// (both are per try).
+pub(crate) fn parse_request(
+    buf: &[u8],
+    rules: &RequestRules<'_>,
+    out: &mut Vec<u8>,
+) -> RequestParse {
+    if !buf.is_empty() && (buf.starts_with(H2_PREFACE) || H2_PREFACE.starts_with(buf)) {
+        return if buf.len() >= H2_PREFACE.len() {
+            RequestParse::Http2Preface
+        } else {
+            RequestParse::Partial
+        };
+    }
+    if rules.max_headers <= STACK_HEADERS {
+        let mut headers = [MaybeUninit::<httparse::Header<'_>>::uninit(); STACK_HEADERS];
+        parse_request_in(buf, rules, out, &mut headers[..rules.max_headers])
+    } else {
+        let mut headers = vec![MaybeUninit::<httparse::Header<'_>>::uninit(); rules.max_headers];
+        parse_request_in(buf, rules, out, &mut headers)
+    }
+}
+
+fn parse_request_in<'b>(
+    buf: &'b [u8],
+    rules: &RequestRules<'_>,
+    out: &mut Vec<u8>,
+    headers: &mut [MaybeUninit<httparse::Header<'b>>],
+) -> RequestParse {
+    let mut req = httparse::Request::new(&mut []);
+    let head_len = match req.parse_with_uninit_headers(buf, headers) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return RequestParse::Partial,
+        Err(httparse::Error::TooManyHeaders) => {
+            return RequestParse::Reject(Reject::TooManyHeaders)
+        }
+        Err(_) => return RequestParse::Reject(Reject::Malformed),
+    };
+    let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
+        return RequestParse::Reject(Reject::Malformed);
+    };
+    if method == "CONNECT" {
+        return RequestParse::Reject(Reject::Connect);
+    }
+    let Some((path, authority)) = origin_form(target) else {
+        return RequestParse::Reject(Reject::UnsupportedTarget);
+    };
+    let fields = || req.headers.iter().map(|h| (h.name, h.value));
+    match rewrite(
+        method,
+        path,
+        authority,
+        version == 0,
+        false,
+        fields,
+        rules,
+        out,
+    ) {
+        Ok(mut head) => {
+            head.head_len = head_len;
+            RequestParse::Ready(head)
+        }
+        Err(r) => RequestParse::Reject(r),
+    }
+}
+
+/// What the first look at the headers found.
+struct Scan<'h> {
+    named: [&'h [u8]; MAX_CONNECTION_TOKENS],
+    n_named: usize,
+    close: bool,
+    keep_alive_token: bool,
+    content_length: Option<u64>,
+    transfer_encoding: Option<&'h [u8]>,
+    expect: Option<&'h [u8]>,
+    host: Option<&'h [u8]>,
+    forwarded_for: bool,
+    hash: Option<u64>,
+}
+
+/// Checks a request and writes the head sent upstream into `out` (request line in origin
+/// form, headers, `X-Forwarded-*`, `Content-Length` or `Transfer-Encoding`; no final CRLF and
+/// no `Host` when the client sent none: both are per try). `fields` are the client's headers
+/// as (name, value), from a function called for each pass over them; `authority`: an absolute-form target's (HTTP/1.1) or `:authority`
+/// (HTTP/2). `unframed_body`: a body follows that no header delimits (HTTP/2 data frames
+/// without `content-length`); it is sent chunked. The HTTP/1.1 and HTTP/2 front ends both
+/// call it, so both forward alike.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rewrite<'h, I>(
+    method: &str,
+    path: &str,
+    authority: Option<&'h str>,
+    http10: bool,
+    unframed_body: bool,
+    fields: impl Fn() -> I,
+    rules: &RequestRules<'_>,
+    out: &mut Vec<u8>,
+) -> Result<RequestHead, Reject>
+where
+    I: Iterator<Item = (&'h str, &'h [u8])>,
+{
+    let mut s = Scan {
+        named: [b""; MAX_CONNECTION_TOKENS],
+        n_named: 0,
+        close: false,
+        keep_alive_token: false,
+        content_length: None,
+        transfer_encoding: None,
+        expect: None,
+        host: None,
+        forwarded_for: false,
+        hash: None,
+    };
+    for (name, value) in fields() {
+        if name.eq_ignore_ascii_case("connection") {
+            for token in value.split(|b| *b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    s.close = true;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                    s.keep_alive_token = true;
+                } else if !token.is_empty() {
+                    if s.n_named == MAX_CONNECTION_TOKENS {
+                        return Err(Reject::TooManyConnectionOptions);
+                    }
+                    s.named[s.n_named] = token;
+                    s.n_named += 1;
+                }
+            }
+        } else if name.eq_ignore_ascii_case("content-length") {
+            let n = parse_content_length(value).ok_or(Reject::InvalidContentLength)?;
+            if s.content_length.is_some_and(|m| m != n) {
+                return Err(Reject::ConflictingContentLength);
+            }
+            s.content_length = Some(n);
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            if s.transfer_encoding.is_some() {
+                return Err(Reject::UnsupportedTransferEncoding);
+            }
+            s.transfer_encoding = Some(value);
+        } else if name.eq_ignore_ascii_case("expect") {
+            s.expect = Some(value);
+        } else if name.eq_ignore_ascii_case("host") {
+            if s.host.is_some() {
+                return Err(Reject::DuplicateHost);
+            }
+            s.host = Some(value);
+        } else if name.eq_ignore_ascii_case("x-forwarded-for") {
+            s.forwarded_for = true;
+        }
+        if s.hash.is_none()
+            && rules
+                .hash_header
+                .is_some_and(|k| name.eq_ignore_ascii_case(k))
+        {
+            s.hash = Some(keel_balance::hash_key(value));
+        }
+    }
+    let body = match (s.transfer_encoding, s.content_length) {
+        (Some(_), Some(_)) => return Err(Reject::LengthAndTransferEncoding),
+        (Some(te), None) => {
+            let last = te.rsplit(|b| *b == b',').next().unwrap_or(b"").trim_ascii();
+            if http10 || !last.eq_ignore_ascii_case(b"chunked") {
+                return Err(Reject::TransferEncodingNotChunked);
+            }
+            if !te.trim_ascii().eq_ignore_ascii_case(b"chunked") {
+                return Err(Reject::UnsupportedTransferEncoding);
+            }
+            BodyFraming::Chunked
+        }
+        (None, None) if unframed_body => BodyFraming::Chunked,
+        (None, Some(0)) | (None, None) => BodyFraming::None,
+        (None, Some(n)) => BodyFraming::Length(n),
+    };
+    if let BodyFraming::Length(n) = body {
+        if n > rules.max_body {
+            return Err(Reject::BodyTooLarge);
+        }
+    }
+    let expect_continue = match s.expect {
+        None => false,
+        Some(v) if v.trim_ascii().eq_ignore_ascii_case(b"100-continue") => true,
+        Some(_) => return Err(Reject::UnsupportedExpectation),
+    };
+    if !http10 && s.host.is_none() && authority.is_none() {
+        // RFC 9112 section 3.2 (an absolute-form target names the host too, as NGINX takes).
+        return Err(Reject::MissingHost);
+    }
+    let mut hash = s.hash;
+    if rules.hash_path {
+        let end = path.find('?').unwrap_or(path.len());
+        hash = Some(keel_balance::hash_key(&path.as_bytes()[..end]));
+    }
+
+    out.clear();
+    out.extend_from_slice(method.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(path.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    // Every header but the hop-by-hop ones, those `Connection` names, those the proxy sets
+    // itself and `Expect` (keel answers it).
+    let named = &s.named[..s.n_named];
+    for (name, value) in fields() {
+        if HOP_BY_HOP.iter().any(|n| name.eq_ignore_ascii_case(n))
+            || named
+                .iter()
+                .any(|n| name.as_bytes().eq_ignore_ascii_case(n))
+            || name.eq_ignore_ascii_case("content-length")
+            || name.eq_ignore_ascii_case("expect")
+            || name.eq_ignore_ascii_case("x-forwarded-for")
+            || name.eq_ignore_ascii_case("x-forwarded-proto")
+            || name.eq_ignore_ascii_case("x-forwarded-host")
+        {
+            continue;
+        }
+        push_header(out, name.as_bytes(), value);
+    }
+    // The client's `Host`, or the target's authority.
+    let host = match (s.host, authority) {
+        (Some(h), _) => Some(h),
+        (None, Some(a)) => {
+            push_header(out, b"host", a.as_bytes());
+            Some(a.as_bytes())
+        }
+        (None, None) => None,
+    };
+    out.extend_from_slice(b"x-forwarded-for: ");
+    if s.forwarded_for && rules.trust_forwarded {
+        for (name, value) in fields() {
+            if name.eq_ignore_ascii_case("x-forwarded-for") {
+                out.extend_from_slice(value);
+                out.extend_from_slice(b", ");
+            }
+        }
+    }
+    out.extend_from_slice(rules.client_ip.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    push_header(out, b"x-forwarded-proto", rules.proto.as_bytes());
+    if let Some(h) = host {
+        push_header(out, b"x-forwarded-host", h);
+    }
+    match body {
+        BodyFraming::Length(n) => push_content_length(out, n),
+        BodyFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        // A `Content-Length: 0` is kept as such (some servers want a length on POST).
+        BodyFraming::None if s.content_length == Some(0) => push_content_length(out, 0),
+        BodyFraming::None => {}
+    }
+    Ok(RequestHead {
+        head_len: 0,
+        body,
+        idempotent: matches!(
+            method,
+            "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
+        ),
+        is_head: method == "HEAD",
+        // `close` wins over `keep-alive` (RFC 9112 section 9.3).
+        keep_alive: !s.close && (!http10 || s.keep_alive_token),
+        http10,
+        has_host: host.is_some(),
+        expect_continue,
+        hash,
+    })
+}
+
+/// The origin-form target (`/path?query` or `*`) of a request target, and the authority of
+/// an absolute-form one (`http://authority/path?query`, RFC 9112 section 3.2.2).
+fn origin_form(target: &str) -> Option<(&str, Option<&str>)> {
+    if target.starts_with('/') || target == "*" {
+        return Some((target, None));
+    }
+    let (scheme, rest) = target.split_once("://")?;
+    if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
+        return None;
+    }
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(end);
+    if authority.is_empty() || authority.contains('@') || path.starts_with('?') {
+        return None;
+    }
+    Some((if path.is_empty() { "/" } else { path }, Some(authority)))
+}
+
+/// A `Content-Length` value: digits only (RFC 9110 section 8.6), no sign, no overflow.
+pub(crate) fn parse_content_length(v: &[u8]) -> Option<u64> {
+    let v = v.trim_ascii();
+    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(v.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules() -> RequestRules<'static> {
+        RequestRules {
+            client_ip: "127.0.0.1",
+            proto: "http",
+            trust_forwarded: true,
+            hash_header: None,
+            hash_path: false,
+            max_headers: 20,
+            max_body: 1024,
+        }
+    }
+
+    fn ready(raw: &[u8], rules: &RequestRules<'_>) -> (RequestHead, String) {
+        let mut out = Vec::new();
+        match parse_request(raw, rules, &mut out) {
+            RequestParse::Ready(h) => (h, String::from_utf8(out).unwrap()),
+            other => panic!("{other:?} for {:?}", String::from_utf8_lossy(raw)),
+        }
+    }
+
+    #[test]
+    fn a_request_is_rewritten_for_the_upstream() {
+        let raw = b"GET /p?q=1 HTTP/1.1\r\nHost: app.example\r\nConnection: x-hop, keep-alive\r\nX-Hop: 1\r\nTE: trailers\r\nProxy-Authorization: b\r\nX-Forwarded-For: 10.0.0.1\r\nX-Forwarded-Proto: ftp\r\nX-Keep: yes\r\n\r\nNEXT";
+        let (h, out) = ready(raw, &rules());
+        assert_eq!(h.head_len, raw.len() - 4);
+        assert!(h.keep_alive && h.idempotent && h.has_host && !h.http10 && !h.is_head);
+        assert_eq!(
+            out,
+            "GET /p?q=1 HTTP/1.1\r\nHost: app.example\r\nX-Keep: yes\r\nx-forwarded-for: 10.0.0.1, 127.0.0.1\r\nx-forwarded-proto: http\r\nx-forwarded-host: app.example\r\n"
+        );
+        // From a client that is not a trusted proxy, the header is replaced.
+        let mut untrusted = rules();
+        untrusted.trust_forwarded = false;
+        let (_, out) = ready(raw, &untrusted);
+        assert!(out.contains("x-forwarded-for: 127.0.0.1\r\n"), "{out}");
+        assert!(!out.contains("10.0.0.1"), "{out}");
+    }
+
+    #[test]
+    fn framing_and_connection_options() {
+        let (h, out) = ready(
+            b"POST /u HTTP/1.0\r\nContent-Length: 5\r\n\r\nhello",
+            &rules(),
+        );
+        assert_eq!(
+            (h.body, h.keep_alive, h.idempotent, h.has_host),
+            (BodyFraming::Length(5), false, false, false)
+        );
+        assert!(out.ends_with("content-length: 5\r\n"), "{out}");
+        let (h, _) = ready(
+            b"GET / HTTP/1.1\r\nHost: h\r\nConnection: keep-alive, close\r\n\r\n",
+            &rules(),
+        );
+        assert!(!h.keep_alive, "close wins");
+        let (h, _) = ready(b"GET / HTTP/1.0\r\n\r\n", &rules());
+        assert!(h.http10 && !h.keep_alive);
+        let (h, _) = ready(
+            b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n",
+            &rules(),
+        );
+        assert!(h.http10 && h.keep_alive);
+        let (h, out) = ready(b"GET http://a.example:8080/x?y HTTP/1.1\r\n\r\n", &rules());
+        assert!(h.has_host);
+        assert!(
+            out.starts_with("GET /x?y HTTP/1.1\r\nhost: a.example:8080\r\n"),
+            "{out}"
+        );
+        let (_, out) = ready(b"OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n", &rules());
+        assert!(out.starts_with("OPTIONS * HTTP/1.1\r\n"), "{out}");
+        let (h, out) = ready(
+            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n",
+            &rules(),
+        );
+        assert_eq!((h.body, h.expect_continue), (BodyFraming::Chunked, true));
+        assert!(out.ends_with("transfer-encoding: chunked\r\n"), "{out}");
+        assert!(!out.to_ascii_lowercase().contains("expect"), "{out}");
+        let (h, _) = ready(
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 100000\r\n\r\n",
+            &RequestRules {
+                max_body: u64::MAX,
+                ..rules()
+            },
+        );
+        assert_eq!(h.body, BodyFraming::Length(100_000), "large bodies stream");
+    }
+
+    #[test]
+    fn bad_requests_are_refused_with_their_status() {
+        let mut out = Vec::new();
+        let r = |raw: &[u8], out: &mut Vec<u8>| parse_request(raw, &rules(), out);
+        assert_eq!(
+            r(b"GET / HTTP/1.1\r\nHost: x\r\n", &mut out),
+            RequestParse::Partial
+        );
+        assert_eq!(r(b"PRI * HTTP/2", &mut out), RequestParse::Partial);
+        assert_eq!(
+            r(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", &mut out),
+            RequestParse::Http2Preface
+        );
+        for (raw, status) in [
+            (&b"HELLO THERE\r\n\r\n"[..], 400),
+            (b"GET / HTTP/7.3\r\n\r\n", 400),
+            (b"GET / HTTP/1.1\r\nBad Name: v\r\n\r\n", 400),
+            (b"GET / HTTP/1.1\r\n\r\n", 400),
+            (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+                400,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n",
+                400,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1025\r\n\r\n",
+                413,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+                400,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+                400,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+                501,
+            ),
+            (
+                b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+                400,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n",
+                400,
+            ),
+            (
+                b"PUT / HTTP/1.1\r\nHost: a\r\nExpect: teapot\r\n\r\n",
+                417,
+            ),
+            (b"CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n", 501),
+            (b"GET ftp://x/ HTTP/1.1\r\n\r\n", 400),
+        ] {
+            match r(raw, &mut out) {
+                RequestParse::Reject(rej) => {
+                    assert_eq!(rej.status(), status, "{:?}", String::from_utf8_lossy(raw))
+                }
+                other => panic!("{other:?} for {:?}", String::from_utf8_lossy(raw)),
+            }
+        }
+        let many: String = (0..21).map(|i| format!("X-{i}: v\r\n")).collect();
+        let raw = format!("GET / HTTP/1.1\r\n{many}\r\n");
+        assert_eq!(
+            r(raw.as_bytes(), &mut out),
+            RequestParse::Reject(Reject::TooManyHeaders)
+        );
+    }
+
+    #[test]
+    fn hash_keys_from_a_header_or_the_path() {
+        let mut rules = rules();
+        rules.hash_header = Some("x-user");
+        let (h, _) = ready(
+            b"GET / HTTP/1.1\r\nHost: h\r\nX-User: alice\r\n\r\n",
+            &rules,
+        );
+        assert_eq!(h.hash, Some(keel_balance::hash_key(b"alice")));
+        rules.hash_header = None;
+        rules.hash_path = true;
+        let (h, _) = ready(b"GET /a/b?c=1 HTTP/1.1\r\nHost: h\r\n\r\n", &rules);
+        assert_eq!(h.hash, Some(keel_balance::hash_key(b"/a/b")));
+    }
+}

@@ -1,0 +1,212 @@
+//! Response heads from endpoints: parsed in place with `httparse` and rewritten into the
+//! HTTP/1.1 head keel sends on (hop-by-hop headers and those `Connection` names removed, the
+//! framing decided here and written by the front end).
+
+use std::mem::MaybeUninit;
+
+use super::request::parse_content_length;
+use super::{push_header, HOP_BY_HOP};
+
+/// Most header names a `Connection` header of a response may list.
+const MAX_CONNECTION_TOKENS: usize = 16;
+
+/// How a response body ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Framing {
+    /// No body (`HEAD`, 1xx, 204, 304).
+    Empty,
+    /// This many bytes.
+    Length(u64),
+    /// Chunked transfer coding.
+    Chunked,
+    /// Until the endpoint closes the connection.
+    Close,
+}
+
+/// A response head, parsed and rewritten.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ResponseHead {
+    /// Bytes of the head, final CRLF included.
+    pub head_len: usize,
+    /// The status code.
+    pub status: u16,
+    /// How the body ends.
+    pub framing: Framing,
+    /// The endpoint keeps the connection open after this response.
+    pub keep_alive: bool,
+}
+
+/// Most headers accepted in an upstream response.
+const MAX_RESPONSE_HEADERS: usize = 128;
+
+/// Parses the response head at the start of `buf`; when complete, writes into `out` the
+/// status line and the headers to send to the client, without the framing headers, the
+/// connection options and the final CRLF (the caller adds those). `Ok(None)`: not complete.
+pub(crate) fn parse_response(
+    buf: &[u8],
+    request_is_head: bool,
+    out: &mut Vec<u8>,
+) -> Result<Option<ResponseHead>, &'static str> {
+    let mut headers = [MaybeUninit::<httparse::Header<'_>>::uninit(); MAX_RESPONSE_HEADERS];
+    let mut resp = httparse::Response::new(&mut []);
+    let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut resp,
+        buf,
+        &mut headers,
+    );
+    let head_len = match parsed {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err("too many response headers"),
+        Err(_) => return Err("invalid response head"),
+    };
+    let (Some(version), Some(status)) = (resp.version, resp.code) else {
+        return Err("invalid status line");
+    };
+    if !(100..=999).contains(&status) {
+        return Err("invalid status code");
+    }
+    let mut named: [&[u8]; MAX_CONNECTION_TOKENS] = [b""; MAX_CONNECTION_TOKENS];
+    let mut n_named = 0;
+    let mut close = version == 0;
+    let mut content_length: Option<u64> = None;
+    let mut chunked = false;
+    let mut transfer_encoding = false;
+    for h in resp.headers.iter() {
+        if h.name.eq_ignore_ascii_case("connection") {
+            for token in h.value.split(|b| *b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if !token.is_empty() && !token.eq_ignore_ascii_case(b"keep-alive") {
+                    if n_named == MAX_CONNECTION_TOKENS {
+                        return Err("too many Connection options");
+                    }
+                    named[n_named] = token;
+                    n_named += 1;
+                }
+            }
+        } else if h.name.eq_ignore_ascii_case("content-length") {
+            let n = parse_content_length(h.value).ok_or("invalid Content-Length")?;
+            if content_length.is_some_and(|m| m != n) {
+                return Err("conflicting Content-Length headers");
+            }
+            content_length = Some(n);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            transfer_encoding = true;
+            // Chunked must be the last coding (RFC 9112 section 6.1).
+            chunked = h
+                .value
+                .rsplit(|b| *b == b',')
+                .next()
+                .is_some_and(|c| c.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        }
+    }
+    let framing = if request_is_head || status < 200 || status == 204 || status == 304 {
+        Framing::Empty
+    } else if transfer_encoding {
+        // Transfer-Encoding wins over Content-Length; without chunked last, the body runs
+        // until close (RFC 9112 section 6.3).
+        if chunked {
+            Framing::Chunked
+        } else {
+            Framing::Close
+        }
+    } else if let Some(n) = content_length {
+        Framing::Length(n)
+    } else {
+        Framing::Close
+    };
+    out.clear();
+    out.extend_from_slice(b"HTTP/1.1 ");
+    push_status(out, status);
+    out.push(b' ');
+    out.extend_from_slice(resp.reason.unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    let named = &named[..n_named];
+    // A body-less answer keeps the length it declares (that of the GET for a HEAD).
+    let keep_length = framing == Framing::Empty && status != 204 && status >= 200;
+    for h in resp.headers.iter() {
+        let name = h.name;
+        if HOP_BY_HOP.iter().any(|n| name.eq_ignore_ascii_case(n))
+            || named
+                .iter()
+                .any(|n| name.as_bytes().eq_ignore_ascii_case(n))
+            || (!keep_length && name.eq_ignore_ascii_case("content-length"))
+        {
+            continue;
+        }
+        push_header(out, name.as_bytes(), h.value);
+    }
+    Ok(Some(ResponseHead {
+        head_len,
+        status,
+        framing,
+        keep_alive: !close && framing != Framing::Close,
+    }))
+}
+
+fn push_status(out: &mut Vec<u8>, status: u16) {
+    out.extend_from_slice(&[
+        b'0' + (status / 100) as u8,
+        b'0' + (status / 10 % 10) as u8,
+        b'0' + (status % 10) as u8,
+    ]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response(raw: &[u8], head: bool) -> (ResponseHead, String) {
+        let mut out = Vec::new();
+        let h = parse_response(raw, head, &mut out).unwrap().unwrap();
+        (h, String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn responses_are_framed_and_cleaned() {
+        let (h, out) = response(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: x-secret\r\nX-Secret: s\r\nKeep-Alive: timeout=5\r\nX-Backend: b0\r\n\r\nok",
+            false,
+        );
+        assert_eq!(
+            (h.status, h.framing, h.keep_alive),
+            (200, Framing::Length(2), true)
+        );
+        assert_eq!(out, "HTTP/1.1 200 OK\r\nX-Backend: b0\r\n");
+        let (h, _) = response(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 9\r\n\r\n",
+            false,
+        );
+        assert_eq!(h.framing, Framing::Chunked);
+        let (h, _) = response(b"HTTP/1.0 200 OK\r\n\r\nbody", false);
+        assert_eq!((h.framing, h.keep_alive), (Framing::Close, false));
+        let (h, out) = response(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n", true);
+        assert_eq!(h.framing, Framing::Empty);
+        assert!(
+            out.contains("Content-Length: 9"),
+            "HEAD keeps the GET's length: {out}"
+        );
+        let (h, _) = response(b"HTTP/1.1 100 Continue\r\n\r\n", false);
+        assert_eq!((h.status, h.framing), (100, Framing::Empty));
+        let (h, _) = response(
+            b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+            false,
+        );
+        assert!(!h.keep_alive);
+        let mut out = Vec::new();
+        assert_eq!(
+            parse_response(b"HTTP/1.1 200 OK\r\nContent-Le", false, &mut out),
+            Ok(None)
+        );
+        assert!(parse_response(b"SMTP ready\r\n\r\n", false, &mut out).is_err());
+        assert!(parse_response(b"HTTP/1.1 2000 OK\r\n\r\n", false, &mut out).is_err());
+        assert!(parse_response(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+            false,
+            &mut out
+        )
+        .is_err());
+    }
+}

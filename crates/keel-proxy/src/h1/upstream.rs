@@ -1,0 +1,283 @@
+//! The HTTP/1.1 leg: one try of a request on one of an endpoint's keep-alive connections
+//! (pooled or new). It writes the request (head and body), reads the response head (1xx
+//! skipped), rewrites it for the client, and reads a small body whole; it reports what failed
+//! and whether the endpoint may have acted on the request. Retrying, finishing the pick and
+//! answering are the attempt driver's.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use bytes::Buf;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::chunked::{chunk, LAST_CHUNK};
+use super::request::{BodyFraming, RequestHead};
+use super::response::{parse_response, Framing, ResponseHead};
+use super::write_all_vectored;
+use crate::attempt::{Cause, RequestBody, TryError, TryFailure};
+use crate::cluster::{Cluster, EndpointEntry};
+use crate::metrics::{class_index, ErrorKind};
+use crate::pool::{ConnectError, RawConn};
+
+/// An endpoint's response head larger than this is refused (502).
+const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+
+/// One try: a connection to the endpoint (pooled or new), the request written, the response
+/// head read and rewritten into `out`. A pooled connection found closed before any answer
+/// byte is replaced by another (the request goes again) when that is safe.
+pub(crate) async fn try_once<B: RequestBody>(
+    entry: &EndpointEntry,
+    cluster: &Cluster,
+    worker: usize,
+    head: &[u8],
+    req: &RequestHead,
+    body: &mut B,
+    out: &mut Vec<u8>,
+) -> Result<(RawConn, ResponseHead), TryFailure> {
+    loop {
+        let mut conn = entry.pool.get(worker).await.map_err(|e| {
+            let cause = match e {
+                ConnectError::Failed(e) => Cause::Connect(e),
+                ConnectError::TimedOut(d) => Cause::ConnectTimeout(d),
+            };
+            TryFailure::Upstream(TryError::before_sending(ErrorKind::Connect, cause))
+        })?;
+        let reused = conn.reused;
+        if let Err(failure) = send_request(&mut conn, head, req, body).await {
+            match failure {
+                // A stale keep-alive connection: the request did not reach the endpoint.
+                SendFailure::Upstream(_) if reused && !body.started() => continue,
+                SendFailure::Upstream(e) => {
+                    return Err(TryFailure::Upstream(TryError::after_sending(
+                        ErrorKind::Reset,
+                        Cause::Write(e),
+                    )))
+                }
+                SendFailure::Client(r) => return Err(TryFailure::Client(r)),
+            }
+        }
+        match read_response(&mut conn, entry, cluster, req, out).await {
+            Ok(resp) => return Ok((conn, resp)),
+            // Closed with no answer byte: most likely the endpoint closed the idle connection
+            // as the request arrived; it did not act on it.
+            Err(ReadFailure::ClosedQuietly) if reused && req.idempotent && !body.started() => {
+                continue
+            }
+            Err(ReadFailure::ClosedQuietly) => {
+                return Err(TryFailure::Upstream(TryError::after_sending(
+                    ErrorKind::Reset,
+                    Cause::ClosedEarly,
+                )))
+            }
+            Err(ReadFailure::Status(resp)) => return Err(TryFailure::Status(conn, resp)),
+            Err(ReadFailure::Failed(f)) => return Err(f),
+        }
+    }
+}
+
+enum SendFailure {
+    Upstream(std::io::Error),
+    Client(super::request::Reject),
+}
+
+/// Writes the request: an inline body with the head in one write; a streamed one after it,
+/// piece by piece, chunked when its length is unknown.
+async fn send_request<B: RequestBody>(
+    conn: &mut RawConn,
+    head: &[u8],
+    req: &RequestHead,
+    body: &mut B,
+) -> Result<(), SendFailure> {
+    if let Some(inline) = body.inline() {
+        return super::write_all_2(&mut conn.io, head, inline)
+            .await
+            .map_err(SendFailure::Upstream);
+    }
+    conn.io
+        .write_all(head)
+        .await
+        .map_err(SendFailure::Upstream)?;
+    let chunked = req.body == BodyFraming::Chunked;
+    let mut line = [0u8; 18];
+    loop {
+        let piece = body.next_piece().await.map_err(SendFailure::Client)?;
+        if piece.is_empty() {
+            break;
+        }
+        let written = if chunked {
+            write_all_vectored(&mut conn.io, &mut chunk(piece, &mut line)).await
+        } else {
+            conn.io.write_all(piece).await
+        };
+        written.map_err(SendFailure::Upstream)?;
+    }
+    if chunked {
+        conn.io
+            .write_all(LAST_CHUNK)
+            .await
+            .map_err(SendFailure::Upstream)?;
+    }
+    conn.io.flush().await.map_err(SendFailure::Upstream)
+}
+
+enum ReadFailure {
+    /// The connection ended before any byte of an answer.
+    ClosedQuietly,
+    /// A status that counts as the endpoint's failure (its body still on the connection).
+    Status(ResponseHead),
+    Failed(TryFailure),
+}
+
+/// Reads the response head (skipping 1xx), rewriting it into `out`; a small body with a
+/// length is read whole, so that an endpoint failing midway is a failed try, not a cut
+/// response.
+async fn read_response(
+    conn: &mut RawConn,
+    entry: &EndpointEntry,
+    cluster: &Cluster,
+    req: &RequestHead,
+    out: &mut Vec<u8>,
+) -> Result<ResponseHead, ReadFailure> {
+    let invalid = |what| {
+        ReadFailure::Failed(TryFailure::Upstream(TryError::after_sending(
+            ErrorKind::Protocol,
+            Cause::InvalidResponse(what),
+        )))
+    };
+    let mut answered = false;
+    loop {
+        match parse_response(&conn.buf, req.is_head, out) {
+            Ok(Some(resp)) if resp.status < 200 => {
+                // 101 cannot be: Upgrade is never forwarded.
+                if resp.status == 101 {
+                    return Err(invalid("unexpected 101 Switching Protocols"));
+                }
+                answered = true;
+                conn.buf.advance(resp.head_len);
+                continue;
+            }
+            Ok(Some(resp)) => {
+                conn.buf.advance(resp.head_len);
+                entry.metrics.responses[class_index(resp.status)].fetch_add(1, Relaxed);
+                if cluster.is_failure_status(resp.status) {
+                    return Err(ReadFailure::Status(resp));
+                }
+                if let Framing::Length(n) = resp.framing {
+                    if n <= cluster.config.max_buffered_response {
+                        read_at_least(conn, n as usize).await.map_err(|what| {
+                            ReadFailure::Failed(TryFailure::Upstream(TryError::after_sending(
+                                ErrorKind::Reset,
+                                Cause::BodyFailed(what),
+                            )))
+                        })?;
+                    }
+                }
+                return Ok(resp);
+            }
+            Ok(None) if conn.buf.len() > MAX_RESPONSE_HEAD => {
+                return Err(invalid("response head too large"));
+            }
+            Ok(None) => {}
+            Err(what) => return Err(invalid(what)),
+        }
+        conn.buf.reserve(8192);
+        match conn.io.read_buf(&mut conn.buf).await {
+            Ok(n) if n > 0 => answered = true,
+            Ok(_) if !answered && conn.buf.is_empty() => return Err(ReadFailure::ClosedQuietly),
+            Err(_) if !answered && conn.buf.is_empty() => return Err(ReadFailure::ClosedQuietly),
+            Ok(_) => {
+                return Err(invalid(
+                    "connection closed in the middle of the response head",
+                ))
+            }
+            Err(e) => {
+                return Err(ReadFailure::Failed(TryFailure::Upstream(
+                    TryError::after_sending(ErrorKind::Reset, Cause::Read(e)),
+                )))
+            }
+        }
+    }
+}
+
+/// Reads until the connection's buffer holds at least `n` bytes.
+async fn read_at_least(conn: &mut RawConn, n: usize) -> Result<(), String> {
+    while conn.buf.len() < n {
+        conn.buf.reserve(n - conn.buf.len());
+        match conn.io.read_buf(&mut conn.buf).await {
+            Ok(0) => return Err("response body shorter than its Content-Length".into()),
+            Ok(_) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok(())
+}
+
+/// A plain exchange on `conn` (health checks, tests): writes `head` (a whole request without
+/// a body), reads the response and its body to their end; returns the status and whether the
+/// endpoint keeps the connection open. Shares this leg's response parsing.
+pub(crate) async fn exchange(conn: &mut RawConn, head: &[u8]) -> Result<(u16, bool), String> {
+    super::write_all_2(&mut conn.io, head, &[])
+        .await
+        .map_err(|e| format!("cannot send: {e}"))?;
+    let mut out = Vec::new();
+    loop {
+        match parse_response(&conn.buf, false, &mut out) {
+            Ok(Some(resp)) if resp.status < 200 => {
+                conn.buf.advance(resp.head_len);
+                continue;
+            }
+            Ok(Some(resp)) => {
+                conn.buf.advance(resp.head_len);
+                let body = match resp.framing {
+                    Framing::Empty => Ok(()),
+                    Framing::Length(n) => read_at_least(conn, n as usize)
+                        .await
+                        .map(|()| conn.buf.advance(n as usize)),
+                    Framing::Chunked => read_chunked(conn).await,
+                    Framing::Close => read_to_end(conn).await,
+                };
+                body.map_err(|e| format!("status {}, then {e}", resp.status))?;
+                return Ok((resp.status, resp.keep_alive));
+            }
+            Ok(None) => {}
+            Err(what) => return Err(format!("invalid response: {what}")),
+        }
+        if conn.buf.len() > MAX_RESPONSE_HEAD {
+            return Err("response head too large".into());
+        }
+        conn.buf.reserve(4096);
+        match conn.io.read_buf(&mut conn.buf).await {
+            Ok(0) => return Err("connection closed before the response".into()),
+            Ok(_) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+async fn read_chunked(conn: &mut RawConn) -> Result<(), String> {
+    let mut decoder = super::chunked::ChunkedDecoder::default();
+    loop {
+        let used = decoder.skip(&conn.buf).map_err(|e| e.to_string())?;
+        conn.buf.advance(used);
+        if decoder.is_done() {
+            return Ok(());
+        }
+        conn.buf.reserve(4096);
+        match conn.io.read_buf(&mut conn.buf).await {
+            Ok(0) => return Err("chunked body cut short".into()),
+            Ok(_) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+async fn read_to_end(conn: &mut RawConn) -> Result<(), String> {
+    loop {
+        conn.buf.clear();
+        conn.buf.reserve(4096);
+        match conn.io.read_buf(&mut conn.buf).await {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}

@@ -1,0 +1,616 @@
+//! The HTTP/2 front end: hyper's HTTP/2 server is the codec; each request is rewritten by the
+//! same rules as an HTTP/1.1 one ([`crate::h1::request::rewrite`]) and handed to the same
+//! attempt driver. The endpoint's response head (HTTP/1.1 text, as the leg rewrote it) becomes
+//! hyper's response, and its body is read from the endpoint's connection as hyper asks for it.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::{Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::watch;
+
+use crate::attempt::{self, Answer, BodyEnd, Client, OwnAnswer, Request, RequestBody, Tail};
+use crate::config::ListenerConfig;
+use crate::h1::chunked::ChunkedDecoder;
+use crate::h1::request::{BodyFraming, Reject, RequestRules};
+use crate::h1::response::Framing;
+use crate::pool::RawConn;
+use crate::server::Shared;
+
+/// Request bodies with a length up to this are read whole before the request is forwarded
+/// (any try can send them again); others stream.
+const MAX_INLINE_BODY: u64 = 64 * 1024;
+
+/// Serves an HTTP/2 connection (TLS with ALPN `h2`, or plain with prior knowledge) until it
+/// ends, stays idle too long, or the proxy shuts down (then it finishes its requests).
+pub(crate) async fn serve<I>(
+    shared: Arc<Shared>,
+    index: usize,
+    settings: Arc<ListenerConfig>,
+    client: Arc<Client>,
+    io: I,
+    mut stop: watch::Receiver<Option<Duration>>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let activity = Arc::new(ConnActivity::new());
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .max_header_list_size(settings.max_header_bytes.min(u32::MAX as usize) as u32);
+    let idle_timeout = settings.idle_timeout;
+    let peer = client.peer;
+    let conn_activity = activity.clone();
+    let svc = hyper::service::service_fn(move |req| {
+        let shared = shared.clone();
+        let settings = settings.clone();
+        let client = client.clone();
+        let active = ActiveRequest::new(&conn_activity);
+        async move { Ok::<_, Infallible>(handle(&shared, index, &settings, &client, req, active).await) }
+    });
+    let conn = builder.serve_connection(TokioIo::new(io), svc);
+    tokio::pin!(conn);
+    tokio::select! {
+        biased;
+        r = conn.as_mut() => {
+            if let Err(e) = r {
+                tracing::debug!(%peer, "HTTP/2 client connection: {e}");
+            }
+            return;
+        }
+        _ = crate::server::wait_shutdown(&mut stop) => {}
+        _ = activity.idle_for(idle_timeout) => {
+            tracing::debug!(%peer, "closing a connection idle for {}", humantime::format_duration(idle_timeout));
+        }
+    }
+    conn.as_mut().graceful_shutdown();
+    let _ = conn.await;
+}
+
+/// One request: rewritten, forwarded by the attempt driver, answered.
+async fn handle(
+    shared: &Shared,
+    index: usize,
+    settings: &ListenerConfig,
+    client: &Client,
+    req: hyper::Request<Incoming>,
+    active: ActiveRequest,
+) -> Response<H2Body> {
+    let cluster = shared.routing.load().listeners[index].clone();
+    let (parts, body) = req.into_parts();
+    let (hash_header, hash_path) = match &cluster.config.hash_on {
+        Some(crate::config::HashOn::Header(h)) => (Some(h.as_str()), false),
+        Some(crate::config::HashOn::Path) => (None, true),
+        _ => (None, false),
+    };
+    let max_body = settings.max_request_body_bytes.unwrap_or(u64::MAX);
+    let rules = RequestRules {
+        client_ip: &client.ip,
+        proto: client.proto,
+        trust_forwarded: client.trust_forwarded,
+        hash_header,
+        hash_path,
+        max_headers: usize::MAX,
+        max_body,
+    };
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let fields = || {
+        parts
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_bytes()))
+    };
+    let mut head = Vec::with_capacity(512);
+    let meta = match crate::h1::request::rewrite(
+        parts.method.as_str(),
+        path,
+        parts.uri.authority().map(|a| a.as_str()),
+        false,
+        !body.is_end_stream(),
+        fields,
+        &rules,
+        &mut head,
+    ) {
+        Ok(meta) => meta,
+        Err(reject) => return refused(reject, active),
+    };
+    let mut out = Vec::with_capacity(512);
+    let mut timer = crate::h1::idle_timer();
+    let start = Instant::now();
+    let request = Request {
+        head: &mut head,
+        meta: &meta,
+        start,
+    };
+    let answer = match meta.body {
+        BodyFraming::Length(n) if n <= MAX_INLINE_BODY => {
+            let read = tokio::time::timeout(settings.header_read_timeout, body.collect()).await;
+            let data = match read {
+                Ok(Ok(collected)) => collected.to_bytes(),
+                Ok(Err(_)) => return refused(Reject::InvalidBody, active),
+                Err(_) => return refused(Reject::Timeout, active),
+            };
+            if data.len() as u64 != n {
+                return refused(Reject::InvalidBody, active);
+            }
+            let mut inline = &data[..];
+            attempt::forward(&cluster, client, request, &mut inline, &mut out, &mut timer).await
+        }
+        BodyFraming::None => {
+            attempt::forward(
+                &cluster,
+                client,
+                request,
+                &mut &[][..],
+                &mut out,
+                &mut timer,
+            )
+            .await
+        }
+        _ => {
+            let mut streamed = ClientBody {
+                body,
+                piece: Bytes::new(),
+                started: false,
+                received: 0,
+                max: max_body,
+            };
+            attempt::forward(
+                &cluster,
+                client,
+                request,
+                &mut streamed,
+                &mut out,
+                &mut timer,
+            )
+            .await
+        }
+    };
+    match answer {
+        Answer::Own(own) => own_response(own, active),
+        Answer::Upstream(up) => match response_parts(&out) {
+            Ok(mut response) => {
+                let framing = up.head.framing;
+                if let Framing::Length(n) = framing {
+                    response
+                        .headers_mut()
+                        .insert(CONTENT_LENGTH, HeaderValue::from(n));
+                }
+                response.headers_mut().insert(
+                    crate::h1::X_KEEL_ENDPOINT,
+                    up.tail.endpoint_header().clone(),
+                );
+                let deadline = Box::pin(tokio::time::sleep_until(up.tail.deadline.into()));
+                let left = match framing {
+                    Framing::Length(n) => n,
+                    _ => 0,
+                };
+                response.map(|()| {
+                    H2Body::Upstream(Box::new(UpstreamBody {
+                        conn: Some(up.conn),
+                        framing,
+                        left,
+                        decoder: ChunkedDecoder::default(),
+                        keep_alive: up.head.keep_alive,
+                        tail: Some(up.tail),
+                        deadline,
+                        _active: active,
+                    }))
+                })
+            }
+            Err(()) => {
+                // The leg wrote this head itself: it always parses. Should it not, the pick
+                // is finished as the endpoint's failure.
+                up.tail.end(BodyEnd::UpstreamFailed, None);
+                own_response(
+                    OwnAnswer {
+                        status: 502,
+                        text: attempt::answer_text(
+                            502,
+                            "the endpoint's response head could not be forwarded",
+                        ),
+                        endpoint: None,
+                        guard: None,
+                    },
+                    active,
+                )
+            }
+        },
+    }
+}
+
+/// keel's answer to a request refused before it reached the driver.
+fn refused(reject: Reject, active: ActiveRequest) -> Response<H2Body> {
+    own_response(
+        OwnAnswer {
+            status: reject.status(),
+            text: attempt::answer_text(reject.status(), reject.cause()),
+            endpoint: None,
+            guard: None,
+        },
+        active,
+    )
+}
+
+fn own_response(own: OwnAnswer, active: ActiveRequest) -> Response<H2Body> {
+    let mut r = Response::new(H2Body::Own {
+        data: Some(Bytes::from(own.text)),
+        _guard: own.guard,
+        _active: active,
+    });
+    *r.status_mut() = StatusCode::from_u16(own.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    r.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    if let Some(e) = own.endpoint {
+        r.headers_mut().insert(crate::h1::X_KEEL_ENDPOINT, e);
+    }
+    r
+}
+
+/// The response that an HTTP/1.1 head (as the leg rewrote it: status line and headers, no
+/// framing headers, no final blank line) stands for. HTTP/2 forbids connection-specific
+/// headers; the rewrite already removed them.
+fn response_parts(head: &[u8]) -> Result<Response<()>, ()> {
+    let mut with_end = Vec::with_capacity(head.len() + 2);
+    with_end.extend_from_slice(head);
+    with_end.extend_from_slice(b"\r\n");
+    let mut headers = [MaybeUninit::<httparse::Header<'_>>::uninit(); 128];
+    let mut parsed = httparse::Response::new(&mut []);
+    let complete = httparse::ParserConfig::default()
+        .parse_response_with_uninit_headers(&mut parsed, &with_end, &mut headers)
+        .map_err(|_| ())?;
+    if !complete.is_complete() {
+        return Err(());
+    }
+    let mut response = Response::new(());
+    *response.status_mut() = StatusCode::from_u16(parsed.code.ok_or(())?).map_err(|_| ())?;
+    let map = response.headers_mut();
+    for h in parsed.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| ())?;
+        let value = HeaderValue::from_bytes(h.value).map_err(|_| ())?;
+        map.append(name, value);
+    }
+    Ok(response)
+}
+
+/// An HTTP/2 client's request body, streamed as the leg asks for it.
+struct ClientBody {
+    body: Incoming,
+    piece: Bytes,
+    started: bool,
+    received: u64,
+    max: u64,
+}
+
+impl RequestBody for ClientBody {
+    fn inline(&self) -> Option<&[u8]> {
+        None
+    }
+
+    fn started(&self) -> bool {
+        self.started
+    }
+
+    async fn next_piece(&mut self) -> Result<&[u8], Reject> {
+        self.started = true;
+        loop {
+            match self.body.frame().await {
+                None => return Ok(&[]),
+                Some(Err(_)) => return Err(Reject::InvalidBody),
+                Some(Ok(frame)) => {
+                    // Trailers are not forwarded to HTTP/1.1 endpoints.
+                    let Ok(data) = frame.into_data() else {
+                        continue;
+                    };
+                    if data.is_empty() {
+                        continue;
+                    }
+                    self.received += data.len() as u64;
+                    if self.received > self.max {
+                        return Err(Reject::BodyTooLarge);
+                    }
+                    self.piece = data;
+                    return Ok(&self.piece);
+                }
+            }
+        }
+    }
+}
+
+/// A response body sent to an HTTP/2 client.
+pub(crate) enum H2Body {
+    /// keel's own answer.
+    Own {
+        data: Option<Bytes>,
+        _guard: Option<attempt::DownstreamGuard>,
+        _active: ActiveRequest,
+    },
+    /// The endpoint's body, read from its connection.
+    Upstream(Box<UpstreamBody>),
+}
+
+/// The endpoint's body, read from its connection as hyper asks for it, until the request's
+/// deadline; its end finishes the pick.
+pub(crate) struct UpstreamBody {
+    conn: Option<RawConn>,
+    framing: Framing,
+    /// Bytes of a `Length` body not yet sent.
+    left: u64,
+    decoder: ChunkedDecoder,
+    keep_alive: bool,
+    tail: Option<Tail>,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    _active: ActiveRequest,
+}
+
+impl UpstreamBody {
+    fn end(&mut self, end: BodyEnd) {
+        if let Some(tail) = self.tail.take() {
+            let conn = self.conn.take().filter(|_| self.keep_alive);
+            tail.end(end, conn);
+        }
+    }
+
+    /// The next frame's data: `Ok(None)` at the end of the body.
+    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, String>> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Poll::Ready(Ok(None));
+        };
+        loop {
+            match self.framing {
+                Framing::Empty => return Poll::Ready(Ok(None)),
+                Framing::Length(_) if self.left == 0 => return Poll::Ready(Ok(None)),
+                Framing::Length(_) if !conn.buf.is_empty() => {
+                    let n = (conn.buf.len() as u64).min(self.left) as usize;
+                    self.left -= n as u64;
+                    return Poll::Ready(Ok(Some(conn.buf.split_to(n).freeze())));
+                }
+                Framing::Chunked if !conn.buf.is_empty() => {
+                    let step = self.decoder.step(&conn.buf).map_err(|e| e.to_string())?;
+                    conn.buf.advance(step.framing);
+                    if step.data > 0 {
+                        return Poll::Ready(Ok(Some(conn.buf.split_to(step.data).freeze())));
+                    }
+                    if step.done {
+                        return Poll::Ready(Ok(None));
+                    }
+                    continue;
+                }
+                Framing::Chunked if self.decoder.is_done() => return Poll::Ready(Ok(None)),
+                Framing::Close if !conn.buf.is_empty() => {
+                    let n = conn.buf.len();
+                    return Poll::Ready(Ok(Some(conn.buf.split_to(n).freeze())));
+                }
+                _ => {}
+            }
+            match poll_read_buf(conn, cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(0)) if self.framing == Framing::Close => {
+                    self.keep_alive = false;
+                    return Poll::Ready(Ok(None));
+                }
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err("connection closed in the middle of the body".into()))
+                }
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.to_string())),
+            }
+        }
+    }
+}
+
+impl Drop for UpstreamBody {
+    fn drop(&mut self) {
+        // hyper drops an unfinished body when the client resets the stream or goes away.
+        self.end(BodyEnd::ClientGone);
+    }
+}
+
+/// Reads what the endpoint's connection has into its buffer.
+fn poll_read_buf(conn: &mut RawConn, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+    if conn.buf.capacity() - conn.buf.len() < 4096 {
+        conn.buf.reserve(16 * 1024);
+    }
+    let spare = conn.buf.chunk_mut();
+    // SAFETY: `ReadBuf` only writes initialized bytes into the spare capacity and reports how
+    // many; exactly those are then marked as filled.
+    let spare = unsafe { &mut *(spare as *mut _ as *mut [MaybeUninit<u8>]) };
+    let mut read = ReadBuf::uninit(spare);
+    match Pin::new(&mut conn.io).poll_read(cx, &mut read) {
+        Poll::Ready(Ok(())) => {
+            let n = read.filled().len();
+            // SAFETY: `n` bytes of the spare capacity were initialized by the read.
+            unsafe { conn.buf.advance_mut(n) };
+            Poll::Ready(Ok(n))
+        }
+        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+        Poll::Pending => Poll::Pending,
+    }
+}
+
+impl Body for H2Body {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            H2Body::Own { data, .. } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            H2Body::Upstream(up) => match up.poll_data(cx) {
+                Poll::Ready(Ok(Some(data))) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                Poll::Ready(Ok(None)) => {
+                    up.end(BodyEnd::Done);
+                    Poll::Ready(None)
+                }
+                Poll::Ready(Err(cause)) => {
+                    tracing::debug!("response body failed: {cause}");
+                    up.end(BodyEnd::UpstreamFailed);
+                    Poll::Ready(Some(Err(cause.into())))
+                }
+                Poll::Pending => {
+                    if up.deadline.as_mut().poll(cx).is_ready() {
+                        up.end(BodyEnd::Timeout);
+                        return Poll::Ready(Some(Err(
+                            "request timeout reached while streaming the response body".into(),
+                        )));
+                    }
+                    Poll::Pending
+                }
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            H2Body::Own { data, .. } => data.is_none(),
+            H2Body::Upstream(up) => up.tail.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            H2Body::Own { data, .. } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            H2Body::Upstream(up) => match up.framing {
+                Framing::Length(_) => SizeHint::with_exact(up.left),
+                Framing::Empty => SizeHint::with_exact(0),
+                _ => SizeHint::default(),
+            },
+        }
+    }
+}
+
+/// A connection's activity: requests being served and when the last one ended, read by the
+/// connection's idle timer.
+#[derive(Debug)]
+struct ConnActivity {
+    base: Instant,
+    active: AtomicU32,
+    /// When the last response finished, in nanoseconds since `base`.
+    last_end_nanos: AtomicU64,
+}
+
+impl ConnActivity {
+    fn new() -> Self {
+        Self {
+            base: Instant::now(),
+            active: AtomicU32::new(0),
+            last_end_nanos: AtomicU64::new(0),
+        }
+    }
+
+    /// Resolves once the connection has had no request in flight for `idle`.
+    async fn idle_for(&self, idle: Duration) {
+        loop {
+            let last = self.last_end_nanos.load(Ordering::Relaxed);
+            let deadline = self.base + Duration::from_nanos(last) + idle;
+            tokio::time::sleep_until(deadline.into()).await;
+            if self.active.load(Ordering::Acquire) > 0 {
+                // Busy: look again one idle period later.
+                tokio::time::sleep(idle).await;
+                continue;
+            }
+            if self.last_end_nanos.load(Ordering::Relaxed) == last {
+                return;
+            }
+        }
+    }
+}
+
+/// Marks the connection busy while a request and its response last.
+pub(crate) struct ActiveRequest(Arc<ConnActivity>);
+
+impl ActiveRequest {
+    fn new(activity: &Arc<ConnActivity>) -> Self {
+        activity.active.fetch_add(1, Ordering::Relaxed);
+        Self(activity.clone())
+    }
+}
+
+impl Drop for ActiveRequest {
+    fn drop(&mut self) {
+        let c = &self.0;
+        c.last_end_nanos
+            .store(c.base.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        c.active.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// A stream whose first bytes were already read (by the HTTP/1.1 front end, which found
+/// HTTP/2's preface): they are read again first.
+pub(crate) struct Prefixed<S> {
+    prefix: BytesMut,
+    inner: S,
+}
+
+impl<S> Prefixed<S> {
+    /// `prefix` comes out of reads before `inner`'s bytes.
+    pub(crate) fn new(prefix: BytesMut, inner: S) -> Self {
+        Self { prefix, inner }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.prefix.is_empty() {
+            let n = this.prefix.len().min(buf.remaining());
+            buf.put_slice(&this.prefix[..n]);
+            this.prefix.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
