@@ -2,9 +2,16 @@
 # Proxy benchmark: keel vs NGINX vs HAProxy in front of the same four loopback backends, plus the
 # direct path to one backend (the limit). Then a failover test: one backend is killed under load.
 #
-#   bench/proxy/run.sh [--quick] [--profile] [--no-failover | --only-failover]
+#   bench/proxy/run.sh [--quick] [--tls] [--profile] [--strace] [--no-failover | --only-failover]
 #
 # --quick        1 round of 3 s per point, 1 worker; under 2 minutes once keel is built.
+# --tls          the three proxies terminate TLS (one ECDSA P-256 certificate, made here with
+#                openssl; wrk's keep-alive connections over TLS 1.3, HTTP/1.1); implies
+#                --no-failover. "direct" stays plain HTTP (the limit without TLS).
+# --strace       count the system calls of keel, NGINX and HAProxy per proxied request:
+#                `strace -c -f` attached for one wrk run of 4 s at 16 connections each; the
+#                table goes to $OUT/strace-w$w.txt (strace slows the proxies: the counts per
+#                request are exact, the rates are not).
 # --profile      also count syscalls and context switches per request of each proxy under load
 #                (perf stat), and record a perf profile of keel (cpu-clock, DWARF call graphs);
 #                reports go to $OUT/perf-*.txt.
@@ -13,8 +20,6 @@
 #
 # Environment (all optional):
 #   KEEL_BIN          use this keel binary instead of building with `cargo build --release`
-#   KEEL_HTTP1        keel's HTTP/1 server: keel (default, its own path) or hyper (the one
-#                     before the third round; for before/after comparisons with one binary)
 #   CARGO_TARGET_DIR  honoured by the build (the binary is taken from there)
 #   ROUNDS DURATION   rounds and seconds per wrk point (default 3 and 8; --quick: 1 and 3)
 #   CONNS             wrk connection counts (default "16 128")
@@ -32,12 +37,16 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 
 QUICK=0
+TLS=0
+STRACE=0
 PROFILE=0
 FAILOVER=1
 THROUGHPUT=1
 for arg in "$@"; do
     case "$arg" in
         --quick) QUICK=1 ;;
+        --tls) TLS=1; FAILOVER=0 ;;
+        --strace) STRACE=1 ;;
         --profile) PROFILE=1 ;;
         --no-failover) FAILOVER=0 ;;
         --only-failover) THROUGHPUT=0 ;;
@@ -78,6 +87,8 @@ command -v wrk >/dev/null || missing+=(wrk)
 command -v python3 >/dev/null || missing+=(python3)
 command -v taskset >/dev/null || missing+=(util-linux)
 if [ "$PROFILE" = 1 ] && ! command -v perf >/dev/null; then missing+=(linux-perf); fi
+if [ "$STRACE" = 1 ] && ! command -v strace >/dev/null; then missing+=(strace); fi
+if [ "$TLS" = 1 ] && ! command -v openssl >/dev/null; then missing+=(openssl); fi
 if [ "${#missing[@]}" -gt 0 ]; then
     log "installing ${missing[*]} (apt-get)"
     $SUDO apt-get update -qq
@@ -119,6 +130,19 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+SCHEME=http
+if [ "$TLS" = 1 ]; then
+    SCHEME=https
+    mkdir -p "$WORK/tls"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+        -subj /CN=localhost -addext subjectAltName=IP:127.0.0.1,DNS:localhost \
+        -keyout "$WORK/tls/key.pem" -out "$WORK/tls/cert.pem" 2>/dev/null
+    cat "$WORK/tls/cert.pem" "$WORK/tls/key.pem" >"$WORK/tls/haproxy.pem"
+fi
+url_of() { # target: its URL (the proxies over TLS with --tls; the direct path stays plain)
+    if [ "$1" = direct ]; then echo "http://127.0.0.1:$(port_of direct)/"; else echo "$SCHEME://127.0.0.1:$(port_of "$1")/"; fi
+}
+
 wait_port() { # port [seconds]: waits until something accepts on 127.0.0.1:port
     local deadline=$((SECONDS + ${2:-10}))
     until (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do
@@ -129,10 +153,13 @@ wait_port() { # port [seconds]: waits until something accepts on 127.0.0.1:port
 
 wait_200() { # port: waits until a GET through it answers 200 (all backends may take a moment)
     local deadline=$((SECONDS + 10))
-    until [ "$(python3 - "$1" <<'PY'
-import http.client, sys
+    until [ "$(python3 - "$1" "$SCHEME" <<'PY'
+import http.client, ssl, sys
 try:
-    c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=1)
+    if sys.argv[2] == "https":
+        c = http.client.HTTPSConnection("127.0.0.1", int(sys.argv[1]), timeout=1, context=ssl._create_unverified_context())
+    else:
+        c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=1)
     c.request("GET", "/"); print(c.getresponse().status)
 except Exception:
     print(0)
@@ -192,7 +219,11 @@ write_configs() { # workers
         echo "[[listener]]"
         echo "listen = \"127.0.0.1:$KEEL_PORT\""
         echo "cluster = \"app\""
-        echo "http1 = \"${KEEL_HTTP1:-keel}\""
+        if [ "$TLS" = 1 ]; then
+            echo "[listener.tls]"
+            echo "cert = \"$WORK/tls/cert.pem\""
+            echo "key = \"$WORK/tls/key.pem\""
+        fi
         echo "[[cluster]]"
         echo "name = \"app\""
         echo "strategy = \"round-robin\""
@@ -243,13 +274,14 @@ EOF
         keepalive_timeout 60s;
     }
     server {
-        listen 127.0.0.1:$NGINX_PORT backlog=4096;
+        listen 127.0.0.1:$NGINX_PORT $( [ "$TLS" = 1 ] && echo ssl ) backlog=4096;
+        $( [ "$TLS" = 1 ] && echo "ssl_certificate $WORK/tls/cert.pem; ssl_certificate_key $WORK/tls/key.pem; ssl_protocols TLSv1.2 TLSv1.3;" )
         location / {
             proxy_pass http://app;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
-            proxy_set_header X-Forwarded-Proto http;
+            proxy_set_header X-Forwarded-Proto \$scheme;
             proxy_set_header X-Forwarded-Host \$host;
             proxy_connect_timeout 200ms;
             proxy_send_timeout 2s;
@@ -281,9 +313,9 @@ defaults
     option redispatch 1
     retry-on conn-failure empty-response junk-response response-timeout 502 503 504
 frontend fe
-    bind 127.0.0.1:$HAPROXY_PORT
+    bind 127.0.0.1:$HAPROXY_PORT $( [ "$TLS" = 1 ] && echo "ssl crt $WORK/tls/haproxy.pem alpn http/1.1" )
     option forwardfor
-    http-request set-header X-Forwarded-Proto http
+    http-request set-header X-Forwarded-Proto $( [ "$TLS" = 1 ] && echo https || echo http )
     http-request set-header X-Forwarded-Host %[req.hdr(host)]
     http-response set-header X-Upstream %[srv_name]
     default_backend app
@@ -368,7 +400,7 @@ wrk_point() { # workers round conns target
     pid="${PROXY_PID[$t]:-}"
     [ "$t" = direct ] && pid="${BACKEND_PID[0]}"
     before="$(cpu_ticks "$pid")"
-    out="$(taskset -c "$LOAD_CPUS" wrk -t1 -c"$c" -d"${DURATION}s" --latency -H 'Host: bench' "http://127.0.0.1:$port/")"
+    out="$(taskset -c "$LOAD_CPUS" wrk -t1 -c"$c" -d"${DURATION}s" --latency -H 'Host: bench' "$(url_of "$t")")"
     after="$(cpu_ticks "$pid")"
     rss="$(peak_rss_kb "$pid")"
     cpu="$(awk -v a="$before" -v b="$after" -v hz="$CLK_TCK" 'BEGIN { printf "%.2f", (b - a) / hz }')"
@@ -391,7 +423,7 @@ for w in $WORKERS; do
     for p in keel nginx haproxy; do wait_200 "$(port_of "$p")"; done
     # Warm-up: fills the keep-alive pools and the caches, not measured.
     for t in "${TARGETS[@]}"; do
-        taskset -c "$LOAD_CPUS" wrk -t1 -c128 -d1s "http://127.0.0.1:$(port_of "$t")/" >/dev/null
+        taskset -c "$LOAD_CPUS" wrk -t1 -c128 -d1s "$(url_of "$t")" >/dev/null
     done
     log "workers=$w: ${ROUNDS} round(s) x conns {$CONNS} x ${DURATION}s, targets rotated each round"
     for r in $(seq 1 "$ROUNDS"); do
@@ -412,7 +444,7 @@ for w in $WORKERS; do
         : >"$OUT/perf-syscalls-w$w.txt"
         for p in keel nginx haproxy; do
             pids="$(pids_of "${PROXY_PID[$p]}" | paste -sd, -)"
-            taskset -c "$LOAD_CPUS" wrk -t1 -c128 -d7s "http://127.0.0.1:$(port_of "$p")/" >"$OUT/perf-wrk-$p.txt" &
+            taskset -c "$LOAD_CPUS" wrk -t1 -c128 -d7s "$(url_of "$p")" >"$OUT/perf-wrk-$p.txt" &
             wrk_pid=$!
             sleep 1
             read -r u0 k0 < <(cpu_split "${PROXY_PID[$p]}")
@@ -425,7 +457,7 @@ for w in $WORKERS; do
                 'BEGIN { printf "%s\tuser_us_per_request\t%.2f\n%s\tsys_us_per_request\t%.2f\n%s\treq_per_s\t%.0f\n", p, u / hz * 1e6 / (rps * 5), p, k / hz * 1e6 / (rps * 5), p, rps }' >>"$OUT/perf-syscalls-w$w.txt"
         done
         log "profiling keel for 8 s under wrk -c128 (perf record --call-graph dwarf -e cpu-clock)"
-        taskset -c "$LOAD_CPUS" wrk -t1 -c128 -d11s "http://127.0.0.1:$KEEL_PORT/" >/dev/null &
+        taskset -c "$LOAD_CPUS" wrk -t1 -c128 -d11s "$(url_of keel)" >/dev/null &
         wrk_pid=$!
         sleep 1
         perf record -q --call-graph dwarf,16384 -e cpu-clock -F 999 -p "${PROXY_PID[keel]}" -o "$OUT/perf-w$w.data" -- sleep 8 2>/dev/null || true
@@ -441,6 +473,37 @@ for w in $WORKERS; do
         fi
         log "keel, self time (top 25; the rest in $OUT/perf-flat-w$w.txt):"
         head -25 "$OUT/perf-flat-w$w.txt" | cut -c1-150 >&2
+    fi
+    if [ "$STRACE" = 1 ]; then
+        : >"$OUT/strace-w$w.txt"
+        for p in keel nginx haproxy; do
+            pids="$(pids_of "${PROXY_PID[$p]}")"
+            # -f follows threads; every pid of the tree is attached (nginx: master and workers).
+            strace -c -f -qq $(printf -- '-p %s ' $pids) -o "$OUT/strace-$p.txt" &
+            strace_pid=$!
+            sleep 1
+            taskset -c "$LOAD_CPUS" wrk -t1 -c16 -d4s "$(url_of "$p")" >"$OUT/strace-wrk-$p.txt"
+            sleep 0.3
+            kill -INT "$strace_pid"; wait "$strace_pid" 2>/dev/null || true
+            reqs="$(python3 -c 'import re,sys; print(re.search(r"(\d+) requests in", open(sys.argv[1]).read()).group(1))' "$OUT/strace-wrk-$p.txt")"
+            python3 - "$p" "$reqs" "$OUT/strace-$p.txt" >>"$OUT/strace-w$w.txt" <<'PY'
+import sys
+p, reqs, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+rows, total = [], 0
+for line in open(path):
+    f = line.split()
+    # % time, seconds, usecs/call, calls, [errors,] syscall
+    if len(f) >= 5 and f[0][0].isdigit() and f[-1] != "total":
+        calls = int(f[3]); errors = int(f[4]) if len(f) == 6 else 0
+        rows.append((f[-1], calls, errors)); total += calls
+for name, calls, errors in sorted(rows, key=lambda r: -r[1]):
+    if calls / reqs >= 0.005:
+        print(f"{p}\t{name}\t{calls / reqs:.3f}\t{errors / reqs:.3f}")
+print(f"{p}\tALL\t{total / reqs:.3f}\t-\t({reqs} requests)")
+PY
+        done
+        log "workers=$w: system calls per request (strace -c -f, wrk -c16 4 s; columns: proxy, syscall, calls, of which errors):"
+        cat "$OUT/strace-w$w.txt" >&2
     fi
     for p in keel nginx haproxy; do stop_proxy "$p"; done
 done

@@ -72,6 +72,21 @@ fn an_invalid_file_exits_2_naming_file_line_and_key() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// A GET on a fresh connection; the whole response as text.
+fn get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: keel\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
 fn signal(pid: u32, sig: &str) {
     let ok = Command::new("kill")
         .args([sig, &pid.to_string()])
@@ -140,6 +155,13 @@ fn serves_the_issue_config_with_one_endpoint_failed_through_sighup_reloads_and_d
             break rest.split(' ').next().unwrap().to_string();
         }
     };
+    line.clear();
+    stdout.read_line(&mut line).unwrap();
+    let admin = line
+        .trim()
+        .strip_prefix("keel proxy: admin on http://")
+        .unwrap_or_else(|| panic!("no admin line: {line}"))
+        .to_string();
 
     let mut spec = LoadSpec::new(Target::Url(format!("http://{listen}/work")), 5_000);
     spec.concurrency = 32;
@@ -158,6 +180,28 @@ fn serves_the_issue_config_with_one_endpoint_failed_through_sighup_reloads_and_d
         "{report}\n{}",
         logs.lock().unwrap()
     );
+
+    // A file that no longer parses: the SIGHUP reload is refused, logged and counted like a
+    // refused `POST /reload`.
+    let refused = |metrics: &str| -> u64 {
+        let key = "keel_config_reloads_total{result=\"refused\"} ";
+        let at = metrics.find(key).expect("the counter is exported") + key.len();
+        metrics[at..].lines().next().unwrap().trim().parse().unwrap()
+    };
+    // The load's last SIGHUPs may still be on their way: let them land on the valid file.
+    std::thread::sleep(Duration::from_millis(500));
+    let before = refused(&get(&admin, "/metrics"));
+    std::fs::write(&path, "[[listener]\nnot toml").unwrap();
+    signal(pid, "-HUP");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let metrics = get(&admin, "/metrics");
+        if refused(&metrics) == before + 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not counted:\n{metrics}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
     let t = Instant::now();
     signal(pid, "-TERM");
@@ -179,6 +223,16 @@ fn serves_the_issue_config_with_one_endpoint_failed_through_sighup_reloads_and_d
         "{reloads} of {hups} reloads logged:\n{logs}"
     );
     assert!(logs.contains("shutting down"), "{logs}");
+    assert!(logs.contains("configuration reload refused"), "{logs}");
+    // b2's 503s are retried, and each failed try is visible at the default level.
+    assert!(
+        logs.contains("try failed") && logs.contains("answered 503"),
+        "{logs}"
+    );
+    assert!(
+        !logs.contains('\x1b'),
+        "no colour codes when stderr is not a terminal:\n{logs}"
+    );
     for b in backends {
         rt.block_on(b.shutdown());
     }

@@ -41,42 +41,37 @@ pub(crate) async fn try_once<B: RequestBody>(
             };
             TryFailure::Upstream(TryError::before_sending(ErrorKind::Connect, cause))
         })?;
+        // A keep-alive connection the endpoint closed while it was idle fails at once, before
+        // any answer: the request did not reach the endpoint, so it goes again on another
+        // connection (a new one, or the next idle one) when that is safe.
         let reused = conn.reused;
-        if let Err(failure) = send_request(&mut conn, head, req, body).await {
-            match failure {
-                // A stale keep-alive connection: the request did not reach the endpoint.
-                SendFailure::Upstream(_) if reused && !body.started() => continue,
-                SendFailure::Upstream(e) => {
-                    return Err(TryFailure::Upstream(TryError::after_sending(
-                        ErrorKind::Reset,
-                        Cause::Write(e),
-                    )))
+        let stale = |f: &TryFailure, started: bool| {
+            reused
+                && !started
+                && match f {
+                    TryFailure::Upstream(e) => match e.cause {
+                        Cause::Write(_) => true,
+                        Cause::ClosedEarly => req.idempotent,
+                        _ => false,
+                    },
+                    _ => false,
                 }
-                SendFailure::Client(r) => return Err(TryFailure::Client(r)),
+        };
+        if let Err(f) = send_request(&mut conn, head, req, body).await {
+            if stale(&f, body.started()) {
+                continue;
             }
+            return Err(f);
         }
         match read_response(&mut conn, entry, cluster, req, out).await {
+            Ok(resp) if cluster.is_failure_status(resp.status) => {
+                return Err(TryFailure::Status(conn, resp))
+            }
             Ok(resp) => return Ok((conn, resp)),
-            // Closed with no answer byte: most likely the endpoint closed the idle connection
-            // as the request arrived; it did not act on it.
-            Err(ReadFailure::ClosedQuietly) if reused && req.idempotent && !body.started() => {
-                continue
-            }
-            Err(ReadFailure::ClosedQuietly) => {
-                return Err(TryFailure::Upstream(TryError::after_sending(
-                    ErrorKind::Reset,
-                    Cause::ClosedEarly,
-                )))
-            }
-            Err(ReadFailure::Status(resp)) => return Err(TryFailure::Status(conn, resp)),
-            Err(ReadFailure::Failed(f)) => return Err(f),
+            Err(f) if stale(&f, body.started()) => continue,
+            Err(f) => return Err(f),
         }
     }
-}
-
-enum SendFailure {
-    Upstream(std::io::Error),
-    Client(super::request::Reject),
 }
 
 /// Writes the request: an inline body with the head in one write; a streamed one after it,
@@ -86,20 +81,19 @@ async fn send_request<B: RequestBody>(
     head: &[u8],
     req: &RequestHead,
     body: &mut B,
-) -> Result<(), SendFailure> {
+) -> Result<(), TryFailure> {
+    let upstream =
+        |e| TryFailure::Upstream(TryError::after_sending(ErrorKind::Reset, Cause::Write(e)));
     if let Some(inline) = body.inline() {
         return super::write_all_2(&mut conn.io, head, inline)
             .await
-            .map_err(SendFailure::Upstream);
+            .map_err(upstream);
     }
-    conn.io
-        .write_all(head)
-        .await
-        .map_err(SendFailure::Upstream)?;
+    conn.io.write_all(head).await.map_err(upstream)?;
     let chunked = req.body == BodyFraming::Chunked;
     let mut line = [0u8; 18];
     loop {
-        let piece = body.next_piece().await.map_err(SendFailure::Client)?;
+        let piece = body.next_piece().await.map_err(TryFailure::Client)?;
         if piece.is_empty() {
             break;
         }
@@ -108,41 +102,27 @@ async fn send_request<B: RequestBody>(
         } else {
             conn.io.write_all(piece).await
         };
-        written.map_err(SendFailure::Upstream)?;
+        written.map_err(upstream)?;
     }
     if chunked {
-        conn.io
-            .write_all(LAST_CHUNK)
-            .await
-            .map_err(SendFailure::Upstream)?;
+        conn.io.write_all(LAST_CHUNK).await.map_err(upstream)?;
     }
-    conn.io.flush().await.map_err(SendFailure::Upstream)
-}
-
-enum ReadFailure {
-    /// The connection ended before any byte of an answer.
-    ClosedQuietly,
-    /// A status that counts as the endpoint's failure (its body still on the connection).
-    Status(ResponseHead),
-    Failed(TryFailure),
+    conn.io.flush().await.map_err(upstream)
 }
 
 /// Reads the response head (skipping 1xx), rewriting it into `out`; a small body with a
-/// length is read whole, so that an endpoint failing midway is a failed try, not a cut
-/// response.
+/// length is read whole (unless the status counts as a failure), so that an endpoint failing
+/// midway is a failed try, not a cut response. A connection that ends before any byte of an
+/// answer is [`Cause::ClosedEarly`].
 async fn read_response(
     conn: &mut RawConn,
     entry: &EndpointEntry,
     cluster: &Cluster,
     req: &RequestHead,
     out: &mut Vec<u8>,
-) -> Result<ResponseHead, ReadFailure> {
-    let invalid = |what| {
-        ReadFailure::Failed(TryFailure::Upstream(TryError::after_sending(
-            ErrorKind::Protocol,
-            Cause::InvalidResponse(what),
-        )))
-    };
+) -> Result<ResponseHead, TryFailure> {
+    let failed = |kind, cause| TryFailure::Upstream(TryError::after_sending(kind, cause));
+    let invalid = |what| failed(ErrorKind::Protocol, Cause::InvalidResponse(what));
     let mut answered = false;
     loop {
         match parse_response(&conn.buf, req.is_head, out) {
@@ -158,17 +138,13 @@ async fn read_response(
             Ok(Some(resp)) => {
                 conn.buf.advance(resp.head_len);
                 entry.metrics.responses[class_index(resp.status)].fetch_add(1, Relaxed);
-                if cluster.is_failure_status(resp.status) {
-                    return Err(ReadFailure::Status(resp));
-                }
                 if let Framing::Length(n) = resp.framing {
-                    if n <= cluster.config.max_buffered_response {
-                        read_at_least(conn, n as usize).await.map_err(|what| {
-                            ReadFailure::Failed(TryFailure::Upstream(TryError::after_sending(
-                                ErrorKind::Reset,
-                                Cause::BodyFailed(what),
-                            )))
-                        })?;
+                    if n <= cluster.config.max_buffered_response
+                        && !cluster.is_failure_status(resp.status)
+                    {
+                        read_at_least(conn, n as usize)
+                            .await
+                            .map_err(|what| failed(ErrorKind::Reset, Cause::BodyFailed(what)))?;
                     }
                 }
                 return Ok(resp);
@@ -182,18 +158,15 @@ async fn read_response(
         conn.buf.reserve(8192);
         match conn.io.read_buf(&mut conn.buf).await {
             Ok(n) if n > 0 => answered = true,
-            Ok(_) if !answered && conn.buf.is_empty() => return Err(ReadFailure::ClosedQuietly),
-            Err(_) if !answered && conn.buf.is_empty() => return Err(ReadFailure::ClosedQuietly),
+            Ok(_) | Err(_) if !answered && conn.buf.is_empty() => {
+                return Err(failed(ErrorKind::Reset, Cause::ClosedEarly))
+            }
             Ok(_) => {
                 return Err(invalid(
                     "connection closed in the middle of the response head",
                 ))
             }
-            Err(e) => {
-                return Err(ReadFailure::Failed(TryFailure::Upstream(
-                    TryError::after_sending(ErrorKind::Reset, Cause::Read(e)),
-                )))
-            }
+            Err(e) => return Err(failed(ErrorKind::Reset, Cause::Read(e))),
         }
     }
 }
