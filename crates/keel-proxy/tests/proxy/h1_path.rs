@@ -1,57 +1,60 @@
-//! keel's own HTTP/1.1 path (`http1 = "keel"`) on real loopback sockets, side by side with the
-//! hyper path (`http1 = "hyper"`): one proxy with one listener of each kind on the same
-//! cluster, raw TCP clients and raw TCP upstreams, so that every byte each side sees is
-//! checked: what the upstream received, the framing the client got, whether the connection
-//! stays open, and that the answers of both paths agree.
+//! keel's one HTTP/1.1 path (crates/keel-proxy/src/h1/) on real loopback sockets, over plain
+//! TCP and over TLS: one proxy with a plain listener and a TLS listener (certificates made by
+//! rcgen at test time) on the same cluster, raw clients and raw upstreams, so that every byte
+//! each side sees is checked against what keel must send: the exact request head and body the
+//! upstream received, the exact response bytes the client got (head, framing, body), and
+//! whether the connection stays open as announced.
 //!
-//! Normalisation used when comparing the two paths (each is a documented difference, not a
-//! defect): header names are compared lower-cased (hyper lower-cases, keel keeps the
-//! sender's case), headers are compared sorted by name (stable: repeated headers keep their
-//! order), `date` is ignored (hyper adds one to every response, keel forwards the endpoint's),
-//! and the status line's version is ignored (hyper answers an HTTP/1.0 client `HTTP/1.0`,
-//! keel `HTTP/1.1`, both allowed by RFC 9110 section 6.2). What each path sends upstream is
-//! compared after the same normalisation.
-//!
-//! Known differences, each stated where it is tested (keel's behaviour is asserted, hyper's
-//! excused): keel passes a chunked body's trailers through, hyper drops them; keel keeps
-//! a 304's `Content-Length`, hyper drops it; to an HTTP/1.0 client keel says `connection:
-//! close`, hyper relies on the version's default; hyper closes the client connection after an
-//! HTTP/1.0 endpoint's response in two cases where keel safely keeps it (a close-delimited
-//! body to an HTTP/1.1 client, which keel chunks; a response with a length to an HTTP/1.0
-//! keep-alive client); hyper does not answer a client that half-closes after its request,
-//! keel does. Four bugs this file found (a head over max_header_bytes forwarded when it arrived in
-//! one read; `Connection: keep-alive, close` kept open on HTTP/1.0; a stale Content-Length beside
-//! chunks on the hyper path; a client's X-Forwarded-Host kept without Host on the hyper path) are
-//! fixed, and their tests run.
+//! What keel sends, as these tests expect it (src/h1/request.rs, response.rs, conn.rs):
+//! - upstream: the request line in origin form and `HTTP/1.1`; the client's headers in their
+//!   order and case, without hop-by-hop ones, the names `Connection` lists, `Content-Length`,
+//!   `Expect` and `X-Forwarded-*`; then `host` (from an absolute-form target), then
+//!   `x-forwarded-for` (the client's address; appended to the client's own only when the
+//!   client is one of `trusted_proxies`), `x-forwarded-proto`, `x-forwarded-host` (when there
+//!   is a Host), `content-length` or `transfer-encoding: chunked`, and `host: <endpoint>` when
+//!   the client sent none;
+//! - client: `HTTP/1.1` whatever the client's version, the endpoint's headers without
+//!   hop-by-hop ones, then `x-keel-endpoint`, the framing (`content-length`, or
+//!   `transfer-encoding: chunked` to HTTP/1.1 clients), and `connection: close` when the
+//!   connection ends (`connection: keep-alive` to HTTP/1.0 clients when it stays);
+//! - keel's own answers: `content-type`, `content-length`, `date`, the body
+//!   `"<status> <reason>: <cause>\n"` (brief unless `error_detail = "full"`).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::support::any_port;
 use keel_proxy::ProxyConfig;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// Longest wait for any one read in these tests.
 const IO_LIMIT: Duration = Duration::from_secs(3);
 
 // ---------------------------------------------------------------------------------------
-// Raw upstream: parses requests itself and answers whatever its handler scripts.
+// Raw upstream: parses requests itself, records their bytes and answers what its handler
+// scripts.
 
 /// A request as the upstream received it.
 #[derive(Debug, Clone)]
 struct Seen {
     method: String,
     target: String,
-    /// Minor version (1 for HTTP/1.1).
-    version: u8,
-    /// In arrival order, names as sent.
-    headers: Vec<(String, String)>,
+    /// The head's bytes, blank line included.
+    head: Vec<u8>,
+    /// The body's bytes as they came (chunk framing included).
+    body_raw: Vec<u8>,
+    /// The body's data (decoded when chunked).
     body: Vec<u8>,
     /// The body came chunked.
     chunked: bool,
+    /// Trailer lines of a chunked body.
+    trailers: Vec<String>,
 }
 
 impl Seen {
@@ -59,21 +62,13 @@ impl Seen {
         self.target.split('?').next().unwrap_or("")
     }
 
-    /// The request line, the headers (names lower-cased, sorted by name, repeated ones in
-    /// order) and the body's length: what both paths must agree on.
-    fn describe(&self) -> String {
-        let mut headers: Vec<(String, &str)> = self
-            .headers
-            .iter()
-            .map(|(n, v)| (n.to_ascii_lowercase(), v.as_str()))
-            .collect();
-        headers.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut text = format!("{} {} HTTP/1.{}\n", self.method, self.target, self.version);
-        for (n, v) in headers {
-            text.push_str(&format!("{n}: {v}\n"));
-        }
-        text.push_str(&format!("body-length: {}\n", self.body.len()));
-        text
+    /// Every byte received for this request.
+    fn raw(&self) -> Vec<u8> {
+        [&self.head[..], &self.body_raw[..]].concat()
+    }
+
+    fn head_text(&self) -> String {
+        String::from_utf8_lossy(&self.head).into_owned()
     }
 }
 
@@ -131,12 +126,26 @@ impl Upstream {
         }
     }
 
+    /// The endpoint as keel names it (`x-keel-endpoint`, and `host` when the client sent none).
+    fn ep(&self) -> String {
+        self.addr.to_string()
+    }
+
     fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
 
     fn seen_paths(&self) -> Vec<String> {
         self.seen().iter().map(|s| s.path().to_string()).collect()
+    }
+
+    /// The requests received since the first `from`, `/after` left out.
+    fn seen_since(&self, from: usize) -> Vec<Seen> {
+        self.seen()[from..]
+            .iter()
+            .filter(|s| s.path() != "/after")
+            .cloned()
+            .collect()
     }
 }
 
@@ -203,16 +212,19 @@ fn parse_upstream_request(buf: &[u8]) -> Result<Option<(Seen, usize)>, String> {
     let mut seen = Seen {
         method: req.method.unwrap_or("").to_string(),
         target: req.path.unwrap_or("").to_string(),
-        version: req.version.unwrap_or(1),
-        headers: headers.clone(),
+        head: buf[..head_len].to_vec(),
+        body_raw: Vec::new(),
         body: Vec::new(),
         chunked: false,
+        trailers: Vec::new(),
     };
     let rest = &buf[head_len..];
     if find("transfer-encoding").is_some_and(|v| v.to_ascii_lowercase().ends_with("chunked")) {
         match decode_chunked(rest)? {
-            Some((body, _, used)) => {
+            Some((body, trailers, used)) => {
                 seen.body = body;
+                seen.body_raw = rest[..used].to_vec();
+                seen.trailers = trailers;
                 seen.chunked = true;
                 Ok(Some((seen, head_len + used)))
             }
@@ -227,6 +239,7 @@ fn parse_upstream_request(buf: &[u8]) -> Result<Option<(Seen, usize)>, String> {
             return Ok(None);
         }
         seen.body = rest[..n].to_vec();
+        seen.body_raw = seen.body.clone();
         Ok(Some((seen, head_len + n)))
     }
 }
@@ -274,6 +287,25 @@ fn decode_chunked(buf: &[u8]) -> Result<Option<(Vec<u8>, Vec<String>, usize)>, S
     }
 }
 
+/// The size lines of a chunked body (to check that keel framed it itself: no extensions).
+fn chunk_size_lines(raw: &[u8]) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut at = 0;
+    while let Some(end) = raw[at..].windows(2).position(|w| w == b"\r\n") {
+        let line = String::from_utf8_lossy(&raw[at..at + end]).into_owned();
+        let size = usize::from_str_radix(line.split(';').next().unwrap_or(""), 16).unwrap_or(0);
+        lines.push(line);
+        if size == 0 {
+            break;
+        }
+        at += end + 2 + size + 2;
+        if at >= raw.len() {
+            break;
+        }
+    }
+    lines
+}
+
 /// A response head for the upstream's scripts: status line, headers, CRLF.
 fn head(status_line: &str, headers: &[&str]) -> String {
     let mut h = format!("{status_line}\r\n");
@@ -296,8 +328,33 @@ fn ok_with(body: &[u8]) -> Vec<u8> {
     v
 }
 
+/// What keel sends a client for the upstream's `ok_with(body)`: exact bytes.
+fn ok_with_forwarded(ep: &str, body: &[u8], connection: &str) -> Vec<u8> {
+    let mut v = format!(
+        "HTTP/1.1 200 OK\r\nX-Up: yes\r\nx-keel-endpoint: {ep}\r\ncontent-length: {}\r\n{}\r\n",
+        body.len(),
+        connection_line(connection)
+    )
+    .into_bytes();
+    v.extend_from_slice(body);
+    v
+}
+
+/// `connection: <value>\r\n`, or nothing for an empty value.
+fn connection_line(value: &str) -> String {
+    if value.is_empty() {
+        String::new()
+    } else {
+        format!("connection: {value}\r\n")
+    }
+}
+
 // ---------------------------------------------------------------------------------------
-// Raw client: writes bytes, reads responses with strict framing checks.
+// Raw client over TCP or TLS: writes bytes, reads responses with strict framing checks and
+// keeps the bytes each response took.
+
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 /// How a response body was delimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -313,16 +370,17 @@ enum BodyFraming {
 /// A response as the client read it.
 #[derive(Debug, Clone)]
 struct Resp {
-    version: u8,
     status: u16,
-    reason: String,
     /// Names lower-cased, in arrival order.
     headers: Vec<(String, String)>,
+    /// The body's data (decoded when chunked).
     body: Vec<u8>,
     framing: BodyFraming,
     trailers: Vec<String>,
     /// Interim (1xx) statuses that reached the client before this response.
     interim: Vec<u16>,
+    /// Every byte this response took on the connection, interim responses included.
+    raw: Vec<u8>,
 }
 
 impl Resp {
@@ -349,46 +407,63 @@ impl Resp {
         !http10_client || self.connection_has("keep-alive")
     }
 
-    /// Status, reason, headers (sorted by name, `date` left out), framing and body: what
-    /// both paths must agree on.
-    fn normal(&self) -> String {
-        let mut headers: Vec<&(String, String)> =
-            self.headers.iter().filter(|(n, _)| n != "date").collect();
-        headers.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut text = format!("{} {}\n", self.status, self.reason);
-        for (n, v) in headers {
-            text.push_str(&format!("{n}: {v}\n"));
+    /// The raw bytes as text, for messages.
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.raw).into_owned()
+    }
+
+    /// The head's bytes (up to and with the blank line).
+    fn head_text(&self) -> String {
+        let t = self.text();
+        match t.find("\r\n\r\n") {
+            Some(i) => t[..i + 4].to_string(),
+            None => t,
         }
-        text.push_str(&format!(
-            "[{:?} body, {} bytes, trailers {:?}, interim {:?}]\n",
-            self.framing,
-            self.body.len(),
-            self.trailers,
-            self.interim
-        ));
-        text.push_str(&String::from_utf8_lossy(&self.body));
-        text
     }
 }
 
+/// The raw bytes of a response of keel's own with its `date` value replaced by `<date>`,
+/// after checking it is an IMF-fixdate (RFC 9110 section 5.6.7).
+fn masked_date(raw: &[u8]) -> String {
+    let text = String::from_utf8_lossy(raw).into_owned();
+    let Some(at) = text.find("\r\ndate: ") else {
+        return text;
+    };
+    let start = at + "\r\ndate: ".len();
+    let end = start + text[start..].find("\r\n").unwrap_or(0);
+    let value = &text[start..end];
+    let fixdate = value.len() == 29
+        && value.ends_with(" GMT")
+        && value.as_bytes()[3] == b','
+        && ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"].contains(&&value[..3]);
+    assert!(fixdate, "date is not an IMF-fixdate: {value:?}");
+    format!("{}<date>{}", &text[..start], &text[end..])
+}
+
+/// The exact bytes of keel's own answer (with `<date>` for the date).
+fn own_answer(status_line: &str, endpoint: Option<&str>, connection: &str, text: &str) -> String {
+    let status = &status_line["HTTP/1.1 ".len()..];
+    let body = format!("{status}: {text}\n");
+    format!(
+        "{status_line}\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\ndate: <date>\r\n{}{}\r\n{body}",
+        body.len(),
+        endpoint.map_or(String::new(), |e| format!("x-keel-endpoint: {e}\r\n")),
+        connection_line(connection)
+    )
+}
+
 struct Client {
-    s: TcpStream,
+    s: Box<dyn Io>,
     buf: Vec<u8>,
 }
 
 impl Client {
-    async fn connect(addr: SocketAddr) -> Self {
-        Self {
-            s: TcpStream::connect(addr).await.unwrap(),
-            buf: Vec::new(),
-        }
-    }
-
     async fn send(&mut self, bytes: &[u8]) {
         self.s.write_all(bytes).await.unwrap();
+        self.s.flush().await.unwrap();
     }
 
-    /// Reads more; `Ok(false)` at EOF.
+    /// Reads more; `Ok(false)` at EOF (for TLS: after the server's close_notify).
     async fn fill(&mut self) -> Result<bool, String> {
         let mut chunk = [0u8; 65536];
         match tokio::time::timeout(IO_LIMIT, self.s.read(&mut chunk)).await {
@@ -413,10 +488,22 @@ impl Client {
         }
     }
 
-    /// Reads one response to a request (`head`: it was a HEAD; `http10`: the client spoke
+    /// Reads until `n` bytes are buffered or the connection ends.
+    async fn read_exactly(&mut self, n: usize) -> Result<Vec<u8>, String> {
+        while self.buf.len() < n {
+            if !self.fill().await? {
+                break;
+            }
+        }
+        let n = n.min(self.buf.len());
+        Ok(self.buf.drain(..n).collect())
+    }
+
+    /// Reads one response to a request (`head_req`: it was a HEAD; `http10`: the client spoke
     /// HTTP/1.0), checking its framing strictly.
     async fn response(&mut self, head_req: bool, http10: bool) -> Result<Resp, String> {
         let mut interim = Vec::new();
+        let mut raw = Vec::new();
         loop {
             let parsed = {
                 let mut headers = [httparse::EMPTY_HEADER; 128];
@@ -431,9 +518,7 @@ impl Client {
                     Ok(httparse::Status::Partial) => None,
                     Ok(httparse::Status::Complete(n)) => Some((
                         n,
-                        r.version.unwrap_or(9),
                         r.code.unwrap_or(0),
-                        r.reason.unwrap_or("").to_string(),
                         r.headers
                             .iter()
                             .map(|h| {
@@ -446,32 +531,35 @@ impl Client {
                     )),
                 }
             };
-            let Some((n, version, status, reason, headers)) = parsed else {
+            let Some((n, status, headers)) = parsed else {
                 if !self.fill().await? {
                     return Err(format!(
-                        "closed before a complete response head ({} bytes read)",
-                        self.buf.len()
+                        "closed before a complete response head ({} bytes read: {:?})",
+                        self.buf.len(),
+                        String::from_utf8_lossy(&self.buf)
                     ));
                 }
                 continue;
             };
-            self.buf.drain(..n);
+            raw.extend(self.buf.drain(..n));
             if (100..200).contains(&status) {
                 if http10 {
-                    return Err(format!("interim {status} sent to an HTTP/1.0 client"));
+                    return Err(format!(
+                        "interim {status} sent to an HTTP/1.0 client: {:?}",
+                        String::from_utf8_lossy(&raw)
+                    ));
                 }
                 interim.push(status);
                 continue;
             }
             let mut resp = Resp {
-                version,
                 status,
-                reason,
                 headers,
                 body: Vec::new(),
                 framing: BodyFraming::None,
                 trailers: Vec::new(),
                 interim,
+                raw,
             };
             let te = resp.header("transfer-encoding").map(str::to_string);
             let lengths: Vec<&str> = resp
@@ -506,7 +594,7 @@ impl Client {
                 resp.framing = BodyFraming::Chunked;
                 loop {
                     if let Some((body, trailers, used)) = decode_chunked(&self.buf)? {
-                        self.buf.drain(..used);
+                        resp.raw.extend(self.buf.drain(..used));
                         resp.body = body;
                         resp.trailers = trailers;
                         return Ok(resp);
@@ -530,42 +618,198 @@ impl Client {
                     }
                 }
                 resp.body = self.buf.drain(..n).collect();
+                resp.raw.extend_from_slice(&resp.body.clone());
                 return Ok(resp);
             }
             resp.framing = BodyFraming::Close;
             while self.fill().await? {}
             resp.body = std::mem::take(&mut self.buf);
+            resp.raw.extend_from_slice(&resp.body.clone());
             return Ok(resp);
         }
     }
 }
 
-/// `normal()` without the known, harmless differences between the paths:
-/// - to an HTTP/1.0 client, keel says `connection: close` where hyper relies on the version's
-///   default; and on a body delimited by the close, hyper says `connection: keep-alive` (the
-///   close ends the connection anyway);
-/// - on a 304, keel keeps the endpoint's `Content-Length` (RFC 9110 section 8.6 allows it),
-///   hyper drops it.
-fn comparable(resp: &Resp, http10_client: bool) -> String {
-    let mut r = resp.clone();
-    r.headers.retain(|(n, v)| {
-        let redundant_close = http10_client && n == "connection" && v == "close";
-        let contradicted = http10_client
-            && n == "connection"
-            && v == "keep-alive"
-            && resp.framing == BodyFraming::Close;
-        let length_304 = resp.status == 304 && n == "content-length";
-        !(redundant_close || contradicted || length_304)
-    });
-    r.normal()
+// ---------------------------------------------------------------------------------------
+// The proxy: a plain listener and a TLS listener on one cluster.
+
+/// A directory of PEM files made for one test (a CA and a server certificate for
+/// `localhost` signed by it), removed on drop.
+struct Pki {
+    dir: PathBuf,
+}
+
+impl Pki {
+    fn generate() -> Pki {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "keel-h1-path-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(DnType::CommonName, "keel h1 test CA");
+        ca.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca = ca.self_signed(&ca_key).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .signed_by(&key, &ca, &ca_key)
+            .unwrap();
+        std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+        std::fs::write(dir.join("server.pem"), cert.pem()).unwrap();
+        std::fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
+        Pki { dir }
+    }
+
+    fn toml(&self, name: &str) -> String {
+        format!("{:?}", self.dir.join(name).display().to_string())
+    }
+
+    /// A client trusting the test CA, offering ALPN `http/1.1`.
+    fn connector(&self) -> tokio_rustls::TlsConnector {
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_file_iter(self.dir.join("ca.pem")).unwrap() {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let mut config = rustls::ClientConfig::builder_with_provider(keel_proxy::tls::provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        tokio_rustls::TlsConnector::from(Arc::new(config))
+    }
+}
+
+impl Drop for Pki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One of the proxy's listeners as a client reaches it.
+#[derive(Clone)]
+struct Front {
+    name: &'static str,
+    addr: SocketAddr,
+    tls: Option<tokio_rustls::TlsConnector>,
+}
+
+impl Front {
+    /// `x-forwarded-proto` for this listener.
+    fn proto(&self) -> &'static str {
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// A new client connection (for TLS: handshake done, `http/1.1` negotiated).
+    async fn connect(&self) -> Client {
+        let tcp = TcpStream::connect(self.addr).await.unwrap();
+        let s: Box<dyn Io> = match &self.tls {
+            None => Box::new(tcp),
+            Some(connector) => {
+                let name = ServerName::try_from("localhost").unwrap();
+                let tls = connector.connect(name, tcp).await.unwrap();
+                assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+                Box::new(tls)
+            }
+        };
+        Client { s, buf: Vec::new() }
+    }
+}
+
+struct Proxy {
+    handle: keel_proxy::ProxyHandle,
+    /// The plain listener, then the TLS one.
+    fronts: [Front; 2],
+    _pki: Pki,
+}
+
+impl Proxy {
+    /// A plain listener and a TLS listener, each with `listener_extra` lines, on one cluster
+    /// over `upstreams` with `cluster_extra` lines. No retries.
+    async fn start(upstreams: &[SocketAddr], listener_extra: &str, cluster_extra: &str) -> Self {
+        let pki = Pki::generate();
+        let eps: Vec<String> = upstreams
+            .iter()
+            .map(|a| format!("{{ address = \"{a}\" }}"))
+            .collect();
+        let text = format!(
+            r#"
+[[listener]]
+listen = "127.0.0.1:0"
+cluster = "app"
+{listener_extra}
+
+[[listener]]
+listen = "127.0.0.1:0"
+cluster = "app"
+{listener_extra}
+[listener.tls]
+cert = {}
+key = {}
+
+[[cluster]]
+name = "app"
+endpoints = [{}]
+{cluster_extra}
+[cluster.retry]
+attempts = 0
+"#,
+            pki.toml("server.pem"),
+            pki.toml("server.key"),
+            eps.join(", ")
+        );
+        let cfg = ProxyConfig::from_toml_str(&text, "h1_path.toml")
+            .unwrap_or_else(|e| panic!("{e}\n--- config ---\n{text}"));
+        let handle = keel_proxy::start(cfg).await.unwrap();
+        let a = handle.listener_addrs();
+        let fronts = [
+            Front {
+                name: "plain",
+                addr: a[0],
+                tls: None,
+            },
+            Front {
+                name: "tls",
+                addr: a[1],
+                tls: Some(pki.connector()),
+            },
+        ];
+        Self {
+            handle,
+            fronts,
+            _pki: pki,
+        }
+    }
+
+    fn failures(&self) -> u64 {
+        self.handle.cluster_status("app").unwrap()[0].failures
+    }
+
+    async fn shutdown(self) {
+        self.handle.shutdown(Duration::from_secs(1)).await;
+    }
 }
 
 /// One request on a new connection; the response and whether the connection stayed open
 /// (checked: open means a second request on it is answered, closed means EOF).
-async fn one_shot(addr: SocketAddr, raw: &[u8]) -> (Result<Resp, String>, Option<bool>) {
+async fn one_shot(front: &Front, raw: &[u8]) -> (Result<Resp, String>, Option<bool>) {
     let head_req = raw.starts_with(b"HEAD ");
     let http10 = first_line(raw).ends_with("HTTP/1.0");
-    let mut c = Client::connect(addr).await;
+    let mut c = front.connect().await;
     c.send(raw).await;
     let r = c.response(head_req, http10).await;
     let open = match &r {
@@ -593,257 +837,376 @@ fn first_line(raw: &[u8]) -> String {
     String::from_utf8_lossy(&raw[..end]).into_owned()
 }
 
-// ---------------------------------------------------------------------------------------
-// The proxy: a keel listener and a hyper listener on one cluster.
-
-const PATHS: [&str; 2] = ["keel", "hyper"];
-
-/// Listener 0 is `http1 = "keel"`, listener 1 `http1 = "hyper"`; `listener_extra` goes in
-/// both listener tables, `cluster_extra` in the cluster table. No retries.
-fn two_paths(upstreams: &[SocketAddr], listener_extra: &str, cluster_extra: &str) -> ProxyConfig {
-    let eps: Vec<String> = upstreams
-        .iter()
-        .map(|a| format!("{{ address = \"{a}\" }}"))
-        .collect();
-    let text = format!(
-        r#"
-[[listener]]
-listen = "127.0.0.1:0"
-cluster = "app"
-http1 = "keel"
-{listener_extra}
-
-[[listener]]
-listen = "127.0.0.1:0"
-cluster = "app"
-http1 = "hyper"
-{listener_extra}
-
-[[cluster]]
-name = "app"
-endpoints = [{}]
-{cluster_extra}
-[cluster.retry]
-attempts = 0
-"#,
-        eps.join(", ")
-    );
-    ProxyConfig::from_toml_str(&text, "h1_path.toml")
-        .unwrap_or_else(|e| panic!("{e}\n--- config ---\n{text}"))
-}
-
-async fn start(cfg: ProxyConfig) -> (keel_proxy::ProxyHandle, [SocketAddr; 2]) {
-    let proxy = keel_proxy::start(cfg).await.unwrap();
-    let a = proxy.listener_addrs();
-    (proxy, [a[0], a[1]])
-}
-
-/// The echo upstream: answers every request with the description of what it received
-/// (`/after`: `after`); a HEAD gets the length of that description and no body.
+/// The echo upstream: answers every request with the bytes it received (`/after`: `after`);
+/// a HEAD gets their length and no body.
 fn echo_handler() -> Handler {
     Arc::new(|req: &Seen| {
         if req.path() == "/after" {
             return Reply::keep(ok_with(b"after"));
         }
-        let text = req.describe();
+        let raw = req.raw();
         let mut bytes = head(
             "HTTP/1.1 200 OK",
             &[
-                &format!("Content-Length: {}", text.len()),
+                &format!("Content-Length: {}", raw.len()),
                 "Content-Type: text/plain",
                 "X-Up: echo",
             ],
         )
         .into_bytes();
         if req.method != "HEAD" {
-            bytes.extend_from_slice(text.as_bytes());
+            bytes.extend_from_slice(&raw);
         }
         Reply::keep(bytes)
     })
 }
 
-/// Lines of `text` that start with `prefix` (lower-case header lines of a description).
-fn lines_with<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
-    text.lines().filter(|l| l.starts_with(prefix)).collect()
+/// What keel sends a client for the echo upstream's answer to `received`: exact bytes. (The
+/// answer to a HEAD keeps the endpoint's `Content-Length` where it was: it describes the
+/// body a GET would get; other answers get keel's own after `x-keel-endpoint`.)
+fn echo_forwarded(ep: &str, received: &[u8], head_req: bool, connection: &str) -> Vec<u8> {
+    let n = received.len();
+    let connection = connection_line(connection);
+    if head_req {
+        return format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {n}\r\nContent-Type: text/plain\r\nX-Up: echo\r\nx-keel-endpoint: {ep}\r\n{connection}\r\n"
+        )
+        .into_bytes();
+    }
+    let mut v = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Up: echo\r\nx-keel-endpoint: {ep}\r\ncontent-length: {n}\r\n{connection}\r\n"
+    )
+    .into_bytes();
+    v.extend_from_slice(received);
+    v
+}
+
+/// The `X-Forwarded-*` lines keel writes for an untrusted client on loopback.
+fn forwarded(proto: &str, host: Option<&str>) -> String {
+    let mut s = format!("x-forwarded-for: 127.0.0.1\r\nx-forwarded-proto: {proto}\r\n");
+    if let Some(h) = host {
+        s.push_str(&format!("x-forwarded-host: {h}\r\n"));
+    }
+    s
 }
 
 // ---------------------------------------------------------------------------------------
-// 1. The same requests through both paths.
+// 1. Requests forwarded: the exact bytes upstream, the exact answer, the connection.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn both_paths_forward_the_same_requests_and_answers() {
-    let up = Upstream::start(echo_handler()).await;
-    let (proxy, addrs) = start(two_paths(&[up.addr], "", "")).await;
+/// A request of the corpus: its bytes, what the upstream must receive (`{P}`: the
+/// listener's `x-forwarded-proto`, `{EP}`: the endpoint's address) and the `connection`
+/// header keel must answer with (empty: none; `close`: the connection then closes).
+struct Case {
+    name: &'static str,
+    request: Vec<u8>,
+    upstream: String,
+    connection: &'static str,
+}
+
+fn corpus() -> Vec<Case> {
+    let f = |host: Option<&str>| forwarded("{P}", host);
+    let fh = f(Some("h"));
     let long_path = format!("/long/{}?{}", "p".repeat(3000), "q=1&".repeat(200));
     let put_body = "x".repeat(5000);
-    let corpus: Vec<(&str, Vec<u8>)> = vec![
-        ("plain GET", b"GET /plain HTTP/1.1\r\nHost: app.example\r\nUser-Agent: t/1\r\nAccept: */*\r\n\r\n".to_vec()),
-        ("query string", b"GET /q?a=1&b=%20x&c HTTP/1.1\r\nHost: h:8080\r\n\r\n".to_vec()),
-        ("long target", format!("GET {long_path} HTTP/1.1\r\nHost: h\r\n\r\n").into_bytes()),
-        ("Connection-named and hop-by-hop headers", b"GET /conn HTTP/1.1\r\nHost: h\r\nConnection: x-a, close\r\nX-A: secret\r\nX-B: kept\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\nUpgrade: websocket\r\nProxy-Connection: keep-alive\r\nProxy-Authorization: Basic eA==\r\nTrailer: X-T\r\n\r\n".to_vec()),
-        ("Connection keep-alive and an option", b"GET /ka HTTP/1.1\r\nHost: h\r\nConnection: keep-alive, X-Drop\r\nx-drop: 1\r\n\r\n".to_vec()),
-        ("two Connection headers", b"GET /conn2 HTTP/1.1\r\nHost: h\r\nConnection: x-one\r\nConnection: x-two\r\nX-One: 1\r\nX-Two: 2\r\nX-Three: 3\r\n\r\n".to_vec()),
-        ("existing X-Forwarded-*", b"GET /xff HTTP/1.1\r\nHost: h\r\nX-Forwarded-For: 10.0.0.1\r\nX-Forwarded-For: 10.0.0.2, 10.0.0.3\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: spoofed.example\r\n\r\n".to_vec()),
-        ("absolute-form without Host", b"GET http://abs.example:1/p?q HTTP/1.1\r\n\r\n".to_vec()),
-        ("absolute-form with the same Host", b"GET http://abs.example:1/p?q HTTP/1.1\r\nHost: abs.example:1\r\n\r\n".to_vec()),
-        ("absolute-form, empty path", b"GET http://abs.example HTTP/1.1\r\nHost: abs.example\r\n\r\n".to_vec()),
-        ("HTTP/1.0 without Host", b"GET /ten HTTP/1.0\r\nUser-Agent: old\r\n\r\n".to_vec()),
-        ("HTTP/1.0 without Host, spoofed X-Forwarded-Host", b"GET /ten-spoof HTTP/1.0\r\nX-Forwarded-Host: spoofed.example\r\n\r\n".to_vec()),
-        ("HTTP/1.0 keep-alive", b"GET /ten-ka HTTP/1.0\r\nHost: h\r\nConnection: keep-alive\r\n\r\n".to_vec()),
-        ("HTTP/1.0 POST", b"POST /ten-post HTTP/1.0\r\nHost: h\r\nContent-Length: 3\r\n\r\nabc".to_vec()),
-        ("HEAD", b"HEAD /head HTTP/1.1\r\nHost: h\r\n\r\n".to_vec()),
-        ("POST with a body", b"POST /post HTTP/1.1\r\nHost: h\r\nContent-Type: text/plain\r\nContent-Length: 11\r\n\r\nhello world".to_vec()),
-        ("PUT with 5000 bytes", format!("PUT /put HTTP/1.1\r\nHost: h\r\nContent-Length: 5000\r\n\r\n{put_body}").into_bytes()),
-        ("POST Content-Length 0", b"POST /post0 HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n".to_vec()),
-        ("DELETE", b"DELETE /item/7 HTTP/1.1\r\nHost: h\r\n\r\n".to_vec()),
-        ("PATCH with a body", b"PATCH /item/7 HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n{}".to_vec()),
-        ("extension method", b"PURGE /cache HTTP/1.1\r\nHost: h\r\n\r\n".to_vec()),
-        ("OPTIONS *", b"OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n".to_vec()),
-        ("repeated headers", b"GET /rep HTTP/1.1\r\nHost: h\r\nAccept: a/a\r\nX-Rep: 1\r\nAccept: b/b\r\nX-Rep: 2\r\nCookie: a=1\r\nCookie: b=2\r\n\r\n".to_vec()),
-        ("odd but valid values", b"GET /odd HTTP/1.1\r\nHost: h\r\nX-Empty:\r\nX-Pad: \t v v \r\nX-MiXeD-CaSe: V\r\nX-Utf8: caf\xc3\xa9\r\n\r\n".to_vec()),
-    ];
-    let mut differences = Vec::new();
-    let mut summary = Vec::new();
-    let mut keel_saw: Vec<(&str, String)> = Vec::new();
-    for (name, raw) in &corpus {
-        let mut got = Vec::new();
-        for (path, addr) in PATHS.iter().zip(addrs) {
+    let case = |name, request: &[u8], upstream: String, connection| Case {
+        name,
+        request: request.to_vec(),
+        upstream,
+        connection,
+    };
+    vec![
+        case(
+            "plain GET",
+            b"GET /plain HTTP/1.1\r\nHost: app.example\r\nUser-Agent: t/1\r\nAccept: */*\r\n\r\n",
+            format!(
+                "GET /plain HTTP/1.1\r\nHost: app.example\r\nUser-Agent: t/1\r\nAccept: */*\r\n{}\r\n",
+                f(Some("app.example"))
+            ),
+            "",
+        ),
+        case(
+            "query string",
+            b"GET /q?a=1&b=%20x&c HTTP/1.1\r\nHost: h:8080\r\n\r\n",
+            format!(
+                "GET /q?a=1&b=%20x&c HTTP/1.1\r\nHost: h:8080\r\n{}\r\n",
+                f(Some("h:8080"))
+            ),
+            "",
+        ),
+        case(
+            "long target",
+            format!("GET {long_path} HTTP/1.1\r\nHost: h\r\n\r\n").as_bytes(),
+            format!("GET {long_path} HTTP/1.1\r\nHost: h\r\n{fh}\r\n"),
+            "",
+        ),
+        case(
+            "Connection-named and hop-by-hop headers",
+            b"GET /conn HTTP/1.1\r\nHost: h\r\nConnection: x-a, close\r\nX-A: secret\r\nX-B: kept\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\nUpgrade: websocket\r\nProxy-Connection: keep-alive\r\nProxy-Authorization: Basic eA==\r\nTrailer: X-T\r\n\r\n",
+            format!("GET /conn HTTP/1.1\r\nHost: h\r\nX-B: kept\r\n{fh}\r\n"),
+            "close",
+        ),
+        case(
+            "Connection keep-alive and an option",
+            b"GET /ka HTTP/1.1\r\nHost: h\r\nConnection: keep-alive, X-Drop\r\nx-drop: 1\r\n\r\n",
+            format!("GET /ka HTTP/1.1\r\nHost: h\r\n{fh}\r\n"),
+            "",
+        ),
+        case(
+            "two Connection headers",
+            b"GET /conn2 HTTP/1.1\r\nHost: h\r\nConnection: x-one\r\nConnection: x-two\r\nX-One: 1\r\nX-Two: 2\r\nX-Three: 3\r\n\r\n",
+            format!("GET /conn2 HTTP/1.1\r\nHost: h\r\nX-Three: 3\r\n{fh}\r\n"),
+            "",
+        ),
+        case(
+            "existing X-Forwarded-* from an untrusted client",
+            b"GET /xff HTTP/1.1\r\nHost: h\r\nX-Forwarded-For: 10.0.0.1\r\nX-Forwarded-For: 10.0.0.2, 10.0.0.3\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: spoofed.example\r\n\r\n",
+            format!("GET /xff HTTP/1.1\r\nHost: h\r\n{fh}\r\n"),
+            "",
+        ),
+        case(
+            "absolute-form without Host",
+            b"GET http://abs.example:1/p?q HTTP/1.1\r\n\r\n",
+            format!(
+                "GET /p?q HTTP/1.1\r\nhost: abs.example:1\r\n{}\r\n",
+                f(Some("abs.example:1"))
+            ),
+            "",
+        ),
+        case(
+            "absolute-form with the same Host",
+            b"GET http://abs.example:1/p?q HTTP/1.1\r\nHost: abs.example:1\r\n\r\n",
+            format!(
+                "GET /p?q HTTP/1.1\r\nHost: abs.example:1\r\n{}\r\n",
+                f(Some("abs.example:1"))
+            ),
+            "",
+        ),
+        case(
+            "absolute-form, empty path",
+            b"GET http://abs.example HTTP/1.1\r\nHost: abs.example\r\n\r\n",
+            format!(
+                "GET / HTTP/1.1\r\nHost: abs.example\r\n{}\r\n",
+                f(Some("abs.example"))
+            ),
+            "",
+        ),
+        case(
+            "HTTP/1.0 without Host",
+            b"GET /ten HTTP/1.0\r\nUser-Agent: old\r\n\r\n",
+            format!(
+                "GET /ten HTTP/1.1\r\nUser-Agent: old\r\n{}host: {{EP}}\r\n\r\n",
+                f(None)
+            ),
+            "close",
+        ),
+        case(
+            "HTTP/1.0 without Host, spoofed X-Forwarded-Host",
+            b"GET /ten-spoof HTTP/1.0\r\nX-Forwarded-Host: spoofed.example\r\n\r\n",
+            format!("GET /ten-spoof HTTP/1.1\r\n{}host: {{EP}}\r\n\r\n", f(None)),
+            "close",
+        ),
+        case(
+            "HTTP/1.0 keep-alive",
+            b"GET /ten-ka HTTP/1.0\r\nHost: h\r\nConnection: keep-alive\r\n\r\n",
+            format!("GET /ten-ka HTTP/1.1\r\nHost: h\r\n{fh}\r\n"),
+            "keep-alive",
+        ),
+        case(
+            "HTTP/1.0 POST",
+            b"POST /ten-post HTTP/1.0\r\nHost: h\r\nContent-Length: 3\r\n\r\nabc",
+            format!("POST /ten-post HTTP/1.1\r\nHost: h\r\n{fh}content-length: 3\r\n\r\nabc"),
+            "close",
+        ),
+        case(
+            "HEAD",
+            b"HEAD /head HTTP/1.1\r\nHost: h\r\n\r\n",
+            format!("HEAD /head HTTP/1.1\r\nHost: h\r\n{fh}\r\n"),
+            "",
+        ),
+        case(
+            "POST with a body",
+            b"POST /post HTTP/1.1\r\nHost: h\r\nContent-Type: text/plain\r\nContent-Length: 11\r\n\r\nhello world",
+            format!(
+                "POST /post HTTP/1.1\r\nHost: h\r\nContent-Type: text/plain\r\n{fh}content-length: 11\r\n\r\nhello world"
+            ),
+            "",
+        ),
+        case(
+            "PUT with 5000 bytes",
+            format!("PUT /put HTTP/1.1\r\nHost: h\r\nContent-Length: 5000\r\n\r\n{put_body}")
+                .as_bytes(),
+            format!("PUT /put HTTP/1.1\r\nHost: h\r\n{fh}content-length: 5000\r\n\r\n{put_body}"),
+            "",
+        ),
+        case(
+            "POST Content-Length 0",
+            b"POST /post0 HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n",
+            format!("POST /post0 HTTP/1.1\r\nHost: h\r\n{fh}content-length: 0\r\n\r\n"),
+            "",
+        ),
+        case(
+            "DELETE",
+            b"DELETE /item/7 HTTP/1.1\r\nHost: h\r\n\r\n",
+            format!("DELETE /item/7 HTTP/1.1\r\nHost: h\r\n{fh}\r\n"),
+            "",
+        ),
+        case(
+            "PATCH with a body",
+            b"PATCH /item/7 HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n{}",
+            format!("PATCH /item/7 HTTP/1.1\r\nHost: h\r\n{fh}content-length: 2\r\n\r\n{{}}"),
+            "",
+        ),
+        case(
+            "extension method",
+            b"PURGE /cache HTTP/1.1\r\nHost: h\r\n\r\n",
+            format!("PURGE /cache HTTP/1.1\r\nHost: h\r\n{fh}\r\n"),
+            "",
+        ),
+        case(
+            "OPTIONS *",
+            b"OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n",
+            format!("OPTIONS * HTTP/1.1\r\nHost: h\r\n{fh}\r\n"),
+            "",
+        ),
+        case(
+            "repeated headers",
+            b"GET /rep HTTP/1.1\r\nHost: h\r\nAccept: a/a\r\nX-Rep: 1\r\nAccept: b/b\r\nX-Rep: 2\r\nCookie: a=1\r\nCookie: b=2\r\n\r\n",
+            format!(
+                "GET /rep HTTP/1.1\r\nHost: h\r\nAccept: a/a\r\nX-Rep: 1\r\nAccept: b/b\r\nX-Rep: 2\r\nCookie: a=1\r\nCookie: b=2\r\n{fh}\r\n"
+            ),
+            "",
+        ),
+        case(
+            "odd but valid values",
+            b"GET /odd HTTP/1.1\r\nHost: h\r\nX-Empty:\r\nX-Pad: \t v v \r\nX-MiXeD-CaSe: V\r\nX-Utf8: caf\xc3\xa9\r\n\r\n",
+            format!(
+                "GET /odd HTTP/1.1\r\nHost: h\r\nX-Empty: \r\nX-Pad: v v\r\nX-MiXeD-CaSe: V\r\nX-Utf8: caf\u{e9}\r\n{fh}\r\n"
+            ),
+            "",
+        ),
+        // RFC 9112 section 2.2: a recipient MAY take a bare LF as a line end; keel does, and
+        // sends CRLF on.
+        case(
+            "bare LF line ends",
+            b"GET /lf HTTP/1.1\nHost: h\nX-A: 1\n\n",
+            format!("GET /lf HTTP/1.1\r\nHost: h\r\nX-A: 1\r\n{fh}\r\n"),
+            "",
+        ),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_is_forwarded_as_expected() {
+    let up = Upstream::start(echo_handler()).await;
+    let proxy = Proxy::start(&[up.addr], "", "").await;
+    let ep = up.ep();
+    let corpus = corpus();
+    assert_eq!(corpus.len(), 25);
+    let mut wrong = Vec::new();
+    for front in &proxy.fronts {
+        for case in &corpus {
+            let what = format!("{}, {}", front.name, case.name);
+            let head_req = case.request.starts_with(b"HEAD ");
             let before = up.seen().len();
-            let (resp, open) = one_shot(addr, raw).await;
-            let resp = resp.unwrap_or_else(|e| panic!("{path}, {name}: {e}"));
-            let http10 = first_line(raw).ends_with("HTTP/1.0");
+            let (resp, open) = one_shot(front, &case.request).await;
+            let resp = resp.unwrap_or_else(|e| panic!("{what}: {e}"));
+            let saw = up.seen_since(before);
+            assert_eq!(saw.len(), 1, "{what}: {:?}", up.seen_paths());
+            let expected_up = case
+                .upstream
+                .replace("{P}", front.proto())
+                .replace("{EP}", &ep);
+            let got_up = String::from_utf8_lossy(&saw[0].raw()).into_owned();
+            if got_up != expected_up {
+                wrong.push(format!(
+                    "{what}: the upstream received\n{got_up:?}\nexpected\n{expected_up:?}"
+                ));
+            }
+            let expected = echo_forwarded(&ep, expected_up.as_bytes(), head_req, case.connection);
+            if resp.raw != expected {
+                wrong.push(format!(
+                    "{what}: the client got\n{:?}\nexpected\n{:?}",
+                    resp.text(),
+                    String::from_utf8_lossy(&expected)
+                ));
+            }
             assert_eq!(
                 open,
-                Some(resp.announces_open(http10)),
-                "{path}, {name}: the connection did not do what the response said\n{}",
-                resp.normal()
+                Some(case.connection != "close"),
+                "{what}: connection open?\n{}",
+                resp.head_text()
             );
-            let expected_version = if *path == "hyper" && http10 { 0 } else { 1 };
-            assert_eq!(resp.version, expected_version, "{path}, {name}");
-            let upstream_saw = up.seen()[before..]
-                .iter()
-                .filter(|s| s.path() != "/after")
-                .map(Seen::describe)
-                .collect::<Vec<_>>();
-            assert_eq!(upstream_saw.len(), 1, "{path}, {name}: {upstream_saw:?}");
-            got.push((resp, open, upstream_saw[0].clone()));
         }
-        let (k, h) = (&got[0], &got[1]);
-        let http10 = first_line(raw).ends_with("HTTP/1.0");
-        let hyper_saw = h.2.clone();
-        let answers_differ = comparable(&k.0, http10) != comparable(&h.0, http10);
-        if answers_differ || k.1 != h.1 || k.2 != hyper_saw {
-            differences.push(format!(
-                "{name}:\n--- keel (open {:?}) upstream saw:\n{}--- hyper (open {:?}) upstream saw:\n{}--- keel answered:\n{}\n--- hyper answered:\n{}",
-                k.1,
-                k.2,
-                h.1,
-                h.2,
-                k.0.normal(),
-                h.0.normal()
-            ));
-        }
-        summary.push(format!("{name}: {} open {:?}", k.0.status, k.1));
-        keel_saw.push((*name, k.2.clone()));
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n\n"));
+    assert_eq!(proxy.failures(), 0);
+    proxy.shutdown().await;
+}
 
-        // What the keel path must have done, whatever hyper does.
-        let saw = &k.2;
-        let answer = &k.0;
-        assert_eq!(answer.status, 200, "{name}: {}", answer.normal());
-        assert_eq!(answer.header("x-up"), Some("echo"), "{name}");
-        assert!(answer.header("x-keel-endpoint").is_some(), "{name}");
-        if !raw.starts_with(b"HEAD ") {
-            assert_eq!(answer.body, saw.as_bytes(), "{name}: the body is the echo");
-        }
-        assert_eq!(
-            lines_with(saw, "x-forwarded-proto:"),
-            ["x-forwarded-proto: http"],
-            "{name}"
-        );
-        for hop in [
-            "connection:",
-            "keep-alive:",
-            "te:",
-            "upgrade:",
-            "proxy-connection:",
-            "proxy-authorization:",
-            "trailer:",
-            "transfer-encoding:",
-            "x-a:",
-            "x-drop:",
-            "x-one:",
-            "x-two:",
-        ] {
-            assert!(
-                lines_with(saw, hop).is_empty(),
-                "{name}: `{hop}` reached the upstream:\n{saw}"
-            );
-        }
+/// RFC 9112 section 3.2.2: a request in absolute form names its host in the target; "a
+/// proxy that forwards such a request MUST generate a new Host field value based on the
+/// received request-target rather than forward the received Host field value" (and an origin
+/// server MUST ignore the received Host). keel forwards the client's `Host` (request.rs,
+/// `rewrite`: `(Some(h), _) => Some(h)`), so the endpoint and `x-forwarded-host` see another
+/// host than the one the target names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "bug: an absolute-form target with a different Host forwards the client's Host, not the target's authority (RFC 9112 section 3.2.2)"]
+async fn an_absolute_form_target_s_authority_wins_over_host() {
+    let up = Upstream::start(echo_handler()).await;
+    let proxy = Proxy::start(&[up.addr], "", "").await;
+    for front in &proxy.fronts {
+        let before = up.seen().len();
+        let (resp, _) = one_shot(
+            front,
+            b"GET http://abs.example/p HTTP/1.1\r\nHost: other.example\r\n\r\n",
+        )
+        .await;
+        assert_eq!(resp.unwrap().status, 200);
+        let head = up.seen_since(before)[0].head_text();
+        let hosts: Vec<&str> = head
+            .lines()
+            .filter(|l| l.to_ascii_lowercase().starts_with("host:"))
+            .collect();
         assert!(
-            saw.lines().next().unwrap().ends_with(" HTTP/1.1"),
-            "{name}: upstreams get HTTP/1.1: {saw}"
+            hosts.len() == 1
+                && hosts[0][5..].trim() == "abs.example"
+                && head.contains("x-forwarded-host: abs.example\r\n")
+                && !head.contains("other.example"),
+            "{}: the upstream received\n{head:?}",
+            front.name
         );
     }
-    // Specific expectations on the keel path.
-    let saw = |name: &str| -> &str {
-        &keel_saw
-            .iter()
-            .find(|(n, _)| *n == name)
-            .expect("a corpus entry")
-            .1
-    };
-    assert_eq!(
-        lines_with(saw("Connection-named and hop-by-hop headers"), "x-b:"),
-        ["x-b: kept"]
-    );
-    assert_eq!(
-        lines_with(saw("two Connection headers"), "x-three:"),
-        ["x-three: 3"]
-    );
-    assert_eq!(
-        lines_with(saw("existing X-Forwarded-*"), "x-forwarded-"),
-        [
-            "x-forwarded-for: 10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.1",
-            "x-forwarded-host: h",
-            "x-forwarded-proto: http"
-        ]
-    );
-    let abs = saw("absolute-form without Host");
-    assert!(abs.starts_with("GET /p?q HTTP/1.1\n"), "{abs}");
-    assert_eq!(lines_with(abs, "host:"), ["host: abs.example:1"]);
-    assert!(saw("absolute-form, empty path").starts_with("GET / HTTP/1.1\n"));
-    let ten = saw("HTTP/1.0 without Host");
-    assert_eq!(lines_with(ten, "host:"), [format!("host: {}", up.addr)]);
-    assert!(lines_with(ten, "x-forwarded-host:").is_empty(), "{ten}");
-    let spoof = saw("HTTP/1.0 without Host, spoofed X-Forwarded-Host");
-    assert!(
-        lines_with(spoof, "x-forwarded-host:").is_empty(),
-        "a client's X-Forwarded-Host reached the upstream: {spoof}"
-    );
-    assert!(saw("OPTIONS *").starts_with("OPTIONS * HTTP/1.1\n"));
-    assert!(saw("PUT with 5000 bytes").ends_with("body-length: 5000\n"));
-    assert!(saw("POST with a body").contains("content-length: 11\n"));
-    assert_eq!(
-        lines_with(saw("repeated headers"), "accept:"),
-        ["accept: a/a", "accept: b/b"]
-    );
-    assert_eq!(
-        lines_with(saw("repeated headers"), "cookie:"),
-        ["cookie: a=1", "cookie: b=2"]
-    );
-    eprintln!(
-        "differential corpus, {} requests x 2 paths:\n  {}",
-        corpus.len(),
-        summary.join("\n  ")
-    );
-    assert!(
-        differences.is_empty(),
-        "{} of {} requests differ between the paths:\n\n{}",
-        differences.len(),
-        corpus.len(),
-        differences.join("\n\n")
-    );
-    proxy.shutdown(Duration::from_secs(1)).await;
+    proxy.shutdown().await;
+}
+
+/// `X-Forwarded-For` from a client in `trusted_proxies` is kept (every such header, in
+/// order) and the client's address appended; from any other client it is replaced (the
+/// corpus above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trusted_proxy_s_x_forwarded_for_is_appended_to() {
+    let up = Upstream::start(echo_handler()).await;
+    let proxy = Proxy::start(&[up.addr], "trusted_proxies = [\"127.0.0.0/8\"]", "").await;
+    for front in &proxy.fronts {
+        let before = up.seen().len();
+        let (resp, open) = one_shot(
+            front,
+            b"GET /xff HTTP/1.1\r\nHost: h\r\nX-Forwarded-For: 10.0.0.1\r\nX-Forwarded-For: 10.0.0.2, 10.0.0.3\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: spoofed.example\r\n\r\n",
+        )
+        .await;
+        assert_eq!(resp.unwrap().status, 200);
+        assert_eq!(open, Some(true));
+        let saw = up.seen_since(before);
+        assert_eq!(
+            saw[0].head_text(),
+            format!(
+                "GET /xff HTTP/1.1\r\nHost: h\r\nx-forwarded-for: 10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.1\r\nx-forwarded-proto: {}\r\nx-forwarded-host: h\r\n\r\n",
+                front.proto()
+            ),
+            "{}",
+            front.name
+        );
+    }
+    proxy.shutdown().await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -853,196 +1216,390 @@ async fn both_paths_forward_the_same_requests_and_answers() {
 const CHUNKED: &str =
     "5;name=value\r\nhello\r\n1;a=b;c\r\n \r\n6\r\nworld!\r\n0\r\nX-Sum: 42\r\n\r\n";
 
+/// The chunked body of `/chunked-big`: 100 chunks of 1000 bytes.
+fn big_chunked_body() -> (Vec<u8>, Vec<u8>) {
+    let mut raw = Vec::new();
+    let mut data = Vec::new();
+    for i in 0..100u8 {
+        let piece = vec![b'a' + i % 26; 1000];
+        raw.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+        raw.extend_from_slice(&piece);
+        raw.extend_from_slice(b"\r\n");
+        data.extend_from_slice(&piece);
+    }
+    raw.extend_from_slice(b"0\r\n\r\n");
+    (raw, data)
+}
+
 /// Scripted answers by path (anything else: the echo).
 fn framing_handler() -> Handler {
     let echo = echo_handler();
-    Arc::new(move |req: &Seen| {
-        let big_chunked = || {
+    Arc::new(move |req: &Seen| match req.path() {
+        "/cl" => Reply::keep(ok_with(b"hello framing")),
+        "/chunked" => Reply::keep(
+            head(
+                "HTTP/1.1 200 OK",
+                &["Transfer-Encoding: chunked", "Trailer: X-Sum", "X-Up: yes"],
+            ) + CHUNKED,
+        ),
+        "/chunked-big" => {
             let mut v = head(
                 "HTTP/1.1 200 OK",
                 &["Transfer-Encoding: chunked", "X-Up: yes"],
             )
             .into_bytes();
-            for i in 0..100u8 {
-                let piece = vec![b'a' + i % 26; 1000];
-                v.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
-                v.extend_from_slice(&piece);
-                v.extend_from_slice(b"\r\n");
-            }
-            v.extend_from_slice(b"0\r\n\r\n");
-            v
-        };
-        match req.path() {
-            "/cl" => Reply::keep(ok_with(b"hello framing")),
-            "/chunked" => Reply::keep(
-                head(
-                    "HTTP/1.1 200 OK",
-                    &["Transfer-Encoding: chunked", "Trailer: X-Sum", "X-Up: yes"],
-                ) + CHUNKED,
-            ),
-            "/chunked-big" => Reply::keep(big_chunked()),
-            "/close10" => Reply::close(head("HTTP/1.0 200 OK", &["X-Up: yes"]) + "ends at close"),
-            "/close11" => Reply::close(
-                head("HTTP/1.1 200 OK", &["Connection: close", "X-Up: yes"]) + "ends at close",
-            ),
-            "/ten-cl" => {
-                Reply::close(head("HTTP/1.0 200 OK", &["Content-Length: 5", "X-Up: yes"]) + "ten!!")
-            }
-            "/204" => Reply::keep(head("HTTP/1.1 204 No Content", &["X-Up: yes"])),
-            "/304" => Reply::keep(head(
-                "HTTP/1.1 304 Not Modified",
-                &["ETag: \"v1\"", "Content-Length: 13", "X-Up: yes"],
-            )),
-            "/head-cl" => Reply::keep(head(
-                "HTTP/1.1 200 OK",
-                &["Content-Length: 1234", "X-Up: yes"],
-            )),
-            "/head-chunked" => Reply::keep(head(
-                "HTTP/1.1 200 OK",
-                &["Transfer-Encoding: chunked", "X-Up: yes"],
-            )),
-            "/1xx" => Reply::keep(
-                head("HTTP/1.1 100 Continue", &[])
-                    + &head("HTTP/1.1 103 Early Hints", &["Link: </s.css>; rel=preload"])
-                    + &head("HTTP/1.1 200 OK", &["Content-Length: 5", "X-Up: yes"])
-                    + "final",
-            ),
-            "/hop" => Reply::keep(
-                head(
-                    "HTTP/1.1 200 OK",
-                    &[
-                        "Connection: x-secret, keep-alive",
-                        "X-Secret: s",
-                        "Keep-Alive: timeout=5",
-                        "Proxy-Connection: keep-alive",
-                        "X-Up: yes",
-                        "Content-Length: 2",
-                    ],
-                ) + "ok",
-            ),
-            "/reason" => Reply::keep(
-                head(
-                    "HTTP/1.1 299 Fine Thanks",
-                    &["Content-Length: 2", "X-Up: yes"],
-                ) + "ok",
-            ),
-            _ => echo(req),
+            v.extend_from_slice(&big_chunked_body().0);
+            Reply::keep(v)
         }
+        "/close10" => Reply::close(head("HTTP/1.0 200 OK", &["X-Up: yes"]) + "ends at close"),
+        "/close11" => Reply::close(
+            head("HTTP/1.1 200 OK", &["Connection: close", "X-Up: yes"]) + "ends at close",
+        ),
+        "/ten-cl" => {
+            Reply::close(head("HTTP/1.0 200 OK", &["Content-Length: 5", "X-Up: yes"]) + "ten!!")
+        }
+        "/204" => Reply::keep(head("HTTP/1.1 204 No Content", &["X-Up: yes"])),
+        "/304" => Reply::keep(head(
+            "HTTP/1.1 304 Not Modified",
+            &["ETag: \"v1\"", "Content-Length: 13", "X-Up: yes"],
+        )),
+        "/head-cl" => Reply::keep(head(
+            "HTTP/1.1 200 OK",
+            &["Content-Length: 1234", "X-Up: yes"],
+        )),
+        "/head-chunked" => Reply::keep(head(
+            "HTTP/1.1 200 OK",
+            &["Transfer-Encoding: chunked", "X-Up: yes"],
+        )),
+        "/1xx" => Reply::keep(
+            head("HTTP/1.1 100 Continue", &[])
+                + &head("HTTP/1.1 103 Early Hints", &["Link: </s.css>; rel=preload"])
+                + &head("HTTP/1.1 200 OK", &["Content-Length: 5", "X-Up: yes"])
+                + "final",
+        ),
+        "/hop" => Reply::keep(
+            head(
+                "HTTP/1.1 200 OK",
+                &[
+                    "Connection: x-secret, keep-alive",
+                    "X-Secret: s",
+                    "Keep-Alive: timeout=5",
+                    "Proxy-Connection: keep-alive",
+                    "X-Up: yes",
+                    "Content-Length: 2",
+                ],
+            ) + "ok",
+        ),
+        "/reason" => Reply::keep(
+            head(
+                "HTTP/1.1 299 Fine Thanks",
+                &["Content-Length: 2", "X-Up: yes"],
+            ) + "ok",
+        ),
+        _ => echo(req),
     })
 }
 
+/// How keel must frame a response body to the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Out {
+    /// `content-length`, the body as it is.
+    Length,
+    /// The endpoint's chunks passed through as they are to HTTP/1.1 clients; the data only,
+    /// until close, to HTTP/1.0 clients.
+    Chunks,
+    /// A body the endpoint ends by closing: chunked by keel to HTTP/1.1 clients (where the
+    /// chunks fall depends on reads: the data is checked), until close to HTTP/1.0 clients.
+    UntilClose,
+    /// No body.
+    Empty,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_response_framing_reaches_http11_and_http10_clients_intact() {
+async fn every_response_framing_reaches_http11_and_http10_clients_as_expected() {
     let up = Upstream::start(framing_handler()).await;
-    let (proxy, addrs) = start(two_paths(&[up.addr], "", "")).await;
-    let big: Vec<u8> = (0..100u8).flat_map(|i| vec![b'a' + i % 26; 1000]).collect();
-    // (path, method, body the client must decode, body length known without closing)
-    let cases: Vec<(&str, &str, Vec<u8>, bool)> = vec![
-        ("/cl", "GET", b"hello framing".to_vec(), true),
-        ("/chunked", "GET", b"hello world!".to_vec(), false),
-        ("/chunked-big", "GET", big, false),
-        ("/close10", "GET", b"ends at close".to_vec(), false),
-        ("/close11", "GET", b"ends at close".to_vec(), false),
-        ("/ten-cl", "GET", b"ten!!".to_vec(), true),
-        ("/204", "GET", Vec::new(), true),
-        ("/304", "GET", Vec::new(), true),
-        ("/head-cl", "HEAD", Vec::new(), true),
-        ("/head-chunked", "HEAD", Vec::new(), true),
-        ("/1xx", "GET", b"final".to_vec(), true),
-        ("/hop", "GET", b"ok".to_vec(), true),
-        ("/reason", "GET", b"ok".to_vec(), true),
+    let proxy = Proxy::start(&[up.addr], "", "").await;
+    let ep = up.ep();
+    let (big_raw, big) = big_chunked_body();
+    // (path, method, status line, the endpoint's headers keel keeps, framing, body data, body
+    // as the endpoint chunked it)
+    let ok = "HTTP/1.1 200 OK";
+    let x_up = "X-Up: yes\r\n";
+    let cases = vec![
+        (
+            "/cl",
+            "GET",
+            ok,
+            x_up,
+            Out::Length,
+            b"hello framing".to_vec(),
+            vec![],
+        ),
+        (
+            "/chunked",
+            "GET",
+            ok,
+            x_up,
+            Out::Chunks,
+            b"hello world!".to_vec(),
+            CHUNKED.into(),
+        ),
+        ("/chunked-big", "GET", ok, x_up, Out::Chunks, big, big_raw),
+        (
+            "/close10",
+            "GET",
+            ok,
+            x_up,
+            Out::UntilClose,
+            b"ends at close".to_vec(),
+            vec![],
+        ),
+        (
+            "/close11",
+            "GET",
+            ok,
+            x_up,
+            Out::UntilClose,
+            b"ends at close".to_vec(),
+            vec![],
+        ),
+        (
+            "/ten-cl",
+            "GET",
+            ok,
+            x_up,
+            Out::Length,
+            b"ten!!".to_vec(),
+            vec![],
+        ),
+        (
+            "/204",
+            "GET",
+            "HTTP/1.1 204 No Content",
+            x_up,
+            Out::Empty,
+            vec![],
+            vec![],
+        ),
+        (
+            "/304",
+            "GET",
+            "HTTP/1.1 304 Not Modified",
+            // RFC 9110 section 8.6: a 304 may keep the length of the response it stands for.
+            "ETag: \"v1\"\r\nContent-Length: 13\r\nX-Up: yes\r\n",
+            Out::Empty,
+            vec![],
+            vec![],
+        ),
+        (
+            "/head-cl",
+            "HEAD",
+            ok,
+            "Content-Length: 1234\r\nX-Up: yes\r\n",
+            Out::Empty,
+            vec![],
+            vec![],
+        ),
+        (
+            "/head-chunked",
+            "HEAD",
+            ok,
+            x_up,
+            Out::Empty,
+            vec![],
+            vec![],
+        ),
+        (
+            "/1xx",
+            "GET",
+            ok,
+            x_up,
+            Out::Length,
+            b"final".to_vec(),
+            vec![],
+        ),
+        ("/hop", "GET", ok, x_up, Out::Length, b"ok".to_vec(), vec![]),
+        (
+            "/reason",
+            "GET",
+            "HTTP/1.1 299 Fine Thanks",
+            x_up,
+            Out::Length,
+            b"ok".to_vec(),
+            vec![],
+        ),
     ];
+    assert_eq!(cases.len(), 13);
     let clients = [
         ("HTTP/1.1", ""),
         ("HTTP/1.0", "Connection: keep-alive\r\n"),
         ("HTTP/1.0", ""),
     ];
-    let mut differences = Vec::new();
+    let mut wrong = Vec::new();
     let mut figures = Vec::new();
-    for (path, method, body, known_length) in &cases {
-        for (version, extra) in clients {
-            let http10 = version == "HTTP/1.0";
-            let raw = format!("{method} {path} {version}\r\nHost: h\r\n{extra}\r\n");
-            let mut answers = Vec::new();
-            for (name, addr) in PATHS.iter().zip(addrs) {
-                let what = format!("{name}: {method} {path} {version} {extra:?}");
-                let (resp, open) = one_shot(addr, raw.as_bytes()).await;
-                let resp = resp.unwrap_or_else(|e| panic!("{what}: {e}"));
-                assert_eq!(&resp.body, body, "{what}: body\n{}", resp.normal());
-                assert_eq!(resp.header("x-up"), Some("yes"), "{what}");
-                assert!(resp.interim.is_empty(), "{what}: {:?}", resp.interim);
-                for hop in ["x-secret", "keep-alive", "proxy-connection", "trailer"] {
-                    assert!(resp.header(hop).is_none(), "{what}: `{hop}` forwarded");
+    for front in &proxy.fronts {
+        for (path, method, status_line, kept, out, body, chunks) in &cases {
+            for (version, extra) in clients {
+                let http10 = version == "HTTP/1.0";
+                if http10 && *out == Out::Chunks {
+                    // See a_chunked_response_reaches_an_http10_client_with_one_head.
+                    continue;
                 }
+                let what = format!("{}: {method} {path} {version} {extra:?}", front.name);
+                let raw = format!("{method} {path} {version}\r\nHost: h\r\n{extra}\r\n");
+                let (resp, open) = one_shot(front, raw.as_bytes()).await;
+                let resp = resp.unwrap_or_else(|e| panic!("{what}: {e}"));
                 // Keep-alive exactly when it is safe: always for HTTP/1.1 (a body without
                 // length is chunked), for HTTP/1.0 only if asked and the length is known.
-                // (Checked on the keel path; hyper's are compared with keel's below.)
-                let expect_open = !http10 || (!extra.is_empty() && *known_length);
-                if *name == "keel" {
-                    assert_eq!(
-                        open,
-                        Some(expect_open),
-                        "{what}: connection open?\n{}",
-                        resp.normal()
-                    );
-                }
-                match *path {
-                    _ if *name == "hyper" => {}
-                    "/304" => assert_eq!(resp.header("content-length"), Some("13"), "{what}"),
-                    "/head-cl" => {
-                        assert_eq!(resp.header("content-length"), Some("1234"), "{what}")
+                let streamed = matches!(out, Out::Chunks | Out::UntilClose);
+                let keep = !http10 || (!extra.is_empty() && !streamed);
+                let connection = match (keep, http10) {
+                    (false, _) => "connection: close\r\n",
+                    (true, true) => "connection: keep-alive\r\n",
+                    (true, false) => "",
+                };
+                let framing = match out {
+                    Out::Length => format!("content-length: {}\r\n", body.len()),
+                    Out::Chunks | Out::UntilClose if !http10 => {
+                        "transfer-encoding: chunked\r\n".to_string()
                     }
-                    "/reason" => {
-                        assert_eq!((resp.status, resp.reason.as_str()), (299, "Fine Thanks"))
-                    }
-                    "/204" => assert_eq!(resp.status, 204),
-                    _ => {}
+                    _ => String::new(),
+                };
+                let expected_head = format!(
+                    "{status_line}\r\n{kept}x-keel-endpoint: {ep}\r\n{framing}{connection}\r\n"
+                );
+                let expected_body: Option<&[u8]> = match out {
+                    Out::Chunks if !http10 => Some(chunks.as_slice()),
+                    Out::UntilClose if !http10 => None,
+                    _ => Some(body.as_slice()),
+                };
+                let mut expected = expected_head.clone().into_bytes();
+                expected.extend_from_slice(expected_body.unwrap_or_default());
+                let exact = expected_body.is_some();
+                if (exact && resp.raw != expected)
+                    || (!exact && resp.head_text() != expected_head)
+                    || &resp.body != body
+                {
+                    wrong.push(format!(
+                        "{what}: the client got\n{:?}\nexpected\n{:?}",
+                        resp.text(),
+                        String::from_utf8_lossy(&expected)
+                    ));
                 }
-                if *name == "keel" && *path == "/chunked" && !http10 {
-                    // Passed through as the endpoint chunked it.
-                    assert_eq!(resp.trailers, ["X-Sum: 42"], "{what}");
+                assert_eq!(open, Some(keep), "{what}: connection open?");
+                if *path == "/chunked" && !http10 {
+                    assert_eq!(resp.trailers, ["X-Sum: 42"], "{what}: trailers passed");
                 }
-                answers.push((resp, open));
+                if front.name == "plain" {
+                    figures.push(format!(
+                        "{method} {path} {version} {}: {:?} body, open {:?}",
+                        if extra.is_empty() { "" } else { "keep-alive" },
+                        resp.framing,
+                        open
+                    ));
+                }
             }
-            // Known difference: keel passes a chunked body's trailers through, hyper drops
-            // them when the client did not send `TE: trailers`.
-            let normal = |r: &Resp| {
-                let mut r = r.clone();
-                r.trailers.clear();
-                comparable(&r, http10)
-            };
-            let (k, h) = (&answers[0], &answers[1]);
-            // Known differences, where hyper closes a connection that could stay open (keel
-            // keeps it): the body of an HTTP/1.0 endpoint that ends by closing, to an
-            // HTTP/1.1 client (keel chunks it, hyper sends it close-delimited); an HTTP/1.0
-            // endpoint's response with a length, to an HTTP/1.0 keep-alive client.
-            let known = (*path == "/close10" && !http10)
-                || (*path == "/ten-cl" && http10 && !extra.is_empty());
-            if !known && (normal(&k.0) != normal(&h.0) || k.1 != h.1) {
-                differences.push(format!(
-                    "{method} {path} {version} {extra:?}\n--- keel (open {:?}):\n{}\n--- hyper (open {:?}):\n{}",
-                    k.1,
-                    normal(&k.0),
-                    h.1,
-                    normal(&h.0)
-                ));
-            }
-            figures.push(format!(
-                "{method} {path} {version} {}: {:?} body, open {:?}",
-                if extra.is_empty() { "" } else { "keep-alive" },
-                k.0.framing,
-                k.1
-            ));
         }
     }
-    eprintln!("response framings (keel path):\n  {}", figures.join("\n  "));
-    assert!(
-        differences.is_empty(),
-        "{} answers differ between the paths:\n\n{}",
-        differences.len(),
-        differences.join("\n\n")
+    eprintln!("response framings:\n  {}", figures.join("\n  "));
+    assert!(wrong.is_empty(), "{}", wrong.join("\n\n"));
+    assert_eq!(proxy.failures(), 0);
+    proxy.shutdown().await;
+}
+
+/// A chunked response to an HTTP/1.0 client: its data only, after one head, until the
+/// close. keel writes the response head again before every run of data it decodes
+/// (relay.rs, `relay_response`, `Framing::Chunked` when not `chunked_to_client`: `head` is
+/// cleared only after the inner loop), so the client reads the head, then the status line
+/// and headers again inside the body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "bug: a chunked response to an HTTP/1.0 client repeats the response head before each chunk's data (relay.rs)"]
+async fn a_chunked_response_reaches_an_http10_client_with_one_head() {
+    let up = Upstream::start(framing_handler()).await;
+    let proxy = Proxy::start(&[up.addr], "", "").await;
+    let ep = up.ep();
+    let (_, big) = big_chunked_body();
+    for front in &proxy.fronts {
+        for (path, data) in [("/chunked", &b"hello world!"[..]), ("/chunked-big", &big)] {
+            for extra in ["Connection: keep-alive\r\n", ""] {
+                let what = format!("{}: GET {path} HTTP/1.0 {extra:?}", front.name);
+                let raw = format!("GET {path} HTTP/1.0\r\nHost: h\r\n{extra}\r\n");
+                let (resp, open) = one_shot(front, raw.as_bytes()).await;
+                let resp = resp.unwrap_or_else(|e| panic!("{what}: {e}"));
+                let mut expected = format!(
+                    "HTTP/1.1 200 OK\r\nX-Up: yes\r\nx-keel-endpoint: {ep}\r\nconnection: close\r\n\r\n"
+                )
+                .into_bytes();
+                expected.extend_from_slice(data);
+                assert!(
+                    resp.raw == expected,
+                    "{what}: the client got {} bytes, {} expected; they start\n{:?}",
+                    resp.raw.len(),
+                    expected.len(),
+                    &resp.text()[..resp.text().len().min(300)]
+                );
+                assert_eq!(open, Some(false), "{what}");
+            }
+        }
+    }
+    proxy.shutdown().await;
+}
+
+/// RFC 9110 section 6.6.1: "A recipient with a clock that receives a response message
+/// without a Date header field MUST record the time it was received and append a
+/// corresponding Date header field to the message's header section if it is cached or
+/// forwarded downstream." keel forwards an endpoint's response without `Date` as it is
+/// (its own answers carry one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "bug: a forwarded response without Date gets none (RFC 9110 section 6.6.1: a proxy with a clock MUST add one)"]
+async fn a_forwarded_response_without_date_gets_one() {
+    let up = Upstream::start(framing_handler()).await;
+    let proxy = Proxy::start(&[up.addr], "", "").await;
+    for front in &proxy.fronts {
+        let (resp, _) = one_shot(front, b"GET /cl HTTP/1.1\r\nHost: h\r\n\r\n").await;
+        let resp = resp.unwrap();
+        assert!(
+            resp.header("date").is_some(),
+            "{}: {:?}",
+            front.name,
+            resp.text()
+        );
+        masked_date(&resp.raw);
+    }
+    proxy.shutdown().await;
+}
+
+/// RFC 9112 section 6.3: a response with both `Transfer-Encoding: chunked` and
+/// `Content-Length` is delimited by the chunks; an intermediary that forwards it must drop the
+/// `Content-Length` (a stale one beside the chunks would desynchronise the client).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_with_content_length_and_chunked_is_delimited_by_the_chunks() {
+    let handler: Handler = Arc::new(|_: &Seen| {
+        Reply::keep(
+            head(
+                "HTTP/1.1 200 OK",
+                &["Content-Length: 50", "Transfer-Encoding: chunked"],
+            ) + "2\r\nok\r\n0\r\n\r\n",
+        )
+    });
+    let up = Upstream::start(handler).await;
+    let proxy = Proxy::start(&[up.addr], "", "").await;
+    let expected = format!(
+        "HTTP/1.1 200 OK\r\nx-keel-endpoint: {}\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+        up.ep()
     );
-    proxy.shutdown(Duration::from_secs(1)).await;
+    for front in &proxy.fronts {
+        let mut c = front.connect().await;
+        for _ in 0..2 {
+            c.send(b"GET /both HTTP/1.1\r\nHost: h\r\n\r\n").await;
+            let r = c
+                .response(false, false)
+                .await
+                .unwrap_or_else(|e| panic!("{}: {e}", front.name));
+            assert_eq!(r.text(), expected, "{}", front.name);
+        }
+    }
+    proxy.shutdown().await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1051,9 +1608,11 @@ async fn every_response_framing_reaches_http11_and_http10_clients_intact() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_requests_are_answered_in_order() {
     let up = Upstream::start(framing_handler()).await;
-    let (proxy, addrs) = start(two_paths(&[up.addr], "", "")).await;
-    for (name, addr) in PATHS.iter().zip(addrs) {
-        let mut c = Client::connect(addr).await;
+    let proxy = Proxy::start(&[up.addr], "", "").await;
+    let ep = up.ep();
+    for front in &proxy.fronts {
+        let name = front.name;
+        let mut c = front.connect().await;
         c.send(
             b"GET /cl HTTP/1.1\r\nHost: h\r\n\r\n\
               HEAD /head-cl HTTP/1.1\r\nHost: h\r\n\r\n\
@@ -1065,55 +1624,103 @@ async fn pipelined_requests_are_answered_in_order() {
               GET /cl HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
         )
         .await;
-        let expected: [(bool, u16, &[u8]); 8] = [
-            (false, 200, b"hello framing"),
-            (true, 200, b""),
-            (false, 200, b"POST /echo-post HTTP/1.1\n"),
-            (false, 200, b"hello world!"),
-            (false, 204, b""),
-            (true, 200, b""),
-            (false, 200, b"ends at close"),
-            (false, 200, b"hello framing"),
+        let echo = format!(
+            "POST /echo-post HTTP/1.1\r\nHost: h\r\n{}content-length: 3\r\n\r\nabc",
+            forwarded(front.proto(), Some("h"))
+        );
+        let x = format!("x-keel-endpoint: {ep}\r\n");
+        let expected: [(bool, String); 8] = [
+            (
+                false,
+                String::from_utf8(ok_with_forwarded(&ep, b"hello framing", "")).unwrap(),
+            ),
+            (
+                true,
+                format!("HTTP/1.1 200 OK\r\nContent-Length: 1234\r\nX-Up: yes\r\n{x}\r\n"),
+            ),
+            (
+                false,
+                String::from_utf8(echo_forwarded(&ep, echo.as_bytes(), false, "")).unwrap(),
+            ),
+            (
+                false,
+                format!("HTTP/1.1 200 OK\r\nX-Up: yes\r\n{x}transfer-encoding: chunked\r\n\r\n{CHUNKED}"),
+            ),
+            (false, format!("HTTP/1.1 204 No Content\r\nX-Up: yes\r\n{x}\r\n")),
+            (
+                true,
+                format!("HTTP/1.1 200 OK\r\nContent-Length: 13\r\nX-Up: yes\r\n{x}\r\n"),
+            ),
+            // Chunked by keel (where the chunks fall depends on reads): the head is checked.
+            (
+                false,
+                format!("HTTP/1.1 200 OK\r\nX-Up: yes\r\n{x}transfer-encoding: chunked\r\n\r\n"),
+            ),
+            (
+                false,
+                String::from_utf8(ok_with_forwarded(&ep, b"hello framing", "close")).unwrap(),
+            ),
         ];
-        for (i, (head_req, status, body)) in expected.iter().enumerate() {
+        for (i, (head_req, bytes)) in expected.iter().enumerate() {
             let r = c
                 .response(*head_req, false)
                 .await
                 .unwrap_or_else(|e| panic!("{name}: response {i}: {e}"));
-            assert_eq!(r.status, *status, "{name}: response {i}");
-            assert!(
-                r.body.starts_with(body),
-                "{name}: response {i}: {}",
-                r.normal()
-            );
-            if i == 2 {
-                let text = String::from_utf8_lossy(&r.body).into_owned();
-                assert!(text.ends_with("body-length: 3\n"), "{name}: {text}");
-            }
-            if i == 5 {
-                assert_eq!(r.header("content-length"), Some("13"), "{name}: HEAD /cl");
+            if i == 6 {
+                assert_eq!(r.head_text(), *bytes, "{name}: response {i}");
+                assert_eq!(r.body, b"ends at close", "{name}: response {i}");
+            } else {
+                assert_eq!(r.text(), *bytes, "{name}: response {i}");
             }
         }
         assert!(c.closes().await, "{name}: closed after `Connection: close`");
     }
-    proxy.shutdown(Duration::from_secs(1)).await;
+    proxy.shutdown().await;
 }
 
 // ---------------------------------------------------------------------------------------
-// 4. Requests the keel path hands to hyper, in the middle of a connection.
+// 4. Request bodies that stream (chunked, or over 64 KiB) and `Expect: 100-continue`.
+
+/// The request head keel sends upstream for a request with only `Host: h`, then `framing`
+/// (e.g. `content-length: 5`).
+fn up_head(method: &str, path: &str, proto: &str, framing: &str) -> String {
+    format!(
+        "{method} {path} HTTP/1.1\r\nHost: h\r\n{}{framing}\r\n\r\n",
+        forwarded(proto, Some("h"))
+    )
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_handed_to_hyper_mid_way_keeps_being_served() {
+async fn chunked_and_large_request_bodies_stream_through_keel_s_path() {
     let up = Upstream::start(framing_handler()).await;
-    let (proxy, addrs) = start(two_paths(&[up.addr], "", "")).await;
-    let chunked_post = b"POST /chunked-up HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6;x=y\r\n world\r\n0\r\n\r\n";
+    let proxy = Proxy::start(&[up.addr], "", "").await;
+    let ep = up.ep();
+    // Extensions and a trailer: keel decodes the chunks and frames the data again.
+    let chunked_post = b"POST /chunked-up HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6;x=y\r\n world\r\n0\r\nX-T: 1\r\n\r\n";
     let large = format!(
         "POST /large-up HTTP/1.1\r\nHost: h\r\nContent-Length: 100000\r\n\r\n{}",
         "z".repeat(100_000)
     );
-    for (name, addr) in PATHS.iter().zip(addrs) {
-        // One at a time: GET (keel), chunked POST (handed off), GET, large POST, GET.
-        let mut c = Client::connect(addr).await;
+    // A chunked body of 200 KB in 2000-byte chunks.
+    let big_chunked: Vec<u8> = {
+        let mut v =
+            b"PUT /big-chunked HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        for i in 0..100u8 {
+            v.extend_from_slice(b"7d0\r\n");
+            v.extend_from_slice(&[b'A' + i % 26; 2000]);
+            v.extend_from_slice(b"\r\n");
+        }
+        v.extend_from_slice(b"0\r\n\r\n");
+        v
+    };
+    let big_data: Vec<u8> = (0..100u8).flat_map(|i| [b'A' + i % 26; 2000]).collect();
+    let echo_len = |r: &Resp| r.header("content-length").map(str::to_string);
+    for front in &proxy.fronts {
+        let name = front.name;
+        let p = front.proto();
+        let from = up.seen().len();
+        // One at a time on one connection: GET, chunked POST, GET, large POST, chunked PUT, GET.
+        let mut c = front.connect().await;
         c.send(b"GET /cl HTTP/1.1\r\nHost: h\r\n\r\n").await;
         assert_eq!(
             c.response(false, false).await.unwrap().body,
@@ -1121,11 +1728,7 @@ async fn a_connection_handed_to_hyper_mid_way_keeps_being_served() {
         );
         c.send(chunked_post).await;
         let r = c.response(false, false).await.unwrap();
-        let text = String::from_utf8_lossy(&r.body).into_owned();
-        assert!(
-            text.starts_with("POST /chunked-up HTTP/1.1\n") && text.ends_with("body-length: 11\n"),
-            "{name}: {text}"
-        );
+        assert_eq!(r.status, 200, "{name}");
         c.send(b"GET /chunked HTTP/1.1\r\nHost: h\r\n\r\n").await;
         assert_eq!(
             c.response(false, false).await.unwrap().body,
@@ -1133,96 +1736,244 @@ async fn a_connection_handed_to_hyper_mid_way_keeps_being_served() {
         );
         c.send(large.as_bytes()).await;
         let r = c.response(false, false).await.unwrap();
-        let text = String::from_utf8_lossy(&r.body).into_owned();
-        assert!(text.ends_with("body-length: 100000\n"), "{name}: {text}");
+        assert_eq!(r.status, 200, "{name}");
+        assert_eq!(
+            echo_len(&r),
+            Some(
+                (up_head("POST", "/large-up", p, "content-length: 100000").len() + 100_000)
+                    .to_string()
+            ),
+            "{name}"
+        );
+        c.send(&big_chunked).await;
+        let r = c.response(false, false).await.unwrap();
+        assert_eq!(r.status, 200, "{name}");
         c.send(b"GET /cl HTTP/1.1\r\nHost: h\r\n\r\n").await;
         assert_eq!(
-            c.response(false, false).await.unwrap().body,
-            b"hello framing"
+            c.response(false, false).await.unwrap().raw,
+            ok_with_forwarded(&ep, b"hello framing", "")
         );
 
-        // Either side of the largest body the keel path reads whole (64 KiB).
+        let saw = up.seen_since(from);
+        let paths: Vec<&str> = saw.iter().map(Seen::path).collect();
+        assert_eq!(
+            paths,
+            [
+                "/cl",
+                "/chunked-up",
+                "/chunked",
+                "/large-up",
+                "/big-chunked",
+                "/cl"
+            ],
+            "{name}"
+        );
+        // The chunked body: the head as expected, the data re-chunked without the client's
+        // extensions and trailer.
+        let up_chunked = &saw[1];
+        assert_eq!(
+            up_chunked.head_text(),
+            up_head("POST", "/chunked-up", p, "transfer-encoding: chunked"),
+            "{name}"
+        );
+        assert!(up_chunked.chunked, "{name}");
+        assert_eq!(up_chunked.body, b"hello world", "{name}");
+        assert!(up_chunked.trailers.is_empty(), "{name}: trailers forwarded");
+        let sizes = chunk_size_lines(&up_chunked.body_raw);
+        assert!(
+            sizes.iter().all(|l| !l.contains(';')) && sizes.last().map(String::as_str) == Some("0"),
+            "{name}: chunk lines {sizes:?}"
+        );
+        // Over 64 KiB with a length: forwarded with its length, every byte.
+        let up_large = &saw[3];
+        assert_eq!(
+            up_large.head_text(),
+            up_head("POST", "/large-up", p, "content-length: 100000"),
+            "{name}"
+        );
+        assert!(up_large.body == "z".repeat(100_000).as_bytes(), "{name}");
+        // A chunked body over 64 KiB: re-chunked, every byte.
+        let up_big = &saw[4];
+        assert_eq!(
+            up_big.head_text(),
+            up_head("PUT", "/big-chunked", p, "transfer-encoding: chunked"),
+            "{name}"
+        );
+        assert!(
+            up_big.chunked && up_big.body == big_data,
+            "{name}: {} bytes",
+            up_big.body.len()
+        );
+
+        // Either side of the largest body keel reads whole before forwarding (64 KiB): both
+        // forwarded with their length, and the connection serves the next request.
         for n in [65_536, 65_537] {
-            let mut c = Client::connect(addr).await;
+            let mut c = front.connect().await;
             for _ in 0..2 {
+                let from = up.seen().len();
                 let req = format!(
                     "PUT /edge HTTP/1.1\r\nHost: h\r\nContent-Length: {n}\r\n\r\n{}",
                     "e".repeat(n)
                 );
                 c.send(req.as_bytes()).await;
                 let r = c.response(false, false).await.unwrap();
-                let text = String::from_utf8_lossy(&r.body).into_owned();
-                assert!(
-                    text.ends_with(&format!("body-length: {n}\n")),
-                    "{name}: {text}"
+                assert_eq!(r.status, 200, "{name} {n}");
+                let saw = up.seen_since(from);
+                assert_eq!(
+                    saw[0].head_text(),
+                    up_head("PUT", "/edge", p, &format!("content-length: {n}")),
+                    "{name} {n}"
                 );
+                assert!(saw[0].body == "e".repeat(n).as_bytes(), "{name} {n}");
             }
         }
 
-        // The same, pipelined in one write: the handoff takes the bytes already read.
-        let mut c = Client::connect(addr).await;
+        // Trickled a few bytes at a time: chunk sizes, data and the end split across reads.
+        let mut c = front.connect().await;
+        let from = up.seen().len();
+        for piece in chunked_post.chunks(3) {
+            c.send(piece).await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let r = c.response(false, false).await.unwrap();
+        assert_eq!(r.status, 200, "{name}: trickled");
+        let saw = up.seen_since(from);
+        assert_eq!(
+            (saw[0].head_text(), saw[0].body.as_slice()),
+            (
+                up_head("POST", "/chunked-up", p, "transfer-encoding: chunked"),
+                &b"hello world"[..]
+            ),
+            "{name}: trickled"
+        );
+
+        // The same, pipelined in one write: the chunked body's end is where the next request
+        // starts.
+        let mut c = front.connect().await;
         let mut all = b"GET /cl HTTP/1.1\r\nHost: h\r\n\r\n".to_vec();
         all.extend_from_slice(chunked_post);
+        all.extend_from_slice(large.as_bytes());
         all.extend_from_slice(b"GET /cl HTTP/1.1\r\nHost: h\r\n\r\n");
+        let from = up.seen().len();
         c.send(&all).await;
-        for i in 0..3 {
+        for i in 0..4 {
             let r = c
                 .response(false, false)
                 .await
                 .unwrap_or_else(|e| panic!("{name}: pipelined {i}: {e}"));
             assert_eq!(r.status, 200, "{name}: pipelined {i}");
-            if i == 1 {
-                assert!(r.body.ends_with(b"body-length: 11\n"), "{name}");
-            } else {
+            if i == 0 || i == 3 {
                 assert_eq!(r.body, b"hello framing", "{name}: pipelined {i}");
             }
         }
+        let saw = up.seen_since(from);
+        assert_eq!(saw[1].body, b"hello world", "{name}");
+        assert_eq!(saw[2].body.len(), 100_000, "{name}");
+    }
+    assert_eq!(proxy.failures(), 0);
+    proxy.shutdown().await;
+}
 
-        // `Expect: 100-continue`: the client waits for the interim answer, then sends.
-        let mut c = Client::connect(addr).await;
-        c.send(b"GET /cl HTTP/1.1\r\nHost: h\r\n\r\n").await;
-        assert_eq!(c.response(false, false).await.unwrap().status, 200);
-        c.send(
-            b"PUT /expect HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n",
-        )
-        .await;
-        while !c.buf.windows(4).any(|w| w == b"\r\n\r\n") {
-            assert!(
-                c.fill().await.unwrap(),
-                "{name}: closed before 100 Continue"
+/// keel answers `Expect: 100-continue` itself (`HTTP/1.1 100 Continue` before it reads the
+/// body, whether it reads the body whole or streams it) and does not forward `Expect`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expect_100_continue_is_answered_by_keel_before_the_body_is_read() {
+    let up = Upstream::start(echo_handler()).await;
+    let proxy = Proxy::start(&[up.addr], "", "").await;
+    let ep = up.ep();
+    let big = "c".repeat(100_000);
+    // (what, head, body sent after the 100, upstream framing line, upstream body data)
+    let cases = [
+        (
+            "read whole",
+            "Content-Length: 5\r\n",
+            b"12345".to_vec(),
+            "content-length: 5",
+            b"12345".to_vec(),
+        ),
+        (
+            "over 64 KiB, streamed",
+            "Content-Length: 100000\r\n",
+            big.clone().into_bytes(),
+            "content-length: 100000",
+            big.clone().into_bytes(),
+        ),
+        (
+            "chunked, streamed",
+            "Transfer-Encoding: chunked\r\n",
+            b"3\r\nabc\r\n0\r\n\r\n".to_vec(),
+            "transfer-encoding: chunked",
+            b"abc".to_vec(),
+        ),
+    ];
+    for front in &proxy.fronts {
+        let name = front.name;
+        let mut c = front.connect().await;
+        for (what, framing, body, up_framing, up_body) in &cases {
+            let from = up.seen().len();
+            c.send(
+                format!("PUT /expect HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\n{framing}\r\n")
+                    .as_bytes(),
+            )
+            .await;
+            let interim = c.read_exactly(25).await.unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&interim),
+                "HTTP/1.1 100 Continue\r\n\r\n",
+                "{name}, {what}"
+            );
+            c.send(body).await;
+            let r = c.response(false, false).await.unwrap();
+            assert!(r.interim.is_empty(), "{name}, {what}: a second 100");
+            let saw = up.seen_since(from);
+            assert_eq!(
+                saw[0].head_text(),
+                up_head("PUT", "/expect", front.proto(), up_framing),
+                "{name}, {what}: Expect must not be forwarded"
+            );
+            assert!(saw[0].body == *up_body, "{name}, {what}");
+            assert_eq!(r.status, 200, "{name}, {what}");
+            assert_eq!(
+                r.raw,
+                echo_forwarded(&ep, &saw[0].raw(), false, ""),
+                "{name}, {what}"
             );
         }
-        assert!(
-            c.buf.starts_with(b"HTTP/1.1 100 Continue\r\n"),
-            "{name}: {:?}",
-            String::from_utf8_lossy(&c.buf)
-        );
-        c.send(b"12345").await;
-        let r = c.response(false, false).await.unwrap();
-        assert_eq!(r.interim, [100], "{name}");
-        assert!(r.body.ends_with(b"body-length: 5\n"), "{name}");
     }
-    let seen = up.seen();
-    let chunked_bodies: Vec<&Seen> = seen.iter().filter(|s| s.path() == "/chunked-up").collect();
-    assert_eq!(chunked_bodies.len(), 4);
-    assert!(chunked_bodies.iter().all(|s| s.body == b"hello world"));
-    proxy.shutdown(Duration::from_secs(1)).await;
+    proxy.shutdown().await;
+}
+
+/// RFC 9110 section 10.1.1: "A server that receives a 100-continue expectation in an
+/// HTTP/1.0 request MUST ignore that expectation", and section 15.2: "A server MUST NOT send
+/// a 1xx response to an HTTP/1.0 client." keel sends `HTTP/1.1 100 Continue` to an HTTP/1.0
+/// client that sent `Expect: 100-continue` (conn.rs and relay.rs check `expect_continue`,
+/// which request.rs sets whatever the version).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "bug: an HTTP/1.0 request's Expect: 100-continue gets an interim 100 (RFC 9110 sections 10.1.1 and 15.2 forbid it)"]
+async fn an_http10_client_s_expect_is_ignored() {
+    let up = Upstream::start(echo_handler()).await;
+    let proxy = Proxy::start(&[up.addr], "", "").await;
+    for front in &proxy.fronts {
+        let mut c = front.connect().await;
+        c.send(b"PUT /expect10 HTTP/1.0\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+            .await;
+        // An HTTP/1.0 client does not wait: it sends its body a moment later.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        c.send(b"12345").await;
+        let r = c.response(false, true).await;
+        let r = r.unwrap_or_else(|e| panic!("{}: {e}", front.name));
+        assert_eq!(r.status, 200, "{}", front.name);
+    }
+    proxy.shutdown().await;
 }
 
 // ---------------------------------------------------------------------------------------
 // 5. Pooled upstream connections.
 
-/// GETs `path` `n` times on one client connection, `gap` apart; every answer must be a 200
-/// with `body`.
-async fn sequential(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    n: usize,
-    gap: Duration,
-    body: &[u8],
-) {
-    let mut c = Client::connect(addr).await;
+/// Sends `method path` `n` times on one client connection, `gap` apart; every answer must
+/// be a 200 with `body`.
+async fn sequential(front: &Front, method: &str, path: &str, n: usize, gap: Duration, body: &[u8]) {
+    let mut c = front.connect().await;
     for i in 0..n {
         let req = if method == "POST" {
             format!("POST {path} HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n\r\ndata")
@@ -1233,12 +1984,13 @@ async fn sequential(
         let r = c
             .response(false, false)
             .await
-            .unwrap_or_else(|e| panic!("{addr} {method} {path} #{i}: {e}"));
+            .unwrap_or_else(|e| panic!("{} {method} {path} #{i}: {e}", front.name));
         assert_eq!(
             (r.status, r.body.as_slice()),
             (200, body),
-            "{addr} {method} {path} #{i}: {}",
-            r.normal()
+            "{} {method} {path} #{i}: {}",
+            front.name,
+            r.text()
         );
         tokio::time::sleep(gap).await;
     }
@@ -1255,21 +2007,31 @@ async fn upstream_connections_are_reused_and_closed_ones_are_not_an_error() {
         ),
         // Closes without saying so.
         "/bye-silent" => Reply::close(head("HTTP/1.1 200 OK", &["Content-Length: 3"]) + "bye"),
+        // Sends more than its Content-Length: what follows must never be taken for the next
+        // request's response.
+        "/extra" => Reply::keep(
+            head("HTTP/1.1 200 OK", &["Content-Length: 2"])
+                + "ok"
+                + &head("HTTP/1.1 200 OK", &["Content-Length: 5"])
+                + "stale",
+        ),
         _ => Reply::keep(ok_with(b"kept")),
     });
-    let up = Upstream::start(handler).await;
-    let (proxy, addrs) = start(two_paths(&[up.addr], "", "")).await;
     let mut figures = Vec::new();
-    for (name, addr) in PATHS.iter().zip(addrs) {
+    // A proxy of its own for each listener: one pool per endpoint, whatever the listener.
+    for f in 0..2 {
+        let up = Upstream::start(handler.clone()).await;
+        let proxy = Proxy::start(&[up.addr], "", "").await;
+        let front = &proxy.fronts[f];
+        let name = front.name;
         // Sequential requests on one client connection, then on new client connections:
         // one upstream connection for all of them.
-        let before = up.accepts.load(SeqCst);
-        sequential(addr, "GET", "/keep", 10, Duration::ZERO, b"kept").await;
+        sequential(front, "GET", "/keep", 10, Duration::ZERO, b"kept").await;
         for _ in 0..3 {
-            sequential(addr, "GET", "/keep", 1, Duration::ZERO, b"kept").await;
+            sequential(front, "GET", "/keep", 1, Duration::ZERO, b"kept").await;
         }
-        sequential(addr, "POST", "/keep", 5, Duration::ZERO, b"kept").await;
-        let used = up.accepts.load(SeqCst) - before;
+        sequential(front, "POST", "/keep", 5, Duration::ZERO, b"kept").await;
+        let used = up.accepts.load(SeqCst);
         assert_eq!(
             used, 1,
             "{name}: 18 sequential requests used {used} upstream connections"
@@ -1278,8 +2040,8 @@ async fn upstream_connections_are_reused_and_closed_ones_are_not_an_error() {
         // An upstream that closes after each response: no client error, one connection each.
         for path in ["/bye", "/bye-silent"] {
             let before = up.accepts.load(SeqCst);
-            sequential(addr, "GET", path, 10, Duration::from_millis(20), b"bye").await;
-            sequential(addr, "POST", path, 5, Duration::from_millis(20), b"bye").await;
+            sequential(front, "GET", path, 10, Duration::from_millis(20), b"bye").await;
+            sequential(front, "POST", path, 5, Duration::from_millis(20), b"bye").await;
             let used = up.accepts.load(SeqCst) - before;
             // The first `/bye` goes on the connection kept from `/keep`.
             let new = if path == "/bye" { 14 } else { 15 };
@@ -1290,13 +2052,27 @@ async fn upstream_connections_are_reused_and_closed_ones_are_not_an_error() {
         }
         // Back to back: a GET may meet a connection whose close is still in flight; it is
         // sent again on a new one, never answered with an error.
-        sequential(addr, "GET", "/bye-silent", 20, Duration::ZERO, b"bye").await;
+        sequential(front, "GET", "/bye-silent", 20, Duration::ZERO, b"bye").await;
+
+        // Bytes beyond a response's length: that connection is not reused.
+        let before = up.accepts.load(SeqCst);
+        let mut c = front.connect().await;
+        for (path, body) in [
+            ("/extra", &b"ok"[..]),
+            ("/keep", b"kept"),
+            ("/keep", b"kept"),
+        ] {
+            c.send(format!("GET {path} HTTP/1.1\r\nHost: h\r\n\r\n").as_bytes())
+                .await;
+            let r = c.response(false, false).await.unwrap();
+            assert_eq!(r.body, body, "{name} {path}: {}", r.text());
+        }
+        assert_eq!(up.accepts.load(SeqCst) - before, 2, "{name}");
+        assert_eq!(proxy.failures(), 0, "{name}");
         figures.push(format!("{name}: 1 upstream connection for 18 requests"));
+        proxy.shutdown().await;
     }
-    let st = proxy.cluster_status("app").unwrap();
-    assert_eq!(st[0].failures, 0, "{st:?}");
     eprintln!("{}", figures.join("; "));
-    proxy.shutdown(Duration::from_secs(1)).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1333,19 +2109,23 @@ async fn a_large_response_streams_whole_and_a_cut_one_is_never_complete() {
         }
     });
     let up = Upstream::start(handler).await;
-    let (proxy, addrs) = start(two_paths(&[up.addr], "", "")).await;
-    let failures = || proxy.cluster_status("app").unwrap()[0].failures;
-    for (name, addr) in PATHS.iter().zip(addrs) {
-        let mut c = Client::connect(addr).await;
+    let proxy = Proxy::start(&[up.addr], "", "").await;
+    let ep = up.ep();
+    for front in &proxy.fronts {
+        let name = front.name;
+        let mut c = front.connect().await;
         for _ in 0..2 {
             c.send(b"GET /big HTTP/1.1\r\nHost: h\r\n\r\n").await;
             let r = c.response(false, false).await.unwrap();
-            assert_eq!(r.framing, BodyFraming::Length, "{name}");
-            assert!(r.body == big_body(), "{name}: the 300 KB body differs");
+            assert!(
+                r.raw == ok_with_forwarded(&ep, &big_body(), ""),
+                "{name}: the 300 KB response differs: {}",
+                r.head_text()
+            );
         }
         for (path, framing) in [("/big-cut", "Content-Length"), ("/chunked-cut", "chunked")] {
-            let before = failures();
-            let mut c = Client::connect(addr).await;
+            let before = proxy.failures();
+            let mut c = front.connect().await;
             let start = Instant::now();
             c.send(format!("GET {path} HTTP/1.1\r\nHost: h\r\n\r\n").as_bytes())
                 .await;
@@ -1359,150 +2139,280 @@ async fn a_large_response_streams_whole_and_a_cut_one_is_never_complete() {
             }
             assert!(start.elapsed() < Duration::from_secs(2), "{name} {path}");
             assert!(
-                crate::support::eventually(Duration::from_secs(2), || failures() == before + 1)
-                    .await,
+                crate::support::eventually(Duration::from_secs(2), || proxy.failures()
+                    == before + 1)
+                .await,
                 "{name} {path}: endpoint failures {before} -> {}",
-                failures()
+                proxy.failures()
             );
         }
         // A client that goes away in the middle of the body is not the endpoint's failure.
-        let before = failures();
-        let mut c = Client::connect(addr).await;
+        let before = proxy.failures();
+        let mut c = front.connect().await;
         c.send(b"GET /big HTTP/1.1\r\nHost: h\r\n\r\n").await;
         assert!(c.fill().await.unwrap(), "{name}: no answer to /big");
         drop(c);
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(
-            failures(),
+            proxy.failures(),
             before,
             "{name}: a client gone mid-body blamed the endpoint"
         );
+        // A client that goes away in the middle of its request body (read whole, or
+        // streamed): not the endpoint's failure, and a body read whole is never forwarded.
+        for (path, length) in [("/gone-inline", 50_000), ("/gone-streamed", 200_000)] {
+            let before = proxy.failures();
+            let mut c = front.connect().await;
+            c.send(
+                format!("PUT {path} HTTP/1.1\r\nHost: h\r\nContent-Length: {length}\r\n\r\n")
+                    .as_bytes(),
+            )
+            .await;
+            c.send(&vec![b'g'; 20_000]).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            drop(c);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert_eq!(
+                proxy.failures(),
+                before,
+                "{name} {path}: a client gone mid-request-body blamed the endpoint"
+            );
+            assert!(
+                !up.seen_paths().iter().any(|p| p.starts_with("/gone")),
+                "{name} {path}: an incomplete request was forwarded whole"
+            );
+        }
         // The proxy is fine afterwards.
-        sequential(addr, "GET", "/small", 2, Duration::ZERO, b"small").await;
+        sequential(front, "GET", "/small", 2, Duration::ZERO, b"small").await;
     }
-    proxy.shutdown(Duration::from_secs(1)).await;
+    proxy.shutdown().await;
 }
 
 // ---------------------------------------------------------------------------------------
-// 7. Limits and timeouts.
+// 7. Refusals, limits and timeouts.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_are_delivered_and_close_the_connection() {
     let up = Upstream::start(framing_handler()).await;
-    let (proxy, addrs) = start(two_paths(
+    let proxy = Proxy::start(
         &[up.addr],
         "max_request_body_bytes = 1024\nmax_header_bytes = 10000\nmax_headers = 20",
         "",
-    ))
+    )
     .await;
     let big_body = format!(
         "POST /too-big HTTP/1.1\r\nHost: h\r\nContent-Length: 200000\r\n\r\n{}",
         "b".repeat(200_000)
     );
-    let at_limit = format!(
-        "POST /at-limit HTTP/1.1\r\nHost: h\r\nContent-Length: 1024\r\n\r\n{}",
-        "b".repeat(1024)
+    let big_chunked = format!(
+        "POST /too-big-chunked HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n{}0\r\n\r\n",
+        format!("200\r\n{}\r\n", "c".repeat(512)).repeat(4)
     );
     let many: String = (0..25).map(|i| format!("X-H{i}: v\r\n")).collect();
-    let many_headers = format!("GET /many HTTP/1.1\r\nHost: h\r\n{many}\r\n");
     let after = "GET /smuggled HTTP/1.1\r\nHost: h\r\n\r\n";
-    // (name, bytes, status; the connection closes after each refusal, and what followed
-    // the refused request is never forwarded)
-    let corpus: Vec<(&str, String, u16)> = vec![
+    // (what, bytes, status line, cause; the connection closes after each refusal, and what
+    // followed the refused request is never forwarded)
+    let corpus: Vec<(&str, String, &str, &str)> = vec![
         (
             "Content-Length over the body limit, body sent",
             big_body.clone(),
-            413,
+            "HTTP/1.1 413 Payload Too Large",
+            "request body larger than max_request_body_bytes",
         ),
         (
             "Content-Length over the body limit, no body",
             "POST /too-big HTTP/1.1\r\nHost: h\r\nContent-Length: 5000\r\n\r\n".into(),
-            413,
+            "HTTP/1.1 413 Payload Too Large",
+            "request body larger than max_request_body_bytes",
         ),
-        ("more than max_headers", many_headers + after, 431),
+        (
+            "chunked body over the body limit",
+            big_chunked + after,
+            "HTTP/1.1 413 Payload Too Large",
+            "request body larger than max_request_body_bytes",
+        ),
+        (
+            "more than max_headers",
+            format!("GET /many HTTP/1.1\r\nHost: h\r\n{many}\r\n{after}"),
+            "HTTP/1.1 431 Request Header Fields Too Large",
+            "more request headers than max_headers",
+        ),
         (
             "malformed header",
             format!("GET /bad HTTP/1.1\r\nHost: h\r\nBad Name: v\r\n\r\n{after}"),
-            400,
+            "HTTP/1.1 400 Bad Request",
+            "malformed request head",
         ),
         (
             "invalid Content-Length",
             format!("POST /bad-cl HTTP/1.1\r\nHost: h\r\nContent-Length: 1x\r\n\r\n{after}"),
-            400,
+            "HTTP/1.1 400 Bad Request",
+            "invalid Content-Length",
         ),
         // RFC 9112 section 3.2 (HTTP/1.0 without Host and absolute form without Host are
-        // forwarded: the differential corpus has them).
+        // forwarded: the corpus has them).
         (
             "HTTP/1.1 without Host",
             format!("GET /no-host HTTP/1.1\r\nAccept: */*\r\n\r\n{after}"),
-            400,
+            "HTTP/1.1 400 Bad Request",
+            "Host header missing (required since HTTP/1.1)",
         ),
         (
             "two Host headers",
             format!("GET /two-hosts HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n{after}"),
-            400,
+            "HTTP/1.1 400 Bad Request",
+            "more than one Host header",
+        ),
+        // RFC 9112 section 6.3: a request smuggling vector, refused (as NGINX does).
+        (
+            "Content-Length then Transfer-Encoding",
+            format!("POST /cl-te HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n{after}"),
+            "HTTP/1.1 400 Bad Request",
+            "both Content-Length and Transfer-Encoding (RFC 9112 section 6.3)",
+        ),
+        (
+            "Transfer-Encoding then Content-Length",
+            format!("POST /te-cl HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nContent-Length: 40\r\n\r\n0\r\n\r\n{after}"),
+            "HTTP/1.1 400 Bad Request",
+            "both Content-Length and Transfer-Encoding (RFC 9112 section 6.3)",
+        ),
+        (
+            "malformed chunked body",
+            format!("POST /bad-chunks HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n{after}"),
+            "HTTP/1.1 400 Bad Request",
+            "the request body is malformed or was cut short",
+        ),
+        (
+            "a transfer coding before chunked",
+            format!("POST /gzip HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n{after}"),
+            "HTTP/1.1 501 Not Implemented",
+            "only the chunked transfer coding is supported",
+        ),
+        (
+            "an expectation other than 100-continue",
+            format!("PUT /teapot HTTP/1.1\r\nHost: h\r\nExpect: teapot\r\nContent-Length: 0\r\n\r\n{after}"),
+            "HTTP/1.1 417 Expectation Failed",
+            "only Expect: 100-continue is supported",
+        ),
+        (
+            "HTTP/1.0 with Transfer-Encoding",
+            format!("POST /te10 HTTP/1.0\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n{after}"),
+            "HTTP/1.1 400 Bad Request",
+            "Transfer-Encoding must end in chunked, and needs HTTP/1.1",
+        ),
+        // RFC 9112 section 5.2: obsolete line folding is refused or replaced; keel refuses.
+        (
+            "obsolete line folding",
+            format!("GET /fold HTTP/1.1\r\nHost: h\r\nX-Fold: a\r\n b\r\n\r\n{after}"),
+            "HTTP/1.1 400 Bad Request",
+            "malformed request head",
+        ),
+        // RFC 9112 section 5.1: whitespace between a field name and the colon MUST be refused.
+        (
+            "space before the colon",
+            format!("POST /space HTTP/1.1\r\nHost: h\r\nContent-Length : 5\r\n\r\nhello{after}"),
+            "HTTP/1.1 400 Bad Request",
+            "malformed request head",
+        ),
+        (
+            "CONNECT",
+            format!("CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n{after}"),
+            "HTTP/1.1 501 Not Implemented",
+            "CONNECT is not supported (keel is a reverse proxy)",
         ),
     ];
+    let at_limit = format!(
+        "POST /at-limit HTTP/1.1\r\nHost: h\r\nContent-Length: 1024\r\n\r\n{}",
+        "b".repeat(1024)
+    );
     let mut failed = Vec::new();
-    for (name, addr) in PATHS.iter().zip(addrs) {
-        for (what, bytes, status) in &corpus {
-            // Several times: a refusal must reach the client even when the proxy closes
-            // with unread bytes (a reset can destroy an answer not yet read).
-            for round in 0..4 {
-                let mut c = Client::connect(addr).await;
-                let (mut rd, mut wr) = c.s.into_split();
+    for front in &proxy.fronts {
+        let name = front.name;
+        for (what, bytes, status_line, cause) in &corpus {
+            let expected = own_answer(status_line, None, "close", cause);
+            // Twice: a refusal must reach the client even when the proxy closes with unread
+            // bytes (a reset can destroy an answer not yet read).
+            for round in 0..2 {
+                let c = front.connect().await;
+                let (mut rd, mut wr) = tokio::io::split(c.s);
                 let bytes = bytes.clone();
                 let writer = tokio::spawn(async move {
                     let _ = wr.write_all(bytes.as_bytes()).await;
+                    let _ = wr.flush().await;
                     wr
                 });
-                // Gives the proxy time to answer and close while the body is in flight.
-                tokio::time::sleep(Duration::from_millis(20)).await;
                 let mut out = Vec::new();
-                let read = tokio::time::timeout(IO_LIMIT, rd.read_to_end(&mut out)).await;
-                let text = String::from_utf8_lossy(&out).into_owned();
-                let answers = text.matches("HTTP/1.1 ").count();
-                if !text.starts_with(&format!("HTTP/1.1 {status} "))
-                    || read.is_err()
-                    || answers != 1
-                {
+                let read = tokio::time::timeout(IO_LIMIT, async {
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        match rd.read(&mut chunk).await {
+                            Ok(0) => return "closed",
+                            Ok(n) => out.extend_from_slice(&chunk[..n]),
+                            Err(_) => return "reset",
+                        }
+                    }
+                })
+                .await;
+                let got = masked_date(&out);
+                if got != expected || read.is_err() {
                     failed.push(format!(
-                        "{name}, {what}, round {round}: {answers} answer(s), {}, first: {:?}",
-                        if read.is_ok() { "closed" } else { "left open" },
-                        &text[..text.len().min(100)]
+                        "{name}, {what}, round {round}: {}, got\n{got:?}\nexpected\n{expected:?}",
+                        read.unwrap_or("left open"),
                     ));
                 }
-                let wr = writer.await.unwrap();
-                c = Client {
-                    s: rd.reunite(wr).unwrap(),
-                    buf: Vec::new(),
-                };
-                drop(c);
+                let _ = writer.await;
             }
         }
-        let mut c = Client::connect(addr).await;
+        let mut c = front.connect().await;
         c.send(at_limit.as_bytes()).await;
         let r = c.response(false, false).await.unwrap();
-        assert!(
-            r.body.ends_with(b"body-length: 1024\n"),
-            "{name}: {}",
-            r.normal()
-        );
+        assert_eq!(r.status, 200, "{name}: {}", r.text());
     }
     assert!(
         failed.is_empty(),
-        "refusals not delivered:\n  {}",
+        "refusals not as expected:\n  {}",
         failed.join("\n  ")
     );
     let paths = up.seen_paths();
-    for never in ["/too-big", "/many", "/bad", "/bad-cl", "/smuggled"] {
-        assert!(
-            !paths.iter().any(|p| p == never),
-            "{never} was forwarded: {paths:?}"
-        );
+    assert_eq!(paths, ["/at-limit", "/at-limit"], "forwarded");
+    assert_eq!(
+        proxy.failures(),
+        0,
+        "a client's refusal counted against the endpoint"
+    );
+    proxy.shutdown().await;
+}
+
+/// `max_header_bytes` is the most bytes of a request head, beyond which the answer is 431,
+/// however the head arrives (one read may bring more than the limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_over_max_header_bytes_is_refused_however_it_arrives() {
+    let up = Upstream::start(echo_handler()).await;
+    let proxy = Proxy::start(&[up.addr], "max_header_bytes = 10000", "").await;
+    let big_head = format!(
+        "GET /big-head HTTP/1.1\r\nHost: h\r\nX-Big: {}\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: h\r\n\r\n",
+        "h".repeat(12_000)
+    );
+    let expected = own_answer(
+        "HTTP/1.1 431 Request Header Fields Too Large",
+        None,
+        "close",
+        "request head larger than max_header_bytes",
+    );
+    for front in &proxy.fronts {
+        // In one write, and trickled in pieces of 1000 bytes.
+        for piece in [big_head.len(), 1000] {
+            let mut c = front.connect().await;
+            for p in big_head.as_bytes().chunks(piece) {
+                c.send(p).await;
+            }
+            let r = c.response(false, false).await.unwrap();
+            assert_eq!(masked_date(&r.raw), expected, "{} {piece}", front.name);
+            assert!(c.closes().await, "{} {piece}", front.name);
+        }
     }
-    assert_eq!(proxy.cluster_status("app").unwrap()[0].failures, 0);
-    proxy.shutdown(Duration::from_secs(1)).await;
+    assert!(up.seen().is_empty(), "forwarded: {:?}", up.seen_paths());
+    proxy.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1517,10 +2427,11 @@ async fn request_timeout_cuts_a_body_that_stalls() {
         _ => Reply::keep(ok_with(b"fine")),
     });
     let up = Upstream::start(handler).await;
-    let (proxy, addrs) = start(two_paths(&[up.addr], "", "request_timeout = \"600ms\"")).await;
-    for (name, addr) in PATHS.iter().zip(addrs) {
-        let before = proxy.cluster_status("app").unwrap()[0].failures;
-        let mut c = Client::connect(addr).await;
+    let proxy = Proxy::start(&[up.addr], "", "request_timeout = \"600ms\"").await;
+    for front in &proxy.fronts {
+        let name = front.name;
+        let before = proxy.failures();
+        let mut c = front.connect().await;
         let start = Instant::now();
         c.send(b"GET /stall HTTP/1.1\r\nHost: h\r\n\r\n").await;
         let r = c.response(false, false).await;
@@ -1537,110 +2448,275 @@ async fn request_timeout_cuts_a_body_that_stalls() {
             "{name}: cut after {took:?} (request_timeout 600ms)"
         );
         assert!(
-            crate::support::eventually(Duration::from_secs(2), || {
-                proxy.cluster_status("app").unwrap()[0].failures == before + 1
-            })
-            .await,
+            crate::support::eventually(Duration::from_secs(2), || proxy.failures() == before + 1)
+                .await,
             "{name}: the stall is the endpoint's failure"
         );
-        sequential(addr, "GET", "/fine", 1, Duration::ZERO, b"fine").await;
+        sequential(front, "GET", "/fine", 1, Duration::ZERO, b"fine").await;
         eprintln!("{name}: stalled body cut after {took:?}");
     }
-    proxy.shutdown(Duration::from_secs(1)).await;
+    proxy.shutdown().await;
 }
 
-/// `max_header_bytes` is documented as the most bytes of a request head, beyond which the
-/// answer is 431. The keel path checks the size only while the head is incomplete, so a head
-/// over the limit that completes within one read is forwarded. (The hyper path has the same
-/// inexactness, from its read buffer's growth.)
+/// A request body that stops arriving: each read of it has `header_read_timeout`. A streamed
+/// body gets keel's 408 (the endpoint, which has the head, is not blamed); a body read whole
+/// before forwarding is never forwarded; either way the connection closes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_head_over_max_header_bytes_is_refused_however_it_arrives() {
+async fn a_request_body_that_stalls_is_cut_after_header_read_timeout() {
     let up = Upstream::start(echo_handler()).await;
-    let (proxy, addrs) = start(two_paths(&[up.addr], "max_header_bytes = 10000", "")).await;
-    let big_head = format!(
-        "GET /big-head HTTP/1.1\r\nHost: h\r\nX-Big: {}\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: h\r\n\r\n",
-        "h".repeat(12_000)
+    let proxy = Proxy::start(&[up.addr], "header_read_timeout = \"300ms\"", "").await;
+    let expected_408 = own_answer(
+        "HTTP/1.1 408 Request Timeout",
+        None,
+        "close",
+        "the request did not arrive within header_read_timeout",
     );
-    let mut c = Client::connect(addrs[0]).await;
-    c.send(big_head.as_bytes()).await;
-    let r = c.response(false, false).await.unwrap();
-    assert_eq!(r.status, 431, "{}", r.normal());
-    assert!(c.closes().await);
+    for front in &proxy.fronts {
+        let name = front.name;
+        for (what, head, part) in [
+            (
+                "streamed, with a length",
+                "PUT /stall-up HTTP/1.1\r\nHost: h\r\nContent-Length: 100000\r\n\r\n",
+                "s".repeat(1000),
+            ),
+            (
+                "streamed, chunked",
+                "PUT /stall-up HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n",
+                format!("3e8\r\n{}\r\n", "s".repeat(1000)),
+            ),
+            (
+                "read whole",
+                "PUT /stall-inline HTTP/1.1\r\nHost: h\r\nContent-Length: 5000\r\n\r\n",
+                "s".repeat(1000),
+            ),
+        ] {
+            let mut c = front.connect().await;
+            let start = Instant::now();
+            c.send(head.as_bytes()).await;
+            c.send(part.as_bytes()).await;
+            let mut got = Vec::new();
+            while c.fill().await.unwrap_or(false) {
+                got.append(&mut c.buf);
+            }
+            got.append(&mut c.buf);
+            let took = start.elapsed();
+            assert!(
+                took >= Duration::from_millis(250) && took < Duration::from_millis(2000),
+                "{name}, {what}: closed after {took:?} (header_read_timeout 300ms)"
+            );
+            if what == "read whole" {
+                // Closed with keel's 408 or without a word (both allowed, RFC 9110 section
+                // 15.5.9), never forwarded.
+                assert!(
+                    got.is_empty() || masked_date(&got) == expected_408,
+                    "{name}, {what}: {:?}",
+                    String::from_utf8_lossy(&got)
+                );
+            } else {
+                assert_eq!(masked_date(&got), expected_408, "{name}, {what}");
+            }
+        }
+    }
     assert!(up.seen().is_empty(), "forwarded: {:?}", up.seen_paths());
-    proxy.shutdown(Duration::from_secs(1)).await;
+    assert_eq!(
+        proxy.failures(),
+        0,
+        "the client's stall blamed the endpoint"
+    );
+    proxy.shutdown().await;
 }
 
 /// A client that half-closes its side after writing its request (`shutdown(SHUT_WR)`, as
-/// `nc -N` or some scripts do) is answered by the keel path. Known difference: the hyper
-/// path (hyper's server without `half_close`) closes such a connection without answering.
+/// `nc -N` or some scripts do; over TLS, close_notify) is answered, then the connection
+/// closes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_half_closes_after_its_request_is_answered() {
     let up = Upstream::start(framing_handler()).await;
-    let (proxy, addrs) = start(two_paths(&[up.addr], "", "")).await;
-    for path in ["/cl", "/chunked", "/close11"] {
-        let mut c = Client::connect(addrs[0]).await;
-        c.send(format!("GET {path} HTTP/1.1\r\nHost: h\r\n\r\n").as_bytes())
-            .await;
-        c.s.shutdown().await.unwrap();
-        let r = c.response(false, false).await.unwrap();
-        assert_eq!(r.status, 200, "{path}");
-        assert!(c.closes().await, "{path}: closed after the answer");
-    }
-    proxy.shutdown(Duration::from_secs(1)).await;
-}
-
-/// RFC 9112 section 9.3: with the `close` option the connection does not persist, whatever
-/// else `Connection` says. The keel path reads an HTTP/1.0 request's `keep-alive` token and
-/// ignores `close` next to it (`keep_alive: if http10 { keep_alive_token } else { !close }`
-/// in h1/head.rs), so it keeps the connection and answers `connection: keep-alive`; the
-/// hyper path closes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn close_wins_over_keep_alive_on_http10() {
-    let up = Upstream::start(echo_handler()).await;
-    let (proxy, addrs) = start(two_paths(&[up.addr], "", "")).await;
-    for (name, addr) in PATHS.iter().zip(addrs) {
-        for conn in ["keep-alive, close", "close, keep-alive"] {
-            let raw = format!("GET /ckc HTTP/1.0\r\nHost: h\r\nConnection: {conn}\r\n\r\n");
-            let (r, open) = one_shot(addr, raw.as_bytes()).await;
-            let r = r.unwrap();
-            assert!(
-                !r.connection_has("keep-alive"),
-                "{name}, {conn}: {}",
-                r.normal()
-            );
-            assert_eq!(open, Some(false), "{name}, {conn}");
-        }
-    }
-    proxy.shutdown(Duration::from_secs(1)).await;
-}
-
-/// RFC 9112 section 6.3: a response with both `Transfer-Encoding: chunked` and
-/// `Content-Length` is delimited by the chunks; an intermediary that forwards it must drop the
-/// `Content-Length`. The keel path does. The hyper path (forward.rs) decodes the chunks but
-/// forwards the endpoint's `Content-Length: 50` with the 2-byte body: the client waits for 48
-/// bytes that never come (or takes the next response's bytes as this body).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_response_with_content_length_and_chunked_is_delimited_by_the_chunks() {
-    let handler: Handler = Arc::new(|_: &Seen| {
-        Reply::keep(
-            head(
-                "HTTP/1.1 200 OK",
-                &["Content-Length: 50", "Transfer-Encoding: chunked"],
-            ) + "2\r\nok\r\n0\r\n\r\n",
-        )
-    });
-    let up = Upstream::start(handler).await;
-    let (proxy, addrs) = start(two_paths(&[up.addr], "", "")).await;
-    for (name, addr) in PATHS.iter().zip(addrs) {
-        let mut c = Client::connect(addr).await;
-        for _ in 0..2 {
-            c.send(b"GET /both HTTP/1.1\r\nHost: h\r\n\r\n").await;
+    let proxy = Proxy::start(&[up.addr], "", "").await;
+    let ep = up.ep();
+    for front in &proxy.fronts {
+        for path in ["/cl", "/chunked", "/close11"] {
+            let mut c = front.connect().await;
+            c.send(format!("GET {path} HTTP/1.1\r\nHost: h\r\n\r\n").as_bytes())
+                .await;
+            c.s.shutdown().await.unwrap();
             let r = c
                 .response(false, false)
                 .await
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
-            assert_eq!(r.body, b"ok", "{name}: {}", r.normal());
+                .unwrap_or_else(|e| panic!("{} {path}: {e}", front.name));
+            let chunked_head = format!(
+                "HTTP/1.1 200 OK\r\nX-Up: yes\r\nx-keel-endpoint: {ep}\r\ntransfer-encoding: chunked\r\n\r\n"
+            );
+            match path {
+                "/cl" => assert_eq!(r.raw, ok_with_forwarded(&ep, b"hello framing", "")),
+                "/chunked" => assert_eq!(r.text(), format!("{chunked_head}{CHUNKED}")),
+                // Chunked by keel: where the chunks fall depends on reads.
+                _ => assert_eq!(
+                    (r.head_text(), r.body.as_slice()),
+                    (chunked_head, &b"ends at close"[..])
+                ),
+            }
+            assert!(
+                c.closes().await,
+                "{} {path}: closed after the answer",
+                front.name
+            );
         }
     }
-    proxy.shutdown(Duration::from_secs(1)).await;
+    proxy.shutdown().await;
+}
+
+/// RFC 9112 section 9.3: with the `close` option the connection does not persist, whatever
+/// else `Connection` says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_wins_over_keep_alive_on_http10() {
+    let up = Upstream::start(echo_handler()).await;
+    let proxy = Proxy::start(&[up.addr], "", "").await;
+    for front in &proxy.fronts {
+        for conn in ["keep-alive, close", "close, keep-alive"] {
+            let raw = format!("GET /ckc HTTP/1.0\r\nHost: h\r\nConnection: {conn}\r\n\r\n");
+            let (r, open) = one_shot(front, raw.as_bytes()).await;
+            let r = r.unwrap();
+            assert_eq!(
+                r.header("connection"),
+                Some("close"),
+                "{}, {conn}: {}",
+                front.name,
+                r.head_text()
+            );
+            assert_eq!(open, Some(false), "{}, {conn}", front.name);
+        }
+    }
+    proxy.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 8. keel's own answers, and HTTP/2 with prior knowledge.
+
+/// An endpoint that cannot be reached: a 502 of keel's own, with `date`, the brief cause by
+/// default (no address, no system error) and the full one with `error_detail = "full"`; the
+/// connection stays open when the request was read whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_endpoint_gets_keel_s_502_brief_or_full() {
+    // A port with nothing behind it.
+    let dead = std::net::TcpListener::bind(any_port())
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let ep = dead.to_string();
+    for (detail, cause) in [
+        ("", "cannot connect to an endpoint".to_string()),
+        (
+            "error_detail = \"full\"",
+            format!("cannot connect to upstream {ep}: Connection refused (os error 111)"),
+        ),
+    ] {
+        let proxy = Proxy::start(&[dead], detail, "").await;
+        for front in &proxy.fronts {
+            let what = format!("{} {detail:?}", front.name);
+            let mut c = front.connect().await;
+            for (request, connection, head_req) in [
+                ("GET /a HTTP/1.1\r\nHost: h\r\n\r\n", "", false),
+                (
+                    "POST /b HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\nhi",
+                    "",
+                    false,
+                ),
+                ("HEAD /c HTTP/1.1\r\nHost: h\r\n\r\n", "", true),
+                (
+                    "GET /d HTTP/1.0\r\nHost: h\r\nConnection: keep-alive\r\n\r\n",
+                    "keep-alive",
+                    false,
+                ),
+                (
+                    "GET /e HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+                    "close",
+                    false,
+                ),
+            ] {
+                c.send(request.as_bytes()).await;
+                let http10 = request.contains("HTTP/1.0");
+                let r = c
+                    .response(head_req, http10)
+                    .await
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                let mut expected =
+                    own_answer("HTTP/1.1 502 Bad Gateway", Some(&ep), connection, &cause);
+                if head_req {
+                    expected.truncate(expected.find("\r\n\r\n").unwrap() + 4);
+                }
+                assert_eq!(masked_date(&r.raw), expected, "{what}: {request:?}");
+            }
+            assert!(c.closes().await, "{what}");
+            // A streamed body that the failed try never read: the connection cannot carry
+            // another request, so it closes.
+            let mut c = front.connect().await;
+            c.send(b"PUT /f HTTP/1.1\r\nHost: h\r\nContent-Length: 100000\r\n\r\n")
+                .await;
+            let r = c
+                .response(false, false)
+                .await
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(
+                masked_date(&r.raw),
+                own_answer("HTTP/1.1 502 Bad Gateway", Some(&ep), "close", &cause),
+                "{what}: streamed body"
+            );
+            assert!(c.closes().await, "{what}: streamed body");
+        }
+        proxy.shutdown().await;
+    }
+}
+
+/// HTTP/2's connection preface on the plain listener (prior knowledge, RFC 9113 section
+/// 3.3): the connection goes to the HTTP/2 front end, whose requests reach the upstream as
+/// HTTP/1.1 by the same rewrite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_prior_knowledge_on_the_plain_listener_goes_to_the_http2_front_end() {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let up = Upstream::start(echo_handler()).await;
+    let proxy = Proxy::start(&[up.addr], "", "").await;
+    let ep = up.ep();
+    let tcp = TcpStream::connect(proxy.fronts[0].addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    for (method, body) in [("GET", ""), ("POST", "hello")] {
+        let from = up.seen().len();
+        let req = hyper::Request::builder()
+            .method(method)
+            .uri("http://h2.example/p2?x=1")
+            .header("x-h2", "yes")
+            .header("content-length", body.len().to_string())
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let resp = tokio::time::timeout(IO_LIMIT, sender.send_request(req))
+            .await
+            .expect("no HTTP/2 answer")
+            .unwrap();
+        assert_eq!(resp.version(), hyper::Version::HTTP_2);
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            resp.headers()
+                .get("x-keel-endpoint")
+                .unwrap()
+                .to_str()
+                .unwrap(),
+            ep
+        );
+        let got = resp.into_body().collect().await.unwrap().to_bytes();
+        let saw = up.seen_since(from);
+        let expected = format!(
+            "{method} /p2?x=1 HTTP/1.1\r\nx-h2: yes\r\nhost: h2.example\r\n{}content-length: {}\r\n\r\n{body}",
+            forwarded("http", Some("h2.example")),
+            body.len()
+        );
+        assert_eq!(String::from_utf8_lossy(&saw[0].raw()), expected);
+        assert_eq!(&got[..], expected.as_bytes(), "the echo");
+    }
+    proxy.shutdown().await;
 }
