@@ -53,6 +53,11 @@ pub(crate) trait RequestBody {
     async fn next_piece(&mut self) -> Result<&[u8], Reject>;
     /// True once a piece of a streamed body was handed out (it cannot be sent again).
     fn started(&self) -> bool;
+    /// True while a piece is being read from the client: a try that runs out of time then
+    /// waited on the client, not on the endpoint.
+    fn waiting_on_client(&self) -> bool {
+        false
+    }
 }
 
 /// A body that is all in memory (or empty).
@@ -435,6 +440,9 @@ pub(crate) async fn forward<B: RequestBody>(
                 });
             }
             Some(Err(f)) => f,
+            // Out of time while the client was still sending its body: the client's fault
+            // (a slow upload must not get healthy endpoints ejected).
+            None if body.waiting_on_client() => TryFailure::Client(Reject::Timeout),
             None => {
                 let cause = if try_deadline == deadline {
                     Cause::RequestTimeout(cluster.config.request_timeout)

@@ -165,6 +165,7 @@ async fn handle(
                 body,
                 piece: Bytes::new(),
                 started: false,
+                reading: false,
                 received: 0,
                 max: max_body,
             };
@@ -293,6 +294,8 @@ struct ClientBody {
     body: Incoming,
     piece: Bytes,
     started: bool,
+    /// A frame is being awaited from the client.
+    reading: bool,
     received: u64,
     max: u64,
 }
@@ -306,10 +309,17 @@ impl RequestBody for ClientBody {
         self.started
     }
 
+    fn waiting_on_client(&self) -> bool {
+        self.reading
+    }
+
     async fn next_piece(&mut self) -> Result<&[u8], Reject> {
         self.started = true;
         loop {
-            match self.body.frame().await {
+            self.reading = true;
+            let frame = self.body.frame().await;
+            self.reading = false;
+            match frame {
                 None => return Ok(&[]),
                 Some(Err(_)) => return Err(Reject::InvalidBody),
                 Some(Ok(frame)) => {

@@ -186,7 +186,13 @@ fn serves_the_issue_config_with_one_endpoint_failed_through_sighup_reloads_and_d
     let refused = |metrics: &str| -> u64 {
         let key = "keel_config_reloads_total{result=\"refused\"} ";
         let at = metrics.find(key).expect("the counter is exported") + key.len();
-        metrics[at..].lines().next().unwrap().trim().parse().unwrap()
+        metrics[at..]
+            .lines()
+            .next()
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
     };
     // The load's last SIGHUPs may still be on their way: let them land on the valid file.
     std::thread::sleep(Duration::from_millis(500));

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use super::relay::{relay_response, ClientBody, RelayError};
 use super::request::{parse_request, BodyFraming, Reject, RequestHead, RequestParse, RequestRules};
 use super::response::Framing;
-use super::{idle_timer, push_content_length, push_header, until, write_all_2};
+use super::{idle_timer, push_content_length, push_date, push_header, until, write_all_2};
 use crate::attempt::{self, Answer, BodyEnd, Client, OwnAnswer, Request, Upstream};
 use crate::config::{HashOn, ListenerConfig};
 use crate::server::Shared;
@@ -285,6 +285,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             b"x-keel-endpoint",
             tail.endpoint_header().as_bytes(),
         );
+        if !head.has_date {
+            push_date(&mut self.out);
+        }
         match head.framing {
             Framing::Length(n) => push_content_length(&mut self.out, n),
             Framing::Chunked | Framing::Close if !req.http10 => {
@@ -336,11 +339,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         self.out.extend_from_slice(b"\r\n");
         push_header(&mut self.out, b"content-type", b"text/plain; charset=utf-8");
         push_content_length(&mut self.out, own.text.len() as u64);
-        push_header(
-            &mut self.out,
-            b"date",
-            httpdate::fmt_http_date(std::time::SystemTime::now()).as_bytes(),
-        );
+        push_date(&mut self.out);
         if let Some(e) = &own.endpoint {
             push_header(&mut self.out, b"x-keel-endpoint", e.as_bytes());
         }

@@ -55,6 +55,24 @@ pub(crate) fn push_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// Appends `date: <now>` (RFC 9110 section 6.6.1), formatted at most once a second per thread.
+pub(crate) fn push_date(out: &mut Vec<u8>) {
+    thread_local! {
+        static TODAY: std::cell::RefCell<(u64, String)> = const { std::cell::RefCell::new((0, String::new())) };
+    }
+    let now = std::time::SystemTime::now();
+    let secs = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    TODAY.with_borrow_mut(|(at, text)| {
+        if *at != secs || text.is_empty() {
+            *at = secs;
+            *text = httpdate::fmt_http_date(now);
+        }
+        push_header(out, b"date", text.as_bytes());
+    });
+}
+
 /// Appends `content-length: n\r\n`.
 pub(crate) fn push_content_length(out: &mut Vec<u8>, n: u64) {
     out.extend_from_slice(b"content-length: ");

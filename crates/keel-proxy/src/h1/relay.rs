@@ -35,6 +35,8 @@ pub(crate) struct ClientBody<'c, S> {
     pending: usize,
     started: bool,
     finished: bool,
+    /// A read from the client is under way.
+    reading: bool,
     received: u64,
     max: u64,
     expect_continue: bool,
@@ -67,6 +69,7 @@ impl<'c, S: AsyncRead + AsyncWrite + Unpin> ClientBody<'c, S> {
             pending: 0,
             started: false,
             finished: framing == BodyFraming::None,
+            reading: false,
             received: 0,
             max,
             expect_continue,
@@ -87,7 +90,10 @@ impl<'c, S: AsyncRead + AsyncWrite + Unpin> ClientBody<'c, S> {
         }
         self.rbuf.reserve(16 * 1024);
         let deadline = Instant::now() + self.read_timeout;
-        match until(self.timer, deadline, self.stream.read_buf(self.rbuf)).await {
+        self.reading = true;
+        let read = until(self.timer, deadline, self.stream.read_buf(self.rbuf)).await;
+        self.reading = false;
+        match read {
             Some(Ok(n)) if n > 0 => Ok(()),
             None => Err(Reject::Timeout),
             _ => Err(Reject::InvalidBody),
@@ -102,6 +108,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RequestBody for ClientBody<'_, S> {
 
     fn started(&self) -> bool {
         self.started
+    }
+
+    fn waiting_on_client(&self) -> bool {
+        self.reading
     }
 
     async fn next_piece(&mut self) -> Result<&[u8], Reject> {
@@ -213,6 +223,7 @@ pub(crate) async fn relay_response<W: AsyncWrite + Unpin>(
                             .map_err(|e| RelayError::Upstream(e.to_string()))?;
                         let data = &conn.buf[step.framing..step.framing + step.data];
                         write_all_2(client, head, data).await.map_err(to_client)?;
+                        head = &[];
                         conn.buf.advance(step.framing + step.data);
                         if step.done || conn.buf.is_empty() {
                             break;

@@ -357,6 +357,8 @@ where
     }
     let expect_continue = match s.expect {
         None => false,
+        // No 1xx to an HTTP/1.0 client (RFC 9110 section 15.2): its Expect is ignored.
+        Some(_) if http10 => false,
         Some(v) if v.trim_ascii().eq_ignore_ascii_case(b"100-continue") => true,
         Some(_) => return Err(Reject::UnsupportedExpectation),
     };
@@ -385,6 +387,7 @@ where
                 .any(|n| name.as_bytes().eq_ignore_ascii_case(n))
             || name.eq_ignore_ascii_case("content-length")
             || name.eq_ignore_ascii_case("expect")
+            || (authority.is_some() && name.eq_ignore_ascii_case("host"))
             || name.eq_ignore_ascii_case("x-forwarded-for")
             || name.eq_ignore_ascii_case("x-forwarded-proto")
             || name.eq_ignore_ascii_case("x-forwarded-host")
@@ -393,13 +396,14 @@ where
         }
         push_header(out, name.as_bytes(), value);
     }
-    // The client's `Host`, or the target's authority.
-    let host = match (s.host, authority) {
-        (Some(h), _) => Some(h),
-        (None, Some(a)) => {
+    // The target's authority (an absolute-form target's, or HTTP/2's `:authority`) wins over
+    // `Host` (RFC 9112 section 3.2.2), which was left out above; else the client's `Host`.
+    let host = match (authority, s.host) {
+        (Some(a), _) => {
             push_header(out, b"host", a.as_bytes());
             Some(a.as_bytes())
         }
+        (None, Some(h)) => Some(h),
         (None, None) => None,
     };
     out.extend_from_slice(b"x-forwarded-for: ");

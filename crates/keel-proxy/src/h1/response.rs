@@ -34,6 +34,8 @@ pub(crate) struct ResponseHead {
     pub framing: Framing,
     /// The endpoint keeps the connection open after this response.
     pub keep_alive: bool,
+    /// The head has a `Date` (else the front end adds one, as a proxy with a clock must).
+    pub has_date: bool,
 }
 
 /// Most headers accepted in an upstream response.
@@ -72,7 +74,9 @@ pub(crate) fn parse_response(
     let mut content_length: Option<u64> = None;
     let mut chunked = false;
     let mut transfer_encoding = false;
+    let mut has_date = false;
     for h in resp.headers.iter() {
+        has_date |= h.name.eq_ignore_ascii_case("date");
         if h.name.eq_ignore_ascii_case("connection") {
             for token in h.value.split(|b| *b == b',') {
                 let token = token.trim_ascii();
@@ -143,6 +147,7 @@ pub(crate) fn parse_response(
         status,
         framing,
         keep_alive: !close && framing != Framing::Close,
+        has_date,
     }))
 }
 

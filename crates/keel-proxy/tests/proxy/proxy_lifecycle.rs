@@ -301,7 +301,16 @@ async fn shutdown_completes_requests_in_flight_and_stops_accepting() {
         let url = url.clone();
         in_flight.push(tokio::spawn(async move { get(&url).await }));
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // In flight: every request reached a backend (each takes 300 ms there). On a loaded
+    // machine a fixed sleep may end before the proxy has even read them.
+    let waited = Instant::now();
+    while bs.iter().map(|b| b.requests()).sum::<u64>() < 8 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(5),
+            "requests never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let t = Instant::now();
     proxy.shutdown(Duration::from_secs(3)).await;
     let took = t.elapsed();
