@@ -47,8 +47,10 @@ pub(crate) struct Client {
 /// A request body as a leg sends it.
 pub(crate) trait RequestBody {
     /// The whole body, when it is in memory: sent in one write with the head, and again on a
-    /// retry.
-    fn inline(&self) -> Option<&[u8]>;
+    /// retry. (Streamed bodies have none.)
+    fn inline(&self) -> Option<&[u8]> {
+        None
+    }
     /// The next piece of a streamed body; empty at its end. An error is the client's fault.
     async fn next_piece(&mut self) -> Result<&[u8], Reject>;
     /// True once a piece of a streamed body was handed out (it cannot be sent again).
@@ -425,19 +427,16 @@ pub(crate) async fn forward<B: RequestBody>(
         };
         let failure = match tried_once {
             Some(Ok((conn, head))) => {
-                count_response(cluster, head.status);
-                return Answer::Upstream(Upstream {
+                return forwarded(
+                    cluster,
+                    client,
+                    index,
                     conn,
                     head,
-                    tail: Tail {
-                        cluster: cluster.clone(),
-                        endpoint: index,
-                        worker: client.worker,
-                        pick: Some((pick, now)),
-                        guard,
-                        deadline,
-                    },
-                });
+                    Some((pick, now)),
+                    guard,
+                    deadline,
+                )
             }
             Some(Err(f)) => f,
             // Out of time while the client was still sending its body: the client's fault
@@ -482,20 +481,9 @@ pub(crate) async fn forward<B: RequestBody>(
                 };
                 own(cluster, client, status, &e.cause, Some(index), Some(guard))
             }
+            // Already finished as a failure: the response goes as it is.
             TryFailure::Status(conn, head) => {
-                count_response(cluster, head.status);
-                Answer::Upstream(Upstream {
-                    conn,
-                    head,
-                    tail: Tail {
-                        cluster: cluster.clone(),
-                        endpoint: index,
-                        worker: client.worker,
-                        pick: None,
-                        guard,
-                        deadline,
-                    },
-                })
+                forwarded(cluster, client, index, conn, head, None, guard, deadline)
             }
             TryFailure::Client(_) => unreachable!("answered above"),
         };
@@ -517,6 +505,33 @@ fn may_retry(cluster: &Cluster, last: bool, safe: bool, before_deadline: bool) -
         cluster.metrics.budget_refusals.fetch_add(1, Relaxed);
         false
     }
+}
+
+/// The endpoint's response, to be forwarded; `pick` is finished when its body is through.
+#[allow(clippy::too_many_arguments)]
+fn forwarded(
+    cluster: &Arc<Cluster>,
+    client: &Client,
+    endpoint: usize,
+    conn: RawConn,
+    head: ResponseHead,
+    pick: Option<(Pick, Duration)>,
+    guard: DownstreamGuard,
+    deadline: Instant,
+) -> Answer {
+    count_response(cluster, head.status);
+    Answer::Upstream(Upstream {
+        conn,
+        head,
+        tail: Tail {
+            cluster: cluster.clone(),
+            endpoint,
+            worker: client.worker,
+            pick,
+            guard,
+            deadline,
+        },
+    })
 }
 
 fn count_response(cluster: &Cluster, status: u16) {

@@ -91,21 +91,13 @@ async fn handle(
 ) -> Response<H2Body> {
     let cluster = shared.routing.load().listeners[index].clone();
     let (parts, body) = req.into_parts();
-    let (hash_header, hash_path) = match &cluster.config.hash_on {
-        Some(crate::config::HashOn::Header(h)) => (Some(h.as_str()), false),
-        Some(crate::config::HashOn::Path) => (None, true),
-        _ => (None, false),
-    };
     let max_body = settings.max_request_body_bytes.unwrap_or(u64::MAX);
-    let rules = RequestRules {
-        client_ip: &client.ip,
-        proto: client.proto,
-        trust_forwarded: client.trust_forwarded,
-        hash_header,
-        hash_path,
-        max_headers: usize::MAX,
+    let rules = RequestRules::new(
+        client,
+        cluster.config.hash_on.as_ref(),
+        usize::MAX,
         max_body,
-    };
+    );
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let fields = || {
         parts
@@ -301,10 +293,6 @@ struct ClientBody {
 }
 
 impl RequestBody for ClientBody {
-    fn inline(&self) -> Option<&[u8]> {
-        None
-    }
-
     fn started(&self) -> bool {
         self.started
     }

@@ -16,7 +16,7 @@ use super::request::{parse_request, BodyFraming, Reject, RequestHead, RequestPar
 use super::response::Framing;
 use super::{idle_timer, push_content_length, push_date, push_header, until, write_all_2};
 use crate::attempt::{self, Answer, BodyEnd, Client, OwnAnswer, Request, Upstream};
-use crate::config::{HashOn, ListenerConfig};
+use crate::config::ListenerConfig;
 use crate::server::Shared;
 
 /// Request bodies up to this size are read whole before the request is forwarded, so that
@@ -91,20 +91,12 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 RequestParse::Partial
             } else {
                 let cluster = shared.routing.load().listeners[index].clone();
-                let (hash_header, hash_path) = match &cluster.config.hash_on {
-                    Some(HashOn::Header(h)) => (Some(h.as_str()), false),
-                    Some(HashOn::Path) => (None, true),
-                    _ => (None, false),
-                };
-                let rules = RequestRules {
-                    client_ip: &client.ip,
-                    proto: client.proto,
-                    trust_forwarded: client.trust_forwarded,
-                    hash_header,
-                    hash_path,
-                    max_headers: settings.max_headers,
+                let rules = RequestRules::new(
+                    client,
+                    cluster.config.hash_on.as_ref(),
+                    settings.max_headers,
                     max_body,
-                };
+                );
                 match parse_request(&conn.rbuf, &rules, &mut conn.up_head) {
                     RequestParse::Ready(h) if h.head_len <= settings.max_header_bytes => {
                         break (cluster, h)

@@ -102,10 +102,6 @@ impl<'c, S: AsyncRead + AsyncWrite + Unpin> ClientBody<'c, S> {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> RequestBody for ClientBody<'_, S> {
-    fn inline(&self) -> Option<&[u8]> {
-        None
-    }
-
     fn started(&self) -> bool {
         self.started
     }

@@ -125,6 +125,31 @@ pub(crate) struct RequestRules<'a> {
     pub max_body: u64,
 }
 
+impl<'a> RequestRules<'a> {
+    /// The rules for a request from `client` to a cluster that hashes on `hash_on`.
+    pub fn new(
+        client: &'a crate::attempt::Client,
+        hash_on: Option<&'a crate::config::HashOn>,
+        max_headers: usize,
+        max_body: u64,
+    ) -> Self {
+        let (hash_header, hash_path) = match hash_on {
+            Some(crate::config::HashOn::Header(h)) => (Some(h.as_str()), false),
+            Some(crate::config::HashOn::Path) => (None, true),
+            _ => (None, false),
+        };
+        Self {
+            client_ip: &client.ip,
+            proto: client.proto,
+            trust_forwarded: client.trust_forwarded,
+            hash_header,
+            hash_path,
+            max_headers,
+            max_body,
+        }
+    }
+}
+
 /// How a request body is delimited.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) enum BodyFraming {
