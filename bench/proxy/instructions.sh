@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# User-space instructions per proxied request of keel, NGINX and HAProxy, counted by valgrind's
+# callgrind: a count that does not depend on what else the machine is doing (unlike CPU time on
+# a shared machine), for comparing the proxies' own code. The kernel's share (system calls,
+# TCP) is not counted here: see `bench/proxy/run.sh --strace` for system calls per request.
+#
+#   bench/proxy/instructions.sh
+#
+# Plain HTTP only: over TLS, a proxy runs so slowly under callgrind (OpenSSL's and ring's
+# assembly emulated) that the handshakes of wrk's connections outweigh the requests counted.
+#
+# Each proxy runs alone under callgrind, one worker/thread, in front of one NGINX backend that
+# answers a small body; wrk sends keep-alive GETs over 16 connections: 3 s of warm-up, then the
+# counters are zeroed, 10 s measured, dumped. Instructions per request = the dump's total /
+# requests wrk completed in those 10 s. Under callgrind each proxy runs about 50x slower than
+# natively; the count per request is what matters.
+#
+# Environment: KEEL_BIN (else `cargo build --release -p keel`), OUT (default
+# target/proxy-instructions). Ports 22001 and 22010-22012 on 127.0.0.1.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+for arg in "$@"; do
+    case "$arg" in
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
+        *) echo "instructions.sh: unknown argument: $arg (try --help)" >&2; exit 2 ;;
+    esac
+done
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO="sudo"
+missing=()
+command -v valgrind >/dev/null || missing+=(valgrind)
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx)
+command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
+command -v wrk >/dev/null || missing+=(wrk)
+if [ "${#missing[@]}" -gt 0 ]; then
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+export PATH="$PATH:/usr/sbin:/sbin"
+if [ -z "${KEEL_BIN:-}" ]; then
+    (cd "$REPO" && cargo build --release -p keel --quiet)
+    KEEL_BIN="${CARGO_TARGET_DIR:-$REPO/target}/release/keel"
+fi
+OUT="${OUT:-$REPO/target/proxy-instructions}"
+mkdir -p "$OUT"
+W="$(mktemp -d /tmp/keel-instr.XXXXXX)"
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$W"; }
+trap cleanup EXIT
+
+wait_port() { for _ in $(seq 1 600); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.2; done; return 1; }
+
+cat >"$W/backend.conf" <<EOF
+daemon off; master_process off; worker_processes 1; pid $W/backend.pid; error_log $W/backend.err warn;
+events { worker_connections 4096; }
+http { access_log off; keepalive_requests 10000000; default_type text/plain;
+  server { listen 127.0.0.1:22001 backlog=4096; location / { return 200 "backend: ok\n"; } } }
+EOF
+nginx -p "$W" -c "$W/backend.conf" &
+PIDS+=("$!")
+wait_port 22001
+
+{
+    echo '[[listener]]'; echo 'listen = "127.0.0.1:22010"'; echo 'cluster = "app"'
+    echo '[[cluster]]'; echo 'name = "app"'; echo 'endpoints = [{ address = "127.0.0.1:22001" }]'
+} >"$W/keel.toml"
+cat >"$W/nginx.conf" <<EOF
+daemon off; master_process off; worker_processes 1; pid $W/nginx.pid; error_log $W/nginx.err warn;
+events { worker_connections 4096; }
+http { access_log off; keepalive_requests 10000000;
+  upstream app { server 127.0.0.1:22001; keepalive 256; }
+  server { listen 127.0.0.1:22011 backlog=4096;
+    location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection "";
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for; proxy_set_header X-Forwarded-Proto \$scheme;
+      proxy_set_header X-Forwarded-Host \$host; add_header X-Upstream \$upstream_addr; } } }
+EOF
+cat >"$W/haproxy.cfg" <<EOF
+global
+    nbthread 1
+defaults
+    mode http
+    timeout connect 1s
+    timeout client 30s
+    timeout server 30s
+    option http-keep-alive
+    http-reuse always
+frontend fe
+    bind 127.0.0.1:22012
+    option forwardfor
+    http-request set-header X-Forwarded-Host %[req.hdr(host)]
+    http-response set-header X-Upstream %[srv_name]
+    default_backend app
+backend app
+    server b1 127.0.0.1:22001
+EOF
+
+count() { # name port command...
+    local name="$1" port="$2"; shift 2
+    rm -f "$OUT/$name.callgrind"*
+    valgrind --tool=callgrind --callgrind-out-file="$OUT/$name.callgrind" "$@" >"$OUT/$name.log" 2>&1 &
+    local vp=$!
+    wait_port "$port" || { cat "$OUT/$name.log" >&2; return 1; }
+    wrk -t1 -c16 -d3s "http://127.0.0.1:$port/" >/dev/null
+    callgrind_control -z "$vp" >/dev/null
+    wrk -t1 -c16 -d10s "http://127.0.0.1:$port/" >"$OUT/$name.wrk"
+    callgrind_control -d "$vp" >/dev/null
+    sleep 1
+    kill "$vp"; wait "$vp" 2>/dev/null || true
+    local req ir
+    req="$(grep -oP '\d+(?= requests in)' "$OUT/$name.wrk")"
+    ir="$(grep -h '^totals:' "$OUT/$name.callgrind.1" | awk '{print $2}')"
+    printf '%s\t%s\t%s\t%s\n' "$name" "$req" "$ir" "$((ir / req))"
+}
+
+echo "# user-space instructions per request (http, 1 worker, wrk -c16, callgrind); columns: proxy, requests, instructions, per request" | tee "$OUT/instructions.tsv"
+count keel 22010 "$KEEL_BIN" proxy --config "$W/keel.toml" --workers 1 --log warn | tee -a "$OUT/instructions.tsv"
+count nginx 22011 nginx -p "$W" -c "$W/nginx.conf" | tee -a "$OUT/instructions.tsv"
+count haproxy 22012 haproxy -db -f "$W/haproxy.cfg" | tee -a "$OUT/instructions.tsv"
+awk -F'\t' 'NR > 1 { n[$1] = $4 } END { printf "keel / NGINX %.2f, keel / HAProxy %.2f\n", n["keel"] / n["nginx"], n["keel"] / n["haproxy"] }' "$OUT/instructions.tsv"
