@@ -386,7 +386,17 @@ pub(crate) async fn forward<B: RequestBody>(
     let start_on_clock = cluster.at(start);
     cluster.budget.record_request(start_on_clock);
     let attempts = cluster.config.retry.attempts.min(MAX_RETRY_ATTEMPTS) as usize;
-    let mut tried = [EndpointId(0); MAX_RETRY_ATTEMPTS as usize + 1];
+    // Endpoints tried so far (a hedge adds one), avoided by the next pick.
+    let mut tried = [EndpointId(0); MAX_RETRY_ATTEMPTS as usize + 2];
+    let mut n_tried = 0;
+    // Hedging: idempotent requests whose body can be sent twice, first tries only.
+    let hedger = cluster
+        .hedger
+        .as_deref()
+        .filter(|_| req.meta.idempotent && body.inline().is_some());
+    if let Some(h) = hedger {
+        h.record_call(start_on_clock);
+    }
     let mut attempt = 0;
     loop {
         let (now, wall) = if attempt == 0 {
@@ -394,7 +404,7 @@ pub(crate) async fn forward<B: RequestBody>(
         } else {
             (cluster.now(), Instant::now())
         };
-        let mut ctx = PickContext::new(now).with_avoid(&tried[..attempt]);
+        let mut ctx = PickContext::new(now).with_avoid(&tried[..n_tried]);
         if let Some(k) = hash {
             ctx = ctx.with_hash_key(k);
         }
@@ -402,29 +412,69 @@ pub(crate) async fn forward<B: RequestBody>(
             cluster.metrics.no_endpoint.fetch_add(1, Relaxed);
             return own(cluster, client, 503, &Cause::NoEndpoint, None, Some(guard));
         };
-        tried[attempt] = pick.id();
+        tried[n_tried] = pick.id();
+        n_tried += 1;
+        let last = attempt >= attempts;
+        req.head.truncate(common_len);
+        end_head(req.head, req.meta, &cluster.endpoints[pick.index()]);
+        let try_deadline = deadline.min(wall + cluster.per_try_timeout);
+        let first = Tried {
+            pick,
+            at: now,
+            wall,
+        };
+        let hedge = hedger
+            .filter(|_| attempt == 0)
+            .and_then(|h| Some((h, h.delay()?, body.inline()?)));
+        let (tried_once, Tried { pick, at: now, .. }) = match hedge {
+            Some((h, delay, inline)) => {
+                let race = Race {
+                    cluster,
+                    client,
+                    meta: req.meta,
+                    common: &req.head[..common_len],
+                    hash,
+                    deadline,
+                };
+                let (result, winner, hedged) = race
+                    .run(
+                        first,
+                        req.head,
+                        inline,
+                        out,
+                        timer,
+                        try_deadline,
+                        h,
+                        delay,
+                        &tried[..n_tried],
+                    )
+                    .await;
+                if let Some(id) = hedged {
+                    tried[n_tried] = id;
+                    n_tried += 1;
+                }
+                (result, winner)
+            }
+            None => {
+                let entry = &cluster.endpoints[first.pick.index()];
+                let leg = crate::h1::upstream::try_once(
+                    entry,
+                    cluster,
+                    client.worker,
+                    req.head,
+                    req.meta,
+                    &mut *body,
+                    out,
+                );
+                let result = crate::h1::until(timer, try_deadline, leg).await;
+                if let Some(h) = hedger.filter(|_| attempt == 0) {
+                    h.observe(wall.elapsed());
+                }
+                (result, first)
+            }
+        };
         let index = pick.index();
         let entry = &cluster.endpoints[index];
-        let last = attempt >= attempts;
-        // The per-try end of the head: `Host` if the client sent none, and the blank line.
-        req.head.truncate(common_len);
-        if !req.meta.has_host {
-            crate::h1::push_header(req.head, b"host", entry.header.as_bytes());
-        }
-        req.head.extend_from_slice(b"\r\n");
-        let try_deadline = deadline.min(wall + cluster.per_try_timeout);
-        let tried_once = {
-            let leg = crate::h1::upstream::try_once(
-                entry,
-                cluster,
-                client.worker,
-                req.head,
-                req.meta,
-                &mut *body,
-                out,
-            );
-            crate::h1::until(timer, try_deadline, leg).await
-        };
         let failure = match tried_once {
             Some(Ok((conn, head))) => {
                 return forwarded(
@@ -442,31 +492,19 @@ pub(crate) async fn forward<B: RequestBody>(
             // Out of time while the client was still sending its body: the client's fault
             // (a slow upload must not get healthy endpoints ejected).
             None if body.waiting_on_client() => TryFailure::Client(Reject::Timeout),
-            None => {
-                let cause = if try_deadline == deadline {
-                    Cause::RequestTimeout(cluster.config.request_timeout)
-                } else {
-                    Cause::TryTimeout(cluster.per_try_timeout)
-                };
-                TryFailure::Upstream(TryError::after_sending(ErrorKind::Timeout, cause))
-            }
+            None => timed_out(cluster, try_deadline, deadline),
         };
-        let (kind, may_have_acted) = match &failure {
+        let may_have_acted = match &failure {
             TryFailure::Client(reject) => {
                 // The client's fault: the pick is cancelled (dropped), never retried.
                 drop(pick);
                 let cause = Cause::Client(*reject);
                 return own(cluster, client, reject.status(), &cause, None, Some(guard));
             }
-            TryFailure::Upstream(e) => (Some(e.kind), e.may_have_acted),
-            TryFailure::Status(..) => (None, true),
+            TryFailure::Upstream(e) => e.may_have_acted,
+            TryFailure::Status(..) => true,
         };
-        match &failure {
-            TryFailure::Upstream(e) => log_try_failure(cluster, entry, &e.cause),
-            TryFailure::Status(_, h) => log_try_failure(cluster, entry, &Cause::Status(h.status)),
-            TryFailure::Client(_) => {}
-        }
-        cluster.finish(pick, now, Outcome::Failure, kind);
+        failed(cluster, entry, &failure, pick, now);
         let body_again = body.inline().is_some() || !body.started();
         let safe = body_again && (req.meta.idempotent || !may_have_acted);
         if may_retry(cluster, last, safe, Instant::now() < deadline) {
@@ -487,6 +525,225 @@ pub(crate) async fn forward<B: RequestBody>(
             }
             TryFailure::Client(_) => unreachable!("answered above"),
         };
+    }
+}
+
+/// The per-try end of a request head: `Host` (the endpoint's) if the client sent none, and the
+/// blank line.
+fn end_head(head: &mut Vec<u8>, meta: &RequestHead, entry: &EndpointEntry) {
+    if !meta.has_host {
+        crate::h1::push_header(head, b"host", entry.header.as_bytes());
+    }
+    head.extend_from_slice(b"\r\n");
+}
+
+/// The failure of a try that ran out of time: the per-try timeout's, or the request's when
+/// that came first.
+fn timed_out(cluster: &Cluster, try_deadline: Instant, deadline: Instant) -> TryFailure {
+    let cause = if try_deadline == deadline {
+        Cause::RequestTimeout(cluster.config.request_timeout)
+    } else {
+        Cause::TryTimeout(cluster.per_try_timeout)
+    };
+    TryFailure::Upstream(TryError::after_sending(ErrorKind::Timeout, cause))
+}
+
+/// Records a failed try: logged, and its pick finished as the endpoint's failure (a client's
+/// fault is not the endpoint's: its pick is dropped, cancelled).
+fn failed(
+    cluster: &Cluster,
+    entry: &EndpointEntry,
+    failure: &TryFailure,
+    pick: Pick,
+    at: Duration,
+) {
+    let kind = match failure {
+        TryFailure::Upstream(e) => {
+            log_try_failure(cluster, entry, &e.cause);
+            Some(e.kind)
+        }
+        TryFailure::Status(_, h) => {
+            log_try_failure(cluster, entry, &Cause::Status(h.status));
+            None
+        }
+        TryFailure::Client(_) => return drop(pick),
+    };
+    cluster.finish(pick, at, Outcome::Failure, kind);
+}
+
+/// A try's pick, and when it was made (the balancer's clock and the wall clock).
+struct Tried {
+    pick: Pick,
+    at: Duration,
+    wall: Instant,
+}
+
+/// A hedged first try: what it needs besides the tries themselves.
+struct Race<'a> {
+    cluster: &'a Arc<Cluster>,
+    client: &'a Client,
+    meta: &'a RequestHead,
+    /// The request head without its per-try end.
+    common: &'a [u8],
+    hash: Option<u64>,
+    deadline: Instant,
+}
+
+type TryResult = Option<Result<(RawConn, ResponseHead), TryFailure>>;
+
+impl Race<'_> {
+    /// Runs the first try alone for `delay`; if it has not answered by then and the budget
+    /// allows, sends a hedge to another endpoint, and the first good answer wins. The loser's
+    /// pick is dropped (cancelled, not failed); a try that fails while the other runs is
+    /// finished as a failure at once. Returns the result to go on with (a success, or the last
+    /// failure when both failed), the pick it belongs to, and the hedge's endpoint if one went.
+    #[allow(clippy::too_many_arguments)]
+    async fn run(
+        &self,
+        first: Tried,
+        head: &[u8],
+        inline: &[u8],
+        out: &mut Vec<u8>,
+        timer: &mut Pin<Box<Sleep>>,
+        try_deadline: Instant,
+        hedger: &keel_balance::Hedger,
+        delay: Duration,
+        tried: &[EndpointId],
+    ) -> (TryResult, Tried, Option<EndpointId>) {
+        // Each try rewrites its response head into a buffer of its own; the winner's becomes
+        // `out` once both tries' futures are gone.
+        let mut out_a = std::mem::take(out);
+        let mut out_b = Vec::new();
+        let (result, winner, hedged, hedge_won) = self
+            .race(
+                first,
+                head,
+                inline,
+                &mut out_a,
+                &mut out_b,
+                timer,
+                try_deadline,
+                hedger,
+                delay,
+                tried,
+            )
+            .await;
+        *out = if hedge_won { out_b } else { out_a };
+        (result, winner, hedged)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn race(
+        &self,
+        first: Tried,
+        head: &[u8],
+        inline: &[u8],
+        out: &mut Vec<u8>,
+        out_b: &mut Vec<u8>,
+        timer: &mut Pin<Box<Sleep>>,
+        try_deadline: Instant,
+        hedger: &keel_balance::Hedger,
+        delay: Duration,
+        tried: &[EndpointId],
+    ) -> (TryResult, Tried, Option<EndpointId>, bool) {
+        let cluster = self.cluster;
+        let worker = self.client.worker;
+        let entry_a = &cluster.endpoints[first.pick.index()];
+        let mut body_a = inline;
+        let leg_a = crate::h1::upstream::try_once(
+            entry_a,
+            cluster,
+            worker,
+            head,
+            self.meta,
+            &mut body_a,
+            out,
+        );
+        tokio::pin!(leg_a);
+        let hedge_at = first.wall + delay;
+        let alone = crate::h1::until(timer, try_deadline.min(hedge_at), &mut leg_a).await;
+        if alone.is_some() || hedge_at >= try_deadline {
+            hedger.observe(first.wall.elapsed());
+            return (alone, first, None, false);
+        }
+        // No answer yet: a hedge, if the budget allows and another endpoint is there.
+        let second = if hedger.try_hedge(cluster.now()) {
+            let now = cluster.now();
+            let mut ctx = PickContext::new(now).with_avoid(tried);
+            if let Some(k) = self.hash {
+                ctx = ctx.with_hash_key(k);
+            }
+            cluster
+                .balancer
+                .pick(&ctx)
+                .filter(|p| p.id() != first.pick.id())
+                .map(|pick| Tried {
+                    pick,
+                    at: now,
+                    wall: Instant::now(),
+                })
+        } else {
+            None
+        };
+        let Some(second) = second else {
+            let r = crate::h1::until(timer, try_deadline, &mut leg_a).await;
+            hedger.observe(first.wall.elapsed());
+            return (r, first, None, false);
+        };
+        cluster.metrics.hedges.fetch_add(1, Relaxed);
+        let hedged_id = second.pick.id();
+        let entry_b = &cluster.endpoints[second.pick.index()];
+        let mut head_b = self.common.to_vec();
+        end_head(&mut head_b, self.meta, entry_b);
+        let mut body_b = inline;
+        let leg_b = crate::h1::upstream::try_once(
+            entry_b,
+            cluster,
+            worker,
+            &head_b,
+            self.meta,
+            &mut body_b,
+            out_b,
+        );
+        tokio::pin!(leg_b);
+        let deadline_b = self.deadline.min(second.wall + cluster.per_try_timeout);
+        let (mut a, mut b) = (Some(first), Some(second));
+        loop {
+            tokio::select! {
+                r = crate::h1::until(timer, try_deadline, &mut leg_a), if a.is_some() => {
+                    let Some(first) = a.take() else { unreachable!() };
+                    hedger.observe(first.wall.elapsed());
+                    let r = match r {
+                        Some(r) => r,
+                        None => Err(timed_out(cluster, try_deadline, self.deadline)),
+                    };
+                    match r {
+                        Ok(won) => return (Some(Ok(won)), first, Some(hedged_id), false),
+                        Err(f) if b.is_none() => return (Some(Err(f)), first, Some(hedged_id), false),
+                        Err(f) => failed(cluster, entry_a, &f, first.pick, first.at),
+                    }
+                }
+                r = tokio::time::timeout_at(deadline_b.into(), &mut leg_b), if b.is_some() => {
+                    let Some(second) = b.take() else { unreachable!() };
+                    let r = match r {
+                        Ok(r) => r,
+                        Err(_) => Err(timed_out(cluster, deadline_b, self.deadline)),
+                    };
+                    match r {
+                        Ok(won) => {
+                            cluster.metrics.hedges_won.fetch_add(1, Relaxed);
+                            if let Some(first) = &a {
+                                // It would have taken at least this long.
+                                hedger.observe(first.wall.elapsed());
+                            }
+                            return (Some(Ok(won)), second, Some(hedged_id), true);
+                        }
+                        Err(f) if a.is_none() => return (Some(Err(f)), second, Some(hedged_id), true),
+                        Err(f) => failed(cluster, entry_b, &f, second.pick, second.at),
+                    }
+                }
+            }
+        }
     }
 }
 

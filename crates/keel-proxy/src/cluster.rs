@@ -40,6 +40,9 @@ pub struct Cluster {
     pub balancer: Balancer,
     /// The retry budget (kept across reloads while its settings stay).
     pub budget: Arc<RetryBudget>,
+    /// The hedging policy, with `[cluster.hedge]` (kept across reloads while its settings
+    /// stay, with the latencies it observed).
+    pub hedger: Option<Arc<keel_balance::Hedger>>,
     /// Endpoint data by balancer index.
     pub endpoints: Vec<EndpointEntry>,
     /// Client-facing counters.
@@ -81,6 +84,14 @@ impl Cluster {
             Some(old) if *old.budget.config() == budget_config => old.budget.clone(),
             _ => Arc::new(RetryBudget::new(budget_config)),
         };
+        let hedger =
+            config
+                .hedge
+                .as_ref()
+                .map(|h| match previous.and_then(|o| o.hedger.as_ref()) {
+                    Some(old) if old.config() == h => old.clone(),
+                    _ => Arc::new(keel_balance::Hedger::new(h)),
+                });
         // The handshake gets its own connect_timeout, after the TCP connect's.
         let tls = config
             .tls
@@ -125,6 +136,7 @@ impl Cluster {
             config,
             balancer,
             budget,
+            hedger,
             endpoints,
             epoch,
         })

@@ -303,6 +303,10 @@ pub struct ClusterConfig {
     /// TLS to the endpoints (`[cluster.tls]`); plain TCP unless present.
     #[serde(default)]
     pub tls: Option<UpstreamTlsConfig>,
+    /// Hedged requests (`[cluster.hedge]`): a second try of a slow idempotent request to
+    /// another endpoint; off unless present.
+    #[serde(default)]
+    pub hedge: Option<keel_balance::HedgeConfig>,
 }
 
 fn default_strategy() -> StrategyKind {
@@ -884,6 +888,9 @@ impl ProxyConfig {
                 };
                 return Err((retry(key), m));
             }
+            if let Some(e) = c.hedge.as_ref().and_then(|h| h.validate().err()) {
+                return Err((vec![K("cluster"), I(i), K("hedge"), K(e.field)], e.problem));
+            }
             if let Some(h) = &c.health_check {
                 let hc = |key: &'static str| vec![K("cluster"), I(i), K("health_check"), K(key)];
                 if !h.path.starts_with('/')
@@ -1333,6 +1340,7 @@ mod tests {
                 "cluster = \"app\"\n[listener.tls]\nnonsense = 1",
             ),
             format!("{HEAD}[cluster.tls]\nnonsense = 1\n"),
+            format!("{HEAD}[cluster.hedge]\ndelay = \"p95\"\nnonsense = 1\n"),
         ];
         let mut checked = 0;
         for t in &tables {

@@ -91,6 +91,10 @@ pub struct ClusterMetrics {
     pub no_endpoint: AtomicU64,
     /// Requests answered 503 at once because the cluster had `max_in_flight` requests.
     pub overloaded: AtomicU64,
+    /// Hedges sent (second tries of slow requests).
+    pub hedges: AtomicU64,
+    /// Requests whose hedge answered first.
+    pub hedges_won: AtomicU64,
 }
 
 /// What each endpoint answered.
@@ -266,6 +270,28 @@ pub fn render(clusters: &[ClusterView<'_>], reloads: u64, reload_failures: u64) 
             label(c.name),
             c.metrics.overloaded.load(Relaxed)
         );
+    }
+    for (name, help, value) in [
+        (
+            "keel_hedges_total",
+            "Hedges sent: second tries of requests that had no answer after the hedge delay.",
+            (|m: &ClusterMetrics| m.hedges.load(Relaxed)) as fn(&ClusterMetrics) -> u64,
+        ),
+        (
+            "keel_hedges_won_total",
+            "Requests whose hedge answered first (the first try was cancelled).",
+            |m: &ClusterMetrics| m.hedges_won.load(Relaxed),
+        ),
+    ] {
+        header(&mut out, name, "counter", help);
+        for c in clusters {
+            let _ = writeln!(
+                out,
+                "{name}{{cluster=\"{}\"}} {}",
+                label(c.name),
+                value(c.metrics)
+            );
+        }
     }
     header(
         &mut out,

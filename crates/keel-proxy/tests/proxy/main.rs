@@ -11,6 +11,7 @@ mod h1_path;
 mod hardening;
 mod hardening_admin;
 mod hardening_limits;
+mod hedging;
 mod proxy_behaviour;
 mod proxy_done;
 mod proxy_lifecycle;
