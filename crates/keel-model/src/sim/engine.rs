@@ -25,12 +25,12 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp};
 
-use super::hedge::Hedger;
 use super::scenario::{FailedPosition, Load, Placement, Scenario, MAX_RETRIES};
 use super::server::{ns, ps_rate, Demand, Job, Server, Station};
 use super::stats::LatencyHistogram;
 use super::SimError;
 use crate::vocab::FailureMode;
+use keel_balance::Hedger;
 
 const KIND_CALL: u128 = 0;
 const KIND_START: u128 = 1;
@@ -505,9 +505,10 @@ impl Sim<'_> {
             self.budgets[b].record_request(dur(now));
         }
         if !self.hedgers.is_empty() {
-            let h = &mut self.hedgers[b];
-            h.budget.record_request(dur(now));
-            if let Some(d) = h.delay_ns() {
+            let h = &self.hedgers[b];
+            h.record_call(dur(now));
+            if let Some(d) = h.delay() {
+                let d = (d.as_nanos().min(u128::from(u64::MAX / 4)) as u64).max(1);
                 slot.hedge_due = now + d;
                 self.heap.push(event(now + d, KIND_HEDGE, s as u32));
             }
@@ -637,7 +638,7 @@ impl Sim<'_> {
         }
         if ok {
             if !self.hedgers.is_empty() && !a.hedge {
-                self.hedgers[b].observe(now - a.started);
+                self.hedgers[b].observe(Duration::from_nanos(now - a.started));
             }
             if a.hedge && slot.measured {
                 self.stats.hedges_won += 1;
@@ -686,7 +687,7 @@ impl Sim<'_> {
         let a = &mut slot.tries[which];
         debug_assert!(a.pending);
         if !a.hedge {
-            self.hedgers[b].observe(now - a.started);
+            self.hedgers[b].observe(Duration::from_nanos(now - a.started));
         }
         a.pending = false;
         slot.outstanding -= 1;
@@ -726,7 +727,7 @@ impl Sim<'_> {
         }
         let (_, b) = self.balancer_of(s);
         let slot = &mut self.slots[s];
-        if !self.hedgers[b].budget.try_retry(dur(now)) {
+        if !self.hedgers[b].try_hedge(dur(now)) {
             return;
         }
         slot.hedged = true;

@@ -28,7 +28,6 @@
 //! Replications run in parallel (rayon). See [`SimResult::ci95`] for the interval.
 
 mod engine;
-mod hedge;
 pub mod scenario;
 mod server;
 mod stats;

@@ -318,79 +318,9 @@ pub struct SlowdownConfig {
     pub end: Duration,
 }
 
-/// Hedged requests (Dean and Barroso, "The Tail at Scale"): when a call has had no answer
-/// after `delay`, a second try goes to another endpoint; the first good answer wins and the
-/// other try is cancelled (its pick dropped: cancelled, not failed). Hedges are bounded by a
-/// budget per balancer, as retries are.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct HedgeConfig {
-    /// When to hedge: `"p95"` (a quantile of the latency this balancer has observed for the
-    /// cluster) or a duration such as `"20ms"`.
-    pub delay: HedgeDelay,
-    /// Extra tries per call. The simulator supports 1 (the default).
-    #[serde(default = "default_one")]
-    pub max: u32,
-    /// Hedges may be at most this percentage of the calls in a 10 s window. Default 5.
-    #[serde(default = "default_hedge_budget")]
-    pub budget_percent: f64,
-}
-
-fn default_hedge_budget() -> f64 {
-    5.0
-}
-
-/// When a hedge goes out.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum HedgeDelay {
-    /// This quantile (in (0, 1)) of the call latencies the balancer has observed lately.
-    Quantile(f64),
-    /// A fixed delay.
-    Fixed(Duration),
-}
-
-impl std::fmt::Display for HedgeDelay {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            HedgeDelay::Quantile(q) => write!(f, "p{}", q * 100.0),
-            HedgeDelay::Fixed(d) => {
-                write!(f, "{}", humantime_serde::re::humantime::format_duration(*d))
-            }
-        }
-    }
-}
-
-impl std::str::FromStr for HedgeDelay {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let s = s.trim();
-        if let Some(rest) = s.strip_prefix('p') {
-            let pct: f64 = rest
-                .parse()
-                .map_err(|_| format!("`{s}`: a quantile is written p50, p95, p99.9"))?;
-            if !(pct > 0.0 && pct < 100.0) {
-                return Err(format!("`{s}`: the quantile must be within (0, 100)"));
-            }
-            return Ok(HedgeDelay::Quantile(pct / 100.0));
-        }
-        humantime_serde::re::humantime::parse_duration(s)
-            .map(HedgeDelay::Fixed)
-            .map_err(|e| format!("`{s}`: neither a quantile (p95) nor a duration: {e}"))
-    }
-}
-
-impl Serialize for HedgeDelay {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for HedgeDelay {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
+/// Hedged requests: keel-balance's policy, the same `[hedge]` table as the proxy's
+/// `[cluster.hedge]`.
+pub use keel_balance::{HedgeConfig, HedgeDelay};
 
 /// Where in the endpoint list the failed servers sit (it matters for lowest-index tie-breaks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
@@ -483,24 +413,8 @@ impl Scenario {
                 return Err("health_check thresholds must be at least 1".into());
             }
         }
-        if let Some(h) = &self.hedge {
-            if h.max != 1 {
-                return Err(format!(
-                    "hedge.max must be 1 (one extra try) in the simulator, got {}",
-                    h.max
-                ));
-            }
-            if !(h.budget_percent.is_finite() && h.budget_percent >= 0.0) {
-                return Err(format!(
-                    "hedge.budget_percent must be 0 or more, got {}",
-                    h.budget_percent
-                ));
-            }
-            if let HedgeDelay::Fixed(d) = h.delay {
-                if d.is_zero() {
-                    return Err("hedge.delay must be greater than zero".into());
-                }
-            }
+        if let Some(e) = self.hedge.as_ref().and_then(|h| h.validate().err()) {
+            return Err(format!("hedge.{} {}", e.field, e.problem));
         }
         if self.clusters.is_empty() {
             return Err("at least one [[clusters]] entry is needed".into());

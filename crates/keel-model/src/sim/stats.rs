@@ -4,35 +4,10 @@
 /// Sub-buckets per power of two: a bucket spans at most 1/128 of its lower bound, and a
 /// quantile read at the bucket's middle is within 0.4 % of the true value.
 const SUB_BITS: u32 = 7;
-const SUB: u64 = 1 << SUB_BITS;
 /// Buckets for every u64 value: exact below 128, then 128 per power of two.
-const BUCKETS: usize = ((64 - SUB_BITS as usize) + 1) * SUB as usize;
+const BUCKETS: usize = log_buckets::count(SUB_BITS);
 
-/// Bucket of `v` in a log-linear layout with `bits` bits of precision: exact below 2^bits, then
-/// 2^bits buckets per power of two.
-#[inline]
-pub(crate) fn log_index(v: u64, bits: u32) -> usize {
-    let sub = 1u64 << bits;
-    if v < sub {
-        return v as usize;
-    }
-    let e = 63 - v.leading_zeros();
-    let shift = e - bits;
-    ((e - bits + 1) as usize) * sub as usize + ((v >> shift) - sub) as usize
-}
-
-/// The middle of bucket `i`'s range in [`log_index`]'s layout.
-pub(crate) fn log_value(i: usize, bits: u32) -> f64 {
-    let sub = 1u64 << bits;
-    let i = i as u64;
-    if i < sub {
-        return i as f64;
-    }
-    let e = i / sub + u64::from(bits) - 1;
-    let shift = e - u64::from(bits);
-    let low = (i % sub + sub) << shift;
-    low as f64 + ((1u64 << shift) as f64 - 1.0) / 2.0
-}
+use keel_balance::hedge::log_buckets::{self, index as log_index, value as log_value};
 
 /// A log-linear histogram of durations in nanoseconds (HdrHistogram's layout with 7 bits of
 /// precision): recording is a few instructions and no allocation, and a quantile is within
