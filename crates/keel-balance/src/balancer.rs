@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use crate::config::BalancerConfig;
+use crate::config::{check_endpoints, BalancerConfig};
 use crate::endpoint::{nanos, Endpoint, EndpointId, EndpointSpec, EndpointStatus};
 use crate::rng::SharedRng;
 use crate::strategy::{Strategy, View};
@@ -23,18 +23,29 @@ pub enum Outcome {
     Failure,
 }
 
-/// Why a balancer could not be built or updated.
+/// Why a balancer could not be built or updated. [`BuildError::invalid_field`] names the
+/// field at fault.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum BuildError {
     /// The configuration is out of range.
     #[error("invalid balancer configuration: {0}")]
-    Config(String),
+    Config(#[from] crate::InvalidField),
     /// Two endpoints share an address.
-    #[error("endpoint `{0}` is listed twice")]
-    DuplicateEndpoint(String),
+    #[error("endpoint `{address}` is listed twice")]
+    DuplicateEndpoint {
+        /// Position of the second one in the list.
+        index: usize,
+        /// The address.
+        address: String,
+    },
     /// A weight of zero.
-    #[error("endpoint `{0}` has weight 0; weights start at 1")]
-    ZeroWeight(String),
+    #[error("endpoint `{address}` has weight 0; weights start at 1")]
+    ZeroWeight {
+        /// Position in the list.
+        index: usize,
+        /// The endpoint's address.
+        address: String,
+    },
     /// More endpoints than the strategy supports (ring-hash: 2^20).
     #[error("{strategy} supports at most {max} endpoints, got {count}")]
     TooManyEndpoints {
@@ -204,9 +215,10 @@ impl std::fmt::Debug for Balancer {
 impl Balancer {
     /// Builds a balancer. Endpoints present at build time start at full weight (no slow start).
     pub fn new(config: BalancerConfig, endpoints: &[EndpointSpec]) -> Result<Self, BuildError> {
-        config.validate().map_err(BuildError::Config)?;
-        let eps = Self::carry_over(&[], endpoints, 0)?;
-        let snapshot = Self::snapshot(&config, eps)?;
+        config.validate()?;
+        check_endpoints(&config, endpoints)?;
+        let eps = Self::carry_over(&[], endpoints, 0);
+        let snapshot = Self::snapshot(&config, eps);
         Ok(Self {
             rng: SharedRng::new(config.seed),
             config,
@@ -224,10 +236,11 @@ impl Balancer {
         endpoints: &[EndpointSpec],
         now: Duration,
     ) -> Result<Self, BuildError> {
-        config.validate().map_err(BuildError::Config)?;
+        config.validate()?;
+        check_endpoints(&config, endpoints)?;
         let old = self.snapshot.load();
-        let eps = Self::carry_over(&old.endpoints, endpoints, nanos(now).max(1))?;
-        let snapshot = Self::snapshot(&config, eps)?;
+        let eps = Self::carry_over(&old.endpoints, endpoints, nanos(now).max(1));
+        let snapshot = Self::snapshot(&config, eps);
         Ok(Self {
             rng: SharedRng::new(config.seed),
             config,
@@ -239,9 +252,10 @@ impl Balancer {
     /// Replaces the endpoint list in place (add, remove, re-weight). Endpoints that stay keep
     /// their state; hash tables are rebuilt; picks in flight finish normally.
     pub fn update(&self, endpoints: &[EndpointSpec], now: Duration) -> Result<(), BuildError> {
+        check_endpoints(&self.config, endpoints)?;
         let old = self.snapshot.load();
-        let eps = Self::carry_over(&old.endpoints, endpoints, nanos(now).max(1))?;
-        let snapshot = Self::snapshot(&self.config, eps)?;
+        let eps = Self::carry_over(&old.endpoints, endpoints, nanos(now).max(1));
+        let snapshot = Self::snapshot(&self.config, eps);
         self.snapshot.store(Arc::new(snapshot));
         Ok(())
     }
@@ -263,57 +277,29 @@ impl Balancer {
         Ok(true)
     }
 
+    /// The endpoints of `specs` (checked by `check_endpoints`), reusing those of `old`.
     fn carry_over(
         old: &[Arc<Endpoint>],
         specs: &[EndpointSpec],
         ramp_from: u64,
-    ) -> Result<Vec<Arc<Endpoint>>, BuildError> {
+    ) -> Vec<Arc<Endpoint>> {
         // Indexed by address so that an update of n endpoints is O(n), not O(n^2).
         let old: std::collections::HashMap<&str, &Arc<Endpoint>> =
             old.iter().map(|e| (e.address(), e)).collect();
-        let mut seen = std::collections::HashSet::with_capacity(specs.len());
         specs
             .iter()
-            .map(|s| {
-                if !seen.insert(s.address.as_str()) {
-                    return Err(BuildError::DuplicateEndpoint(s.address.clone()));
+            .map(|s| match old.get(s.address.as_str()) {
+                Some(e) => {
+                    e.weight.store(s.weight, Ordering::Relaxed);
+                    Arc::clone(e)
                 }
-                if s.weight == 0 {
-                    return Err(BuildError::ZeroWeight(s.address.clone()));
-                }
-                Ok(match old.get(s.address.as_str()) {
-                    Some(e) => {
-                        e.weight.store(s.weight, Ordering::Relaxed);
-                        Arc::clone(e)
-                    }
-                    None => Arc::new(Endpoint::new(s, ramp_from)),
-                })
+                None => Arc::new(Endpoint::new(s, ramp_from)),
             })
             .collect()
     }
 
-    fn snapshot(
-        config: &BalancerConfig,
-        endpoints: Vec<Arc<Endpoint>>,
-    ) -> Result<Snapshot, BuildError> {
-        if config.strategy == crate::StrategyKind::Maglev
-            && endpoints.len() as u64 >= config.options.table_size
-        {
-            return Err(BuildError::TableTooSmall {
-                size: config.options.table_size,
-                count: endpoints.len(),
-            });
-        }
-        if config.strategy == crate::StrategyKind::RingHash
-            && endpoints.len() > crate::hash::RING_MAX_ENDPOINTS
-        {
-            return Err(BuildError::TooManyEndpoints {
-                strategy: config.strategy,
-                max: crate::hash::RING_MAX_ENDPOINTS,
-                count: endpoints.len(),
-            });
-        }
-        Ok(Snapshot {
+    fn snapshot(config: &BalancerConfig, endpoints: Vec<Arc<Endpoint>>) -> Snapshot {
+        Snapshot {
             strategy: Strategy::build(config.strategy, &config.options, &endpoints),
             total_weight: endpoints.iter().map(|e| e.weight() as u64).sum(),
             health: HealthSummary {
@@ -321,7 +307,7 @@ impl Balancer {
                 recount_at: AtomicU64::new(0),
             },
             endpoints,
-        })
+        }
     }
 
     /// The configuration.

@@ -163,6 +163,143 @@ impl Default for StrategyOptions {
     }
 }
 
+/// A path to a configuration field, relative to the value that was validated: keys and list
+/// indices, written `outlier_detection.failure_rate.threshold_percent` or `endpoints[1].weight`.
+/// The same path names the key in TOML, so a caller that embeds the value (the proxy's
+/// `[[cluster]]`) prefixes its own path and finds the key's line.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct FieldPath(Vec<PathSegment>);
+
+/// One step of a [`FieldPath`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PathSegment {
+    /// A key of a table.
+    Key(&'static str),
+    /// An index into a list.
+    Index(usize),
+}
+
+impl FieldPath {
+    /// The path of one key.
+    pub fn key(key: &'static str) -> Self {
+        FieldPath(vec![PathSegment::Key(key)])
+    }
+
+    /// The empty path: the validated value itself.
+    pub fn root() -> Self {
+        FieldPath(Vec::new())
+    }
+
+    /// This path with a key appended.
+    pub fn then(mut self, key: &'static str) -> Self {
+        self.0.push(PathSegment::Key(key));
+        self
+    }
+
+    /// This path with a list index appended.
+    pub fn at(mut self, index: usize) -> Self {
+        self.0.push(PathSegment::Index(index));
+        self
+    }
+
+    /// `prefix` followed by this path (how an enclosing value reports a nested field).
+    pub fn under(mut self, prefix: FieldPath) -> Self {
+        let mut p = prefix.0;
+        p.append(&mut self.0);
+        self.0 = p;
+        self
+    }
+
+    /// The steps, outermost first.
+    pub fn segments(&self) -> &[PathSegment] {
+        &self.0
+    }
+}
+
+impl fmt::Display for FieldPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, s) in self.0.iter().enumerate() {
+            match s {
+                PathSegment::Key(k) if i == 0 => f.write_str(k)?,
+                PathSegment::Key(k) => write!(f, ".{k}")?,
+                PathSegment::Index(n) => write!(f, "[{n}]")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What is wrong with a field's value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Problem {
+    /// The value is outside what is allowed: "must be {must_be}, got {got}".
+    OutOfRange {
+        /// What the value must be, e.g. `within 0..=100`, `greater than zero`.
+        must_be: String,
+        /// The value given.
+        got: String,
+    },
+    /// The field does not apply here, and why (e.g. to this strategy).
+    NotApplicable(String),
+    /// The value repeats an earlier one (an endpoint listed twice).
+    Duplicate(String),
+    /// Anything else, in words (a malformed address, a reference to nothing).
+    Invalid(String),
+}
+
+impl Problem {
+    /// `OutOfRange` from anything printable.
+    pub fn out_of_range(must_be: impl Into<String>, got: impl fmt::Display) -> Self {
+        Problem::OutOfRange {
+            must_be: must_be.into(),
+            got: got.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Problem::OutOfRange { must_be, got } => write!(f, "must be {must_be}, got {got}"),
+            Problem::NotApplicable(why) => write!(f, "does not apply: {why}"),
+            Problem::Duplicate(what) => write!(f, "`{what}` is listed twice"),
+            Problem::Invalid(why) => f.write_str(why),
+        }
+    }
+}
+
+/// A configuration value that is refused: which field, and what is wrong with it. Every
+/// `validate` of keel's configurations returns it; the edge (a CLI, the proxy's loader) turns it
+/// into text, with the file and line when it has them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct InvalidField {
+    /// Where, relative to the value validated.
+    pub field: FieldPath,
+    /// What is wrong.
+    pub problem: Problem,
+}
+
+impl InvalidField {
+    /// The error for `field`.
+    pub fn new(field: FieldPath, problem: Problem) -> Self {
+        InvalidField { field, problem }
+    }
+
+    /// The error for one key of the value validated.
+    pub fn at(key: &'static str, problem: Problem) -> Self {
+        InvalidField::new(FieldPath::key(key), problem)
+    }
+
+    /// The same error seen from an enclosing value, whose path to this one is `prefix`.
+    pub fn under(self, prefix: FieldPath) -> Self {
+        InvalidField {
+            field: self.field.under(prefix),
+            problem: self.problem,
+        }
+    }
+}
+
 /// Largest `vnodes`: the ring holds about `vnodes x endpoints` points (8 bytes each), so an
 /// unbounded value could ask for more memory than there is (4 billion vnodes: 32 GiB per
 /// endpoint) and abort the process that loads the configuration.
@@ -211,52 +348,139 @@ impl BalancerConfig {
         }
     }
 
-    /// Checks every range; the message names the option and what is allowed.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks every range; the error names the field (relative to this configuration, as its
+    /// TOML key is spelled) and what is allowed.
+    pub fn validate(&self) -> Result<(), InvalidField> {
         let o = &self.options;
+        let bad = |key, problem| Err(InvalidField::at(key, problem));
         if o.choices < 2 {
-            return Err(format!("choices must be at least 2, got {}", o.choices));
+            return bad("choices", Problem::out_of_range("at least 2", o.choices));
         }
         if o.decay.is_zero() {
-            return Err("decay must be greater than zero".into());
+            return bad("decay", Problem::out_of_range("greater than zero", "0s"));
         }
         if o.vnodes == 0 || o.vnodes > MAX_VNODES {
-            return Err(format!(
-                "vnodes must be within 1..={MAX_VNODES}, got {}",
-                o.vnodes
-            ));
+            return bad(
+                "vnodes",
+                Problem::out_of_range(format!("within 1..={MAX_VNODES}"), o.vnodes),
+            );
         }
         // The bound first: trial division of a huge prime would take seconds.
         if o.table_size > MAX_TABLE_SIZE || !crate::hash::is_prime(o.table_size) {
-            return Err(format!(
-                "table_size must be a prime of at most {MAX_TABLE_SIZE}, got {}",
-                o.table_size
-            ));
+            return bad(
+                "table_size",
+                Problem::out_of_range(format!("a prime of at most {MAX_TABLE_SIZE}"), o.table_size),
+            );
         }
         if let Some(c) = o.bounded_load {
             if c.is_nan() || c < 1.0 || !c.is_finite() {
-                return Err(format!("bounded_load must be 1.0 or more, got {c}"));
+                return bad("bounded_load", Problem::out_of_range("1.0 or more", c));
             }
             if !self.strategy.is_hash() {
-                return Err(format!(
-                    "bounded_load applies to the hash strategies (ring-hash, maglev, rendezvous), not {}",
-                    self.strategy
-                ));
+                return bad(
+                    "bounded_load",
+                    Problem::NotApplicable(format!(
+                        "it is for the hash strategies (ring-hash, maglev, rendezvous), not {}",
+                        self.strategy
+                    )),
+                );
             }
         }
         if !(0.0..=100.0).contains(&self.panic_threshold) {
-            return Err(format!(
-                "panic_threshold must be within 0..=100, got {}",
-                self.panic_threshold
-            ));
+            return bad(
+                "panic_threshold",
+                Problem::out_of_range("within 0..=100", self.panic_threshold),
+            );
         }
         if let Some(od) = &self.outlier_detection {
-            od.validate()?;
+            od.validate()
+                .map_err(|e| e.under(FieldPath::key("outlier_detection")))?;
         }
         if let Some(ss) = &self.slow_start {
-            ss.validate()?;
+            ss.validate()
+                .map_err(|e| e.under(FieldPath::key("slow_start")))?;
         }
         Ok(())
+    }
+
+    /// [`BalancerConfig::validate`], then what the endpoint list must satisfy for this
+    /// configuration (what [`crate::Balancer::new`] checks); endpoint fields are named
+    /// `endpoints[i].address` and `endpoints[i].weight`.
+    pub fn validate_with(&self, endpoints: &[crate::EndpointSpec]) -> Result<(), InvalidField> {
+        self.validate()?;
+        check_endpoints(self, endpoints).map_err(|e| e.invalid_field())
+    }
+}
+
+/// The endpoint rules of [`crate::Balancer::new`] and `update`.
+pub(crate) fn check_endpoints(
+    config: &BalancerConfig,
+    endpoints: &[crate::EndpointSpec],
+) -> Result<(), crate::BuildError> {
+    use crate::BuildError;
+    let mut seen = std::collections::HashSet::with_capacity(endpoints.len());
+    for (index, e) in endpoints.iter().enumerate() {
+        if !seen.insert(e.address.as_str()) {
+            return Err(BuildError::DuplicateEndpoint {
+                index,
+                address: e.address.clone(),
+            });
+        }
+        if e.weight == 0 {
+            return Err(BuildError::ZeroWeight {
+                index,
+                address: e.address.clone(),
+            });
+        }
+    }
+    if config.strategy == StrategyKind::Maglev
+        && endpoints.len() as u64 >= config.options.table_size
+    {
+        return Err(BuildError::TableTooSmall {
+            size: config.options.table_size,
+            count: endpoints.len(),
+        });
+    }
+    if config.strategy == StrategyKind::RingHash
+        && endpoints.len() > crate::hash::RING_MAX_ENDPOINTS
+    {
+        return Err(BuildError::TooManyEndpoints {
+            strategy: config.strategy,
+            max: crate::hash::RING_MAX_ENDPOINTS,
+            count: endpoints.len(),
+        });
+    }
+    Ok(())
+}
+
+impl crate::BuildError {
+    /// The field at fault and what is wrong, relative to the configuration and its endpoint
+    /// list (`choices`, `endpoints[2].weight`, `table_size`, ...).
+    pub fn invalid_field(&self) -> InvalidField {
+        use crate::BuildError::*;
+        match self {
+            Config(e) => e.clone(),
+            DuplicateEndpoint { index, address } => InvalidField::new(
+                FieldPath::key("endpoints").at(*index).then("address"),
+                Problem::Duplicate(address.clone()),
+            ),
+            ZeroWeight { index, .. } => InvalidField::new(
+                FieldPath::key("endpoints").at(*index).then("weight"),
+                Problem::out_of_range("at least 1", 0),
+            ),
+            TooManyEndpoints {
+                strategy,
+                max,
+                count,
+            } => InvalidField::at(
+                "endpoints",
+                Problem::out_of_range(format!("at most {max} endpoints for {strategy}"), count),
+            ),
+            TableTooSmall { size, count } => InvalidField::at(
+                "table_size",
+                Problem::out_of_range(format!("larger than the endpoint count ({count})"), size),
+            ),
+        }
     }
 }
 
@@ -293,14 +517,113 @@ mod tests {
         assert_eq!(od.max_ejection_percent, 10.0);
     }
 
+    /// Every option error names its field, relative to the configuration, and what is wrong.
     #[test]
-    fn validation_names_the_option() {
+    fn every_option_error_names_its_field() {
+        use crate::{EndpointSpec, FailureRate, OutlierConfig, SlowStartConfig};
+        let field = |cfg: &BalancerConfig, eps: &[EndpointSpec]| {
+            cfg.validate_with(eps).unwrap_err().field.to_string()
+        };
+        let two = [EndpointSpec::new("a:1"), EndpointSpec::new("b:1")];
+        let base = BalancerConfig::new(StrategyKind::RoundRobin);
+        type Edit = fn(&mut BalancerConfig);
+        let cases: Vec<(&str, Edit)> = vec![
+            ("choices", |c| c.options.choices = 1),
+            ("decay", |c| c.options.decay = Duration::ZERO),
+            ("vnodes", |c| c.options.vnodes = 0),
+            ("table_size", |c| c.options.table_size = 65536),
+            ("bounded_load", |c| c.options.bounded_load = Some(1.25)),
+            ("panic_threshold", |c| c.panic_threshold = 101.0),
+            ("outlier_detection.max_ejection_percent", |c| {
+                c.outlier_detection = Some(OutlierConfig {
+                    max_ejection_percent: 150.0,
+                    ..OutlierConfig::default()
+                })
+            }),
+            ("outlier_detection.interval", |c| {
+                c.outlier_detection = Some(OutlierConfig {
+                    interval: Duration::ZERO,
+                    ..OutlierConfig::default()
+                })
+            }),
+            ("outlier_detection.base_ejection_time", |c| {
+                c.outlier_detection = Some(OutlierConfig {
+                    base_ejection_time: Duration::ZERO,
+                    ..OutlierConfig::default()
+                })
+            }),
+            ("outlier_detection.max_ejection_time", |c| {
+                c.outlier_detection = Some(OutlierConfig {
+                    max_ejection_time: Duration::from_secs(1),
+                    ..OutlierConfig::default()
+                })
+            }),
+            ("outlier_detection.failure_rate.threshold_percent", |c| {
+                c.outlier_detection = Some(OutlierConfig {
+                    failure_rate: Some(FailureRate {
+                        threshold_percent: 100.5,
+                        ..FailureRate::default()
+                    }),
+                    ..OutlierConfig::default()
+                })
+            }),
+            ("slow_start.window", |c| {
+                c.slow_start = Some(SlowStartConfig {
+                    window: Duration::ZERO,
+                    ..SlowStartConfig::default()
+                })
+            }),
+            ("slow_start.aggression", |c| {
+                c.slow_start = Some(SlowStartConfig {
+                    aggression: 0.0,
+                    ..SlowStartConfig::default()
+                })
+            }),
+            ("slow_start.min_weight_percent", |c| {
+                c.slow_start = Some(SlowStartConfig {
+                    min_weight_percent: -1.0,
+                    ..SlowStartConfig::default()
+                })
+            }),
+        ];
+        for (want, edit) in &cases {
+            let mut cfg = base.clone();
+            edit(&mut cfg);
+            assert_eq!(field(&cfg, &two), *want);
+            // Balancer::new refuses it with the same field.
+            let err = crate::Balancer::new(cfg, &two).unwrap_err();
+            assert_eq!(err.invalid_field().field.to_string(), *want);
+        }
+        // The endpoint rules, at the endpoint's own key.
+        let zero = [
+            EndpointSpec::new("a:1"),
+            EndpointSpec::new("b:1").with_weight(0),
+        ];
+        assert_eq!(field(&base, &zero), "endpoints[1].weight");
+        let twice = [
+            EndpointSpec::new("a:1"),
+            EndpointSpec::new("b:1"),
+            EndpointSpec::new("a:1"),
+        ];
+        assert_eq!(field(&base, &twice), "endpoints[2].address");
+        let mut maglev = BalancerConfig::new(StrategyKind::Maglev);
+        maglev.options.table_size = 2;
+        assert_eq!(field(&maglev, &two), "table_size");
+        let err = crate::Balancer::new(maglev, &two).unwrap_err();
+        assert_eq!(err.invalid_field().field.to_string(), "table_size");
+        // What the problem says.
+        let mut cfg = base.clone();
+        cfg.options.choices = 1;
+        assert_eq!(
+            cfg.validate().unwrap_err().to_string(),
+            "choices: must be at least 2, got 1"
+        );
         let mut cfg = BalancerConfig::new(StrategyKind::Random);
         cfg.options.bounded_load = Some(1.25);
-        assert!(cfg.validate().unwrap_err().contains("bounded_load"));
-        let mut cfg = BalancerConfig::new(StrategyKind::Maglev);
-        cfg.options.table_size = 65536;
-        assert!(cfg.validate().unwrap_err().contains("prime"));
+        assert!(matches!(
+            cfg.validate().unwrap_err().problem,
+            Problem::NotApplicable(_)
+        ));
     }
 
     /// Regression: `vnodes = 4000000000` was accepted, and building the ring then asked for
@@ -310,7 +633,8 @@ mod tests {
         let mut cfg = BalancerConfig::new(StrategyKind::RingHash);
         cfg.options.vnodes = MAX_VNODES + 1;
         let err = cfg.validate().unwrap_err();
-        assert!(err.starts_with("vnodes") && err.contains("65536"), "{err}");
+        assert_eq!(err.field, FieldPath::key("vnodes"));
+        assert!(err.to_string().contains("65536"), "{err}");
         cfg.options.vnodes = u32::MAX;
         assert!(cfg.validate().is_err());
         cfg.options.vnodes = MAX_VNODES;
@@ -329,7 +653,7 @@ mod tests {
         cfg.options.table_size = (1u64 << 63) - 25;
         let start = std::time::Instant::now();
         let err = cfg.validate().unwrap_err();
-        assert!(err.contains("table_size"), "{err}");
+        assert_eq!(err.field, FieldPath::key("table_size"), "{err}");
         // Trial division would take seconds; the bound check takes nanoseconds.
         assert!(start.elapsed() < std::time::Duration::from_secs(1));
         cfg.options.table_size = MAX_TABLE_SIZE;

@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
-use crate::{RetryBudget, RetryBudgetConfig};
+use crate::{InvalidField, Problem, RetryBudget, RetryBudgetConfig};
 
 /// `[hedge]`: when and how much to hedge.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
@@ -32,37 +32,27 @@ fn default_budget() -> f64 {
     5.0
 }
 
-/// Why a [`HedgeConfig`] cannot be used: the field and the problem.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("`{field}` {problem}")]
-pub struct HedgeConfigError {
-    /// The key in the `hedge` table.
-    pub field: &'static str,
-    /// What is wrong.
-    pub problem: String,
-}
-
 impl HedgeConfig {
-    /// Checks the ranges serde cannot.
-    pub fn validate(&self) -> Result<(), HedgeConfigError> {
+    /// Checks the ranges serde cannot; the error names the field relative to this table.
+    pub fn validate(&self) -> Result<(), InvalidField> {
         if self.max != 1 {
-            return Err(HedgeConfigError {
-                field: "max",
-                problem: format!("must be 1 (one extra try per call), got {}", self.max),
-            });
+            return Err(InvalidField::at(
+                "max",
+                Problem::out_of_range("1 (one extra try per call)", self.max),
+            ));
         }
         if !(self.budget_percent.is_finite() && (0.0..=100.0).contains(&self.budget_percent)) {
-            return Err(HedgeConfigError {
-                field: "budget_percent",
-                problem: format!("must be within 0..=100, got {}", self.budget_percent),
-            });
+            return Err(InvalidField::at(
+                "budget_percent",
+                Problem::out_of_range("within 0..=100", self.budget_percent),
+            ));
         }
         if let HedgeDelay::Fixed(d) = self.delay {
             if d.is_zero() || d > crate::duration_serde::MAX_DURATION {
-                return Err(HedgeConfigError {
-                    field: "delay",
-                    problem: "must be greater than zero and at most 365d".into(),
-                });
+                return Err(InvalidField::at(
+                    "delay",
+                    Problem::out_of_range("greater than zero and at most 365d", format!("{d:?}")),
+                ));
             }
         }
         Ok(())
@@ -361,10 +351,13 @@ mod tests {
         assert_eq!((c.max, c.budget_percent), (1, 5.0));
         assert_eq!(c.delay.to_string(), "p99.9");
         let c: HedgeConfig = toml::from_str("delay = \"15ms\"\nmax = 2").unwrap();
-        assert_eq!(c.validate().unwrap_err().field, "max");
+        assert_eq!(c.validate().unwrap_err().field.to_string(), "max");
         assert!(toml::from_str::<HedgeConfig>("delay = \"p100\"").is_err());
         assert!(toml::from_str::<HedgeConfig>("delay = \"soon\"").is_err());
         let c: HedgeConfig = toml::from_str("delay = \"5ms\"\nbudget_percent = -1").unwrap();
-        assert_eq!(c.validate().unwrap_err().field, "budget_percent");
+        assert_eq!(
+            c.validate().unwrap_err().field.to_string(),
+            "budget_percent"
+        );
     }
 }

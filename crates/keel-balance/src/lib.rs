@@ -37,7 +37,10 @@ mod slow_start;
 mod strategy;
 
 pub use balancer::{Balancer, BuildError, Outcome, Pick, PickContext};
-pub use config::{BalancerConfig, StrategyKind, StrategyOptions, TieBreak, UnknownStrategy};
+pub use config::{
+    BalancerConfig, FieldPath, InvalidField, PathSegment, Problem, StrategyKind, StrategyOptions,
+    TieBreak, UnknownStrategy,
+};
 pub use endpoint::{Endpoint, EndpointId, EndpointSpec, EndpointStatus};
 pub use hash::hash_key;
 pub use hedge::{HedgeConfig, HedgeDelay, Hedger};

@@ -18,6 +18,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::{FieldPath, InvalidField, Problem};
+
 /// Outlier detection settings. Every field has a default, so `OutlierConfig::default()` is a
 /// working detector.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -74,28 +76,42 @@ impl Default for FailureRate {
 }
 
 impl OutlierConfig {
-    /// Checks the ranges; the message names the field and what is allowed.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks the ranges; the error names the field (relative to this table) and what is
+    /// allowed.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        let bad = |key, problem| Err(InvalidField::at(key, problem));
         if !(0.0..=100.0).contains(&self.max_ejection_percent) {
-            return Err(format!(
-                "max_ejection_percent must be within 0..=100, got {}",
-                self.max_ejection_percent
-            ));
+            return bad(
+                "max_ejection_percent",
+                Problem::out_of_range("within 0..=100", self.max_ejection_percent),
+            );
         }
         if self.interval.is_zero() {
-            return Err("interval must be greater than zero".into());
+            return bad("interval", Problem::out_of_range("greater than zero", "0s"));
         }
         if self.base_ejection_time.is_zero() {
-            return Err("base_ejection_time must be greater than zero".into());
+            return bad(
+                "base_ejection_time",
+                Problem::out_of_range("greater than zero", "0s"),
+            );
         }
         if self.max_ejection_time < self.base_ejection_time {
-            return Err("max_ejection_time must be at least base_ejection_time".into());
+            return bad(
+                "max_ejection_time",
+                Problem::out_of_range(
+                    format!(
+                        "at least base_ejection_time ({:?})",
+                        self.base_ejection_time
+                    ),
+                    format!("{:?}", self.max_ejection_time),
+                ),
+            );
         }
         if let Some(fr) = &self.failure_rate {
             if !(0.0..=100.0).contains(&fr.threshold_percent) {
-                return Err(format!(
-                    "failure_rate.threshold_percent must be within 0..=100, got {}",
-                    fr.threshold_percent
+                return Err(InvalidField::new(
+                    FieldPath::key("failure_rate").then("threshold_percent"),
+                    Problem::out_of_range("within 0..=100", fr.threshold_percent),
                 ));
             }
         }

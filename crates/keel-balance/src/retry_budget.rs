@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::{InvalidField, Problem};
 use crate::endpoint::nanos;
 
 /// Retry budget settings.
@@ -33,22 +34,26 @@ impl Default for RetryBudgetConfig {
 }
 
 impl RetryBudgetConfig {
-    /// Checks the ranges.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks the ranges; the error names the field relative to this table.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        let bad = |key, problem| Err(InvalidField::at(key, problem));
         if self.budget_percent.is_nan() || self.budget_percent < 0.0 {
-            return Err(format!(
-                "budget_percent must be 0 or more, got {}",
-                self.budget_percent
-            ));
+            return bad(
+                "budget_percent",
+                Problem::out_of_range("0 or more", self.budget_percent),
+            );
         }
         if self.min_retries_per_second.is_nan() || self.min_retries_per_second < 0.0 {
-            return Err(format!(
-                "min_retries_per_second must be 0 or more, got {}",
-                self.min_retries_per_second
-            ));
+            return bad(
+                "min_retries_per_second",
+                Problem::out_of_range("0 or more", self.min_retries_per_second),
+            );
         }
         if self.window < Duration::from_millis(10) {
-            return Err("retry budget window must be at least 10ms".into());
+            return bad(
+                "window",
+                Problem::out_of_range("at least 10ms", format!("{:?}", self.window)),
+            );
         }
         Ok(())
     }

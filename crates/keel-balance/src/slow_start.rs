@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::{InvalidField, Problem};
+
 /// Slow start settings.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -31,22 +33,23 @@ impl Default for SlowStartConfig {
 }
 
 impl SlowStartConfig {
-    /// Checks the ranges.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks the ranges; the error names the field relative to this table.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        let bad = |key, problem| Err(InvalidField::at(key, problem));
         if self.window.is_zero() {
-            return Err("slow_start.window must be greater than zero".into());
+            return bad("window", Problem::out_of_range("greater than zero", "0s"));
         }
         if self.aggression.is_nan() || self.aggression <= 0.0 {
-            return Err(format!(
-                "slow_start.aggression must be greater than zero, got {}",
-                self.aggression
-            ));
+            return bad(
+                "aggression",
+                Problem::out_of_range("greater than zero", self.aggression),
+            );
         }
         if !(0.0..=100.0).contains(&self.min_weight_percent) {
-            return Err(format!(
-                "slow_start.min_weight_percent must be within 0..=100, got {}",
-                self.min_weight_percent
-            ));
+            return bad(
+                "min_weight_percent",
+                Problem::out_of_range("within 0..=100", self.min_weight_percent),
+            );
         }
         Ok(())
     }

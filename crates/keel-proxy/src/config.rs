@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use keel_balance::{
-    Balancer, BalancerConfig, EndpointSpec, OutlierConfig, SlowStartConfig, StrategyKind,
-    StrategyOptions, TieBreak,
+    BalancerConfig, EndpointSpec, FieldPath, InvalidField, OutlierConfig, PathSegment, Problem,
+    SlowStartConfig, StrategyKind, StrategyOptions, TieBreak,
 };
 use serde::Deserialize;
 
@@ -628,9 +628,10 @@ impl ProxyConfig {
         if let Some(base) = base {
             config.resolve_paths(base);
         }
-        if let Err((path, message)) = config.validate() {
-            let (span, key) = span_of(&index, &path);
-            return Err(locate(span, Some(key), message));
+        if let Err(e) = config.validate() {
+            let (span, key) = span_of(&index, &e.field);
+            let key = (!key.is_empty()).then_some(key);
+            return Err(locate(span, key, e.problem.to_string()));
         }
         Ok(config)
     }
@@ -676,91 +677,54 @@ impl ProxyConfig {
         self.clusters.iter().find(|c| c.name == name)
     }
 
-    /// Checks everything serde cannot: references, ranges, and that each balancer builds.
-    /// The error names the key path (as segments) and the problem.
-    fn validate(&self) -> Result<(), (Vec<Seg>, String)> {
-        use Seg::{I, K};
+    /// Checks everything serde cannot: references between sections, ranges, TLS files, and
+    /// that each cluster's balancer builds. Each section checks itself ([`ListenerConfig::validate`],
+    /// [`ClusterConfig::validate`], ...); the error's field is the key's path in the document,
+    /// e.g. `cluster[0].endpoints[1].weight`. [`ProxyConfig::from_toml_str`] calls it and adds
+    /// the key's line; a configuration built in code should call it before [`crate::start`].
+    pub fn validate(&self) -> Result<(), InvalidField> {
         if self.listeners.is_empty() {
-            return Err((
-                vec![],
-                "at least one [[listener]] is required (listen = \"127.0.0.1:8080\", cluster = \"NAME\")"
-                    .into(),
+            return Err(InvalidField::new(
+                FieldPath::root(),
+                Problem::Invalid(
+                    "at least one [[listener]] is required (listen = \"127.0.0.1:8080\", cluster = \"NAME\")"
+                        .into(),
+                ),
             ));
         }
         if self.clusters.is_empty() {
-            return Err((vec![], "at least one [[cluster]] is required".into()));
+            return Err(InvalidField::new(
+                FieldPath::root(),
+                Problem::Invalid("at least one [[cluster]] is required".into()),
+            ));
         }
         if let Some(a) = &self.admin {
-            match &a.token {
-                None if !a.listen.ip().is_loopback() => {
-                    return Err((
-                        vec![K("admin"), K("token")],
-                        format!(
-                            "the admin listener {} is not on loopback: set `token` in [admin] (every admin request must then carry `Authorization: Bearer TOKEN`), or listen on 127.0.0.1",
-                            a.listen
-                        ),
-                    ));
-                }
-                Some(t)
-                    if t.len() < 16 || t.chars().any(|c| c.is_whitespace() || c.is_control()) =>
-                {
-                    return Err((
-                        vec![K("admin"), K("token")],
-                        "must be at least 16 characters, without spaces or control characters"
-                            .into(),
-                    ));
-                }
-                _ => {}
-            }
+            a.validate().map_err(|e| e.under(FieldPath::key("admin")))?;
         }
         let names: Vec<&str> = self.clusters.iter().map(|c| c.name.as_str()).collect();
         for (i, l) in self.listeners.iter().enumerate() {
-            let at = |key: &'static str| vec![K("listener"), I(i), K(key)];
-            if l.max_connections == 0 {
-                return Err((at("max_connections"), "must be at least 1".into()));
-            }
-            if l.max_header_bytes < MIN_HEADER_BYTES || l.max_header_bytes > u32::MAX as usize {
-                return Err((
-                    at("max_header_bytes"),
-                    format!(
-                        "must be within {MIN_HEADER_BYTES}..={}, got {}",
-                        u32::MAX,
-                        l.max_header_bytes
-                    ),
-                ));
-            }
-            if l.max_headers == 0 {
-                return Err((at("max_headers"), "must be at least 1".into()));
-            }
-            if l.header_read_timeout.is_zero() {
-                return Err((
-                    at("header_read_timeout"),
-                    "must be greater than zero".into(),
-                ));
-            }
-            if l.idle_timeout.is_zero() {
-                return Err((at("idle_timeout"), "must be greater than zero".into()));
-            }
+            let at = FieldPath::key("listener").at(i);
+            l.validate().map_err(|e| e.under(at.clone()))?;
             if !names.contains(&l.cluster.as_str()) {
-                return Err((
-                    vec![K("listener"), I(i), K("cluster")],
-                    format!(
+                return Err(InvalidField::new(
+                    at.then("cluster"),
+                    Problem::Invalid(format!(
                         "no cluster named `{}`; defined: {}",
                         l.cluster,
                         names.join(", ")
-                    ),
+                    )),
                 ));
             }
             if let Some(o) = self.listeners[..i]
                 .iter()
                 .find(|o| same_port(o.listen, l.listen))
             {
-                return Err((
-                    vec![K("listener"), I(i), K("listen")],
-                    format!(
+                return Err(InvalidField::new(
+                    at.then("listen"),
+                    Problem::Invalid(format!(
                         "{} is already used by another listener ({})",
                         l.listen, o.listen
-                    ),
+                    )),
                 ));
             }
             if let Some(a) = self
@@ -768,213 +732,381 @@ impl ProxyConfig {
                 .as_ref()
                 .filter(|a| same_port(a.listen, l.listen))
             {
-                return Err((
-                    vec![K("listener"), I(i), K("listen")],
-                    format!(
+                return Err(InvalidField::new(
+                    at.then("listen"),
+                    Problem::Invalid(format!(
                         "{} is the admin listener's address ({}); give one of them another port",
                         l.listen, a.listen
-                    ),
+                    )),
                 ));
-            }
-            if let Some(t) = &l.tls {
-                // Loads the files now, so that `--check` and a reload catch a bad certificate.
-                if let Err(e) = crate::tls::server_config(t) {
-                    return Err((vec![K("listener"), I(i), K("tls"), K(e.key)], e.message));
-                }
             }
         }
         for (i, c) in self.clusters.iter().enumerate() {
-            let at = |key: &'static str| vec![K("cluster"), I(i), K(key)];
-            if c.name.is_empty() {
-                return Err((at("name"), "a cluster name cannot be empty".into()));
-            }
+            let at = FieldPath::key("cluster").at(i);
             if names[..i].contains(&c.name.as_str()) {
-                return Err((at("name"), format!("cluster `{}` is defined twice", c.name)));
+                return Err(InvalidField::new(
+                    at.then("name"),
+                    Problem::Invalid(format!("cluster `{}` is defined twice", c.name)),
+                ));
             }
-            if c.endpoints.is_empty() {
-                return Err((at("endpoints"), "at least one endpoint is required".into()));
-            }
-            for (j, e) in c.endpoints.iter().enumerate() {
-                let ok = e
-                    .address
-                    .parse::<hyper::http::uri::Authority>()
-                    .ok()
-                    .filter(|a| a.port_u16().is_some() && !a.host().is_empty());
-                if ok.is_none() {
-                    return Err((
-                        vec![K("cluster"), I(i), K("endpoints"), I(j), K("address")],
-                        format!(
-                            "`{}` is not an address; expected host:port, e.g. \"127.0.0.1:9001\"",
-                            e.address
-                        ),
-                    ));
-                }
-            }
-            if c.connect_timeout.is_zero() {
-                return Err((at("connect_timeout"), "must be greater than zero".into()));
-            }
-            if c.request_timeout < Duration::from_millis(1) {
-                // Shared by the tries, it must leave each of them a usable slice.
-                return Err((at("request_timeout"), "must be at least 1ms".into()));
-            }
-            if c.max_in_flight == 0 {
-                return Err((at("max_in_flight"), "must be at least 1".into()));
-            }
-            if let Some(t) = &c.tls {
-                let tls = |key: &'static str| vec![K("cluster"), I(i), K("tls"), K(key)];
-                if let Err(e) = crate::tls::UpstreamTls::new(t, c.connect_timeout) {
-                    return Err((tls(e.key), e.message));
-                }
-                if t.server_name.is_none() {
-                    for (j, e) in c.endpoints.iter().enumerate() {
-                        let host = e
-                            .address
-                            .parse::<hyper::http::uri::Authority>()
-                            .map(|a| a.host().to_string())
-                            .unwrap_or_default();
-                        if let Err(m) = crate::tls::server_name(&host) {
-                            return Err((
-                                vec![K("cluster"), I(i), K("endpoints"), I(j), K("address")],
-                                format!("{m}: it cannot be verified against a certificate; set `server_name` in [cluster.tls]"),
-                            ));
-                        }
-                    }
-                }
-            }
-            if c.hash_on.is_some() && !c.strategy.is_hash() {
-                return Err((
-                    at("hash_on"),
-                    format!(
-                        "hash_on applies to the hash strategies (ring-hash, maglev, rendezvous), not {}",
-                        c.strategy
+            c.validate().map_err(|e| e.under(at))?;
+        }
+        Ok(())
+    }
+}
+
+impl AdminConfig {
+    /// Checks the token; paths are relative to `[admin]`.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        match &self.token {
+            None if !self.listen.ip().is_loopback() => Err(InvalidField::at(
+                "token",
+                Problem::Invalid(format!(
+                    "the admin listener {} is not on loopback: set `token` in [admin] (every admin request must then carry `Authorization: Bearer TOKEN`), or listen on 127.0.0.1",
+                    self.listen
+                )),
+            )),
+            Some(t) if t.len() < 16 || t.chars().any(|c| c.is_whitespace() || c.is_control()) => {
+                Err(InvalidField::at(
+                    "token",
+                    Problem::Invalid(
+                        "must be at least 16 characters, without spaces or control characters"
+                            .into(),
                     ),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// "must be greater than zero" for a duration key.
+fn zero(key: &'static str) -> InvalidField {
+    InvalidField::at(key, Problem::out_of_range("greater than zero", "0s"))
+}
+
+/// "must be at least 1" for a count key.
+fn none(key: &'static str) -> InvalidField {
+    InvalidField::at(key, Problem::out_of_range("at least 1", 0))
+}
+
+impl ListenerConfig {
+    /// Checks the limits and loads the TLS files (so that `--check` and a reload catch a bad
+    /// certificate); paths are relative to the `[[listener]]`. The cluster it names is checked
+    /// by [`ProxyConfig::validate`].
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if self.max_connections == 0 {
+            return Err(none("max_connections"));
+        }
+        if self.max_header_bytes < MIN_HEADER_BYTES || self.max_header_bytes > u32::MAX as usize {
+            return Err(InvalidField::at(
+                "max_header_bytes",
+                Problem::out_of_range(
+                    format!("within {MIN_HEADER_BYTES}..={}", u32::MAX),
+                    self.max_header_bytes,
+                ),
+            ));
+        }
+        if self.max_headers == 0 {
+            return Err(none("max_headers"));
+        }
+        if self.header_read_timeout.is_zero() {
+            return Err(zero("header_read_timeout"));
+        }
+        if self.idle_timeout.is_zero() {
+            return Err(zero("idle_timeout"));
+        }
+        if let Some(t) = &self.tls {
+            if let Err(e) = crate::tls::server_config(t) {
+                return Err(InvalidField::new(
+                    FieldPath::key("tls").then(e.key),
+                    Problem::Invalid(e.message),
                 ));
-            }
-            let r = &c.retry;
-            let retry = |key: &'static str| vec![K("cluster"), I(i), K("retry"), K(key)];
-            if r.attempts > MAX_RETRY_ATTEMPTS {
-                return Err((
-                    retry("attempts"),
-                    format!(
-                        "must be within 0..={MAX_RETRY_ATTEMPTS}, got {}",
-                        r.attempts
-                    ),
-                ));
-            }
-            if let Some(t) = r.per_try_timeout {
-                if t.is_zero() || t > c.request_timeout {
-                    return Err((
-                        retry("per_try_timeout"),
-                        format!(
-                            "must be greater than zero and at most request_timeout ({})",
-                            humantime::format_duration(c.request_timeout)
-                        ),
-                    ));
-                }
-            }
-            if let Some(s) = r.retry_on_status.iter().find(|s| !(400..=599).contains(*s)) {
-                return Err((
-                    retry("retry_on_status"),
-                    format!("status {s} is not an error status; allowed: 400..=599"),
-                ));
-            }
-            if let Err(m) = r.budget().validate() {
-                let key = if m.starts_with("budget_percent") {
-                    "budget_percent"
-                } else if m.starts_with("min_retries") {
-                    "min_retries_per_second"
-                } else {
-                    "budget_window"
-                };
-                return Err((retry(key), m));
-            }
-            if let Some(e) = c.hedge.as_ref().and_then(|h| h.validate().err()) {
-                return Err((vec![K("cluster"), I(i), K("hedge"), K(e.field)], e.problem));
-            }
-            if let Some(h) = &c.health_check {
-                let hc = |key: &'static str| vec![K("cluster"), I(i), K("health_check"), K(key)];
-                if !h.path.starts_with('/')
-                    || h.path.parse::<hyper::http::uri::PathAndQuery>().is_err()
-                {
-                    return Err((
-                        hc("path"),
-                        format!("`{}` is not a path; it must start with `/`", h.path),
-                    ));
-                }
-                if h.interval.is_zero() {
-                    return Err((hc("interval"), "must be greater than zero".into()));
-                }
-                if h.timeout.is_zero() {
-                    return Err((hc("timeout"), "must be greater than zero".into()));
-                }
-                if h.unhealthy_threshold == 0 {
-                    return Err((hc("unhealthy_threshold"), "must be at least 1".into()));
-                }
-                if h.healthy_threshold == 0 {
-                    return Err((hc("healthy_threshold"), "must be at least 1".into()));
-                }
-            }
-            if let Some(od) = &c.outlier_detection {
-                if let Err(m) = od.validate() {
-                    let key = first_word(&m);
-                    let mut path = at("outlier_detection");
-                    path.push(K(leak_known(key)));
-                    return Err((path, m));
-                }
-            }
-            if let Some(ss) = &c.slow_start {
-                if let Err(m) = ss.validate() {
-                    let key = first_word(&m);
-                    let key = key.strip_prefix("slow_start.").unwrap_or(key);
-                    let mut path = at("slow_start");
-                    path.push(K(leak_known(key)));
-                    return Err((path, m));
-                }
-            }
-            let bc = c.balancer_config();
-            if let Err(m) = bc.validate() {
-                return Err((at(leak_known(first_word(&m))), m));
-            }
-            if let Err(e) = Balancer::new(bc, &c.endpoints) {
-                return Err((at("endpoints"), e.to_string()));
             }
         }
         Ok(())
     }
 }
 
-fn first_word(m: &str) -> &str {
-    m.split_whitespace().next().unwrap_or("")
+impl ClusterConfig {
+    /// Checks the cluster: endpoints, timeouts, TLS, retries, health checks, and everything
+    /// keel-balance checks of its balancer (options, protections, weights, duplicates). Paths
+    /// are relative to the `[[cluster]]`, e.g. `endpoints[1].weight` or
+    /// `outlier_detection.failure_rate.threshold_percent`.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if self.name.is_empty() {
+            return Err(InvalidField::at(
+                "name",
+                Problem::Invalid("a cluster name cannot be empty".into()),
+            ));
+        }
+        if self.endpoints.is_empty() {
+            return Err(InvalidField::at(
+                "endpoints",
+                Problem::Invalid("at least one endpoint is required".into()),
+            ));
+        }
+        let address = |j: usize| FieldPath::key("endpoints").at(j).then("address");
+        for (j, e) in self.endpoints.iter().enumerate() {
+            let ok = e
+                .address
+                .parse::<hyper::http::uri::Authority>()
+                .ok()
+                .filter(|a| a.port_u16().is_some() && !a.host().is_empty());
+            if ok.is_none() {
+                return Err(InvalidField::new(
+                    address(j),
+                    Problem::Invalid(format!(
+                        "`{}` is not an address; expected host:port, e.g. \"127.0.0.1:9001\"",
+                        e.address
+                    )),
+                ));
+            }
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(zero("connect_timeout"));
+        }
+        if self.request_timeout < Duration::from_millis(1) {
+            // Shared by the tries, it must leave each of them a usable slice.
+            return Err(InvalidField::at(
+                "request_timeout",
+                Problem::out_of_range(
+                    "at least 1ms",
+                    humantime::format_duration(self.request_timeout),
+                ),
+            ));
+        }
+        if self.max_in_flight == 0 {
+            return Err(none("max_in_flight"));
+        }
+        if let Some(t) = &self.tls {
+            if let Err(e) = crate::tls::UpstreamTls::new(t, self.connect_timeout) {
+                return Err(InvalidField::new(
+                    FieldPath::key("tls").then(e.key),
+                    Problem::Invalid(e.message),
+                ));
+            }
+            if t.server_name.is_none() {
+                for (j, e) in self.endpoints.iter().enumerate() {
+                    let host = e
+                        .address
+                        .parse::<hyper::http::uri::Authority>()
+                        .map(|a| a.host().to_string())
+                        .unwrap_or_default();
+                    if let Err(m) = crate::tls::server_name(&host) {
+                        return Err(InvalidField::new(
+                            address(j),
+                            Problem::Invalid(format!(
+                                "{m}: it cannot be verified against a certificate; set `server_name` in [cluster.tls]"
+                            )),
+                        ));
+                    }
+                }
+            }
+        }
+        if self.hash_on.is_some() && !self.strategy.is_hash() {
+            return Err(InvalidField::at(
+                "hash_on",
+                Problem::NotApplicable(format!(
+                    "hash_on applies to the hash strategies (ring-hash, maglev, rendezvous), not {}",
+                    self.strategy
+                )),
+            ));
+        }
+        self.retry
+            .validate(self.request_timeout)
+            .map_err(|e| e.under(FieldPath::key("retry")))?;
+        if let Some(h) = &self.hedge {
+            h.validate().map_err(|e| e.under(FieldPath::key("hedge")))?;
+        }
+        if let Some(h) = &self.health_check {
+            h.validate()
+                .map_err(|e| e.under(FieldPath::key("health_check")))?;
+        }
+        // keel-balance's own names are this table's keys (its options are flattened here).
+        self.balancer_config().validate_with(&self.endpoints)
+    }
 }
 
-/// Maps an option name found in a keel-balance message to a static key (unknown: empty, which
-/// points at the enclosing table).
-fn leak_known(key: &str) -> &'static str {
-    const KNOWN: &[&str] = &[
-        "choices",
-        "decay",
-        "vnodes",
-        "table_size",
-        "bounded_load",
-        "panic_threshold",
-        "max_ejection_percent",
-        "interval",
-        "base_ejection_time",
-        "max_ejection_time",
-        "failure_rate",
-        "window",
-        "aggression",
-        "min_weight_percent",
-    ];
-    let key = key.split('.').next().unwrap_or(key);
-    KNOWN.iter().find(|k| **k == key).copied().unwrap_or("")
+impl RetryConfig {
+    /// Checks the retries against the cluster's `request_timeout`; paths are relative to
+    /// `[cluster.retry]`.
+    pub fn validate(&self, request_timeout: Duration) -> Result<(), InvalidField> {
+        if self.attempts > MAX_RETRY_ATTEMPTS {
+            return Err(InvalidField::at(
+                "attempts",
+                Problem::out_of_range(format!("within 0..={MAX_RETRY_ATTEMPTS}"), self.attempts),
+            ));
+        }
+        if let Some(t) = self.per_try_timeout {
+            if t.is_zero() || t > request_timeout {
+                return Err(InvalidField::at(
+                    "per_try_timeout",
+                    Problem::out_of_range(
+                        format!(
+                            "greater than zero and at most request_timeout ({})",
+                            humantime::format_duration(request_timeout)
+                        ),
+                        humantime::format_duration(t),
+                    ),
+                ));
+            }
+        }
+        if let Some(s) = self
+            .retry_on_status
+            .iter()
+            .find(|s| !(400..=599).contains(*s))
+        {
+            return Err(InvalidField::at(
+                "retry_on_status",
+                Problem::Invalid(format!(
+                    "status {s} is not an error status; allowed: 400..=599"
+                )),
+            ));
+        }
+        self.budget().validate().map_err(|mut e| {
+            // keel-balance's `window` is this table's `budget_window`.
+            if e.field == FieldPath::key("window") {
+                e.field = FieldPath::key("budget_window");
+            }
+            e
+        })
+    }
 }
 
-/// One step of a key path.
-#[derive(Debug, Clone, PartialEq)]
-enum Seg {
-    K(&'static str),
-    I(usize),
+impl HealthCheckConfig {
+    /// Checks the probe settings; paths are relative to `[cluster.health_check]`.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if !self.path.starts_with('/')
+            || self.path.parse::<hyper::http::uri::PathAndQuery>().is_err()
+        {
+            return Err(InvalidField::at(
+                "path",
+                Problem::Invalid(format!(
+                    "`{}` is not a path; it must start with `/`",
+                    self.path
+                )),
+            ));
+        }
+        if self.interval.is_zero() {
+            return Err(zero("interval"));
+        }
+        if self.timeout.is_zero() {
+            return Err(zero("timeout"));
+        }
+        if self.unhealthy_threshold == 0 {
+            return Err(none("unhealthy_threshold"));
+        }
+        if self.healthy_threshold == 0 {
+            return Err(none("healthy_threshold"));
+        }
+        Ok(())
+    }
+}
+
+// Building a configuration in code (the lab does): every option not given is at the default
+// a TOML file would get (a test holds the two equal).
+
+impl ProxyConfig {
+    /// A configuration of these listeners and clusters, without `[admin]`; other options at
+    /// their defaults. Check it with [`ProxyConfig::validate`].
+    pub fn new(listeners: Vec<ListenerConfig>, clusters: Vec<ClusterConfig>) -> Self {
+        ProxyConfig {
+            drain_timeout: default_drain_timeout(),
+            admin: None,
+            listeners,
+            clusters,
+            source: None,
+        }
+    }
+}
+
+impl ListenerConfig {
+    /// A plain-TCP listener on `listen` routed to `cluster`, other options at their defaults.
+    pub fn new(listen: SocketAddr, cluster: impl Into<String>) -> Self {
+        ListenerConfig {
+            listen,
+            cluster: cluster.into(),
+            max_connections: default_max_connections(),
+            max_header_bytes: default_max_header_bytes(),
+            max_headers: default_max_headers(),
+            header_read_timeout: default_header_read_timeout(),
+            idle_timeout: default_idle_timeout(),
+            max_request_body_bytes: None,
+            tls: None,
+            trusted_proxies: Vec::new(),
+            error_detail: ErrorDetail::default(),
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// A round-robin cluster of these endpoints, other options at their defaults (one retry,
+    /// no health checks, no outlier detection).
+    pub fn new(name: impl Into<String>, endpoints: Vec<EndpointSpec>) -> Self {
+        let options = StrategyOptions::default();
+        ClusterConfig {
+            name: name.into(),
+            strategy: default_strategy(),
+            endpoints,
+            tie_break: options.tie_break,
+            choices: options.choices,
+            decay: options.decay,
+            default_rtt: options.default_rtt,
+            failure_penalty: options.failure_penalty,
+            vnodes: options.vnodes,
+            table_size: options.table_size,
+            bounded_load: options.bounded_load,
+            panic_threshold: default_panic_threshold(),
+            seed: None,
+            outlier_detection: None,
+            slow_start: None,
+            hash_on: None,
+            connect_timeout: default_connect_timeout(),
+            request_timeout: default_request_timeout(),
+            max_buffered_response: default_max_buffered_response(),
+            pool_idle_timeout: default_pool_idle_timeout(),
+            pool_max_idle_per_endpoint: default_pool_max_idle(),
+            max_in_flight: default_max_in_flight(),
+            retry: RetryConfig::default(),
+            health_check: None,
+            tls: None,
+            hedge: None,
+        }
+    }
+
+    /// Applies a keel-balance configuration's strategy, options and protections (the inverse
+    /// of [`ClusterConfig::balancer_config`]).
+    pub fn with_balancer(mut self, b: &BalancerConfig) -> Self {
+        let o = &b.options;
+        self.strategy = b.strategy;
+        self.tie_break = o.tie_break;
+        self.choices = o.choices;
+        self.decay = o.decay;
+        self.default_rtt = o.default_rtt;
+        self.failure_penalty = o.failure_penalty;
+        self.vnodes = o.vnodes;
+        self.table_size = o.table_size;
+        self.bounded_load = o.bounded_load;
+        self.panic_threshold = b.panic_threshold;
+        self.seed = Some(b.seed);
+        self.outlier_detection.clone_from(&b.outlier_detection);
+        self.slow_start.clone_from(&b.slow_start);
+        self
+    }
+}
+
+impl Default for HealthCheckConfig {
+    /// `GET /healthz` every 5 s, 1 s to answer, 2 to fail and 2 to pass.
+    fn default() -> Self {
+        HealthCheckConfig {
+            path: default_hc_path(),
+            interval: default_hc_interval(),
+            timeout: default_hc_timeout(),
+            unhealthy_threshold: default_threshold(),
+            healthy_threshold: default_threshold(),
+        }
+    }
 }
 
 /// A key path and the span of its key and value (or table header) in the text.
@@ -1105,14 +1237,14 @@ fn key_at(index: &[Located], offset: usize) -> Option<String> {
 
 /// The span of a key path, or of its longest prefix present in the text (a key left to its
 /// default is reported at its table).
-fn span_of(index: &[Located], path: &[Seg]) -> (Option<Range<usize>>, String) {
+fn span_of(index: &[Located], path: &FieldPath) -> (Option<Range<usize>>, String) {
     let strings: Vec<String> = path
+        .segments()
         .iter()
         .map(|s| match s {
-            Seg::K(k) => k.to_string(),
-            Seg::I(i) => format!("[{i}]"),
+            PathSegment::Key(k) => k.to_string(),
+            PathSegment::Index(i) => format!("[{i}]"),
         })
-        .filter(|s| !s.is_empty())
         .collect();
     let full = path_string(&strings);
     for n in (1..=strings.len()).rev() {
@@ -1278,6 +1410,132 @@ mod tests {
         assert!(e.message.contains("listener"), "{e}");
         let e = err("[admin\n");
         assert_eq!(e.line, Some(1), "{e}");
+    }
+
+    /// Every error keel-balance can find in a cluster's options, at the exact key and its line.
+    #[test]
+    fn every_balancer_option_error_is_at_its_key_and_line() {
+        // (extra lines after HEAD, the key the error must name, the 1-based line of that key)
+        let cases: &[(&str, &str, usize)] = &[
+            ("choices = 1\n", "cluster[0].choices", 8),
+            ("decay = \"0s\"\n", "cluster[0].decay", 8),
+            ("strategy = \"ring-hash\"\nvnodes = 0\n", "cluster[0].vnodes", 9),
+            ("strategy = \"maglev\"\ntable_size = 65536\n", "cluster[0].table_size", 9),
+            ("bounded_load = 1.25\n", "cluster[0].bounded_load", 8),
+            ("strategy = \"maglev\"\nbounded_load = 0.5\n", "cluster[0].bounded_load", 9),
+            ("panic_threshold = 101\n", "cluster[0].panic_threshold", 8),
+            (
+                "[cluster.outlier_detection]\nmax_ejection_percent = 101\n",
+                "cluster[0].outlier_detection.max_ejection_percent",
+                9,
+            ),
+            (
+                "[cluster.outlier_detection]\ninterval = \"0s\"\n",
+                "cluster[0].outlier_detection.interval",
+                9,
+            ),
+            (
+                "[cluster.outlier_detection]\nbase_ejection_time = \"0s\"\n",
+                "cluster[0].outlier_detection.base_ejection_time",
+                9,
+            ),
+            (
+                "[cluster.outlier_detection]\nbase_ejection_time = \"10s\"\nmax_ejection_time = \"9s\"\n",
+                "cluster[0].outlier_detection.max_ejection_time",
+                10,
+            ),
+            (
+                "[cluster.outlier_detection]\nconsecutive_failures = 3\n\n[cluster.outlier_detection.failure_rate]\nminimum_requests = 10\nthreshold_percent = 100.5\n",
+                "cluster[0].outlier_detection.failure_rate.threshold_percent",
+                13,
+            ),
+            (
+                "[cluster.slow_start]\nwindow = \"0s\"\n",
+                "cluster[0].slow_start.window",
+                9,
+            ),
+            (
+                "[cluster.slow_start]\naggression = 0\n",
+                "cluster[0].slow_start.aggression",
+                9,
+            ),
+            (
+                "[cluster.slow_start]\nmin_weight_percent = 100.5\n",
+                "cluster[0].slow_start.min_weight_percent",
+                9,
+            ),
+            (
+                "[cluster.retry]\nbudget_percent = -1\n",
+                "cluster[0].retry.budget_percent",
+                9,
+            ),
+            (
+                "[cluster.retry]\nmin_retries_per_second = -1\n",
+                "cluster[0].retry.min_retries_per_second",
+                9,
+            ),
+            (
+                "[cluster.retry]\nbudget_window = \"5ms\"\n",
+                "cluster[0].retry.budget_window",
+                9,
+            ),
+        ];
+        for (extra, key, line) in cases {
+            let e = err(&format!("{HEAD}{extra}"));
+            assert_eq!(e.key.as_deref(), Some(*key), "{extra}: {e}");
+            assert_eq!(e.line, Some(*line), "{extra}: {e}");
+        }
+        // The endpoint rules: the endpoint's own key, on its own line.
+        let eps = "endpoints = [\n  { address = \"127.0.0.1:9001\" },\n  { address = \"127.0.0.1:9002\", weight = 0 },\n  { address = \"127.0.0.1:9001\" },\n]\n";
+        let one = "endpoints = [{ address = \"127.0.0.1:9001\" }]\n";
+        let e = err(&HEAD.replace(one, &eps.replace(", weight = 0", "")));
+        assert_eq!(
+            e.key.as_deref(),
+            Some("cluster[0].endpoints[2].address"),
+            "{e}"
+        );
+        assert_eq!(e.line, Some(10), "{e}");
+        assert!(e.message.contains("twice"), "{e}");
+        let e = err(&HEAD.replace(one, eps));
+        assert_eq!(
+            e.key.as_deref(),
+            Some("cluster[0].endpoints[1].weight"),
+            "{e}"
+        );
+        assert_eq!(e.line, Some(9), "{e}");
+        let e = err(&HEAD.replace(
+            one,
+            &format!(
+                "strategy = \"maglev\"\ntable_size = 2\n{}",
+                eps.replace(", weight = 0", "")
+                    .replace("9001\" },\n]", "9003\" },\n]")
+            ),
+        ));
+        assert_eq!(e.key.as_deref(), Some("cluster[0].table_size"), "{e}");
+        assert_eq!(e.line, Some(8), "{e}");
+    }
+
+    /// A configuration built in code gets the defaults a TOML file gets.
+    #[test]
+    fn built_in_code_equals_parsed() {
+        let parsed =
+            ProxyConfig::from_toml_str(&format!("{HEAD}[cluster.health_check]\n"), "t.toml")
+                .unwrap();
+        let mut cluster = ClusterConfig::new("app", vec![EndpointSpec::new("127.0.0.1:9001")]);
+        cluster.health_check = Some(HealthCheckConfig::default());
+        let built = ProxyConfig::new(
+            vec![ListenerConfig::new("127.0.0.1:0".parse().unwrap(), "app")],
+            vec![cluster],
+        );
+        assert_eq!(built, parsed);
+        assert_eq!(built.validate(), Ok(()));
+        // with_balancer is balancer_config's inverse.
+        let mut b = BalancerConfig::new(StrategyKind::PeakEwma);
+        b.options.choices = 3;
+        b.outlier_detection = Some(OutlierConfig::default());
+        b.seed = 42;
+        let c = ClusterConfig::new("x", vec![]).with_balancer(&b);
+        assert_eq!(c.balancer_config(), b);
     }
 
     #[test]

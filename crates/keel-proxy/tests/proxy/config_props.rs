@@ -4,10 +4,10 @@
 //!    the loaded values are the ones written.
 //! 2. One out-of-range or ill-typed value put into such a configuration is always refused with
 //!    a `ConfigError` whose `key` is the path of the value changed and whose `line` is that
-//!    value's line; never a panic, never a silent acceptance. Four errors are located at an
-//!    enclosing key today (a weight of 0, a duplicated endpoint, a maglev table no larger than
-//!    the endpoint count: at `endpoints`; `failure_rate.threshold_percent`: at `failure_rate`);
-//!    the ignored `coarse_errors_name_the_exact_key` holds them to the exact key.
+//!    value's line; never a panic, never a silent acceptance. (A weight of 0, a duplicated
+//!    endpoint, a maglev table no larger than the endpoint count and
+//!    `failure_rate.threshold_percent` were once located at an enclosing key;
+//!    `formerly_coarse_errors_name_the_exact_key` runs those four alone.)
 //! 3. (Ignored, fails today) durations too long for the clock are refused.
 //!
 //! The documents are built as sections of `key = value` lines, so the test knows the line of
@@ -716,10 +716,6 @@ struct Mutation {
     key: String,
     /// The key path whose line the error must point at (usually `key`).
     line_of: String,
-    /// For the few errors that keel-proxy locates less precisely than `key` today: the key
-    /// (and the line of that key) it names instead. `one_bad_value_is_refused_at_its_key_and_line`
-    /// holds them to this; the ignored `coarse_errors_name_the_exact_key` to `key`.
-    reported_today: Option<String>,
 }
 
 /// Applies mutation number `kind` (modulo the list) with random parameter `r`, to cluster
@@ -756,7 +752,6 @@ fn mutate(
             what,
             key: path.clone(),
             line_of: path,
-            reported_today: None,
         }
     };
     // Adds a section (right after its cluster's other sections) if it is absent.
@@ -776,7 +771,7 @@ fn mutate(
     let hc = format!("{cp}.health_check");
     let ss = format!("{cp}.slow_start");
 
-    const KINDS: usize = 47;
+    const KINDS: usize = 48;
     let m = match kind % KINDS {
         0 => set(&mut doc, &retry, "attempts", big(11).to_string()),
         1 => set(
@@ -807,7 +802,6 @@ fn mutate(
                 what: "a second cluster of the same name".into(),
                 key: path.clone(),
                 line_of: path,
-                reported_today: None,
             }
         }
         5 => set(
@@ -973,7 +967,6 @@ fn mutate(
                 what: format!("endpoint {ej} address {}", eps[ej].0),
                 key: path.clone(),
                 line_of: format!("{cp}.endpoints[{ej}]"),
-                reported_today: None,
             }
         }
         33 => {
@@ -986,7 +979,6 @@ fn mutate(
                 what: format!("endpoint {ej} weight {}", eps[ej].1),
                 key: path,
                 line_of: format!("{cp}.endpoints[{ej}]"),
-                reported_today: None,
             }
         }
         34 => {
@@ -999,7 +991,6 @@ fn mutate(
                 what: format!("endpoint {ej} weight 0"),
                 key: path,
                 line_of: format!("{cp}.endpoints[{ej}]"),
-                reported_today: Some(format!("{cp}.endpoints")),
             }
         }
         35 => {
@@ -1013,7 +1004,6 @@ fn mutate(
                 what: format!("endpoint {ej} listed twice"),
                 key: format!("{cp}.endpoints[{j}].address"),
                 line_of: format!("{cp}.endpoints[{j}]"),
-                reported_today: Some(format!("{cp}.endpoints")),
             }
         }
         36 => {
@@ -1026,7 +1016,6 @@ fn mutate(
                     what: "top-level max_connections".into(),
                     key: path.clone(),
                     line_of: path,
-                    reported_today: None,
                 }
             } else {
                 set(&mut doc, &section, "budget", "20".into())
@@ -1052,7 +1041,6 @@ fn mutate(
                 what: "two listeners on 127.0.0.1:29999".into(),
                 key: path.clone(),
                 line_of: path,
-                reported_today: None,
             }
         }
         38 => {
@@ -1067,7 +1055,6 @@ fn mutate(
                     key: "admin.token".into(),
                     // The key is absent: the error points at its table.
                     line_of: "admin".into(),
-                    reported_today: None,
                 }
             } else {
                 set(&mut doc, "admin", "token", q("short token"))
@@ -1082,9 +1069,7 @@ fn mutate(
                 eps.push((q(&format!("10.9.{ci}.1:80")), "1".into()));
             }
             doc.section(&cp).set("endpoints", endpoints_value(&eps));
-            let mut m = set(&mut doc, &cp, "table_size", "2".into());
-            m.reported_today = Some(format!("{cp}.endpoints"));
-            m
+            set(&mut doc, &cp, "table_size", "2".into())
         }
         40 => {
             ensure(&mut doc, "[cluster.outlier_detection]", &od);
@@ -1096,14 +1081,12 @@ fn mutate(
                     Section::new(Some("[cluster.outlier_detection.failure_rate]"), &fr),
                 );
             }
-            let mut m = set(
+            set(
                 &mut doc,
                 &fr,
                 "threshold_percent",
                 pick(&["100.5", "-1", "nan", "1000"]),
-            );
-            m.reported_today = Some(fr);
-            m
+            )
         }
         41 => set(
             &mut doc,
@@ -1138,6 +1121,7 @@ fn mutate(
             q(&pick(&["first", "lowest_index", ""])),
         ),
         45 => set(&mut doc, &cp, "seed", pick(&["-1", "\"7\"", "1.0"])),
+        46 => set(&mut doc, &cp, "decay", q(&pick(&["0s", "0ms"]))),
         _ => set(
             &mut doc,
             &cp,
@@ -1176,7 +1160,7 @@ proptest! {
     #[test]
     fn one_bad_value_is_refused_at_its_key_and_line(
         spec in config_spec(),
-        kind in 0usize..47,
+        kind in 0usize..48,
         r in any::<u64>(),
         ci in 0usize..3,
         li in 0usize..3,
@@ -1188,11 +1172,7 @@ proptest! {
             Ok(_) => panic!("accepted after {}\n--- config ---\n{text}", m.what),
             Err(e) => e,
         };
-        // A coarse error names an enclosing key and points at that key's line.
-        let (want_key, want_line) = match &m.reported_today {
-            None => (m.key.as_str(), lines[&m.line_of]),
-            Some(k) => (k.as_str(), lines[k]),
-        };
+        let (want_key, want_line) = (m.key.as_str(), lines[&m.line_of]);
         prop_assert_eq!(
             e.key.as_deref(), Some(want_key),
             "{} gave: {}\n--- config ---\n{}", m.what, e, text
@@ -1204,13 +1184,11 @@ proptest! {
         prop_assert!(e.to_string().starts_with(&format!("props.toml:{want_line}:")), "{}", e);
     }
 
-    /// The cases that `reported_today` relaxes, held to the exact key and line. Ignored: the
-    /// proxy names the enclosing key today (keel-proxy's `validate` maps every balancer build
-    /// error to `cluster[i].endpoints`, and keel-balance's `failure_rate.threshold_percent`
-    /// message to `outlier_detection.failure_rate`). Run with `--ignored` once that is fixed.
+    /// The four errors once located at an enclosing key (a weight of 0, a duplicated endpoint,
+    /// a maglev table no larger than the endpoint count, `failure_rate.threshold_percent`),
+    /// alone, held to the exact key and line.
     #[test]
-    #[ignore = "keel-proxy locates these errors at the enclosing key (see the final report of issue 7 item 5)"]
-    fn coarse_errors_name_the_exact_key(
+    fn formerly_coarse_errors_name_the_exact_key(
         spec in config_spec(),
         which in 0usize..4,
         r in any::<u64>(),
@@ -1219,7 +1197,6 @@ proptest! {
     ) {
         let kind = [34, 35, 39, 40][which];
         let (doc, m) = mutate(&spec, kind, r, ci, 0, ej);
-        prop_assert!(m.reported_today.is_some());
         let (text, lines) = doc.render();
         let e = load(&text).expect_err("refused");
         prop_assert_eq!(e.key.as_deref(), Some(m.key.as_str()), "{}: {}", m.what, e);

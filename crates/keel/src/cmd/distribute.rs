@@ -154,7 +154,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(v) = args.vnodes {
         config.options.vnodes = v;
     }
-    config.validate().map_err(super::UsageError)?;
+    config
+        .validate()
+        .map_err(|e| super::UsageError(e.to_string()))?;
 
     let specs = endpoint_specs(&weights);
     let lb = Balancer::new(config, &specs).map_err(|e| super::UsageError(e.to_string()))?;
