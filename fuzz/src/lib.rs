@@ -36,10 +36,16 @@ pub fn check(text: &str) {
 fn check_accepted(config: &ProxyConfig) {
     assert!(!config.listeners.is_empty() && !config.clusters.is_empty());
     for l in &config.listeners {
+        let named = l.cluster.iter().chain(l.routes.iter().map(|r| &r.cluster));
+        for name in named {
+            assert!(
+                config.cluster(name).is_some(),
+                "listener routed to the missing cluster {name:?}"
+            );
+        }
         assert!(
-            config.cluster(&l.cluster).is_some(),
-            "listener routed to the missing cluster {:?}",
-            l.cluster
+            l.cluster.is_some() || !l.routes.is_empty(),
+            "a listener with neither routes nor a cluster"
         );
     }
     for c in &config.clusters {

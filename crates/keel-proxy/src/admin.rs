@@ -90,10 +90,49 @@ pub(crate) fn status_json(shared: &Shared) -> serde_json::Value {
         .listeners
         .iter()
         .zip(&shared.listener_addrs)
-        .map(|(l, a)| json!({ "listen": a.to_string(), "cluster": l.cluster }))
+        .zip(&shared.not_found)
+        .map(|((l, a), not_found)| {
+            let routes: Vec<_> = l
+                .routes
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    json!({
+                        "index": i,
+                        "host": r.host,
+                        "path": r.path,
+                        "path_prefix": r.path_prefix,
+                        "methods": r.methods,
+                        "headers": r.headers,
+                        "cluster": r.cluster,
+                        "request_timeout_ms": r.request_timeout.map(ms),
+                        "retry_attempts": r.retry_attempts,
+                    })
+                })
+                .collect();
+            json!({
+                "listen": a.to_string(),
+                "cluster": l.cluster,
+                "tls": l.tls.is_some(),
+                "routes": routes,
+                "not_found": not_found.load(Relaxed),
+            })
+        })
         .collect();
+    let access_log = shared.access_log.as_ref().map(|log| {
+        json!({
+            "path": log.path.as_ref().map_or("-".to_string(), |p| p.display().to_string()),
+            "format": match log.format {
+                crate::config::AccessLogFormat::Json => "json",
+                crate::config::AccessLogFormat::Combined => "combined",
+            },
+            "lines": log.written(),
+            "dropped": log.dropped(),
+        })
+    });
     json!({
         "uptime_s": now.as_secs_f64(),
+        "access_log": access_log,
         "config_file": config.source.as_ref().map(|p| p.display().to_string()),
         "reloads": shared.reloads.load(Relaxed),
         "reload_failures": shared.reload_failures.load(Relaxed),
@@ -137,6 +176,27 @@ fn metrics_text(shared: &Shared) -> String {
         }
     }
     let config = shared.config.load();
+    {
+        use std::fmt::Write as _;
+        out.push_str("# HELP keel_no_route_total Requests answered 404 because no route matched on a listener without a cluster.\n# TYPE keel_no_route_total counter\n");
+        for (a, n) in shared.listener_addrs.iter().zip(&shared.not_found) {
+            let _ = writeln!(
+                out,
+                "keel_no_route_total{{listener=\"{a}\"}} {}",
+                n.load(Relaxed)
+            );
+        }
+    }
+    if let Some(log) = &shared.access_log {
+        use std::fmt::Write as _;
+        let _ = write!(
+            out,
+            "# HELP keel_access_log_lines_total Access-log lines written.\n# TYPE keel_access_log_lines_total counter\nkeel_access_log_lines_total {}\n\
+             # HELP keel_access_log_dropped_total Access-log lines dropped: the buffer was full (the disk too slow) or the write failed.\n# TYPE keel_access_log_dropped_total counter\nkeel_access_log_dropped_total {}\n",
+            log.written(),
+            log.dropped()
+        );
+    }
     let tls: Vec<usize> = (0..config.listeners.len())
         .filter(|&i| config.listeners[i].tls.is_some())
         .collect();

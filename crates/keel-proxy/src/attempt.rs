@@ -217,21 +217,6 @@ pub(crate) enum TryFailure {
     Client(Reject),
 }
 
-/// How much of a failure's cause keel's own answers show to clients.
-impl ErrorDetail {
-    fn show(self, cause: &Cause, cluster: &str, endpoint: Option<&str>) -> String {
-        match self {
-            ErrorDetail::Brief => cause.brief().to_string(),
-            ErrorDetail::Full => Detailed {
-                cause,
-                cluster,
-                endpoint,
-            }
-            .to_string(),
-        }
-    }
-}
-
 /// The body text of keel's own answers: `"<status> <reason>: <cause>\n"`.
 pub(crate) fn answer_text(status: u16, cause: &str) -> String {
     format!("{status} {}: {cause}\n", reason(status))
@@ -245,6 +230,31 @@ pub(crate) fn reason(status: u16) -> &'static str {
         .unwrap_or("")
 }
 
+/// keel's answer to a request that no route matches on a listener without `cluster`.
+pub(crate) fn not_found() -> OwnAnswer {
+    const CAUSE: &str = "no route matches the request";
+    OwnAnswer {
+        status: 404,
+        text: answer_text(404, CAUSE),
+        endpoint: None,
+        guard: None,
+        attempts: 0,
+        cause: CAUSE.to_string(),
+    }
+}
+
+/// keel's answer to a request refused before it reached the driver.
+pub(crate) fn refused(reject: Reject) -> OwnAnswer {
+    OwnAnswer {
+        status: reject.status(),
+        text: answer_text(reject.status(), reject.cause()),
+        endpoint: None,
+        guard: None,
+        attempts: 0,
+        cause: reject.cause().to_string(),
+    }
+}
+
 /// keel's own answer to a request.
 pub(crate) struct OwnAnswer {
     /// The status.
@@ -255,6 +265,10 @@ pub(crate) struct OwnAnswer {
     pub endpoint: Option<hyper::http::HeaderValue>,
     /// Counts the request as in flight until the answer is sent.
     pub guard: Option<DownstreamGuard>,
+    /// Tries made.
+    pub attempts: u32,
+    /// The cause in full, as logged (the access log's `cause`).
+    pub cause: String,
 }
 
 /// The endpoint's response, head read (and rewritten into the front end's buffer); its body
@@ -300,6 +314,10 @@ pub(crate) struct Tail {
     guard: DownstreamGuard,
     /// The request's deadline (bodies stream until then).
     pub deadline: Instant,
+    /// The request timeout that set it (for the cause when it passes).
+    request_timeout: Duration,
+    /// Tries made, this one included.
+    pub attempts: u32,
 }
 
 impl Tail {
@@ -328,9 +346,7 @@ impl Tail {
                 Some(kind) => {
                     self.cluster.finish(pick, at, Outcome::Failure, Some(kind));
                     let cause = match kind {
-                        ErrorKind::Timeout => {
-                            Cause::RequestTimeout(self.cluster.config.request_timeout)
-                        }
+                        ErrorKind::Timeout => Cause::RequestTimeout(self.request_timeout),
                         _ => Cause::BodyFailed("the response body was cut".into()),
                     };
                     log_try_failure(&self.cluster, entry, &cause);
@@ -344,6 +360,43 @@ impl Tail {
     }
 }
 
+/// How long a request may take and how often it may be tried again: its cluster's settings,
+/// or a route's overrides of them (`request_timeout`, `retry_attempts`), computed once when
+/// the configuration is loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Limits {
+    /// The whole request, all tries included.
+    pub request_timeout: Duration,
+    /// One try, until the response head.
+    pub per_try_timeout: Duration,
+    /// Retries after the first try.
+    pub retry_attempts: u32,
+}
+
+impl Limits {
+    /// The cluster's limits with a route's overrides: an explicit `per_try_timeout` stays (at
+    /// most the request timeout), else the request timeout is shared by every allowed try.
+    pub fn new(
+        cluster: &crate::config::ClusterConfig,
+        request_timeout: Option<Duration>,
+        retry_attempts: Option<u32>,
+    ) -> Self {
+        let request_timeout = request_timeout.unwrap_or(cluster.request_timeout);
+        let retry_attempts = retry_attempts
+            .unwrap_or(cluster.retry.attempts)
+            .min(MAX_RETRY_ATTEMPTS);
+        let per_try_timeout = match cluster.retry.per_try_timeout {
+            Some(t) => t.min(request_timeout),
+            None => request_timeout / (retry_attempts + 1),
+        };
+        Self {
+            request_timeout,
+            per_try_timeout,
+            retry_attempts,
+        }
+    }
+}
+
 /// What the driver needs to forward one request.
 pub(crate) struct Request<'a> {
     /// The head for the upstream (see [`crate::h1::request::rewrite`]), without its per-try
@@ -353,6 +406,8 @@ pub(crate) struct Request<'a> {
     pub meta: &'a RequestHead,
     /// When the request arrived (its deadline counts from here).
     pub start: Instant,
+    /// Its timeouts and retries (the cluster's, or its route's).
+    pub limits: Limits,
 }
 
 /// Forwards a request to `cluster`: picks, tries, retries, and returns the answer to send.
@@ -367,6 +422,7 @@ pub(crate) async fn forward<B: RequestBody>(
     timer: &mut Pin<Box<Sleep>>,
 ) -> Answer {
     let start = req.start;
+    let limits = req.limits;
     let Some(guard) =
         DownstreamGuard::try_new(&cluster.metrics, start, cluster.config.max_in_flight)
     else {
@@ -374,9 +430,9 @@ pub(crate) async fn forward<B: RequestBody>(
         let cause = Cause::Overloaded {
             limit: cluster.config.max_in_flight,
         };
-        return own(cluster, client, 503, &cause, None, None);
+        return own(cluster, client, 503, &cause, None, None, 0);
     };
-    let deadline = start + cluster.config.request_timeout;
+    let deadline = start + limits.request_timeout;
     let common_len = req.head.len();
     let hash = match cluster.config.hash_on {
         Some(HashOn::ClientIp) => Some(crate::cluster::client_ip_key(client.peer)),
@@ -385,7 +441,7 @@ pub(crate) async fn forward<B: RequestBody>(
     // The first try's clock readings are `start`'s; later ones read the clock again.
     let start_on_clock = cluster.at(start);
     cluster.budget.record_request(start_on_clock);
-    let attempts = cluster.config.retry.attempts.min(MAX_RETRY_ATTEMPTS) as usize;
+    let attempts = limits.retry_attempts.min(MAX_RETRY_ATTEMPTS) as usize;
     // Endpoints tried so far (a hedge adds one), avoided by the next pick.
     let mut tried = [EndpointId(0); MAX_RETRY_ATTEMPTS as usize + 2];
     let mut n_tried = 0;
@@ -410,14 +466,23 @@ pub(crate) async fn forward<B: RequestBody>(
         }
         let Some(pick) = cluster.balancer.pick(&ctx) else {
             cluster.metrics.no_endpoint.fetch_add(1, Relaxed);
-            return own(cluster, client, 503, &Cause::NoEndpoint, None, Some(guard));
+            let tried = attempt as u32;
+            return own(
+                cluster,
+                client,
+                503,
+                &Cause::NoEndpoint,
+                None,
+                Some(guard),
+                tried,
+            );
         };
         tried[n_tried] = pick.id();
         n_tried += 1;
         let last = attempt >= attempts;
         req.head.truncate(common_len);
         end_head(req.head, req.meta, &cluster.endpoints[pick.index()]);
-        let try_deadline = deadline.min(wall + cluster.per_try_timeout);
+        let try_deadline = deadline.min(wall + limits.per_try_timeout);
         let first = Tried {
             pick,
             at: now,
@@ -435,6 +500,7 @@ pub(crate) async fn forward<B: RequestBody>(
                     common: &req.head[..common_len],
                     hash,
                     deadline,
+                    limits,
                 };
                 let (result, winner, hedged) = race
                     .run(
@@ -485,21 +551,31 @@ pub(crate) async fn forward<B: RequestBody>(
                     head,
                     Some((pick, now)),
                     guard,
-                    deadline,
+                    (deadline, limits.request_timeout),
+                    attempt as u32 + 1,
                 )
             }
             Some(Err(f)) => f,
             // Out of time while the client was still sending its body: the client's fault
             // (a slow upload must not get healthy endpoints ejected).
             None if body.waiting_on_client() => TryFailure::Client(Reject::Timeout),
-            None => timed_out(cluster, try_deadline, deadline),
+            None => timed_out(&limits, try_deadline, deadline),
         };
         let may_have_acted = match &failure {
             TryFailure::Client(reject) => {
                 // The client's fault: the pick is cancelled (dropped), never retried.
                 drop(pick);
                 let cause = Cause::Client(*reject);
-                return own(cluster, client, reject.status(), &cause, None, Some(guard));
+                let tried = attempt as u32 + 1;
+                return own(
+                    cluster,
+                    client,
+                    reject.status(),
+                    &cause,
+                    None,
+                    Some(guard),
+                    tried,
+                );
             }
             TryFailure::Upstream(e) => e.may_have_acted,
             TryFailure::Status(..) => true,
@@ -517,11 +593,24 @@ pub(crate) async fn forward<B: RequestBody>(
                     ErrorKind::Timeout => 504,
                     _ => 502,
                 };
-                own(cluster, client, status, &e.cause, Some(index), Some(guard))
+                let tried = attempt as u32 + 1;
+                own(
+                    cluster,
+                    client,
+                    status,
+                    &e.cause,
+                    Some(index),
+                    Some(guard),
+                    tried,
+                )
             }
             // Already finished as a failure: the response goes as it is.
             TryFailure::Status(conn, head) => {
-                forwarded(cluster, client, index, conn, head, None, guard, deadline)
+                let tried = attempt as u32 + 1;
+                let timing = (deadline, limits.request_timeout);
+                forwarded(
+                    cluster, client, index, conn, head, None, guard, timing, tried,
+                )
             }
             TryFailure::Client(_) => unreachable!("answered above"),
         };
@@ -539,11 +628,11 @@ fn end_head(head: &mut Vec<u8>, meta: &RequestHead, entry: &EndpointEntry) {
 
 /// The failure of a try that ran out of time: the per-try timeout's, or the request's when
 /// that came first.
-fn timed_out(cluster: &Cluster, try_deadline: Instant, deadline: Instant) -> TryFailure {
+fn timed_out(limits: &Limits, try_deadline: Instant, deadline: Instant) -> TryFailure {
     let cause = if try_deadline == deadline {
-        Cause::RequestTimeout(cluster.config.request_timeout)
+        Cause::RequestTimeout(limits.request_timeout)
     } else {
-        Cause::TryTimeout(cluster.per_try_timeout)
+        Cause::TryTimeout(limits.per_try_timeout)
     };
     TryFailure::Upstream(TryError::after_sending(ErrorKind::Timeout, cause))
 }
@@ -587,6 +676,7 @@ struct Race<'a> {
     common: &'a [u8],
     hash: Option<u64>,
     deadline: Instant,
+    limits: Limits,
 }
 
 type TryResult = Option<Result<(RawConn, ResponseHead), TryFailure>>;
@@ -706,7 +796,7 @@ impl Race<'_> {
             out_b,
         );
         tokio::pin!(leg_b);
-        let deadline_b = self.deadline.min(second.wall + cluster.per_try_timeout);
+        let deadline_b = self.deadline.min(second.wall + self.limits.per_try_timeout);
         let (mut a, mut b) = (Some(first), Some(second));
         loop {
             tokio::select! {
@@ -715,7 +805,7 @@ impl Race<'_> {
                     hedger.observe(first.wall.elapsed());
                     let r = match r {
                         Some(r) => r,
-                        None => Err(timed_out(cluster, try_deadline, self.deadline)),
+                        None => Err(timed_out(&self.limits, try_deadline, self.deadline)),
                     };
                     match r {
                         Ok(won) => return (Some(Ok(won)), first, Some(hedged_id), false),
@@ -727,7 +817,7 @@ impl Race<'_> {
                     let Some(second) = b.take() else { unreachable!() };
                     let r = match r {
                         Ok(r) => r,
-                        Err(_) => Err(timed_out(cluster, deadline_b, self.deadline)),
+                        Err(_) => Err(timed_out(&self.limits, deadline_b, self.deadline)),
                     };
                     match r {
                         Ok(won) => {
@@ -765,6 +855,7 @@ fn may_retry(cluster: &Cluster, last: bool, safe: bool, before_deadline: bool) -
 }
 
 /// The endpoint's response, to be forwarded; `pick` is finished when its body is through.
+/// The request's deadline and the timeout that set it; `attempts`: tries made.
 #[allow(clippy::too_many_arguments)]
 fn forwarded(
     cluster: &Arc<Cluster>,
@@ -774,7 +865,8 @@ fn forwarded(
     head: ResponseHead,
     pick: Option<(Pick, Duration)>,
     guard: DownstreamGuard,
-    deadline: Instant,
+    (deadline, request_timeout): (Instant, Duration),
+    attempts: u32,
 ) -> Answer {
     count_response(cluster, head.status);
     Answer::Upstream(Upstream {
@@ -787,6 +879,8 @@ fn forwarded(
             pick,
             guard,
             deadline,
+            request_timeout,
+            attempts,
         },
     })
 }
@@ -804,25 +898,36 @@ fn own(
     cause: &Cause,
     endpoint: Option<usize>,
     guard: Option<DownstreamGuard>,
+    attempts: u32,
 ) -> Answer {
     count_response(cluster, status);
     let entry = endpoint.map(|i| &cluster.endpoints[i]);
     let address = entry.map(|e| e.authority.as_str());
+    let full = Detailed {
+        cause,
+        cluster: cluster.name(),
+        endpoint: address,
+    }
+    .to_string();
     if status >= 500 && cluster.log_budget.allow() {
         tracing::warn!(
             cluster = cluster.name(),
             client = %client.peer,
             suppressed = cluster.log_budget.take_suppressed(),
-            "answered {status}: {}",
-            Detailed { cause, cluster: cluster.name(), endpoint: address }
+            "answered {status}: {full}",
         );
     }
-    let text = client.error_detail.show(cause, cluster.name(), address);
+    let text = match client.error_detail {
+        ErrorDetail::Full => answer_text(status, &full),
+        ErrorDetail::Brief => answer_text(status, cause.brief()),
+    };
     Answer::Own(OwnAnswer {
         status,
-        text: answer_text(status, &text),
+        text,
         endpoint: entry.map(|e| e.header.clone()),
         guard,
+        attempts,
+        cause: full,
     })
 }
 
@@ -949,10 +1054,6 @@ mod tests {
         assert!(
             full.contains("10.0.0.7:9000") && full.contains("refused"),
             "{full}"
-        );
-        assert_eq!(
-            ErrorDetail::Brief.show(&refused, "app", Some("10.0.0.7:9000")),
-            "cannot connect to an endpoint"
         );
         assert_eq!(answer_text(502, "x"), "502 Bad Gateway: x\n");
     }

@@ -47,8 +47,6 @@ pub struct Cluster {
     pub endpoints: Vec<EndpointEntry>,
     /// Client-facing counters.
     pub metrics: Arc<ClusterMetrics>,
-    /// Per-try timeout in force.
-    pub per_try_timeout: Duration,
     /// Rate limit of the lines logged about this cluster's failures.
     pub(crate) log_budget: crate::attempt::LogBudget,
     epoch: Instant,
@@ -131,7 +129,6 @@ impl Cluster {
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Cluster {
             metrics: registry.cluster(&config.name),
-            per_try_timeout: config.per_try_timeout(),
             log_budget: crate::attempt::LogBudget::new(10, epoch),
             config,
             balancer,

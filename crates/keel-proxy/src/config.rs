@@ -37,6 +37,9 @@ pub struct ProxyConfig {
     /// The upstream clusters (`[[cluster]]`), at least one.
     #[serde(default, rename = "cluster")]
     pub clusters: Vec<ClusterConfig>,
+    /// The access log (`[access_log]`); none unless the table is present.
+    #[serde(default)]
+    pub access_log: Option<AccessLogConfig>,
     /// The file this configuration came from (for `POST /reload`), if any.
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -70,18 +73,54 @@ impl fmt::Debug for AdminConfig {
     }
 }
 
+/// `[access_log]`: one line per request answered.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessLogConfig {
+    /// The file lines are appended to (created if need be), relative to the configuration
+    /// file's directory; `"-"` for standard output.
+    pub path: PathBuf,
+    /// `"json"` (default: one object a line) or `"combined"` (NGINX's combined format).
+    #[serde(default)]
+    pub format: AccessLogFormat,
+}
+
+impl AccessLogConfig {
+    /// The file, or `None` for standard output.
+    pub fn file(&self) -> Option<PathBuf> {
+        (self.path.as_os_str() != "-").then(|| self.path.clone())
+    }
+}
+
+/// The format of the access log's lines.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AccessLogFormat {
+    /// One JSON object a line.
+    #[default]
+    Json,
+    /// NGINX's `combined` format.
+    Combined,
+}
+
 fn default_admin_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 9901))
 }
 
-/// `[[listener]]`: one address that clients connect to, routed to one cluster.
+/// `[[listener]]`: one address that clients connect to; its routes choose the cluster of each
+/// request, its `cluster` serves the requests no route matches.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListenerConfig {
     /// Address to listen on (port 0 = an ephemeral port).
     pub listen: SocketAddr,
-    /// Name of the cluster that serves this listener's requests.
-    pub cluster: String,
+    /// Name of the cluster that serves the requests no route matches. Required without
+    /// routes; without it, a request no route matches gets `404`.
+    #[serde(default)]
+    pub cluster: Option<String>,
+    /// Routes (`[[listener.route]]`), tried in order; the first match wins.
+    #[serde(default, rename = "route")]
+    pub routes: Vec<RouteConfig>,
     /// Most client connections open at once; further clients wait in the kernel's accept
     /// queue until one closes. Default 10000.
     #[serde(default = "default_max_connections")]
@@ -198,12 +237,186 @@ fn same_port(a: SocketAddr, b: SocketAddr) -> bool {
 pub const MIN_HEADER_BYTES: usize = 8192;
 
 impl ListenerConfig {
-    /// True if everything but the routed cluster is the same (what a reload may not change,
-    /// TLS certificate paths included).
+    /// True if everything but the cluster and the routes is the same (what a reload may not
+    /// change, TLS certificate paths included).
     pub fn same_socket_settings(&self, other: &ListenerConfig) -> bool {
         let mut a = self.clone();
         a.cluster.clone_from(&other.cluster);
+        a.routes.clone_from(&other.routes);
         a == *other
+    }
+}
+
+/// `[[listener.route]]`: the conditions a request must meet (all of them; none: every request)
+/// and the cluster that then serves it, with optional overrides of the cluster's limits.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// The request's host (`Host`, or the absolute target's or HTTP/2's authority, without
+    /// its port; case-insensitive): exactly `api.example.test`, or `*.example.test` for one or
+    /// more labels in place of `*`.
+    #[serde(default)]
+    pub host: Option<String>,
+    /// The path (without the query) starts with this.
+    #[serde(default)]
+    pub path_prefix: Option<String>,
+    /// The path (without the query) is exactly this.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// The method is one of these (case-sensitive, as methods are).
+    #[serde(default)]
+    pub methods: Vec<String>,
+    /// Each of these headers is present with exactly this value (names case-insensitive).
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// The cluster that serves the requests of this route.
+    pub cluster: String,
+    /// Overrides the cluster's `request_timeout` for this route.
+    #[serde(default, with = "keel_balance::duration_serde::option")]
+    pub request_timeout: Option<Duration>,
+    /// Overrides the cluster's `retry.attempts` for this route.
+    #[serde(default)]
+    pub retry_attempts: Option<u32>,
+}
+
+/// A route's host condition, compiled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HostPattern {
+    /// Any host.
+    Any,
+    /// This host (lower case).
+    Exact(String),
+    /// Any host under this domain (lower case, without the `*.`).
+    Wildcard(String),
+}
+
+/// A route's path condition, compiled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum PathPattern {
+    /// Any path.
+    Any,
+    /// Exactly this path.
+    Exact(String),
+    /// Paths that start with this.
+    Prefix(String),
+}
+
+impl PathPattern {
+    /// The first segment every matching path has (`/v1/x` -> `v1`), when the condition fixes
+    /// it: an exact path, or a prefix that goes past the first segment's end.
+    pub fn first_segment(&self) -> Option<&str> {
+        match self {
+            PathPattern::Any => None,
+            PathPattern::Exact(p) => {
+                let rest = p.strip_prefix('/')?;
+                Some(rest.split_once('/').map_or(rest, |(s, _)| s))
+            }
+            PathPattern::Prefix(p) => p.strip_prefix('/')?.split_once('/').map(|(s, _)| s),
+        }
+    }
+}
+
+impl RouteConfig {
+    /// The host condition.
+    pub(crate) fn host_pattern(&self) -> HostPattern {
+        match self.host.as_deref().map(str::to_ascii_lowercase) {
+            None => HostPattern::Any,
+            Some(h) => match h.strip_prefix("*.") {
+                Some(domain) => HostPattern::Wildcard(domain.to_string()),
+                None => HostPattern::Exact(h),
+            },
+        }
+    }
+
+    /// The path condition.
+    pub(crate) fn path_pattern(&self) -> PathPattern {
+        match (&self.path, &self.path_prefix) {
+            (Some(p), _) => PathPattern::Exact(p.clone()),
+            (None, Some(p)) => PathPattern::Prefix(p.clone()),
+            (None, None) => PathPattern::Any,
+        }
+    }
+
+    /// Checks the conditions and overrides; paths are relative to the `[[listener.route]]`.
+    /// The cluster it names is checked by [`ProxyConfig::validate`].
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if let Some(h) = &self.host {
+            let name = h.strip_prefix("*.").unwrap_or(h);
+            let label_ok = |l: &str| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            };
+            let ip6 = name.starts_with('[')
+                && name.ends_with(']')
+                && name[1..name.len() - 1]
+                    .parse::<std::net::Ipv6Addr>()
+                    .is_ok();
+            if !ip6 && (name.len() > 253 || !name.split('.').all(label_ok)) {
+                return Err(InvalidField::at("host", Problem::Invalid(format!("`{h}` is not a host name; expected e.g. \"api.example.test\" or \"*.example.test\" (no port, no scheme)"))));
+            }
+        }
+        if self.path.is_some() && self.path_prefix.is_some() {
+            return Err(InvalidField::at(
+                "path",
+                Problem::Invalid("set `path` (exact) or `path_prefix`, not both".into()),
+            ));
+        }
+        for (key, p) in [("path", &self.path), ("path_prefix", &self.path_prefix)] {
+            if let Some(p) = p {
+                if !p.starts_with('/')
+                    || p.contains('?')
+                    || p.bytes().any(|b| b <= b' ' || b == 0x7f)
+                {
+                    return Err(InvalidField::at(
+                        key,
+                        Problem::Invalid(format!("`{p}` is not a path; it must start with `/` and have no query (`?`) or spaces")),
+                    ));
+                }
+            }
+        }
+        if let Some(m) = self
+            .methods
+            .iter()
+            .find(|m| hyper::Method::from_bytes(m.as_bytes()).is_err() || m.is_empty())
+        {
+            return Err(InvalidField::at(
+                "methods",
+                Problem::Invalid(format!("`{m}` is not a method, e.g. \"GET\"")),
+            ));
+        }
+        for (name, value) in &self.headers {
+            if hyper::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(InvalidField::at(
+                    "headers",
+                    Problem::Invalid(format!("`{name}` is not a header name")),
+                ));
+            }
+            if hyper::header::HeaderValue::from_str(value).is_err() {
+                return Err(InvalidField::at(
+                    "headers",
+                    Problem::Invalid(format!("the value of `{name}` is not a header value")),
+                ));
+            }
+        }
+        if let Some(t) = self.request_timeout {
+            if t < Duration::from_millis(1) {
+                return Err(InvalidField::at(
+                    "request_timeout",
+                    Problem::out_of_range("at least 1ms", humantime::format_duration(t)),
+                ));
+            }
+        }
+        if let Some(a) = self.retry_attempts {
+            if a > MAX_RETRY_ATTEMPTS {
+                return Err(InvalidField::at(
+                    "retry_attempts",
+                    Problem::out_of_range(format!("within 0..={MAX_RETRY_ATTEMPTS}"), a),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -579,7 +792,7 @@ impl fmt::Display for ConfigError {
 impl ProxyConfig {
     /// Parses and validates TOML; `origin` (a file name) appears in error messages.
     ///
-    /// Relative TLS file paths are taken from the current directory.
+    /// Relative TLS and access-log paths are taken from the current directory.
     pub fn from_toml_str(text: &str, origin: &str) -> Result<ProxyConfig, ConfigError> {
         Self::parse(text, origin, None)
     }
@@ -670,6 +883,11 @@ impl ProxyConfig {
                 resolve(&mut t.ca);
             }
         }
+        if let Some(a) = &mut self.access_log {
+            if a.file().is_some() {
+                resolve(&mut a.path);
+            }
+        }
     }
 
     /// The cluster of this name.
@@ -701,19 +919,37 @@ impl ProxyConfig {
         if let Some(a) = &self.admin {
             a.validate().map_err(|e| e.under(FieldPath::key("admin")))?;
         }
+        if let Some(a) = &self.access_log {
+            a.validate()
+                .map_err(|e| e.under(FieldPath::key("access_log")))?;
+        }
         let names: Vec<&str> = self.clusters.iter().map(|c| c.name.as_str()).collect();
         for (i, l) in self.listeners.iter().enumerate() {
             let at = FieldPath::key("listener").at(i);
             l.validate().map_err(|e| e.under(at.clone()))?;
-            if !names.contains(&l.cluster.as_str()) {
-                return Err(InvalidField::new(
-                    at.then("cluster"),
-                    Problem::Invalid(format!(
-                        "no cluster named `{}`; defined: {}",
-                        l.cluster,
-                        names.join(", ")
-                    )),
-                ));
+            let unknown = |name: &str| {
+                Problem::Invalid(format!(
+                    "no cluster named `{name}`; defined: {}",
+                    names.join(", ")
+                ))
+            };
+            match &l.cluster {
+                Some(c) if !names.contains(&c.as_str()) => {
+                    return Err(InvalidField::new(at.then("cluster"), unknown(c)));
+                }
+                None if l.routes.is_empty() => {
+                    return Err(InvalidField::new(
+                        at.then("cluster"),
+                        Problem::Invalid("a listener needs `cluster`, or routes ([[listener.route]]) and then `cluster` for the requests no route matches".into()),
+                    ));
+                }
+                _ => {}
+            }
+            for (j, r) in l.routes.iter().enumerate() {
+                if !names.contains(&r.cluster.as_str()) {
+                    let field = at.clone().then("route").at(j).then("cluster");
+                    return Err(InvalidField::new(field, unknown(&r.cluster)));
+                }
             }
             if let Some(o) = self.listeners[..i]
                 .iter()
@@ -823,6 +1059,32 @@ impl ListenerConfig {
                     Problem::Invalid(e.message),
                 ));
             }
+        }
+        if self.routes.len() > usize::from(u16::MAX) {
+            return Err(InvalidField::at(
+                "route",
+                Problem::out_of_range(format!("at most {} routes", u16::MAX), self.routes.len()),
+            ));
+        }
+        for (j, r) in self.routes.iter().enumerate() {
+            r.validate()
+                .map_err(|e| e.under(FieldPath::key("route").at(j)))?;
+        }
+        Ok(())
+    }
+}
+
+impl AccessLogConfig {
+    /// Checks the path; paths are relative to `[access_log]`.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if self.path.as_os_str().is_empty() || self.path.is_dir() {
+            return Err(InvalidField::at(
+                "path",
+                Problem::Invalid(format!(
+                    "`{}` is not a file path; expected e.g. \"access.log\", or \"-\" for standard output",
+                    self.path.display()
+                )),
+            ));
         }
         Ok(())
     }
@@ -1016,6 +1278,7 @@ impl ProxyConfig {
             admin: None,
             listeners,
             clusters,
+            access_log: None,
             source: None,
         }
     }
@@ -1026,7 +1289,8 @@ impl ListenerConfig {
     pub fn new(listen: SocketAddr, cluster: impl Into<String>) -> Self {
         ListenerConfig {
             listen,
-            cluster: cluster.into(),
+            cluster: Some(cluster.into()),
+            routes: Vec::new(),
             max_connections: default_max_connections(),
             max_header_bytes: default_max_header_bytes(),
             max_headers: default_max_headers(),
@@ -1599,6 +1863,11 @@ mod tests {
             ),
             format!("{HEAD}[cluster.tls]\nnonsense = 1\n"),
             format!("{HEAD}[cluster.hedge]\ndelay = \"p95\"\nnonsense = 1\n"),
+            format!("[access_log]\npath = \"a.log\"\nnonsense = 1\n{HEAD}"),
+            HEAD.replace(
+                "cluster = \"app\"\n\n[[cluster]]",
+                "cluster = \"app\"\n\n[[listener.route]]\ncluster = \"app\"\nnonsense = 1\n\n[[cluster]]",
+            ),
         ];
         let mut checked = 0;
         for t in &tables {

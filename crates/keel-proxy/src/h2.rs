@@ -22,6 +22,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 
+use crate::access_log::{AccessLog, Entry, RequestLine};
 use crate::attempt::{self, Answer, BodyEnd, Client, OwnAnswer, Request, RequestBody, Tail};
 use crate::config::ListenerConfig;
 use crate::h1::chunked::ChunkedDecoder;
@@ -85,19 +86,20 @@ async fn handle(
     shared: &Shared,
     index: usize,
     settings: &ListenerConfig,
-    client: &Client,
+    client: &Arc<Client>,
     req: hyper::Request<Incoming>,
     active: ActiveRequest,
 ) -> Response<H2Body> {
-    let cluster = shared.routing.load().listeners[index].clone();
+    let started = Instant::now();
+    let log = shared.access_log.as_ref().map(|log| H2Log {
+        log: log.clone(),
+        client: client.clone(),
+        started,
+        cluster: None,
+        route: None,
+        head: Vec::new(),
+    });
     let (parts, body) = req.into_parts();
-    let max_body = settings.max_request_body_bytes.unwrap_or(u64::MAX);
-    let rules = RequestRules::new(
-        client,
-        cluster.config.hash_on.as_ref(),
-        usize::MAX,
-        max_body,
-    );
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let fields = || {
         parts
@@ -105,6 +107,43 @@ async fn handle(
             .iter()
             .map(|(n, v)| (n.as_str(), v.as_bytes()))
     };
+    let (target, route) = {
+        let routing = shared.routing.load();
+        let routes = &routing.listeners[index];
+        let route = routes.choose(
+            parts.method.as_str(),
+            path,
+            parts.uri.authority().map(|a| a.as_str()),
+            fields,
+        );
+        (routes.target(route).cloned(), route)
+    };
+    let Some(target) = target else {
+        shared.count_not_found(index);
+        let mut log = log;
+        if let Some(l) = &mut log {
+            // The request as the log shows it: its line and `host`.
+            l.head = format!(
+                "{} {path} HTTP/2.0\r\nhost: {}\r\n",
+                parts.method,
+                parts.uri.authority().map_or("", |a| a.as_str())
+            )
+            .into_bytes();
+        }
+        return own_response(attempt::not_found(), active, log);
+    };
+    let mut log = log;
+    if let Some(l) = &mut log {
+        l.cluster = Some(target.cluster.clone());
+        l.route = route.index();
+    }
+    let max_body = settings.max_request_body_bytes.unwrap_or(u64::MAX);
+    let rules = RequestRules::new(
+        client,
+        target.cluster.config.hash_on.as_ref(),
+        usize::MAX,
+        max_body,
+    );
     let mut head = Vec::with_capacity(512);
     let meta = match crate::h1::request::rewrite(
         parts.method.as_str(),
@@ -117,7 +156,7 @@ async fn handle(
         &mut head,
     ) {
         Ok(meta) => meta,
-        Err(reject) => return refused(reject, active),
+        Err(reject) => return refused(reject, active, log),
     };
     let mut out = Vec::with_capacity(512);
     let mut timer = crate::h1::idle_timer();
@@ -126,24 +165,33 @@ async fn handle(
         head: &mut head,
         meta: &meta,
         start,
+        limits: target.limits,
     };
     let answer = match meta.body {
         BodyFraming::Length(n) if n <= MAX_INLINE_BODY => {
             let read = tokio::time::timeout(settings.header_read_timeout, body.collect()).await;
             let data = match read {
                 Ok(Ok(collected)) => collected.to_bytes(),
-                Ok(Err(_)) => return refused(Reject::InvalidBody, active),
-                Err(_) => return refused(Reject::Timeout, active),
+                Ok(Err(_)) => return refused(Reject::InvalidBody, active, log.with_head(head)),
+                Err(_) => return refused(Reject::Timeout, active, log.with_head(head)),
             };
             if data.len() as u64 != n {
-                return refused(Reject::InvalidBody, active);
+                return refused(Reject::InvalidBody, active, log.with_head(head));
             }
             let mut inline = &data[..];
-            attempt::forward(&cluster, client, request, &mut inline, &mut out, &mut timer).await
+            attempt::forward(
+                &target.cluster,
+                client,
+                request,
+                &mut inline,
+                &mut out,
+                &mut timer,
+            )
+            .await
         }
         BodyFraming::None => {
             attempt::forward(
-                &cluster,
+                &target.cluster,
                 client,
                 request,
                 &mut &[][..],
@@ -162,7 +210,7 @@ async fn handle(
                 max: max_body,
             };
             attempt::forward(
-                &cluster,
+                &target.cluster,
                 client,
                 request,
                 &mut streamed,
@@ -172,8 +220,9 @@ async fn handle(
             .await
         }
     };
+    let log = log.with_head(head);
     match answer {
-        Answer::Own(own) => own_response(own, active),
+        Answer::Own(own) => own_response(own, active, log),
         Answer::Upstream(up) => match response_parts(&out) {
             Ok(mut response) => {
                 let framing = up.head.framing;
@@ -198,6 +247,15 @@ async fn handle(
                         left,
                         decoder: ChunkedDecoder::default(),
                         keep_alive: up.head.keep_alive,
+                        log: log.map(|l| {
+                            Box::new(H2LogUpstream {
+                                status: up.head.status,
+                                endpoint: up.tail.endpoint_header().clone(),
+                                attempts: up.tail.attempts,
+                                sent: 0,
+                                log: l,
+                            })
+                        }),
                         tail: Some(up.tail),
                         deadline,
                         _active: active,
@@ -208,17 +266,18 @@ async fn handle(
                 // The leg wrote this head itself: it always parses. Should it not, the pick
                 // is finished as the endpoint's failure.
                 up.tail.end(BodyEnd::UpstreamFailed, None);
+                const CAUSE: &str = "the endpoint's response head could not be forwarded";
                 own_response(
                     OwnAnswer {
                         status: 502,
-                        text: attempt::answer_text(
-                            502,
-                            "the endpoint's response head could not be forwarded",
-                        ),
+                        text: attempt::answer_text(502, CAUSE),
                         endpoint: None,
                         guard: None,
+                        attempts: 1,
+                        cause: CAUSE.to_string(),
                     },
                     active,
+                    log,
                 )
             }
         },
@@ -226,19 +285,85 @@ async fn handle(
 }
 
 /// keel's answer to a request refused before it reached the driver.
-fn refused(reject: Reject, active: ActiveRequest) -> Response<H2Body> {
-    own_response(
-        OwnAnswer {
-            status: reject.status(),
-            text: attempt::answer_text(reject.status(), reject.cause()),
-            endpoint: None,
-            guard: None,
-        },
-        active,
-    )
+fn refused(reject: Reject, active: ActiveRequest, log: Option<H2Log>) -> Response<H2Body> {
+    own_response(attempt::refused(reject), active, log)
 }
 
-fn own_response(own: OwnAnswer, active: ActiveRequest) -> Response<H2Body> {
+/// What the access log needs of an HTTP/2 request besides its answer.
+struct H2Log {
+    log: Arc<AccessLog>,
+    client: Arc<Client>,
+    started: Instant,
+    cluster: Option<Arc<crate::cluster::Cluster>>,
+    route: Option<u16>,
+    /// The head as rewritten for the upstream (the request line and headers the log shows).
+    head: Vec<u8>,
+}
+
+/// The answer's part of an HTTP/2 access-log line, written when its body ends.
+struct H2LogUpstream {
+    log: H2Log,
+    status: u16,
+    endpoint: HeaderValue,
+    attempts: u32,
+    /// Body bytes sent.
+    sent: u64,
+}
+
+trait WithHead {
+    fn with_head(self, head: Vec<u8>) -> Self;
+}
+
+impl WithHead for Option<H2Log> {
+    /// The log context with the request's rewritten head (moved, not copied).
+    fn with_head(mut self, head: Vec<u8>) -> Self {
+        if let Some(l) = &mut self {
+            l.head = head;
+        }
+        self
+    }
+}
+
+impl H2Log {
+    fn write(
+        &self,
+        status: u16,
+        sent: u64,
+        endpoint: Option<&[u8]>,
+        attempts: u32,
+        cause: Option<&str>,
+    ) {
+        self.log.log(
+            self.client.worker,
+            &Entry {
+                client: &self.client.ip,
+                request: RequestLine::parse(&self.head),
+                protocol: "HTTP/2.0",
+                status,
+                bytes_sent: sent,
+                body_bytes_sent: sent,
+                duration: self.started.elapsed(),
+                cluster: self.cluster.as_ref().map(|c| c.name()),
+                endpoint,
+                attempts,
+                route: self.route,
+                cause,
+            },
+        );
+    }
+}
+
+fn own_response(own: OwnAnswer, active: ActiveRequest, log: Option<H2Log>) -> Response<H2Body> {
+    if let Some(l) = &log {
+        let endpoint = own.endpoint.as_ref().map(|e| e.as_bytes());
+        l.write(
+            own.status,
+            own.text.len() as u64,
+            endpoint,
+            own.attempts,
+            Some(&own.cause),
+        );
+    }
     let mut r = Response::new(H2Body::Own {
         data: Some(Bytes::from(own.text)),
         _guard: own.guard,
@@ -353,6 +478,8 @@ pub(crate) struct UpstreamBody {
     keep_alive: bool,
     tail: Option<Tail>,
     deadline: Pin<Box<tokio::time::Sleep>>,
+    /// The access-log line to write when the body ends.
+    log: Option<Box<H2LogUpstream>>,
     _active: ActiveRequest,
 }
 
@@ -361,6 +488,15 @@ impl UpstreamBody {
         if let Some(tail) = self.tail.take() {
             let conn = self.conn.take().filter(|_| self.keep_alive);
             tail.end(end, conn);
+            if let Some(l) = self.log.take() {
+                l.log.write(
+                    l.status,
+                    l.sent,
+                    Some(l.endpoint.as_bytes()),
+                    l.attempts,
+                    None,
+                );
+            }
         }
     }
 
@@ -452,7 +588,12 @@ impl Body for H2Body {
         match self.get_mut() {
             H2Body::Own { data, .. } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             H2Body::Upstream(up) => match up.poll_data(cx) {
-                Poll::Ready(Ok(Some(data))) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                Poll::Ready(Ok(Some(data))) => {
+                    if let Some(l) = &mut up.log {
+                        l.sent += data.len() as u64;
+                    }
+                    Poll::Ready(Some(Ok(Frame::data(data))))
+                }
                 Poll::Ready(Ok(None)) => {
                     up.end(BodyEnd::Done);
                     Poll::Ready(None)

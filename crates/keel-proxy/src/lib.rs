@@ -20,6 +20,7 @@
 
 #![warn(missing_docs)]
 
+mod access_log;
 mod admin;
 mod attempt;
 mod cluster;
@@ -29,8 +30,10 @@ mod h2;
 mod health;
 mod metrics;
 mod pool;
+mod route;
 mod server;
 pub mod tls;
 
 pub use config::{ConfigError, ProxyConfig};
+pub use route::RouteMatcher;
 pub use server::{start, start_with_workers, ProxyHandle, ReloadError};

@@ -18,11 +18,13 @@ use crate::cluster::Cluster;
 use crate::config::ProxyConfig;
 use crate::h1;
 use crate::metrics::Registry;
+use crate::route::ListenerRoutes;
 
-/// What requests see: the cluster of each listener. Swapped whole on reload.
+/// What requests see: each listener's routes, and the clusters they lead to. Swapped whole on
+/// reload.
 pub(crate) struct Routing {
-    /// Cluster by listener index.
-    pub listeners: Vec<Arc<Cluster>>,
+    /// Routes by listener index.
+    pub listeners: Vec<ListenerRoutes>,
     /// All clusters, in configuration order.
     pub clusters: Vec<Arc<Cluster>>,
 }
@@ -67,11 +69,21 @@ pub(crate) struct Shared {
     pub listener_addrs: Vec<SocketAddr>,
     /// TLS handshakes that failed or timed out, by listener index.
     pub tls_handshake_failures: Vec<AtomicU64>,
+    /// Requests that no route matched on a listener without `cluster` (`404`), by listener
+    /// index.
+    pub not_found: Vec<AtomicU64>,
+    /// The access log, if configured.
+    pub access_log: Option<Arc<crate::access_log::AccessLog>>,
     /// Client connections open on each worker thread (empty without workers).
     pub worker_connections: Arc<[AtomicUsize]>,
 }
 
 impl Shared {
+    /// Counts a `404` for want of a route on listener `index`.
+    pub fn count_not_found(&self, index: usize) {
+        self.not_found[index].fetch_add(1, Relaxed);
+    }
+
     fn build_routing(
         &self,
         config: &ProxyConfig,
@@ -99,12 +111,12 @@ impl Shared {
         let listeners = config
             .listeners
             .iter()
-            .map(|l| {
-                clusters
-                    .iter()
-                    .find(|c| c.name() == l.cluster)
-                    .cloned()
-                    .with_context(|| format!("no cluster named `{}`", l.cluster))
+            .enumerate()
+            .map(|(i, l)| {
+                ListenerRoutes::build(l, |name| {
+                    clusters.iter().find(|c| c.name() == name).cloned()
+                })
+                .with_context(|| format!("listener[{i}]"))
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Routing {
@@ -175,11 +187,14 @@ impl Shared {
             .find(|(_, (a, b))| !a.same_socket_settings(b))
         {
             anyhow::bail!(
-                "listener[{i}]'s connection limits, timeouts or TLS settings changed; a reload can change its cluster only: restart keel proxy to apply them"
+                "listener[{i}]'s connection limits, timeouts or TLS settings changed; a reload can change its cluster and routes only: restart keel proxy to apply them"
             );
         }
         if old.admin != config.admin {
             anyhow::bail!("the [admin] listener changed; restart keel proxy to apply that");
+        }
+        if old.access_log != config.access_log {
+            anyhow::bail!("the [access_log] changed; restart keel proxy to apply that");
         }
         let previous = self.routing.load();
         let routing = self.build_routing(&config, Some(&previous))?;
@@ -261,6 +276,11 @@ pub async fn start_with_workers(
         .map(|l| l.local_addr())
         .collect::<std::io::Result<Vec<_>>>()?;
     let admin_addr = admin.as_ref().map(|a| a.local_addr()).transpose()?;
+    let access_log = config
+        .access_log
+        .as_ref()
+        .map(|a| crate::access_log::AccessLog::start(a, workers.max(1)).map(Arc::new))
+        .transpose()?;
 
     let empty = Routing {
         listeners: Vec::new(),
@@ -278,6 +298,8 @@ pub async fn start_with_workers(
         reloads: AtomicU64::new(0),
         reload_failures: AtomicU64::new(0),
         tls_handshake_failures: listener_addrs.iter().map(|_| AtomicU64::new(0)).collect(),
+        not_found: listener_addrs.iter().map(|_| AtomicU64::new(0)).collect(),
+        access_log,
         listener_addrs: listener_addrs.clone(),
         worker_connections: (0..workers).map(|_| AtomicUsize::new(0)).collect(),
     });
@@ -390,6 +412,14 @@ impl ProxyHandle {
             .collect()
     }
 
+    /// Makes the access log reopen its file (SIGUSR1: after logrotate moved it); a no-op
+    /// without a file.
+    pub fn reopen_access_log(&self) {
+        if let Some(log) = &self.shared.access_log {
+            log.reopen();
+        }
+    }
+
     /// The configuration in force.
     pub fn config(&self) -> Arc<ProxyConfig> {
         self.shared.config.load_full()
@@ -415,6 +445,11 @@ impl ProxyHandle {
             .unwrap_or_else(|e| e.into_inner());
         for t in tasks.drain(..) {
             t.abort();
+        }
+        drop(tasks);
+        if let Some(log) = self.shared.access_log.clone() {
+            // Writes the lines still queued.
+            let _ = tokio::task::spawn_blocking(move || log.close()).await;
         }
     }
 }

@@ -4,19 +4,23 @@
 //! driver, and the driver's answer sent back: keel's own, or the endpoint's response relayed
 //! as it arrives.
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::watch;
 
 use super::relay::{relay_response, ClientBody, RelayError};
 use super::request::{parse_request, BodyFraming, Reject, RequestHead, RequestParse, RequestRules};
 use super::response::Framing;
 use super::{idle_timer, push_content_length, push_date, push_header, until, write_all_2};
+use crate::access_log::{AccessLog, Entry, RequestLine};
 use crate::attempt::{self, Answer, BodyEnd, Client, OwnAnswer, Request, Upstream};
 use crate::config::ListenerConfig;
+use crate::route::{RouteRef, Target};
 use crate::server::Shared;
 
 /// Request bodies up to this size are read whole before the request is forwarded, so that
@@ -34,7 +38,7 @@ pub(crate) enum Served<S> {
 
 /// A client connection and its reusable buffers and timers.
 struct Conn<S> {
-    stream: S,
+    stream: Counted<S>,
     /// Bytes read from the client not yet consumed: the current request first.
     rbuf: BytesMut,
     /// The request head for the upstream (its common part, then the per-try end).
@@ -66,7 +70,10 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         crate::server::wait_shutdown(&mut stop_waiter).await;
     });
     let mut conn = Conn {
-        stream,
+        stream: Counted {
+            inner: stream,
+            sent: 0,
+        },
         rbuf: BytesMut::with_capacity(8192),
         up_head: Vec::with_capacity(1024),
         out: Vec::with_capacity(1024),
@@ -86,20 +93,19 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         let whole_head = waited + settings.header_read_timeout;
         // Bytes of this request already searched for the blank line that ends a head.
         let mut searched = None;
-        let (cluster, req) = loop {
+        let (target, req) = loop {
             let parsed = if conn.rbuf.is_empty() || !may_end_head(&conn.rbuf, &mut searched) {
                 RequestParse::Partial
             } else {
-                let cluster = shared.routing.load().listeners[index].clone();
-                let rules = RequestRules::new(
-                    client,
-                    cluster.config.hash_on.as_ref(),
-                    settings.max_headers,
-                    max_body,
-                );
+                let routing = shared.routing.load();
+                let routes = &routing.listeners[index];
+                let rules = RequestRules {
+                    routes: Some(routes),
+                    ..RequestRules::new(client, None, settings.max_headers, max_body)
+                };
                 match parse_request(&conn.rbuf, &rules, &mut conn.up_head) {
                     RequestParse::Ready(h) if h.head_len <= settings.max_header_bytes => {
-                        break (cluster, h)
+                        break (routes.target(h.route).cloned(), h)
                     }
                     // However it arrived (one read may bring more than the limit).
                     RequestParse::Ready(_) => RequestParse::Reject(Reject::HeadTooLarge),
@@ -107,10 +113,10 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 }
             };
             match parsed {
-                RequestParse::Http2Preface => return Served::Http2(conn.stream, conn.rbuf),
-                RequestParse::Reject(r) => return conn.refuse(client, r).await,
+                RequestParse::Http2Preface => return Served::Http2(conn.stream.inner, conn.rbuf),
+                RequestParse::Reject(r) => return conn.refuse(&shared, client, r).await,
                 RequestParse::Partial if conn.rbuf.len() >= settings.max_header_bytes => {
-                    return conn.refuse(client, Reject::HeadTooLarge).await
+                    return conn.refuse(&shared, client, Reject::HeadTooLarge).await
                 }
                 _ => {}
             }
@@ -129,14 +135,62 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             }
         };
         conn.rbuf.advance(req.head_len);
+        let started = Instant::now();
+        let Some(target) = target else {
+            // No route and no listener cluster. The body is not read: a request with one
+            // leaves the connection where only a close is safe.
+            shared.count_not_found(index);
+            let own = attempt::not_found();
+            let keep = req.keep_alive && req.body == BodyFraming::None && stop.borrow().is_none();
+            conn.stream.sent = 0;
+            let kept = conn.answer(&own, keep, &req).await;
+            if let Some(log) = &shared.access_log {
+                let ctx = LogCtx {
+                    log,
+                    client,
+                    cluster: None,
+                    route: req.route,
+                    started,
+                };
+                conn.log_own(&ctx, &req, &own);
+            }
+            if !kept {
+                let _ = conn.stream.shutdown().await;
+                return Served::Closed;
+            }
+            continue;
+        };
+        let log = shared.access_log.as_deref().map(|log| LogCtx {
+            log,
+            client,
+            cluster: Some(target.cluster.name()),
+            route: req.route,
+            started,
+        });
         let keep = match req.body {
             BodyFraming::Length(n) if n > MAX_INLINE_BODY => {
-                conn.streamed(&cluster, client, settings, &req, max_body, &stop)
-                    .await
+                conn.streamed(
+                    &target,
+                    client,
+                    settings,
+                    &req,
+                    max_body,
+                    &stop,
+                    log.as_ref(),
+                )
+                .await
             }
             BodyFraming::Chunked => {
-                conn.streamed(&cluster, client, settings, &req, max_body, &stop)
-                    .await
+                conn.streamed(
+                    &target,
+                    client,
+                    settings,
+                    &req,
+                    max_body,
+                    &stop,
+                    log.as_ref(),
+                )
+                .await
             }
             framing => {
                 let n = match framing {
@@ -165,12 +219,13 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     }
                 }
                 let answer = attempt::forward(
-                    &cluster,
+                    &target.cluster,
                     client,
                     Request {
                         head: &mut conn.up_head,
                         meta: &req,
                         start: Instant::now(),
+                        limits: target.limits,
                     },
                     &mut &conn.rbuf[..n],
                     &mut conn.out,
@@ -178,7 +233,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 )
                 .await;
                 conn.rbuf.advance(n);
-                conn.send(answer, &req, true, &stop).await
+                conn.send(answer, &req, true, &stop, log.as_ref()).await
             }
         };
         if !keep {
@@ -208,12 +263,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     /// connection stays open only if the body was read to its end.
     async fn streamed(
         &mut self,
-        cluster: &Arc<crate::cluster::Cluster>,
+        target: &Target,
         client: &Client,
         settings: &ListenerConfig,
         req: &RequestHead,
         max_body: u64,
         stop: &watch::Receiver<Option<Duration>>,
+        log: Option<&LogCtx<'_>>,
     ) -> bool {
         let mut body = ClientBody::new(
             &mut self.stream,
@@ -225,12 +281,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             req.expect_continue,
         );
         let answer = attempt::forward(
-            cluster,
+            &target.cluster,
             client,
             Request {
                 head: &mut self.up_head,
                 meta: req,
                 start: Instant::now(),
+                limits: target.limits,
             },
             &mut body,
             &mut self.out,
@@ -238,7 +295,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         )
         .await;
         let finished = body.finished();
-        self.send(answer, req, finished, stop).await
+        self.send(answer, req, finished, stop, log).await
     }
 
     /// Sends the driver's answer; returns whether the connection stays open. `reusable`:
@@ -249,16 +306,74 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         req: &RequestHead,
         reusable: bool,
         stop: &watch::Receiver<Option<Duration>>,
+        log: Option<&LogCtx<'_>>,
     ) -> bool {
         let keep = req.keep_alive && reusable && stop.borrow().is_none();
+        self.stream.sent = 0;
         match answer {
             Answer::Own(own) => {
                 // A refused body leaves the connection in an unknown state.
                 let keep = keep && own.status != 400 && own.status != 413 && own.status != 408;
-                self.answer(&own, keep, req).await
+                let kept = self.answer(&own, keep, req).await;
+                if let Some(log) = log {
+                    self.log_own(log, req, &own);
+                }
+                kept
             }
-            Answer::Upstream(up) => self.forward(up, keep, req).await,
+            Answer::Upstream(up) => {
+                let Some(log) = log else {
+                    return self.forward(up, keep, req).await;
+                };
+                let (status, attempts) = (up.head.status, up.tail.attempts);
+                let endpoint = up.tail.endpoint_header().clone();
+                let kept = self.forward(up, keep, req).await;
+                self.log(log, req, status, Some(endpoint.as_bytes()), attempts, None);
+                kept
+            }
         }
+    }
+
+    /// Logs keel's own answer.
+    fn log_own(&self, log: &LogCtx<'_>, req: &RequestHead, own: &OwnAnswer) {
+        let endpoint = own.endpoint.as_ref().map(|e| e.as_bytes());
+        self.log(
+            log,
+            req,
+            own.status,
+            endpoint,
+            own.attempts,
+            Some(&own.cause),
+        );
+    }
+
+    /// Logs the request just answered (its head is in `up_head`, the answer's in `out`).
+    fn log(
+        &self,
+        log: &LogCtx<'_>,
+        req: &RequestHead,
+        status: u16,
+        endpoint: Option<&[u8]>,
+        attempts: u32,
+        cause: Option<&str>,
+    ) {
+        let sent = self.stream.sent;
+        log.log.log(
+            log.client.worker,
+            &Entry {
+                client: &log.client.ip,
+                request: RequestLine::parse(&self.up_head),
+                protocol: if req.http10 { "HTTP/1.0" } else { "HTTP/1.1" },
+                status,
+                bytes_sent: sent,
+                body_bytes_sent: sent.saturating_sub(self.out.len() as u64),
+                duration: log.started.elapsed(),
+                cluster: log.cluster,
+                endpoint,
+                attempts,
+                route: log.route.index(),
+                cause,
+            },
+        );
     }
 
     /// Forwards an endpoint's response (its head is in `self.out`) and its body, then ends
@@ -357,17 +472,98 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     }
 
     /// Answers a request refused before it reached the driver, and closes the connection.
-    async fn refuse(&mut self, client: &Client, reject: Reject) -> Served<S> {
-        let own = OwnAnswer {
-            status: reject.status(),
-            text: attempt::answer_text(reject.status(), reject.cause()),
-            endpoint: None,
-            guard: None,
-        };
+    async fn refuse(&mut self, shared: &Shared, client: &Client, reject: Reject) -> Served<S> {
+        let started = Instant::now();
+        let own = attempt::refused(reject);
         tracing::debug!(client = %client.peer, "refused a request: {}", reject.cause());
+        self.stream.sent = 0;
         self.answer(&own, false, &RequestHead::default()).await;
+        if let Some(log) = &shared.access_log {
+            // What can be read of the refused head (it may be anything).
+            let sent = self.stream.sent;
+            log.log(
+                client.worker,
+                &Entry {
+                    client: &client.ip,
+                    request: RequestLine::parse(&self.rbuf[..self.rbuf.len().min(8192)]),
+                    protocol: "HTTP/1.1",
+                    status: own.status,
+                    bytes_sent: sent,
+                    body_bytes_sent: sent.saturating_sub(self.out.len() as u64),
+                    duration: started.elapsed(),
+                    cause: Some(&own.cause),
+                    ..Entry::default()
+                },
+            );
+        }
         let _ = self.stream.shutdown().await;
         Served::Closed
+    }
+}
+
+/// What the access log needs of a request besides its answer.
+struct LogCtx<'a> {
+    log: &'a AccessLog,
+    client: &'a Client,
+    cluster: Option<&'a str>,
+    route: RouteRef,
+    started: Instant,
+}
+
+/// A client stream that counts the bytes written to it (the access log's `bytes_sent`).
+struct Counted<S> {
+    inner: S,
+    /// Bytes written since the count was last reset.
+    sent: u64,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = r {
+            this.sent += n as u64;
+        }
+        r
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = r {
+            this.sent += n as u64;
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }
 

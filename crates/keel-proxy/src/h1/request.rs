@@ -119,6 +119,9 @@ pub(crate) struct RequestRules<'a> {
     pub hash_header: Option<&'a str>,
     /// Hash on the path (without the query).
     pub hash_path: bool,
+    /// The listener's routes: [`parse_request`] chooses the request's route with them, and
+    /// the hash rule is then its cluster's (in place of the two above).
+    pub routes: Option<&'a crate::route::ListenerRoutes>,
     /// Most headers accepted (`max_headers`).
     pub max_headers: usize,
     /// Largest body accepted (`max_request_body_bytes`; `u64::MAX`: none).
@@ -133,20 +136,26 @@ impl<'a> RequestRules<'a> {
         max_headers: usize,
         max_body: u64,
     ) -> Self {
-        let (hash_header, hash_path) = match hash_on {
-            Some(crate::config::HashOn::Header(h)) => (Some(h.as_str()), false),
-            Some(crate::config::HashOn::Path) => (None, true),
-            _ => (None, false),
-        };
+        let (hash_header, hash_path) = hash_rule(hash_on);
         Self {
             client_ip: &client.ip,
             proto: client.proto,
             trust_forwarded: client.trust_forwarded,
             hash_header,
             hash_path,
+            routes: None,
             max_headers,
             max_body,
         }
+    }
+}
+
+/// Where a cluster hashing on `hash_on` takes the key: a header's name, or the path.
+fn hash_rule(hash_on: Option<&crate::config::HashOn>) -> (Option<&str>, bool) {
+    match hash_on {
+        Some(crate::config::HashOn::Header(h)) => (Some(h.as_str()), false),
+        Some(crate::config::HashOn::Path) => (None, true),
+        _ => (None, false),
     }
 }
 
@@ -183,6 +192,8 @@ pub(crate) struct RequestHead {
     pub expect_continue: bool,
     /// The hash-strategy key's bytes were found: their hash.
     pub hash: Option<u64>,
+    /// The route chosen (HTTP/1.1 clients, when the rules had routes).
+    pub route: crate::route::RouteRef,
 }
 
 /// The outcome of reading an HTTP/1.1 request head.
@@ -249,6 +260,26 @@ fn parse_request_in<'b>(
         return RequestParse::Reject(Reject::UnsupportedTarget);
     };
     let fields = || req.headers.iter().map(|h| (h.name, h.value));
+    let (route, routed);
+    let rules = match rules.routes {
+        Some(routes) => {
+            route = routes.choose(method, path, authority, fields);
+            let hash_on = routes
+                .target(route)
+                .and_then(|t| t.cluster.config.hash_on.as_ref());
+            let (hash_header, hash_path) = hash_rule(hash_on);
+            routed = RequestRules {
+                hash_header,
+                hash_path,
+                ..*rules
+            };
+            &routed
+        }
+        None => {
+            route = crate::route::RouteRef::NotFound;
+            rules
+        }
+    };
     match rewrite(
         method,
         path,
@@ -261,6 +292,7 @@ fn parse_request_in<'b>(
     ) {
         Ok(mut head) => {
             head.head_len = head_len;
+            head.route = route;
             RequestParse::Ready(head)
         }
         Err(r) => RequestParse::Reject(r),
@@ -467,6 +499,7 @@ where
         has_host: host.is_some(),
         expect_continue,
         hash,
+        route: crate::route::RouteRef::NotFound,
     })
 }
 
@@ -508,6 +541,7 @@ mod tests {
             trust_forwarded: true,
             hash_header: None,
             hash_path: false,
+            routes: None,
             max_headers: 20,
             max_body: 1024,
         }

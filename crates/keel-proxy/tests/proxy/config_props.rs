@@ -581,7 +581,10 @@ fn assert_round_trip(spec: &ConfigSpec, c: &ProxyConfig) {
     assert_eq!(c.listeners.len(), spec.listeners.len());
     for (l, s) in c.listeners.iter().zip(&spec.listeners) {
         assert_eq!(l.listen.port(), s.port);
-        assert_eq!(l.cluster, spec.clusters[s.cluster].name);
+        assert_eq!(
+            l.cluster.as_deref(),
+            Some(spec.clusters[s.cluster].name.as_str())
+        );
         assert_eq!(l.max_connections, s.max_connections);
         assert_eq!(l.max_header_bytes, s.max_header_bytes);
         assert_eq!(l.max_headers, s.max_headers);

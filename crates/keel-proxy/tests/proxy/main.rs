@@ -6,6 +6,7 @@
 
 mod support;
 
+mod access_log;
 mod config_props;
 mod h1_path;
 mod hardening;
@@ -15,4 +16,5 @@ mod hedging;
 mod proxy_behaviour;
 mod proxy_done;
 mod proxy_lifecycle;
+mod routes;
 mod tls;

@@ -2,7 +2,8 @@
 //!
 //! Signals: SIGTERM or SIGINT drain and stop (a second one stops at once); SIGHUP reloads the
 //! file (an invalid file is refused with a logged error and the old configuration keeps
-//! serving). The admin listener's `POST /reload` does the same as SIGHUP.
+//! serving); SIGUSR1 reopens the access log (after logrotate moved it). The admin listener's
+//! `POST /reload` does the same as SIGHUP.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -35,7 +36,15 @@ fn summary(config: &ProxyConfig) -> String {
         .iter()
         .zip(config.listeners.iter().map(|l| l.listen))
     {
-        s.push_str(&format!("  listener {addr} -> cluster {}\n", l.cluster));
+        let default = l.cluster.as_deref().unwrap_or("none: 404");
+        if l.routes.is_empty() {
+            s.push_str(&format!("  listener {addr} -> cluster {default}\n"));
+        } else {
+            s.push_str(&format!(
+                "  listener {addr}: {} route(s), else cluster {default}\n",
+                l.routes.len()
+            ));
+        }
     }
     for c in &config.clusters {
         s.push_str(&format!(
@@ -106,6 +115,7 @@ async fn serve(config: ProxyConfig, path: PathBuf, workers: usize) -> anyhow::Re
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
+    let mut usr1 = signal(SignalKind::user_defined1())?;
 
     let drain = config.drain_timeout;
     let listeners = config.listeners.clone();
@@ -115,11 +125,17 @@ async fn serve(config: ProxyConfig, path: PathBuf, workers: usize) -> anyhow::Re
         // ephemeral ports.
         let mut out = std::io::stdout().lock();
         for (l, addr) in listeners.iter().zip(proxy.listener_addrs()) {
-            writeln!(
-                out,
-                "keel proxy: listening on http://{addr} (cluster {})",
-                l.cluster
-            )?;
+            match (&l.cluster, l.routes.len()) {
+                (Some(c), 0) => {
+                    writeln!(out, "keel proxy: listening on http://{addr} (cluster {c})")?
+                }
+                (c, n) => writeln!(
+                    out,
+                    "keel proxy: listening on http://{addr} ({n} route(s), else {})",
+                    c.as_deref()
+                        .map_or("404".to_string(), |c| format!("cluster {c}"))
+                )?,
+            }
         }
         if let Some(a) = proxy.admin_addr() {
             writeln!(out, "keel proxy: admin on http://{a}")?;
@@ -135,6 +151,10 @@ async fn serve(config: ProxyConfig, path: PathBuf, workers: usize) -> anyhow::Re
                 tracing::info!(config = %path.display(), "SIGHUP: reloading");
                 // Logged and counted by the proxy, refusals included.
                 let _ = proxy.reload_from_file();
+            }
+            _ = usr1.recv() => {
+                tracing::info!("SIGUSR1: reopening the access log");
+                proxy.reopen_access_log();
             }
         }
     }

@@ -1,0 +1,673 @@
+//! The access log: one line per request answered (keel's own answers included), as JSON or in
+//! NGINX's `combined` format.
+//!
+//! Off the request path: a front end formats its [`Entry`] into a reused per-thread buffer,
+//! then appends the line to its worker's shard (a buffer that only that worker and the writer
+//! ever lock, so the lock is uncontended). A writer thread of its own swaps the shards'
+//! buffers every 100 ms (or sooner when one is half full) and writes them with blocking I/O,
+//! so a slow disk never holds up a request. A shard is bounded: a line that does not fit is
+//! dropped and counted (`keel_access_log_dropped_total`), never waited for. SIGUSR1 (through
+//! [`AccessLog::reopen`]) makes the writer reopen the file, for logrotate.
+
+use std::cell::RefCell;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::config::{AccessLogConfig, AccessLogFormat};
+
+/// Bytes a shard holds before lines are dropped (a little over 2 s of 10,000 lines a second
+/// of 250 bytes, per worker).
+const SHARD_BYTES: usize = 4 << 20;
+
+/// How often the writer writes what the shards hold.
+const FLUSH_EVERY: Duration = Duration::from_millis(100);
+
+/// What the access log says about one answered request.
+#[derive(Debug, Default)]
+pub(crate) struct Entry<'a> {
+    /// The client's IP.
+    pub client: &'a str,
+    /// The request's method, target and headers, as sent upstream (or as keel read them).
+    pub request: RequestLine<'a>,
+    /// `HTTP/1.0`, `HTTP/1.1` or `HTTP/2.0`.
+    pub protocol: &'static str,
+    /// The status sent.
+    pub status: u16,
+    /// Bytes of the response written to the client: head and body over HTTP/1.1, the body
+    /// over HTTP/2 (whose head HPACK compresses).
+    pub bytes_sent: u64,
+    /// Bytes of the response body written to the client.
+    pub body_bytes_sent: u64,
+    /// From the request's head to the end of its response.
+    pub duration: Duration,
+    /// The cluster that served it, if any.
+    pub cluster: Option<&'a str>,
+    /// The endpoint of the last try, if any.
+    pub endpoint: Option<&'a [u8]>,
+    /// Tries made.
+    pub attempts: u32,
+    /// The route's index, if a route matched.
+    pub route: Option<u16>,
+    /// Why keel answered itself.
+    pub cause: Option<&'a str>,
+}
+
+/// A request's line and the headers the log shows, read back from an HTTP/1.1 head.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct RequestLine<'a> {
+    /// The method.
+    pub method: Option<&'a [u8]>,
+    /// The target in origin form.
+    pub path: Option<&'a [u8]>,
+    /// `Host`.
+    pub host: Option<&'a [u8]>,
+    /// `Referer`.
+    pub referer: Option<&'a [u8]>,
+    /// `User-Agent`.
+    pub user_agent: Option<&'a [u8]>,
+}
+
+impl<'a> RequestLine<'a> {
+    /// Reads the request line and the `Host`, `Referer` and `User-Agent` headers of a head
+    /// (`METHOD TARGET HTTP/1.1\r\nname: value\r\n...`), as keel wrote it for the upstream.
+    pub fn parse(head: &'a [u8]) -> Self {
+        let mut lines = head.split(|b| *b == b'\n');
+        let mut r = RequestLine::default();
+        if let Some(first) = lines.next() {
+            let mut parts = first.trim_ascii_end().splitn(3, |b| *b == b' ');
+            r.method = parts.next().filter(|m| !m.is_empty());
+            r.path = parts.next();
+        }
+        for line in lines {
+            let line = line.trim_ascii_end();
+            if line.is_empty() {
+                break;
+            }
+            let Some(colon) = line.iter().position(|b| *b == b':') else {
+                continue;
+            };
+            let (name, value) = (&line[..colon], line[colon + 1..].trim_ascii());
+            if name.eq_ignore_ascii_case(b"host") {
+                r.host.get_or_insert(value);
+            } else if name.eq_ignore_ascii_case(b"referer") {
+                r.referer.get_or_insert(value);
+            } else if name.eq_ignore_ascii_case(b"user-agent") {
+                r.user_agent.get_or_insert(value);
+            }
+        }
+        r
+    }
+}
+
+/// One worker's lines not yet written.
+#[derive(Default)]
+struct Shard {
+    buf: Vec<u8>,
+    lines: u64,
+}
+
+/// State shared by the front ends and the writer thread.
+struct Inner {
+    format: AccessLogFormat,
+    /// Bytes a shard holds before lines are dropped.
+    shard_bytes: usize,
+    shards: Box<[Mutex<Shard>]>,
+    dropped: AtomicU64,
+    written: AtomicU64,
+    write_errors: AtomicU64,
+    reopen: AtomicBool,
+    stop: AtomicBool,
+}
+
+/// The access log of a running proxy.
+pub(crate) struct AccessLog {
+    inner: Arc<Inner>,
+    writer: std::thread::Thread,
+    join: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Where it writes (`None`: standard output).
+    pub path: Option<PathBuf>,
+    /// Its format.
+    pub format: AccessLogFormat,
+}
+
+/// The output: a file (reopened on demand) or standard output.
+enum Output {
+    File(PathBuf, File),
+    Stdout,
+}
+
+impl Output {
+    fn open(path: Option<&PathBuf>) -> std::io::Result<Output> {
+        match path {
+            None => Ok(Output::Stdout),
+            Some(p) => Ok(Output::File(
+                p.clone(),
+                OpenOptions::new().create(true).append(true).open(p)?,
+            )),
+        }
+    }
+
+    fn write_all(&mut self, data: &[u8]) -> std::io::Result<()> {
+        match self {
+            Output::File(_, f) => f.write_all(data),
+            Output::Stdout => {
+                let mut out = std::io::stdout().lock();
+                out.write_all(data)?;
+                out.flush()
+            }
+        }
+    }
+}
+
+impl AccessLog {
+    /// Opens the log (its file is created if need be, so that a bad path fails the start) and
+    /// starts its writer thread. `workers`: threads that serve connections (one shard each).
+    pub fn start(config: &AccessLogConfig, workers: usize) -> anyhow::Result<AccessLog> {
+        Self::start_with(config, workers, SHARD_BYTES)
+    }
+
+    fn start_with(
+        config: &AccessLogConfig,
+        workers: usize,
+        shard_bytes: usize,
+    ) -> anyhow::Result<AccessLog> {
+        let path = config.file();
+        let mut output = Output::open(path.as_ref()).map_err(|e| {
+            anyhow::anyhow!("cannot open the access log {}: {e}", config.path.display())
+        })?;
+        let inner = Arc::new(Inner {
+            format: config.format,
+            shard_bytes,
+            shards: (0..workers.max(1)).map(|_| Mutex::default()).collect(),
+            dropped: AtomicU64::new(0),
+            written: AtomicU64::new(0),
+            write_errors: AtomicU64::new(0),
+            reopen: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+        });
+        let state = inner.clone();
+        let join = std::thread::Builder::new()
+            .name("keel-access-log".into())
+            .spawn(move || writer_loop(&state, &mut output))?;
+        Ok(AccessLog {
+            inner,
+            writer: join.thread().clone(),
+            join: Mutex::new(Some(join)),
+            path,
+            format: config.format,
+        })
+    }
+
+    /// Formats an entry and queues its line on `worker`'s shard; a full shard drops it.
+    pub fn log(&self, worker: usize, entry: &Entry<'_>) {
+        thread_local! {
+            static LINE: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(512));
+        }
+        LINE.with_borrow_mut(|line| {
+            line.clear();
+            match self.inner.format {
+                AccessLogFormat::Json => json(line, entry, SystemTime::now()),
+                AccessLogFormat::Combined => combined(line, entry, SystemTime::now()),
+            }
+            let shards = &self.inner.shards;
+            let mut shard = shards[worker % shards.len()]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let limit = self.inner.shard_bytes;
+            if shard.buf.len() + line.len() > limit {
+                drop(shard);
+                self.inner.dropped.fetch_add(1, Relaxed);
+                return;
+            }
+            if shard.buf.capacity() == 0 {
+                shard.buf.reserve((64 * 1024).min(limit));
+            }
+            shard.buf.extend_from_slice(line);
+            shard.lines += 1;
+            let half_full = shard.buf.len() > limit / 2;
+            drop(shard);
+            if half_full {
+                self.writer.unpark();
+            }
+        });
+    }
+
+    /// Lines dropped because a shard was full (or the write failed).
+    pub fn dropped(&self) -> u64 {
+        self.inner.dropped.load(Relaxed)
+    }
+
+    /// Lines written.
+    pub fn written(&self) -> u64 {
+        self.inner.written.load(Relaxed)
+    }
+
+    /// Makes the writer reopen the file (after logrotate moved it).
+    pub fn reopen(&self) {
+        self.inner.reopen.store(true, Relaxed);
+        self.writer.unpark();
+    }
+
+    /// Writes what is queued and stops the writer.
+    pub fn close(&self) {
+        self.inner.stop.store(true, Relaxed);
+        self.writer.unpark();
+        let join = self.join.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(j) = join {
+            let _ = j.join();
+        }
+    }
+}
+
+impl Drop for AccessLog {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// The writer thread: every [`FLUSH_EVERY`] (or when woken), swaps each shard's buffer for
+/// its own empty one and writes it.
+fn writer_loop(inner: &Inner, output: &mut Output) {
+    let mut spare: Vec<u8> = Vec::new();
+    loop {
+        std::thread::park_timeout(FLUSH_EVERY);
+        let stopping = inner.stop.load(Relaxed);
+        if inner.reopen.swap(false, Relaxed) {
+            if let Output::File(path, _) = output {
+                match Output::open(Some(path)) {
+                    Ok(o) => *output = o,
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), "cannot reopen the access log: {e}")
+                    }
+                }
+            }
+        }
+        for shard in inner.shards.iter() {
+            let lines = {
+                let mut s = shard.lock().unwrap_or_else(|e| e.into_inner());
+                if s.buf.is_empty() {
+                    continue;
+                }
+                std::mem::swap(&mut s.buf, &mut spare);
+                std::mem::take(&mut s.lines)
+            };
+            match output.write_all(&spare) {
+                Ok(()) => {
+                    inner.written.fetch_add(lines, Relaxed);
+                }
+                Err(e) => {
+                    inner.dropped.fetch_add(lines, Relaxed);
+                    if inner.write_errors.fetch_add(1, Relaxed) % 100 == 0 {
+                        tracing::warn!("cannot write the access log ({lines} lines lost): {e}");
+                    }
+                }
+            }
+            spare.clear();
+        }
+        if stopping {
+            return;
+        }
+    }
+}
+
+/// Appends `n` in decimal.
+fn push_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+/// Appends `n` with at least two digits.
+fn push_2(out: &mut Vec<u8>, n: u64) {
+    if n < 10 {
+        out.push(b'0');
+    }
+    push_u64(out, n);
+}
+
+/// The civil date (year, month, day) of a day since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil(days: i64) -> (i64, u64, u64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u64;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u64;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// Time since the epoch as (days, second of the day, millisecond).
+fn split_time(t: SystemTime) -> (i64, u64, u64) {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    (
+        (secs / 86_400) as i64,
+        secs % 86_400,
+        u64::from(d.subsec_millis()),
+    )
+}
+
+/// `2024-05-01T12:00:00.123Z` (RFC 3339, UTC, milliseconds).
+fn push_rfc3339(out: &mut Vec<u8>, t: SystemTime) {
+    let (days, sod, ms) = split_time(t);
+    let (y, m, d) = civil(days);
+    push_u64(out, y.max(0) as u64);
+    out.push(b'-');
+    push_2(out, m);
+    out.push(b'-');
+    push_2(out, d);
+    out.push(b'T');
+    push_2(out, sod / 3600);
+    out.push(b':');
+    push_2(out, sod / 60 % 60);
+    out.push(b':');
+    push_2(out, sod % 60);
+    out.push(b'.');
+    if ms < 100 {
+        out.push(b'0');
+    }
+    push_2(out, ms);
+    out.push(b'Z');
+}
+
+/// `01/May/2024:12:00:00 +0000` (NGINX's `$time_local`, in UTC).
+fn push_clf_time(out: &mut Vec<u8>, t: SystemTime) {
+    const MONTHS: [&[u8]; 12] = [
+        b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov",
+        b"Dec",
+    ];
+    let (days, sod, _) = split_time(t);
+    let (y, m, d) = civil(days);
+    push_2(out, d);
+    out.push(b'/');
+    out.extend_from_slice(MONTHS[(m - 1) as usize]);
+    out.push(b'/');
+    push_u64(out, y.max(0) as u64);
+    out.push(b':');
+    push_2(out, sod / 3600);
+    out.push(b':');
+    push_2(out, sod / 60 % 60);
+    out.push(b':');
+    push_2(out, sod % 60);
+    out.extend_from_slice(b" +0000");
+}
+
+/// Appends a JSON string of `s`: valid UTF-8 as it is (escaped), other bytes as `\u00XX`.
+fn push_json_str(out: &mut Vec<u8>, s: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.push(b'"');
+    let utf8 = std::str::from_utf8(s).is_ok();
+    for &b in s {
+        match b {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            0..=0x1f | 0x7f => {
+                out.extend_from_slice(b"\\u00");
+                out.push(HEX[usize::from(b >> 4)]);
+                out.push(HEX[usize::from(b & 15)]);
+            }
+            0x80.. if !utf8 => {
+                out.extend_from_slice(b"\\u00");
+                out.push(HEX[usize::from(b >> 4)]);
+                out.push(HEX[usize::from(b & 15)]);
+            }
+            _ => out.push(b),
+        }
+    }
+    out.push(b'"');
+}
+
+fn push_json_opt(out: &mut Vec<u8>, s: Option<&[u8]>) {
+    match s {
+        Some(s) => push_json_str(out, s),
+        None => out.extend_from_slice(b"null"),
+    }
+}
+
+/// One JSON object and a newline.
+fn json(out: &mut Vec<u8>, e: &Entry<'_>, now: SystemTime) {
+    let r = &e.request;
+    out.extend_from_slice(b"{\"time\":\"");
+    push_rfc3339(out, now);
+    out.extend_from_slice(b"\",\"client\":");
+    push_json_str(out, e.client.as_bytes());
+    out.extend_from_slice(b",\"method\":");
+    push_json_opt(out, r.method);
+    out.extend_from_slice(b",\"host\":");
+    push_json_opt(out, r.host);
+    out.extend_from_slice(b",\"path\":");
+    push_json_opt(out, r.path);
+    out.extend_from_slice(b",\"protocol\":\"");
+    out.extend_from_slice(e.protocol.as_bytes());
+    out.extend_from_slice(b"\",\"status\":");
+    push_u64(out, u64::from(e.status));
+    out.extend_from_slice(b",\"bytes_sent\":");
+    push_u64(out, e.bytes_sent);
+    out.extend_from_slice(b",\"duration_ms\":");
+    let us = e.duration.as_micros() as u64;
+    push_u64(out, us / 1000);
+    out.push(b'.');
+    let frac = us % 1000;
+    if frac < 100 {
+        out.push(b'0');
+    }
+    push_2(out, frac);
+    out.extend_from_slice(b",\"cluster\":");
+    push_json_opt(out, e.cluster.map(str::as_bytes));
+    out.extend_from_slice(b",\"endpoint\":");
+    push_json_opt(out, e.endpoint);
+    out.extend_from_slice(b",\"attempts\":");
+    push_u64(out, u64::from(e.attempts));
+    out.extend_from_slice(b",\"route\":");
+    match e.route {
+        Some(i) => push_u64(out, u64::from(i)),
+        None => out.extend_from_slice(b"null"),
+    }
+    out.extend_from_slice(b",\"cause\":");
+    push_json_opt(out, e.cause.map(str::as_bytes));
+    out.extend_from_slice(b"}\n");
+}
+
+/// A quoted field of the combined format, escaped as NGINX escapes it (`"`, `\` and bytes
+/// that are not printable ASCII as `\xXX`); `-` when absent.
+fn push_clf_field(out: &mut Vec<u8>, s: Option<&[u8]>) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let Some(s) = s else {
+        out.push(b'-');
+        return;
+    };
+    for &b in s {
+        if b == b'"' || b == b'\\' || !(0x20..0x7f).contains(&b) {
+            out.extend_from_slice(b"\\x");
+            out.push(HEX[usize::from(b >> 4)]);
+            out.push(HEX[usize::from(b & 15)]);
+        } else {
+            out.push(b);
+        }
+    }
+}
+
+/// NGINX's `combined`: `$remote_addr - $remote_user [$time_local] "$request" $status
+/// $body_bytes_sent "$http_referer" "$http_user_agent"`, and a newline.
+fn combined(out: &mut Vec<u8>, e: &Entry<'_>, now: SystemTime) {
+    let r = &e.request;
+    out.extend_from_slice(e.client.as_bytes());
+    out.extend_from_slice(b" - - [");
+    push_clf_time(out, now);
+    out.extend_from_slice(b"] \"");
+    if let (Some(m), Some(p)) = (r.method, r.path) {
+        push_clf_field(out, Some(m));
+        out.push(b' ');
+        push_clf_field(out, Some(p));
+        out.push(b' ');
+        out.extend_from_slice(e.protocol.as_bytes());
+    }
+    out.extend_from_slice(b"\" ");
+    push_u64(out, u64::from(e.status));
+    out.push(b' ');
+    push_u64(out, e.body_bytes_sent);
+    out.extend_from_slice(b" \"");
+    push_clf_field(out, r.referer);
+    out.extend_from_slice(b"\" \"");
+    push_clf_field(out, r.user_agent);
+    out.extend_from_slice(b"\"\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: u64, ms: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(secs * 1000 + ms)
+    }
+
+    #[test]
+    fn times_are_rfc3339_and_nginx_local_time_in_utc() {
+        let mut s = Vec::new();
+        // 2000-02-29 23:59:59.007, a leap day.
+        push_rfc3339(&mut s, at(951_868_799, 7));
+        assert_eq!(s, b"2000-02-29T23:59:59.007Z");
+        s.clear();
+        push_clf_time(&mut s, at(1_714_564_800, 0));
+        assert_eq!(s, b"01/May/2024:12:00:00 +0000");
+        s.clear();
+        push_rfc3339(&mut s, at(0, 999));
+        assert_eq!(s, b"1970-01-01T00:00:00.999Z");
+    }
+
+    fn entry(head: &[u8]) -> Entry<'_> {
+        Entry {
+            client: "10.0.0.1",
+            request: RequestLine::parse(head),
+            protocol: "HTTP/1.1",
+            status: 502,
+            bytes_sent: 120,
+            body_bytes_sent: 40,
+            duration: Duration::from_micros(12_345),
+            cluster: Some("api"),
+            endpoint: Some(b"10.0.0.7:9000"),
+            attempts: 2,
+            route: Some(3),
+            cause: Some("cannot connect to upstream 10.0.0.7:9000: \"refused\""),
+        }
+    }
+
+    #[test]
+    fn a_json_line_has_every_field_escaped() {
+        let head = b"GET /a?b=\"c\" HTTP/1.1\r\nHost: api.test\r\nUser-Agent: x\xffy\r\nx-forwarded-for: 1\r\n";
+        let mut line = Vec::new();
+        json(&mut line, &entry(head), at(0, 5));
+        let text = String::from_utf8(line).unwrap();
+        assert!(text.ends_with('\n'));
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["time"], "1970-01-01T00:00:00.005Z");
+        assert_eq!(v["client"], "10.0.0.1");
+        assert_eq!(v["method"], "GET");
+        assert_eq!(v["host"], "api.test");
+        assert_eq!(v["path"], "/a?b=\"c\"");
+        assert_eq!(v["protocol"], "HTTP/1.1");
+        assert_eq!(v["status"], 502);
+        assert_eq!(v["bytes_sent"], 120);
+        assert_eq!(v["duration_ms"], 12.345);
+        assert_eq!(v["cluster"], "api");
+        assert_eq!(v["endpoint"], "10.0.0.7:9000");
+        assert_eq!(v["attempts"], 2);
+        assert_eq!(v["route"], 3);
+        assert!(v["cause"].as_str().unwrap().contains("\"refused\""));
+        let none = Entry {
+            client: "::1",
+            protocol: "HTTP/2.0",
+            status: 200,
+            ..Entry::default()
+        };
+        let mut line = Vec::new();
+        json(&mut line, &none, at(0, 0));
+        let v: serde_json::Value = serde_json::from_slice(&line).unwrap();
+        for key in [
+            "method", "host", "path", "cluster", "endpoint", "route", "cause",
+        ] {
+            assert!(v[key].is_null(), "{key}: {v}");
+        }
+        assert_eq!(v["duration_ms"], 0.0);
+    }
+
+    #[test]
+    fn lines_that_do_not_fit_are_dropped_and_counted_never_waited_for() {
+        // The log writes into a pipe nobody reads yet: the writer blocks once the pipe's
+        // buffer is full, the shard fills, and further lines are dropped at once.
+        let dir = std::env::temp_dir().join(format!("keel-al-unit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("pipe");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        // A reader must exist for the log's open to return; it reads nothing until told.
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || {
+                let mut f = File::open(fifo).unwrap();
+                wait.recv().unwrap();
+                let mut all = Vec::new();
+                std::io::Read::read_to_end(&mut f, &mut all).unwrap();
+                all
+            })
+        };
+        let config = AccessLogConfig {
+            path: fifo,
+            format: AccessLogFormat::Json,
+        };
+        let log = AccessLog::start_with(&config, 1, 16 * 1024).unwrap();
+        let head = b"GET /some/path HTTP/1.1\r\nhost: example.test\r\n";
+        let started = std::time::Instant::now();
+        for _ in 0..5000 {
+            log.log(0, &entry(head));
+        }
+        // 5,000 lines (about 1.5 MB) against 64 KiB of pipe and 16 KiB of shard.
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "no wait on the writer"
+        );
+        let dropped = log.dropped();
+        assert!(dropped > 4000, "{dropped} dropped");
+        go.send(()).unwrap();
+        log.close();
+        drop(log);
+        let all = reader.join().unwrap();
+        let read = all.iter().filter(|b| **b == b'\n').count() as u64;
+        assert_eq!(read + dropped, 5000, "every line written or counted");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_combined_line_is_nginxs() {
+        let head = b"GET /a?b=\"c\" HTTP/1.1\r\nhost: api.test\r\nreferer: http://r.test/\r\nuser-agent: curl/8\r\n";
+        let mut line = Vec::new();
+        combined(&mut line, &entry(head), at(1_714_564_800, 0));
+        assert_eq!(
+            String::from_utf8(line).unwrap(),
+            "10.0.0.1 - - [01/May/2024:12:00:00 +0000] \"GET /a?b=\\x22c\\x22 HTTP/1.1\" 502 40 \"http://r.test/\" \"curl/8\"\n"
+        );
+    }
+}
