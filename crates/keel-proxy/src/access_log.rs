@@ -301,7 +301,7 @@ fn writer_loop(inner: &Inner, output: &mut Output) {
                 }
                 Err(e) => {
                     inner.dropped.fetch_add(lines, Relaxed);
-                    if inner.write_errors.fetch_add(1, Relaxed) % 100 == 0 {
+                    if inner.write_errors.fetch_add(1, Relaxed).is_multiple_of(100) {
                         tracing::warn!("cannot write the access log ({lines} lines lost): {e}");
                     }
                 }

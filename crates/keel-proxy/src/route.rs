@@ -63,12 +63,14 @@ impl Target {
     }
 }
 
+/// A header condition: (lower-case name, exact value).
+type HeaderCondition = (Box<str>, Box<[u8]>);
+
 /// One compiled route.
 struct Route {
     path: PathPattern,
     methods: Box<[Box<str>]>,
-    /// (lower-case name, exact value).
-    headers: Box<[(Box<str>, Box<[u8]>)]>,
+    headers: Box<[HeaderCondition]>,
     target: Target,
 }
 
@@ -132,7 +134,7 @@ struct Bucket {
 }
 
 impl Bucket {
-    fn add(&mut self, headers: &[(Box<str>, Box<[u8]>)], index: u16) {
+    fn add(&mut self, headers: &[HeaderCondition], index: u16) {
         match headers.first() {
             Some((name, value)) if name.len() + 1 + value.len() <= MAX_HEADER_KEY => {
                 let mut key = Vec::with_capacity(name.len() + 1 + value.len());

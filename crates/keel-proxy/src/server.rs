@@ -438,15 +438,16 @@ impl ProxyHandle {
         for t in self.tasks {
             let _ = t.await;
         }
-        let mut tasks = self
-            .shared
-            .health_tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        for t in tasks.drain(..) {
-            t.abort();
+        {
+            let mut tasks = self
+                .shared
+                .health_tasks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            for t in tasks.drain(..) {
+                t.abort();
+            }
         }
-        drop(tasks);
         if let Some(log) = self.shared.access_log.clone() {
             // Writes the lines still queued.
             let _ = tokio::task::spawn_blocking(move || log.close()).await;

@@ -243,3 +243,83 @@ fn serves_the_issue_config_with_one_endpoint_failed_through_sighup_reloads_and_d
         rt.block_on(b.shutdown());
     }
 }
+
+/// Starts `keel proxy --config path` and returns it with its first listener's address.
+fn start_proxy(path: &std::path::Path) -> (std::process::Child, String) {
+    let mut child = Command::new(KEEL)
+        .args(["proxy", "--config"])
+        .arg(path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let listen = loop {
+        line.clear();
+        if stdout.read_line(&mut line).unwrap() == 0 {
+            let _ = child.kill();
+            panic!("keel proxy ended early");
+        }
+        if let Some(rest) = line.trim().strip_prefix("keel proxy: listening on http://") {
+            break rest.split(' ').next().unwrap().to_string();
+        }
+    };
+    (child, listen)
+}
+
+#[test]
+fn sigusr1_reopens_the_access_log_after_it_was_moved() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let b = rt
+        .block_on(backend::spawn(addr, BackendConfig::default()))
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("keel-usr1-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("keel.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[access_log]\npath = \"access.log\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\n\n\
+             [[listener.route]]\npath_prefix = \"/\"\ncluster = \"app\"\n\n\
+             [[cluster]]\nname = \"app\"\nendpoints = [{{ address = \"{}\" }}]\n",
+            b.addr()
+        ),
+    )
+    .unwrap();
+    let (mut child, listen) = start_proxy(&config);
+    let log = dir.join("access.log");
+    let moved = dir.join("access.log.1");
+    let lines = |p: &std::path::Path| {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let wait_for = |p: &std::path::Path, n: usize| {
+        let start = Instant::now();
+        while lines(p) < n && start.elapsed() < Duration::from_secs(3) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        lines(p)
+    };
+    assert!(get(&listen, "/first").starts_with("HTTP/1.1 200"));
+    assert_eq!(wait_for(&log, 1), 1);
+    std::fs::rename(&log, &moved).unwrap();
+    signal(child.id(), "-USR1");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(get(&listen, "/second").starts_with("HTTP/1.1 200"));
+    assert_eq!(wait_for(&log, 1), 1, "a new file after SIGUSR1");
+    assert!(std::fs::read_to_string(&log)
+        .unwrap()
+        .contains("\"/second\""));
+    assert_eq!(lines(&moved), 1);
+    signal(child.id(), "-TERM");
+    assert!(child.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}

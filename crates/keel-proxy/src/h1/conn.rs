@@ -261,6 +261,7 @@ fn may_end_head(buf: &[u8], searched: &mut Option<usize>) -> bool {
 impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     /// Forwards a request whose body is streamed from the client as the leg sends it; the
     /// connection stays open only if the body was read to its end.
+    #[allow(clippy::too_many_arguments)]
     async fn streamed(
         &mut self,
         target: &Target,

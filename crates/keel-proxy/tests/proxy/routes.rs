@@ -144,7 +144,8 @@ async fn each_route_kind_is_chosen_and_no_match_is_a_404() {
     let proxy = keel_proxy::start(load(&text)).await.unwrap();
     let url = |path: &str| format!("http://{}{path}", proxy.listener_addrs()[0]);
     let host = |h: &'static str| ("host", h);
-    let cases: Vec<(&str, Method, Vec<(&str, &str)>, &str)> = vec![
+    type Case<'a> = (&'a str, Method, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case<'_>> = vec![
         // Exact host; a wildcard does not take the bare domain.
         ("/any", Method::GET, vec![host("exact.example.test")], &a[0]),
         (
