@@ -2053,11 +2053,15 @@ async fn upstream_connections_are_reused_and_closed_ones_are_not_an_error() {
         let front = &proxy.fronts[f];
         let name = front.name;
         // Sequential requests on one client connection, then on new client connections:
-        // one upstream connection for all of them.
+        // one upstream connection for all of them. (A new client connection's request may
+        // race the task that finishes the previous response and puts its upstream connection
+        // back, which happens after the client has the last byte: hence the short pauses.)
         sequential(front, "GET", "/keep", 10, Duration::ZERO, b"kept").await;
         for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
             sequential(front, "GET", "/keep", 1, Duration::ZERO, b"kept").await;
         }
+        tokio::time::sleep(Duration::from_millis(20)).await;
         sequential(front, "POST", "/keep", 5, Duration::ZERO, b"kept").await;
         let used = up.accepts.load(SeqCst);
         assert_eq!(
