@@ -437,6 +437,9 @@ impl Balancer {
                 if ejected < od.max_ejected(snap.endpoints.len()) {
                     let until = st.eject(od, now);
                     e.ejected_until.store(until, Ordering::Relaxed);
+                    // Back in service it starts over like a new endpoint: an estimate from
+                    // before the ejection says nothing about it now.
+                    e.latency.clear();
                     snap.health.unavailable.fetch_add(1, Ordering::Relaxed);
                     snap.health.recount_at.fetch_min(until, Ordering::Relaxed);
                     return true;
@@ -457,6 +460,8 @@ impl Balancer {
         if was != healthy {
             if healthy {
                 e.ramp_from.store(nanos(now).max(1), Ordering::Relaxed);
+            } else {
+                e.latency.clear();
             }
             snap.health.recount_at.store(0, Ordering::Relaxed);
         }

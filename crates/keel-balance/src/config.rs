@@ -78,6 +78,11 @@ impl StrategyKind {
         )
     }
 
+    /// False for the strategies that ignore endpoint weights (round-robin, random).
+    pub fn uses_weights(self) -> bool {
+        !matches!(self, StrategyKind::RoundRobin | StrategyKind::Random)
+    }
+
     /// The names joined by ", ", for error messages.
     pub fn names() -> String {
         Self::ALL.map(|s| s.name()).join(", ")
@@ -125,6 +130,10 @@ pub struct StrategyOptions {
     pub tie_break: TieBreak,
     /// least-request, peak-ewma: random candidates compared per pick. Default 2.
     pub choices: u32,
+    /// least-time, peak-ewma: latency estimates within this fraction of each other count as
+    /// equal, so that weights, not noise, decide between equally fast endpoints (least-time:
+    /// within this fraction of the lowest; peak-ewma: of the other candidate's). Default 0.5.
+    pub latency_tolerance: f64,
     /// least-time, peak-ewma: EWMA time constant (a sample's weight halves in about 0.7 x
     /// decay). Default 10 s.
     #[serde(with = "crate::duration_serde")]
@@ -153,6 +162,7 @@ impl Default for StrategyOptions {
         Self {
             tie_break: TieBreak::Random,
             choices: 2,
+            latency_tolerance: 0.5,
             decay: Duration::from_secs(10),
             default_rtt: Duration::from_millis(30),
             failure_penalty: Duration::from_secs(1),
@@ -355,6 +365,12 @@ impl BalancerConfig {
         let bad = |key, problem| Err(InvalidField::at(key, problem));
         if o.choices < 2 {
             return bad("choices", Problem::out_of_range("at least 2", o.choices));
+        }
+        if !(0.0..=10.0).contains(&o.latency_tolerance) {
+            return Err(format!(
+                "latency_tolerance must be within 0..=10, got {}",
+                o.latency_tolerance
+            ));
         }
         if o.decay.is_zero() {
             return bad("decay", Problem::out_of_range("greater than zero", "0s"));

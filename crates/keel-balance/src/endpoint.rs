@@ -65,12 +65,9 @@ pub struct Endpoint {
     pub(crate) ramp_from: AtomicU64,
     /// Ejected until this instant; 0 = never ejected.
     pub(crate) ejected_until: AtomicU64,
-    /// Latency estimate in nanoseconds (f64 bits); its meaning is the strategy's (plain EWMA or
-    /// peak-EWMA). Updated with a load and a store: a lost update under a race only delays the
-    /// estimate by one sample, and it keeps the hot path free of locks.
-    pub(crate) latency_bits: AtomicU64,
-    pub(crate) latency_stamp: AtomicU64,
-    pub(crate) has_latency: AtomicBool,
+    /// The strategy's latency estimate (plain EWMA or peak-EWMA), with the time of its last
+    /// sample, in one atomic word.
+    pub(crate) latency: LatencyEstimate,
     pub(crate) successes: AtomicU64,
     pub(crate) failures: AtomicU64,
     pub(crate) outlier: Mutex<OutlierState>,
@@ -87,9 +84,7 @@ impl Endpoint {
             healthy: AtomicBool::new(true),
             ramp_from: AtomicU64::new(ramp_from),
             ejected_until: AtomicU64::new(0),
-            latency_bits: AtomicU64::new(0f64.to_bits()),
-            latency_stamp: AtomicU64::new(0),
-            has_latency: AtomicBool::new(false),
+            latency: LatencyEstimate::default(),
             successes: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             outlier: Mutex::new(OutlierState::default()),
@@ -129,9 +124,9 @@ impl Endpoint {
 
     /// The strategy's latency estimate, if it keeps one and has a sample.
     pub fn latency_estimate(&self) -> Option<Duration> {
-        self.has_latency
-            .load(Ordering::Relaxed)
-            .then(|| Duration::from_nanos(self.latency_ns() as u64))
+        self.latency
+            .value()
+            .map(|ns| Duration::from_nanos(ns as u64))
     }
 
     /// Outcomes recorded so far: (successes, failures).
@@ -147,18 +142,100 @@ impl Endpoint {
     pub(crate) fn is_available(&self, now: u64) -> bool {
         self.healthy.load(Ordering::Relaxed) && self.ejected_until.load(Ordering::Relaxed) <= now
     }
+}
 
-    #[inline]
-    pub(crate) fn latency_ns(&self) -> f64 {
-        f64::from_bits(self.latency_bits.load(Ordering::Relaxed))
+/// A latency estimate in nanoseconds and the time of its last sample, packed in one atomic word
+/// so that a reader never sees the value of one sample with the time of another, and an update
+/// is one compare-and-swap (no lock, no lost update).
+///
+/// Layout: bit 63 says "has a sample"; bits 36-62 hold the estimate as an `f32` without its sign
+/// and its 4 lowest mantissa bits (relative precision 2^-19); bits 0-35 hold the time of the
+/// last sample in units of 1024 ns, modulo 2^36 (about 19.5 hours). An age is therefore read
+/// modulo 19.5 hours: harmless, since any decay time that keel uses has forgotten a sample long
+/// before that.
+#[derive(Debug, Default)]
+pub(crate) struct LatencyEstimate(AtomicU64);
+
+const HAS_SAMPLE: u64 = 1 << 63;
+const STAMP_BITS: u32 = 36;
+const STAMP_MASK: u64 = (1 << STAMP_BITS) - 1;
+const STAMP_UNIT_SHIFT: u32 = 10;
+
+impl LatencyEstimate {
+    fn pack(value_ns: f64, now: u64) -> u64 {
+        let value = value_ns.clamp(0.0, f64::from(f32::MAX)) as f32;
+        let bits = u64::from(value.to_bits() >> 4);
+        HAS_SAMPLE | bits << STAMP_BITS | ((now >> STAMP_UNIT_SHIFT) & STAMP_MASK)
     }
 
-    #[inline]
-    pub(crate) fn set_latency_ns(&self, v: f64, now: u64) {
-        self.latency_bits.store(v.to_bits(), Ordering::Relaxed);
-        self.latency_stamp.store(now, Ordering::Relaxed);
-        self.has_latency.store(true, Ordering::Relaxed);
+    fn unpack(word: u64, now: u64) -> Option<(f64, u64)> {
+        if word & HAS_SAMPLE == 0 {
+            return None;
+        }
+        let value = f32::from_bits((((word & !HAS_SAMPLE) >> STAMP_BITS) as u32) << 4);
+        let age_units = (now >> STAMP_UNIT_SHIFT).wrapping_sub(word) & STAMP_MASK;
+        Some((f64::from(value), age_units << STAMP_UNIT_SHIFT))
     }
+
+    /// The estimate and its age at `now`, if there is a sample.
+    #[inline]
+    pub(crate) fn read(&self, now: u64) -> Option<(f64, u64)> {
+        Self::unpack(self.0.load(Ordering::Relaxed), now)
+    }
+
+    /// The estimate as last recorded (no decay applied).
+    #[inline]
+    pub(crate) fn value(&self) -> Option<f64> {
+        self.read(0).map(|(v, _)| v)
+    }
+
+    /// The estimate decayed to `now` (peak-EWMA's read: an endpoint that gets no traffic looks
+    /// cheaper as time passes, so it is tried again after a while).
+    #[inline]
+    pub(crate) fn decayed(&self, now: u64, decay_ns: f64) -> Option<f64> {
+        self.read(now).map(|(v, age)| v * keep(age, decay_ns))
+    }
+
+    /// Folds a sample `x` taken at `now` into the estimate as an EWMA with time constant
+    /// `decay_ns`; with `peak`, a sample above the current (decayed) estimate replaces it at
+    /// once (peak-EWMA). The first sample is taken as it is.
+    pub(crate) fn record(&self, x: f64, now: u64, decay_ns: f64, peak: bool) {
+        let mut word = self.0.load(Ordering::Relaxed);
+        loop {
+            let next = match Self::unpack(word, now) {
+                None => x,
+                Some((v, age)) => {
+                    let w = keep(age, decay_ns);
+                    if peak && x > v * w {
+                        x
+                    } else {
+                        v * w + x * (1.0 - w)
+                    }
+                }
+            };
+            match self.0.compare_exchange_weak(
+                word,
+                Self::pack(next, now),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(current) => word = current,
+            }
+        }
+    }
+
+    /// Forgets every sample (an endpoint back from an ejection or a failed health check starts
+    /// over, as a new one does).
+    pub(crate) fn clear(&self) {
+        self.0.store(0, Ordering::Relaxed);
+    }
+}
+
+/// The weight an EWMA keeps on its past after `age_ns`: e^(-age / decay).
+#[inline]
+fn keep(age_ns: u64, decay_ns: f64) -> f64 {
+    (-(age_ns as f64) / decay_ns).exp()
 }
 
 /// A read-only copy of one endpoint's state, for status pages and reports.

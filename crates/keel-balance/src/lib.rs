@@ -35,6 +35,7 @@ mod retry_budget;
 mod rng;
 mod slow_start;
 mod strategy;
+mod weights;
 
 pub use balancer::{Balancer, BuildError, Outcome, Pick, PickContext};
 pub use config::{

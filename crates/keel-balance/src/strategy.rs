@@ -5,10 +5,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::config::{StrategyKind, StrategyOptions, TieBreak};
-use crate::endpoint::{nanos, Endpoint, EndpointId};
+use crate::endpoint::{nanos, Endpoint, EndpointId, LatencyEstimate};
 use crate::hash::{rendezvous_score, Maglev, Ring};
 use crate::rng::{below, mix64, unit_f64, SharedRng};
 use crate::slow_start::SlowStartConfig;
+use crate::weights::WeightLine;
 use crate::Outcome;
 
 /// How many random draws a random strategy makes before it falls back to a scan of the allowed
@@ -62,17 +63,64 @@ impl View<'_> {
         ((w as f64 * self.ramp(i)) as u64).max(1)
     }
 
-    #[inline]
-    fn load(&self, i: usize) -> u64 {
-        self.eps[i].in_flight() as u64 + 1
-    }
-
-    /// Compares the load per unit of weight of `a` with that of `b` (`Less`: `a` is lighter).
+    /// Compares the calls in flight per unit of weight of `a` with those of `b` (`Less`: `a`
+    /// is lighter). Idle endpoints tie whatever their weights, so that the tie-break, not the
+    /// weight, decides among them (with `(in_flight + 1) / weight` the heaviest idle endpoint
+    /// would win every pick at low load).
     #[inline]
     fn lighter(&self, a: usize, b: usize) -> std::cmp::Ordering {
-        let la = self.load(a) as u128 * self.weight_milli(b) as u128;
-        let lb = self.load(b) as u128 * self.weight_milli(a) as u128;
+        let la = u128::from(self.eps[a].in_flight()) * u128::from(self.weight_milli(b));
+        let lb = u128::from(self.eps[b].in_flight()) * u128::from(self.weight_milli(a));
         la.cmp(&lb)
+    }
+
+    /// Slow start for strategies that draw candidates by configured weight: accept a drawn
+    /// endpoint with probability equal to its ramp, so that accepted draws follow weight x ramp.
+    #[inline]
+    fn ramp_accepts(&self, i: usize, bits: u64) -> bool {
+        self.slow_start.is_none() || unit_f64(bits) < self.ramp(i)
+    }
+
+    /// Draws allowed candidates in proportion to weight for a power-of-two-choices pick: two
+    /// distinct ones when possible (see [`WeightLine::pair`]), then more up to `choices`.
+    /// Returns how many it wrote into `out`.
+    fn candidates(&self, line: &WeightLine, choices: u32, out: &mut [usize; MAX_CHOICES]) -> usize {
+        let want = (choices as usize).clamp(2, MAX_CHOICES);
+        for _ in 0..RANDOM_TRIES {
+            let bits = self.rng.next_u64();
+            let more = mix64(bits);
+            let (a, b) = line.pair(bits, more);
+            let mut count = 0;
+            let mut next_bits = mix64(more);
+            for c in [a, b] {
+                if self.allowed(c) && self.ramp_accepts(c, next_bits) {
+                    out[count] = c;
+                    count += 1;
+                }
+                next_bits = mix64(next_bits);
+            }
+            while count > 0 && count < want {
+                let c = line.draw(next_bits);
+                next_bits = mix64(next_bits);
+                if self.allowed(c) && !out[..count].contains(&c) {
+                    out[count] = c;
+                    count += 1;
+                } else {
+                    break;
+                }
+            }
+            if count > 0 {
+                return count;
+            }
+        }
+        // Most of the weight is unavailable: one uniform draw over the allowed endpoints.
+        match self.random_allowed() {
+            Some(i) => {
+                out[0] = i;
+                1
+            }
+            None => 0,
+        }
     }
 
     /// A uniformly random allowed endpoint.
@@ -93,23 +141,6 @@ impl View<'_> {
         }
         let nth = self.rng.below(count);
         (0..n).filter(|&i| self.allowed(i)).nth(nth)
-    }
-
-    /// A random allowed endpoint other than `not`, if there is one.
-    fn random_other(&self, not: usize) -> Option<usize> {
-        let n = self.eps.len();
-        for _ in 0..RANDOM_TRIES {
-            let i = self.rng.below(n);
-            if i != not && self.allowed(i) {
-                return Some(i);
-            }
-        }
-        let count = (0..n).filter(|&i| i != not && self.allowed(i)).count();
-        if count == 0 {
-            return None;
-        }
-        let nth = self.rng.below(count);
-        (0..n).filter(|&i| i != not && self.allowed(i)).nth(nth)
     }
 
     /// Scans every allowed endpoint and returns the one with the smallest `key`, breaking ties
@@ -150,6 +181,9 @@ impl View<'_> {
     }
 }
 
+/// Most candidates a power-of-two-choices pick compares (`choices` above this count as this).
+const MAX_CHOICES: usize = 8;
+
 /// Per-strategy state and tables, rebuilt when the endpoint list changes.
 pub(crate) enum Strategy {
     RoundRobin {
@@ -167,16 +201,22 @@ pub(crate) enum Strategy {
     },
     LeastRequest {
         choices: u32,
+        line: WeightLine,
     },
     LeastTime {
         tie: TieBreak,
         decay_ns: f64,
+        tolerance: f64,
     },
     PeakEwma {
         choices: u32,
+        line: WeightLine,
+        tolerance: f64,
         decay_ns: f64,
         default_rtt_ns: f64,
         penalty_ns: f64,
+        /// An EWMA of every sample of the cluster: the prior of an endpoint without a sample.
+        cluster: LatencyEstimate,
     },
     RingHash {
         ring: Ring,
@@ -213,17 +253,34 @@ impl Strategy {
                     .collect(),
             },
             StrategyKind::LeastConnections => Strategy::LeastConnections { tie: o.tie_break },
-            StrategyKind::LeastRequest => Strategy::LeastRequest { choices: o.choices },
+            StrategyKind::LeastRequest => Strategy::LeastRequest {
+                choices: o.choices,
+                line: WeightLine::new(eps.iter().map(|e| e.weight())),
+            },
             StrategyKind::LeastTime => Strategy::LeastTime {
                 tie: o.tie_break,
                 decay_ns: nanos(o.decay) as f64,
+                tolerance: o.latency_tolerance,
             },
-            StrategyKind::PeakEwma => Strategy::PeakEwma {
-                choices: o.choices,
-                decay_ns: nanos(o.decay) as f64,
-                default_rtt_ns: nanos(o.default_rtt) as f64,
-                penalty_ns: nanos(o.failure_penalty) as f64,
-            },
+            StrategyKind::PeakEwma => {
+                let cluster = LatencyEstimate::default();
+                // The endpoints that stay through an update keep their estimates: their mean
+                // is the prior of the new ones until the first samples arrive.
+                let known: Vec<f64> = eps.iter().filter_map(|e| e.latency.value()).collect();
+                if !known.is_empty() {
+                    let mean = known.iter().sum::<f64>() / known.len() as f64;
+                    cluster.record(mean, 0, 1.0, false);
+                }
+                Strategy::PeakEwma {
+                    choices: o.choices,
+                    line: WeightLine::new(eps.iter().map(|e| e.weight())),
+                    tolerance: o.latency_tolerance,
+                    decay_ns: nanos(o.decay) as f64,
+                    default_rtt_ns: nanos(o.default_rtt) as f64,
+                    penalty_ns: nanos(o.failure_penalty) as f64,
+                    cluster,
+                }
+            }
             StrategyKind::RingHash => Strategy::RingHash {
                 ring: Ring::build(&named, o.vnodes),
                 bound: o.bounded_load,
@@ -337,51 +394,49 @@ impl Strategy {
                 None
             }
             Strategy::LeastConnections { tie } => least_loaded(v, *tie),
-            Strategy::LeastRequest { choices } => {
-                let mut best = v.random_allowed()?;
-                for _ in 1..*choices {
-                    let Some(other) = v.random_other(best) else {
-                        break;
-                    };
+            Strategy::LeastRequest { choices, line } => {
+                let mut c = [0; MAX_CHOICES];
+                let count = v.candidates(line, *choices, &mut c);
+                let mut best = *c[..count].first()?;
+                for &other in &c[1..count] {
                     if v.lighter(other, best).is_lt() {
                         best = other;
                     }
                 }
                 Some(best)
             }
-            Strategy::LeastTime { tie, .. } => v.min_by(*tie, |i| {
-                let e = &v.eps[i];
-                if e.has_latency.load(Ordering::Relaxed) {
-                    e.latency_ns()
-                } else {
-                    0.0
-                }
-            }),
+            Strategy::LeastTime { tie, tolerance, .. } => least_time(v, *tie, *tolerance),
             Strategy::PeakEwma {
                 choices,
+                line,
+                tolerance,
                 decay_ns,
                 default_rtt_ns,
+                cluster,
                 ..
             } => {
+                // An endpoint without a sample (new, or back from an ejection) counts the
+                // cluster's mean latency, so that it is neither starved (a high prior) nor
+                // flooded (a zero prior).
+                let prior = cluster.value().unwrap_or(*default_rtt_ns);
+                // Cost: rtt x (1 + in_flight / weight), the expected time of one more call on
+                // an endpoint that serves `weight` calls at once. Idle endpoints cost their rtt
+                // whatever their weight: weights act through the candidate draw at low load and
+                // through the queue term under load.
                 let cost = |i: usize| {
-                    let e = &v.eps[i];
-                    let rtt = if e.has_latency.load(Ordering::Relaxed) {
-                        decayed(e, v.now, *decay_ns)
-                    } else {
-                        *default_rtt_ns
-                    };
-                    rtt * (e.in_flight() as f64 + 1.0) / v.weight_milli(i) as f64
+                    let rtt = v.eps[i].latency.decayed(v.now, *decay_ns).unwrap_or(prior);
+                    let queue = f64::from(v.eps[i].in_flight()) * 1000.0 / v.weight_milli(i) as f64;
+                    (rtt, queue)
                 };
-                let mut best = v.random_allowed()?;
+                let mut c = [0; MAX_CHOICES];
+                let count = v.candidates(line, *choices, &mut c);
+                let mut best = *c[..count].first()?;
                 let mut best_cost = cost(best);
-                for _ in 1..*choices {
-                    let Some(other) = v.random_other(best) else {
-                        break;
-                    };
-                    let c = cost(other);
-                    if c < best_cost {
+                for &other in &c[1..count] {
+                    let other_cost = cost(other);
+                    if cheaper(other_cost, best_cost, *tolerance) {
                         best = other;
-                        best_cost = c;
+                        best_cost = other_cost;
                     }
                 }
                 Some(best)
@@ -417,89 +472,109 @@ impl Strategy {
             Strategy::LeastTime { decay_ns, .. } => {
                 // The source's rule: the average of observed response times, failures included.
                 // That is exactly the trap of experiment E4 when failures are fast.
-                let x = latency_ns as f64;
-                if !e.has_latency.load(Ordering::Relaxed) {
-                    e.set_latency_ns(x, now);
-                } else {
-                    let prev = e.latency_ns();
-                    let dt = now.saturating_sub(e.latency_stamp.load(Ordering::Relaxed));
-                    let w = (-(dt as f64) / decay_ns).exp();
-                    e.set_latency_ns(prev * w + x * (1.0 - w), now);
-                }
+                e.latency.record(latency_ns as f64, now, *decay_ns, false);
             }
             Strategy::PeakEwma {
                 decay_ns,
                 penalty_ns,
+                cluster,
                 ..
             } => {
                 let mut x = latency_ns as f64;
                 if outcome == Outcome::Failure {
                     x = x.max(*penalty_ns);
                 }
-                if !e.has_latency.load(Ordering::Relaxed) {
-                    e.set_latency_ns(x, now);
-                    return;
-                }
-                let dt = now.saturating_sub(e.latency_stamp.load(Ordering::Relaxed));
-                let w = (-(dt as f64) / decay_ns).exp();
-                let current = e.latency_ns() * w;
-                let next = if x > current {
-                    x
-                } else {
-                    current + x * (1.0 - w)
-                };
-                e.set_latency_ns(next, now);
+                e.latency.record(x, now, *decay_ns, true);
+                cluster.record(x, now, *decay_ns, false);
             }
             _ => {}
         }
     }
 }
 
-/// Least-connections' scan: the smallest (in flight + 1) / weight, each endpoint's atomics read
-/// once, ties broken as told (reservoir sampling for random ties).
+/// Least-connections' scan: the fewest calls in flight per unit of weight. Ties go to a draw
+/// in proportion to weight among the tied endpoints (weighted reservoir sampling), so that at
+/// low load, where every endpoint is idle and all tie, the shares follow the weights; or, with
+/// `lowest-index`, to the first.
 fn least_loaded(v: &View<'_>, tie: TieBreak) -> Option<usize> {
     let mut best: Option<(usize, u128, u128)> = None;
-    let mut ties = 0u64;
-    let mut bits = 0u64;
+    let mut tied_weight = 0u64;
+    let mut bits = v.rng.next_u64();
     for i in 0..v.eps.len() {
         if !v.allowed(i) {
             continue;
         }
-        let (load, weight) = (v.load(i) as u128, v.weight_milli(i) as u128);
+        let (load, weight) = (u128::from(v.eps[i].in_flight()), v.weight_milli(i));
         let Some((_, best_load, best_weight)) = best else {
-            best = Some((i, load, weight));
-            ties = 1;
+            best = Some((i, load, u128::from(weight)));
+            tied_weight = weight;
             continue;
         };
         // load / weight < best_load / best_weight, without division.
-        let (mine, theirs) = (load * best_weight, best_load * weight);
+        let (mine, theirs) = (load * best_weight, best_load * u128::from(weight));
         if mine < theirs {
-            best = Some((i, load, weight));
-            ties = 1;
+            best = Some((i, load, u128::from(weight)));
+            tied_weight = weight;
         } else if mine == theirs && tie == TieBreak::Random {
-            ties += 1;
-            bits = if ties == 2 {
-                v.rng.next_u64()
-            } else {
-                mix64(bits)
-            };
-            if below(bits, ties as usize) == 0 {
-                best = Some((i, load, weight));
+            tied_weight += weight;
+            bits = mix64(bits);
+            if (below(bits, tied_weight as usize) as u64) < weight {
+                best = Some((i, load, u128::from(weight)));
             }
         }
     }
     best.map(|b| b.0)
 }
 
-/// The peak-EWMA estimate decayed to `now` (read-only: an endpoint that gets no traffic slowly
-/// looks cheaper again, so it is probed after a while).
-#[inline]
-fn decayed(e: &Endpoint, now: u64, decay_ns: f64) -> f64 {
-    let dt = now.saturating_sub(e.latency_stamp.load(Ordering::Relaxed));
-    e.latency_ns() * (-(dt as f64) / decay_ns).exp()
+/// Least-time: the lowest latency estimate. With the random tie-break, every endpoint whose
+/// estimate is within `tolerance` of the lowest counts as equally fast, and they share the
+/// picks in proportion to weight (a weighted draw); an endpoint without a sample (new, or back
+/// from an ejection) joins them, so that it gets its share until its first samples say how
+/// fast it is. Anything slower gets nothing until the others slow down: that is least-time's
+/// rule, sluggish by design.
+fn least_time(v: &View<'_>, tie: TieBreak, tolerance: f64) -> Option<usize> {
+    if tie == TieBreak::LowestIndex {
+        // The lowest estimate, unsampled endpoints first, the first of equals.
+        return v.min_by(tie, |i| v.eps[i].latency.value().unwrap_or(0.0));
+    }
+    let fastest = (0..v.eps.len())
+        .filter(|&i| v.allowed(i))
+        .filter_map(|i| v.eps[i].latency.value())
+        .fold(f64::INFINITY, f64::min);
+    let limit = fastest * (1.0 + tolerance);
+    let mut chosen = None;
+    let mut total = 0u64;
+    let mut bits = v.rng.next_u64();
+    for i in 0..v.eps.len() {
+        if !v.allowed(i) || v.eps[i].latency.value().is_some_and(|x| x > limit) {
+            continue;
+        }
+        let w = v.weight_milli(i);
+        total += w;
+        bits = mix64(bits);
+        if (below(bits, total as usize) as u64) < w {
+            chosen = Some(i);
+        }
+    }
+    chosen
 }
 
-/// Orders endpoints by (in flight + 1) / weight without division.
+/// Peak-EWMA's comparison of two `(rtt, queue)` costs: is `a` cheaper than `b`? Rtts within
+/// `tolerance` of each other count as equal, and then only the queues compare (exactly): the
+/// read-side decay alone makes an endpoint that was used less recently look a little faster,
+/// and without the tolerance that noise, not the weights, would decide between equally fast
+/// idle endpoints.
+#[inline]
+fn cheaper(a: (f64, f64), b: (f64, f64), tolerance: f64) -> bool {
+    let (lo, hi) = if a.0 < b.0 { (a.0, b.0) } else { (b.0, a.0) };
+    if hi <= lo * (1.0 + tolerance) {
+        a.1 < b.1
+    } else {
+        a.0 * (1.0 + a.1) < b.0 * (1.0 + b.1)
+    }
+}
+
+/// Orders endpoints by calls in flight per unit of weight without division.
 struct LoadKey<'a, 'b>(&'a View<'b>, usize);
 
 impl PartialEq for LoadKey<'_, '_> {

@@ -740,6 +740,7 @@ impl ClusterConfig {
             vnodes: self.vnodes,
             table_size: self.table_size,
             bounded_load: self.bounded_load,
+            ..StrategyOptions::default()
         };
         b.outlier_detection = self.outlier_detection.clone();
         b.panic_threshold = self.panic_threshold;

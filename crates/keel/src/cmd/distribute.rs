@@ -1,10 +1,13 @@
 //! `keel distribute`: preview how a strategy spreads picks (or hash keys) over endpoints, and
-//! how many keys move when endpoints are removed or added.
+//! how many keys move when endpoints are removed or added. Picks are finished at once by
+//! default (no load); `--in-flight N` keeps N calls outstanding on a virtual clock, so that the
+//! preview shows loaded behaviour too.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use keel_balance::{
-    hash_key, Balancer, BalancerConfig, EndpointSpec, Outcome, PickContext, StrategyKind,
+    hash_key, Balancer, BalancerConfig, EndpointSpec, Outcome, Pick, PickContext, StrategyKind,
 };
 use serde::Serialize;
 
@@ -25,6 +28,14 @@ pub struct Args {
     /// Number of picks; for hash strategies, of distinct keys.
     #[arg(long, default_value_t = 100_000)]
     keys: u64,
+    /// Calls kept outstanding: each pick waits until fewer than N calls are in flight, and
+    /// calls finish oldest first, each taking --latency. 0 (the default): every pick is
+    /// finished at once and no time passes.
+    #[arg(long, default_value_t = 0)]
+    in_flight: usize,
+    /// How long each call takes with --in-flight, e.g. 10ms.
+    #[arg(long, default_value = "10ms")]
+    latency: String,
     /// Then remove this many endpoints (the last ones) and report the keys that moved.
     #[arg(long, conflicts_with = "add")]
     remove: Option<usize>,
@@ -53,6 +64,10 @@ struct Report {
     strategy: String,
     endpoints: usize,
     keys: u64,
+    /// Calls outstanding at each pick (0: finished at once).
+    in_flight: usize,
+    /// Duration of each call, in seconds (0 without --in-flight).
+    latency_seconds: f64,
     shares: Vec<f64>,
     /// Largest share divided by the share its weight entitles it to.
     max_over_mean: f64,
@@ -79,21 +94,44 @@ fn endpoint_specs(weights: &[u32]) -> Vec<EndpointSpec> {
         .collect()
 }
 
-/// Makes `keys` picks at time zero, each finished at once; returns the endpoint index of each.
-fn assign(lb: &Balancer, keys: u64, hashed: bool) -> Vec<u32> {
-    let now = Duration::ZERO;
-    (0..keys)
-        .map(|k| {
-            let mut ctx = PickContext::new(now);
-            if hashed {
-                ctx = ctx.with_hash_key(hash_key(format!("key-{k}").as_bytes()));
-            }
-            let pick = lb.pick(&ctx).expect("endpoints are all healthy");
-            let i = pick.index() as u32;
+/// The load a preview puts on the balancer.
+#[derive(Clone, Copy)]
+struct Load {
+    /// Calls outstanding at each pick; 0: each pick is finished at once.
+    in_flight: usize,
+    latency: Duration,
+}
+
+/// Makes `keys` picks on a virtual clock under `load`; returns the endpoint index of each.
+fn assign(lb: &Balancer, keys: u64, hashed: bool, load: Load) -> Vec<u32> {
+    let mut open: VecDeque<(Pick, Duration)> = VecDeque::with_capacity(load.in_flight);
+    // Picks spaced so that exactly `in_flight` calls overlap.
+    let spacing = load.latency / load.in_flight.max(1) as u32;
+    let mut now = Duration::ZERO;
+    let mut assigned = Vec::with_capacity(keys as usize);
+    for k in 0..keys {
+        while !open.is_empty() && open.len() >= load.in_flight {
+            let (pick, at) = open.pop_front().expect("not empty");
+            now = now.max(at);
+            lb.finish(pick, Outcome::Success, at);
+        }
+        let mut ctx = PickContext::new(now);
+        if hashed {
+            ctx = ctx.with_hash_key(hash_key(format!("key-{k}").as_bytes()));
+        }
+        let pick = lb.pick(&ctx).expect("endpoints are all healthy");
+        assigned.push(pick.index() as u32);
+        if load.in_flight == 0 {
             lb.finish(pick, Outcome::Success, now);
-            i
-        })
-        .collect()
+        } else {
+            open.push_back((pick, now + load.latency));
+            now += spacing;
+        }
+    }
+    for (pick, at) in open {
+        lb.finish(pick, Outcome::Success, at);
+    }
+    assigned
 }
 
 fn shares(assigned: &[u32], n: usize) -> Vec<f64> {
@@ -138,6 +176,34 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         args.weights.clone()
     };
+    let latency = match humantime::parse_duration(&args.latency) {
+        Ok(d) => d,
+        Err(e) => {
+            return usage(format!(
+                "--latency {:?}: {e} (write a duration such as 10ms)",
+                args.latency
+            ))
+        }
+    };
+    if args.in_flight > 100_000 {
+        return usage(format!(
+            "--in-flight must be within 0..=100000, got {}",
+            args.in_flight
+        ));
+    }
+    let load = Load {
+        in_flight: args.in_flight,
+        latency: if args.in_flight == 0 {
+            Duration::ZERO
+        } else {
+            latency
+        },
+    };
+    if !args.weights.is_empty() && !kind.uses_weights() {
+        eprintln!(
+            "warning: {kind} ignores weights: every endpoint gets an equal share whatever --weights says"
+        );
+    }
     if args.remove.is_some_and(|r| r >= args.endpoints) {
         return usage(format!(
             "--remove must leave at least one endpoint (of {})",
@@ -161,13 +227,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let specs = endpoint_specs(&weights);
     let lb = Balancer::new(config, &specs).map_err(|e| super::UsageError(e.to_string()))?;
     let hashed = kind.is_hash();
-    let before = assign(&lb, args.keys, hashed);
+    let before = assign(&lb, args.keys, hashed, load);
     let shares_before = shares(&before, specs.len());
     let total_w: u64 = weights.iter().map(|&w| w as u64).sum();
+    // What each endpoint should get: its weight's share, or an equal share if the strategy
+    // ignores weights.
+    let expected: Vec<f64> = weights
+        .iter()
+        .map(|&w| {
+            if kind.uses_weights() {
+                w as f64 / total_w as f64
+            } else {
+                1.0 / weights.len() as f64
+            }
+        })
+        .collect();
     let max_over_mean = shares_before
         .iter()
-        .zip(&weights)
-        .map(|(s, &w)| s / (w as f64 / total_w as f64))
+        .zip(&expected)
+        .map(|(s, e)| s / e)
         .fold(0.0, f64::max);
 
     let mut moved = None;
@@ -182,7 +260,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let new_specs = endpoint_specs(&new_weights);
         lb.update(&new_specs, Duration::ZERO)
             .map_err(|e| super::UsageError(e.to_string()))?;
-        let after = assign(&lb, args.keys, hashed);
+        let after = assign(&lb, args.keys, hashed, load);
         // Indices are stable: removal drops the last endpoints, addition appends.
         let changed = before.iter().zip(&after).filter(|(a, b)| a != b).count();
         moved = Some(changed as f64 / args.keys as f64);
@@ -193,6 +271,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         strategy: kind.name().to_string(),
         endpoints: args.endpoints,
         keys: args.keys,
+        in_flight: load.in_flight,
+        latency_seconds: load.latency.as_secs_f64(),
         shares: shares_before,
         max_over_mean,
         moved,
@@ -202,8 +282,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&report)?);
         return Ok(());
     }
+    let how = if load.in_flight == 0 {
+        "each finished at once".to_string()
+    } else {
+        format!(
+            "{} in flight, each taking {}",
+            load.in_flight,
+            humantime::format_duration(load.latency)
+        )
+    };
     println!(
-        "{} over {} endpoints, {} {}:",
+        "{} over {} endpoints, {} {}, {how}:",
         report.strategy,
         report.endpoints,
         report.keys,
@@ -219,7 +308,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "  {:>5}  {:>6}  {:>7.3}%  {:>7.3}%",
             i,
             weights[i],
-            100.0 * weights[i] as f64 / total_w as f64,
+            100.0 * expected[i],
             100.0 * s
         );
     }
