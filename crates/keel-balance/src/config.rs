@@ -367,10 +367,10 @@ impl BalancerConfig {
             return bad("choices", Problem::out_of_range("at least 2", o.choices));
         }
         if !(0.0..=10.0).contains(&o.latency_tolerance) {
-            return Err(format!(
-                "latency_tolerance must be within 0..=10, got {}",
-                o.latency_tolerance
-            ));
+            return bad(
+                "latency_tolerance",
+                Problem::out_of_range("within 0..=10", o.latency_tolerance),
+            );
         }
         if o.decay.is_zero() {
             return bad("decay", Problem::out_of_range("greater than zero", "0s"));
@@ -545,6 +545,7 @@ mod tests {
         type Edit = fn(&mut BalancerConfig);
         let cases: Vec<(&str, Edit)> = vec![
             ("choices", |c| c.options.choices = 1),
+            ("latency_tolerance", |c| c.options.latency_tolerance = -0.1),
             ("decay", |c| c.options.decay = Duration::ZERO),
             ("vnodes", |c| c.options.vnodes = 0),
             ("table_size", |c| c.options.table_size = 65536),
