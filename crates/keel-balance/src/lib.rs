@@ -35,7 +35,6 @@ mod retry_budget;
 mod rng;
 mod slow_start;
 mod strategy;
-mod weights;
 
 pub use balancer::{Balancer, BuildError, Outcome, Pick, PickContext};
 pub use config::{
