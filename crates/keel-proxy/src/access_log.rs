@@ -363,7 +363,7 @@ fn split_time(t: SystemTime) -> (i64, u64, u64) {
 }
 
 /// `2024-05-01T12:00:00.123Z` (RFC 3339, UTC, milliseconds).
-fn push_rfc3339(out: &mut Vec<u8>, t: SystemTime) {
+pub(crate) fn push_rfc3339(out: &mut Vec<u8>, t: SystemTime) {
     let (days, sod, ms) = split_time(t);
     let (y, m, d) = civil(days);
     push_u64(out, y.max(0) as u64);

@@ -82,6 +82,7 @@ pub(crate) fn status_json(shared: &Shared) -> serde_json::Value {
                 "retry_budget_window": { "requests": requests, "retries": retries },
                 "health_check": c.config.health_check.is_some(),
                 "outlier_detection": c.config.outlier_detection.is_some(),
+                "discovery": discovery_json(shared, c.name()),
                 "endpoints": endpoints,
             })
         })
@@ -141,6 +142,47 @@ pub(crate) fn status_json(shared: &Shared) -> serde_json::Value {
     })
 }
 
+/// A time as RFC 3339 (UTC, milliseconds).
+fn rfc3339(t: std::time::SystemTime) -> String {
+    let mut out = Vec::with_capacity(24);
+    crate::access_log::push_rfc3339(&mut out, t);
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// A cluster's discovery: its source and how its refreshes went (`null` without discovery).
+fn discovery_json(shared: &Shared, cluster: &str) -> serde_json::Value {
+    let found = shared
+        .discovery
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(cluster)
+        .cloned();
+    let Some(d) = found else {
+        return serde_json::Value::Null;
+    };
+    let st = d.state();
+    let ago = |t: Option<std::time::SystemTime>| {
+        t.and_then(|t| t.elapsed().ok()).map(|e| e.as_secs_f64())
+    };
+    let kind = match d.config.kind() {
+        crate::config::DiscoveryKind::Dns => "dns",
+        crate::config::DiscoveryKind::Srv => "srv",
+        crate::config::DiscoveryKind::File => "file",
+    };
+    json!({
+        "kind": kind,
+        "source": d.config.describe(),
+        "refresh_s": (d.config.kind() != crate::config::DiscoveryKind::File)
+            .then(|| d.config.refresh().as_secs_f64()),
+        "endpoints": st.endpoints.as_ref().map(Vec::len),
+        "last_refresh": st.last_refresh.map(rfc3339),
+        "last_refresh_ago_s": ago(st.last_refresh),
+        "last_change": st.last_change.map(rfc3339),
+        "last_error": st.last_error,
+        "errors": d.errors.load(Relaxed),
+    })
+}
+
 fn metrics_text(shared: &Shared) -> String {
     let routing = shared.routing.load();
     let views: Vec<ClusterView<'_>> = routing
@@ -164,6 +206,23 @@ fn metrics_text(shared: &Shared) -> String {
         shared.reloads.load(Relaxed),
         shared.reload_failures.load(Relaxed),
     );
+    {
+        use std::fmt::Write as _;
+        let discovery = shared.discovery.lock().unwrap_or_else(|e| e.into_inner());
+        if !discovery.is_empty() {
+            out.push_str("# HELP keel_discovery_errors_total Discovery refreshes that failed (resolver error, timeout, NXDOMAIN, empty answer, unreadable file); the last known endpoints stayed.\n# TYPE keel_discovery_errors_total counter\n");
+            let mut names: Vec<_> = discovery.iter().collect();
+            names.sort_by(|a, b| a.0.cmp(b.0));
+            for (name, d) in names {
+                let _ = writeln!(
+                    out,
+                    "keel_discovery_errors_total{{cluster=\"{}\"}} {}",
+                    metrics::label(name),
+                    d.errors.load(Relaxed)
+                );
+            }
+        }
+    }
     if !shared.worker_connections.is_empty() {
         use std::fmt::Write as _;
         out.push_str("# HELP keel_worker_connections Client connections open on each worker thread (new ones go to the worker with the fewest).\n# TYPE keel_worker_connections gauge\n");

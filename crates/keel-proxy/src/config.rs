@@ -420,6 +420,144 @@ impl RouteConfig {
     }
 }
 
+/// `discovery` of a cluster: one source of its endpoints, e.g. `{ dns = "api.internal.test",
+/// port = 9000 }`, `{ srv = "_http._tcp.api.internal.test" }` or `{ file = "endpoints.toml" }`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    /// A name whose A and AAAA records are the endpoints (each address with `port`, weight 1).
+    #[serde(default)]
+    pub dns: Option<String>,
+    /// An SRV name (`_service._proto.name`, RFC 2782): each target of the lowest priority in
+    /// use, with the record's port and weight.
+    #[serde(default)]
+    pub srv: Option<String>,
+    /// A TOML file holding `endpoints = [...]` as in the configuration, read again when it
+    /// changes; relative to the configuration file.
+    #[serde(default)]
+    pub file: Option<PathBuf>,
+    /// The endpoints' port (`dns` only).
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// The DNS server to ask (`dns`, `srv`); the system's (`/etc/resolv.conf`) otherwise.
+    #[serde(default)]
+    pub resolver: Option<SocketAddr>,
+    /// Time between two resolutions (`dns`, `srv`). Default 5 s, at least 1 s.
+    #[serde(default, with = "keel_balance::duration_serde::option")]
+    pub refresh: Option<Duration>,
+}
+
+/// How often a DNS source is resolved unless `refresh` says otherwise.
+pub const DEFAULT_DISCOVERY_REFRESH: Duration = Duration::from_secs(5);
+
+/// The kind of a discovery source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiscoveryKind {
+    /// A and AAAA records.
+    Dns,
+    /// SRV records.
+    Srv,
+    /// A file.
+    File,
+}
+
+impl DiscoveryConfig {
+    /// The kind of source (the configuration was validated: exactly one is set).
+    pub fn kind(&self) -> DiscoveryKind {
+        match (&self.dns, &self.srv) {
+            (Some(_), _) => DiscoveryKind::Dns,
+            (None, Some(_)) => DiscoveryKind::Srv,
+            (None, None) => DiscoveryKind::File,
+        }
+    }
+
+    /// Time between two resolutions.
+    pub fn refresh(&self) -> Duration {
+        self.refresh.unwrap_or(DEFAULT_DISCOVERY_REFRESH)
+    }
+
+    /// The source in words, e.g. `dns api.internal.test:9000 via 127.0.0.1:5353`.
+    pub fn describe(&self) -> String {
+        let via = self
+            .resolver
+            .map_or(" via the system's resolver".to_string(), |r| {
+                format!(" via {r}")
+            });
+        match (&self.dns, &self.srv, &self.file) {
+            (Some(d), _, _) => format!("dns {d}:{}{via}", self.port.unwrap_or(0)),
+            (None, Some(s), _) => format!("srv {s}{via}"),
+            (None, None, Some(f)) => format!("file {}", f.display()),
+            (None, None, None) => "none".into(),
+        }
+    }
+
+    /// Checks the source without resolving anything: one kind, a valid name, the keys that go
+    /// with it, and for a file that it reads and holds valid endpoints. Paths are relative to
+    /// `discovery`.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        let set = [self.dns.is_some(), self.srv.is_some(), self.file.is_some()];
+        if set.iter().filter(|s| **s).count() != 1 {
+            return Err(InvalidField::new(
+                FieldPath::root(),
+                Problem::Invalid("set one of `dns` (with `port`), `srv` or `file`".into()),
+            ));
+        }
+        let not_here = |key: &'static str, why: &str| {
+            Err(InvalidField::at(key, Problem::NotApplicable(why.into())))
+        };
+        match self.kind() {
+            DiscoveryKind::Dns => {
+                let name = self.dns.as_deref().unwrap_or_default();
+                if let Err(m) = crate::discovery::check_name(name, false) {
+                    return Err(InvalidField::at("dns", Problem::Invalid(m)));
+                }
+                if self.port.is_none_or(|p| p == 0) {
+                    return Err(InvalidField::at(
+                        "port",
+                        Problem::Invalid("`dns` needs the endpoints' `port` (1..=65535)".into()),
+                    ));
+                }
+            }
+            DiscoveryKind::Srv => {
+                let name = self.srv.as_deref().unwrap_or_default();
+                if let Err(m) = crate::discovery::check_name(name, true) {
+                    return Err(InvalidField::at("srv", Problem::Invalid(m)));
+                }
+                if self.port.is_some() {
+                    return not_here("port", "SRV records carry the port");
+                }
+            }
+            DiscoveryKind::File => {
+                if self.port.is_some() {
+                    return not_here("port", "the file lists addresses with their ports");
+                }
+                if self.resolver.is_some() {
+                    return not_here("resolver", "a file is not resolved");
+                }
+                if self.refresh.is_some() {
+                    return not_here(
+                        "refresh",
+                        "a file is looked at every second and read again when it changes",
+                    );
+                }
+                let path = self.file.as_deref().unwrap_or(Path::new(""));
+                if let Err(m) = crate::discovery::read_file(path) {
+                    return Err(InvalidField::at("file", Problem::Invalid(m)));
+                }
+            }
+        }
+        if let Some(r) = self.refresh {
+            if r < Duration::from_secs(1) {
+                return Err(InvalidField::at(
+                    "refresh",
+                    Problem::out_of_range("at least 1s", humantime::format_duration(r)),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// `[[cluster]]`: a set of endpoints, its balancer and how requests to it are made.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -429,8 +567,14 @@ pub struct ClusterConfig {
     /// keel-balance strategy. Default `round-robin`.
     #[serde(default = "default_strategy")]
     pub strategy: StrategyKind,
-    /// The endpoints: `{ address = "host:port", weight = 1 }`.
+    /// The endpoints: `{ address = "host:port", weight = 1 }`. Required unless `discovery`
+    /// finds them.
+    #[serde(default)]
     pub endpoints: Vec<EndpointSpec>,
+    /// Where the endpoints come from when they are not listed: DNS (A/AAAA or SRV records)
+    /// or a file, refreshed while the proxy runs.
+    #[serde(default)]
+    pub discovery: Option<DiscoveryConfig>,
 
     /// least-connections, least-time: tie-break (`random` or `lowest-index`). Default `random`.
     #[serde(default)]
@@ -889,6 +1033,11 @@ impl ProxyConfig {
                 resolve(&mut a.path);
             }
         }
+        for c in &mut self.clusters {
+            if let Some(f) = c.discovery.as_mut().and_then(|d| d.file.as_mut()) {
+                resolve(f);
+            }
+        }
     }
 
     /// The cluster of this name.
@@ -1103,11 +1252,29 @@ impl ClusterConfig {
                 Problem::Invalid("a cluster name cannot be empty".into()),
             ));
         }
-        if self.endpoints.is_empty() {
-            return Err(InvalidField::at(
-                "endpoints",
-                Problem::Invalid("at least one endpoint is required".into()),
-            ));
+        match &self.discovery {
+            Some(d) => {
+                if !self.endpoints.is_empty() {
+                    return Err(InvalidField::at(
+                        "discovery",
+                        Problem::Invalid(
+                            "set `endpoints` or `discovery`, not both (discovery finds the endpoints)"
+                                .into(),
+                        ),
+                    ));
+                }
+                d.validate()
+                    .map_err(|e| e.under(FieldPath::key("discovery")))?;
+            }
+            None if self.endpoints.is_empty() => {
+                return Err(InvalidField::at(
+                    "endpoints",
+                    Problem::Invalid(
+                        "at least one endpoint is required (or `discovery`, to find them)".into(),
+                    ),
+                ));
+            }
+            None => {}
         }
         let address = |j: usize| FieldPath::key("endpoints").at(j).then("address");
         for (j, e) in self.endpoints.iter().enumerate() {
@@ -1314,6 +1481,7 @@ impl ClusterConfig {
             name: name.into(),
             strategy: default_strategy(),
             endpoints,
+            discovery: None,
             tie_break: options.tie_break,
             choices: options.choices,
             decay: options.decay,
@@ -1865,6 +2033,10 @@ mod tests {
             format!("{HEAD}[cluster.tls]\nnonsense = 1\n"),
             format!("{HEAD}[cluster.hedge]\ndelay = \"p95\"\nnonsense = 1\n"),
             format!("[access_log]\npath = \"a.log\"\nnonsense = 1\n{HEAD}"),
+            HEAD.replace(
+                "endpoints = [{ address = \"127.0.0.1:9001\" }]",
+                "discovery = { dns = \"a.test\", port = 80, nonsense = 1 }",
+            ),
             HEAD.replace(
                 "cluster = \"app\"\n\n[[cluster]]",
                 "cluster = \"app\"\n\n[[listener.route]]\ncluster = \"app\"\nnonsense = 1\n\n[[cluster]]",

@@ -25,6 +25,7 @@ mod admin;
 mod attempt;
 mod cluster;
 pub mod config;
+mod discovery;
 mod h1;
 mod h2;
 mod health;

@@ -2,6 +2,7 @@
 //! the routing (listener -> cluster) lives behind an `ArcSwap`, so a reload swaps it atomically
 //! while requests in flight finish on the clusters they started on.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -9,13 +10,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use arc_swap::ArcSwap;
+use keel_balance::EndpointSpec;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::attempt::Client;
 use crate::cluster::Cluster;
-use crate::config::ProxyConfig;
+use crate::config::{ClusterConfig, ProxyConfig};
+use crate::discovery::Discovered;
 use crate::h1;
 use crate::metrics::Registry;
 use crate::route::ListenerRoutes;
@@ -60,8 +63,15 @@ pub(crate) struct Shared {
     /// Threads serving connections (1 when they are served on `runtime`): the number of
     /// per-thread stacks in each endpoint's pool.
     pub workers: usize,
-    /// Health-check tasks of the current clusters (cold path only).
-    pub health_tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Health-check tasks of the current clusters, by cluster name (cold path only).
+    pub health_tasks: Mutex<Vec<(String, JoinHandle<()>)>>,
+    /// Discovery state by cluster name.
+    pub discovery: Mutex<HashMap<String, Arc<Discovered>>>,
+    /// Discovery tasks of the current clusters.
+    pub discovery_tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Itself, for the tasks that apply what discovery finds (weak: they do not keep the proxy
+    /// alive).
+    pub me: std::sync::Weak<Shared>,
     /// Serializes reloads.
     pub reload_lock: Mutex<()>,
     pub reloads: AtomicU64,
@@ -84,31 +94,31 @@ impl Shared {
         self.not_found[index].fetch_add(1, Relaxed);
     }
 
-    fn build_routing(
+    /// Builds a cluster (from the running one of the same name, whose endpoints that stay keep
+    /// their state).
+    fn build_cluster(
         &self,
-        config: &ProxyConfig,
-        previous: Option<&Routing>,
-    ) -> anyhow::Result<Routing> {
-        let mut clusters = Vec::with_capacity(config.clusters.len());
-        for c in &config.clusters {
-            let old = previous.and_then(|r| r.clusters.iter().find(|o| o.name() == c.name));
-            let cluster = Cluster::build(
-                c.clone(),
-                old.map(|o| &**o),
-                &self.registry,
-                self.epoch,
-                self.workers,
-            )
-            .with_context(|| format!("cluster `{}`", c.name))?;
-            if c.health_check.is_none() {
-                // Without checks nothing would ever mark an endpoint up again.
-                for e in &cluster.endpoints {
-                    cluster.balancer.set_healthy(e.id, true, cluster.now());
-                }
+        config: ClusterConfig,
+        old: Option<&Cluster>,
+    ) -> anyhow::Result<Arc<Cluster>> {
+        let name = config.name.clone();
+        let cluster = Cluster::build(config, old, &self.registry, self.epoch, self.workers)
+            .with_context(|| format!("cluster `{name}`"))?;
+        if cluster.config.health_check.is_none() {
+            // Without checks nothing would ever mark an endpoint up again.
+            for e in &cluster.endpoints {
+                cluster.balancer.set_healthy(e.id, true, cluster.now());
             }
-            clusters.push(Arc::new(cluster));
         }
-        let listeners = config
+        Ok(Arc::new(cluster))
+    }
+
+    /// The listeners' route tables over `clusters`.
+    fn build_listeners(
+        config: &ProxyConfig,
+        clusters: &[Arc<Cluster>],
+    ) -> anyhow::Result<Vec<ListenerRoutes>> {
+        config
             .listeners
             .iter()
             .enumerate()
@@ -118,20 +128,153 @@ impl Shared {
                 })
                 .with_context(|| format!("listener[{i}]"))
             })
-            .collect::<anyhow::Result<Vec<_>>>()?;
+            .collect()
+    }
+
+    /// Builds what requests see from `config`; a cluster with discovery gets the endpoints
+    /// `discovered` last found for it.
+    fn build_routing(
+        &self,
+        config: &ProxyConfig,
+        previous: Option<&Routing>,
+        discovered: &HashMap<String, Arc<Discovered>>,
+    ) -> anyhow::Result<Routing> {
+        let mut clusters = Vec::with_capacity(config.clusters.len());
+        for c in &config.clusters {
+            let old = previous.and_then(|r| r.clusters.iter().find(|o| o.name() == c.name));
+            let mut c = c.clone();
+            if let Some(d) = discovered.get(&c.name) {
+                c.endpoints = d.endpoints();
+            }
+            clusters.push(self.build_cluster(c, old.map(|o| &**o))?);
+        }
+        let listeners = Self::build_listeners(config, &clusters)?;
         Ok(Routing {
             listeners,
             clusters,
         })
     }
 
-    fn restart_health_checks(&self, routing: &Routing) {
-        let mut tasks = self.health_tasks.lock().unwrap_or_else(|e| e.into_inner());
+    /// The discovery state of `config`'s clusters: kept for a cluster whose source did not
+    /// change; a new file source is read at once (DNS sources are first resolved by their
+    /// task).
+    fn sync_discovery(&self, config: &ProxyConfig) -> HashMap<String, Arc<Discovered>> {
+        let old = self.discovery.lock().unwrap_or_else(|e| e.into_inner());
+        let mut now = HashMap::new();
+        for c in &config.clusters {
+            let Some(d) = &c.discovery else { continue };
+            let entry = match old.get(&c.name) {
+                Some(e) if e.config == *d => e.clone(),
+                _ => {
+                    let e = Arc::new(Discovered::new(d.clone()));
+                    if let Some(path) = &d.file {
+                        e.record(&c.name, crate::discovery::read_file(path));
+                    }
+                    e
+                }
+            };
+            now.insert(c.name.clone(), entry);
+        }
+        now
+    }
+
+    /// Puts `discovered` in force and (re)starts one discovery task per cluster that has it.
+    fn restart_discovery(&self, discovered: HashMap<String, Arc<Discovered>>) {
+        let mut tasks = self
+            .discovery_tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         for t in tasks.drain(..) {
             t.abort();
         }
+        // In force before the tasks start: a set they find is applied only to the current
+        // source (and it is recorded once, so one found too early would be lost).
+        *self.discovery.lock().unwrap_or_else(|e| e.into_inner()) = discovered.clone();
+        for (name, d) in discovered {
+            let me = self.me.clone();
+            tasks.push(self.runtime.spawn(crate::discovery::run(
+                name,
+                d,
+                move |cluster, d, set| {
+                    if let Some(shared) = me.upgrade() {
+                        shared.apply_discovered(cluster, d, set);
+                    }
+                },
+            )));
+        }
+    }
+
+    /// Applies a new set of endpoints found for cluster `name`: the cluster is rebuilt from the
+    /// running one (endpoints that stay keep their state) and swapped in, with the route tables
+    /// that lead to it.
+    fn apply_discovered(&self, name: &str, discovered: &Arc<Discovered>, set: Vec<EndpointSpec>) {
+        let _serial = self.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
+        // A reload may have replaced the source since this set was found.
+        let current = self
+            .discovery
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .is_some_and(|d| Arc::ptr_eq(d, discovered));
+        if !current {
+            return;
+        }
+        let config = self.config.load();
+        let routing = self.routing.load();
+        let Some(pos) = routing.clusters.iter().position(|c| c.name() == name) else {
+            return;
+        };
+        let old = &routing.clusters[pos];
+        let mut cc = old.config.clone();
+        cc.endpoints = set;
+        let applied = self.build_cluster(cc, Some(old)).and_then(|cluster| {
+            let mut clusters = routing.clusters.clone();
+            clusters[pos] = cluster;
+            let listeners = Self::build_listeners(&config, &clusters)?;
+            Ok(Routing {
+                listeners,
+                clusters,
+            })
+        });
+        match applied {
+            Ok(next) => {
+                self.restart_health_checks_of(&next.clusters[pos]);
+                self.routing.store(Arc::new(next));
+            }
+            Err(e) => {
+                discovered.errors.fetch_add(1, Relaxed);
+                tracing::warn!(
+                    cluster = name,
+                    "discovery: the endpoints found cannot be applied: {e:#}"
+                );
+            }
+        }
+    }
+
+    fn restart_health_checks(&self, routing: &Routing) {
+        let mut tasks = self.health_tasks.lock().unwrap_or_else(|e| e.into_inner());
+        for (_, t) in tasks.drain(..) {
+            t.abort();
+        }
         for c in &routing.clusters {
-            tasks.extend(crate::health::spawn(c, &self.runtime));
+            for t in crate::health::spawn(c, &self.runtime) {
+                tasks.push((c.name().to_string(), t));
+            }
+        }
+    }
+
+    /// Restarts the health checks of one cluster (rebuilt by discovery).
+    fn restart_health_checks_of(&self, cluster: &Arc<Cluster>) {
+        let mut tasks = self.health_tasks.lock().unwrap_or_else(|e| e.into_inner());
+        tasks.retain(|(name, t)| {
+            let other = name != cluster.name();
+            if !other {
+                t.abort();
+            }
+            other
+        });
+        for t in crate::health::spawn(cluster, &self.runtime) {
+            tasks.push((cluster.name().to_string(), t));
         }
     }
 
@@ -197,10 +340,12 @@ impl Shared {
             anyhow::bail!("the [access_log] changed; restart keel proxy to apply that");
         }
         let previous = self.routing.load();
-        let routing = self.build_routing(&config, Some(&previous))?;
+        let discovered = self.sync_discovery(&config);
+        let routing = self.build_routing(&config, Some(&previous), &discovered)?;
         self.restart_health_checks(&routing);
         self.routing.store(Arc::new(routing));
         self.config.store(Arc::new(config));
+        self.restart_discovery(discovered);
         Ok(())
     }
 }
@@ -286,7 +431,7 @@ pub async fn start_with_workers(
         listeners: Vec::new(),
         clusters: Vec::new(),
     };
-    let shared = Arc::new(Shared {
+    let shared = Arc::new_cyclic(|me| Shared {
         epoch: Instant::now(),
         routing: ArcSwap::from_pointee(empty),
         config: ArcSwap::from_pointee(config.clone()),
@@ -294,6 +439,9 @@ pub async fn start_with_workers(
         runtime: tokio::runtime::Handle::current(),
         workers: workers.max(1),
         health_tasks: Mutex::new(Vec::new()),
+        discovery: Mutex::new(HashMap::new()),
+        discovery_tasks: Mutex::new(Vec::new()),
+        me: me.clone(),
         reload_lock: Mutex::new(()),
         reloads: AtomicU64::new(0),
         reload_failures: AtomicU64::new(0),
@@ -303,9 +451,11 @@ pub async fn start_with_workers(
         listener_addrs: listener_addrs.clone(),
         worker_connections: (0..workers).map(|_| AtomicUsize::new(0)).collect(),
     });
-    let routing = shared.build_routing(&config, None)?;
+    let discovered = shared.sync_discovery(&config);
+    let routing = shared.build_routing(&config, None, &discovered)?;
     shared.restart_health_checks(&routing);
     shared.routing.store(Arc::new(routing));
+    shared.restart_discovery(discovered);
 
     let (shutdown, shutdown_rx) = watch::channel(None);
     let mut tasks = Vec::new();
@@ -442,6 +592,16 @@ impl ProxyHandle {
             let mut tasks = self
                 .shared
                 .health_tasks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            for (_, t) in tasks.drain(..) {
+                t.abort();
+            }
+        }
+        {
+            let mut tasks = self
+                .shared
+                .discovery_tasks
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
             for t in tasks.drain(..) {

@@ -323,3 +323,48 @@ fn sigusr1_reopens_the_access_log_after_it_was_moved() {
     assert!(child.wait().unwrap().success());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn check_validates_discovery_without_resolving() {
+    // No DNS server answers at this address: --check must not ask it.
+    let text = "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"api\"\n\n[[cluster]]\nname = \"api\"\ndiscovery = { dns = \"api.internal.test\", port = 9000, resolver = \"127.0.0.1:9\", refresh = \"1s\" }\n";
+    let path = temp_file("discovery.toml", text);
+    let started = Instant::now();
+    let out = Command::new(KEEL)
+        .args(["proxy", "--check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        stdout.contains(
+            "endpoints from dns api.internal.test:9000 via 127.0.0.1:9 (not resolved by --check)"
+        ),
+        "{stdout}"
+    );
+    let bad = temp_file(
+        "bad-discovery.toml",
+        &text.replace(
+            "dns = \"api.internal.test\", port = 9000",
+            "srv = \"api.internal.test\"",
+        ),
+    );
+    let out = Command::new(KEEL)
+        .args(["proxy", "--check", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("`cluster[0].discovery.srv`"), "{stderr}");
+}

@@ -8,6 +8,7 @@ mod support;
 
 mod access_log;
 mod config_props;
+mod discovery;
 mod h1_path;
 mod hardening;
 mod hardening_admin;

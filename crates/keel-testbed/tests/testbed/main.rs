@@ -1,5 +1,4 @@
 //! keel-testbed's integration tests over real loopback sockets, as one test binary.
 
 mod backend;
-mod capacity;
 mod loadgen;

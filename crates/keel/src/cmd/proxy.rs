@@ -47,14 +47,25 @@ fn summary(config: &ProxyConfig) -> String {
         }
     }
     for c in &config.clusters {
+        let over = match &c.discovery {
+            Some(d) => format!("endpoints from {} (not resolved by --check)", d.describe()),
+            None => format!("{} endpoint(s)", c.endpoints.len()),
+        };
         s.push_str(&format!(
-            "  cluster {}: {} over {} endpoint(s); retries {}, health check {}, outlier detection {}\n",
+            "  cluster {}: {} over {over}; retries {}, health check {}, outlier detection {}\n",
             c.name,
             c.strategy,
-            c.endpoints.len(),
             c.retry.attempts,
-            if c.health_check.is_some() { "on" } else { "off" },
-            if c.outlier_detection.is_some() { "on" } else { "off" },
+            if c.health_check.is_some() {
+                "on"
+            } else {
+                "off"
+            },
+            if c.outlier_detection.is_some() {
+                "on"
+            } else {
+                "off"
+            },
         ));
     }
     if let Some(a) = &config.admin {

@@ -75,10 +75,9 @@ pub async fn measure(
             t.timeout,
         )
     } else {
-        let config = case.proxy_config(t, &addrs, seed);
-        config
-            .validate()
-            .map_err(|e| anyhow::anyhow!("lab proxy configuration: {e}"))?;
+        let text = case.proxy_toml(t, &addrs, seed);
+        let config = keel_proxy::ProxyConfig::from_toml_str(&text, "lab")
+            .map_err(|e| anyhow::anyhow!("lab proxy configuration: {e}\n{text}"))?;
         let handle = keel_proxy::start(config).await?;
         let url = format!("http://{}/", handle.listener_addrs()[0]);
         proxy = Some(handle);
