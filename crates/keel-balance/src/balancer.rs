@@ -10,7 +10,7 @@ use arc_swap::ArcSwap;
 use crate::config::{check_endpoints, BalancerConfig};
 use crate::endpoint::{nanos, Endpoint, EndpointId, EndpointSpec, EndpointStatus};
 use crate::rng::SharedRng;
-use crate::strategy::{Strategy, View};
+use crate::strategy::{self, Observation, Strategy, View};
 
 /// What a call to an endpoint came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -142,7 +142,7 @@ impl Pick {
     fn release(&mut self) {
         if self.open {
             self.open = false;
-            self.endpoint.in_flight.fetch_sub(1, Ordering::Relaxed);
+            self.endpoint.end_call();
             if let Some(g) = &self.group {
                 g.fetch_sub(1, Ordering::Relaxed);
             }
@@ -170,7 +170,7 @@ impl HealthSummary {
         let mut out = 0;
         let mut next = u64::MAX;
         for e in eps {
-            let until = e.ejected_until.load(Ordering::Relaxed);
+            let until = e.ejected_until_ns();
             if until > now {
                 next = next.min(until);
             }
@@ -185,8 +185,7 @@ impl HealthSummary {
 
 struct Snapshot {
     endpoints: Vec<Arc<Endpoint>>,
-    strategy: Strategy,
-    total_weight: u64,
+    strategy: Box<dyn Strategy>,
     health: HealthSummary,
 }
 
@@ -201,6 +200,9 @@ pub struct Balancer {
     /// Calls in flight over all endpoints (kept only for bounded loads).
     group: Arc<AtomicU64>,
     snapshot: ArcSwap<Snapshot>,
+    /// The strategy's [`Strategy::follows_calls`] (fixed for a balancer's life), so that
+    /// `finish` can skip the snapshot without loading it.
+    follows_calls: bool,
 }
 
 impl std::fmt::Debug for Balancer {
@@ -223,6 +225,7 @@ impl Balancer {
             rng: SharedRng::new(config.seed),
             config,
             group: Arc::new(AtomicU64::new(0)),
+            follows_calls: snapshot.strategy.follows_calls(),
             snapshot: ArcSwap::from_pointee(snapshot),
         })
     }
@@ -245,6 +248,7 @@ impl Balancer {
             rng: SharedRng::new(config.seed),
             config,
             group: self.group.clone(),
+            follows_calls: snapshot.strategy.follows_calls(),
             snapshot: ArcSwap::from_pointee(snapshot),
         })
     }
@@ -290,7 +294,7 @@ impl Balancer {
             .iter()
             .map(|s| match old.get(s.address.as_str()) {
                 Some(e) => {
-                    e.weight.store(s.weight, Ordering::Relaxed);
+                    e.set_weight(s.weight);
                     Arc::clone(e)
                 }
                 None => Arc::new(Endpoint::new(s, ramp_from)),
@@ -300,8 +304,7 @@ impl Balancer {
 
     fn snapshot(config: &BalancerConfig, endpoints: Vec<Arc<Endpoint>>) -> Snapshot {
         Snapshot {
-            strategy: Strategy::build(config.strategy, &config.options, &endpoints),
-            total_weight: endpoints.iter().map(|e| e.weight() as u64).sum(),
+            strategy: strategy::build(config.strategy, &config.options, &endpoints),
             health: HealthSummary {
                 unavailable: AtomicUsize::new(0),
                 recount_at: AtomicU64::new(0),
@@ -368,27 +371,22 @@ impl Balancer {
             ignore_health: self.panic(&snap, now),
             slow_start: self.config.slow_start.as_ref(),
             rng: &self.rng,
+            group: &self.group,
         };
-        let bounded = snap.strategy.bounded();
-        let load = if bounded {
-            self.group.load(Ordering::Relaxed)
-        } else {
-            0
-        };
-        let mut index = snap
-            .strategy
-            .pick(&view, ctx.hash_key, load, snap.total_weight);
+        let strategy = &snap.strategy;
+        let mut index = strategy.pick(&view, ctx.hash_key);
         if index.is_none() && !ctx.avoid.is_empty() {
             // Nothing else left: a retry may go back to an endpoint it already tried.
             view.avoid = &[];
-            index = snap
-                .strategy
-                .pick(&view, ctx.hash_key, load, snap.total_weight);
+            index = strategy.pick(&view, ctx.hash_key);
         }
         let index = index?;
         let endpoint = snap.endpoints[index].clone();
-        endpoint.in_flight.fetch_add(1, Ordering::Relaxed);
-        let group = bounded.then(|| {
+        endpoint.begin_call();
+        if strategy.follows_calls() {
+            strategy.started(&view, index);
+        }
+        let group = strategy.uses_group_load().then(|| {
             self.group.fetch_add(1, Ordering::Relaxed);
             self.group.clone()
         });
@@ -409,37 +407,59 @@ impl Balancer {
         let now = nanos(now);
         let e = &*pick.endpoint;
         let failed = outcome == Outcome::Failure;
-        if failed {
-            e.failures.fetch_add(1, Ordering::Relaxed);
-        } else {
-            e.successes.fetch_add(1, Ordering::Relaxed);
-        }
-        // Only latency-aware strategies and outlier detection need the snapshot: plain
-        // strategies skip its load.
-        let latency_aware = matches!(
-            self.config.strategy,
-            crate::StrategyKind::LeastTime | crate::StrategyKind::PeakEwma
-        );
-        if !latency_aware && self.config.outlier_detection.is_none() {
+        e.count_outcome(failed);
+        // Only strategies that follow calls and outlier detection need the snapshot: the
+        // others skip its load.
+        let follows = self.follows_calls;
+        if !follows && self.config.outlier_detection.is_none() {
             return false;
         }
         let snap = self.snapshot.load();
-        snap.strategy
-            .record(e, outcome, now.saturating_sub(pick.picked_at), now);
+        if follows {
+            // The pick's index is the endpoint's place in the snapshot it came from; after an
+            // update, look it up again.
+            let index = if snap
+                .endpoints
+                .get(pick.index)
+                .is_some_and(|x| Arc::ptr_eq(x, &pick.endpoint))
+            {
+                Some(pick.index)
+            } else {
+                snap.endpoints
+                    .iter()
+                    .position(|x| Arc::ptr_eq(x, &pick.endpoint))
+            };
+            if let Some(i) = index {
+                let view = View {
+                    eps: &snap.endpoints,
+                    now,
+                    avoid: &[],
+                    ignore_health: false,
+                    slow_start: self.config.slow_start.as_ref(),
+                    rng: &self.rng,
+                    group: &self.group,
+                };
+                snap.strategy.observe(
+                    &view,
+                    i,
+                    &Observation::CallEnded {
+                        outcome,
+                        latency_ns: now.saturating_sub(pick.picked_at),
+                    },
+                );
+            }
+        }
         if let Some(od) = &self.config.outlier_detection {
-            let mut st = e.outlier.lock().unwrap_or_else(|p| p.into_inner());
-            if st.record(od, failed, now) && e.ejected_until.load(Ordering::Relaxed) <= now {
+            let mut st = e.outlier();
+            if st.record(od, failed, now) && e.ejected_until_ns() <= now {
                 let ejected = snap
                     .endpoints
                     .iter()
-                    .filter(|x| x.ejected_until.load(Ordering::Relaxed) > now)
+                    .filter(|x| x.ejected_until_ns() > now)
                     .count();
                 if ejected < od.max_ejected(snap.endpoints.len()) {
                     let until = st.eject(od, now);
-                    e.ejected_until.store(until, Ordering::Relaxed);
-                    // Back in service it starts over like a new endpoint: an estimate from
-                    // before the ejection says nothing about it now.
-                    e.latency.clear();
+                    e.eject(until);
                     snap.health.unavailable.fetch_add(1, Ordering::Relaxed);
                     snap.health.recount_at.fetch_min(until, Ordering::Relaxed);
                     return true;
@@ -456,13 +476,7 @@ impl Balancer {
         let Some(e) = snap.endpoints.iter().find(|e| e.id() == id) else {
             return false;
         };
-        let was = e.healthy.swap(healthy, Ordering::Relaxed);
-        if was != healthy {
-            if healthy {
-                e.ramp_from.store(nanos(now).max(1), Ordering::Relaxed);
-            } else {
-                e.latency.clear();
-            }
+        if e.set_healthy(healthy, nanos(now)) {
             snap.health.recount_at.store(0, Ordering::Relaxed);
         }
         true
@@ -478,17 +492,17 @@ impl Balancer {
             ignore_health: false,
             slow_start: self.config.slow_start.as_ref(),
             rng: &self.rng,
+            group: &self.group,
         };
         snap.endpoints
             .iter()
             .enumerate()
             .map(|(i, e)| {
                 let (successes, failures) = e.outcomes();
-                let (ejections, ejections_total) = e
-                    .outlier
-                    .lock()
-                    .map(|s| (s.ejections, s.ejections_total))
-                    .unwrap_or((0, 0));
+                let (ejections, ejections_total) = {
+                    let st = e.outlier();
+                    (st.ejections, st.ejections_total)
+                };
                 EndpointStatus {
                     id: e.id().0,
                     address: e.address().to_string(),

@@ -52,25 +52,26 @@ pub(crate) fn nanos(t: Duration) -> u64 {
 
 /// One endpoint and the live state that the balancer keeps for it. Shared (`Arc`) between the
 /// balancer's snapshots, so that counters, latency estimates and ejections survive a rebuild.
+/// The state changes only through its methods, each of which keeps it consistent.
 #[derive(Debug)]
 pub struct Endpoint {
     id: EndpointId,
     address: String,
     /// xxh3 of the address: the endpoint's place in hash strategies.
-    pub(crate) hash: u64,
-    pub(crate) weight: AtomicU32,
-    pub(crate) in_flight: AtomicU32,
-    pub(crate) healthy: AtomicBool,
+    hash: u64,
+    weight: AtomicU32,
+    in_flight: AtomicU32,
+    healthy: AtomicBool,
     /// Start of the current slow-start ramp (added or back to healthy), 0 = none.
-    pub(crate) ramp_from: AtomicU64,
+    ramp_from: AtomicU64,
     /// Ejected until this instant; 0 = never ejected.
-    pub(crate) ejected_until: AtomicU64,
-    /// The strategy's latency estimate (plain EWMA or peak-EWMA), with the time of its last
+    ejected_until: AtomicU64,
+    /// The strategy's latency estimate (plain EWMA or peak-EWMA) and the time of its last
     /// sample, in one atomic word.
-    pub(crate) latency: LatencyEstimate,
-    pub(crate) successes: AtomicU64,
-    pub(crate) failures: AtomicU64,
-    pub(crate) outlier: Mutex<OutlierState>,
+    latency: LatencyEstimate,
+    successes: AtomicU64,
+    failures: AtomicU64,
+    outlier: Mutex<OutlierState>,
 }
 
 impl Endpoint {
@@ -137,10 +138,93 @@ impl Endpoint {
         )
     }
 
+    #[inline]
+    pub(crate) fn hash(&self) -> u64 {
+        self.hash
+    }
+
+    pub(crate) fn set_weight(&self, weight: u32) {
+        self.weight.store(weight.max(1), Ordering::Relaxed);
+    }
+
+    /// A call starts: one more in flight.
+    #[inline]
+    pub(crate) fn begin_call(&self) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A call ends (finished or cancelled).
+    #[inline]
+    pub(crate) fn end_call(&self) {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    #[inline]
+    pub(crate) fn count_outcome(&self, failed: bool) {
+        let counter = if failed {
+            &self.failures
+        } else {
+            &self.successes
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Healthy and not ejected at `now`.
     #[inline]
     pub(crate) fn is_available(&self, now: u64) -> bool {
         self.healthy.load(Ordering::Relaxed) && self.ejected_until.load(Ordering::Relaxed) <= now
+    }
+
+    /// Ejected until this instant (nanoseconds; 0 = never ejected).
+    #[inline]
+    pub(crate) fn ejected_until_ns(&self) -> u64 {
+        self.ejected_until.load(Ordering::Relaxed)
+    }
+
+    /// When the endpoint's current slow start began at `now`: added, back to healthy, or back
+    /// from an ejection, whichever is latest; 0 if none.
+    #[inline]
+    pub(crate) fn ramp_start(&self, now: u64) -> u64 {
+        let since = self.ramp_from.load(Ordering::Relaxed);
+        let ejected = self.ejected_until.load(Ordering::Relaxed);
+        if ejected <= now {
+            since.max(ejected)
+        } else {
+            since
+        }
+    }
+
+    /// Records an active health check's verdict; returns true if it changed. Back to healthy
+    /// starts a slow start; unhealthy forgets the latency estimate (back in service, the
+    /// endpoint starts over like a new one).
+    pub(crate) fn set_healthy(&self, healthy: bool, now: u64) -> bool {
+        let was = self.healthy.swap(healthy, Ordering::Relaxed);
+        if was != healthy {
+            if healthy {
+                self.ramp_from.store(now.max(1), Ordering::Relaxed);
+            } else {
+                self.latency.clear();
+            }
+        }
+        was != healthy
+    }
+
+    /// Ejects the endpoint until `until`, and forgets its latency estimate: one from before the
+    /// ejection says nothing about it when it is back.
+    pub(crate) fn eject(&self, until: u64) {
+        self.ejected_until.store(until, Ordering::Relaxed);
+        self.latency.clear();
+    }
+
+    /// The latency estimate that the latency strategies keep.
+    #[inline]
+    pub(crate) fn latency(&self) -> &LatencyEstimate {
+        &self.latency
+    }
+
+    /// The outlier detector's state for this endpoint.
+    pub(crate) fn outlier(&self) -> std::sync::MutexGuard<'_, OutlierState> {
+        self.outlier.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -265,4 +349,101 @@ pub struct EndpointStatus {
     pub successes: u64,
     /// Failures recorded.
     pub failures: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn an_estimate_keeps_its_value_and_age_together() {
+        let e = LatencyEstimate::default();
+        assert_eq!(e.read(5 * MS), None);
+        e.record(10.0 * MS as f64, 100 * MS, 1e9, false);
+        let (v, age) = e.read(130 * MS).unwrap();
+        assert!((v - 10.0 * MS as f64).abs() < 1e-4 * v, "{v}");
+        // The age is kept to 1024 ns.
+        assert!(age.abs_diff(30 * MS) < 2048, "{age}");
+        e.clear();
+        assert_eq!(e.value(), None);
+    }
+
+    #[test]
+    fn ewma_weighs_a_sample_by_the_time_since_the_last() {
+        let decay = 1e9; // 1 s
+        let e = LatencyEstimate::default();
+        e.record(10.0, 0, decay, false);
+        // One decay time later the past keeps e^-1 of its weight.
+        e.record(20.0, 1_000_000_000, decay, false);
+        let keep = (-1.0f64).exp();
+        let want = 10.0 * keep + 20.0 * (1.0 - keep);
+        assert!((e.value().unwrap() - want).abs() < 1e-3, "{:?}", e.value());
+        // Decayed reading: another decay time later, e^-1 of that.
+        let later = e.decayed(2_000_000_000, decay).unwrap();
+        assert!((later - want * keep).abs() < 1e-3, "{later}");
+    }
+
+    #[test]
+    fn peak_ewma_jumps_to_a_higher_sample_and_decays_from_it() {
+        let decay = 1e9;
+        let e = LatencyEstimate::default();
+        e.record(10.0 * MS as f64, 0, decay, true);
+        e.record(500.0 * MS as f64, MS, decay, true);
+        assert!((e.value().unwrap() - 500.0 * MS as f64).abs() < 1e-3 * 500.0 * MS as f64);
+        // A lower sample is averaged in, not taken.
+        e.record(10.0 * MS as f64, 2 * MS, decay, true);
+        let v = e.value().unwrap();
+        assert!(v > 400.0 * MS as f64 && v < 500.0 * MS as f64, "{v}");
+    }
+
+    #[test]
+    fn concurrent_samples_are_all_folded_in() {
+        // Every sample is 1 with an infinite decay time: the EWMA keeps its first value, but a
+        // lost update would show as a CAS retry that never happened; count the successes.
+        let e = LatencyEstimate::default();
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                let e = &e;
+                s.spawn(move || {
+                    for i in 0..10_000 {
+                        e.record(1.0, t * 1_000_000 + i * 1024, f64::INFINITY, false);
+                    }
+                });
+            }
+        });
+        assert_eq!(e.value(), Some(1.0));
+    }
+
+    #[test]
+    fn ejection_and_ill_health_forget_the_estimate_and_return_restarts_the_ramp() {
+        let e = Endpoint::new(&EndpointSpec::new("10.0.0.1:80"), 0);
+        e.latency().record(5.0, 10, 1e9, false);
+        e.eject(1_000);
+        assert!(!e.is_available(999) && e.is_available(1_000));
+        assert_eq!(e.latency_estimate(), None);
+        assert_eq!(e.ramp_start(500), 0, "still ejected: no ramp yet");
+        assert_eq!(e.ramp_start(2_000), 1_000, "back at the ejection's end");
+        e.latency().record(5.0, 2_000, 1e9, false);
+        assert!(e.set_healthy(false, 3_000));
+        assert!(!e.set_healthy(false, 3_000), "no change");
+        assert_eq!(e.latency_estimate(), None);
+        assert!(e.set_healthy(true, 4_000));
+        assert_eq!(e.ramp_start(5_000), 4_000);
+    }
+
+    #[test]
+    fn calls_and_outcomes_are_counted() {
+        let e = Endpoint::new(&EndpointSpec::new("10.0.0.1:80").with_weight(0), 0);
+        assert_eq!(e.weight(), 1, "a weight is at least 1");
+        e.begin_call();
+        e.begin_call();
+        e.end_call();
+        assert_eq!(e.in_flight(), 1);
+        e.count_outcome(true);
+        e.count_outcome(false);
+        e.count_outcome(false);
+        assert_eq!(e.outcomes(), (2, 1));
+    }
 }

@@ -30,12 +30,12 @@ pub mod duration_serde;
 mod endpoint;
 mod hash;
 pub mod hedge;
+mod load;
 mod outlier;
 mod retry_budget;
 mod rng;
 mod slow_start;
 mod strategy;
-mod weights;
 
 pub use balancer::{Balancer, BuildError, Outcome, Pick, PickContext};
 pub use config::{
@@ -45,6 +45,9 @@ pub use config::{
 pub use endpoint::{Endpoint, EndpointId, EndpointSpec, EndpointStatus};
 pub use hash::hash_key;
 pub use hedge::{HedgeConfig, HedgeDelay, Hedger};
+pub use load::{
+    LoadReport, ServerLoad, Ticket, LATENCY_HEADER, LOAD_PATH, RIF_HEADER, SERVER_WINDOW,
+};
 pub use outlier::{FailureRate, OutlierConfig};
 pub use retry_budget::{RetryBudget, RetryBudgetConfig};
 pub use rng::{mix64, SharedRng};

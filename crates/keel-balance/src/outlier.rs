@@ -191,3 +191,89 @@ impl OutlierState {
         self.last_ejection_end
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn config() -> OutlierConfig {
+        OutlierConfig {
+            consecutive_failures: 3,
+            failure_rate: None,
+            interval: Duration::from_secs(10),
+            base_ejection_time: Duration::from_secs(10),
+            max_ejection_time: Duration::from_secs(25),
+            max_ejection_percent: 50.0,
+        }
+    }
+
+    #[test]
+    fn consecutive_failures_eject_and_a_success_resets_the_count() {
+        let cfg = config();
+        let mut st = OutlierState::default();
+        assert!(!st.record(&cfg, true, S));
+        assert!(!st.record(&cfg, true, S));
+        assert!(!st.record(&cfg, false, S), "a success in between");
+        assert!(!st.record(&cfg, true, S));
+        assert!(!st.record(&cfg, true, S));
+        assert!(st.record(&cfg, true, S), "third in a row");
+    }
+
+    #[test]
+    fn ejection_time_grows_to_the_cap_and_the_multiplier_decays_in_service() {
+        let cfg = config();
+        let mut st = OutlierState::default();
+        assert_eq!(st.eject(&cfg, S), 11 * S, "base x 1");
+        assert_eq!(st.eject(&cfg, 11 * S), 31 * S, "base x 2");
+        assert_eq!(
+            st.eject(&cfg, 31 * S),
+            56 * S,
+            "base x 3 = 30 s, capped at 25 s"
+        );
+        assert_eq!((st.ejections, st.ejections_total), (3, 3));
+        // Back at 56 s; 50 s in service (five intervals) take the multiplier back to zero.
+        assert_eq!(st.eject(&cfg, 106 * S), 116 * S);
+        assert_eq!((st.ejections, st.ejections_total), (1, 4));
+    }
+
+    #[test]
+    fn failure_rate_judges_only_with_enough_requests_in_the_window() {
+        let cfg = OutlierConfig {
+            consecutive_failures: 0,
+            failure_rate: Some(FailureRate {
+                threshold_percent: 50.0,
+                minimum_requests: 10,
+            }),
+            ..config()
+        };
+        let mut st = OutlierState::default();
+        // 9 outcomes, all failed: not enough to judge.
+        for _ in 0..9 {
+            assert!(!st.record(&cfg, true, S));
+        }
+        // The 10th failure: 100 % of 10.
+        assert!(st.record(&cfg, true, S));
+        // A new window (10 s later) starts from zero.
+        let mut st = OutlierState::default();
+        for _ in 0..9 {
+            st.record(&cfg, true, S);
+        }
+        assert!(!st.record(&cfg, true, 12 * S));
+        // A success never ejects, even above the rate.
+        assert!(!st.record(&cfg, false, 12 * S));
+    }
+
+    #[test]
+    fn at_most_the_cap_of_endpoints_is_ejected() {
+        let cfg = config();
+        assert_eq!(cfg.max_ejected(5), 2, "50 % of 5, rounded down");
+        assert_eq!(cfg.max_ejected(1), 1, "at least one");
+        let off = OutlierConfig {
+            max_ejection_percent: 0.0,
+            ..config()
+        };
+        assert_eq!(off.max_ejected(10), 0);
+    }
+}

@@ -1,4 +1,4 @@
-//! Closed forms of the reliability model (`shared/RELIABILITY-MODEL.md`, docs/reliability.md).
+//! Closed forms of the reliability model (docs/reliability.md states it).
 //!
 //! Setting: a request calls a cluster of `m` servers `k` times, one call after another, and
 //! succeeds only if every call succeeds. A fraction `p` of the servers has failed (`n_f = p m`).

@@ -26,8 +26,11 @@ pub enum Style {
     Dashed,
     /// A dotted line, a third line style for curves that share a colour.
     Dotted,
-    /// A marker at each point (simulated or measured values).
+    /// A filled marker at each point (measured values).
     Points,
+    /// A ring at each point: another kind of value (simulated) stays visible over or under a
+    /// filled marker at the same place.
+    Rings,
 }
 
 /// One labelled series of a chart.
@@ -101,6 +104,9 @@ pub struct ChartSpec {
     pub y_range: Option<(f64, f64)>,
     /// Width and height in pixels (the legend takes a column on the right).
     pub size: (u32, u32),
+    /// Names of the categories of a categorical x axis, drawn at x = 1, 2, ...; empty: a
+    /// numeric axis.
+    pub x_categories: Vec<String>,
 }
 
 impl ChartSpec {
@@ -117,7 +123,17 @@ impl ChartSpec {
             x_range: None,
             y_range: None,
             size: (960, 560),
+            x_categories: Vec::new(),
         }
+    }
+
+    /// Makes the x axis categorical: category i (from 0) sits at x = i + 1, labelled with its
+    /// name, and the x range is 0.5..n + 0.5. Place several series within a category by small
+    /// offsets from its x.
+    pub fn x_categories(mut self, names: Vec<String>) -> ChartSpec {
+        self.x_range = Some((0.5, names.len() as f64 + 0.5));
+        self.x_categories = names;
+        self
     }
 
     /// Fixes the x range.
@@ -291,14 +307,30 @@ fn draw(
         .x_label_area_size(48)
         .y_label_area_size(64)
         .build_cartesian_2d(x_range.0..x_range.1, y_range.0..y_range.1)?;
-    chart
-        .configure_mesh()
-        .x_desc(spec.x_label.as_str())
+    let category = |x: &f64| {
+        let i = x.round();
+        if (x - i).abs() < 1e-6 && i >= 1.0 {
+            spec.x_categories
+                .get(i as usize - 1)
+                .cloned()
+                .unwrap_or_default()
+        } else {
+            String::new()
+        }
+    };
+    let mut mesh = chart.configure_mesh();
+    mesh.x_desc(spec.x_label.as_str())
         .y_desc(spec.y_label.as_str())
         .label_style(("sans-serif", 14))
         .axis_desc_style(("sans-serif", 16))
-        .light_line_style(RGBColor(235, 235, 235))
-        .draw()?;
+        .light_line_style(RGBColor(235, 235, 235));
+    if !spec.x_categories.is_empty() {
+        // One key point per category, at its integer position.
+        mesh.x_labels(spec.x_categories.len())
+            .x_label_formatter(&category)
+            .disable_x_mesh();
+    }
+    mesh.draw()?;
 
     let in_range = |&(x, y): &(f64, f64)| x.is_finite() && y.is_finite();
     for (i, s) in series.iter().enumerate() {
@@ -317,6 +349,13 @@ fn draw(
             }
             Style::Points => {
                 chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+            }
+            Style::Rings => {
+                chart.draw_series(
+                    points
+                        .iter()
+                        .map(|&p| Circle::new(p, 6, color.stroke_width(2))),
+                )?;
             }
         }
         for (&(x, _), &(lo, hi)) in s.points.iter().zip(&s.error_bars) {
@@ -359,6 +398,7 @@ fn draw(
                 }
             }
             Style::Points => legend_area.draw(&Circle::new((23, y), 4, color.filled()))?,
+            Style::Rings => legend_area.draw(&Circle::new((23, y), 6, color.stroke_width(2)))?,
         }
         let font = ("sans-serif", 14).into_font().color(&BLACK);
         legend_area.draw(&Text::new(s.label.clone(), (46, y - 7), font))?;
@@ -404,6 +444,25 @@ mod tests {
         }
         assert!(svg.contains("<circle"), "points are drawn as circles");
         assert!(svg.contains("<polyline"), "lines are drawn as polylines");
+    }
+
+    #[test]
+    fn a_categorical_axis_labels_each_category_and_rings_are_hollow() {
+        let spec = ChartSpec::new("cats", "mode", "y")
+            .x_categories(vec!["hang".into(), "refuse".into(), "reset".into()])
+            .y_range(0.0, 1.0);
+        assert_eq!(spec.x_range, Some((0.5, 3.5)));
+        let measured = Series::points("measured", vec![(1.0, 0.5), (2.0, 0.6), (3.0, 0.7)]);
+        let simulated = Series::new("simulated", vec![(1.1, 0.5)], Style::Rings);
+        let svg = render_svg(&spec, &[measured, simulated]).unwrap();
+        for name in ["hang", "refuse", "reset"] {
+            assert!(
+                svg.contains(&format!("\n{name}\n</text>")),
+                "no tick label {name}"
+            );
+        }
+        // A ring is a circle without a fill.
+        assert!(svg.contains("fill=\"none\""), "{svg}");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The simulator against the closed forms and the experiments' claims (RELIABILITY-MODEL.md),
+//! The simulator against the closed forms and the experiments' claims (docs/reliability.md),
 //! on smaller runs of the presets with their fixed seeds.
 
 use keel_model::presets::{self, Experiment};

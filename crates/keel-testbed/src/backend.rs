@@ -21,13 +21,22 @@
 //! - `flap` starts with its up phase when the mode is set; its down phase answers on kept-alive
 //!   connections too, so the phases switch exactly on time (use `refuse`, toggled by a driver,
 //!   for an up/down cycle of the port itself).
+//!
+//! A backend has a capacity as a simulated server has one: with [`BackendConfig::concurrency`]
+//! N it works on at most N requests at once and the others wait in FIFO order (the work is the
+//! latency draw; answers that take no work, a fail-fast 503 or a hang, never wait, as in the
+//! simulator). It keeps keel-balance's [`ServerLoad`] (requests in flight, queued ones included,
+//! and the latency they see, queueing included) and reports it on every answer in the
+//! [`RIF_HEADER`] and [`LATENCY_HEADER`] headers, and at `GET` [`LOAD_PATH`], which answers at
+//! once, takes no place in the queue and is not counted in flight (a backend that hangs does not
+//! answer it; one that fails fast does, which is the black hole's bait).
 
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -37,12 +46,14 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use keel_balance::{mix64, SharedRng};
+use keel_balance::{
+    mix64, LoadReport, ServerLoad, SharedRng, Ticket, LATENCY_HEADER, LOAD_PATH, RIF_HEADER,
+};
 use keel_model::vocab::{FailureMode, Latency, LatencySampler, RESET_CUT};
 use rand::{Rng, RngCore};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 
 /// The longest latency a distribution may draw: keeps a heavy tail from parking a call forever.
 const MAX_LATENCY: Duration = Duration::from_secs(60);
@@ -58,6 +69,8 @@ pub struct BackendConfig {
     pub body_bytes: usize,
     /// Value of the `x-backend` header; empty: the bound address.
     pub name: String,
+    /// Requests worked on at once; the others wait in FIFO order. `None`: no limit.
+    pub concurrency: Option<u32>,
 }
 
 impl Default for BackendConfig {
@@ -68,6 +81,7 @@ impl Default for BackendConfig {
             fault: FailureMode::None,
             body_bytes: 64,
             name: String::new(),
+            concurrency: None,
         }
     }
 }
@@ -89,9 +103,61 @@ struct Shared {
     latency_rng: SharedRng,
     requests: AtomicU64,
     healthz: AtomicU64,
+    load_probes: AtomicU64,
     connections: AtomicU64,
+    /// Permits to work (the capacity); `None`: unlimited.
+    slots: Option<Semaphore>,
+    /// What the backend reports about its load; time is measured from `epoch`.
+    load: Mutex<ServerLoad>,
+    epoch: Instant,
     control: watch::Sender<Control>,
     listening: watch::Sender<bool>,
+}
+
+impl Shared {
+    fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    fn load(&self) -> std::sync::MutexGuard<'_, ServerLoad> {
+        self.load.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn report(&self) -> LoadReport {
+        self.load().report(self.now())
+    }
+}
+
+/// A request counted in flight from its arrival until it is answered ([`Call::finish`]: its
+/// latency is learned) or dropped unanswered (its client went away, or the backend hangs or
+/// refuses: no longer in flight, nothing learned).
+struct Call<'a> {
+    shared: &'a Shared,
+    ticket: Option<Ticket>,
+}
+
+impl<'a> Call<'a> {
+    fn arrive(shared: &'a Shared) -> Self {
+        let ticket = shared.load().start(shared.now());
+        Self {
+            shared,
+            ticket: Some(ticket),
+        }
+    }
+
+    fn finish(mut self) {
+        if let Some(t) = self.ticket.take() {
+            self.shared.load().finish(t, self.shared.now());
+        }
+    }
+}
+
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        if let Some(t) = self.ticket.take() {
+            self.shared.load().cancel(t);
+        }
+    }
 }
 
 /// A running backend. Dropping it stops the backend too (without waiting).
@@ -153,7 +219,11 @@ async fn spawn_inner(
         latency_rng: SharedRng::new(mix64(seed ^ 0x1A7)),
         requests: AtomicU64::new(0),
         healthz: AtomicU64::new(0),
+        load_probes: AtomicU64::new(0),
         connections: AtomicU64::new(0),
+        slots: cfg.concurrency.map(|n| Semaphore::new(n as usize)),
+        load: Mutex::new(ServerLoad::default()),
+        epoch: Instant::now(),
         control,
         listening,
     });
@@ -168,6 +238,9 @@ async fn spawn_inner(
 }
 
 fn validate(cfg: &BackendConfig) -> io::Result<()> {
+    if cfg.concurrency == Some(0) {
+        return Err(invalid("concurrency must be at least 1".into()));
+    }
     cfg.latency.validate().map_err(invalid)?;
     cfg.fault.validate().map_err(invalid)
 }
@@ -252,6 +325,17 @@ impl BackendHandle {
     /// `/healthz` requests received so far.
     pub fn healthz_requests(&self) -> u64 {
         self.shared.healthz.load(Ordering::Relaxed)
+    }
+
+    /// Load probes (`GET /keel/load`) received so far.
+    pub fn load_probes(&self) -> u64 {
+        self.shared.load_probes.load(Ordering::Relaxed)
+    }
+
+    /// What the backend reports about its load now (what the headers of an answer sent now
+    /// would carry).
+    pub fn load_report(&self) -> LoadReport {
+        self.shared.report()
     }
 
     /// Client connections open right now.
@@ -463,6 +547,54 @@ fn respond(shared: &Shared, status: StatusCode, body: ResponseBody) -> Response<
     resp
 }
 
+/// Puts the backend's load report in `resp`'s headers.
+fn with_load(shared: &Shared, mut resp: Response<ResponseBody>) -> Response<ResponseBody> {
+    let r = shared.report();
+    let h = resp.headers_mut();
+    h.insert(RIF_HEADER, HeaderValue::from(r.in_flight));
+    h.insert(LATENCY_HEADER, HeaderValue::from(r.latency_us()));
+    resp
+}
+
+/// A load probe's answer: the report, at once (a hanging or refusing backend gives none).
+async fn load_probe(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<ResponseBody>, io::Error> {
+    shared.load_probes.fetch_add(1, Ordering::Relaxed);
+    let mut body = req.into_body();
+    while let Some(frame) = body.frame().await {
+        frame.map_err(io::Error::other)?;
+    }
+    let control = shared.control.borrow().clone();
+    match control.fault {
+        FailureMode::Refuse => {
+            return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "refusing"))
+        }
+        FailureMode::Hang => return hang(&shared, control.since).await,
+        FailureMode::Flap {
+            up,
+            down,
+            down_fails_after: None,
+        } if !flap_is_up(control.since, Instant::now(), up, down) => {
+            return hang(&shared, control.since).await
+        }
+        _ => {}
+    }
+    let r = shared.report();
+    let text = format!(
+        "{{\"in_flight\":{},\"latency_us\":{}}}\n",
+        r.in_flight,
+        r.latency_us()
+    );
+    let resp = respond(
+        &shared,
+        StatusCode::OK,
+        ResponseBody::whole(Bytes::from(text)),
+    );
+    Ok(with_load(&shared, resp))
+}
+
 fn unavailable(shared: &Shared, why: &str) -> Response<ResponseBody> {
     let text = format!("backend {}: {why}\n", shared.name.to_str().unwrap_or(""));
     respond(
@@ -484,7 +616,28 @@ async fn handle(
     req: Request<Incoming>,
     reset: Arc<AtomicBool>,
 ) -> Result<Response<ResponseBody>, io::Error> {
-    let health = req.uri().path() == "/healthz";
+    let path = req.uri().path();
+    if path == LOAD_PATH {
+        return load_probe(shared, req).await;
+    }
+    let health = path == "/healthz";
+    // Health checks take no place in the queue and are not requests in flight.
+    let call = (!health).then(|| Call::arrive(&shared));
+    let resp = answer(&shared, req, reset, health).await?;
+    if let Some(call) = call {
+        call.finish();
+    }
+    Ok(with_load(&shared, resp))
+}
+
+/// The answer to a request (or to a health check), after waiting for a permit to work when the
+/// answer takes work and the backend has a capacity.
+async fn answer(
+    shared: &Arc<Shared>,
+    req: Request<Incoming>,
+    reset: Arc<AtomicBool>,
+    health: bool,
+) -> Result<Response<ResponseBody>, io::Error> {
     if health {
         shared.healthz.fetch_add(1, Ordering::Relaxed);
     } else {
@@ -504,8 +657,8 @@ async fn handle(
             // Raced with the listener closing: drop the connection like a dead process.
             return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "refusing"));
         }
-        FailureMode::Hang => return hang(&shared, control.since).await,
-        FailureMode::FailFast { after } => return fail_after(&shared, after, "fail-fast").await,
+        FailureMode::Hang => return hang(shared, control.since).await,
+        FailureMode::FailFast { after } => return fail_after(shared, after, "fail-fast").await,
         FailureMode::Slow { factor: f } => factor = f,
         // Drawn before the latency, so that the error stream follows the arrival order.
         FailureMode::Error { probability } => {
@@ -518,19 +671,24 @@ async fn handle(
         } => {
             if !flap_is_up(control.since, Instant::now(), up, down) {
                 return match down_fails_after {
-                    None => hang(&shared, control.since).await,
-                    Some(after) => fail_after(&shared, after, "flapping (down)").await,
+                    None => hang(shared, control.since).await,
+                    Some(after) => fail_after(shared, after, "flapping (down)").await,
                 };
             }
         }
     }
+    // The work: one permit while it lasts (FIFO among the waiting); health checks never wait.
+    let _permit = match (&shared.slots, health) {
+        (Some(slots), false) => Some(slots.acquire().await.map_err(io::Error::other)?),
+        _ => None,
+    };
     let latency = shared.latency.sample_secs(&mut Draws(&shared.latency_rng));
     let latency = (latency * factor).min(MAX_LATENCY.as_secs_f64());
     if latency > 0.0 {
         tokio::time::sleep(Duration::from_secs_f64(latency)).await;
     }
     if error {
-        return Ok(unavailable(&shared, "error (probability)"));
+        return Ok(unavailable(shared, "error (probability)"));
     }
     let whole = if health {
         Bytes::from_static(b"ok\n")
@@ -545,9 +703,9 @@ async fn handle(
             reset,
             total: total as u64,
         };
-        return Ok(respond(&shared, StatusCode::OK, body));
+        return Ok(respond(shared, StatusCode::OK, body));
     }
-    Ok(respond(&shared, StatusCode::OK, ResponseBody::whole(whole)))
+    Ok(respond(shared, StatusCode::OK, ResponseBody::whole(whole)))
 }
 
 /// A 503 after `after`.

@@ -49,6 +49,21 @@ fn quick_lab_reproduces_e1_e2_e6_over_real_sockets() {
         );
         assert!(r["requests"].as_u64().unwrap() >= 1000);
     }
+    // A row agrees with the model exactly when the model is inside the measured interval, and
+    // a row that does not says by how many standard errors.
+    for r in rows {
+        let Some(a) = r["analytic"].as_f64() else {
+            assert!(r["model"].is_null());
+            continue;
+        };
+        let ci = r["measured_ci95"].as_array().unwrap();
+        let inside = ci[0].as_f64().unwrap() <= a && a <= ci[1].as_f64().unwrap();
+        assert_eq!(r["model"]["agrees"].as_bool(), Some(inside), "{r}");
+        if !inside {
+            let why = r["explanation"].as_str().unwrap();
+            assert!(why.contains("standard errors"), "{why}");
+        }
+    }
     // The same document on disk, and a self-contained page with charts and the table.
     let on_disk: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out_dir.join("results.json")).unwrap()).unwrap();
@@ -59,6 +74,18 @@ fn quick_lab_reproduces_e1_e2_e6_over_real_sockets() {
         "charts and table"
     );
     assert!(!html.contains("src=\"http"), "self-contained");
+    // E6's chart has one labelled category per failure mode, and E6 is explained once.
+    for mode in ["hang", "fail-fast", "refuse", "reset"] {
+        assert!(
+            html.contains(&format!("\n{mode}\n</text>")),
+            "E6 axis label {mode}"
+        );
+    }
+    let e6_section = html.split("<h3>E6</h3>").nth(1).expect("an E6 section");
+    assert!(
+        !e6_section.contains("<li>"),
+        "E6 is one paragraph, not one per row"
+    );
     let _ = std::fs::remove_dir_all(&out_dir);
 }
 

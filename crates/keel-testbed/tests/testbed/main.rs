@@ -1,4 +1,5 @@
 //! keel-testbed's integration tests over real loopback sockets, as one test binary.
 
 mod backend;
+mod capacity;
 mod loadgen;

@@ -27,9 +27,15 @@ use crate::cmd::usage;
     flap       alternate --flap-up periods of `none` and --flap-down periods that hang (or answer\n             \
                503 after --fail-after, when given)\n\
 /healthz answers 200 `ok` and fails the same way as every other path; it is counted apart.\n\
-Every response carries `x-backend: <name>`.\n\n\
+With --concurrency N at most N requests are worked on at once; the others wait in FIFO order\n\
+(a fail-fast 503 or a hang never waits; /healthz never waits).\n\
+Every response carries `x-backend: <name>` and the backend's load: `x-keel-rif` (requests in\n\
+flight, waiting ones included) and `x-keel-latency-us` (the median latency of recent requests\n\
+that arrived to about as many in flight). GET /keel/load answers them at once, in the headers\n\
+and as JSON, without being counted in flight (a hanging backend does not answer it).\n\n\
 Examples:\n  \
     keel backend --listen 127.0.0.1:9001 --latency 10ms\n  \
+    keel backend --listen 127.0.0.1:9001 --latency 10ms --latency-dist exponential --concurrency 1\n  \
     keel backend --listen 127.0.0.1:9001 --listen 127.0.0.1:9002 --latency 10ms --latency-dist exponential\n  \
     keel backend --listen 127.0.0.1:9005 --fault hang\n  \
     keel backend --listen 127.0.0.1:9005 --fault error --error-probability 0.1\n  \
@@ -76,6 +82,10 @@ pub struct Args {
     /// Seed of the random draws (latency, errors); default: derived from the name.
     #[arg(long)]
     seed: Option<u64>,
+    /// Requests worked on at once (1 or more); the others wait in FIFO order. Default: no
+    /// limit.
+    #[arg(long, value_name = "N")]
+    concurrency: Option<u32>,
 }
 
 fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
@@ -174,7 +184,11 @@ fn parse(args: &Args) -> anyhow::Result<(Vec<SocketAddr>, BackendConfig)> {
         fault: fault(args)?,
         body_bytes: args.body_bytes,
         name: String::new(),
+        concurrency: args.concurrency,
     };
+    if cfg.concurrency == Some(0) {
+        return usage("--concurrency must be at least 1");
+    }
     if matches!(cfg.fault, FailureMode::Slow { .. }) && cfg.latency.mean.is_zero() {
         eprintln!("keel backend: warning: --fault slow multiplies --latency, which is 0");
     }
@@ -216,13 +230,18 @@ async fn serve(args: Args, addrs: Vec<SocketAddr>, cfg: BackendConfig) -> anyhow
             Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => return usage(format!("{e}")),
             Err(e) => return Err(e).with_context(|| format!("cannot listen on {addr}")),
         };
+        let capacity = match cfg.concurrency {
+            Some(n) => format!("{n} at once"),
+            None => "unlimited".to_string(),
+        };
         println!(
-            "keel backend {} listening on {} (latency {}, failure {}, body {} bytes)",
+            "keel backend {} listening on {} (latency {}, failure {}, body {} bytes, capacity {})",
             handle.name(),
             handle.addr(),
             cfg.latency,
             cfg.fault,
-            cfg.body_bytes
+            cfg.body_bytes,
+            capacity
         );
         handles.push(handle);
     }
@@ -300,9 +319,12 @@ mod tests {
             "0ms",
             "--body-bytes",
             "10",
+            "--concurrency",
+            "4",
         ])
         .unwrap();
         assert_eq!(addrs.len(), 2);
+        assert_eq!(cfg.concurrency, Some(4));
         assert_eq!(
             cfg.latency,
             Latency {
@@ -366,6 +388,7 @@ mod tests {
             &["--fault", "flap", "--flap-down", "0s"],
             &["--fault", "hang", "--fail-after", "1ms"],
             &["--fault", "fail-fast", "--fail-after", "soon"],
+            &["--concurrency", "0"],
         ] {
             let argv: Vec<&str> = base.iter().chain(extra).copied().collect();
             assert!(is_usage(parse_cli(&argv)), "{argv:?}");

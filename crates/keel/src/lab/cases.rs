@@ -4,11 +4,15 @@
 
 use std::time::Duration;
 
-use keel_balance::{BalancerConfig, OutlierConfig, RetryBudgetConfig, StrategyKind, TieBreak};
-use keel_model::sim::{
-    ClusterConfig, FailedPosition, HealthCheckConfig, Load, Placement, RetryConfig, Scenario,
+use std::net::SocketAddr;
+
+use keel_balance::{
+    BalancerConfig, EndpointSpec, OutlierConfig, RetryBudgetConfig, StrategyKind, TieBreak,
 };
+use keel_model::sim::{self, FailedPosition, Load, Placement, RetryConfig, Scenario};
 use keel_model::{FailureMode, Latency};
+use keel_proxy::config::{ClusterConfig, HealthCheckConfig, ListenerConfig};
+use keel_proxy::ProxyConfig;
 use serde::Serialize;
 
 use super::LabOptions;
@@ -43,6 +47,60 @@ impl Timing {
     /// The healthy servers' latency.
     pub fn latency(&self) -> Latency {
         Latency::fixed(self.healthy)
+    }
+}
+
+/// The protections of E6, one value for the proxy and the simulator: outlier ejection after 3
+/// failures in a row (5 s, at most half of the servers), up to 2 retries on other servers
+/// within a 20 % retry budget, health checks every 100 ms (2 to fail, 2 to pass).
+#[derive(Debug, Clone, Serialize)]
+pub struct Protections {
+    /// Failures in a row that eject a server.
+    pub consecutive_failures: u32,
+    /// First ejection time.
+    #[serde(with = "humantime_serde")]
+    pub base_ejection_time: Duration,
+    /// Most servers ejected at once, in percent.
+    pub max_ejection_percent: f64,
+    /// Retries per call, each on a server the call has not tried.
+    pub retries: u32,
+    /// Retries as a share of requests, in percent.
+    pub budget_percent: f64,
+    /// Time between health checks of a server (also a check's own time limit in the proxy).
+    #[serde(with = "humantime_serde")]
+    pub health_interval: Duration,
+    /// Checks in a row that mark a server unhealthy, or healthy again.
+    pub health_threshold: u32,
+}
+
+/// The protections every E6 case uses.
+pub const PROTECTIONS: Protections = Protections {
+    consecutive_failures: 3,
+    base_ejection_time: Duration::from_secs(5),
+    max_ejection_percent: 50.0,
+    retries: 2,
+    budget_percent: 20.0,
+    health_interval: Duration::from_millis(100),
+    health_threshold: 2,
+};
+
+impl Protections {
+    /// keel-balance's outlier detection.
+    pub fn outlier(&self) -> OutlierConfig {
+        OutlierConfig {
+            consecutive_failures: self.consecutive_failures,
+            base_ejection_time: self.base_ejection_time,
+            max_ejection_percent: self.max_ejection_percent,
+            ..OutlierConfig::default()
+        }
+    }
+
+    /// keel-balance's retry budget.
+    pub fn budget(&self) -> RetryBudgetConfig {
+        RetryBudgetConfig {
+            budget_percent: self.budget_percent,
+            ..RetryBudgetConfig::default()
+        }
     }
 }
 
@@ -147,54 +205,46 @@ impl Case {
         cfg.options.tie_break = self.tie_break;
         cfg.seed = seed;
         if self.protections {
-            cfg.outlier_detection = Some(self.outlier());
+            cfg.outlier_detection = Some(PROTECTIONS.outlier());
         }
         cfg
     }
 
-    fn outlier(&self) -> OutlierConfig {
-        OutlierConfig {
-            consecutive_failures: 3,
-            base_ejection_time: Duration::from_secs(5),
-            max_ejection_percent: 50.0,
-            ..OutlierConfig::default()
-        }
-    }
-
-    /// The proxy configuration for a server-side case (listener on an ephemeral port).
-    pub fn proxy_toml(&self, t: &Timing, endpoints: &[std::net::SocketAddr], seed: u64) -> String {
-        let eps: Vec<String> = endpoints
+    /// The proxy configuration for a server-side case: one listener on an ephemeral port, one
+    /// cluster of `endpoints` with this case's balancer, timeout and protections.
+    pub fn proxy_config(&self, t: &Timing, endpoints: &[SocketAddr], seed: u64) -> ProxyConfig {
+        let specs = endpoints
             .iter()
-            .map(|a| format!("{{ address = \"{a}\" }}"))
+            .map(|a| EndpointSpec::new(a.to_string()))
             .collect();
-        let ms = |d: Duration| format!("\"{}ms\"", d.as_secs_f64() * 1000.0);
-        let mut s = format!(
-            "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"lab\"\n\n[[cluster]]\nname = \"lab\"\n\
-             strategy = \"{}\"\ntie_break = \"{}\"\nseed = {seed}\nendpoints = [{}]\n\
-             connect_timeout = \"100ms\"\n",
-            self.strategy,
-            tie_name(self.tie_break),
-            eps.join(", "),
-        );
+        let mut c = ClusterConfig::new("lab", specs).with_balancer(&self.balancer(seed));
+        c.connect_timeout = Duration::from_millis(100);
         if self.protections {
-            let od = self.outlier();
-            s.push_str(&format!(
-                "request_timeout = \"1s\"\n\n[cluster.retry]\nattempts = 2\nper_try_timeout = {}\n\
-                 budget_percent = 20\n\n[cluster.health_check]\ninterval = \"100ms\"\ntimeout = \"100ms\"\n\
-                 unhealthy_threshold = 2\nhealthy_threshold = 2\n\n[cluster.outlier_detection]\n\
-                 consecutive_failures = {}\nbase_ejection_time = \"{}s\"\nmax_ejection_percent = {}\n",
-                ms(t.timeout),
-                od.consecutive_failures,
-                od.base_ejection_time.as_secs(),
-                od.max_ejection_percent
-            ));
+            let p = &PROTECTIONS;
+            // The whole request may use every try; each try has the case's timeout.
+            c.request_timeout = t.timeout * (p.retries + 1);
+            let budget = p.budget();
+            c.retry = keel_proxy::config::RetryConfig {
+                attempts: p.retries,
+                per_try_timeout: Some(t.timeout),
+                budget_percent: budget.budget_percent,
+                min_retries_per_second: budget.min_retries_per_second,
+                budget_window: budget.window,
+                ..Default::default()
+            };
+            c.health_check = Some(HealthCheckConfig {
+                interval: p.health_interval,
+                timeout: p.health_interval,
+                unhealthy_threshold: p.health_threshold,
+                healthy_threshold: p.health_threshold,
+                ..HealthCheckConfig::default()
+            });
         } else {
-            s.push_str(&format!(
-                "request_timeout = {}\n\n[cluster.retry]\nattempts = 0\n",
-                ms(t.timeout)
-            ));
+            c.request_timeout = t.timeout;
+            c.retry.attempts = 0;
         }
-        s
+        let listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        ProxyConfig::new(vec![ListenerConfig::new(listen, "lab")], vec![c])
     }
 
     /// The same case for the simulator.
@@ -222,15 +272,15 @@ impl Case {
                 think_time: Duration::ZERO,
             },
             retry: self.protections.then(|| RetryConfig {
-                max_retries: 2,
-                budget: RetryBudgetConfig::default(),
+                max_retries: PROTECTIONS.retries,
+                budget: PROTECTIONS.budget(),
             }),
-            health_check: self.protections.then(|| HealthCheckConfig {
-                interval: Duration::from_millis(100),
-                unhealthy_threshold: 2,
-                healthy_threshold: 2,
+            health_check: self.protections.then_some(sim::HealthCheckConfig {
+                interval: PROTECTIONS.health_interval,
+                unhealthy_threshold: PROTECTIONS.health_threshold,
+                healthy_threshold: PROTECTIONS.health_threshold,
             }),
-            clusters: vec![ClusterConfig {
+            clusters: vec![sim::ClusterConfig {
                 name: "b".into(),
                 calls: self.calls,
                 servers: self.servers,
@@ -243,7 +293,7 @@ impl Case {
                 latency: t.latency(),
                 failure: self.failure,
                 balancer: self.balancer(seed),
-                ..ClusterConfig::default()
+                ..sim::ClusterConfig::default()
             }],
             ..Scenario::default()
         }

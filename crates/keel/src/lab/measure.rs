@@ -75,9 +75,10 @@ pub async fn measure(
             t.timeout,
         )
     } else {
-        let text = case.proxy_toml(t, &addrs, seed);
-        let config = keel_proxy::ProxyConfig::from_toml_str(&text, "lab")
-            .map_err(|e| anyhow::anyhow!("lab proxy configuration: {e}\n{text}"))?;
+        let config = case.proxy_config(t, &addrs, seed);
+        config
+            .validate()
+            .map_err(|e| anyhow::anyhow!("lab proxy configuration: {e}"))?;
         let handle = keel_proxy::start(config).await?;
         let url = format!("http://{}/", handle.listener_addrs()[0]);
         proxy = Some(handle);

@@ -1,9 +1,11 @@
-//! `keel lab`: the reliability experiments of `RELIABILITY-MODEL.md` three ways at once: the
-//! closed form, the simulator, and real traffic through keel's proxy to in-process backends with
-//! injected faults, all on loopback.
+//! `keel lab`: the reliability experiments E1-E6 (docs/reliability.md) three ways at once: the
+//! closed form, the simulator, and real traffic through keel's proxy to in-process backends
+//! that fail on purpose, all on loopback. Each case is one value (cases.rs): the same latency and
+//! failure mode go to the backends and to the simulated servers, and the proxy's configuration
+//! is built from the same balancer and protections as the scenario's.
 //!
-//! Times are scaled down from the source's (10 ms healthy, 1 s timeout) to 4 ms and 400 ms so
-//! that a run takes seconds; q = t_fail / t_ok stays 100 for a hanging server.
+//! Times are scaled down from the model's example (10 ms healthy, 1 s timeout) to 4 ms and
+//! 400 ms so that a run takes about a minute; q = t_fail / t_ok stays 100 for a hanging server.
 
 mod cases;
 mod measure;
@@ -113,7 +115,7 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabReport> {
         done_before.fetch_add(case.requests, Ordering::Relaxed);
         let simulated = keel_model::sim::run(&case.scenario(&timing, opts.seed))
             .with_context(|| format!("simulating {}", case.describe()))?;
-        rows.push(Row::new(case, &timing, measured, simulated));
+        rows.push(Row::new(case, measured, simulated));
     }
     if let Some(bar) = bar {
         bar.finish_and_clear();

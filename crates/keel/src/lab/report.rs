@@ -1,23 +1,38 @@
 //! The lab's report: a table on stdout, `results.json`, and a self-contained `index.html` with
 //! SVG charts of measured and simulated points over the analytic curves, and sentences that
-//! compare them, generated from the numbers.
+//! compare the three, generated from the numbers.
+//!
+//! A measurement agrees with the model when the model's value lies inside its 95 % interval,
+//! and with the simulation when the two differ by less than 1.96 standard errors of their
+//! difference; nothing is added to either tolerance. A row that disagrees says by how many
+//! standard errors, and why, from its own numbers.
 
 use std::fmt::Write as _;
 use std::path::Path;
-use std::time::Duration;
 
 use anyhow::Context;
 use keel_balance::StrategyKind;
 use keel_model::analytic;
 use keel_model::plot::{render_svg, ChartSpec, Series, Style};
 use keel_model::sim::SimResult;
+use keel_model::stats::Z95;
+use keel_model::FailureMode;
 use serde::Serialize;
 
-use keel_model::FailureMode;
-
-use super::cases::{tie_name, Case, Timing};
+use super::cases::{tie_name, Case, Timing, PROTECTIONS};
 use super::measure::Measured;
 use super::LabReport;
+
+/// How a measurement compares with a prediction.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Comparison {
+    /// Whether the prediction is within the measurement's 95 % interval (for the simulation:
+    /// whether the difference is within 1.96 standard errors of the difference).
+    pub agrees: bool,
+    /// Measured minus predicted, in standard errors (of the measurement; for the simulation,
+    /// of the difference of the two).
+    pub z: f64,
+}
 
 /// One row: a case, three ways.
 #[derive(Debug, Clone, Serialize)]
@@ -28,7 +43,7 @@ pub struct Row {
     pub strategy: String,
     /// `none` or `outlier+retry+health`.
     pub protections: String,
-    /// hang, fast-error, refuse, reset.
+    /// The failure mode's name (keel-model's vocabulary: hang, fail-fast, refuse, reset).
     pub failure_mode: String,
     /// `server-side` (through keel's proxy) or `client-side` (balancer in each client).
     pub placement: String,
@@ -66,6 +81,9 @@ pub struct Row {
     pub simulated_failed_share: f64,
     /// Measured share of attempts to failed servers.
     pub measured_failed_share: f64,
+    /// What the measured share implies if every call to a failed server fails and calls are
+    /// independent: (1 - share)^k (unprotected rows).
+    pub implied_by_measured_share: Option<f64>,
     /// Measured largest share of attempts to one server.
     pub measured_max_server_share: f64,
     /// Measured attempts per server, in endpoint order (retries included).
@@ -76,20 +94,42 @@ pub struct Row {
     pub measured_p99_ms: f64,
     /// Wall time of the measurement, s.
     pub seconds: f64,
-    /// Whether measured agrees with the model (null without a model).
-    pub agrees_with_model: Option<bool>,
-    /// Whether measured agrees with the simulation.
-    pub agrees_with_simulation: bool,
-    /// Plain sentences comparing the three, generated from the numbers.
+    /// Measured against the model (null without a model).
+    pub model: Option<Comparison>,
+    /// Measured against the simulation.
+    pub simulation: Comparison,
+    /// Sentences on this row, generated from its numbers (what every row of its experiment
+    /// shares is said once, in the report's introduction to the experiment).
     pub explanation: String,
+    /// The mechanisms the explanation names, in full (the report says each once per
+    /// experiment).
+    pub causes: Vec<String>,
 }
 
-fn half(ci: [f64; 2]) -> f64 {
-    (ci[1] - ci[0]) / 2.0
+/// Standard error of a rate on one side, from the half of its 95 % interval on that side.
+fn side_se(value: f64, ci: [f64; 2], toward: f64) -> f64 {
+    let half = if toward >= value {
+        ci[1] - value
+    } else {
+        value - ci[0]
+    };
+    half.max(0.0) / Z95
+}
+
+/// `(a - b) / se`, 0 when both are equal and infinite (with a's side) when `se` is 0.
+fn z_score(a: f64, b: f64, se: f64) -> f64 {
+    let d = a - b;
+    if d == 0.0 {
+        0.0
+    } else if se > 0.0 {
+        d / se
+    } else {
+        f64::INFINITY.copysign(d)
+    }
 }
 
 impl Row {
-    pub(super) fn new(case: &Case, t: &Timing, m: Measured, sim: SimResult) -> Row {
+    pub(super) fn new(case: &Case, m: Measured, sim: SimResult) -> Row {
         let q = sim.q;
         let p = case.p();
         let analytic = q.and_then(|q| {
@@ -99,7 +139,7 @@ impl Row {
                     case.servers as u64,
                     case.failed as u64,
                     q,
-                    2,
+                    PROTECTIONS.retries as u64,
                     case.calls,
                 )
             } else {
@@ -109,11 +149,17 @@ impl Row {
         let (lo, hi) = m.load.ci95();
         let measured_ci95 = [lo, hi];
         let measured = m.load.success_rate();
-        let simulated_ci95 = sim.ci95;
-        let tol_m = 0.01 + half(measured_ci95);
-        let agrees_with_model = analytic.map(|a| (measured - a).abs() <= tol_m);
-        let agrees_with_simulation = (measured - sim.success).abs() <= tol_m + half(simulated_ci95);
-        let analytic_failed_share = q.and_then(|q| analytic::failed_share(case.strategy, p, q));
+        let model = analytic.map(|a| Comparison {
+            agrees: (lo..=hi).contains(&a),
+            z: z_score(measured, a, side_se(measured, measured_ci95, a)),
+        });
+        let se_m = side_se(measured, measured_ci95, sim.success);
+        let se_s = side_se(sim.success, sim.ci95, measured);
+        let z_sim = z_score(measured, sim.success, (se_m * se_m + se_s * se_s).sqrt());
+        let simulation = Comparison {
+            agrees: z_sim.abs() <= Z95,
+            z: z_sim,
+        };
         let mut row = Row {
             experiment: case.experiment.to_string(),
             strategy: case.strategy.name().to_string(),
@@ -136,78 +182,161 @@ impl Row {
             concurrency: case.concurrency,
             analytic,
             simulated: sim.success,
-            simulated_ci95,
+            simulated_ci95: sim.ci95,
             measured,
             measured_ci95,
             requests: m.load.requests,
-            analytic_failed_share,
+            analytic_failed_share: q.and_then(|q| analytic::failed_share(case.strategy, p, q)),
             simulated_failed_share: sim.failed_pick_share,
             measured_failed_share: m.failed_share,
+            implied_by_measured_share: (!case.protections)
+                .then(|| (1.0 - m.failed_share).powi(case.calls as i32)),
             measured_max_server_share: m.max_share,
             measured_attempts: m.attempts.clone(),
             measured_p50_ms: m.load.latency_p50.as_secs_f64() * 1e3,
             measured_p99_ms: m.load.latency_p99.as_secs_f64() * 1e3,
             seconds: m.load.elapsed.as_secs_f64(),
-            agrees_with_model,
-            agrees_with_simulation,
+            model,
+            simulation,
             explanation: String::new(),
+            causes: Vec::new(),
         };
-        row.explanation = explain(&row, case, t);
+        (row.explanation, row.causes) = explain(&row, case);
         row
+    }
+
+    /// Attempts measured in all (retries included).
+    fn attempts(&self) -> u64 {
+        self.measured_attempts.iter().sum()
+    }
+
+    /// The table's verdict: a CSS class and the words.
+    fn verdict(&self) -> (&'static str, String) {
+        let sim = &self.simulation;
+        match (&self.model, sim.agrees) {
+            (Some(m), _) if m.agrees => ("ok", "agrees with the model".into()),
+            (Some(m), true) => (
+                "model-off",
+                format!(
+                    "model outside the interval ({:+.1} SE); simulation agrees",
+                    m.z
+                ),
+            ),
+            (Some(m), false) => (
+                "off",
+                format!("model {:+.1} SE, simulation {:+.1} SE away", m.z, sim.z),
+            ),
+            (None, true) => ("ok", "agrees with the simulation (no closed form)".into()),
+            (None, false) => (
+                "off",
+                format!("simulation {:+.1} SE away (no closed form)", sim.z),
+            ),
+        }
     }
 }
 
-/// How long a call to a failed server takes, round trip included, when the mode fixes it.
-fn t_fail(case: &Case, t: &Timing) -> Duration {
-    case.failure
-        .failure_time(t.timeout, t.healthy)
-        .unwrap_or(t.timeout)
-        + t.round_trip
-}
-
 fn pct(x: f64) -> String {
-    if x < 0.01 {
+    if x > 0.0 && x < 0.01 {
         format!("{:.2}%", x * 100.0)
     } else {
         format!("{:.1}%", x * 100.0)
     }
 }
 
-/// Sentences that say where measured, simulated and model agree, and why they differ.
-fn explain(r: &Row, case: &Case, t: &Timing) -> String {
+fn se_text(z: f64) -> String {
+    if z.is_infinite() {
+        "infinitely many standard errors (the interval has no width on that side)".into()
+    } else {
+        format!("{:.1} standard errors", z.abs())
+    }
+}
+
+/// The q that would give least-connections this share of calls on the failed servers:
+/// share = p / (p + q (1 - p)) solved for q.
+fn q_for_share(p: f64, share: f64) -> Option<f64> {
+    (share > 0.0 && share < 1.0 && p > 0.0 && p < 1.0)
+        .then(|| p * (1.0 - share) / (share * (1.0 - p)))
+}
+
+fn fmt_q(q: f64) -> String {
+    if q >= 10.0 {
+        format!("{q:.1}")
+    } else if q >= 1.0 {
+        format!("{q:.2}")
+    } else {
+        format!("{q:.3}")
+    }
+}
+
+/// Mechanisms behind departures, each said once per experiment in the report (the rows name
+/// them by their first words).
+mod cause {
+    pub const IN_FLIGHT: &str =
+        "In-flight counts: least-connections sees a server's capacity only \
+        through its count of calls in flight. A hung server's count must first build up to the \
+        others' level, and healthy calls take longer than the nominal time when proxy, load \
+        generator and backends share the machine's cores, so the hung server holds a call fewer \
+        times as long as a healthy one than the nominal q says: it gets more calls, as a lower q \
+        would give it.";
+    pub const SLOWER_ERRORS: &str = "Slower errors: an error \"at once\" still costs the loopback \
+        round trip and the proxy's and the backend's own work, which grow when the cores are \
+        busy; the failed server then holds a call longer than the simulation's assumed round \
+        trip, as a higher q would, and gets fewer calls than the model and the simulation give it.";
+    pub const NOT_INDEPENDENT: &str = "Correlated calls: the model treats the calls of a request \
+        as independent; in a closed loop they are not (a request whose call has just finished on \
+        a healthy server tends to find that server's count low again), so success is higher than \
+        the share of calls on failed servers implies. The simulation shows the same.";
+    pub const RANDOM_SAMPLE: &str = "A sample of picks: random choices over a few thousand calls \
+        put a share on the failed server that varies by its standard error around p; a fixed \
+        seed gives one draw of it, in the proxy and in the simulation alike (not the same draw).";
+    pub const CONTENTION: &str = "Contention: the simulated servers answer in exactly the healthy \
+        time plus an assumed round trip, with no contention for the CPU; here proxy, load \
+        generator and backends share the machine's cores, so real times are longer and vary.";
+}
+
+/// Sentences on one row: its numbers, how they compare, and which mechanisms (in [`cause`])
+/// explain where they differ. What all rows of an experiment share is in
+/// [`experiment_intro`].
+fn explain(r: &Row, case: &Case) -> (String, Vec<String>) {
+    let mut causes: Vec<&str> = Vec::new();
     let mut s = format!(
-        "Measured {:.4} (95% CI {:.4}-{:.4}, {} requests), simulated {:.4}",
+        "Measured {:.4} ({:.4}-{:.4}, {} requests), simulated {:.4}",
         r.measured, r.measured_ci95[0], r.measured_ci95[1], r.requests, r.simulated
     );
-    match r.analytic {
-        Some(a) => {
-            let _ = write!(s, ", model {a:.4}. ");
+    match (r.analytic, &r.model) {
+        (Some(a), Some(m)) if m.agrees => {
+            let _ = write!(s, ", model {a:.4}, inside the measured interval.");
         }
-        None => s.push_str(", no closed form. "),
+        (Some(a), Some(m)) => {
+            let _ = write!(
+                s,
+                ", model {a:.4}: the model lies {} from the measurement ({:+.4}).",
+                se_text(m.z),
+                r.measured - a
+            );
+        }
+        _ => s.push_str(", no closed form."),
     }
-    let failed_requests = r.requests - (r.measured * r.requests as f64).round() as u64;
+    let share = r.measured_failed_share;
     if case.protections {
         let _ = write!(
             s,
-            "With outlier ejection, retries within a budget and health checks, {failed_requests} of {} requests failed; \
-             the failed server took {} of the attempts (before its ejection), and retries on another server covered them.",
-            r.requests,
-            pct(r.measured_failed_share)
+            " The failed server took {} of {} attempts.",
+            pct(share),
+            r.attempts()
         );
         if r.measured < 0.999 {
-            s.push_str(" That is below 0.999: failures outlasted the retry budget or the request timeout before ejection.");
+            s.push_str(
+                " Below 0.999: calls failed before the failed server was ejected or marked \
+                 unhealthy, and retries did not cover all of them (the retry budget or the \
+                 request timeout ran out).",
+            );
         }
     } else if case.client_side {
-        let _ = write!(
-            s,
-            "Each of the {} clients keeps one call in flight and has its own balancer, so every pick sees in-flight counts of 0 \
-             and the tie-break decides, not capacity: ",
-            r.concurrency
-        );
         if case.tie_break == keel_balance::TieBreak::LowestIndex {
             let _ = write!(
                 s,
-                "lowest-index sent {} of calls to the first server, which is {}.",
+                " Lowest-index sent {} of attempts to the first server, which is {}.",
                 pct(r.measured_max_server_share),
                 if case.failed_first {
                     "the failed one"
@@ -218,104 +347,212 @@ fn explain(r: &Row, case: &Case, t: &Timing) -> String {
         } else {
             let _ = write!(
                 s,
-                "random ties spread calls evenly ({} to the failed server, the round-robin share {}), \
-                 so least-connections' advantage of the model is gone.",
-                pct(r.measured_failed_share),
+                " Random ties spread attempts like random picks: {} to the failed server \
+                 (round-robin's share {}), so least-connections' advantage in the model is gone.",
+                pct(share),
                 pct(r.p)
             );
         }
-    } else if case.failure == FailureMode::FAIL_AT_ONCE
-        && r.q.is_some_and(|q| q < 1.0)
-        && r.strategy != "round-robin"
-        && r.strategy != "random"
-    {
-        match case.strategy {
-            StrategyKind::PeakEwma => {
-                let _ = write!(
-                    s,
-                    "peak-EWMA counts every failure as at least its failure penalty, so the server that fails in {:?} looks slow, \
-                     not fast: it got {} of calls.",
-                    t_fail(case, t),
-                    pct(r.measured_failed_share)
-                );
-            }
-            _ => {
-                let _ = write!(
-                    s,
-                    "The failed server answers in about {:?}, faster than a healthy one ({:?}): q = {:.2} < 1, so {} sees it as the best \
-                     server and sent it {} of calls{}: the black hole of the model.",
-                    t_fail(case, t),
-                    t.healthy,
-                    r.q.unwrap_or(f64::NAN),
-                    if case.strategy == StrategyKind::LeastTime {
-                        "least-time (lowest average response time)"
-                    } else {
-                        "least-connections (its in-flight count is nearly always 0)"
-                    },
-                    pct(r.measured_failed_share),
-                    match r.analytic_failed_share {
-                        Some(f) => format!(" (model {})", pct(f)),
-                        None => String::new(),
-                    }
-                );
-            }
-        }
-    } else if r.agrees_with_model == Some(true) {
-        let _ = write!(
-            s,
-            "Measurement agrees with the model (difference {:+.4}, within the 95% interval plus 0.01); the failed servers took {} of calls{}.",
-            r.measured - r.analytic.unwrap_or(f64::NAN),
-            pct(r.measured_failed_share),
-            match r.analytic_failed_share {
-                Some(f) => format!(" (model {})", pct(f)),
-                None => String::new(),
-            }
-        );
-    } else if let Some(a) = r.analytic {
-        let _ = write!(
-            s,
-            "Measurement differs from the model by {:+.4}. ",
-            r.measured - a
-        );
-        if case.strategy == StrategyKind::LeastConnections && case.failure == FailureMode::Hang {
-            let _ = write!(
-                s,
-                "Least-connections sees capacity only through in-flight counts: the failed server got {} of calls (model {}). \
-                 Its count must first build up to the others' level (about {:.0} with {} requests in flight), and healthy calls took \
-                 longer than {:?} here (median request {:.1} ms for {} calls) because proxy, load generator and backends share this \
-                 machine's cores, which lowers the effective q below {:.0}.",
-                pct(r.measured_failed_share),
-                pct(r.analytic_failed_share.unwrap_or(f64::NAN)),
-                r.concurrency as f64 / case.servers as f64,
-                r.concurrency,
-                t.healthy,
-                r.measured_p50_ms,
-                r.k,
-                r.q.unwrap_or(f64::NAN)
-            );
-        } else {
-            let _ = write!(
-                s,
-                "The failed servers took {} of calls against the model's {}; the model assumes independent calls in steady state.",
-                pct(r.measured_failed_share),
-                pct(r.analytic_failed_share.unwrap_or(r.p))
-            );
-        }
     } else {
-        let _ = write!(
-            s,
-            "The failed server took {} of calls.",
-            pct(r.measured_failed_share)
-        );
+        let _ = write!(s, " The failed servers took {} of attempts", pct(share));
+        match r.analytic_failed_share {
+            Some(f) => {
+                let _ = write!(
+                    s,
+                    " (model {}, simulated {}).",
+                    pct(f),
+                    pct(r.simulated_failed_share)
+                );
+            }
+            None => {
+                let _ = write!(s, " (simulated {}).", pct(r.simulated_failed_share));
+            }
+        }
+        let off = r.model.is_some_and(|m| !m.agrees) || !r.simulation.agrees;
+        if let (true, Some(implied)) = (off, r.implied_by_measured_share) {
+            why_it_differs(&mut s, &mut causes, r, case, implied);
+        }
     }
-    if !r.agrees_with_simulation {
+    if !r.simulation.agrees {
         let _ = write!(
             s,
-            " Measurement and simulation differ by {:+.4}: the simulator's servers answer in exactly {:?} with no CPU contention, \
-             while here everything shares the machine.",
+            " Measurement and simulation differ by {:+.4} ({}).",
             r.measured - r.simulated,
-            t.healthy
+            se_text(r.simulation.z),
         );
+        if causes.is_empty() {
+            causes.push(cause::CONTENTION);
+        }
+    }
+    for c in &causes {
+        // The cause's name: its first words, up to the colon.
+        let name = c.split(':').next().unwrap_or(c);
+        let _ = write!(s, " [{name}]");
+    }
+    (s, causes.into_iter().map(String::from).collect())
+}
+
+/// Why an unprotected server-side row departs from the model or the simulation: is it where
+/// the calls went (the measured share of attempts on failed servers), and why did they go
+/// there?
+fn why_it_differs(s: &mut String, causes: &mut Vec<&str>, r: &Row, case: &Case, implied: f64) {
+    let share = r.measured_failed_share;
+    let inside = (r.measured_ci95[0]..=r.measured_ci95[1]).contains(&implied);
+    let _ = write!(
+        s,
+        " The measured share implies (1 - {})^{} = {implied:.4}, {} the measured interval",
+        pct(share),
+        r.k,
+        if inside { "inside" } else { "outside" }
+    );
+    if inside {
+        s.push_str(": where the calls went accounts for the difference.");
+    } else {
+        s.push_str(": where the calls went does not account for it alone.");
+        causes.push(cause::NOT_INDEPENDENT);
+    }
+    match case.strategy {
+        StrategyKind::Random => {
+            let model_share = r.p;
+            let n = r.attempts().max(1) as f64;
+            let se = (model_share * (1.0 - model_share) / n).sqrt();
+            let _ = write!(
+                s,
+                " {} is {} from the expected {} over {} attempts; the simulation's draws put {} \
+                 there.",
+                pct(share),
+                se_text(z_score(share, model_share, se)),
+                pct(model_share),
+                r.attempts(),
+                pct(r.simulated_failed_share)
+            );
+            causes.push(cause::RANDOM_SAMPLE);
+        }
+        StrategyKind::LeastConnections => {
+            if let (Some(q_eff), Some(q)) = (q_for_share(r.p, share), r.q) {
+                let _ = write!(
+                    s,
+                    " That share is what q = {} would give, not {}.",
+                    fmt_q(q_eff),
+                    fmt_q(q)
+                );
+                causes.push(if q_eff < q {
+                    cause::IN_FLIGHT
+                } else {
+                    cause::SLOWER_ERRORS
+                });
+            }
+        }
+        _ => {
+            if !r.simulation.agrees {
+                causes.push(cause::CONTENTION);
+            }
+        }
+    }
+}
+
+/// What every row of an experiment shares, said once.
+fn experiment_intro(e: &str, rows: &[&Row], t: &Timing) -> String {
+    let first = rows[0];
+    let q_of = |mode: &str| {
+        rows.iter()
+            .find(|r| r.failure_mode == mode)
+            .and_then(|r| r.q)
+            .unwrap_or(f64::NAN)
+    };
+    match e {
+        "e1" => format!(
+            "Round-robin and random, {} servers of which one fails (p = {:.1}), {} calls per \
+             request, the failed server answering an error at once. Whatever the failure mode, a \
+             call reaches the failed server with probability p, so the model gives (1 - p)^{} = \
+             {:.3}, the article's example.",
+            first.measured_attempts.len(),
+            first.p,
+            first.k,
+            first.k,
+            (1.0 - first.p).powi(first.k as i32)
+        ),
+        "e2" => format!(
+            "Least-connections with the failed server hanging until the {:?} timeout: it holds a \
+             call q = {} times as long as a healthy server takes, so with equal in-flight \
+             counts it gets p / (p + q (1 - p)) of the calls and a request succeeds with the \
+             model's {:.4}. {} requests in flight.",
+            t.timeout,
+            fmt_q(q_of("hang")),
+            first.analytic.unwrap_or(f64::NAN),
+            first.concurrency
+        ),
+        "e3" => "f(p): round-robin and least-connections with 0 to 4 of the 5 servers hanging \
+                 (the points of the first chart)."
+            .into(),
+        "e4" => format!(
+            "Fast failure: the failed server answers an error at once, in about the loopback \
+             round trip, sooner than a healthy server answers (q = {} < 1). Least-connections \
+             sees its slot free sooner and least-time measures it as the fastest, so both \
+             favour it: the model's black hole. Peak-EWMA counts a failure as at least its \
+             failure penalty (1 s by default), so a fast failure looks slow to it.",
+            fmt_q(q_of("fail-fast"))
+        ),
+        "e5" => format!(
+            "Client-side least-connections at low concurrency: {} clients, each with its own \
+             balancer and one call in flight, so every pick sees in-flight counts of 0 and the \
+             tie-break decides, not capacity. The model's values (for equal in-flight counts) \
+             do not apply here; the rows show what happens instead.",
+            first.concurrency
+        ),
+        "e6" => e6_summary(rows),
+        _ => String::new(),
+    }
+}
+
+/// E6 in one paragraph: the rows differ only in their numbers.
+fn e6_summary(rows: &[&Row]) -> String {
+    let p = &PROTECTIONS;
+    let lowest = rows
+        .iter()
+        .map(|r| r.measured)
+        .fold(f64::INFINITY, f64::min);
+    let lowest_bound = rows
+        .iter()
+        .map(|r| r.measured_ci95[0])
+        .fold(f64::INFINITY, f64::min);
+    let (share_lo, share_hi) = rows.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), r| {
+        (
+            lo.min(r.measured_failed_share),
+            hi.max(r.measured_failed_share),
+        )
+    });
+    let below: Vec<String> = rows
+        .iter()
+        .filter(|r| r.measured < 0.999)
+        .map(|r| format!("{} / {} ({:.4})", r.strategy, r.failure_mode, r.measured))
+        .collect();
+    let m = rows[0].measured_attempts.len();
+    let failed = (rows[0].p * m as f64).round() as usize;
+    let mut s = format!(
+        "Protections on: outlier ejection after {} failures in a row, up to {} retries on other \
+         servers within a {}% retry budget, health checks every {:?}. In all {} rows \
+         (strategies x failure modes) the measured success is at least {lowest:.4} (lowest \
+         95% bound {lowest_bound:.4}); the failed server took between {} and {} of the \
+         attempts before it was ejected or marked unhealthy, and retries on another server \
+         covered the calls it failed. With {failed} of {m} servers failed and {} retries on \
+         distinct servers, the model's chance that a call fails, C({failed}, {r1}) / C({m}, {r1}), \
+         is {:.4}.",
+        p.consecutive_failures,
+        p.retries,
+        p.budget_percent,
+        p.health_interval,
+        rows.len(),
+        pct(share_lo),
+        pct(share_hi),
+        p.retries,
+        analytic::retry_call_failure(m as u64, failed as u64, u64::from(p.retries)),
+        r1 = p.retries + 1,
+    );
+    if below.is_empty() {
+        s.push_str(" The goal of 0.999 is met in every row.");
+    } else {
+        let _ = write!(s, " Below the goal of 0.999: {}.", below.join(", "));
     }
     s
 }
@@ -376,7 +613,7 @@ pub fn print_table(report: &LabReport) {
         "failure",
         "protections",
         "placement",
-        "analytic",
+        "model",
         "simulated",
         "measured",
         "measured 95% CI",
@@ -435,7 +672,32 @@ fn curve(f: impl Fn(f64) -> f64) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// Charts: measured (with 95 % bars) and simulated points over the analytic curves.
+/// The analytic curves' colours; measured and simulated points use none of them.
+const CURVE_UNIFORM: (u8, u8, u8) = (31, 119, 180);
+const CURVE_LEAST_CONNECTIONS: (u8, u8, u8) = (214, 39, 40);
+/// Point colours, one per strategy in a chart: orange, green, purple, brown, pink, olive.
+const POINT_COLOURS: [(u8, u8, u8); 6] = [
+    (255, 127, 14),
+    (44, 160, 44),
+    (148, 103, 189),
+    (140, 86, 75),
+    (227, 119, 194),
+    (188, 189, 34),
+];
+
+/// The strategies of `rows` in order of appearance.
+fn strategies<'a>(rows: &[&'a Row]) -> Vec<&'a str> {
+    let mut out: Vec<&str> = Vec::new();
+    for r in rows {
+        if !out.contains(&r.strategy.as_str()) {
+            out.push(&r.strategy);
+        }
+    }
+    out
+}
+
+/// Charts: measured points (filled, with 95 % bars) and simulated points (rings) over the
+/// analytic curves, then E6 against its goal.
 fn charts(report: &LabReport) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for (failure, title) in [
@@ -453,6 +715,7 @@ fn charts(report: &LabReport) -> Vec<(String, String)> {
                 r.failure_mode == failure.name()
                     && r.protections == "none"
                     && r.placement == "server-side"
+                    && r.k == k
             })
             .collect();
         let Some(q) = rows.first().and_then(|r| r.q) else {
@@ -460,26 +723,25 @@ fn charts(report: &LabReport) -> Vec<(String, String)> {
         };
         let mut series = vec![
             Series::line(
-                "model: round-robin / random, (1-p)^3",
-                curve(|p| (1.0 - p).powi(k)),
+                format!("model: round-robin / random, (1-p)^{k}"),
+                curve(|p| (1.0 - p).powi(k as i32)),
             )
-            .with_color((31, 119, 180)),
+            .with_color(CURVE_UNIFORM),
             Series::line(
-                format!("model: least-connections, q = {q:.2}"),
+                format!("model: least-connections, q = {}", fmt_q(q)),
                 curve(|p| {
-                    analytic::success(StrategyKind::LeastConnections, p, q, k as u32)
-                        .unwrap_or(f64::NAN)
+                    analytic::success(StrategyKind::LeastConnections, p, q, k).unwrap_or(f64::NAN)
                 }),
             )
-            .with_color((214, 39, 40)),
+            .with_color(CURVE_LEAST_CONNECTIONS),
         ];
-        let mut strategies: Vec<&str> = rows.iter().map(|r| r.strategy.as_str()).collect();
-        strategies.dedup();
-        for (i, s) in strategies.iter().enumerate() {
+        let names = strategies(&rows);
+        for (i, s) in names.iter().enumerate() {
             let mine: Vec<&&Row> = rows.iter().filter(|r| r.strategy == *s).collect();
-            // Strategies measured at the same p are nudged apart so that their markers show.
-            let dx = (i as f64 - (strategies.len() as f64 - 1.0) / 2.0) * 0.012;
-            let color = keel_model::plot::palette(i + 2);
+            // Strategies measured at the same p are set apart so that every marker shows; a
+            // simulated ring sits just right of its measured point.
+            let dx = (i as f64 - (names.len() as f64 - 1.0) / 2.0) * 0.016;
+            let color = POINT_COLOURS[i % POINT_COLOURS.len()];
             series.push(
                 Series::points(
                     format!("measured: {s}"),
@@ -498,64 +760,104 @@ fn charts(report: &LabReport) -> Vec<(String, String)> {
                     mine.iter()
                         .map(|r| (r.p + dx + 0.006, r.simulated))
                         .collect(),
-                    Style::Points,
+                    Style::Rings,
                 )
-                .with_color((120, 120, 120)),
+                .with_color(color),
             );
         }
         let spec = ChartSpec::new(
-            format!("{title} (q = {q:.2}, k = {k})"),
+            format!("{title} (q = {}, k = {k})", fmt_q(q)),
             "fraction of failed servers p",
             "request success rate",
         )
-        .x_range(0.0, 1.0)
+        .x_range(-0.03, 1.0)
         .y_range(0.0, 1.0);
         match render_svg(&spec, &series) {
             Ok(svg) => out.push((spec.title.clone(), svg)),
             Err(e) => tracing::warn!("chart {title}: {e}"),
         }
     }
-    let protected: Vec<&Row> = report
+    if let Some(chart) = e6_chart(report) {
+        out.push(chart);
+    }
+    out
+}
+
+/// E6: one category per failure mode, one colour per strategy, measured (filled, 95 % bars)
+/// and simulated (rings) side by side, against the 0.999 goal.
+fn e6_chart(report: &LabReport) -> Option<(String, String)> {
+    let rows: Vec<&Row> = report
         .rows
         .iter()
         .filter(|r| r.protections != "none")
         .collect();
-    if !protected.is_empty() {
-        let xs = |f: &dyn Fn(&Row) -> f64| -> Vec<(f64, f64)> {
-            protected
-                .iter()
-                .enumerate()
-                .map(|(i, r)| (i as f64 + 1.0, f(r)))
-                .collect()
-        };
-        let series = vec![
-            Series::points("measured", xs(&|r| r.measured))
-                .with_color((44, 160, 44))
-                .with_error_bars(
-                    protected
-                        .iter()
-                        .map(|r| (r.measured_ci95[0], r.measured_ci95[1]))
-                        .collect(),
-                ),
-            Series::points("simulated", xs(&|r| r.simulated)).with_color((120, 120, 120)),
-            Series::dashed(
-                "0.999",
-                vec![(0.5, 0.999), (protected.len() as f64 + 0.5, 0.999)],
-            )
-            .with_color((214, 39, 40)),
-        ];
-        let spec = ChartSpec::new(
-            "E6: protections on, one server failed (x: row number in the E6 table)",
-            "E6 row",
-            "request success rate",
-        )
-        .x_range(0.5, protected.len() as f64 + 0.5)
-        .y_range(0.99, 1.0005);
-        if let Ok(svg) = render_svg(&spec, &series) {
-            out.push((spec.title.clone(), svg));
+    if rows.is_empty() {
+        return None;
+    }
+    let mut modes: Vec<&str> = Vec::new();
+    for r in &rows {
+        if !modes.contains(&r.failure_mode.as_str()) {
+            modes.push(&r.failure_mode);
         }
     }
-    out
+    let x_of = |mode: &str| modes.iter().position(|m| *m == mode).unwrap_or(0) as f64 + 1.0;
+    let names = strategies(&rows);
+    let mut series = Vec::new();
+    for (i, s) in names.iter().enumerate() {
+        let mine: Vec<&&Row> = rows.iter().filter(|r| r.strategy == *s).collect();
+        let dx = (i as f64 - (names.len() as f64 - 1.0) / 2.0) * 0.22;
+        let color = POINT_COLOURS[i % POINT_COLOURS.len()];
+        series.push(
+            Series::points(
+                format!("measured: {s}"),
+                mine.iter()
+                    .map(|r| (x_of(&r.failure_mode) + dx - 0.04, r.measured))
+                    .collect(),
+            )
+            .with_color(color)
+            .with_error_bars(
+                mine.iter()
+                    .map(|r| (r.measured_ci95[0], r.measured_ci95[1]))
+                    .collect(),
+            ),
+        );
+        series.push(
+            Series::new(
+                format!("simulated: {s}"),
+                mine.iter()
+                    .map(|r| (x_of(&r.failure_mode) + dx + 0.04, r.simulated))
+                    .collect(),
+                Style::Rings,
+            )
+            .with_color(color),
+        );
+    }
+    series.push(
+        Series::dashed(
+            "goal: 0.999",
+            vec![(0.5, 0.999), (modes.len() as f64 + 0.5, 0.999)],
+        )
+        .with_color((90, 90, 90)),
+    );
+    // Low enough for every interval and for the goal line.
+    let floor = rows
+        .iter()
+        .map(|r| r.measured_ci95[0].min(r.simulated_ci95[0]))
+        .fold(0.998f64, f64::min);
+    let spec = ChartSpec::new(
+        "E6: protections on, one server of five failed",
+        "failure mode of the failed server",
+        "request success rate",
+    )
+    .x_categories(modes.iter().map(|m| m.to_string()).collect())
+    .y_range((floor - 0.0005).max(0.0), 1.0002);
+    match render_svg(&spec, &series) {
+        Ok(svg) => Some((spec.title.clone(), svg)),
+        Err(e) => {
+            tracing::warn!("chart E6: {e}");
+            None
+        }
+    }
 }
 
 fn esc(s: &str) -> String {
@@ -567,67 +869,104 @@ fn esc(s: &str) -> String {
 fn html(report: &LabReport) -> String {
     let mut h = String::new();
     let t = &report.timing;
+    let q_of = |mode: &str| {
+        report
+            .rows
+            .iter()
+            .find(|r| r.failure_mode == mode)
+            .and_then(|r| r.q)
+    };
+    let (hang_q, fail_fast_q) = (q_of("hang"), q_of("fail-fast"));
     let _ = write!(
         h,
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>keel lab report</title><style>\
-         body{{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}}\
+         body{{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222;line-height:1.45}}\
          table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}\
-         td.l,th.l{{text-align:left}}tr.ok td.m{{background:#e6f4e6}}tr.off td.m{{background:#fdeaea}}\
-         figure{{margin:1em 0}}li{{margin:.4em 0}}code{{background:#f4f4f4;padding:1px 3px}}</style></head><body>\
-         <h1>keel lab report</h1><p>The reliability experiments of the model, three ways: the closed form, keel's simulator \
+         td.l,th.l{{text-align:left}}tr.ok td.v{{background:#e6f4e6}}tr.model-off td.v{{background:#fff3d6}}\
+         tr.off td.v{{background:#fdeaea}}figure{{margin:1em 0}}li{{margin:.4em 0}}\
+         code{{background:#f4f4f4;padding:1px 3px}}</style></head><body>\
+         <h1>keel lab report</h1><p>The reliability experiments three ways: the model's closed form, keel's simulator \
          driving the same balancer code, and real HTTP traffic over loopback through keel's proxy (or a client-side balancer) \
-         to in-process backends with injected faults. {} rows in {:.1} s{}.</p>",
+         to in-process backends that fail on purpose. The model comes from an article on common load-balancing strategies \
+         and their reliability analysis (the source; <code>docs/reliability.md</code> in keel's repository states the model \
+         and the experiments E1-E6 in full). {} rows in {:.1} s{}.</p>",
         report.rows.len(),
         report.wall_seconds,
         if report.quick { " (quick mode: fewer experiments and requests)" } else { "" }
     );
     let _ = write!(
         h,
-        "<h2>Settings</h2><ul><li>Times scaled from the source's 10 ms / 1 s to <b>{:?}</b> healthy service time and a \
-         <b>{:?}</b> timeout, so a hanging server keeps q = {:.0}; an instant error is taken as {:?} (q = {:.2}).</li>\
-         <li>5 servers, k = 3 sequential calls per request (a request fails at its first failed call); closed-loop load.</li>\
-         <li>Protections (E6): outlier ejection after 3 consecutive failures (5 s base, at most 50%), up to 2 retries on \
-         other servers within a 20% retry budget, per-try timeout {:?}, health checks every 100 ms (2 to fail, 2 to pass).</li>\
+        "<h2>Settings</h2><ul>\
+         <li><b>q</b> = t_fail / t_ok: how many times longer a failed server holds a call before the caller sees the \
+         failure than a healthy server takes to answer it. A failed server serves 1/q as many calls as a healthy one in \
+         the same time, which is what least-connections' share follows. q &gt; 1: the failure is slow (a hang costs the \
+         whole timeout); q &lt; 1: the failure is faster than a success (an instant error), and the failed server looks \
+         like the best one.</li>\
+         <li>Times scaled from the article's 10 ms healthy / 1 s timeout to <b>{:?}</b> and <b>{:?}</b>, so that a \
+         hanging server keeps q = {:.0}. The simulation adds an assumed loopback round trip of {:?} to every call (its \
+         servers have no network), which makes q {} for a hanging server and {} for an instant error: the q of the \
+         tables and charts.</li>\
+         <li>5 servers, k = 3 sequential calls per request (a request fails at its first failed call); closed-loop load. \
+         Backends and simulated servers get the same latency ({}) and the same failure-mode values.</li>\
+         <li>Protections (E6): outlier ejection after {} consecutive failures ({:?} base, at most {}%), up to {} retries \
+         on other servers within a {}% retry budget, per-try timeout {:?}, health checks every {:?} ({} to fail, {} to \
+         pass).</li>\
+         <li>Agreement: the model agrees when its value is inside the measured 95% interval; the simulation agrees when \
+         the two differ by less than 1.96 standard errors of their difference. Nothing else is tolerated.</li>\
          <li>Seed {}; simulation: 8 replications per row.</li><li>Machine: {} CPUs, {}, {}, keel {}.</li></ul>",
         t.healthy,
         t.timeout,
         t.timeout.as_secs_f64() / t.healthy.as_secs_f64(),
         t.round_trip,
-        t.round_trip.as_secs_f64() / (t.healthy + t.round_trip).as_secs_f64(),
+        hang_q.map_or("-".to_string(), fmt_q),
+        fail_fast_q.map_or("-".to_string(), fmt_q),
+        t.latency(),
+        PROTECTIONS.consecutive_failures,
+        PROTECTIONS.base_ejection_time,
+        PROTECTIONS.max_ejection_percent,
+        PROTECTIONS.retries,
+        PROTECTIONS.budget_percent,
         t.timeout,
+        PROTECTIONS.health_interval,
+        PROTECTIONS.health_threshold,
+        PROTECTIONS.health_threshold,
         report.seed,
         report.machine.cpus,
         esc(&report.machine.cpu_model),
         esc(&report.machine.os),
         report.machine.keel_version
     );
-    h.push_str("<h2>Charts</h2>");
+    h.push_str(
+        "<h2>Charts</h2><p>Filled dots: measured, with their 95% interval; rings: simulated, in the same colour \
+         and just to the right; lines: the model.</p>",
+    );
     for (title, svg) in charts(report) {
         let _ = write!(h, "<figure aria-label=\"{}\">{svg}</figure>", esc(&title));
     }
     h.push_str(
         "<h2>Results</h2><table><tr><th class=l>exp</th><th class=l>strategy</th><th class=l>failure</th>\
-         <th class=l>protections</th><th class=l>placement</th><th>p</th><th>q</th><th>analytic</th><th>simulated</th>\
-         <th>measured</th><th>95% CI</th><th>requests</th><th>failed share (measured)</th><th>p99 ms</th></tr>",
+         <th class=l>protections</th><th class=l>placement</th><th>p</th><th>q</th><th>model</th><th>simulated</th>\
+         <th>measured</th><th>95% CI</th><th>requests</th><th>failed share (measured)</th><th>p99 ms</th>\
+         <th class=l>verdict</th></tr>",
     );
     for r in &report.rows {
-        let ok = r.agrees_with_model.unwrap_or(r.agrees_with_simulation);
+        let (class, verdict) = r.verdict();
         let mut strategy = r.strategy.clone();
         if let (Some(t), Some(pos)) = (&r.tie_break, &r.failed_position) {
             strategy = format!("{strategy} ({t}, failed {pos})");
         }
         let _ = write!(
             h,
-            "<tr class=\"{}\"><td class=l>{}</td><td class=l>{}</td><td class=l>{}</td><td class=l>{}</td><td class=l>{}</td>\
-             <td>{:.1}</td><td>{}</td><td>{}</td><td>{:.4}</td><td class=m>{:.4}</td><td>{:.4}-{:.4}</td><td>{}</td><td>{}</td><td>{:.1}</td></tr>",
-            if ok { "ok" } else { "off" },
+            "<tr class=\"{class}\"><td class=l>{}</td><td class=l>{}</td><td class=l>{}</td><td class=l>{}</td><td class=l>{}</td>\
+             <td>{:.1}</td><td>{}</td><td>{}</td><td>{:.4}</td><td>{:.4}</td><td>{:.4}-{:.4}</td><td>{}</td><td>{}</td><td>{:.1}</td>\
+             <td class=\"l v\">{}</td></tr>",
             r.experiment,
             esc(&strategy),
             r.failure_mode,
             r.protections,
             r.placement,
             r.p,
-            r.q.map_or("-".into(), |q| format!("{q:.2}")),
+            r.q.map_or("-".into(), fmt_q),
             fmt_opt(r.analytic),
             r.simulated,
             r.measured,
@@ -635,24 +974,62 @@ fn html(report: &LabReport) -> String {
             r.measured_ci95[1],
             r.requests,
             pct(r.measured_failed_share),
-            r.measured_p99_ms
+            r.measured_p99_ms,
+            esc(&verdict)
         );
     }
-    h.push_str("</table><p>Green: measured agrees with the model (or, without one, with the simulation) within its 95% interval plus 0.01.</p>");
-    h.push_str("<h2>Where measurement, simulation and model agree, and why they differ</h2><ul>");
+    h.push_str(
+        "</table><p>Verdict: green, the model's value is inside the measured 95% interval (without a model: the \
+         simulation agrees); amber, the model's value is outside it but the simulation, which runs the same balancer \
+         without the model's assumptions, agrees with the measurement; red, the measurement differs from the \
+         simulation too. SE: standard errors.</p>",
+    );
+    h.push_str("<h2>Where measurement, simulation and model agree, and why they differ</h2>");
+    let mut experiments: Vec<&str> = Vec::new();
     for r in &report.rows {
+        if !experiments.contains(&r.experiment.as_str()) {
+            experiments.push(&r.experiment);
+        }
+    }
+    for e in experiments {
+        let rows: Vec<&Row> = report.rows.iter().filter(|r| r.experiment == e).collect();
         let _ = write!(
             h,
-            "<li><b>{} {} ({}, {}, {})</b>: {}</li>",
-            r.experiment,
-            esc(&r.strategy),
-            r.failure_mode,
-            r.protections,
-            r.placement,
-            esc(&r.explanation)
+            "<h3>{}</h3><p>{}</p>",
+            e.to_uppercase(),
+            esc(&experiment_intro(e, &rows, t))
         );
+        if e == "e6" {
+            // One paragraph says it all; the numbers of each row are in the table.
+            continue;
+        }
+        h.push_str("<ul>");
+        for r in rows.iter() {
+            let mut what = format!("{} ({}", r.strategy, r.failure_mode);
+            if let (Some(t), Some(pos)) = (&r.tie_break, &r.failed_position) {
+                let _ = write!(what, ", {t} tie-break, failed server {pos}");
+            }
+            if e == "e3" {
+                let _ = write!(what, ", p = {:.1}", r.p);
+            }
+            what.push(')');
+            let _ = write!(h, "<li><b>{}</b>: {}</li>", esc(&what), esc(&r.explanation));
+        }
+        h.push_str("</ul>");
+        let mut causes: Vec<&str> = Vec::new();
+        for r in &rows {
+            for c in &r.causes {
+                if !causes.contains(&c.as_str()) {
+                    causes.push(c);
+                }
+            }
+        }
+        for c in causes {
+            let (name, rest) = c.split_once(':').unwrap_or((c, ""));
+            let _ = write!(h, "<p><b>[{}]</b>{}</p>", esc(name), esc(rest));
+        }
     }
-    h.push_str("</ul></body></html>\n");
+    h.push_str("</body></html>\n");
     h
 }
 

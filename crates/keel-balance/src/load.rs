@@ -1,0 +1,268 @@
+//! Server-reported load: what a server says about itself (requests in flight and the latency a
+//! new request would see there), the server's side that works it out, and how it travels in
+//! HTTP headers.
+//!
+//! One vocabulary for three drivers: the simulator's servers keep a [`ServerLoad`] each and
+//! answer probes with its [`LoadReport`]; `keel backend` keeps one and puts its report on every
+//! answer ([`RIF_HEADER`], [`LATENCY_HEADER`]) and on `GET /keel/load`; the proxy reads those
+//! headers back with [`LoadReport::from_headers`] and hands the report to the balancer.
+
+use std::time::Duration;
+
+use crate::endpoint::nanos;
+
+/// Response header carrying the server's requests in flight (a decimal integer), as Envoy's
+/// ORCA carries server-reported load.
+pub const RIF_HEADER: &str = "x-keel-rif";
+
+/// Response header carrying the server's latency estimate in whole microseconds.
+pub const LATENCY_HEADER: &str = "x-keel-latency-us";
+
+/// The path at which a server answers a load probe (`GET`): at once, with both headers, without
+/// counting the probe as a request in flight.
+pub const LOAD_PATH: &str = "/keel/load";
+
+/// What a server says about its load: requests in flight and the latency a new request would
+/// see there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LoadReport {
+    /// Requests the server has in flight (received, not yet answered), from all clients.
+    pub in_flight: u32,
+    /// The server's estimate of a new request's latency (zero: no estimate yet).
+    pub latency: Duration,
+}
+
+impl LoadReport {
+    /// The latency in whole microseconds, as [`LATENCY_HEADER`] carries it.
+    pub fn latency_us(&self) -> u64 {
+        self.latency.as_micros().min(u128::from(u64::MAX)) as u64
+    }
+
+    /// The report of a response's [`RIF_HEADER`] and [`LATENCY_HEADER`] values (ASCII decimal
+    /// integers, surrounding blanks allowed); `None` if either is missing or not a number.
+    pub fn from_headers(rif: Option<&[u8]>, latency_us: Option<&[u8]>) -> Option<Self> {
+        let in_flight = u32::try_from(decimal(rif?)?).ok()?;
+        let latency = Duration::from_micros(decimal(latency_us?)?);
+        Some(Self { in_flight, latency })
+    }
+}
+
+/// A decimal integer of at most 19 digits (no overflow possible), blanks trimmed.
+fn decimal(text: &[u8]) -> Option<u64> {
+    let text = text.trim_ascii();
+    if text.is_empty() || text.len() > 19 {
+        return None;
+    }
+    text.iter().try_fold(0u64, |n, &b| {
+        b.is_ascii_digit().then(|| n * 10 + u64::from(b - b'0'))
+    })
+}
+
+/// Completed requests a [`ServerLoad`] remembers for its latency estimate.
+const SERVER_HISTORY: usize = 64;
+
+/// How long a completed request counts in a [`ServerLoad`]'s estimate, by default.
+pub const SERVER_WINDOW: Duration = Duration::from_secs(1);
+
+/// A request as a [`ServerLoad`] saw it arrive: give it back to [`ServerLoad::finish`] (or
+/// [`ServerLoad::cancel`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Ticket {
+    found: u32,
+    at: u64,
+}
+
+impl Ticket {
+    /// Requests in flight at the server when this one arrived.
+    pub fn found(&self) -> u32 {
+        self.found
+    }
+}
+
+/// A server's own load: requests in flight, and the latencies of its last 64 requests, each
+/// with the in-flight count it arrived to. Its estimate for a new request is the median
+/// latency of the remembered requests of the last second (`window`) that arrived to about as
+/// many in flight as there are now (the same power-of-two band: 0, 1, 2-3, 4-7, ...), or of the
+/// nearest band with any: as Prequal's servers do, it learns how latency grows with load
+/// without knowing how the server works (one worker or many, queue or shared CPU).
+///
+/// With no recent request the estimate is zero ("no idea"): a server that a balancer stopped
+/// using because it looked slow is tried again once its bad samples are a window old, instead
+/// of keeping its last, bad estimate forever (without the window, some servers of a simulated
+/// cluster of identical ones were never used again after one slow spell).
+///
+/// Not thread-safe by itself (`&mut self`); a multi-threaded server wraps it in a mutex.
+#[derive(Debug, Clone)]
+pub struct ServerLoad {
+    in_flight: u32,
+    window: u64,
+    /// (band of the in-flight count at arrival, latency in ns, completed at), a ring.
+    history: [(u8, u64, u64); SERVER_HISTORY],
+    next: usize,
+    len: usize,
+}
+
+impl Default for ServerLoad {
+    fn default() -> Self {
+        Self::new(SERVER_WINDOW)
+    }
+}
+
+/// The power-of-two band of an in-flight count.
+#[inline]
+fn band(in_flight: u32) -> u8 {
+    (32 - in_flight.leading_zeros()) as u8
+}
+
+impl ServerLoad {
+    /// An idle server with no history, whose estimate uses the requests of the last `window`.
+    pub fn new(window: Duration) -> Self {
+        Self {
+            in_flight: 0,
+            window: nanos(window),
+            history: [(0, 0, 0); SERVER_HISTORY],
+            next: 0,
+            len: 0,
+        }
+    }
+
+    /// A request arrives at `now`.
+    pub fn start(&mut self, now: Duration) -> Ticket {
+        let found = self.in_flight;
+        self.in_flight += 1;
+        Ticket {
+            found,
+            at: nanos(now),
+        }
+    }
+
+    /// The request of `ticket` is answered at `now`.
+    pub fn finish(&mut self, ticket: Ticket, now: Duration) {
+        let now = nanos(now);
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.history[self.next] = (band(ticket.found), now.saturating_sub(ticket.at), now);
+        self.next = (self.next + 1) % SERVER_HISTORY;
+        self.len = (self.len + 1).min(SERVER_HISTORY);
+    }
+
+    /// The request of `ticket` leaves unanswered (its client went away before the server
+    /// started on it): no longer in flight, and no latency to learn from.
+    pub fn cancel(&mut self, _ticket: Ticket) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+    }
+
+    /// Requests in flight now.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight
+    }
+
+    /// The report a probe gets at `now`.
+    pub fn report(&self, now: Duration) -> LoadReport {
+        LoadReport {
+            in_flight: self.in_flight,
+            latency: Duration::from_nanos(self.estimate_ns(nanos(now))),
+        }
+    }
+
+    fn estimate_ns(&self, now: u64) -> u64 {
+        let recent = |&&(_, _, at): &&(u8, u64, u64)| now.saturating_sub(at) <= self.window;
+        let want = band(self.in_flight);
+        // The nearest band that has samples; between two as near, the busier one (a guess on
+        // the slow side does not attract load the server may not take).
+        let mut best: Option<u8> = None;
+        for &(b, _, _) in self.history[..self.len].iter().filter(recent) {
+            let closer = match best {
+                None => true,
+                Some(cur) => {
+                    let (d, dc) = (b.abs_diff(want), cur.abs_diff(want));
+                    d < dc || (d == dc && b > cur)
+                }
+            };
+            if closer {
+                best = Some(b);
+            }
+        }
+        let Some(b) = best else {
+            return 0;
+        };
+        let mut xs = [0u64; SERVER_HISTORY];
+        let mut n = 0;
+        for &(hb, ns, _) in self.history[..self.len].iter().filter(recent) {
+            if hb == b {
+                xs[n] = ns;
+                n += 1;
+            }
+        }
+        let xs = &mut xs[..n];
+        let mid = n / 2;
+        *xs.select_nth_unstable(mid).1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn rep(in_flight: u32, latency_ms: u64) -> LoadReport {
+        LoadReport {
+            in_flight,
+            latency: ms(latency_ms),
+        }
+    }
+
+    #[test]
+    fn server_load_estimates_by_in_flight_band_over_the_last_second() {
+        let mut s = ServerLoad::default();
+        assert_eq!(s.report(ms(0)), rep(0, 0));
+        // Alone, requests take 10 ms; arriving to 4-7 in flight, 50 ms.
+        for i in 0..10 {
+            let t = s.start(ms(10 * i));
+            s.finish(t, ms(10 * i + 10));
+        }
+        let held: Vec<Ticket> = (0..5).map(|_| s.start(ms(100))).collect();
+        assert_eq!(s.in_flight(), 5);
+        // Nothing seen at 4-7 yet: the nearest band with samples (0) says 10 ms.
+        assert_eq!(s.report(ms(100)), rep(5, 10));
+        for lat in [40, 50, 60] {
+            let t = s.start(ms(100));
+            assert_eq!(t.found(), 5);
+            s.finish(t, ms(100 + lat));
+        }
+        assert_eq!(s.report(ms(200)), rep(5, 50));
+        // 64 newer samples push the old ones out.
+        for _ in 0..64 {
+            let t = s.start(ms(200));
+            s.finish(t, ms(290));
+        }
+        assert_eq!(s.report(ms(300)), rep(5, 90));
+        // A second later nothing is recent: no estimate.
+        assert_eq!(s.report(ms(1291)), rep(5, 0));
+        for t in held {
+            s.cancel(t);
+        }
+        assert_eq!(s.in_flight(), 0);
+    }
+
+    #[test]
+    fn reports_read_back_from_header_values() {
+        let r = LoadReport::from_headers(Some(b"12"), Some(b" 3500 ")).unwrap();
+        assert_eq!(r.in_flight, 12);
+        assert_eq!(r.latency, Duration::from_micros(3500));
+        assert_eq!(r.latency_us(), 3500);
+        for (rif, lat) in [
+            (None, Some(&b"1"[..])),
+            (Some(&b"1"[..]), None),
+            (Some(b"-1"), Some(b"1")),
+            (Some(b"1"), Some(b"1.5")),
+            (Some(b""), Some(b"1")),
+            (Some(b"4294967296"), Some(b"1")),
+            (Some(b"1"), Some(b"99999999999999999999")),
+        ] {
+            assert_eq!(LoadReport::from_headers(rif, lat), None, "{rif:?} {lat:?}");
+        }
+    }
+}

@@ -1,0 +1,356 @@
+//! The strategies, one module per family behind one small trait, [`Strategy`]:
+//!
+//! - [`rotation`]: round-robin, weighted round-robin;
+//! - [`random`]: random, weighted random;
+//! - [`least_connections`]: fewest calls in flight per unit of weight;
+//! - [`least_time`]: lowest latency estimate;
+//! - [`two_choices`]: least-request and peak-EWMA (power of two choices, by load or by cost);
+//! - [`hashing`]: ring-hash, Maglev, rendezvous, with or without bounded loads.
+//!
+//! Each reads endpoint state through a [`View`] that already knows which endpoints this pick
+//! may choose (health, ejection, panic mode, retry avoidance) and what time it is.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use crate::config::{StrategyKind, StrategyOptions, TieBreak};
+use crate::endpoint::{Endpoint, EndpointId};
+use crate::rng::{below, mix64, unit_f64, SharedRng};
+use crate::slow_start::SlowStartConfig;
+use crate::Outcome;
+
+mod hashing;
+mod least_connections;
+mod least_time;
+mod random;
+mod rotation;
+mod two_choices;
+mod weights;
+
+/// How many random draws a random strategy makes before it falls back to a scan of the allowed
+/// endpoints (only when many are unavailable).
+pub(crate) const RANDOM_TRIES: usize = 8;
+
+/// One strategy: its choice rule and the state it keeps (tables, counters, estimates' priors).
+///
+/// The balancer calls [`Strategy::pick`] for every call; then, for a strategy that
+/// [`follows_calls`](Strategy::follows_calls), [`Strategy::started`] once the call is counted in
+/// flight and [`Strategy::observe`] with what the balancer learns about an endpoint (a call's
+/// end and its latency). A strategy that decides from data handed in from outside (probe
+/// results: calls in flight and latency per endpoint, with the time) receives them through
+/// `observe` too, as another kind of [`Observation`].
+pub(crate) trait Strategy: Send + Sync {
+    /// The index of the endpoint for this call, among those `v` allows; `None` if none is.
+    /// `key` is the request's hash key, if it has one.
+    fn pick(&self, v: &View<'_>, key: Option<u64>) -> Option<usize>;
+
+    /// True if the strategy wants [`Strategy::started`] and [`Strategy::observe`] for every
+    /// call (the others let `finish` skip the snapshot entirely).
+    fn follows_calls(&self) -> bool {
+        false
+    }
+
+    /// A call to endpoint `i` started: its in-flight count is already up.
+    fn started(&self, _v: &View<'_>, _i: usize) {}
+
+    /// What the balancer learned about endpoint `i` at `v.now`.
+    fn observe(&self, _v: &View<'_>, _i: usize, _what: &Observation) {}
+
+    /// True if picks must see the group's total in flight ([`View::group_in_flight`]).
+    fn uses_group_load(&self) -> bool {
+        false
+    }
+
+    /// Number of ring points (ring-hash only), for reports.
+    fn ring_points(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// Something the balancer learned about one endpoint.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Observation {
+    /// A call ended with `outcome` after `latency_ns`.
+    CallEnded {
+        /// How it ended.
+        outcome: Outcome,
+        /// From pick to finish, on the driver's clock.
+        latency_ns: u64,
+    },
+}
+
+/// Builds the strategy `kind` over `eps` (at a build, an update or a rebuild).
+pub(crate) fn build(
+    kind: StrategyKind,
+    o: &StrategyOptions,
+    eps: &[Arc<Endpoint>],
+) -> Box<dyn Strategy> {
+    match kind {
+        StrategyKind::RoundRobin => Box::new(rotation::RoundRobin::new()),
+        StrategyKind::WeightedRoundRobin => Box::new(rotation::WeightedRoundRobin::new(eps)),
+        StrategyKind::Random => Box::new(random::Random),
+        StrategyKind::WeightedRandom => Box::new(random::WeightedRandom::new(eps)),
+        StrategyKind::LeastConnections => {
+            Box::new(least_connections::LeastConnections::new(o.tie_break))
+        }
+        StrategyKind::LeastRequest => Box::new(two_choices::TwoChoices::least_request(o, eps)),
+        StrategyKind::LeastTime => Box::new(least_time::LeastTime::new(o)),
+        StrategyKind::PeakEwma => Box::new(two_choices::TwoChoices::peak_ewma(o, eps)),
+        StrategyKind::RingHash | StrategyKind::Maglev | StrategyKind::Rendezvous => {
+            Box::new(hashing::Hashed::new(kind, o, eps))
+        }
+    }
+}
+
+/// What one pick may choose from, and when.
+pub(crate) struct View<'a> {
+    pub eps: &'a [Arc<Endpoint>],
+    /// Nanoseconds on the driver's clock.
+    pub now: u64,
+    pub avoid: &'a [EndpointId],
+    /// Panic mode: health and ejection are ignored.
+    pub ignore_health: bool,
+    pub slow_start: Option<&'a SlowStartConfig>,
+    pub rng: &'a SharedRng,
+    /// Calls in flight over the whole group (kept only for bounded loads).
+    pub group: &'a AtomicU64,
+}
+
+impl View<'_> {
+    /// May this pick choose endpoint `i`?
+    #[inline]
+    pub fn allowed(&self, i: usize) -> bool {
+        let e = &self.eps[i];
+        (self.ignore_health || e.is_available(self.now))
+            && (self.avoid.is_empty() || !self.avoid.contains(&e.id()))
+    }
+
+    /// The group's calls in flight now.
+    #[inline]
+    pub fn group_in_flight(&self) -> u64 {
+        self.group.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Slow-start factor in (0, 1].
+    #[inline]
+    pub fn ramp(&self, i: usize) -> f64 {
+        let Some(ss) = self.slow_start else {
+            return 1.0;
+        };
+        let since = self.eps[i].ramp_start(self.now);
+        if since == 0 {
+            return 1.0;
+        }
+        ss.factor(since, self.now)
+    }
+
+    /// Effective weight in thousandths (weight x ramp), at least 1.
+    #[inline]
+    pub fn weight_milli(&self, i: usize) -> u64 {
+        let w = u64::from(self.eps[i].weight()) * 1000;
+        if self.slow_start.is_none() {
+            return w;
+        }
+        ((w as f64 * self.ramp(i)) as u64).max(1)
+    }
+
+    /// Compares the calls in flight per unit of weight of `a` with those of `b` (`Less`: `a`
+    /// is lighter). Idle endpoints tie whatever their weights, so that the tie-break, not the
+    /// weight, decides among them (with `(in_flight + 1) / weight` the heaviest idle endpoint
+    /// would win every pick at low load).
+    #[inline]
+    pub fn lighter(&self, a: usize, b: usize) -> std::cmp::Ordering {
+        let la = u128::from(self.eps[a].in_flight()) * u128::from(self.weight_milli(b));
+        let lb = u128::from(self.eps[b].in_flight()) * u128::from(self.weight_milli(a));
+        la.cmp(&lb)
+    }
+
+    /// Slow start for strategies that draw candidates by configured weight: accept a drawn
+    /// endpoint with probability equal to its ramp, so that accepted draws follow weight x ramp.
+    #[inline]
+    pub fn ramp_accepts(&self, i: usize, bits: u64) -> bool {
+        self.slow_start.is_none() || unit_f64(bits) < self.ramp(i)
+    }
+
+    /// A uniformly random allowed endpoint.
+    pub fn random_allowed(&self) -> Option<usize> {
+        let n = self.eps.len();
+        if n == 0 {
+            return None;
+        }
+        for _ in 0..RANDOM_TRIES {
+            let i = self.rng.below(n);
+            if self.allowed(i) {
+                return Some(i);
+            }
+        }
+        let count = (0..n).filter(|&i| self.allowed(i)).count();
+        if count == 0 {
+            return None;
+        }
+        let nth = self.rng.below(count);
+        (0..n).filter(|&i| self.allowed(i)).nth(nth)
+    }
+
+    /// Scans every allowed endpoint and returns the one with the smallest `key`; ties go to a
+    /// draw in proportion to (effective) weight among the tied (weighted reservoir sampling),
+    /// or with `LowestIndex` to the first.
+    pub fn min_by<K: PartialOrd>(&self, tie: TieBreak, key: impl Fn(usize) -> K) -> Option<usize> {
+        let mut best: Option<(usize, K)> = None;
+        let mut tied_weight = 0u64;
+        let mut bits = self.rng.next_u64();
+        for i in 0..self.eps.len() {
+            if !self.allowed(i) {
+                continue;
+            }
+            let k = key(i);
+            let weight = self.weight_milli(i);
+            match &best {
+                Some((_, bk)) if k > *bk => {}
+                Some((_, bk)) if k == *bk => {
+                    if tie == TieBreak::Random {
+                        tied_weight += weight;
+                        bits = mix64(bits);
+                        if (below(bits, tied_weight as usize) as u64) < weight {
+                            best = Some((i, k));
+                        }
+                    }
+                }
+                _ => {
+                    best = Some((i, k));
+                    tied_weight = weight;
+                }
+            }
+        }
+        best.map(|b| b.0)
+    }
+}
+
+/// Orders endpoints by calls in flight per unit of weight (for [`View::min_by`]).
+pub(crate) struct LoadKey<'a, 'b>(pub &'a View<'b>, pub usize);
+
+impl PartialEq for LoadKey<'_, '_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.lighter(self.1, other.1).is_eq()
+    }
+}
+
+impl PartialOrd for LoadKey<'_, '_> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.0.lighter(self.1, other.1))
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! A small harness for the strategies' unit tests: endpoints, a view over them, picks.
+
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Arc;
+
+    use super::{Observation, Strategy, View};
+    use crate::endpoint::{Endpoint, EndpointSpec};
+    use crate::rng::SharedRng;
+    use crate::Outcome;
+
+    /// Endpoints of these weights.
+    pub fn endpoints(weights: &[u32]) -> Vec<Arc<Endpoint>> {
+        weights
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| {
+                Arc::new(Endpoint::new(
+                    &EndpointSpec::new(format!("10.9.0.{i}:80")).with_weight(w),
+                    0,
+                ))
+            })
+            .collect()
+    }
+
+    /// Everything a view borrows.
+    pub struct Bench {
+        pub eps: Vec<Arc<Endpoint>>,
+        pub rng: SharedRng,
+        pub group: AtomicU64,
+    }
+
+    impl Bench {
+        pub fn new(weights: &[u32]) -> Self {
+            Self {
+                eps: endpoints(weights),
+                rng: SharedRng::new(7),
+                group: AtomicU64::new(0),
+            }
+        }
+
+        pub fn view(&self, now: u64) -> View<'_> {
+            View {
+                eps: &self.eps,
+                now,
+                avoid: &[],
+                ignore_health: false,
+                slow_start: None,
+                rng: &self.rng,
+                group: &self.group,
+            }
+        }
+
+        /// Picks at `now` and counts the call in flight, as the balancer does.
+        pub fn start(&self, s: &dyn Strategy, now: u64) -> usize {
+            let v = self.view(now);
+            let i = s.pick(&v, None).expect("an endpoint");
+            self.eps[i].begin_call();
+            if s.follows_calls() {
+                s.started(&v, i);
+            }
+            i
+        }
+
+        /// Ends a call on `i` at `now` that took `latency_ns`.
+        pub fn end(&self, s: &dyn Strategy, i: usize, now: u64, latency_ns: u64, ok: bool) {
+            self.eps[i].end_call();
+            let outcome = if ok {
+                Outcome::Success
+            } else {
+                Outcome::Failure
+            };
+            if s.follows_calls() {
+                s.observe(
+                    &self.view(now),
+                    i,
+                    &Observation::CallEnded {
+                        outcome,
+                        latency_ns,
+                    },
+                );
+            }
+        }
+
+        /// `n` calls one after another, each taking `latency_ns`; picks per endpoint.
+        pub fn sequential(&self, s: &dyn Strategy, n: usize, latency_ns: u64) -> Vec<usize> {
+            let mut counts = vec![0; self.eps.len()];
+            let mut now = 1_000_000_000;
+            for _ in 0..n {
+                let i = self.start(s, now);
+                counts[i] += 1;
+                now += latency_ns;
+                self.end(s, i, now, latency_ns, true);
+            }
+            counts
+        }
+    }
+
+    /// Asserts that `counts` follow `weights` within `tolerance` of each share.
+    pub fn assert_shares(counts: &[usize], weights: &[u32], tolerance: f64) {
+        let n: usize = counts.iter().sum();
+        let total: u32 = weights.iter().sum();
+        for (c, w) in counts.iter().zip(weights) {
+            let got = *c as f64 / n as f64;
+            let want = f64::from(*w) / f64::from(total);
+            assert!(
+                (got - want).abs() <= tolerance,
+                "{counts:?} vs weights {weights:?}"
+            );
+        }
+    }
+}
