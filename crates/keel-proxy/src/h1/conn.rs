@@ -52,7 +52,15 @@ struct Conn<S> {
     try_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
     /// Whole-request deadlines, while a response body streams.
     request_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// keel closes before reading the request to its end: the client may still be sending.
+    unread: bool,
 }
+
+/// How long, and how many bytes, a closing connection keeps reading what the client still
+/// sends. Closing a socket with unread bytes makes the kernel send a reset, which may destroy
+/// the answer before the client reads it (NGINX's lingering close does the same).
+const LINGER_TIME: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 1 << 20;
 
 /// Serves a client connection until it closes, or until HTTP/2 takes it over.
 pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
@@ -80,6 +88,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         client_timer: idle_timer(),
         try_timer: idle_timer(),
         request_timer: idle_timer(),
+        unread: false,
     };
     let max_body = settings.max_request_body_bytes.unwrap_or(u64::MAX);
     loop {
@@ -155,7 +164,8 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 conn.log_own(&ctx, &req, &own);
             }
             if !kept {
-                let _ = conn.stream.shutdown().await;
+                conn.unread |= req.body != BodyFraming::None;
+                conn.close().await;
                 return Served::Closed;
             }
             continue;
@@ -237,7 +247,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             }
         };
         if !keep {
-            let _ = conn.stream.shutdown().await;
+            conn.close().await;
             return Served::Closed;
         }
     }
@@ -310,11 +320,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         log: Option<&LogCtx<'_>>,
     ) -> bool {
         let keep = req.keep_alive && reusable && stop.borrow().is_none();
+        self.unread |= !reusable;
         self.stream.sent = 0;
         match answer {
             Answer::Own(own) => {
                 // A refused body leaves the connection in an unknown state.
-                let keep = keep && own.status != 400 && own.status != 413 && own.status != 408;
+                let refused = own.status == 400 || own.status == 413 || own.status == 408;
+                self.unread |= refused;
+                let keep = keep && !refused;
                 let kept = self.answer(&own, keep, req).await;
                 if let Some(log) = log {
                     self.log_own(log, req, &own);
@@ -497,8 +510,35 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 },
             );
         }
-        let _ = self.stream.shutdown().await;
+        self.unread = true;
+        self.close().await;
         Served::Closed
+    }
+
+    /// Closes the connection; when the request was not read to its end, first reads and
+    /// drops what the client still sends, bounded by `LINGER_TIME` and `LINGER_BYTES`, so that
+    /// it reads keel's answer instead of a reset.
+    async fn close(&mut self) {
+        let _ = self.stream.shutdown().await;
+        if !self.unread {
+            return;
+        }
+        let deadline = Instant::now() + LINGER_TIME;
+        let mut dropped = 0;
+        while dropped < LINGER_BYTES {
+            self.rbuf.clear();
+            self.rbuf.reserve(16384);
+            let read = until(
+                &mut self.client_timer,
+                deadline,
+                self.stream.read_buf(&mut self.rbuf),
+            )
+            .await;
+            match read {
+                Some(Ok(n)) if n > 0 => dropped += n,
+                _ => return,
+            }
+        }
     }
 }
 
