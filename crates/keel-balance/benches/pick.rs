@@ -4,8 +4,11 @@
 //! - `pick_finish_2t/<strategy>/<n>`: two threads doing pick + finish on one shared balancer;
 //!   the time is per op of one thread while the other contends (equal to the 1-thread number
 //!   under perfect scaling, larger with contention).
-//! - `build/<strategy>/<n>`: `Balancer::new` (hash tables built from scratch).
+//! - `build/<strategy>/<n>`: `Balancer::new` (every strategy's tables built from scratch).
 //! - `update_remove_one/<strategy>/<n>`: `Balancer::update` with one endpoint removed.
+//!
+//! Endpoints have weights 1, 2, 3, 1, 2, 3, ... (the strategies that honour weights see
+//! unequal ones). `KEEL_BENCH_SIZES=10000` (a comma-separated list) runs only those sizes.
 //!
 //! Time is this process's CPU time by default, wall time with `KEEL_BENCH_CLOCK=wall`
 //! (see common/clock.rs: the CPU clock keeps other processes' load out of the numbers).
@@ -26,12 +29,24 @@ use keel_balance::{
 mod clock;
 use clock::BenchClock;
 
-const SIZES: [usize; 3] = [10, 100, 1000];
+/// Endpoint counts, or those of `KEEL_BENCH_SIZES`.
+fn sizes() -> Vec<usize> {
+    match std::env::var("KEEL_BENCH_SIZES") {
+        Ok(list) => list
+            .split(',')
+            .map(|s| s.trim().parse().expect("KEEL_BENCH_SIZES: numbers"))
+            .collect(),
+        Err(_) => vec![10, 100, 1000, 10_000],
+    }
+}
 
-/// Endpoints `127.a.b.c:80`; the addresses are only hashed, never contacted.
+/// Endpoints `127.a.b.c:80` of weights 1-3; the addresses are only hashed, never contacted.
 fn endpoints(n: usize) -> Vec<EndpointSpec> {
     (0..n)
-        .map(|i| EndpointSpec::new(format!("127.1.{}.{}:80", i / 256, i % 256)))
+        .map(|i| {
+            EndpointSpec::new(format!("127.1.{}.{}:80", i / 256, i % 256))
+                .with_weight(1 + (i % 3) as u32)
+        })
         .collect()
 }
 
@@ -70,7 +85,7 @@ fn bench_pick_finish(c: &mut Criterion<BenchClock>) {
     let clock = BenchClock::from_env();
     let mut one = c.benchmark_group("pick_finish_1t");
     for (name, cfg) in configs() {
-        for n in SIZES {
+        for &n in &sizes() {
             let lb = Balancer::new(cfg.clone(), &endpoints(n)).expect("valid config");
             let mut i = 0u64;
             one.bench_with_input(BenchmarkId::new(&name, n), &n, |b, _| {
@@ -85,7 +100,7 @@ fn bench_pick_finish(c: &mut Criterion<BenchClock>) {
 
     let mut two = c.benchmark_group("pick_finish_2t");
     for (name, cfg) in configs() {
-        for n in SIZES {
+        for &n in &sizes() {
             let lb = Balancer::new(cfg.clone(), &endpoints(n)).expect("valid config");
             two.bench_with_input(BenchmarkId::new(&name, n), &n, |b, _| {
                 b.iter_custom(|iters| {
@@ -111,21 +126,10 @@ fn bench_pick_finish(c: &mut Criterion<BenchClock>) {
     two.finish();
 }
 
-fn hash_configs() -> Vec<(String, BalancerConfig)> {
-    [
-        StrategyKind::RingHash,
-        StrategyKind::Maglev,
-        StrategyKind::Rendezvous,
-    ]
-    .into_iter()
-    .map(|k| (k.name().to_string(), BalancerConfig::new(k)))
-    .collect()
-}
-
 fn bench_tables(c: &mut Criterion<BenchClock>) {
     let mut build = c.benchmark_group("build");
-    for (name, cfg) in hash_configs() {
-        for n in SIZES {
+    for (name, cfg) in configs() {
+        for &n in &sizes() {
             let specs = endpoints(n);
             build.bench_with_input(BenchmarkId::new(&name, n), &n, |b, _| {
                 b.iter(|| Balancer::new(black_box(cfg.clone()), black_box(&specs)).unwrap())
@@ -136,13 +140,8 @@ fn bench_tables(c: &mut Criterion<BenchClock>) {
 
     // Round-robin has no table: its row is the cost of carrying endpoint state over alone.
     let mut update = c.benchmark_group("update_remove_one");
-    let mut cfgs = vec![(
-        "round-robin".to_string(),
-        BalancerConfig::new(StrategyKind::RoundRobin),
-    )];
-    cfgs.extend(hash_configs());
-    for (name, cfg) in cfgs {
-        for n in SIZES {
+    for (name, cfg) in configs() {
+        for &n in &sizes() {
             let specs = endpoints(n);
             // Remove one from the middle.
             let mut fewer = specs.clone();

@@ -349,6 +349,9 @@ impl Balancer {
         let h = &snap.health;
         if now >= h.recount_at.load(Ordering::Relaxed) {
             h.refresh(&snap.endpoints, now);
+            // An ejection ended or a health verdict changed: strategies that index the
+            // available endpoints re-read them.
+            snap.strategy.refresh(&self.view(snap, now), None);
         }
         let out = h.unavailable.load(Ordering::Relaxed);
         if out == 0 || self.config.panic_threshold <= 0.0 {
@@ -356,6 +359,19 @@ impl Balancer {
         }
         let n = snap.endpoints.len();
         ((n - out.min(n)) as f64) * 100.0 < self.config.panic_threshold * n as f64
+    }
+
+    /// A view of every endpoint at `now`, health respected, nothing avoided.
+    fn view<'a>(&'a self, snap: &'a Snapshot, now: u64) -> View<'a> {
+        View {
+            eps: &snap.endpoints,
+            now,
+            avoid: &[],
+            ignore_health: false,
+            slow_start: self.config.slow_start.as_ref(),
+            rng: &self.rng,
+            group: &self.group,
+        }
     }
 
     /// Picks an endpoint for one call. `None` when no endpoint may take it (empty list, or all
@@ -415,10 +431,10 @@ impl Balancer {
             return false;
         }
         let snap = self.snapshot.load();
-        if follows {
-            // The pick's index is the endpoint's place in the snapshot it came from; after an
-            // update, look it up again.
-            let index = if snap
+        // The pick's index is the endpoint's place in the snapshot it came from; after an
+        // update, look it up again.
+        let index = || {
+            if snap
                 .endpoints
                 .get(pick.index)
                 .is_some_and(|x| Arc::ptr_eq(x, &pick.endpoint))
@@ -428,19 +444,12 @@ impl Balancer {
                 snap.endpoints
                     .iter()
                     .position(|x| Arc::ptr_eq(x, &pick.endpoint))
-            };
-            if let Some(i) = index {
-                let view = View {
-                    eps: &snap.endpoints,
-                    now,
-                    avoid: &[],
-                    ignore_health: false,
-                    slow_start: self.config.slow_start.as_ref(),
-                    rng: &self.rng,
-                    group: &self.group,
-                };
+            }
+        };
+        if follows {
+            if let Some(i) = index() {
                 snap.strategy.observe(
-                    &view,
+                    &self.view(&snap, now),
                     i,
                     &Observation::CallEnded {
                         outcome,
@@ -460,6 +469,9 @@ impl Balancer {
                 if ejected < od.max_ejected(snap.endpoints.len()) {
                     let until = st.eject(od, now);
                     e.eject(until);
+                    if let Some(i) = index() {
+                        snap.strategy.refresh(&self.view(&snap, now), Some(i));
+                    }
                     snap.health.unavailable.fetch_add(1, Ordering::Relaxed);
                     snap.health.recount_at.fetch_min(until, Ordering::Relaxed);
                     return true;
@@ -485,15 +497,7 @@ impl Balancer {
     /// A copy of every endpoint's state, for status pages and reports.
     pub fn status(&self, now: Duration) -> Vec<EndpointStatus> {
         let snap = self.snapshot.load();
-        let view = View {
-            eps: &snap.endpoints,
-            now: nanos(now),
-            avoid: &[],
-            ignore_health: false,
-            slow_start: self.config.slow_start.as_ref(),
-            rng: &self.rng,
-            group: &self.group,
-        };
+        let view = self.view(&snap, nanos(now));
         snap.endpoints
             .iter()
             .enumerate()

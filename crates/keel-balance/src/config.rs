@@ -15,7 +15,8 @@ use crate::slow_start::SlowStartConfig;
 pub enum StrategyKind {
     /// Each endpoint in turn; weights ignored.
     RoundRobin,
-    /// nginx's smooth weighted round-robin: weights 5,1,1 give `a a b a c a a`.
+    /// Weighted round-robin, earliest deadline first (smooth: weights 5,1,1 give
+    /// `a a a b c a a`), O(log n) per pick.
     WeightedRoundRobin,
     /// Uniform random choice; weights ignored.
     Random,

@@ -40,9 +40,17 @@ pub(crate) const RING_MAX_ENDPOINTS: usize = 1 << RING_INDEX_BITS;
 /// one); a key belongs to the first point clockwise from its hash. A point is one `u64`: the
 /// top 44 bits of its hash with the endpoint's index below, so that the ring sorts and scans as
 /// plain integers (half the memory of (hash, index) pairs, and a faster build).
+///
+/// A guide table indexed by a key's top bits (about one bucket per 8 points) says where its
+/// bucket starts on the ring, so a lookup reads one guide entry and a few neighbouring points
+/// instead of binary-searching the whole ring (1.6 M points at 10,000 endpoints: 21 cache
+/// misses).
 #[derive(Debug)]
 pub(crate) struct Ring {
     points: Vec<u64>,
+    /// `guide[b]`: the first point at or after `b << shift`; one extra entry at the end.
+    guide: Vec<u32>,
+    shift: u32,
 }
 
 impl Ring {
@@ -58,7 +66,30 @@ impl Ring {
             }
         }
         points.sort_unstable();
-        Ring { points }
+        let bits = (points.len() / 8).max(2).next_power_of_two().ilog2();
+        let shift = 64 - bits;
+        let mut guide = Vec::with_capacity((1 << bits) + 1);
+        let mut at = 0;
+        for b in 0..(1u64 << bits) {
+            while at < points.len() && points[at] >> shift < b {
+                at += 1;
+            }
+            guide.push(at as u32);
+        }
+        guide.push(points.len() as u32);
+        Ring {
+            points,
+            guide,
+            shift,
+        }
+    }
+
+    /// The first point at or after `key` (`len` if none).
+    #[inline]
+    fn first_at_or_after(&self, key: u64) -> usize {
+        let b = (key >> self.shift) as usize;
+        let (lo, hi) = (self.guide[b] as usize, self.guide[b + 1] as usize);
+        lo + self.points[lo..hi].partition_point(|&p| p < key)
     }
 
     /// Number of points.
@@ -77,7 +108,7 @@ impl Ring {
         if len == 0 {
             return None;
         }
-        let start = self.points.partition_point(|&p| p < key) % len;
+        let start = self.first_at_or_after(key) % len;
         // Fast path: the owner or one of its next few neighbours.
         let quick = len.min(32);
         for step in 0..quick {
@@ -226,5 +257,35 @@ mod tests {
         let t = Maglev::build(&eps, 65537);
         let a = t.table().iter().filter(|&&i| i == 0).count() as f64 / 65537.0;
         assert!((a - 0.6).abs() < 0.001, "{a}");
+    }
+
+    #[test]
+    fn the_ring_guide_finds_what_a_binary_search_finds() {
+        for n in [1usize, 3, 40, 700] {
+            let names: Vec<String> = (0..n)
+                .map(|i| format!("10.1.{}.{}:80", i / 256, i % 256))
+                .collect();
+            let eps: Vec<(&str, u32)> = names
+                .iter()
+                .map(|n| (n.as_str(), 1 + n.len() as u32 % 3))
+                .collect();
+            let ring = Ring::build(&eps, 20);
+            let mut key = 5u64;
+            for _ in 0..20_000 {
+                key = mix64(key);
+                let want = ring.points.partition_point(|&p| p < key);
+                assert_eq!(
+                    ring.first_at_or_after(key),
+                    want,
+                    "{n} endpoints, key {key}"
+                );
+            }
+            for p in [0, u64::MAX, ring.points[0], *ring.points.last().unwrap()] {
+                assert_eq!(
+                    ring.first_at_or_after(p),
+                    ring.points.partition_point(|&x| x < p)
+                );
+            }
+        }
     }
 }

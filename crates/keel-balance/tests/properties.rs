@@ -20,17 +20,21 @@ fn weighted(weights: &[u32]) -> Vec<EndpointSpec> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
-    /// Over one cycle of sum(weights) picks, smooth weighted round-robin gives every endpoint
-    /// exactly its weight.
+    /// Over one cycle of sum(weights) picks, weighted round-robin gives every endpoint exactly
+    /// its weight, and after every pick each endpoint is less than two picks from its share.
     #[test]
     fn smooth_wrr_cycle_is_exact(weights in prop::collection::vec(1u32..20, 1..12)) {
         let b = Balancer::new(BalancerConfig::new(StrategyKind::WeightedRoundRobin), &weighted(&weights)).unwrap();
         let total: u32 = weights.iter().sum();
         let mut counts = vec![0u32; weights.len()];
-        for _ in 0..total {
+        for t in 1..=total {
             let p = b.pick(&PickContext::new(T0)).unwrap();
             counts[p.index()] += 1;
             b.finish(p, Outcome::Success, T0);
+            for (c, w) in counts.iter().zip(&weights) {
+                let share = f64::from(t) * f64::from(*w) / f64::from(total);
+                prop_assert!((f64::from(*c) - share).abs() < 2.0, "pick {}: {:?}", t, counts);
+            }
         }
         prop_assert_eq!(counts, weights);
     }

@@ -56,6 +56,11 @@ pub(crate) trait Strategy: Send + Sync {
     /// What the balancer learned about endpoint `i` at `v.now`.
     fn observe(&self, _v: &View<'_>, _i: usize, _what: &Observation) {}
 
+    /// Endpoint `which`'s availability changed outside a call (ejected, health changed), or,
+    /// with `None`, any endpoint's may have (an ejection ended). Strategies that keep an index
+    /// of the endpoints re-read them.
+    fn refresh(&self, _v: &View<'_>, _which: Option<usize>) {}
+
     /// True if picks must see the group's total in flight ([`View::group_in_flight`]).
     fn uses_group_load(&self) -> bool {
         false
@@ -91,10 +96,10 @@ pub(crate) fn build(
         StrategyKind::Random => Box::new(random::Random),
         StrategyKind::WeightedRandom => Box::new(random::WeightedRandom::new(eps)),
         StrategyKind::LeastConnections => {
-            Box::new(least_connections::LeastConnections::new(o.tie_break))
+            Box::new(least_connections::LeastConnections::new(o.tie_break, eps))
         }
         StrategyKind::LeastRequest => Box::new(two_choices::TwoChoices::least_request(o, eps)),
-        StrategyKind::LeastTime => Box::new(least_time::LeastTime::new(o)),
+        StrategyKind::LeastTime => Box::new(least_time::LeastTime::new(o, eps)),
         StrategyKind::PeakEwma => Box::new(two_choices::TwoChoices::peak_ewma(o, eps)),
         StrategyKind::RingHash | StrategyKind::Maglev | StrategyKind::Rendezvous => {
             Box::new(hashing::Hashed::new(kind, o, eps))
