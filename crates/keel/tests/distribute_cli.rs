@@ -226,3 +226,57 @@ fn weights_given_to_a_strategy_that_ignores_them_warn() {
     ]);
     assert!(!err.contains("warning"), "{err}");
 }
+
+/// `--latency-dist` (keel-model's vocabulary, the flags of `keel backend`): calls of random
+/// length, 8 in flight, ending in the order they end. The load-aware strategies still follow
+/// the weights 2,1,1,1,1, and the report names the distribution.
+#[test]
+fn calls_of_random_length_keep_n_in_flight_and_weights_hold() {
+    for strategy in [
+        "least-connections",
+        "least-request",
+        "least-time",
+        "peak-ewma",
+    ] {
+        let v = json(&[
+            "distribute",
+            "--strategy",
+            strategy,
+            "--endpoints",
+            "5",
+            "--weights",
+            "2,1,1,1,1",
+            "--keys",
+            "30000",
+            "--in-flight",
+            "8",
+            "--latency",
+            "10ms",
+            "--latency-dist",
+            "exponential",
+            "--json",
+        ]);
+        assert_eq!(v["latency_dist"], "exponential");
+        assert_eq!(v["latency_seconds"].as_f64().unwrap(), 0.01);
+        let s = shares(&v);
+        for (got, want) in s
+            .iter()
+            .zip([2.0 / 6.0, 1.0 / 6.0, 1.0 / 6.0, 1.0 / 6.0, 1.0 / 6.0])
+        {
+            assert!((got - want).abs() < 0.04, "{strategy}: {s:?}");
+        }
+    }
+    let (code, _, err) = keel(&[
+        "distribute",
+        "--strategy",
+        "least-time",
+        "--endpoints",
+        "3",
+        "--in-flight",
+        "2",
+        "--latency-dist",
+        "pareto",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("fixed, exponential, lognormal"), "{err}");
+}

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use keel_model::vocab::{FailureMode, Latency, LatencyDist};
+use keel_model::vocab::{FailureMode, Latency};
 use keel_testbed::backend::{self, BackendConfig};
 
 use crate::cmd::usage;
@@ -98,22 +98,7 @@ fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
 }
 
 fn latency(args: &Args) -> anyhow::Result<Latency> {
-    let mean = duration("latency", &args.latency)?;
-    let dist = match args.latency_dist.as_str() {
-        "fixed" => LatencyDist::Fixed,
-        "exponential" => LatencyDist::Exponential,
-        "lognormal" => LatencyDist::LogNormal { sigma: args.sigma },
-        other => {
-            return usage(format!(
-                "--latency-dist {other:?}: unknown distribution; allowed: fixed, exponential, lognormal"
-            ))
-        }
-    };
-    let latency = Latency { mean, dist };
-    match latency.validate() {
-        Ok(()) => Ok(latency),
-        Err(e) => usage(format!("--{e}")),
-    }
+    super::latency_flags(&args.latency, &args.latency_dist, args.sigma)
 }
 
 fn fault(args: &Args) -> anyhow::Result<FailureMode> {
@@ -280,6 +265,7 @@ async fn wait_for_stop() -> anyhow::Result<()> {
 mod tests {
     use super::*;
     use clap::Parser;
+    use keel_model::vocab::LatencyDist;
 
     #[derive(Parser)]
     struct Cli {

@@ -1,10 +1,15 @@
 //! `keel distribute`: preview how a strategy spreads picks (or hash keys) over endpoints, and
 //! how many keys move when endpoints are removed or added. Picks are finished at once by
-//! default (no load); `--in-flight N` keeps N calls outstanding on a virtual clock, so that the
-//! preview shows loaded behaviour too.
+//! default (no load); `--in-flight N` keeps N calls outstanding on a virtual clock, each taking
+//! a latency drawn from `--latency` / `--latency-dist` (keel-model's vocabulary, as for
+//! `keel backend`), so that the preview shows loaded behaviour too.
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::time::Duration;
+
+use keel_model::{Latency, LatencyDist};
+use rand::SeedableRng;
 
 use keel_balance::{
     hash_key, Balancer, BalancerConfig, EndpointSpec, Outcome, Pick, PickContext, StrategyKind,
@@ -29,13 +34,20 @@ pub struct Args {
     #[arg(long, default_value_t = 100_000)]
     keys: u64,
     /// Calls kept outstanding: each pick waits until fewer than N calls are in flight, and
-    /// calls finish oldest first, each taking --latency. 0 (the default): every pick is
-    /// finished at once and no time passes.
+    /// calls finish in the order they end (oldest first with a fixed latency), each taking a
+    /// latency drawn from --latency and --latency-dist. 0 (the default): every pick is finished
+    /// at once and no time passes.
     #[arg(long, default_value_t = 0)]
     in_flight: usize,
-    /// How long each call takes with --in-flight, e.g. 10ms.
+    /// Mean time a call takes with --in-flight, e.g. 10ms.
     #[arg(long, default_value = "10ms")]
     latency: String,
+    /// Latency distribution around its mean: fixed, exponential or lognormal.
+    #[arg(long, default_value = "fixed", value_name = "DIST")]
+    latency_dist: String,
+    /// Standard deviation of the log of the latency, for --latency-dist lognormal.
+    #[arg(long, allow_negative_numbers = true, default_value_t = keel_model::vocab::DEFAULT_SIGMA)]
+    sigma: f64,
     /// Then remove this many endpoints (the last ones) and report the keys that moved.
     #[arg(long, conflicts_with = "add")]
     remove: Option<usize>,
@@ -66,8 +78,10 @@ struct Report {
     keys: u64,
     /// Calls outstanding at each pick (0: finished at once).
     in_flight: usize,
-    /// Duration of each call, in seconds (0 without --in-flight).
+    /// Mean duration of a call, in seconds (0 without --in-flight).
     latency_seconds: f64,
+    /// Its distribution: fixed, exponential or lognormal.
+    latency_dist: &'static str,
     shares: Vec<f64>,
     /// Largest share divided by the share its weight entitles it to.
     max_over_mean: f64,
@@ -99,19 +113,43 @@ fn endpoint_specs(weights: &[u32]) -> Vec<EndpointSpec> {
 struct Load {
     /// Calls outstanding at each pick; 0: each pick is finished at once.
     in_flight: usize,
-    latency: Duration,
+    latency: Latency,
+    seed: u64,
+}
+
+/// A call in flight: when it ends, then its place in the order of picks (so that calls ending
+/// at the same instant end oldest first), and the pick.
+struct Open(Duration, u64, Pick);
+
+impl PartialEq for Open {
+    fn eq(&self, other: &Self) -> bool {
+        (self.0, self.1) == (other.0, other.1)
+    }
+}
+impl Eq for Open {}
+impl PartialOrd for Open {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Open {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.0, self.1).cmp(&(other.0, other.1))
+    }
 }
 
 /// Makes `keys` picks on a virtual clock under `load`; returns the endpoint index of each.
 fn assign(lb: &Balancer, keys: u64, hashed: bool, load: Load) -> Vec<u32> {
-    let mut open: VecDeque<(Pick, Duration)> = VecDeque::with_capacity(load.in_flight);
-    // Picks spaced so that exactly `in_flight` calls overlap.
-    let spacing = load.latency / load.in_flight.max(1) as u32;
+    let mut open: BinaryHeap<Reverse<Open>> = BinaryHeap::with_capacity(load.in_flight);
+    // Picks spaced so that `in_flight` calls of the mean latency overlap.
+    let spacing = load.latency.mean / load.in_flight.max(1) as u32;
+    let sampler = load.latency.sampler();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(load.seed);
     let mut now = Duration::ZERO;
     let mut assigned = Vec::with_capacity(keys as usize);
     for k in 0..keys {
         while !open.is_empty() && open.len() >= load.in_flight {
-            let (pick, at) = open.pop_front().expect("not empty");
+            let Reverse(Open(at, _, pick)) = open.pop().expect("not empty");
             now = now.max(at);
             lb.finish(pick, Outcome::Success, at);
         }
@@ -124,14 +162,23 @@ fn assign(lb: &Balancer, keys: u64, hashed: bool, load: Load) -> Vec<u32> {
         if load.in_flight == 0 {
             lb.finish(pick, Outcome::Success, now);
         } else {
-            open.push_back((pick, now + load.latency));
+            let took = Duration::from_secs_f64(sampler.sample_secs(&mut rng));
+            open.push(Reverse(Open(now + took, k, pick)));
             now += spacing;
         }
     }
-    for (pick, at) in open {
+    while let Some(Reverse(Open(at, _, pick))) = open.pop() {
         lb.finish(pick, Outcome::Success, at);
     }
     assigned
+}
+
+fn dist_name(d: LatencyDist) -> &'static str {
+    match d {
+        LatencyDist::Fixed => "fixed",
+        LatencyDist::Exponential => "exponential",
+        LatencyDist::LogNormal { .. } => "lognormal",
+    }
 }
 
 fn shares(assigned: &[u32], n: usize) -> Vec<f64> {
@@ -176,15 +223,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         args.weights.clone()
     };
-    let latency = match humantime::parse_duration(&args.latency) {
-        Ok(d) => d,
-        Err(e) => {
-            return usage(format!(
-                "--latency {:?}: {e} (write a duration such as 10ms)",
-                args.latency
-            ))
-        }
-    };
+    let latency = super::latency_flags(&args.latency, &args.latency_dist, args.sigma)?;
     if args.in_flight > 100_000 {
         return usage(format!(
             "--in-flight must be within 0..=100000, got {}",
@@ -194,10 +233,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let load = Load {
         in_flight: args.in_flight,
         latency: if args.in_flight == 0 {
-            Duration::ZERO
+            Latency::fixed(Duration::ZERO)
         } else {
             latency
         },
+        seed: args.seed,
     };
     if !args.weights.is_empty() && !kind.uses_weights() {
         eprintln!(
@@ -272,7 +312,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         endpoints: args.endpoints,
         keys: args.keys,
         in_flight: load.in_flight,
-        latency_seconds: load.latency.as_secs_f64(),
+        latency_seconds: load.latency.mean.as_secs_f64(),
+        latency_dist: dist_name(load.latency.dist),
         shares: shares_before,
         max_over_mean,
         moved,
@@ -286,9 +327,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "each finished at once".to_string()
     } else {
         format!(
-            "{} in flight, each taking {}",
+            "{} in flight, each taking {}{}",
             load.in_flight,
-            humantime::format_duration(load.latency)
+            humantime::format_duration(load.latency.mean),
+            match load.latency.dist {
+                LatencyDist::Fixed => String::new(),
+                d => format!(" on average ({})", dist_name(d)),
+            }
         )
     };
     println!(

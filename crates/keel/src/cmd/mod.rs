@@ -26,6 +26,36 @@ pub fn usage<T>(msg: impl Into<String>) -> anyhow::Result<T> {
     Err(UsageError(msg.into()).into())
 }
 
+/// The latency flags that `keel backend` and `keel distribute` share, in keel-model's
+/// vocabulary: `--latency` (the mean), `--latency-dist` (fixed, exponential, lognormal) and
+/// `--sigma` (lognormal's).
+pub fn latency_flags(mean: &str, dist: &str, sigma: f64) -> anyhow::Result<keel_model::Latency> {
+    use keel_model::{Latency, LatencyDist};
+    let mean = match humantime::parse_duration(mean) {
+        Ok(d) => d,
+        Err(e) => {
+            return usage(format!(
+                "--latency {mean:?}: {e} (write a duration such as 10ms or 2s)"
+            ))
+        }
+    };
+    let dist = match dist {
+        "fixed" => LatencyDist::Fixed,
+        "exponential" => LatencyDist::Exponential,
+        "lognormal" => LatencyDist::LogNormal { sigma },
+        other => {
+            return usage(format!(
+                "--latency-dist {other:?}: unknown distribution; allowed: fixed, exponential, lognormal"
+            ))
+        }
+    };
+    let latency = Latency { mean, dist };
+    match latency.validate() {
+        Ok(()) => Ok(latency),
+        Err(e) => usage(format!("--{e}")),
+    }
+}
+
 /// Maps a subcommand's result to the process exit code: 0 ok, 2 usage error, 1 anything else.
 pub fn exit(result: anyhow::Result<()>) -> ExitCode {
     match result {
