@@ -9,6 +9,7 @@ use arc_swap::ArcSwap;
 
 use crate::config::{check_endpoints, BalancerConfig};
 use crate::endpoint::{nanos, Endpoint, EndpointId, EndpointSpec, EndpointStatus};
+use crate::load::LoadReport;
 use crate::rng::SharedRng;
 use crate::strategy::{self, Observation, Strategy, View};
 
@@ -479,6 +480,57 @@ impl Balancer {
             }
         }
         false
+    }
+
+    /// True if the strategy balances on the endpoints' load reports (prequal): only then are
+    /// [`Self::probe_targets`] and [`Self::report_load`] worth the driver's work.
+    pub fn uses_load_reports(&self) -> bool {
+        self.snapshot.load().strategy.uses_load_reports()
+    }
+
+    /// Appends to `out` the endpoints the strategy wants probed now (prequal: a few random
+    /// ones, to call after each pick; the others: none). The driver sends the probes as it
+    /// likes and hands the answers to [`Self::report_load`].
+    pub fn probe_targets(&self, now: Duration, out: &mut Vec<EndpointId>) {
+        let snap = self.snapshot.load();
+        if !snap.strategy.uses_load_reports() {
+            return;
+        }
+        let now = nanos(now);
+        let view = View {
+            eps: &snap.endpoints,
+            now,
+            avoid: &[],
+            ignore_health: self.panic(&snap, now),
+            slow_start: self.config.slow_start.as_ref(),
+            rng: &self.rng,
+            group: &self.group,
+        };
+        snap.strategy.probe_targets(&view, out);
+    }
+
+    /// What endpoint `id` says about its load (a probe's answer, or an answer's headers),
+    /// received at `now`. Returns false if no endpoint has that id. Strategies that do not
+    /// balance on reports ignore it.
+    pub fn report_load(&self, id: EndpointId, report: LoadReport, now: Duration) -> bool {
+        let snap = self.snapshot.load();
+        let Some(index) = snap.endpoints.iter().position(|e| e.id() == id) else {
+            return false;
+        };
+        if snap.strategy.uses_load_reports() {
+            let view = View {
+                eps: &snap.endpoints,
+                now: nanos(now),
+                avoid: &[],
+                ignore_health: false,
+                slow_start: self.config.slow_start.as_ref(),
+                rng: &self.rng,
+                group: &self.group,
+            };
+            snap.strategy
+                .observe(&view, index, &Observation::Load(report));
+        }
+        true
     }
 
     /// Sets an endpoint's active-health-check verdict. Back to healthy starts its slow start.

@@ -36,11 +36,15 @@ pub enum StrategyKind {
     Maglev,
     /// Highest random weight (rendezvous) hashing.
     Rendezvous,
+    /// Prequal: the hot-cold rule over a pool of recent load reports (requests in flight and
+    /// latency) that the endpoints send back, probed after each pick; weights ignored (as in
+    /// the paper: the servers' own load says what they can take).
+    Prequal,
 }
 
 impl StrategyKind {
     /// All strategies, in documentation order.
-    pub const ALL: [StrategyKind; 11] = [
+    pub const ALL: [StrategyKind; 12] = [
         StrategyKind::RoundRobin,
         StrategyKind::WeightedRoundRobin,
         StrategyKind::Random,
@@ -52,6 +56,7 @@ impl StrategyKind {
         StrategyKind::RingHash,
         StrategyKind::Maglev,
         StrategyKind::Rendezvous,
+        StrategyKind::Prequal,
     ];
 
     /// The kebab-case name.
@@ -68,6 +73,7 @@ impl StrategyKind {
             StrategyKind::RingHash => "ring-hash",
             StrategyKind::Maglev => "maglev",
             StrategyKind::Rendezvous => "rendezvous",
+            StrategyKind::Prequal => "prequal",
         }
     }
 
@@ -143,7 +149,8 @@ pub struct StrategyOptions {
     #[serde(with = "crate::duration_serde")]
     pub default_rtt: Duration,
     /// peak-ewma: a failure counts as a call that took at least this long, so that an endpoint
-    /// that fails fast does not look fast. Default 1 s.
+    /// that fails fast does not look fast; prequal: after a failed call, the endpoint's load
+    /// reports are dropped and ignored for this long. Default 1 s.
     #[serde(with = "crate::duration_serde")]
     pub failure_penalty: Duration,
     /// ring-hash: virtual nodes per endpoint of mean weight, at most 65536. Default 160
@@ -156,6 +163,19 @@ pub struct StrategyOptions {
     /// flight (Mirrokni et al.), overflow walks on to the next endpoint. Off unless set; 1.25 is
     /// the usual value.
     pub bounded_load: Option<f64>,
+    /// prequal: endpoints probed after each pick (the paper's r_probe), 1 to 16. Default 3.
+    pub probes_per_pick: u32,
+    /// prequal: load reports kept (the paper's pool size), 1 to 64. Default 16.
+    pub pool_size: u32,
+    /// prequal: a pooled report older than this is dropped. Default 1 s.
+    #[serde(with = "crate::duration_serde")]
+    pub max_probe_age: Duration,
+    /// prequal: the worst pooled reports removed after each pick (the paper's r_remove), 0 to
+    /// 16. Default 1.
+    pub removes_per_pick: u32,
+    /// prequal: a report whose requests in flight are above this quantile of the pool's is
+    /// hot (the paper's Q_RIF), in (0, 1]. Default 0.84.
+    pub q_rif: f64,
 }
 
 impl Default for StrategyOptions {
@@ -170,6 +190,11 @@ impl Default for StrategyOptions {
             vnodes: 160,
             table_size: 65537,
             bounded_load: None,
+            probes_per_pick: 3,
+            pool_size: 16,
+            max_probe_age: Duration::from_secs(1),
+            removes_per_pick: 1,
+            q_rif: 0.84,
         }
     }
 }
@@ -403,6 +428,35 @@ impl BalancerConfig {
                 );
             }
         }
+        let per_pick = crate::strategy::prequal::MAX_PER_PICK;
+        if o.probes_per_pick == 0 || o.probes_per_pick > per_pick {
+            return bad(
+                "probes_per_pick",
+                Problem::out_of_range(format!("within 1..={per_pick}"), o.probes_per_pick),
+            );
+        }
+        let max_pool = crate::strategy::prequal::MAX_POOL;
+        if o.pool_size == 0 || o.pool_size as usize > max_pool {
+            return bad(
+                "pool_size",
+                Problem::out_of_range(format!("within 1..={max_pool}"), o.pool_size),
+            );
+        }
+        if o.max_probe_age.is_zero() {
+            return bad(
+                "max_probe_age",
+                Problem::out_of_range("greater than zero", "0s"),
+            );
+        }
+        if o.removes_per_pick > per_pick {
+            return bad(
+                "removes_per_pick",
+                Problem::out_of_range(format!("within 0..={per_pick}"), o.removes_per_pick),
+            );
+        }
+        if !(o.q_rif > 0.0 && o.q_rif <= 1.0) {
+            return bad("q_rif", Problem::out_of_range("within (0, 1]", o.q_rif));
+        }
         if !(0.0..=100.0).contains(&self.panic_threshold) {
             return bad(
                 "panic_threshold",
@@ -551,6 +605,13 @@ mod tests {
             ("vnodes", |c| c.options.vnodes = 0),
             ("table_size", |c| c.options.table_size = 65536),
             ("bounded_load", |c| c.options.bounded_load = Some(1.25)),
+            ("probes_per_pick", |c| c.options.probes_per_pick = 0),
+            ("pool_size", |c| c.options.pool_size = 65),
+            ("max_probe_age", |c| {
+                c.options.max_probe_age = Duration::ZERO
+            }),
+            ("removes_per_pick", |c| c.options.removes_per_pick = 17),
+            ("q_rif", |c| c.options.q_rif = 0.0),
             ("panic_threshold", |c| c.panic_threshold = 101.0),
             ("outlier_detection.max_ejection_percent", |c| {
                 c.outlier_detection = Some(OutlierConfig {

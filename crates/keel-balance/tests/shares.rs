@@ -29,7 +29,10 @@ fn balancer(kind: StrategyKind, weights: &[u32]) -> Balancer {
 /// The share each endpoint should get: its weight's share, or an equal share for the
 /// strategies that ignore weights.
 fn expected(kind: StrategyKind, weights: &[u32]) -> Vec<f64> {
-    let ignores = matches!(kind, StrategyKind::RoundRobin | StrategyKind::Random);
+    let ignores = matches!(
+        kind,
+        StrategyKind::RoundRobin | StrategyKind::Random | StrategyKind::Prequal
+    );
     let total: u32 = weights.iter().sum();
     weights
         .iter()

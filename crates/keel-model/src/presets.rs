@@ -139,6 +139,7 @@ fn scenario(
         retry: None,
         health_check: None,
         hedge: None,
+        load_reports: None,
         clusters: vec![cluster],
     }
 }
@@ -247,6 +248,8 @@ pub fn e3() -> Experiment {
 /// 10 ms as in the source), m = 5, n_f = 1, k = 3, 200 requests in flight: least-connections
 /// and least-time collapse; peak-EWMA's failure penalty (1 s) avoids the failed server;
 /// power-of-two-choices is shown beside them, with round-robin as the reference at the same p.
+/// Prequal too: the failed server reports few calls in flight and a fast latency (the black
+/// hole's bait); its failure penalty keeps it out.
 /// Three more rows at q = 0.1 use exponential service times: there peak-EWMA's estimate of a
 /// healthy server follows its latency peaks, and times its ~40 calls in flight it can exceed
 /// the 1 s penalty of an idle failed server; a 10 s penalty restores the avoidance.
@@ -259,6 +262,7 @@ pub fn e4() -> Experiment {
             StrategyKind::LeastTime,
             StrategyKind::PeakEwma,
             StrategyKind::LeastRequest,
+            StrategyKind::Prequal,
         ] {
             let c = cluster(
                 s,
@@ -558,13 +562,20 @@ pub fn tail() -> Experiment {
     use StrategyKind::*;
     let mut rows = Vec::new();
     for load in TAIL_LOADS {
-        for s in [Random, RoundRobin, LeastConnections, LeastRequest, PeakEwma] {
+        for s in [
+            Random,
+            RoundRobin,
+            LeastConnections,
+            LeastRequest,
+            PeakEwma,
+            Prequal,
+        ] {
             rows.push(tail_row(s, load, true, false));
         }
-        for s in [Random, LeastRequest, PeakEwma] {
+        for s in [Random, LeastRequest, PeakEwma, Prequal] {
             rows.push(tail_row(s, load, true, true));
         }
-        for s in [LeastConnections, LeastRequest, PeakEwma] {
+        for s in [LeastConnections, LeastRequest, PeakEwma, Prequal] {
             rows.push(tail_row(s, load, false, false));
         }
     }
@@ -659,6 +670,7 @@ pub fn reaction() -> Experiment {
         }
         rows.push(reaction_row(PeakEwma, None, client_side));
         rows.push(reaction_row(LeastRequest, None, client_side));
+        rows.push(reaction_row(Prequal, None, client_side));
     }
     Experiment {
         id: "e9",

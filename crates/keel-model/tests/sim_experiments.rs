@@ -90,7 +90,7 @@ fn e4_fast_failure_collapses_least_connections_and_least_time_not_peak_ewma() {
     let mut exp = presets::e4().scaled_down(4);
     exp.rows.retain(|r| r.label == "fail-fast q=0.1");
     let rs = run(&exp);
-    assert_eq!(rs.len(), 5);
+    assert_eq!(rs.len(), 6);
     let rr = find(&rs, "round-robin", "q=0.1");
     let lc = find(&rs, "least-connections", "q=0.1");
     let lt = find(&rs, "least-time", "q=0.1");
@@ -113,6 +113,11 @@ fn e4_fast_failure_collapses_least_connections_and_least_time_not_peak_ewma() {
     );
     assert!(lt.success < 0.01 && lt.failed_pick_share > 0.99, "{lt:?}");
     assert!(pe.success > 0.999 && pe.failed_pick_share < 0.001, "{pe:?}");
+    // Prequal: the failed server's reports (few in flight, 1 ms) would make it the coldest and
+    // fastest; after each failure its reports are ignored for the 1 s penalty, so it gets
+    // about one call a second.
+    let pq = find(&rs, "prequal", "q=0.1");
+    assert!(pq.success > 0.99 && pq.failed_pick_share < 0.005, "{pq:?}");
 }
 
 #[test]

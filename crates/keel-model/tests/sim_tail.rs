@@ -20,22 +20,26 @@ fn find<'a>(rs: &'a [SimResult], strategy: &str, placement: &str, hedged: bool) 
         .unwrap_or_else(|| panic!("no row {strategy} {placement} hedged={hedged}"))
 }
 
+fn pe_p99(rs: &[SimResult]) -> f64 {
+    find(rs, "peak-ewma", "client-side", false).latency_ms.p99
+}
+
 #[test]
 fn e8_rows_carry_load_latency_and_extra_calls() {
     let exp = presets::tail();
-    assert_eq!(exp.rows.len(), 5 * 11);
+    assert_eq!(exp.rows.len(), 5 * 14);
     let mut rows = exp.scaled_down(10).rows;
     rows.retain(|r| {
         let s = r.clusters[0].balancer.strategy.name();
         let client_side = r.label.contains("client-side");
         r.label.starts_with("load 0.50")
-            && (((s == "random" || s == "peak-ewma") && client_side)
+            && (((s == "random" || s == "peak-ewma" || s == "prequal") && client_side)
                 || (s == "least-connections" && !client_side))
     });
     assert_eq!(
         rows.len(),
-        5,
-        "random and peak-ewma +- hedge, server-side lc"
+        7,
+        "random, peak-ewma, prequal +- hedge, server-side lc"
     );
     let rs = run(rows);
     for r in &rs {
@@ -67,6 +71,15 @@ fn e8_rows_carry_load_latency_and_extra_calls() {
         jsq.latency_ms,
         random.latency_ms
     );
+    // Client-side prequal reads the servers' own load: p99 286 ms in the full run against
+    // random's 2 s timeout and peak-EWMA's 690 ms, and no failure.
+    let pq = find(&rs, "prequal", "client-side", false);
+    assert!(pq.success > 0.999, "{}", pq.success);
+    assert!(
+        pq.latency_ms.p99 * 3.0 < random.latency_ms.p99 && pq.latency_ms.p99 < pe_p99(&rs),
+        "{:?}",
+        pq.latency_ms
+    );
     // Hedging (p95, 5 % budget) on client-side peak-EWMA: p99.9 1732 -> 322 ms in the full
     // run; at a tenth of the size, at least the 40 % goal.
     let pe = find(&rs, "peak-ewma", "client-side", false);
@@ -80,25 +93,28 @@ fn e8_rows_carry_load_latency_and_extra_calls() {
 }
 
 #[test]
-fn e9_least_request_reacts_least_time_is_sluggish_round_robin_never() {
+fn e9_least_request_and_prequal_react_least_time_is_sluggish_round_robin_never() {
     let exp = presets::reaction();
     let mut rows = exp.rows;
     rows.retain(|r| {
         let s = r.clusters[0].balancer.strategy.name();
         ((s == "least-request" || s == "round-robin") && r.label == "server-side")
             || (s == "least-time" && r.label == "client-side x100, decay 1m")
+            || (s == "prequal" && r.label == "client-side x100")
     });
-    assert_eq!(rows.len(), 3);
+    assert_eq!(rows.len(), 4);
     let rs = run(rows);
     let rr = rs.iter().find(|r| r.strategy == "round-robin").unwrap();
     let lr = rs.iter().find(|r| r.strategy == "least-request").unwrap();
     let lt = rs.iter().find(|r| r.strategy == "least-time").unwrap();
+    let pq = rs.iter().find(|r| r.strategy == "prequal").unwrap();
+    let pq = pq.reaction.as_ref().unwrap();
     let (rr, lr, lt) = (
         rr.reaction.as_ref().unwrap(),
         lr.reaction.as_ref().unwrap(),
         lt.reaction.as_ref().unwrap(),
     );
-    for x in [rr, lr, lt] {
+    for x in [rr, lr, lt, pq] {
         assert!((x.fair_share - 0.1).abs() < 1e-12);
         // Before the step every strategy gives the server about its fair share (least-time's
         // clients each stick to one server, so its share wanders more).
@@ -118,4 +134,9 @@ fn e9_least_request_reacts_least_time_is_sluggish_round_robin_never() {
     assert!(lt.down_ms.unwrap() <= 2000.0, "{lt:?}");
     assert!(lt.back_ms.is_none_or(|b| b > 10_000.0), "{lt:?}");
     assert!(lt.share_after < 0.06, "{lt:?}");
+    // Client-side prequal: the slowed server's own reports show the step (200 ms in the full
+    // run), and its estimate ages out within a second once it is fast again (back in 1.2 s).
+    assert!(pq.down_ms.unwrap() <= 1000.0, "{pq:?}");
+    assert!(pq.back_ms.unwrap() <= 3000.0, "{pq:?}");
+    assert!(pq.share_during < 0.03, "{pq:?}");
 }

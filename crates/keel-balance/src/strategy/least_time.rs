@@ -104,7 +104,9 @@ impl Strategy for LeastTime {
     }
 
     fn observe(&self, v: &View<'_>, i: usize, what: &Observation) {
-        let Observation::CallEnded { latency_ns, .. } = *what;
+        let Observation::CallEnded { latency_ns, .. } = *what else {
+            return;
+        };
         // The source's rule: the average of observed response times, failures included. That
         // is exactly the trap of experiment E4 when failures are fast.
         v.eps[i]

@@ -5,7 +5,8 @@
 //! - [`least_connections`]: fewest calls in flight per unit of weight;
 //! - [`least_time`]: lowest latency estimate;
 //! - [`two_choices`]: least-request and peak-EWMA (power of two choices, by load or by cost);
-//! - [`hashing`]: ring-hash, Maglev, rendezvous, with or without bounded loads.
+//! - [`hashing`]: ring-hash, Maglev, rendezvous, with or without bounded loads;
+//! - [`prequal`]: the hot-cold rule over the load reports endpoints send back.
 //!
 //! Each reads endpoint state through a [`View`] that already knows which endpoints this pick
 //! may choose (health, ejection, panic mode, retry avoidance) and what time it is.
@@ -15,6 +16,7 @@ use std::sync::Arc;
 
 use crate::config::{StrategyKind, StrategyOptions, TieBreak};
 use crate::endpoint::{Endpoint, EndpointId};
+use crate::load::LoadReport;
 use crate::rng::{below, mix64, unit_f64, SharedRng};
 use crate::slow_start::SlowStartConfig;
 use crate::Outcome;
@@ -22,6 +24,7 @@ use crate::Outcome;
 mod hashing;
 mod least_connections;
 mod least_time;
+pub(crate) mod prequal;
 mod random;
 mod rotation;
 mod two_choices;
@@ -70,6 +73,15 @@ pub(crate) trait Strategy: Send + Sync {
     fn ring_points(&self) -> Option<usize> {
         None
     }
+
+    /// True if the strategy balances on load reports ([`Observation::Load`]); the balancer
+    /// drops reports for the others without a lookup.
+    fn uses_load_reports(&self) -> bool {
+        false
+    }
+
+    /// Appends to `out` the endpoints whose load the driver should probe now (after a pick).
+    fn probe_targets(&self, _v: &View<'_>, _out: &mut Vec<EndpointId>) {}
 }
 
 /// Something the balancer learned about one endpoint.
@@ -82,6 +94,9 @@ pub(crate) enum Observation {
         /// From pick to finish, on the driver's clock.
         latency_ns: u64,
     },
+    /// The endpoint reported its load (a probe's answer, or an answer's headers), received at
+    /// the view's time.
+    Load(LoadReport),
 }
 
 /// Builds the strategy `kind` over `eps` (at a build, an update or a rebuild).
@@ -104,6 +119,7 @@ pub(crate) fn build(
         StrategyKind::RingHash | StrategyKind::Maglev | StrategyKind::Rendezvous => {
             Box::new(hashing::Hashed::new(kind, o, eps))
         }
+        StrategyKind::Prequal => Box::new(prequal::Prequal::new(o, eps.len())),
     }
 }
 

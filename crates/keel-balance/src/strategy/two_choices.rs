@@ -176,7 +176,10 @@ impl Strategy for TwoChoices {
         let Observation::CallEnded {
             outcome,
             latency_ns,
-        } = *what;
+        } = *what
+        else {
+            return;
+        };
         let mut x = latency_ns as f64;
         if outcome == Outcome::Failure {
             x = x.max(*penalty_ns);

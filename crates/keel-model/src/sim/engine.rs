@@ -18,8 +18,8 @@ use std::collections::BinaryHeap;
 use std::time::Duration;
 
 use keel_balance::{
-    mix64, Balancer, BalancerConfig, EndpointId, EndpointSpec, Outcome, Pick, PickContext,
-    RetryBudget,
+    mix64, Balancer, BalancerConfig, EndpointId, EndpointSpec, LoadReport, Outcome, Pick,
+    PickContext, RetryBudget, ServerLoad, StrategyKind, Ticket,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -42,6 +42,7 @@ const KIND_PS: u128 = 6;
 const KIND_HEDGE: u128 = 7;
 const KIND_ANTAGONIST: u128 = 8;
 const KIND_SLOWDOWN: u128 = 9;
+const KIND_REPORT: u128 = 10;
 const NO_SERVER: u32 = u32::MAX;
 const NO_JOB: u32 = u32::MAX;
 const NEVER: u64 = u64::MAX;
@@ -124,6 +125,8 @@ struct Attempt {
     started: u64,
     /// This is a hedged try.
     hedge: bool,
+    /// How its server saw it arrive (for the server's load estimate).
+    ticket: Ticket,
 }
 
 /// A request in progress (or a closed-loop client slot between requests).
@@ -170,6 +173,14 @@ impl Slot {
             self.n_avoid += 1;
         }
     }
+}
+
+/// A probe's answer on its way back to a balancer.
+#[derive(Clone, Copy)]
+struct PendingReport {
+    balancer: u32,
+    index: u32,
+    report: LoadReport,
 }
 
 /// Per (balancer, server) state of the active health checker.
@@ -264,8 +275,20 @@ pub fn run_replication(
         }
     }
 
+    let load_reports = sc.load_reports.clone().unwrap_or_default();
     let mut sim = Sim {
         sc,
+        loads: vec![ServerLoad::default(); servers.len()],
+        reporting: sc
+            .clusters
+            .iter()
+            .map(|c| c.balancer.strategy == StrategyKind::Prequal)
+            .collect(),
+        probe_delay: ns(load_reports.probe_delay),
+        on_answers: load_reports.on_answers,
+        targets: Vec::new(),
+        reports: Vec::new(),
+        free_reports: Vec::new(),
         servers,
         stations,
         jobs: Vec::new(),
@@ -309,6 +332,16 @@ pub fn run_replication(
 
 struct Sim<'a> {
     sc: &'a Scenario,
+    /// Each server's own load (requests in flight, latency estimate), for load reports.
+    loads: Vec<ServerLoad>,
+    /// Per cluster: its balancers balance on load reports (send probes after each pick).
+    reporting: Vec<bool>,
+    probe_delay: u64,
+    on_answers: bool,
+    /// Scratch: endpoints to probe.
+    targets: Vec<EndpointId>,
+    reports: Vec<PendingReport>,
+    free_reports: Vec<u32>,
     servers: Vec<Server>,
     stations: Vec<Station>,
     jobs: Vec<Job>,
@@ -412,7 +445,8 @@ impl Sim<'_> {
                 KIND_PS => self.ps_event(index as usize, now),
                 KIND_HEDGE => self.hedge(index as usize, now),
                 KIND_ANTAGONIST => self.antagonists(index as usize, now),
-                _ => self.slowdown(index as usize, now),
+                KIND_SLOWDOWN => self.slowdown(index as usize, now),
+                _ => self.deliver_report(index, now),
             }
         }
     }
@@ -547,6 +581,11 @@ impl Sim<'_> {
         a.pick = Some(p);
         let g = self.offsets[c] + index;
         let server = self.servers[g];
+        let ticket = self.loads[g].start(dur(now));
+        self.slots[s].tries[which].ticket = ticket;
+        if self.reporting[c] {
+            self.send_probes(b, c, now);
+        }
         if measured {
             self.stats.attempts += 1;
             if c == self.focus {
@@ -577,7 +616,9 @@ impl Sim<'_> {
                     which: which as u8,
                     ok,
                     abandoned: false,
+                    started: false,
                     work: w,
+                    ticket,
                 });
                 let a = &mut self.slots[s].tries[which];
                 a.job = job;
@@ -612,11 +653,18 @@ impl Sim<'_> {
         }
         let ok = if a.job != NO_JOB {
             // Timed out while the server still had it.
-            self.jobs[a.job as usize].abandoned = true;
+            let job = a.job;
             a.job = NO_JOB;
+            self.abandon(job);
             false
         } else {
-            a.ok
+            if a.server != NO_SERVER {
+                let (c, _) = self.balancer_of(s);
+                let a = &self.slots[s].tries[which];
+                let g = self.offsets[c] + a.server as usize;
+                self.loads[g].finish(a.ticket, dur(now));
+            }
+            self.slots[s].tries[which].ok
         };
         self.try_done(s, which, ok, now);
     }
@@ -624,6 +672,13 @@ impl Sim<'_> {
     /// Try `which` of slot `s` answered (or failed) at `now`.
     fn try_done(&mut self, s: usize, which: usize, ok: bool, now: u64) {
         let (c, b) = self.balancer_of(s);
+        if self.on_answers && self.reporting[c] {
+            let server = self.slots[s].tries[which].server;
+            if server != NO_SERVER {
+                let report = self.loads[self.offsets[c] + server as usize].report(dur(now));
+                self.balancers[b].report_load(self.ids[b][server as usize], report, dur(now));
+            }
+        }
         let slot = &mut self.slots[s];
         let a = &mut slot.tries[which];
         a.pending = false;
@@ -665,7 +720,6 @@ impl Sim<'_> {
             self.start_attempt(s, which, now);
             return;
         }
-        let _ = c;
         slot.failed = true;
         if self.sc.abort_on_failure {
             slot.hedge_due = NEVER;
@@ -693,9 +747,68 @@ impl Sim<'_> {
         slot.outstanding -= 1;
         drop(a.pick.take());
         if a.job != NO_JOB {
-            self.jobs[a.job as usize].abandoned = true;
+            let job = a.job;
             a.job = NO_JOB;
+            self.abandon(job);
+        } else if a.server != NO_SERVER {
+            let g = self.offsets[self.stages[slot.stage as usize] as usize] + a.server as usize;
+            self.loads[g].cancel(a.ticket);
         }
+    }
+
+    /// The caller of `job` has gone: a server that has not started it drops it (lazily, from
+    /// its queue); started work runs on, and nobody takes its answer.
+    fn abandon(&mut self, job: u32) {
+        let j = &mut self.jobs[job as usize];
+        j.abandoned = true;
+        if !j.started {
+            self.loads[j.server as usize].cancel(j.ticket);
+        }
+    }
+
+    /// Sends the probes balancer `b` (of cluster `c`) asks for: each reads its server's load now
+    /// and answers `probe_delay` later. A server that hangs does not answer.
+    fn send_probes(&mut self, b: usize, c: usize, now: u64) {
+        self.targets.clear();
+        self.balancers[b].probe_targets(dur(now), &mut self.targets);
+        for t in 0..self.targets.len() {
+            let id = self.targets[t];
+            let Some(index) = self.ids[b].iter().position(|&x| x == id) else {
+                continue;
+            };
+            let g = self.offsets[c] + index;
+            if !self.servers[g].answers_probes(now) {
+                continue;
+            }
+            let report = PendingReport {
+                balancer: b as u32,
+                index: index as u32,
+                report: self.loads[g].report(dur(now)),
+            };
+            if self.probe_delay == 0 {
+                self.balancers[b].report_load(id, report.report, dur(now));
+                continue;
+            }
+            let r = match self.free_reports.pop() {
+                Some(r) => {
+                    self.reports[r as usize] = report;
+                    r
+                }
+                None => {
+                    self.reports.push(report);
+                    (self.reports.len() - 1) as u32
+                }
+            };
+            self.heap
+                .push(event(now + self.probe_delay, KIND_REPORT, r));
+        }
+    }
+
+    fn deliver_report(&mut self, r: u32, now: u64) {
+        let p = self.reports[r as usize];
+        self.free_reports.push(r);
+        let b = p.balancer as usize;
+        self.balancers[b].report_load(self.ids[b][p.index as usize], p.report, dur(now));
     }
 
     /// The current call of slot `s` is over (answered, or failed without aborting).
@@ -799,6 +912,7 @@ impl Sim<'_> {
             } => {
                 if *busy < *concurrency {
                     *busy += 1;
+                    self.jobs[job as usize].started = true;
                     let t = scaled(self.jobs[job as usize].work, factor);
                     self.heap.push(event(now + t, KIND_JOB, job));
                 } else {
@@ -806,6 +920,7 @@ impl Sim<'_> {
                 }
             }
             Station::Ps { .. } => {
+                self.jobs[job as usize].started = true;
                 self.ps_advance(g, now);
                 let Station::Ps { v, finishes, .. } = &mut self.stations[g] else {
                     unreachable!()
@@ -831,6 +946,7 @@ impl Sim<'_> {
                 continue;
             }
             *busy += 1;
+            self.jobs[next as usize].started = true;
             let t = scaled(self.jobs[next as usize].work, factor);
             self.heap.push(event(now + t, KIND_JOB, next));
             break;
@@ -842,6 +958,7 @@ impl Sim<'_> {
     fn deliver(&mut self, job: u32, now: u64) {
         self.free_jobs.push(job);
         let j = self.jobs[job as usize];
+        self.loads[j.server as usize].finish(j.ticket, dur(now));
         if j.abandoned {
             return;
         }

@@ -61,6 +61,10 @@ pub struct Scenario {
     /// Hedged requests: a second try of a slow call to another endpoint; off unless given.
     #[serde(default)]
     pub hedge: Option<HedgeConfig>,
+    /// How servers' load reports reach balancers that balance on them (prequal). Absent: probes
+    /// answered after 1 ms, no reports on answers.
+    #[serde(default)]
+    pub load_reports: Option<LoadReportsConfig>,
     /// The call graph: every request calls these clusters in order, each `calls` times.
     pub clusters: Vec<ClusterConfig>,
 }
@@ -88,6 +92,7 @@ impl Default for Scenario {
             retry: None,
             health_check: None,
             hedge: None,
+            load_reports: None,
             clusters: vec![ClusterConfig::default()],
         }
     }
@@ -321,6 +326,35 @@ pub struct SlowdownConfig {
 /// Hedged requests: keel-balance's policy, the same `[hedge]` table as the proxy's
 /// `[cluster.hedge]`.
 pub use keel_balance::{HedgeConfig, HedgeDelay};
+
+/// Servers' load reports (requests in flight and their latency estimate, keel-balance's
+/// `ServerLoad`) for balancers that balance on them (prequal). A probe reads the server's state
+/// when it is sent and reaches the balancer `probe_delay` later (so its age on arrival is the
+/// whole round trip); with `on_answers`, every answer also carries the server's report (as
+/// `x-keel-rif` headers do), with no delay.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadReportsConfig {
+    /// Probe round trip. Default 1 ms.
+    #[serde(default = "default_probe_delay", with = "humantime_serde")]
+    pub probe_delay: Duration,
+    /// Answers carry the server's report too. Default false (probes only, as in the paper).
+    #[serde(default)]
+    pub on_answers: bool,
+}
+
+impl Default for LoadReportsConfig {
+    fn default() -> Self {
+        Self {
+            probe_delay: default_probe_delay(),
+            on_answers: false,
+        }
+    }
+}
+
+fn default_probe_delay() -> Duration {
+    Duration::from_millis(1)
+}
 
 /// Where in the endpoint list the failed servers sit (it matters for lowest-index tie-breaks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]

@@ -101,6 +101,18 @@ impl Server {
         }
     }
 
+    /// Whether a load probe gets an answer now (a server that hangs or refuses connections
+    /// gives none).
+    pub(super) fn answers_probes(&self, now: u64) -> bool {
+        match self.failure {
+            FailureMode::Hang | FailureMode::Refuse => false,
+            FailureMode::Flap {
+                down_fails_after, ..
+            } => !self.failing(now) || down_fails_after.is_some(),
+            _ => true,
+        }
+    }
+
     /// An active health probe's verdict (probes take no place in the server's queue).
     pub(super) fn probe(&self, now: u64, timeout: u64, rng: &mut StdRng) -> bool {
         match self.failure {
@@ -134,8 +146,12 @@ pub(super) struct Job {
     pub ok: bool,
     /// The caller has gone (timed out, or its other try won): nobody takes the answer.
     pub abandoned: bool,
+    /// The server has started on it (no longer in its queue).
+    pub started: bool,
     /// Service time at full speed.
     pub work: u64,
+    /// How the server saw it arrive (for its load estimate).
+    pub ticket: keel_balance::Ticket,
 }
 
 /// Where calls wait and are served at one server.

@@ -1,0 +1,506 @@
+//! Prequal (Wydrowski et al., "Load is not what you should balance", NSDI 2024): balance on
+//! what servers say about themselves instead of on a client's own view.
+//!
+//! The balancer keeps a small pool of recent [`LoadReport`]s (requests in flight and latency
+//! per endpoint, with the time they arrived) and picks by the hot-cold rule. The reports reach
+//! it as data ([`Observation::Load`]): the driver asks [`crate::Balancer::probe_targets`] whom
+//! to probe after each pick, sends the probes however it likes (HTTP, or a simulated delay),
+//! and hands the answers back with [`crate::Balancer::report_load`], as it does with the load
+//! that endpoints put on their answers. The server's side is [`crate::ServerLoad`].
+//!
+//! Options, with the paper's defaults where it gives them: `probes_per_pick` (r_probe, 3),
+//! `pool_size` (16), `max_probe_age` (1 s), `removes_per_pick` (r_remove, 1), `q_rif` (Q_RIF,
+//! 0.84); the reuse budget follows the paper's formula. keel's addition: after a failed call
+//! the endpoint's reports are dropped and ignored for `failure_penalty` (1 s), so that a server
+//! that fails fast (few in flight, quick answers: the black hole's bait) does not attract calls.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use super::{Observation, Strategy, View, RANDOM_TRIES};
+use crate::config::StrategyOptions;
+use crate::endpoint::{nanos, EndpointId};
+use crate::load::LoadReport;
+use crate::Outcome;
+
+/// Most reports a pool may hold (`pool_size`'s upper bound).
+pub(crate) const MAX_POOL: usize = 64;
+
+/// Most probes per pick and removals per pick (`probes_per_pick`, `removes_per_pick`).
+pub(crate) const MAX_PER_PICK: u32 = 16;
+
+/// Prequal's settings, from [`StrategyOptions`].
+#[derive(Debug, Clone, PartialEq)]
+struct Settings {
+    probes_per_pick: u32,
+    pool_size: usize,
+    max_age_ns: u64,
+    removes_per_pick: u32,
+    q_rif: f64,
+    penalty_ns: u64,
+}
+
+impl Settings {
+    fn new(o: &StrategyOptions) -> Self {
+        Self {
+            probes_per_pick: o.probes_per_pick,
+            pool_size: (o.pool_size as usize).clamp(1, MAX_POOL),
+            max_age_ns: nanos(o.max_probe_age),
+            removes_per_pick: o.removes_per_pick,
+            q_rif: o.q_rif,
+            penalty_ns: nanos(o.failure_penalty),
+        }
+    }
+}
+
+/// One pooled report.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    index: usize,
+    in_flight: u32,
+    latency_ns: u64,
+    received: u64,
+    uses_left: u32,
+}
+
+/// The reports a balancer holds (at most `pool_size`, the newest per endpoint).
+#[derive(Debug)]
+struct Pool {
+    entries: Vec<Entry>,
+    /// Picks each report may serve (the paper's reuse budget).
+    reuse: u32,
+}
+
+/// The paper's reuse budget: enough uses per report that the pool stays filled when each pick
+/// adds `r_probe` reports, a share `pool / n` of which replace a pooled one, and removes
+/// `r_remove`: b = (1 + delta) / ((1 - pool / n) r_probe - r_remove), delta = 1, at least 1;
+/// when reports cannot keep the pool filled that way (a pool as large as the cluster), the
+/// pool's age limit bounds reuse instead (16 at most).
+fn reuse_budget(s: &Settings, endpoints: usize) -> u32 {
+    let n = endpoints.max(1) as f64;
+    let inflow = (1.0 - (s.pool_size as f64 / n).min(1.0)) * f64::from(s.probes_per_pick)
+        - f64::from(s.removes_per_pick);
+    if inflow <= 0.0 {
+        return 16;
+    }
+    ((2.0 / inflow).ceil() as u32).clamp(1, 16)
+}
+
+impl Pool {
+    fn new(size: usize, reuse: u32) -> Self {
+        Self {
+            entries: Vec::with_capacity(size),
+            reuse,
+        }
+    }
+
+    /// A report from endpoint `index` received at `now`: it replaces that endpoint's pooled
+    /// report, or the oldest one when the pool is full.
+    fn insert(&mut self, size: usize, index: usize, r: LoadReport, now: u64) {
+        let e = Entry {
+            index,
+            in_flight: r.in_flight,
+            latency_ns: nanos(r.latency),
+            received: now,
+            uses_left: self.reuse,
+        };
+        if let Some(old) = self.entries.iter_mut().find(|x| x.index == index) {
+            *old = e;
+            return;
+        }
+        if self.entries.len() >= size {
+            let oldest = (0..self.entries.len())
+                .min_by_key(|&i| self.entries[i].received)
+                .expect("a full pool has entries");
+            self.entries.swap_remove(oldest);
+        }
+        self.entries.push(e);
+    }
+
+    /// Drops reports older than `max_age`.
+    fn expire(&mut self, now: u64, max_age: u64) {
+        self.entries
+            .retain(|e| now.saturating_sub(e.received) <= max_age);
+    }
+
+    /// Drops endpoint `index`'s report, if pooled.
+    fn forget(&mut self, index: usize) {
+        self.entries.retain(|e| e.index != index);
+    }
+
+    /// The RIF at the `q` quantile (nearest rank) of the pooled reports: a report above it is
+    /// hot.
+    fn threshold(&self, q: f64) -> Option<u32> {
+        let mut rifs = [0u32; MAX_POOL];
+        let mut n = 0;
+        for e in self.entries.iter().take(MAX_POOL) {
+            rifs[n] = e.in_flight;
+            n += 1;
+        }
+        if n == 0 {
+            return None;
+        }
+        let rifs = &mut rifs[..n];
+        let rank = ((q * n as f64).ceil() as usize).clamp(1, n);
+        Some(*rifs.select_nth_unstable(rank - 1).1)
+    }
+
+    /// The hot-cold rule: among usable reports whose RIF is at or below the pool's `q` quantile
+    /// (cold), the lowest latency (then the lowest RIF); if none is cold, the lowest RIF. The
+    /// chosen report's RIF goes up by one (this pick is one more in flight there) and it loses
+    /// one use. Returns the endpoint index.
+    fn pick(&mut self, q: f64, usable: impl Fn(usize) -> bool) -> Option<usize> {
+        let t = self.threshold(q)?;
+        let mut best: Option<usize> = None;
+        let mut best_cold = false;
+        for (i, e) in self.entries.iter().enumerate() {
+            if !usable(e.index) {
+                continue;
+            }
+            let cold = e.in_flight <= t;
+            let better = match best {
+                None => true,
+                Some(b) => {
+                    let o = &self.entries[b];
+                    match (cold, best_cold) {
+                        (true, false) => true,
+                        (false, true) => false,
+                        (true, true) => (e.latency_ns, e.in_flight) < (o.latency_ns, o.in_flight),
+                        (false, false) => (e.in_flight, e.latency_ns) < (o.in_flight, o.latency_ns),
+                    }
+                }
+            };
+            if better {
+                best = Some(i);
+                best_cold = cold;
+            }
+        }
+        let i = best?;
+        let e = &mut self.entries[i];
+        let index = e.index;
+        e.in_flight = e.in_flight.saturating_add(1);
+        e.uses_left = e.uses_left.saturating_sub(1);
+        if e.uses_left == 0 {
+            self.entries.swap_remove(i);
+        }
+        Some(index)
+    }
+
+    /// Removes the worst report: the hottest (highest RIF above the quantile), or if none is
+    /// hot, the slowest.
+    fn remove_worst(&mut self, q: f64) {
+        let Some(t) = self.threshold(q) else {
+            return;
+        };
+        let hot = (0..self.entries.len())
+            .filter(|&i| self.entries[i].in_flight > t)
+            .max_by_key(|&i| self.entries[i].in_flight);
+        let worst =
+            hot.or_else(|| (0..self.entries.len()).max_by_key(|&i| self.entries[i].latency_ns));
+        if let Some(i) = worst {
+            self.entries.swap_remove(i);
+        }
+    }
+
+    #[cfg(test)]
+    fn indices(&self) -> Vec<usize> {
+        let mut v: Vec<usize> = self.entries.iter().map(|e| e.index).collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+/// The strategy: the pool behind a mutex (one short critical section per pick and per report)
+/// and, per endpoint, until when its reports are ignored after a failure.
+#[derive(Debug)]
+pub(crate) struct Prequal {
+    settings: Settings,
+    pool: Mutex<Pool>,
+    /// Per endpoint: until when its reports are not used, after a failed call (0: never).
+    penalized_until: Vec<AtomicU64>,
+}
+
+impl Prequal {
+    pub(crate) fn new(o: &StrategyOptions, endpoints: usize) -> Self {
+        let settings = Settings::new(o);
+        let reuse = reuse_budget(&settings, endpoints);
+        Self {
+            pool: Mutex::new(Pool::new(settings.pool_size, reuse)),
+            penalized_until: (0..endpoints).map(|_| AtomicU64::new(0)).collect(),
+            settings,
+        }
+    }
+
+    fn pool(&self) -> MutexGuard<'_, Pool> {
+        self.pool.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    #[inline]
+    fn penalized(&self, index: usize, now: u64) -> bool {
+        self.penalized_until
+            .get(index)
+            .is_some_and(|p| p.load(Ordering::Relaxed) > now)
+    }
+
+    /// A failed call: that endpoint's reports are dropped and ignored for the penalty time.
+    fn failed(&self, index: usize, now: u64) {
+        if let Some(p) = self.penalized_until.get(index) {
+            p.store(now + self.settings.penalty_ns, Ordering::Relaxed);
+        }
+        self.pool().forget(index);
+    }
+
+    fn report(&self, index: usize, r: LoadReport, now: u64) {
+        if self.penalized(index, now) {
+            return;
+        }
+        self.pool().insert(self.settings.pool_size, index, r, now);
+    }
+
+    /// One pick from the pool, or `None` when no usable report is pooled.
+    fn pick_pooled(&self, now: u64, allowed: impl Fn(usize) -> bool) -> Option<usize> {
+        let s = &self.settings;
+        let mut pool = self.pool();
+        pool.expire(now, s.max_age_ns);
+        let chosen = pool.pick(s.q_rif, |i| allowed(i) && !self.penalized(i, now));
+        for _ in 0..s.removes_per_pick {
+            if pool.entries.len() <= 1 {
+                break;
+            }
+            pool.remove_worst(s.q_rif);
+        }
+        chosen
+    }
+}
+
+impl Strategy for Prequal {
+    fn pick(&self, v: &View<'_>, _key: Option<u64>) -> Option<usize> {
+        self.pick_pooled(v.now, |i| v.allowed(i)).or_else(|| {
+            // No usable report: a random endpoint, one that has not just failed if it can.
+            let n = v.eps.len();
+            if n == 0 {
+                return None;
+            }
+            for _ in 0..RANDOM_TRIES {
+                let i = v.rng.below(n);
+                if v.allowed(i) && !self.penalized(i, v.now) {
+                    return Some(i);
+                }
+            }
+            v.random_allowed()
+        })
+    }
+
+    fn follows_calls(&self) -> bool {
+        true
+    }
+
+    fn observe(&self, v: &View<'_>, i: usize, what: &Observation) {
+        match *what {
+            Observation::CallEnded {
+                outcome: Outcome::Failure,
+                ..
+            } => self.failed(i, v.now),
+            Observation::CallEnded { .. } => {}
+            Observation::Load(report) => self.report(i, report, v.now),
+        }
+    }
+
+    fn uses_load_reports(&self) -> bool {
+        true
+    }
+
+    /// `probes_per_pick` distinct random allowed endpoints that have not just failed.
+    fn probe_targets(&self, v: &View<'_>, out: &mut Vec<EndpointId>) {
+        let n = v.eps.len();
+        let want = (self.settings.probes_per_pick as usize).min(n);
+        let start = out.len();
+        let mut tries = 0;
+        while out.len() - start < want && tries < 4 * want + RANDOM_TRIES {
+            tries += 1;
+            let i = v.rng.below(n);
+            let id = v.eps[i].id();
+            if v.allowed(i) && !self.penalized(i, v.now) && !out[start..].contains(&id) {
+                out.push(id);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::strategy::testing::Bench;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn rep(in_flight: u32, latency_ms: u64) -> LoadReport {
+        LoadReport {
+            in_flight,
+            latency: ms(latency_ms),
+        }
+    }
+
+    fn settings() -> Settings {
+        Settings::new(&StrategyOptions::default())
+    }
+
+    #[test]
+    fn hot_cold_rule_prefers_cold_low_latency_then_low_rif() {
+        let mut p = Pool::new(16, 3);
+        let now = 0;
+        p.insert(16, 0, rep(10, 1), now); // hot, fastest
+        p.insert(16, 1, rep(2, 50), now);
+        p.insert(16, 2, rep(3, 20), now);
+        p.insert(16, 3, rep(1, 30), now);
+        // q = 0.75 of RIFs {1, 2, 3, 10}: rank 3 = 3, so 10 is hot; among cold, 20 ms.
+        assert_eq!(p.pick(0.75, |_| true), Some(2));
+        // Its RIF went up to 4; the threshold over {1, 2, 4, 10} is 4: 10 is still hot, and
+        // without endpoint 2 the fastest cold one is 3 (30 ms).
+        assert_eq!(p.pick(0.75, |i| i != 2), Some(3));
+        // Threshold at q -> 0 is the smallest RIF, 4: both 4s are cold; 60 ms wins.
+        let mut h = Pool::new(16, 3);
+        h.insert(16, 0, rep(9, 1), now);
+        h.insert(16, 1, rep(4, 80), now);
+        h.insert(16, 2, rep(4, 60), now);
+        assert_eq!(h.pick(0.01, |_| true), Some(2));
+        // None usable but hot ones: the lowest RIF among the hot.
+        assert_eq!(h.pick(0.01, |i| i == 0), Some(0));
+    }
+
+    #[test]
+    fn reports_are_reused_then_dropped_and_age_out() {
+        let mut p = Pool::new(2, 2);
+        p.insert(2, 7, rep(0, 10), 0);
+        assert_eq!(p.pick(0.84, |_| true), Some(7));
+        assert_eq!(p.pick(0.84, |_| true), Some(7));
+        assert_eq!(p.pick(0.84, |_| true), None, "two uses, then gone");
+        // The newest report per endpoint; a full pool drops its oldest.
+        p.insert(2, 1, rep(0, 10), 1);
+        p.insert(2, 1, rep(5, 10), 2);
+        p.insert(2, 2, rep(0, 10), 3);
+        p.insert(2, 3, rep(0, 10), 4);
+        assert_eq!(p.indices(), [2, 3]);
+        p.expire(1_000_000_004, 1_000_000_000);
+        assert_eq!(p.indices(), [3]);
+    }
+
+    #[test]
+    fn worst_report_is_the_hottest_else_the_slowest() {
+        let mut p = Pool::new(16, 3);
+        for (i, (rif, lat)) in [(1, 10), (2, 90), (30, 5), (3, 20)].into_iter().enumerate() {
+            p.insert(16, i, rep(rif, lat), 0);
+        }
+        p.remove_worst(0.75);
+        assert_eq!(p.indices(), [0, 1, 3], "the hot one (30 in flight)");
+        p.remove_worst(1.0);
+        assert_eq!(p.indices(), [0, 3], "none hot: the slowest (90 ms)");
+    }
+
+    #[test]
+    fn reuse_budget_follows_the_papers_formula() {
+        let s = settings();
+        assert_eq!(
+            (s.probes_per_pick, s.pool_size, s.removes_per_pick),
+            (3, 16, 1)
+        );
+        // n = 40: (1 - 0.4) x 3 - 1 = 0.8; 2 / 0.8 = 2.5 -> 3.
+        assert_eq!(reuse_budget(&s, 40), 3);
+        // n = 1000: 2.952 - 1 = 1.952 -> 2 / 1.952 -> 2.
+        assert_eq!(reuse_budget(&s, 1000), 2);
+        // A pool as large as the cluster: the age bounds reuse.
+        assert_eq!(reuse_budget(&s, 10), 16);
+    }
+
+    #[test]
+    fn a_failed_endpoint_is_ignored_for_the_penalty() {
+        let o = StrategyOptions {
+            failure_penalty: Duration::from_nanos(1_000),
+            removes_per_pick: 0,
+            max_probe_age: Duration::from_secs(3600),
+            ..StrategyOptions::default()
+        };
+        let b = Bench::new(&[1, 1, 1]);
+        let p = Prequal::new(&o, 3);
+        let load = |i: usize, r: LoadReport, now: u64| {
+            p.observe(&b.view(now), i, &Observation::Load(r));
+        };
+        load(0, rep(0, 1), 0);
+        load(1, rep(5, 50), 0);
+        assert_eq!(p.pick(&b.view(10), None), Some(0));
+        p.observe(
+            &b.view(10),
+            0,
+            &Observation::CallEnded {
+                outcome: Outcome::Failure,
+                latency_ns: 1,
+            },
+        );
+        load(0, rep(0, 1), 20);
+        assert_eq!(p.pick(&b.view(20), None), Some(1), "0 penalised until 1010");
+        let mut targets = Vec::new();
+        p.probe_targets(&b.view(20), &mut targets);
+        assert!(
+            !targets.contains(&b.eps[0].id()),
+            "not probed while penalised"
+        );
+        assert_eq!(targets.len(), 2);
+        load(0, rep(0, 1), 1011);
+        assert_eq!(p.pick(&b.view(1011), None), Some(0));
+    }
+
+    #[test]
+    fn without_reports_picks_are_random() {
+        let b = Bench::new(&[1, 1, 1, 1]);
+        let p = Prequal::new(&StrategyOptions::default(), 4);
+        let mut counts = [0usize; 4];
+        for _ in 0..4000 {
+            counts[p.pick(&b.view(1), None).unwrap()] += 1;
+        }
+        crate::strategy::testing::assert_shares(&counts, &[1, 1, 1, 1], 0.03);
+    }
+
+    #[test]
+    fn the_balancer_names_probe_targets_takes_reports_as_data_and_penalises_failures() {
+        use crate::{Balancer, BalancerConfig, EndpointSpec, PickContext, StrategyKind};
+        let specs: Vec<EndpointSpec> = (0..4).map(|i| EndpointSpec::new(format!("e{i}"))).collect();
+        let lb = Balancer::new(BalancerConfig::new(StrategyKind::Prequal), &specs).unwrap();
+        assert!(lb.uses_load_reports());
+        let ids: Vec<_> = lb.endpoints().iter().map(|e| e.id()).collect();
+        let now = ms(5);
+        let mut targets = Vec::new();
+        lb.probe_targets(now, &mut targets);
+        assert_eq!(targets.len(), 3, "probes_per_pick");
+        let mut distinct = targets.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 3);
+        // Reports as data: e2 is idle and the fastest, e3 idle and slow, e0 and e1 busy. (With
+        // four reports the 0.84 quantile is the largest RIF: none is hot.)
+        for (i, (rif, lat)) in [(9, 15), (7, 12), (0, 10), (0, 40)].into_iter().enumerate() {
+            assert!(lb.report_load(ids[i], rep(rif, lat), now));
+        }
+        let p = lb.pick(&PickContext::new(now)).unwrap();
+        assert_eq!(p.index(), 2, "the fastest");
+        // It fails: its reports are ignored for the 1 s penalty.
+        lb.finish(p, Outcome::Failure, ms(6));
+        assert!(lb.report_load(ids[2], rep(0, 1), ms(7)));
+        let p = lb.pick(&PickContext::new(ms(7))).unwrap();
+        assert_ne!(p.index(), 2);
+        drop(p);
+        let mut targets = Vec::new();
+        lb.probe_targets(ms(8), &mut targets);
+        assert!(!targets.contains(&ids[2]), "not probed while penalised");
+        // Other strategies take no reports and name no targets.
+        let rr = Balancer::new(BalancerConfig::new(StrategyKind::RoundRobin), &specs).unwrap();
+        assert!(!rr.uses_load_reports());
+        let mut none = Vec::new();
+        rr.probe_targets(now, &mut none);
+        assert!(none.is_empty());
+        assert!(rr.report_load(rr.endpoints()[0].id(), rep(0, 1), now));
+    }
+}
