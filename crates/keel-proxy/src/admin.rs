@@ -3,7 +3,7 @@
 
 use std::convert::Infallible;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http_body_util::Full;
@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::metrics::{self, ClusterView};
+use crate::recent::{Recent, SAMPLE_EVERY};
 use crate::server::{wait_shutdown, Shared};
 
 fn reply(
@@ -38,8 +39,8 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// The `/status` document.
-pub(crate) fn status_json(shared: &Shared) -> serde_json::Value {
+/// The `/status` document; `recent`: the last minute's samples.
+pub(crate) fn status_json(shared: &Shared, recent: &Recent) -> serde_json::Value {
     let routing = shared.routing.load();
     let config = shared.config.load();
     let now = shared.epoch.elapsed();
@@ -67,6 +68,7 @@ pub(crate) fn status_json(shared: &Shared) -> serde_json::Value {
                         "latency_estimate_ms": s.latency_estimate.map(ms),
                         "successes": s.successes,
                         "failures": s.failures,
+                        "last_minute": recent.endpoint_json(c.name(), &s.address),
                     })
                 })
                 .collect();
@@ -83,6 +85,7 @@ pub(crate) fn status_json(shared: &Shared) -> serde_json::Value {
                 "health_check": c.config.health_check.is_some(),
                 "outlier_detection": c.config.outlier_detection.is_some(),
                 "discovery": discovery_json(shared, c.name()),
+                "last_minute": recent.cluster_json(c.name()),
                 "endpoints": endpoints,
             })
         })
@@ -313,7 +316,11 @@ fn authorized(token: &str, req: &Request<Incoming>) -> bool {
     constant_time_eq(token.as_bytes(), presented)
 }
 
-fn route(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+fn route(
+    shared: &Shared,
+    recent: &Mutex<Recent>,
+    req: &Request<Incoming>,
+) -> Response<Full<Bytes>> {
     let config = shared.config.load();
     if let Some(token) = config.admin.as_ref().and_then(|a| a.token.as_deref()) {
         if !authorized(token, req) {
@@ -339,7 +346,11 @@ fn route(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
         (&Method::GET, "/status") => reply(
             StatusCode::OK,
             "application/json",
-            serde_json::to_vec_pretty(&status_json(shared)).unwrap_or_default(),
+            serde_json::to_vec_pretty(&status_json(
+                shared,
+                &recent.lock().unwrap_or_else(|e| e.into_inner()),
+            ))
+            .unwrap_or_default(),
         ),
         (&Method::GET, "/") => reply(StatusCode::OK, "text/html; charset=utf-8", PAGE),
         (&Method::POST, "/reload") => reload_from_file(shared),
@@ -368,9 +379,20 @@ pub(crate) async fn serve(
     mut shutdown: watch::Receiver<Option<Duration>>,
 ) {
     let mut conns = JoinSet::new();
+    // The last minute's figures come from samples of the counters taken here.
+    let recent = Arc::new(Mutex::new(Recent::default()));
+    let mut sampling = tokio::time::interval(SAMPLE_EVERY);
+    sampling.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = wait_shutdown(&mut shutdown) => break,
+            _ = sampling.tick() => {
+                let routing = shared.routing.load();
+                recent
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .sample(&routing, std::time::Instant::now());
+            }
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else {
@@ -378,9 +400,10 @@ pub(crate) async fn serve(
                     continue;
                 };
                 let shared = shared.clone();
+                let recent = recent.clone();
                 conns.spawn(async move {
                     let svc = service_fn(move |req| {
-                        let r = route(&shared, &req);
+                        let r = route(&shared, &recent, &req);
                         async move { Ok::<_, Infallible>(r) }
                     });
                     // Bounded like the listeners: a client that never finishes its headers is
@@ -398,37 +421,97 @@ pub(crate) async fn serve(
     conns.abort_all();
 }
 
-const PAGE: &str = r#"<!doctype html>
+const PAGE: &str = r##"<!doctype html>
 <html><head><meta charset="utf-8"><title>keel proxy</title>
 <style>
 body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1.5em}
-td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}
-th{background:#f3f3f3}td:first-child{text-align:left}
+td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right;vertical-align:middle}
+th{background:#f3f3f3}td:first-child,td.l{text-align:left}
 .bad{background:#fdd}.ej{background:#ffe9b3}small{color:#777}
+svg.spark{vertical-align:middle;margin-left:.4em}
+code{font-size:13px}
 </style></head>
 <body>
 <h1>keel proxy</h1>
 <p><small id="meta">loading /status ...</small> &middot; <a href="/metrics">/metrics</a> &middot; <a href="/status">/status</a></p>
+<h2>Listeners</h2>
+<div id="listeners"></div>
 <div id="clusters"></div>
+<p><small>Rates, error rates and latencies cover the last minute (sampled every second; latencies
+interpolated inside the histogram buckets of <code>keel_request_duration_seconds</code>). Sparklines:
+one point a second, oldest on the left.</small></p>
 <script>
-function f(v, d) { return v === null || v === undefined ? "-" : (typeof v === "number" ? v.toFixed(d) : v); }
+function esc(v) { return String(v).replace(/[&<>"']/g, c => ({"&":"&amp;","<":"&lt;",">":"&gt;","\"":"&quot;","'":"&#39;"})[c]); }
+function f(v, d) { return v === null || v === undefined ? "-" : (typeof v === "number" ? v.toFixed(d) : esc(v)); }
+function pct(v) { return v === null || v === undefined ? "-" : (100 * v).toFixed(1) + " %"; }
+// A small inline SVG line of `vals` (nulls leave gaps), scaled to its maximum.
+function spark(vals, color) {
+  const w = 90, h = 20;
+  if (!vals || vals.length < 2) return "";
+  let max = 0;
+  for (const v of vals) if (v !== null && v > max) max = v;
+  const step = w / (vals.length - 1);
+  let lines = [], cur = [];
+  vals.forEach((v, i) => {
+    if (v === null) { if (cur.length) lines.push(cur); cur = []; return; }
+    const y = max > 0 ? h - 1 - (h - 2) * v / max : h - 1;
+    cur.push((i * step).toFixed(1) + "," + y.toFixed(1));
+  });
+  if (cur.length) lines.push(cur);
+  const title = "max " + max.toPrecision(3);
+  return "<svg class='spark' width='" + w + "' height='" + h + "' viewBox='0 0 " + w + " " + h + "'><title>" + title + "</title>" +
+    "<rect width='" + w + "' height='" + h + "' fill='#fafafa'/>" +
+    lines.map(p => p.length === 1 ? "<circle cx='" + p[0].split(",")[0] + "' cy='" + p[0].split(",")[1] + "' r='1.2' fill='" + color + "'/>"
+      : "<polyline fill='none' stroke='" + color + "' stroke-width='1.3' points='" + p.join(" ") + "'/>").join("") + "</svg>";
+}
+function minute(m) {
+  if (!m) return "<td>-</td><td>-</td><td>-</td><td>-</td>";
+  const s = m.series;
+  return "<td>" + f(m.rate_per_s, 1) + spark(s.rate_per_s, "#2563eb") + "</td><td>" + pct(m.error_rate) + spark(s.error_rate, "#dc2626") +
+    "</td><td>" + f(m.p50_ms, 1) + "</td><td>" + f(m.p99_ms, 1) + spark(s.p99_ms, "#7c3aed") + "</td>";
+}
+const MINUTE_HEAD = "<th>req/s</th><th>errors</th><th>p50 ms</th><th>p99 ms</th>";
+function ago(s) { return s === null || s === undefined ? "never" : s.toFixed(1) + " s ago"; }
 async function refresh() {
   try {
     const s = await (await fetch("/status", {cache: "no-store"})).json();
     document.getElementById("meta").textContent =
-      "up " + s.uptime_s.toFixed(0) + " s, reloads " + s.reloads + " (refused " + s.reload_failures + "), config " + (s.config_file || "-");
+      "up " + s.uptime_s.toFixed(0) + " s, reloads " + s.reloads + " (refused " + s.reload_failures + "), config " + (s.config_file || "-") +
+      (s.access_log ? ", access log " + s.access_log.path + " (" + s.access_log.lines + " lines, " + s.access_log.dropped + " dropped)" : "");
+    let lh = "<table><tr><th>listener</th><th>route</th><th>host</th><th>path</th><th>methods</th><th>headers</th><th>cluster</th><th>overrides</th></tr>";
+    for (const l of s.listeners) {
+      const head = "<td class='l'>" + esc(l.listen) + (l.tls ? " <small>TLS</small>" : "") + "</td>";
+      for (const r of l.routes) {
+        const path = r.path !== null ? "= " + esc(r.path) : (r.path_prefix !== null ? esc(r.path_prefix) + "*" : "");
+        const hdrs = r.headers ? Object.entries(r.headers).map(([k, v]) => esc(k) + ": " + esc(v)).join(", ") : "";
+        const over = [r.request_timeout_ms !== null ? "timeout " + r.request_timeout_ms + " ms" : "", r.retry_attempts !== null ? "retries " + r.retry_attempts : ""].filter(x => x).join(", ");
+        lh += "<tr>" + head + "<td>" + r.index + "</td><td class='l'>" + f(r.host) + "</td><td class='l'>" + path + "</td><td class='l'>" +
+          (r.methods ? r.methods.map(esc).join(" ") : "") + "</td><td class='l'>" + hdrs + "</td><td class='l'>" + esc(r.cluster) + "</td><td class='l'>" + over + "</td></tr>";
+      }
+      lh += "<tr>" + head + "<td>" + (l.routes.length ? "otherwise" : "all") + "</td><td colspan='4'></td><td class='l'>" +
+        (l.cluster ? esc(l.cluster) : "404 (" + l.not_found + " so far)") + "</td><td></td></tr>";
+    }
+    document.getElementById("listeners").innerHTML = lh + "</table>";
     let html = "";
     for (const c of s.clusters) {
-      html += "<h2>" + c.name + " <small>" + c.strategy + (c.panicking ? ", PANIC (health ignored)" : "") +
+      html += "<h2>" + esc(c.name) + " <small>" + esc(c.strategy) + (c.panicking ? ", PANIC (health ignored)" : "") +
         ", in flight " + c.in_flight + ", retries " + c.retries + ", budget refusals " + c.retry_budget_refusals + "</small></h2>";
-      html += "<table><tr><th>endpoint</th><th>weight</th><th>effective</th><th>healthy</th><th>ejected for ms</th>" +
-        "<th>ejections</th><th>in flight</th><th>latency est. ms</th><th>successes</th><th>failures</th></tr>";
+      const d = c.discovery;
+      if (d) {
+        html += "<p>Endpoints from <code>" + esc(d.source) + "</code>" + (d.refresh_s ? " every " + d.refresh_s + " s" : "") +
+          ": last refresh " + ago(d.last_refresh_ago_s) + (d.last_refresh ? " <small>(" + esc(d.last_refresh) + ")</small>" : "") +
+          ", " + d.errors + " failed refreshes" + (d.last_error ? "; <b>failing: " + esc(d.last_error) + "</b> (last set kept)" : "") + "</p>";
+      }
+      html += "<table><tr><th></th>" + MINUTE_HEAD + "</tr><tr><td>cluster (answers to clients)</td>" + minute(c.last_minute) + "</tr></table>";
+      html += "<table><tr><th>endpoint</th><th>weight</th><th>healthy</th><th>ejected for ms</th><th>in flight</th><th>latency est. ms</th>" +
+        MINUTE_HEAD + "<th>successes</th><th>failures</th></tr>";
+      if (!c.endpoints.length) html += "<tr><td colspan='12'>no endpoint: requests are answered 503</td></tr>";
       for (const e of c.endpoints) {
         const cls = !e.healthy ? "bad" : (e.ejected ? "ej" : "");
-        html += "<tr class='" + cls + "'><td>" + e.address + "</td><td>" + e.weight + "</td><td>" + f(e.effective_weight, 2) +
-          "</td><td>" + (e.healthy ? "yes" : "NO") + "</td><td>" + f(e.ejected_for_ms, 0) + "</td><td>" + e.ejections_total +
-          "</td><td>" + e.in_flight + "</td><td>" + f(e.latency_estimate_ms, 2) + "</td><td>" + e.successes + "</td><td>" + e.failures + "</td></tr>";
+        html += "<tr class='" + cls + "'><td>" + esc(e.address) + "</td><td>" + e.weight + (e.effective_weight !== e.weight ? " <small>(" + f(e.effective_weight, 2) + ")</small>" : "") +
+          "</td><td>" + (e.healthy ? "yes" : "NO") + "</td><td>" + f(e.ejected_for_ms, 0) +
+          "</td><td>" + e.in_flight + "</td><td>" + f(e.latency_estimate_ms, 2) + "</td>" + minute(e.last_minute) + "<td>" + e.successes + "</td><td>" + e.failures + "</td></tr>";
       }
       html += "</table>";
     }
@@ -442,7 +525,7 @@ setInterval(refresh, 1000);
 </script>
 <noscript><meta http-equiv="refresh" content="2;url=/status"></noscript>
 </body></html>
-"#;
+"##;
 
 #[cfg(test)]
 mod tests {

@@ -116,7 +116,8 @@ pub(crate) struct Discovered {
 pub(crate) struct State {
     /// The last set found (`None` until the source first answered).
     pub endpoints: Option<Vec<EndpointSpec>>,
-    /// When the source last answered with endpoints.
+    /// When the source last answered with endpoints (a file: was last looked at, unchanged
+    /// or read).
     pub last_refresh: Option<SystemTime>,
     /// When the set last changed.
     pub last_change: Option<SystemTime>,
@@ -147,6 +148,14 @@ impl Discovered {
             .endpoints
             .clone()
             .unwrap_or_default()
+    }
+
+    /// Records that a file source was looked at and had not changed (its last read stands).
+    fn unchanged(&self) {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .last_refresh = Some(SystemTime::now());
     }
 
     /// Records a refresh's result; returns the new set when it differs from the last one.
@@ -359,6 +368,7 @@ pub(crate) async fn run(
             let now = file_stamp(path);
             let failed = discovered.state().last_error.is_some();
             if now.is_some() && now == stamp && !failed {
+                discovered.unchanged();
                 continue;
             }
             stamp = now;

@@ -38,6 +38,11 @@ impl Histogram {
         self.buckets.iter().map(|b| b.load(Relaxed)).sum()
     }
 
+    /// Observations per bucket so far (not cumulative; the last one is above every bound).
+    pub(crate) fn buckets(&self) -> [u64; LATENCY_BUCKETS.len() + 1] {
+        std::array::from_fn(|i| self.buckets[i].load(Relaxed))
+    }
+
     fn render(&self, out: &mut String, name: &str, labels: &str) {
         let mut cumulative = 0;
         for (i, le) in LATENCY_BUCKETS.iter().enumerate() {

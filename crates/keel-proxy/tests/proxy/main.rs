@@ -7,6 +7,7 @@
 mod support;
 
 mod access_log;
+mod admin_status;
 mod config_props;
 mod discovery;
 mod h1_path;
