@@ -10,6 +10,9 @@
 //!    `formerly_coarse_errors_name_the_exact_key` runs those four alone.)
 //! 3. (Ignored, fails today) durations too long for the clock are refused.
 //!
+//! The generated configurations include routes (`[[listener.route]]`), DNS discovery (`dns` or
+//! `srv` in place of `endpoints`) and `[access_log]`, and the mutations cover their errors.
+//!
 //! The documents are built as sections of `key = value` lines, so the test knows the line of
 //! every key it writes.
 
@@ -17,7 +20,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use keel_balance::{StrategyKind, TieBreak};
-use keel_proxy::config::HashOn;
+use keel_proxy::config::{AccessLogFormat, DiscoveryConfig, HashOn};
 use keel_proxy::{ConfigError, ProxyConfig};
 use proptest::prelude::*;
 
@@ -120,6 +123,40 @@ struct ListenerSpec {
     header_read_timeout_ms: u64,
     idle_timeout_ms: u64,
     max_request_body_bytes: Option<u64>,
+    routes: Vec<RouteSpec>,
+}
+
+/// `[[listener.route]]`.
+#[derive(Debug, Clone)]
+struct RouteSpec {
+    /// (wildcard, name): `*.name` or `name`.
+    host: Option<(bool, String)>,
+    /// (exact, path): `path` or `path_prefix`.
+    path: Option<(bool, String)>,
+    methods: Vec<String>,
+    headers: BTreeMap<String, String>,
+    cluster: usize,
+    request_timeout_ms: Option<u64>,
+    retry_attempts: Option<u32>,
+}
+
+/// A cluster's `discovery` by DNS (a file source needs a file: the integration tests).
+#[derive(Debug, Clone)]
+struct DiscoverySpec {
+    /// SRV (`_http._tcp.` + name), else A/AAAA with `port`.
+    srv: bool,
+    name: String,
+    port: u16,
+    resolver_port: Option<u16>,
+    refresh_ms: Option<u64>,
+}
+
+/// `[access_log]`.
+#[derive(Debug, Clone)]
+struct AccessLogSpec {
+    path: String,
+    /// None: the default (json).
+    combined: Option<bool>,
 }
 
 #[derive(Debug, Clone)]
@@ -188,6 +225,8 @@ struct ClusterSpec {
     health_check: Option<HealthSpec>,
     outlier: Option<OutlierSpec>,
     slow_start: Option<SlowStartSpec>,
+    /// In place of `endpoints`.
+    discovery: Option<DiscoverySpec>,
 }
 
 #[derive(Debug, Clone)]
@@ -195,6 +234,7 @@ struct ConfigSpec {
     drain_timeout_ms: u64,
     /// Admin on loopback, with or without a token.
     admin: Option<Option<String>>,
+    access_log: Option<AccessLogSpec>,
     listeners: Vec<ListenerSpec>,
     clusters: Vec<ClusterSpec>,
 }
@@ -213,9 +253,10 @@ fn listener_spec() -> impl Strategy<Value = ListenerSpec> {
         duration_ms(),
         duration_ms(),
         proptest::option::of(0u64..=1 << 40),
+        proptest::collection::vec(route_spec(), 0..=3),
     )
         .prop_map(
-            |(port, cluster, mc, mhb, mh, hrt, idle, body)| ListenerSpec {
+            |(port, cluster, mc, mhb, mh, hrt, idle, body, routes)| ListenerSpec {
                 port,
                 cluster,
                 max_connections: mc,
@@ -224,8 +265,106 @@ fn listener_spec() -> impl Strategy<Value = ListenerSpec> {
                 header_read_timeout_ms: hrt,
                 idle_timeout_ms: idle,
                 max_request_body_bytes: body,
+                routes,
             },
         )
+}
+
+fn route_spec() -> impl Strategy<Value = RouteSpec> {
+    let name = "[a-z][a-z0-9-]{0,8}(\\.[a-z][a-z0-9-]{0,8}){0,2}";
+    (
+        proptest::option::of((any::<bool>(), name)),
+        proptest::option::of((any::<bool>(), "/[a-z0-9/_.-]{0,12}")),
+        proptest::collection::btree_set(
+            proptest::sample::select(vec!["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH"]),
+            0..3,
+        ),
+        proptest::collection::btree_map("x-[a-z]{1,8}", "[a-zA-Z0-9._-]{0,10}", 0..3),
+        0usize..8,
+        proptest::option::of(1u64..=120_000),
+        proptest::option::of(0u32..=10),
+    )
+        .prop_map(
+            |(host, path, methods, headers, cluster, timeout, attempts)| RouteSpec {
+                host,
+                path,
+                methods: methods.into_iter().map(str::to_string).collect(),
+                headers,
+                cluster,
+                request_timeout_ms: timeout,
+                retry_attempts: attempts,
+            },
+        )
+}
+
+fn discovery_spec() -> impl Strategy<Value = DiscoverySpec> {
+    (
+        any::<bool>(),
+        "[a-z][a-z0-9-]{0,8}(\\.[a-z][a-z0-9-]{0,8}){1,3}",
+        1u16..=65535,
+        proptest::option::of(1u16..=65535),
+        proptest::option::of(1000u64..=120_000),
+    )
+        .prop_map(|(srv, name, port, resolver, refresh)| DiscoverySpec {
+            srv,
+            name,
+            port,
+            resolver_port: resolver,
+            refresh_ms: refresh,
+        })
+}
+
+impl DiscoverySpec {
+    /// The inline table.
+    fn value(&self) -> String {
+        let mut v = if self.srv {
+            format!("{{ srv = {}", q(&format!("_http._tcp.{}", self.name)))
+        } else {
+            format!("{{ dns = {}, port = {}", q(&self.name), self.port)
+        };
+        if let Some(p) = self.resolver_port {
+            v.push_str(&format!(", resolver = {}", q(&format!("127.0.0.1:{p}"))));
+        }
+        if let Some(r) = self.refresh_ms {
+            v.push_str(&format!(", refresh = {}", ms(r)));
+        }
+        v.push_str(" }");
+        v
+    }
+}
+
+impl RouteSpec {
+    fn section(&self, listener: usize, index: usize, clusters: &[ClusterSpec]) -> Section {
+        let mut s = Section::new(
+            Some("[[listener.route]]"),
+            &format!("listener[{listener}].route[{index}]"),
+        );
+        if let Some((wild, h)) = &self.host {
+            s.set("host", q(&format!("{}{h}", if *wild { "*." } else { "" })));
+        }
+        if let Some((exact, p)) = &self.path {
+            s.set(if *exact { "path" } else { "path_prefix" }, q(p));
+        }
+        if !self.methods.is_empty() {
+            s.set("methods", format!("{:?}", self.methods));
+        }
+        if !self.headers.is_empty() {
+            let pairs: Vec<String> = self
+                .headers
+                .iter()
+                .map(|(k, v)| format!("{k} = {}", q(v)))
+                .collect();
+            s.set("headers", format!("{{ {} }}", pairs.join(", ")));
+        }
+        s.set("cluster", q(&clusters[self.cluster].name));
+        if let Some(t) = self.request_timeout_ms {
+            s.set("request_timeout", ms(t));
+        }
+        if let Some(a) = self.retry_attempts {
+            s.set("retry_attempts", a.to_string());
+        }
+        s
+    }
 }
 
 fn retry_spec() -> impl Strategy<Value = RetrySpec> {
@@ -332,8 +471,9 @@ fn cluster_spec() -> impl Strategy<Value = ClusterSpec> {
         balance,
         traffic,
         protections,
+        proptest::option::weighted(0.25, discovery_spec()),
     )
-        .prop_map(|(name, strategy, endpoints, b, t, p)| {
+        .prop_map(|(name, strategy, endpoints, b, t, p, discovery)| {
             let hash = strategy.is_hash();
             ClusterSpec {
                 name,
@@ -360,6 +500,7 @@ fn cluster_spec() -> impl Strategy<Value = ClusterSpec> {
                 health_check: p.1,
                 outlier: p.2,
                 slow_start: p.3,
+                discovery,
             }
         })
 }
@@ -368,10 +509,14 @@ fn config_spec() -> impl Strategy<Value = ConfigSpec> {
     (
         duration_ms(),
         proptest::option::of(proptest::option::of("[A-Za-z0-9_-]{16,40}")),
+        proptest::option::of((
+            prop_oneof!["-", "[a-z]{1,8}\\.log"],
+            proptest::option::of(any::<bool>()),
+        )),
         proptest::collection::vec(listener_spec(), 1..=3),
         proptest::collection::vec(cluster_spec(), 1..=3),
     )
-        .prop_map(|(drain, admin, mut listeners, mut clusters)| {
+        .prop_map(|(drain, admin, log, mut listeners, mut clusters)| {
             // Cluster names are unique, listeners name existing clusters, and two listeners
             // never share a fixed port.
             for (i, c) in clusters.iter_mut().enumerate() {
@@ -379,6 +524,9 @@ fn config_spec() -> impl Strategy<Value = ConfigSpec> {
             }
             for (i, l) in listeners.iter_mut().enumerate() {
                 l.cluster %= clusters.len();
+                for r in &mut l.routes {
+                    r.cluster %= clusters.len();
+                }
                 if l.port != 0 {
                     l.port = 20000 + i as u16;
                 }
@@ -386,6 +534,7 @@ fn config_spec() -> impl Strategy<Value = ConfigSpec> {
             ConfigSpec {
                 drain_timeout_ms: drain,
                 admin,
+                access_log: log.map(|(path, combined)| AccessLogSpec { path, combined }),
                 listeners,
                 clusters,
             }
@@ -421,6 +570,14 @@ impl ConfigSpec {
             }
             sections.push(s);
         }
+        if let Some(log) = &self.access_log {
+            let mut s = Section::new(Some("[access_log]"), "access_log");
+            s.set("path", q(&log.path));
+            if let Some(c) = log.combined {
+                s.set("format", q(if c { "combined" } else { "json" }));
+            }
+            sections.push(s);
+        }
         for (i, l) in self.listeners.iter().enumerate() {
             let mut s = Section::new(Some("[[listener]]"), &format!("listener[{i}]"));
             s.set("listen", q(&format!("127.0.0.1:{}", l.port)));
@@ -434,6 +591,9 @@ impl ConfigSpec {
                 s.set("max_request_body_bytes", b.to_string());
             }
             sections.push(s);
+            for (j, r) in l.routes.iter().enumerate() {
+                sections.push(r.section(i, j, &self.clusters));
+            }
         }
         for (i, c) in self.clusters.iter().enumerate() {
             let p = format!("cluster[{i}]");
@@ -446,7 +606,10 @@ impl ConfigSpec {
                 .enumerate()
                 .map(|(j, (port, w))| (q(&endpoint_address(i, j, *port)), w.to_string()))
                 .collect();
-            s.set("endpoints", endpoints_value(&eps));
+            match &c.discovery {
+                Some(d) => s.set("discovery", d.value()),
+                None => s.set("endpoints", endpoints_value(&eps)),
+            }
             s.set(
                 "tie_break",
                 q(if c.lowest_index {
@@ -558,6 +721,11 @@ impl ConfigSpec {
     }
 }
 
+/// A discovery's refresh: as written, else the default 5 s.
+fn w_refresh(ms: Option<u64>) -> Duration {
+    ms.map_or(Duration::from_secs(5), d)
+}
+
 /// The per-try timeout written: a share of the request timeout, at least 1 ms.
 fn per_try_ms(c: &ClusterSpec, permille: u64) -> u64 {
     (c.request_timeout_ms * permille / 1000).max(1)
@@ -591,6 +759,40 @@ fn assert_round_trip(spec: &ConfigSpec, c: &ProxyConfig) {
         assert_eq!(l.header_read_timeout, d(s.header_read_timeout_ms));
         assert_eq!(l.idle_timeout, d(s.idle_timeout_ms));
         assert_eq!(l.max_request_body_bytes, s.max_request_body_bytes);
+        assert_eq!(l.routes.len(), s.routes.len());
+        for (r, w) in l.routes.iter().zip(&s.routes) {
+            let host = w
+                .host
+                .as_ref()
+                .map(|(wild, h)| format!("{}{h}", if *wild { "*." } else { "" }));
+            assert_eq!(r.host, host);
+            let exact = |e: bool| {
+                w.path
+                    .as_ref()
+                    .filter(|(x, _)| *x == e)
+                    .map(|(_, p)| p.clone())
+            };
+            assert_eq!(r.path, exact(true));
+            assert_eq!(r.path_prefix, exact(false));
+            assert_eq!(r.methods, w.methods);
+            assert_eq!(r.headers, w.headers);
+            assert_eq!(r.cluster, spec.clusters[w.cluster].name);
+            assert_eq!(r.request_timeout, w.request_timeout_ms.map(d));
+            assert_eq!(r.retry_attempts, w.retry_attempts);
+        }
+    }
+    match (&c.access_log, &spec.access_log) {
+        (None, None) => {}
+        (Some(a), Some(w)) => {
+            assert_eq!(a.path, std::path::PathBuf::from(&w.path));
+            let format = if w.combined == Some(true) {
+                AccessLogFormat::Combined
+            } else {
+                AccessLogFormat::Json
+            };
+            assert_eq!(a.format, format);
+        }
+        (got, want) => panic!("access_log {got:?}, wrote {want:?}"),
     }
     assert_eq!(c.clusters.len(), spec.clusters.len());
     for (i, (c, s)) in c.clusters.iter().zip(&spec.clusters).enumerate() {
@@ -605,9 +807,27 @@ fn assert_round_trip(spec: &ConfigSpec, c: &ProxyConfig) {
             .endpoints
             .iter()
             .enumerate()
+            .filter(|_| s.discovery.is_none())
             .map(|(j, (port, w))| (endpoint_address(i, j, *port), *w))
             .collect();
         assert_eq!(eps, want);
+        let discovery = s.discovery.as_ref().map(|w| DiscoveryConfig {
+            dns: (!w.srv).then(|| w.name.clone()),
+            srv: w.srv.then(|| format!("_http._tcp.{}", w.name)),
+            file: None,
+            port: (!w.srv).then_some(w.port),
+            resolver: w
+                .resolver_port
+                .map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p))),
+            refresh: w.refresh_ms.map(d),
+        });
+        assert_eq!(c.discovery, discovery);
+        if let Some(dc) = &c.discovery {
+            assert_eq!(
+                dc.refresh(),
+                w_refresh(s.discovery.as_ref().and_then(|w| w.refresh_ms))
+            );
+        }
         let tie = if s.lowest_index {
             TieBreak::LowestIndex
         } else {
@@ -774,7 +994,41 @@ fn mutate(
     let hc = format!("{cp}.health_check");
     let ss = format!("{cp}.slow_start");
 
-    const KINDS: usize = 48;
+    // A cluster that finds its endpoints by DNS: `discovery` replaces `endpoints`.
+    let discovering = |doc: &mut Doc, value: &str| {
+        let section = doc.section(&cp);
+        section
+            .entries
+            .retain(|(k, _)| k != "endpoints" && k != "discovery");
+        section.set("discovery", value.to_string());
+    };
+    // A cluster with these endpoints (and no `discovery`).
+    let with_endpoints = |doc: &mut Doc, eps: &[(String, String)]| {
+        let section = doc.section(&cp);
+        section.entries.retain(|(k, _)| k != "discovery");
+        section.set("endpoints", endpoints_value(eps));
+    };
+    // A further route on listener `li`, after its section and its routes; returns its path.
+    let add_route = |doc: &mut Doc| -> String {
+        let j = spec.listeners[li].routes.len();
+        let path = format!("{lp}.route[{j}]");
+        let at = doc
+            .sections
+            .iter()
+            .rposition(|s| s.path == lp || s.path.starts_with(&format!("{lp}.")))
+            .unwrap();
+        let mut s = Section::new(Some("[[listener.route]]"), &path);
+        s.set("cluster", q(&c.name));
+        doc.sections.insert(at + 1, s);
+        path
+    };
+    let at_discovery = |key: &str, what: String| Mutation {
+        what,
+        key: format!("{cp}.discovery{key}"),
+        line_of: format!("{cp}.discovery"),
+    };
+
+    const KINDS: usize = 62;
     let m = match kind % KINDS {
         0 => set(&mut doc, &retry, "attempts", big(11).to_string()),
         1 => set(
@@ -964,7 +1218,7 @@ fn mutate(
                 "10.0.0.1:99999",
                 "",
             ]));
-            doc.section(&cp).set("endpoints", endpoints_value(&eps));
+            with_endpoints(&mut doc, &eps);
             let path = format!("{cp}.endpoints[{ej}].address");
             Mutation {
                 what: format!("endpoint {ej} address {}", eps[ej].0),
@@ -976,7 +1230,7 @@ fn mutate(
             // A negative or too large weight: a type error at the weight.
             let mut eps = endpoint_list(c, ci);
             eps[ej].1 = pick(&["-1", "4294967296", "1.5", "\"2\""]);
-            doc.section(&cp).set("endpoints", endpoints_value(&eps));
+            with_endpoints(&mut doc, &eps);
             let path = format!("{cp}.endpoints[{ej}].weight");
             Mutation {
                 what: format!("endpoint {ej} weight {}", eps[ej].1),
@@ -988,7 +1242,7 @@ fn mutate(
             // Weight 0: keel-balance refuses it when the balancer is built.
             let mut eps = endpoint_list(c, ci);
             eps[ej].1 = "0".into();
-            doc.section(&cp).set("endpoints", endpoints_value(&eps));
+            with_endpoints(&mut doc, &eps);
             let path = format!("{cp}.endpoints[{ej}].weight");
             Mutation {
                 what: format!("endpoint {ej} weight 0"),
@@ -1002,7 +1256,7 @@ fn mutate(
             let dup = eps[ej].clone();
             eps.push(dup);
             let j = eps.len() - 1;
-            doc.section(&cp).set("endpoints", endpoints_value(&eps));
+            with_endpoints(&mut doc, &eps);
             Mutation {
                 what: format!("endpoint {ej} listed twice"),
                 key: format!("{cp}.endpoints[{j}].address"),
@@ -1071,7 +1325,7 @@ fn mutate(
             if eps.len() < 2 {
                 eps.push((q(&format!("10.9.{ci}.1:80")), "1".into()));
             }
-            doc.section(&cp).set("endpoints", endpoints_value(&eps));
+            with_endpoints(&mut doc, &eps);
             set(&mut doc, &cp, "table_size", "2".into())
         }
         40 => {
@@ -1125,6 +1379,117 @@ fn mutate(
         ),
         45 => set(&mut doc, &cp, "seed", pick(&["-1", "\"7\"", "1.0"])),
         46 => set(&mut doc, &cp, "decay", q(&pick(&["0s", "0ms"]))),
+        48 => {
+            let v = format!(
+                "{{ dns = \"api.internal.test\", port = 80, refresh = {} }}",
+                q(&pick(&["500ms", "999ms", "0s"]))
+            );
+            discovering(&mut doc, &v);
+            at_discovery(".refresh", v)
+        }
+        49 => {
+            let v = "{ srv = \"_http._tcp.api.internal.test\", port = 80 }".to_string();
+            discovering(&mut doc, &v);
+            at_discovery(".port", v)
+        }
+        50 => {
+            let v = format!(
+                "{{ dns = {}, port = 80 }}",
+                q(&pick(&["api internal.test", "a..b", "api.test:53", ""]))
+            );
+            discovering(&mut doc, &v);
+            at_discovery(".dns", v)
+        }
+        51 => {
+            let v = pick(&[
+                "{ dns = \"api.internal.test\" }",
+                "{ dns = \"api.internal.test\", port = 0 }",
+            ]);
+            discovering(&mut doc, &v);
+            at_discovery(".port", v)
+        }
+        52 => {
+            let v = pick(&[
+                "{ srv = \"api.internal.test\" }",
+                "{ srv = \"_http.api.test\" }",
+            ]);
+            discovering(&mut doc, &v);
+            at_discovery(".srv", v)
+        }
+        53 => {
+            // Both `endpoints` and `discovery`, or neither of the sources, or an unknown key.
+            let v = pick(&[
+                "{ dns = \"a.test\", srv = \"_a._tcp.b.test\", port = 80 }",
+                "{ port = 80 }",
+            ]);
+            discovering(&mut doc, &v);
+            at_discovery("", v)
+        }
+        54 => {
+            with_endpoints(&mut doc, &endpoint_list(c, ci));
+            doc.section(&cp)
+                .set("discovery", "{ dns = \"a.test\", port = 80 }".to_string());
+            at_discovery("", "endpoints and discovery".into())
+        }
+        55 => {
+            let v = "{ dns = \"a.test\", port = 80, ttl = 5 }".to_string();
+            discovering(&mut doc, &v);
+            at_discovery(".ttl", v)
+        }
+        56 => {
+            let rp = add_route(&mut doc);
+            doc.section(&rp).set("path_prefix", q("/a/"));
+            set(&mut doc, &rp, "path", q("/a"))
+        }
+        57 => {
+            let rp = add_route(&mut doc);
+            set(&mut doc, &rp, "cluster", q("no-such-cluster"))
+        }
+        58 => {
+            let rp = add_route(&mut doc);
+            let key = pick(&["path", "path_prefix"]);
+            set(&mut doc, &rp, &key, q(&pick(&["v1/", "/a?b", "/a b", ""])))
+        }
+        59 => {
+            let rp = add_route(&mut doc);
+            match r % 4 {
+                0 => set(
+                    &mut doc,
+                    &rp,
+                    "methods",
+                    pick(&["[\"G ET\"]", "[\"GET\", \"\"]"]),
+                ),
+                1 => set(&mut doc, &rp, "retry_attempts", big(11).to_string()),
+                2 => set(&mut doc, &rp, "request_timeout", q("0s")),
+                _ => set(
+                    &mut doc,
+                    &rp,
+                    "host",
+                    q(&pick(&[
+                        "api.example.test:8080",
+                        "http://a.test",
+                        "a..b",
+                        "*",
+                    ])),
+                ),
+            }
+        }
+        60 => {
+            let rp = add_route(&mut doc);
+            set(&mut doc, &rp, "weight", "1".into())
+        }
+        61 => {
+            doc.sections.retain(|s| s.path != "access_log");
+            let mut log = Section::new(Some("[access_log]"), "access_log");
+            log.set("path", q("access.log"));
+            doc.sections.insert(1, log);
+            set(
+                &mut doc,
+                "access_log",
+                "format",
+                q(&pick(&["xml", "JSON", "nginx", ""])),
+            )
+        }
         _ => set(
             &mut doc,
             &cp,
@@ -1163,7 +1528,7 @@ proptest! {
     #[test]
     fn one_bad_value_is_refused_at_its_key_and_line(
         spec in config_spec(),
-        kind in 0usize..48,
+        kind in 0usize..62,
         r in any::<u64>(),
         ci in 0usize..3,
         li in 0usize..3,
@@ -1241,6 +1606,7 @@ fn durations_too_long_for_the_clock_are_refused() {
         let mut doc = ConfigSpec {
             drain_timeout_ms: 1000,
             admin: None,
+            access_log: None,
             listeners: vec![],
             clusters: vec![],
         }
