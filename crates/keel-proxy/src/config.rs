@@ -1912,6 +1912,26 @@ mod tests {
                 "cluster[0].retry.budget_window",
                 9,
             ),
+            (
+                "[cluster.hedge]\ndelay = \"p95\"\nmax = 2\n",
+                "cluster[0].hedge.max",
+                10,
+            ),
+            (
+                "[cluster.hedge]\ndelay = \"p95\"\nbudget_percent = 100.5\n",
+                "cluster[0].hedge.budget_percent",
+                10,
+            ),
+            (
+                "[cluster.hedge]\ndelay = \"0s\"\n",
+                "cluster[0].hedge.delay",
+                9,
+            ),
+            (
+                "[cluster.hedge]\ndelay = \"p100\"\n",
+                "cluster[0].hedge.delay",
+                9,
+            ),
         ];
         for (extra, key, line) in cases {
             let e = err(&format!("{HEAD}{extra}"));
