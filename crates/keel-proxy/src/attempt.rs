@@ -479,6 +479,9 @@ pub(crate) async fn forward<B: RequestBody>(
         };
         tried[n_tried] = pick.id();
         n_tried += 1;
+        if cluster.uses_load_reports {
+            crate::probe::after_pick(cluster, now);
+        }
         let last = attempt >= attempts;
         req.head.truncate(common_len);
         end_head(req.head, req.meta, &cluster.endpoints[pick.index()]);

@@ -49,6 +49,10 @@ pub struct Cluster {
     pub metrics: Arc<ClusterMetrics>,
     /// Rate limit of the lines logged about this cluster's failures.
     pub(crate) log_budget: crate::attempt::LogBudget,
+    /// The strategy balances on the load endpoints report (`x-keel-rif`, probes).
+    pub uses_load_reports: bool,
+    /// Load probes under way (bounded by [`crate::probe::MAX_IN_FLIGHT`]).
+    pub(crate) probes_in_flight: std::sync::atomic::AtomicUsize,
     epoch: Instant,
 }
 
@@ -130,6 +134,8 @@ impl Cluster {
         Ok(Cluster {
             metrics: registry.cluster(&config.name),
             log_budget: crate::attempt::LogBudget::new(10, epoch),
+            uses_load_reports: balancer.uses_load_reports(),
+            probes_in_flight: std::sync::atomic::AtomicUsize::new(0),
             config,
             balancer,
             budget,

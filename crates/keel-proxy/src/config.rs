@@ -664,6 +664,81 @@ pub struct ClusterConfig {
     /// another endpoint; off unless present.
     #[serde(default)]
     pub hedge: Option<keel_balance::HedgeConfig>,
+    /// Load probes (`[cluster.probe]`) for a strategy that balances on the load endpoints
+    /// report (prequal); other strategies send none.
+    #[serde(default)]
+    pub probe: ProbeConfig,
+}
+
+/// `[cluster.probe]`: after each pick, a prequal balancer names `probes_per_request` random
+/// endpoints, and each gets `GET path` on a connection of its own; the `x-keel-rif` and
+/// `x-keel-latency-us` headers of the answer are its load report (`keel backend` answers them
+/// at `/keel/load`). Answers to requests carry the same headers and count too.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeConfig {
+    /// Path requested. Default `/keel/load`.
+    #[serde(default = "default_probe_path")]
+    pub path: String,
+    /// Endpoints probed after each pick (prequal's `probes_per_pick`), 0 to 16; 0 sends none
+    /// (reports come from answers only). Default 3.
+    #[serde(default = "default_probes_per_request")]
+    pub probes_per_request: u32,
+    /// Time allowed for one probe (connect and answer); a late answer is dropped. Default
+    /// 100 ms.
+    #[serde(
+        default = "default_probe_timeout",
+        with = "keel_balance::duration_serde"
+    )]
+    pub timeout: Duration,
+}
+
+fn default_probe_path() -> String {
+    keel_balance::LOAD_PATH.into()
+}
+fn default_probes_per_request() -> u32 {
+    StrategyOptions::default().probes_per_pick
+}
+fn default_probe_timeout() -> Duration {
+    Duration::from_millis(100)
+}
+
+impl Default for ProbeConfig {
+    /// `GET /keel/load` to 3 endpoints after each pick, 100 ms to answer.
+    fn default() -> Self {
+        Self {
+            path: default_probe_path(),
+            probes_per_request: default_probes_per_request(),
+            timeout: default_probe_timeout(),
+        }
+    }
+}
+
+impl ProbeConfig {
+    /// Checks the probe settings; paths are relative to `[cluster.probe]`.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if !self.path.starts_with('/')
+            || self.path.parse::<hyper::http::uri::PathAndQuery>().is_err()
+        {
+            return Err(InvalidField::at(
+                "path",
+                Problem::Invalid(format!(
+                    "`{}` is not a path; it must start with `/`",
+                    self.path
+                )),
+            ));
+        }
+        if self.probes_per_request > 16 {
+            return Err(InvalidField::at(
+                "probes_per_request",
+                Problem::out_of_range("within 0..=16", self.probes_per_request),
+            ));
+        }
+        if self.timeout.is_zero() {
+            return Err(zero("timeout"));
+        }
+        Ok(())
+    }
 }
 
 fn default_strategy() -> StrategyKind {
@@ -884,6 +959,7 @@ impl ClusterConfig {
             vnodes: self.vnodes,
             table_size: self.table_size,
             bounded_load: self.bounded_load,
+            probes_per_pick: self.probe.probes_per_request.max(1),
             ..StrategyOptions::default()
         };
         b.outlier_detection = self.outlier_detection.clone();
@@ -1349,6 +1425,9 @@ impl ClusterConfig {
         if let Some(h) = &self.hedge {
             h.validate().map_err(|e| e.under(FieldPath::key("hedge")))?;
         }
+        self.probe
+            .validate()
+            .map_err(|e| e.under(FieldPath::key("probe")))?;
         if let Some(h) = &self.health_check {
             h.validate()
                 .map_err(|e| e.under(FieldPath::key("health_check")))?;
@@ -1505,6 +1584,7 @@ impl ClusterConfig {
             health_check: None,
             tls: None,
             hedge: None,
+            probe: ProbeConfig::default(),
         }
     }
 
@@ -1521,6 +1601,7 @@ impl ClusterConfig {
         self.vnodes = o.vnodes;
         self.table_size = o.table_size;
         self.bounded_load = o.bounded_load;
+        self.probe.probes_per_request = o.probes_per_pick;
         self.panic_threshold = b.panic_threshold;
         self.seed = Some(b.seed);
         self.outlier_detection.clone_from(&b.outlier_detection);

@@ -31,6 +31,7 @@ mod h2;
 mod health;
 mod metrics;
 mod pool;
+mod probe;
 mod recent;
 mod route;
 mod server;

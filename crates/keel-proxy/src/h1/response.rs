@@ -4,6 +4,8 @@
 
 use std::mem::MaybeUninit;
 
+use keel_balance::{LoadReport, LATENCY_HEADER, RIF_HEADER};
+
 use super::request::parse_content_length;
 use super::{push_header, HOP_BY_HOP};
 
@@ -36,6 +38,9 @@ pub(crate) struct ResponseHead {
     pub keep_alive: bool,
     /// The head has a `Date` (else the front end adds one, as a proxy with a clock must).
     pub has_date: bool,
+    /// The load the endpoint reported (`x-keel-rif` and `x-keel-latency-us`), if both are
+    /// there and valid.
+    pub load: Option<LoadReport>,
 }
 
 /// Most headers accepted in an upstream response.
@@ -75,8 +80,14 @@ pub(crate) fn parse_response(
     let mut chunked = false;
     let mut transfer_encoding = false;
     let mut has_date = false;
+    let (mut rif, mut latency_us) = (None, None);
     for h in resp.headers.iter() {
         has_date |= h.name.eq_ignore_ascii_case("date");
+        if h.name.eq_ignore_ascii_case(RIF_HEADER) {
+            rif = Some(h.value);
+        } else if h.name.eq_ignore_ascii_case(LATENCY_HEADER) {
+            latency_us = Some(h.value);
+        }
         if h.name.eq_ignore_ascii_case("connection") {
             for token in h.value.split(|b| *b == b',') {
                 let token = token.trim_ascii();
@@ -148,6 +159,7 @@ pub(crate) fn parse_response(
         framing,
         keep_alive: !close && framing != Framing::Close,
         has_date,
+        load: LoadReport::from_headers(rif, latency_us),
     }))
 }
 

@@ -138,6 +138,12 @@ async fn read_response(
             Ok(Some(resp)) => {
                 conn.buf.advance(resp.head_len);
                 entry.metrics.responses[class_index(resp.status)].fetch_add(1, Relaxed);
+                // Server-reported load, for a strategy that balances on it (prequal).
+                if let Some(load) = resp.load {
+                    if cluster.uses_load_reports {
+                        cluster.balancer.report_load(entry.id, load, cluster.now());
+                    }
+                }
                 if let Framing::Length(n) = resp.framing {
                     if n <= cluster.config.max_buffered_response
                         && !cluster.is_failure_status(resp.status)
@@ -188,6 +194,13 @@ async fn read_at_least(conn: &mut RawConn, n: usize) -> Result<(), String> {
 /// a body), reads the response and its body to their end; returns the status and whether the
 /// endpoint keeps the connection open. Shares this leg's response parsing.
 pub(crate) async fn exchange(conn: &mut RawConn, head: &[u8]) -> Result<(u16, bool), String> {
+    exchange_head(conn, head)
+        .await
+        .map(|resp| (resp.status, resp.keep_alive))
+}
+
+/// [`exchange`], returning the parsed response head (its status, its reported load).
+pub(crate) async fn exchange_head(conn: &mut RawConn, head: &[u8]) -> Result<ResponseHead, String> {
     super::write_all_2(&mut conn.io, head, &[])
         .await
         .map_err(|e| format!("cannot send: {e}"))?;
@@ -209,7 +222,7 @@ pub(crate) async fn exchange(conn: &mut RawConn, head: &[u8]) -> Result<(u16, bo
                     Framing::Close => read_to_end(conn).await,
                 };
                 body.map_err(|e| format!("status {}, then {e}", resp.status))?;
-                return Ok((resp.status, resp.keep_alive));
+                return Ok(resp);
             }
             Ok(None) => {}
             Err(what) => return Err(format!("invalid response: {what}")),

@@ -15,6 +15,7 @@ mod hardening;
 mod hardening_admin;
 mod hardening_limits;
 mod hedging;
+mod load_reports;
 mod proxy_behaviour;
 mod proxy_done;
 mod proxy_lifecycle;

@@ -41,7 +41,11 @@ async fn every_strategy_routes_to_every_endpoint() {
             by.keys().all(|k| k.starts_with('b')),
             "{s}: every answer is a 200 from a backend: {by:?}"
         );
-        assert!(by.len() >= 2, "{s}: picks spread: {by:?}");
+        // Prequal goes by the backends' reports: idle backends that answer at once differ by
+        // microseconds of reported latency, and one of them may take every call.
+        if s != StrategyKind::Prequal {
+            assert!(by.len() >= 2, "{s}: picks spread: {by:?}");
+        }
         proxy.shutdown(Duration::from_secs(1)).await;
     }
 }

@@ -1,0 +1,57 @@
+//! Server-reported load through the proxy: with `strategy = "prequal"` the HTTP/1.1 leg reads
+//! `x-keel-rif` and `x-keel-latency-us` from every answer, and load probes (`[cluster.probe]`,
+//! `GET /keel/load` after each pick) bring more; both reach the balancer as load reports.
+
+use std::time::Duration;
+
+use crate::support::*;
+use hyper::{Method, StatusCode};
+use keel_model::vocab::Latency;
+use keel_testbed::backend::{self, BackendConfig};
+
+/// Two endpoints (`keel backend` with a capacity): one answers in 1 ms, one in 150 ms. Once
+/// both have served a call, their reports say so, and prequal's hot-cold rule (neither is hot,
+/// so the lower latency) sends every call to the fast one; random would send half to each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prequal_balances_on_the_load_endpoints_report_in_their_answers() {
+    let mut bs = Vec::new();
+    for (name, ms) in [("fast", 1), ("slow", 150)] {
+        let cfg = BackendConfig {
+            latency: Latency::fixed(Duration::from_millis(ms)),
+            name: name.into(),
+            concurrency: Some(1),
+            ..BackendConfig::default()
+        };
+        bs.push(backend::spawn(any_port(), cfg).await.unwrap());
+    }
+    let addrs: Vec<_> = bs.iter().map(|b| b.addr()).collect();
+    let proxy = keel_proxy::start(simple_config(&addrs, "prequal", ""))
+        .await
+        .unwrap();
+    let url = format!("http://{}/", proxy.listener_addrs()[0]);
+    let c = client();
+    let mut by = std::collections::BTreeMap::<String, usize>::new();
+    for _ in 0..40 {
+        let r = send(&c, Method::GET, &url, &[], b"").await.unwrap();
+        assert_eq!(r.status, StatusCode::OK);
+        // The endpoint's report is forwarded with the answer.
+        assert!(r.header("x-keel-rif").is_some() && r.header("x-keel-latency-us").is_some());
+        *by.entry(r.header("x-backend").unwrap().to_string())
+            .or_default() += 1;
+    }
+    // Until the endpoints have latencies to report (a backend with no recent request reports
+    // 0), the slow one may get a call or two; then none.
+    let slow = by.get("slow").copied().unwrap_or(0);
+    assert!(slow <= 6, "{by:?}");
+    assert!(bs[1].requests() as usize == slow);
+    // And each pick sent probes (`[cluster.probe]`, 3 per request: here both endpoints).
+    assert!(
+        eventually(Duration::from_secs(2), || bs
+            .iter()
+            .all(|b| b.load_probes() >= 30))
+        .await,
+        "{:?}",
+        bs.iter().map(|b| b.load_probes()).collect::<Vec<_>>()
+    );
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
