@@ -71,4 +71,71 @@ proptest! {
         let counted: u64 = eps.iter().map(|e| e.outcomes().0 + e.outcomes().1).sum();
         prop_assert_eq!(counted, finished);
     }
+
+    /// least-connections (a tournament tree, not a scan): whatever the weights, the order of
+    /// starts and ends, and updates that add and remove endpoints, every pick goes to an
+    /// endpoint whose calls in flight per unit of weight are the least of all.
+    #[test]
+    fn least_connections_always_picks_a_least_loaded_endpoint(
+        weights in prop::collection::vec(1u32..5, 1..40),
+        ops in prop::collection::vec((0u8..8, any::<u64>()), 1..400),
+    ) {
+        let b = Balancer::new(BalancerConfig::new(StrategyKind::LeastConnections), &weighted(&weights)).unwrap();
+        let mut specs = weighted(&weights);
+        let mut open: Vec<Pick> = Vec::new();
+        let mut added = weights.len();
+        for (op, r) in ops {
+            match op {
+                0..=3 => {
+                    let eps = b.endpoints();
+                    let load = |e: &keel_balance::Endpoint| f64::from(e.in_flight()) / f64::from(e.weight());
+                    let least = eps.iter().map(|e| load(e)).fold(f64::INFINITY, f64::min);
+                    let p = b.pick(&PickContext::new(T0)).unwrap();
+                    let got = (f64::from(p.endpoint().in_flight()) - 1.0) / f64::from(p.endpoint().weight());
+                    prop_assert!((got - least).abs() < 1e-12, "picked {} at {}, least {}", p.index(), got, least);
+                    open.push(p);
+                }
+                4..=6 if !open.is_empty() => {
+                    let p = open.swap_remove((r % open.len() as u64) as usize);
+                    b.finish(p, Outcome::Success, T0);
+                }
+                7 => {
+                    // Add one, or remove one (not the last).
+                    if r % 2 == 0 || specs.len() == 1 {
+                        specs.push(EndpointSpec::new(format!("e{added}")).with_weight(1 + (r >> 8) as u32 % 4));
+                        added += 1;
+                    } else {
+                        specs.remove((r >> 8) as usize % specs.len());
+                    }
+                    b.update(&specs, T0).unwrap();
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// least-time (bands of latency, not a scan): every pick goes to an endpoint without a
+    /// sample or whose estimate is within the tolerance (0.5) of the fastest, plus at most one
+    /// band (1/32 here, a band being 1/64 of an octave).
+    #[test]
+    fn least_time_picks_within_the_tolerance_of_the_fastest(
+        latencies_ms in prop::collection::vec(1u64..200, 1..30),
+        picks in 1usize..300,
+    ) {
+        let specs: Vec<EndpointSpec> = (0..latencies_ms.len()).map(|i| EndpointSpec::new(format!("e{i}"))).collect();
+        let b = Balancer::new(BalancerConfig::new(StrategyKind::LeastTime), &specs).unwrap();
+        let mut now = T0;
+        for _ in 0..picks {
+            let eps = b.endpoints();
+            let fastest = eps.iter().filter_map(|e| e.latency_estimate()).min();
+            let p = b.pick(&PickContext::new(now)).unwrap();
+            if let (Some(est), Some(fastest)) = (p.endpoint().latency_estimate(), fastest) {
+                let limit = fastest.as_secs_f64() * 1.5 * (1.0 + 1.0 / 32.0);
+                prop_assert!(est.as_secs_f64() <= limit, "{:?} picked, fastest {:?}", est, fastest);
+            }
+            let took = Duration::from_millis(latencies_ms[p.index()]);
+            b.finish(p, Outcome::Success, now + took);
+            now += took;
+        }
+    }
 }
