@@ -115,27 +115,39 @@ proptest! {
     }
 
     /// least-time (bands of latency, not a scan): every pick goes to an endpoint without a
-    /// sample or whose estimate is within the tolerance (0.5) of the fastest, plus at most one
-    /// band (1/32 here, a band being 1/64 of an octave).
+    /// sample or whose estimate, decayed to now (e^(-age / decay)), is within the tolerance
+    /// (0.5) of the fastest's, plus at most one band (1/32 here, a band being 1/64 of an
+    /// octave), plus what the estimates decayed since the bands last read them (each endpoint
+    /// is re-read at least every n picks: at most 30 x 200 ms here, e^(-6 s / 1000 s).
     #[test]
     fn least_time_picks_within_the_tolerance_of_the_fastest(
         latencies_ms in prop::collection::vec(1u64..200, 1..30),
         picks in 1usize..300,
     ) {
         let specs: Vec<EndpointSpec> = (0..latencies_ms.len()).map(|i| EndpointSpec::new(format!("e{i}"))).collect();
-        let b = Balancer::new(BalancerConfig::new(StrategyKind::LeastTime), &specs).unwrap();
+        let mut cfg = BalancerConfig::new(StrategyKind::LeastTime);
+        cfg.options.decay = Duration::from_secs(1000);
+        let b = Balancer::new(cfg, &specs).unwrap();
+        let mut last_sample = vec![T0; specs.len()];
         let mut now = T0;
         for _ in 0..picks {
             let eps = b.endpoints();
-            let fastest = eps.iter().filter_map(|e| e.latency_estimate()).min();
+            let decayed = |i: usize| {
+                eps[i].latency_estimate().map(|e| {
+                    e.as_secs_f64() * (-(now - last_sample[i]).as_secs_f64() / 1000.0).exp()
+                })
+            };
+            let fastest = (0..eps.len()).filter_map(decayed).fold(f64::INFINITY, f64::min);
             let p = b.pick(&PickContext::new(now)).unwrap();
-            if let (Some(est), Some(fastest)) = (p.endpoint().latency_estimate(), fastest) {
-                let limit = fastest.as_secs_f64() * 1.5 * (1.0 + 1.0 / 32.0);
-                prop_assert!(est.as_secs_f64() <= limit, "{:?} picked, fastest {:?}", est, fastest);
+            if let Some(est) = decayed(p.index()) {
+                let limit = fastest * 1.5 * (1.0 + 1.0 / 32.0) * (6.0f64 / 1000.0).exp();
+                prop_assert!(est <= limit, "{} picked, fastest {}", est, fastest);
             }
             let took = Duration::from_millis(latencies_ms[p.index()]);
+            let i = p.index();
             b.finish(p, Outcome::Success, now + took);
             now += took;
+            last_sample[i] = now;
         }
     }
 }

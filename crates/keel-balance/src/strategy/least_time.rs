@@ -12,7 +12,9 @@ use crate::rng::{below, mix64};
 /// estimate is within `tolerance` of the lowest counts as equally fast, and they share the picks
 /// in proportion to weight; an endpoint without a sample (new, or back from an ejection) joins
 /// them, so that it gets its share until its first samples say how fast it is. Anything slower
-/// gets nothing until the others slow down: that is least-time's rule, sluggish by design.
+/// gets nothing until the others slow down or its estimate, decayed with the time since its
+/// last sample, comes within the tolerance: that is least-time's rule, sluggish by design (a
+/// slow endpoint is tried again after about `decay x ln(its estimate / 1.5 x the fastest)`).
 ///
 /// The endpoints are kept sorted into [`Bands`] of latency (64 per octave, so an estimate is
 /// known to within 1.6 %), with the weight of each band in a Fenwick tree: a pick finds the
@@ -44,6 +46,24 @@ impl LeastTime {
         self.bands.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Endpoint i's estimate decayed to now: one that no call refreshes looks faster as time
+    /// passes (by e^(-age / decay), as peak-EWMA's), so an endpoint shut out by a few slow
+    /// samples (a slow first call, a passing hiccup) is tried again after a while instead of
+    /// never; endpoints in use are refreshed by every call and barely decay.
+    #[inline]
+    fn estimate(&self, v: &View<'_>, i: usize) -> Option<f64> {
+        v.eps[i].latency().decayed(v.now, self.decay_ns)
+    }
+
+    /// Endpoint i's band now.
+    #[inline]
+    fn band_now(&self, v: &View<'_>, i: usize) -> usize {
+        if !v.eps[i].is_available(v.now) {
+            return OUT;
+        }
+        self.estimate(v, i).map_or(0, band_of)
+    }
+
     /// The exact rule by a scan of every endpoint.
     fn scan(&self, v: &View<'_>) -> Option<usize> {
         if self.tie == TieBreak::LowestIndex {
@@ -52,14 +72,14 @@ impl LeastTime {
         }
         let fastest = (0..v.eps.len())
             .filter(|&i| v.allowed(i))
-            .filter_map(|i| v.eps[i].latency().value())
+            .filter_map(|i| self.estimate(v, i))
             .fold(f64::INFINITY, f64::min);
         let limit = fastest * (1.0 + self.tolerance);
         let mut chosen = None;
         let mut total = 0u64;
         let mut bits = v.rng.next_u64();
         for i in 0..v.eps.len() {
-            if !v.allowed(i) || v.eps[i].latency().value().is_some_and(|x| x > limit) {
+            if !v.allowed(i) || self.estimate(v, i).is_some_and(|x| x > limit) {
                 continue;
             }
             let w = v.weight_milli(i);
@@ -80,10 +100,10 @@ impl Strategy for LeastTime {
         }
         let mut bands = self.bands();
         if !bands.filled {
-            bands.fill(v);
+            bands.fill(|i| self.band_now(v, i));
         }
         let sweep = self.sweep.fetch_add(1, Ordering::Relaxed) % v.eps.len();
-        bands.place(sweep, band_now(v, sweep));
+        bands.place(sweep, self.band_now(v, sweep));
         let mut bits = v.rng.next_u64();
         if let Some(last) = bands.last_band(self.tolerance) {
             for _ in 0..RANDOM_TRIES {
@@ -112,14 +132,14 @@ impl Strategy for LeastTime {
         v.eps[i]
             .latency()
             .record(latency_ns as f64, v.now, self.decay_ns, false);
-        self.bands().place(i, band_now(v, i));
+        self.bands().place(i, self.band_now(v, i));
     }
 
     fn refresh(&self, v: &View<'_>, which: Option<usize>) {
         let mut bands = self.bands();
         match which {
-            Some(i) => bands.place(i, band_now(v, i)),
-            None => bands.fill(v),
+            Some(i) => bands.place(i, self.band_now(v, i)),
+            None => bands.fill(|i| self.band_now(v, i)),
         }
     }
 }
@@ -141,16 +161,6 @@ fn band_of(ns: f64) -> usize {
 #[inline]
 fn band_top(b: usize) -> f64 {
     f64::from_bits(((b as u64) + (1023 << 6)) << 46)
-}
-
-/// Endpoint `i`'s band now.
-#[inline]
-fn band_now(v: &View<'_>, i: usize) -> usize {
-    let e = &v.eps[i];
-    if !e.is_available(v.now) {
-        return OUT;
-    }
-    e.latency().value().map_or(0, band_of)
 }
 
 /// The endpoints sorted by band, each band's weight in a Fenwick tree.
@@ -185,11 +195,11 @@ impl Bands {
     }
 
     /// Every endpoint placed from scratch (a counting sort): O(n + bands).
-    fn fill(&mut self, v: &View<'_>) {
+    fn fill(&mut self, band_now: impl Fn(usize) -> usize) {
         let n = self.band.len();
         let mut counts = vec![0u32; OUT + 2];
         for i in 0..n {
-            let b = band_now(v, i);
+            let b = band_now(i);
             self.band[i] = b as u16;
             counts[b + 1] += 1;
         }
