@@ -235,8 +235,8 @@ impl Endpoint {
 /// Layout: bit 63 says "has a sample"; bits 36-62 hold the estimate as an `f32` without its sign
 /// and its 4 lowest mantissa bits (relative precision 2^-19); bits 0-35 hold the time of the
 /// last sample in units of 1024 ns, modulo 2^36 (about 19.5 hours). An age is therefore read
-/// modulo 19.5 hours: harmless, since any decay time that keel uses has forgotten a sample long
-/// before that.
+/// modulo 19.5 hours, and one of more than half that (a sample seemingly from the future) as 0:
+/// harmless, since any decay time that keel uses has forgotten a sample long before that.
 #[derive(Debug, Default)]
 pub(crate) struct LatencyEstimate(AtomicU64);
 
@@ -257,7 +257,13 @@ impl LatencyEstimate {
             return None;
         }
         let value = f32::from_bits((((word & !HAS_SAMPLE) >> STAMP_BITS) as u32) << 4);
-        let age_units = (now >> STAMP_UNIT_SHIFT).wrapping_sub(word) & STAMP_MASK;
+        let age_units = match (now >> STAMP_UNIT_SHIFT).wrapping_sub(word) & STAMP_MASK {
+            // A sample stamped after `now` (another thread read its clock later and recorded
+            // first): age 0, not 19.5 hours, which would decay the estimate to nothing and make
+            // the endpoint look free.
+            future if future > STAMP_MASK / 2 => 0,
+            age => age,
+        };
         Some((f64::from(value), age_units << STAMP_UNIT_SHIFT))
     }
 
@@ -366,6 +372,8 @@ mod tests {
         assert!((v - 10.0 * MS as f64).abs() < 1e-4 * v, "{v}");
         // The age is kept to 1024 ns.
         assert!(age.abs_diff(30 * MS) < 2048, "{age}");
+        // Read a little before the sample's time (another thread's clock): age 0, not 19 hours.
+        assert_eq!(e.read(100 * MS - 5_000).unwrap().1, 0);
         e.clear();
         assert_eq!(e.value(), None);
     }

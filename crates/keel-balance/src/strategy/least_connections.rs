@@ -69,7 +69,7 @@ impl Strategy for LeastConnections {
             tree.fill(v);
         }
         let turn = self.sweep.fetch_add(1, Ordering::Relaxed);
-        if turn % SWEEP_EVERY == 0 {
+        if turn.is_multiple_of(SWEEP_EVERY) {
             let i = (turn / SWEEP_EVERY) % v.eps.len();
             tree.set(i, leaf(v, i, 0));
         }
