@@ -29,10 +29,14 @@ fn quick_lab_reproduces_e1_e2_e6_over_real_sockets() {
     let e2 = of("e2");
     assert_eq!(e2.len(), 1);
     assert_eq!(e2[0]["strategy"], "least-connections");
+    // The model's value depends on q (how much longer the hung server holds a call than a
+    // healthy one answers), which depends on this machine's speed: the measured value is held
+    // to the model at the measured q, and both far above round-robin's 0.512.
     let m = e2[0]["measured"].as_f64().unwrap();
+    let model = e2[0]["analytic"].as_f64().expect("E2 has a model value");
     assert!(
-        m >= 0.98,
-        "E2 least-connections measured {m}: {}",
+        model >= 0.9 && m >= 0.9 && (m - model).abs() <= 0.03,
+        "E2 least-connections measured {m}, model {model}: {}",
         e2[0]["explanation"]
     );
     let e6 = of("e6");
