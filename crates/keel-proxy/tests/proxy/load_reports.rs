@@ -55,3 +55,46 @@ async fn prequal_balances_on_the_load_endpoints_report_in_their_answers() {
     );
     proxy.shutdown(Duration::from_secs(1)).await;
 }
+
+/// E4's black hole on real traffic: an endpoint that fails at once reports the best load of all
+/// (nothing in flight, answers in no time), in its 503s and at `/keel/load`. After each failure
+/// prequal ignores its reports for `failure_penalty` (1 s), so it gets about one call a second
+/// (each retried on another endpoint), not the most calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_failing_endpoint_does_not_attract_prequal() {
+    use keel_model::vocab::FailureMode;
+    let mut bs = Vec::new();
+    for (name, fault) in [
+        ("bad", FailureMode::FAIL_AT_ONCE),
+        ("good-1", FailureMode::None),
+        ("good-2", FailureMode::None),
+    ] {
+        let cfg = BackendConfig {
+            latency: Latency::fixed(Duration::from_millis(2)),
+            fault,
+            name: name.into(),
+            concurrency: Some(4),
+            ..BackendConfig::default()
+        };
+        bs.push(backend::spawn(any_port(), cfg).await.unwrap());
+    }
+    let addrs: Vec<_> = bs.iter().map(|b| b.addr()).collect();
+    let proxy = keel_proxy::start(simple_config(&addrs, "prequal", ""))
+        .await
+        .unwrap();
+    let url = format!("http://{}/", proxy.listener_addrs()[0]);
+    let c = client();
+    let start = std::time::Instant::now();
+    for _ in 0..300 {
+        let r = send(&c, Method::GET, &url, &[], b"").await.unwrap();
+        assert_eq!(r.status, StatusCode::OK, "retried on a good endpoint");
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    // One call when the penalty ends, a few more at most before the failure comes back.
+    let bad = bs[0].requests() as f64;
+    assert!(
+        bad <= 3.0 * (seconds + 1.0),
+        "{bad} calls to the failing endpoint in {seconds:.2} s"
+    );
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
