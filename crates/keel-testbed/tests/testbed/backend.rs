@@ -362,10 +362,14 @@ async fn exponential_latency_spreads_around_its_mean() {
         calls_per_request: 1,
     })
     .await;
-    // Exponential with mean 10 ms: median 6.9 ms, p99 46 ms, p99/p50 = 6.6; a fixed 10 ms would
-    // have p99 = p50. A busy machine adds a few ms to both, so compare loosely.
+    // Exponential with mean 10 ms: median 6.9 ms, p99 46 ms, 39 ms apart; a fixed 10 ms would
+    // have p99 = p50. A busy machine adds delay to both (which spoils a ratio, not the
+    // distance), so compare the distance, loosely.
     assert!(r.latency_p99 > Duration::from_millis(30), "{r}");
-    assert!(r.latency_p99 > r.latency_p50 * 5 / 2, "{r}");
+    assert!(
+        r.latency_p99.saturating_sub(r.latency_p50) > Duration::from_millis(20),
+        "{r}"
+    );
 }
 
 #[tokio::test]
