@@ -21,6 +21,9 @@
 //! Time is always a `Duration` since an epoch the driver chooses (the proxy: process start; the
 //! simulator: virtual time zero), which is what makes simulation and deterministic tests
 //! possible.
+//!
+//! "The source" in these docs is the article keel starts from, *Common Load-Balancing
+//! Strategies and Their Reliability Analysis in Distributed Systems* (docs/reliability.md).
 
 #![warn(missing_docs)]
 

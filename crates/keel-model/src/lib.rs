@@ -1,7 +1,9 @@
 //! # keel-model
 //!
 //! keel's reliability model: what share of requests succeeds when some servers of a cluster
-//! have failed, depending on how the balancer picks (docs/reliability.md states the model). It
+//! have failed, depending on how the balancer picks (docs/reliability.md states the model and
+//! its source, the article *Common Load-Balancing Strategies and Their Reliability Analysis in
+//! Distributed Systems*, which comments here call "the source"). It
 //! holds the closed forms ([`analytic`]), a discrete-event simulator on a virtual clock that
 //! drives keel-balance's own balancers ([`sim`]), the experiments as presets ([`presets`]),
 //! confidence intervals ([`stats`]), SVG charts ([`plot`]), and the vocabulary every experiment
