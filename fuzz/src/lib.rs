@@ -52,6 +52,16 @@ fn check_accepted(config: &ProxyConfig) {
         let lb = Balancer::new(c.balancer_config(), &c.endpoints).unwrap_or_else(|e| {
             panic!("cluster {:?} was accepted but does not build: {e}", c.name)
         });
+        if c.discovery.is_some() {
+            // Its endpoints come when the source answers: it starts empty (503s).
+            assert!(
+                c.endpoints.is_empty(),
+                "cluster {:?}: endpoints and discovery",
+                c.name
+            );
+            let _ = c.discovery.as_ref().map(|d| (d.describe(), d.refresh()));
+            continue;
+        }
         // Every endpoint starts healthy, so a pick must succeed (with and without a hash key).
         let now = Duration::from_millis(1);
         // Both picks come before any outcome: a failure may eject the endpoint (failure rate
@@ -107,6 +117,17 @@ enum Kind {
     /// A PEM file path (none of them holds a usable certificate: the error paths).
     File,
     ServerName,
+    /// A cluster's `discovery` inline table (`dns`, `srv` or `file`, with or without `port`,
+    /// `resolver`, `refresh`).
+    Discovery,
+    /// A route's `host`.
+    Host,
+    /// A route's `methods`.
+    Methods,
+    /// A route's `headers` inline table.
+    Headers,
+    /// `[access_log]`'s `format`.
+    LogFormat,
 }
 
 const TOP_KEYS: &[(&str, Kind)] = &[("drain_timeout", Kind::Duration)];
@@ -142,7 +163,19 @@ const CLUSTER_KEYS: &[(&str, Kind)] = &[
     ("pool_idle_timeout", Kind::Duration),
     ("pool_max_idle_per_endpoint", Kind::Size),
     ("max_in_flight", Kind::Size),
+    ("discovery", Kind::Discovery),
 ];
+const ROUTE_KEYS: &[(&str, Kind)] = &[
+    ("host", Kind::Host),
+    ("path", Kind::Path),
+    ("path_prefix", Kind::Path),
+    ("methods", Kind::Methods),
+    ("headers", Kind::Headers),
+    ("cluster", Kind::ClusterRef),
+    ("request_timeout", Kind::Duration),
+    ("retry_attempts", Kind::Count),
+];
+const ACCESS_LOG_KEYS: &[(&str, Kind)] = &[("path", Kind::File), ("format", Kind::LogFormat)];
 const RETRY_KEYS: &[(&str, Kind)] = &[
     ("attempts", Kind::Count),
     ("per_try_timeout", Kind::Duration),
@@ -297,6 +330,8 @@ enum Sub {
 #[derive(Arbitrary, Debug)]
 struct ClusterDoc {
     name: u8,
+    /// `discovery` in place of `endpoints` (both when the entries add `endpoints`).
+    discovery: Option<Val>,
     endpoints: Option<Vec<Vec<Entry>>>,
     entries: Vec<Entry>,
     subs: Vec<(Sub, Vec<Entry>)>,
@@ -307,6 +342,8 @@ struct ListenerDoc {
     cluster: u8,
     port: u16,
     entries: Vec<Entry>,
+    /// `[[listener.route]]` tables.
+    routes: Vec<Vec<Entry>>,
     tls: Option<Vec<Entry>>,
 }
 
@@ -319,6 +356,7 @@ pub struct Doc {
     clusters: Vec<ClusterDoc>,
     listeners: Vec<ListenerDoc>,
     admin: Option<Vec<Entry>>,
+    access_log: Option<Vec<Entry>>,
     top: Vec<Entry>,
 }
 
@@ -337,10 +375,15 @@ impl Doc {
             out.push_str("[admin]\n");
             write_entries(&mut out, ADMIN_KEYS, admin, &[]);
         }
+        if let Some(log) = &self.access_log {
+            out.push_str("[access_log]\n");
+            write_entries(&mut out, ACCESS_LOG_KEYS, log, &[("path", quote("-"))]);
+        }
         let default_listener = [ListenerDoc {
             cluster: 0,
             port: 0,
             entries: Vec::new(),
+            routes: Vec::new(),
             tls: None,
         }];
         let listeners: &[ListenerDoc] = if self.listeners.is_empty() && !self.bare.is_multiple_of(8)
@@ -351,6 +394,7 @@ impl Doc {
         };
         let default_cluster = [ClusterDoc {
             name: 0,
+            discovery: None,
             endpoints: None,
             entries: Vec::new(),
             subs: Vec::new(),
@@ -367,6 +411,11 @@ impl Doc {
                 ("cluster", quote(pick(CLUSTER_NAMES, l.cluster as u64))),
             ];
             write_entries(&mut out, LISTENER_KEYS, &l.entries, &base);
+            for route in &l.routes {
+                out.push_str("[[listener.route]]\n");
+                let base = [("cluster", quote(pick(CLUSTER_NAMES, route.len() as u64)))];
+                write_entries(&mut out, ROUTE_KEYS, route, &base);
+            }
             if let Some(tls) = &l.tls {
                 out.push_str("[listener.tls]\n");
                 let base = [("cert", quote("/dev/null")), ("key", quote("/dev/null"))];
@@ -393,7 +442,10 @@ impl Doc {
             };
             let base = [
                 ("name", quote(pick(CLUSTER_NAMES, c.name as u64))),
-                ("endpoints", endpoints),
+                match &c.discovery {
+                    Some(v) => ("discovery", value(Kind::Discovery, v)),
+                    None => ("endpoints", endpoints),
+                },
             ];
             write_entries(&mut out, CLUSTER_KEYS, &c.entries, &base);
             let mut written: Vec<&str> = Vec::new();
@@ -515,7 +567,7 @@ fn value(kind: Kind, v: &Val) -> String {
     }
     match &v.other {
         Other::Kind(k) => {
-            const KINDS: [Kind; 18] = [
+            const KINDS: [Kind; 23] = [
                 Kind::Count,
                 Kind::Size,
                 Kind::Float,
@@ -534,6 +586,11 @@ fn value(kind: Kind, v: &Val) -> String {
                 Kind::Weight,
                 Kind::File,
                 Kind::ServerName,
+                Kind::Discovery,
+                Kind::Host,
+                Kind::Methods,
+                Kind::Headers,
+                Kind::LogFormat,
             ];
             typed(KINDS[*k as usize % KINDS.len()], v.sel, v.n)
         }
@@ -675,6 +732,86 @@ fn typed(kind: Kind, sel: u16, n: u64) -> String {
             ],
             n,
         )),
+        Kind::Discovery => {
+            let name = pick(
+                &[
+                    "api.internal.test",
+                    "_http._tcp.api.internal.test",
+                    "api.internal.test.",
+                    "a..b",
+                    "",
+                    "api internal",
+                    "_http.api.test",
+                    "api.test:53",
+                ],
+                n,
+            );
+            let mut parts = match sel % 5 {
+                0 | 1 => vec![format!("dns = {}", quote(name))],
+                2 => vec![format!("srv = {}", quote(name))],
+                3 => vec![format!("file = {}", typed(Kind::File, sel >> 3, n >> 5))],
+                _ => vec![
+                    format!("dns = {}", quote(name)),
+                    format!("srv = {}", quote(name)),
+                ],
+            };
+            // `dns` needs a port: mostly a good one, so that most such clusters get past it.
+            if sel & 0x10 != 0 {
+                parts.push(format!("port = {}", int(sel >> 5, n >> 7)));
+            } else if sel % 5 < 2 {
+                parts.push("port = 9000".into());
+            }
+            if sel & 0x20 != 0 {
+                parts.push(format!(
+                    "resolver = {}",
+                    typed(Kind::Address, sel >> 6, n >> 9)
+                ));
+            }
+            if sel & 0x40 != 0 {
+                parts.push(format!(
+                    "refresh = {}",
+                    typed(Kind::Duration, sel >> 7, n >> 11)
+                ));
+            }
+            format!("{{ {} }}", parts.join(", "))
+        }
+        Kind::Host => quote(pick(
+            &[
+                "api.example.test",
+                "*.example.test",
+                "API.Example.Test",
+                "*",
+                "*.",
+                "a..b",
+                "api.example.test:8080",
+                "http://a.test",
+                "[::1]",
+                "",
+            ],
+            n,
+        )),
+        Kind::Methods => {
+            let all = ["GET", "HEAD", "POST", "DELETE", "get", "", "G ET", "PURGE"];
+            let len = sel % 4;
+            let items: Vec<String> = (0..len)
+                .map(|i| quote(pick(&all, n.rotate_left(i as u32 * 11))))
+                .collect();
+            format!("[{}]", items.join(", "))
+        }
+        Kind::Headers => {
+            let names = ["x-canary", "X-Tenant", "bad name", "", "host"];
+            let values = ["1", "", "a b", "\u{7f}", "v"];
+            let len = sel % 3;
+            let items: Vec<String> = (0..len)
+                .map(|i| {
+                    let k = pick(&names, n.rotate_left(i as u32 * 5));
+                    let v = pick(&values, n.rotate_left(i as u32 * 9));
+                    format!("{} = {}", bare_or_quoted(k), quote(v))
+                })
+                .collect();
+            format!("{{ {} }}", items.join(", "))
+        }
+        Kind::LogFormat => quote(pick(&["json", "combined", "JSON", "nginx", ""], n)),
         Kind::Endpoints => {
             let len = sel % 4;
             let items: Vec<String> = (0..len)
