@@ -11,6 +11,7 @@
 //! backend and the lab use too.
 
 pub mod analytic;
+pub mod multiplex;
 pub mod plot;
 pub mod presets;
 pub mod sim;

@@ -3,11 +3,13 @@
 //! `max_in_flight` check, the pick (avoiding endpoints already tried), the per-try and
 //! whole-request deadlines, `finish` with the outcome, the retry decision within the budget,
 //! and the answer when every try failed (502/503/504 with a typed [`Cause`]). The upstream
-//! protocol is a leg ([`crate::h1::upstream`] today) that moves one try's bytes and reports
-//! a typed [`TryFailure`]: what failed, and whether the endpoint may have acted on the request.
+//! protocol is a [`Leg`] that moves one try's bytes and reports a typed [`TryFailure`]: what
+//! failed, and whether the endpoint may have acted on the request. The legs: HTTP/1.1
+//! ([`crate::h1::upstream`], upgrades included), HTTP/2 ([`crate::h2_leg`], gRPC included),
+//! both behind [`forward`], and TCP ([`crate::tcp`]), which calls [`drive`] itself.
 //!
 //! The front end then sends the [`Answer`]: keel's own, or the endpoint's response, whose
-//! [`Tail`] finishes the pick with the body's outcome.
+//! [`Tail`] finishes the pick with the body's (or tunnel's) outcome.
 
 use std::fmt;
 use std::io;
@@ -21,7 +23,7 @@ use keel_balance::{EndpointId, Outcome, Pick, PickContext};
 use tokio::time::Sleep;
 
 use crate::cluster::{Cluster, EndpointEntry};
-use crate::config::{ErrorDetail, HashOn, MAX_RETRY_ATTEMPTS};
+use crate::config::{ErrorDetail, HashOn, UpstreamProtocol, MAX_RETRY_ATTEMPTS};
 use crate::h1::request::{Reject, RequestHead};
 use crate::h1::response::ResponseHead;
 use crate::metrics::{class_index, ClusterMetrics, ErrorKind};
@@ -58,6 +60,22 @@ pub(crate) trait RequestBody {
     /// True while a piece is being read from the client: a try that runs out of time then
     /// waited on the client, not on the endpoint.
     fn waiting_on_client(&self) -> bool {
+        false
+    }
+    /// Makes the body ready to be sent again from its start, for another try; false if it
+    /// cannot be (part of a streamed body is gone).
+    fn rewind(&mut self) -> bool {
+        self.inline().is_some() || !self.started()
+    }
+    /// The trailers that ended the body, once [`Self::next_piece`] returned its end
+    /// (HTTP/2 clients).
+    fn trailers(&mut self) -> Option<hyper::HeaderMap> {
+        None
+    }
+    /// The client may wait for the response before it ends its body (an HTTP/2 stream, a
+    /// bidirectional gRPC call): the HTTP/2 leg then returns at the response head and the
+    /// front end sends the rest.
+    fn full_duplex(&self) -> bool {
         false
     }
 }
@@ -105,6 +123,9 @@ pub(crate) enum Cause {
     RequestTimeout(Duration),
     /// The endpoint answered with a status in `retry_on_status`.
     Status(u16),
+    /// The endpoint answered a gRPC call with a status that counts as its failure
+    /// (14 UNAVAILABLE, or one in `retry_on_grpc_status`).
+    GrpcStatus(u32),
     /// The client's request or body was refused.
     Client(Reject),
 }
@@ -125,7 +146,8 @@ impl Cause {
             | Cause::ClosedEarly
             | Cause::InvalidResponse(_)
             | Cause::BodyFailed(_)
-            | Cause::Status(_) => "the endpoint failed",
+            | Cause::Status(_)
+            | Cause::GrpcStatus(_) => "the endpoint failed",
             Cause::Client(r) => r.cause(),
         }
     }
@@ -169,6 +191,7 @@ impl fmt::Display for Detailed<'_> {
                 humantime::format_duration(*d)
             ),
             Cause::Status(s) => write!(f, "upstream {ep} answered {s}"),
+            Cause::GrpcStatus(s) => write!(f, "upstream {ep} answered grpc-status {s}"),
             Cause::Client(r) => f.write_str(r.cause()),
         }
     }
@@ -206,15 +229,34 @@ impl TryError {
     }
 }
 
-/// How a try failed.
-pub(crate) enum TryFailure {
+/// How a try failed. `W` is what the leg yields when the endpoint answers.
+pub(crate) enum TryFailure<W = UpstreamResponse> {
     /// No usable answer from the endpoint.
     Upstream(TryError),
-    /// The endpoint answered with a status that counts as its failure (`retry_on_status`):
-    /// forwarded as it is when no retry follows. Its head is in the front end's buffer.
-    Status(RawConn, ResponseHead),
+    /// The endpoint answered with a status that counts as its failure (`retry_on_status`, or
+    /// a gRPC status): forwarded as it is when no retry follows.
+    Status(W, Cause),
     /// The client's body broke the try: the client's fault, never the endpoint's.
     Client(Reject),
+}
+
+/// An endpoint's response, as its leg read it.
+pub(crate) enum UpstreamResponse {
+    /// HTTP/1.1: the connection with what was read of the body, and the head (rewritten
+    /// into the front end's buffer). A `101` to an upgrade request makes a tunnel.
+    H1(RawConn, ResponseHead),
+    /// HTTP/2: the head, the body stream (trailers included) and the request's stream.
+    H2(Box<crate::h2_leg::H2Response>),
+}
+
+impl UpstreamResponse {
+    /// The response's status code.
+    pub fn status(&self) -> u16 {
+        match self {
+            UpstreamResponse::H1(_, head) => head.status,
+            UpstreamResponse::H2(r) => r.head.status.as_u16(),
+        }
+    }
 }
 
 /// The body text of keel's own answers: `"<status> <reason>: <cause>\n"`.
@@ -271,13 +313,10 @@ pub(crate) struct OwnAnswer {
     pub cause: String,
 }
 
-/// The endpoint's response, head read (and rewritten into the front end's buffer); its body
-/// still on the connection unless it was small.
+/// The endpoint's response, head read; its body still to come unless it was small.
 pub(crate) struct Upstream {
-    /// The connection, with what was read of the body.
-    pub conn: RawConn,
-    /// The head.
-    pub head: ResponseHead,
+    /// The response.
+    pub response: UpstreamResponse,
     /// Finishes the pick once the body is through.
     pub tail: Tail,
 }
@@ -301,6 +340,9 @@ pub(crate) enum BodyEnd {
     Timeout,
     /// The client went away (not the endpoint's fault).
     ClientGone,
+    /// A gRPC call ended with this `grpc-status`: the endpoint's failure if the cluster
+    /// counts it as one.
+    Grpc(u32),
 }
 
 /// The end of a forwarded response: the pick to finish with the body's outcome (none when the
@@ -326,12 +368,25 @@ impl Tail {
         &self.cluster.endpoints[self.endpoint].header
     }
 
+    /// The cluster's counters.
+    pub fn metrics(&self) -> &Arc<ClusterMetrics> {
+        &self.cluster.metrics
+    }
+
     /// Finishes the pick with the body's outcome and puts the connection back in its pool
     /// when the body was read to its end and the endpoint keeps it open.
     pub fn end(mut self, end: BodyEnd, conn: Option<RawConn>) {
         let entry = &self.cluster.endpoints[self.endpoint];
         let failure = match end {
             BodyEnd::Done => None,
+            BodyEnd::Grpc(code) if self.cluster.is_failure_grpc_status(code) => {
+                if let Some((pick, at)) = self.pick.take() {
+                    self.cluster.finish(pick, at, Outcome::Failure, None);
+                    log_try_failure(&self.cluster, entry, &Cause::GrpcStatus(code));
+                }
+                None
+            }
+            BodyEnd::Grpc(_) => None,
             BodyEnd::UpstreamFailed => Some(ErrorKind::Reset),
             BodyEnd::Timeout => Some(ErrorKind::Timeout),
             // Dropped below: cancelled, not held against the endpoint.
@@ -410,9 +465,161 @@ pub(crate) struct Request<'a> {
     pub limits: Limits,
 }
 
+/// An upstream protocol: one try of a request (or a connection) on one endpoint.
+pub(crate) trait Leg {
+    /// What a try yields when the endpoint answers.
+    type Won;
+    /// One try on the endpoint `entry` of `cluster`, from worker `worker`.
+    async fn try_once(
+        &mut self,
+        cluster: &Cluster,
+        entry: &EndpointEntry,
+        worker: usize,
+    ) -> Result<Self::Won, TryFailure<Self::Won>>;
+    /// Prepares the request to go again (to another endpoint); false if it cannot.
+    fn rewind(&mut self) -> bool;
+    /// Sending the request twice has the effect of once (RFC 9110 section 9.2.2).
+    fn idempotent(&self) -> bool;
+    /// A try that ran out of time was waiting on the client, not on the endpoint.
+    fn waiting_on_client(&self) -> bool;
+    /// The first try may be hedged (an idempotent HTTP/1.1 request whose body is in memory).
+    fn hedgeable(&self) -> bool {
+        false
+    }
+    /// The first try, hedged (see [`Race`]); only called when [`Self::hedgeable`].
+    async fn hedged(
+        &mut self,
+        race: &Race<'_>,
+        first: Tried,
+        timer: &mut Pin<Box<Sleep>>,
+        try_deadline: Instant,
+    ) -> (TryResult<Self::Won>, Tried, Option<EndpointId>) {
+        let entry = &race.cluster.endpoints[first.pick.index()];
+        let one = self.try_once(race.cluster, entry, race.client.worker);
+        (
+            crate::h1::until(timer, try_deadline, one).await,
+            first,
+            None,
+        )
+    }
+}
+
+/// What [`drive`] decided.
+pub(crate) enum Driven<W> {
+    /// An endpoint answered (possibly with a failure status, when no retry followed); the
+    /// tail finishes the pick.
+    Won(W, Tail),
+    /// keel answers itself.
+    Own(OwnAnswer),
+}
+
+/// The HTTP legs: HTTP/1.1 or HTTP/2, as the cluster speaks.
+struct HttpLeg<'r, 'b, B> {
+    /// The cluster speaks HTTP/1.1 (only that leg hedges).
+    http1: bool,
+    head: &'r mut Vec<u8>,
+    common_len: usize,
+    meta: &'r RequestHead,
+    body: &'b mut B,
+    out: &'r mut Vec<u8>,
+}
+
+impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
+    type Won = UpstreamResponse;
+
+    async fn try_once(
+        &mut self,
+        cluster: &Cluster,
+        entry: &EndpointEntry,
+        worker: usize,
+    ) -> Result<UpstreamResponse, TryFailure> {
+        self.head.truncate(self.common_len);
+        end_head(self.head, self.meta, entry);
+        match cluster.config.protocol {
+            UpstreamProtocol::Http1 => crate::h1::upstream::try_once(
+                entry,
+                cluster,
+                worker,
+                self.head,
+                self.meta,
+                &mut *self.body,
+                self.out,
+            )
+            .await
+            .map(|(conn, head)| UpstreamResponse::H1(conn, head))
+            .map_err(h1_failure),
+            UpstreamProtocol::H2c | UpstreamProtocol::H2 => {
+                crate::h2_leg::try_once(entry, cluster, worker, self.head, self.meta, self.body)
+                    .await
+            }
+        }
+    }
+
+    fn rewind(&mut self) -> bool {
+        self.body.rewind()
+    }
+
+    fn idempotent(&self) -> bool {
+        self.meta.idempotent
+    }
+
+    fn waiting_on_client(&self) -> bool {
+        self.body.waiting_on_client()
+    }
+
+    fn hedgeable(&self) -> bool {
+        self.http1 && self.meta.idempotent && self.body.inline().is_some()
+    }
+
+    // A failed try carries the response it failed with (moved, not copied).
+    #[allow(clippy::result_large_err)]
+    async fn hedged(
+        &mut self,
+        race: &Race<'_>,
+        first: Tried,
+        timer: &mut Pin<Box<Sleep>>,
+        try_deadline: Instant,
+    ) -> (TryResult<UpstreamResponse>, Tried, Option<EndpointId>) {
+        let entry = &race.cluster.endpoints[first.pick.index()];
+        self.head.truncate(self.common_len);
+        end_head(self.head, self.meta, entry);
+        let Some(inline) = self.body.inline() else {
+            unreachable!("hedgeable: the body is in memory")
+        };
+        let (result, winner, hedged) = race
+            .run(
+                first,
+                &self.head[..],
+                self.common_len,
+                self.meta,
+                inline,
+                self.out,
+                timer,
+                try_deadline,
+            )
+            .await;
+        let result = result.map(|r| {
+            r.map(|(conn, head)| UpstreamResponse::H1(conn, head))
+                .map_err(h1_failure)
+        });
+        (result, winner, hedged)
+    }
+}
+
+/// An HTTP/1.1 leg's failure, with its response (if any) as the driver carries it.
+fn h1_failure(f: TryFailure<crate::h1::upstream::H1Response>) -> TryFailure {
+    match f {
+        TryFailure::Status((conn, head), cause) => {
+            TryFailure::Status(UpstreamResponse::H1(conn, head), cause)
+        }
+        TryFailure::Upstream(e) => TryFailure::Upstream(e),
+        TryFailure::Client(r) => TryFailure::Client(r),
+    }
+}
+
 /// Forwards a request to `cluster`: picks, tries, retries, and returns the answer to send.
-/// `out` receives the endpoint's response head; `timer` is the connection's reusable per-try
-/// timer.
+/// `out` receives the endpoint's HTTP/1.1 response head; `timer` is the connection's
+/// reusable per-try timer.
 pub(crate) async fn forward<B: RequestBody>(
     cluster: &Arc<Cluster>,
     client: &Client,
@@ -421,8 +628,43 @@ pub(crate) async fn forward<B: RequestBody>(
     out: &mut Vec<u8>,
     timer: &mut Pin<Box<Sleep>>,
 ) -> Answer {
-    let start = req.start;
-    let limits = req.limits;
+    let hash = match cluster.config.hash_on {
+        Some(HashOn::ClientIp) => Some(crate::cluster::client_ip_key(client.peer)),
+        _ => req.meta.hash,
+    };
+    let mut leg = HttpLeg {
+        http1: cluster.config.protocol == UpstreamProtocol::Http1,
+        common_len: req.head.len(),
+        head: req.head,
+        meta: req.meta,
+        body,
+        out,
+    };
+    match drive(
+        cluster, client, req.start, req.limits, hash, &mut leg, timer,
+    )
+    .await
+    {
+        Driven::Won(response, tail) => {
+            count_response(cluster, response.status());
+            Answer::Upstream(Upstream { response, tail })
+        }
+        Driven::Own(own) => Answer::Own(own),
+    }
+}
+
+/// The one attempt loop: `max_in_flight`, then picks (avoiding the endpoints tried, with the
+/// hash key if any) and tries on `leg` within the per-try and request deadlines, finishing
+/// each failed try's pick and retrying while it is safe and the budget allows.
+pub(crate) async fn drive<L: Leg>(
+    cluster: &Arc<Cluster>,
+    client: &Client,
+    start: Instant,
+    limits: Limits,
+    hash: Option<u64>,
+    leg: &mut L,
+    timer: &mut Pin<Box<Sleep>>,
+) -> Driven<L::Won> {
     let Some(guard) =
         DownstreamGuard::try_new(&cluster.metrics, start, cluster.config.max_in_flight)
     else {
@@ -433,11 +675,6 @@ pub(crate) async fn forward<B: RequestBody>(
         return own(cluster, client, 503, &cause, None, None, 0);
     };
     let deadline = start + limits.request_timeout;
-    let common_len = req.head.len();
-    let hash = match cluster.config.hash_on {
-        Some(HashOn::ClientIp) => Some(crate::cluster::client_ip_key(client.peer)),
-        _ => req.meta.hash,
-    };
     // The first try's clock readings are `start`'s; later ones read the clock again.
     let start_on_clock = cluster.at(start);
     cluster.budget.record_request(start_on_clock);
@@ -445,11 +682,8 @@ pub(crate) async fn forward<B: RequestBody>(
     // Endpoints tried so far (a hedge adds one), avoided by the next pick.
     let mut tried = [EndpointId(0); MAX_RETRY_ATTEMPTS as usize + 2];
     let mut n_tried = 0;
-    // Hedging: idempotent requests whose body can be sent twice, first tries only.
-    let hedger = cluster
-        .hedger
-        .as_deref()
-        .filter(|_| req.meta.idempotent && body.inline().is_some());
+    // Hedging: first tries of requests the leg can send twice at once.
+    let hedger = cluster.hedger.as_deref().filter(|_| leg.hedgeable());
     if let Some(h) = hedger {
         h.record_call(start_on_clock);
     }
@@ -483,8 +717,6 @@ pub(crate) async fn forward<B: RequestBody>(
             crate::probe::after_pick(cluster, now);
         }
         let last = attempt >= attempts;
-        req.head.truncate(common_len);
-        end_head(req.head, req.meta, &cluster.endpoints[pick.index()]);
         let try_deadline = deadline.min(wall + limits.per_try_timeout);
         let first = Tried {
             pick,
@@ -493,31 +725,20 @@ pub(crate) async fn forward<B: RequestBody>(
         };
         let hedge = hedger
             .filter(|_| attempt == 0)
-            .and_then(|h| Some((h, h.delay()?, body.inline()?)));
+            .and_then(|h| Some((h, h.delay()?)));
         let (tried_once, Tried { pick, at: now, .. }) = match hedge {
-            Some((h, delay, inline)) => {
+            Some((hedger, delay)) => {
                 let race = Race {
                     cluster,
                     client,
-                    meta: req.meta,
-                    common: &req.head[..common_len],
                     hash,
                     deadline,
                     limits,
+                    hedger,
+                    delay,
+                    tried: &tried[..n_tried],
                 };
-                let (result, winner, hedged) = race
-                    .run(
-                        first,
-                        req.head,
-                        inline,
-                        out,
-                        timer,
-                        try_deadline,
-                        h,
-                        delay,
-                        &tried[..n_tried],
-                    )
-                    .await;
+                let (result, winner, hedged) = leg.hedged(&race, first, timer, try_deadline).await;
                 if let Some(id) = hedged {
                     tried[n_tried] = id;
                     n_tried += 1;
@@ -526,16 +747,8 @@ pub(crate) async fn forward<B: RequestBody>(
             }
             None => {
                 let entry = &cluster.endpoints[first.pick.index()];
-                let leg = crate::h1::upstream::try_once(
-                    entry,
-                    cluster,
-                    client.worker,
-                    req.head,
-                    req.meta,
-                    &mut *body,
-                    out,
-                );
-                let result = crate::h1::until(timer, try_deadline, leg).await;
+                let one = leg.try_once(cluster, entry, client.worker);
+                let result = crate::h1::until(timer, try_deadline, one).await;
                 if let Some(h) = hedger.filter(|_| attempt == 0) {
                     h.observe(wall.elapsed());
                 }
@@ -544,24 +757,22 @@ pub(crate) async fn forward<B: RequestBody>(
         };
         let index = pick.index();
         let entry = &cluster.endpoints[index];
+        let tail = |pick, guard| Tail {
+            cluster: cluster.clone(),
+            endpoint: index,
+            worker: client.worker,
+            pick,
+            guard,
+            deadline,
+            request_timeout: limits.request_timeout,
+            attempts: attempt as u32 + 1,
+        };
         let failure = match tried_once {
-            Some(Ok((conn, head))) => {
-                return forwarded(
-                    cluster,
-                    client,
-                    index,
-                    conn,
-                    head,
-                    Some((pick, now)),
-                    guard,
-                    (deadline, limits.request_timeout),
-                    attempt as u32 + 1,
-                )
-            }
+            Some(Ok(won)) => return Driven::Won(won, tail(Some((pick, now)), guard)),
             Some(Err(f)) => f,
             // Out of time while the client was still sending its body: the client's fault
             // (a slow upload must not get healthy endpoints ejected).
-            None if body.waiting_on_client() => TryFailure::Client(Reject::Timeout),
+            None if leg.waiting_on_client() => TryFailure::Client(Reject::Timeout),
             None => timed_out(&limits, try_deadline, deadline),
         };
         let may_have_acted = match &failure {
@@ -581,12 +792,16 @@ pub(crate) async fn forward<B: RequestBody>(
                 );
             }
             TryFailure::Upstream(e) => e.may_have_acted,
-            TryFailure::Status(..) => true,
+            // A gRPC status that counts as a failure (UNAVAILABLE: the call was not
+            // processed) is retried whatever the method; an HTTP status only when idempotent.
+            TryFailure::Status(_, cause) => !matches!(cause, Cause::GrpcStatus(_)),
         };
         failed(cluster, entry, &failure, pick, now);
-        let body_again = body.inline().is_some() || !body.started();
-        let safe = body_again && (req.meta.idempotent || !may_have_acted);
-        if may_retry(cluster, last, safe, Instant::now() < deadline) {
+        let before_deadline = Instant::now() < deadline;
+        // Rewound only when a retry may follow.
+        let safe =
+            (leg.idempotent() || !may_have_acted) && !last && before_deadline && leg.rewind();
+        if may_retry(cluster, last, safe, before_deadline) {
             attempt += 1;
             continue;
         }
@@ -607,14 +822,7 @@ pub(crate) async fn forward<B: RequestBody>(
                     tried,
                 )
             }
-            // Already finished as a failure: the response goes as it is.
-            TryFailure::Status(conn, head) => {
-                let tried = attempt as u32 + 1;
-                let timing = (deadline, limits.request_timeout);
-                forwarded(
-                    cluster, client, index, conn, head, None, guard, timing, tried,
-                )
-            }
+            TryFailure::Status(won, _) => Driven::Won(won, tail(None, guard)),
             TryFailure::Client(_) => unreachable!("answered above"),
         };
     }
@@ -631,7 +839,7 @@ fn end_head(head: &mut Vec<u8>, meta: &RequestHead, entry: &EndpointEntry) {
 
 /// The failure of a try that ran out of time: the per-try timeout's, or the request's when
 /// that came first.
-fn timed_out(limits: &Limits, try_deadline: Instant, deadline: Instant) -> TryFailure {
+fn timed_out<W>(limits: &Limits, try_deadline: Instant, deadline: Instant) -> TryFailure<W> {
     let cause = if try_deadline == deadline {
         Cause::RequestTimeout(limits.request_timeout)
     } else {
@@ -642,10 +850,10 @@ fn timed_out(limits: &Limits, try_deadline: Instant, deadline: Instant) -> TryFa
 
 /// Records a failed try: logged, and its pick finished as the endpoint's failure (a client's
 /// fault is not the endpoint's: its pick is dropped, cancelled).
-fn failed(
+fn failed<W>(
     cluster: &Cluster,
     entry: &EndpointEntry,
-    failure: &TryFailure,
+    failure: &TryFailure<W>,
     pick: Pick,
     at: Duration,
 ) {
@@ -654,8 +862,8 @@ fn failed(
             log_try_failure(cluster, entry, &e.cause);
             Some(e.kind)
         }
-        TryFailure::Status(_, h) => {
-            log_try_failure(cluster, entry, &Cause::Status(h.status));
+        TryFailure::Status(_, cause) => {
+            log_try_failure(cluster, entry, cause);
             None
         }
         TryFailure::Client(_) => return drop(pick),
@@ -664,25 +872,30 @@ fn failed(
 }
 
 /// A try's pick, and when it was made (the balancer's clock and the wall clock).
-struct Tried {
+pub(crate) struct Tried {
     pick: Pick,
     at: Duration,
     wall: Instant,
 }
 
 /// A hedged first try: what it needs besides the tries themselves.
-struct Race<'a> {
+pub(crate) struct Race<'a> {
     cluster: &'a Arc<Cluster>,
     client: &'a Client,
-    meta: &'a RequestHead,
-    /// The request head without its per-try end.
-    common: &'a [u8],
     hash: Option<u64>,
     deadline: Instant,
     limits: Limits,
+    hedger: &'a keel_balance::Hedger,
+    /// How long the first try runs alone.
+    delay: Duration,
+    /// Endpoints tried so far (the hedge avoids them).
+    tried: &'a [EndpointId],
 }
 
-type TryResult = Option<Result<(RawConn, ResponseHead), TryFailure>>;
+/// A try's result: `None` when it ran out of time.
+pub(crate) type TryResult<W = UpstreamResponse> = Option<Result<W, TryFailure<W>>>;
+
+type H1Result = TryResult<crate::h1::upstream::H1Response>;
 
 impl Race<'_> {
     /// Runs the first try alone for `delay`; if it has not answered by then and the budget
@@ -690,19 +903,19 @@ impl Race<'_> {
     /// pick is dropped (cancelled, not failed); a try that fails while the other runs is
     /// finished as a failure at once. Returns the result to go on with (a success, or the last
     /// failure when both failed), the pick it belongs to, and the hedge's endpoint if one went.
+    /// `head` is the first try's (its first `common_len` bytes are every try's).
     #[allow(clippy::too_many_arguments)]
     async fn run(
         &self,
         first: Tried,
         head: &[u8],
+        common_len: usize,
+        meta: &RequestHead,
         inline: &[u8],
         out: &mut Vec<u8>,
         timer: &mut Pin<Box<Sleep>>,
         try_deadline: Instant,
-        hedger: &keel_balance::Hedger,
-        delay: Duration,
-        tried: &[EndpointId],
-    ) -> (TryResult, Tried, Option<EndpointId>) {
+    ) -> (H1Result, Tried, Option<EndpointId>) {
         // Each try rewrites its response head into a buffer of its own; the winner's becomes
         // `out` once both tries' futures are gone.
         let mut out_a = std::mem::take(out);
@@ -711,14 +924,13 @@ impl Race<'_> {
             .race(
                 first,
                 head,
+                common_len,
+                meta,
                 inline,
                 &mut out_a,
                 &mut out_b,
                 timer,
                 try_deadline,
-                hedger,
-                delay,
-                tried,
             )
             .await;
         *out = if hedge_won { out_b } else { out_a };
@@ -730,28 +942,21 @@ impl Race<'_> {
         &self,
         first: Tried,
         head: &[u8],
+        common_len: usize,
+        meta: &RequestHead,
         inline: &[u8],
         out: &mut Vec<u8>,
         out_b: &mut Vec<u8>,
         timer: &mut Pin<Box<Sleep>>,
         try_deadline: Instant,
-        hedger: &keel_balance::Hedger,
-        delay: Duration,
-        tried: &[EndpointId],
-    ) -> (TryResult, Tried, Option<EndpointId>, bool) {
+    ) -> (H1Result, Tried, Option<EndpointId>, bool) {
+        let (hedger, delay, tried) = (self.hedger, self.delay, self.tried);
         let cluster = self.cluster;
         let worker = self.client.worker;
         let entry_a = &cluster.endpoints[first.pick.index()];
         let mut body_a = inline;
-        let leg_a = crate::h1::upstream::try_once(
-            entry_a,
-            cluster,
-            worker,
-            head,
-            self.meta,
-            &mut body_a,
-            out,
-        );
+        let leg_a =
+            crate::h1::upstream::try_once(entry_a, cluster, worker, head, meta, &mut body_a, out);
         tokio::pin!(leg_a);
         let hedge_at = first.wall + delay;
         let alone = crate::h1::until(timer, try_deadline.min(hedge_at), &mut leg_a).await;
@@ -786,15 +991,15 @@ impl Race<'_> {
         cluster.metrics.hedges.fetch_add(1, Relaxed);
         let hedged_id = second.pick.id();
         let entry_b = &cluster.endpoints[second.pick.index()];
-        let mut head_b = self.common.to_vec();
-        end_head(&mut head_b, self.meta, entry_b);
+        let mut head_b = head[..common_len].to_vec();
+        end_head(&mut head_b, meta, entry_b);
         let mut body_b = inline;
         let leg_b = crate::h1::upstream::try_once(
             entry_b,
             cluster,
             worker,
             &head_b,
-            self.meta,
+            meta,
             &mut body_b,
             out_b,
         );
@@ -857,44 +1062,13 @@ fn may_retry(cluster: &Cluster, last: bool, safe: bool, before_deadline: bool) -
     }
 }
 
-/// The endpoint's response, to be forwarded; `pick` is finished when its body is through.
-/// The request's deadline and the timeout that set it; `attempts`: tries made.
-#[allow(clippy::too_many_arguments)]
-fn forwarded(
-    cluster: &Arc<Cluster>,
-    client: &Client,
-    endpoint: usize,
-    conn: RawConn,
-    head: ResponseHead,
-    pick: Option<(Pick, Duration)>,
-    guard: DownstreamGuard,
-    (deadline, request_timeout): (Instant, Duration),
-    attempts: u32,
-) -> Answer {
-    count_response(cluster, head.status);
-    Answer::Upstream(Upstream {
-        conn,
-        head,
-        tail: Tail {
-            cluster: cluster.clone(),
-            endpoint,
-            worker: client.worker,
-            pick,
-            guard,
-            deadline,
-            request_timeout,
-            attempts,
-        },
-    })
-}
-
 fn count_response(cluster: &Cluster, status: u16) {
     cluster.metrics.responses[class_index(status)].fetch_add(1, Relaxed);
 }
 
 /// keel's own answer: counted, logged (5xx, rate-limited), its text as detailed as the
 /// listener shows.
-fn own(
+fn own<W>(
     cluster: &Cluster,
     client: &Client,
     status: u16,
@@ -902,7 +1076,7 @@ fn own(
     endpoint: Option<usize>,
     guard: Option<DownstreamGuard>,
     attempts: u32,
-) -> Answer {
+) -> Driven<W> {
     count_response(cluster, status);
     let entry = endpoint.map(|i| &cluster.endpoints[i]);
     let address = entry.map(|e| e.authority.as_str());
@@ -924,7 +1098,7 @@ fn own(
         ErrorDetail::Full => answer_text(status, &full),
         ErrorDetail::Brief => answer_text(status, cause.brief()),
     };
-    Answer::Own(OwnAnswer {
+    Driven::Own(OwnAnswer {
         status,
         text,
         endpoint: entry.map(|e| e.header.clone()),

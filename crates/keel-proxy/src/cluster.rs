@@ -59,6 +59,7 @@ pub struct Cluster {
 /// True if endpoints that stay can keep their pools (and idle connections).
 fn same_client_settings(a: &ClusterConfig, b: &ClusterConfig) -> bool {
     a.connect_timeout == b.connect_timeout
+        && a.protocol == b.protocol
         && a.pool_idle_timeout == b.pool_idle_timeout
         && a.pool_max_idle_per_endpoint == b.pool_max_idle_per_endpoint
         && a.tls == b.tls
@@ -98,7 +99,7 @@ impl Cluster {
         let tls = config
             .tls
             .as_ref()
-            .map(|t| UpstreamTls::new(t, config.connect_timeout))
+            .map(|t| UpstreamTls::new(t, config.connect_timeout, config.alpn()))
             .transpose()?;
         let pool_settings = PoolSettings {
             connect_timeout: config.connect_timeout,
@@ -166,6 +167,13 @@ impl Cluster {
     #[inline]
     pub fn is_failure_status(&self, status: u16) -> bool {
         self.config.retry.retry_on_status.contains(&status)
+    }
+
+    /// True if a gRPC call's `grpc-status` counts as the endpoint's failure (and may be
+    /// retried): 14 UNAVAILABLE, and those in `retry_on_grpc_status`.
+    #[inline]
+    pub fn is_failure_grpc_status(&self, code: u32) -> bool {
+        code == crate::grpc::UNAVAILABLE || self.config.retry.retry_on_grpc_status.contains(&code)
     }
 
     /// Finishes a pick made at `picked_at` with its outcome, counting the try's latency, the

@@ -114,6 +114,10 @@ fn default_admin_listen() -> SocketAddr {
 pub struct ListenerConfig {
     /// Address to listen on (port 0 = an ephemeral port).
     pub listen: SocketAddr,
+    /// What clients speak: `"http"` (default: HTTP/1.1 and HTTP/2) or `"tcp"` (bytes: each
+    /// connection goes to one endpoint, picked when it opens and finished when it closes).
+    #[serde(default)]
+    pub protocol: ListenerProtocol,
     /// Name of the cluster that serves the requests no route matches. Required without
     /// routes; without it, a request no route matches gets `404`.
     #[serde(default)]
@@ -164,6 +168,48 @@ pub struct ListenerConfig {
     /// (the endpoint's address and the error, as logged). Logs and metrics always have it all.
     #[serde(default)]
     pub error_detail: ErrorDetail,
+    /// An upgraded HTTP/1.1 connection (WebSocket and the like) with no byte either way for
+    /// this long is closed. Default 1 h.
+    #[serde(
+        default = "default_tunnel_idle_timeout",
+        with = "keel_balance::duration_serde"
+    )]
+    pub tunnel_idle_timeout: Duration,
+}
+
+/// `protocol` of a listener.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ListenerProtocol {
+    /// HTTP/1.1 and HTTP/2 (by ALPN or prior knowledge).
+    #[default]
+    Http,
+    /// TCP: bytes both ways between the client and one endpoint.
+    Tcp,
+}
+
+/// `protocol` of a cluster: how keel speaks to its endpoints.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 on keep-alive connections (over `[cluster.tls]` when present).
+    #[default]
+    Http1,
+    /// HTTP/2 over plain TCP, with prior knowledge.
+    H2c,
+    /// HTTP/2 over TLS (`[cluster.tls]` required), ALPN `h2`.
+    H2,
+}
+
+/// `proxy_protocol` of a cluster: the PROXY protocol header sent at the start of each
+/// connection of a TCP listener to an endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProxyProtocol {
+    /// Version 1 (text).
+    V1,
+    /// Version 2 (binary).
+    V2,
 }
 
 /// `error_detail` of a listener.
@@ -195,7 +241,8 @@ pub struct ListenerTlsConfig {
     pub key: PathBuf,
 }
 
-/// `[cluster.tls]`: the cluster's endpoints are reached over TLS (HTTP/1.1). Relative paths
+/// `[cluster.tls]`: the cluster's endpoints are reached over TLS (ALPN `http/1.1`, or `h2`
+/// with `protocol = "h2"`). Relative paths
 /// are taken from the configuration file's directory.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -223,6 +270,9 @@ fn default_header_read_timeout() -> Duration {
 }
 fn default_idle_timeout() -> Duration {
     Duration::from_secs(60)
+}
+fn default_tunnel_idle_timeout() -> Duration {
+    Duration::from_secs(3600)
 }
 
 /// True if two listening addresses would take the same port: the same port (not 0) on the
@@ -575,6 +625,15 @@ pub struct ClusterConfig {
     /// or a file, refreshed while the proxy runs.
     #[serde(default)]
     pub discovery: Option<DiscoveryConfig>,
+    /// How keel speaks to the endpoints: `"http1"` (default), `"h2c"` (HTTP/2 with prior
+    /// knowledge) or `"h2"` (HTTP/2 over `[cluster.tls]`, ALPN `h2`). Either way one pick per
+    /// request.
+    #[serde(default)]
+    pub protocol: UpstreamProtocol,
+    /// PROXY protocol header (`"v1"` or `"v2"`) at the start of each connection a TCP
+    /// listener opens to an endpoint. Unset: none.
+    #[serde(default)]
+    pub proxy_protocol: Option<ProxyProtocol>,
 
     /// least-connections, least-time: tie-break (`random` or `lowest-index`). Default `random`.
     #[serde(default)]
@@ -802,6 +861,10 @@ pub struct RetryConfig {
     /// latency-aware strategies) and are retried. Default `[502, 503, 504]`.
     #[serde(default = "default_retry_on_status")]
     pub retry_on_status: Vec<u16>,
+    /// gRPC status codes (besides 14 UNAVAILABLE, always one) that count as the endpoint's
+    /// failure and are retried while no response byte reached the client. Default none.
+    #[serde(default)]
+    pub retry_on_grpc_status: Vec<u32>,
     /// Retries may be at most this percentage of the requests in the budget window. Default 20.
     #[serde(default = "default_budget_percent")]
     pub budget_percent: f64,
@@ -838,6 +901,7 @@ impl Default for RetryConfig {
             attempts: default_attempts(),
             per_try_timeout: None,
             retry_on_status: default_retry_on_status(),
+            retry_on_grpc_status: Vec::new(),
             budget_percent: default_budget_percent(),
             min_retries_per_second: default_min_retries_per_second(),
             budget_window: default_budget_window(),
@@ -856,11 +920,18 @@ impl RetryConfig {
     }
 }
 
-/// `[cluster.health_check]`: periodic `GET path` to every endpoint; a 2xx answer within the
-/// timeout passes.
+/// `[cluster.health_check]`: a periodic probe of every endpoint: `GET path` (a 2xx answer
+/// within the timeout passes), a TCP connect, or gRPC's `grpc.health.v1.Health/Check`
+/// (`SERVING` passes).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HealthCheckConfig {
+    /// `"http"` (default), `"tcp"` (connect only) or `"grpc"` (an h2 or h2c cluster).
+    #[serde(default)]
+    pub kind: HealthCheckKind,
+    /// gRPC: the service asked about (empty: the server as a whole). Default `""`.
+    #[serde(default)]
+    pub service: String,
     /// Path requested. Default `/healthz`.
     #[serde(default = "default_hc_path")]
     pub path: String,
@@ -876,6 +947,19 @@ pub struct HealthCheckConfig {
     /// Passed checks in a row that mark an unhealthy endpoint healthy again. Default 2.
     #[serde(default = "default_threshold")]
     pub healthy_threshold: u32,
+}
+
+/// `kind` of a health check.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HealthCheckKind {
+    /// `GET path`, 2xx passes.
+    #[default]
+    Http,
+    /// A TCP connect (and TLS handshake with `[cluster.tls]`) passes.
+    Tcp,
+    /// `grpc.health.v1.Health/Check`, `SERVING` passes.
+    Grpc,
 }
 
 fn default_hc_path() -> String {
@@ -969,6 +1053,14 @@ impl ClusterConfig {
             b.seed = seed;
         }
         b
+    }
+
+    /// The ALPN protocol offered to endpoints over TLS.
+    pub fn alpn(&self) -> &'static [u8] {
+        match self.protocol {
+            UpstreamProtocol::H2 => crate::tls::ALPN_H2,
+            _ => crate::tls::ALPN_HTTP11,
+        }
     }
 
     /// The per-try timeout in force (explicit, or the request timeout shared by every try).
@@ -1278,6 +1370,22 @@ impl ListenerConfig {
         if self.idle_timeout.is_zero() {
             return Err(zero("idle_timeout"));
         }
+        if self.protocol == ListenerProtocol::Tcp {
+            if !self.routes.is_empty() {
+                return Err(InvalidField::at(
+                    "route",
+                    Problem::NotApplicable(
+                        "a TCP listener has no requests to route: give it `cluster` only".into(),
+                    ),
+                ));
+            }
+            if self.cluster.is_none() {
+                return Err(InvalidField::at(
+                    "cluster",
+                    Problem::Invalid("a TCP listener needs its `cluster`".into()),
+                ));
+            }
+        }
         if let Some(t) = &self.tls {
             if let Err(e) = crate::tls::server_config(t) {
                 return Err(InvalidField::new(
@@ -1386,7 +1494,7 @@ impl ClusterConfig {
             return Err(none("max_in_flight"));
         }
         if let Some(t) = &self.tls {
-            if let Err(e) = crate::tls::UpstreamTls::new(t, self.connect_timeout) {
+            if let Err(e) = crate::tls::UpstreamTls::new(t, self.connect_timeout, self.alpn()) {
                 return Err(InvalidField::new(
                     FieldPath::key("tls").then(e.key),
                     Problem::Invalid(e.message),
@@ -1408,6 +1516,36 @@ impl ClusterConfig {
                         ));
                     }
                 }
+            }
+        }
+        match (self.protocol, self.tls.is_some()) {
+            (UpstreamProtocol::H2, false) => {
+                return Err(InvalidField::at(
+                    "protocol",
+                    Problem::Invalid(
+                        "\"h2\" is HTTP/2 over TLS: add [cluster.tls] (or use \"h2c\" for HTTP/2 without TLS)".into(),
+                    ),
+                ))
+            }
+            (UpstreamProtocol::H2c, true) => {
+                return Err(InvalidField::at(
+                    "protocol",
+                    Problem::Invalid(
+                        "\"h2c\" is HTTP/2 without TLS: use \"h2\" with [cluster.tls]".into(),
+                    ),
+                ))
+            }
+            _ => {}
+        }
+        if let Some(h) = &self.health_check {
+            if h.kind == HealthCheckKind::Grpc && self.protocol == UpstreamProtocol::Http1 {
+                return Err(InvalidField::new(
+                    FieldPath::key("health_check").then("kind"),
+                    Problem::NotApplicable(
+                        "a gRPC health check needs an HTTP/2 cluster: set protocol = \"h2c\" or \"h2\""
+                            .into(),
+                    ),
+                ));
             }
         }
         if self.hash_on.is_some() && !self.strategy.is_hash() {
@@ -1538,6 +1676,8 @@ impl ListenerConfig {
             listen,
             cluster: Some(cluster.into()),
             routes: Vec::new(),
+            protocol: ListenerProtocol::default(),
+            tunnel_idle_timeout: default_tunnel_idle_timeout(),
             max_connections: default_max_connections(),
             max_header_bytes: default_max_header_bytes(),
             max_headers: default_max_headers(),
@@ -1558,6 +1698,8 @@ impl ClusterConfig {
         let options = StrategyOptions::default();
         ClusterConfig {
             name: name.into(),
+            protocol: UpstreamProtocol::default(),
+            proxy_protocol: None,
             strategy: default_strategy(),
             endpoints,
             discovery: None,
@@ -1614,6 +1756,8 @@ impl Default for HealthCheckConfig {
     /// `GET /healthz` every 5 s, 1 s to answer, 2 to fail and 2 to pass.
     fn default() -> Self {
         HealthCheckConfig {
+            kind: HealthCheckKind::default(),
+            service: String::new(),
             path: default_hc_path(),
             interval: default_hc_interval(),
             timeout: default_hc_timeout(),
@@ -2161,6 +2305,37 @@ mod tests {
             }
         }
         assert!(checked > 40, "{checked} options checked");
+    }
+
+    #[test]
+    fn protocols_load_as_written_and_mismatches_are_refused() {
+        // The TCP listener of issue 16, verbatim.
+        let tcp = "[[listener]]\nlisten = \"127.0.0.1:7000\"\nprotocol = \"tcp\"       # default \"http\"\ncluster = \"db\"\n\n[[cluster]]\nname = \"db\"\nendpoints = [{ address = \"127.0.0.1:5432\" }]\nproxy_protocol = \"v2\"\n[cluster.health_check]\nkind = \"tcp\"\n";
+        let c = ProxyConfig::from_toml_str(tcp, "tcp.toml").unwrap();
+        assert_eq!(c.listeners[0].protocol, ListenerProtocol::Tcp);
+        assert_eq!(
+            c.listeners[0].tunnel_idle_timeout,
+            Duration::from_secs(3600)
+        );
+        assert_eq!(c.clusters[0].proxy_protocol, Some(ProxyProtocol::V2));
+        assert_eq!(c.clusters[0].protocol, UpstreamProtocol::Http1);
+        let grpc = format!(
+            "{HEAD}protocol = \"h2c\"\n[cluster.retry]\nretry_on_grpc_status = [8]\n[cluster.health_check]\nkind = \"grpc\"\n"
+        );
+        let c = ProxyConfig::from_toml_str(&grpc, "grpc.toml").unwrap();
+        assert_eq!(c.clusters[0].protocol, UpstreamProtocol::H2c);
+        assert_eq!(c.clusters[0].retry.retry_on_grpc_status, vec![8]);
+        let e = err(&format!("{HEAD}protocol = \"h2\"\n"));
+        assert_eq!(e.key.as_deref(), Some("cluster[0].protocol"), "{e}");
+        assert!(e.message.contains("[cluster.tls]"), "{e}");
+        let e = err(&format!("{HEAD}[cluster.health_check]\nkind = \"grpc\"\n"));
+        assert_eq!(
+            e.key.as_deref(),
+            Some("cluster[0].health_check.kind"),
+            "{e}"
+        );
+        let e = err(&format!("{HEAD}protocol = \"http3\"\n"));
+        assert!(e.message.contains("h2c"), "{e}");
     }
 
     #[test]

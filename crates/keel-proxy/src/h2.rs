@@ -1,7 +1,10 @@
 //! The HTTP/2 front end: hyper's HTTP/2 server is the codec; each request is rewritten by the
 //! same rules as an HTTP/1.1 one ([`crate::h1::request::rewrite`]) and handed to the same
-//! attempt driver. The endpoint's response head (HTTP/1.1 text, as the leg rewrote it) becomes
-//! hyper's response, and its body is read from the endpoint's connection as hyper asks for it.
+//! attempt driver. An HTTP/1.1 endpoint's response head (HTTP/1.1 text, as the leg rewrote it)
+//! becomes hyper's response, and its body is read from the endpoint's connection as hyper asks
+//! for it; an HTTP/2 endpoint's response passes frame by frame, trailers included, with the
+//! rest of a full-duplex request body sent alongside. keel's own answers to gRPC calls are
+//! gRPC statuses (HTTP 200, trailers-only).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -23,11 +26,14 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 
 use crate::access_log::{AccessLog, Entry, RequestLine};
-use crate::attempt::{self, Answer, BodyEnd, Client, OwnAnswer, Request, RequestBody, Tail};
+use crate::attempt::{
+    self, Answer, BodyEnd, Client, OwnAnswer, Request, RequestBody, Tail, UpstreamResponse,
+};
 use crate::config::ListenerConfig;
 use crate::h1::chunked::ChunkedDecoder;
 use crate::h1::request::{BodyFraming, Reject, RequestRules};
 use crate::h1::response::Framing;
+use crate::h2_leg::{H2Response, RequestPump};
 use crate::pool::RawConn;
 use crate::server::Shared;
 
@@ -156,8 +162,9 @@ async fn handle(
         &mut head,
     ) {
         Ok(meta) => meta,
-        Err(reject) => return refused(reject, active, log),
+        Err(reject) => return refused(reject, active, log, is_grpc(&parts.headers)),
     };
+    let grpc = meta.grpc;
     let mut out = Vec::with_capacity(512);
     let mut timer = crate::h1::idle_timer();
     let start = Instant::now();
@@ -167,16 +174,19 @@ async fn handle(
         start,
         limits: target.limits,
     };
+    let mut streamed = None;
     let answer = match meta.body {
         BodyFraming::Length(n) if n <= MAX_INLINE_BODY => {
             let read = tokio::time::timeout(settings.header_read_timeout, body.collect()).await;
             let data = match read {
                 Ok(Ok(collected)) => collected.to_bytes(),
-                Ok(Err(_)) => return refused(Reject::InvalidBody, active, log.with_head(head)),
-                Err(_) => return refused(Reject::Timeout, active, log.with_head(head)),
+                Ok(Err(_)) => {
+                    return refused(Reject::InvalidBody, active, log.with_head(head), grpc)
+                }
+                Err(_) => return refused(Reject::Timeout, active, log.with_head(head), grpc),
             };
             if data.len() as u64 != n {
-                return refused(Reject::InvalidBody, active, log.with_head(head));
+                return refused(Reject::InvalidBody, active, log.with_head(head), grpc);
             }
             let mut inline = &data[..];
             attempt::forward(
@@ -201,92 +211,175 @@ async fn handle(
             .await
         }
         _ => {
-            let mut streamed = ClientBody {
-                body,
-                piece: Bytes::new(),
-                started: false,
-                reading: false,
-                received: 0,
-                max: max_body,
-            };
-            attempt::forward(
-                &target.cluster,
-                client,
-                request,
-                &mut streamed,
-                &mut out,
-                &mut timer,
-            )
-            .await
+            let streamed = streamed.insert(ClientBody::new(body, max_body));
+            let cluster = &target.cluster;
+            attempt::forward(cluster, client, request, streamed, &mut out, &mut timer).await
         }
     };
     let log = log.with_head(head);
-    match answer {
-        Answer::Own(own) => own_response(own, active, log),
-        Answer::Upstream(up) => match response_parts(&out) {
-            Ok(mut response) => {
-                let framing = up.head.framing;
-                if let Framing::Length(n) = framing {
-                    response
-                        .headers_mut()
-                        .insert(CONTENT_LENGTH, HeaderValue::from(n));
+    let up = match answer {
+        Answer::Own(own) if grpc => return grpc_own_response(own, active, log),
+        Answer::Own(own) => return own_response(own, active, log),
+        Answer::Upstream(up) => up,
+    };
+    let (conn, rhead) = match up.response {
+        UpstreamResponse::H1(conn, rhead) => (conn, rhead),
+        UpstreamResponse::H2(mut response) => {
+            let pump = match (response.rest_of_request.take(), streamed) {
+                (Some((send, pending)), Some(mut body)) => {
+                    let pending = pending.or_else(|| body.take_unsent());
+                    Some(RequestPump::new((send, pending), body.body))
                 }
-                response.headers_mut().insert(
-                    crate::h1::X_KEEL_ENDPOINT,
-                    up.tail.endpoint_header().clone(),
-                );
-                let deadline = Box::pin(tokio::time::sleep_until(up.tail.deadline.into()));
-                let left = match framing {
-                    Framing::Length(n) => n,
-                    _ => 0,
-                };
-                response.map(|()| {
-                    H2Body::Upstream(Box::new(UpstreamBody {
-                        conn: Some(up.conn),
-                        framing,
-                        left,
-                        decoder: ChunkedDecoder::default(),
-                        keep_alive: up.head.keep_alive,
-                        log: log.map(|l| {
-                            Box::new(H2LogUpstream {
-                                status: up.head.status,
-                                endpoint: up.tail.endpoint_header().clone(),
-                                attempts: up.tail.attempts,
-                                sent: 0,
-                                log: l,
-                            })
-                        }),
-                        tail: Some(up.tail),
-                        deadline,
-                        _active: active,
-                    }))
-                })
+                _ => None,
+            };
+            return h2_response(response, up.tail, pump, active, log);
+        }
+    };
+    match response_parts(&out) {
+        Ok(mut response) => {
+            let framing = rhead.framing;
+            if let Framing::Length(n) = framing {
+                response
+                    .headers_mut()
+                    .insert(CONTENT_LENGTH, HeaderValue::from(n));
             }
-            Err(()) => {
-                // The leg wrote this head itself: it always parses. Should it not, the pick
-                // is finished as the endpoint's failure.
-                up.tail.end(BodyEnd::UpstreamFailed, None);
-                const CAUSE: &str = "the endpoint's response head could not be forwarded";
-                own_response(
-                    OwnAnswer {
-                        status: 502,
-                        text: attempt::answer_text(502, CAUSE),
-                        endpoint: None,
-                        guard: None,
-                        attempts: 1,
-                        cause: CAUSE.to_string(),
-                    },
-                    active,
-                    log,
-                )
-            }
-        },
+            response.headers_mut().insert(
+                crate::h1::X_KEEL_ENDPOINT,
+                up.tail.endpoint_header().clone(),
+            );
+            let deadline = Box::pin(tokio::time::sleep_until(up.tail.deadline.into()));
+            let left = match framing {
+                Framing::Length(n) => n,
+                _ => 0,
+            };
+            response.map(|()| {
+                H2Body::Upstream(Box::new(UpstreamBody {
+                    conn: Some(conn),
+                    framing,
+                    left,
+                    decoder: ChunkedDecoder::default(),
+                    keep_alive: rhead.keep_alive,
+                    log: log.map(|l| {
+                        Box::new(H2LogUpstream {
+                            status: rhead.status,
+                            endpoint: up.tail.endpoint_header().clone(),
+                            attempts: up.tail.attempts,
+                            sent: 0,
+                            log: l,
+                        })
+                    }),
+                    tail: Some(up.tail),
+                    deadline,
+                    _active: active,
+                }))
+            })
+        }
+        Err(()) => {
+            // The leg wrote this head itself: it always parses. Should it not, the pick
+            // is finished as the endpoint's failure.
+            up.tail.end(BodyEnd::UpstreamFailed, None);
+            const CAUSE: &str = "the endpoint's response head could not be forwarded";
+            own_response(
+                OwnAnswer {
+                    status: 502,
+                    text: attempt::answer_text(502, CAUSE),
+                    endpoint: None,
+                    guard: None,
+                    attempts: 1,
+                    cause: CAUSE.to_string(),
+                },
+                active,
+                log,
+            )
+        }
     }
 }
 
+/// True for a gRPC call.
+fn is_grpc(headers: &hyper::HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
 /// keel's answer to a request refused before it reached the driver.
-fn refused(reject: Reject, active: ActiveRequest, log: Option<H2Log>) -> Response<H2Body> {
-    own_response(attempt::refused(reject), active, log)
+fn refused(
+    reject: Reject,
+    active: ActiveRequest,
+    log: Option<H2Log>,
+    grpc: bool,
+) -> Response<H2Body> {
+    if grpc {
+        grpc_own_response(attempt::refused(reject), active, log)
+    } else {
+        own_response(attempt::refused(reject), active, log)
+    }
+}
+
+/// keel's own answer to a gRPC call: HTTP 200, trailers-only, its status as `grpc-status`
+/// (14 UNAVAILABLE for 502/503, 4 DEADLINE_EXCEEDED for 504) and its text as `grpc-message`.
+fn grpc_own_response(
+    own: OwnAnswer,
+    active: ActiveRequest,
+    log: Option<H2Log>,
+) -> Response<H2Body> {
+    if let Some(l) = &log {
+        let endpoint = own.endpoint.as_ref().map(|e| e.as_bytes());
+        l.write(own.status, 0, endpoint, own.attempts, Some(&own.cause));
+    }
+    let mut r = Response::new(H2Body::Own {
+        data: None,
+        _guard: own.guard,
+        _active: active,
+    });
+    let headers = r.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(
+        "grpc-status",
+        HeaderValue::from(crate::grpc::status_for(own.status)),
+    );
+    headers.insert("grpc-message", crate::grpc::message(&own.text));
+    if let Some(e) = own.endpoint {
+        headers.insert(crate::h1::X_KEEL_ENDPOINT, e);
+    }
+    r
+}
+
+/// An HTTP/2 endpoint's response, passed on as it is (with `x-keel-endpoint`); a body
+/// already at its end (trailers-only) finishes the pick at once.
+fn h2_response(
+    response: Box<H2Response>,
+    tail: Tail,
+    pump: Option<RequestPump>,
+    active: ActiveRequest,
+    log: Option<H2Log>,
+) -> Response<H2Body> {
+    let mut head = response.head.clone();
+    head.headers
+        .insert(crate::h1::X_KEEL_ENDPOINT, tail.endpoint_header().clone());
+    let deadline = Box::pin(tokio::time::sleep_until(tail.deadline.into()));
+    let log = log.map(|l| {
+        Box::new(H2LogUpstream {
+            status: head.status.as_u16(),
+            endpoint: tail.endpoint_header().clone(),
+            attempts: tail.attempts,
+            sent: 0,
+            log: l,
+        })
+    });
+    let mut body = H2UpstreamBody {
+        response,
+        tail: Some(tail),
+        pump,
+        deadline,
+        log,
+        _active: active,
+    };
+    if body.response.is_end_stream() {
+        let end = body.response.end();
+        body.end(end);
+    }
+    Response::from_parts(head, H2Body::H2Upstream(Box::new(body)))
 }
 
 /// What the access log needs of an HTTP/2 request besides its answer.
@@ -406,7 +499,9 @@ fn response_parts(head: &[u8]) -> Result<Response<()>, ()> {
     Ok(response)
 }
 
-/// An HTTP/2 client's request body, streamed as the leg asks for it.
+/// An HTTP/2 client's request body, streamed as the leg asks for it. Its first
+/// `MAX_INLINE_BODY` bytes are kept, so that a try that failed before the endpoint acted
+/// (a gRPC UNAVAILABLE) can send them again to another endpoint.
 struct ClientBody {
     body: Incoming,
     piece: Bytes,
@@ -415,6 +510,39 @@ struct ClientBody {
     reading: bool,
     received: u64,
     max: u64,
+    /// What was handed out so far, while it fits in `MAX_INLINE_BODY`.
+    recorded: Vec<u8>,
+    /// More was handed out than was kept: the body cannot be sent again.
+    overflowed: bool,
+    /// The recording goes out again before the rest.
+    replay: bool,
+    /// The client's stream ended.
+    ended: bool,
+    trailers: Option<hyper::HeaderMap>,
+}
+
+impl ClientBody {
+    fn new(body: Incoming, max: u64) -> Self {
+        Self {
+            body,
+            piece: Bytes::new(),
+            started: false,
+            reading: false,
+            received: 0,
+            max,
+            recorded: Vec::new(),
+            overflowed: false,
+            replay: false,
+            ended: false,
+            trailers: None,
+        }
+    }
+
+    /// The recording, when a rewind made it due again and it was not sent yet.
+    fn take_unsent(&mut self) -> Option<Bytes> {
+        let due = std::mem::take(&mut self.replay) && !self.recorded.is_empty();
+        due.then(|| Bytes::from(std::mem::take(&mut self.recorded)))
+    }
 }
 
 impl RequestBody for ClientBody {
@@ -426,19 +554,51 @@ impl RequestBody for ClientBody {
         self.reading
     }
 
+    fn rewind(&mut self) -> bool {
+        if !self.started {
+            return true;
+        }
+        if self.overflowed {
+            return false;
+        }
+        self.replay = true;
+        true
+    }
+
+    fn trailers(&mut self) -> Option<hyper::HeaderMap> {
+        self.trailers.clone()
+    }
+
+    fn full_duplex(&self) -> bool {
+        true
+    }
+
     async fn next_piece(&mut self) -> Result<&[u8], Reject> {
         self.started = true;
+        if std::mem::take(&mut self.replay) && !self.recorded.is_empty() {
+            return Ok(&self.recorded);
+        }
+        if self.ended {
+            return Ok(&[]);
+        }
         loop {
             self.reading = true;
             let frame = self.body.frame().await;
             self.reading = false;
             match frame {
-                None => return Ok(&[]),
+                None => {
+                    self.ended = true;
+                    return Ok(&[]);
+                }
                 Some(Err(_)) => return Err(Reject::InvalidBody),
                 Some(Ok(frame)) => {
-                    // Trailers are not forwarded to HTTP/1.1 endpoints.
-                    let Ok(data) = frame.into_data() else {
-                        continue;
+                    // Trailers go to HTTP/2 endpoints (HTTP/1.1 ones get none).
+                    let data = match frame.into_data() {
+                        Ok(data) => data,
+                        Err(frame) => {
+                            self.trailers = frame.into_trailers().ok();
+                            continue;
+                        }
                     };
                     if data.is_empty() {
                         continue;
@@ -446,6 +606,14 @@ impl RequestBody for ClientBody {
                     self.received += data.len() as u64;
                     if self.received > self.max {
                         return Err(Reject::BodyTooLarge);
+                    }
+                    if !self.overflowed {
+                        if self.recorded.len() + data.len() <= MAX_INLINE_BODY as usize {
+                            self.recorded.extend_from_slice(&data);
+                        } else {
+                            self.overflowed = true;
+                            self.recorded = Vec::new();
+                        }
                     }
                     self.piece = data;
                     return Ok(&self.piece);
@@ -465,6 +633,43 @@ pub(crate) enum H2Body {
     },
     /// The endpoint's body, read from its connection.
     Upstream(Box<UpstreamBody>),
+    /// An HTTP/2 endpoint's body and trailers.
+    H2Upstream(Box<H2UpstreamBody>),
+}
+
+/// An HTTP/2 endpoint's body and trailers on their way to the client, the rest of the
+/// client's body going the other way; the end finishes the pick (a gRPC call's by its status).
+pub(crate) struct H2UpstreamBody {
+    response: Box<H2Response>,
+    tail: Option<Tail>,
+    pump: Option<RequestPump>,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    /// The access-log line to write when the body ends.
+    log: Option<Box<H2LogUpstream>>,
+    _active: ActiveRequest,
+}
+
+impl H2UpstreamBody {
+    fn end(&mut self, end: BodyEnd) {
+        if let Some(tail) = self.tail.take() {
+            tail.end(end, None);
+            if let Some(l) = self.log.take() {
+                l.log.write(
+                    l.status,
+                    l.sent,
+                    Some(l.endpoint.as_bytes()),
+                    l.attempts,
+                    None,
+                );
+            }
+        }
+    }
+}
+
+impl Drop for H2UpstreamBody {
+    fn drop(&mut self) {
+        self.end(BodyEnd::ClientGone);
+    }
 }
 
 /// The endpoint's body, read from its connection as hyper asks for it, until the request's
@@ -613,6 +818,43 @@ impl Body for H2Body {
                     Poll::Pending
                 }
             },
+            H2Body::H2Upstream(up) => {
+                if let Some(pump) = &mut up.pump {
+                    pump.poll(cx);
+                }
+                match up.response.poll_frame(cx) {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        if let (Some(l), Some(data)) = (&mut up.log, frame.data_ref()) {
+                            l.sent += data.len() as u64;
+                        }
+                        // Trailers end the body: hyper may not poll again after them.
+                        if frame.is_trailers() {
+                            let end = up.response.end();
+                            up.end(end);
+                        }
+                        Poll::Ready(Some(Ok(frame)))
+                    }
+                    Poll::Ready(None) => {
+                        let end = up.response.end();
+                        up.end(end);
+                        Poll::Ready(None)
+                    }
+                    Poll::Ready(Some(Err(e))) => {
+                        tracing::debug!("response body failed: {e}");
+                        up.end(BodyEnd::UpstreamFailed);
+                        Poll::Ready(Some(Err(e.into())))
+                    }
+                    Poll::Pending => {
+                        if up.tail.is_some() && up.deadline.as_mut().poll(cx).is_ready() {
+                            up.end(BodyEnd::Timeout);
+                            return Poll::Ready(Some(Err(
+                                "request timeout reached while streaming the response body".into(),
+                            )));
+                        }
+                        Poll::Pending
+                    }
+                }
+            }
         }
     }
 
@@ -620,6 +862,7 @@ impl Body for H2Body {
         match self {
             H2Body::Own { data, .. } => data.is_none(),
             H2Body::Upstream(up) => up.tail.is_none(),
+            H2Body::H2Upstream(up) => up.response.is_end_stream(),
         }
     }
 
@@ -631,6 +874,10 @@ impl Body for H2Body {
             H2Body::Upstream(up) => match up.framing {
                 Framing::Length(_) => SizeHint::with_exact(up.left),
                 Framing::Empty => SizeHint::with_exact(0),
+                _ => SizeHint::default(),
+            },
+            H2Body::H2Upstream(up) => match up.response.content_length() {
+                Some(n) if !up.response.is_end_stream() => SizeHint::with_exact(n),
                 _ => SizeHint::default(),
             },
         }

@@ -1,4 +1,5 @@
-//! Active HTTP health checks: every `interval`, `GET path` on each endpoint; `unhealthy_threshold`
+//! Active health checks: every `interval`, a probe of each endpoint (`GET path`, a TCP
+//! connect, or gRPC's `grpc.health.v1.Health/Check`, by `kind`); `unhealthy_threshold`
 //! failures in a row mark it down and `healthy_threshold` passes mark it up again, through
 //! keel-balance's `set_healthy` (which starts a slow start on the way back up).
 //!
@@ -12,6 +13,7 @@ use std::sync::Arc;
 use tokio::task::JoinHandle;
 
 use crate::cluster::{Cluster, EndpointEntry};
+use crate::config::{HealthCheckConfig, HealthCheckKind, UpstreamProtocol};
 
 /// Starts one checker task per endpoint of the cluster (none without `[health_check]`), and
 /// with outlier detection a task that logs ejections as they end.
@@ -51,15 +53,23 @@ async fn watch_ejections(cluster: Arc<Cluster>) {
 /// path makes them: `Ok` for a 2xx answer whose body arrives whole within the timeout.
 async fn probe(
     entry: &EndpointEntry,
+    hc: &HealthCheckConfig,
+    tls: bool,
     head: &[u8],
-    timeout: std::time::Duration,
 ) -> Result<(), String> {
+    let timeout = hc.timeout;
     let work = async {
+        if hc.kind == HealthCheckKind::Grpc {
+            return crate::grpc::probe(entry, tls, &hc.service).await;
+        }
         let mut conn = entry
             .pool
             .connect()
             .await
             .map_err(|e| format!("cannot connect: {e}"))?;
+        if hc.kind == HealthCheckKind::Tcp {
+            return Ok(());
+        }
         match crate::h1::upstream::exchange(&mut conn, head).await? {
             (status, _) if (200..300).contains(&status) => Ok(()),
             (status, _) => Err(format!("status {status}")),
@@ -96,7 +106,8 @@ async fn check_loop(cluster: Arc<Cluster>, index: usize) {
             .endpoints()
             .get(index)
             .is_some_and(|e| e.is_healthy());
-        let result = probe(entry, head.as_bytes(), hc.timeout).await;
+        let tls = cluster.config.protocol == UpstreamProtocol::H2;
+        let result = probe(entry, &hc, tls, head.as_bytes()).await;
         match result {
             Ok(()) => {
                 entry.metrics.health_checks_passed.fetch_add(1, Relaxed);

@@ -86,6 +86,8 @@ pub struct ClusterMetrics {
     pub responses: [AtomicU64; 5],
     /// Requests being served now.
     pub in_flight: AtomicI64,
+    /// Tunnels open now (upgraded connections, TCP listeners' connections).
+    pub tunnels_open: AtomicI64,
     /// Time from request to the end of the response, as the client sees it.
     pub latency: Histogram,
     /// Retries made.
@@ -218,6 +220,20 @@ pub fn render(clusters: &[ClusterView<'_>], reloads: u64, reload_failures: u64) 
             "keel_requests_in_flight{{cluster=\"{}\"}} {}",
             label(c.name),
             c.metrics.in_flight.load(Relaxed)
+        );
+    }
+    header(
+        &mut out,
+        "keel_tunnels_open",
+        "gauge",
+        "Byte tunnels open: upgraded HTTP/1.1 connections (WebSocket) and TCP listeners' connections.",
+    );
+    for c in clusters {
+        let _ = writeln!(
+            out,
+            "keel_tunnels_open{{cluster=\"{}\"}} {}",
+            label(c.name),
+            c.metrics.tunnels_open.load(Relaxed)
         );
     }
     header(

@@ -87,6 +87,8 @@ pub struct EndpointPool {
     tls: Option<UpstreamTls>,
     /// Idle connections, a stack per worker, newest at the back.
     stacks: Box<[Mutex<VecDeque<RawConn>>]>,
+    /// Multiplexed HTTP/2 connections (clusters with `protocol = "h2c"` or `"h2"`).
+    pub(crate) h2: crate::h2_leg::H2Conns,
 }
 
 impl EndpointPool {
@@ -105,6 +107,7 @@ impl EndpointPool {
             stacks: (0..settings.workers.max(1))
                 .map(|_| Mutex::new(VecDeque::new()))
                 .collect(),
+            h2: crate::h2_leg::H2Conns::new(settings.workers),
         });
         pool.spawn_reaper();
         pool

@@ -839,8 +839,9 @@ async fn accept_loop(
 }
 
 /// Serves one accepted connection: TLS handshake if the listener has TLS, then keel's
-/// HTTP/1.1 front end, or the HTTP/2 one (ALPN `h2`, or HTTP/2's preface on plain TCP). Both
-/// hand their requests to the same attempt driver.
+/// HTTP/1.1 front end, or the HTTP/2 one (ALPN `h2`, or HTTP/2's preface on plain TCP), or
+/// for a TCP listener a tunnel to one endpoint. All hand their requests (or the connection)
+/// to the same attempt driver.
 async fn serve_accepted(
     shared: Arc<Shared>,
     ctx: &ListenerCtx,
@@ -852,6 +853,12 @@ async fn serve_accepted(
     let index = ctx.index;
     let settings = &ctx.settings;
     let client = ctx.client(peer, worker);
+    let tcp = settings.protocol == crate::config::ListenerProtocol::Tcp;
+    let local = stream.local_addr().unwrap_or(peer);
+    if tcp && ctx.tls.is_none() {
+        crate::tcp::serve(shared, index, settings, &client, local, stream).await;
+        return;
+    }
     let Some(acceptor) = &ctx.tls else {
         let served = h1::conn::serve(
             shared.clone(),
@@ -876,6 +883,10 @@ async fn serve_accepted(
         _ = wait_shutdown(&mut stop) => return,
     };
     let cause = match handshake {
+        Ok(Ok(tls_stream)) if tcp => {
+            crate::tcp::serve(shared, index, settings, &client, local, tls_stream).await;
+            return;
+        }
         Ok(Ok(tls_stream)) => {
             let h2 = tls_stream.get_ref().1.alpn_protocol() == Some(crate::tls::ALPN_H2);
             if h2 {

@@ -131,8 +131,11 @@ pub fn server_config(c: &ListenerTlsConfig) -> Result<Arc<ServerConfig>, TlsSett
 }
 
 /// The client side of TLS to a cluster's endpoints: trusts the certificates of `ca` only,
-/// offers ALPN `http/1.1`.
-pub fn client_config(c: &UpstreamTlsConfig) -> Result<Arc<ClientConfig>, TlsSettingError> {
+/// offers ALPN `alpn` ([`ALPN_HTTP11`] or [`ALPN_H2`]).
+pub fn client_config(
+    c: &UpstreamTlsConfig,
+    alpn: &[u8],
+) -> Result<Arc<ClientConfig>, TlsSettingError> {
     let certs = load_certs(&c.ca).map_err(|m| TlsSettingError::new("ca", m))?;
     let mut roots = RootCertStore::empty();
     for (i, cert) in certs.into_iter().enumerate() {
@@ -152,7 +155,7 @@ pub fn client_config(c: &UpstreamTlsConfig) -> Result<Arc<ClientConfig>, TlsSett
         .map_err(|e| TlsSettingError::new("ca", e.to_string()))?
         .with_root_certificates(roots)
         .with_no_client_auth();
-    config.alpn_protocols = vec![ALPN_HTTP11.to_vec()];
+    config.alpn_protocols = vec![alpn.to_vec()];
     Ok(Arc::new(config))
 }
 
@@ -189,10 +192,11 @@ impl std::fmt::Debug for UpstreamTls {
 }
 
 impl UpstreamTls {
-    /// Loads the CA file; `handshake_timeout` bounds each handshake.
+    /// Loads the CA file; `handshake_timeout` bounds each handshake; `alpn` is offered.
     pub fn new(
         c: &UpstreamTlsConfig,
         handshake_timeout: Duration,
+        alpn: &[u8],
     ) -> Result<UpstreamTls, TlsSettingError> {
         let server_name = c
             .server_name
@@ -201,7 +205,7 @@ impl UpstreamTls {
             .transpose()
             .map_err(|m| TlsSettingError::new("server_name", m))?;
         Ok(UpstreamTls {
-            connector: TlsConnector::from(client_config(c)?),
+            connector: TlsConnector::from(client_config(c, alpn)?),
             server_name,
             handshake_timeout,
         })

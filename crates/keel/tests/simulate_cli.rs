@@ -103,13 +103,41 @@ fn scenario_file_is_deterministic_for_a_seed_and_has_a_table() {
 }
 
 #[test]
+fn preset_e7_compares_per_connection_and_per_request_balancing() {
+    let out = keel(&["simulate", "--preset", "e7", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 20);
+    let find = |balancing: &str, fault: &str, protections: bool| {
+        rows.iter()
+            .find(|r| {
+                r["strategy"] == "round-robin"
+                    && r["balancing"] == balancing
+                    && r["failure_mode"] == fault
+                    && r["protections"] == protections
+            })
+            .unwrap()
+    };
+    assert_eq!(find("per-connection", "none", false)["max_over_mean"], 2.0);
+    assert_eq!(find("per-connection", "fast-error", true)["success"], 0.75);
+    assert_eq!(find("per-request", "fast-error", true)["success"], 1.0);
+}
+
+#[test]
 fn bad_input_exits_with_code_2() {
     let dir = std::env::temp_dir().join(format!("keel-sim-bad-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let bad = dir.join("bad.toml");
     std::fs::write(&bad, "requests = 10\n[load]\nkind = \"closed\"\nclients = 1\n[[clusters]]\nservers = 2\nfailed = 3\n").unwrap();
     let cases: [(&[&str], &str); 5] = [
-        (&["simulate", "--preset", "e7"], "unknown preset"),
+        (&["simulate", "--preset", "e77"], "unknown preset"),
         (&["simulate"], "--preset"),
         (
             &["simulate", "--preset", "e1", "--replications", "0"],

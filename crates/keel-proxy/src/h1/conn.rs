@@ -2,7 +2,8 @@
 //! Each request head is parsed and rewritten ([`super::request`]), its body read whole when
 //! small (so that any try can send it again) or streamed, the request handed to the attempt
 //! driver, and the driver's answer sent back: keel's own, or the endpoint's response relayed
-//! as it arrives.
+//! as it arrives (an HTTP/2 endpoint's rendered as HTTP/1.1), or after a `101` to an upgrade
+//! request, a tunnel until either side closes.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -18,7 +19,9 @@ use super::request::{parse_request, BodyFraming, Reject, RequestHead, RequestPar
 use super::response::Framing;
 use super::{idle_timer, push_content_length, push_date, push_header, until, write_all_2};
 use crate::access_log::{AccessLog, Entry, RequestLine};
-use crate::attempt::{self, Answer, BodyEnd, Client, OwnAnswer, Request, Upstream};
+use crate::attempt::{
+    self, Answer, BodyEnd, Client, OwnAnswer, Request, Upstream, UpstreamResponse,
+};
 use crate::config::ListenerConfig;
 use crate::route::{RouteRef, Target};
 use crate::server::Shared;
@@ -54,6 +57,8 @@ struct Conn<S> {
     request_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
     /// keel closes before reading the request to its end: the client may still be sending.
     unread: bool,
+    /// An upgraded connection idle this long is closed (`tunnel_idle_timeout`).
+    tunnel_idle: Duration,
 }
 
 /// How long, and how many bytes, a closing connection keeps reading what the client still
@@ -89,6 +94,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         try_timer: idle_timer(),
         request_timer: idle_timer(),
         unread: false,
+        tunnel_idle: settings.tunnel_idle_timeout,
     };
     let max_body = settings.max_request_body_bytes.unwrap_or(u64::MAX);
     loop {
@@ -338,7 +344,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 let Some(log) = log else {
                     return self.forward(up, keep, req).await;
                 };
-                let (status, attempts) = (up.head.status, up.tail.attempts);
+                let (status, attempts) = (up.response.status(), up.tail.attempts);
                 let endpoint = up.tail.endpoint_header().clone();
                 let kept = self.forward(up, keep, req).await;
                 self.log(log, req, status, Some(endpoint.as_bytes()), attempts, None);
@@ -393,11 +399,56 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     /// Forwards an endpoint's response (its head is in `self.out`) and its body, then ends
     /// its tail with the body's outcome. Returns whether the client connection stays.
     async fn forward(&mut self, up: Upstream, keep_alive: bool, req: &RequestHead) -> bool {
-        let Upstream {
-            mut conn,
-            head,
-            tail,
-        } = up;
+        let Upstream { response, tail } = up;
+        let (mut conn, head) = match response {
+            UpstreamResponse::H1(conn, head) => (conn, head),
+            UpstreamResponse::H2(mut response) => {
+                let endpoint = tail.endpoint_header().clone();
+                let deadline = tail.deadline;
+                let relayed = until(
+                    &mut self.request_timer,
+                    deadline,
+                    crate::h2_leg::relay_to_h1(
+                        &mut self.stream,
+                        &mut self.out,
+                        &mut response,
+                        &endpoint,
+                        req,
+                        keep_alive,
+                    ),
+                )
+                .await;
+                let (end, keep) = relayed.unwrap_or((BodyEnd::Timeout, false));
+                tail.end(end, None);
+                return keep && matches!(end, BodyEnd::Done | BodyEnd::Grpc(_));
+            }
+        };
+        if head.status == 101 {
+            // The endpoint switched protocols: the connection is a tunnel from here on.
+            self.out.extend_from_slice(b"connection: upgrade\r\n");
+            push_header(
+                &mut self.out,
+                b"x-keel-endpoint",
+                tail.endpoint_header().as_bytes(),
+            );
+            self.out.extend_from_slice(b"\r\n");
+            if write_all_2(&mut self.stream, &self.out, &[]).await.is_err() {
+                tail.end(BodyEnd::ClientGone, None);
+                return false;
+            }
+            let _open = crate::tunnel::TunnelGauge::new(tail.metrics());
+            let early = std::mem::take(&mut conn.buf);
+            let end = crate::tunnel::run(
+                &mut self.stream,
+                &mut conn.io,
+                &self.rbuf,
+                &early,
+                self.tunnel_idle,
+            )
+            .await;
+            tail.end(end.outcome(), None);
+            return false;
+        }
         // An HTTP/1.0 client cannot take chunks: such a body ends with the connection.
         let streamed = matches!(head.framing, Framing::Chunked | Framing::Close);
         let keep = keep_alive && !(req.http10 && streamed);

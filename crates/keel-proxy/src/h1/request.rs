@@ -194,6 +194,12 @@ pub(crate) struct RequestHead {
     pub hash: Option<u64>,
     /// The route chosen (HTTP/1.1 clients, when the rules had routes).
     pub route: crate::route::RouteRef,
+    /// An HTTP/1.1 `GET` with `Connection: upgrade` and `Upgrade` (WebSocket and the like):
+    /// both are forwarded, and a `101` makes the connection a tunnel.
+    pub upgrade: bool,
+    /// A gRPC call (`content-type: application/grpc*`): its outcome is its `grpc-status`,
+    /// and keel's own failures are answered as gRPC statuses.
+    pub grpc: bool,
 }
 
 /// The outcome of reading an HTTP/1.1 request head.
@@ -311,6 +317,9 @@ struct Scan<'h> {
     host: Option<&'h [u8]>,
     forwarded_for: bool,
     hash: Option<u64>,
+    upgrade_token: bool,
+    upgrade: Option<&'h [u8]>,
+    grpc: bool,
 }
 
 /// Checks a request and writes the head sent upstream into `out` (request line in origin
@@ -345,6 +354,9 @@ where
         host: None,
         forwarded_for: false,
         hash: None,
+        upgrade_token: false,
+        upgrade: None,
+        grpc: false,
     };
     for (name, value) in fields() {
         if name.eq_ignore_ascii_case("connection") {
@@ -354,6 +366,8 @@ where
                     s.close = true;
                 } else if token.eq_ignore_ascii_case(b"keep-alive") {
                     s.keep_alive_token = true;
+                } else if token.eq_ignore_ascii_case(b"upgrade") {
+                    s.upgrade_token = true;
                 } else if !token.is_empty() {
                     if s.n_named == MAX_CONNECTION_TOKENS {
                         return Err(Reject::TooManyConnectionOptions);
@@ -382,6 +396,10 @@ where
             s.host = Some(value);
         } else if name.eq_ignore_ascii_case("x-forwarded-for") {
             s.forwarded_for = true;
+        } else if name.eq_ignore_ascii_case("upgrade") {
+            s.upgrade = Some(value);
+        } else if name.eq_ignore_ascii_case("content-type") {
+            s.grpc = value.len() >= 16 && value[..16].eq_ignore_ascii_case(b"application/grpc");
         }
         if s.hash.is_none()
             && rules
@@ -423,6 +441,11 @@ where
         // RFC 9112 section 3.2 (an absolute-form target names the host too, as NGINX takes).
         return Err(Reject::MissingHost);
     }
+    // RFC 9110 section 7.8; HTTP/1.0 has no upgrades.
+    let upgrade = match s.upgrade {
+        Some(protocol) if s.upgrade_token && method == "GET" && !http10 => Some(protocol),
+        _ => None,
+    };
     let mut hash = s.hash;
     if rules.hash_path {
         let end = path.find('?').unwrap_or(path.len());
@@ -478,6 +501,10 @@ where
     if let Some(h) = host {
         push_header(out, b"x-forwarded-host", h);
     }
+    if let Some(protocol) = upgrade {
+        out.extend_from_slice(b"connection: upgrade\r\n");
+        push_header(out, b"upgrade", protocol);
+    }
     match body {
         BodyFraming::Length(n) => push_content_length(out, n),
         BodyFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
@@ -500,6 +527,8 @@ where
         expect_continue,
         hash,
         route: crate::route::RouteRef::NotFound,
+        upgrade: upgrade.is_some(),
+        grpc: s.grpc,
     })
 }
 

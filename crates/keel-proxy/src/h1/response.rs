@@ -143,6 +143,11 @@ pub(crate) fn parse_response(
     let keep_length = framing == Framing::Empty && status != 204 && status >= 200;
     for h in resp.headers.iter() {
         let name = h.name;
+        // A 101 names the protocol the tunnel switches to (the front end adds `Connection`).
+        if status == 101 && name.eq_ignore_ascii_case("upgrade") {
+            push_header(out, name.as_bytes(), h.value);
+            continue;
+        }
         if HOP_BY_HOP.iter().any(|n| name.eq_ignore_ascii_case(n))
             || named
                 .iter()

@@ -21,9 +21,14 @@ use crate::pool::{ConnectError, RawConn};
 /// An endpoint's response head larger than this is refused (502).
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 
+/// What the HTTP/1.1 leg yields: the connection (what was read of the body in its buffer)
+/// and the response head.
+pub(crate) type H1Response = (RawConn, ResponseHead);
+
 /// One try: a connection to the endpoint (pooled or new), the request written, the response
 /// head read and rewritten into `out`. A pooled connection found closed before any answer
-/// byte is replaced by another (the request goes again) when that is safe.
+/// byte is replaced by another (the request goes again) when that is safe. A `101` to an
+/// upgrade request is an answer like any other: the front end makes it a tunnel.
 pub(crate) async fn try_once<B: RequestBody>(
     entry: &EndpointEntry,
     cluster: &Cluster,
@@ -32,7 +37,7 @@ pub(crate) async fn try_once<B: RequestBody>(
     req: &RequestHead,
     body: &mut B,
     out: &mut Vec<u8>,
-) -> Result<(RawConn, ResponseHead), TryFailure> {
+) -> Result<H1Response, TryFailure<H1Response>> {
     loop {
         let mut conn = entry.pool.get(worker).await.map_err(|e| {
             let cause = match e {
@@ -45,7 +50,7 @@ pub(crate) async fn try_once<B: RequestBody>(
         // any answer: the request did not reach the endpoint, so it goes again on another
         // connection (a new one, or the next idle one) when that is safe.
         let reused = conn.reused;
-        let stale = |f: &TryFailure, started: bool| {
+        let stale = |f: &TryFailure<H1Response>, started: bool| {
             reused
                 && !started
                 && match f {
@@ -65,7 +70,8 @@ pub(crate) async fn try_once<B: RequestBody>(
         }
         match read_response(&mut conn, entry, cluster, req, out).await {
             Ok(resp) if cluster.is_failure_status(resp.status) => {
-                return Err(TryFailure::Status(conn, resp))
+                let cause = Cause::Status(resp.status);
+                return Err(TryFailure::Status((conn, resp), cause));
             }
             Ok(resp) => return Ok((conn, resp)),
             Err(f) if stale(&f, body.started()) => continue,
@@ -81,7 +87,7 @@ async fn send_request<B: RequestBody>(
     head: &[u8],
     req: &RequestHead,
     body: &mut B,
-) -> Result<(), TryFailure> {
+) -> Result<(), TryFailure<H1Response>> {
     let upstream =
         |e| TryFailure::Upstream(TryError::after_sending(ErrorKind::Reset, Cause::Write(e)));
     if let Some(inline) = body.inline() {
@@ -120,14 +126,20 @@ async fn read_response(
     cluster: &Cluster,
     req: &RequestHead,
     out: &mut Vec<u8>,
-) -> Result<ResponseHead, TryFailure> {
+) -> Result<ResponseHead, TryFailure<H1Response>> {
     let failed = |kind, cause| TryFailure::Upstream(TryError::after_sending(kind, cause));
     let invalid = |what| failed(ErrorKind::Protocol, Cause::InvalidResponse(what));
     let mut answered = false;
     loop {
         match parse_response(&conn.buf, req.is_head, out) {
+            Ok(Some(resp)) if resp.status == 101 && req.upgrade => {
+                // The protocol switches after this head: what follows is the tunnel's.
+                conn.buf.advance(resp.head_len);
+                entry.metrics.responses[class_index(101)].fetch_add(1, Relaxed);
+                return Ok(resp);
+            }
             Ok(Some(resp)) if resp.status < 200 => {
-                // 101 cannot be: Upgrade is never forwarded.
+                // A 101 to a request that asked for no upgrade cannot be forwarded.
                 if resp.status == 101 {
                     return Err(invalid("unexpected 101 Switching Protocols"));
                 }

@@ -16,6 +16,7 @@ mod hardening_admin;
 mod hardening_limits;
 mod hedging;
 mod load_reports;
+mod protocols;
 mod proxy_behaviour;
 mod proxy_done;
 mod proxy_lifecycle;

@@ -35,8 +35,9 @@ pub struct Args {
     /// A scenario file (TOML; see scenarios/*.toml for documented examples).
     #[arg(long, value_name = "FILE", conflicts_with = "preset")]
     pub scenario: Option<PathBuf>,
-    /// A built-in experiment: e1, e2, e3, e4, e5, e6, or `seed` for all six; `tail` (E8) or
-    /// `reaction` (E9).
+    /// A built-in experiment: e1, e2, e3, e4, e5, e6, or `seed` for all six; `e7` (long-lived
+    /// multiplexed connections: per-connection against per-request balancing); `tail` (E8)
+    /// or `reaction` (E9).
     #[arg(long, value_name = "ID")]
     pub preset: Option<String>,
     /// Seed of every random choice (overrides the scenario's); same seed, same results.
@@ -75,6 +76,47 @@ struct Report<'a> {
     results: &'a [SimResult],
 }
 
+/// E7 (long-lived multiplexed connections): its own simulation, a table or JSON Lines.
+fn multiplex(args: &Args) -> anyhow::Result<()> {
+    use keel_model::multiplex;
+    let results: Vec<_> = multiplex::e7()
+        .into_iter()
+        .map(|mut s| {
+            if let Some(seed) = args.seed {
+                s.seed = seed;
+            }
+            multiplex::run(&s)
+        })
+        .collect();
+    if args.json {
+        for r in &results {
+            let s = &r.scenario;
+            let (lo, hi) = r.success_ci95();
+            let row = serde_json::json!({
+                "experiment": "e7",
+                "strategy": s.strategy.to_string(),
+                "balancing": s.granularity.name(),
+                "failure_mode": s.fault.name(),
+                "protections": s.protections,
+                "clients": s.clients,
+                "endpoints": s.endpoints,
+                "calls": r.calls,
+                "success": r.success(),
+                "ci95": [lo, hi],
+                "max_over_mean": r.max_over_mean,
+                "per_endpoint": r.per_endpoint,
+                "analytic_success": r.analytic_success,
+                "analytic_max_over_mean": r.analytic_max_over_mean,
+            });
+            println!("{row}");
+        }
+    } else {
+        println!("E7: long-lived multiplexed connections, 4 clients x 1 connection, 8 endpoints (endpoint 0 fails)\n");
+        print!("{}", multiplex::table(&results));
+    }
+    Ok(())
+}
+
 /// Runs `keel simulate`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.replications == Some(0) {
@@ -82,6 +124,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.replications.is_some_and(|r| r > 10_000) {
         return usage("--replications must be at most 10000");
+    }
+    if args
+        .preset
+        .as_deref()
+        .is_some_and(|p| p.eq_ignore_ascii_case("e7") || p.eq_ignore_ascii_case("multiplex"))
+    {
+        return multiplex(&args);
     }
     let experiments: Vec<Experiment> = match (&args.scenario, &args.preset) {
         (Some(path), None) => {

@@ -1,0 +1,243 @@
+#!/usr/bin/env bash
+# HTTP/2 benchmark: h2load's HTTP/2 clients through keel, NGINX and HAProxy, in one run, to
+#   h1    four HTTP/1.1 endpoints (NGINX, a fixed body from memory): the common edge;
+#   h2c   four h2c endpoints (crates/keel-grpc-tests/src/bin/h2-backend.rs);
+#   grpc  gRPC unary calls (grpc.health.v1.Health/Check) to the same h2c endpoints
+#         (NGINX: grpc_pass; HAProxy: proto h2; keel: protocol = "h2c").
+# Reports req/s, p99 (from h2load's per-request log) and CPU per request (the proxy's user +
+# system time from /proc over the run, divided by the requests).
+#
+#   bench/proxy/h2.sh
+#
+# Environment (all optional):
+#   KEEL_BIN, BACKEND_BIN  binaries to use instead of `cargo build --release`
+#   ROUNDS     rounds per point (default 3)
+#   REQUESTS   requests per h2load run (default 200000)
+#   CLIENTS STREAMS  h2load -c and -m (default 16 and 10)
+#   PROXY_CPUS LOAD_CPUS   CPUs of the proxies, and of h2load and the backends (default 0 and 1)
+#   OUT        where raw results go (default target/proxy-bench-h2)
+#
+# Ports 21101-21120 on 127.0.0.1; everything started here is stopped on exit.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+ROUNDS="${ROUNDS:-3}"
+REQUESTS="${REQUESTS:-200000}"
+CLIENTS="${CLIENTS:-16}"
+STREAMS="${STREAMS:-10}"
+PROXY_CPUS="${PROXY_CPUS:-0}"
+LOAD_CPUS="${LOAD_CPUS:-1}"
+OUT="${OUT:-$REPO/target/proxy-bench-h2}"
+H1_PORTS=(21101 21102 21103 21104)
+H2_PORTS=(21105 21106 21107 21108)
+# Proxy ports: keel 2111x, nginx 2112x... per scenario: h1 = +0, h2c = +1, grpc = +2.
+KEEL_BASE=21110
+NGINX_BASE=21113
+HAPROXY_BASE=21116
+CLK_TCK="$(getconf CLK_TCK)"
+log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+
+missing=()
+command -v h2load >/dev/null || missing+=(nghttp2-client)
+[ -x /usr/sbin/nginx ] || command -v nginx >/dev/null || missing+=(nginx)
+[ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null || missing+=(haproxy)
+if [ "${#missing[@]}" -gt 0 ]; then
+    log "installing ${missing[*]} (apt-get)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+export PATH="$PATH:/usr/sbin:/sbin"
+TARGET="${CARGO_TARGET_DIR:-$REPO/target}"
+if [ -z "${KEEL_BIN:-}" ]; then
+    (cd "$REPO" && cargo build --release -p keel --quiet)
+    KEEL_BIN="$TARGET/release/keel"
+fi
+if [ -z "${BACKEND_BIN:-}" ]; then
+    (cd "$REPO" && cargo build --release -p keel-grpc-tests --bin h2-backend --quiet)
+    BACKEND_BIN="$TARGET/release/h2-backend"
+fi
+
+WORK="$(mktemp -d /tmp/keel-h2-bench.XXXXXX)"
+mkdir -p "$OUT"
+STARTED=()
+cleanup() {
+    set +e
+    for pid in "${STARTED[@]}"; do kill "$pid" 2>/dev/null; done
+    sleep 0.3
+    for pid in "${STARTED[@]}"; do kill -9 "$pid" 2>/dev/null; done
+    wait 2>/dev/null
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+wait_port() {
+    local deadline=$((SECONDS + 10))
+    until (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do
+        [ "$SECONDS" -lt "$deadline" ] || { echo "h2.sh: nothing listens on port $1" >&2; exit 1; }
+        sleep 0.05
+    done
+}
+
+# ---------------------------------------------------------------- backends
+for i in 0 1 2 3; do
+    dir="$WORK/b$i"; mkdir -p "$dir"
+    cat >"$dir/nginx.conf" <<EOF
+daemon off; master_process off; worker_processes 1; pid $dir/nginx.pid;
+error_log $dir/error.log warn;
+events { worker_connections 8192; }
+http { access_log off; keepalive_requests 10000000; keepalive_timeout 120s; default_type text/plain;
+  server { listen 127.0.0.1:${H1_PORTS[$i]} backlog=4096; location / { return 200 "backend $i: ok\n"; } } }
+EOF
+    taskset -c "$LOAD_CPUS" nginx -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" & STARTED+=("$!")
+    taskset -c "$LOAD_CPUS" "$BACKEND_BIN" "${H2_PORTS[$i]}" & STARTED+=("$!")
+done
+for p in "${H1_PORTS[@]}" "${H2_PORTS[@]}"; do wait_port "$p"; done
+
+# ---------------------------------------------------------------- proxies
+eps() { local out=() p; for p in "$@"; do out+=("{ address = \"127.0.0.1:$p\" }"); done; local IFS=,; echo "${out[*]}"; }
+cat >"$WORK/keel.toml" <<EOF
+[[listener]]
+listen = "127.0.0.1:$((KEEL_BASE + 0))"
+cluster = "h1"
+[[listener]]
+listen = "127.0.0.1:$((KEEL_BASE + 1))"
+cluster = "h2c"
+[[listener]]
+listen = "127.0.0.1:$((KEEL_BASE + 2))"
+cluster = "grpc"
+
+[[cluster]]
+name = "h1"
+endpoints = [$(eps "${H1_PORTS[@]}")]
+[[cluster]]
+name = "h2c"
+protocol = "h2c"
+endpoints = [$(eps "${H2_PORTS[@]}")]
+[[cluster]]
+name = "grpc"
+protocol = "h2c"
+endpoints = [$(eps "${H2_PORTS[@]}")]
+EOF
+taskset -c "$PROXY_CPUS" "$KEEL_BIN" proxy --config "$WORK/keel.toml" --workers 1 >"$WORK/keel.log" 2>&1 &
+KEEL_PID=$!; STARTED+=("$KEEL_PID")
+
+ups() { local p; for p in "$@"; do echo "    server 127.0.0.1:$p;"; done; }
+mkdir -p "$WORK/nginx"
+cat >"$WORK/nginx/nginx.conf" <<EOF
+daemon off; master_process off; worker_processes 1; pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log warn;
+events { worker_connections 8192; }
+http {
+  access_log off; keepalive_requests 10000000; http2_max_concurrent_streams 128;
+  upstream h1 {
+$(ups "${H1_PORTS[@]}")
+    keepalive 256;
+  }
+  upstream h2 {
+$(ups "${H2_PORTS[@]}")
+    keepalive 256;
+  }
+  server { listen 127.0.0.1:$((NGINX_BASE + 0)) http2; location / { proxy_pass http://h1; proxy_http_version 1.1; proxy_set_header Connection ""; } }
+  server { listen 127.0.0.1:$((NGINX_BASE + 1)) http2; location / { grpc_pass grpc://h2; } }
+  server { listen 127.0.0.1:$((NGINX_BASE + 2)) http2; location / { grpc_pass grpc://h2; } }
+}
+EOF
+taskset -c "$PROXY_CPUS" nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -e "$WORK/nginx/error.log" &
+NGINX_PID=$!; STARTED+=("$NGINX_PID")
+
+hservers() { local p i=0; for p in "$@"; do echo "    server s$i 127.0.0.1:$p $2"; i=$((i + 1)); done; }
+{
+    echo "global"
+    echo "    nbthread 1"
+    echo "    maxconn 20000"
+    echo "defaults"
+    echo "    mode http"
+    echo "    timeout connect 1s"
+    echo "    timeout client 60s"
+    echo "    timeout server 60s"
+    echo "    http-reuse always"
+    for s in 0 1 2; do
+        echo "frontend f$s"
+        echo "    bind 127.0.0.1:$((HAPROXY_BASE + s)) proto h2"
+        echo "    default_backend b$s"
+        echo "backend b$s"
+        echo "    balance roundrobin"
+        if [ "$s" = 0 ]; then
+            i=0; for p in "${H1_PORTS[@]}"; do echo "    server s$i 127.0.0.1:$p"; i=$((i + 1)); done
+        else
+            i=0; for p in "${H2_PORTS[@]}"; do echo "    server s$i 127.0.0.1:$p proto h2"; i=$((i + 1)); done
+        fi
+    done
+} >"$WORK/haproxy.cfg"
+taskset -c "$PROXY_CPUS" haproxy -f "$WORK/haproxy.cfg" -db >"$WORK/haproxy.log" 2>&1 &
+HAPROXY_PID=$!; STARTED+=("$HAPROXY_PID")
+for s in 0 1 2; do wait_port $((KEEL_BASE + s)); wait_port $((NGINX_BASE + s)); wait_port $((HAPROXY_BASE + s)); done
+
+# A gRPC unary call's request body: HealthCheckRequest {} in one uncompressed frame.
+printf '\x00\x00\x00\x00\x00' >"$WORK/grpc-body.bin"
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+run_point() { # proxy pid base scenario round
+    local proxy="$1" pid="$2" base="$3" scenario="$4" round="$5" port extra=()
+    case "$scenario" in
+        h1) port=$base ;;
+        h2c) port=$((base + 1)) ;;
+        grpc) port=$((base + 2))
+              extra=(-d "$WORK/grpc-body.bin" -H 'content-type: application/grpc' -H 'te: trailers') ;;
+    esac
+    local url="http://127.0.0.1:$port/"
+    [ "$scenario" = grpc ] && url="http://127.0.0.1:$port/grpc.health.v1.Health/Check"
+    local logf="$WORK/lat-$proxy-$scenario-$round.log"
+    local before after
+    before="$(cpu_ticks "$pid")"
+    taskset -c "$LOAD_CPUS" h2load -c "$CLIENTS" -m "$STREAMS" -n "$REQUESTS" "${extra[@]}" \
+        --log-file="$logf" "$url" >"$WORK/h2load.out" 2>&1
+    after="$(cpu_ticks "$pid")"
+    cp "$WORK/h2load.out" "$OUT/h2load-$proxy-$scenario-$round.txt"
+    python3 - "$WORK/h2load.out" "$logf" "$before" "$after" "$CLK_TCK" "$proxy" "$scenario" "$round" <<'PY'
+import re, sys
+out = open(sys.argv[1]).read()
+rps = float(re.search(r"finished in [\d.]+\w+, ([\d.]+) req/s", out).group(1))
+m = re.search(r"requests: (\d+) total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed", out)
+done, ok = int(m.group(2)), int(m.group(3))
+lat = sorted(int(l.split()[2]) for l in open(sys.argv[2]) if l.strip() and l.split()[1] in ("200",))
+p99 = lat[int(0.99 * (len(lat) - 1))] / 1000 if lat else float("nan")
+cpu_us = (int(sys.argv[4]) - int(sys.argv[3])) / int(sys.argv[5]) * 1e6 / max(done, 1)
+print(f"{sys.argv[6]}\t{sys.argv[7]}\t{sys.argv[8]}\t{rps:.0f}\t{p99:.2f}\t{cpu_us:.1f}\t{ok}/{done}")
+PY
+}
+
+# Warm-up: a short run through each.
+for s in h1 h2c grpc; do
+    for b in $KEEL_BASE $NGINX_BASE $HAPROXY_BASE; do
+        REQ_SAVE=$REQUESTS; REQUESTS=2000
+        run_point warm "$KEEL_PID" "$b" "$s" 0 >/dev/null
+        REQUESTS=$REQ_SAVE
+    done
+done
+RESULTS="$OUT/results.tsv"
+printf 'proxy\tscenario\tround\treq_per_s\tp99_ms\tcpu_us_per_req\tsucceeded\n' >"$RESULTS"
+for round in $(seq 1 "$ROUNDS"); do
+    for s in h1 h2c grpc; do
+        run_point keel "$KEEL_PID" "$KEEL_BASE" "$s" "$round" | tee -a "$RESULTS"
+        run_point nginx "$NGINX_PID" "$NGINX_BASE" "$s" "$round" | tee -a "$RESULTS"
+        run_point haproxy "$HAPROXY_PID" "$HAPROXY_BASE" "$s" "$round" | tee -a "$RESULTS"
+    done
+done
+log "raw results: $RESULTS"
+python3 - "$RESULTS" <<'PY'
+import csv, sys, statistics
+rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
+print("| scenario | proxy | req/s (min-max) | p99 ms (median) | CPU us/req (min-max) | ok |")
+print("|---|---|---|---|---|---|")
+for s in ("h1", "h2c", "grpc"):
+    for p in ("keel", "nginx", "haproxy"):
+        r = [x for x in rows if x["scenario"] == s and x["proxy"] == p]
+        if not r: continue
+        rps = [float(x["req_per_s"]) for x in r]; cpu = [float(x["cpu_us_per_req"]) for x in r]
+        p99 = statistics.median(float(x["p99_ms"]) for x in r)
+        print(f"| {s} | {p} | {min(rps)/1e3:.1f}-{max(rps)/1e3:.1f} k | {p99:.2f} | {min(cpu):.1f}-{max(cpu):.1f} | {r[-1]['succeeded']} |")
+PY

@@ -1,0 +1,610 @@
+//! The HTTP/2 leg (clusters with `protocol = "h2c"` or `"h2"`): one try of a request as one
+//! stream on one of an endpoint's multiplexed connections. Each worker keeps its own
+//! connections per endpoint ([`H2Conns`]); a request takes a stream on the first connection
+//! below the endpoint's `SETTINGS_MAX_CONCURRENT_STREAMS`, or opens another connection when
+//! all are full. The pick is per request, never per connection.
+//!
+//! The request head comes rewritten as HTTP/1.1 text (the one rewrite both front ends share)
+//! and becomes the stream's HEADERS; its body is streamed with HTTP/2 flow control and its
+//! trailers follow. The response stays HTTP/2 ([`H2Response`]: head, body stream, trailers):
+//! the HTTP/2 front end passes it on frame by frame, the HTTP/1.1 front end renders it as an
+//! HTTP/1.1 response ([`relay_to_h1`]). gRPC calls are judged by their `grpc-status`: a
+//! trailers-only answer that counts as a failure (14 UNAVAILABLE) is a failed try, retried
+//! while no byte of it reached the client.
+
+use std::future::poll_fn;
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use h2::{RecvStream, SendStream};
+use hyper::body::{Body, Frame};
+use hyper::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+use crate::attempt::{BodyEnd, Cause, RequestBody, TryError, TryFailure, UpstreamResponse};
+use crate::cluster::{Cluster, EndpointEntry};
+use crate::config::UpstreamProtocol;
+use crate::h1::chunked::{chunk, LAST_CHUNK};
+use crate::h1::request::{BodyFraming, Reject, RequestHead};
+use crate::h1::{push_date, push_header, write_all_vectored, HOP_BY_HOP};
+use crate::metrics::{class_index, ErrorKind};
+use crate::pool::{ConnectError, EndpointPool};
+
+/// Stream and connection windows keel offers endpoints: large enough that a response body
+/// is not held back by window updates on a fast network.
+const WINDOW: u32 = 1 << 20;
+const CONNECTION_WINDOW: u32 = 4 << 20;
+
+/// One multiplexed connection to an endpoint.
+struct H2Conn {
+    send: SendRequest<Bytes>,
+    /// Streams of keel's requests open on it.
+    open: Arc<AtomicUsize>,
+    /// The connection ended (its driver returned).
+    closed: Arc<AtomicBool>,
+}
+
+/// An endpoint's HTTP/2 connections, a list per worker (used only by that worker's thread,
+/// whose runtime drives them).
+pub(crate) struct H2Conns {
+    lists: Box<[Mutex<Vec<H2Conn>>]>,
+}
+
+/// A stream counted on its connection until the response is done with.
+pub(crate) struct StreamSlot(Arc<AtomicUsize>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
+
+impl H2Conns {
+    /// Empty lists for `workers` workers.
+    pub(crate) fn new(workers: usize) -> Self {
+        Self {
+            lists: (0..workers.max(1))
+                .map(|_| Mutex::new(Vec::new()))
+                .collect(),
+        }
+    }
+
+    fn list(&self, worker: usize) -> std::sync::MutexGuard<'_, Vec<H2Conn>> {
+        self.lists[worker % self.lists.len()]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A stream on one of worker `worker`'s connections with room for it, or on a new one.
+    async fn stream(
+        &self,
+        worker: usize,
+        pool: &EndpointPool,
+    ) -> Result<(SendRequest<Bytes>, StreamSlot), ConnectError> {
+        {
+            let mut list = self.list(worker);
+            list.retain(|c| !c.closed.load(Relaxed));
+            for c in list.iter() {
+                // The endpoint's SETTINGS_MAX_CONCURRENT_STREAMS, as last announced.
+                if c.open.load(Relaxed) < c.send.current_max_send_streams() {
+                    c.open.fetch_add(1, Relaxed);
+                    return Ok((c.send.clone(), StreamSlot(c.open.clone())));
+                }
+            }
+        }
+        let conn = pool.connect().await?;
+        let (send, driver) = h2::client::Builder::new()
+            .initial_window_size(WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .handshake::<_, Bytes>(conn.io)
+            .await
+            .map_err(|e| ConnectError::Failed(std::io::Error::other(e)))?;
+        let closed = Arc::new(AtomicBool::new(false));
+        let ended = closed.clone();
+        // The connection's frames are read and written by its own task, on this worker's
+        // runtime, for as long as it lives.
+        tokio::spawn(async move {
+            if let Err(e) = driver.await {
+                tracing::debug!("HTTP/2 connection to an endpoint ended: {e}");
+            }
+            ended.store(true, Relaxed);
+        });
+        let open = Arc::new(AtomicUsize::new(1));
+        self.list(worker).push(H2Conn {
+            send: send.clone(),
+            open: open.clone(),
+            closed,
+        });
+        Ok((send, StreamSlot(open)))
+    }
+}
+
+/// An endpoint's HTTP/2 response: its head, its body and trailers to come, and the request's
+/// own stream when the client is still sending (full duplex).
+pub(crate) struct H2Response {
+    /// Status and headers.
+    pub head: hyper::http::response::Parts,
+    body: RecvStream,
+    data_done: bool,
+    trailers_done: bool,
+    /// The `grpc-status` of a gRPC call, once known (a trailers-only answer has it in its
+    /// head).
+    grpc_status: Option<u32>,
+    /// A gRPC call.
+    grpc: bool,
+    /// The request's stream and the piece not yet sent, when the endpoint answered before
+    /// the client's body ended: the front end sends the rest ([`RequestPump`]).
+    pub rest_of_request: Option<(SendStream<Bytes>, Option<Bytes>)>,
+    _slot: StreamSlot,
+}
+
+impl H2Response {
+    /// The next frame of the body (data, then trailers): `None` at its end.
+    pub(crate) fn poll_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+        if !self.data_done {
+            match ready!(self.body.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    let _ = self.body.flow_control().release_capacity(data.len());
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                None => self.data_done = true,
+            }
+        }
+        if self.trailers_done {
+            return Poll::Ready(None);
+        }
+        match ready!(self.body.poll_trailers(cx)) {
+            Ok(Some(trailers)) => {
+                self.trailers_done = true;
+                if let Some(code) = grpc_status(&trailers) {
+                    self.grpc_status = Some(code);
+                }
+                Poll::Ready(Some(Ok(Frame::trailers(trailers))))
+            }
+            Ok(None) => {
+                self.trailers_done = true;
+                Poll::Ready(None)
+            }
+            Err(e) => Poll::Ready(Some(Err(e))),
+        }
+    }
+
+    /// True once the body and trailers are through.
+    pub(crate) fn is_end_stream(&self) -> bool {
+        self.trailers_done
+    }
+
+    /// How a body read to its end ended, for the pick: a gRPC call by its status.
+    pub(crate) fn end(&self) -> BodyEnd {
+        match self.grpc_status {
+            Some(code) if self.grpc => BodyEnd::Grpc(code),
+            _ => BodyEnd::Done,
+        }
+    }
+
+    /// The body's length, when the endpoint declared it.
+    pub(crate) fn content_length(&self) -> Option<u64> {
+        self.head
+            .headers
+            .get(hyper::header::CONTENT_LENGTH)
+            .and_then(|v| crate::h1::request::parse_content_length(v.as_bytes()))
+    }
+}
+
+/// The `grpc-status` of a head or trailers.
+pub(crate) fn grpc_status(headers: &HeaderMap) -> Option<u32> {
+    headers
+        .get("grpc-status")
+        .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Sends the rest of an HTTP/2 client's request body on the endpoint's stream, as the
+/// response is relayed (polled by the response body: no task of its own).
+pub(crate) struct RequestPump {
+    send: SendStream<Bytes>,
+    pending: Option<Bytes>,
+    source: hyper::body::Incoming,
+    done: bool,
+}
+
+impl RequestPump {
+    /// The rest of `source` goes to `send`, `pending` first.
+    pub(crate) fn new(
+        (send, pending): (SendStream<Bytes>, Option<Bytes>),
+        source: hyper::body::Incoming,
+    ) -> Self {
+        Self {
+            send,
+            pending,
+            source,
+            done: false,
+        }
+    }
+
+    /// Moves what can move now; registers for wake-ups otherwise.
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) {
+        while !self.done {
+            if let Some(data) = &mut self.pending {
+                self.send.reserve_capacity(data.len());
+                match self.send.poll_capacity(cx) {
+                    Poll::Pending => return,
+                    Poll::Ready(Some(Ok(n))) => {
+                        let piece = data.split_to(n.min(data.len()));
+                        if data.is_empty() {
+                            self.pending = None;
+                        }
+                        if self.send.send_data(piece, false).is_err() {
+                            self.done = true;
+                        }
+                    }
+                    Poll::Ready(_) => self.done = true,
+                }
+                continue;
+            }
+            match Pin::new(&mut self.source).poll_frame(cx) {
+                Poll::Pending => return,
+                Poll::Ready(None) => {
+                    let _ = self.send.send_data(Bytes::new(), true);
+                    self.done = true;
+                }
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => self.pending = Some(data).filter(|d| !d.is_empty()),
+                    Err(frame) => {
+                        if let Ok(trailers) = frame.into_trailers() {
+                            let _ = self.send.send_trailers(trailers);
+                        }
+                        self.done = true;
+                    }
+                },
+                Poll::Ready(Some(Err(_))) => {
+                    self.send.send_reset(h2::Reason::CANCEL);
+                    self.done = true;
+                }
+            }
+        }
+    }
+}
+
+/// The request's method, target and headers for HTTP/2, from the rewritten HTTP/1.1 head:
+/// `Host` becomes `:authority`, connection-specific headers go (RFC 9113 section 8.2.2), and a
+/// gRPC call carries `te: trailers`.
+struct H2Head {
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+}
+
+impl H2Head {
+    fn parse(head: &[u8], tls: bool, grpc: bool) -> Option<H2Head> {
+        let mut fields = [MaybeUninit::<httparse::Header<'_>>::uninit(); 256];
+        let mut req = httparse::Request::new(&mut []);
+        let parsed = httparse::ParserConfig::default()
+            .parse_request_with_uninit_headers(&mut req, head, &mut fields)
+            .ok()?;
+        if !parsed.is_complete() {
+            return None;
+        }
+        let method = Method::from_bytes(req.method?.as_bytes()).ok()?;
+        let mut authority = None;
+        let mut headers = HeaderMap::with_capacity(req.headers.len() + 1);
+        for h in req.headers.iter() {
+            if h.name.eq_ignore_ascii_case("host") {
+                authority = Some(h.value);
+            } else if !HOP_BY_HOP.iter().any(|n| h.name.eq_ignore_ascii_case(n)) {
+                headers.append(
+                    HeaderName::from_bytes(h.name.as_bytes()).ok()?,
+                    HeaderValue::from_bytes(h.value).ok()?,
+                );
+            }
+        }
+        if grpc {
+            headers.insert(hyper::header::TE, HeaderValue::from_static("trailers"));
+        }
+        let uri = Uri::builder()
+            .scheme(if tls { "https" } else { "http" })
+            .authority(authority?)
+            .path_and_query(req.path?)
+            .build()
+            .ok()?;
+        Some(H2Head {
+            method,
+            uri,
+            headers,
+        })
+    }
+
+    fn request(&self) -> Request<()> {
+        let mut r = Request::new(());
+        *r.method_mut() = self.method.clone();
+        *r.uri_mut() = self.uri.clone();
+        *r.version_mut() = Version::HTTP_2;
+        *r.headers_mut() = self.headers.clone();
+        r
+    }
+}
+
+fn upstream(kind: ErrorKind, acted: bool, cause: Cause) -> TryFailure {
+    TryFailure::Upstream(TryError {
+        kind,
+        may_have_acted: acted,
+        cause,
+    })
+}
+
+fn h2_cause(e: &h2::Error, reading: bool) -> Cause {
+    let io = std::io::Error::other(e.to_string());
+    if reading {
+        Cause::Read(io)
+    } else {
+        Cause::Write(io)
+    }
+}
+
+/// How sending the body ended.
+enum Pumped {
+    Done,
+    Client(Reject),
+    Upstream(h2::Error),
+}
+
+/// One step of sending a streamed body: a piece from the client, or as much of the pending
+/// piece as the stream's window takes. Cancel-safe: what was read waits in `pending`.
+async fn pump_step<B: RequestBody>(
+    body: &mut B,
+    send: &mut SendStream<Bytes>,
+    pending: &mut Option<Bytes>,
+) -> Option<Pumped> {
+    if let Some(data) = pending {
+        send.reserve_capacity(data.len());
+        return match poll_fn(|cx| send.poll_capacity(cx)).await {
+            Some(Ok(n)) => {
+                let piece = data.split_to(n.min(data.len()));
+                if data.is_empty() {
+                    *pending = None;
+                }
+                send.send_data(piece, false).err().map(Pumped::Upstream)
+            }
+            Some(Err(e)) => Some(Pumped::Upstream(e)),
+            None => Some(Pumped::Upstream(h2::Error::from(h2::Reason::STREAM_CLOSED))),
+        };
+    }
+    match body.next_piece().await {
+        Err(r) => Some(Pumped::Client(r)),
+        Ok([]) => {
+            let sent = match body.trailers() {
+                Some(t) => send.send_trailers(t),
+                None => send.send_data(Bytes::new(), true),
+            };
+            Some(sent.map_or_else(Pumped::Upstream, |()| Pumped::Done))
+        }
+        Ok(piece) => {
+            *pending = Some(Bytes::copy_from_slice(piece));
+            None
+        }
+    }
+}
+
+/// One try on an HTTP/2 endpoint: a stream on one of its connections, the request sent
+/// (its body as the window allows, its trailers after), the response head awaited.
+pub(crate) async fn try_once<B: RequestBody>(
+    entry: &EndpointEntry,
+    cluster: &Cluster,
+    worker: usize,
+    head: &[u8],
+    meta: &RequestHead,
+    body: &mut B,
+) -> Result<UpstreamResponse, TryFailure> {
+    let tls = cluster.config.protocol == UpstreamProtocol::H2;
+    // The head came from a request keel parsed: it converts, unless the client sent
+    // something HTTP/2 cannot carry.
+    let h2_head =
+        H2Head::parse(head, tls, meta.grpc).ok_or(TryFailure::Client(Reject::Malformed))?;
+    let no_body = meta.body == BodyFraming::None;
+    // A connection that failed between two requests is replaced (the request never left).
+    let mut stale_left = 2;
+    let (mut response, mut send, slot) = loop {
+        let (sender, slot) = entry
+            .pool
+            .h2
+            .stream(worker, &entry.pool)
+            .await
+            .map_err(|e| {
+                let cause = match e {
+                    ConnectError::Failed(e) => Cause::Connect(e),
+                    ConnectError::TimedOut(d) => Cause::ConnectTimeout(d),
+                };
+                upstream(ErrorKind::Connect, false, cause)
+            })?;
+        let sent = match sender.ready().await {
+            Ok(mut sender) => sender.send_request(h2_head.request(), no_body),
+            Err(e) => Err(e),
+        };
+        match sent {
+            Ok((response, send)) => break (response, send, slot),
+            Err(e) if stale_left > 0 => {
+                tracing::debug!("HTTP/2 connection to {} unusable: {e}", entry.authority);
+                stale_left -= 1;
+            }
+            Err(e) => return Err(upstream(ErrorKind::Reset, false, h2_cause(&e, false))),
+        }
+    };
+    let mut rest_of_request = None;
+    let answered = if no_body {
+        response.await
+    } else if let Some(inline) = body.inline() {
+        // Small: h2 buffers it and sends it as the window opens.
+        if let Err(e) = send.send_data(Bytes::copy_from_slice(inline), true) {
+            return Err(upstream(ErrorKind::Reset, true, h2_cause(&e, false)));
+        }
+        response.await
+    } else {
+        let mut pending = None;
+        loop {
+            tokio::select! {
+                biased;
+                r = &mut response => {
+                    // The endpoint answered before the body ended: a full-duplex client
+                    // goes on sending through the front end; any other stops here.
+                    if body.full_duplex() {
+                        rest_of_request = Some((send, pending));
+                    }
+                    break r;
+                }
+                step = pump_step(&mut *body, &mut send, &mut pending) => match step {
+                    None => {}
+                    Some(Pumped::Done) => break (&mut response).await,
+                    Some(Pumped::Client(r)) => {
+                        send.send_reset(h2::Reason::CANCEL);
+                        return Err(TryFailure::Client(r));
+                    }
+                    Some(Pumped::Upstream(e)) => {
+                        return Err(upstream(ErrorKind::Reset, true, h2_cause(&e, false)))
+                    }
+                }
+            }
+        }
+    };
+    let response = match answered {
+        Ok(r) => r,
+        // RFC 9113 section 8.7: a stream refused was not processed; safe to send again.
+        Err(e) if e.reason() == Some(h2::Reason::REFUSED_STREAM) => {
+            return Err(upstream(ErrorKind::Reset, false, h2_cause(&e, true)))
+        }
+        Err(e) => return Err(upstream(ErrorKind::Reset, true, h2_cause(&e, true))),
+    };
+    let (head, recv) = response.into_parts();
+    let status = head.status.as_u16();
+    entry.metrics.responses[class_index(status)].fetch_add(1, Relaxed);
+    // A trailers-only answer (HEADERS with END_STREAM) carries its grpc-status in its head.
+    let grpc_status = (meta.grpc && recv.is_end_stream())
+        .then(|| grpc_status(&head.headers))
+        .flatten();
+    let failure = if cluster.is_failure_status(status) {
+        Some(Cause::Status(status))
+    } else {
+        grpc_status
+            .filter(|c| cluster.is_failure_grpc_status(*c))
+            .map(Cause::GrpcStatus)
+    };
+    let response = UpstreamResponse::H2(Box::new(H2Response {
+        data_done: recv.is_end_stream(),
+        trailers_done: recv.is_end_stream(),
+        head,
+        body: recv,
+        grpc_status,
+        grpc: meta.grpc,
+        rest_of_request,
+        _slot: slot,
+    }));
+    match failure {
+        Some(cause) => Err(TryFailure::Status(response, cause)),
+        None => Ok(response),
+    }
+}
+
+/// Sends an HTTP/2 response to an HTTP/1.1 client: the head as HTTP/1.1 (with `x-keel-endpoint`
+/// and the framing), the body as it comes (chunked unless its length is known; as it is to an
+/// HTTP/1.0 client, ending with the connection), the trailers in the chunked body's trailer
+/// section. Returns how the body ended and whether the client connection may stay open.
+pub(crate) async fn relay_to_h1<W: AsyncWrite + Unpin>(
+    client: &mut W,
+    out: &mut Vec<u8>,
+    response: &mut H2Response,
+    endpoint: &HeaderValue,
+    req: &RequestHead,
+    keep_alive: bool,
+) -> (BodyEnd, bool) {
+    let status = response.head.status.as_u16();
+    let length = response.content_length();
+    let empty = req.is_head || status == 204 || status == 304;
+    let chunked = !empty && length.is_none() && !req.http10;
+    let keep = keep_alive && (empty || length.is_some() || chunked);
+    out.clear();
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.to_string().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(
+        response
+            .head
+            .status
+            .canonical_reason()
+            .unwrap_or("")
+            .as_bytes(),
+    );
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in &response.head.headers {
+        if name != hyper::header::CONTENT_LENGTH || empty {
+            push_header(out, name.as_str().as_bytes(), value.as_bytes());
+        }
+    }
+    push_header(out, b"x-keel-endpoint", endpoint.as_bytes());
+    if !response.head.headers.contains_key(hyper::header::DATE) {
+        push_date(out);
+    }
+    match length {
+        Some(n) if !empty => crate::h1::push_content_length(out, n),
+        _ if chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        _ => {}
+    }
+    if !keep {
+        out.extend_from_slice(b"connection: close\r\n");
+    } else if req.http10 {
+        out.extend_from_slice(b"connection: keep-alive\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    if client.write_all(out).await.is_err() {
+        return (BodyEnd::ClientGone, false);
+    }
+    let mut line = [0u8; 18];
+    let mut trailers_sent = false;
+    loop {
+        let frame = poll_fn(|cx| response.poll_frame(cx)).await;
+        let written = match frame {
+            None => break,
+            Some(Err(e)) => {
+                tracing::debug!("response body failed: {e}");
+                return (BodyEnd::UpstreamFailed, false);
+            }
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) if empty || data.is_empty() => Ok(()),
+                Ok(data) if chunked => {
+                    write_all_vectored(client, &mut chunk(&data, &mut line)).await
+                }
+                Ok(data) => client.write_all(&data).await,
+                Err(frame) => match frame.into_trailers() {
+                    Ok(trailers) if chunked => {
+                        trailers_sent = true;
+                        out.clear();
+                        out.extend_from_slice(b"0\r\n");
+                        for (name, value) in &trailers {
+                            push_header(out, name.as_str().as_bytes(), value.as_bytes());
+                        }
+                        out.extend_from_slice(b"\r\n");
+                        client.write_all(out).await
+                    }
+                    _ => Ok(()),
+                },
+            },
+        };
+        if written.is_err() {
+            return (BodyEnd::ClientGone, false);
+        }
+    }
+    if chunked && !trailers_sent && client.write_all(LAST_CHUNK).await.is_err() {
+        return (BodyEnd::ClientGone, false);
+    }
+    if client.flush().await.is_err() {
+        return (BodyEnd::ClientGone, false);
+    }
+    (response.end(), keep)
+}
