@@ -1263,6 +1263,21 @@ impl ProxyConfig {
                 }
                 _ => {}
             }
+            if let Some(c) = l
+                .cluster
+                .as_ref()
+                .filter(|_| l.protocol == ListenerProtocol::Tcp)
+                .and_then(|name| self.clusters.iter().find(|c| &c.name == name))
+                .filter(|c| c.protocol != UpstreamProtocol::Http1)
+            {
+                return Err(InvalidField::new(
+                    at.then("cluster"),
+                    Problem::NotApplicable(format!(
+                        "a TCP listener copies bytes; cluster `{}` speaks HTTP/2 (protocol = \"h2c\" or \"h2\")",
+                        c.name
+                    )),
+                ));
+            }
             for (j, r) in l.routes.iter().enumerate() {
                 if !names.contains(&r.cluster.as_str()) {
                     let field = at.clone().then("route").at(j).then("cluster");
@@ -1303,7 +1318,23 @@ impl ProxyConfig {
                     Problem::Invalid(format!("cluster `{}` is defined twice", c.name)),
                 ));
             }
-            c.validate().map_err(|e| e.under(at))?;
+            c.validate().map_err(|e| e.under(at.clone()))?;
+            // Only TCP listeners send the PROXY header: an endpoint expecting one would refuse
+            // keel's HTTP connections.
+            let http_user = self.listeners.iter().find(|l| {
+                l.protocol == ListenerProtocol::Http
+                    && (l.cluster.as_deref() == Some(c.name.as_str())
+                        || l.routes.iter().any(|r| r.cluster == c.name))
+            });
+            if let (Some(_), Some(l)) = (c.proxy_protocol, http_user) {
+                return Err(InvalidField::new(
+                    at.then("proxy_protocol"),
+                    Problem::NotApplicable(format!(
+                        "only TCP listeners send the PROXY header, and the HTTP listener on {} uses cluster `{}`",
+                        l.listen, c.name
+                    )),
+                ));
+            }
         }
         Ok(())
     }
@@ -1369,6 +1400,9 @@ impl ListenerConfig {
         }
         if self.idle_timeout.is_zero() {
             return Err(zero("idle_timeout"));
+        }
+        if self.tunnel_idle_timeout.is_zero() {
+            return Err(zero("tunnel_idle_timeout"));
         }
         if self.protocol == ListenerProtocol::Tcp {
             if !self.routes.is_empty() {
@@ -1611,6 +1645,20 @@ impl RetryConfig {
                 )),
             ));
         }
+        if let Some((i, s)) = self
+            .retry_on_grpc_status
+            .iter()
+            .enumerate()
+            .find(|(_, s)| !(1..=MAX_GRPC_STATUS).contains(*s))
+        {
+            return Err(InvalidField::new(
+                FieldPath::key("retry_on_grpc_status").at(i),
+                Problem::out_of_range(
+                    format!("a gRPC error code, within 1..={MAX_GRPC_STATUS}"),
+                    s,
+                ),
+            ));
+        }
         self.budget().validate().map_err(|mut e| {
             // keel-balance's `window` is this table's `budget_window`.
             if e.field == FieldPath::key("window") {
@@ -1621,9 +1669,18 @@ impl RetryConfig {
     }
 }
 
+/// The highest gRPC status code (16 UNAUTHENTICATED).
+const MAX_GRPC_STATUS: u32 = 16;
+
 impl HealthCheckConfig {
     /// Checks the probe settings; paths are relative to `[cluster.health_check]`.
     pub fn validate(&self) -> Result<(), InvalidField> {
+        if !self.service.is_empty() && self.kind != HealthCheckKind::Grpc {
+            return Err(InvalidField::at(
+                "service",
+                Problem::NotApplicable("`service` is for kind = \"grpc\"".into()),
+            ));
+        }
         if !self.path.starts_with('/')
             || self.path.parse::<hyper::http::uri::PathAndQuery>().is_err()
         {
@@ -2336,6 +2393,79 @@ mod tests {
         );
         let e = err(&format!("{HEAD}protocol = \"http3\"\n"));
         assert!(e.message.contains("h2c"), "{e}");
+    }
+
+    /// Every error of the protocol keys, at the exact key and its line.
+    #[test]
+    fn every_protocol_option_error_is_at_its_key_and_line() {
+        let tcp = HEAD.replace(
+            "cluster = \"app\"\n",
+            "cluster = \"app\"\nprotocol = \"tcp\"\n",
+        );
+        let cases: Vec<(String, &str, usize)> = vec![
+            (
+                HEAD.replace(
+                    "cluster = \"app\"\n",
+                    "cluster = \"app\"\ntunnel_idle_timeout = \"0s\"\n",
+                ),
+                "listener[0].tunnel_idle_timeout",
+                4,
+            ),
+            (
+                HEAD.replace("cluster = \"app\"\n", "protocol = \"tcp\"\n"),
+                "listener[0].cluster",
+                1,
+            ),
+            (
+                tcp.replace("name = \"app\"\n", "name = \"app\"\nprotocol = \"h2c\"\n"),
+                "listener[0].cluster",
+                3,
+            ),
+            (
+                format!("{HEAD}proxy_protocol = \"v2\"\n"),
+                "cluster[0].proxy_protocol",
+                8,
+            ),
+            (
+                format!("{HEAD}proxy_protocol = \"v3\"\n"),
+                "cluster[0].proxy_protocol",
+                8,
+            ),
+            (
+                format!("{HEAD}protocol = \"h2\"\n"),
+                "cluster[0].protocol",
+                8,
+            ),
+            (
+                format!(
+                    "{HEAD}protocol = \"h2c\"\n[cluster.retry]\nretry_on_grpc_status = [8, 0]\n"
+                ),
+                "cluster[0].retry.retry_on_grpc_status[1]",
+                10,
+            ),
+            (
+                format!("{HEAD}[cluster.retry]\nretry_on_grpc_status = [17]\n"),
+                "cluster[0].retry.retry_on_grpc_status[0]",
+                9,
+            ),
+            (
+                format!("{HEAD}[cluster.health_check]\nkind = \"udp\"\n"),
+                "cluster[0].health_check.kind",
+                9,
+            ),
+            (
+                format!("{HEAD}[cluster.health_check]\nkind = \"tcp\"\nservice = \"x\"\n"),
+                "cluster[0].health_check.service",
+                10,
+            ),
+        ];
+        for (text, key, line) in &cases {
+            let e = err(text);
+            assert_eq!(e.key.as_deref(), Some(*key), "{text}: {e}");
+            assert_eq!(e.line, Some(*line), "{text}: {e}");
+        }
+        // A TCP listener on a plain cluster with the PROXY header loads.
+        ProxyConfig::from_toml_str(&format!("{tcp}proxy_protocol = \"v1\"\n"), "ok.toml").unwrap();
     }
 
     #[test]
