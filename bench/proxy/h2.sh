@@ -67,7 +67,7 @@ cleanup() {
     sleep 0.3
     for pid in "${STARTED[@]}"; do kill -9 "$pid" 2>/dev/null; done
     wait 2>/dev/null
-    rm -rf "$WORK"
+    [ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -151,7 +151,7 @@ hservers() { local p i=0; for p in "$@"; do echo "    server s$i 127.0.0.1:$p $2
 {
     echo "global"
     echo "    nbthread 1"
-    echo "    maxconn 20000"
+    echo "    maxconn 8000"
     echo "defaults"
     echo "    mode http"
     echo "    timeout connect 1s"
