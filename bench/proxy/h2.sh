@@ -16,6 +16,7 @@
 #   CLIENTS STREAMS  h2load -c and -m (default 16 and 10)
 #   PROXY_CPUS LOAD_CPUS   CPUs of the proxies, and of h2load and the backends (default 0 and 1)
 #   OUT        where raw results go (default target/proxy-bench-h2)
+#   KEEP_WORK  set: keep the work directory (configurations, the proxies' logs) in /tmp
 #
 # Ports 21101-21120 on 127.0.0.1; everything started here is stopped on exit.
 set -euo pipefail
