@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::config::{AccessLogConfig, AccessLogFormat};
+use crate::h1::push_u64;
 
 /// Bytes a shard holds before lines are dropped (a little over 2 s of 10,000 lines a second
 /// of 250 bytes, per worker).
@@ -312,21 +313,6 @@ fn writer_loop(inner: &Inner, output: &mut Output) {
             return;
         }
     }
-}
-
-/// Appends `n` in decimal.
-fn push_u64(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[i..]);
 }
 
 /// Appends `n` with at least two digits.

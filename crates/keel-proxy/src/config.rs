@@ -392,18 +392,12 @@ impl RouteConfig {
     pub fn validate(&self) -> Result<(), InvalidField> {
         if let Some(h) = &self.host {
             let name = h.strip_prefix("*.").unwrap_or(h);
-            let label_ok = |l: &str| {
-                !l.is_empty()
-                    && l.len() <= 63
-                    && l.bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-            };
             let ip6 = name.starts_with('[')
                 && name.ends_with(']')
                 && name[1..name.len() - 1]
                     .parse::<std::net::Ipv6Addr>()
                     .is_ok();
-            if !ip6 && (name.len() > 253 || !name.split('.').all(label_ok)) {
+            if !ip6 && !crate::discovery::is_dns_name(name) {
                 return Err(InvalidField::at("host", Problem::Invalid(format!("`{h}` is not a host name; expected e.g. \"api.example.test\" or \"*.example.test\" (no port, no scheme)"))));
             }
         }

@@ -29,16 +29,22 @@ use crate::config::{DiscoveryConfig, DiscoveryKind};
 /// How often a file source is looked at.
 const FILE_POLL: Duration = Duration::from_secs(1);
 
-/// Checks a DNS name (an SRV name: `_service._proto.name`) without resolving it.
-pub(crate) fn check_name(name: &str, srv: bool) -> Result<(), String> {
-    let trimmed = name.strip_suffix('.').unwrap_or(name);
+/// True for a host name of DNS labels (at most 253 bytes; labels of 1-63 letters, digits, `-`
+/// or `_`), without a final dot.
+pub(crate) fn is_dns_name(name: &str) -> bool {
     let label_ok = |l: &str| {
         !l.is_empty()
             && l.len() <= 63
             && l.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
     };
-    if trimmed.is_empty() || trimmed.len() > 253 || !trimmed.split('.').all(label_ok) {
+    name.len() <= 253 && name.split('.').all(label_ok)
+}
+
+/// Checks a DNS name (an SRV name: `_service._proto.name`) without resolving it.
+pub(crate) fn check_name(name: &str, srv: bool) -> Result<(), String> {
+    let trimmed = name.strip_suffix('.').unwrap_or(name);
+    if !is_dns_name(trimmed) {
         return Err(format!(
             "`{name}` is not a DNS name; expected e.g. \"api.internal.test\""
         ));

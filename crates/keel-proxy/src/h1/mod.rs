@@ -76,9 +76,14 @@ pub(crate) fn push_date(out: &mut Vec<u8>) {
 /// Appends `content-length: n\r\n`.
 pub(crate) fn push_content_length(out: &mut Vec<u8>, n: u64) {
     out.extend_from_slice(b"content-length: ");
+    push_u64(out, n);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends `n` in decimal (without formatting machinery: this runs for every response).
+pub(crate) fn push_u64(out: &mut Vec<u8>, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
-    let mut n = n;
     loop {
         i -= 1;
         digits[i] = b'0' + (n % 10) as u8;
@@ -88,7 +93,6 @@ pub(crate) fn push_content_length(out: &mut Vec<u8>, n: u64) {
         }
     }
     out.extend_from_slice(&digits[i..]);
-    out.extend_from_slice(b"\r\n");
 }
 
 /// Writes every slice in order, as few `writev`s as the stream takes.
