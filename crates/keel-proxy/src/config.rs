@@ -1585,6 +1585,28 @@ impl ClusterConfig {
                 )),
             ));
         }
+        // Load reports (headers and probes) and hedging live in the HTTP/1.1 leg only: refused
+        // elsewhere rather than silently balancing without them.
+        if self.protocol != UpstreamProtocol::Http1 {
+            if self.strategy == StrategyKind::Prequal {
+                return Err(InvalidField::at(
+                    "strategy",
+                    Problem::NotApplicable(
+                        "prequal needs load reports, which keel reads from HTTP/1.1 endpoints only: use protocol = \"http1\" or another strategy"
+                            .into(),
+                    ),
+                ));
+            }
+            if self.hedge.is_some() {
+                return Err(InvalidField::at(
+                    "hedge",
+                    Problem::NotApplicable(
+                        "hedged requests are sent to HTTP/1.1 clusters only (protocol = \"http1\")"
+                            .into(),
+                    ),
+                ));
+            }
+        }
         self.retry
             .validate(self.request_timeout)
             .map_err(|e| e.under(FieldPath::key("retry")))?;
@@ -2451,6 +2473,16 @@ mod tests {
                 format!("{HEAD}[cluster.health_check]\nkind = \"tcp\"\nservice = \"x\"\n"),
                 "cluster[0].health_check.service",
                 10,
+            ),
+            (
+                format!("{HEAD}protocol = \"h2c\"\nstrategy = \"prequal\"\n"),
+                "cluster[0].strategy",
+                9,
+            ),
+            (
+                format!("{HEAD}protocol = \"h2c\"\n[cluster.hedge]\ndelay = \"p95\"\n"),
+                "cluster[0].hedge",
+                9,
             ),
         ];
         for (text, key, line) in &cases {
