@@ -403,6 +403,19 @@ struct H2LogUpstream {
     sent: u64,
 }
 
+impl H2LogUpstream {
+    /// Writes the line of a response whose body has ended.
+    fn write(&self) {
+        self.log.write(
+            self.status,
+            self.sent,
+            Some(self.endpoint.as_bytes()),
+            self.attempts,
+            None,
+        );
+    }
+}
+
 trait WithHead {
     fn with_head(self, head: Vec<u8>) -> Self;
 }
@@ -654,13 +667,7 @@ impl H2UpstreamBody {
         if let Some(tail) = self.tail.take() {
             tail.end(end, None);
             if let Some(l) = self.log.take() {
-                l.log.write(
-                    l.status,
-                    l.sent,
-                    Some(l.endpoint.as_bytes()),
-                    l.attempts,
-                    None,
-                );
+                l.write();
             }
         }
     }
@@ -694,13 +701,7 @@ impl UpstreamBody {
             let conn = self.conn.take().filter(|_| self.keep_alive);
             tail.end(end, conn);
             if let Some(l) = self.log.take() {
-                l.log.write(
-                    l.status,
-                    l.sent,
-                    Some(l.endpoint.as_bytes()),
-                    l.attempts,
-                    None,
-                );
+                l.write();
             }
         }
     }

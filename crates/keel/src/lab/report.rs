@@ -742,28 +742,7 @@ fn charts(report: &LabReport) -> Vec<(String, String)> {
             // simulated ring sits just right of its measured point.
             let dx = (i as f64 - (names.len() as f64 - 1.0) / 2.0) * 0.016;
             let color = POINT_COLOURS[i % POINT_COLOURS.len()];
-            series.push(
-                Series::points(
-                    format!("measured: {s}"),
-                    mine.iter().map(|r| (r.p + dx, r.measured)).collect(),
-                )
-                .with_color(color)
-                .with_error_bars(
-                    mine.iter()
-                        .map(|r| (r.measured_ci95[0], r.measured_ci95[1]))
-                        .collect(),
-                ),
-            );
-            series.push(
-                Series::new(
-                    format!("simulated: {s}"),
-                    mine.iter()
-                        .map(|r| (r.p + dx + 0.006, r.simulated))
-                        .collect(),
-                    Style::Rings,
-                )
-                .with_color(color),
-            );
+            push_measured_and_simulated(&mut series, s, color, &mine, |r| r.p + dx, 0.0, 0.006);
         }
         let spec = ChartSpec::new(
             format!("{title} (q = {}, k = {k})", fmt_q(q)),
@@ -807,30 +786,8 @@ fn e6_chart(report: &LabReport) -> Option<(String, String)> {
         let mine: Vec<&&Row> = rows.iter().filter(|r| r.strategy == *s).collect();
         let dx = (i as f64 - (names.len() as f64 - 1.0) / 2.0) * 0.22;
         let color = POINT_COLOURS[i % POINT_COLOURS.len()];
-        series.push(
-            Series::points(
-                format!("measured: {s}"),
-                mine.iter()
-                    .map(|r| (x_of(&r.failure_mode) + dx - 0.04, r.measured))
-                    .collect(),
-            )
-            .with_color(color)
-            .with_error_bars(
-                mine.iter()
-                    .map(|r| (r.measured_ci95[0], r.measured_ci95[1]))
-                    .collect(),
-            ),
-        );
-        series.push(
-            Series::new(
-                format!("simulated: {s}"),
-                mine.iter()
-                    .map(|r| (x_of(&r.failure_mode) + dx + 0.04, r.simulated))
-                    .collect(),
-                Style::Rings,
-            )
-            .with_color(color),
-        );
+        let x = |r: &Row| x_of(&r.failure_mode) + dx;
+        push_measured_and_simulated(&mut series, s, color, &mine, x, -0.04, 0.04);
     }
     series.push(
         Series::dashed(
@@ -1042,4 +999,41 @@ pub fn write(report: &LabReport, out: &Path) -> anyhow::Result<()> {
     std::fs::write(out.join("index.html"), html(report))
         .with_context(|| format!("writing {}", out.join("index.html").display()))?;
     Ok(())
+}
+
+/// A strategy's measured points (filled, with their 95 % intervals) and simulated points
+/// (rings), each set `measured_dx` / `simulated_dx` from `x(row)` so that both show.
+fn push_measured_and_simulated(
+    series: &mut Vec<Series>,
+    strategy: &str,
+    color: (u8, u8, u8),
+    rows: &[&&Row],
+    x: impl Fn(&Row) -> f64,
+    measured_dx: f64,
+    simulated_dx: f64,
+) {
+    series.push(
+        Series::points(
+            format!("measured: {strategy}"),
+            rows.iter()
+                .map(|r| (x(r) + measured_dx, r.measured))
+                .collect(),
+        )
+        .with_color(color)
+        .with_error_bars(
+            rows.iter()
+                .map(|r| (r.measured_ci95[0], r.measured_ci95[1]))
+                .collect(),
+        ),
+    );
+    series.push(
+        Series::new(
+            format!("simulated: {strategy}"),
+            rows.iter()
+                .map(|r| (x(r) + simulated_dx, r.simulated))
+                .collect(),
+            Style::Rings,
+        )
+        .with_color(color),
+    );
 }
