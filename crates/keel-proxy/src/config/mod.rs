@@ -2001,7 +2001,7 @@ mod tests {
     use super::*;
 
     /// The configuration file of issue 4, verbatim.
-    pub(crate) const ISSUE_CONFIG: &str = include_str!("../../../examples/proxy.toml");
+    pub(crate) const ISSUE_CONFIG: &str = include_str!("../../../../examples/proxy.toml");
 
     #[test]
     fn the_issue_file_loads_with_its_values() {
@@ -2332,7 +2332,7 @@ mod tests {
 
     #[test]
     fn every_option_is_documented() {
-        let docs = include_str!("../../../docs/configuration.md");
+        let docs = include_str!("../../../../docs/configuration.md");
         let tables = [
             format!("nonsense = 1\n{HEAD}"),
             format!("[admin]\nnonsense = 1\n{HEAD}"),
