@@ -167,13 +167,8 @@ fn discovery_json(shared: &Shared, cluster: &str) -> serde_json::Value {
     let ago = |t: Option<std::time::SystemTime>| {
         t.and_then(|t| t.elapsed().ok()).map(|e| e.as_secs_f64())
     };
-    let kind = match d.config.kind() {
-        crate::config::DiscoveryKind::Dns => "dns",
-        crate::config::DiscoveryKind::Srv => "srv",
-        crate::config::DiscoveryKind::File => "file",
-    };
     json!({
-        "kind": kind,
+        "kind": d.config.kind().as_str(),
         "source": d.config.describe(),
         "refresh_s": (d.config.kind() != crate::config::DiscoveryKind::File)
             .then(|| d.config.refresh().as_secs_f64()),

@@ -21,43 +21,24 @@ use hickory_resolver::config::{LookupIpStrategy, NameServerConfig, ResolveHosts,
 use hickory_resolver::name_server::TokioConnectionProvider;
 use hickory_resolver::proto::xfer::Protocol;
 use hickory_resolver::{ResolveError, TokioResolver};
-use keel_balance::EndpointSpec;
+use keel_balance::{EndpointSpec, InvalidField, Problem};
 use serde::Deserialize;
 
-use crate::config::{DiscoveryConfig, DiscoveryKind};
+use crate::config::discovery::DiscoveryConfig;
 
 /// How often a file source is looked at.
 const FILE_POLL: Duration = Duration::from_secs(1);
 
-/// True for a host name of DNS labels (at most 253 bytes; labels of 1-63 letters, digits, `-`
-/// or `_`), without a final dot.
-pub(crate) fn is_dns_name(name: &str) -> bool {
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && l.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-    };
-    name.len() <= 253 && name.split('.').all(label_ok)
-}
-
-/// Checks a DNS name (an SRV name: `_service._proto.name`) without resolving it.
-pub(crate) fn check_name(name: &str, srv: bool) -> Result<(), String> {
-    let trimmed = name.strip_suffix('.').unwrap_or(name);
-    if !is_dns_name(trimmed) {
-        return Err(format!(
-            "`{name}` is not a DNS name; expected e.g. \"api.internal.test\""
-        ));
+/// The discovery component's check of a source, the I/O part (the syntax is
+/// [`DiscoveryConfig::validate`]'s): a file source reads and holds valid endpoints. Nothing is
+/// resolved. Paths are relative to `discovery`.
+pub(crate) fn check(config: &DiscoveryConfig) -> Result<(), InvalidField> {
+    match config {
+        DiscoveryConfig::File { path } => read_file(path)
+            .map(drop)
+            .map_err(|m| InvalidField::at("file", Problem::Invalid(m))),
+        DiscoveryConfig::Dns { .. } | DiscoveryConfig::Srv { .. } => Ok(()),
     }
-    if srv {
-        let labels: Vec<&str> = trimmed.split('.').collect();
-        if labels.len() < 3 || !labels[0].starts_with('_') || !labels[1].starts_with('_') {
-            return Err(format!(
-                "`{name}` is not an SRV name; expected _service._proto.name, e.g. \"_http._tcp.api.internal.test\" (RFC 2782)"
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// A file source's content: `endpoints = [...]`, as in a cluster.
@@ -263,18 +244,18 @@ fn no_records(e: &ResolveError) -> bool {
 impl Source {
     fn new(config: &DiscoveryConfig) -> Result<Source, String> {
         let refresh = config.refresh();
-        let resolver = || resolver(config.resolver, refresh).map_err(|e| e.to_string());
-        Ok(match config.kind() {
-            DiscoveryKind::Dns => Source::Dns {
+        let resolver = || resolver(config.resolver(), refresh).map_err(|e| e.to_string());
+        Ok(match config {
+            DiscoveryConfig::Dns { name, port, .. } => Source::Dns {
                 resolver: resolver()?,
-                name: absolute(config.dns.as_deref().unwrap_or_default()),
-                port: config.port.unwrap_or(0),
+                name: absolute(name),
+                port: *port,
             },
-            DiscoveryKind::Srv => Source::Srv {
+            DiscoveryConfig::Srv { name, .. } => Source::Srv {
                 resolver: resolver()?,
-                name: absolute(config.srv.as_deref().unwrap_or_default()),
+                name: absolute(name),
             },
-            DiscoveryKind::File => Source::File(config.file.clone().unwrap_or_default()),
+            DiscoveryConfig::File { path } => Source::File(path.clone()),
         })
     }
 
@@ -397,25 +378,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_are_checked_without_resolving() {
-        assert!(check_name("api.internal.test", false).is_ok());
-        assert!(check_name("api.internal.test.", false).is_ok());
-        assert!(check_name("_http._tcp.api.internal.test", true).is_ok());
-        assert!(check_name("api..test", false).is_err());
-        assert!(check_name("api.test:53", false).is_err());
-        assert!(check_name("", false).is_err());
-        assert!(check_name("api.internal.test", true)
-            .unwrap_err()
-            .contains("RFC 2782"));
-    }
-
-    #[test]
     fn a_failed_or_empty_refresh_keeps_the_last_set_and_counts() {
-        let d = Discovered::new(DiscoveryConfig {
-            dns: Some("a.test".into()),
-            srv: None,
-            file: None,
-            port: Some(80),
+        let d = Discovered::new(DiscoveryConfig::Dns {
+            name: "a.test".into(),
+            port: 80,
             resolver: None,
             refresh: None,
         });

@@ -167,7 +167,7 @@ impl Shared {
                 Some(e) if e.config == *d => e.clone(),
                 _ => {
                     let e = Arc::new(Discovered::new(d.clone()));
-                    if let Some(path) = &d.file {
+                    if let crate::config::DiscoveryConfig::File { path } = d {
                         e.record(&c.name, crate::discovery::read_file(path));
                     }
                     e

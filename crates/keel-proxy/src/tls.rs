@@ -21,12 +21,12 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-use crate::config::{ListenerTlsConfig, UpstreamTlsConfig};
+use keel_balance::{FieldPath, InvalidField, Problem};
 
-/// ALPN protocol id of HTTP/2.
-pub const ALPN_H2: &[u8] = b"h2";
-/// ALPN protocol id of HTTP/1.1.
-pub const ALPN_HTTP11: &[u8] = b"http/1.1";
+use crate::config::cluster::{ClusterConfig, UpstreamTlsConfig};
+use crate::config::listener::ListenerTlsConfig;
+
+pub use crate::config::cluster::{ALPN_H2, ALPN_HTTP11};
 
 /// The `ring` crypto provider, built once.
 pub fn provider() -> Arc<CryptoProvider> {
@@ -52,6 +52,11 @@ impl TlsSettingError {
             key,
             message: message.into(),
         }
+    }
+
+    /// The error at its key, relative to the `tls` table.
+    fn into_field(self) -> InvalidField {
+        InvalidField::at(self.key, Problem::Invalid(self.message))
     }
 }
 
@@ -169,6 +174,44 @@ pub fn server_name(host: &str) -> Result<ServerName<'static>, String> {
         .unwrap_or(host);
     ServerName::try_from(host.to_string())
         .map_err(|_| format!("`{host}` is neither a DNS name nor an IP address"))
+}
+
+/// The check of `[listener.tls]`: loads the certificate and key as a start would (so that
+/// `--check` and a reload catch a bad certificate). Paths are relative to `[listener.tls]`.
+pub(crate) fn check_listener(c: &ListenerTlsConfig) -> Result<(), InvalidField> {
+    server_config(c)
+        .map(drop)
+        .map_err(TlsSettingError::into_field)
+}
+
+/// The check of a cluster's `[cluster.tls]`: loads the CA file, and without `server_name`
+/// checks that every endpoint's host can be verified against a certificate. Paths are
+/// relative to the `[[cluster]]`.
+pub(crate) fn check_upstream(c: &ClusterConfig) -> Result<(), InvalidField> {
+    let Some(t) = &c.tls else {
+        return Ok(());
+    };
+    if let Err(e) = UpstreamTls::new(t, c.connect_timeout, c.alpn()) {
+        return Err(e.into_field().under(FieldPath::key("tls")));
+    }
+    if t.server_name.is_none() {
+        for (j, e) in c.endpoints.iter().enumerate() {
+            let host = e
+                .address
+                .parse::<hyper::http::uri::Authority>()
+                .map(|a| a.host().to_string())
+                .unwrap_or_default();
+            if let Err(m) = server_name(&host) {
+                return Err(InvalidField::new(
+                    FieldPath::key("endpoints").at(j).then("address"),
+                    Problem::Invalid(format!(
+                        "{m}: it cannot be verified against a certificate; set `server_name` in [cluster.tls]"
+                    )),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// TLS to one cluster's endpoints: the handshake on an open TCP connection, bounded in time.

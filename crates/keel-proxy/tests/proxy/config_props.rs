@@ -811,15 +811,25 @@ fn assert_round_trip(spec: &ConfigSpec, c: &ProxyConfig) {
             .map(|(j, (port, w))| (endpoint_address(i, j, *port), *w))
             .collect();
         assert_eq!(eps, want);
-        let discovery = s.discovery.as_ref().map(|w| DiscoveryConfig {
-            dns: (!w.srv).then(|| w.name.clone()),
-            srv: w.srv.then(|| format!("_http._tcp.{}", w.name)),
-            file: None,
-            port: (!w.srv).then_some(w.port),
-            resolver: w
+        let discovery = s.discovery.as_ref().map(|w| {
+            let resolver = w
                 .resolver_port
-                .map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p))),
-            refresh: w.refresh_ms.map(d),
+                .map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p)));
+            let refresh = w.refresh_ms.map(d);
+            if w.srv {
+                DiscoveryConfig::Srv {
+                    name: format!("_http._tcp.{}", w.name),
+                    resolver,
+                    refresh,
+                }
+            } else {
+                DiscoveryConfig::Dns {
+                    name: w.name.clone(),
+                    port: w.port,
+                    resolver,
+                    refresh,
+                }
+            }
         });
         assert_eq!(c.discovery, discovery);
         if let Some(dc) = &c.discovery {

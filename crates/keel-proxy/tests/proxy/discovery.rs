@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use hickory_proto::op::{Message, MessageType, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA, SRV};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
+use keel_proxy::config::DiscoveryConfig;
 use keel_proxy::{ProxyConfig, ProxyHandle};
 use keel_testbed::backend::{self, BackendConfig, BackendHandle};
 
@@ -495,7 +496,10 @@ fn discovery_settings_are_checked_without_resolving() {
     let c = load(ISSUE_DNS).unwrap();
     let d = c.clusters[0].discovery.as_ref().unwrap();
     assert_eq!(d.refresh(), Duration::from_secs(1));
-    assert_eq!(d.port, Some(9000));
+    assert!(
+        matches!(d, DiscoveryConfig::Dns { port: 9000, .. }),
+        "{d:?}"
+    );
     load(ISSUE_SRV).unwrap();
     let c = load("discovery = { dns = \"api.internal.test\", port = 80 }").unwrap();
     assert_eq!(
@@ -509,13 +513,9 @@ fn discovery_settings_are_checked_without_resolving() {
     )
     .unwrap();
     let c = load(ISSUE_FILE).unwrap();
-    let file = c.clusters[0]
-        .discovery
-        .as_ref()
-        .unwrap()
-        .file
-        .clone()
-        .unwrap();
+    let Some(DiscoveryConfig::File { path: file }) = c.clusters[0].discovery.clone() else {
+        panic!("a file source: {:?}", c.clusters[0].discovery);
+    };
     assert_eq!(
         file,
         dir.join("api-endpoints.toml"),

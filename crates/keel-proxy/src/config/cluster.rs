@@ -1,0 +1,846 @@
+//! `[[cluster]]` and its tables: `[cluster.retry]`, `[cluster.health_check]`, `[cluster.probe]`,
+//! `[cluster.tls]` and `[cluster.hedge]` (keel-balance's `HedgeConfig`), with the balancer's
+//! options flattened into the cluster's table.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use keel_balance::{
+    BalancerConfig, EndpointSpec, FieldPath, InvalidField, OutlierConfig, Problem, SlowStartConfig,
+    StrategyKind, StrategyOptions, TieBreak,
+};
+use serde::Deserialize;
+
+use crate::config::discovery::DiscoveryConfig;
+use crate::config::locate::{none, zero};
+
+/// The ALPN id of HTTP/2.
+pub const ALPN_H2: &[u8] = b"h2";
+/// The ALPN id of HTTP/1.1.
+pub const ALPN_HTTP11: &[u8] = b"http/1.1";
+
+/// `protocol` of a cluster: how keel speaks to its endpoints.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 on keep-alive connections (over `[cluster.tls]` when present).
+    #[default]
+    Http1,
+    /// HTTP/2 over plain TCP, with prior knowledge.
+    H2c,
+    /// HTTP/2 over TLS (`[cluster.tls]` required), ALPN `h2`.
+    H2,
+}
+
+/// `proxy_protocol` of a cluster: the PROXY protocol header sent at the start of each
+/// connection of a TCP listener to an endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProxyProtocol {
+    /// Version 1 (text).
+    V1,
+    /// Version 2 (binary).
+    V2,
+}
+
+/// `[cluster.tls]`: the cluster's endpoints are reached over TLS (ALPN `http/1.1`, or `h2`
+/// with `protocol = "h2"`). Relative paths are taken from the configuration file's directory.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTlsConfig {
+    /// PEM file with the CA certificates that endpoints' certificates must chain to. Required:
+    /// the system's roots are not used.
+    pub ca: PathBuf,
+    /// Name that every endpoint's certificate must be valid for (also sent as SNI). Default:
+    /// each endpoint's host (an IP address is matched against the certificate's IP SANs).
+    #[serde(default)]
+    pub server_name: Option<String>,
+}
+
+/// `[[cluster]]`: a set of endpoints, its balancer and how requests to it are made.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Unique name, referenced by listeners.
+    pub name: String,
+    /// keel-balance strategy. Default `round-robin`.
+    #[serde(default = "default_strategy")]
+    pub strategy: StrategyKind,
+    /// The endpoints: `{ address = "host:port", weight = 1 }`. Required unless `discovery`
+    /// finds them.
+    #[serde(default)]
+    pub endpoints: Vec<EndpointSpec>,
+    /// Where the endpoints come from when they are not listed: DNS (A/AAAA or SRV records)
+    /// or a file, refreshed while the proxy runs.
+    #[serde(default)]
+    pub discovery: Option<DiscoveryConfig>,
+    /// How keel speaks to the endpoints: `"http1"` (default), `"h2c"` (HTTP/2 with prior
+    /// knowledge) or `"h2"` (HTTP/2 over `[cluster.tls]`, ALPN `h2`). Either way one pick per
+    /// request.
+    #[serde(default)]
+    pub protocol: UpstreamProtocol,
+    /// PROXY protocol header (`"v1"` or `"v2"`) at the start of each connection a TCP
+    /// listener opens to an endpoint. Unset: none.
+    #[serde(default)]
+    pub proxy_protocol: Option<ProxyProtocol>,
+
+    /// least-connections, least-time: tie-break (`random` or `lowest-index`). Default `random`.
+    #[serde(default)]
+    pub tie_break: TieBreak,
+    /// least-request, peak-ewma: candidates compared per pick. Default 2.
+    #[serde(default = "default_choices")]
+    pub choices: u32,
+    /// least-time, peak-ewma: EWMA time constant. Default 10 s.
+    #[serde(default = "default_decay", with = "keel_balance::duration_serde")]
+    pub decay: Duration,
+    /// peak-ewma: latency assumed before the first sample. Default 30 ms.
+    #[serde(default = "default_rtt", with = "keel_balance::duration_serde")]
+    pub default_rtt: Duration,
+    /// peak-ewma: a failure counts as at least this latency. Default 1 s.
+    #[serde(
+        default = "default_failure_penalty",
+        with = "keel_balance::duration_serde"
+    )]
+    pub failure_penalty: Duration,
+    /// ring-hash: virtual nodes per endpoint of mean weight. Default 160.
+    #[serde(default = "default_vnodes")]
+    pub vnodes: u32,
+    /// maglev: lookup table size (a prime). Default 65537.
+    #[serde(default = "default_table_size")]
+    pub table_size: u64,
+    /// Hash strategies: bounded load factor (e.g. 1.25); off unless set.
+    #[serde(default)]
+    pub bounded_load: Option<f64>,
+    /// Panic threshold in percent of available endpoints (0 = off). Default 50.
+    #[serde(default = "default_panic_threshold")]
+    pub panic_threshold: f64,
+    /// Seed of the balancer's random choices. Default keel-balance's fixed seed.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Passive outlier detection (`[cluster.outlier_detection]`); off unless present.
+    #[serde(default)]
+    pub outlier_detection: Option<OutlierConfig>,
+    /// Slow start (`[cluster.slow_start]`); off unless present.
+    #[serde(default)]
+    pub slow_start: Option<SlowStartConfig>,
+    /// Where hash strategies take the request's key: `"header:NAME"`, `"path"` or
+    /// `"client-ip"`. Unset: a random key per request (no affinity).
+    #[serde(default)]
+    pub hash_on: Option<HashOn>,
+
+    /// Time allowed to open a TCP connection to an endpoint. Default 1 s.
+    #[serde(
+        default = "default_connect_timeout",
+        with = "keel_balance::duration_serde"
+    )]
+    pub connect_timeout: Duration,
+    /// Time allowed for the whole request, all tries included, until the response body has
+    /// been sent. Default 15 s.
+    #[serde(
+        default = "default_request_timeout",
+        with = "keel_balance::duration_serde"
+    )]
+    pub request_timeout: Duration,
+    /// Responses whose `Content-Length` is at most this many bytes are read whole before they
+    /// are forwarded, so that an endpoint failing mid-body can still be retried; larger or
+    /// chunked bodies stream through. 0 streams everything. Default 65536.
+    #[serde(default = "default_max_buffered_response")]
+    pub max_buffered_response: u64,
+    /// Idle keep-alive connections to an endpoint are closed after this long. Default 90 s.
+    #[serde(
+        default = "default_pool_idle_timeout",
+        with = "keel_balance::duration_serde"
+    )]
+    pub pool_idle_timeout: Duration,
+    /// Most idle keep-alive connections kept per endpoint. Default 256.
+    #[serde(default = "default_pool_max_idle")]
+    pub pool_max_idle_per_endpoint: usize,
+    /// Circuit breaker: most client requests served at once by this cluster; beyond it the
+    /// proxy answers `503` at once, without trying an endpoint. Default 10000.
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
+    /// Retries (`[cluster.retry]`).
+    #[serde(default)]
+    pub retry: RetryConfig,
+    /// Active HTTP health checks (`[cluster.health_check]`); off unless present.
+    #[serde(default)]
+    pub health_check: Option<HealthCheckConfig>,
+    /// TLS to the endpoints (`[cluster.tls]`); plain TCP unless present.
+    #[serde(default)]
+    pub tls: Option<UpstreamTlsConfig>,
+    /// Hedged requests (`[cluster.hedge]`): a second try of a slow idempotent request to
+    /// another endpoint; off unless present.
+    #[serde(default)]
+    pub hedge: Option<keel_balance::HedgeConfig>,
+    /// Load probes (`[cluster.probe]`) for a strategy that balances on the load endpoints
+    /// report (prequal); other strategies send none.
+    #[serde(default)]
+    pub probe: ProbeConfig,
+}
+
+/// `[cluster.probe]`: after each pick, a prequal balancer names `probes_per_request` random
+/// endpoints, and each gets `GET path` on a connection of its own; the `x-keel-rif` and
+/// `x-keel-latency-us` headers of the answer are its load report (`keel backend` answers them
+/// at `/keel/load`). Answers to requests carry the same headers and count too.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeConfig {
+    /// Path requested. Default `/keel/load`.
+    #[serde(default = "default_probe_path")]
+    pub path: String,
+    /// Endpoints probed after each pick (prequal's `probes_per_pick`), 0 to 16; 0 sends none
+    /// (reports come from answers only). Default 3.
+    #[serde(default = "default_probes_per_request")]
+    pub probes_per_request: u32,
+    /// Time allowed for one probe (connect and answer); a late answer is dropped. Default
+    /// 100 ms.
+    #[serde(
+        default = "default_probe_timeout",
+        with = "keel_balance::duration_serde"
+    )]
+    pub timeout: Duration,
+}
+
+fn default_probe_path() -> String {
+    keel_balance::LOAD_PATH.into()
+}
+fn default_probes_per_request() -> u32 {
+    StrategyOptions::default().probes_per_pick
+}
+fn default_probe_timeout() -> Duration {
+    Duration::from_millis(100)
+}
+
+impl Default for ProbeConfig {
+    /// `GET /keel/load` to 3 endpoints after each pick, 100 ms to answer.
+    fn default() -> Self {
+        Self {
+            path: default_probe_path(),
+            probes_per_request: default_probes_per_request(),
+            timeout: default_probe_timeout(),
+        }
+    }
+}
+
+impl ProbeConfig {
+    /// Checks the probe settings; paths are relative to `[cluster.probe]`.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if !self.path.starts_with('/')
+            || self.path.parse::<hyper::http::uri::PathAndQuery>().is_err()
+        {
+            return Err(InvalidField::at(
+                "path",
+                Problem::Invalid(format!(
+                    "`{}` is not a path; it must start with `/`",
+                    self.path
+                )),
+            ));
+        }
+        if self.probes_per_request > 16 {
+            return Err(InvalidField::at(
+                "probes_per_request",
+                Problem::out_of_range("within 0..=16", self.probes_per_request),
+            ));
+        }
+        if self.timeout.is_zero() {
+            return Err(zero("timeout"));
+        }
+        Ok(())
+    }
+}
+
+fn default_strategy() -> StrategyKind {
+    StrategyKind::RoundRobin
+}
+fn default_choices() -> u32 {
+    StrategyOptions::default().choices
+}
+fn default_decay() -> Duration {
+    StrategyOptions::default().decay
+}
+fn default_rtt() -> Duration {
+    StrategyOptions::default().default_rtt
+}
+fn default_failure_penalty() -> Duration {
+    StrategyOptions::default().failure_penalty
+}
+fn default_vnodes() -> u32 {
+    StrategyOptions::default().vnodes
+}
+fn default_table_size() -> u64 {
+    StrategyOptions::default().table_size
+}
+fn default_panic_threshold() -> f64 {
+    BalancerConfig::default().panic_threshold
+}
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_request_timeout() -> Duration {
+    Duration::from_secs(15)
+}
+fn default_max_buffered_response() -> u64 {
+    65536
+}
+fn default_pool_idle_timeout() -> Duration {
+    Duration::from_secs(90)
+}
+fn default_pool_max_idle() -> usize {
+    256
+}
+fn default_max_in_flight() -> usize {
+    10_000
+}
+
+/// Most retries a request may make (keeps the per-request list of tried endpoints inline).
+pub const MAX_RETRY_ATTEMPTS: u32 = 10;
+
+/// `[cluster.retry]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryConfig {
+    /// Retries after the first try (0 = never retry). Default 1.
+    #[serde(default = "default_attempts")]
+    pub attempts: u32,
+    /// Time allowed for one try until the response headers (and a buffered body) arrive.
+    /// Default: `request_timeout / (attempts + 1)`, so that every allowed try fits.
+    #[serde(default, with = "keel_balance::duration_serde::option")]
+    pub per_try_timeout: Option<Duration>,
+    /// Upstream statuses that count as the endpoint's failure (for outlier detection and
+    /// latency-aware strategies) and are retried. Default `[502, 503, 504]`.
+    #[serde(default = "default_retry_on_status")]
+    pub retry_on_status: Vec<u16>,
+    /// gRPC status codes (besides 14 UNAVAILABLE, always one) that count as the endpoint's
+    /// failure and are retried while no response byte reached the client. Default none.
+    #[serde(default)]
+    pub retry_on_grpc_status: Vec<u32>,
+    /// Retries may be at most this percentage of the requests in the budget window. Default 20.
+    #[serde(default = "default_budget_percent")]
+    pub budget_percent: f64,
+    /// Retries always allowed per second whatever the traffic. Default 3.
+    #[serde(default = "default_min_retries_per_second")]
+    pub min_retries_per_second: f64,
+    /// Sliding window of the retry budget. Default 10 s.
+    #[serde(
+        default = "default_budget_window",
+        with = "keel_balance::duration_serde"
+    )]
+    pub budget_window: Duration,
+}
+
+fn default_attempts() -> u32 {
+    1
+}
+fn default_retry_on_status() -> Vec<u16> {
+    vec![502, 503, 504]
+}
+fn default_budget_percent() -> f64 {
+    keel_balance::RetryBudgetConfig::default().budget_percent
+}
+fn default_min_retries_per_second() -> f64 {
+    keel_balance::RetryBudgetConfig::default().min_retries_per_second
+}
+fn default_budget_window() -> Duration {
+    keel_balance::RetryBudgetConfig::default().window
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            attempts: default_attempts(),
+            per_try_timeout: None,
+            retry_on_status: default_retry_on_status(),
+            retry_on_grpc_status: Vec::new(),
+            budget_percent: default_budget_percent(),
+            min_retries_per_second: default_min_retries_per_second(),
+            budget_window: default_budget_window(),
+        }
+    }
+}
+
+impl RetryConfig {
+    /// The retry budget settings for keel-balance.
+    pub fn budget(&self) -> keel_balance::RetryBudgetConfig {
+        keel_balance::RetryBudgetConfig {
+            budget_percent: self.budget_percent,
+            min_retries_per_second: self.min_retries_per_second,
+            window: self.budget_window,
+        }
+    }
+}
+
+/// `[cluster.health_check]`: a periodic probe of every endpoint: `GET path` (a 2xx answer
+/// within the timeout passes), a TCP connect, or gRPC's `grpc.health.v1.Health/Check`
+/// (`SERVING` passes).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheckConfig {
+    /// `"http"` (default), `"tcp"` (connect only) or `"grpc"` (an h2 or h2c cluster).
+    #[serde(default)]
+    pub kind: HealthCheckKind,
+    /// gRPC: the service asked about (empty: the server as a whole). Default `""`.
+    #[serde(default)]
+    pub service: String,
+    /// Path requested. Default `/healthz`.
+    #[serde(default = "default_hc_path")]
+    pub path: String,
+    /// Time between checks of one endpoint. Default 5 s.
+    #[serde(default = "default_hc_interval", with = "keel_balance::duration_serde")]
+    pub interval: Duration,
+    /// Time allowed for one check (connect, headers and body). Default 1 s.
+    #[serde(default = "default_hc_timeout", with = "keel_balance::duration_serde")]
+    pub timeout: Duration,
+    /// Failed checks in a row that mark a healthy endpoint unhealthy. Default 2.
+    #[serde(default = "default_threshold")]
+    pub unhealthy_threshold: u32,
+    /// Passed checks in a row that mark an unhealthy endpoint healthy again. Default 2.
+    #[serde(default = "default_threshold")]
+    pub healthy_threshold: u32,
+}
+
+/// `kind` of a health check.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HealthCheckKind {
+    /// `GET path`, 2xx passes.
+    #[default]
+    Http,
+    /// A TCP connect (and TLS handshake with `[cluster.tls]`) passes.
+    Tcp,
+    /// `grpc.health.v1.Health/Check`, `SERVING` passes.
+    Grpc,
+}
+
+fn default_hc_path() -> String {
+    "/healthz".into()
+}
+fn default_hc_interval() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_hc_timeout() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_threshold() -> u32 {
+    2
+}
+
+/// Where a hash strategy takes its key from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HashOn {
+    /// The value of this request header (lower-case name); requests without it get a random
+    /// key.
+    Header(hyper::header::HeaderName),
+    /// The request path (without the query).
+    Path,
+    /// The client's IP address.
+    ClientIp,
+}
+
+impl HashOn {
+    const ALLOWED: &'static str = "\"header:NAME\", \"path\", \"client-ip\"";
+}
+
+impl std::str::FromStr for HashOn {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "path" => Ok(HashOn::Path),
+            "client-ip" => Ok(HashOn::ClientIp),
+            _ => {
+                if let Some(name) = s.strip_prefix("header:") {
+                    hyper::header::HeaderName::from_bytes(name.trim().as_bytes())
+                        .map(HashOn::Header)
+                        .map_err(|_| format!("`{name}` is not a valid header name"))
+                } else {
+                    Err(format!(
+                        "unknown hash_on `{s}`; allowed: {}",
+                        HashOn::ALLOWED
+                    ))
+                }
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for HashOn {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl fmt::Display for HashOn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HashOn::Header(h) => write!(f, "header:{h}"),
+            HashOn::Path => f.write_str("path"),
+            HashOn::ClientIp => f.write_str("client-ip"),
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// The keel-balance configuration of this cluster.
+    pub fn balancer_config(&self) -> BalancerConfig {
+        let mut b = BalancerConfig::new(self.strategy);
+        b.options = StrategyOptions {
+            tie_break: self.tie_break,
+            choices: self.choices,
+            decay: self.decay,
+            default_rtt: self.default_rtt,
+            failure_penalty: self.failure_penalty,
+            vnodes: self.vnodes,
+            table_size: self.table_size,
+            bounded_load: self.bounded_load,
+            probes_per_pick: self.probe.probes_per_request.max(1),
+            ..StrategyOptions::default()
+        };
+        b.outlier_detection = self.outlier_detection.clone();
+        b.panic_threshold = self.panic_threshold;
+        b.slow_start = self.slow_start.clone();
+        if let Some(seed) = self.seed {
+            b.seed = seed;
+        }
+        b
+    }
+
+    /// The ALPN protocol offered to endpoints over TLS.
+    pub fn alpn(&self) -> &'static [u8] {
+        match self.protocol {
+            UpstreamProtocol::H2 => ALPN_H2,
+            _ => ALPN_HTTP11,
+        }
+    }
+
+    /// The per-try timeout in force (explicit, or the request timeout shared by every try).
+    pub fn per_try_timeout(&self) -> Duration {
+        self.retry
+            .per_try_timeout
+            .unwrap_or_else(|| self.request_timeout / (self.retry.attempts + 1))
+    }
+}
+
+impl ClusterConfig {
+    /// Checks the cluster: endpoints, timeouts, retries, health checks, and everything
+    /// keel-balance checks of its balancer (options, protections, weights, duplicates); the
+    /// TLS files are the TLS component's check (`tls::check_upstream`). Paths
+    /// are relative to the `[[cluster]]`, e.g. `endpoints[1].weight` or
+    /// `outlier_detection.failure_rate.threshold_percent`.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if self.name.is_empty() {
+            return Err(InvalidField::at(
+                "name",
+                Problem::Invalid("a cluster name cannot be empty".into()),
+            ));
+        }
+        match &self.discovery {
+            Some(d) => {
+                if !self.endpoints.is_empty() {
+                    return Err(InvalidField::at(
+                        "discovery",
+                        Problem::Invalid(
+                            "set `endpoints` or `discovery`, not both (discovery finds the endpoints)"
+                                .into(),
+                        ),
+                    ));
+                }
+                d.validate()
+                    .map_err(|e| e.under(FieldPath::key("discovery")))?;
+            }
+            None if self.endpoints.is_empty() => {
+                return Err(InvalidField::at(
+                    "endpoints",
+                    Problem::Invalid(
+                        "at least one endpoint is required (or `discovery`, to find them)".into(),
+                    ),
+                ));
+            }
+            None => {}
+        }
+        let address = |j: usize| FieldPath::key("endpoints").at(j).then("address");
+        for (j, e) in self.endpoints.iter().enumerate() {
+            let ok = e
+                .address
+                .parse::<hyper::http::uri::Authority>()
+                .ok()
+                .filter(|a| a.port_u16().is_some() && !a.host().is_empty());
+            if ok.is_none() {
+                return Err(InvalidField::new(
+                    address(j),
+                    Problem::Invalid(format!(
+                        "`{}` is not an address; expected host:port, e.g. \"127.0.0.1:9001\"",
+                        e.address
+                    )),
+                ));
+            }
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(zero("connect_timeout"));
+        }
+        if self.request_timeout < Duration::from_millis(1) {
+            // Shared by the tries, it must leave each of them a usable slice.
+            return Err(InvalidField::at(
+                "request_timeout",
+                Problem::out_of_range(
+                    "at least 1ms",
+                    humantime::format_duration(self.request_timeout),
+                ),
+            ));
+        }
+        if self.max_in_flight == 0 {
+            return Err(none("max_in_flight"));
+        }
+        match (self.protocol, self.tls.is_some()) {
+            (UpstreamProtocol::H2, false) => {
+                return Err(InvalidField::at(
+                    "protocol",
+                    Problem::Invalid(
+                        "\"h2\" is HTTP/2 over TLS: add [cluster.tls] (or use \"h2c\" for HTTP/2 without TLS)".into(),
+                    ),
+                ))
+            }
+            (UpstreamProtocol::H2c, true) => {
+                return Err(InvalidField::at(
+                    "protocol",
+                    Problem::Invalid(
+                        "\"h2c\" is HTTP/2 without TLS: use \"h2\" with [cluster.tls]".into(),
+                    ),
+                ))
+            }
+            _ => {}
+        }
+        if let Some(h) = &self.health_check {
+            if h.kind == HealthCheckKind::Grpc && self.protocol == UpstreamProtocol::Http1 {
+                return Err(InvalidField::new(
+                    FieldPath::key("health_check").then("kind"),
+                    Problem::NotApplicable(
+                        "a gRPC health check needs an HTTP/2 cluster: set protocol = \"h2c\" or \"h2\""
+                            .into(),
+                    ),
+                ));
+            }
+        }
+        if self.hash_on.is_some() && !self.strategy.is_hash() {
+            return Err(InvalidField::at(
+                "hash_on",
+                Problem::NotApplicable(format!(
+                    "hash_on applies to the hash strategies (ring-hash, maglev, rendezvous), not {}",
+                    self.strategy
+                )),
+            ));
+        }
+        // Load reports (headers and probes) and hedging live in the HTTP/1.1 leg only: refused
+        // elsewhere rather than silently balancing without them.
+        if self.protocol != UpstreamProtocol::Http1 {
+            if self.strategy == StrategyKind::Prequal {
+                return Err(InvalidField::at(
+                    "strategy",
+                    Problem::NotApplicable(
+                        "prequal needs load reports, which keel reads from HTTP/1.1 endpoints only: use protocol = \"http1\" or another strategy"
+                            .into(),
+                    ),
+                ));
+            }
+            if self.hedge.is_some() {
+                return Err(InvalidField::at(
+                    "hedge",
+                    Problem::NotApplicable(
+                        "hedged requests are sent to HTTP/1.1 clusters only (protocol = \"http1\")"
+                            .into(),
+                    ),
+                ));
+            }
+        }
+        self.retry
+            .validate(self.request_timeout)
+            .map_err(|e| e.under(FieldPath::key("retry")))?;
+        if let Some(h) = &self.hedge {
+            h.validate().map_err(|e| e.under(FieldPath::key("hedge")))?;
+        }
+        self.probe
+            .validate()
+            .map_err(|e| e.under(FieldPath::key("probe")))?;
+        if let Some(h) = &self.health_check {
+            h.validate()
+                .map_err(|e| e.under(FieldPath::key("health_check")))?;
+        }
+        // keel-balance's own names are this table's keys (its options are flattened here).
+        self.balancer_config().validate_with(&self.endpoints)
+    }
+}
+
+impl RetryConfig {
+    /// Checks the retries against the cluster's `request_timeout`; paths are relative to
+    /// `[cluster.retry]`.
+    pub fn validate(&self, request_timeout: Duration) -> Result<(), InvalidField> {
+        if self.attempts > MAX_RETRY_ATTEMPTS {
+            return Err(InvalidField::at(
+                "attempts",
+                Problem::out_of_range(format!("within 0..={MAX_RETRY_ATTEMPTS}"), self.attempts),
+            ));
+        }
+        if let Some(t) = self.per_try_timeout {
+            if t.is_zero() || t > request_timeout {
+                return Err(InvalidField::at(
+                    "per_try_timeout",
+                    Problem::out_of_range(
+                        format!(
+                            "greater than zero and at most request_timeout ({})",
+                            humantime::format_duration(request_timeout)
+                        ),
+                        humantime::format_duration(t),
+                    ),
+                ));
+            }
+        }
+        if let Some(s) = self
+            .retry_on_status
+            .iter()
+            .find(|s| !(400..=599).contains(*s))
+        {
+            return Err(InvalidField::at(
+                "retry_on_status",
+                Problem::Invalid(format!(
+                    "status {s} is not an error status; allowed: 400..=599"
+                )),
+            ));
+        }
+        if let Some((i, s)) = self
+            .retry_on_grpc_status
+            .iter()
+            .enumerate()
+            .find(|(_, s)| !(1..=MAX_GRPC_STATUS).contains(*s))
+        {
+            return Err(InvalidField::new(
+                FieldPath::key("retry_on_grpc_status").at(i),
+                Problem::out_of_range(
+                    format!("a gRPC error code, within 1..={MAX_GRPC_STATUS}"),
+                    s,
+                ),
+            ));
+        }
+        self.budget().validate().map_err(|mut e| {
+            // keel-balance's `window` is this table's `budget_window`.
+            if e.field == FieldPath::key("window") {
+                e.field = FieldPath::key("budget_window");
+            }
+            e
+        })
+    }
+}
+
+/// The highest gRPC status code (16 UNAUTHENTICATED).
+const MAX_GRPC_STATUS: u32 = 16;
+
+impl HealthCheckConfig {
+    /// Checks the probe settings; paths are relative to `[cluster.health_check]`.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if !self.service.is_empty() && self.kind != HealthCheckKind::Grpc {
+            return Err(InvalidField::at(
+                "service",
+                Problem::NotApplicable("`service` is for kind = \"grpc\"".into()),
+            ));
+        }
+        if !self.path.starts_with('/')
+            || self.path.parse::<hyper::http::uri::PathAndQuery>().is_err()
+        {
+            return Err(InvalidField::at(
+                "path",
+                Problem::Invalid(format!(
+                    "`{}` is not a path; it must start with `/`",
+                    self.path
+                )),
+            ));
+        }
+        if self.interval.is_zero() {
+            return Err(zero("interval"));
+        }
+        if self.timeout.is_zero() {
+            return Err(zero("timeout"));
+        }
+        if self.unhealthy_threshold == 0 {
+            return Err(none("unhealthy_threshold"));
+        }
+        if self.healthy_threshold == 0 {
+            return Err(none("healthy_threshold"));
+        }
+        Ok(())
+    }
+}
+
+impl ClusterConfig {
+    /// A round-robin cluster of these endpoints, other options at their defaults (one retry,
+    /// no health checks, no outlier detection).
+    pub fn new(name: impl Into<String>, endpoints: Vec<EndpointSpec>) -> Self {
+        let options = StrategyOptions::default();
+        ClusterConfig {
+            name: name.into(),
+            protocol: UpstreamProtocol::default(),
+            proxy_protocol: None,
+            strategy: default_strategy(),
+            endpoints,
+            discovery: None,
+            tie_break: options.tie_break,
+            choices: options.choices,
+            decay: options.decay,
+            default_rtt: options.default_rtt,
+            failure_penalty: options.failure_penalty,
+            vnodes: options.vnodes,
+            table_size: options.table_size,
+            bounded_load: options.bounded_load,
+            panic_threshold: default_panic_threshold(),
+            seed: None,
+            outlier_detection: None,
+            slow_start: None,
+            hash_on: None,
+            connect_timeout: default_connect_timeout(),
+            request_timeout: default_request_timeout(),
+            max_buffered_response: default_max_buffered_response(),
+            pool_idle_timeout: default_pool_idle_timeout(),
+            pool_max_idle_per_endpoint: default_pool_max_idle(),
+            max_in_flight: default_max_in_flight(),
+            retry: RetryConfig::default(),
+            health_check: None,
+            tls: None,
+            hedge: None,
+            probe: ProbeConfig::default(),
+        }
+    }
+
+    /// Applies a keel-balance configuration's strategy, options and protections (the inverse
+    /// of [`ClusterConfig::balancer_config`]).
+    pub fn with_balancer(mut self, b: &BalancerConfig) -> Self {
+        let o = &b.options;
+        self.strategy = b.strategy;
+        self.tie_break = o.tie_break;
+        self.choices = o.choices;
+        self.decay = o.decay;
+        self.default_rtt = o.default_rtt;
+        self.failure_penalty = o.failure_penalty;
+        self.vnodes = o.vnodes;
+        self.table_size = o.table_size;
+        self.bounded_load = o.bounded_load;
+        self.probe.probes_per_request = o.probes_per_pick;
+        self.panic_threshold = b.panic_threshold;
+        self.seed = Some(b.seed);
+        self.outlier_detection.clone_from(&b.outlier_detection);
+        self.slow_start.clone_from(&b.slow_start);
+        self
+    }
+}
+
+impl Default for HealthCheckConfig {
+    /// `GET /healthz` every 5 s, 1 s to answer, 2 to fail and 2 to pass.
+    fn default() -> Self {
+        HealthCheckConfig {
+            kind: HealthCheckKind::default(),
+            service: String::new(),
+            path: default_hc_path(),
+            interval: default_hc_interval(),
+            timeout: default_hc_timeout(),
+            unhealthy_threshold: default_threshold(),
+            healthy_threshold: default_threshold(),
+        }
+    }
+}

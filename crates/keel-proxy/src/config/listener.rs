@@ -1,0 +1,235 @@
+//! `[[listener]]` and `[listener.tls]`: where clients connect and what the connections may do.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use keel_balance::{FieldPath, InvalidField, Problem};
+use serde::Deserialize;
+
+use crate::config::locate::{none, zero};
+use crate::config::route::RouteConfig;
+
+/// `[[listener]]`: one address that clients connect to; its routes choose the cluster of each
+/// request, its `cluster` serves the requests no route matches.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerConfig {
+    /// Address to listen on (port 0 = an ephemeral port).
+    pub listen: SocketAddr,
+    /// What clients speak: `"http"` (default: HTTP/1.1 and HTTP/2) or `"tcp"` (bytes: each
+    /// connection goes to one endpoint, picked when it opens and finished when it closes).
+    #[serde(default)]
+    pub protocol: ListenerProtocol,
+    /// Name of the cluster that serves the requests no route matches. Required without
+    /// routes; without it, a request no route matches gets `404`.
+    #[serde(default)]
+    pub cluster: Option<String>,
+    /// Routes (`[[listener.route]]`), tried in order; the first match wins.
+    #[serde(default, rename = "route")]
+    pub routes: Vec<RouteConfig>,
+    /// Most client connections open at once; further clients wait in the kernel's accept
+    /// queue until one closes. Default 10000.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Most bytes of a request's line and headers (HTTP/1.1; the header list for HTTP/2);
+    /// beyond it the answer is `431`. At least 8192 (hyper's smallest read buffer). Default
+    /// 65536.
+    #[serde(default = "default_max_header_bytes")]
+    pub max_header_bytes: usize,
+    /// Most header lines in an HTTP/1.1 request; beyond it the answer is `431`. Default 100.
+    #[serde(default = "default_max_headers")]
+    pub max_headers: usize,
+    /// Time allowed to receive a request's headers, counted from the moment the connection
+    /// waits for a request; then the connection is closed. HTTP/1.1 only. Default 10 s.
+    #[serde(
+        default = "default_header_read_timeout",
+        with = "keel_balance::duration_serde"
+    )]
+    pub header_read_timeout: Duration,
+    /// A connection with no request in flight for this long is closed. Default 60 s.
+    #[serde(
+        default = "default_idle_timeout",
+        with = "keel_balance::duration_serde"
+    )]
+    pub idle_timeout: Duration,
+    /// Largest request body accepted, in bytes; larger ones get `413` (at once when
+    /// `Content-Length` says so, else when the streamed body passes the limit). Unset: no
+    /// limit.
+    #[serde(default)]
+    pub max_request_body_bytes: Option<u64>,
+    /// Terminate TLS on this listener (`[listener.tls]`); plain TCP unless present.
+    #[serde(default)]
+    pub tls: Option<ListenerTlsConfig>,
+    /// Clients whose `X-Forwarded-For` is believed (CIDR blocks, e.g. `["10.0.0.0/8"]`): keel
+    /// appends the client's address to theirs. From any other client the header is replaced
+    /// by the client's address, so a client cannot pass itself off as another. Default: none.
+    #[serde(default)]
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// How much of a failure's cause keel's own answers (502, 503, 504) tell the client:
+    /// `"brief"` (default: the kind of failure, no addresses, no system errors) or `"full"`
+    /// (the endpoint's address and the error, as logged). Logs and metrics always have it all.
+    #[serde(default)]
+    pub error_detail: ErrorDetail,
+    /// An upgraded HTTP/1.1 connection (WebSocket and the like) with no byte either way for
+    /// this long is closed. Default 1 h.
+    #[serde(
+        default = "default_tunnel_idle_timeout",
+        with = "keel_balance::duration_serde"
+    )]
+    pub tunnel_idle_timeout: Duration,
+}
+
+/// `protocol` of a listener.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ListenerProtocol {
+    /// HTTP/1.1 and HTTP/2 (by ALPN or prior knowledge).
+    #[default]
+    Http,
+    /// TCP: bytes both ways between the client and one endpoint.
+    Tcp,
+}
+
+/// `error_detail` of a listener.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ErrorDetail {
+    /// The kind of failure only.
+    #[default]
+    Brief,
+    /// The endpoint's address and the error too.
+    Full,
+}
+
+impl ListenerConfig {
+    /// True if `ip` is one of `trusted_proxies`.
+    pub fn trusts(&self, ip: std::net::IpAddr) -> bool {
+        self.trusted_proxies.iter().any(|net| net.contains(&ip))
+    }
+}
+
+/// `[listener.tls]`: the listener terminates TLS (HTTP/2 or HTTP/1.1, chosen by ALPN).
+/// Relative paths are taken from the configuration file's directory.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerTlsConfig {
+    /// PEM file with the certificate chain, the server's certificate first.
+    pub cert: PathBuf,
+    /// PEM file with the certificate's private key (PKCS#8, PKCS#1 RSA or SEC1 EC).
+    pub key: PathBuf,
+}
+
+fn default_max_connections() -> usize {
+    10_000
+}
+fn default_max_header_bytes() -> usize {
+    65536
+}
+fn default_max_headers() -> usize {
+    100
+}
+fn default_header_read_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_idle_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_tunnel_idle_timeout() -> Duration {
+    Duration::from_secs(3600)
+}
+
+/// hyper's smallest HTTP/1 read buffer, hence the smallest `max_header_bytes`.
+pub const MIN_HEADER_BYTES: usize = 8192;
+
+impl ListenerConfig {
+    /// True if everything but the cluster and the routes is the same (what a reload may not
+    /// change, TLS certificate paths included).
+    pub fn same_socket_settings(&self, other: &ListenerConfig) -> bool {
+        let mut a = self.clone();
+        a.cluster.clone_from(&other.cluster);
+        a.routes.clone_from(&other.routes);
+        a == *other
+    }
+}
+
+impl ListenerConfig {
+    /// Checks the limits and the routes; paths are relative to the `[[listener]]`. The cluster
+    /// it names is checked by [`crate::config::ProxyConfig::validate`], and the TLS files by the
+    /// TLS component (`tls::check_listener`, called from there too).
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if self.max_connections == 0 {
+            return Err(none("max_connections"));
+        }
+        if self.max_header_bytes < MIN_HEADER_BYTES || self.max_header_bytes > u32::MAX as usize {
+            return Err(InvalidField::at(
+                "max_header_bytes",
+                Problem::out_of_range(
+                    format!("within {MIN_HEADER_BYTES}..={}", u32::MAX),
+                    self.max_header_bytes,
+                ),
+            ));
+        }
+        if self.max_headers == 0 {
+            return Err(none("max_headers"));
+        }
+        if self.header_read_timeout.is_zero() {
+            return Err(zero("header_read_timeout"));
+        }
+        if self.idle_timeout.is_zero() {
+            return Err(zero("idle_timeout"));
+        }
+        if self.tunnel_idle_timeout.is_zero() {
+            return Err(zero("tunnel_idle_timeout"));
+        }
+        if self.protocol == ListenerProtocol::Tcp {
+            if !self.routes.is_empty() {
+                return Err(InvalidField::at(
+                    "route",
+                    Problem::NotApplicable(
+                        "a TCP listener has no requests to route: give it `cluster` only".into(),
+                    ),
+                ));
+            }
+            if self.cluster.is_none() {
+                return Err(InvalidField::at(
+                    "cluster",
+                    Problem::Invalid("a TCP listener needs its `cluster`".into()),
+                ));
+            }
+        }
+        if self.routes.len() > usize::from(u16::MAX) {
+            return Err(InvalidField::at(
+                "route",
+                Problem::out_of_range(format!("at most {} routes", u16::MAX), self.routes.len()),
+            ));
+        }
+        for (j, r) in self.routes.iter().enumerate() {
+            r.validate()
+                .map_err(|e| e.under(FieldPath::key("route").at(j)))?;
+        }
+        Ok(())
+    }
+}
+
+impl ListenerConfig {
+    /// A plain-TCP listener on `listen` routed to `cluster`, other options at their defaults.
+    pub fn new(listen: SocketAddr, cluster: impl Into<String>) -> Self {
+        ListenerConfig {
+            listen,
+            cluster: Some(cluster.into()),
+            routes: Vec::new(),
+            protocol: ListenerProtocol::default(),
+            tunnel_idle_timeout: default_tunnel_idle_timeout(),
+            max_connections: default_max_connections(),
+            max_header_bytes: default_max_header_bytes(),
+            max_headers: default_max_headers(),
+            header_read_timeout: default_header_read_timeout(),
+            idle_timeout: default_idle_timeout(),
+            max_request_body_bytes: None,
+            tls: None,
+            trusted_proxies: Vec::new(),
+            error_detail: ErrorDetail::default(),
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! `[admin]` and `[access_log]`: the sections about watching the proxy.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use keel_balance::{InvalidField, Problem};
+use serde::Deserialize;
+
+/// `[admin]`.
+#[derive(Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Address of the admin listener. Default `127.0.0.1:9901` (loopback: the admin listener
+    /// can reload the configuration, so it should not face the network).
+    #[serde(default = "default_admin_listen")]
+    pub listen: SocketAddr,
+    /// Bearer token every admin request must carry (`Authorization: Bearer TOKEN`). Required
+    /// when `listen` is not a loopback address; optional (but then enforced) on loopback.
+    #[serde(default)]
+    pub token: Option<String>,
+}
+
+impl fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print the token (configurations are logged and shown in errors).
+        f.debug_struct("AdminConfig")
+            .field("listen", &self.listen)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// `[access_log]`: one line per request answered.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessLogConfig {
+    /// The file lines are appended to (created if need be), relative to the configuration
+    /// file's directory; `"-"` for standard output.
+    pub path: PathBuf,
+    /// `"json"` (default: one object a line) or `"combined"` (NGINX's combined format).
+    #[serde(default)]
+    pub format: AccessLogFormat,
+}
+
+impl AccessLogConfig {
+    /// The file, or `None` for standard output.
+    pub fn file(&self) -> Option<PathBuf> {
+        (self.path.as_os_str() != "-").then(|| self.path.clone())
+    }
+}
+
+/// The format of the access log's lines.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AccessLogFormat {
+    /// One JSON object a line.
+    #[default]
+    Json,
+    /// NGINX's `combined` format.
+    Combined,
+}
+
+fn default_admin_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 9901))
+}
+
+impl AdminConfig {
+    /// Checks the token; paths are relative to `[admin]`.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        match &self.token {
+            None if !self.listen.ip().is_loopback() => Err(InvalidField::at(
+                "token",
+                Problem::Invalid(format!(
+                    "the admin listener {} is not on loopback: set `token` in [admin] (every admin request must then carry `Authorization: Bearer TOKEN`), or listen on 127.0.0.1",
+                    self.listen
+                )),
+            )),
+            Some(t) if t.len() < 16 || t.chars().any(|c| c.is_whitespace() || c.is_control()) => {
+                Err(InvalidField::at(
+                    "token",
+                    Problem::Invalid(
+                        "must be at least 16 characters, without spaces or control characters"
+                            .into(),
+                    ),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl AccessLogConfig {
+    /// Checks the path; paths are relative to `[access_log]`.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if self.path.as_os_str().is_empty() || self.path.is_dir() {
+            return Err(InvalidField::at(
+                "path",
+                Problem::Invalid(format!(
+                    "`{}` is not a file path; expected e.g. \"access.log\", or \"-\" for standard output",
+                    self.path.display()
+                )),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,176 @@
+//! `[[listener.route]]`: which cluster serves a request, and its overrides of the cluster's limits.
+
+use std::time::Duration;
+
+use keel_balance::{InvalidField, Problem};
+use serde::Deserialize;
+
+use crate::config::cluster::MAX_RETRY_ATTEMPTS;
+use crate::config::discovery::is_dns_name;
+
+/// `[[listener.route]]`: the conditions a request must meet (all of them; none: every request)
+/// and the cluster that then serves it, with optional overrides of the cluster's limits.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// The request's host (`Host`, or the absolute target's or HTTP/2's authority, without
+    /// its port; case-insensitive): exactly `api.example.test`, or `*.example.test` for one or
+    /// more labels in place of `*`.
+    #[serde(default)]
+    pub host: Option<String>,
+    /// The path (without the query) starts with this.
+    #[serde(default)]
+    pub path_prefix: Option<String>,
+    /// The path (without the query) is exactly this.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// The method is one of these (case-sensitive, as methods are).
+    #[serde(default)]
+    pub methods: Vec<String>,
+    /// Each of these headers is present with exactly this value (names case-insensitive).
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// The cluster that serves the requests of this route.
+    pub cluster: String,
+    /// Overrides the cluster's `request_timeout` for this route.
+    #[serde(default, with = "keel_balance::duration_serde::option")]
+    pub request_timeout: Option<Duration>,
+    /// Overrides the cluster's `retry.attempts` for this route.
+    #[serde(default)]
+    pub retry_attempts: Option<u32>,
+}
+
+/// A route's host condition, compiled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HostPattern {
+    /// Any host.
+    Any,
+    /// This host (lower case).
+    Exact(String),
+    /// Any host under this domain (lower case, without the `*.`).
+    Wildcard(String),
+}
+
+/// A route's path condition, compiled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum PathPattern {
+    /// Any path.
+    Any,
+    /// Exactly this path.
+    Exact(String),
+    /// Paths that start with this.
+    Prefix(String),
+}
+
+impl PathPattern {
+    /// The first segment every matching path has (`/v1/x` -> `v1`), when the condition fixes
+    /// it: an exact path, or a prefix that goes past the first segment's end.
+    pub fn first_segment(&self) -> Option<&str> {
+        match self {
+            PathPattern::Any => None,
+            PathPattern::Exact(p) => {
+                let rest = p.strip_prefix('/')?;
+                Some(rest.split_once('/').map_or(rest, |(s, _)| s))
+            }
+            PathPattern::Prefix(p) => p.strip_prefix('/')?.split_once('/').map(|(s, _)| s),
+        }
+    }
+}
+
+impl RouteConfig {
+    /// The host condition.
+    pub(crate) fn host_pattern(&self) -> HostPattern {
+        match self.host.as_deref().map(str::to_ascii_lowercase) {
+            None => HostPattern::Any,
+            Some(h) => match h.strip_prefix("*.") {
+                Some(domain) => HostPattern::Wildcard(domain.to_string()),
+                None => HostPattern::Exact(h),
+            },
+        }
+    }
+
+    /// The path condition.
+    pub(crate) fn path_pattern(&self) -> PathPattern {
+        match (&self.path, &self.path_prefix) {
+            (Some(p), _) => PathPattern::Exact(p.clone()),
+            (None, Some(p)) => PathPattern::Prefix(p.clone()),
+            (None, None) => PathPattern::Any,
+        }
+    }
+
+    /// Checks the conditions and overrides; paths are relative to the `[[listener.route]]`.
+    /// The cluster it names is checked by [`ProxyConfig::validate`].
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if let Some(h) = &self.host {
+            let name = h.strip_prefix("*.").unwrap_or(h);
+            let ip6 = name.starts_with('[')
+                && name.ends_with(']')
+                && name[1..name.len() - 1]
+                    .parse::<std::net::Ipv6Addr>()
+                    .is_ok();
+            if !ip6 && !is_dns_name(name) {
+                return Err(InvalidField::at("host", Problem::Invalid(format!("`{h}` is not a host name; expected e.g. \"api.example.test\" or \"*.example.test\" (no port, no scheme)"))));
+            }
+        }
+        if self.path.is_some() && self.path_prefix.is_some() {
+            return Err(InvalidField::at(
+                "path",
+                Problem::Invalid("set `path` (exact) or `path_prefix`, not both".into()),
+            ));
+        }
+        for (key, p) in [("path", &self.path), ("path_prefix", &self.path_prefix)] {
+            if let Some(p) = p {
+                if !p.starts_with('/')
+                    || p.contains('?')
+                    || p.bytes().any(|b| b <= b' ' || b == 0x7f)
+                {
+                    return Err(InvalidField::at(
+                        key,
+                        Problem::Invalid(format!("`{p}` is not a path; it must start with `/` and have no query (`?`) or spaces")),
+                    ));
+                }
+            }
+        }
+        if let Some(m) = self
+            .methods
+            .iter()
+            .find(|m| hyper::Method::from_bytes(m.as_bytes()).is_err() || m.is_empty())
+        {
+            return Err(InvalidField::at(
+                "methods",
+                Problem::Invalid(format!("`{m}` is not a method, e.g. \"GET\"")),
+            ));
+        }
+        for (name, value) in &self.headers {
+            if hyper::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(InvalidField::at(
+                    "headers",
+                    Problem::Invalid(format!("`{name}` is not a header name")),
+                ));
+            }
+            if hyper::header::HeaderValue::from_str(value).is_err() {
+                return Err(InvalidField::at(
+                    "headers",
+                    Problem::Invalid(format!("the value of `{name}` is not a header value")),
+                ));
+            }
+        }
+        if let Some(t) = self.request_timeout {
+            if t < Duration::from_millis(1) {
+                return Err(InvalidField::at(
+                    "request_timeout",
+                    Problem::out_of_range("at least 1ms", humantime::format_duration(t)),
+                ));
+            }
+        }
+        if let Some(a) = self.retry_attempts {
+            if a > MAX_RETRY_ATTEMPTS {
+                return Err(InvalidField::at(
+                    "retry_attempts",
+                    Problem::out_of_range(format!("within 0..={MAX_RETRY_ATTEMPTS}"), a),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
