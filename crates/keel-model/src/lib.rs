@@ -10,7 +10,9 @@
 //! is written in ([`vocab`]: latency distributions and failure modes), which the testbed's
 //! backend and the lab use too.
 
+pub mod advise;
 pub mod analytic;
+pub mod fit;
 pub mod multiplex;
 pub mod plot;
 pub mod presets;

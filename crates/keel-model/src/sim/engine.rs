@@ -26,7 +26,7 @@ use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp};
 
 use super::scenario::{FailedPosition, Load, Placement, Scenario, MAX_RETRIES};
-use super::server::{ns, ps_rate, Demand, Job, Server, Station};
+use super::server::{ns, ps_rate, Demand, Job, Mix, Server, Station};
 use super::stats::LatencyHistogram;
 use super::SimError;
 use crate::vocab::FailureMode;
@@ -214,6 +214,23 @@ pub fn run_replication(
         let latency = c.latency.sampler();
         let n = c.servers as usize;
         let nf = c.failed as usize;
+        if !c.endpoints.is_empty() {
+            // Servers described one by one (validated: one entry each, `failed` = 0).
+            for e in &c.endpoints {
+                let mut server = Server::new(
+                    e.latency.unwrap_or(c.latency).sampler(),
+                    FailureMode::None,
+                    0,
+                );
+                server.mix = Mix::new(&e.failures);
+                servers.push(server);
+                let capacity = e.capacity.as_ref().or(c.capacity.as_ref());
+                stations.push(Station::new(
+                    capacity.map(|k| (k.concurrency, k.discipline)),
+                ));
+            }
+            continue;
+        }
         for i in 0..n {
             let is_failed = match c.failed_position {
                 FailedPosition::Last => i >= n - nf,
@@ -254,7 +271,10 @@ pub fn run_replication(
     for owner in 0..owners {
         for (ci, c) in sc.clusters.iter().enumerate() {
             let specs: Vec<EndpointSpec> = (0..c.servers)
-                .map(|i| EndpointSpec::new(format!("c{ci}-s{i}")))
+                .map(|i| {
+                    let weight = c.endpoints.get(i as usize).map_or(1, |e| e.weight);
+                    EndpointSpec::new(format!("c{ci}-s{i}")).with_weight(weight)
+                })
                 .collect();
             let b = owner * n_clusters + ci;
             let config = BalancerConfig {

@@ -40,8 +40,9 @@ use serde::Serialize;
 
 pub use engine::{replication_seed, run_replication, RepStats, REACTION_BIN};
 pub use scenario::{
-    AntagonistConfig, CapacityConfig, ClusterConfig, Discipline, FailedPosition, HealthCheckConfig,
-    HedgeConfig, HedgeDelay, Load, Placement, RetryConfig, Scenario, SlowdownConfig,
+    AntagonistConfig, CapacityConfig, ClusterConfig, Discipline, EndpointConfig, FailedPosition,
+    FailureShare, HealthCheckConfig, HedgeConfig, HedgeDelay, Load, Placement, RetryConfig,
+    Scenario, SlowdownConfig,
 };
 pub use stats::LatencyHistogram;
 

@@ -241,7 +241,48 @@ pub struct ClusterConfig {
     /// One step of slowness on the first servers, from `start` to `end`; off unless given.
     #[serde(default)]
     pub slowdown: Option<SlowdownConfig>,
+    /// The servers described one by one (as `keel advise` fits them from an access log):
+    /// empty, every server is the cluster's `latency` and `capacity`, `failed` of them failing
+    /// as `failure` says; given, exactly `servers` entries, each overriding the cluster's
+    /// values for its server, and `failed` must be 0 (each entry says how it fails).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub endpoints: Vec<EndpointConfig>,
 }
+
+/// One server of a cluster with its own latency, capacity, weight and failures.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointConfig {
+    /// Name, for reports (e.g. the address in the access log it was fitted from).
+    #[serde(default)]
+    pub name: String,
+    /// The balancer's weight of this endpoint (strategies that use weights). Default 1.
+    #[serde(default = "default_one")]
+    pub weight: u32,
+    /// Its healthy service time; absent, the cluster's `latency`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<Latency>,
+    /// Its capacity; absent, the cluster's `capacity`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<CapacityConfig>,
+    /// How its calls fail: each call fails in the first mode whose share a uniform draw falls
+    /// in, and is answered like a healthy server's otherwise (shares add up to at most 1).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<FailureShare>,
+}
+
+/// A share of an endpoint's calls that fail in one mode.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FailureShare {
+    /// Share of calls, in `[0, 1]`.
+    pub share: f64,
+    /// How those calls fail: `hang`, `fail-fast`, `refuse`, `reset`, `slow` or `error`.
+    pub failure: FailureMode,
+}
+
+/// Most failure modes one endpoint mixes.
+pub const MAX_FAILURE_MIX: usize = 4;
 
 impl Default for ClusterConfig {
     /// One healthy server of unlimited capacity behind round-robin, called once.
@@ -258,6 +299,7 @@ impl Default for ClusterConfig {
             capacity: None,
             antagonist: None,
             slowdown: None,
+            endpoints: Vec::new(),
         }
     }
 }
@@ -376,6 +418,79 @@ pub const MAX_SERVERS: u32 = 4096;
 pub const MAX_RETRIES: u32 = 7;
 /// Most calls a server serves at once.
 pub const MAX_CONCURRENCY: u32 = 1 << 20;
+
+/// Checks a cluster's `endpoints`: one per server, each in range.
+fn validate_endpoints(c: &ClusterConfig, at: &str, round_trip: bool) -> Result<(), String> {
+    if c.endpoints.is_empty() {
+        return Ok(());
+    }
+    if c.endpoints.len() != c.servers as usize {
+        return Err(format!(
+            "{at}: endpoints has {} entries for {} servers; give one per server",
+            c.endpoints.len(),
+            c.servers
+        ));
+    }
+    if c.failed != 0 {
+        return Err(format!(
+            "{at}: failed must be 0 when endpoints are given (each says how it fails in `failures`)"
+        ));
+    }
+    for (i, e) in c.endpoints.iter().enumerate() {
+        let at = format!("{at}: endpoints[{i}]");
+        if e.weight == 0 {
+            return Err(format!("{at}.weight must be at least 1"));
+        }
+        if let Some(l) = &e.latency {
+            if l.mean.is_zero() {
+                return Err(format!("{at}.latency.mean must be greater than zero"));
+            }
+            l.validate().map_err(|m| format!("{at}.latency.{m}"))?;
+        }
+        if let Some(cap) = &e.capacity {
+            if round_trip {
+                return Err(format!(
+                    "{at}: round_trip is not modelled for servers with a capacity; set it to 0s"
+                ));
+            }
+            if cap.concurrency == 0 || cap.concurrency > MAX_CONCURRENCY {
+                return Err(format!(
+                    "{at}.capacity.concurrency must be within 1..={MAX_CONCURRENCY}, got {}",
+                    cap.concurrency
+                ));
+            }
+        }
+        if e.failures.len() > MAX_FAILURE_MIX {
+            return Err(format!(
+                "{at}.failures: at most {MAX_FAILURE_MIX} modes, got {}",
+                e.failures.len()
+            ));
+        }
+        let mut total = 0.0;
+        for (j, f) in e.failures.iter().enumerate() {
+            let at = format!("{at}.failures[{j}]");
+            if !(0.0..=1.0).contains(&f.share) {
+                return Err(format!("{at}.share must be within 0..=1, got {}", f.share));
+            }
+            total += f.share;
+            if matches!(f.failure, FailureMode::None | FailureMode::Flap { .. }) {
+                return Err(format!(
+                    "{at}.failure: `{}` cannot be a share of calls (use hang, fail-fast, refuse, reset, slow or error)",
+                    f.failure.name()
+                ));
+            }
+            f.failure
+                .validate()
+                .map_err(|m| format!("{at}.failure.{m}"))?;
+        }
+        if total > 1.0 + 1e-9 {
+            return Err(format!(
+                "{at}.failures: shares add up to {total}, more than 1"
+            ));
+        }
+    }
+    Ok(())
+}
 
 impl Scenario {
     /// Parses a scenario from TOML; `origin` (a file name) prefixes error messages.
@@ -535,6 +650,7 @@ impl Scenario {
             c.balancer
                 .validate()
                 .map_err(|e| format!("{at}: balancer: {e}"))?;
+            validate_endpoints(c, &at, !self.round_trip.is_zero())?;
         }
         if stages > MAX_STAGES {
             return Err(format!(

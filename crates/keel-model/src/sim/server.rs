@@ -9,7 +9,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::Rng;
 
-use super::scenario::Discipline;
+use super::scenario::{Discipline, FailureShare, MAX_FAILURE_MIX};
 use crate::vocab::{FailureMode, LatencySampler, RESET_CUT};
 
 /// What a call asks of a server.
@@ -34,6 +34,64 @@ pub(super) struct Server {
     pub antagonist: f64,
     /// Slow-down from a scheduled step (1: none).
     pub slowdown: f64,
+    /// A share of calls failing in other modes (an endpoint described on its own); empty for
+    /// a server that is either healthy or failed as a whole.
+    pub mix: Mix,
+}
+
+/// Failure modes a share of a server's calls fail in: each call draws one uniform number and
+/// fails in the first mode whose cumulative share is above it. Compact (no flap, which is a
+/// state of the server, not a share of calls) so that copying a server stays cheap.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Mix {
+    len: u8,
+    /// Cumulative share up to and including each mode.
+    upto: [f64; MAX_FAILURE_MIX],
+    mode: [MixMode; MAX_FAILURE_MIX],
+}
+
+#[derive(Clone, Copy, Default)]
+enum MixMode {
+    #[default]
+    Hang,
+    FailFast(u64),
+    Refuse,
+    Reset,
+    Slow(f64),
+    Error(f64),
+}
+
+impl Mix {
+    /// The mix of `shares` (validated: at most [`MAX_FAILURE_MIX`], none `none` or `flap`).
+    pub(super) fn new(shares: &[FailureShare]) -> Self {
+        let mut m = Mix::default();
+        let mut upto = 0.0;
+        for f in shares.iter().take(MAX_FAILURE_MIX) {
+            let mode = match f.failure {
+                FailureMode::Hang => MixMode::Hang,
+                FailureMode::FailFast { after } => MixMode::FailFast(ns(after)),
+                FailureMode::Refuse => MixMode::Refuse,
+                FailureMode::Reset => MixMode::Reset,
+                FailureMode::Slow { factor } => MixMode::Slow(factor),
+                FailureMode::Error { probability } => MixMode::Error(probability),
+                FailureMode::None | FailureMode::Flap { .. } => continue,
+            };
+            upto += f.share;
+            m.upto[m.len as usize] = upto;
+            m.mode[m.len as usize] = mode;
+            m.len += 1;
+        }
+        m
+    }
+
+    /// The mode this call fails in, if any.
+    #[inline]
+    fn draw(&self, rng: &mut StdRng) -> Option<MixMode> {
+        let u: f64 = rng.gen();
+        (0..self.len as usize)
+            .find(|&i| u < self.upto[i])
+            .map(|i| self.mode[i])
+    }
 }
 
 impl Server {
@@ -44,6 +102,27 @@ impl Server {
             flap_offset,
             antagonist: 1.0,
             slowdown: 1.0,
+            mix: Mix::default(),
+        }
+    }
+
+    /// What a call to a server with a failure mix asks: one draw says whether, and how, it
+    /// fails.
+    #[inline]
+    fn mixed_demand(&self, never: u64, rng: &mut StdRng) -> Demand {
+        match self.mix.draw(rng) {
+            None => Demand::Work(self.base(rng), true),
+            Some(MixMode::Hang) => Demand::Bypass(never, false),
+            Some(MixMode::FailFast(after)) => Demand::Bypass(after, false),
+            Some(MixMode::Refuse) => Demand::Bypass(0, false),
+            Some(MixMode::Reset) => Demand::Work(self.base(rng) + ns(RESET_CUT), false),
+            Some(MixMode::Slow(factor)) => {
+                Demand::Work((self.base(rng) as f64 * factor) as u64, true)
+            }
+            Some(MixMode::Error(p)) => {
+                let t = self.base(rng);
+                Demand::Work(t, rng.gen::<f64>() >= p)
+            }
         }
     }
 
@@ -75,6 +154,9 @@ impl Server {
     /// caller (its timeout).
     #[inline]
     pub(super) fn demand(&self, now: u64, never: u64, rng: &mut StdRng) -> Demand {
+        if self.mix.len > 0 {
+            return self.mixed_demand(never, rng);
+        }
         match self.failure {
             FailureMode::None => Demand::Work(self.base(rng), true),
             FailureMode::Hang => Demand::Bypass(never, false),
@@ -115,6 +197,12 @@ impl Server {
 
     /// An active health probe's verdict (probes take no place in the server's queue).
     pub(super) fn probe(&self, now: u64, timeout: u64, rng: &mut StdRng) -> bool {
+        if self.mix.len > 0 {
+            // A probe is one more call: it fails as often as the calls do.
+            return match self.mixed_demand(timeout, rng) {
+                Demand::Work(t, ok) | Demand::Bypass(t, ok) => ok && t < timeout,
+            };
+        }
         match self.failure {
             FailureMode::None => true,
             FailureMode::Hang
