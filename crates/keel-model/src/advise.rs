@@ -452,7 +452,7 @@ fn explain(model: &FittedModel, rows: &[Ranked], running: Option<usize>) -> Vec<
                 .find(|r| {
                     r.strategy == "round-robin" && r.protections == Protections::Defaults.label()
                 })
-                .map(|r| (r, "keel's default (round-robin, one retry)"))
+                .map(|r| (r, "keel's default configuration"))
         });
     let mut s = format!(
         "Best: {} with {}: success {}, p99 {:.1} ms [{:.1}, {:.1}], p99.9 {:.1} ms.",
@@ -470,7 +470,7 @@ fn explain(model: &FittedModel, rows: &[Ranked], running: Option<usize>) -> Vec<
         } else {
             let overlap = best.success[1] <= b.success[2] && b.success[1] <= best.success[2];
             s.push_str(&format!(
-                " Against {name} ({} with {}): success {}, p99 {:.1} ms{}.",
+                " Against {name}, {} with {}: success {}, p99 {:.1} ms{}.",
                 b.strategy,
                 b.protections,
                 ci(&b.success),

@@ -1,5 +1,6 @@
 //! `keel`: one binary, one subcommand per job.
 
+mod advise_report;
 mod cmd;
 mod lab;
 
@@ -28,6 +29,8 @@ enum Command {
     Analyze(cmd::analyze::Args),
     /// Discrete-event simulation of the reliability experiments (E1-E6) or a scenario file.
     Simulate(cmd::simulate::Args),
+    /// Fit a model of a cluster from the proxy's access log, simulate every strategy on it, rank them.
+    Advise(cmd::advise::Args),
     /// Run the HTTP reverse proxy from a TOML configuration file.
     Proxy(cmd::proxy::Args),
     /// A small HTTP server for experiments, demos and tests, with injectable faults.
@@ -41,6 +44,7 @@ fn main() -> std::process::ExitCode {
         Command::Distribute(args) => cmd::distribute::run(args),
         Command::Analyze(args) => cmd::analyze::run(args),
         Command::Simulate(args) => cmd::simulate::run(args),
+        Command::Advise(args) => cmd::advise::run(args),
         Command::Proxy(args) => cmd::proxy::run(args),
         Command::Backend(args) => cmd::backend::run(args),
     };

@@ -1,5 +1,6 @@
 //! Subcommands. Each module owns its arguments (`Args`) and a `run` function.
 
+pub mod advise;
 pub mod analyze;
 pub mod backend;
 pub mod distribute;

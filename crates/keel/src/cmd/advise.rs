@@ -1,0 +1,341 @@
+//! `keel advise`: fit a model of a cluster from keel proxy's JSON access log, simulate every
+//! strategy under three sets of protections on it, and rank them (keel_model::fit and
+//! keel_model::advise do the work; this is the edge: files, flags, progress, output).
+
+use std::fs::File;
+use std::io::{BufReader, IsTerminal};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use keel_model::advise::{self, Advice, RunningConfig};
+use keel_model::fit::scenario::ScenarioOptions;
+use keel_model::fit::{self, FitOptions, FittedModel};
+use keel_model::vocab::LatencyDist;
+
+use crate::cmd::usage;
+
+/// Arguments of `keel advise`.
+#[derive(clap::Args)]
+#[command(after_help = "\
+Examples:
+  keel advise --access-log examples/advise/access.log
+  keel advise --access-log access.log --config keel.toml --since 1h --out advice/
+  keel advise --access-log access.log --cluster app --json > advice.json
+
+What it does: reads the log (JSON lines; the `tries` field of each try when present), fits per
+endpoint the latency of successes, the share of fast errors, timeouts and resets, and a
+concurrency limit; then simulates every strategy x {none, keel defaults, outlier + retry 2 +
+health} (and the configuration of --config) and ranks them by success, then p99, then p99.9.
+--out DIR writes index.html, advice.json and fitted.toml (the model as a scenario: rerun it with
+`keel simulate --scenario DIR/fitted.toml`, edit it to ask what if). docs/advise.md says what is
+fitted, what the model leaves out, and how to read the report.
+
+JSON (--json, and advice.json): {\"ranking\": [{\"strategy\", \"protections\", \"cluster_toml\",
+\"success\": [mean, lo95, hi95], \"p99_ms\": [...], \"p999_ms\": [...], \"mean_ms\",
+\"pick_shares\", \"retries_per_request\", \"running\"}, ...] best first, \"running\" (index or
+null), \"why\", \"traps\", \"model\": {...}, \"replications\", \"requests_per_replication\"}.")]
+pub struct Args {
+    /// keel proxy's access log in the JSON format (`-`: standard input).
+    #[arg(long, value_name = "FILE")]
+    pub access_log: PathBuf,
+    /// keel proxy's configuration: the running strategy, protections, timeouts and weights of
+    /// the cluster are read from it and its row is marked.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The cluster to advise on (needed when the log has several).
+    #[arg(long, value_name = "NAME")]
+    pub cluster: Option<String>,
+    /// Only requests that ended within this long of the log's last line, e.g. `1h`, `15m`.
+    #[arg(long, value_name = "DURATION")]
+    pub since: Option<String>,
+    /// Write index.html, advice.json and fitted.toml into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Print the advice as JSON on standard output instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Measured requests per replication (default: about 60 s of the fitted traffic, within
+    /// 2,000..=40,000).
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Replications per configuration (default 5); the 95 % intervals are over them.
+    #[arg(long)]
+    pub replications: Option<u32>,
+    /// Seed of the simulation.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Fewest requests the fit accepts.
+    #[arg(long, default_value_t = fit::MIN_REQUESTS)]
+    pub min_requests: u64,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// Runs `keel advise`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let since = match &args.since {
+        None => None,
+        Some(s) => match humantime::parse_duration(s) {
+            Ok(d) if !d.is_zero() => Some(d),
+            Ok(_) => return usage("--since must be greater than zero"),
+            Err(e) => return usage(format!("--since {s:?}: {e} (write e.g. 1h or 15m)")),
+        },
+    };
+    if args.replications == Some(0) || args.replications.is_some_and(|r| r > 1000) {
+        return usage("--replications must be within 1..=1000");
+    }
+    if args.requests == Some(0) {
+        return usage("--requests must be at least 1");
+    }
+    let proxy_config = match &args.config {
+        None => None,
+        Some(p) => Some(keel_proxy::ProxyConfig::from_file(p).map_err(|e| anyhow::anyhow!("{e}"))?),
+    };
+    // With a configuration of one cluster, that cluster is the one to fit.
+    let cluster = args.cluster.clone().or_else(|| {
+        proxy_config
+            .as_ref()
+            .filter(|c| c.clusters.len() == 1)
+            .map(|c| c.clusters[0].name.clone())
+    });
+    let opts = FitOptions {
+        cluster,
+        since,
+        min_requests: Some(args.min_requests),
+    };
+    let started = Instant::now();
+    let source = args.access_log.display().to_string();
+    let model = if args.access_log == Path::new("-") {
+        fit::fit_reader(std::io::stdin().lock(), &opts)
+    } else {
+        let file = File::open(&args.access_log)
+            .with_context(|| format!("cannot open {}", args.access_log.display()))?;
+        fit::fit_reader(BufReader::with_capacity(1 << 20, file), &opts)
+    }
+    .map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
+    let fitted_in = started.elapsed();
+
+    let running = match &proxy_config {
+        None => None,
+        Some(c) => Some(running_config(c, &model, args.config.as_deref().unwrap())?),
+    };
+    let mut sopts = ScenarioOptions::for_model(&model);
+    sopts.seed = args.seed;
+    if let Some(r) = args.requests {
+        sopts.requests = r;
+    }
+    if let Some(r) = args.replications {
+        sopts.replications = r;
+    }
+    let n_configs = advise::candidates(&model, &sopts, running.as_ref()).len() as u64;
+    let bar = progress_bar(
+        n_configs * sopts.requests * u64::from(sopts.replications),
+        args.quiet,
+    );
+    let sim_started = Instant::now();
+    let advice = advise::advise(&model, &sopts, running.as_ref(), &source, &|n| bar.inc(n))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    bar.finish_and_clear();
+    let simulated_in = sim_started.elapsed();
+
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let write = |name: &str, text: &str| -> anyhow::Result<PathBuf> {
+            let p = dir.join(name);
+            std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))?;
+            Ok(p)
+        };
+        write("advice.json", &serde_json::to_string_pretty(&advice)?)?;
+        let scenario = write("fitted.toml", &advice.scenario_toml)?;
+        let html = crate::advise_report::html(&advice, &source, fitted_in, simulated_in)?;
+        let index = write("index.html", &html)?;
+        eprintln!(
+            "wrote {} and {} (rerun the model: keel simulate --scenario {})",
+            index.display(),
+            dir.join("advice.json").display(),
+            scenario.display()
+        );
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&advice)?);
+    } else {
+        print_table(&advice, n_configs, fitted_in, simulated_in);
+    }
+    Ok(())
+}
+
+/// The cluster's running configuration from keel proxy's TOML.
+fn running_config(
+    config: &keel_proxy::ProxyConfig,
+    model: &FittedModel,
+    path: &Path,
+) -> anyhow::Result<RunningConfig> {
+    let Some(c) = config.cluster(&model.cluster) else {
+        let names: Vec<&str> = config.clusters.iter().map(|c| c.name.as_str()).collect();
+        anyhow::bail!(
+            "{}: no cluster `{}` (the log's); clusters: {}",
+            path.display(),
+            model.cluster,
+            names.join(", ")
+        );
+    };
+    Ok(RunningConfig {
+        balancer: c.balancer_config(),
+        retry_attempts: c.retry.attempts,
+        retry_budget: c.retry.budget(),
+        health_check: c
+            .health_check
+            .as_ref()
+            .map(|h| (h.interval, h.unhealthy_threshold, h.healthy_threshold)),
+        per_try_timeout: c.per_try_timeout(),
+        weights: c
+            .endpoints
+            .iter()
+            .map(|e| (e.address.clone(), e.weight))
+            .collect(),
+    })
+}
+
+fn progress_bar(total: u64, quiet: bool) -> ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template(
+            "simulating [{elapsed_precise}] {wide_bar} {human_pos}/{human_len} requests ({eta})",
+        )
+        .expect("valid template"),
+    );
+    bar
+}
+
+/// The fitted family in words.
+pub(crate) fn family(l: &keel_model::Latency) -> String {
+    let mean = l.mean.as_secs_f64() * 1e3;
+    match l.dist {
+        LatencyDist::Fixed => format!("fixed {mean:.2} ms"),
+        LatencyDist::Exponential => format!("exponential {mean:.2} ms"),
+        LatencyDist::LogNormal { sigma } => format!("lognormal {mean:.2} ms s={sigma:.2}"),
+    }
+}
+
+fn rate(r: &fit::Rate) -> String {
+    if r.count == 0 {
+        return format!("0 [0, {:.2}]", r.ci95[1] * 100.0);
+    }
+    format!(
+        "{:.2} [{:.2}, {:.2}]",
+        r.share * 100.0,
+        r.ci95[0] * 100.0,
+        r.ci95[1] * 100.0
+    )
+}
+
+fn print_table(a: &Advice, configs: u64, fitted: Duration, simulated: Duration) {
+    let m = &a.model;
+    println!(
+        "keel advise: cluster `{}`: {} requests, {} tries from {} to {} ({:.0} s), {:.1} requests/s (dispersion {:.2}), {} endpoints; fitted in {:.2} s",
+        m.cluster,
+        m.requests,
+        m.tries,
+        m.from,
+        m.to,
+        m.seconds,
+        m.arrival.rate_per_s,
+        m.arrival.dispersion,
+        m.endpoints.len(),
+        fitted.as_secs_f64()
+    );
+    for n in &m.notes {
+        println!("  note: {n}");
+    }
+    println!();
+    println!(
+        "{:<22} {:>7} {:>6} {:>8} {:>8}  {:<30} {:>6}  {:<20} {:<20} {:<20} {:>8}",
+        "endpoint",
+        "tries",
+        "share",
+        "p50 ms",
+        "p99 ms",
+        "fitted latency",
+        "KS",
+        "errors % [95 %]",
+        "timeouts %",
+        "resets %",
+        "capacity"
+    );
+    for e in &m.endpoints {
+        let l = &e.latency;
+        println!(
+            "{:<22} {:>7} {:>5.1}% {:>8.2} {:>8.2}  {:<30} {:>6}  {:<20} {:<20} {:<20} {:>8}",
+            e.name,
+            e.tries,
+            e.share * 100.0,
+            l.p50_ms,
+            l.p99_ms,
+            format!(
+                "{}{}",
+                family(&l.family),
+                if l.pooled { " (pooled)" } else { "" }
+            ),
+            l.ks.map_or("-".into(), |k| format!("{k:.3}")),
+            rate(&e.failures.error),
+            rate(&e.failures.timeout),
+            rate(&e.failures.reset),
+            e.capacity
+                .as_ref()
+                .map_or("-".into(), |c| c.concurrency.to_string())
+        );
+    }
+    println!();
+    println!(
+        "{configs} configurations x {} replications of {} requests simulated in {:.1} s; best first (success, then p99, then p99.9; 95 % intervals):",
+        a.replications,
+        a.requests_per_replication,
+        simulated.as_secs_f64()
+    );
+    println!(
+        "{:>4}  {:<22} {:<28} {:<26} {:<24} {:>10}",
+        "rank", "strategy", "protections", "success % [95 %]", "p99 ms [95 %]", "p99.9 ms"
+    );
+    for (i, r) in a.ranking.iter().enumerate() {
+        println!(
+            "{:>3}{} {:<22} {:<28} {:<26} {:<24} {:>10.1}",
+            i + 1,
+            if r.running { "*" } else { " " },
+            r.strategy,
+            r.protections,
+            format!(
+                "{:.3} [{:.3}, {:.3}]",
+                r.success[0] * 100.0,
+                r.success[1] * 100.0,
+                r.success[2] * 100.0
+            ),
+            format!(
+                "{:.1} [{:.1}, {:.1}]",
+                r.p99_ms[0], r.p99_ms[1], r.p99_ms[2]
+            ),
+            r.p999_ms[0]
+        );
+    }
+    if a.running.is_some() {
+        println!("  * the running configuration (--config)");
+    }
+    println!();
+    for w in &a.why {
+        println!("why: {w}");
+    }
+    for t in &a.traps {
+        println!("trap: {t}");
+    }
+    if let Some(best) = a.ranking.first() {
+        println!(
+            "\nto run the best, paste into the proxy's configuration:\n{}",
+            best.cluster_toml
+        );
+    }
+}
