@@ -90,12 +90,13 @@ pub(crate) fn status_json(shared: &Shared, recent: &Recent) -> serde_json::Value
             })
         })
         .collect();
+    let live = shared.listeners.load();
     let listeners: Vec<_> = config
         .listeners
         .iter()
-        .zip(&shared.listener_addrs)
-        .zip(&shared.not_found)
-        .map(|((l, a), not_found)| {
+        .zip(live.iter())
+        .map(|(l, slot)| {
+            let (a, not_found) = (slot.addr, &slot.not_found);
             let routes: Vec<_> = l
                 .routes
                 .iter()
@@ -123,7 +124,8 @@ pub(crate) fn status_json(shared: &Shared, recent: &Recent) -> serde_json::Value
             })
         })
         .collect();
-    let access_log = shared.access_log.as_ref().map(|log| {
+    let access_log = shared.access_log.load();
+    let access_log = access_log.as_ref().map(|log| {
         json!({
             "path": log.path.as_ref().map_or("-".to_string(), |p| p.display().to_string()),
             "format": match log.format {
@@ -236,15 +238,16 @@ fn metrics_text(shared: &Shared) -> String {
     {
         use std::fmt::Write as _;
         out.push_str("# HELP keel_no_route_total Requests answered 404 because no route matched on a listener without a cluster.\n# TYPE keel_no_route_total counter\n");
-        for (a, n) in shared.listener_addrs.iter().zip(&shared.not_found) {
+        for l in shared.listeners.load().iter() {
             let _ = writeln!(
                 out,
-                "keel_no_route_total{{listener=\"{a}\"}} {}",
-                n.load(Relaxed)
+                "keel_no_route_total{{listener=\"{}\"}} {}",
+                l.addr,
+                l.not_found.load(Relaxed)
             );
         }
     }
-    if let Some(log) = &shared.access_log {
+    if let Some(log) = &*shared.access_log.load() {
         use std::fmt::Write as _;
         let _ = write!(
             out,
@@ -254,18 +257,23 @@ fn metrics_text(shared: &Shared) -> String {
             log.dropped()
         );
     }
-    let tls: Vec<usize> = (0..config.listeners.len())
-        .filter(|&i| config.listeners[i].tls.is_some())
+    let live = shared.listeners.load();
+    let tls: Vec<_> = config
+        .listeners
+        .iter()
+        .zip(live.iter())
+        .filter(|(c, _)| c.tls.is_some())
+        .map(|(_, l)| l)
         .collect();
     if !tls.is_empty() {
         use std::fmt::Write as _;
         out.push_str("# HELP keel_tls_handshake_failures_total TLS handshakes with clients that failed or timed out, by listener.\n# TYPE keel_tls_handshake_failures_total counter\n");
-        for i in tls {
+        for l in tls {
             let _ = writeln!(
                 out,
                 "keel_tls_handshake_failures_total{{listener=\"{}\"}} {}",
-                shared.listener_addrs[i],
-                shared.tls_handshake_failures[i].load(Relaxed)
+                l.addr,
+                l.tls_handshake_failures.load(Relaxed)
             );
         }
     }

@@ -97,8 +97,8 @@ async fn handle(
     active: ActiveRequest,
 ) -> Response<H2Body> {
     let started = Instant::now();
-    let log = shared.access_log.as_ref().map(|log| H2Log {
-        log: log.clone(),
+    let log = shared.access_log.load_full().map(|log| H2Log {
+        log,
         client: client.clone(),
         started,
         cluster: None,

@@ -43,4 +43,6 @@ mod tunnel;
 
 pub use config::{ConfigError, ProxyConfig};
 pub use route::RouteMatcher;
-pub use server::{start, start_with_workers, ProxyHandle, ReloadError};
+pub use server::{
+    start, start_with, start_with_workers, Drained, ProxyHandle, ReloadError, StartOptions,
+};

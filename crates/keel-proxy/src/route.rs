@@ -181,6 +181,17 @@ pub(crate) struct ListenerRoutes {
 }
 
 impl ListenerRoutes {
+    /// A table that routes nothing (a removed listener whose connections have all ended).
+    pub fn none() -> Self {
+        ListenerRoutes {
+            routes: Vec::new(),
+            exact: Map::default(),
+            wildcard: Map::default(),
+            any_host: Group::default(),
+            listener: None,
+        }
+    }
+
     /// Compiles a listener's routes; `cluster` finds a cluster by name (the configuration was
     /// validated: every name exists).
     pub fn build(

@@ -368,3 +368,117 @@ fn check_validates_discovery_without_resolving() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("`cluster[0].discovery.srv`"), "{stderr}");
 }
+
+/// The PID a `--pid-file` names.
+fn read_pid(path: &std::path::Path) -> Option<u32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Whether `pid` runs (a zombie does not: once its parent is gone nobody here reaps it).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+    })
+}
+
+#[test]
+fn sigusr2_replaces_the_binary_under_load_without_a_failed_request() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut backends = Vec::new();
+    for i in 0..2 {
+        let cfg = BackendConfig {
+            latency: Latency::fixed(Duration::from_millis(2)),
+            name: format!("b{i}"),
+            ..BackendConfig::default()
+        };
+        let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        backends.push(rt.block_on(backend::spawn(addr, cfg)).unwrap());
+    }
+    let text = format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n[[cluster]]\nname = \"app\"\nendpoints = [{{ address = \"{}\" }}, {{ address = \"{}\" }}]\n",
+        backends[0].addr(),
+        backends[1].addr()
+    );
+    let path = temp_file("upgrade.toml", &text);
+    let pid_file = path.with_extension("pid");
+    let _ = std::fs::remove_file(&pid_file);
+    let mut old = Command::new(KEEL)
+        .args(["proxy", "--workers", "2", "--config"])
+        .arg(&path)
+        .arg("--pid-file")
+        .arg(&pid_file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(old.stdout.take().unwrap());
+    let mut line = String::new();
+    let listen = loop {
+        line.clear();
+        assert!(
+            stdout.read_line(&mut line).unwrap() > 0,
+            "keel proxy ended early"
+        );
+        if let Some(rest) = line.trim().strip_prefix("keel proxy: listening on http://") {
+            break rest.split(' ').next().unwrap().to_string();
+        }
+    };
+    // The new process writes to the same stdout; keep the pipe drained.
+    std::thread::spawn(move || for _ in stdout.lines() {});
+    let waited = Instant::now();
+    while read_pid(&pid_file) != Some(old.id()) {
+        assert!(waited.elapsed() < Duration::from_secs(10), "no PID file");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // A bounded load on fresh and kept-alive connections, with the upgrade in the middle.
+    let mut spec = LoadSpec::new(Target::Url(format!("http://{listen}/")), 6000);
+    spec.concurrency = 8;
+    spec.timeout = Duration::from_secs(5);
+    let load = rt.spawn(loadgen::run(spec));
+    std::thread::sleep(Duration::from_millis(400));
+    signal(old.id(), "-USR2");
+    let waited = Instant::now();
+    let new_pid = loop {
+        match read_pid(&pid_file) {
+            Some(p) if p != old.id() => break p,
+            _ => {}
+        }
+        assert!(
+            waited.elapsed() < Duration::from_secs(30),
+            "no new process took over"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let status = old.wait().unwrap();
+    assert!(
+        status.success(),
+        "the old process drained and exited: {status}"
+    );
+    let report = rt.block_on(load).unwrap();
+    println!("{report}");
+    assert_eq!(report.requests, 6000);
+    assert_eq!(report.succeeded, 6000, "{report}");
+    assert_eq!(report.transport_errors, 0, "{report}");
+    assert!(alive(new_pid));
+    assert!(get(&listen, "/").starts_with("HTTP/1.1 200"));
+    // The new process is the same kind of keel: it drains on SIGTERM and removes its PID file.
+    signal(new_pid, "-TERM");
+    let waited = Instant::now();
+    while alive(new_pid) {
+        assert!(
+            waited.elapsed() < Duration::from_secs(10),
+            "the new process did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !pid_file.exists(),
+        "PID file removed by the process it names"
+    );
+}

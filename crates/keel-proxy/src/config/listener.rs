@@ -143,17 +143,6 @@ fn default_tunnel_idle_timeout() -> Duration {
 pub const MIN_HEADER_BYTES: usize = 8192;
 
 impl ListenerConfig {
-    /// True if everything but the cluster and the routes is the same (what a reload may not
-    /// change, TLS certificate paths included).
-    pub fn same_socket_settings(&self, other: &ListenerConfig) -> bool {
-        let mut a = self.clone();
-        a.cluster.clone_from(&other.cluster);
-        a.routes.clone_from(&other.routes);
-        a == *other
-    }
-}
-
-impl ListenerConfig {
     /// Checks the limits and the routes; paths are relative to the `[[listener]]`. The cluster
     /// it names is checked by [`crate::config::ProxyConfig::validate`], and the TLS files by the
     /// TLS component (`tls::check_listener`, called from there too).

@@ -159,7 +159,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             let keep = req.keep_alive && req.body == BodyFraming::None && stop.borrow().is_none();
             conn.stream.sent = 0;
             let kept = conn.answer(&own, keep, &req).await;
-            if let Some(log) = &shared.access_log {
+            if let Some(log) = &*shared.access_log.load() {
                 let ctx = LogCtx {
                     log,
                     client,
@@ -176,7 +176,9 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             }
             continue;
         };
-        let log = shared.access_log.as_deref().map(|log| LogCtx {
+        // Loaded per request: a reload may have changed the log.
+        let access_log = shared.access_log.load();
+        let log = access_log.as_deref().map(|log| LogCtx {
             log,
             client,
             cluster: Some(target.cluster.name()),
@@ -543,7 +545,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         tracing::debug!(client = %client.peer, "refused a request: {}", reject.cause());
         self.stream.sent = 0;
         self.answer(&own, false, &RequestHead::default()).await;
-        if let Some(log) = &shared.access_log {
+        if let Some(log) = &*shared.access_log.load() {
             // What can be read of the refused head (it may be anything).
             let sent = self.stream.sent;
             log.log(

@@ -15,6 +15,7 @@ mod hardening;
 mod hardening_admin;
 mod hardening_limits;
 mod hedging;
+mod lifecycle;
 mod load_reports;
 mod protocols;
 mod proxy_behaviour;

@@ -23,7 +23,7 @@ use tokio_tungstenite::tungstenite::Message;
 use crate::support::*;
 
 /// A WebSocket server that echoes every message, counting the connections it accepted.
-async fn websocket_echo() -> (SocketAddr, Arc<AtomicUsize>) {
+pub(crate) async fn websocket_echo() -> (SocketAddr, Arc<AtomicUsize>) {
     let listener = TcpListener::bind(any_port()).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let accepted = Arc::new(AtomicUsize::new(0));
@@ -139,7 +139,7 @@ async fn an_upgrade_refused_by_the_endpoint_is_an_ordinary_response() {
 }
 
 /// A TCP echo server.
-async fn tcp_echo() -> SocketAddr {
+pub(crate) async fn tcp_echo() -> SocketAddr {
     let listener = TcpListener::bind(any_port()).await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {

@@ -98,7 +98,7 @@ impl Drop for Pki {
     }
 }
 
-fn make_ca(name: &str) -> (rcgen::Certificate, KeyPair) {
+pub(crate) fn make_ca(name: &str) -> (rcgen::Certificate, KeyPair) {
     let key = KeyPair::generate().unwrap();
     let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -451,17 +451,25 @@ async fn plain_cluster_to_a_tls_backend_is_a_502() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_listener_tls_change_is_refused_by_reload() {
+async fn a_listener_tls_change_applies_by_reload_on_the_same_socket() {
     let pki = Pki::generate("reload");
     let (backend_addr, _) = backend(None).await;
     let proxy = keel_proxy::start(config(backend_addr, &listener_tls(&pki, ""), ""))
         .await
         .unwrap();
-    let e = proxy.reload(config(backend_addr, "", "")).unwrap_err();
-    assert!(e.to_string().contains("TLS"), "{e}");
+    let addr = proxy.listener_addrs()[0];
+    let (_, alpn) = tls_connect(&pki, addr, &[b"http/1.1"]).await;
+    assert_eq!(alpn.as_deref(), Some(&b"http/1.1"[..]));
+    // TLS off: the same address now speaks plain HTTP to new connections.
+    proxy.reload(config(backend_addr, "", "")).unwrap();
+    assert_eq!(proxy.listener_addrs(), vec![addr]);
+    assert_eq!(get_plain(addr).await, (StatusCode::OK, "ok".to_string()));
+    // And on again.
     proxy
         .reload(config(backend_addr, &listener_tls(&pki, ""), ""))
         .unwrap();
+    let (_, alpn) = tls_connect(&pki, addr, &[b"http/1.1"]).await;
+    assert_eq!(alpn.as_deref(), Some(&b"http/1.1"[..]));
     proxy.shutdown(Duration::from_secs(1)).await;
 }
 

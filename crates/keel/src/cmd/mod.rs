@@ -7,6 +7,7 @@ pub mod distribute;
 pub mod lab;
 pub mod proxy;
 pub mod simulate;
+mod upgrade;
 
 use std::process::ExitCode;
 

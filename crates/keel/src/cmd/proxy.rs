@@ -2,8 +2,9 @@
 //!
 //! Signals: SIGTERM or SIGINT drain and stop (a second one stops at once); SIGHUP reloads the
 //! file (an invalid file is refused with a logged error and the old configuration keeps
-//! serving); SIGUSR1 reopens the access log (after logrotate moved it). The admin listener's
-//! `POST /reload` does the same as SIGHUP.
+//! serving); SIGUSR1 reopens the access log (after logrotate moved it); SIGUSR2 replaces the
+//! process with the binary now at its path, handing over the listening sockets (see
+//! `upgrade.rs`). The admin listener's `POST /reload` does the same as SIGHUP.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -27,6 +28,10 @@ pub struct Args {
     /// Log filter in RUST_LOG syntax (RUST_LOG, when set, wins).
     #[arg(long, default_value = "info", value_name = "FILTER")]
     pub log: String,
+    /// Write the process ID to this file once serving (a binary upgrade rewrites it with the
+    /// new process's; removed at exit if it still names this process).
+    #[arg(long, value_name = "FILE")]
+    pub pid_file: Option<PathBuf>,
 }
 
 fn summary(config: &ProxyConfig) -> String {
@@ -118,19 +123,48 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let workers = if workers == 1 { 0 } else { workers };
-    runtime.block_on(serve(config, args.config, workers))
+    // Captured now: after an upgrade replaced the file, this names the new binary, while
+    // /proc/self/exe would name the deleted old one.
+    let exe = std::env::current_exe()?;
+    let result = runtime.block_on(serve(
+        config,
+        args.config,
+        workers,
+        exe,
+        args.pid_file.as_ref(),
+    ));
+    if let Some(p) = &args.pid_file {
+        if std::fs::read_to_string(p).is_ok_and(|s| s.trim() == std::process::id().to_string()) {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+    result
 }
 
-async fn serve(config: ProxyConfig, path: PathBuf, workers: usize) -> anyhow::Result<()> {
+async fn serve(
+    config: ProxyConfig,
+    path: PathBuf,
+    workers: usize,
+    exe: PathBuf,
+    pid_file: Option<&PathBuf>,
+) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
     let mut usr1 = signal(SignalKind::user_defined1())?;
+    let mut usr2 = signal(SignalKind::user_defined2())?;
 
     let drain = config.drain_timeout;
     let listeners = config.listeners.clone();
-    let proxy = keel_proxy::start_with_workers(config, workers).await?;
+    let inherited = super::upgrade::inherited()?;
+    let proxy =
+        keel_proxy::start_with(config, keel_proxy::StartOptions { workers, inherited }).await?;
+    if let Some(p) = pid_file {
+        std::fs::write(p, format!("{}\n", std::process::id()))
+            .map_err(|e| anyhow::anyhow!("cannot write the PID file {}: {e}", p.display()))?;
+    }
+    super::upgrade::signal_ready();
     {
         // One line per listener on stdout, for people and for scripts that start the proxy on
         // ephemeral ports.
@@ -167,6 +201,16 @@ async fn serve(config: ProxyConfig, path: PathBuf, workers: usize) -> anyhow::Re
                 tracing::info!("SIGUSR1: reopening the access log");
                 proxy.reopen_access_log();
             }
+            _ = usr2.recv() => {
+                tracing::info!(binary = %exe.display(), "SIGUSR2: starting the new binary with this one's listening sockets");
+                match super::upgrade::start_successor(exe.clone(), proxy.listening_fds()).await {
+                    Ok(pid) => {
+                        tracing::info!("upgrade: PID {pid} serves; this process drains and exits");
+                        break;
+                    }
+                    Err(e) => tracing::error!("upgrade failed: {e:#}"),
+                }
+            }
         }
     }
     tracing::info!(
@@ -174,7 +218,7 @@ async fn serve(config: ProxyConfig, path: PathBuf, workers: usize) -> anyhow::Re
         humantime::format_duration(drain)
     );
     tokio::select! {
-        _ = proxy.shutdown(drain) => tracing::info!("stopped"),
+        drained = proxy.shutdown(drain) => tracing::info!(cut = drained.total(), "stopped"),
         _ = term.recv() => tracing::warn!("second signal: stopping at once"),
         _ = int.recv() => tracing::warn!("second signal: stopping at once"),
     }
