@@ -71,8 +71,8 @@ fn e8_rows_carry_load_latency_and_extra_calls() {
         jsq.latency_ms,
         random.latency_ms
     );
-    // Client-side prequal reads the servers' own load: p99 286 ms in the full run against
-    // random's 2 s timeout and peak-EWMA's 690 ms, and no failure.
+    // Client-side prequal reads the servers' own load: p99 119 ms in the full run against
+    // random's 2 s timeout and peak-EWMA's 753 ms, and no failure.
     let pq = find(&rs, "prequal", "client-side", false);
     assert!(pq.success > 0.999, "{}", pq.success);
     assert!(
@@ -135,8 +135,72 @@ fn e9_least_request_and_prequal_react_least_time_is_sluggish_round_robin_never()
     assert!(lt.back_ms.is_none_or(|b| b > 10_000.0), "{lt:?}");
     assert!(lt.share_after < 0.06, "{lt:?}");
     // Client-side prequal: the slowed server's own reports show the step (200 ms in the full
-    // run), and its estimate ages out within a second once it is fast again (back in 1.2 s).
+    // run), and its estimate ages out within a second once it is fast again (back in 0.9 s).
     assert!(pq.down_ms.unwrap() <= 1000.0, "{pq:?}");
     assert!(pq.back_ms.unwrap() <= 3000.0, "{pq:?}");
     assert!(pq.share_during < 0.03, "{pq:?}");
+}
+
+/// Issue 23's off-preset case (`scenarios/prequal-off-preset.toml`: 100 clients, 20 FIFO
+/// servers of which 4 run 3x slower, exponential 10 ms, load 0.85), at a fifth of its size.
+/// With the paper's reuse budget (16 on 20 servers) prequal's p99 was 7.2 s against client-side
+/// least-request's 2.8 s (full run); a report serving one pick gives 0.23 s. The margins are
+/// wide: prequal at most half of least-request's p99, and below the 0.9 s an independent
+/// naive prober (3 fresh probes per query) gets.
+#[test]
+fn prequal_beats_client_side_least_request_off_the_preset() {
+    let text = include_str!("../../../scenarios/prequal-off-preset.toml");
+    let mut base = sim::Scenario::from_toml_str(text, "prequal-off-preset.toml").unwrap();
+    base.requests = 30_000;
+    base.replications = 2;
+    let mut lr = base.clone();
+    lr.clusters[0].balancer.strategy = keel_balance::StrategyKind::LeastRequest;
+    let rs = run(vec![base, lr]);
+    let (pq, lr) = (&rs[0], &rs[1]);
+    assert_eq!(
+        (pq.strategy.as_str(), lr.strategy.as_str()),
+        ("prequal", "least-request")
+    );
+    assert!(
+        pq.latency_ms.p99 < 0.5 * lr.latency_ms.p99 && pq.latency_ms.p99 < 900.0,
+        "prequal {:?} vs least-request {:?}",
+        pq.latency_ms,
+        lr.latency_ms
+    );
+}
+
+/// E8 at load 0.95, where prequal collapsed in both placements (success 0.956 client-side and
+/// 0.987 server-side, p99 at the 2 s timeout, with the reuse budget of 3): now no failure in
+/// either, and server-side no worse than server-side least-request's p99 (a 1.2x margin).
+#[test]
+fn prequal_holds_at_load_095_in_both_placements() {
+    let mut rows = presets::tail().scaled_down(5).rows;
+    rows.retain(|r| {
+        let s = r.clusters[0].balancer.strategy.name();
+        r.label.starts_with("load 0.95")
+            && r.hedge.is_none()
+            && (s == "prequal" || (s == "least-request" && r.label.contains("server-side")))
+    });
+    for r in &mut rows {
+        r.replications = 2;
+    }
+    assert_eq!(rows.len(), 3);
+    let rs = run(rows);
+    let lr = find(&rs, "least-request", "server-side", false);
+    for placement in ["client-side", "server-side"] {
+        let pq = find(&rs, "prequal", placement, false);
+        assert!(pq.success > 0.999, "{placement}: {}", pq.success);
+        assert!(
+            pq.latency_ms.p99 < 1000.0,
+            "{placement}: {:?}",
+            pq.latency_ms
+        );
+    }
+    let pq = find(&rs, "prequal", "server-side", false);
+    assert!(
+        pq.latency_ms.p99 <= 1.2 * lr.latency_ms.p99,
+        "{:?} vs {:?}",
+        pq.latency_ms,
+        lr.latency_ms
+    );
 }

@@ -10,9 +10,11 @@
 //!
 //! Options, with the paper's defaults where it gives them: `probes_per_pick` (r_probe, 3),
 //! `pool_size` (16), `max_probe_age` (1 s), `removes_per_pick` (r_remove, 1), `q_rif` (Q_RIF,
-//! 0.84); the reuse budget follows the paper's formula. keel's addition: after a failed call
-//! the endpoint's reports are dropped and ignored for `failure_penalty` (1 s), so that a server
-//! that fails fast (few in flight, quick answers: the black hole's bait) does not attract calls.
+//! 0.84). Where keel departs from the paper: a report serves **one** pick, then leaves the pool
+//! (the paper reuses a report up to a budget, b = (1 + delta) / ((1 - m/n) r_probe - r_remove);
+//! see [`Pool::pick`] for why that herds); and after a failed call the endpoint's reports are
+//! dropped and ignored for `failure_penalty` (1 s), so that a server that fails fast (few in
+//! flight, quick answers: the black hole's bait) does not attract calls.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -60,37 +62,18 @@ struct Entry {
     in_flight: u32,
     latency_ns: u64,
     received: u64,
-    uses_left: u32,
 }
 
 /// The reports a balancer holds (at most `pool_size`, the newest per endpoint).
 #[derive(Debug)]
 struct Pool {
     entries: Vec<Entry>,
-    /// Picks each report may serve (the paper's reuse budget).
-    reuse: u32,
-}
-
-/// The paper's reuse budget: enough uses per report that the pool stays filled when each pick
-/// adds `r_probe` reports, a share `pool / n` of which replace a pooled one, and removes
-/// `r_remove`: b = (1 + delta) / ((1 - pool / n) r_probe - r_remove), delta = 1, at least 1;
-/// when reports cannot keep the pool filled that way (a pool as large as the cluster), the
-/// pool's age limit bounds reuse instead (16 at most).
-fn reuse_budget(s: &Settings, endpoints: usize) -> u32 {
-    let n = endpoints.max(1) as f64;
-    let inflow = (1.0 - (s.pool_size as f64 / n).min(1.0)) * f64::from(s.probes_per_pick)
-        - f64::from(s.removes_per_pick);
-    if inflow <= 0.0 {
-        return 16;
-    }
-    ((2.0 / inflow).ceil() as u32).clamp(1, 16)
 }
 
 impl Pool {
-    fn new(size: usize, reuse: u32) -> Self {
+    fn new(size: usize) -> Self {
         Self {
             entries: Vec::with_capacity(size),
-            reuse,
         }
     }
 
@@ -102,7 +85,6 @@ impl Pool {
             in_flight: r.in_flight,
             latency_ns: nanos(r.latency),
             received: now,
-            uses_left: self.reuse,
         };
         if let Some(old) = self.entries.iter_mut().find(|x| x.index == index) {
             *old = e;
@@ -146,9 +128,18 @@ impl Pool {
     }
 
     /// The hot-cold rule: among usable reports whose RIF is at or below the pool's `q` quantile
-    /// (cold), the lowest latency (then the lowest RIF); if none is cold, the lowest RIF. The
-    /// chosen report's RIF goes up by one (this pick is one more in flight there) and it loses
-    /// one use. Returns the endpoint index.
+    /// (cold), the lowest latency (then the lowest RIF); if none is cold, the lowest RIF.
+    /// Returns the endpoint index.
+    ///
+    /// The chosen report leaves the pool: it describes its server *before* this pick, and
+    /// nothing in it can say what the pick did there. Reused (the paper's budget), it kept its
+    /// latency, which is what the rule ranks cold reports by, and kept winning: the budget's
+    /// picks went to one server in a burst, however much work the earlier ones had queued
+    /// there, and from a balancer that picks a few times a second they went on a report
+    /// hundreds of service times old. Reuse budgets of 3 (40 servers) and 16 (20 servers: the
+    /// formula has no positive denominator when the pool is 2/3 of the cluster or more) made
+    /// prequal lose to plain power of two choices (docs/tail-latency.md, "Why one pick per
+    /// report").
     fn pick(&mut self, q: f64, usable: impl Fn(usize) -> bool) -> Option<usize> {
         let t = self.threshold(q)?;
         let mut best: Option<usize> = None;
@@ -176,14 +167,7 @@ impl Pool {
             }
         }
         let i = best?;
-        let e = &mut self.entries[i];
-        let index = e.index;
-        e.in_flight = e.in_flight.saturating_add(1);
-        e.uses_left = e.uses_left.saturating_sub(1);
-        if e.uses_left == 0 {
-            self.entries.swap_remove(i);
-        }
-        Some(index)
+        Some(self.entries.swap_remove(i).index)
     }
 
     /// Removes the worst report: the hottest (highest RIF above the quantile), or if none is
@@ -223,9 +207,8 @@ pub(crate) struct Prequal {
 impl Prequal {
     pub(crate) fn new(o: &StrategyOptions, endpoints: usize) -> Self {
         let settings = Settings::new(o);
-        let reuse = reuse_budget(&settings, endpoints);
         Self {
-            pool: Mutex::new(Pool::new(settings.pool_size, reuse)),
+            pool: Mutex::new(Pool::new(settings.pool_size)),
             penalized_until: (0..endpoints).map(|_| AtomicU64::new(0)).collect(),
             settings,
         }
@@ -345,13 +328,9 @@ mod tests {
         }
     }
 
-    fn settings() -> Settings {
-        Settings::new(&StrategyOptions::default())
-    }
-
     #[test]
     fn hot_cold_rule_prefers_cold_low_latency_then_low_rif() {
-        let mut p = Pool::new(16, 3);
+        let mut p = Pool::new(16);
         let now = 0;
         p.insert(16, 0, rep(10, 1), now); // hot, fastest
         p.insert(16, 1, rep(2, 50), now);
@@ -359,11 +338,11 @@ mod tests {
         p.insert(16, 3, rep(1, 30), now);
         // q = 0.75 of RIFs {1, 2, 3, 10}: rank 3 = 3, so 10 is hot; among cold, 20 ms.
         assert_eq!(p.pick(0.75, |_| true), Some(2));
-        // Its RIF went up to 4; the threshold over {1, 2, 4, 10} is 4: 10 is still hot, and
-        // without endpoint 2 the fastest cold one is 3 (30 ms).
-        assert_eq!(p.pick(0.75, |i| i != 2), Some(3));
+        // Its report is gone; over {1, 2, 10} rank 3 is 10: nothing is hot, and the fastest
+        // report without endpoint 0 is 3 (30 ms).
+        assert_eq!(p.pick(0.75, |i| i != 0), Some(3));
         // Threshold at q -> 0 is the smallest RIF, 4: both 4s are cold; 60 ms wins.
-        let mut h = Pool::new(16, 3);
+        let mut h = Pool::new(16);
         h.insert(16, 0, rep(9, 1), now);
         h.insert(16, 1, rep(4, 80), now);
         h.insert(16, 2, rep(4, 60), now);
@@ -372,13 +351,35 @@ mod tests {
         assert_eq!(h.pick(0.01, |i| i == 0), Some(0));
     }
 
+    /// The fix of issue 23: a report serves one pick. With the paper's reuse budget (3 for a
+    /// pool of 16 on 40 endpoints) the best report kept its latency and won again: three picks
+    /// in a row went to endpoint 0 however much the first two had queued there.
     #[test]
-    fn reports_are_reused_then_dropped_and_age_out() {
-        let mut p = Pool::new(2, 2);
+    fn a_report_serves_one_pick_then_leaves_the_pool() {
+        let o = StrategyOptions {
+            removes_per_pick: 0,
+            ..StrategyOptions::default()
+        };
+        let b = Bench::new(&[1; 40]);
+        let p = Prequal::new(&o, 40);
+        for (i, lat) in [(0, 10), (1, 20), (2, 30)] {
+            p.observe(&b.view(0), i, &Observation::Load(rep(0, lat)));
+        }
+        let picks: Vec<_> = (1..=3).map(|t| p.pick(&b.view(t), None)).collect();
+        assert_eq!(
+            picks,
+            [Some(0), Some(1), Some(2)],
+            "each report once, best first"
+        );
+        assert!(p.pool().entries.is_empty());
+    }
+
+    #[test]
+    fn reports_are_the_newest_per_endpoint_and_age_out() {
+        let mut p = Pool::new(2);
         p.insert(2, 7, rep(0, 10), 0);
         assert_eq!(p.pick(0.84, |_| true), Some(7));
-        assert_eq!(p.pick(0.84, |_| true), Some(7));
-        assert_eq!(p.pick(0.84, |_| true), None, "two uses, then gone");
+        assert_eq!(p.pick(0.84, |_| true), None, "used once, then gone");
         // The newest report per endpoint; a full pool drops its oldest.
         p.insert(2, 1, rep(0, 10), 1);
         p.insert(2, 1, rep(5, 10), 2);
@@ -391,7 +392,7 @@ mod tests {
 
     #[test]
     fn worst_report_is_the_hottest_else_the_slowest() {
-        let mut p = Pool::new(16, 3);
+        let mut p = Pool::new(16);
         for (i, (rif, lat)) in [(1, 10), (2, 90), (30, 5), (3, 20)].into_iter().enumerate() {
             p.insert(16, i, rep(rif, lat), 0);
         }
@@ -402,18 +403,13 @@ mod tests {
     }
 
     #[test]
-    fn reuse_budget_follows_the_papers_formula() {
-        let s = settings();
+    fn defaults_are_the_papers() {
+        let s = Settings::new(&StrategyOptions::default());
         assert_eq!(
-            (s.probes_per_pick, s.pool_size, s.removes_per_pick),
-            (3, 16, 1)
+            (s.probes_per_pick, s.pool_size, s.removes_per_pick, s.q_rif),
+            (3, 16, 1, 0.84)
         );
-        // n = 40: (1 - 0.4) x 3 - 1 = 0.8; 2 / 0.8 = 2.5 -> 3.
-        assert_eq!(reuse_budget(&s, 40), 3);
-        // n = 1000: 2.952 - 1 = 1.952 -> 2 / 1.952 -> 2.
-        assert_eq!(reuse_budget(&s, 1000), 2);
-        // A pool as large as the cluster: the age bounds reuse.
-        assert_eq!(reuse_budget(&s, 10), 16);
+        assert_eq!(s.max_age_ns, 1_000_000_000);
     }
 
     #[test]
