@@ -8,10 +8,11 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use crate::config::{check_endpoints, BalancerConfig};
-use crate::endpoint::{nanos, Endpoint, EndpointId, EndpointSpec, EndpointStatus};
+use crate::endpoint::{Endpoint, EndpointId, EndpointSpec, EndpointStatus};
 use crate::load::LoadReport;
 use crate::rng::SharedRng;
 use crate::strategy::{self, Observation, Strategy, View};
+use crate::time::nanos;
 
 /// What a call to an endpoint came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]

@@ -5,6 +5,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::outlier::OutlierState;
+use crate::time::nanos;
 
 /// What a user configures for one endpoint: where it is and its relative weight.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
@@ -44,11 +45,6 @@ impl EndpointSpec {
 pub struct EndpointId(pub u64);
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-/// Nanoseconds since the driver's epoch. `0` stands for "never" in the fields below.
-pub(crate) fn nanos(t: Duration) -> u64 {
-    t.as_nanos().min(u64::MAX as u128) as u64
-}
 
 /// One endpoint and the live state that the balancer keeps for it. Shared (`Arc`) between the
 /// balancer's snapshots, so that counters, latency estimates and ejections survive a rebuild.

@@ -31,6 +31,7 @@ mod balancer;
 mod config;
 pub mod duration_serde;
 mod endpoint;
+mod field;
 mod hash;
 pub mod hedge;
 mod load;
@@ -39,13 +40,12 @@ mod retry_budget;
 mod rng;
 mod slow_start;
 mod strategy;
+mod time;
 
 pub use balancer::{Balancer, BuildError, Outcome, Pick, PickContext};
-pub use config::{
-    BalancerConfig, FieldPath, InvalidField, PathSegment, Problem, StrategyKind, StrategyOptions,
-    TieBreak, UnknownStrategy,
-};
+pub use config::{BalancerConfig, StrategyKind, StrategyOptions, TieBreak, UnknownStrategy};
 pub use endpoint::{Endpoint, EndpointId, EndpointSpec, EndpointStatus};
+pub use field::{FieldPath, InvalidField, PathSegment, Problem};
 pub use hash::hash_key;
 pub use hedge::{HedgeConfig, HedgeDelay, Hedger};
 pub use load::{

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use crate::endpoint::nanos;
+use crate::time::nanos;
 
 /// Response header carrying the server's requests in flight (a decimal integer), as Envoy's
 /// ORCA carries server-reported load.

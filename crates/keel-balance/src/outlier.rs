@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{FieldPath, InvalidField, Problem};
+use crate::field::{FieldPath, InvalidField, Problem};
 
 /// Outlier detection settings. Every field has a default, so `OutlierConfig::default()` is a
 /// working detector.
@@ -146,7 +146,7 @@ pub(crate) struct OutlierState {
 impl OutlierState {
     /// Records an outcome; returns true when a rule says "eject".
     pub(crate) fn record(&mut self, cfg: &OutlierConfig, failed: bool, now: u64) -> bool {
-        let interval = crate::endpoint::nanos(cfg.interval);
+        let interval = crate::time::nanos(cfg.interval);
         if now.saturating_sub(self.window_start) >= interval {
             self.window_start = now;
             self.window_requests = 0;
@@ -171,7 +171,7 @@ impl OutlierState {
 
     /// Starts an ejection at `now`; returns the instant it ends.
     pub(crate) fn eject(&mut self, cfg: &OutlierConfig, now: u64) -> u64 {
-        let interval = crate::endpoint::nanos(cfg.interval).max(1);
+        let interval = crate::time::nanos(cfg.interval).max(1);
         if self.ejections > 0 && now > self.last_ejection_end {
             let healthy_intervals = (now - self.last_ejection_end) / interval;
             self.ejections = self
@@ -180,8 +180,8 @@ impl OutlierState {
         }
         self.ejections = self.ejections.saturating_add(1);
         self.ejections_total += 1;
-        let base = crate::endpoint::nanos(cfg.base_ejection_time);
-        let max = crate::endpoint::nanos(cfg.max_ejection_time);
+        let base = crate::time::nanos(cfg.base_ejection_time);
+        let max = crate::time::nanos(cfg.max_ejection_time);
         let duration = base.saturating_mul(self.ejections as u64).min(max);
         self.consecutive = 0;
         self.window_start = now;

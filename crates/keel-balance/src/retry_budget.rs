@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{InvalidField, Problem};
-use crate::endpoint::nanos;
+use crate::field::{InvalidField, Problem};
+use crate::time::nanos;
 
 /// Retry budget settings.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]

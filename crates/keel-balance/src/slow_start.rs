@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{InvalidField, Problem};
+use crate::field::{InvalidField, Problem};
 
 /// Slow start settings.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -56,7 +56,7 @@ impl SlowStartConfig {
 
     /// The weight factor in (0, 1] for an endpoint whose ramp began at `since` (nanoseconds).
     pub(crate) fn factor(&self, since: u64, now: u64) -> f64 {
-        let window = crate::endpoint::nanos(self.window);
+        let window = crate::time::nanos(self.window);
         let elapsed = now.saturating_sub(since);
         if elapsed >= window {
             return 1.0;

@@ -5,8 +5,9 @@ use std::sync::{Arc, Mutex};
 
 use super::{Observation, Strategy, View, RANDOM_TRIES};
 use crate::config::{StrategyOptions, TieBreak};
-use crate::endpoint::{nanos, Endpoint};
+use crate::endpoint::Endpoint;
 use crate::rng::{below, mix64};
+use crate::time::nanos;
 
 /// The lowest EWMA of observed response times. With the random tie-break, every endpoint whose
 /// estimate is within `tolerance` of the lowest counts as equally fast, and they share the picks

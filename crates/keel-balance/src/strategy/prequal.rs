@@ -20,16 +20,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use super::{Observation, Strategy, View, RANDOM_TRIES};
-use crate::config::StrategyOptions;
-use crate::endpoint::{nanos, EndpointId};
+use crate::config::{StrategyOptions, MAX_POOL};
+use crate::endpoint::EndpointId;
 use crate::load::LoadReport;
+use crate::time::nanos;
 use crate::Outcome;
-
-/// Most reports a pool may hold (`pool_size`'s upper bound).
-pub(crate) const MAX_POOL: usize = 64;
-
-/// Most probes per pick and removals per pick (`probes_per_pick`, `removes_per_pick`).
-pub(crate) const MAX_PER_PICK: u32 = 16;
 
 /// Prequal's settings, from [`StrategyOptions`].
 #[derive(Debug, Clone, PartialEq)]

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use super::weights::WeightLine;
 use super::{Observation, Strategy, View, RANDOM_TRIES};
 use crate::config::StrategyOptions;
-use crate::endpoint::{nanos, Endpoint, LatencyEstimate};
+use crate::endpoint::{Endpoint, LatencyEstimate};
 use crate::rng::mix64;
+use crate::time::nanos;
 use crate::Outcome;
 
 /// Most candidates a pick compares (`choices` above this count as this).
