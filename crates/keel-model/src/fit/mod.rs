@@ -358,8 +358,9 @@ pub fn fit_log(log: &Log, opts: &FitOptions) -> Result<FittedModel, FitError> {
     }
     if log.multi_try_lines > 0 {
         notes.push(format!(
-            "{} requests with several tries left out of the per-endpoint fit (today's log names only the last try's endpoint; the `tries` field records every try)",
-            log.multi_try_lines
+            "{} requests with several tries left out of the per-endpoint fit (today's log names only the last try's endpoint; the `tries` field records every try); their earlier tries failed somewhere, so the failure shares are biased low by up to {:.2} points",
+            log.multi_try_lines,
+            log.multi_try_lines as f64 / (log.tries.len() as u64 + log.multi_try_lines).max(1) as f64 * 100.0
         ));
     }
 

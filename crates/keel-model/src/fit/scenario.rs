@@ -295,11 +295,13 @@ pub fn scenario_toml(model: &FittedModel, sc: &Scenario, source: &str) -> String
             if let Some(cf) = &fit.capacity {
                 let _ = writeln!(
                     t,
-                    "# latency rises with calls in flight: {:.2} ms alone, {:.2} ms at {} (Little's law: about {} at once)",
+                    "# latency rises with calls in flight: {:.2} ms up to {} at once, {:.2} ms at {}; so it serves\n# {} at once, at most {:.0} calls/s by Little's law",
                     cf.service_ms,
+                    cf.concurrency,
                     cf.levels.last().map_or(0.0, |x| x.2),
                     cf.levels.last().map_or(0, |x| x.0),
-                    cf.concurrency
+                    cf.concurrency,
+                    f64::from(cf.concurrency) / cf.service_ms * 1e3
                 );
             }
             let _ = writeln!(t, "capacity = {{ concurrency = {} }}", cap.concurrency);

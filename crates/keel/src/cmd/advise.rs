@@ -225,7 +225,7 @@ pub(crate) fn family(l: &keel_model::Latency) -> String {
 
 fn rate(r: &fit::Rate) -> String {
     if r.count == 0 {
-        return format!("0 [0, {:.2}]", r.ci95[1] * 100.0);
+        return format!("0 [0, {:.3}]", r.ci95[1] * 100.0);
     }
     format!(
         "{:.2} [{:.2}, {:.2}]",
