@@ -101,7 +101,8 @@ async fn unary_calls_succeed_with_one_of_three_endpoints_unavailable() {
     let (c, calls_c) = server(false).await;
     let proxy = keel_proxy::start(config(
         &[a, down, c],
-        "[cluster.retry]\nattempts = 2\nmin_retries_per_second = 100\n",
+        // Retries alone (outlier detection would eject the endpoint after 5 failures).
+        "outlier_detection = false\n[cluster.retry]\nattempts = 2\nmin_retries_per_second = 100\n",
     ))
     .await
     .unwrap();
@@ -127,6 +128,43 @@ async fn unary_calls_succeed_with_one_of_three_endpoints_unavailable() {
     assert_eq!(status[1].failures as usize, met, "{status:?}");
     assert_eq!(status[1].successes, 0, "{status:?}");
     assert_eq!(status[0].successes + status[2].successes, 60, "{status:?}");
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn a_bare_config_loses_no_call_to_one_unavailable_endpoint_of_three() {
+    // What a user writes first: endpoints and `attempts = 2`, nothing else. The protections
+    // that are on by default (outlier detection, the retry budget) must keep every call.
+    let (a, _) = server(false).await;
+    let (down, calls_down) = server(true).await;
+    let (c, _) = server(false).await;
+    let text = format!(
+        "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"grpc\"\n\n[[cluster]]\nname = \"grpc\"\nprotocol = \"h2c\"\nendpoints = [{{ address = \"{a}\" }}, {{ address = \"{down}\" }}, {{ address = \"{c}\" }}]\n[cluster.retry]\nattempts = 2\n"
+    );
+    let proxy =
+        keel_proxy::start(keel_proxy::ProxyConfig::from_toml_str(&text, "bare.toml").unwrap())
+            .await
+            .unwrap();
+    let mut health = client(&proxy).await;
+    let mut failed = 0;
+    for _ in 0..150 {
+        let ok = health
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .is_ok_and(|r| r.get_ref().status == ServingStatus::Serving as i32);
+        failed += usize::from(!ok);
+    }
+    assert_eq!(failed, 0, "of 150 sequential calls");
+    // Ejected after its 5th failure in a row (and not back within the 30 s ejection).
+    let met = calls_down.load(Ordering::SeqCst);
+    assert!(
+        (5..=6).contains(&met),
+        "the unavailable endpoint got {met} calls"
+    );
+    let status = proxy.cluster_status("grpc").unwrap();
+    assert!(status[1].ejected_until.is_some(), "{status:?}");
     proxy.shutdown(Duration::from_secs(1)).await;
 }
 

@@ -26,7 +26,8 @@ pub const SUCCESS_RESOLUTION: f64 = 1e-4;
 pub enum Protections {
     /// No retry, no outlier detection, no health checks (`[cluster.retry] attempts = 0`).
     None,
-    /// What keel proxy does with no protection table: one retry within the budget.
+    /// What keel proxy does with no protection table: outlier detection with keel-balance's
+    /// defaults and one retry within the budget.
     Defaults,
     /// Outlier detection (keel-balance's defaults), two retries, health checks every 5 s.
     Protected,
@@ -39,7 +40,7 @@ impl Protections {
     pub fn label(self) -> &'static str {
         match self {
             Protections::None => "none",
-            Protections::Defaults => "keel defaults (retry 1)",
+            Protections::Defaults => "keel defaults (outlier, retry 1)",
             Protections::Protected => "outlier + retry 2 + health",
             Protections::Running => "as configured",
         }
@@ -143,7 +144,10 @@ fn default_health() -> HealthCheckConfig {
 fn with_protections(mut sc: Scenario, p: Protections) -> Scenario {
     match p {
         Protections::None | Protections::Running => {}
-        Protections::Defaults => sc.retry = retry(1, RetryBudgetConfig::default()),
+        Protections::Defaults => {
+            sc.retry = retry(1, RetryBudgetConfig::default());
+            sc.clusters[0].balancer.outlier_detection = Some(OutlierConfig::default());
+        }
         Protections::Protected => {
             sc.retry = retry(2, RetryBudgetConfig::default());
             sc.health_check = Some(default_health());

@@ -118,8 +118,13 @@ pub struct ClusterConfig {
     /// Seed of the balancer's random choices. Default keel-balance's fixed seed.
     #[serde(default)]
     pub seed: Option<u64>,
-    /// Passive outlier detection (`[cluster.outlier_detection]`); off unless present.
-    #[serde(default)]
+    /// Passive outlier detection (`[cluster.outlier_detection]`): on by default with
+    /// keel-balance's defaults (5 failures in a row eject for 30 s, at most 10 % of the
+    /// endpoints and at least one); `outlier_detection = false` turns it off.
+    #[serde(
+        default = "default_outlier_detection",
+        deserialize_with = "outlier_toggle"
+    )]
     pub outlier_detection: Option<OutlierConfig>,
     /// Slow start (`[cluster.slow_start]`); off unless present.
     #[serde(default)]
@@ -327,6 +332,30 @@ pub struct RetryConfig {
         with = "keel_balance::duration_serde"
     )]
     pub budget_window: Duration,
+}
+
+fn default_outlier_detection() -> Option<OutlierConfig> {
+    Some(OutlierConfig::default())
+}
+
+/// `outlier_detection = false | true | { table }`; a table's own errors keep their key and line.
+fn outlier_toggle<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<OutlierConfig>, D::Error> {
+    struct Toggle;
+    impl<'de> serde::de::Visitor<'de> for Toggle {
+        type Value = Option<OutlierConfig>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("`false`, `true` or a table of outlier-detection settings")
+        }
+        fn visit_bool<E>(self, on: bool) -> Result<Self::Value, E> {
+            Ok(on.then(OutlierConfig::default))
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            OutlierConfig::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Some)
+        }
+    }
+    d.deserialize_any(Toggle)
 }
 
 fn default_attempts() -> u32 {
@@ -791,7 +820,7 @@ impl ClusterConfig {
             bounded_load: options.bounded_load,
             panic_threshold: default_panic_threshold(),
             seed: None,
-            outlier_detection: None,
+            outlier_detection: default_outlier_detection(),
             slow_start: None,
             hash_on: None,
             connect_timeout: default_connect_timeout(),

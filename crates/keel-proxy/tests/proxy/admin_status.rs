@@ -28,7 +28,7 @@ async fn status_shows_the_last_minute_per_cluster_and_endpoint() {
     let proxy = keel_proxy::start(simple_config(
         &addrs,
         "round-robin",
-        "[cluster.retry]\nattempts = 0\n",
+        "outlier_detection = false\n[cluster.retry]\nattempts = 0\n",
     ))
     .await
     .unwrap();

@@ -900,7 +900,8 @@ fn assert_round_trip(spec: &ConfigSpec, c: &ProxyConfig) {
             (got, want) => panic!("health_check {got:?}, wrote {want:?}"),
         }
         match (&c.outlier_detection, &s.outlier) {
-            (None, None) => {}
+            // No table: on, with keel-balance's defaults.
+            (Some(o), None) => assert_eq!(*o, keel_balance::OutlierConfig::default()),
             (Some(o), Some(w)) => {
                 assert_eq!(o.consecutive_failures, w.consecutive_failures);
                 assert_eq!(o.interval, d(w.interval_ms));

@@ -190,7 +190,8 @@ async fn tcp_echo_with_one_endpoint_refusing_serves_every_connection() {
     let proxy = keel_proxy::start(tcp_config(
         &endpoints,
         "round-robin",
-        "[cluster.retry]\nattempts = 2\n",
+        // Retries alone: outlier detection would eject the refusing endpoint after 5.
+        "outlier_detection = false\n[cluster.retry]\nattempts = 2\n",
     ))
     .await
     .unwrap();

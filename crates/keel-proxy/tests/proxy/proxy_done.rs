@@ -76,7 +76,8 @@ async fn issue_config_keeps_999_per_mille_with_one_endpoint_failed_in_each_mode(
 fn unprotected(text: String) -> String {
     let cut = text.find("[cluster.retry]").unwrap();
     let mut t = text[..cut].replace("least-connections", "round-robin");
-    t.push_str("[cluster.retry]\nattempts = 0\n");
+    // No protection at all: outlier detection is on by default.
+    t.push_str("outlier_detection = false\n[cluster.retry]\nattempts = 0\n");
     t
 }
 
