@@ -43,6 +43,11 @@ fn check_accepts_the_example_file() {
         stdout.contains("least-connections over 5 endpoint(s)"),
         "{stdout}"
     );
+    // attempts = 2, budget_percent = 20, no hedging.
+    assert!(
+        stdout.contains("upstream tries per request: at most 3; in the long run at most 1.20"),
+        "{stdout}"
+    );
 }
 
 #[test]

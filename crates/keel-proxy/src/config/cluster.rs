@@ -182,6 +182,11 @@ pub struct ClusterConfig {
     /// report (prequal); other strategies send none.
     #[serde(default)]
     pub probe: ProbeConfig,
+    /// Most upstream tries one client request may cost (the first try, its hedges and its
+    /// retries, routes' `retry_attempts` included); a configuration whose worst case is more
+    /// is refused. Unset: no limit (the worst case is still printed by `--check`).
+    #[serde(default)]
+    pub max_amplification: Option<u32>,
 }
 
 /// `[cluster.probe]`: after each pick, a prequal balancer names `probes_per_request` random
@@ -684,6 +689,7 @@ impl ClusterConfig {
         self.retry
             .validate(self.request_timeout)
             .map_err(|e| e.under(FieldPath::key("retry")))?;
+        self.check_amplification(self.retry.attempts)?;
         if let Some(h) = &self.hedge {
             h.validate().map_err(|e| e.under(FieldPath::key("hedge")))?;
         }
@@ -834,6 +840,7 @@ impl ClusterConfig {
             tls: None,
             hedge: None,
             probe: ProbeConfig::default(),
+            max_amplification: None,
         }
     }
 
@@ -871,5 +878,71 @@ impl Default for HealthCheckConfig {
             unhealthy_threshold: default_threshold(),
             healthy_threshold: default_threshold(),
         }
+    }
+}
+
+/// How many upstream tries one client request may cost a cluster.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Amplification {
+    /// The worst case for one request: the first try, its hedges, then every retry.
+    pub worst_case: u32,
+    /// Load probes sent per pick besides (prequal's `[cluster.probe]`; small `GET`s).
+    pub probes_per_try: u32,
+    /// The long-run bound on tries per request once traffic is steady: the budgets cap
+    /// retries and hedges at their percentages of requests (plus `min_retries_per_second`,
+    /// which matters at low rates only).
+    pub long_run: f64,
+}
+
+impl ClusterConfig {
+    /// Tries per request with `attempts` retries (the cluster's, or a route's override).
+    pub fn amplification_with(&self, attempts: u32) -> Amplification {
+        let hedges = self.hedge.as_ref().map_or(0, |h| h.max);
+        let hedge_share = self
+            .hedge
+            .as_ref()
+            .map_or(0.0, |h| h.budget_percent / 100.0);
+        let retry_share = if attempts == 0 {
+            0.0
+        } else {
+            self.retry.budget_percent / 100.0
+        };
+        Amplification {
+            worst_case: 1 + hedges + attempts,
+            probes_per_try: if self.strategy == StrategyKind::Prequal {
+                self.probe.probes_per_request
+            } else {
+                0
+            },
+            long_run: 1.0 + retry_share + hedge_share,
+        }
+    }
+
+    /// [`Self::amplification_with`] the cluster's own `retry.attempts`.
+    pub fn amplification(&self) -> Amplification {
+        self.amplification_with(self.retry.attempts)
+    }
+
+    /// Refuses `attempts` retries (the cluster's, or a route's) if they break
+    /// `max_amplification`.
+    pub(crate) fn check_amplification(&self, attempts: u32) -> Result<(), InvalidField> {
+        let Some(max) = self.max_amplification else {
+            return Ok(());
+        };
+        if max == 0 {
+            return Err(crate::config::locate::none("max_amplification"));
+        }
+        let a = self.amplification_with(attempts);
+        if a.worst_case > max {
+            let hedges = a.worst_case - 1 - attempts;
+            return Err(InvalidField::at(
+                "max_amplification",
+                Problem::Invalid(format!(
+                    "a request may cost {} upstream tries (1 + {hedges} hedge(s) + {attempts} retries), more than max_amplification = {max}: lower retry.attempts or hedge.max, or raise the limit",
+                    a.worst_case
+                )),
+            ));
+        }
+        Ok(())
     }
 }

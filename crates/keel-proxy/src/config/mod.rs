@@ -28,8 +28,8 @@ pub(crate) mod route;
 mod tests;
 
 pub use cluster::{
-    ClusterConfig, HashOn, HealthCheckConfig, HealthCheckKind, ProbeConfig, ProxyProtocol,
-    RetryConfig, UpstreamProtocol, UpstreamTlsConfig, MAX_RETRY_ATTEMPTS,
+    Amplification, ClusterConfig, HashOn, HealthCheckConfig, HealthCheckKind, ProbeConfig,
+    ProxyProtocol, RetryConfig, UpstreamProtocol, UpstreamTlsConfig, MAX_RETRY_ATTEMPTS,
 };
 pub use discovery::{DiscoveryConfig, DiscoveryKind, DEFAULT_DISCOVERY_REFRESH};
 pub use listener::{
@@ -223,9 +223,20 @@ impl ProxyConfig {
                 ));
             }
             for (j, r) in l.routes.iter().enumerate() {
-                if !names.contains(&r.cluster.as_str()) {
-                    let field = at.clone().then("route").at(j).then("cluster");
-                    return Err(InvalidField::new(field, unknown(&r.cluster)));
+                let route = at.clone().then("route").at(j);
+                let Some(c) = self.clusters.iter().find(|c| c.name == r.cluster) else {
+                    return Err(InvalidField::new(
+                        route.then("cluster"),
+                        unknown(&r.cluster),
+                    ));
+                };
+                if let Some(attempts) = r.retry_attempts {
+                    c.check_amplification(attempts).map_err(|e| {
+                        InvalidField::new(
+                            route.clone().then("retry_attempts"),
+                            Problem::Invalid(format!("cluster `{}`: {}", c.name, e.problem)),
+                        )
+                    })?;
                 }
             }
             if let Some(o) = self.listeners[..i]

@@ -202,3 +202,52 @@ async fn limits_are_validated_and_changed_by_reload() {
     assert!(n > 0, "served once the others closed");
     proxy.shutdown(Duration::from_secs(1)).await;
 }
+
+#[test]
+fn max_amplification_bounds_tries_hedges_and_route_overrides() {
+    let base = |cluster_extra: &str, route: &str| {
+        format!(
+            "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n{route}\n[[cluster]]\nname = \"app\"\nendpoints = [{{ address = \"127.0.0.1:9\" }}]\n{cluster_extra}\n"
+        )
+    };
+    // 1 try + 1 hedge + 2 retries = 4.
+    let hedged =
+        "max_amplification = 4\n[cluster.retry]\nattempts = 2\n[cluster.hedge]\ndelay = \"10ms\"\n";
+    let c = ProxyConfig::from_toml_str(&base(hedged, ""), "t.toml").unwrap();
+    let a = c.clusters[0].amplification();
+    assert_eq!(a.worst_case, 4);
+    assert!((a.long_run - (1.0 + 0.20 + 0.05)).abs() < 1e-9, "{a:?}");
+    let over = hedged.replace("max_amplification = 4", "max_amplification = 3");
+    let e = ProxyConfig::from_toml_str(&base(&over, ""), "t.toml").unwrap_err();
+    assert_eq!(
+        e.key.as_deref(),
+        Some("cluster[0].max_amplification"),
+        "{e}"
+    );
+    assert_eq!(e.line, Some(8), "{e}");
+    assert!(
+        e.message
+            .contains("4 upstream tries (1 + 1 hedge(s) + 2 retries)"),
+        "{e}"
+    );
+    // A route's retry_attempts counts too, at the route's key.
+    let route =
+        "[[listener.route]]\npath_prefix = \"/api\"\ncluster = \"app\"\nretry_attempts = 5\n";
+    let e = ProxyConfig::from_toml_str(&base(hedged, route), "t.toml").unwrap_err();
+    assert_eq!(
+        e.key.as_deref(),
+        Some("listener[0].route[0].retry_attempts"),
+        "{e}"
+    );
+    assert!(
+        e.message
+            .contains("cluster `app`: a request may cost 7 upstream tries"),
+        "{e}"
+    );
+    let e = ProxyConfig::from_toml_str(&base("max_amplification = 0\n", ""), "t.toml").unwrap_err();
+    assert_eq!(
+        e.key.as_deref(),
+        Some("cluster[0].max_amplification"),
+        "{e}"
+    );
+}

@@ -56,6 +56,22 @@ fn summary(config: &ProxyConfig) -> String {
             Some(d) => format!("endpoints from {} (not resolved by --check)", d.describe()),
             None => format!("{} endpoint(s)", c.endpoints.len()),
         };
+        let a = c.amplification();
+        let worst_route = config
+            .listeners
+            .iter()
+            .flat_map(|l| &l.routes)
+            .filter(|r| r.cluster == c.name)
+            .filter_map(|r| r.retry_attempts)
+            .map(|n| c.amplification_with(n).worst_case)
+            .max()
+            .filter(|&w| w > a.worst_case);
+        let probes = if a.probes_per_try > 0 {
+            format!(" (+{} load probe(s) per try)", a.probes_per_try)
+        } else {
+            String::new()
+        };
+        let routes = worst_route.map_or(String::new(), |w| format!(", {w} through a route"));
         s.push_str(&format!(
             "  cluster {}: {} over {over}; retries {}, health check {}, outlier detection {}\n",
             c.name,
@@ -71,6 +87,13 @@ fn summary(config: &ProxyConfig) -> String {
             } else {
                 "off"
             },
+        ));
+        s.push_str(&format!(
+            "    upstream tries per request: at most {}{probes}{routes}; in the long run at most {:.2} (retry and hedge budgets){}\n",
+            a.worst_case,
+            a.long_run,
+            c.max_amplification
+                .map_or(String::new(), |m| format!("; max_amplification = {m}"))
         ));
     }
     if let Some(a) = &config.admin {
