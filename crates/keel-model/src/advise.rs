@@ -252,6 +252,10 @@ pub fn cluster_toml(model: &FittedModel, c: &Candidate) -> String {
     if b.options.tie_break == TieBreak::LowestIndex {
         let _ = writeln!(t, "tie_break = \"lowest-index\"");
     }
+    // keel proxy turns outlier detection on by default: a configuration without it says so.
+    if b.outlier_detection.is_none() {
+        let _ = writeln!(t, "outlier_detection = false");
+    }
     let timeout = humantime::format_duration(sc.timeout);
     let _ = writeln!(t, "\n[cluster.retry]");
     match &sc.retry {

@@ -299,12 +299,12 @@ fn print_table(a: &Advice, configs: u64, fitted: Duration, simulated: Duration) 
         simulated.as_secs_f64()
     );
     println!(
-        "{:>4}  {:<22} {:<28} {:<26} {:<24} {:>10}",
+        "{:>4}  {:<22} {:<33} {:<26} {:<24} {:>10}",
         "rank", "strategy", "protections", "success % [95 %]", "p99 ms [95 %]", "p99.9 ms"
     );
     for (i, r) in a.ranking.iter().enumerate() {
         println!(
-            "{:>3}{} {:<22} {:<28} {:<26} {:<24} {:>10.1}",
+            "{:>3}{} {:<22} {:<33} {:<26} {:<24} {:>10.1}",
             i + 1,
             if r.running { "*" } else { " " },
             r.strategy,
