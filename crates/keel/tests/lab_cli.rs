@@ -53,6 +53,15 @@ fn quick_lab_reproduces_e1_e2_e6_over_real_sockets() {
         );
         assert!(r["requests"].as_u64().unwrap() >= 1000);
     }
+    // What a user writes first (only endpoints; one dead of three) keeps 0.999 with keel's
+    // default protections.
+    let e6b = of("e6b");
+    assert!(e6b.len() >= 4, "E6B covers strategies x failure modes");
+    for r in e6b {
+        assert_eq!(r["protections"], "keel defaults");
+        let m = r["measured"].as_f64().unwrap();
+        assert!(m >= 0.999, "E6B {} {}: {m}", r["strategy"], r["failure_mode"]);
+    }
     // A row agrees with the model exactly when the model is inside the measured interval, and
     // a row that does not says by how many standard errors.
     for r in rows {

@@ -73,6 +73,9 @@ pub struct Protections {
     pub health_threshold: u32,
 }
 
+/// `[cluster.retry] attempts`' default in keel proxy.
+pub const DEFAULT_RETRIES: u32 = 1;
+
 /// The protections every E6 case uses.
 pub const PROTECTIONS: Protections = Protections {
     consecutive_failures: 3,
@@ -104,6 +107,19 @@ impl Protections {
     }
 }
 
+/// Which protections a case runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protection {
+    /// None at all: no retries, no outlier detection, no health checks.
+    None,
+    /// E6's: [`PROTECTIONS`].
+    Lab,
+    /// What `keel proxy` does with a cluster written with nothing but its endpoints: outlier
+    /// detection and the retry budget at their defaults, one retry, no health checks (the
+    /// request timeout scaled as every lab time is, so that a try has the case's timeout).
+    Defaults,
+}
+
 /// One experiment case.
 #[derive(Debug, Clone)]
 pub struct Case {
@@ -116,7 +132,7 @@ pub struct Case {
     /// The failed servers come first in the endpoint list (matters for lowest-index).
     pub failed_first: bool,
     /// Outlier ejection, retries with a budget, health checks.
-    pub protections: bool,
+    pub protections: Protection,
     /// How the failed servers fail, the same value for the backends and the simulated servers.
     pub failure: FailureMode,
     /// Servers in the cluster.
@@ -145,7 +161,7 @@ impl Case {
             strategy,
             tie_break: TieBreak::Random,
             failed_first: false,
-            protections: false,
+            protections: Protection::None,
             failure,
             servers: 5,
             failed: 1,
@@ -163,10 +179,19 @@ impl Case {
 
     /// `none` or the protections in force.
     pub fn protections_name(&self) -> &'static str {
-        if self.protections {
-            "outlier+retry+health"
-        } else {
-            "none"
+        match self.protections {
+            Protection::None => "none",
+            Protection::Lab => "outlier+retry+health",
+            Protection::Defaults => "keel defaults",
+        }
+    }
+
+    /// Retries per call under this case's protections.
+    pub fn retries(&self) -> u32 {
+        match self.protections {
+            Protection::None => 0,
+            Protection::Lab => PROTECTIONS.retries,
+            Protection::Defaults => DEFAULT_RETRIES,
         }
     }
 
@@ -204,9 +229,11 @@ impl Case {
         let mut cfg = BalancerConfig::new(self.strategy);
         cfg.options.tie_break = self.tie_break;
         cfg.seed = seed;
-        if self.protections {
-            cfg.outlier_detection = Some(PROTECTIONS.outlier());
-        }
+        cfg.outlier_detection = match self.protections {
+            Protection::None => None,
+            Protection::Lab => Some(PROTECTIONS.outlier()),
+            Protection::Defaults => Some(OutlierConfig::default()),
+        };
         cfg
     }
 
@@ -219,7 +246,10 @@ impl Case {
             .collect();
         let mut c = ClusterConfig::new("lab", specs).with_balancer(&self.balancer(seed));
         c.connect_timeout = Duration::from_millis(100);
-        if self.protections {
+        if self.protections == Protection::Defaults {
+            // Every retry setting at its default; only the timeout is scaled.
+            c.request_timeout = t.timeout * (DEFAULT_RETRIES + 1);
+        } else if self.protections == Protection::Lab {
             let p = &PROTECTIONS;
             // The whole request may use every try; each try has the case's timeout.
             c.request_timeout = t.timeout * (p.retries + 1);
@@ -271,11 +301,18 @@ impl Case {
                 in_flight: 1,
                 think_time: Duration::ZERO,
             },
-            retry: self.protections.then(|| RetryConfig {
-                max_retries: PROTECTIONS.retries,
-                budget: PROTECTIONS.budget(),
-            }),
-            health_check: self.protections.then_some(sim::HealthCheckConfig {
+            retry: match self.protections {
+                Protection::None => None,
+                Protection::Lab => Some(RetryConfig {
+                    max_retries: PROTECTIONS.retries,
+                    budget: PROTECTIONS.budget(),
+                }),
+                Protection::Defaults => Some(RetryConfig {
+                    max_retries: DEFAULT_RETRIES,
+                    budget: RetryBudgetConfig::default(),
+                }),
+            },
+            health_check: (self.protections == Protection::Lab).then_some(sim::HealthCheckConfig {
                 interval: PROTECTIONS.health_interval,
                 unhealthy_threshold: PROTECTIONS.health_threshold,
                 healthy_threshold: PROTECTIONS.health_threshold,
@@ -311,7 +348,7 @@ pub(super) fn tie_name(t: TieBreak) -> &'static str {
 pub fn plan(opts: &LabOptions) -> anyhow::Result<Vec<Case>> {
     use StrategyKind::*;
     let quick = opts.quick;
-    let known = ["e1", "e2", "e3", "e4", "e5", "e6"];
+    let known = ["e1", "e2", "e3", "e4", "e5", "e6", "e6b"];
     for e in &opts.experiments {
         if !known.contains(&e.as_str()) {
             return Err(crate::cmd::UsageError(format!(
@@ -321,7 +358,11 @@ pub fn plan(opts: &LabOptions) -> anyhow::Result<Vec<Case>> {
             .into());
         }
     }
-    let default: &[&str] = if quick { &["e1", "e2", "e6"] } else { &known };
+    let default: &[&str] = if quick {
+        &["e1", "e2", "e6", "e6b"]
+    } else {
+        &known
+    };
     let selected = |e: &str| {
         if opts.experiments.is_empty() {
             default.contains(&e)
@@ -397,7 +438,18 @@ pub fn plan(opts: &LabOptions) -> anyhow::Result<Vec<Case>> {
                 FailureMode::Reset,
             ] {
                 let mut c = Case::new("e6", s, failure, n(2000, 1000));
-                c.protections = true;
+                c.protections = Protection::Lab;
+                cases.push(c);
+            }
+        }
+    }
+    if selected("e6b") {
+        // What a user writes first: one dead endpoint of three, nothing configured.
+        for s in [RoundRobin, LeastConnections] {
+            for failure in [FailureMode::FAIL_AT_ONCE, FailureMode::Refuse] {
+                let mut c = Case::new("e6b", s, failure, n(2000, 1000));
+                c.protections = Protection::Defaults;
+                c.servers = 3;
                 cases.push(c);
             }
         }

@@ -19,7 +19,7 @@ use keel_model::stats::Z95;
 use keel_model::FailureMode;
 use serde::Serialize;
 
-use super::cases::{tie_name, Case, Timing, PROTECTIONS};
+use super::cases::{tie_name, Case, Protection, Timing, DEFAULT_RETRIES, PROTECTIONS};
 use super::measure::Measured;
 use super::LabReport;
 
@@ -133,13 +133,13 @@ impl Row {
         let q = sim.q;
         let p = case.p();
         let analytic = q.and_then(|q| {
-            if case.protections {
+            if case.protections != Protection::None {
                 analytic::retry_success(
                     case.strategy,
                     case.servers as u64,
                     case.failed as u64,
                     q,
-                    PROTECTIONS.retries as u64,
+                    case.retries() as u64,
                     case.calls,
                 )
             } else {
@@ -189,7 +189,7 @@ impl Row {
             analytic_failed_share: q.and_then(|q| analytic::failed_share(case.strategy, p, q)),
             simulated_failed_share: sim.failed_pick_share,
             measured_failed_share: m.failed_share,
-            implied_by_measured_share: (!case.protections)
+            implied_by_measured_share: (case.protections == Protection::None)
                 .then(|| (1.0 - m.failed_share).powi(case.calls as i32)),
             measured_max_server_share: m.max_share,
             measured_attempts: m.attempts.clone(),
@@ -318,7 +318,7 @@ fn explain(r: &Row, case: &Case) -> (String, Vec<String>) {
         _ => s.push_str(", no closed form."),
     }
     let share = r.measured_failed_share;
-    if case.protections {
+    if case.protections != Protection::None {
         let _ = write!(
             s,
             " The failed server took {} of {} attempts.",
@@ -501,8 +501,39 @@ fn experiment_intro(e: &str, rows: &[&Row], t: &Timing) -> String {
             first.concurrency
         ),
         "e6" => e6_summary(rows),
+        "e6b" => e6b_summary(rows),
         _ => String::new(),
     }
+}
+
+/// E6B in one paragraph: keel proxy's defaults, one dead endpoint of three.
+fn e6b_summary(rows: &[&Row]) -> String {
+    let lowest = rows
+        .iter()
+        .map(|r| r.measured)
+        .fold(f64::INFINITY, f64::min);
+    let below: Vec<String> = rows
+        .iter()
+        .filter(|r| r.measured < 0.999)
+        .map(|r| format!("{} / {} ({:.4})", r.strategy, r.failure_mode, r.measured))
+        .collect();
+    format!(
+        "A cluster written with nothing but its three endpoints, one of them dead: keel proxy's \
+         defaults, no protection configured: outlier detection (an endpoint ejected after {} \
+         failures in a row, for {}), {} retry on another endpoint within the default retry \
+         budget ({} % of requests, at least {} per second), no health checks. Lowest measured \
+         success {lowest:.4}{}.",
+        keel_balance::OutlierConfig::default().consecutive_failures,
+        humantime::format_duration(keel_balance::OutlierConfig::default().base_ejection_time),
+        DEFAULT_RETRIES,
+        keel_balance::RetryBudgetConfig::default().budget_percent,
+        keel_balance::RetryBudgetConfig::default().min_retries_per_second,
+        if below.is_empty() {
+            ": every row holds the 0.999 goal".to_string()
+        } else {
+            format!("; below 0.999: {}", below.join(", "))
+        }
+    )
 }
 
 /// E6 in one paragraph: the rows differ only in their numbers.
@@ -768,7 +799,7 @@ fn e6_chart(report: &LabReport) -> Option<(String, String)> {
     let rows: Vec<&Row> = report
         .rows
         .iter()
-        .filter(|r| r.protections != "none")
+        .filter(|r| r.experiment == "e6")
         .collect();
     if rows.is_empty() {
         return None;
@@ -956,7 +987,7 @@ fn html(report: &LabReport) -> String {
             e.to_uppercase(),
             esc(&experiment_intro(e, &rows, t))
         );
-        if e == "e6" {
+        if e == "e6" || e == "e6b" {
             // One paragraph says it all; the numbers of each row are in the table.
             continue;
         }
