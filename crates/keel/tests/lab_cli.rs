@@ -60,7 +60,12 @@ fn quick_lab_reproduces_e1_e2_e6_over_real_sockets() {
     for r in e6b {
         assert_eq!(r["protections"], "keel defaults");
         let m = r["measured"].as_f64().unwrap();
-        assert!(m >= 0.999, "E6B {} {}: {m}", r["strategy"], r["failure_mode"]);
+        assert!(
+            m >= 0.999,
+            "E6B {} {}: {m}",
+            r["strategy"],
+            r["failure_mode"]
+        );
     }
     // A row agrees with the model exactly when the model is inside the measured interval, and
     // a row that does not says by how many standard errors.
