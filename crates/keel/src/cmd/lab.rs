@@ -14,7 +14,9 @@ pub struct Args {
     /// A first look in under 20 s: experiments e1, e2, e6 with fewer requests.
     #[arg(long)]
     quick: bool,
-    /// Experiments to run, comma-separated (e1..e6). Default: all (quick: e1,e2,e6).
+    /// Experiments to run, comma-separated (e1..e6, and e10: keel advise on a logged run,
+    /// its top three configurations and the running one measured). Default: e1..e6 (quick:
+    /// e1,e2,e6).
     #[arg(long, value_delimiter = ',')]
     experiments: Vec<String>,
     /// Only these strategies, comma-separated.
@@ -43,11 +45,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Err(e) => return usage(e.to_string()),
         }
     }
-    let experiments: Vec<String> = args
+    let mut experiments: Vec<String> = args
         .experiments
         .iter()
         .map(|e| e.to_ascii_lowercase())
         .collect();
+    // E10 (keel advise checked against real traffic) is a run of its own.
+    if experiments.iter().any(|e| e == "e10") {
+        experiments.retain(|e| e != "e10");
+        let report = lab::e10::run(&args.out, args.seed, args.quick)?;
+        if args.json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else {
+            lab::e10::print(&report);
+            println!(
+                "E10: {} (log, advice.json, fitted.toml, e10.json)",
+                args.out.join("e10").display()
+            );
+        }
+        if experiments.is_empty() {
+            return Ok(());
+        }
+    }
     let opts = LabOptions {
         quick: args.quick,
         experiments,

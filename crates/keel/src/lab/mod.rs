@@ -8,6 +8,7 @@
 //! 400 ms so that a run takes about a minute; q = t_fail / t_ok stays 100 for a hanging server.
 
 mod cases;
+pub mod e10;
 mod measure;
 mod report;
 

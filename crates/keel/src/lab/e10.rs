@@ -1,0 +1,340 @@
+//! E10: `keel advise` checked against what then happens. keel-testbed backends with a mix drawn
+//! from the seed (one failing fast for part of every 100 ms, one 3x slower serving 2 calls at
+//! once, one healthy) behind keel proxy running round-robin without protections and writing
+//! the JSON access log, for a bounded number of requests; `keel advise`'s fit and ranking on
+//! that log; then the top three recommended configurations and the running one measured for
+//! real on the same backends, each through keel proxy with the recommendation's own
+//! `[[cluster]]` settings. A row agrees when the measured and predicted success differ by less
+//! than 1.96 standard errors of their difference (the lab's rule for the simulation).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use keel_model::advise::{self, Advice, RunningConfig};
+use keel_model::fit::scenario::ScenarioOptions;
+use keel_model::fit::{self, FitOptions};
+use keel_model::stats::{wilson95, Z95};
+use keel_model::{FailureMode, Latency, LatencyDist};
+use keel_testbed::backend::{self, BackendConfig, BackendHandle};
+use keel_testbed::loadgen::{self, LoadOptions, LoadSpec, Target};
+use serde::Serialize;
+
+/// One configuration, predicted and measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct E10Row {
+    /// Rank in the advice (1 = recommended).
+    pub rank: usize,
+    /// Strategy.
+    pub strategy: String,
+    /// Protections label.
+    pub protections: String,
+    /// Whether it is the configuration the log was written under.
+    pub running: bool,
+    /// Predicted success [mean, lo95, hi95].
+    pub predicted: [f64; 3],
+    /// Measured success [rate, lo95, hi95] (Wilson).
+    pub measured: [f64; 3],
+    /// Requests measured.
+    pub requests: u64,
+    /// Predicted p99 in ms [mean, lo95, hi95].
+    pub predicted_p99_ms: [f64; 3],
+    /// Measured p99 of request latency, ms.
+    pub measured_p99_ms: f64,
+    /// (measured - predicted) / standard error of the difference.
+    pub z: f64,
+    /// |z| <= 1.96.
+    pub agrees: bool,
+}
+
+/// E10's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct E10Report {
+    /// Rows: the recommended three, then the running configuration.
+    pub rows: Vec<E10Row>,
+    /// Requests of the logged run.
+    pub logged_requests: u64,
+    /// Share of time the flapping backend is down (drawn from the seed).
+    pub down_share: f64,
+    /// Rows that agree.
+    pub agreeing: usize,
+    /// The recommended configuration was measured best, or the best measured rate is within
+    /// its interval.
+    pub recommended_holds: bool,
+    /// The advice's sentences.
+    pub why: Vec<String>,
+}
+
+const LATENCY_MS: u64 = 4;
+const PER_TRY: &str = "400ms";
+
+struct Mix {
+    backends: Vec<BackendHandle>,
+    addrs: Vec<SocketAddr>,
+    down_share: f64,
+}
+
+async fn backends(seed: u64) -> anyhow::Result<Mix> {
+    let loopback: SocketAddr = "127.0.0.1:0".parse().expect("literal address");
+    let lognormal = |ms: u64| Latency {
+        mean: Duration::from_millis(ms),
+        dist: LatencyDist::LogNormal { sigma: 0.5 },
+    };
+    // The seed draws how long the flapping backend is down in every 100 ms: 20, 30 or 40 ms.
+    let down = 20 + 10 * (seed % 3);
+    let configs = [
+        BackendConfig {
+            latency: lognormal(LATENCY_MS),
+            name: "healthy".into(),
+            ..BackendConfig::default()
+        },
+        BackendConfig {
+            latency: lognormal(LATENCY_MS),
+            fault: FailureMode::Flap {
+                up: Duration::from_millis(100 - down),
+                down: Duration::from_millis(down),
+                down_fails_after: Some(Duration::ZERO),
+            },
+            name: "fails-fast".into(),
+            ..BackendConfig::default()
+        },
+        BackendConfig {
+            latency: lognormal(3 * LATENCY_MS),
+            concurrency: Some(2),
+            name: "slow-2-slots".into(),
+            ..BackendConfig::default()
+        },
+    ];
+    let mut out = Vec::new();
+    for (i, cfg) in configs.into_iter().enumerate() {
+        out.push(
+            backend::spawn_with_seed(loopback, cfg, seed.wrapping_add(i as u64))
+                .await
+                .context("starting an E10 backend")?,
+        );
+    }
+    let addrs = out.iter().map(|b| b.addr()).collect();
+    Ok(Mix {
+        backends: out,
+        addrs,
+        down_share: down as f64 / 100.0,
+    })
+}
+
+/// The running configuration: round-robin, no protections, the JSON access log at `log`.
+fn running_toml(addrs: &[SocketAddr], log: &Path) -> String {
+    let eps: Vec<String> = addrs
+        .iter()
+        .map(|a| format!("{{ address = \"{a}\" }}"))
+        .collect();
+    format!(
+        "[access_log]\npath = {:?}\nformat = \"json\"\n\n{}\
+         [[cluster]]\nname = \"app\"\nstrategy = \"round-robin\"\nendpoints = [{}]\n\
+         outlier_detection = false\nrequest_timeout = \"1s\"\n\n[cluster.retry]\nattempts = 0\nper_try_timeout = \"{PER_TRY}\"\n",
+        log.display(),
+        LISTENER,
+        eps.join(", ")
+    )
+}
+
+const LISTENER: &str = "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n\n";
+
+/// Runs `requests` through a proxy started from `toml`; returns the load report.
+async fn measure(
+    toml: &str,
+    requests: u64,
+    concurrency: usize,
+) -> anyhow::Result<keel_testbed::loadgen::LoadReport> {
+    let config = keel_proxy::ProxyConfig::from_toml_str(toml, "e10")
+        .map_err(|e| anyhow::anyhow!("E10 proxy configuration: {e}\n{toml}"))?;
+    let proxy = keel_proxy::start(config).await?;
+    let url = format!("http://{}/", proxy.listener_addrs()[0]);
+    let spec = LoadSpec {
+        target: Target::Url(url),
+        requests,
+        concurrency,
+        timeout: Duration::from_secs(3),
+        calls_per_request: 1,
+    };
+    let options = LoadOptions {
+        deadline: Some(Duration::from_secs(120)),
+        progress: None,
+    };
+    let load = loadgen::try_run(spec, options)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    // The shutdown flushes the access log.
+    proxy.shutdown(Duration::from_millis(500)).await;
+    Ok(load)
+}
+
+fn row(rank: usize, r: &advise::Ranked, load: &keel_testbed::loadgen::LoadReport) -> E10Row {
+    let (lo, hi) = wilson95(load.succeeded, load.requests);
+    let m = load.success_rate();
+    let se = |lo: f64, hi: f64| (hi - lo) / (2.0 * Z95);
+    let se_diff = (se(lo, hi).powi(2) + se(r.success[1], r.success[2]).powi(2)).sqrt();
+    let diff = m - r.success[0];
+    let z = if se_diff > 0.0 {
+        diff / se_diff
+    } else if diff == 0.0 {
+        0.0
+    } else {
+        diff.signum() * f64::INFINITY
+    };
+    E10Row {
+        rank,
+        strategy: r.strategy.clone(),
+        protections: r.protections.clone(),
+        running: r.running,
+        predicted: r.success,
+        measured: [m, lo, hi],
+        requests: load.requests,
+        predicted_p99_ms: r.p99_ms,
+        measured_p99_ms: load.latency_p99.as_secs_f64() * 1e3,
+        z,
+        agrees: z.abs() <= Z95,
+    }
+}
+
+/// Runs E10, writing the log, the advice and the fitted scenario under `out/e10/`.
+pub fn run(out: &Path, seed: u64, quick: bool) -> anyhow::Result<E10Report> {
+    let dir = out.join("e10");
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let dir = dir
+        .canonicalize()
+        .with_context(|| format!("cannot resolve {}", dir.display()))?;
+    let log = dir.join("access.log");
+    let _ = std::fs::remove_file(&log);
+    let requests = if quick { 1_500 } else { 3_000 };
+    let concurrency = 6;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting E10's runtime")?;
+    let mix = runtime.block_on(backends(seed))?;
+    let running = running_toml(&mix.addrs, &log);
+    runtime.block_on(measure(&running, requests, concurrency))?;
+
+    let model = fit::fit_reader(
+        std::io::BufReader::new(
+            std::fs::File::open(&log).with_context(|| format!("opening {}", log.display()))?,
+        ),
+        &FitOptions::default(),
+    )
+    .map_err(|e| anyhow::anyhow!("E10: {}: {e}", log.display()))?;
+    let config = keel_proxy::ProxyConfig::from_toml_str(&running, "e10")
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let c = &config.clusters[0];
+    let running_cfg = RunningConfig {
+        balancer: c.balancer_config(),
+        retry_attempts: c.retry.attempts,
+        retry_budget: c.retry.budget(),
+        health_check: None,
+        per_try_timeout: c.per_try_timeout(),
+        weights: Vec::new(),
+    };
+    let mut sopts = ScenarioOptions::for_model(&model);
+    sopts.seed = seed;
+    let advice: Advice = advise::advise(
+        &model,
+        &sopts,
+        Some(&running_cfg),
+        &log.display().to_string(),
+        &|_| {},
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    std::fs::write(
+        dir.join("advice.json"),
+        serde_json::to_string_pretty(&advice)?,
+    )?;
+    std::fs::write(dir.join("fitted.toml"), &advice.scenario_toml)?;
+
+    let mut chosen: Vec<usize> = (0..advice.ranking.len().min(3)).collect();
+    if let Some(r) = advice.running {
+        if !chosen.contains(&r) {
+            chosen.push(r);
+        }
+    }
+    let mut rows = Vec::new();
+    for i in chosen {
+        let r = &advice.ranking[i];
+        let toml = format!("{LISTENER}{}", r.cluster_toml);
+        let load = runtime.block_on(measure(&toml, requests, concurrency))?;
+        rows.push(row(i + 1, r, &load));
+    }
+    runtime.block_on(async {
+        for b in mix.backends {
+            b.shutdown().await;
+        }
+    });
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    let best = rows
+        .iter()
+        .map(|r| r.measured[0])
+        .fold(f64::NEG_INFINITY, f64::max);
+    let recommended_holds = rows[0].measured[2] >= best;
+    let report = E10Report {
+        agreeing: rows.iter().filter(|r| r.agrees).count(),
+        rows,
+        logged_requests: model.requests,
+        down_share: mix.down_share,
+        recommended_holds,
+        why: advice.why.clone(),
+    };
+    std::fs::write(dir.join("e10.json"), serde_json::to_string_pretty(&report)?)?;
+    Ok(report)
+}
+
+/// The table.
+pub fn print(r: &E10Report) {
+    println!(
+        "E10: keel advise on {} logged requests (round-robin, no protections; one backend fails fast {:.0} % of the time, one is 3x slower with 2 slots), then measured:",
+        r.logged_requests,
+        r.down_share * 100.0
+    );
+    println!(
+        "{:>4}  {:<18} {:<33} {:<26} {:<26} {:>7} {:>9} {:>9}  verdict",
+        "rank",
+        "strategy",
+        "protections",
+        "predicted % [95 %]",
+        "measured % [95 %]",
+        "z",
+        "p99 pred",
+        "p99 meas"
+    );
+    for row in &r.rows {
+        let pct = |x: &[f64; 3]| {
+            format!(
+                "{:.2} [{:.2}, {:.2}]",
+                x[0] * 100.0,
+                x[1] * 100.0,
+                x[2] * 100.0
+            )
+        };
+        println!(
+            "{:>3}{} {:<18} {:<33} {:<26} {:<26} {:>7.2} {:>9.1} {:>9.1}  {}",
+            row.rank,
+            if row.running { "*" } else { " " },
+            row.strategy,
+            row.protections,
+            pct(&row.predicted),
+            pct(&row.measured),
+            row.z,
+            row.predicted_p99_ms[0],
+            row.measured_p99_ms,
+            if row.agrees { "agrees" } else { "differs" }
+        );
+    }
+    println!(
+        "{} of {} rows agree (|z| <= 1.96); the recommended configuration {} (* the running one)",
+        r.agreeing,
+        r.rows.len(),
+        if r.recommended_holds {
+            "was measured best or within its interval of the best"
+        } else {
+            "was NOT measured best, nor within its interval of the best"
+        }
+    );
+}
