@@ -20,26 +20,18 @@
 
 #![warn(missing_docs)]
 
-mod access_log;
-mod admin;
-mod attempt;
-mod cluster;
+mod codec;
 pub mod config;
-mod discovery;
-mod grpc;
-mod h1;
-mod h2;
-mod h2_leg;
-mod health;
-mod metrics;
-mod pool;
-mod probe;
-mod recent;
+mod control;
+mod driver;
+mod exchange;
+mod front;
+mod leg;
+mod observe;
 mod route;
 mod server;
-mod tcp;
 pub mod tls;
-mod tunnel;
+mod upstream;
 
 pub use config::{ConfigError, ProxyConfig};
 pub use route::RouteMatcher;

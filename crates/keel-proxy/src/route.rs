@@ -14,9 +14,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::attempt::Limits;
-use crate::cluster::Cluster;
 use crate::config::{HostPattern, ListenerConfig, PathPattern, RouteConfig};
+use crate::driver::Limits;
+use crate::upstream::cluster::Cluster;
 
 /// The longest host name that can match a host condition (a DNS name is at most 253 bytes).
 const MAX_HOST: usize = 255;
@@ -340,7 +340,7 @@ impl RouteMatcher {
     /// The routes of listener `listener` of a validated configuration (its clusters are built
     /// as a proxy builds them).
     pub fn new(config: &crate::ProxyConfig, listener: usize) -> anyhow::Result<Self> {
-        let registry = crate::metrics::Registry::default();
+        let registry = crate::observe::metrics::Registry::default();
         let epoch = std::time::Instant::now();
         let clusters = config
             .clusters

@@ -15,13 +15,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::attempt::Client;
-use crate::cluster::Cluster;
 use crate::config::{ClusterConfig, ProxyConfig};
-use crate::discovery::Discovered;
-use crate::h1;
-use crate::metrics::Registry;
+use crate::control::discovery::Discovered;
+use crate::driver::Client;
+use crate::front::h1;
+use crate::observe::metrics::Registry;
 use crate::route::ListenerRoutes;
+use crate::upstream::cluster::Cluster;
 
 /// What requests see: each listener's routes, and the clusters they lead to. Swapped whole on
 /// reload.
@@ -84,7 +84,7 @@ pub(crate) struct Shared {
     /// The admin listener in force.
     pub admin: Mutex<Option<AdminSlot>>,
     /// The access log, if configured; swapped by reload.
-    pub access_log: ArcSwapOption<crate::access_log::AccessLog>,
+    pub access_log: ArcSwapOption<crate::observe::access_log::AccessLog>,
     /// Client connections open on each worker thread (empty without workers).
     pub worker_connections: Arc<[AtomicUsize]>,
     /// Hands accepted connections to the workers (`None`: served on `runtime`).
@@ -271,7 +271,7 @@ impl Shared {
                 _ => {
                     let e = Arc::new(Discovered::new(d.clone()));
                     if let crate::config::DiscoveryConfig::File { path } = d {
-                        e.record(&c.name, crate::discovery::read_file(path));
+                        e.record(&c.name, crate::control::discovery::read_file(path));
                     }
                     e
                 }
@@ -295,7 +295,7 @@ impl Shared {
         *self.discovery.lock().unwrap_or_else(|e| e.into_inner()) = discovered.clone();
         for (name, d) in discovered {
             let me = self.me.clone();
-            tasks.push(self.runtime.spawn(crate::discovery::run(
+            tasks.push(self.runtime.spawn(crate::control::discovery::run(
                 name,
                 d,
                 move |cluster, d, set| {
@@ -361,7 +361,7 @@ impl Shared {
             t.abort();
         }
         for c in &routing.clusters {
-            for t in crate::health::spawn(c, &self.runtime) {
+            for t in crate::upstream::health::spawn(c, &self.runtime) {
                 tasks.push((c.name().to_string(), t));
             }
         }
@@ -377,7 +377,7 @@ impl Shared {
             }
             other
         });
-        for t in crate::health::spawn(cluster, &self.runtime) {
+        for t in crate::upstream::health::spawn(cluster, &self.runtime) {
             tasks.push((cluster.name().to_string(), t));
         }
     }
@@ -469,7 +469,9 @@ impl Shared {
                 config
                     .access_log
                     .as_ref()
-                    .map(|a| crate::access_log::AccessLog::start(a, self.workers).map(Arc::new))
+                    .map(|a| {
+                        crate::observe::access_log::AccessLog::start(a, self.workers).map(Arc::new)
+                    })
                     .transpose()?,
             )
         };
@@ -608,7 +610,7 @@ impl Shared {
             .expect("the proxy is alive while it opens listeners");
         let task = self
             .runtime
-            .spawn(crate::admin::serve(me, listener, stop_rx));
+            .spawn(crate::observe::admin::serve(me, listener, stop_rx));
         *self.admin.lock().unwrap_or_else(|e| e.into_inner()) = Some(AdminSlot {
             listen,
             addr,
@@ -775,7 +777,7 @@ pub async fn start_with(config: ProxyConfig, options: StartOptions) -> anyhow::R
     let access_log = config
         .access_log
         .as_ref()
-        .map(|a| crate::access_log::AccessLog::start(a, workers.max(1)).map(Arc::new))
+        .map(|a| crate::observe::access_log::AccessLog::start(a, workers.max(1)).map(Arc::new))
         .transpose()?;
     let worker_connections: Arc<[AtomicUsize]> =
         (0..workers).map(|_| AtomicUsize::new(0)).collect();
@@ -1392,7 +1394,7 @@ async fn serve_accepted(
     let local = stream.local_addr().unwrap_or(peer);
     if tcp && ctx.tls.is_none() {
         mark_connection(ConnKind::Tunnel);
-        crate::tcp::serve(shared, index, settings, &client, local, stream).await;
+        crate::front::tcp::serve(shared, index, settings, &client, local, stream).await;
         return;
     }
     let Some(acceptor) = &ctx.tls else {
@@ -1408,8 +1410,9 @@ async fn serve_accepted(
         .await;
         if let h1::conn::Served::Http2(stream, read) = served {
             mark_connection(ConnKind::Http2);
-            let io = crate::h2::Prefixed::new(read, stream);
-            crate::h2::serve(shared, index, settings.clone(), Arc::new(client), io, stop).await;
+            let io = crate::front::h2::Prefixed::new(read, stream);
+            crate::front::h2::serve(shared, index, settings.clone(), Arc::new(client), io, stop)
+                .await;
         }
         return;
     };
@@ -1423,14 +1426,14 @@ async fn serve_accepted(
     let cause = match handshake {
         Ok(Ok(tls_stream)) if tcp => {
             mark_connection(ConnKind::Tunnel);
-            crate::tcp::serve(shared, index, settings, &client, local, tls_stream).await;
+            crate::front::tcp::serve(shared, index, settings, &client, local, tls_stream).await;
             return;
         }
         Ok(Ok(tls_stream)) => {
             let h2 = tls_stream.get_ref().1.alpn_protocol() == Some(crate::tls::ALPN_H2);
             if h2 {
                 mark_connection(ConnKind::Http2);
-                crate::h2::serve(
+                crate::front::h2::serve(
                     shared,
                     index,
                     settings.clone(),
@@ -1453,8 +1456,16 @@ async fn serve_accepted(
             .await;
             if let h1::conn::Served::Http2(stream, read) = served {
                 mark_connection(ConnKind::Http2);
-                let io = crate::h2::Prefixed::new(read, stream);
-                crate::h2::serve(shared, index, settings.clone(), Arc::new(client), io, stop).await;
+                let io = crate::front::h2::Prefixed::new(read, stream);
+                crate::front::h2::serve(
+                    shared,
+                    index,
+                    settings.clone(),
+                    Arc::new(client),
+                    io,
+                    stop,
+                )
+                .await;
             }
             return;
         }

@@ -1,6 +1,6 @@
 //! TLS with rustls and its `ring` crypto provider: the listeners' server side
 //! ([`server_config`]) and the connections to a cluster's endpoints ([`UpstreamTls`], used by
-//! the pools of [`crate::pool`]).
+//! the pools of [`crate::upstream::pool`]).
 //!
 //! The crypto provider is passed to every config builder explicitly, so nothing depends on a
 //! process-wide default provider being installed (or on which one).

@@ -276,7 +276,8 @@ impl ProxyConfig {
             c.validate().map_err(|e| e.under(at.clone()))?;
             crate::tls::check_upstream(c).map_err(|e| e.under(at.clone()))?;
             if let Some(d) = &c.discovery {
-                crate::discovery::check(d).map_err(|e| e.under(at.clone().then("discovery")))?;
+                crate::control::discovery::check(d)
+                    .map_err(|e| e.under(at.clone().then("discovery")))?;
             }
             // Only TCP listeners send the PROXY header: an endpoint expecting one would refuse
             // keel's HTTP connections.

@@ -5,8 +5,8 @@
 //! and the answer when every try failed (502/503/504 with a typed [`Cause`]). The upstream
 //! protocol is a [`Leg`] that moves one try's bytes and reports a typed [`TryFailure`]: what
 //! failed, and whether the endpoint may have acted on the request. The legs: HTTP/1.1
-//! ([`crate::h1::upstream`], upgrades included), HTTP/2 ([`crate::h2_leg`], gRPC included),
-//! both behind [`forward`], and TCP ([`crate::tcp`]), which calls [`drive`] itself.
+//! ([`crate::leg::h1::upstream`], upgrades included), HTTP/2 ([`crate::leg::h2`], gRPC included),
+//! both behind [`forward`], and TCP ([`crate::front::tcp`]), which calls [`drive`] itself.
 //!
 //! The front end then sends the [`Answer`]: keel's own, or the endpoint's response, whose
 //! [`Tail`] finishes the pick with the body's (or tunnel's) outcome.
@@ -22,12 +22,12 @@ use std::time::{Duration, Instant};
 use keel_balance::{EndpointId, Outcome, Pick, PickContext};
 use tokio::time::Sleep;
 
-use crate::cluster::{Cluster, EndpointEntry};
 use crate::config::{ErrorDetail, HashOn, UpstreamProtocol, MAX_RETRY_ATTEMPTS};
-use crate::h1::request::{Reject, RequestHead};
-use crate::h1::response::ResponseHead;
-use crate::metrics::{class_index, ClusterMetrics, ErrorKind};
-use crate::pool::RawConn;
+use crate::exchange::request::{Reject, RequestHead};
+use crate::leg::h1::response::ResponseHead;
+use crate::observe::metrics::{class_index, ClusterMetrics, ErrorKind};
+use crate::upstream::cluster::{Cluster, EndpointEntry};
+use crate::upstream::pool::RawConn;
 
 /// A client connection, as the driver needs to know it.
 #[derive(Debug, Clone)]
@@ -246,7 +246,7 @@ pub(crate) enum UpstreamResponse {
     /// into the front end's buffer). A `101` to an upgrade request makes a tunnel.
     H1(RawConn, ResponseHead),
     /// HTTP/2: the head, the body stream (trailers included) and the request's stream.
-    H2(Box<crate::h2_leg::H2Response>),
+    H2(Box<crate::leg::h2::H2Response>),
 }
 
 impl UpstreamResponse {
@@ -454,7 +454,7 @@ impl Limits {
 
 /// What the driver needs to forward one request.
 pub(crate) struct Request<'a> {
-    /// The head for the upstream (see [`crate::h1::request::rewrite`]), without its per-try
+    /// The head for the upstream (see [`crate::exchange::request::rewrite`]), without its per-try
     /// end; the leg appends that.
     pub head: &'a mut Vec<u8>,
     /// What was learned of the request.
@@ -497,7 +497,7 @@ pub(crate) trait Leg {
         let entry = &race.cluster.endpoints[first.pick.index()];
         let one = self.try_once(race.cluster, entry, race.client.worker);
         (
-            crate::h1::until(timer, try_deadline, one).await,
+            crate::codec::until(timer, try_deadline, one).await,
             first,
             None,
         )
@@ -536,7 +536,7 @@ impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
         self.head.truncate(self.common_len);
         end_head(self.head, self.meta, entry);
         match cluster.config.protocol {
-            UpstreamProtocol::Http1 => crate::h1::upstream::try_once(
+            UpstreamProtocol::Http1 => crate::leg::h1::upstream::try_once(
                 entry,
                 cluster,
                 worker,
@@ -549,7 +549,7 @@ impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
             .map(|(conn, head)| UpstreamResponse::H1(conn, head))
             .map_err(h1_failure),
             UpstreamProtocol::H2c | UpstreamProtocol::H2 => {
-                crate::h2_leg::try_once(entry, cluster, worker, self.head, self.meta, self.body)
+                crate::leg::h2::try_once(entry, cluster, worker, self.head, self.meta, self.body)
                     .await
             }
         }
@@ -607,7 +607,7 @@ impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
 }
 
 /// An HTTP/1.1 leg's failure, with its response (if any) as the driver carries it.
-fn h1_failure(f: TryFailure<crate::h1::upstream::H1Response>) -> TryFailure {
+fn h1_failure(f: TryFailure<crate::leg::h1::upstream::H1Response>) -> TryFailure {
     match f {
         TryFailure::Status((conn, head), cause) => {
             TryFailure::Status(UpstreamResponse::H1(conn, head), cause)
@@ -629,7 +629,7 @@ pub(crate) async fn forward<B: RequestBody>(
     timer: &mut Pin<Box<Sleep>>,
 ) -> Answer {
     let hash = match cluster.config.hash_on {
-        Some(HashOn::ClientIp) => Some(crate::cluster::client_ip_key(client.peer)),
+        Some(HashOn::ClientIp) => Some(crate::upstream::cluster::client_ip_key(client.peer)),
         _ => req.meta.hash,
     };
     let mut leg = HttpLeg {
@@ -714,7 +714,7 @@ pub(crate) async fn drive<L: Leg>(
         tried[n_tried] = pick.id();
         n_tried += 1;
         if cluster.uses_load_reports {
-            crate::probe::after_pick(cluster, now);
+            crate::upstream::probe::after_pick(cluster, now);
         }
         let last = attempt >= attempts;
         let try_deadline = deadline.min(wall + limits.per_try_timeout);
@@ -748,7 +748,7 @@ pub(crate) async fn drive<L: Leg>(
             None => {
                 let entry = &cluster.endpoints[first.pick.index()];
                 let one = leg.try_once(cluster, entry, client.worker);
-                let result = crate::h1::until(timer, try_deadline, one).await;
+                let result = crate::codec::until(timer, try_deadline, one).await;
                 if let Some(h) = hedger.filter(|_| attempt == 0) {
                     h.observe(wall.elapsed());
                 }
@@ -832,7 +832,7 @@ pub(crate) async fn drive<L: Leg>(
 /// blank line.
 fn end_head(head: &mut Vec<u8>, meta: &RequestHead, entry: &EndpointEntry) {
     if !meta.has_host {
-        crate::h1::push_header(head, b"host", entry.header.as_bytes());
+        crate::codec::push_header(head, b"host", entry.header.as_bytes());
     }
     head.extend_from_slice(b"\r\n");
 }
@@ -895,7 +895,7 @@ pub(crate) struct Race<'a> {
 /// A try's result: `None` when it ran out of time.
 pub(crate) type TryResult<W = UpstreamResponse> = Option<Result<W, TryFailure<W>>>;
 
-type H1Result = TryResult<crate::h1::upstream::H1Response>;
+type H1Result = TryResult<crate::leg::h1::upstream::H1Response>;
 
 impl Race<'_> {
     /// Runs the first try alone for `delay`; if it has not answered by then and the budget
@@ -955,11 +955,18 @@ impl Race<'_> {
         let worker = self.client.worker;
         let entry_a = &cluster.endpoints[first.pick.index()];
         let mut body_a = inline;
-        let leg_a =
-            crate::h1::upstream::try_once(entry_a, cluster, worker, head, meta, &mut body_a, out);
+        let leg_a = crate::leg::h1::upstream::try_once(
+            entry_a,
+            cluster,
+            worker,
+            head,
+            meta,
+            &mut body_a,
+            out,
+        );
         tokio::pin!(leg_a);
         let hedge_at = first.wall + delay;
-        let alone = crate::h1::until(timer, try_deadline.min(hedge_at), &mut leg_a).await;
+        let alone = crate::codec::until(timer, try_deadline.min(hedge_at), &mut leg_a).await;
         if alone.is_some() || hedge_at >= try_deadline {
             hedger.observe(first.wall.elapsed());
             return (alone, first, None, false);
@@ -984,7 +991,7 @@ impl Race<'_> {
             None
         };
         let Some(second) = second else {
-            let r = crate::h1::until(timer, try_deadline, &mut leg_a).await;
+            let r = crate::codec::until(timer, try_deadline, &mut leg_a).await;
             hedger.observe(first.wall.elapsed());
             return (r, first, None, false);
         };
@@ -994,7 +1001,7 @@ impl Race<'_> {
         let mut head_b = head[..common_len].to_vec();
         end_head(&mut head_b, meta, entry_b);
         let mut body_b = inline;
-        let leg_b = crate::h1::upstream::try_once(
+        let leg_b = crate::leg::h1::upstream::try_once(
             entry_b,
             cluster,
             worker,
@@ -1008,7 +1015,7 @@ impl Race<'_> {
         let (mut a, mut b) = (Some(first), Some(second));
         loop {
             tokio::select! {
-                r = crate::h1::until(timer, try_deadline, &mut leg_a), if a.is_some() => {
+                r = crate::codec::until(timer, try_deadline, &mut leg_a), if a.is_some() => {
                     let Some(first) = a.take() else { unreachable!() };
                     hedger.observe(first.wall.elapsed());
                     let r = match r {

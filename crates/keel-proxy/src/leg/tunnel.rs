@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
-use crate::attempt::BodyEnd;
-use crate::metrics::ClusterMetrics;
+use crate::driver::BodyEnd;
+use crate::observe::metrics::ClusterMetrics;
 
 /// How a tunnel ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,5 +1,5 @@
 //! The HTTP/2 front end: hyper's HTTP/2 server is the codec; each request is rewritten by the
-//! same rules as an HTTP/1.1 one ([`crate::h1::request::rewrite`]) and handed to the same
+//! same rules as an HTTP/1.1 one ([`crate::exchange::request::rewrite`]) and handed to the same
 //! attempt driver. An HTTP/1.1 endpoint's response head (HTTP/1.1 text, as the leg rewrote it)
 //! becomes hyper's response, and its body is read from the endpoint's connection as hyper asks
 //! for it; an HTTP/2 endpoint's response passes frame by frame, trailers included, with the
@@ -25,17 +25,17 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 
-use crate::access_log::{AccessLog, Entry, RequestLine};
-use crate::attempt::{
+use crate::codec::chunked::ChunkedDecoder;
+use crate::config::ListenerConfig;
+use crate::driver::{
     self, Answer, BodyEnd, Client, OwnAnswer, Request, RequestBody, Tail, UpstreamResponse,
 };
-use crate::config::ListenerConfig;
-use crate::h1::chunked::ChunkedDecoder;
-use crate::h1::request::{BodyFraming, Reject, RequestRules};
-use crate::h1::response::Framing;
-use crate::h2_leg::{H2Response, RequestPump};
-use crate::pool::RawConn;
+use crate::exchange::request::{BodyFraming, Reject, RequestRules};
+use crate::leg::h1::response::Framing;
+use crate::leg::h2::{H2Response, RequestPump};
+use crate::observe::access_log::{AccessLog, Entry, RequestLine};
 use crate::server::Shared;
+use crate::upstream::pool::RawConn;
 
 /// Request bodies with a length up to this are read whole before the request is forwarded
 /// (any try can send them again); others stream.
@@ -136,7 +136,7 @@ async fn handle(
             )
             .into_bytes();
         }
-        return own_response(attempt::not_found(), active, log);
+        return own_response(driver::not_found(), active, log);
     };
     let mut log = log;
     if let Some(l) = &mut log {
@@ -151,7 +151,7 @@ async fn handle(
         max_body,
     );
     let mut head = Vec::with_capacity(512);
-    let meta = match crate::h1::request::rewrite(
+    let meta = match crate::exchange::request::rewrite(
         parts.method.as_str(),
         path,
         parts.uri.authority().map(|a| a.as_str()),
@@ -166,7 +166,7 @@ async fn handle(
     };
     let grpc = meta.grpc;
     let mut out = Vec::with_capacity(512);
-    let mut timer = crate::h1::idle_timer();
+    let mut timer = crate::codec::idle_timer();
     let start = Instant::now();
     let request = Request {
         head: &mut head,
@@ -189,7 +189,7 @@ async fn handle(
                 return refused(Reject::InvalidBody, active, log.with_head(head), grpc);
             }
             let mut inline = &data[..];
-            attempt::forward(
+            driver::forward(
                 &target.cluster,
                 client,
                 request,
@@ -200,7 +200,7 @@ async fn handle(
             .await
         }
         BodyFraming::None => {
-            attempt::forward(
+            driver::forward(
                 &target.cluster,
                 client,
                 request,
@@ -213,7 +213,7 @@ async fn handle(
         _ => {
             let streamed = streamed.insert(ClientBody::new(body, max_body));
             let cluster = &target.cluster;
-            attempt::forward(cluster, client, request, streamed, &mut out, &mut timer).await
+            driver::forward(cluster, client, request, streamed, &mut out, &mut timer).await
         }
     };
     let log = log.with_head(head);
@@ -244,7 +244,7 @@ async fn handle(
                     .insert(CONTENT_LENGTH, HeaderValue::from(n));
             }
             response.headers_mut().insert(
-                crate::h1::X_KEEL_ENDPOINT,
+                crate::codec::X_KEEL_ENDPOINT,
                 up.tail.endpoint_header().clone(),
             );
             let deadline = Box::pin(tokio::time::sleep_until(up.tail.deadline.into()));
@@ -282,7 +282,7 @@ async fn handle(
             own_response(
                 OwnAnswer {
                     status: 502,
-                    text: attempt::answer_text(502, CAUSE),
+                    text: driver::answer_text(502, CAUSE),
                     endpoint: None,
                     guard: None,
                     attempts: 1,
@@ -310,9 +310,9 @@ fn refused(
     grpc: bool,
 ) -> Response<H2Body> {
     if grpc {
-        grpc_own_response(attempt::refused(reject), active, log)
+        grpc_own_response(driver::refused(reject), active, log)
     } else {
-        own_response(attempt::refused(reject), active, log)
+        own_response(driver::refused(reject), active, log)
     }
 }
 
@@ -336,11 +336,11 @@ fn grpc_own_response(
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     headers.insert(
         "grpc-status",
-        HeaderValue::from(crate::grpc::status_for(own.status)),
+        HeaderValue::from(crate::exchange::grpc::status_for(own.status)),
     );
-    headers.insert("grpc-message", crate::grpc::message(&own.text));
+    headers.insert("grpc-message", crate::exchange::grpc::message(&own.text));
     if let Some(e) = own.endpoint {
-        headers.insert(crate::h1::X_KEEL_ENDPOINT, e);
+        headers.insert(crate::codec::X_KEEL_ENDPOINT, e);
     }
     r
 }
@@ -355,8 +355,10 @@ fn h2_response(
     log: Option<H2Log>,
 ) -> Response<H2Body> {
     let mut head = response.head.clone();
-    head.headers
-        .insert(crate::h1::X_KEEL_ENDPOINT, tail.endpoint_header().clone());
+    head.headers.insert(
+        crate::codec::X_KEEL_ENDPOINT,
+        tail.endpoint_header().clone(),
+    );
     let deadline = Box::pin(tokio::time::sleep_until(tail.deadline.into()));
     let log = log.map(|l| {
         Box::new(H2LogUpstream {
@@ -387,7 +389,7 @@ struct H2Log {
     log: Arc<AccessLog>,
     client: Arc<Client>,
     started: Instant,
-    cluster: Option<Arc<crate::cluster::Cluster>>,
+    cluster: Option<Arc<crate::upstream::cluster::Cluster>>,
     route: Option<u16>,
     /// The head as rewritten for the upstream (the request line and headers the log shows).
     head: Vec<u8>,
@@ -481,7 +483,7 @@ fn own_response(own: OwnAnswer, active: ActiveRequest, log: Option<H2Log>) -> Re
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     if let Some(e) = own.endpoint {
-        r.headers_mut().insert(crate::h1::X_KEEL_ENDPOINT, e);
+        r.headers_mut().insert(crate::codec::X_KEEL_ENDPOINT, e);
     }
     r
 }
@@ -641,7 +643,7 @@ pub(crate) enum H2Body {
     /// keel's own answer.
     Own {
         data: Option<Bytes>,
-        _guard: Option<attempt::DownstreamGuard>,
+        _guard: Option<driver::DownstreamGuard>,
         _active: ActiveRequest,
     },
     /// The endpoint's body, read from its connection.

@@ -3,7 +3,7 @@
 //!
 //! One task per cluster resolves its source every `refresh` (a file: looks at it every second
 //! and reads it again when it changed). A new set is applied as a reload applies a cluster:
-//! the cluster is rebuilt from the running one ([`crate::cluster::Cluster::build`], which
+//! the cluster is rebuilt from the running one ([`crate::upstream::cluster::Cluster::build`], which
 //! keeps the state of the endpoints that stay through `Balancer::rebuild`) and swapped in.
 //! A resolver error, a timeout, NXDOMAIN or an empty answer keeps the last known set; it is
 //! logged and counted (`keel_discovery_errors_total{cluster}`). A cluster whose source has not

@@ -1,25 +1,14 @@
-//! keel's HTTP/1.1 codec, split by concern as hyper's `proto/h1` is:
+//! keel's HTTP/1.1 wire helpers and the chunked coding ([`chunked`]), shared by both front
+//! ends, the legs and the access log: header lines written straight into the bytes sent.
 //!
-//! - [`conn`]: the client connection loop (the HTTP/1.1 front end, over TCP or TLS);
-//! - [`request`]: request heads, checked and rewritten for the upstream, and the typed
-//!   refusals ([`request::Reject`]) with their statuses;
-//! - [`response`]: endpoints' response heads, rewritten for the client;
-//! - [`chunked`]: the chunked transfer coding;
-//! - [`relay`]: bodies moving between a client connection and an endpoint's;
-//! - [`upstream`]: the HTTP/1.1 leg, one try on one of an endpoint's pooled connections.
-//!
-//! Why keel has its own: under load, hyper's server and client cost keel about twice NGINX's
-//! CPU per request (a header map and channels per request, a timer per read, two codecs; see
-//! BENCHMARKS.md). Here heads are parsed in place (`httparse`) and rewritten straight into the
-//! bytes sent on, bodies pass through reused buffers, and a request's upstream exchange runs in
-//! its client connection's task with reusable timers.
+//! Why keel has its own HTTP/1.1 codec (front end in `front::h1`, leg in `leg::h1`, request
+//! heads in `exchange::request`): under load, hyper's server and client cost keel about twice
+//! NGINX's CPU per request (a header map and channels per request, a timer per read, two
+//! codecs; see BENCHMARKS.md). Here heads are parsed in place (`httparse`) and rewritten
+//! straight into the bytes sent on, bodies pass through reused buffers, and a request's
+//! upstream exchange runs in its client connection's task with reusable timers.
 
 pub(crate) mod chunked;
-pub(crate) mod conn;
-pub(crate) mod relay;
-pub(crate) mod request;
-pub(crate) mod response;
-pub(crate) mod upstream;
 
 use std::future::Future;
 use std::io::{self, IoSlice};

@@ -5,7 +5,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use hyper::http::{HeaderValue, Request, Uri};
 
-use crate::cluster::EndpointEntry;
+use crate::upstream::cluster::EndpointEntry;
 
 /// `DEADLINE_EXCEEDED`.
 pub(crate) const DEADLINE_EXCEEDED: u32 = 4;
@@ -137,8 +137,8 @@ pub(crate) async fn probe(entry: &EndpointEntry, tls: bool, service: &str) -> Re
     let trailers = body.trailers().await.map_err(failed)?;
     let code = trailers
         .as_ref()
-        .and_then(crate::h2_leg::grpc_status)
-        .or_else(|| crate::h2_leg::grpc_status(&head.headers));
+        .and_then(crate::leg::h2::grpc_status)
+        .or_else(|| crate::leg::h2::grpc_status(&head.headers));
     match code {
         Some(0) => {}
         Some(c) => return Err(format!("grpc-status {c}")),

@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::codec::push_u64;
 use crate::config::{AccessLogConfig, AccessLogFormat};
-use crate::h1::push_u64;
 
 /// Bytes a shard holds before lines are dropped (a little over 2 s of 10,000 lines a second
 /// of 250 bytes, per worker).

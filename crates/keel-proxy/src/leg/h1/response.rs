@@ -6,8 +6,8 @@ use std::mem::MaybeUninit;
 
 use keel_balance::{LoadReport, LATENCY_HEADER, RIF_HEADER};
 
-use super::request::parse_content_length;
-use super::{push_header, HOP_BY_HOP};
+use crate::codec::{push_header, HOP_BY_HOP};
+use crate::exchange::request::parse_content_length;
 
 /// Most header names a `Connection` header of a response may list.
 const MAX_CONNECTION_TOKENS: usize = 16;

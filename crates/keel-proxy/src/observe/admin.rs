@@ -17,8 +17,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::metrics::{self, ClusterView};
-use crate::recent::{Recent, SAMPLE_EVERY};
+use crate::observe::metrics::{self, ClusterView};
+use crate::observe::recent::{Recent, SAMPLE_EVERY};
 use crate::server::{wait_shutdown, Shared};
 
 fn reply(
@@ -150,7 +150,7 @@ pub(crate) fn status_json(shared: &Shared, recent: &Recent) -> serde_json::Value
 /// A time as RFC 3339 (UTC, milliseconds).
 fn rfc3339(t: std::time::SystemTime) -> String {
     let mut out = Vec::with_capacity(24);
-    crate::access_log::push_rfc3339(&mut out, t);
+    crate::observe::access_log::push_rfc3339(&mut out, t);
     String::from_utf8(out).unwrap_or_default()
 }
 

@@ -13,9 +13,9 @@ use hyper::http::HeaderValue;
 use keel_balance::{Balancer, EndpointId, Outcome, Pick, RetryBudget};
 
 use crate::config::ClusterConfig;
-use crate::metrics::{ClusterMetrics, EndpointMetrics, ErrorKind, Registry};
-use crate::pool::{EndpointPool, PoolSettings};
+use crate::observe::metrics::{ClusterMetrics, EndpointMetrics, ErrorKind, Registry};
 use crate::tls::UpstreamTls;
+use crate::upstream::pool::{EndpointPool, PoolSettings};
 
 /// One endpoint's prepared data, by its index in the balancer.
 pub struct EndpointEntry {
@@ -48,10 +48,10 @@ pub struct Cluster {
     /// Client-facing counters.
     pub metrics: Arc<ClusterMetrics>,
     /// Rate limit of the lines logged about this cluster's failures.
-    pub(crate) log_budget: crate::attempt::LogBudget,
+    pub(crate) log_budget: crate::driver::LogBudget,
     /// The strategy balances on the load endpoints report (`x-keel-rif`, probes).
     pub uses_load_reports: bool,
-    /// Load probes under way (bounded by [`crate::probe::MAX_IN_FLIGHT`]).
+    /// Load probes under way (bounded by [`crate::upstream::probe::MAX_IN_FLIGHT`]).
     pub(crate) probes_in_flight: std::sync::atomic::AtomicUsize,
     epoch: Instant,
 }
@@ -134,7 +134,7 @@ impl Cluster {
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Cluster {
             metrics: registry.cluster(&config.name),
-            log_budget: crate::attempt::LogBudget::new(10, epoch),
+            log_budget: crate::driver::LogBudget::new(10, epoch),
             uses_load_reports: balancer.uses_load_reports(),
             probes_in_flight: std::sync::atomic::AtomicUsize::new(0),
             config,
@@ -173,7 +173,8 @@ impl Cluster {
     /// retried): 14 UNAVAILABLE, and those in `retry_on_grpc_status`.
     #[inline]
     pub fn is_failure_grpc_status(&self, code: u32) -> bool {
-        code == crate::grpc::UNAVAILABLE || self.config.retry.retry_on_grpc_status.contains(&code)
+        code == crate::exchange::grpc::UNAVAILABLE
+            || self.config.retry.retry_on_grpc_status.contains(&code)
     }
 
     /// Finishes a pick made at `picked_at` with its outcome, counting the try's latency, the

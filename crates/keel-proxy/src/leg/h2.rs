@@ -26,14 +26,14 @@ use hyper::body::{Body, Frame};
 use hyper::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-use crate::attempt::{BodyEnd, Cause, RequestBody, TryError, TryFailure, UpstreamResponse};
-use crate::cluster::{Cluster, EndpointEntry};
+use crate::codec::chunked::{chunk, LAST_CHUNK};
+use crate::codec::{push_date, push_header, write_all_vectored, HOP_BY_HOP};
 use crate::config::UpstreamProtocol;
-use crate::h1::chunked::{chunk, LAST_CHUNK};
-use crate::h1::request::{BodyFraming, Reject, RequestHead};
-use crate::h1::{push_date, push_header, write_all_vectored, HOP_BY_HOP};
-use crate::metrics::{class_index, ErrorKind};
-use crate::pool::{ConnectError, EndpointPool};
+use crate::driver::{BodyEnd, Cause, RequestBody, TryError, TryFailure, UpstreamResponse};
+use crate::exchange::request::{BodyFraming, Reject, RequestHead};
+use crate::observe::metrics::{class_index, ErrorKind};
+use crate::upstream::cluster::{Cluster, EndpointEntry};
+use crate::upstream::pool::{ConnectError, EndpointPool};
 
 /// Stream and connection windows keel offers endpoints: large enough that a response body
 /// is not held back by window updates on a fast network.
@@ -196,7 +196,7 @@ impl H2Response {
         self.head
             .headers
             .get(hyper::header::CONTENT_LENGTH)
-            .and_then(|v| crate::h1::request::parse_content_length(v.as_bytes()))
+            .and_then(|v| crate::exchange::request::parse_content_length(v.as_bytes()))
     }
 }
 
@@ -552,7 +552,7 @@ pub(crate) async fn relay_to_h1<W: AsyncWrite + Unpin>(
         push_date(out);
     }
     match length {
-        Some(n) if !empty => crate::h1::push_content_length(out, n),
+        Some(n) if !empty => crate::codec::push_content_length(out, n),
         _ if chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
         _ => {}
     }

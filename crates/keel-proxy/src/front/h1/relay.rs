@@ -10,12 +10,12 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Sleep;
 
-use super::chunked::{chunk, ChunkedDecoder, LAST_CHUNK};
-use super::request::{BodyFraming, Reject};
-use super::response::Framing;
-use super::{until, write_all_2, write_all_vectored};
-use crate::attempt::RequestBody;
-use crate::pool::RawConn;
+use crate::codec::chunked::{chunk, ChunkedDecoder, LAST_CHUNK};
+use crate::codec::{until, write_all_2, write_all_vectored};
+use crate::driver::RequestBody;
+use crate::exchange::request::{BodyFraming, Reject};
+use crate::leg::h1::response::Framing;
+use crate::upstream::pool::RawConn;
 
 /// A request body streamed from the client as the leg asks for it: a piece at a time from
 /// the connection's read buffer, each read within `read_timeout`. Chunked bodies are decoded

@@ -1,7 +1,7 @@
 //! TCP listeners (`protocol = "tcp"`): the front end and the TCP leg. Each client connection
 //! is one "request" of the attempt driver: one pick (`hash_on = "client-ip"` allowed), a
 //! connect (a refused or timed-out connect goes to another endpoint within `retry.attempts`),
-//! an optional PROXY protocol header, then bytes both ways ([`crate::tunnel`]) until the
+//! an optional PROXY protocol header, then bytes both ways ([`crate::leg::tunnel`]) until the
 //! connection closes, when the pick is finished: a success on a clean close, a failure when
 //! the endpoint reset the connection before any byte came back. The pick is held while the
 //! connection is open, so least-connections counts open connections.
@@ -12,12 +12,12 @@ use std::time::Instant;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::attempt::{self, Cause, Client, Driven, Leg, TryError, TryFailure};
-use crate::cluster::{Cluster, EndpointEntry};
 use crate::config::{HashOn, ListenerConfig, ProxyProtocol};
-use crate::metrics::ErrorKind;
-use crate::pool::{ConnectError, RawConn};
+use crate::driver::{self, Cause, Client, Driven, Leg, TryError, TryFailure};
+use crate::observe::metrics::ErrorKind;
 use crate::server::Shared;
+use crate::upstream::cluster::{Cluster, EndpointEntry};
+use crate::upstream::pool::{ConnectError, RawConn};
 
 /// The TCP leg: a new connection to the endpoint, and the PROXY protocol header.
 struct TcpLeg {
@@ -44,7 +44,7 @@ impl Leg for TcpLeg {
         })?;
         if let Some(version) = cluster.config.proxy_protocol {
             let header = proxy_header(version, self.peer, self.local);
-            crate::h1::write_all_2(&mut conn.io, &header, &[])
+            crate::codec::write_all_2(&mut conn.io, &header, &[])
                 .await
                 .map_err(|e| {
                     TryFailure::Upstream(TryError::before_sending(
@@ -89,7 +89,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     };
     let cluster = target.cluster;
     let hash = match cluster.config.hash_on {
-        Some(HashOn::ClientIp) => Some(crate::cluster::client_ip_key(client.peer)),
+        Some(HashOn::ClientIp) => Some(crate::upstream::cluster::client_ip_key(client.peer)),
         // No request to take a header or a path from.
         _ => None,
     };
@@ -97,8 +97,8 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         peer: client.peer,
         local,
     };
-    let mut timer = crate::h1::idle_timer();
-    let driven = attempt::drive(
+    let mut timer = crate::codec::idle_timer();
+    let driven = driver::drive(
         &cluster,
         client,
         Instant::now(),
@@ -111,9 +111,9 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         // The cause is logged and counted; a TCP client only sees the close.
         Driven::Own(_) => {}
         Driven::Won(mut conn, tail) => {
-            let _open = crate::tunnel::TunnelGauge::new(&cluster.metrics);
+            let _open = crate::leg::tunnel::TunnelGauge::new(&cluster.metrics);
             let end =
-                crate::tunnel::run(&mut stream, &mut conn.io, &[], &[], settings.idle_timeout)
+                crate::leg::tunnel::run(&mut stream, &mut conn.io, &[], &[], settings.idle_timeout)
                     .await;
             tail.end(end.outcome(), None);
         }

@@ -88,7 +88,7 @@ pub struct EndpointPool {
     /// Idle connections, a stack per worker, newest at the back.
     stacks: Box<[Mutex<VecDeque<RawConn>>]>,
     /// Multiplexed HTTP/2 connections (clusters with `protocol = "h2c"` or `"h2"`).
-    pub(crate) h2: crate::h2_leg::H2Conns,
+    pub(crate) h2: crate::leg::h2::H2Conns,
 }
 
 impl EndpointPool {
@@ -107,7 +107,7 @@ impl EndpointPool {
             stacks: (0..settings.workers.max(1))
                 .map(|_| Mutex::new(VecDeque::new()))
                 .collect(),
-            h2: crate::h2_leg::H2Conns::new(settings.workers),
+            h2: crate::leg::h2::H2Conns::new(settings.workers),
         });
         pool.spawn_reaper();
         pool
@@ -302,7 +302,7 @@ mod tests {
     async fn get(pool: &Arc<EndpointPool>, addr: SocketAddr) -> Result<String, String> {
         let mut conn = pool.get(0).await.map_err(|e| e.to_string())?;
         let head = format!("GET / HTTP/1.1\r\nhost: {addr}\r\n\r\n");
-        let (status, keep) = crate::h1::upstream::exchange(&mut conn, head.as_bytes()).await?;
+        let (status, keep) = crate::leg::h1::upstream::exchange(&mut conn, head.as_bytes()).await?;
         if keep {
             pool.put(0, conn);
         }

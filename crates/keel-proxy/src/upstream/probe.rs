@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use keel_balance::EndpointId;
 
-use crate::cluster::Cluster;
+use crate::upstream::cluster::Cluster;
 
 /// Most probes under way per cluster: beyond that, picks send none (a burst of requests does
 /// not become a burst of connections several times as large).
@@ -53,7 +53,7 @@ async fn probe(cluster: Arc<Cluster>, index: usize) {
     );
     let work = async {
         let mut conn = entry.pool.connect().await.ok()?;
-        crate::h1::upstream::exchange_head(&mut conn, head.as_bytes())
+        crate::leg::h1::upstream::exchange_head(&mut conn, head.as_bytes())
             .await
             .ok()?
             .load

@@ -1,5 +1,5 @@
 //! The HTTP/1.1 front end: a client connection (plain TCP or TLS) served request by request.
-//! Each request head is parsed and rewritten ([`super::request`]), its body read whole when
+//! Each request head is parsed and rewritten ([`crate::exchange::request`]), its body read whole when
 //! small (so that any try can send it again) or streamed, the request handed to the attempt
 //! driver, and the driver's answer sent back: keel's own, or the endpoint's response relayed
 //! as it arrives (an HTTP/2 endpoint's rendered as HTTP/1.1), or after a `101` to an upgrade
@@ -14,15 +14,17 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::watch;
 
-use super::relay::{relay_response, ClientBody, RelayError};
-use super::request::{parse_request, BodyFraming, Reject, RequestHead, RequestParse, RequestRules};
-use super::response::Framing;
-use super::{idle_timer, push_content_length, push_date, push_header, until, write_all_2};
-use crate::access_log::{AccessLog, Entry, RequestLine};
-use crate::attempt::{
+use crate::codec::{idle_timer, push_content_length, push_date, push_header, until, write_all_2};
+use crate::config::ListenerConfig;
+use crate::driver::{
     self, Answer, BodyEnd, Client, OwnAnswer, Request, Upstream, UpstreamResponse,
 };
-use crate::config::ListenerConfig;
+use crate::exchange::request::{
+    parse_request, BodyFraming, Reject, RequestHead, RequestParse, RequestRules,
+};
+use crate::front::h1::relay::{relay_response, ClientBody, RelayError};
+use crate::leg::h1::response::Framing;
+use crate::observe::access_log::{AccessLog, Entry, RequestLine};
 use crate::route::{RouteRef, Target};
 use crate::server::Shared;
 
@@ -155,7 +157,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             // No route and no listener cluster. The body is not read: a request with one
             // leaves the connection where only a close is safe.
             shared.count_not_found(index);
-            let own = attempt::not_found();
+            let own = driver::not_found();
             let keep = req.keep_alive && req.body == BodyFraming::None && stop.borrow().is_none();
             conn.stream.sent = 0;
             let kept = conn.answer(&own, keep, &req).await;
@@ -236,7 +238,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                         return Served::Closed;
                     }
                 }
-                let answer = attempt::forward(
+                let answer = driver::forward(
                     &target.cluster,
                     client,
                     Request {
@@ -299,7 +301,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             max_body,
             req.expect_continue,
         );
-        let answer = attempt::forward(
+        let answer = driver::forward(
             &target.cluster,
             client,
             Request {
@@ -410,7 +412,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 let relayed = until(
                     &mut self.request_timer,
                     deadline,
-                    crate::h2_leg::relay_to_h1(
+                    crate::leg::h2::relay_to_h1(
                         &mut self.stream,
                         &mut self.out,
                         &mut response,
@@ -438,9 +440,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 tail.end(BodyEnd::ClientGone, None);
                 return false;
             }
-            let _open = crate::tunnel::TunnelGauge::new(tail.metrics());
+            let _open = crate::leg::tunnel::TunnelGauge::new(tail.metrics());
             let early = std::mem::take(&mut conn.buf);
-            let end = crate::tunnel::run(
+            let end = crate::leg::tunnel::run(
                 &mut self.stream,
                 &mut conn.io,
                 &self.rbuf,
@@ -509,7 +511,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             .extend_from_slice(itoa_status(own.status).as_slice());
         self.out.push(b' ');
         self.out
-            .extend_from_slice(attempt::reason(own.status).as_bytes());
+            .extend_from_slice(driver::reason(own.status).as_bytes());
         self.out.extend_from_slice(b"\r\n");
         push_header(&mut self.out, b"content-type", b"text/plain; charset=utf-8");
         push_content_length(&mut self.out, own.text.len() as u64);
@@ -541,7 +543,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     /// Answers a request refused before it reached the driver, and closes the connection.
     async fn refuse(&mut self, shared: &Shared, client: &Client, reject: Reject) -> Served<S> {
         let started = Instant::now();
-        let own = attempt::refused(reject);
+        let own = driver::refused(reject);
         tracing::debug!(client = %client.peer, "refused a request: {}", reject.cause());
         self.stream.sent = 0;
         self.answer(&own, false, &RequestHead::default()).await;

@@ -9,14 +9,14 @@ use std::sync::atomic::Ordering::Relaxed;
 use bytes::Buf;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::chunked::{chunk, LAST_CHUNK};
-use super::request::{BodyFraming, RequestHead};
-use super::response::{parse_response, Framing, ResponseHead};
-use super::write_all_vectored;
-use crate::attempt::{Cause, RequestBody, TryError, TryFailure};
-use crate::cluster::{Cluster, EndpointEntry};
-use crate::metrics::{class_index, ErrorKind};
-use crate::pool::{ConnectError, RawConn};
+use crate::codec::chunked::{chunk, LAST_CHUNK};
+use crate::codec::write_all_vectored;
+use crate::driver::{Cause, RequestBody, TryError, TryFailure};
+use crate::exchange::request::{BodyFraming, RequestHead};
+use crate::leg::h1::response::{parse_response, Framing, ResponseHead};
+use crate::observe::metrics::{class_index, ErrorKind};
+use crate::upstream::cluster::{Cluster, EndpointEntry};
+use crate::upstream::pool::{ConnectError, RawConn};
 
 /// An endpoint's response head larger than this is refused (502).
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
@@ -91,7 +91,7 @@ async fn send_request<B: RequestBody>(
     let upstream =
         |e| TryFailure::Upstream(TryError::after_sending(ErrorKind::Reset, Cause::Write(e)));
     if let Some(inline) = body.inline() {
-        return super::write_all_2(&mut conn.io, head, inline)
+        return crate::codec::write_all_2(&mut conn.io, head, inline)
             .await
             .map_err(upstream);
     }
@@ -213,7 +213,7 @@ pub(crate) async fn exchange(conn: &mut RawConn, head: &[u8]) -> Result<(u16, bo
 
 /// [`exchange`], returning the parsed response head (its status, its reported load).
 pub(crate) async fn exchange_head(conn: &mut RawConn, head: &[u8]) -> Result<ResponseHead, String> {
-    super::write_all_2(&mut conn.io, head, &[])
+    crate::codec::write_all_2(&mut conn.io, head, &[])
         .await
         .map_err(|e| format!("cannot send: {e}"))?;
     let mut out = Vec::new();
@@ -252,7 +252,7 @@ pub(crate) async fn exchange_head(conn: &mut RawConn, head: &[u8]) -> Result<Res
 }
 
 async fn read_chunked(conn: &mut RawConn) -> Result<(), String> {
-    let mut decoder = super::chunked::ChunkedDecoder::default();
+    let mut decoder = crate::codec::chunked::ChunkedDecoder::default();
     loop {
         let used = decoder.skip(&conn.buf).map_err(|e| e.to_string())?;
         conn.buf.advance(used);

@@ -7,7 +7,7 @@
 
 use std::mem::MaybeUninit;
 
-use super::{push_content_length, push_header, HOP_BY_HOP};
+use crate::codec::{push_content_length, push_header, HOP_BY_HOP};
 
 /// Most header names a `Connection` header may list for removal.
 const MAX_CONNECTION_TOKENS: usize = 16;
@@ -131,7 +131,7 @@ pub(crate) struct RequestRules<'a> {
 impl<'a> RequestRules<'a> {
     /// The rules for a request from `client` to a cluster that hashes on `hash_on`.
     pub fn new(
-        client: &'a crate::attempt::Client,
+        client: &'a crate::driver::Client,
         hash_on: Option<&'a crate::config::HashOn>,
         max_headers: usize,
         max_body: u64,

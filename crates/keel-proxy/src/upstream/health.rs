@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use tokio::task::JoinHandle;
 
-use crate::cluster::{Cluster, EndpointEntry};
 use crate::config::{HealthCheckConfig, HealthCheckKind, UpstreamProtocol};
+use crate::upstream::cluster::{Cluster, EndpointEntry};
 
 /// Starts one checker task per endpoint of the cluster (none without `[health_check]`), and
 /// with outlier detection a task that logs ejections as they end.
@@ -60,7 +60,7 @@ async fn probe(
     let timeout = hc.timeout;
     let work = async {
         if hc.kind == HealthCheckKind::Grpc {
-            return crate::grpc::probe(entry, tls, &hc.service).await;
+            return crate::exchange::grpc::probe(entry, tls, &hc.service).await;
         }
         let mut conn = entry
             .pool
@@ -70,7 +70,7 @@ async fn probe(
         if hc.kind == HealthCheckKind::Tcp {
             return Ok(());
         }
-        match crate::h1::upstream::exchange(&mut conn, head).await? {
+        match crate::leg::h1::upstream::exchange(&mut conn, head).await? {
             (status, _) if (200..300).contains(&status) => Ok(()),
             (status, _) => Err(format!("status {status}")),
         }

@@ -1,0 +1,6 @@
+//! The vocabulary the front ends, the driver and the legs share: the request as parsed
+//! ([`request`]), how a try failed ([`error`]), gRPC's status codes ([`grpc`]). Nothing here
+//! does I/O or knows a connection.
+
+pub(crate) mod grpc;
+pub(crate) mod request;

@@ -1,0 +1,7 @@
+//! Watching the proxy: counters and their Prometheus text ([`metrics`]), the access log
+//! ([`access_log`]), recent history ([`recent`]) and the admin listener ([`admin`]).
+
+pub(crate) mod access_log;
+pub(crate) mod admin;
+pub(crate) mod metrics;
+pub(crate) mod recent;
