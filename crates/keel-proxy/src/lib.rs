@@ -26,6 +26,7 @@ mod control;
 mod driver;
 mod exchange;
 mod front;
+mod io;
 mod leg;
 mod observe;
 mod route;

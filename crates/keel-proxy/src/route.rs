@@ -13,35 +13,51 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
-use crate::config::{HostPattern, ListenerConfig, PathPattern, RouteConfig};
-use crate::driver::Limits;
+use crate::config::{HostPattern, ListenerConfig, PathPattern, RouteConfig, MAX_RETRY_ATTEMPTS};
+pub(crate) use crate::exchange::request::RouteRef;
 use crate::upstream::cluster::Cluster;
 
-/// The longest host name that can match a host condition (a DNS name is at most 253 bytes).
-const MAX_HOST: usize = 255;
-
-/// Which target a request was routed to.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) enum RouteRef {
-    /// No route matched and the listener has no `cluster`: `404`.
-    #[default]
-    NotFound,
-    /// No route matched: the listener's `cluster`.
-    Listener,
-    /// This route (its index in the listener's `route` list).
-    Route(u16),
+/// How long a request may take and how often it may be tried again: its cluster's settings,
+/// or a route's overrides of them (`request_timeout`, `retry_attempts`), computed once when
+/// the configuration is loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Limits {
+    /// The whole request, all tries included.
+    pub request_timeout: Duration,
+    /// One try, until the response head.
+    pub per_try_timeout: Duration,
+    /// Retries after the first try.
+    pub retry_attempts: u32,
 }
 
-impl RouteRef {
-    /// The route's index, if a route matched.
-    pub fn index(self) -> Option<u16> {
-        match self {
-            RouteRef::Route(i) => Some(i),
-            _ => None,
+impl Limits {
+    /// The cluster's limits with a route's overrides: an explicit `per_try_timeout` stays (at
+    /// most the request timeout), else the request timeout is shared by every allowed try.
+    pub fn new(
+        cluster: &crate::config::ClusterConfig,
+        request_timeout: Option<Duration>,
+        retry_attempts: Option<u32>,
+    ) -> Self {
+        let request_timeout = request_timeout.unwrap_or(cluster.request_timeout);
+        let retry_attempts = retry_attempts
+            .unwrap_or(cluster.retry.attempts)
+            .min(MAX_RETRY_ATTEMPTS);
+        let per_try_timeout = match cluster.retry.per_try_timeout {
+            Some(t) => t.min(request_timeout),
+            None => request_timeout / (retry_attempts + 1),
+        };
+        Self {
+            request_timeout,
+            per_try_timeout,
+            retry_attempts,
         }
     }
 }
+
+/// The longest host name that can match a host condition (a DNS name is at most 253 bytes).
+const MAX_HOST: usize = 255;
 
 /// Where a routed request goes: the cluster and the limits the attempt driver applies.
 #[derive(Clone)]

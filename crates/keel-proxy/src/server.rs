@@ -17,7 +17,7 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use crate::config::{ClusterConfig, ProxyConfig};
 use crate::control::discovery::Discovered;
-use crate::driver::Client;
+use crate::exchange::request::Client;
 use crate::front::h1;
 use crate::observe::metrics::Registry;
 use crate::route::ListenerRoutes;

@@ -2,5 +2,6 @@
 //! ([`request`]), how a try failed ([`error`]), gRPC's status codes ([`grpc`]). Nothing here
 //! does I/O or knows a connection.
 
+pub(crate) mod error;
 pub(crate) mod grpc;
 pub(crate) mod request;

@@ -5,15 +5,102 @@
 //!
 //! Every refusal is a [`Reject`], turned into a status and a cause in one place.
 
-use std::mem::MaybeUninit;
+use std::net::SocketAddr;
 
 use crate::codec::{push_content_length, push_header, HOP_BY_HOP};
+use crate::config::ErrorDetail;
+
+/// A client connection, as the driver needs to know it.
+#[derive(Debug, Clone)]
+pub(crate) struct Client {
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// Its IP as text, for `X-Forwarded-For`.
+    pub ip: String,
+    /// `http` or `https`, for `X-Forwarded-Proto`.
+    pub proto: &'static str,
+    /// The client is one of the listener's `trusted_proxies`.
+    pub trust_forwarded: bool,
+    /// The worker thread serving the connection (its stack in every endpoint's pool).
+    pub worker: usize,
+    /// How much of a failure's cause keel's own answers show.
+    pub error_detail: ErrorDetail,
+}
+
+/// A request body as a leg sends it.
+pub(crate) trait RequestBody {
+    /// The whole body, when it is in memory: sent in one write with the head, and again on a
+    /// retry. (Streamed bodies have none.)
+    fn inline(&self) -> Option<&[u8]> {
+        None
+    }
+    /// The next piece of a streamed body; empty at its end. An error is the client's fault.
+    async fn next_piece(&mut self) -> Result<&[u8], Reject>;
+    /// True once a piece of a streamed body was handed out (it cannot be sent again).
+    fn started(&self) -> bool;
+    /// True while a piece is being read from the client: a try that runs out of time then
+    /// waited on the client, not on the endpoint.
+    fn waiting_on_client(&self) -> bool {
+        false
+    }
+    /// Makes the body ready to be sent again from its start, for another try; false if it
+    /// cannot be (part of a streamed body is gone).
+    fn rewind(&mut self) -> bool {
+        self.inline().is_some() || !self.started()
+    }
+    /// The trailers that ended the body, once [`Self::next_piece`] returned its end
+    /// (HTTP/2 clients).
+    fn trailers(&mut self) -> Option<hyper::HeaderMap> {
+        None
+    }
+    /// The client may wait for the response before it ends its body (an HTTP/2 stream, a
+    /// bidirectional gRPC call): the HTTP/2 leg then returns at the response head and the
+    /// front end sends the rest.
+    fn full_duplex(&self) -> bool {
+        false
+    }
+}
+
+/// A body that is all in memory (or empty).
+impl RequestBody for &[u8] {
+    fn inline(&self) -> Option<&[u8]> {
+        Some(self)
+    }
+    async fn next_piece(&mut self) -> Result<&[u8], Reject> {
+        Ok(std::mem::take(self))
+    }
+    fn started(&self) -> bool {
+        false
+    }
+}
+
+/// Which target a request was routed to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum RouteRef {
+    /// No route matched and the listener has no `cluster`: `404`.
+    #[default]
+    NotFound,
+    /// No route matched: the listener's `cluster`.
+    Listener,
+    /// This route (its index in the listener's `route` list).
+    Route(u16),
+}
+
+impl RouteRef {
+    /// The route's index, if a route matched.
+    pub fn index(self) -> Option<u16> {
+        match self {
+            RouteRef::Route(i) => Some(i),
+            _ => None,
+        }
+    }
+}
 
 /// Most header names a `Connection` header may list for removal.
 const MAX_CONNECTION_TOKENS: usize = 16;
 
 /// Headers parsed on the stack up to this many; beyond, on the heap.
-const STACK_HEADERS: usize = 128;
+pub(crate) const STACK_HEADERS: usize = 128;
 
 /// Why a request is refused before it reaches any endpoint. The connection is closed after
 /// the answer (the client may not agree with keel on where the next request starts).
@@ -119,9 +206,6 @@ pub(crate) struct RequestRules<'a> {
     pub hash_header: Option<&'a str>,
     /// Hash on the path (without the query).
     pub hash_path: bool,
-    /// The listener's routes: [`parse_request`] chooses the request's route with them, and
-    /// the hash rule is then its cluster's (in place of the two above).
-    pub routes: Option<&'a crate::route::ListenerRoutes>,
     /// Most headers accepted (`max_headers`).
     pub max_headers: usize,
     /// Largest body accepted (`max_request_body_bytes`; `u64::MAX`: none).
@@ -131,7 +215,7 @@ pub(crate) struct RequestRules<'a> {
 impl<'a> RequestRules<'a> {
     /// The rules for a request from `client` to a cluster that hashes on `hash_on`.
     pub fn new(
-        client: &'a crate::driver::Client,
+        client: &'a Client,
         hash_on: Option<&'a crate::config::HashOn>,
         max_headers: usize,
         max_body: u64,
@@ -143,7 +227,6 @@ impl<'a> RequestRules<'a> {
             trust_forwarded: client.trust_forwarded,
             hash_header,
             hash_path,
-            routes: None,
             max_headers,
             max_body,
         }
@@ -151,7 +234,7 @@ impl<'a> RequestRules<'a> {
 }
 
 /// Where a cluster hashing on `hash_on` takes the key: a header's name, or the path.
-fn hash_rule(hash_on: Option<&crate::config::HashOn>) -> (Option<&str>, bool) {
+pub(crate) fn hash_rule(hash_on: Option<&crate::config::HashOn>) -> (Option<&str>, bool) {
     match hash_on {
         Some(crate::config::HashOn::Header(h)) => (Some(h.as_str()), false),
         Some(crate::config::HashOn::Path) => (None, true),
@@ -193,116 +276,13 @@ pub(crate) struct RequestHead {
     /// The hash-strategy key's bytes were found: their hash.
     pub hash: Option<u64>,
     /// The route chosen (HTTP/1.1 clients, when the rules had routes).
-    pub route: crate::route::RouteRef,
+    pub route: RouteRef,
     /// An HTTP/1.1 `GET` with `Connection: upgrade` and `Upgrade` (WebSocket and the like):
     /// both are forwarded, and a `101` makes the connection a tunnel.
     pub upgrade: bool,
     /// A gRPC call (`content-type: application/grpc*`): its outcome is its `grpc-status`,
     /// and keel's own failures are answered as gRPC statuses.
     pub grpc: bool,
-}
-
-/// The outcome of reading an HTTP/1.1 request head.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum RequestParse {
-    /// The head is not complete yet.
-    Partial,
-    /// Complete and rewritten.
-    Ready(RequestHead),
-    /// HTTP/2's connection preface: the connection is HTTP/2 with prior knowledge.
-    Http2Preface,
-    /// Refused.
-    Reject(Reject),
-}
-
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
-
-/// Parses the request head at the start of `buf`; when complete, writes into `out` the head
-/// to send upstream, without `Host` when the client sent none and without the final CRLF
-/// (both are per try).
-pub(crate) fn parse_request(
-    buf: &[u8],
-    rules: &RequestRules<'_>,
-    out: &mut Vec<u8>,
-) -> RequestParse {
-    if !buf.is_empty() && (buf.starts_with(H2_PREFACE) || H2_PREFACE.starts_with(buf)) {
-        return if buf.len() >= H2_PREFACE.len() {
-            RequestParse::Http2Preface
-        } else {
-            RequestParse::Partial
-        };
-    }
-    if rules.max_headers <= STACK_HEADERS {
-        let mut headers = [MaybeUninit::<httparse::Header<'_>>::uninit(); STACK_HEADERS];
-        parse_request_in(buf, rules, out, &mut headers[..rules.max_headers])
-    } else {
-        let mut headers = vec![MaybeUninit::<httparse::Header<'_>>::uninit(); rules.max_headers];
-        parse_request_in(buf, rules, out, &mut headers)
-    }
-}
-
-fn parse_request_in<'b>(
-    buf: &'b [u8],
-    rules: &RequestRules<'_>,
-    out: &mut Vec<u8>,
-    headers: &mut [MaybeUninit<httparse::Header<'b>>],
-) -> RequestParse {
-    let mut req = httparse::Request::new(&mut []);
-    let head_len = match req.parse_with_uninit_headers(buf, headers) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return RequestParse::Partial,
-        Err(httparse::Error::TooManyHeaders) => {
-            return RequestParse::Reject(Reject::TooManyHeaders)
-        }
-        Err(_) => return RequestParse::Reject(Reject::Malformed),
-    };
-    let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
-        return RequestParse::Reject(Reject::Malformed);
-    };
-    if method == "CONNECT" {
-        return RequestParse::Reject(Reject::Connect);
-    }
-    let Some((path, authority)) = origin_form(target) else {
-        return RequestParse::Reject(Reject::UnsupportedTarget);
-    };
-    let fields = || req.headers.iter().map(|h| (h.name, h.value));
-    let (route, routed);
-    let rules = match rules.routes {
-        Some(routes) => {
-            route = routes.choose(method, path, authority, fields);
-            let hash_on = routes
-                .target(route)
-                .and_then(|t| t.cluster.config.hash_on.as_ref());
-            let (hash_header, hash_path) = hash_rule(hash_on);
-            routed = RequestRules {
-                hash_header,
-                hash_path,
-                ..*rules
-            };
-            &routed
-        }
-        None => {
-            route = crate::route::RouteRef::NotFound;
-            rules
-        }
-    };
-    match rewrite(
-        method,
-        path,
-        authority,
-        version == 0,
-        false,
-        fields,
-        rules,
-        out,
-    ) {
-        Ok(mut head) => {
-            head.head_len = head_len;
-            head.route = route;
-            RequestParse::Ready(head)
-        }
-        Err(r) => RequestParse::Reject(r),
-    }
 }
 
 /// What the first look at the headers found.
@@ -526,7 +506,7 @@ where
         has_host: host.is_some(),
         expect_continue,
         hash,
-        route: crate::route::RouteRef::NotFound,
+        route: RouteRef::NotFound,
         upgrade: upgrade.is_some(),
         grpc: s.grpc,
     })
@@ -534,7 +514,7 @@ where
 
 /// The origin-form target (`/path?query` or `*`) of a request target, and the authority of
 /// an absolute-form one (`http://authority/path?query`, RFC 9112 section 3.2.2).
-fn origin_form(target: &str) -> Option<(&str, Option<&str>)> {
+pub(crate) fn origin_form(target: &str) -> Option<(&str, Option<&str>)> {
     if target.starts_with('/') || target == "*" {
         return Some((target, None));
     }
@@ -557,184 +537,4 @@ pub(crate) fn parse_content_length(v: &[u8]) -> Option<u64> {
         return None;
     }
     Some(v.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rules() -> RequestRules<'static> {
-        RequestRules {
-            client_ip: "127.0.0.1",
-            proto: "http",
-            trust_forwarded: true,
-            hash_header: None,
-            hash_path: false,
-            routes: None,
-            max_headers: 20,
-            max_body: 1024,
-        }
-    }
-
-    fn ready(raw: &[u8], rules: &RequestRules<'_>) -> (RequestHead, String) {
-        let mut out = Vec::new();
-        match parse_request(raw, rules, &mut out) {
-            RequestParse::Ready(h) => (h, String::from_utf8(out).unwrap()),
-            other => panic!("{other:?} for {:?}", String::from_utf8_lossy(raw)),
-        }
-    }
-
-    #[test]
-    fn a_request_is_rewritten_for_the_upstream() {
-        let raw = b"GET /p?q=1 HTTP/1.1\r\nHost: app.example\r\nConnection: x-hop, keep-alive\r\nX-Hop: 1\r\nTE: trailers\r\nProxy-Authorization: b\r\nX-Forwarded-For: 10.0.0.1\r\nX-Forwarded-Proto: ftp\r\nX-Keep: yes\r\n\r\nNEXT";
-        let (h, out) = ready(raw, &rules());
-        assert_eq!(h.head_len, raw.len() - 4);
-        assert!(h.keep_alive && h.idempotent && h.has_host && !h.http10 && !h.is_head);
-        assert_eq!(
-            out,
-            "GET /p?q=1 HTTP/1.1\r\nHost: app.example\r\nX-Keep: yes\r\nx-forwarded-for: 10.0.0.1, 127.0.0.1\r\nx-forwarded-proto: http\r\nx-forwarded-host: app.example\r\n"
-        );
-        // From a client that is not a trusted proxy, the header is replaced.
-        let mut untrusted = rules();
-        untrusted.trust_forwarded = false;
-        let (_, out) = ready(raw, &untrusted);
-        assert!(out.contains("x-forwarded-for: 127.0.0.1\r\n"), "{out}");
-        assert!(!out.contains("10.0.0.1"), "{out}");
-    }
-
-    #[test]
-    fn framing_and_connection_options() {
-        let (h, out) = ready(
-            b"POST /u HTTP/1.0\r\nContent-Length: 5\r\n\r\nhello",
-            &rules(),
-        );
-        assert_eq!(
-            (h.body, h.keep_alive, h.idempotent, h.has_host),
-            (BodyFraming::Length(5), false, false, false)
-        );
-        assert!(out.ends_with("content-length: 5\r\n"), "{out}");
-        let (h, _) = ready(
-            b"GET / HTTP/1.1\r\nHost: h\r\nConnection: keep-alive, close\r\n\r\n",
-            &rules(),
-        );
-        assert!(!h.keep_alive, "close wins");
-        let (h, _) = ready(b"GET / HTTP/1.0\r\n\r\n", &rules());
-        assert!(h.http10 && !h.keep_alive);
-        let (h, _) = ready(
-            b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n",
-            &rules(),
-        );
-        assert!(h.http10 && h.keep_alive);
-        let (h, out) = ready(b"GET http://a.example:8080/x?y HTTP/1.1\r\n\r\n", &rules());
-        assert!(h.has_host);
-        assert!(
-            out.starts_with("GET /x?y HTTP/1.1\r\nhost: a.example:8080\r\n"),
-            "{out}"
-        );
-        let (_, out) = ready(b"OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n", &rules());
-        assert!(out.starts_with("OPTIONS * HTTP/1.1\r\n"), "{out}");
-        let (h, out) = ready(
-            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n",
-            &rules(),
-        );
-        assert_eq!((h.body, h.expect_continue), (BodyFraming::Chunked, true));
-        assert!(out.ends_with("transfer-encoding: chunked\r\n"), "{out}");
-        assert!(!out.to_ascii_lowercase().contains("expect"), "{out}");
-        let (h, _) = ready(
-            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 100000\r\n\r\n",
-            &RequestRules {
-                max_body: u64::MAX,
-                ..rules()
-            },
-        );
-        assert_eq!(h.body, BodyFraming::Length(100_000), "large bodies stream");
-    }
-
-    #[test]
-    fn bad_requests_are_refused_with_their_status() {
-        let mut out = Vec::new();
-        let r = |raw: &[u8], out: &mut Vec<u8>| parse_request(raw, &rules(), out);
-        assert_eq!(
-            r(b"GET / HTTP/1.1\r\nHost: x\r\n", &mut out),
-            RequestParse::Partial
-        );
-        assert_eq!(r(b"PRI * HTTP/2", &mut out), RequestParse::Partial);
-        assert_eq!(
-            r(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", &mut out),
-            RequestParse::Http2Preface
-        );
-        for (raw, status) in [
-            (&b"HELLO THERE\r\n\r\n"[..], 400),
-            (b"GET / HTTP/7.3\r\n\r\n", 400),
-            (b"GET / HTTP/1.1\r\nBad Name: v\r\n\r\n", 400),
-            (b"GET / HTTP/1.1\r\n\r\n", 400),
-            (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),
-            (
-                b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
-                400,
-            ),
-            (
-                b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n",
-                400,
-            ),
-            (
-                b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1025\r\n\r\n",
-                413,
-            ),
-            (
-                b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
-                400,
-            ),
-            (
-                b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
-                400,
-            ),
-            (
-                b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
-                501,
-            ),
-            (
-                b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
-                400,
-            ),
-            (
-                b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n",
-                400,
-            ),
-            (
-                b"PUT / HTTP/1.1\r\nHost: a\r\nExpect: teapot\r\n\r\n",
-                417,
-            ),
-            (b"CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n", 501),
-            (b"GET ftp://x/ HTTP/1.1\r\n\r\n", 400),
-        ] {
-            match r(raw, &mut out) {
-                RequestParse::Reject(rej) => {
-                    assert_eq!(rej.status(), status, "{:?}", String::from_utf8_lossy(raw))
-                }
-                other => panic!("{other:?} for {:?}", String::from_utf8_lossy(raw)),
-            }
-        }
-        let many: String = (0..21).map(|i| format!("X-{i}: v\r\n")).collect();
-        let raw = format!("GET / HTTP/1.1\r\n{many}\r\n");
-        assert_eq!(
-            r(raw.as_bytes(), &mut out),
-            RequestParse::Reject(Reject::TooManyHeaders)
-        );
-    }
-
-    #[test]
-    fn hash_keys_from_a_header_or_the_path() {
-        let mut rules = rules();
-        rules.hash_header = Some("x-user");
-        let (h, _) = ready(
-            b"GET / HTTP/1.1\r\nHost: h\r\nX-User: alice\r\n\r\n",
-            &rules,
-        );
-        assert_eq!(h.hash, Some(keel_balance::hash_key(b"alice")));
-        rules.hash_header = None;
-        rules.hash_path = true;
-        let (h, _) = ready(b"GET /a/b?c=1 HTTP/1.1\r\nHost: h\r\n\r\n", &rules);
-        assert_eq!(h.hash, Some(keel_balance::hash_key(b"/a/b")));
-    }
 }

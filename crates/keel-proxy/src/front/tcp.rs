@@ -13,7 +13,10 @@ use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::config::{HashOn, ListenerConfig, ProxyProtocol};
-use crate::driver::{self, Cause, Client, Driven, Leg, TryError, TryFailure};
+use crate::driver::leg::Leg;
+use crate::driver::{self, Driven};
+use crate::exchange::error::{Cause, TryError, TryFailure};
+use crate::exchange::request::Client;
 use crate::observe::metrics::ErrorKind;
 use crate::server::Shared;
 use crate::upstream::cluster::{Cluster, EndpointEntry};
@@ -44,7 +47,7 @@ impl Leg for TcpLeg {
         })?;
         if let Some(version) = cluster.config.proxy_protocol {
             let header = proxy_header(version, self.peer, self.local);
-            crate::codec::write_all_2(&mut conn.io, &header, &[])
+            crate::io::write_all_2(&mut conn.io, &header, &[])
                 .await
                 .map_err(|e| {
                     TryFailure::Upstream(TryError::before_sending(
@@ -97,7 +100,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         peer: client.peer,
         local,
     };
-    let mut timer = crate::codec::idle_timer();
+    let mut timer = crate::io::idle_timer();
     let driven = driver::drive(
         &cluster,
         client,

@@ -1,6 +1,6 @@
 //! The HTTP/2 leg (clusters with `protocol = "h2c"` or `"h2"`): one try of a request as one
 //! stream on one of an endpoint's multiplexed connections. Each worker keeps its own
-//! connections per endpoint ([`H2Conns`]); a request takes a stream on the first connection
+//! connections per endpoint (`upstream::h2_conns`); a request takes a stream on the first connection
 //! below the endpoint's `SETTINGS_MAX_CONCURRENT_STREAMS`, or opens another connection when
 //! all are full. The pick is per request, never per connection.
 //!
@@ -15,114 +15,26 @@
 use std::future::poll_fn;
 use std::mem::MaybeUninit;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering::Relaxed;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
-use h2::client::SendRequest;
 use h2::{RecvStream, SendStream};
 use hyper::body::{Body, Frame};
 use hyper::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use crate::codec::chunked::{chunk, LAST_CHUNK};
-use crate::codec::{push_date, push_header, write_all_vectored, HOP_BY_HOP};
+use crate::codec::{push_date, push_header, HOP_BY_HOP};
 use crate::config::UpstreamProtocol;
-use crate::driver::{BodyEnd, Cause, RequestBody, TryError, TryFailure, UpstreamResponse};
+use crate::exchange::error::{BodyEnd, Cause, TryError, TryFailure};
+use crate::exchange::request::RequestBody;
 use crate::exchange::request::{BodyFraming, Reject, RequestHead};
+use crate::io::write_all_vectored;
 use crate::observe::metrics::{class_index, ErrorKind};
 use crate::upstream::cluster::{Cluster, EndpointEntry};
-use crate::upstream::pool::{ConnectError, EndpointPool};
-
-/// Stream and connection windows keel offers endpoints: large enough that a response body
-/// is not held back by window updates on a fast network.
-const WINDOW: u32 = 1 << 20;
-const CONNECTION_WINDOW: u32 = 4 << 20;
-
-/// One multiplexed connection to an endpoint.
-struct H2Conn {
-    send: SendRequest<Bytes>,
-    /// Streams of keel's requests open on it.
-    open: Arc<AtomicUsize>,
-    /// The connection ended (its driver returned).
-    closed: Arc<AtomicBool>,
-}
-
-/// An endpoint's HTTP/2 connections, a list per worker (used only by that worker's thread,
-/// whose runtime drives them).
-pub(crate) struct H2Conns {
-    lists: Box<[Mutex<Vec<H2Conn>>]>,
-}
-
-/// A stream counted on its connection until the response is done with.
-pub(crate) struct StreamSlot(Arc<AtomicUsize>);
-
-impl Drop for StreamSlot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Relaxed);
-    }
-}
-
-impl H2Conns {
-    /// Empty lists for `workers` workers.
-    pub(crate) fn new(workers: usize) -> Self {
-        Self {
-            lists: (0..workers.max(1))
-                .map(|_| Mutex::new(Vec::new()))
-                .collect(),
-        }
-    }
-
-    fn list(&self, worker: usize) -> std::sync::MutexGuard<'_, Vec<H2Conn>> {
-        self.lists[worker % self.lists.len()]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// A stream on one of worker `worker`'s connections with room for it, or on a new one.
-    async fn stream(
-        &self,
-        worker: usize,
-        pool: &EndpointPool,
-    ) -> Result<(SendRequest<Bytes>, StreamSlot), ConnectError> {
-        {
-            let mut list = self.list(worker);
-            list.retain(|c| !c.closed.load(Relaxed));
-            for c in list.iter() {
-                // The endpoint's SETTINGS_MAX_CONCURRENT_STREAMS, as last announced.
-                if c.open.load(Relaxed) < c.send.current_max_send_streams() {
-                    c.open.fetch_add(1, Relaxed);
-                    return Ok((c.send.clone(), StreamSlot(c.open.clone())));
-                }
-            }
-        }
-        let conn = pool.connect().await?;
-        let (send, driver) = h2::client::Builder::new()
-            .initial_window_size(WINDOW)
-            .initial_connection_window_size(CONNECTION_WINDOW)
-            .handshake::<_, Bytes>(conn.io)
-            .await
-            .map_err(|e| ConnectError::Failed(std::io::Error::other(e)))?;
-        let closed = Arc::new(AtomicBool::new(false));
-        let ended = closed.clone();
-        // The connection's frames are read and written by its own task, on this worker's
-        // runtime, for as long as it lives.
-        tokio::spawn(async move {
-            if let Err(e) = driver.await {
-                tracing::debug!("HTTP/2 connection to an endpoint ended: {e}");
-            }
-            ended.store(true, Relaxed);
-        });
-        let open = Arc::new(AtomicUsize::new(1));
-        self.list(worker).push(H2Conn {
-            send: send.clone(),
-            open: open.clone(),
-            closed,
-        });
-        Ok((send, StreamSlot(open)))
-    }
-}
+use crate::upstream::h2_conns::StreamSlot;
+use crate::upstream::pool::ConnectError;
 
 /// An endpoint's HTTP/2 response: its head, its body and trailers to come, and the request's
 /// own stream when the client is still sending (full duplex).
@@ -165,7 +77,7 @@ impl H2Response {
         match ready!(self.body.poll_trailers(cx)) {
             Ok(Some(trailers)) => {
                 self.trailers_done = true;
-                if let Some(code) = grpc_status(&trailers) {
+                if let Some(code) = crate::exchange::grpc::grpc_status(&trailers) {
                     self.grpc_status = Some(code);
                 }
                 Poll::Ready(Some(Ok(Frame::trailers(trailers))))
@@ -198,14 +110,6 @@ impl H2Response {
             .get(hyper::header::CONTENT_LENGTH)
             .and_then(|v| crate::exchange::request::parse_content_length(v.as_bytes()))
     }
-}
-
-/// The `grpc-status` of a head or trailers.
-pub(crate) fn grpc_status(headers: &HeaderMap) -> Option<u32> {
-    headers
-        .get("grpc-status")
-        .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
-        .and_then(|v| v.trim().parse().ok())
 }
 
 /// Sends the rest of an HTTP/2 client's request body on the endpoint's stream, as the
@@ -333,7 +237,7 @@ impl H2Head {
     }
 }
 
-fn upstream(kind: ErrorKind, acted: bool, cause: Cause) -> TryFailure {
+fn upstream(kind: ErrorKind, acted: bool, cause: Cause) -> TryFailure<Box<H2Response>> {
     TryFailure::Upstream(TryError {
         kind,
         may_have_acted: acted,
@@ -403,7 +307,7 @@ pub(crate) async fn try_once<B: RequestBody>(
     head: &[u8],
     meta: &RequestHead,
     body: &mut B,
-) -> Result<UpstreamResponse, TryFailure> {
+) -> Result<Box<H2Response>, TryFailure<Box<H2Response>>> {
     let tls = cluster.config.protocol == UpstreamProtocol::H2;
     // The head came from a request keel parsed: it converts, unless the client sent
     // something HTTP/2 cannot carry.
@@ -413,18 +317,13 @@ pub(crate) async fn try_once<B: RequestBody>(
     // A connection that failed between two requests is replaced (the request never left).
     let mut stale_left = 2;
     let (mut response, mut send, slot) = loop {
-        let (sender, slot) = entry
-            .pool
-            .h2
-            .stream(worker, &entry.pool)
-            .await
-            .map_err(|e| {
-                let cause = match e {
-                    ConnectError::Failed(e) => Cause::Connect(e),
-                    ConnectError::TimedOut(d) => Cause::ConnectTimeout(d),
-                };
-                upstream(ErrorKind::Connect, false, cause)
-            })?;
+        let (sender, slot) = entry.h2.stream(worker, &entry.pool).await.map_err(|e| {
+            let cause = match e {
+                ConnectError::Failed(e) => Cause::Connect(e),
+                ConnectError::TimedOut(d) => Cause::ConnectTimeout(d),
+            };
+            upstream(ErrorKind::Connect, false, cause)
+        })?;
         let sent = match sender.ready().await {
             Ok(mut sender) => sender.send_request(h2_head.request(), no_body),
             Err(e) => Err(e),
@@ -487,7 +386,7 @@ pub(crate) async fn try_once<B: RequestBody>(
     entry.metrics.responses[class_index(status)].fetch_add(1, Relaxed);
     // A trailers-only answer (HEADERS with END_STREAM) carries its grpc-status in its head.
     let grpc_status = (meta.grpc && recv.is_end_stream())
-        .then(|| grpc_status(&head.headers))
+        .then(|| crate::exchange::grpc::grpc_status(&head.headers))
         .flatten();
     let failure = if cluster.is_failure_status(status) {
         Some(Cause::Status(status))
@@ -496,7 +395,7 @@ pub(crate) async fn try_once<B: RequestBody>(
             .filter(|c| cluster.is_failure_grpc_status(*c))
             .map(Cause::GrpcStatus)
     };
-    let response = UpstreamResponse::H2(Box::new(H2Response {
+    let response = Box::new(H2Response {
         data_done: recv.is_end_stream(),
         trailers_done: recv.is_end_stream(),
         head,
@@ -505,7 +404,7 @@ pub(crate) async fn try_once<B: RequestBody>(
         grpc: meta.grpc,
         rest_of_request,
         _slot: slot,
-    }));
+    });
     match failure {
         Some(cause) => Err(TryFailure::Status(response, cause)),
         None => Ok(response),

@@ -5,3 +5,267 @@
 pub(crate) mod h1;
 pub(crate) mod h2;
 pub(crate) mod tunnel;
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use keel_balance::EndpointId;
+use tokio::time::Sleep;
+
+use crate::config::{HashOn, UpstreamProtocol};
+use crate::driver::answer::{count_response, Answer, Upstream};
+use crate::driver::leg::{Leg, Race, Tried, TryResult};
+use crate::driver::{drive, Driven};
+use crate::exchange::error::TryFailure;
+use crate::exchange::request::{Client, RequestBody, RequestHead};
+use crate::leg::h1::response::ResponseHead;
+use crate::leg::h1::upstream::H1Response;
+use crate::leg::h2::H2Response;
+use crate::route::Limits;
+use crate::upstream::cluster::{Cluster, EndpointEntry};
+use crate::upstream::pool::RawConn;
+
+/// What the HTTP legs answer with, as the front ends render it.
+pub(crate) type HttpAnswer = Answer<UpstreamResponse>;
+
+/// An endpoint's response, as its leg read it.
+pub(crate) enum UpstreamResponse {
+    /// HTTP/1.1: the connection with what was read of the body, and the head (rewritten
+    /// into the front end's buffer). A `101` to an upgrade request makes a tunnel.
+    H1(RawConn, ResponseHead),
+    /// HTTP/2: the head, the body stream (trailers included) and the request's stream.
+    H2(Box<H2Response>),
+}
+
+impl UpstreamResponse {
+    /// The response's status code.
+    pub fn status(&self) -> u16 {
+        match self {
+            UpstreamResponse::H1(_, head) => head.status,
+            UpstreamResponse::H2(r) => r.head.status.as_u16(),
+        }
+    }
+}
+
+/// What the driver needs to forward one request.
+pub(crate) struct Request<'a> {
+    /// The head for the upstream (see [`crate::exchange::request::rewrite`]), without its per-try
+    /// end; the leg appends that.
+    pub head: &'a mut Vec<u8>,
+    /// What was learned of the request.
+    pub meta: &'a RequestHead,
+    /// When the request arrived (its deadline counts from here).
+    pub start: Instant,
+    /// Its timeouts and retries (the cluster's, or its route's).
+    pub limits: Limits,
+}
+
+/// The HTTP legs: HTTP/1.1 or HTTP/2, as the cluster speaks.
+struct HttpLeg<'r, 'b, B> {
+    /// The cluster speaks HTTP/1.1 (only that leg hedges).
+    http1: bool,
+    head: &'r mut Vec<u8>,
+    common_len: usize,
+    meta: &'r RequestHead,
+    body: &'b mut B,
+    out: &'r mut Vec<u8>,
+}
+
+impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
+    type Won = UpstreamResponse;
+
+    async fn try_once(
+        &mut self,
+        cluster: &Cluster,
+        entry: &EndpointEntry,
+        worker: usize,
+    ) -> Result<UpstreamResponse, TryFailure<UpstreamResponse>> {
+        self.head.truncate(self.common_len);
+        end_head(self.head, self.meta, entry);
+        match cluster.config.protocol {
+            UpstreamProtocol::Http1 => crate::leg::h1::upstream::try_once(
+                entry,
+                cluster,
+                worker,
+                self.head,
+                self.meta,
+                &mut *self.body,
+                self.out,
+            )
+            .await
+            .map(|(conn, head)| UpstreamResponse::H1(conn, head))
+            .map_err(h1_failure),
+            UpstreamProtocol::H2c | UpstreamProtocol::H2 => {
+                crate::leg::h2::try_once(entry, cluster, worker, self.head, self.meta, self.body)
+                    .await
+                    .map(UpstreamResponse::H2)
+                    .map_err(h2_failure)
+            }
+        }
+    }
+
+    fn rewind(&mut self) -> bool {
+        self.body.rewind()
+    }
+
+    fn idempotent(&self) -> bool {
+        self.meta.idempotent
+    }
+
+    fn waiting_on_client(&self) -> bool {
+        self.body.waiting_on_client()
+    }
+
+    fn hedgeable(&self) -> bool {
+        self.http1 && self.meta.idempotent && self.body.inline().is_some()
+    }
+
+    // A failed try carries the response it failed with (moved, not copied).
+    #[allow(clippy::result_large_err)]
+    async fn hedged(
+        &mut self,
+        race: &Race<'_>,
+        first: Tried,
+        timer: &mut Pin<Box<Sleep>>,
+        try_deadline: Instant,
+    ) -> (TryResult<UpstreamResponse>, Tried, Option<EndpointId>) {
+        let Some(inline) = self.body.inline() else {
+            unreachable!("hedgeable: the body is in memory")
+        };
+        // Each try rewrites its response head into a buffer of its own; the winner's becomes
+        // `out` once both tries are gone.
+        let mut head_b = self.head[..self.common_len].to_vec();
+        let mut out_b = Vec::new();
+        let mut a = H1Try {
+            head: &mut *self.head,
+            common_len: self.common_len,
+            meta: self.meta,
+            body: inline,
+            out: &mut *self.out,
+        };
+        let mut b = H1Try {
+            head: &mut head_b,
+            common_len: self.common_len,
+            meta: self.meta,
+            body: inline,
+            out: &mut out_b,
+        };
+        let (result, winner, hedged, hedge_won) =
+            race.run(first, &mut a, &mut b, timer, try_deadline).await;
+        if hedge_won {
+            *self.out = out_b;
+        }
+        let result = result.map(|r| {
+            r.map(|(conn, head)| UpstreamResponse::H1(conn, head))
+                .map_err(h1_failure)
+        });
+        (result, winner, hedged)
+    }
+}
+
+/// One HTTP/1.1 try of a request whose body is in memory: each of a hedge race's two tries
+/// is one, with a head and a response buffer of its own.
+struct H1Try<'a> {
+    head: &'a mut Vec<u8>,
+    common_len: usize,
+    meta: &'a RequestHead,
+    body: &'a [u8],
+    out: &'a mut Vec<u8>,
+}
+
+impl Leg for H1Try<'_> {
+    type Won = H1Response;
+
+    async fn try_once(
+        &mut self,
+        cluster: &Cluster,
+        entry: &EndpointEntry,
+        worker: usize,
+    ) -> Result<H1Response, TryFailure<H1Response>> {
+        self.head.truncate(self.common_len);
+        end_head(self.head, self.meta, entry);
+        let mut body = self.body;
+        crate::leg::h1::upstream::try_once(
+            entry, cluster, worker, self.head, self.meta, &mut body, self.out,
+        )
+        .await
+    }
+
+    fn rewind(&mut self) -> bool {
+        true
+    }
+
+    fn idempotent(&self) -> bool {
+        self.meta.idempotent
+    }
+
+    fn waiting_on_client(&self) -> bool {
+        false
+    }
+}
+
+/// An HTTP/1.1 leg's failure, with its response (if any) as the driver carries it.
+fn h1_failure(f: TryFailure<H1Response>) -> TryFailure<UpstreamResponse> {
+    match f {
+        TryFailure::Status((conn, head), cause) => {
+            TryFailure::Status(UpstreamResponse::H1(conn, head), cause)
+        }
+        TryFailure::Upstream(e) => TryFailure::Upstream(e),
+        TryFailure::Client(r) => TryFailure::Client(r),
+    }
+}
+
+/// An HTTP/2 leg's failure, with its response (if any) as the driver carries it.
+fn h2_failure(f: TryFailure<Box<H2Response>>) -> TryFailure<UpstreamResponse> {
+    match f {
+        TryFailure::Status(r, cause) => TryFailure::Status(UpstreamResponse::H2(r), cause),
+        TryFailure::Upstream(e) => TryFailure::Upstream(e),
+        TryFailure::Client(r) => TryFailure::Client(r),
+    }
+}
+
+/// Forwards a request to `cluster`: picks, tries, retries, and returns the answer to send.
+/// `out` receives the endpoint's HTTP/1.1 response head; `timer` is the connection's
+/// reusable per-try timer.
+pub(crate) async fn forward<B: RequestBody>(
+    cluster: &Arc<Cluster>,
+    client: &Client,
+    req: Request<'_>,
+    body: &mut B,
+    out: &mut Vec<u8>,
+    timer: &mut Pin<Box<Sleep>>,
+) -> HttpAnswer {
+    let hash = match cluster.config.hash_on {
+        Some(HashOn::ClientIp) => Some(crate::upstream::cluster::client_ip_key(client.peer)),
+        _ => req.meta.hash,
+    };
+    let mut leg = HttpLeg {
+        http1: cluster.config.protocol == UpstreamProtocol::Http1,
+        common_len: req.head.len(),
+        head: req.head,
+        meta: req.meta,
+        body,
+        out,
+    };
+    match drive(
+        cluster, client, req.start, req.limits, hash, &mut leg, timer,
+    )
+    .await
+    {
+        Driven::Won(response, tail) => {
+            count_response(cluster, response.status());
+            Answer::Upstream(Upstream { response, tail })
+        }
+        Driven::Own(own) => Answer::Own(own),
+    }
+}
+
+/// The per-try end of a request head: `Host` (the endpoint's) if the client sent none, and the
+/// blank line.
+fn end_head(head: &mut Vec<u8>, meta: &RequestHead, entry: &EndpointEntry) {
+    if !meta.has_host {
+        crate::codec::push_header(head, b"host", entry.header.as_bytes());
+    }
+    head.extend_from_slice(b"\r\n");
+}

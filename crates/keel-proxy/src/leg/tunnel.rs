@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
-use crate::driver::BodyEnd;
+use crate::exchange::error::BodyEnd;
 use crate::observe::metrics::ClusterMetrics;
 
 /// How a tunnel ended.

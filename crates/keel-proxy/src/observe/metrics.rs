@@ -64,18 +64,7 @@ pub fn class_index(status: u16) -> usize {
 
 const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
-/// Why a try to an endpoint failed without a usable answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
-    /// The TCP connection could not be made (refused, unreachable, connect timeout).
-    Connect = 0,
-    /// No answer (or no complete body) within the per-try or request timeout.
-    Timeout = 1,
-    /// The connection was reset or closed early (before or during the response).
-    Reset = 2,
-    /// The answer was not valid HTTP/1.1.
-    Protocol = 3,
-}
+pub(crate) use crate::exchange::error::ErrorKind;
 
 const ERROR_KINDS: [&str; 4] = ["connect", "timeout", "reset", "protocol"];
 

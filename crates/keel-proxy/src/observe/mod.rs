@@ -3,5 +3,6 @@
 
 pub(crate) mod access_log;
 pub(crate) mod admin;
+pub(crate) mod log_budget;
 pub(crate) mod metrics;
 pub(crate) mod recent;

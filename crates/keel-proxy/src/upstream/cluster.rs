@@ -15,6 +15,7 @@ use keel_balance::{Balancer, EndpointId, Outcome, Pick, RetryBudget};
 use crate::config::ClusterConfig;
 use crate::observe::metrics::{ClusterMetrics, EndpointMetrics, ErrorKind, Registry};
 use crate::tls::UpstreamTls;
+use crate::upstream::h2_conns::H2Conns;
 use crate::upstream::pool::{EndpointPool, PoolSettings};
 
 /// One endpoint's prepared data, by its index in the balancer.
@@ -27,9 +28,15 @@ pub struct EndpointEntry {
     pub header: HeaderValue,
     /// Counters.
     pub metrics: Arc<EndpointMetrics>,
-    /// Its keep-alive connections.
+    /// Its keep-alive connections (and the connector of its HTTP/2 ones).
     pub pool: Arc<EndpointPool>,
+    /// Its multiplexed HTTP/2 connections (clusters with `protocol = "h2c"` or `"h2"`).
+    pub(crate) h2: Arc<H2Conns>,
 }
+
+/// Most load probes under way per cluster: beyond that, picks send none (a burst of requests
+/// does not become a burst of connections several times as large).
+pub(crate) const MAX_PROBES_IN_FLIGHT: usize = 256;
 
 /// A cluster at run time. Immutable once built; a reload builds a new one (sharing endpoint
 /// state through [`Balancer::rebuild`]) and swaps it in.
@@ -48,10 +55,10 @@ pub struct Cluster {
     /// Client-facing counters.
     pub metrics: Arc<ClusterMetrics>,
     /// Rate limit of the lines logged about this cluster's failures.
-    pub(crate) log_budget: crate::driver::LogBudget,
+    pub(crate) log_budget: crate::observe::log_budget::LogBudget,
     /// The strategy balances on the load endpoints report (`x-keel-rif`, probes).
     pub uses_load_reports: bool,
-    /// Load probes under way (bounded by [`crate::upstream::probe::MAX_IN_FLIGHT`]).
+    /// Load probes under way (bounded by [`MAX_PROBES_IN_FLIGHT`]).
     pub(crate) probes_in_flight: std::sync::atomic::AtomicUsize,
     epoch: Instant,
 }
@@ -108,11 +115,11 @@ impl Cluster {
             workers: workers.max(1),
         };
         // Endpoints that stay keep their idle connections when the pool settings stay.
-        let old_pools: HashMap<&str, &Arc<EndpointPool>> = match previous {
+        let old_pools: HashMap<&str, &EndpointEntry> = match previous {
             Some(old) if same_client_settings(&old.config, &config) => old
                 .endpoints
                 .iter()
-                .map(|e| (e.authority.as_str(), &e.pool))
+                .map(|e| (e.authority.as_str(), e))
                 .collect(),
             _ => HashMap::new(),
         };
@@ -126,15 +133,19 @@ impl Cluster {
                     header: HeaderValue::from_str(e.address())?,
                     metrics: registry.endpoint(&config.name, e.address()),
                     pool: match old_pools.get(e.address()) {
-                        Some(p) => Arc::clone(p),
+                        Some(old) => Arc::clone(&old.pool),
                         None => EndpointPool::new(e.address(), pool_settings, tls.clone()),
+                    },
+                    h2: match old_pools.get(e.address()) {
+                        Some(old) => Arc::clone(&old.h2),
+                        None => Arc::new(H2Conns::new(pool_settings.workers)),
                     },
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Cluster {
             metrics: registry.cluster(&config.name),
-            log_budget: crate::driver::LogBudget::new(10, epoch),
+            log_budget: crate::observe::log_budget::LogBudget::new(10, epoch),
             uses_load_reports: balancer.uses_load_reports(),
             probes_in_flight: std::sync::atomic::AtomicUsize::new(0),
             config,

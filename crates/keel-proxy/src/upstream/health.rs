@@ -60,7 +60,7 @@ async fn probe(
     let timeout = hc.timeout;
     let work = async {
         if hc.kind == HealthCheckKind::Grpc {
-            return crate::exchange::grpc::probe(entry, tls, &hc.service).await;
+            return crate::upstream::grpc_health::probe(entry, tls, &hc.service).await;
         }
         let mut conn = entry
             .pool

@@ -3,6 +3,8 @@
 //! load probes ([`probe`]).
 
 pub(crate) mod cluster;
+pub(crate) mod grpc_health;
+pub(crate) mod h2_conns;
 pub(crate) mod health;
 pub(crate) mod pool;
 pub(crate) mod probe;

@@ -87,8 +87,6 @@ pub struct EndpointPool {
     tls: Option<UpstreamTls>,
     /// Idle connections, a stack per worker, newest at the back.
     stacks: Box<[Mutex<VecDeque<RawConn>>]>,
-    /// Multiplexed HTTP/2 connections (clusters with `protocol = "h2c"` or `"h2"`).
-    pub(crate) h2: crate::leg::h2::H2Conns,
 }
 
 impl EndpointPool {
@@ -107,7 +105,6 @@ impl EndpointPool {
             stacks: (0..settings.workers.max(1))
                 .map(|_| Mutex::new(VecDeque::new()))
                 .collect(),
-            h2: crate::leg::h2::H2Conns::new(settings.workers),
         });
         pool.spawn_reaper();
         pool

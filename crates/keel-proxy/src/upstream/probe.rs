@@ -11,11 +11,7 @@ use std::time::Duration;
 
 use keel_balance::EndpointId;
 
-use crate::upstream::cluster::Cluster;
-
-/// Most probes under way per cluster: beyond that, picks send none (a burst of requests does
-/// not become a burst of connections several times as large).
-pub(crate) const MAX_IN_FLIGHT: usize = 256;
+use crate::upstream::cluster::{Cluster, MAX_PROBES_IN_FLIGHT};
 
 thread_local! {
     /// The balancer's targets, reused between picks.
@@ -34,7 +30,7 @@ pub(crate) fn after_pick(cluster: &Arc<Cluster>, now: Duration) {
             let Some(index) = cluster.endpoints.iter().position(|e| e.id == id) else {
                 continue;
             };
-            if cluster.probes_in_flight.fetch_add(1, Relaxed) >= MAX_IN_FLIGHT {
+            if cluster.probes_in_flight.fetch_add(1, Relaxed) >= MAX_PROBES_IN_FLIGHT {
                 cluster.probes_in_flight.fetch_sub(1, Relaxed);
                 return;
             }

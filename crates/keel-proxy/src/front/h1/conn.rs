@@ -14,16 +14,16 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::watch;
 
-use crate::codec::{idle_timer, push_content_length, push_date, push_header, until, write_all_2};
+use crate::codec::{push_content_length, push_date, push_header};
 use crate::config::ListenerConfig;
-use crate::driver::{
-    self, Answer, BodyEnd, Client, OwnAnswer, Request, Upstream, UpstreamResponse,
-};
-use crate::exchange::request::{
-    parse_request, BodyFraming, Reject, RequestHead, RequestParse, RequestRules,
-};
+use crate::driver::answer::{self, OwnAnswer, Upstream};
+use crate::exchange::error::BodyEnd;
+use crate::exchange::request::{BodyFraming, Client, Reject, RequestHead, RequestRules};
+use crate::front::h1::parse::{parse_request, RequestParse};
 use crate::front::h1::relay::{relay_response, ClientBody, RelayError};
+use crate::io::{idle_timer, until, write_all_2};
 use crate::leg::h1::response::Framing;
+use crate::leg::{self, HttpAnswer, Request, UpstreamResponse};
 use crate::observe::access_log::{AccessLog, Entry, RequestLine};
 use crate::route::{RouteRef, Target};
 use crate::server::Shared;
@@ -116,11 +116,8 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             } else {
                 let routing = shared.routing.load();
                 let routes = &routing.listeners[index];
-                let rules = RequestRules {
-                    routes: Some(routes),
-                    ..RequestRules::new(client, None, settings.max_headers, max_body)
-                };
-                match parse_request(&conn.rbuf, &rules, &mut conn.up_head) {
+                let rules = RequestRules::new(client, None, settings.max_headers, max_body);
+                match parse_request(&conn.rbuf, &rules, Some(routes), &mut conn.up_head) {
                     RequestParse::Ready(h) if h.head_len <= settings.max_header_bytes => {
                         break (routes.target(h.route).cloned(), h)
                     }
@@ -157,7 +154,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             // No route and no listener cluster. The body is not read: a request with one
             // leaves the connection where only a close is safe.
             shared.count_not_found(index);
-            let own = driver::not_found();
+            let own = answer::not_found();
             let keep = req.keep_alive && req.body == BodyFraming::None && stop.borrow().is_none();
             conn.stream.sent = 0;
             let kept = conn.answer(&own, keep, &req).await;
@@ -238,7 +235,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                         return Served::Closed;
                     }
                 }
-                let answer = driver::forward(
+                let answer = leg::forward(
                     &target.cluster,
                     client,
                     Request {
@@ -301,7 +298,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             max_body,
             req.expect_continue,
         );
-        let answer = driver::forward(
+        let answer = leg::forward(
             &target.cluster,
             client,
             Request {
@@ -323,7 +320,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     /// the request was read to its end.
     async fn send(
         &mut self,
-        answer: Answer,
+        answer: HttpAnswer,
         req: &RequestHead,
         reusable: bool,
         stop: &watch::Receiver<Option<Duration>>,
@@ -333,7 +330,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         self.unread |= !reusable;
         self.stream.sent = 0;
         match answer {
-            Answer::Own(own) => {
+            HttpAnswer::Own(own) => {
                 // A refused body leaves the connection in an unknown state.
                 let refused = own.status == 400 || own.status == 413 || own.status == 408;
                 self.unread |= refused;
@@ -344,7 +341,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 }
                 kept
             }
-            Answer::Upstream(up) => {
+            HttpAnswer::Upstream(up) => {
                 let Some(log) = log else {
                     return self.forward(up, keep, req).await;
                 };
@@ -402,7 +399,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
 
     /// Forwards an endpoint's response (its head is in `self.out`) and its body, then ends
     /// its tail with the body's outcome. Returns whether the client connection stays.
-    async fn forward(&mut self, up: Upstream, keep_alive: bool, req: &RequestHead) -> bool {
+    async fn forward(
+        &mut self,
+        up: Upstream<UpstreamResponse>,
+        keep_alive: bool,
+        req: &RequestHead,
+    ) -> bool {
         let Upstream { response, tail } = up;
         let (mut conn, head) = match response {
             UpstreamResponse::H1(conn, head) => (conn, head),
@@ -511,7 +513,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             .extend_from_slice(itoa_status(own.status).as_slice());
         self.out.push(b' ');
         self.out
-            .extend_from_slice(driver::reason(own.status).as_bytes());
+            .extend_from_slice(answer::reason(own.status).as_bytes());
         self.out.extend_from_slice(b"\r\n");
         push_header(&mut self.out, b"content-type", b"text/plain; charset=utf-8");
         push_content_length(&mut self.out, own.text.len() as u64);
@@ -543,7 +545,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     /// Answers a request refused before it reached the driver, and closes the connection.
     async fn refuse(&mut self, shared: &Shared, client: &Client, reject: Reject) -> Served<S> {
         let started = Instant::now();
-        let own = driver::refused(reject);
+        let own = answer::refused(reject);
         tracing::debug!(client = %client.peer, "refused a request: {}", reject.cause());
         self.stream.sent = 0;
         self.answer(&own, false, &RequestHead::default()).await;

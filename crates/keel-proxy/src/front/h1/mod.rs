@@ -2,4 +2,5 @@
 //! response relay ([`relay`]).
 
 pub(crate) mod conn;
+pub(crate) mod parse;
 pub(crate) mod relay;

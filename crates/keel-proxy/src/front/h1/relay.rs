@@ -11,9 +11,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Sleep;
 
 use crate::codec::chunked::{chunk, ChunkedDecoder, LAST_CHUNK};
-use crate::codec::{until, write_all_2, write_all_vectored};
-use crate::driver::RequestBody;
-use crate::exchange::request::{BodyFraming, Reject};
+use crate::exchange::request::{BodyFraming, Reject, RequestBody};
+use crate::io::{until, write_all_2, write_all_vectored};
 use crate::leg::h1::response::Framing;
 use crate::upstream::pool::RawConn;
 

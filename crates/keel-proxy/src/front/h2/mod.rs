@@ -7,18 +7,16 @@
 //! gRPC statuses (HTTP 200, trailers-only).
 
 use std::convert::Infallible;
-use std::future::Future;
 use std::io;
 use std::mem::MaybeUninit;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use http_body_util::BodyExt;
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::{Body, Incoming};
 use hyper::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -27,19 +25,22 @@ use tokio::sync::watch;
 
 use crate::codec::chunked::ChunkedDecoder;
 use crate::config::ListenerConfig;
-use crate::driver::{
-    self, Answer, BodyEnd, Client, OwnAnswer, Request, RequestBody, Tail, UpstreamResponse,
-};
-use crate::exchange::request::{BodyFraming, Reject, RequestRules};
+use crate::driver::account::Tail;
+use crate::driver::answer::{self, Answer, OwnAnswer};
+use crate::exchange::error::BodyEnd;
+use crate::exchange::request::{BodyFraming, Client, Reject, RequestRules};
 use crate::leg::h1::response::Framing;
 use crate::leg::h2::{H2Response, RequestPump};
-use crate::observe::access_log::{AccessLog, Entry, RequestLine};
+use crate::leg::{self, Request, UpstreamResponse};
 use crate::server::Shared;
-use crate::upstream::pool::RawConn;
 
-/// Request bodies with a length up to this are read whole before the request is forwarded
-/// (any try can send them again); others stream.
-const MAX_INLINE_BODY: u64 = 64 * 1024;
+pub(crate) mod body;
+mod log;
+
+use body::{
+    ActiveRequest, ClientBody, ConnActivity, H2Body, H2UpstreamBody, UpstreamBody, MAX_INLINE_BODY,
+};
+use log::{H2Log, H2LogUpstream, WithHead};
 
 /// Serves an HTTP/2 connection (TLS with ALPN `h2`, or plain with prior knowledge) until it
 /// ends, stays idle too long, or the proxy shuts down (then it finishes its requests).
@@ -136,7 +137,7 @@ async fn handle(
             )
             .into_bytes();
         }
-        return own_response(driver::not_found(), active, log);
+        return own_response(answer::not_found(), active, log);
     };
     let mut log = log;
     if let Some(l) = &mut log {
@@ -166,7 +167,7 @@ async fn handle(
     };
     let grpc = meta.grpc;
     let mut out = Vec::with_capacity(512);
-    let mut timer = crate::codec::idle_timer();
+    let mut timer = crate::io::idle_timer();
     let start = Instant::now();
     let request = Request {
         head: &mut head,
@@ -189,7 +190,7 @@ async fn handle(
                 return refused(Reject::InvalidBody, active, log.with_head(head), grpc);
             }
             let mut inline = &data[..];
-            driver::forward(
+            leg::forward(
                 &target.cluster,
                 client,
                 request,
@@ -200,7 +201,7 @@ async fn handle(
             .await
         }
         BodyFraming::None => {
-            driver::forward(
+            leg::forward(
                 &target.cluster,
                 client,
                 request,
@@ -213,7 +214,7 @@ async fn handle(
         _ => {
             let streamed = streamed.insert(ClientBody::new(body, max_body));
             let cluster = &target.cluster;
-            driver::forward(cluster, client, request, streamed, &mut out, &mut timer).await
+            leg::forward(cluster, client, request, streamed, &mut out, &mut timer).await
         }
     };
     let log = log.with_head(head);
@@ -282,7 +283,7 @@ async fn handle(
             own_response(
                 OwnAnswer {
                     status: 502,
-                    text: driver::answer_text(502, CAUSE),
+                    text: answer::answer_text(502, CAUSE),
                     endpoint: None,
                     guard: None,
                     attempts: 1,
@@ -310,9 +311,9 @@ fn refused(
     grpc: bool,
 ) -> Response<H2Body> {
     if grpc {
-        grpc_own_response(driver::refused(reject), active, log)
+        grpc_own_response(answer::refused(reject), active, log)
     } else {
-        own_response(driver::refused(reject), active, log)
+        own_response(answer::refused(reject), active, log)
     }
 }
 
@@ -384,83 +385,6 @@ fn h2_response(
     Response::from_parts(head, H2Body::H2Upstream(Box::new(body)))
 }
 
-/// What the access log needs of an HTTP/2 request besides its answer.
-struct H2Log {
-    log: Arc<AccessLog>,
-    client: Arc<Client>,
-    started: Instant,
-    cluster: Option<Arc<crate::upstream::cluster::Cluster>>,
-    route: Option<u16>,
-    /// The head as rewritten for the upstream (the request line and headers the log shows).
-    head: Vec<u8>,
-}
-
-/// The answer's part of an HTTP/2 access-log line, written when its body ends.
-struct H2LogUpstream {
-    log: H2Log,
-    status: u16,
-    endpoint: HeaderValue,
-    attempts: u32,
-    /// Body bytes sent.
-    sent: u64,
-}
-
-impl H2LogUpstream {
-    /// Writes the line of a response whose body has ended.
-    fn write(&self) {
-        self.log.write(
-            self.status,
-            self.sent,
-            Some(self.endpoint.as_bytes()),
-            self.attempts,
-            None,
-        );
-    }
-}
-
-trait WithHead {
-    fn with_head(self, head: Vec<u8>) -> Self;
-}
-
-impl WithHead for Option<H2Log> {
-    /// The log context with the request's rewritten head (moved, not copied).
-    fn with_head(mut self, head: Vec<u8>) -> Self {
-        if let Some(l) = &mut self {
-            l.head = head;
-        }
-        self
-    }
-}
-
-impl H2Log {
-    fn write(
-        &self,
-        status: u16,
-        sent: u64,
-        endpoint: Option<&[u8]>,
-        attempts: u32,
-        cause: Option<&str>,
-    ) {
-        self.log.log(
-            self.client.worker,
-            &Entry {
-                client: &self.client.ip,
-                request: RequestLine::parse(&self.head),
-                protocol: "HTTP/2.0",
-                status,
-                bytes_sent: sent,
-                body_bytes_sent: sent,
-                duration: self.started.elapsed(),
-                cluster: self.cluster.as_ref().map(|c| c.name()),
-                endpoint,
-                attempts,
-                route: self.route,
-                cause,
-            },
-        );
-    }
-}
-
 fn own_response(own: OwnAnswer, active: ActiveRequest, log: Option<H2Log>) -> Response<H2Body> {
     if let Some(l) = &log {
         let endpoint = own.endpoint.as_ref().map(|e| e.as_bytes());
@@ -512,435 +436,6 @@ fn response_parts(head: &[u8]) -> Result<Response<()>, ()> {
         map.append(name, value);
     }
     Ok(response)
-}
-
-/// An HTTP/2 client's request body, streamed as the leg asks for it. Its first
-/// `MAX_INLINE_BODY` bytes are kept, so that a try that failed before the endpoint acted
-/// (a gRPC UNAVAILABLE) can send them again to another endpoint.
-struct ClientBody {
-    body: Incoming,
-    piece: Bytes,
-    started: bool,
-    /// A frame is being awaited from the client.
-    reading: bool,
-    received: u64,
-    max: u64,
-    /// What was handed out so far, while it fits in `MAX_INLINE_BODY`.
-    recorded: Vec<u8>,
-    /// More was handed out than was kept: the body cannot be sent again.
-    overflowed: bool,
-    /// The recording goes out again before the rest.
-    replay: bool,
-    /// The client's stream ended.
-    ended: bool,
-    trailers: Option<hyper::HeaderMap>,
-}
-
-impl ClientBody {
-    fn new(body: Incoming, max: u64) -> Self {
-        Self {
-            body,
-            piece: Bytes::new(),
-            started: false,
-            reading: false,
-            received: 0,
-            max,
-            recorded: Vec::new(),
-            overflowed: false,
-            replay: false,
-            ended: false,
-            trailers: None,
-        }
-    }
-
-    /// The recording, when a rewind made it due again and it was not sent yet.
-    fn take_unsent(&mut self) -> Option<Bytes> {
-        let due = std::mem::take(&mut self.replay) && !self.recorded.is_empty();
-        due.then(|| Bytes::from(std::mem::take(&mut self.recorded)))
-    }
-}
-
-impl RequestBody for ClientBody {
-    fn started(&self) -> bool {
-        self.started
-    }
-
-    fn waiting_on_client(&self) -> bool {
-        self.reading
-    }
-
-    fn rewind(&mut self) -> bool {
-        if !self.started {
-            return true;
-        }
-        if self.overflowed {
-            return false;
-        }
-        self.replay = true;
-        true
-    }
-
-    fn trailers(&mut self) -> Option<hyper::HeaderMap> {
-        self.trailers.clone()
-    }
-
-    fn full_duplex(&self) -> bool {
-        true
-    }
-
-    async fn next_piece(&mut self) -> Result<&[u8], Reject> {
-        self.started = true;
-        if std::mem::take(&mut self.replay) && !self.recorded.is_empty() {
-            return Ok(&self.recorded);
-        }
-        if self.ended {
-            return Ok(&[]);
-        }
-        loop {
-            self.reading = true;
-            let frame = self.body.frame().await;
-            self.reading = false;
-            match frame {
-                None => {
-                    self.ended = true;
-                    return Ok(&[]);
-                }
-                Some(Err(_)) => return Err(Reject::InvalidBody),
-                Some(Ok(frame)) => {
-                    // Trailers go to HTTP/2 endpoints (HTTP/1.1 ones get none).
-                    let data = match frame.into_data() {
-                        Ok(data) => data,
-                        Err(frame) => {
-                            self.trailers = frame.into_trailers().ok();
-                            continue;
-                        }
-                    };
-                    if data.is_empty() {
-                        continue;
-                    }
-                    self.received += data.len() as u64;
-                    if self.received > self.max {
-                        return Err(Reject::BodyTooLarge);
-                    }
-                    if !self.overflowed {
-                        if self.recorded.len() + data.len() <= MAX_INLINE_BODY as usize {
-                            self.recorded.extend_from_slice(&data);
-                        } else {
-                            self.overflowed = true;
-                            self.recorded = Vec::new();
-                        }
-                    }
-                    self.piece = data;
-                    return Ok(&self.piece);
-                }
-            }
-        }
-    }
-}
-
-/// A response body sent to an HTTP/2 client.
-pub(crate) enum H2Body {
-    /// keel's own answer.
-    Own {
-        data: Option<Bytes>,
-        _guard: Option<driver::DownstreamGuard>,
-        _active: ActiveRequest,
-    },
-    /// The endpoint's body, read from its connection.
-    Upstream(Box<UpstreamBody>),
-    /// An HTTP/2 endpoint's body and trailers.
-    H2Upstream(Box<H2UpstreamBody>),
-}
-
-/// An HTTP/2 endpoint's body and trailers on their way to the client, the rest of the
-/// client's body going the other way; the end finishes the pick (a gRPC call's by its status).
-pub(crate) struct H2UpstreamBody {
-    response: Box<H2Response>,
-    tail: Option<Tail>,
-    pump: Option<RequestPump>,
-    deadline: Pin<Box<tokio::time::Sleep>>,
-    /// The access-log line to write when the body ends.
-    log: Option<Box<H2LogUpstream>>,
-    _active: ActiveRequest,
-}
-
-impl H2UpstreamBody {
-    fn end(&mut self, end: BodyEnd) {
-        if let Some(tail) = self.tail.take() {
-            tail.end(end, None);
-            if let Some(l) = self.log.take() {
-                l.write();
-            }
-        }
-    }
-}
-
-impl Drop for H2UpstreamBody {
-    fn drop(&mut self) {
-        self.end(BodyEnd::ClientGone);
-    }
-}
-
-/// The endpoint's body, read from its connection as hyper asks for it, until the request's
-/// deadline; its end finishes the pick.
-pub(crate) struct UpstreamBody {
-    conn: Option<RawConn>,
-    framing: Framing,
-    /// Bytes of a `Length` body not yet sent.
-    left: u64,
-    decoder: ChunkedDecoder,
-    keep_alive: bool,
-    tail: Option<Tail>,
-    deadline: Pin<Box<tokio::time::Sleep>>,
-    /// The access-log line to write when the body ends.
-    log: Option<Box<H2LogUpstream>>,
-    _active: ActiveRequest,
-}
-
-impl UpstreamBody {
-    fn end(&mut self, end: BodyEnd) {
-        if let Some(tail) = self.tail.take() {
-            let conn = self.conn.take().filter(|_| self.keep_alive);
-            tail.end(end, conn);
-            if let Some(l) = self.log.take() {
-                l.write();
-            }
-        }
-    }
-
-    /// The next frame's data: `Ok(None)` at the end of the body.
-    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, String>> {
-        let Some(conn) = self.conn.as_mut() else {
-            return Poll::Ready(Ok(None));
-        };
-        loop {
-            match self.framing {
-                Framing::Empty => return Poll::Ready(Ok(None)),
-                Framing::Length(_) if self.left == 0 => return Poll::Ready(Ok(None)),
-                Framing::Length(_) if !conn.buf.is_empty() => {
-                    let n = (conn.buf.len() as u64).min(self.left) as usize;
-                    self.left -= n as u64;
-                    return Poll::Ready(Ok(Some(conn.buf.split_to(n).freeze())));
-                }
-                Framing::Chunked if !conn.buf.is_empty() => {
-                    let step = self.decoder.step(&conn.buf).map_err(|e| e.to_string())?;
-                    conn.buf.advance(step.framing);
-                    if step.data > 0 {
-                        return Poll::Ready(Ok(Some(conn.buf.split_to(step.data).freeze())));
-                    }
-                    if step.done {
-                        return Poll::Ready(Ok(None));
-                    }
-                    continue;
-                }
-                Framing::Chunked if self.decoder.is_done() => return Poll::Ready(Ok(None)),
-                Framing::Close if !conn.buf.is_empty() => {
-                    let n = conn.buf.len();
-                    return Poll::Ready(Ok(Some(conn.buf.split_to(n).freeze())));
-                }
-                _ => {}
-            }
-            match poll_read_buf(conn, cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Ok(0)) if self.framing == Framing::Close => {
-                    self.keep_alive = false;
-                    return Poll::Ready(Ok(None));
-                }
-                Poll::Ready(Ok(0)) => {
-                    return Poll::Ready(Err("connection closed in the middle of the body".into()))
-                }
-                Poll::Ready(Ok(_)) => {}
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.to_string())),
-            }
-        }
-    }
-}
-
-impl Drop for UpstreamBody {
-    fn drop(&mut self) {
-        // hyper drops an unfinished body when the client resets the stream or goes away.
-        self.end(BodyEnd::ClientGone);
-    }
-}
-
-/// Reads what the endpoint's connection has into its buffer.
-fn poll_read_buf(conn: &mut RawConn, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-    if conn.buf.capacity() - conn.buf.len() < 4096 {
-        conn.buf.reserve(16 * 1024);
-    }
-    let spare = conn.buf.chunk_mut();
-    // SAFETY: `ReadBuf` only writes initialized bytes into the spare capacity and reports how
-    // many; exactly those are then marked as filled.
-    let spare = unsafe { &mut *(spare as *mut _ as *mut [MaybeUninit<u8>]) };
-    let mut read = ReadBuf::uninit(spare);
-    match Pin::new(&mut conn.io).poll_read(cx, &mut read) {
-        Poll::Ready(Ok(())) => {
-            let n = read.filled().len();
-            // SAFETY: `n` bytes of the spare capacity were initialized by the read.
-            unsafe { conn.buf.advance_mut(n) };
-            Poll::Ready(Ok(n))
-        }
-        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-        Poll::Pending => Poll::Pending,
-    }
-}
-
-impl Body for H2Body {
-    type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        match self.get_mut() {
-            H2Body::Own { data, .. } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            H2Body::Upstream(up) => match up.poll_data(cx) {
-                Poll::Ready(Ok(Some(data))) => {
-                    if let Some(l) = &mut up.log {
-                        l.sent += data.len() as u64;
-                    }
-                    Poll::Ready(Some(Ok(Frame::data(data))))
-                }
-                Poll::Ready(Ok(None)) => {
-                    up.end(BodyEnd::Done);
-                    Poll::Ready(None)
-                }
-                Poll::Ready(Err(cause)) => {
-                    tracing::debug!("response body failed: {cause}");
-                    up.end(BodyEnd::UpstreamFailed);
-                    Poll::Ready(Some(Err(cause.into())))
-                }
-                Poll::Pending => {
-                    if up.deadline.as_mut().poll(cx).is_ready() {
-                        up.end(BodyEnd::Timeout);
-                        return Poll::Ready(Some(Err(
-                            "request timeout reached while streaming the response body".into(),
-                        )));
-                    }
-                    Poll::Pending
-                }
-            },
-            H2Body::H2Upstream(up) => {
-                if let Some(pump) = &mut up.pump {
-                    pump.poll(cx);
-                }
-                match up.response.poll_frame(cx) {
-                    Poll::Ready(Some(Ok(frame))) => {
-                        if let (Some(l), Some(data)) = (&mut up.log, frame.data_ref()) {
-                            l.sent += data.len() as u64;
-                        }
-                        // Trailers end the body: hyper may not poll again after them.
-                        if frame.is_trailers() {
-                            let end = up.response.end();
-                            up.end(end);
-                        }
-                        Poll::Ready(Some(Ok(frame)))
-                    }
-                    Poll::Ready(None) => {
-                        let end = up.response.end();
-                        up.end(end);
-                        Poll::Ready(None)
-                    }
-                    Poll::Ready(Some(Err(e))) => {
-                        tracing::debug!("response body failed: {e}");
-                        up.end(BodyEnd::UpstreamFailed);
-                        Poll::Ready(Some(Err(e.into())))
-                    }
-                    Poll::Pending => {
-                        if up.tail.is_some() && up.deadline.as_mut().poll(cx).is_ready() {
-                            up.end(BodyEnd::Timeout);
-                            return Poll::Ready(Some(Err(
-                                "request timeout reached while streaming the response body".into(),
-                            )));
-                        }
-                        Poll::Pending
-                    }
-                }
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            H2Body::Own { data, .. } => data.is_none(),
-            H2Body::Upstream(up) => up.tail.is_none(),
-            H2Body::H2Upstream(up) => up.response.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            H2Body::Own { data, .. } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
-            }
-            H2Body::Upstream(up) => match up.framing {
-                Framing::Length(_) => SizeHint::with_exact(up.left),
-                Framing::Empty => SizeHint::with_exact(0),
-                _ => SizeHint::default(),
-            },
-            H2Body::H2Upstream(up) => match up.response.content_length() {
-                Some(n) if !up.response.is_end_stream() => SizeHint::with_exact(n),
-                _ => SizeHint::default(),
-            },
-        }
-    }
-}
-
-/// A connection's activity: requests being served and when the last one ended, read by the
-/// connection's idle timer.
-#[derive(Debug)]
-struct ConnActivity {
-    base: Instant,
-    active: AtomicU32,
-    /// When the last response finished, in nanoseconds since `base`.
-    last_end_nanos: AtomicU64,
-}
-
-impl ConnActivity {
-    fn new() -> Self {
-        Self {
-            base: Instant::now(),
-            active: AtomicU32::new(0),
-            last_end_nanos: AtomicU64::new(0),
-        }
-    }
-
-    /// Resolves once the connection has had no request in flight for `idle`.
-    async fn idle_for(&self, idle: Duration) {
-        loop {
-            let last = self.last_end_nanos.load(Ordering::Relaxed);
-            let deadline = self.base + Duration::from_nanos(last) + idle;
-            tokio::time::sleep_until(deadline.into()).await;
-            if self.active.load(Ordering::Acquire) > 0 {
-                // Busy: look again one idle period later.
-                tokio::time::sleep(idle).await;
-                continue;
-            }
-            if self.last_end_nanos.load(Ordering::Relaxed) == last {
-                return;
-            }
-        }
-    }
-}
-
-/// Marks the connection busy while a request and its response last.
-pub(crate) struct ActiveRequest(Arc<ConnActivity>);
-
-impl ActiveRequest {
-    fn new(activity: &Arc<ConnActivity>) -> Self {
-        activity.active.fetch_add(1, Ordering::Relaxed);
-        Self(activity.clone())
-    }
-}
-
-impl Drop for ActiveRequest {
-    fn drop(&mut self) {
-        let c = &self.0;
-        c.last_end_nanos
-            .store(c.base.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        c.active.fetch_sub(1, Ordering::Release);
-    }
 }
 
 /// A stream whose first bytes were already read (by the HTTP/1.1 front end, which found

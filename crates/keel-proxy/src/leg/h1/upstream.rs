@@ -10,9 +10,9 @@ use bytes::Buf;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::codec::chunked::{chunk, LAST_CHUNK};
-use crate::codec::write_all_vectored;
-use crate::driver::{Cause, RequestBody, TryError, TryFailure};
-use crate::exchange::request::{BodyFraming, RequestHead};
+use crate::exchange::error::{Cause, TryError, TryFailure};
+use crate::exchange::request::{BodyFraming, RequestBody, RequestHead};
+use crate::io::write_all_vectored;
 use crate::leg::h1::response::{parse_response, Framing, ResponseHead};
 use crate::observe::metrics::{class_index, ErrorKind};
 use crate::upstream::cluster::{Cluster, EndpointEntry};
@@ -91,7 +91,7 @@ async fn send_request<B: RequestBody>(
     let upstream =
         |e| TryFailure::Upstream(TryError::after_sending(ErrorKind::Reset, Cause::Write(e)));
     if let Some(inline) = body.inline() {
-        return crate::codec::write_all_2(&mut conn.io, head, inline)
+        return crate::io::write_all_2(&mut conn.io, head, inline)
             .await
             .map_err(upstream);
     }
@@ -213,7 +213,7 @@ pub(crate) async fn exchange(conn: &mut RawConn, head: &[u8]) -> Result<(u16, bo
 
 /// [`exchange`], returning the parsed response head (its status, its reported load).
 pub(crate) async fn exchange_head(conn: &mut RawConn, head: &[u8]) -> Result<ResponseHead, String> {
-    crate::codec::write_all_2(&mut conn.io, head, &[])
+    crate::io::write_all_2(&mut conn.io, head, &[])
         .await
         .map_err(|e| format!("cannot send: {e}"))?;
     let mut out = Vec::new();

@@ -1,0 +1,141 @@
+//! What the driver hands back to the front end: keel's own answer (counted, logged, as
+//! detailed as the listener shows) or the endpoint's response with the [`Tail`] that finishes
+//! its pick.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use crate::config::ErrorDetail;
+use crate::driver::account::{DownstreamGuard, Tail};
+use crate::exchange::error::{Cause, Detailed};
+use crate::exchange::request::{Client, Reject};
+use crate::observe::metrics::class_index;
+use crate::upstream::cluster::Cluster;
+
+/// The body text of keel's own answers: `"<status> <reason>: <cause>\n"`.
+pub(crate) fn answer_text(status: u16, cause: &str) -> String {
+    format!("{status} {}: {cause}\n", reason(status))
+}
+
+/// The standard reason phrase of a status.
+pub(crate) fn reason(status: u16) -> &'static str {
+    hyper::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or("")
+}
+
+/// keel's answer to a request that no route matches on a listener without `cluster`.
+pub(crate) fn not_found() -> OwnAnswer {
+    const CAUSE: &str = "no route matches the request";
+    OwnAnswer {
+        status: 404,
+        text: answer_text(404, CAUSE),
+        endpoint: None,
+        guard: None,
+        attempts: 0,
+        cause: CAUSE.to_string(),
+    }
+}
+
+/// keel's answer to a request refused before it reached the driver.
+pub(crate) fn refused(reject: Reject) -> OwnAnswer {
+    OwnAnswer {
+        status: reject.status(),
+        text: answer_text(reject.status(), reject.cause()),
+        endpoint: None,
+        guard: None,
+        attempts: 0,
+        cause: reject.cause().to_string(),
+    }
+}
+
+/// keel's own answer to a request.
+pub(crate) struct OwnAnswer {
+    /// The status.
+    pub status: u16,
+    /// The body (see [`answer_text`]), with as much detail as the listener shows.
+    pub text: String,
+    /// The endpoint the last try went to (`x-keel-endpoint`), if any.
+    pub endpoint: Option<hyper::http::HeaderValue>,
+    /// Counts the request as in flight until the answer is sent.
+    pub guard: Option<DownstreamGuard>,
+    /// Tries made.
+    pub attempts: u32,
+    /// The cause in full, as logged (the access log's `cause`).
+    pub cause: String,
+}
+
+/// The endpoint's response, head read; its body still to come unless it was small. `W` is
+/// the leg's response (for HTTP: [`crate::leg::UpstreamResponse`]).
+pub(crate) struct Upstream<W> {
+    /// The response.
+    pub response: W,
+    /// Finishes the pick once the body is through.
+    pub tail: Tail,
+}
+
+/// What the driver decided: the front end sends it.
+pub(crate) enum Answer<W> {
+    /// keel answers itself.
+    Own(OwnAnswer),
+    /// The endpoint's response goes to the client.
+    Upstream(Upstream<W>),
+}
+
+/// Counts a response to the client by its status class.
+pub(crate) fn count_response(cluster: &Cluster, status: u16) {
+    cluster.metrics.responses[class_index(status)].fetch_add(1, Relaxed);
+}
+
+/// keel's own answer: counted, logged (5xx, rate-limited), its text as detailed as the
+/// listener shows.
+pub(crate) fn own(
+    cluster: &Cluster,
+    client: &Client,
+    status: u16,
+    cause: &Cause,
+    endpoint: Option<usize>,
+    guard: Option<DownstreamGuard>,
+    attempts: u32,
+) -> OwnAnswer {
+    count_response(cluster, status);
+    let entry = endpoint.map(|i| &cluster.endpoints[i]);
+    let address = entry.map(|e| e.authority.as_str());
+    let full = Detailed {
+        cause,
+        cluster: cluster.name(),
+        endpoint: address,
+    }
+    .to_string();
+    if status >= 500 && cluster.log_budget.allow() {
+        tracing::warn!(
+            cluster = cluster.name(),
+            client = %client.peer,
+            suppressed = cluster.log_budget.take_suppressed(),
+            "answered {status}: {full}",
+        );
+    }
+    let text = match client.error_detail {
+        ErrorDetail::Full => answer_text(status, &full),
+        ErrorDetail::Brief => answer_text(status, cause.brief()),
+    };
+    OwnAnswer {
+        status,
+        text,
+        endpoint: entry.map(|e| e.header.clone()),
+        guard,
+        attempts,
+        cause: full,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_answers_name_status_reason_and_cause() {
+        assert_eq!(answer_text(502, "x"), "502 Bad Gateway: x\n");
+        assert_eq!(not_found().status, 404);
+    }
+}

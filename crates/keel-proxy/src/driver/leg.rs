@@ -1,0 +1,176 @@
+//! The driver's side of a leg: the [`Leg`] trait every upstream protocol implements, and the
+//! hedge [`Race`] of two tries on two legs (generic: it knows no protocol).
+
+use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use keel_balance::{EndpointId, Pick, PickContext};
+use tokio::time::Sleep;
+
+use crate::driver::account::{failed, timed_out};
+use crate::exchange::error::TryFailure;
+use crate::exchange::request::Client;
+use crate::route::Limits;
+use crate::upstream::cluster::{Cluster, EndpointEntry};
+
+/// An upstream protocol: one try of a request (or a connection) on one endpoint.
+pub(crate) trait Leg {
+    /// What a try yields when the endpoint answers.
+    type Won;
+    /// One try on the endpoint `entry` of `cluster`, from worker `worker`.
+    async fn try_once(
+        &mut self,
+        cluster: &Cluster,
+        entry: &EndpointEntry,
+        worker: usize,
+    ) -> Result<Self::Won, TryFailure<Self::Won>>;
+    /// Prepares the request to go again (to another endpoint); false if it cannot.
+    fn rewind(&mut self) -> bool;
+    /// Sending the request twice has the effect of once (RFC 9110 section 9.2.2).
+    fn idempotent(&self) -> bool;
+    /// A try that ran out of time was waiting on the client, not on the endpoint.
+    fn waiting_on_client(&self) -> bool;
+    /// The first try may be hedged (an idempotent HTTP/1.1 request whose body is in memory).
+    fn hedgeable(&self) -> bool {
+        false
+    }
+    /// The first try, hedged (see [`Race`]); only called when [`Self::hedgeable`].
+    async fn hedged(
+        &mut self,
+        race: &Race<'_>,
+        first: Tried,
+        timer: &mut Pin<Box<Sleep>>,
+        try_deadline: Instant,
+    ) -> (TryResult<Self::Won>, Tried, Option<EndpointId>) {
+        let entry = &race.cluster.endpoints[first.pick.index()];
+        let one = self.try_once(race.cluster, entry, race.client.worker);
+        (
+            crate::io::until(timer, try_deadline, one).await,
+            first,
+            None,
+        )
+    }
+}
+
+/// A try's pick, and when it was made (the balancer's clock and the wall clock).
+pub(crate) struct Tried {
+    pub(crate) pick: Pick,
+    pub(crate) at: Duration,
+    pub(crate) wall: Instant,
+}
+
+/// A hedged first try: what it needs besides the tries themselves.
+pub(crate) struct Race<'a> {
+    pub(crate) cluster: &'a Arc<Cluster>,
+    pub(crate) client: &'a Client,
+    pub(crate) hash: Option<u64>,
+    pub(crate) deadline: Instant,
+    pub(crate) limits: Limits,
+    pub(crate) hedger: &'a keel_balance::Hedger,
+    /// How long the first try runs alone.
+    pub(crate) delay: Duration,
+    /// Endpoints tried so far (the hedge avoids them).
+    pub(crate) tried: &'a [EndpointId],
+}
+
+/// A try's result: `None` when it ran out of time.
+pub(crate) type TryResult<W> = Option<Result<W, TryFailure<W>>>;
+
+impl Race<'_> {
+    /// Runs the first try (on `a`) alone for `delay`; if it has not answered by then and the
+    /// budget allows, sends a hedge (on `b`) to another endpoint, and the first good answer
+    /// wins. The loser's pick is dropped (cancelled, not failed); a try that fails while the
+    /// other runs is finished as a failure at once. Returns the result to go on with (a
+    /// success, or the last failure when both failed), the pick it belongs to, the hedge's
+    /// endpoint if one went, and whether the result is the hedge's (`b`'s).
+    pub(crate) async fn run<L: Leg>(
+        &self,
+        first: Tried,
+        a: &mut L,
+        b: &mut L,
+        timer: &mut Pin<Box<Sleep>>,
+        try_deadline: Instant,
+    ) -> (TryResult<L::Won>, Tried, Option<EndpointId>, bool) {
+        let (hedger, delay, tried) = (self.hedger, self.delay, self.tried);
+        let cluster = self.cluster;
+        let worker = self.client.worker;
+        let entry_a = &cluster.endpoints[first.pick.index()];
+        let leg_a = a.try_once(cluster, entry_a, worker);
+        tokio::pin!(leg_a);
+        let hedge_at = first.wall + delay;
+        let alone = crate::io::until(timer, try_deadline.min(hedge_at), &mut leg_a).await;
+        if alone.is_some() || hedge_at >= try_deadline {
+            hedger.observe(first.wall.elapsed());
+            return (alone, first, None, false);
+        }
+        // No answer yet: a hedge, if the budget allows and another endpoint is there.
+        let second = if hedger.try_hedge(cluster.now()) {
+            let now = cluster.now();
+            let mut ctx = PickContext::new(now).with_avoid(tried);
+            if let Some(k) = self.hash {
+                ctx = ctx.with_hash_key(k);
+            }
+            cluster
+                .balancer
+                .pick(&ctx)
+                .filter(|p| p.id() != first.pick.id())
+                .map(|pick| Tried {
+                    pick,
+                    at: now,
+                    wall: Instant::now(),
+                })
+        } else {
+            None
+        };
+        let Some(second) = second else {
+            let r = crate::io::until(timer, try_deadline, &mut leg_a).await;
+            hedger.observe(first.wall.elapsed());
+            return (r, first, None, false);
+        };
+        cluster.metrics.hedges.fetch_add(1, Relaxed);
+        let hedged_id = second.pick.id();
+        let entry_b = &cluster.endpoints[second.pick.index()];
+        let leg_b = b.try_once(cluster, entry_b, worker);
+        tokio::pin!(leg_b);
+        let deadline_b = self.deadline.min(second.wall + self.limits.per_try_timeout);
+        let (mut a, mut b) = (Some(first), Some(second));
+        loop {
+            tokio::select! {
+                r = crate::io::until(timer, try_deadline, &mut leg_a), if a.is_some() => {
+                    let Some(first) = a.take() else { unreachable!() };
+                    hedger.observe(first.wall.elapsed());
+                    let r = match r {
+                        Some(r) => r,
+                        None => Err(timed_out(&self.limits, try_deadline, self.deadline)),
+                    };
+                    match r {
+                        Ok(won) => return (Some(Ok(won)), first, Some(hedged_id), false),
+                        Err(f) if b.is_none() => return (Some(Err(f)), first, Some(hedged_id), false),
+                        Err(f) => failed(cluster, entry_a, &f, first.pick, first.at),
+                    }
+                }
+                r = tokio::time::timeout_at(deadline_b.into(), &mut leg_b), if b.is_some() => {
+                    let Some(second) = b.take() else { unreachable!() };
+                    let r = match r {
+                        Ok(r) => r,
+                        Err(_) => Err(timed_out(&self.limits, deadline_b, self.deadline)),
+                    };
+                    match r {
+                        Ok(won) => {
+                            cluster.metrics.hedges_won.fetch_add(1, Relaxed);
+                            if let Some(first) = &a {
+                                // It would have taken at least this long.
+                                hedger.observe(first.wall.elapsed());
+                            }
+                            return (Some(Ok(won)), second, Some(hedged_id), true);
+                        }
+                        Err(f) if a.is_none() => return (Some(Err(f)), second, Some(hedged_id), true),
+                        Err(f) => failed(cluster, entry_b, &f, second.pick, second.at),
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! The HTTP/1.1 front end's request parser: the head parsed in place (`httparse`), routed
+//! with the listener's routes, and rewritten for the upstream
+//! ([`crate::exchange::request::rewrite`]).
+
+use std::mem::MaybeUninit;
+
+use crate::exchange::request::{
+    hash_rule, origin_form, rewrite, Reject, RequestHead, RequestRules, RouteRef, STACK_HEADERS,
+};
+use crate::route::ListenerRoutes;
+
+/// The outcome of reading an HTTP/1.1 request head.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum RequestParse {
+    /// The head is not complete yet.
+    Partial,
+    /// Complete and rewritten.
+    Ready(RequestHead),
+    /// HTTP/2's connection preface: the connection is HTTP/2 with prior knowledge.
+    Http2Preface,
+    /// Refused.
+    Reject(Reject),
+}
+
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
+
+/// Parses the request head at the start of `buf`; when complete, writes into `out` the head
+/// to send upstream, without `Host` when the client sent none and without the final CRLF
+/// (both are per try).
+pub(crate) fn parse_request(
+    buf: &[u8],
+    rules: &RequestRules<'_>,
+    routes: Option<&ListenerRoutes>,
+    out: &mut Vec<u8>,
+) -> RequestParse {
+    if !buf.is_empty() && (buf.starts_with(H2_PREFACE) || H2_PREFACE.starts_with(buf)) {
+        return if buf.len() >= H2_PREFACE.len() {
+            RequestParse::Http2Preface
+        } else {
+            RequestParse::Partial
+        };
+    }
+    if rules.max_headers <= STACK_HEADERS {
+        let mut headers = [MaybeUninit::<httparse::Header<'_>>::uninit(); STACK_HEADERS];
+        parse_request_in(buf, rules, routes, out, &mut headers[..rules.max_headers])
+    } else {
+        let mut headers = vec![MaybeUninit::<httparse::Header<'_>>::uninit(); rules.max_headers];
+        parse_request_in(buf, rules, routes, out, &mut headers)
+    }
+}
+
+fn parse_request_in<'b>(
+    buf: &'b [u8],
+    rules: &RequestRules<'_>,
+    routes: Option<&ListenerRoutes>,
+    out: &mut Vec<u8>,
+    headers: &mut [MaybeUninit<httparse::Header<'b>>],
+) -> RequestParse {
+    let mut req = httparse::Request::new(&mut []);
+    let head_len = match req.parse_with_uninit_headers(buf, headers) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return RequestParse::Partial,
+        Err(httparse::Error::TooManyHeaders) => {
+            return RequestParse::Reject(Reject::TooManyHeaders)
+        }
+        Err(_) => return RequestParse::Reject(Reject::Malformed),
+    };
+    let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
+        return RequestParse::Reject(Reject::Malformed);
+    };
+    if method == "CONNECT" {
+        return RequestParse::Reject(Reject::Connect);
+    }
+    let Some((path, authority)) = origin_form(target) else {
+        return RequestParse::Reject(Reject::UnsupportedTarget);
+    };
+    let fields = || req.headers.iter().map(|h| (h.name, h.value));
+    let (route, routed);
+    let rules = match routes {
+        Some(routes) => {
+            route = routes.choose(method, path, authority, fields);
+            let hash_on = routes
+                .target(route)
+                .and_then(|t| t.cluster.config.hash_on.as_ref());
+            let (hash_header, hash_path) = hash_rule(hash_on);
+            routed = RequestRules {
+                hash_header,
+                hash_path,
+                ..*rules
+            };
+            &routed
+        }
+        None => {
+            route = RouteRef::NotFound;
+            rules
+        }
+    };
+    match rewrite(
+        method,
+        path,
+        authority,
+        version == 0,
+        false,
+        fields,
+        rules,
+        out,
+    ) {
+        Ok(mut head) => {
+            head.head_len = head_len;
+            head.route = route;
+            RequestParse::Ready(head)
+        }
+        Err(r) => RequestParse::Reject(r),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exchange::request::BodyFraming;
+
+    fn rules() -> RequestRules<'static> {
+        RequestRules {
+            client_ip: "127.0.0.1",
+            proto: "http",
+            trust_forwarded: true,
+            hash_header: None,
+            hash_path: false,
+            max_headers: 20,
+            max_body: 1024,
+        }
+    }
+
+    fn ready(raw: &[u8], rules: &RequestRules<'_>) -> (RequestHead, String) {
+        let mut out = Vec::new();
+        match parse_request(raw, rules, None, &mut out) {
+            RequestParse::Ready(h) => (h, String::from_utf8(out).unwrap()),
+            other => panic!("{other:?} for {:?}", String::from_utf8_lossy(raw)),
+        }
+    }
+
+    #[test]
+    fn a_request_is_rewritten_for_the_upstream() {
+        let raw = b"GET /p?q=1 HTTP/1.1\r\nHost: app.example\r\nConnection: x-hop, keep-alive\r\nX-Hop: 1\r\nTE: trailers\r\nProxy-Authorization: b\r\nX-Forwarded-For: 10.0.0.1\r\nX-Forwarded-Proto: ftp\r\nX-Keep: yes\r\n\r\nNEXT";
+        let (h, out) = ready(raw, &rules());
+        assert_eq!(h.head_len, raw.len() - 4);
+        assert!(h.keep_alive && h.idempotent && h.has_host && !h.http10 && !h.is_head);
+        assert_eq!(
+            out,
+            "GET /p?q=1 HTTP/1.1\r\nHost: app.example\r\nX-Keep: yes\r\nx-forwarded-for: 10.0.0.1, 127.0.0.1\r\nx-forwarded-proto: http\r\nx-forwarded-host: app.example\r\n"
+        );
+        // From a client that is not a trusted proxy, the header is replaced.
+        let mut untrusted = rules();
+        untrusted.trust_forwarded = false;
+        let (_, out) = ready(raw, &untrusted);
+        assert!(out.contains("x-forwarded-for: 127.0.0.1\r\n"), "{out}");
+        assert!(!out.contains("10.0.0.1"), "{out}");
+    }
+
+    #[test]
+    fn framing_and_connection_options() {
+        let (h, out) = ready(
+            b"POST /u HTTP/1.0\r\nContent-Length: 5\r\n\r\nhello",
+            &rules(),
+        );
+        assert_eq!(
+            (h.body, h.keep_alive, h.idempotent, h.has_host),
+            (BodyFraming::Length(5), false, false, false)
+        );
+        assert!(out.ends_with("content-length: 5\r\n"), "{out}");
+        let (h, _) = ready(
+            b"GET / HTTP/1.1\r\nHost: h\r\nConnection: keep-alive, close\r\n\r\n",
+            &rules(),
+        );
+        assert!(!h.keep_alive, "close wins");
+        let (h, _) = ready(b"GET / HTTP/1.0\r\n\r\n", &rules());
+        assert!(h.http10 && !h.keep_alive);
+        let (h, _) = ready(
+            b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n",
+            &rules(),
+        );
+        assert!(h.http10 && h.keep_alive);
+        let (h, out) = ready(b"GET http://a.example:8080/x?y HTTP/1.1\r\n\r\n", &rules());
+        assert!(h.has_host);
+        assert!(
+            out.starts_with("GET /x?y HTTP/1.1\r\nhost: a.example:8080\r\n"),
+            "{out}"
+        );
+        let (_, out) = ready(b"OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n", &rules());
+        assert!(out.starts_with("OPTIONS * HTTP/1.1\r\n"), "{out}");
+        let (h, out) = ready(
+            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n",
+            &rules(),
+        );
+        assert_eq!((h.body, h.expect_continue), (BodyFraming::Chunked, true));
+        assert!(out.ends_with("transfer-encoding: chunked\r\n"), "{out}");
+        assert!(!out.to_ascii_lowercase().contains("expect"), "{out}");
+        let (h, _) = ready(
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 100000\r\n\r\n",
+            &RequestRules {
+                max_body: u64::MAX,
+                ..rules()
+            },
+        );
+        assert_eq!(h.body, BodyFraming::Length(100_000), "large bodies stream");
+    }
+
+    #[test]
+    fn bad_requests_are_refused_with_their_status() {
+        let mut out = Vec::new();
+        let r = |raw: &[u8], out: &mut Vec<u8>| parse_request(raw, &rules(), None, out);
+        assert_eq!(
+            r(b"GET / HTTP/1.1\r\nHost: x\r\n", &mut out),
+            RequestParse::Partial
+        );
+        assert_eq!(r(b"PRI * HTTP/2", &mut out), RequestParse::Partial);
+        assert_eq!(
+            r(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", &mut out),
+            RequestParse::Http2Preface
+        );
+        for (raw, status) in [
+            (&b"HELLO THERE\r\n\r\n"[..], 400),
+            (b"GET / HTTP/7.3\r\n\r\n", 400),
+            (b"GET / HTTP/1.1\r\nBad Name: v\r\n\r\n", 400),
+            (b"GET / HTTP/1.1\r\n\r\n", 400),
+            (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+                400,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n",
+                400,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1025\r\n\r\n",
+                413,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+                400,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+                400,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+                501,
+            ),
+            (
+                b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+                400,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n",
+                400,
+            ),
+            (
+                b"PUT / HTTP/1.1\r\nHost: a\r\nExpect: teapot\r\n\r\n",
+                417,
+            ),
+            (b"CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n", 501),
+            (b"GET ftp://x/ HTTP/1.1\r\n\r\n", 400),
+        ] {
+            match r(raw, &mut out) {
+                RequestParse::Reject(rej) => {
+                    assert_eq!(rej.status(), status, "{:?}", String::from_utf8_lossy(raw))
+                }
+                other => panic!("{other:?} for {:?}", String::from_utf8_lossy(raw)),
+            }
+        }
+        let many: String = (0..21).map(|i| format!("X-{i}: v\r\n")).collect();
+        let raw = format!("GET / HTTP/1.1\r\n{many}\r\n");
+        assert_eq!(
+            r(raw.as_bytes(), &mut out),
+            RequestParse::Reject(Reject::TooManyHeaders)
+        );
+    }
+
+    #[test]
+    fn hash_keys_from_a_header_or_the_path() {
+        let mut rules = rules();
+        rules.hash_header = Some("x-user");
+        let (h, _) = ready(
+            b"GET / HTTP/1.1\r\nHost: h\r\nX-User: alice\r\n\r\n",
+            &rules,
+        );
+        assert_eq!(h.hash, Some(keel_balance::hash_key(b"alice")));
+        rules.hash_header = None;
+        rules.hash_path = true;
+        let (h, _) = ready(b"GET /a/b?c=1 HTTP/1.1\r\nHost: h\r\n\r\n", &rules);
+        assert_eq!(h.hash, Some(keel_balance::hash_key(b"/a/b")));
+    }
+}
