@@ -133,20 +133,25 @@ impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
         let Some(inline) = self.body.inline() else {
             unreachable!("hedgeable: the body is in memory")
         };
-        // Each try rewrites its response head into a buffer of its own; the winner's becomes
-        // `out` once both tries are gone.
-        let mut head_b = self.head[..self.common_len].to_vec();
+        // The first try's head is ended for its endpoint now; a hedge ends its own copy of
+        // the common part, made only if it is sent. Each try rewrites its response head into
+        // a buffer of its own; the winner's becomes `out` once both tries are gone.
+        let entry = &race.cluster.endpoints[first.pick.index()];
+        self.head.truncate(self.common_len);
+        end_head(self.head, self.meta, entry);
         let mut out_b = Vec::new();
         let mut a = H1Try {
-            head: &mut *self.head,
-            common_len: self.common_len,
+            head: &self.head[..],
+            ended: true,
+            own: Vec::new(),
             meta: self.meta,
             body: inline,
             out: &mut *self.out,
         };
         let mut b = H1Try {
-            head: &mut head_b,
-            common_len: self.common_len,
+            head: &self.head[..self.common_len],
+            ended: false,
+            own: Vec::new(),
             meta: self.meta,
             body: inline,
             out: &mut out_b,
@@ -165,10 +170,13 @@ impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
 }
 
 /// One HTTP/1.1 try of a request whose body is in memory: each of a hedge race's two tries
-/// is one, with a head and a response buffer of its own.
+/// is one, with a response buffer of its own.
 struct H1Try<'a> {
-    head: &'a mut Vec<u8>,
-    common_len: usize,
+    /// The head, already ended for the try's endpoint (`ended`), or the part every try shares,
+    /// ended per try in `own`.
+    head: &'a [u8],
+    ended: bool,
+    own: Vec<u8>,
     meta: &'a RequestHead,
     body: &'a [u8],
     out: &'a mut Vec<u8>,
@@ -183,13 +191,24 @@ impl Leg for H1Try<'_> {
         entry: &EndpointEntry,
         worker: usize,
     ) -> Result<H1Response, TryFailure<H1Response>> {
-        self.head.truncate(self.common_len);
-        end_head(self.head, self.meta, entry);
-        let mut body = self.body;
-        crate::leg::h1::upstream::try_once(
-            entry, cluster, worker, self.head, self.meta, &mut body, self.out,
-        )
-        .await
+        let H1Try {
+            head,
+            ended,
+            own,
+            meta,
+            body,
+            out,
+        } = self;
+        let head: &[u8] = if *ended {
+            head
+        } else {
+            own.clear();
+            own.extend_from_slice(head);
+            end_head(own, meta, entry);
+            own
+        };
+        let mut body: &[u8] = body;
+        crate::leg::h1::upstream::try_once(entry, cluster, worker, head, meta, &mut body, out).await
     }
 
     fn rewind(&mut self) -> bool {
