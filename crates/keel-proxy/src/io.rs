@@ -37,6 +37,17 @@ pub(crate) async fn write_all_2<W: AsyncWrite + Unpin>(
     w.flush().await
 }
 
+/// The driver's clock: the monotonic clock, read through tokio's so that tests on a paused
+/// clock (`tokio::time::pause`) move it (outside such tests it is `Instant::now()`).
+pub(crate) fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+/// Time since `then` on [`now`]'s clock.
+pub(crate) fn since(then: Instant) -> std::time::Duration {
+    now().saturating_duration_since(then)
+}
+
 /// Runs `fut` until `deadline` (`None` if it passed first), on a timer reused across calls:
 /// moving a registered timer's deadline later costs no timer-wheel work.
 pub(crate) async fn until<F: Future>(

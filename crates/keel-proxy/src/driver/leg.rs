@@ -102,7 +102,7 @@ impl Race<'_> {
         let hedge_at = first.wall + delay;
         let alone = crate::io::until(timer, try_deadline.min(hedge_at), &mut leg_a).await;
         if alone.is_some() || hedge_at >= try_deadline {
-            hedger.observe(first.wall.elapsed());
+            hedger.observe(crate::io::since(first.wall));
             return (alone, first, None, false);
         }
         // No answer yet: a hedge, if the budget allows and another endpoint is there.
@@ -119,14 +119,14 @@ impl Race<'_> {
                 .map(|pick| Tried {
                     pick,
                     at: now,
-                    wall: Instant::now(),
+                    wall: crate::io::now(),
                 })
         } else {
             None
         };
         let Some(second) = second else {
             let r = crate::io::until(timer, try_deadline, &mut leg_a).await;
-            hedger.observe(first.wall.elapsed());
+            hedger.observe(crate::io::since(first.wall));
             return (r, first, None, false);
         };
         cluster.metrics.hedges.fetch_add(1, Relaxed);
@@ -140,7 +140,7 @@ impl Race<'_> {
             tokio::select! {
                 r = crate::io::until(timer, try_deadline, &mut leg_a), if a.is_some() => {
                     let Some(first) = a.take() else { unreachable!() };
-                    hedger.observe(first.wall.elapsed());
+                    hedger.observe(crate::io::since(first.wall));
                     let r = match r {
                         Some(r) => r,
                         None => Err(timed_out(&self.limits, try_deadline, self.deadline)),
@@ -162,7 +162,7 @@ impl Race<'_> {
                             cluster.metrics.hedges_won.fetch_add(1, Relaxed);
                             if let Some(first) = &a {
                                 // It would have taken at least this long.
-                                hedger.observe(first.wall.elapsed());
+                                hedger.observe(crate::io::since(first.wall));
                             }
                             return (Some(Ok(won)), second, Some(hedged_id), true);
                         }

@@ -14,6 +14,8 @@
 pub(crate) mod account;
 pub(crate) mod answer;
 pub(crate) mod leg;
+#[cfg(test)]
+mod tests;
 
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
@@ -80,7 +82,7 @@ pub(crate) async fn drive<L: Leg>(
         let (now, wall) = if attempt == 0 {
             (start_on_clock, start)
         } else {
-            (cluster.now(), Instant::now())
+            (cluster.now(), crate::io::now())
         };
         let mut ctx = PickContext::new(now).with_avoid(&tried[..n_tried]);
         if let Some(k) = hash {
@@ -138,7 +140,7 @@ pub(crate) async fn drive<L: Leg>(
                 let one = leg.try_once(cluster, entry, client.worker);
                 let result = crate::io::until(timer, try_deadline, one).await;
                 if let Some(h) = hedger.filter(|_| attempt == 0) {
-                    h.observe(wall.elapsed());
+                    h.observe(crate::io::since(wall));
                 }
                 (result, first)
             }
@@ -185,7 +187,7 @@ pub(crate) async fn drive<L: Leg>(
             TryFailure::Status(_, cause) => !matches!(cause, Cause::GrpcStatus(_)),
         };
         failed(cluster, entry, &failure, pick, now);
-        let before_deadline = Instant::now() < deadline;
+        let before_deadline = crate::io::now() < deadline;
         // Rewound only when a retry may follow.
         let safe =
             (leg.idempotent() || !may_have_acted) && !last && before_deadline && leg.rewind();
