@@ -30,12 +30,12 @@ mod io;
 mod leg;
 mod observe;
 mod route;
-mod server;
+mod serve;
+mod state;
 pub mod tls;
 mod upstream;
 
 pub use config::{ConfigError, ProxyConfig};
 pub use route::RouteMatcher;
-pub use server::{
-    start, start_with, start_with_workers, Drained, ProxyHandle, ReloadError, StartOptions,
-};
+pub use serve::{start, start_with, start_with_workers, Drained, ProxyHandle, StartOptions};
+pub use state::ReloadError;

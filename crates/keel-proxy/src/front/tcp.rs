@@ -18,7 +18,7 @@ use crate::driver::{self, Driven};
 use crate::exchange::error::{Cause, TryError, TryFailure};
 use crate::exchange::request::Client;
 use crate::observe::metrics::ErrorKind;
-use crate::server::Shared;
+use crate::state::Shared;
 use crate::upstream::cluster::{Cluster, EndpointEntry};
 use crate::upstream::pool::{ConnectError, RawConn};
 

@@ -225,7 +225,7 @@ impl TunnelGauge {
     pub fn new(metrics: &Arc<ClusterMetrics>) -> Self {
         let open: &AtomicI64 = &metrics.tunnels_open;
         open.fetch_add(1, Relaxed);
-        crate::server::mark_connection(crate::server::ConnKind::Tunnel);
+        crate::state::mark_connection(crate::state::ConnKind::Tunnel);
         Self(metrics.clone())
     }
 }

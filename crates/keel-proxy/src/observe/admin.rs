@@ -19,7 +19,7 @@ use tokio::task::JoinSet;
 
 use crate::observe::metrics::{self, ClusterView};
 use crate::observe::recent::{Recent, SAMPLE_EVERY};
-use crate::server::{wait_shutdown, Shared};
+use crate::state::{wait_shutdown, Shared};
 
 fn reply(
     status: StatusCode,
@@ -283,12 +283,12 @@ fn metrics_text(shared: &Shared) -> String {
 fn reload_from_file(shared: &Shared) -> Response<Full<Bytes>> {
     match shared.reload_from_file() {
         Ok(()) => reply(StatusCode::OK, "text/plain; charset=utf-8", "reloaded\n"),
-        Err(crate::server::ReloadError::NoFile) => reply(
+        Err(crate::state::ReloadError::NoFile) => reply(
             StatusCode::CONFLICT,
             "text/plain; charset=utf-8",
             "this proxy was not started from a file; nothing to reload\n",
         ),
-        Err(crate::server::ReloadError::Refused(e)) => reply(
+        Err(crate::state::ReloadError::Refused(e)) => reply(
             StatusCode::BAD_REQUEST,
             "text/plain; charset=utf-8",
             format!("reload refused, the old configuration keeps serving: {e:#}\n"),

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::observe::metrics::LATENCY_BUCKETS;
-use crate::server::Routing;
+use crate::state::Routing;
 
 /// Time between two samples.
 pub(crate) const SAMPLE_EVERY: Duration = Duration::from_secs(1);

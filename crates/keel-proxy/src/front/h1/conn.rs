@@ -26,7 +26,7 @@ use crate::leg::h1::response::Framing;
 use crate::leg::{self, HttpAnswer, Request, UpstreamResponse};
 use crate::observe::access_log::{AccessLog, Entry, RequestLine};
 use crate::route::{RouteRef, Target};
-use crate::server::Shared;
+use crate::state::Shared;
 
 /// Request bodies up to this size are read whole before the request is forwarded, so that
 /// any try can send them again; larger ones, and chunked ones, are streamed.
@@ -82,7 +82,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     // wait for a request.
     let mut stop_waiter = stop.clone();
     let mut shutdown = std::pin::pin!(async move {
-        crate::server::wait_shutdown(&mut stop_waiter).await;
+        crate::state::wait_shutdown(&mut stop_waiter).await;
     });
     let mut conn = Conn {
         stream: Counted {

@@ -32,7 +32,7 @@ use crate::exchange::request::{BodyFraming, Client, Reject, RequestRules};
 use crate::leg::h1::response::Framing;
 use crate::leg::h2::{H2Response, RequestPump};
 use crate::leg::{self, Request, UpstreamResponse};
-use crate::server::Shared;
+use crate::state::Shared;
 
 pub(crate) mod body;
 mod log;
@@ -79,7 +79,7 @@ pub(crate) async fn serve<I>(
             }
             return;
         }
-        _ = crate::server::wait_shutdown(&mut stop) => {}
+        _ = crate::state::wait_shutdown(&mut stop) => {}
         _ = activity.idle_for(idle_timeout) => {
             tracing::debug!(%peer, "closing a connection idle for {}", humantime::format_duration(idle_timeout));
         }

@@ -1,0 +1,281 @@
+//! Sockets and threads: binding (or taking over an inherited socket), the accept loops, the
+//! hand-off to the worker with the fewest connections, the workers' loops, and each
+//! connection's drain.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::serve::sniff::serve_accepted;
+use crate::state::{
+    log_drained, wait_shutdown, Accepted, AdminSlot, ConnKind, Connection, Dispatch, ListenerCtx,
+    ListenerSlot, Shared, CONN_KIND,
+};
+
+impl Shared {
+    /// A listening socket for `addr`: the one inherited from the process this one replaces,
+    /// if it had that address, else a new one.
+    pub(crate) fn bind(&self, addr: SocketAddr) -> std::io::Result<TcpListener> {
+        if let Some(l) = self.take_inherited(addr) {
+            return l;
+        }
+        let _rt = self.runtime.enter();
+        bind_listener(addr)
+    }
+
+    pub(crate) fn bind_admin(&self, addr: SocketAddr) -> std::io::Result<TcpListener> {
+        self.bind(addr)
+    }
+
+    pub(crate) fn take_inherited(&self, addr: SocketAddr) -> Option<std::io::Result<TcpListener>> {
+        let mut inherited = self.inherited.lock().unwrap_or_else(|e| e.into_inner());
+        let pos = inherited.iter().position(|(a, _)| *a == addr)?;
+        let (_, l) = inherited.remove(pos);
+        let _rt = self.runtime.enter();
+        Some(
+            l.set_nonblocking(true)
+                .and_then(|()| TcpListener::from_std(l)),
+        )
+    }
+
+    /// Starts accepting on a bound listener.
+    pub(crate) fn open_listener(
+        &self,
+        listener: TcpListener,
+        ctx: ListenerCtx,
+    ) -> Arc<ListenerSlot> {
+        let addr = listener.local_addr().unwrap_or(ctx.settings.listen);
+        let max = ctx.settings.max_connections;
+        let (stop, _) = watch::channel(None);
+        let slot = Arc::new(ListenerSlot {
+            index: ctx.index,
+            listen: ctx.settings.listen,
+            addr,
+            slots: Arc::new(tokio::sync::Semaphore::new(max)),
+            max_connections: AtomicUsize::new(max),
+            ctx: ArcSwap::from_pointee(ctx),
+            stop,
+            open: AtomicUsize::new(0),
+            cut: Default::default(),
+            tls_handshake_failures: AtomicU64::new(0),
+            not_found: AtomicU64::new(0),
+            fd: std::os::fd::AsRawFd::as_raw_fd(&listener),
+            task: Mutex::new(None),
+        });
+        let mut all = Vec::clone(&self.all_listeners.load());
+        debug_assert_eq!(
+            all.len(),
+            slot.index,
+            "listener indexes are handed out in order"
+        );
+        all.push(slot.clone());
+        self.all_listeners.store(Arc::new(all));
+        let me = self
+            .me
+            .upgrade()
+            .expect("the proxy is alive while it opens listeners");
+        let task = self.runtime.spawn(accept_loop(
+            me,
+            slot.clone(),
+            listener,
+            self.dispatch.clone(),
+        ));
+        *slot.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+        slot
+    }
+
+    pub(crate) fn open_admin(&self, listener: TcpListener) {
+        let addr = match listener.local_addr() {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::error!("admin listener: {e}");
+                return;
+            }
+        };
+        let listen = self.config.load().admin.as_ref().map_or(addr, |a| a.listen);
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
+        let (stop, stop_rx) = watch::channel(None);
+        let me = self
+            .me
+            .upgrade()
+            .expect("the proxy is alive while it opens listeners");
+        let task = self
+            .runtime
+            .spawn(crate::observe::admin::serve(me, listener, stop_rx));
+        *self.admin.lock().unwrap_or_else(|e| e.into_inner()) = Some(AdminSlot {
+            listen,
+            addr,
+            fd,
+            stop,
+            task,
+        });
+    }
+
+    /// Stops accepting on a listener the configuration no longer has; its connections drain
+    /// (idle ones close at once, requests in flight get `drain`, then are cut), counted in the
+    /// log when the last one ends.
+    pub(crate) fn remove_listener(&self, slot: Arc<ListenerSlot>, drain: Duration) {
+        let _ = slot.stop.send(Some(drain));
+        tracing::info!(listener = %slot.addr, "listener removed by reload: draining its connections for up to {}", humantime::format_duration(drain));
+        let task = slot.task.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.runtime.spawn(async move {
+            if let Some(t) = task {
+                let _ = t.await;
+            }
+            // Connections served by workers end on their own threads.
+            while slot.open.load(Relaxed) > 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            log_drained(&format!("listener {} drained", slot.addr), &[slot]);
+        });
+    }
+}
+
+/// A listening socket.
+pub(crate) fn bind_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As std's and tokio's `bind` do on Unix: a restarted proxy can bind at once.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+impl Connection {
+    /// Serves the connection until it ends; once its listener drains (removed, or the proxy
+    /// stopping) it has the drain time to finish, then it is cut and counted.
+    pub(crate) async fn serve(self, shared: Arc<Shared>, worker: usize, stream: TcpStream) {
+        let mut stop = self.listener.stop.subscribe();
+        let kind = Arc::new(AtomicU8::new(ConnKind::Opening as u8));
+        let served = CONN_KIND.scope(
+            kind.clone(),
+            serve_accepted(
+                shared,
+                &self.ctx,
+                &self.listener,
+                worker,
+                stream,
+                self.peer,
+                stop.clone(),
+            ),
+        );
+        tokio::pin!(served);
+        let deadline = async {
+            let drain = wait_shutdown(&mut stop).await;
+            tokio::time::sleep(drain).await;
+        };
+        tokio::select! {
+            () = &mut served => {}
+            () = deadline => {
+                let k = usize::from(kind.load(Relaxed)).min(ConnKind::COUNT - 1);
+                self.listener.cut[k].fetch_add(1, Relaxed);
+                tracing::debug!(peer = %self.peer, kind = ConnKind::NAMES[k], "drain timeout: connection cut");
+            }
+        }
+    }
+}
+
+/// A worker thread's life: serves the connections handed to it until shutdown, then waits
+/// for them to end (each drains on its own: see [`Connection::serve`]).
+pub(crate) async fn worker_loop(
+    worker: usize,
+    shared: Arc<Shared>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Accepted>,
+    mut shutdown: watch::Receiver<Option<Duration>>,
+) {
+    let mut conns = JoinSet::new();
+    let drain = loop {
+        tokio::select! {
+            d = wait_shutdown(&mut shutdown) => break d,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            got = rx.recv() => {
+                // No more connections will come (the accept side is gone), which is not a
+                // drain: the connections here still get theirs.
+                let Some(a) = got else { break wait_shutdown(&mut shutdown).await };
+                let stream = match TcpStream::from_std(a.stream) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!(peer = %a.conn.peer, "worker cannot take a connection: {e}");
+                        continue;
+                    }
+                };
+                let shared = shared.clone();
+                conns.spawn(async move {
+                    let _open = a.open;
+                    a.conn.serve(shared, worker, stream).await;
+                });
+            }
+        }
+    };
+    rx.close();
+    wait_connections(conns, drain).await;
+}
+
+/// Waits for connections that drain on their own; a backstop a little past the drain time
+/// aborts any that did not (none should).
+pub(crate) async fn wait_connections(mut conns: JoinSet<()>, drain: Duration) {
+    let backstop = drain + Duration::from_secs(1);
+    let finished = tokio::time::timeout(backstop, async {
+        while conns.join_next().await.is_some() {}
+    })
+    .await;
+    if finished.is_err() {
+        tracing::warn!("{} connection(s) outlived the drain; aborted", conns.len());
+        conns.abort_all();
+        while conns.join_next().await.is_some() {}
+    }
+}
+
+pub(crate) async fn accept_loop(
+    shared: Arc<Shared>,
+    listener: Arc<ListenerSlot>,
+    socket: TcpListener,
+    dispatch: Option<Arc<Dispatch>>,
+) {
+    let mut stop = listener.stop.subscribe();
+    // Connections served here (no workers).
+    let mut conns = JoinSet::new();
+    let drain = loop {
+        tokio::select! {
+            d = wait_shutdown(&mut stop) => break d,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            accepted = async {
+                // Dropped (slot released) if another branch wins first; accept is cancel-safe.
+                let slot = listener.slots.clone().acquire_owned().await;
+                (slot, socket.accept().await)
+            } => {
+                let (slot, accepted) = accepted;
+                let Ok(slot) = slot else { continue };
+                let (stream, peer) = match accepted {
+                    Ok(x) => x,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        tracing::warn!("accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let conn = Connection::new(&listener, peer, slot);
+                match &dispatch {
+                    Some(d) => d.send(conn, stream),
+                    None => {
+                        let shared = shared.clone();
+                        conns.spawn(conn.serve(shared, 0, stream));
+                    }
+                }
+            }
+        }
+    };
+    drop(socket);
+    wait_connections(conns, drain).await;
+}

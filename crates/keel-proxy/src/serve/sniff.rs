@@ -1,0 +1,118 @@
+//! Which front end serves an accepted connection: TLS and ALPN, HTTP/2's preface on plain
+//! TCP, or a TCP listener's tunnel.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use crate::front::h1;
+use crate::state::{mark_connection, wait_shutdown, ConnKind, ListenerCtx, ListenerSlot, Shared};
+
+/// Serves one accepted connection: TLS handshake if the listener has TLS, then keel's
+/// HTTP/1.1 front end, or the HTTP/2 one (ALPN `h2`, or HTTP/2's preface on plain TCP), or
+/// for a TCP listener a tunnel to one endpoint. All hand their requests (or the connection)
+/// to the same attempt driver.
+pub(crate) async fn serve_accepted(
+    shared: Arc<Shared>,
+    ctx: &ListenerCtx,
+    listener: &ListenerSlot,
+    worker: usize,
+    stream: TcpStream,
+    peer: SocketAddr,
+    mut stop: watch::Receiver<Option<Duration>>,
+) {
+    let index = ctx.index;
+    let settings = &ctx.settings;
+    let client = ctx.client(peer, worker);
+    let tcp = settings.protocol == crate::config::ListenerProtocol::Tcp;
+    let local = stream.local_addr().unwrap_or(peer);
+    if tcp && ctx.tls.is_none() {
+        mark_connection(ConnKind::Tunnel);
+        crate::front::tcp::serve(shared, index, settings, &client, local, stream).await;
+        return;
+    }
+    let Some(acceptor) = &ctx.tls else {
+        mark_connection(ConnKind::Http1);
+        let served = h1::conn::serve(
+            shared.clone(),
+            index,
+            settings,
+            &client,
+            stream,
+            stop.clone(),
+        )
+        .await;
+        if let h1::conn::Served::Http2(stream, read) = served {
+            mark_connection(ConnKind::Http2);
+            let io = crate::front::h2::Prefixed::new(read, stream);
+            crate::front::h2::serve(shared, index, settings.clone(), Arc::new(client), io, stop)
+                .await;
+        }
+        return;
+    };
+    // Here, not in the accept loop: a slow or silent client delays only itself.
+    // The header-read timeout bounds the handshake, so it cannot hold a slot.
+    let handshake_timeout = settings.header_read_timeout;
+    let handshake = tokio::select! {
+        r = tokio::time::timeout(handshake_timeout, acceptor.accept(stream)) => r,
+        _ = wait_shutdown(&mut stop) => return,
+    };
+    let cause = match handshake {
+        Ok(Ok(tls_stream)) if tcp => {
+            mark_connection(ConnKind::Tunnel);
+            crate::front::tcp::serve(shared, index, settings, &client, local, tls_stream).await;
+            return;
+        }
+        Ok(Ok(tls_stream)) => {
+            let h2 = tls_stream.get_ref().1.alpn_protocol() == Some(crate::tls::ALPN_H2);
+            if h2 {
+                mark_connection(ConnKind::Http2);
+                crate::front::h2::serve(
+                    shared,
+                    index,
+                    settings.clone(),
+                    Arc::new(client),
+                    tls_stream,
+                    stop,
+                )
+                .await;
+                return;
+            }
+            mark_connection(ConnKind::Http1);
+            let served = h1::conn::serve(
+                shared.clone(),
+                index,
+                settings,
+                &client,
+                tls_stream,
+                stop.clone(),
+            )
+            .await;
+            if let h1::conn::Served::Http2(stream, read) = served {
+                mark_connection(ConnKind::Http2);
+                let io = crate::front::h2::Prefixed::new(read, stream);
+                crate::front::h2::serve(
+                    shared,
+                    index,
+                    settings.clone(),
+                    Arc::new(client),
+                    io,
+                    stop,
+                )
+                .await;
+            }
+            return;
+        }
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => format!(
+            "not finished within {}",
+            humantime::format_duration(handshake_timeout)
+        ),
+    };
+    listener.tls_handshake_failures.fetch_add(1, Relaxed);
+    tracing::debug!(%peer, "TLS handshake failed: {cause}");
+}

@@ -1,0 +1,354 @@
+//! The proxy's shared state: what requests see ([`Routing`], swapped whole by reload), the
+//! listener slots and their connections' drain, the admin slot, and the hand-off of accepted
+//! connections to the worker threads. The front ends, the admin listener and the control
+//! plane read it; `serve/` runs it, `control/reload.rs` changes it.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::ProxyConfig;
+use crate::control::discovery::Discovered;
+use crate::exchange::request::Client;
+use crate::observe::metrics::Registry;
+use crate::route::ListenerRoutes;
+use crate::upstream::cluster::Cluster;
+
+/// What requests see: each listener's routes, and the clusters they lead to. Swapped whole on
+/// reload.
+pub(crate) struct Routing {
+    /// Routes by listener index ([`ListenerSlot::index`]).
+    pub listeners: Vec<Arc<ListenerRoutes>>,
+    /// All clusters, in configuration order.
+    pub clusters: Vec<Arc<Cluster>>,
+}
+
+/// Why a reload from the configuration file did not happen.
+#[derive(Debug)]
+pub enum ReloadError {
+    /// The proxy was not started from a file.
+    NoFile,
+    /// The file is invalid, or cannot be applied to the running proxy; the old configuration
+    /// keeps serving.
+    Refused(anyhow::Error),
+}
+
+impl std::fmt::Display for ReloadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReloadError::NoFile => f.write_str("the proxy was not started from a file"),
+            ReloadError::Refused(e) => write!(f, "{e:#}"),
+        }
+    }
+}
+
+impl std::error::Error for ReloadError {}
+
+/// State shared by listeners, the admin listener and the handle.
+pub(crate) struct Shared {
+    pub epoch: Instant,
+    pub routing: ArcSwap<Routing>,
+    pub config: ArcSwap<ProxyConfig>,
+    pub registry: Registry,
+    pub runtime: tokio::runtime::Handle,
+    /// Threads serving connections (1 when they are served on `runtime`): the number of
+    /// per-thread stacks in each endpoint's pool.
+    pub workers: usize,
+    /// Health-check tasks of the current clusters, by cluster name (cold path only).
+    pub health_tasks: Mutex<Vec<(String, JoinHandle<()>)>>,
+    /// Discovery state by cluster name.
+    pub discovery: Mutex<HashMap<String, Arc<Discovered>>>,
+    /// Discovery tasks of the current clusters.
+    pub discovery_tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Itself, for the tasks that apply what discovery finds (weak: they do not keep the proxy
+    /// alive).
+    pub me: std::sync::Weak<Shared>,
+    /// Serializes reloads.
+    pub reload_lock: Mutex<()>,
+    pub reloads: AtomicU64,
+    pub reload_failures: AtomicU64,
+    /// The listeners in force, in configuration order.
+    pub listeners: ArcSwap<Vec<Arc<ListenerSlot>>>,
+    /// Every listener this process bound, by [`ListenerSlot::index`] (removed ones included,
+    /// while their connections drain and after).
+    pub all_listeners: ArcSwap<Vec<Arc<ListenerSlot>>>,
+    /// The admin listener in force.
+    pub admin: Mutex<Option<AdminSlot>>,
+    /// The access log, if configured; swapped by reload.
+    pub access_log: ArcSwapOption<crate::observe::access_log::AccessLog>,
+    /// Client connections open on each worker thread (empty without workers).
+    pub worker_connections: Arc<[AtomicUsize]>,
+    /// Hands accepted connections to the workers (`None`: served on `runtime`).
+    pub(crate) dispatch: Option<Arc<Dispatch>>,
+    /// Set once by shutdown: listeners added after it would never drain.
+    pub(crate) stopping: AtomicBool,
+    /// Listening sockets handed over by the process this one replaces (binary upgrade), by
+    /// configured address; taken by the first bind of that address.
+    pub(crate) inherited: Mutex<Vec<(SocketAddr, std::net::TcpListener)>>,
+}
+
+/// A listening socket while the configuration has it, and its connections while they drain.
+/// Its `index` is never reused, so a connection's route table stays its own across reloads that
+/// add or remove other listeners.
+pub(crate) struct ListenerSlot {
+    /// Position of its route table in [`Routing::listeners`].
+    pub index: usize,
+    /// The address as configured (port 0 stays 0).
+    pub listen: SocketAddr,
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// Settings and TLS acceptor for new connections; a reload swaps them (new handshakes use
+    /// the new certificate, established connections keep theirs).
+    pub(crate) ctx: ArcSwap<ListenerCtx>,
+    /// Connections beyond `max_connections` wait in the kernel's accept queue.
+    pub(crate) slots: Arc<tokio::sync::Semaphore>,
+    pub(crate) max_connections: AtomicUsize,
+    /// Its connections' drain signal: this listener removed, or the proxy shutting down.
+    pub(crate) stop: watch::Sender<Option<Duration>>,
+    /// Connections open on it.
+    pub(crate) open: AtomicUsize,
+    /// Connections cut at the drain timeout, by [`ConnKind`].
+    pub(crate) cut: [AtomicU64; ConnKind::COUNT],
+    /// TLS handshakes that failed or timed out.
+    pub tls_handshake_failures: AtomicU64,
+    /// Requests that no route matched and no listener cluster took (`404`).
+    pub not_found: AtomicU64,
+    /// The socket's descriptor while its accept loop runs (handed to a new binary on upgrade).
+    pub(crate) fd: std::os::fd::RawFd,
+    pub(crate) task: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// The admin listener in force.
+pub(crate) struct AdminSlot {
+    pub listen: SocketAddr,
+    pub addr: SocketAddr,
+    pub(crate) fd: std::os::fd::RawFd,
+    pub(crate) stop: watch::Sender<Option<Duration>>,
+    pub(crate) task: JoinHandle<()>,
+}
+
+/// What a connection is doing, for the drain's count of what it cut.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum ConnKind {
+    /// TLS handshake, or not yet told.
+    Opening = 0,
+    Http1 = 1,
+    Http2 = 2,
+    /// An upgraded HTTP/1.1 connection (WebSocket ...) or a TCP listener's connection.
+    Tunnel = 3,
+}
+
+impl ConnKind {
+    pub(crate) const COUNT: usize = 4;
+    pub(crate) const NAMES: [&'static str; Self::COUNT] =
+        ["opening", "HTTP/1.1", "HTTP/2", "tunnel"];
+}
+
+tokio::task_local! {
+    /// The kind of the connection this task serves (set by its front end).
+    pub(crate) static CONN_KIND: Arc<AtomicU8>;
+}
+
+/// Marks the connection served by the current task as `kind` (a no-op outside one).
+pub(crate) fn mark_connection(kind: ConnKind) {
+    let _ = CONN_KIND.try_with(|k| k.store(kind as u8, Relaxed));
+}
+
+impl Shared {
+    /// Counts a `404` for want of a route on listener `index`.
+    pub fn count_not_found(&self, index: usize) {
+        if let Some(l) = self.all_listeners.load().get(index) {
+            l.not_found.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+impl ListenerSlot {
+    /// New settings and certificate for the connections accepted from now on.
+    pub(crate) fn set_ctx(&self, ctx: ListenerCtx) {
+        let max = ctx.settings.max_connections;
+        let was = self.max_connections.swap(max, Relaxed);
+        if max > was {
+            self.slots.add_permits(max - was);
+        } else if was > max {
+            // Permits held by open connections are not taken back: the limit applies as they end.
+            self.slots.forget_permits(was - max);
+        }
+        self.ctx.store(Arc::new(ctx));
+    }
+
+    /// Connections this listener's drain cut, by kind.
+    pub(crate) fn cut_counts(&self) -> [u64; ConnKind::COUNT] {
+        std::array::from_fn(|k| self.cut[k].load(Relaxed))
+    }
+}
+
+/// Waits until the shutdown channel carries a drain time.
+pub(crate) async fn wait_shutdown(rx: &mut watch::Receiver<Option<Duration>>) -> Duration {
+    loop {
+        if let Some(d) = *rx.borrow_and_update() {
+            return d;
+        }
+        if rx.changed().await.is_err() {
+            return Duration::ZERO;
+        }
+    }
+}
+
+/// What serving one listener's connections needs, for the connections accepted while it is
+/// in force.
+pub(crate) struct ListenerCtx {
+    pub(crate) index: usize,
+    pub(crate) settings: Arc<crate::config::ListenerConfig>,
+    pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl ListenerCtx {
+    /// Reads the listener's certificate and key (if it has TLS).
+    pub(crate) fn build(
+        index: usize,
+        settings: &crate::config::ListenerConfig,
+    ) -> anyhow::Result<Self> {
+        let tls = settings
+            .tls
+            .as_ref()
+            .map(|t| crate::tls::server_config(t).map(tokio_rustls::TlsAcceptor::from))
+            .transpose()?;
+        Ok(Self {
+            index,
+            settings: Arc::new(settings.clone()),
+            tls,
+        })
+    }
+
+    /// What the attempt driver needs to know of a client connection.
+    pub(crate) fn client(&self, peer: SocketAddr, worker: usize) -> Client {
+        let ip = peer.ip();
+        Client {
+            peer,
+            ip: ip.to_string(),
+            proto: if self.tls.is_some() { "https" } else { "http" },
+            trust_forwarded: self.settings.trusts(ip),
+            worker,
+            error_detail: self.settings.error_detail,
+        }
+    }
+}
+
+/// An accepted connection on its way to a worker, with its listener slot and its place in
+/// the worker's count.
+pub(crate) struct Accepted {
+    pub(crate) conn: Connection,
+    pub(crate) stream: std::net::TcpStream,
+    pub(crate) open: OpenConnection,
+}
+
+/// One accepted connection's listener, settings and place in its listener's limit and count.
+pub(crate) struct Connection {
+    pub(crate) listener: Arc<ListenerSlot>,
+    pub(crate) ctx: Arc<ListenerCtx>,
+    pub(crate) peer: SocketAddr,
+    pub(crate) _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Connection {
+    pub(crate) fn new(
+        listener: &Arc<ListenerSlot>,
+        peer: SocketAddr,
+        slot: tokio::sync::OwnedSemaphorePermit,
+    ) -> Self {
+        listener.open.fetch_add(1, Relaxed);
+        Connection {
+            listener: listener.clone(),
+            ctx: listener.ctx.load_full(),
+            peer,
+            _slot: slot,
+        }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.listener.open.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Counts a connection on its worker while it lives.
+pub(crate) struct OpenConnection {
+    pub(crate) open: Arc<[AtomicUsize]>,
+    pub(crate) worker: usize,
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.open[self.worker].fetch_sub(1, Relaxed);
+    }
+}
+
+/// Hands accepted connections to the worker with the fewest open (ties: in turn).
+pub(crate) struct Dispatch {
+    pub(crate) senders: Vec<tokio::sync::mpsc::UnboundedSender<Accepted>>,
+    pub(crate) open: Arc<[AtomicUsize]>,
+    pub(crate) next: AtomicUsize,
+}
+
+impl Dispatch {
+    pub(crate) fn send(&self, conn: Connection, stream: TcpStream) {
+        let n = self.senders.len();
+        let start = self.next.fetch_add(1, Relaxed);
+        let worker = (0..n)
+            .map(|k| (start + k) % n)
+            .min_by_key(|&w| self.open[w].load(Relaxed))
+            .unwrap_or(0);
+        // Registered again with the worker's own runtime there.
+        let stream = match stream.into_std() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(peer = %conn.peer, "cannot hand a connection to a worker: {e}");
+                return;
+            }
+        };
+        self.open[worker].fetch_add(1, Relaxed);
+        let accepted = Accepted {
+            conn,
+            stream,
+            open: OpenConnection {
+                open: self.open.clone(),
+                worker,
+            },
+        };
+        // A worker that stopped (shutdown) drops the connection, which closes it.
+        let _ = self.senders[worker].send(accepted);
+    }
+}
+
+/// Logs what a drain cut (a warning) or that nothing was cut.
+pub(crate) fn log_drained(what: &str, slots: &[Arc<ListenerSlot>]) {
+    let mut cut = [0u64; ConnKind::COUNT];
+    for s in slots {
+        for (k, n) in s.cut_counts().into_iter().enumerate() {
+            cut[k] += n;
+        }
+    }
+    let total: u64 = cut.iter().sum();
+    if total == 0 {
+        tracing::info!("{what}: every connection finished within the drain timeout");
+        return;
+    }
+    let kinds = cut
+        .iter()
+        .zip(ConnKind::NAMES)
+        .filter(|(n, _)| **n > 0)
+        .map(|(n, name)| format!("{n} {name}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    tracing::warn!("{what}: drain timeout cut {total} connection(s) still busy ({kinds})");
+}
