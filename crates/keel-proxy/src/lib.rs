@@ -9,6 +9,9 @@
 //! keel-balance's; this crate only calls `pick`, `finish`, `set_healthy` and `RetryBudget`,
 //! with time measured from one monotonic epoch taken at [`start`].
 //!
+//! The crate's rooms (serve, front ends, legs, driver, upstream state, control, observe,
+//! config) and a request's path through them: `ARCHITECTURE.md` beside `Cargo.toml`.
+//!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
 //! let config = keel_proxy::ProxyConfig::from_file("examples/proxy.toml".as_ref())?;
