@@ -230,7 +230,10 @@ fn same_config(a: &Scenario, b: &Scenario) -> bool {
 }
 
 /// The `[[cluster]]` table that reproduces a candidate in keel proxy's configuration.
-pub fn cluster_toml(model: &FittedModel, c: &Candidate) -> String {
+/// `unseen` are endpoints of the running configuration the log never tried (with their
+/// weights): kept in the list, so that pasting the table removes no endpoint, though the model
+/// could not include them.
+pub fn cluster_toml(model: &FittedModel, c: &Candidate, unseen: &[(String, u32)]) -> String {
     let sc = &c.scenario;
     let cl = &sc.clusters[0];
     let mut t = String::new();
@@ -238,11 +241,13 @@ pub fn cluster_toml(model: &FittedModel, c: &Candidate) -> String {
     let eps: Vec<String> = cl
         .endpoints
         .iter()
-        .map(|e| {
-            if e.weight == 1 {
-                format!("{{ address = \"{}\" }}", e.name)
+        .map(|e| (e.name.as_str(), e.weight))
+        .chain(unseen.iter().map(|(n, w)| (n.as_str(), *w)))
+        .map(|(name, weight)| {
+            if weight == 1 {
+                format!("{{ address = \"{name}\" }}")
             } else {
-                format!("{{ address = \"{}\", weight = {} }}", e.name, e.weight)
+                format!("{{ address = \"{name}\", weight = {weight} }}")
             }
         })
         .collect();
@@ -308,7 +313,12 @@ fn interval(xs: &[f64]) -> [f64; 3] {
     }
 }
 
-fn summarise(model: &FittedModel, c: &Candidate, reps: &[RepStats]) -> Ranked {
+fn summarise(
+    model: &FittedModel,
+    c: &Candidate,
+    reps: &[RepStats],
+    unseen: &[(String, u32)],
+) -> Ranked {
     let requests: u64 = reps.iter().map(|r| r.requests).sum();
     let successes: u64 = reps.iter().map(|r| r.successes).sum();
     let success = successes as f64 / requests.max(1) as f64;
@@ -337,7 +347,7 @@ fn summarise(model: &FittedModel, c: &Candidate, reps: &[RepStats]) -> Ranked {
     Ranked {
         strategy: c.strategy.name().to_string(),
         protections: c.protections.label().to_string(),
-        cluster_toml: cluster_toml(model, c),
+        cluster_toml: cluster_toml(model, c, unseen),
         success: [success, lo, hi],
         p99_ms: interval(&q(0.99)),
         p999_ms: interval(&q(0.999)),
@@ -389,11 +399,31 @@ pub fn advise(
         .par_iter()
         .map(|&(i, r)| run_replication(&cands[i].scenario, r, progress))
         .collect::<Result<_, _>>()?;
+    // Endpoints configured but never tried in the window (unhealthy, ejected, or added
+    // since): nothing to fit them from.
+    let unseen: Vec<(String, u32)> = running
+        .map(|r| {
+            r.weights
+                .iter()
+                .filter(|(n, _)| !model.endpoints.iter().any(|e| e.name == *n))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut model = model.clone();
+    if !unseen.is_empty() {
+        let names: Vec<&str> = unseen.iter().map(|(n, _)| n.as_str()).collect();
+        model.notes.push(format!(
+            "configured but never tried in the log: {} (unhealthy or ejected the whole time?); not in the model, which predicts the cluster without them; kept in every cluster_toml",
+            names.join(", ")
+        ));
+    }
+    let model = &model;
     let mut rows = Vec::with_capacity(cands.len());
     let mut at = 0;
     for c in &cands {
         let n = c.scenario.replications as usize;
-        rows.push(summarise(model, c, &reps[at..at + n]));
+        rows.push(summarise(model, c, &reps[at..at + n], &unseen));
         at += n;
     }
     rank(&mut rows);

@@ -351,3 +351,41 @@ fn per_endpoint_scenarios_are_validated_and_their_failure_mix_holds() {
     let e = Scenario::from_toml_str(&over, "mix.toml").unwrap_err();
     assert!(e.to_string().contains("more than 1"), "{e}");
 }
+
+#[test]
+fn endpoints_configured_but_never_tried_stay_in_the_settings_with_a_note() {
+    let model = fit(&log_text(&truth(true, 3_000)), &FitOptions::default()).unwrap();
+    let running = advise::RunningConfig {
+        balancer: keel_balance::BalancerConfig::new(keel_balance::StrategyKind::RoundRobin),
+        retry_attempts: 0,
+        retry_budget: keel_balance::RetryBudgetConfig::default(),
+        health_check: None,
+        per_try_timeout: Duration::from_secs(1),
+        weights: vec![("10.0.0.1:80".into(), 1), ("10.0.0.9:80".into(), 3)],
+    };
+    let mut opts = ScenarioOptions::for_model(&model);
+    opts.requests = 500;
+    opts.replications = 2;
+    let advice = advise::advise(&model, &opts, Some(&running), "test.log", &|_| {}).unwrap();
+    // The running configuration is round-robin without protections: one of the rows.
+    let r = &advice.ranking[advice.running.unwrap()];
+    assert_eq!(
+        (r.strategy.as_str(), r.protections.as_str()),
+        ("round-robin", "none")
+    );
+    for row in &advice.ranking {
+        assert!(
+            row.cluster_toml
+                .contains("{ address = \"10.0.0.9:80\", weight = 3 }"),
+            "{}",
+            row.cluster_toml
+        );
+        // The model's three endpoints, no more (the unseen one is not simulated).
+        assert_eq!(row.pick_shares.len(), 3);
+    }
+    assert!(
+        advice.model.notes.iter().any(|n| n.contains("10.0.0.9:80")),
+        "{:?}",
+        advice.model.notes
+    );
+}
