@@ -485,3 +485,83 @@ async fn reload_moves_the_access_log_and_the_admin_listener() {
     assert_eq!(lines("two.log"), 5);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Requests on one keep-alive connection with no pause between them, until keel closes it:
+/// (answered, lost). A request is lost when it was written and the connection ended without its
+/// whole answer; the connection ends cleanly after an answer that says `Connection: close`.
+async fn tight_keep_alive_loop(addr: SocketAddr) -> (u64, u64) {
+    let Ok(mut s) = TcpStream::connect(addr).await else {
+        return (0, 0);
+    };
+    let (mut answered, mut buf) = (0u64, Vec::with_capacity(4096));
+    loop {
+        if s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .is_err()
+        {
+            return (answered, 0);
+        }
+        buf.clear();
+        // Read one answer: its head, then content-length bytes.
+        let (head_end, length) = loop {
+            let mut chunk = [0u8; 4096];
+            let n = s.read(&mut chunk).await.unwrap_or(0);
+            if n == 0 {
+                // Written, and the connection ended before its answer: lost (a client without
+                // pause never leaves keel a quiet moment to close in).
+                return (answered, 1);
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse().unwrap());
+                break (end + 4, length);
+            }
+        };
+        while buf.len() < head_end + length {
+            let mut chunk = [0u8; 4096];
+            match s.read(&mut chunk).await {
+                Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                _ => return (answered, 1),
+            }
+        }
+        answered += 1;
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        if head.contains("connection: close") {
+            return (answered, 0);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_clients_without_pause_lose_nothing_at_the_drain() {
+    let bs = backends(2, Duration::ZERO).await;
+    let addrs: Vec<_> = bs.iter().map(|b| b.addr()).collect();
+    for round in 0..3 {
+        let proxy = keel_proxy::start_with_workers(simple_config(&addrs, "round-robin", ""), 2)
+            .await
+            .unwrap();
+        let addr = proxy.listener_addrs()[0];
+        let clients: Vec<_> = (0..16)
+            .map(|_| tokio::spawn(tight_keep_alive_loop(addr)))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let drained = proxy.shutdown(Duration::from_secs(5)).await;
+        let (mut answered, mut lost) = (0, 0);
+        for c in clients {
+            let (a, l) = c.await.unwrap();
+            answered += a;
+            lost += l;
+        }
+        assert_eq!(
+            lost, 0,
+            "round {round}: {answered} answered, {lost} lost, {drained:?}"
+        );
+        assert!(answered > 100, "round {round}: {answered} answered");
+        assert_eq!(drained.total(), 0, "{drained:?}");
+    }
+}

@@ -69,6 +69,13 @@ struct Conn<S> {
 const LINGER_TIME: Duration = Duration::from_secs(2);
 const LINGER_BYTES: usize = 1 << 20;
 
+/// Once the proxy drains, an idle keep-alive connection is closed after this much quiet, not at
+/// once: a client under load sends its next request microseconds after reading an answer, and
+/// closing in between loses that request (the chaos run lost 4-48 that way at each upgrade;
+/// HAProxy's `idle-close-on-response` closes the same gap). A request that arrives within it is
+/// answered with `Connection: close`.
+const DRAIN_QUIET: Duration = Duration::from_millis(250);
+
 /// Serves a client connection until it closes, or until HTTP/2 takes it over.
 pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     shared: Arc<Shared>,
@@ -99,14 +106,19 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         tunnel_idle: settings.tunnel_idle_timeout,
     };
     let max_body = settings.max_request_body_bytes.unwrap_or(u64::MAX);
+    // Set once the drain has begun while this connection waited for a request.
+    let mut draining = stop.borrow().is_some();
     loop {
-        if stop.borrow().is_some() {
-            return Served::Closed;
-        }
         // Waiting for a request: the idle timeout until its first byte, the header-read
-        // timeout until its last (it runs between keep-alive requests too).
+        // timeout until its last (it runs between keep-alive requests too). Draining, a quiet
+        // connection is closed sooner (DRAIN_QUIET); a request already read or on its way is
+        // still answered (with `Connection: close`).
         let waited = Instant::now();
-        let first_byte = waited + settings.header_read_timeout.min(settings.idle_timeout);
+        let mut first_byte = waited + settings.header_read_timeout.min(settings.idle_timeout);
+        if draining || stop.borrow().is_some() {
+            draining = true;
+            first_byte = first_byte.min(waited + DRAIN_QUIET);
+        }
         let whole_head = waited + settings.header_read_timeout;
         // Bytes of this request already searched for the blank line that ends a head.
         let mut searched = None;
@@ -140,10 +152,21 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             let read = tokio::select! {
                 biased;
                 r = until(&mut conn.client_timer, deadline, conn.stream.read_buf(&mut conn.rbuf)) => r,
-                _ = shutdown.as_mut(), if idle => return Served::Closed,
+                _ = shutdown.as_mut(), if idle && !draining => {
+                    draining = true;
+                    first_byte = first_byte.min(Instant::now() + DRAIN_QUIET);
+                    continue;
+                }
             };
             match read {
                 Some(Ok(n)) if n > 0 => {}
+                // Quiet through the drain's grace: closed with a lingering read, so that a
+                // request crossing the close gets an end of stream rather than a reset.
+                None if draining && idle => {
+                    conn.unread = true;
+                    conn.close().await;
+                    return Served::Closed;
+                }
                 // Closed, failed, or too slow: nothing to answer.
                 _ => return Served::Closed,
             }
