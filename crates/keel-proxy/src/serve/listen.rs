@@ -216,7 +216,19 @@ pub(crate) async fn worker_loop(
             }
         }
     };
+    // Connections accepted before the drain and still on their way here are served (as
+    // draining), not dropped: their clients may have sent requests already.
     rx.close();
+    while let Ok(a) = rx.try_recv() {
+        let Ok(stream) = TcpStream::from_std(a.stream) else {
+            continue;
+        };
+        let shared = shared.clone();
+        conns.spawn(async move {
+            let _open = a.open;
+            a.conn.serve(shared, worker, stream).await;
+        });
+    }
     wait_connections(conns, drain).await;
 }
 

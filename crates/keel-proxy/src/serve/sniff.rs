@@ -10,7 +10,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::front::h1;
-use crate::state::{mark_connection, wait_shutdown, ConnKind, ListenerCtx, ListenerSlot, Shared};
+use crate::state::{mark_connection, ConnKind, ListenerCtx, ListenerSlot, Shared};
 
 /// Serves one accepted connection: TLS handshake if the listener has TLS, then keel's
 /// HTTP/1.1 front end, or the HTTP/2 one (ALPN `h2`, or HTTP/2's preface on plain TCP), or
@@ -23,7 +23,7 @@ pub(crate) async fn serve_accepted(
     worker: usize,
     stream: TcpStream,
     peer: SocketAddr,
-    mut stop: watch::Receiver<Option<Duration>>,
+    stop: watch::Receiver<Option<Duration>>,
 ) {
     let index = ctx.index;
     let settings = &ctx.settings;
@@ -55,12 +55,12 @@ pub(crate) async fn serve_accepted(
         return;
     };
     // Here, not in the accept loop: a slow or silent client delays only itself.
-    // The header-read timeout bounds the handshake, so it cannot hold a slot.
+    // The header-read timeout bounds the handshake, so it cannot hold a slot. A drain does
+    // not cut it: with TLS 1.3 the client has finished its side and may have sent requests
+    // already; the connection is then served as draining (answers say `Connection: close`,
+    // HTTP/2 gets a GOAWAY), and the drain's own timeout still bounds it.
     let handshake_timeout = settings.header_read_timeout;
-    let handshake = tokio::select! {
-        r = tokio::time::timeout(handshake_timeout, acceptor.accept(stream)) => r,
-        _ = wait_shutdown(&mut stop) => return,
-    };
+    let handshake = tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await;
     let cause = match handshake {
         Ok(Ok(tls_stream)) if tcp => {
             mark_connection(ConnKind::Tunnel);
