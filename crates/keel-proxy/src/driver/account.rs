@@ -29,6 +29,8 @@ pub(crate) struct Tail {
     pub(crate) request_timeout: Duration,
     /// Tries made, this one included.
     pub attempts: u32,
+    /// Every try (the access log's `tries`), this one last.
+    pub tries: crate::driver::tries::Tries,
 }
 
 impl Tail {

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use crate::config::ErrorDetail;
 use crate::driver::account::{DownstreamGuard, Tail};
+use crate::driver::tries::Tries;
 use crate::exchange::error::{Cause, Detailed};
 use crate::exchange::request::{Client, Reject};
 use crate::observe::metrics::class_index;
@@ -34,6 +35,7 @@ pub(crate) fn not_found() -> OwnAnswer {
         guard: None,
         attempts: 0,
         cause: CAUSE.to_string(),
+        tries: Tries::default(),
     }
 }
 
@@ -46,6 +48,7 @@ pub(crate) fn refused(reject: Reject) -> OwnAnswer {
         guard: None,
         attempts: 0,
         cause: reject.cause().to_string(),
+        tries: Tries::default(),
     }
 }
 
@@ -63,6 +66,8 @@ pub(crate) struct OwnAnswer {
     pub attempts: u32,
     /// The cause in full, as logged (the access log's `cause`).
     pub cause: String,
+    /// Every try made (the access log's `tries`).
+    pub tries: Tries,
 }
 
 /// The endpoint's response, head read; its body still to come unless it was small. `W` is
@@ -126,6 +131,7 @@ pub(crate) fn own(
         guard,
         attempts,
         cause: full,
+        tries: Tries::default(),
     }
 }
 

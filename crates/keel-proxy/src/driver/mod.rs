@@ -16,6 +16,7 @@ pub(crate) mod answer;
 pub(crate) mod leg;
 #[cfg(test)]
 mod tests;
+pub(crate) mod tries;
 
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
@@ -29,6 +30,7 @@ use crate::config::MAX_RETRY_ATTEMPTS;
 use crate::driver::account::{failed, timed_out, DownstreamGuard, Tail};
 use crate::driver::answer::{own, OwnAnswer};
 use crate::driver::leg::{Leg, Race, Tried};
+use crate::driver::tries::{Tries, TryOutcome};
 use crate::exchange::error::{Cause, ErrorKind, TryFailure};
 use crate::exchange::request::{Client, Reject};
 use crate::route::Limits;
@@ -77,6 +79,8 @@ pub(crate) async fn drive<L: Leg>(
     if let Some(h) = hedger {
         h.record_call(start_on_clock);
     }
+    // What the access log says of each try.
+    let mut log = Tries::default();
     let mut attempt = 0;
     loop {
         let (now, wall) = if attempt == 0 {
@@ -91,7 +95,7 @@ pub(crate) async fn drive<L: Leg>(
         let Some(pick) = cluster.balancer.pick(&ctx) else {
             cluster.metrics.no_endpoint.fetch_add(1, Relaxed);
             let tried = attempt as u32;
-            return Driven::Own(own(
+            let mut answer = own(
                 cluster,
                 client,
                 503,
@@ -99,8 +103,13 @@ pub(crate) async fn drive<L: Leg>(
                 None,
                 Some(guard),
                 tried,
-            ));
+            );
+            answer.tries = log;
+            return Driven::Own(answer);
         };
+        // In flight on the endpoint when picked, this pick not counted.
+        let first_in_flight = pick.endpoint().in_flight().saturating_sub(1);
+        let first_id = pick.id();
         tried[n_tried] = pick.id();
         n_tried += 1;
         if cluster.uses_load_reports {
@@ -116,7 +125,14 @@ pub(crate) async fn drive<L: Leg>(
         let hedge = hedger
             .filter(|_| attempt == 0)
             .and_then(|h| Some((h, h.delay()?)));
-        let (tried_once, Tried { pick, at: now, .. }) = match hedge {
+        let (
+            tried_once,
+            Tried {
+                pick,
+                at: now,
+                wall: try_wall,
+            },
+        ) = match hedge {
             Some((hedger, delay)) => {
                 let race = Race {
                     cluster,
@@ -147,7 +163,14 @@ pub(crate) async fn drive<L: Leg>(
         };
         let index = pick.index();
         let entry = &cluster.endpoints[index];
-        let tail = |pick, guard| Tail {
+        let in_flight = if pick.id() == first_id {
+            first_in_flight
+        } else {
+            // A hedge won: its endpoint's count now, this call not counted.
+            pick.endpoint().in_flight().saturating_sub(1)
+        };
+        let try_start = try_wall.saturating_duration_since(start);
+        let tail = |pick, guard, tries| Tail {
             cluster: cluster.clone(),
             endpoint: index,
             worker: client.worker,
@@ -156,22 +179,33 @@ pub(crate) async fn drive<L: Leg>(
             deadline,
             request_timeout: limits.request_timeout,
             attempts: attempt as u32 + 1,
+            tries,
         };
         let failure = match tried_once {
-            Some(Ok(won)) => return Driven::Won(won, tail(Some((pick, now)), guard)),
+            Some(Ok(won)) => {
+                log.push(index, TryOutcome::Ok, try_start, None, in_flight);
+                return Driven::Won(won, tail(Some((pick, now)), guard, log));
+            }
             Some(Err(f)) => f,
             // Out of time while the client was still sending its body: the client's fault
             // (a slow upload must not get healthy endpoints ejected).
             None if leg.waiting_on_client() => TryFailure::Client(Reject::Timeout),
             None => timed_out(&limits, try_deadline, deadline),
         };
+        log.push(
+            index,
+            TryOutcome::of_failure(&failure),
+            try_start,
+            Some(crate::io::since(try_wall)),
+            in_flight,
+        );
         let may_have_acted = match &failure {
             TryFailure::Client(reject) => {
                 // The client's fault: the pick is cancelled (dropped), never retried.
                 drop(pick);
                 let cause = Cause::Client(*reject);
                 let tried = attempt as u32 + 1;
-                return Driven::Own(own(
+                let mut answer = own(
                     cluster,
                     client,
                     reject.status(),
@@ -179,7 +213,9 @@ pub(crate) async fn drive<L: Leg>(
                     None,
                     Some(guard),
                     tried,
-                ));
+                );
+                answer.tries = log;
+                return Driven::Own(answer);
             }
             TryFailure::Upstream(e) => e.may_have_acted,
             // A gRPC status that counts as a failure (UNAVAILABLE: the call was not
@@ -202,7 +238,7 @@ pub(crate) async fn drive<L: Leg>(
                     _ => 502,
                 };
                 let tried = attempt as u32 + 1;
-                Driven::Own(own(
+                let mut answer = own(
                     cluster,
                     client,
                     status,
@@ -210,9 +246,11 @@ pub(crate) async fn drive<L: Leg>(
                     Some(index),
                     Some(guard),
                     tried,
-                ))
+                );
+                answer.tries = log;
+                Driven::Own(answer)
             }
-            TryFailure::Status(won, _) => Driven::Won(won, tail(None, guard)),
+            TryFailure::Status(won, _) => Driven::Won(won, tail(None, guard, log)),
             TryFailure::Client(_) => unreachable!("answered above"),
         };
     }

@@ -19,6 +19,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::codec::push_u64;
 use crate::config::{AccessLogConfig, AccessLogFormat};
+use crate::driver::tries::Tries;
+use crate::upstream::cluster::EndpointEntry;
 
 /// Bytes a shard holds before lines are dropped (a little over 2 s of 10,000 lines a second
 /// of 250 bytes, per worker).
@@ -55,6 +57,23 @@ pub(crate) struct Entry<'a> {
     pub route: Option<u16>,
     /// Why keel answered itself.
     pub cause: Option<&'a str>,
+    /// Every try (JSON's `tries`); `None`: none was made.
+    pub tries: Option<TryLog<'a>>,
+}
+
+/// A request's tries with the endpoints of the cluster they index.
+#[derive(Clone, Copy)]
+pub(crate) struct TryLog<'a> {
+    /// The tries.
+    pub tries: &'a Tries,
+    /// The cluster's endpoints.
+    pub endpoints: &'a [EndpointEntry],
+}
+
+impl std::fmt::Debug for TryLog<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.tries.as_slice()).finish()
+    }
 }
 
 /// A request's line and the headers the log shows, read back from an HTTP/1.1 head.
@@ -448,14 +467,7 @@ fn json(out: &mut Vec<u8>, e: &Entry<'_>, now: SystemTime) {
     out.extend_from_slice(b",\"bytes_sent\":");
     push_u64(out, e.bytes_sent);
     out.extend_from_slice(b",\"duration_ms\":");
-    let us = e.duration.as_micros() as u64;
-    push_u64(out, us / 1000);
-    out.push(b'.');
-    let frac = us % 1000;
-    if frac < 100 {
-        out.push(b'0');
-    }
-    push_2(out, frac);
+    push_ms(out, e.duration.as_micros() as u64);
     out.extend_from_slice(b",\"cluster\":");
     push_json_opt(out, e.cluster.map(str::as_bytes));
     out.extend_from_slice(b",\"endpoint\":");
@@ -469,7 +481,44 @@ fn json(out: &mut Vec<u8>, e: &Entry<'_>, now: SystemTime) {
     }
     out.extend_from_slice(b",\"cause\":");
     push_json_opt(out, e.cause.map(str::as_bytes));
-    out.extend_from_slice(b"}\n");
+    out.extend_from_slice(b",\"tries\":[");
+    if let Some(t) = &e.tries {
+        for (i, r) in t.tries.as_slice().iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(b"{\"endpoint\":");
+            let name = t
+                .endpoints
+                .get(r.endpoint as usize)
+                .map(|e| e.header.as_bytes());
+            push_json_opt(out, name);
+            out.extend_from_slice(b",\"outcome\":\"");
+            r.outcome.push_text(out);
+            out.extend_from_slice(b"\",\"duration_ms\":");
+            // The try that answered the client lasts until the response's end.
+            let us = r.duration_us.map_or_else(
+                || (e.duration.as_micros() as u64).saturating_sub(u64::from(r.start_us)),
+                u64::from,
+            );
+            push_ms(out, us);
+            out.extend_from_slice(b",\"in_flight\":");
+            push_u64(out, u64::from(r.in_flight));
+            out.push(b'}');
+        }
+    }
+    out.extend_from_slice(b"]}\n");
+}
+
+/// Milliseconds with three decimals, from microseconds.
+fn push_ms(out: &mut Vec<u8>, us: u64) {
+    push_u64(out, us / 1000);
+    out.push(b'.');
+    let frac = us % 1000;
+    if frac < 100 {
+        out.push(b'0');
+    }
+    push_2(out, frac);
 }
 
 /// A quoted field of the combined format, escaped as NGINX escapes it (`"`, `\` and bytes
@@ -553,6 +602,7 @@ mod tests {
             attempts: 2,
             route: Some(3),
             cause: Some("cannot connect to upstream 10.0.0.7:9000: \"refused\""),
+            tries: None,
         }
     }
 

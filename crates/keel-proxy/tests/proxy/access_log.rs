@@ -179,6 +179,7 @@ async fn one_json_line_per_request_answered_with_every_field() {
         "attempts",
         "route",
         "cause",
+        "tries",
     ];
     for line in &v {
         let obj = line.as_object().unwrap();
@@ -210,11 +211,20 @@ async fn one_json_line_per_request_answered_with_every_field() {
     assert_eq!(ok["attempts"], 1);
     assert_eq!(ok["route"], 0);
     assert!(ok["cause"].is_null());
+    // One try, answered: it lasts until the response's end, so at most the request's time.
+    let tries = ok["tries"].as_array().unwrap();
+    assert_eq!(tries.len(), 1, "{ok}");
+    assert_eq!(tries[0]["endpoint"], good.to_string());
+    assert_eq!(tries[0]["outcome"], "ok");
+    assert_eq!(tries[0]["in_flight"], 0);
+    let t = tries[0]["duration_ms"].as_f64().unwrap();
+    assert!(t >= 0.0 && t <= ok["duration_ms"].as_f64().unwrap(), "{ok}");
     let head = find(200, "/app/h");
     assert_eq!(head["method"], "HEAD");
     let nf = find(404, "/nowhere");
     assert!(nf["cluster"].is_null() && nf["endpoint"].is_null() && nf["route"].is_null());
     assert_eq!(nf["attempts"], 0);
+    assert_eq!(nf["tries"], serde_json::json!([]));
     assert_eq!(nf["cause"], "no route matches the request");
     let bad = find(502, "/flaky");
     assert_eq!(bad["cluster"], "flaky");
@@ -226,6 +236,21 @@ async fn one_json_line_per_request_answered_with_every_field() {
         bad["cause"].as_str().unwrap().contains("cannot connect"),
         "{bad}"
     );
+    // Both tries, each refused, on the two endpoints, the last one the line's `endpoint`.
+    let tries = bad["tries"].as_array().unwrap();
+    assert_eq!(tries.len(), 2, "{bad}");
+    let mut names: Vec<&str> = tries
+        .iter()
+        .map(|t| t["endpoint"].as_str().unwrap())
+        .collect();
+    assert_eq!(names[1], last);
+    names.sort();
+    let mut want = [dead.to_string(), "127.0.0.1:1".to_string()];
+    want.sort();
+    assert_eq!(names, want);
+    for t in tries {
+        assert_eq!(t["outcome"], "connect refused", "{bad}");
+    }
     let refused = v.iter().find(|l| l["status"] == 400).unwrap();
     assert_eq!(refused["method"], "NOT");
     assert!(refused["cluster"].is_null());
@@ -239,6 +264,8 @@ async fn one_json_line_per_request_answered_with_every_field() {
     assert_eq!(h2["cluster"], "app");
     assert_eq!(h2["route"], 0);
     assert!(h2["bytes_sent"].as_u64().unwrap() > 0);
+    assert_eq!(h2["tries"][0]["outcome"], "ok");
+    assert_eq!(h2["tries"][0]["endpoint"], good.to_string());
     let h2_404 = find(404, "/none");
     assert_eq!(h2_404["protocol"], "HTTP/2.0");
     let _ = std::fs::remove_dir_all(&d);
@@ -339,5 +366,96 @@ fn access_log_settings_load_and_bad_ones_are_located() {
         }
         assert!(e.message.contains(words), "{table}: {e}");
     }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// The `tries` field (issue 24): a try that timed out and its retry, with their durations, and
+/// the in-flight count each endpoint had when it was picked, over real sockets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tries_record_every_try_its_outcome_time_and_in_flight() {
+    let d = dir("tries");
+    let bs = backends(2, Duration::from_millis(100)).await;
+    fault(&bs[0], keel_model::FailureMode::Hang).await;
+    let (hung, good) = (bs[0].addr(), bs[1].addr());
+    let text = format!(
+        "[access_log]\npath = \"access.log\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n\n\
+         [[cluster]]\nname = \"app\"\nstrategy = \"round-robin\"\n\
+         endpoints = [{{ address = \"{hung}\" }}, {{ address = \"{good}\" }}]\n\
+         [cluster.retry]\nattempts = 1\nper_try_timeout = \"300ms\"\n"
+    );
+    let proxy = keel_proxy::start(load_from(&d, &text)).await.unwrap();
+    let addr = proxy.listener_addrs()[0];
+    // Round-robin starts on the hanging endpoint: the request times out there after 300 ms
+    // and is answered by the other.
+    let c = client();
+    let r = send(
+        &c,
+        hyper::Method::GET,
+        &format!("http://{addr}/a"),
+        &[],
+        b"",
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200);
+    proxy.shutdown(Duration::from_secs(1)).await;
+    let got = lines(&d.join("access.log"));
+    assert_eq!(got.len(), 1, "{}", got.join("\n"));
+    let first: Value = serde_json::from_str(&got[0]).unwrap();
+    let tries = first["tries"].as_array().unwrap();
+    assert_eq!(tries.len(), 2, "{first}");
+    assert_eq!(tries[0]["endpoint"], hung.to_string());
+    assert_eq!(tries[0]["outcome"], "timeout");
+    let waited = tries[0]["duration_ms"].as_f64().unwrap();
+    assert!((300.0..1000.0).contains(&waited), "{first}");
+    assert_eq!(tries[1]["endpoint"], good.to_string());
+    assert_eq!(tries[1]["outcome"], "ok");
+    // The retry took the backend's 100 ms, and both tries fit in the request's time.
+    let answered = tries[1]["duration_ms"].as_f64().unwrap();
+    assert!(answered >= 100.0, "{first}");
+    let total = first["duration_ms"].as_f64().unwrap();
+    assert!(waited + answered <= total + 1.0, "{first}");
+
+    // Three requests at once on one endpoint that takes 500 ms: each finds the ones picked
+    // before it still there (0, 1 and 2 in flight).
+    let slow = backends(1, Duration::from_millis(500)).await;
+    let text = format!(
+        "[access_log]\npath = \"slow.log\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"one\"\n\n\
+         [[cluster]]\nname = \"one\"\nendpoints = [{{ address = \"{}\" }}]\n",
+        slow[0].addr()
+    );
+    let proxy = keel_proxy::start(load_from(&d, &text)).await.unwrap();
+    let addr = proxy.listener_addrs()[0];
+    let mut tasks = Vec::new();
+    for i in 0..3 {
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            send(
+                &c,
+                hyper::Method::GET,
+                &format!("http://{addr}/b{i}"),
+                &[],
+                b"",
+            )
+            .await
+            .unwrap()
+            .status
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    proxy.shutdown(Duration::from_secs(1)).await;
+    let got = lines(&d.join("slow.log"));
+    let mut in_flight: Vec<u64> = got
+        .iter()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["tries"][0]["in_flight"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    in_flight.sort();
+    assert_eq!(in_flight, [0, 1, 2], "{}", got.join("\n"));
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use crate::codec::{push_content_length, push_date, push_header};
 use crate::config::ListenerConfig;
 use crate::driver::answer::{self, OwnAnswer, Upstream};
+use crate::driver::tries::Tries;
 use crate::exchange::error::BodyEnd;
 use crate::exchange::request::{BodyFraming, Client, Reject, RequestHead, RequestRules};
 use crate::front::h1::parse::{parse_request, RequestParse};
@@ -24,9 +25,10 @@ use crate::front::h1::relay::{relay_response, ClientBody, RelayError};
 use crate::io::{idle_timer, until, write_all_2};
 use crate::leg::h1::response::Framing;
 use crate::leg::{self, HttpAnswer, Request, UpstreamResponse};
-use crate::observe::access_log::{AccessLog, Entry, RequestLine};
+use crate::observe::access_log::{AccessLog, Entry, RequestLine, TryLog};
 use crate::route::{RouteRef, Target};
 use crate::state::Shared;
+use crate::upstream::cluster::EndpointEntry;
 
 /// Request bodies up to this size are read whole before the request is forwarded, so that
 /// any try can send them again; larger ones, and chunked ones, are streamed.
@@ -186,6 +188,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     log,
                     client,
                     cluster: None,
+                    endpoints: &[],
                     route: req.route,
                     started,
                 };
@@ -204,6 +207,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             log,
             client,
             cluster: Some(target.cluster.name()),
+            endpoints: &target.cluster.endpoints,
             route: req.route,
             started,
         });
@@ -370,8 +374,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 };
                 let (status, attempts) = (up.response.status(), up.tail.attempts);
                 let endpoint = up.tail.endpoint_header().clone();
+                let tries = up.tail.tries;
                 let kept = self.forward(up, keep, req).await;
-                self.log(log, req, status, Some(endpoint.as_bytes()), attempts, None);
+                let answered = Answered {
+                    status,
+                    endpoint: Some(endpoint.as_bytes()),
+                    attempts,
+                    cause: None,
+                    tries: &tries,
+                };
+                self.log(log, req, &answered);
                 kept
             }
         }
@@ -379,27 +391,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
 
     /// Logs keel's own answer.
     fn log_own(&self, log: &LogCtx<'_>, req: &RequestHead, own: &OwnAnswer) {
-        let endpoint = own.endpoint.as_ref().map(|e| e.as_bytes());
-        self.log(
-            log,
-            req,
-            own.status,
-            endpoint,
-            own.attempts,
-            Some(&own.cause),
-        );
+        let answered = Answered {
+            status: own.status,
+            endpoint: own.endpoint.as_ref().map(|e| e.as_bytes()),
+            attempts: own.attempts,
+            cause: Some(&own.cause),
+            tries: &own.tries,
+        };
+        self.log(log, req, &answered);
     }
 
     /// Logs the request just answered (its head is in `up_head`, the answer's in `out`).
-    fn log(
-        &self,
-        log: &LogCtx<'_>,
-        req: &RequestHead,
-        status: u16,
-        endpoint: Option<&[u8]>,
-        attempts: u32,
-        cause: Option<&str>,
-    ) {
+    fn log(&self, log: &LogCtx<'_>, req: &RequestHead, a: &Answered<'_>) {
         let sent = self.stream.sent;
         log.log.log(
             log.client.worker,
@@ -407,15 +410,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 client: &log.client.ip,
                 request: RequestLine::parse(&self.up_head),
                 protocol: if req.http10 { "HTTP/1.0" } else { "HTTP/1.1" },
-                status,
+                status: a.status,
                 bytes_sent: sent,
                 body_bytes_sent: sent.saturating_sub(self.out.len() as u64),
                 duration: log.started.elapsed(),
                 cluster: log.cluster,
-                endpoint,
-                attempts,
+                endpoint: a.endpoint,
+                attempts: a.attempts,
                 route: log.route.index(),
-                cause,
+                cause: a.cause,
+                tries: Some(TryLog {
+                    tries: a.tries,
+                    endpoints: log.endpoints,
+                }),
             },
         );
     }
@@ -627,8 +634,19 @@ struct LogCtx<'a> {
     log: &'a AccessLog,
     client: &'a Client,
     cluster: Option<&'a str>,
+    /// The cluster's endpoints, which the tries index.
+    endpoints: &'a [EndpointEntry],
     route: RouteRef,
     started: Instant,
+}
+
+/// What the access log says of an answer.
+struct Answered<'a> {
+    status: u16,
+    endpoint: Option<&'a [u8]>,
+    attempts: u32,
+    cause: Option<&'a str>,
+    tries: &'a Tries,
 }
 
 /// A client stream that counts the bytes written to it (the access log's `bytes_sent`).

@@ -6,8 +6,9 @@ use std::time::Instant;
 
 use hyper::header::HeaderValue;
 
+use crate::driver::tries::Tries;
 use crate::exchange::request::Client;
-use crate::observe::access_log::{AccessLog, Entry, RequestLine};
+use crate::observe::access_log::{AccessLog, Entry, RequestLine, TryLog};
 
 /// What the access log needs of an HTTP/2 request besides its answer.
 pub(crate) struct H2Log {
@@ -26,6 +27,8 @@ pub(crate) struct H2LogUpstream {
     pub(crate) status: u16,
     pub(crate) endpoint: HeaderValue,
     pub(crate) attempts: u32,
+    /// Every try (the access log's `tries`).
+    pub(crate) tries: Tries,
     /// Body bytes sent.
     pub(crate) sent: u64,
 }
@@ -39,6 +42,7 @@ impl H2LogUpstream {
             Some(self.endpoint.as_bytes()),
             self.attempts,
             None,
+            &self.tries,
         );
     }
 }
@@ -65,6 +69,7 @@ impl H2Log {
         endpoint: Option<&[u8]>,
         attempts: u32,
         cause: Option<&str>,
+        tries: &Tries,
     ) {
         self.log.log(
             self.client.worker,
@@ -81,6 +86,10 @@ impl H2Log {
                 attempts,
                 route: self.route,
                 cause,
+                tries: self.cluster.as_ref().map(|c| TryLog {
+                    tries,
+                    endpoints: &c.endpoints,
+                }),
             },
         );
     }

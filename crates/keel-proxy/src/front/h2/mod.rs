@@ -265,6 +265,7 @@ async fn handle(
                             status: rhead.status,
                             endpoint: up.tail.endpoint_header().clone(),
                             attempts: up.tail.attempts,
+                            tries: up.tail.tries,
                             sent: 0,
                             log: l,
                         })
@@ -288,6 +289,7 @@ async fn handle(
                     guard: None,
                     attempts: 1,
                     cause: CAUSE.to_string(),
+                    tries: crate::driver::tries::Tries::default(),
                 },
                 active,
                 log,
@@ -326,7 +328,14 @@ fn grpc_own_response(
 ) -> Response<H2Body> {
     if let Some(l) = &log {
         let endpoint = own.endpoint.as_ref().map(|e| e.as_bytes());
-        l.write(own.status, 0, endpoint, own.attempts, Some(&own.cause));
+        l.write(
+            own.status,
+            0,
+            endpoint,
+            own.attempts,
+            Some(&own.cause),
+            &own.tries,
+        );
     }
     let mut r = Response::new(H2Body::Own {
         data: None,
@@ -366,6 +375,7 @@ fn h2_response(
             status: head.status.as_u16(),
             endpoint: tail.endpoint_header().clone(),
             attempts: tail.attempts,
+            tries: tail.tries,
             sent: 0,
             log: l,
         })
@@ -394,6 +404,7 @@ fn own_response(own: OwnAnswer, active: ActiveRequest, log: Option<H2Log>) -> Re
             endpoint,
             own.attempts,
             Some(&own.cause),
+            &own.tries,
         );
     }
     let mut r = Response::new(H2Body::Own {
