@@ -227,6 +227,13 @@ pub fn read_log(mut input: impl BufRead) -> Result<Log, FitError> {
             log.rich_lines += 1;
             let mut at = start;
             for t in tries {
+                // The client's fault (its body broke the try) says nothing of the endpoint.
+                if t.outcome.trim() == "client" {
+                    if at > 0.0 {
+                        at += t.duration_ms / 1e3;
+                    }
+                    continue;
+                }
                 let Some(endpoint) = intern(&mut log.endpoints, &mut endpoint_index, &t.endpoint)
                 else {
                     return Err(FitError::TooManyNames("endpoints"));
@@ -405,5 +412,9 @@ not json
         assert_eq!(TryClass::of_outcome("status 503"), TryClass::Error);
         assert_eq!(TryClass::of_outcome("timeout"), TryClass::Timeout);
         assert_eq!(TryClass::of_outcome("reset"), TryClass::Reset);
+        assert_eq!(TryClass::of_outcome("connect refused"), TryClass::Error);
+        assert_eq!(TryClass::of_outcome("connect timeout"), TryClass::Timeout);
+        let client = r#"{"time":"2024-05-01T12:00:00.500Z","status":408,"duration_ms":12.0,"cluster":"app","attempts":1,"tries":[{"endpoint":"a:1","outcome":"client","duration_ms":11.5,"in_flight":0}]}"#;
+        assert!(read_log(client.as_bytes()).unwrap().tries.is_empty());
     }
 }
