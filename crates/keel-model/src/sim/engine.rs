@@ -304,6 +304,14 @@ pub fn run_replication(
             .iter()
             .map(|c| c.balancer.strategy == StrategyKind::Prequal)
             .collect(),
+        tracked: sc
+            .clusters
+            .iter()
+            .flat_map(|c| {
+                std::iter::repeat(c.balancer.strategy == StrategyKind::Prequal)
+                    .take(c.servers as usize)
+            })
+            .collect(),
         probe_delay: ns(load_reports.probe_delay),
         on_answers: load_reports.on_answers,
         targets: Vec::new(),
@@ -356,6 +364,9 @@ struct Sim<'a> {
     loads: Vec<ServerLoad>,
     /// Per cluster: its balancers balance on load reports (send probes after each pick).
     reporting: Vec<bool>,
+    /// Per server (global position): its cluster's `reporting`, so that servers nobody asks
+    /// for reports skip the bookkeeping of their `ServerLoad`.
+    tracked: Vec<bool>,
     probe_delay: u64,
     on_answers: bool,
     /// Scratch: endpoints to probe.
@@ -601,7 +612,11 @@ impl Sim<'_> {
         a.pick = Some(p);
         let g = self.offsets[c] + index;
         let server = self.servers[g];
-        let ticket = self.loads[g].start(dur(now));
+        let ticket = if self.reporting[c] {
+            self.loads[g].start(dur(now))
+        } else {
+            Ticket::default()
+        };
         self.slots[s].tries[which].ticket = ticket;
         if self.reporting[c] {
             self.send_probes(b, c, now);
@@ -682,7 +697,9 @@ impl Sim<'_> {
                 let (c, _) = self.balancer_of(s);
                 let a = &self.slots[s].tries[which];
                 let g = self.offsets[c] + a.server as usize;
-                self.loads[g].finish(a.ticket, dur(now));
+                if self.tracked[g] {
+                    self.loads[g].finish(a.ticket, dur(now));
+                }
             }
             self.slots[s].tries[which].ok
         };
@@ -772,7 +789,9 @@ impl Sim<'_> {
             self.abandon(job);
         } else if a.server != NO_SERVER {
             let g = self.offsets[self.stages[slot.stage as usize] as usize] + a.server as usize;
-            self.loads[g].cancel(a.ticket);
+            if self.tracked[g] {
+                self.loads[g].cancel(a.ticket);
+            }
         }
     }
 
@@ -781,7 +800,7 @@ impl Sim<'_> {
     fn abandon(&mut self, job: u32) {
         let j = &mut self.jobs[job as usize];
         j.abandoned = true;
-        if !j.started {
+        if !j.started && self.tracked[j.server as usize] {
             self.loads[j.server as usize].cancel(j.ticket);
         }
     }
@@ -978,7 +997,9 @@ impl Sim<'_> {
     fn deliver(&mut self, job: u32, now: u64) {
         self.free_jobs.push(job);
         let j = self.jobs[job as usize];
-        self.loads[j.server as usize].finish(j.ticket, dur(now));
+        if self.tracked[j.server as usize] {
+            self.loads[j.server as usize].finish(j.ticket, dur(now));
+        }
         if j.abandoned {
             return;
         }
