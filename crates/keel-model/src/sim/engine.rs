@@ -144,6 +144,11 @@ struct Slot {
     hedged: bool,
     /// When the current call's hedge timer is due (`NEVER`: none).
     hedge_due: u64,
+    /// The caller's deadline for a hedged try: the first try's (`NEVER` otherwise). The call
+    /// waits no longer for its hedge than it would have for its first try, as the proxy's
+    /// `request_timeout` bounds a request with its hedges; a hedge with a timeout of its own
+    /// made a hedged call last up to about twice the timeout (3.8 s at a 2 s timeout).
+    hedge_deadline: u64,
     n_avoid: usize,
     avoid: [EndpointId; AVOID],
 }
@@ -161,6 +166,7 @@ impl Slot {
             outstanding: 0,
             hedged: false,
             hedge_due: NEVER,
+            hedge_deadline: NEVER,
             n_avoid: 0,
             avoid: [EndpointId(0); AVOID],
         }
@@ -308,8 +314,8 @@ pub fn run_replication(
             .clusters
             .iter()
             .flat_map(|c| {
-                std::iter::repeat(c.balancer.strategy == StrategyKind::Prequal)
-                    .take(c.servers as usize)
+                let prequal = c.balancer.strategy == StrategyKind::Prequal;
+                (0..c.servers).map(move |_| prequal)
             })
             .collect(),
         probe_delay: ns(load_reports.probe_delay),
@@ -643,7 +649,9 @@ impl Sim<'_> {
                 }
             }
         }
-        let (took, ok) = match server.demand(now, self.timeout, &mut self.rng) {
+        let deadline = (now + self.timeout).min(self.slots[s].hedge_deadline);
+        let patience = deadline - now;
+        let (took, ok) = match server.demand(now, patience, &mut self.rng) {
             Demand::Work(w, ok) if !matches!(self.stations[g], Station::Unlimited) => {
                 let job = self.new_job(Job {
                     server: g as u32,
@@ -657,7 +665,7 @@ impl Sim<'_> {
                 });
                 let a = &mut self.slots[s].tries[which];
                 a.job = job;
-                a.due = now + self.timeout;
+                a.due = deadline;
                 self.heap
                     .push(event(a.due, KIND_CALL, (s * 2 + which) as u32));
                 self.arrive(g, job, now);
@@ -666,8 +674,8 @@ impl Sim<'_> {
             Demand::Work(t, ok) => (scaled(t, server.factor()) + self.round_trip, ok),
             Demand::Bypass(t, ok) => (t.saturating_add(self.round_trip), ok),
         };
-        let (took, ok) = if took >= self.timeout {
-            (self.timeout, false)
+        let (took, ok) = if took >= patience {
+            (patience, false)
         } else {
             (took, ok)
         };
@@ -891,8 +899,11 @@ impl Sim<'_> {
         if server != NO_SERVER {
             slot.remember(self.ids[b][server as usize]);
         }
+        slot.hedge_deadline = slot.tries[waiting].started + self.timeout;
         self.start_attempt(s, 1 - waiting, now);
-        self.slots[s].tries[1 - waiting].hedge = true;
+        let slot = &mut self.slots[s];
+        slot.hedge_deadline = NEVER;
+        slot.tries[1 - waiting].hedge = true;
     }
 
     fn end_request(&mut self, s: usize, now: u64) {

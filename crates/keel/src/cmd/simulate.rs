@@ -33,13 +33,24 @@ per request), \"hedges\", \"hedges_won\", \"reaction\" (null, or {\"fair_share\"
 With --preset seed, the six objects are printed as JSON Lines (one per line, E1 first).")]
 pub struct Args {
     /// A scenario file (TOML; see scenarios/*.toml for documented examples).
-    #[arg(long, value_name = "FILE", conflicts_with = "preset")]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["preset", "sweep"])]
     pub scenario: Option<PathBuf>,
     /// A built-in experiment: e1, e2, e3, e4, e5, e6, or `seed` for all six; `e7` (long-lived
     /// multiplexed connections: per-connection against per-request balancing); `tail` (E8)
     /// or `reaction` (E9).
-    #[arg(long, value_name = "ID")]
+    #[arg(long, value_name = "ID", conflicts_with = "sweep")]
     pub preset: Option<String>,
+    /// The sweep (docs/tail-latency.md, "The sweep"): load 0.5-0.97, 0-30 % slow servers at
+    /// 1-5x, 10-200 servers, 1-1000 balancers, for random, round-robin, least-request,
+    /// peak-ewma and prequal with and without hedging; prints the verdicts.
+    #[arg(long)]
+    pub sweep: bool,
+    /// With --sweep: the CI-sized grid (12 cells, fewer requests).
+    #[arg(long, requires = "sweep")]
+    pub quick: bool,
+    /// With --sweep: write sweep.csv, sweep.json and the heat maps (SVG) into this directory.
+    #[arg(long, value_name = "DIR", requires = "sweep")]
+    pub out: Option<PathBuf>,
     /// Seed of every random choice (overrides the scenario's); same seed, same results.
     #[arg(long)]
     pub seed: Option<u64>,
@@ -132,6 +143,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     {
         return multiplex(&args);
     }
+    if args.sweep {
+        return sweep(&args);
+    }
     let experiments: Vec<Experiment> = match (&args.scenario, &args.preset) {
         (Some(path), None) => {
             let text = match std::fs::read_to_string(path) {
@@ -163,7 +177,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
         _ => {
             return usage(
-                "give either --scenario FILE or --preset ID (e1..e6, seed, tail, reaction)",
+                "give --scenario FILE, --preset ID (e1..e6, seed, tail, reaction) or --sweep",
             )
         }
     };
@@ -207,6 +221,63 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     bar.finish_and_clear();
+    Ok(())
+}
+
+/// `--sweep`: every cell's rows as one parallel batch, then the verdicts (and files with --out).
+fn sweep(args: &Args) -> anyhow::Result<()> {
+    use keel_model::sweep::{self, Grid};
+    let mut grid = if args.quick {
+        Grid::quick()
+    } else {
+        Grid::full()
+    };
+    if let Some(r) = args.replications {
+        grid.replications = r;
+    }
+    let mut rows = sweep::scenarios(&grid);
+    if let Some(seed) = args.seed {
+        for (_, sc) in &mut rows {
+            sc.seed = seed;
+        }
+    }
+    let scenarios: Vec<Scenario> = rows.iter().map(|(_, sc)| sc.clone()).collect();
+    let bar = progress_bar(sim::total_requests(&scenarios), args.quiet);
+    bar.set_message(format!("{} cells", grid.cells().len()));
+    let progress = |n: u64| bar.inc(n);
+    let result = match sweep::run(&grid, &progress) {
+        Ok(r) => r,
+        Err(e) => return usage(e.to_string()),
+    };
+    bar.finish_and_clear();
+    if args.json {
+        for r in &result.rows {
+            println!("{}", serde_json::to_string(r).context("serialising a row")?);
+        }
+    } else {
+        println!(
+            "SWEEP: {} cells x {} rows, {} calls in {:.1} s\n",
+            grid.cells().len(),
+            sweep::STRATEGIES.len() * 2,
+            result.calls,
+            result.wall.as_secs_f64()
+        );
+        print!("{}", result.verdict().text());
+    }
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let csv = dir.join("sweep.csv");
+        std::fs::write(&csv, result.csv()).with_context(|| format!("writing {}", csv.display()))?;
+        let json = dir.join("sweep.json");
+        let body = serde_json::json!({ "grid": result.grid, "rows": result.rows });
+        std::fs::write(&json, serde_json::to_string_pretty(&body)?)
+            .with_context(|| format!("writing {}", json.display()))?;
+        eprintln!("wrote {}", csv.display());
+        eprintln!("wrote {}", json.display());
+        for p in sweep::heat_maps(dir, &result)? {
+            eprintln!("wrote {}", p.display());
+        }
+    }
     Ok(())
 }
 
