@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::time::Sleep;
@@ -70,4 +70,67 @@ pub(crate) async fn until<F: Future>(
 pub(crate) fn idle_timer() -> Pin<Box<Sleep>> {
     let far = tokio::time::Instant::now() + std::time::Duration::from_secs(86_400 * 365);
     Box::pin(tokio::time::sleep_until(far))
+}
+
+/// How long a response body may wait on each side once it streams: the endpoint for its next
+/// bytes (`upstream_idle_timeout`), the client for taking them (`client_idle_timeout`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BodyIdle {
+    pub upstream: Duration,
+    pub client: Duration,
+}
+
+/// Where a streamed request body is, for the driver's try clock: the time of the last piece
+/// read from the client (nanoseconds from the request's start), and whether a read from the
+/// client is under way. Time waiting on the client never counts against the endpoint: the
+/// try's clock restarts from each piece, and stands still while keel waits for the next.
+#[derive(Debug, Default)]
+pub(crate) struct BodyProgress(std::sync::atomic::AtomicU64);
+
+impl BodyProgress {
+    const READING: u64 = 1 << 63;
+
+    /// A read from the client starts (`reading`) or ended, at `since` from the request's start.
+    pub fn mark(&self, since: Duration, reading: bool) {
+        let nanos = (since.as_nanos() as u64) & !Self::READING;
+        let v = if reading {
+            nanos | Self::READING
+        } else {
+            nanos
+        };
+        self.0.store(v, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The deadline a try whose deadline `deadline` passed now has instead, if any: `per_try`
+    /// from the last piece, or from now while keel waits on the client.
+    pub fn moved(&self, start: Instant, per_try: Duration, deadline: Instant) -> Option<Instant> {
+        let v = self.0.load(std::sync::atomic::Ordering::Relaxed);
+        let now = Instant::now();
+        let moved = if v & Self::READING != 0 {
+            now + per_try
+        } else {
+            start + Duration::from_nanos(v) + per_try
+        };
+        (moved > now && moved > deadline).then_some(moved)
+    }
+}
+
+/// [`until`] for a try whose request body streams: its deadline moves with `progress` (see
+/// [`BodyProgress`]).
+pub(crate) async fn until_sent<F: std::future::Future>(
+    timer: &mut Pin<Box<Sleep>>,
+    mut deadline: Instant,
+    progress: Option<(&BodyProgress, Instant, Duration)>,
+    fut: F,
+) -> Option<F::Output> {
+    let Some((progress, start, per_try)) = progress else {
+        return until(timer, deadline, fut).await;
+    };
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let Some(r) = until(timer, deadline, fut.as_mut()).await {
+            return Some(r);
+        }
+        deadline = progress.moved(start, per_try, deadline)?;
+    }
 }

@@ -140,13 +140,25 @@ pub struct ClusterConfig {
         with = "keel_balance::duration_serde"
     )]
     pub connect_timeout: Duration,
-    /// Time allowed for the whole request, all tries included, until the response body has
-    /// been sent. Default 15 s.
+    /// Time allowed until the response head, all tries included (time to first byte); the
+    /// body then streams under `upstream_idle_timeout` (and `max_duration`). Default 15 s.
     #[serde(
         default = "default_request_timeout",
         with = "keel_balance::duration_serde"
     )]
     pub request_timeout: Duration,
+    /// Once the response head arrived, the body may go this long without a byte from the
+    /// endpoint before it is cut (a server-sent event stream must send at least that often).
+    /// Default 60 s.
+    #[serde(
+        default = "default_upstream_idle_timeout",
+        with = "keel_balance::duration_serde"
+    )]
+    pub upstream_idle_timeout: Duration,
+    /// Longest a request may last in all, from its arrival to the response's last byte;
+    /// unset (the default): no limit beyond the idle timeouts.
+    #[serde(default, with = "keel_balance::duration_serde::option")]
+    pub max_duration: Option<Duration>,
     /// Responses whose `Content-Length` is at most this many bytes are read whole before they
     /// are forwarded, so that an endpoint failing mid-body can still be retried; larger or
     /// chunked bodies stream through. 0 streams everything. Default 65536.
@@ -289,6 +301,9 @@ fn default_connect_timeout() -> Duration {
 }
 fn default_request_timeout() -> Duration {
     Duration::from_secs(15)
+}
+fn default_upstream_idle_timeout() -> Duration {
+    Duration::from_secs(60)
 }
 fn default_max_buffered_response() -> u64 {
     65536
@@ -612,6 +627,21 @@ impl ClusterConfig {
         if self.connect_timeout.is_zero() {
             return Err(zero("connect_timeout"));
         }
+        if self.upstream_idle_timeout.is_zero() {
+            return Err(zero("upstream_idle_timeout"));
+        }
+        if self.max_duration.is_some_and(|d| d < self.request_timeout) {
+            return Err(InvalidField::at(
+                "max_duration",
+                Problem::out_of_range(
+                    format!(
+                        "at least request_timeout ({})",
+                        humantime::format_duration(self.request_timeout)
+                    ),
+                    humantime::format_duration(self.max_duration.unwrap_or_default()),
+                ),
+            ));
+        }
         if self.request_timeout < Duration::from_millis(1) {
             // Shared by the tries, it must leave each of them a usable slice.
             return Err(InvalidField::at(
@@ -831,6 +861,8 @@ impl ClusterConfig {
             hash_on: None,
             connect_timeout: default_connect_timeout(),
             request_timeout: default_request_timeout(),
+            upstream_idle_timeout: default_upstream_idle_timeout(),
+            max_duration: None,
             max_buffered_response: default_max_buffered_response(),
             pool_idle_timeout: default_pool_idle_timeout(),
             pool_max_idle_per_endpoint: default_pool_max_idle(),

@@ -78,6 +78,14 @@ pub struct ListenerConfig {
         with = "keel_balance::duration_serde"
     )]
     pub tunnel_idle_timeout: Duration,
+    /// A client that takes no byte of its response (or, HTTP/2, opens no window for it), or
+    /// sends no byte of a request body it streams, for this long is cut: HTTP/1.1 closed,
+    /// HTTP/2 connection closed; its endpoint connection and slots are released. Default 10 s.
+    #[serde(
+        default = "default_client_idle_timeout",
+        with = "keel_balance::duration_serde"
+    )]
+    pub client_idle_timeout: Duration,
 }
 
 /// `protocol` of a listener.
@@ -138,6 +146,9 @@ fn default_idle_timeout() -> Duration {
 fn default_tunnel_idle_timeout() -> Duration {
     Duration::from_secs(3600)
 }
+fn default_client_idle_timeout() -> Duration {
+    Duration::from_secs(10)
+}
 
 /// hyper's smallest HTTP/1 read buffer, hence the smallest `max_header_bytes`.
 pub const MIN_HEADER_BYTES: usize = 8192;
@@ -167,6 +178,9 @@ impl ListenerConfig {
         }
         if self.idle_timeout.is_zero() {
             return Err(zero("idle_timeout"));
+        }
+        if self.client_idle_timeout.is_zero() {
+            return Err(zero("client_idle_timeout"));
         }
         if self.tunnel_idle_timeout.is_zero() {
             return Err(zero("tunnel_idle_timeout"));
@@ -210,6 +224,7 @@ impl ListenerConfig {
             routes: Vec::new(),
             protocol: ListenerProtocol::default(),
             tunnel_idle_timeout: default_tunnel_idle_timeout(),
+            client_idle_timeout: default_client_idle_timeout(),
             max_connections: default_max_connections(),
             max_header_bytes: default_max_header_bytes(),
             max_headers: default_max_headers(),

@@ -23,8 +23,10 @@ pub(crate) struct Tail {
     pub(crate) worker: usize,
     pub(crate) pick: Option<(Pick, Duration)>,
     pub(crate) guard: DownstreamGuard,
-    /// The request's deadline (bodies stream until then).
-    pub deadline: Instant,
+    /// Once the head is in, the body may go this long without a byte from the endpoint.
+    pub upstream_idle: Duration,
+    /// The request's end at the latest (`max_duration`), if it has one.
+    pub max_end: Option<Instant>,
     /// The request timeout that set it (for the cause when it passes).
     pub(crate) request_timeout: Duration,
     /// Tries made, this one included.
@@ -34,6 +36,21 @@ pub(crate) struct Tail {
 }
 
 impl Tail {
+    /// When the body is cut if the endpoint sends nothing more from `now` on.
+    pub fn body_deadline(&self, now: Instant) -> Instant {
+        let idle = now + self.upstream_idle;
+        self.max_end.map_or(idle, |m| m.min(idle))
+    }
+
+    /// Why a body cut at [`Self::body_deadline`] was cut.
+    pub fn cut_cause(&self, now: Instant) -> &'static str {
+        if self.max_end.is_some_and(|m| now >= m) {
+            "max_duration"
+        } else {
+            "upstream idle"
+        }
+    }
+
     /// The endpoint's `x-keel-endpoint` value.
     pub fn endpoint_header(&self) -> &hyper::http::HeaderValue {
         &self.cluster.endpoints[self.endpoint].header

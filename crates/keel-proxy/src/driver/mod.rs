@@ -48,6 +48,7 @@ pub(crate) enum Driven<W> {
 /// The one attempt loop: `max_in_flight`, then picks (avoiding the endpoints tried, with the
 /// hash key if any) and tries on `leg` within the per-try and request deadlines, finishing
 /// each failed try's pick and retrying while it is safe and the budget allows.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn drive<L: Leg>(
     cluster: &Arc<Cluster>,
     client: &Client,
@@ -56,6 +57,7 @@ pub(crate) async fn drive<L: Leg>(
     hash: Option<u64>,
     leg: &mut L,
     timer: &mut Pin<Box<Sleep>>,
+    body_progress: Option<&crate::io::BodyProgress>,
 ) -> Driven<L::Won> {
     let Some(guard) =
         DownstreamGuard::try_new(&cluster.metrics, start, cluster.config.max_in_flight)
@@ -154,7 +156,8 @@ pub(crate) async fn drive<L: Leg>(
             None => {
                 let entry = &cluster.endpoints[first.pick.index()];
                 let one = leg.try_once(cluster, entry, client.worker);
-                let result = crate::io::until(timer, try_deadline, one).await;
+                let progress = body_progress.map(|p| (p, start, limits.per_try_timeout));
+                let result = crate::io::until_sent(timer, try_deadline, progress, one).await;
                 if let Some(h) = hedger.filter(|_| attempt == 0) {
                     h.observe(crate::io::since(wall));
                 }
@@ -176,7 +179,8 @@ pub(crate) async fn drive<L: Leg>(
             worker: client.worker,
             pick,
             guard,
-            deadline,
+            upstream_idle: cluster.config.upstream_idle_timeout,
+            max_end: cluster.config.max_duration.map(|d| start + d),
             request_timeout: limits.request_timeout,
             attempts: attempt as u32 + 1,
             tries,

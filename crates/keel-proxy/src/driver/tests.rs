@@ -177,7 +177,17 @@ async fn run(cluster: &Arc<Cluster>, leg: &mut FakeLeg) -> Outcome {
     let limits = Limits::new(&cluster.config, None, None);
     let start = crate::io::now();
     let mut timer = crate::io::idle_timer();
-    let driven = drive(cluster, &client(), start, limits, None, leg, &mut timer).await;
+    let driven = drive(
+        cluster,
+        &client(),
+        start,
+        limits,
+        None,
+        leg,
+        &mut timer,
+        None,
+    )
+    .await;
     Outcome {
         driven,
         took: crate::io::since(start),

@@ -188,7 +188,9 @@ impl Reject {
             Reject::Connect => "CONNECT is not supported (keel is a reverse proxy)",
             Reject::BodyTooLarge => "request body larger than max_request_body_bytes",
             Reject::InvalidBody => "the request body is malformed or was cut short",
-            Reject::Timeout => "the request did not arrive within header_read_timeout",
+            Reject::Timeout => {
+                "the request's body stalled: nothing arrived within client_idle_timeout"
+            }
         }
     }
 }

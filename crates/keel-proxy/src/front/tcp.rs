@@ -109,6 +109,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         hash,
         &mut leg,
         &mut timer,
+        None,
     );
     match driven.await {
         // The cause is logged and counted; a TCP client only sees the close.

@@ -422,7 +422,11 @@ pub(crate) async fn relay_to_h1<W: AsyncWrite + Unpin>(
     endpoint: &HeaderValue,
     req: &RequestHead,
     keep_alive: bool,
+    idle: crate::io::BodyIdle,
 ) -> (BodyEnd, bool) {
+    // Each read from the endpoint and each write to the client within its side's idle limit
+    // (a timeout whose inner future is ready at once registers no timer).
+    use tokio::time::timeout;
     let status = response.head.status.as_u16();
     let length = response.content_length();
     let empty = req.is_head || status == 204 || status == 304;
@@ -461,13 +465,22 @@ pub(crate) async fn relay_to_h1<W: AsyncWrite + Unpin>(
         out.extend_from_slice(b"connection: keep-alive\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    if client.write_all(out).await.is_err() {
+    if !matches!(
+        timeout(idle.client, client.write_all(out)).await,
+        Ok(Ok(()))
+    ) {
         return (BodyEnd::ClientGone, false);
     }
     let mut line = [0u8; 18];
     let mut trailers_sent = false;
     loop {
-        let frame = poll_fn(|cx| response.poll_frame(cx)).await;
+        let Ok(frame) = timeout(idle.upstream, poll_fn(|cx| response.poll_frame(cx))).await else {
+            tracing::debug!(
+                "response body: nothing from the endpoint for {:?}",
+                idle.upstream
+            );
+            return (BodyEnd::Timeout, false);
+        };
         let written = match frame {
             None => break,
             Some(Err(e)) => {
@@ -476,10 +489,15 @@ pub(crate) async fn relay_to_h1<W: AsyncWrite + Unpin>(
             }
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(data) if empty || data.is_empty() => Ok(()),
-                Ok(data) if chunked => {
-                    write_all_vectored(client, &mut chunk(&data, &mut line)).await
-                }
-                Ok(data) => client.write_all(&data).await,
+                Ok(data) if chunked => timeout(
+                    idle.client,
+                    write_all_vectored(client, &mut chunk(&data, &mut line)),
+                )
+                .await
+                .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())),
+                Ok(data) => timeout(idle.client, client.write_all(&data))
+                    .await
+                    .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())),
                 Err(frame) => match frame.into_trailers() {
                     Ok(trailers) if chunked => {
                         trailers_sent = true;

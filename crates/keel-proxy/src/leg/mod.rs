@@ -59,6 +59,8 @@ pub(crate) struct Request<'a> {
     pub start: Instant,
     /// Its timeouts and retries (the cluster's, or its route's).
     pub limits: Limits,
+    /// Where its body is, when it streams from the client.
+    pub body_progress: Option<&'a crate::io::BodyProgress>,
 }
 
 /// The HTTP legs: HTTP/1.1 or HTTP/2, as the cluster speaks.
@@ -268,7 +270,14 @@ pub(crate) async fn forward<B: RequestBody>(
         out,
     };
     match drive(
-        cluster, client, req.start, req.limits, hash, &mut leg, timer,
+        cluster,
+        client,
+        req.start,
+        req.limits,
+        hash,
+        &mut leg,
+        timer,
+        req.body_progress,
     )
     .await
     {

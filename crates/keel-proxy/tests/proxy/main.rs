@@ -22,4 +22,5 @@ mod proxy_behaviour;
 mod proxy_done;
 mod proxy_lifecycle;
 mod routes;
+mod timeouts;
 mod tls;

@@ -22,6 +22,7 @@ use crate::exchange::error::BodyEnd;
 use crate::exchange::request::{BodyFraming, Client, Reject, RequestHead, RequestRules};
 use crate::front::h1::parse::{parse_request, RequestParse};
 use crate::front::h1::relay::{relay_response, ClientBody, RelayError};
+use crate::io::BodyIdle;
 use crate::io::{idle_timer, until, write_all_2};
 use crate::leg::h1::response::Framing;
 use crate::leg::{self, HttpAnswer, Request, UpstreamResponse};
@@ -63,6 +64,10 @@ struct Conn<S> {
     unread: bool,
     /// An upgraded connection idle this long is closed (`tunnel_idle_timeout`).
     tunnel_idle: Duration,
+    /// A client that takes no byte of its response for this long is cut.
+    client_idle: Duration,
+    /// Why the last forwarded response was cut short, if it was (for the access log).
+    cut: Option<&'static str>,
 }
 
 /// How long, and how many bytes, a closing connection keeps reading what the client still
@@ -106,6 +111,8 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         request_timer: idle_timer(),
         unread: false,
         tunnel_idle: settings.tunnel_idle_timeout,
+        client_idle: settings.client_idle_timeout,
+        cut: None,
     };
     let max_body = settings.max_request_body_bytes.unwrap_or(u64::MAX);
     // Set once the drain has begun while this connection waited for a request.
@@ -248,10 +255,10 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                         return Served::Closed;
                     }
                 }
-                // Read whole, each read within the header-read timeout.
+                // Read whole, each read within the client's idle time.
                 while conn.rbuf.len() < n {
                     conn.rbuf.reserve(n - conn.rbuf.len());
-                    let deadline = Instant::now() + settings.header_read_timeout;
+                    let deadline = Instant::now() + settings.client_idle_timeout;
                     let read = until(
                         &mut conn.client_timer,
                         deadline,
@@ -270,6 +277,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                         meta: &req,
                         start: Instant::now(),
                         limits: target.limits,
+                        body_progress: None,
                     },
                     &mut &conn.rbuf[..n],
                     &mut conn.out,
@@ -316,23 +324,29 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         stop: &watch::Receiver<Option<Duration>>,
         log: Option<&LogCtx<'_>>,
     ) -> bool {
+        let start = Instant::now();
+        let progress = crate::io::BodyProgress::default();
+        // Each read from the client within client_idle_timeout (a stalled upload is the
+        // client's 408); the try's clock stands still meanwhile (see BodyProgress).
         let mut body = ClientBody::new(
             &mut self.stream,
             &mut self.rbuf,
             &mut self.client_timer,
-            settings.header_read_timeout,
+            settings.client_idle_timeout,
             req.body,
             max_body,
             req.expect_continue,
-        );
+        )
+        .with_progress(&progress, start);
         let answer = leg::forward(
             &target.cluster,
             client,
             Request {
                 head: &mut self.up_head,
                 meta: req,
-                start: Instant::now(),
+                start,
                 limits: target.limits,
+                body_progress: Some(&progress),
             },
             &mut body,
             &mut self.out,
@@ -380,7 +394,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     status,
                     endpoint: Some(endpoint.as_bytes()),
                     attempts,
-                    cause: None,
+                    cause: self.cut,
                     tries: &tries,
                 };
                 self.log(log, req, &answered);
@@ -436,25 +450,36 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         req: &RequestHead,
     ) -> bool {
         let Upstream { response, tail } = up;
+        self.cut = None;
         let (mut conn, head) = match response {
             UpstreamResponse::H1(conn, head) => (conn, head),
             UpstreamResponse::H2(mut response) => {
                 let endpoint = tail.endpoint_header().clone();
-                let deadline = tail.deadline;
-                let relayed = until(
-                    &mut self.request_timer,
-                    deadline,
-                    crate::leg::h2::relay_to_h1(
-                        &mut self.stream,
-                        &mut self.out,
-                        &mut response,
-                        &endpoint,
-                        req,
-                        keep_alive,
-                    ),
-                )
-                .await;
-                let (end, keep) = relayed.unwrap_or((BodyEnd::Timeout, false));
+                let idle = BodyIdle {
+                    upstream: tail.upstream_idle,
+                    client: self.client_idle,
+                };
+                let relayed = crate::leg::h2::relay_to_h1(
+                    &mut self.stream,
+                    &mut self.out,
+                    &mut response,
+                    &endpoint,
+                    req,
+                    keep_alive,
+                    idle,
+                );
+                let relayed = match tail.max_end {
+                    Some(end) => until(&mut self.request_timer, end, relayed).await,
+                    None => Some(relayed.await),
+                };
+                self.cut = match relayed {
+                    None => Some("max_duration"),
+                    Some((BodyEnd::Done | BodyEnd::Grpc(_), _)) => None,
+                    Some((BodyEnd::Timeout, _)) => Some("upstream idle"),
+                    Some((BodyEnd::ClientGone, _)) => Some("client gone or idle"),
+                    Some(_) => Some("upstream failed"),
+                };
+                let (end, keep) = relayed.unwrap_or((BodyEnd::ClientGone, false));
                 tail.end(end, None);
                 return keep && matches!(end, BodyEnd::Done | BodyEnd::Grpc(_));
             }
@@ -510,7 +535,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             self.out.extend_from_slice(b"connection: keep-alive\r\n");
         }
         self.out.extend_from_slice(b"\r\n");
-        let deadline = tail.deadline;
+        let idle = BodyIdle {
+            upstream: tail.upstream_idle,
+            client: self.client_idle,
+        };
         let relayed = {
             let fut = relay_response(
                 &mut self.stream,
@@ -518,18 +546,27 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 &mut conn,
                 head.framing,
                 !req.http10,
+                &mut self.client_timer,
+                idle,
             );
-            until(&mut self.request_timer, deadline, fut).await
+            match tail.max_end {
+                Some(end) => until(&mut self.request_timer, end, fut).await,
+                None => Some(fut.await),
+            }
         };
-        let end = match relayed {
-            Some(Ok(())) => BodyEnd::Done,
+        let (end, cut) = match relayed {
+            Some(Ok(())) => (BodyEnd::Done, None),
             Some(Err(RelayError::Upstream(cause))) => {
                 tracing::debug!("response body failed: {cause}");
-                BodyEnd::UpstreamFailed
+                (BodyEnd::UpstreamFailed, Some("upstream failed"))
             }
-            Some(Err(RelayError::Client)) => BodyEnd::ClientGone,
-            None => BodyEnd::Timeout,
+            Some(Err(RelayError::Client)) => (BodyEnd::ClientGone, Some("client gone")),
+            Some(Err(RelayError::UpstreamIdle)) => (BodyEnd::Timeout, Some("upstream idle")),
+            // Not the endpoint's fault: its pick is dropped, not failed.
+            Some(Err(RelayError::ClientIdle)) => (BodyEnd::ClientGone, Some("client idle")),
+            None => (BodyEnd::ClientGone, Some("max_duration")),
         };
+        self.cut = cut;
         tail.end(end, head.keep_alive.then_some(conn));
         // A client that saw a head and part of a body only learns it is cut by the close.
         keep && end == BodyEnd::Done

@@ -12,7 +12,7 @@ use tokio::time::Sleep;
 
 use crate::codec::chunked::{chunk, ChunkedDecoder, LAST_CHUNK};
 use crate::exchange::request::{BodyFraming, Reject, RequestBody};
-use crate::io::{until, write_all_2, write_all_vectored};
+use crate::io::{until, write_all_2, write_all_vectored, BodyIdle};
 use crate::leg::h1::response::Framing;
 use crate::upstream::pool::RawConn;
 
@@ -39,6 +39,8 @@ pub(crate) struct ClientBody<'c, S> {
     received: u64,
     max: u64,
     expect_continue: bool,
+    /// Where the body is, for the driver's try clock; and the request's start it counts from.
+    progress: Option<(&'c crate::io::BodyProgress, Instant)>,
 }
 
 impl<'c, S: AsyncRead + AsyncWrite + Unpin> ClientBody<'c, S> {
@@ -72,7 +74,14 @@ impl<'c, S: AsyncRead + AsyncWrite + Unpin> ClientBody<'c, S> {
             received: 0,
             max,
             expect_continue,
+            progress: None,
         }
+    }
+
+    /// Reports each read from the client to `progress` (times from `start`).
+    pub fn with_progress(mut self, progress: &'c crate::io::BodyProgress, start: Instant) -> Self {
+        self.progress = Some((progress, start));
+        self
     }
 
     /// True once the whole body was read: the connection can carry another request.
@@ -90,8 +99,14 @@ impl<'c, S: AsyncRead + AsyncWrite + Unpin> ClientBody<'c, S> {
         self.rbuf.reserve(16 * 1024);
         let deadline = Instant::now() + self.read_timeout;
         self.reading = true;
+        if let Some((p, start)) = self.progress {
+            p.mark(start.elapsed(), true);
+        }
         let read = until(self.timer, deadline, self.stream.read_buf(self.rbuf)).await;
         self.reading = false;
+        if let Some((p, start)) = self.progress {
+            p.mark(start.elapsed(), false);
+        }
         match read {
             Some(Ok(n)) if n > 0 => Ok(()),
             None => Err(Reject::Timeout),
@@ -162,6 +177,37 @@ pub(crate) enum RelayError {
     Upstream(String),
     /// The client went away.
     Client,
+    /// The endpoint sent nothing for `upstream_idle_timeout`.
+    UpstreamIdle,
+    /// The client took nothing for `client_idle_timeout`.
+    ClientIdle,
+}
+
+/// One write to the client within the client's idle limit.
+async fn to_client<F: std::future::Future<Output = io::Result<()>>>(
+    timer: &mut Pin<Box<Sleep>>,
+    idle: BodyIdle,
+    write: F,
+) -> Result<(), RelayError> {
+    match until(timer, Instant::now() + idle.client, write).await {
+        Some(Ok(())) => Ok(()),
+        Some(Err(e)) => {
+            tracing::debug!("client went away while its response was sent: {e}");
+            Err(RelayError::Client)
+        }
+        None => Err(RelayError::ClientIdle),
+    }
+}
+
+/// One read from the endpoint within its idle limit.
+async fn from_upstream<F: std::future::Future<Output = Result<(), RelayError>>>(
+    timer: &mut Pin<Box<Sleep>>,
+    idle: BodyIdle,
+    read: F,
+) -> Result<(), RelayError> {
+    until(timer, Instant::now() + idle.upstream, read)
+        .await
+        .unwrap_or(Err(RelayError::UpstreamIdle))
 }
 
 /// Sends the response head `head` and the body that `framing` delimits on `conn` to the
@@ -174,28 +220,24 @@ pub(crate) async fn relay_response<W: AsyncWrite + Unpin>(
     conn: &mut RawConn,
     framing: Framing,
     chunked_to_client: bool,
+    timer: &mut Pin<Box<Sleep>>,
+    idle: BodyIdle,
 ) -> Result<(), RelayError> {
     let mut head = head;
-    let to_client = |e: io::Error| {
-        tracing::debug!("client went away while its response was sent: {e}");
-        RelayError::Client
-    };
     match framing {
-        Framing::Empty => write_all_2(client, head, &[]).await.map_err(to_client),
+        Framing::Empty => to_client(timer, idle, write_all_2(client, head, &[])).await,
         Framing::Length(n) => {
             let mut left = n as usize;
             loop {
                 let take = left.min(conn.buf.len());
-                write_all_2(client, head, &conn.buf[..take])
-                    .await
-                    .map_err(to_client)?;
+                to_client(timer, idle, write_all_2(client, head, &conn.buf[..take])).await?;
                 head = &[];
                 conn.buf.advance(take);
                 left -= take;
                 if left == 0 {
                     return Ok(());
                 }
-                read_more(conn).await?;
+                from_upstream(timer, idle, read_more(conn)).await?;
             }
         }
         Framing::Chunked => {
@@ -206,9 +248,7 @@ pub(crate) async fn relay_response<W: AsyncWrite + Unpin>(
                     let used = decoder
                         .skip(&conn.buf)
                         .map_err(|e| RelayError::Upstream(e.to_string()))?;
-                    write_all_2(client, head, &conn.buf[..used])
-                        .await
-                        .map_err(to_client)?;
+                    to_client(timer, idle, write_all_2(client, head, &conn.buf[..used])).await?;
                     conn.buf.advance(used);
                 } else {
                     // HTTP/1.0: the data only, the body ending with the connection.
@@ -217,7 +257,7 @@ pub(crate) async fn relay_response<W: AsyncWrite + Unpin>(
                             .step(&conn.buf)
                             .map_err(|e| RelayError::Upstream(e.to_string()))?;
                         let data = &conn.buf[step.framing..step.framing + step.data];
-                        write_all_2(client, head, data).await.map_err(to_client)?;
+                        to_client(timer, idle, write_all_2(client, head, data)).await?;
                         head = &[];
                         conn.buf.advance(step.framing + step.data);
                         if step.done || conn.buf.is_empty() {
@@ -229,7 +269,7 @@ pub(crate) async fn relay_response<W: AsyncWrite + Unpin>(
                 if decoder.is_done() {
                     return Ok(());
                 }
-                read_more(conn).await?;
+                from_upstream(timer, idle, read_more(conn)).await?;
             }
         }
         Framing::Close => {
@@ -238,28 +278,33 @@ pub(crate) async fn relay_response<W: AsyncWrite + Unpin>(
                 if chunked_to_client {
                     let [size, data, end] = chunk(&conn.buf, &mut line);
                     let mut all = [IoSlice::new(head), size, data, end];
-                    write_all_vectored(client, &mut all)
-                        .await
-                        .map_err(to_client)?;
-                    client.flush().await.map_err(to_client)?;
+                    to_client(timer, idle, async {
+                        write_all_vectored(client, &mut all).await?;
+                        client.flush().await
+                    })
+                    .await?;
                 } else {
-                    write_all_2(client, head, &conn.buf)
-                        .await
-                        .map_err(to_client)?;
+                    to_client(timer, idle, write_all_2(client, head, &conn.buf)).await?;
                 }
                 head = &[];
                 conn.buf.clear();
                 conn.buf.reserve(16 * 1024);
-                match conn.io.read_buf(&mut conn.buf).await {
-                    Ok(0) => break,
-                    Ok(_) => {}
-                    Err(e) => return Err(RelayError::Upstream(e.to_string())),
+                let mut ended = false;
+                from_upstream(timer, idle, async {
+                    match conn.io.read_buf(&mut conn.buf).await {
+                        Ok(0) => ended = true,
+                        Ok(_) => {}
+                        Err(e) => return Err(RelayError::Upstream(e.to_string())),
+                    }
+                    Ok(())
+                })
+                .await?;
+                if ended {
+                    break;
                 }
             }
             if chunked_to_client {
-                write_all_2(client, LAST_CHUNK, &[])
-                    .await
-                    .map_err(to_client)?;
+                to_client(timer, idle, write_all_2(client, LAST_CHUNK, &[])).await?;
             }
             Ok(())
         }

@@ -320,6 +320,11 @@ impl Body for H2Body {
                     if let Some(l) = &mut up.log {
                         l.sent += data.len() as u64;
                     }
+                    // The endpoint sent something: its idle time starts again.
+                    if let Some(t) = &up.tail {
+                        let next = t.body_deadline(Instant::now());
+                        up.deadline.as_mut().reset(next.into());
+                    }
                     Poll::Ready(Some(Ok(Frame::data(data))))
                 }
                 Poll::Ready(Ok(None)) => {
@@ -333,10 +338,17 @@ impl Body for H2Body {
                 }
                 Poll::Pending => {
                     if up.deadline.as_mut().poll(cx).is_ready() {
-                        up.end(BodyEnd::Timeout);
-                        return Poll::Ready(Some(Err(
-                            "request timeout reached while streaming the response body".into(),
-                        )));
+                        let cause = up
+                            .tail
+                            .as_ref()
+                            .map_or("upstream idle", |t| t.cut_cause(Instant::now()));
+                        // A stalled endpoint failed; a long response cut at max_duration did not.
+                        up.end(if cause == "max_duration" {
+                            BodyEnd::ClientGone
+                        } else {
+                            BodyEnd::Timeout
+                        });
+                        return Poll::Ready(Some(Err(cause.into())));
                     }
                     Poll::Pending
                 }
@@ -349,6 +361,10 @@ impl Body for H2Body {
                     Poll::Ready(Some(Ok(frame))) => {
                         if let (Some(l), Some(data)) = (&mut up.log, frame.data_ref()) {
                             l.sent += data.len() as u64;
+                        }
+                        if let Some(t) = &up.tail {
+                            let next = t.body_deadline(Instant::now());
+                            up.deadline.as_mut().reset(next.into());
                         }
                         // Trailers end the body: hyper may not poll again after them.
                         if frame.is_trailers() {
@@ -369,10 +385,16 @@ impl Body for H2Body {
                     }
                     Poll::Pending => {
                         if up.tail.is_some() && up.deadline.as_mut().poll(cx).is_ready() {
-                            up.end(BodyEnd::Timeout);
-                            return Poll::Ready(Some(Err(
-                                "request timeout reached while streaming the response body".into(),
-                            )));
+                            let cause = up
+                                .tail
+                                .as_ref()
+                                .map_or("upstream idle", |t| t.cut_cause(Instant::now()));
+                            up.end(if cause == "max_duration" {
+                                BodyEnd::ClientGone
+                            } else {
+                                BodyEnd::Timeout
+                            });
+                            return Poll::Ready(Some(Err(cause.into())));
                         }
                         Poll::Pending
                     }

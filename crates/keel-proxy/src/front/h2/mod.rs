@@ -174,11 +174,12 @@ async fn handle(
         meta: &meta,
         start,
         limits: target.limits,
+        body_progress: None,
     };
     let mut streamed = None;
     let answer = match meta.body {
         BodyFraming::Length(n) if n <= MAX_INLINE_BODY => {
-            let read = tokio::time::timeout(settings.header_read_timeout, body.collect()).await;
+            let read = tokio::time::timeout(settings.client_idle_timeout, body.collect()).await;
             let data = match read {
                 Ok(Ok(collected)) => collected.to_bytes(),
                 Ok(Err(_)) => {
@@ -248,7 +249,9 @@ async fn handle(
                 crate::codec::X_KEEL_ENDPOINT,
                 up.tail.endpoint_header().clone(),
             );
-            let deadline = Box::pin(tokio::time::sleep_until(up.tail.deadline.into()));
+            let deadline = Box::pin(tokio::time::sleep_until(
+                up.tail.body_deadline(Instant::now()).into(),
+            ));
             let left = match framing {
                 Framing::Length(n) => n,
                 _ => 0,
@@ -369,7 +372,9 @@ fn h2_response(
         crate::codec::X_KEEL_ENDPOINT,
         tail.endpoint_header().clone(),
     );
-    let deadline = Box::pin(tokio::time::sleep_until(tail.deadline.into()));
+    let deadline = Box::pin(tokio::time::sleep_until(
+        tail.body_deadline(Instant::now()).into(),
+    ));
     let log = log.map(|l| {
         Box::new(H2LogUpstream {
             status: head.status.as_u16(),
