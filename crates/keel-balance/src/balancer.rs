@@ -373,6 +373,7 @@ impl Balancer {
             slow_start: self.config.slow_start.as_ref(),
             rng: &self.rng,
             group: &self.group,
+            half_open: false,
         }
     }
 
@@ -390,12 +391,20 @@ impl Balancer {
             slow_start: self.config.slow_start.as_ref(),
             rng: &self.rng,
             group: &self.group,
+            half_open: false,
         };
         let strategy = &snap.strategy;
+        view.half_open = strategy.half_open();
         let mut index = strategy.pick(&view, ctx.hash_key);
         if index.is_none() && !ctx.avoid.is_empty() {
             // Nothing else left: a retry may go back to an endpoint it already tried.
             view.avoid = &[];
+            index = strategy.pick(&view, ctx.hash_key);
+        }
+        if index.is_none() && view.half_open {
+            // Every endpoint left is on trial with its trial call in flight: better a second
+            // call there than none at all.
+            view.half_open = false;
             index = strategy.pick(&view, ctx.hash_key);
         }
         let index = index?;
@@ -449,6 +458,9 @@ impl Balancer {
             }
         };
         if follows {
+            if snap.strategy.half_open() {
+                e.set_trial(failed);
+            }
             if let Some(i) = index() {
                 snap.strategy.observe(
                     &self.view(&snap, now),
@@ -506,6 +518,7 @@ impl Balancer {
             slow_start: self.config.slow_start.as_ref(),
             rng: &self.rng,
             group: &self.group,
+            half_open: false,
         };
         snap.strategy.probe_targets(&view, out);
     }
@@ -527,6 +540,7 @@ impl Balancer {
                 slow_start: self.config.slow_start.as_ref(),
                 rng: &self.rng,
                 group: &self.group,
+                half_open: false,
             };
             snap.strategy
                 .observe(&view, index, &Observation::Load(report));

@@ -57,6 +57,9 @@ pub struct Endpoint {
     hash: u64,
     weight: AtomicU32,
     in_flight: AtomicU32,
+    /// Its last call failed: strategies that shut endpoints out on their estimate give it one
+    /// call at a time until one succeeds (half-open re-admission).
+    on_trial: AtomicBool,
     healthy: AtomicBool,
     /// Start of the current slow-start ramp (added or back to healthy), 0 = none.
     ramp_from: AtomicU64,
@@ -78,6 +81,7 @@ impl Endpoint {
             address: spec.address.clone(),
             weight: AtomicU32::new(spec.weight.max(1)),
             in_flight: AtomicU32::new(0),
+            on_trial: AtomicBool::new(false),
             healthy: AtomicBool::new(true),
             ramp_from: AtomicU64::new(ramp_from),
             ejected_until: AtomicU64::new(0),
@@ -141,6 +145,19 @@ impl Endpoint {
 
     pub(crate) fn set_weight(&self, weight: u32) {
         self.weight.store(weight.max(1), Ordering::Relaxed);
+    }
+
+    /// True while its last call failed (see `on_trial`'s field).
+    #[inline]
+    pub(crate) fn on_trial(&self) -> bool {
+        self.on_trial.load(Ordering::Relaxed)
+    }
+
+    #[inline]
+    pub(crate) fn set_trial(&self, on: bool) {
+        if self.on_trial() != on {
+            self.on_trial.store(on, Ordering::Relaxed);
+        }
     }
 
     /// A call starts: one more in flight.

@@ -111,7 +111,15 @@ fn e4_fast_failure_collapses_least_connections_and_least_time_not_peak_ewma() {
         lc.success,
         rr.success
     );
-    assert!(lt.success < 0.01 && lt.failed_pick_share > 0.99, "{lt:?}");
+    // Least-time: the failed server's fast failures make it the fastest. Before half-open
+    // re-admission it took every call (success < 0.01, failed share > 0.99); now an endpoint
+    // whose last call failed takes one call at a time until one succeeds, so it holds one of
+    // the 200 calls in flight (success 0.867, failed share 0.048 at this size): still the
+    // worst latency-aware strategy here, no longer a black hole.
+    assert!(
+        lt.success < pe.success - 0.1 && lt.success > 0.8 && lt.failed_pick_share > 0.02,
+        "{lt:?}"
+    );
     assert!(pe.success > 0.999 && pe.failed_pick_share < 0.001, "{pe:?}");
     // Prequal: the failed server's reports (few in flight, 1 ms) would make it the coldest and
     // fastest; after each failure its reports are ignored for the 1 s penalty, so it gets

@@ -124,6 +124,10 @@ impl Strategy for LeastTime {
         true
     }
 
+    fn half_open(&self) -> bool {
+        true
+    }
+
     fn observe(&self, v: &View<'_>, i: usize, what: &Observation) {
         let Observation::CallEnded { latency_ns, .. } = *what else {
             return;
@@ -502,5 +506,80 @@ mod tests {
                 counts[i]
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod half_open_tests {
+    use std::time::Duration;
+
+    use crate::{Balancer, BalancerConfig, EndpointSpec, Outcome, PickContext, StrategyKind};
+
+    /// Issue 21: a hung endpoint re-admitted by least-time took a whole timeout's worth of
+    /// picks. Now an endpoint whose last call failed takes one call at a time until one
+    /// succeeds, for least-time, peak-EWMA and prequal; least-request is not affected.
+    #[test]
+    fn an_endpoint_whose_last_call_failed_gets_one_call_at_a_time_until_one_succeeds() {
+        let ms = Duration::from_millis;
+        for kind in [
+            StrategyKind::LeastTime,
+            StrategyKind::PeakEwma,
+            StrategyKind::Prequal,
+        ] {
+            let specs = [EndpointSpec::new("a")];
+            let lb = Balancer::new(BalancerConfig::new(kind), &specs).unwrap();
+            let p = lb.pick(&PickContext::new(ms(1))).unwrap();
+            lb.finish(p, Outcome::Failure, ms(2));
+            // On trial: its one trial call is in flight; a second pick still gets it (no other
+            // endpoint), and with two endpoints the other one takes the calls meanwhile.
+            let trial = lb.pick(&PickContext::new(ms(3))).unwrap();
+            let again = lb.pick(&PickContext::new(ms(3))).unwrap();
+            assert_eq!(again.index(), 0, "{kind}: alone, it is still picked");
+            drop(again);
+            lb.finish(trial, Outcome::Success, ms(4));
+            let specs = [EndpointSpec::new("a"), EndpointSpec::new("b")];
+            let lb = Balancer::new(BalancerConfig::new(kind), &specs).unwrap();
+            // Make "a" look best (fast successes), then fail it.
+            for t in 1..20 {
+                let p = lb.pick(&PickContext::new(ms(t))).unwrap();
+                lb.finish(p, Outcome::Success, ms(t));
+            }
+            let a = lb.endpoints()[0].id();
+            let p = lb
+                .pick(&PickContext::new(ms(20)).with_avoid(&[lb.endpoints()[1].id()]))
+                .unwrap();
+            assert_eq!(p.id(), a);
+            lb.finish(p, Outcome::Failure, ms(21));
+            let trial = lb
+                .pick(&PickContext::new(ms(22)).with_avoid(&[lb.endpoints()[1].id()]))
+                .unwrap();
+            assert_eq!(trial.id(), a);
+            // Its trial in flight: 50 picks go to "b".
+            let mut held = Vec::new();
+            for _ in 0..50 {
+                let p = lb.pick(&PickContext::new(ms(22))).unwrap();
+                assert_ne!(p.id(), a, "{kind}: a second call during the trial");
+                held.push(p);
+            }
+            drop(held);
+            // The trial succeeds: "a" takes calls in parallel again.
+            lb.finish(trial, Outcome::Success, ms(23));
+            let p1 = lb
+                .pick(&PickContext::new(ms(24)).with_avoid(&[lb.endpoints()[1].id()]))
+                .unwrap();
+            let p2 = lb
+                .pick(&PickContext::new(ms(24)).with_avoid(&[lb.endpoints()[1].id()]))
+                .unwrap();
+            assert_eq!((p1.id(), p2.id()), (a, a), "{kind}");
+        }
+        // least-request does not shut out on an estimate: no trial.
+        let specs = [EndpointSpec::new("a"), EndpointSpec::new("b")];
+        let lb = Balancer::new(BalancerConfig::new(StrategyKind::LeastRequest), &specs).unwrap();
+        let b = lb.endpoints()[1].id();
+        let p = lb.pick(&PickContext::new(ms(1)).with_avoid(&[b])).unwrap();
+        lb.finish(p, Outcome::Failure, ms(2));
+        let _held = lb.pick(&PickContext::new(ms(3)).with_avoid(&[b])).unwrap();
+        let p = lb.pick(&PickContext::new(ms(3)).with_avoid(&[b])).unwrap();
+        assert_eq!(p.index(), 0);
     }
 }

@@ -273,6 +273,10 @@ impl Strategy for Prequal {
         true
     }
 
+    fn half_open(&self) -> bool {
+        true
+    }
+
     fn observe(&self, v: &View<'_>, i: usize, what: &Observation) {
         match *what {
             Observation::CallEnded {

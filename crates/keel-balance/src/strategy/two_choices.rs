@@ -164,6 +164,11 @@ impl Strategy for TwoChoices {
         matches!(self.cost, Cost::PeakEwma { .. })
     }
 
+    /// Peak-EWMA shuts an endpoint out on its cost; least-request does not.
+    fn half_open(&self) -> bool {
+        matches!(self.cost, Cost::PeakEwma { .. })
+    }
+
     fn observe(&self, v: &View<'_>, i: usize, what: &Observation) {
         let Cost::PeakEwma {
             decay_ns,
