@@ -284,3 +284,67 @@ async fn a_slow_upload_outlasts_the_per_try_and_request_timeouts_and_a_stalled_o
     assert_eq!(st[0].failures, 0, "{st:?}");
     proxy.shutdown(Duration::from_secs(1)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_that_opens_no_window_is_cut_and_frees_its_slots() {
+    // The attack: connections with SETTINGS_INITIAL_WINDOW_SIZE = 0 that never send a
+    // WINDOW_UPDATE, each with many streams, against max_in_flight.
+    let up = event_stream(1, Duration::ZERO, false).await;
+    let proxy = keel_proxy::start(config(
+        up,
+        "max_in_flight = 300",
+        "client_idle_timeout = \"500ms\"",
+    ))
+    .await
+    .unwrap();
+    let addr = proxy.listener_addrs()[0];
+    let mut conns = Vec::new();
+    let mut responses = Vec::new();
+    for _ in 0..2 {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let (client, conn) = h2::client::Builder::new()
+            .initial_window_size(0)
+            .handshake::<_, Bytes>(tcp)
+            .await
+            .unwrap();
+        conns.push(tokio::spawn(conn));
+        let mut client = client.ready().await.unwrap();
+        for _ in 0..100 {
+            let req = hyper::Request::get(format!("http://{addr}/"))
+                .body(())
+                .unwrap();
+            let (resp, _) = client.send_request(req, true).unwrap();
+            responses.push(resp);
+            client = client.ready().await.unwrap();
+        }
+    }
+    // The streams are in flight: their heads come (headers need no window), bodies cannot.
+    let busy = eventually(Duration::from_secs(3), || {
+        proxy.cluster_status("app").unwrap()[0].in_flight >= 150
+    })
+    .await;
+    assert!(busy, "{:?}", proxy.cluster_status("app"));
+    let t = Instant::now();
+    let freed = eventually(Duration::from_secs(5), || {
+        proxy.cluster_status("app").unwrap()[0].in_flight == 0
+    })
+    .await;
+    assert!(freed, "{:?}", proxy.cluster_status("app"));
+    assert!(
+        t.elapsed() < Duration::from_millis(500 + 1500),
+        "{:?}",
+        t.elapsed()
+    );
+    // Both connections were closed by keel.
+    for c in conns {
+        let ended = tokio::time::timeout(Duration::from_secs(2), c).await;
+        assert!(ended.is_ok(), "the connection ended");
+    }
+    drop(responses);
+    // Another client is served at once.
+    let (text, _) = h1_get(addr).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    let st = proxy.cluster_status("app").unwrap();
+    assert_eq!(st[0].failures, 0, "the endpoint did nothing wrong: {st:?}");
+    proxy.shutdown(Duration::from_secs(1)).await;
+}

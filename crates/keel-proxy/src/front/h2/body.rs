@@ -178,7 +178,7 @@ pub(crate) struct H2UpstreamBody {
     pub(crate) deadline: Pin<Box<tokio::time::Sleep>>,
     /// The access-log line to write when the body ends.
     pub(crate) log: Option<Box<H2LogUpstream>>,
-    pub(crate) _active: ActiveRequest,
+    pub(crate) active: ActiveRequest,
 }
 
 impl H2UpstreamBody {
@@ -211,7 +211,7 @@ pub(crate) struct UpstreamBody {
     pub(crate) deadline: Pin<Box<tokio::time::Sleep>>,
     /// The access-log line to write when the body ends.
     pub(crate) log: Option<Box<H2LogUpstream>>,
-    pub(crate) _active: ActiveRequest,
+    pub(crate) active: ActiveRequest,
 }
 
 impl UpstreamBody {
@@ -315,50 +315,58 @@ impl Body for H2Body {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.get_mut() {
             H2Body::Own { data, .. } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            H2Body::Upstream(up) => match up.poll_data(cx) {
-                Poll::Ready(Ok(Some(data))) => {
-                    if let Some(l) = &mut up.log {
-                        l.sent += data.len() as u64;
+            H2Body::Upstream(up) => {
+                up.active.polled();
+                match up.poll_data(cx) {
+                    Poll::Ready(Ok(Some(data))) => {
+                        up.active.sent_frame();
+                        if let Some(l) = &mut up.log {
+                            l.sent += data.len() as u64;
+                        }
+                        // The endpoint sent something: its idle time starts again.
+                        if let Some(t) = &up.tail {
+                            let next = t.body_deadline(Instant::now());
+                            up.deadline.as_mut().reset(next.into());
+                        }
+                        Poll::Ready(Some(Ok(Frame::data(data))))
                     }
-                    // The endpoint sent something: its idle time starts again.
-                    if let Some(t) = &up.tail {
-                        let next = t.body_deadline(Instant::now());
-                        up.deadline.as_mut().reset(next.into());
+                    Poll::Ready(Ok(None)) => {
+                        up.end(BodyEnd::Done);
+                        Poll::Ready(None)
                     }
-                    Poll::Ready(Some(Ok(Frame::data(data))))
-                }
-                Poll::Ready(Ok(None)) => {
-                    up.end(BodyEnd::Done);
-                    Poll::Ready(None)
-                }
-                Poll::Ready(Err(cause)) => {
-                    tracing::debug!("response body failed: {cause}");
-                    up.end(BodyEnd::UpstreamFailed);
-                    Poll::Ready(Some(Err(cause.into())))
-                }
-                Poll::Pending => {
-                    if up.deadline.as_mut().poll(cx).is_ready() {
-                        let cause = up
-                            .tail
-                            .as_ref()
-                            .map_or("upstream idle", |t| t.cut_cause(Instant::now()));
-                        // A stalled endpoint failed; a long response cut at max_duration did not.
-                        up.end(if cause == "max_duration" {
-                            BodyEnd::ClientGone
-                        } else {
-                            BodyEnd::Timeout
-                        });
-                        return Poll::Ready(Some(Err(cause.into())));
+                    Poll::Ready(Err(cause)) => {
+                        tracing::debug!("response body failed: {cause}");
+                        up.end(BodyEnd::UpstreamFailed);
+                        Poll::Ready(Some(Err(cause.into())))
                     }
-                    Poll::Pending
+                    Poll::Pending => {
+                        if up.deadline.as_mut().poll(cx).is_ready() {
+                            let cause = up
+                                .tail
+                                .as_ref()
+                                .map_or("upstream idle", |t| t.cut_cause(Instant::now()));
+                            // A stalled endpoint failed; a long response cut at max_duration did not.
+                            up.end(if cause == "max_duration" {
+                                BodyEnd::ClientGone
+                            } else {
+                                BodyEnd::Timeout
+                            });
+                            return Poll::Ready(Some(Err(cause.into())));
+                        }
+                        Poll::Pending
+                    }
                 }
-            },
+            }
             H2Body::H2Upstream(up) => {
+                up.active.polled();
                 if let Some(pump) = &mut up.pump {
                     pump.poll(cx);
                 }
                 match up.response.poll_frame(cx) {
                     Poll::Ready(Some(Ok(frame))) => {
+                        if frame.is_data() {
+                            up.active.sent_frame();
+                        }
                         if let (Some(l), Some(data)) = (&mut up.log, frame.data_ref()) {
                             l.sent += data.len() as u64;
                         }
@@ -437,6 +445,12 @@ pub(crate) struct ConnActivity {
     pub(crate) active: AtomicU32,
     /// When the last response finished, in nanoseconds since `base`.
     pub(crate) last_end_nanos: AtomicU64,
+    /// Response bodies hyper owes a poll: it has not asked for their first frame yet, or not
+    /// for the next one since the last. hyper asks only when the stream has flow-control
+    /// window, so a client that opens none leaves them owed.
+    owed: AtomicU32,
+    /// Data frames handed to hyper on this connection.
+    frames: AtomicU64,
 }
 
 impl ConnActivity {
@@ -445,6 +459,29 @@ impl ConnActivity {
             base: Instant::now(),
             active: AtomicU32::new(0),
             last_end_nanos: AtomicU64::new(0),
+            owed: AtomicU32::new(0),
+            frames: AtomicU64::new(0),
+        }
+    }
+
+    /// Resolves once response bodies have been waiting for the client for `idle` with no data
+    /// frame taken on the whole connection meanwhile: a client that opens no flow-control
+    /// window (or reads nothing) would otherwise hold its streams, their endpoint connections
+    /// and their `max_in_flight` slots for as long as it stays.
+    pub(crate) async fn stalled_for(&self, idle: Duration) {
+        let step = (idle / 4).max(Duration::from_millis(10));
+        let (mut last, mut quiet) = (self.frames.load(Ordering::Relaxed), Duration::ZERO);
+        loop {
+            tokio::time::sleep(step).await;
+            let frames = self.frames.load(Ordering::Relaxed);
+            if frames == last && self.owed.load(Ordering::Relaxed) > 0 {
+                quiet += step;
+                if quiet >= idle {
+                    return;
+                }
+            } else {
+                (last, quiet) = (frames, Duration::ZERO);
+            }
         }
     }
 
@@ -467,17 +504,41 @@ impl ConnActivity {
 }
 
 /// Marks the connection busy while a request and its response last.
-pub(crate) struct ActiveRequest(Arc<ConnActivity>);
+pub(crate) struct ActiveRequest(Arc<ConnActivity>, bool);
 
 impl ActiveRequest {
     pub(crate) fn new(activity: &Arc<ConnActivity>) -> Self {
         activity.active.fetch_add(1, Ordering::Relaxed);
-        Self(activity.clone())
+        Self(activity.clone(), false)
+    }
+
+    /// The response body is owed a poll by hyper (set when it is handed over, and after each
+    /// data frame).
+    pub(crate) fn owe(&mut self) {
+        if !self.1 {
+            self.1 = true;
+            self.0.owed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// hyper polled the body.
+    fn polled(&mut self) {
+        if self.1 {
+            self.1 = false;
+            self.0.owed.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A data frame went to hyper; the next one is owed.
+    fn sent_frame(&mut self) {
+        self.0.frames.fetch_add(1, Ordering::Relaxed);
+        self.owe();
     }
 }
 
 impl Drop for ActiveRequest {
     fn drop(&mut self) {
+        self.polled();
         let c = &self.0;
         c.last_end_nanos
             .store(c.base.elapsed().as_nanos() as u64, Ordering::Relaxed);

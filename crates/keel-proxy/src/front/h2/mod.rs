@@ -60,6 +60,7 @@ pub(crate) async fn serve<I>(
         .timer(TokioTimer::new())
         .max_header_list_size(settings.max_header_bytes.min(u32::MAX as usize) as u32);
     let idle_timeout = settings.idle_timeout;
+    let client_idle = settings.client_idle_timeout;
     let peer = client.peer;
     let conn_activity = activity.clone();
     let svc = hyper::service::service_fn(move |req| {
@@ -82,6 +83,12 @@ pub(crate) async fn serve<I>(
         _ = crate::state::wait_shutdown(&mut stop) => {}
         _ = activity.idle_for(idle_timeout) => {
             tracing::debug!(%peer, "closing a connection idle for {}", humantime::format_duration(idle_timeout));
+        }
+        _ = activity.stalled_for(client_idle) => {
+            // hyper resets no single stream for us: the connection goes, and with it every
+            // stream, its endpoint connection and its slots.
+            tracing::info!(%peer, "closing an HTTP/2 connection whose client took no response data for {} (client_idle_timeout)", humantime::format_duration(client_idle));
+            return;
         }
     }
     conn.as_mut().graceful_shutdown();
@@ -275,7 +282,11 @@ async fn handle(
                     }),
                     tail: Some(up.tail),
                     deadline,
-                    _active: active,
+                    active: {
+                        let mut active = active;
+                        active.owe();
+                        active
+                    },
                 }))
             })
         }
@@ -364,9 +375,10 @@ fn h2_response(
     response: Box<H2Response>,
     tail: Tail,
     pump: Option<RequestPump>,
-    active: ActiveRequest,
+    mut active: ActiveRequest,
     log: Option<H2Log>,
 ) -> Response<H2Body> {
+    active.owe();
     let mut head = response.head.clone();
     head.headers.insert(
         crate::codec::X_KEEL_ENDPOINT,
@@ -391,7 +403,7 @@ fn h2_response(
         pump,
         deadline,
         log,
-        _active: active,
+        active,
     };
     if body.response.is_end_stream() {
         let end = body.response.end();
