@@ -358,7 +358,7 @@ impl Shared {
         if let AdminPlan::Move(admin) = admin {
             let old = self.admin.lock().unwrap_or_else(|e| e.into_inner()).take();
             if let Some(old) = old {
-                let _ = old.stop.send(Some(Duration::ZERO));
+                old.stop.send_replace(Some(Duration::ZERO));
                 tracing::info!(admin = %old.addr, "admin listener closed");
             }
             if let Some(listener) = admin {

@@ -121,7 +121,8 @@ impl Shared {
     /// (idle ones close at once, requests in flight get `drain`, then are cut), counted in the
     /// log when the last one ends.
     pub(crate) fn remove_listener(&self, slot: Arc<ListenerSlot>, drain: Duration) {
-        let _ = slot.stop.send(Some(drain));
+        // send_replace: stored even before the accept loop has subscribed (send would drop it).
+        slot.stop.send_replace(Some(drain));
         tracing::info!(listener = %slot.addr, "listener removed by reload: draining its connections for up to {}", humantime::format_duration(drain));
         let task = slot.task.lock().unwrap_or_else(|e| e.into_inner()).take();
         self.runtime.spawn(async move {

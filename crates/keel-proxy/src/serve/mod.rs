@@ -326,11 +326,13 @@ impl ProxyHandle {
                 .unwrap_or_else(|e| e.into_inner());
             let slots = self.shared.all_listeners.load_full();
             for s in slots.iter() {
-                let _ = s.stop.send(Some(drain));
+                // Stored even if the accept loop has not subscribed yet: `send` would drop
+                // the value when no receiver exists, and that loop would then never stop.
+                s.stop.send_replace(Some(drain));
             }
-            let _ = self.shutdown.send(Some(drain));
+            self.shutdown.send_replace(Some(drain));
             if let Some(a) = &*self.shared.admin.lock().unwrap_or_else(|e| e.into_inner()) {
-                let _ = a.stop.send(Some(drain));
+                a.stop.send_replace(Some(drain));
             }
             slots
         };
