@@ -4,6 +4,7 @@
 
 pub(crate) mod h1;
 pub(crate) mod h2;
+pub(crate) mod tcp;
 pub(crate) mod tunnel;
 
 use std::pin::Pin;
