@@ -246,7 +246,7 @@ pub fn e3() -> Experiment {
 
 /// E4: fast failure (q < 1: the failed server answers an error after 1 ms or 5 ms, healthy
 /// 10 ms as in the source), m = 5, n_f = 1, k = 3, 200 requests in flight: least-connections
-/// and least-time collapse; peak-EWMA's failure penalty (1 s) avoids the failed server;
+/// collapses (least-time no longer, since its half-open re-admission); peak-EWMA's failure penalty (1 s) avoids the failed server;
 /// power-of-two-choices is shown beside them, with round-robin as the reference at the same p.
 /// Prequal too: the failed server reports few calls in flight and a fast latency (the black
 /// hole's bait); its failure penalty keeps it out.
@@ -300,7 +300,7 @@ pub fn e4() -> Experiment {
     }
     Experiment {
         id: "e4",
-        title: "fast failure (q<1): least-connections and least-time collapse, peak-ewma does not",
+        title: "fast failure (q<1): least-connections collapses; least-time, re-admitting one trial call at a time, and peak-ewma do not",
         rows,
     }
 }

@@ -460,6 +460,18 @@ fn sigusr2_replaces_the_binary_under_load_without_a_failed_request() {
         );
         std::thread::sleep(Duration::from_millis(20));
     };
+    // Stopped by PID even if an assertion below fails (it is not this test's child).
+    struct KillOnDrop(u32);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            if alive(self.0) {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &self.0.to_string()])
+                    .status();
+            }
+        }
+    }
+    let _successor = KillOnDrop(new_pid);
     let status = old.wait().unwrap();
     assert!(
         status.success(),
