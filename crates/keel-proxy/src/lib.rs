@@ -32,6 +32,7 @@ mod front;
 mod io;
 mod leg;
 mod observe;
+mod policy;
 mod route;
 mod serve;
 mod state;

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use crate::config::{HostPattern, ListenerConfig, PathPattern, RouteConfig, MAX_RETRY_ATTEMPTS};
 pub(crate) use crate::exchange::request::RouteRef;
+use crate::policy::Policy;
 use crate::upstream::cluster::Cluster;
 
 /// How long a request may take and how often it may be tried again: its cluster's settings,
@@ -66,16 +67,23 @@ pub(crate) struct Target {
     pub cluster: Arc<Cluster>,
     /// Timeouts and retries: the cluster's, or the route's overrides.
     pub limits: Limits,
+    /// What the route and the cluster do besides (rate limits); `None` when nothing.
+    pub policy: Option<Arc<Policy>>,
 }
 
 impl Target {
-    fn new(cluster: Arc<Cluster>, route: Option<&RouteConfig>) -> Self {
+    fn new(cluster: Arc<Cluster>, route: Option<(usize, &RouteConfig)>) -> Self {
         let limits = Limits::new(
             &cluster.config,
-            route.and_then(|r| r.request_timeout),
-            route.and_then(|r| r.retry_attempts),
+            route.and_then(|(_, r)| r.request_timeout),
+            route.and_then(|(_, r)| r.retry_attempts),
         );
-        Self { cluster, limits }
+        let policy = Policy::build(route, &cluster);
+        Self {
+            cluster,
+            limits,
+            policy,
+        }
     }
 }
 
@@ -245,7 +253,7 @@ impl ListenerRoutes {
                     .iter()
                     .map(|(k, v)| (k.to_ascii_lowercase().into(), v.as_bytes().into()))
                     .collect(),
-                target: Target::new(find(&r.cluster)?, Some(r)),
+                target: Target::new(find(&r.cluster)?, Some((i, r))),
             };
             group.add(&route, index);
             table.routes.push(route);

@@ -12,6 +12,8 @@ use keel_balance::{
 };
 use serde::Deserialize;
 
+use crate::config::policy::RateLimitConfig;
+
 use crate::config::discovery::DiscoveryConfig;
 use crate::config::locate::{none, zero};
 
@@ -199,6 +201,9 @@ pub struct ClusterConfig {
     /// is refused. Unset: no limit (the worst case is still printed by `--check`).
     #[serde(default)]
     pub max_amplification: Option<u32>,
+    /// A local rate limit on every request to this cluster (see [`RateLimitConfig`]).
+    #[serde(default)]
+    pub rate_limit: Option<RateLimitConfig>,
 }
 
 /// `[cluster.probe]`: after each pick, a prequal balancer names `probes_per_request` random
@@ -583,6 +588,10 @@ impl ClusterConfig {
                 Problem::Invalid("a cluster name cannot be empty".into()),
             ));
         }
+        if let Some(r) = &self.rate_limit {
+            r.validate()
+                .map_err(|e| e.under(FieldPath::key("rate_limit")))?;
+        }
         match &self.discovery {
             Some(d) => {
                 if !self.endpoints.is_empty() {
@@ -873,6 +882,7 @@ impl ClusterConfig {
             hedge: None,
             probe: ProbeConfig::default(),
             max_amplification: None,
+            rate_limit: None,
         }
     }
 

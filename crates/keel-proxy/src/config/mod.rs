@@ -23,6 +23,7 @@ pub(crate) mod discovery;
 pub(crate) mod listener;
 pub(crate) mod locate;
 pub(crate) mod observe;
+pub(crate) mod policy;
 pub(crate) mod route;
 #[cfg(test)]
 mod tests;
@@ -37,6 +38,7 @@ pub use listener::{
 };
 pub use locate::ConfigError;
 pub use observe::{AccessLogConfig, AccessLogFormat, AdminConfig};
+pub use policy::{RateKey, RateLimitConfig};
 pub use route::RouteConfig;
 pub(crate) use route::{HostPattern, PathPattern};
 

@@ -7,6 +7,7 @@ use serde::Deserialize;
 
 use crate::config::cluster::MAX_RETRY_ATTEMPTS;
 use crate::config::discovery::is_dns_name;
+use crate::config::policy::RateLimitConfig;
 
 /// `[[listener.route]]`: the conditions a request must meet (all of them; none: every request)
 /// and the cluster that then serves it, with optional overrides of the cluster's limits.
@@ -38,6 +39,9 @@ pub struct RouteConfig {
     /// Overrides the cluster's `retry.attempts` for this route.
     #[serde(default)]
     pub retry_attempts: Option<u32>,
+    /// A local rate limit on this route's requests, before the cluster's own.
+    #[serde(default)]
+    pub rate_limit: Option<RateLimitConfig>,
 }
 
 /// A route's host condition, compiled.
@@ -170,6 +174,10 @@ impl RouteConfig {
                     Problem::out_of_range(format!("within 0..={MAX_RETRY_ATTEMPTS}"), a),
                 ));
             }
+        }
+        if let Some(r) = &self.rate_limit {
+            r.validate()
+                .map_err(|e| e.under(keel_balance::FieldPath::key("rate_limit")))?;
         }
         Ok(())
     }

@@ -36,6 +36,7 @@ pub(crate) fn not_found() -> OwnAnswer {
         attempts: 0,
         cause: CAUSE.to_string(),
         tries: Tries::default(),
+        headers: Vec::new(),
     }
 }
 
@@ -49,6 +50,7 @@ pub(crate) fn refused(reject: Reject) -> OwnAnswer {
         attempts: 0,
         cause: reject.cause().to_string(),
         tries: Tries::default(),
+        headers: Vec::new(),
     }
 }
 
@@ -68,6 +70,9 @@ pub(crate) struct OwnAnswer {
     pub cause: String,
     /// Every try made (the access log's `tries`).
     pub tries: Tries,
+    /// Headers of its own (`Retry-After` of a 429, `Location` of a redirect); empty, and
+    /// never allocated, for the others.
+    pub headers: Vec<(hyper::header::HeaderName, hyper::http::HeaderValue)>,
 }
 
 /// The endpoint's response, head read; its body still to come unless it was small. `W` is
@@ -132,6 +137,7 @@ pub(crate) fn own(
         attempts,
         cause: full,
         tries: Tries::default(),
+        headers: Vec::new(),
     }
 }
 

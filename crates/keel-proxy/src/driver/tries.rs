@@ -58,6 +58,7 @@ impl TryOutcome {
                 | Cause::ClosedEarly
                 | Cause::BodyFailed(_)
                 | Cause::Overloaded { .. }
+                | Cause::RateLimited { .. }
                 | Cause::NoEndpoint => TryOutcome::Reset,
             },
         }

@@ -57,6 +57,15 @@ pub(crate) enum Cause {
     GrpcStatus(u32),
     /// The client's request or body was refused.
     Client(Reject),
+    /// A `rate_limit` refused the request.
+    RateLimited {
+        /// Whose limit (`route 0`, `cluster app`).
+        scope: String,
+        /// Its rate, requests a second.
+        rate: f64,
+        /// Its burst.
+        burst: u32,
+    },
 }
 
 impl Cause {
@@ -78,6 +87,7 @@ impl Cause {
             | Cause::Status(_)
             | Cause::GrpcStatus(_) => "the endpoint failed",
             Cause::Client(r) => r.cause(),
+            Cause::RateLimited { .. } => "rate limit exceeded",
         }
     }
 }
@@ -122,6 +132,10 @@ impl fmt::Display for Detailed<'_> {
             Cause::Status(s) => write!(f, "upstream {ep} answered {s}"),
             Cause::GrpcStatus(s) => write!(f, "upstream {ep} answered grpc-status {s}"),
             Cause::Client(r) => f.write_str(r.cause()),
+            Cause::RateLimited { scope, rate, burst } => write!(
+                f,
+                "rate limit exceeded: {scope}'s rate_limit ({rate} a second, burst {burst}); refused without trying an endpoint"
+            ),
         }
     }
 }

@@ -15,7 +15,7 @@ pub(crate) fn status_for(http: u16) -> u32 {
         504 | 408 => DEADLINE_EXCEEDED,
         502 | 503 => UNAVAILABLE,
         // RESOURCE_EXHAUSTED
-        413 | 431 => 8,
+        413 | 431 | 429 => 8,
         // UNIMPLEMENTED
         501 => 12,
         // INTERNAL

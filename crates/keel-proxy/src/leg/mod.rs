@@ -18,11 +18,13 @@ use crate::config::{HashOn, UpstreamProtocol};
 use crate::driver::answer::{count_response, Answer, Upstream};
 use crate::driver::leg::{Leg, Race, Tried, TryResult};
 use crate::driver::{drive, Driven};
-use crate::exchange::error::TryFailure;
+use crate::exchange::error::{Cause, TryFailure};
 use crate::exchange::request::{Client, RequestBody, RequestHead};
 use crate::leg::h1::response::ResponseHead;
 use crate::leg::h1::upstream::H1Response;
 use crate::leg::h2::H2Response;
+use crate::policy::rate::{Limited, RateLimiter};
+use crate::policy::Policy;
 use crate::route::Limits;
 use crate::upstream::cluster::{Cluster, EndpointEntry};
 use crate::upstream::pool::RawConn;
@@ -60,6 +62,9 @@ pub(crate) struct Request<'a> {
     pub start: Instant,
     /// Its timeouts and retries (the cluster's, or its route's).
     pub limits: Limits,
+    /// What its route and cluster do besides choosing an endpoint (rate limits); `None`
+    /// when nothing is configured.
+    pub policy: Option<&'a Policy>,
     /// Where its body is, when it streams from the client.
     pub body_progress: Option<&'a crate::io::BodyProgress>,
 }
@@ -258,6 +263,11 @@ pub(crate) async fn forward<B: RequestBody>(
     out: &mut Vec<u8>,
     timer: &mut Pin<Box<Sleep>>,
 ) -> HttpAnswer {
+    if let Some(policy) = req.policy {
+        if let Err((limit, limited)) = policy.limit(client, req.head, req.start) {
+            return Answer::Own(rate_limited(cluster, client, limit, limited));
+        }
+    }
     let hash = match cluster.config.hash_on {
         Some(HashOn::ClientIp) => Some(crate::upstream::cluster::client_ip_key(client.peer)),
         _ => req.meta.hash,
@@ -288,6 +298,36 @@ pub(crate) async fn forward<B: RequestBody>(
         }
         Driven::Own(own) => Answer::Own(own),
     }
+}
+
+/// keel's `429 Too Many Requests` for a request a rate limit refused: counted, and with
+/// `Retry-After` (whole seconds, at least 1, as RFC 9110 section 10.2.3 has it).
+fn rate_limited(
+    cluster: &Cluster,
+    client: &Client,
+    limit: &RateLimiter,
+    limited: Limited,
+) -> crate::driver::answer::OwnAnswer {
+    cluster
+        .metrics
+        .rate_limited
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let cause = Cause::RateLimited {
+        scope: limit.scope.clone(),
+        rate: limit.config.rate,
+        burst: limit.config.burst(),
+    };
+    let mut own = crate::driver::answer::own(cluster, client, 429, &cause, None, None, 0);
+    let secs = limited
+        .retry_after
+        .as_nanos()
+        .div_ceil(1_000_000_000)
+        .max(1);
+    own.headers.push((
+        hyper::header::RETRY_AFTER,
+        hyper::http::HeaderValue::from(secs as u64),
+    ));
+    own
 }
 
 /// The per-try end of a request head: `Host` (the endpoint's) if the client sent none, and the

@@ -87,6 +87,8 @@ pub struct ClusterMetrics {
     pub no_endpoint: AtomicU64,
     /// Requests answered 503 at once because the cluster had `max_in_flight` requests.
     pub overloaded: AtomicU64,
+    /// Requests answered 429 by a `rate_limit` (the cluster's or a route's to it).
+    pub rate_limited: AtomicU64,
     /// Hedges sent (second tries of slow requests).
     pub hedges: AtomicU64,
     /// Requests whose hedge answered first.
@@ -279,6 +281,20 @@ pub fn render(clusters: &[ClusterView<'_>], reloads: u64, reload_failures: u64) 
             "keel_overloaded_total{{cluster=\"{}\"}} {}",
             label(c.name),
             c.metrics.overloaded.load(Relaxed)
+        );
+    }
+    header(
+        &mut out,
+        "keel_rate_limited_total",
+        "counter",
+        "Requests answered 429 by a rate_limit (the cluster's, or a route's to the cluster).",
+    );
+    for c in clusters {
+        let _ = writeln!(
+            out,
+            "keel_rate_limited_total{{cluster=\"{}\"}} {}",
+            label(c.name),
+            c.metrics.rate_limited.load(Relaxed)
         );
     }
     for (name, help, value) in [

@@ -14,6 +14,7 @@ use keel_balance::{Balancer, EndpointId, Outcome, Pick, RetryBudget};
 
 use crate::config::ClusterConfig;
 use crate::observe::metrics::{ClusterMetrics, EndpointMetrics, ErrorKind, Registry};
+use crate::policy::rate::RateLimiter;
 use crate::tls::UpstreamTls;
 use crate::upstream::h2_conns::H2Conns;
 use crate::upstream::pool::{EndpointPool, PoolSettings};
@@ -60,6 +61,11 @@ pub struct Cluster {
     pub uses_load_reports: bool,
     /// Load probes under way (bounded by [`MAX_PROBES_IN_FLIGHT`]).
     pub(crate) probes_in_flight: std::sync::atomic::AtomicUsize,
+    /// Worker threads serving connections (`rate_limit.per_worker` divides by it).
+    pub(crate) workers: usize,
+    /// The cluster's `rate_limit`, shared by every route to it (kept across reloads while
+    /// its settings stay, with its buckets).
+    pub(crate) rate_limit: Option<Arc<RateLimiter>>,
     epoch: Instant,
 }
 
@@ -102,6 +108,18 @@ impl Cluster {
                     Some(old) if old.config() == h => old.clone(),
                     _ => Arc::new(keel_balance::Hedger::new(h)),
                 });
+        let rate_limit = config.rate_limit.as_ref().map(|r| {
+            match previous.and_then(|o| o.rate_limit.as_ref()) {
+                Some(old) if old.config == *r && o_workers(previous) == workers.max(1) => {
+                    old.clone()
+                }
+                _ => Arc::new(RateLimiter::new(
+                    r,
+                    format!("cluster {}", config.name),
+                    workers.max(1),
+                )),
+            }
+        });
         // The handshake gets its own connect_timeout, after the TCP connect's.
         let tls = config
             .tls
@@ -148,6 +166,8 @@ impl Cluster {
             log_budget: crate::observe::log_budget::LogBudget::new(10, epoch),
             uses_load_reports: balancer.uses_load_reports(),
             probes_in_flight: std::sync::atomic::AtomicUsize::new(0),
+            workers: workers.max(1),
+            rate_limit,
             config,
             balancer,
             budget,
@@ -225,6 +245,11 @@ impl Cluster {
             }
         }
     }
+}
+
+/// The worker count a previous cluster was built for.
+fn o_workers(previous: Option<&Cluster>) -> usize {
+    previous.map_or(0, |o| o.workers)
 }
 
 /// The hash key of a client's IP address (`hash_on = "client-ip"`).

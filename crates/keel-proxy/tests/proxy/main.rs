@@ -21,6 +21,7 @@ mod protocols;
 mod proxy_behaviour;
 mod proxy_done;
 mod proxy_lifecycle;
+mod rate_limit;
 mod routes;
 mod timeouts;
 mod tls;

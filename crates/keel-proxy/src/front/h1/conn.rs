@@ -277,6 +277,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                         meta: &req,
                         start: Instant::now(),
                         limits: target.limits,
+                        policy: target.policy.as_deref(),
                         body_progress: None,
                     },
                     &mut &conn.rbuf[..n],
@@ -346,6 +347,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 meta: req,
                 start,
                 limits: target.limits,
+                policy: target.policy.as_deref(),
                 body_progress: Some(&progress),
             },
             &mut body,
@@ -587,6 +589,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         push_date(&mut self.out);
         if let Some(e) = &own.endpoint {
             push_header(&mut self.out, b"x-keel-endpoint", e.as_bytes());
+        }
+        for (name, value) in &own.headers {
+            push_header(&mut self.out, name.as_str().as_bytes(), value.as_bytes());
         }
         if !keep {
             self.out.extend_from_slice(b"connection: close\r\n");

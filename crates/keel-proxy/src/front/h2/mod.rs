@@ -181,6 +181,7 @@ async fn handle(
         meta: &meta,
         start,
         limits: target.limits,
+        policy: target.policy.as_deref(),
         body_progress: None,
     };
     let mut streamed = None;
@@ -304,6 +305,7 @@ async fn handle(
                     attempts: 1,
                     cause: CAUSE.to_string(),
                     tries: crate::driver::tries::Tries::default(),
+                    headers: Vec::new(),
                 },
                 active,
                 log,
@@ -365,6 +367,9 @@ fn grpc_own_response(
     headers.insert("grpc-message", crate::exchange::grpc::message(&own.text));
     if let Some(e) = own.endpoint {
         headers.insert(crate::codec::X_KEEL_ENDPOINT, e);
+    }
+    for (name, value) in own.headers {
+        headers.append(name, value);
     }
     r
 }
@@ -436,6 +441,9 @@ fn own_response(own: OwnAnswer, active: ActiveRequest, log: Option<H2Log>) -> Re
     );
     if let Some(e) = own.endpoint {
         r.headers_mut().insert(crate::codec::X_KEEL_ENDPOINT, e);
+    }
+    for (name, value) in own.headers {
+        r.headers_mut().append(name, value);
     }
     r
 }

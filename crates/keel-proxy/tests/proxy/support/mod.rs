@@ -206,3 +206,50 @@ pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool
     }
     cond()
 }
+
+/// An HTTP/2 connection (prior knowledge) to `addr`.
+pub async fn h2_connect(
+    addr: SocketAddr,
+) -> hyper::client::conn::http2::SendRequest<http_body_util::Empty<Bytes>> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http2::handshake(
+        TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
+/// Sends a bodiless request on an HTTP/2 connection and reads the whole response.
+pub async fn h2_send(
+    sender: &mut hyper::client::conn::http2::SendRequest<http_body_util::Empty<Bytes>>,
+    method: Method,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> Got {
+    let mut b = Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let req = b.body(http_body_util::Empty::new()).unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(5), sender.send_request(req))
+        .await
+        .expect("HTTP/2 response within 5 s")
+        .unwrap();
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    Got {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
+
+/// The value of a metric line (`name{labels}`) in the admin listener's `/metrics`.
+pub async fn metric(admin: SocketAddr, line_start: &str) -> Option<f64> {
+    let text = get(&format!("http://{admin}/metrics")).await.ok()?.text();
+    text.lines()
+        .find_map(|l| l.strip_prefix(line_start)?.trim().parse().ok())
+}

@@ -1,0 +1,126 @@
+//! What a route or a cluster does to a request besides choosing its endpoint: local rate
+//! limits ([`rate`]). Compiled once per route target when the routing is built; a target with
+//! nothing configured has no [`Policy`], so a request to it pays one `None` check.
+//!
+//! Applied in [`crate::leg::forward`], the one function both front ends hand requests to, on
+//! the head already rewritten for the endpoint (HTTP/1.1 text for both front ends).
+
+pub(crate) mod rate;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::config::RouteConfig;
+use crate::exchange::request::Client;
+use crate::upstream::cluster::Cluster;
+use rate::{Limited, RateLimiter};
+
+/// A target's policy: everything its route and its cluster configure.
+pub(crate) struct Policy {
+    /// The route's limit, then the cluster's (shared by every route to the cluster).
+    limits: Vec<Arc<RateLimiter>>,
+}
+
+impl Policy {
+    /// The policy of `route` (with its index in its listener) to `cluster`; `None` when
+    /// neither configures anything.
+    pub fn build(route: Option<(usize, &RouteConfig)>, cluster: &Cluster) -> Option<Arc<Self>> {
+        let mut limits = Vec::new();
+        if let Some((i, r)) = route {
+            if let Some(l) = &r.rate_limit {
+                limits.push(Arc::new(RateLimiter::new(
+                    l,
+                    format!("route {i}"),
+                    cluster.workers,
+                )));
+            }
+        }
+        limits.extend(cluster.rate_limit.clone());
+        if limits.is_empty() {
+            return None;
+        }
+        Some(Arc::new(Policy { limits }))
+    }
+
+    /// Takes the request from each rate limit; the first that refuses it, with how long to
+    /// wait. `head`: the request head for the endpoint.
+    pub fn limit(
+        &self,
+        client: &Client,
+        head: &[u8],
+        now: Instant,
+    ) -> Result<(), (&RateLimiter, Limited)> {
+        for l in &self.limits {
+            let ip;
+            let key = if l.by_client_ip() {
+                ip = ip_bytes(client);
+                Some(&ip.0[..ip.1])
+            } else {
+                l.key_header().and_then(|name| header_value(head, name))
+            };
+            l.take(client.worker, key, now).map_err(|e| (&**l, e))?;
+        }
+        Ok(())
+    }
+}
+
+/// The client's IP address as bytes (4 or 16 of them).
+fn ip_bytes(client: &Client) -> ([u8; 16], usize) {
+    let mut b = [0u8; 16];
+    match client.peer.ip() {
+        std::net::IpAddr::V4(ip) => {
+            b[..4].copy_from_slice(&ip.octets());
+            (b, 4)
+        }
+        std::net::IpAddr::V6(ip) => (ip.octets(), 16),
+    }
+}
+
+/// The value of the first header `name` (any case) of an HTTP/1.1 head (request or status
+/// line first, then `Name: value` lines each ended by CRLF), trimmed.
+pub(crate) fn header_value<'h>(head: &'h [u8], name: &str) -> Option<&'h [u8]> {
+    header_lines(head).find_map(|(n, v, _)| n.eq_ignore_ascii_case(name.as_bytes()).then_some(v))
+}
+
+/// The header lines of an HTTP/1.1 head: (name, trimmed value, the line's byte range with its
+/// CRLF).
+pub(crate) fn header_lines(
+    head: &[u8],
+) -> impl Iterator<Item = (&[u8], &[u8], std::ops::Range<usize>)> {
+    let first = head
+        .windows(2)
+        .position(|w| w == b"\r\n")
+        .map_or(head.len(), |p| p + 2);
+    let mut at = first;
+    std::iter::from_fn(move || loop {
+        if at >= head.len() {
+            return None;
+        }
+        let start = at;
+        let end = head[at..]
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .map_or(head.len(), |p| at + p);
+        at = (end + 2).min(head.len());
+        let line = &head[start..end];
+        let Some(colon) = line.iter().position(|b| *b == b':') else {
+            continue;
+        };
+        return Some((&line[..colon], line[colon + 1..].trim_ascii(), start..at));
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_lines_of_a_head() {
+        let head = b"GET / HTTP/1.1\r\nHost: a\r\nX-User:  bob \r\nx-user: eve\r\n";
+        assert_eq!(header_value(head, "x-user"), Some(&b"bob"[..]));
+        assert_eq!(header_value(head, "HOST"), Some(&b"a"[..]));
+        assert_eq!(header_value(head, "cookie"), None);
+        let lines: Vec<_> = header_lines(head).map(|(_, _, r)| r).collect();
+        assert_eq!(lines, vec![16..25, 25..40, 40..53]);
+    }
+}
