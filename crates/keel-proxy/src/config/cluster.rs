@@ -12,7 +12,9 @@ use keel_balance::{
 };
 use serde::Deserialize;
 
-use crate::config::policy::RateLimitConfig;
+use crate::config::policy::{
+    HashOn, HeaderEdits, RateLimitConfig, ReplacePrefix, ResponseHeaders, RewriteKeys,
+};
 
 use crate::config::discovery::DiscoveryConfig;
 use crate::config::locate::{none, zero};
@@ -204,6 +206,25 @@ pub struct ClusterConfig {
     /// A local rate limit on every request to this cluster (see [`RateLimitConfig`]).
     #[serde(default)]
     pub rate_limit: Option<RateLimitConfig>,
+    /// Removes this prefix from the path sent to the endpoint (`/echo/status` -> `/status`).
+    #[serde(default)]
+    pub strip_prefix: Option<String>,
+    /// Replaces a path prefix (`{ from = "/v1/", to = "/v2/" }`).
+    #[serde(default)]
+    pub replace_prefix: Option<ReplacePrefix>,
+    /// The `Host` sent to the endpoint: this value, or `"$endpoint"` for the endpoint's address.
+    #[serde(default)]
+    pub host_rewrite: Option<String>,
+    /// Request headers removed, set and added.
+    #[serde(default)]
+    pub request_headers: Option<HeaderEdits>,
+    /// Response headers removed, set and added (and `endpoint`: `x-keel-endpoint`).
+    #[serde(default)]
+    pub response_headers: Option<ResponseHeaders>,
+    /// Rewrites `Location` and `Refresh` naming the endpoint's address to the client-facing
+    /// host (NGINX's `proxy_redirect default`).
+    #[serde(default)]
+    pub rewrite_location: bool,
 }
 
 /// `[cluster.probe]`: after each pick, a prequal balancer names `probes_per_request` random
@@ -479,61 +500,6 @@ fn default_threshold() -> u32 {
     2
 }
 
-/// Where a hash strategy takes its key from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HashOn {
-    /// The value of this request header (lower-case name); requests without it get a random
-    /// key.
-    Header(hyper::header::HeaderName),
-    /// The request path (without the query).
-    Path,
-    /// The client's IP address.
-    ClientIp,
-}
-
-impl HashOn {
-    const ALLOWED: &'static str = "\"header:NAME\", \"path\", \"client-ip\"";
-}
-
-impl std::str::FromStr for HashOn {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "path" => Ok(HashOn::Path),
-            "client-ip" => Ok(HashOn::ClientIp),
-            _ => {
-                if let Some(name) = s.strip_prefix("header:") {
-                    hyper::header::HeaderName::from_bytes(name.trim().as_bytes())
-                        .map(HashOn::Header)
-                        .map_err(|_| format!("`{name}` is not a valid header name"))
-                } else {
-                    Err(format!(
-                        "unknown hash_on `{s}`; allowed: {}",
-                        HashOn::ALLOWED
-                    ))
-                }
-            }
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for HashOn {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-impl fmt::Display for HashOn {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            HashOn::Header(h) => write!(f, "header:{h}"),
-            HashOn::Path => f.write_str("path"),
-            HashOn::ClientIp => f.write_str("client-ip"),
-        }
-    }
-}
-
 impl ClusterConfig {
     /// The keel-balance configuration of this cluster.
     pub fn balancer_config(&self) -> BalancerConfig {
@@ -592,6 +558,15 @@ impl ClusterConfig {
             r.validate()
                 .map_err(|e| e.under(FieldPath::key("rate_limit")))?;
         }
+        RewriteKeys {
+            strip_prefix: self.strip_prefix.as_ref(),
+            replace_prefix: self.replace_prefix.as_ref(),
+            host_rewrite: self.host_rewrite.as_ref(),
+            request_headers: self.request_headers.as_ref(),
+            response_headers: self.response_headers.as_ref(),
+            redirect: None,
+        }
+        .validate()?;
         match &self.discovery {
             Some(d) => {
                 if !self.endpoints.is_empty() {
@@ -883,6 +858,12 @@ impl ClusterConfig {
             probe: ProbeConfig::default(),
             max_amplification: None,
             rate_limit: None,
+            strip_prefix: None,
+            replace_prefix: None,
+            host_rewrite: None,
+            request_headers: None,
+            response_headers: None,
+            rewrite_location: false,
         }
     }
 

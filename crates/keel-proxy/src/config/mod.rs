@@ -29,8 +29,8 @@ pub(crate) mod route;
 mod tests;
 
 pub use cluster::{
-    Amplification, ClusterConfig, HashOn, HealthCheckConfig, HealthCheckKind, ProbeConfig,
-    ProxyProtocol, RetryConfig, UpstreamProtocol, UpstreamTlsConfig, MAX_RETRY_ATTEMPTS,
+    Amplification, ClusterConfig, HealthCheckConfig, HealthCheckKind, ProbeConfig, ProxyProtocol,
+    RetryConfig, UpstreamProtocol, UpstreamTlsConfig, MAX_RETRY_ATTEMPTS,
 };
 pub use discovery::{DiscoveryConfig, DiscoveryKind, DEFAULT_DISCOVERY_REFRESH};
 pub use listener::{
@@ -38,7 +38,9 @@ pub use listener::{
 };
 pub use locate::ConfigError;
 pub use observe::{AccessLogConfig, AccessLogFormat, AdminConfig};
-pub use policy::{RateKey, RateLimitConfig};
+pub use policy::{
+    HashOn, HeaderEdits, RateKey, RateLimitConfig, RedirectConfig, ReplacePrefix, ResponseHeaders,
+};
 pub use route::RouteConfig;
 pub(crate) use route::{HostPattern, PathPattern};
 

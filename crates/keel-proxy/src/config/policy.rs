@@ -1,7 +1,10 @@
 //! What a route or a cluster does to the requests it serves besides choosing an endpoint:
-//! local rate limits (`rate_limit`).
+//! local rate limits (`rate_limit`), and rewrites of requests and responses (paths, `Host`,
+//! headers, redirects, `Location`).
 
-use keel_balance::{InvalidField, Problem};
+use keel_balance::{FieldPath, InvalidField, Problem};
+use std::fmt;
+
 use serde::Deserialize;
 
 /// `rate_limit = { rate, burst, key, max_keys, per_worker }` on a route or a cluster: a token
@@ -93,5 +96,306 @@ impl RateLimitConfig {
             ));
         }
         Ok(())
+    }
+}
+
+/// `request_headers` / `response_headers = { add, set, remove }`: headers removed (every line
+/// of these names), set (every line of the name replaced by one) and added (one more line),
+/// in that order. Values may hold variables: `$client_ip`, `$request_id`, `$route`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderEdits {
+    /// Headers added (beside any of the same name).
+    #[serde(default)]
+    pub add: std::collections::BTreeMap<String, String>,
+    /// Headers set (replacing every one of the same name).
+    #[serde(default)]
+    pub set: std::collections::BTreeMap<String, String>,
+    /// Headers removed.
+    #[serde(default)]
+    pub remove: Vec<String>,
+}
+
+/// `response_headers = { add, set, remove, endpoint }`: [`HeaderEdits`] of the responses, and
+/// whether they name the endpoint that answered (`x-keel-endpoint`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResponseHeaders {
+    /// Send `x-keel-endpoint` (the endpoint's address) with every response. Default off.
+    #[serde(default)]
+    pub endpoint: bool,
+    /// Headers added.
+    #[serde(default)]
+    pub add: std::collections::BTreeMap<String, String>,
+    /// Headers set.
+    #[serde(default)]
+    pub set: std::collections::BTreeMap<String, String>,
+    /// Headers removed.
+    #[serde(default)]
+    pub remove: Vec<String>,
+}
+
+impl ResponseHeaders {
+    /// The edits, as [`HeaderEdits`].
+    pub fn edits(&self) -> HeaderEdits {
+        HeaderEdits {
+            add: self.add.clone(),
+            set: self.set.clone(),
+            remove: self.remove.clone(),
+        }
+    }
+}
+
+/// `replace_prefix = { from, to }`: a path that starts with `from` gets `to` in its place.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplacePrefix {
+    /// The prefix replaced.
+    pub from: String,
+    /// What replaces it.
+    pub to: String,
+}
+
+/// `redirect = { status, location }`: keel answers the route's requests itself.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedirectConfig {
+    /// 301, 302 (default), 303, 307 or 308.
+    #[serde(default = "default_redirect_status")]
+    pub status: u16,
+    /// The `Location`; may hold `$host` and `$path` (the request's, path with its query),
+    /// `$client_ip`, `$request_id`, `$route`.
+    pub location: String,
+}
+
+fn default_redirect_status() -> u16 {
+    302
+}
+
+/// The rewrites a route or a cluster may set (their keys, gathered to check them alike).
+pub(crate) struct RewriteKeys<'a> {
+    pub strip_prefix: Option<&'a String>,
+    pub replace_prefix: Option<&'a ReplacePrefix>,
+    pub host_rewrite: Option<&'a String>,
+    pub request_headers: Option<&'a HeaderEdits>,
+    pub response_headers: Option<&'a ResponseHeaders>,
+    pub redirect: Option<&'a RedirectConfig>,
+}
+
+/// Headers a `request_headers` or `response_headers` edit may not touch: those that frame
+/// the message or belong to one connection (keel sets them), and `Host` (`host_rewrite`).
+const PROTECTED: &[&str] = &[
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+    "host",
+];
+
+/// The variables a header value may hold.
+pub const HEADER_VARIABLES: &[&str] = &["$client_ip", "$request_id", "$route"];
+/// The variables a redirect's location may hold.
+pub const LOCATION_VARIABLES: &[&str] = &["$client_ip", "$request_id", "$route", "$host", "$path"];
+
+/// Checks that every `$` in `value` starts one of `allowed` (`$$` is a `$`).
+pub(crate) fn check_variables(value: &str, allowed: &[&str]) -> Result<(), String> {
+    let mut rest = value;
+    while let Some(i) = rest.find('$') {
+        rest = &rest[i..];
+        if let Some(r) = rest.strip_prefix("$$") {
+            rest = r;
+            continue;
+        }
+        match allowed.iter().find(|v| rest.starts_with(**v)) {
+            Some(v) => rest = &rest[v.len()..],
+            None => {
+                let word: String = rest
+                    .chars()
+                    .take(1)
+                    .chain(
+                        rest.chars()
+                            .skip(1)
+                            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_'),
+                    )
+                    .collect();
+                return Err(format!(
+                    "unknown variable `{word}`; allowed: {} (`$$` for a `$`)",
+                    allowed.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_path(key: &'static str, p: &str) -> Result<(), InvalidField> {
+    if !p.starts_with('/') || p.contains('?') || p.bytes().any(|b| b <= b' ' || b == 0x7f) {
+        return Err(InvalidField::at(
+            key,
+            Problem::Invalid(format!(
+                "`{p}` is not a path prefix; it must start with `/` and have no query (`?`) or spaces"
+            )),
+        ));
+    }
+    Ok(())
+}
+
+type Map = std::collections::BTreeMap<String, String>;
+
+fn check_edits(
+    key: &'static str,
+    add: &Map,
+    set: &Map,
+    remove: &[String],
+) -> Result<(), InvalidField> {
+    let at = |sub: &'static str| FieldPath::key(key).then(sub);
+    let name_ok = |sub: &'static str, name: &str| -> Result<(), InvalidField> {
+        if hyper::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(InvalidField::new(
+                at(sub),
+                Problem::Invalid(format!("`{name}` is not a header name")),
+            ));
+        }
+        if PROTECTED.iter().any(|p| name.eq_ignore_ascii_case(p)) {
+            return Err(InvalidField::new(
+                at(sub),
+                Problem::Invalid(format!(
+                    "`{name}` is set by keel (framing, connection, or `host_rewrite` for Host) and cannot be edited"
+                )),
+            ));
+        }
+        Ok(())
+    };
+    for name in remove {
+        name_ok("remove", name)?;
+    }
+    let pairs = add
+        .iter()
+        .map(|p| ("add", p))
+        .chain(set.iter().map(|p| ("set", p)));
+    for (sub, (name, value)) in pairs {
+        name_ok(sub, name)?;
+        check_variables(value, HEADER_VARIABLES)
+            .map_err(|m| InvalidField::new(at(sub), Problem::Invalid(format!("`{name}`: {m}"))))?;
+        if hyper::header::HeaderValue::from_str(value).is_err() {
+            return Err(InvalidField::new(
+                at(sub),
+                Problem::Invalid(format!("the value of `{name}` is not a header value")),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl RewriteKeys<'_> {
+    /// Checks the keys (paths relative to the route or cluster).
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if let Some(p) = self.strip_prefix {
+            check_path("strip_prefix", p)?;
+        }
+        if let Some(r) = self.replace_prefix {
+            check_path("replace_prefix", &r.from)?;
+            check_path("replace_prefix", &r.to)?;
+            if self.strip_prefix.is_some() {
+                return Err(InvalidField::at(
+                    "replace_prefix",
+                    Problem::Invalid("set `strip_prefix` or `replace_prefix`, not both".into()),
+                ));
+            }
+        }
+        if let Some(h) = self.host_rewrite {
+            if h != "$endpoint" && hyper::http::uri::Authority::try_from(h.as_str()).is_err() {
+                return Err(InvalidField::at(
+                    "host_rewrite",
+                    Problem::Invalid(format!(
+                        "`{h}` is not a host (optionally with a port); or \"$endpoint\" for the endpoint's address"
+                    )),
+                ));
+            }
+        }
+        if let Some(e) = self.request_headers {
+            check_edits("request_headers", &e.add, &e.set, &e.remove)?;
+        }
+        if let Some(e) = self.response_headers {
+            check_edits("response_headers", &e.add, &e.set, &e.remove)?;
+        }
+        if let Some(r) = self.redirect {
+            let at = |sub| FieldPath::key("redirect").then(sub);
+            if ![301, 302, 303, 307, 308].contains(&r.status) {
+                return Err(InvalidField::new(
+                    at("status"),
+                    Problem::out_of_range("one of 301, 302, 303, 307, 308", r.status),
+                ));
+            }
+            check_variables(&r.location, LOCATION_VARIABLES)
+                .map_err(|m| InvalidField::new(at("location"), Problem::Invalid(m)))?;
+            if r.location.is_empty() || hyper::header::HeaderValue::from_str(&r.location).is_err() {
+                return Err(InvalidField::new(
+                    at("location"),
+                    Problem::Invalid("`location` must be a non-empty header value".into()),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where a hash strategy takes its key from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HashOn {
+    /// The value of this request header (lower-case name); requests without it get a random
+    /// key.
+    Header(hyper::header::HeaderName),
+    /// The request path (without the query).
+    Path,
+    /// The client's IP address.
+    ClientIp,
+}
+
+impl HashOn {
+    const ALLOWED: &'static str = "\"header:NAME\", \"path\", \"client-ip\"";
+}
+
+impl std::str::FromStr for HashOn {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "path" => Ok(HashOn::Path),
+            "client-ip" => Ok(HashOn::ClientIp),
+            _ => {
+                if let Some(name) = s.strip_prefix("header:") {
+                    hyper::header::HeaderName::from_bytes(name.trim().as_bytes())
+                        .map(HashOn::Header)
+                        .map_err(|_| format!("`{name}` is not a valid header name"))
+                } else {
+                    Err(format!(
+                        "unknown hash_on `{s}`; allowed: {}",
+                        HashOn::ALLOWED
+                    ))
+                }
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for HashOn {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl fmt::Display for HashOn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HashOn::Header(h) => write!(f, "header:{h}"),
+            HashOn::Path => f.write_str("path"),
+            HashOn::ClientIp => f.write_str("client-ip"),
+        }
     }
 }

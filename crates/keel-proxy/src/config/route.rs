@@ -7,7 +7,9 @@ use serde::Deserialize;
 
 use crate::config::cluster::MAX_RETRY_ATTEMPTS;
 use crate::config::discovery::is_dns_name;
-use crate::config::policy::RateLimitConfig;
+use crate::config::policy::{
+    HeaderEdits, RateLimitConfig, RedirectConfig, ReplacePrefix, ResponseHeaders, RewriteKeys,
+};
 
 /// `[[listener.route]]`: the conditions a request must meet (all of them; none: every request)
 /// and the cluster that then serves it, with optional overrides of the cluster's limits.
@@ -42,6 +44,28 @@ pub struct RouteConfig {
     /// A local rate limit on this route's requests, before the cluster's own.
     #[serde(default)]
     pub rate_limit: Option<RateLimitConfig>,
+    /// Removes this prefix from the path sent to the endpoint (`/echo/status` -> `/status`).
+    #[serde(default)]
+    pub strip_prefix: Option<String>,
+    /// Replaces a path prefix (`{ from = "/v1/", to = "/v2/" }`).
+    #[serde(default)]
+    pub replace_prefix: Option<ReplacePrefix>,
+    /// The `Host` sent to the endpoint: this value, or `"$endpoint"` for the endpoint's address.
+    #[serde(default)]
+    pub host_rewrite: Option<String>,
+    /// Request headers removed, set and added.
+    #[serde(default)]
+    pub request_headers: Option<HeaderEdits>,
+    /// Response headers removed, set and added (and `endpoint`: `x-keel-endpoint`).
+    #[serde(default)]
+    pub response_headers: Option<ResponseHeaders>,
+    /// Rewrites `Location` and `Refresh` naming the endpoint's address to the client-facing
+    /// host (NGINX's `proxy_redirect default`).
+    #[serde(default)]
+    pub rewrite_location: bool,
+    /// keel answers the route's requests with this redirect; no endpoint is tried.
+    #[serde(default)]
+    pub redirect: Option<RedirectConfig>,
 }
 
 /// A route's host condition, compiled.
@@ -82,6 +106,18 @@ impl PathPattern {
 }
 
 impl RouteConfig {
+    /// The route's rewrite keys.
+    pub(crate) fn rewrites(&self) -> RewriteKeys<'_> {
+        RewriteKeys {
+            strip_prefix: self.strip_prefix.as_ref(),
+            replace_prefix: self.replace_prefix.as_ref(),
+            host_rewrite: self.host_rewrite.as_ref(),
+            request_headers: self.request_headers.as_ref(),
+            response_headers: self.response_headers.as_ref(),
+            redirect: self.redirect.as_ref(),
+        }
+    }
+
     /// The host condition.
     pub(crate) fn host_pattern(&self) -> HostPattern {
         match self.host.as_deref().map(str::to_ascii_lowercase) {
@@ -179,6 +215,7 @@ impl RouteConfig {
             r.validate()
                 .map_err(|e| e.under(keel_balance::FieldPath::key("rate_limit")))?;
         }
+        self.rewrites().validate()?;
         Ok(())
     }
 }

@@ -54,6 +54,24 @@ pub(crate) fn refused(reject: Reject) -> OwnAnswer {
     }
 }
 
+/// keel's answer to a request of a route with `redirect`: the status, and `location` (its
+/// variables expanded) as `Location`.
+pub(crate) fn redirect(cluster: &Cluster, status: u16, location: &[u8]) -> OwnAnswer {
+    count_response(cluster, status);
+    let location = hyper::http::HeaderValue::from_bytes(location)
+        .unwrap_or_else(|_| hyper::http::HeaderValue::from_static("/"));
+    OwnAnswer {
+        status,
+        text: answer_text(status, location.to_str().unwrap_or("")),
+        endpoint: None,
+        guard: None,
+        attempts: 0,
+        cause: "redirected by the route's `redirect`".to_string(),
+        tries: Tries::default(),
+        headers: vec![(hyper::header::LOCATION, location)],
+    }
+}
+
 /// keel's own answer to a request.
 pub(crate) struct OwnAnswer {
     /// The status.

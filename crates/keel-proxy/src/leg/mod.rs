@@ -24,6 +24,7 @@ use crate::leg::h1::response::ResponseHead;
 use crate::leg::h1::upstream::H1Response;
 use crate::leg::h2::H2Response;
 use crate::policy::rate::{Limited, RateLimiter};
+use crate::policy::rewrite::HostRewrite;
 use crate::policy::Policy;
 use crate::route::Limits;
 use crate::upstream::cluster::{Cluster, EndpointEntry};
@@ -263,9 +264,34 @@ pub(crate) async fn forward<B: RequestBody>(
     out: &mut Vec<u8>,
     timer: &mut Pin<Box<Sleep>>,
 ) -> HttpAnswer {
+    // A route's or cluster's policy, in this order: a redirect, the rate limits, the
+    // request's rewrites (the response's follow the answer).
+    let mut meta = req.meta;
+    let own_meta;
+    let mut rewrites = None;
     if let Some(policy) = req.policy {
+        if let Some(rw) = &policy.rewrites {
+            let vars = rw.vars(req.head, &client.ip, client.trust_forwarded, &policy.route);
+            if let Some((status, location)) = &rw.redirect {
+                let mut value = Vec::new();
+                location.expand(&vars, &mut value);
+                return Answer::Own(crate::driver::answer::redirect(cluster, *status, &value));
+            }
+            rewrites = Some((rw, vars));
+        }
         if let Err((limit, limited)) = policy.limit(client, req.head, req.start) {
             return Answer::Own(rate_limited(cluster, client, limit, limited));
+        }
+        if let Some((rw, vars)) = &rewrites {
+            rw.request(req.head, vars);
+            if rw.host == Some(HostRewrite::Endpoint) {
+                // Each try names its own endpoint (see `end_head`).
+                own_meta = RequestHead {
+                    has_host: false,
+                    ..meta.clone()
+                };
+                meta = &own_meta;
+            }
         }
     }
     let hash = match cluster.config.hash_on {
@@ -276,7 +302,7 @@ pub(crate) async fn forward<B: RequestBody>(
         http1: cluster.config.protocol == UpstreamProtocol::Http1,
         common_len: req.head.len(),
         head: req.head,
-        meta: req.meta,
+        meta,
         body,
         out,
     };
@@ -292,7 +318,18 @@ pub(crate) async fn forward<B: RequestBody>(
     )
     .await
     {
-        Driven::Won(response, tail) => {
+        Driven::Won(mut response, tail) => {
+            if let Some((rw, vars)) = &rewrites {
+                let endpoint = cluster.endpoints[tail.endpoint].authority.as_str();
+                match &mut response {
+                    UpstreamResponse::H1(..) => {
+                        rw.response_h1(leg.out, vars, endpoint, client.proto)
+                    }
+                    UpstreamResponse::H2(r) => {
+                        rw.response_h2(&mut r.head.headers, vars, endpoint, client.proto)
+                    }
+                }
+            }
             count_response(cluster, response.status());
             Answer::Upstream(Upstream { response, tail })
         }

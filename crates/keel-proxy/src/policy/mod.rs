@@ -1,11 +1,12 @@
 //! What a route or a cluster does to a request besides choosing its endpoint: local rate
-//! limits ([`rate`]). Compiled once per route target when the routing is built; a target with
+//! limits ([`rate`]), rewrites of requests and responses and redirects ([`rewrite`]). Compiled once per route target when the routing is built; a target with
 //! nothing configured has no [`Policy`], so a request to it pays one `None` check.
 //!
 //! Applied in [`crate::leg::forward`], the one function both front ends hand requests to, on
 //! the head already rewritten for the endpoint (HTTP/1.1 text for both front ends).
 
 pub(crate) mod rate;
+pub(crate) mod rewrite;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,11 +15,16 @@ use crate::config::RouteConfig;
 use crate::exchange::request::Client;
 use crate::upstream::cluster::Cluster;
 use rate::{Limited, RateLimiter};
+use rewrite::{RewriteSource, Rewrites};
 
 /// A target's policy: everything its route and its cluster configure.
 pub(crate) struct Policy {
     /// The route's limit, then the cluster's (shared by every route to the cluster).
     limits: Vec<Arc<RateLimiter>>,
+    /// The route's and the cluster's rewrites, if any.
+    pub(crate) rewrites: Option<Rewrites>,
+    /// `$route`: the route's index in its listener (empty for the listener's `cluster`).
+    pub(crate) route: Box<[u8]>,
 }
 
 impl Policy {
@@ -36,10 +42,36 @@ impl Policy {
             }
         }
         limits.extend(cluster.rate_limit.clone());
-        if limits.is_empty() {
+        let c = &cluster.config;
+        let rewrites = Rewrites::new(
+            route.map(|(_, r)| RewriteSource {
+                strip_prefix: r.strip_prefix.as_ref(),
+                replace_prefix: r.replace_prefix.as_ref(),
+                host_rewrite: r.host_rewrite.as_ref(),
+                request_headers: r.request_headers.as_ref(),
+                response_headers: r.response_headers.as_ref().map(|h| h.edits()),
+                redirect: r.redirect.as_ref(),
+                rewrite_location: r.rewrite_location,
+            }),
+            RewriteSource {
+                strip_prefix: c.strip_prefix.as_ref(),
+                replace_prefix: c.replace_prefix.as_ref(),
+                host_rewrite: c.host_rewrite.as_ref(),
+                request_headers: c.request_headers.as_ref(),
+                response_headers: c.response_headers.as_ref().map(|h| h.edits()),
+                redirect: None,
+                rewrite_location: c.rewrite_location,
+            },
+        );
+        if limits.is_empty() && rewrites.is_none() {
             return None;
         }
-        Some(Arc::new(Policy { limits }))
+        let route = route.map_or_else(Vec::new, |(i, _)| i.to_string().into_bytes());
+        Some(Arc::new(Policy {
+            limits,
+            rewrites,
+            route: route.into(),
+        }))
     }
 
     /// Takes the request from each rate limit; the first that refuses it, with how long to

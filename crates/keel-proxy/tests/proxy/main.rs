@@ -22,6 +22,7 @@ mod proxy_behaviour;
 mod proxy_done;
 mod proxy_lifecycle;
 mod rate_limit;
+mod rewrites;
 mod routes;
 mod timeouts;
 mod tls;

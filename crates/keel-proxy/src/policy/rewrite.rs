@@ -1,0 +1,624 @@
+//! Rewrites of a route's and its cluster's requests and responses: the path's prefix, `Host`,
+//! headers removed, set and added (values with variables), redirects answered by keel, and
+//! `Location`/`Refresh` naming the endpoint turned back to the client-facing host.
+//!
+//! Requests are edited as the HTTP/1.1 head the endpoint will get (both front ends write one),
+//! responses as the HTTP/1.1 head an HTTP/1.1 endpoint's becomes or as an HTTP/2 endpoint's
+//! header map. Each edit copies the head once into a new buffer: allocation is paid only by
+//! targets that configure a rewrite.
+
+use std::cell::Cell;
+use std::hash::BuildHasher;
+
+use hyper::header::{HeaderName, HeaderValue};
+
+use crate::codec::push_header;
+use crate::config::{HeaderEdits, RedirectConfig, ReplacePrefix};
+use crate::policy::{header_lines, header_value};
+
+/// A piece of a configured value.
+#[derive(Debug, Clone)]
+enum Piece {
+    Lit(Box<[u8]>),
+    ClientIp,
+    RequestId,
+    Route,
+    Host,
+    Path,
+}
+
+/// A configured value, its variables found once at load time.
+#[derive(Debug, Clone)]
+pub(crate) struct Template(Box<[Piece]>);
+
+impl Template {
+    /// Compiles a value (validated: every `$` starts a known variable or is `$$`).
+    pub fn new(text: &str) -> Self {
+        let vars: [(&str, Piece); 5] = [
+            ("$client_ip", Piece::ClientIp),
+            ("$request_id", Piece::RequestId),
+            ("$route", Piece::Route),
+            ("$host", Piece::Host),
+            ("$path", Piece::Path),
+        ];
+        let mut pieces = Vec::new();
+        let mut lit = Vec::new();
+        let mut rest = text;
+        while let Some(i) = rest.find('$') {
+            lit.extend_from_slice(&rest.as_bytes()[..i]);
+            rest = &rest[i..];
+            if let Some(r) = rest.strip_prefix("$$") {
+                lit.push(b'$');
+                rest = r;
+                continue;
+            }
+            match vars.iter().find(|(name, _)| rest.starts_with(name)) {
+                Some((name, piece)) => {
+                    if !lit.is_empty() {
+                        pieces.push(Piece::Lit(std::mem::take(&mut lit).into()));
+                    }
+                    pieces.push(piece.clone());
+                    rest = &rest[name.len()..];
+                }
+                None => {
+                    lit.push(b'$');
+                    rest = &rest[1..];
+                }
+            }
+        }
+        lit.extend_from_slice(rest.as_bytes());
+        if !lit.is_empty() {
+            pieces.push(Piece::Lit(lit.into()));
+        }
+        Template(pieces.into())
+    }
+
+    fn uses(&self, f: fn(&Piece) -> bool) -> bool {
+        self.0.iter().any(f)
+    }
+
+    /// Appends the value with the request's variables.
+    pub fn expand(&self, vars: &Vars<'_>, out: &mut Vec<u8>) {
+        for p in self.0.iter() {
+            match p {
+                Piece::Lit(b) => out.extend_from_slice(b),
+                Piece::ClientIp => out.extend_from_slice(vars.client_ip.as_bytes()),
+                Piece::RequestId => out.extend_from_slice(vars.request_id()),
+                Piece::Route => out.extend_from_slice(vars.route),
+                Piece::Host => out.extend_from_slice(&vars.host),
+                Piece::Path => out.extend_from_slice(&vars.path),
+            }
+        }
+    }
+}
+
+/// The values a request's variables take.
+pub(crate) struct Vars<'a> {
+    pub client_ip: &'a str,
+    /// The route's index in its listener (empty for the listener's `cluster`).
+    pub route: &'a [u8],
+    /// The request's host as the client sent it (only when a rewrite uses it).
+    pub host: Vec<u8>,
+    /// The request's target (only when a redirect uses it).
+    pub path: Vec<u8>,
+    /// The request id: a trusted proxy's `x-request-id`, else made up (only when used).
+    pub id: [u8; 64],
+    pub id_len: usize,
+}
+
+impl Vars<'_> {
+    fn request_id(&self) -> &[u8] {
+        &self.id[..self.id_len]
+    }
+}
+
+/// A new request id: 32 hex digits, unique per process and thread (a per-thread counter
+/// hashed with a per-thread secret: no shared state).
+fn new_request_id(out: &mut [u8; 64]) -> usize {
+    thread_local! {
+        static SECRET: std::collections::hash_map::RandomState = Default::default();
+        static SEQ: Cell<u64> = const { Cell::new(0) };
+    }
+    let n = SEQ.with(|s| {
+        let n = s.get();
+        s.set(n + 1);
+        n
+    });
+    let (a, b) = SECRET.with(|k| (k.hash_one(n), k.hash_one((n, 1u8))));
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for (i, byte) in a.to_be_bytes().iter().chain(&b.to_be_bytes()).enumerate() {
+        out[2 * i] = HEX[usize::from(byte >> 4)];
+        out[2 * i + 1] = HEX[usize::from(byte & 15)];
+    }
+    32
+}
+
+/// Header edits, compiled.
+#[derive(Debug, Default)]
+struct Edits {
+    /// Names whose lines go (`remove`, and `set`'s names).
+    drop: Vec<Box<str>>,
+    /// Lines appended: `set`'s then `add`'s.
+    push: Vec<(HeaderName, Template)>,
+}
+
+impl Edits {
+    /// Adds the edits of `e` after those already here: its `remove` and `set` also drop the
+    /// lines earlier edits add (so a route's `set` wins over its cluster's).
+    fn then(&mut self, e: &HeaderEdits) {
+        let name = |n: &str| HeaderName::from_bytes(n.as_bytes()).ok();
+        for n in e.remove.iter().chain(e.set.keys()) {
+            let n = n.to_ascii_lowercase();
+            self.push.retain(|(p, _)| p.as_str() != n);
+            self.drop.push(n.into());
+        }
+        self.push.extend(
+            e.set
+                .iter()
+                .chain(&e.add)
+                .filter_map(|(n, v)| Some((name(n)?, Template::new(v)))),
+        );
+    }
+
+    fn is_empty(&self) -> bool {
+        self.drop.is_empty() && self.push.is_empty()
+    }
+
+    fn drops(&self, name: &[u8]) -> bool {
+        self.drop
+            .iter()
+            .any(|d| d.as_bytes().eq_ignore_ascii_case(name))
+    }
+}
+
+/// How the path's prefix changes.
+#[derive(Debug)]
+enum PathRewrite {
+    Strip(Box<str>),
+    Replace(Box<str>, Box<str>),
+}
+
+/// How `Host` changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HostRewrite {
+    /// This value.
+    Literal(Box<[u8]>),
+    /// The endpoint's address (each try's own).
+    Endpoint,
+}
+
+/// What a route or a cluster rewrites (`None` fields: nothing).
+pub(crate) struct RewriteSource<'a> {
+    pub strip_prefix: Option<&'a String>,
+    pub replace_prefix: Option<&'a ReplacePrefix>,
+    pub host_rewrite: Option<&'a String>,
+    pub request_headers: Option<&'a HeaderEdits>,
+    pub response_headers: Option<HeaderEdits>,
+    pub redirect: Option<&'a RedirectConfig>,
+    pub rewrite_location: bool,
+}
+
+/// A target's rewrites: its route's and its cluster's together.
+#[derive(Debug, Default)]
+pub(crate) struct Rewrites {
+    /// The route's, then the cluster's.
+    paths: Vec<PathRewrite>,
+    /// The route's, else the cluster's.
+    pub host: Option<HostRewrite>,
+    /// The cluster's, then the route's (a route's `set` wins).
+    request: Edits,
+    response: Edits,
+    /// The status and `Location` of a redirect route.
+    pub redirect: Option<(u16, Template)>,
+    /// `Location`/`Refresh` back to the client-facing host.
+    pub rewrite_location: bool,
+    /// Some value uses `$request_id`, `$host`, `$path`.
+    uses_id: bool,
+    uses_host: bool,
+    uses_path: bool,
+}
+
+impl Rewrites {
+    /// The rewrites of a route (first) and its cluster; `None` when neither has any.
+    pub fn new(route: Option<RewriteSource<'_>>, cluster: RewriteSource<'_>) -> Option<Self> {
+        let mut r = Rewrites::default();
+        let sources: Vec<&RewriteSource<'_>> = route.iter().chain([&cluster]).collect();
+        for s in &sources {
+            if let Some(p) = s.strip_prefix {
+                r.paths.push(PathRewrite::Strip(p.as_str().into()));
+            }
+            if let Some(p) = s.replace_prefix {
+                r.paths.push(PathRewrite::Replace(
+                    p.from.as_str().into(),
+                    p.to.as_str().into(),
+                ));
+            }
+            if r.host.is_none() {
+                r.host = s.host_rewrite.map(|h| match h.as_str() {
+                    "$endpoint" => HostRewrite::Endpoint,
+                    h => HostRewrite::Literal(h.as_bytes().into()),
+                });
+            }
+            if let Some(d) = s.redirect {
+                r.redirect = Some((d.status, Template::new(&d.location)));
+            }
+            r.rewrite_location |= s.rewrite_location;
+        }
+        for s in sources.iter().rev() {
+            if let Some(e) = s.request_headers {
+                r.request.then(e);
+            }
+            if let Some(e) = &s.response_headers {
+                r.response.then(e);
+            }
+        }
+        let templates = || {
+            r.request
+                .push
+                .iter()
+                .chain(&r.response.push)
+                .map(|(_, t)| t)
+                .chain(r.redirect.as_ref().map(|(_, t)| t))
+        };
+        let uses_id = templates().any(|t| t.uses(|p| matches!(p, Piece::RequestId)));
+        let uses_host = templates().any(|t| t.uses(|p| matches!(p, Piece::Host)));
+        let uses_path = templates().any(|t| t.uses(|p| matches!(p, Piece::Path)));
+        r.uses_id = uses_id;
+        r.uses_host = uses_host || r.rewrite_location;
+        r.uses_path = uses_path;
+        let nothing = r.paths.is_empty()
+            && r.host.is_none()
+            && r.request.is_empty()
+            && r.response.is_empty()
+            && r.redirect.is_none()
+            && !r.rewrite_location;
+        (!nothing).then_some(r)
+    }
+
+    /// The request's variables, read from its head (before any rewrite).
+    pub fn vars<'a>(
+        &self,
+        head: &[u8],
+        client_ip: &'a str,
+        trusted: bool,
+        route: &'a [u8],
+    ) -> Vars<'a> {
+        let mut v = Vars {
+            client_ip,
+            route,
+            host: Vec::new(),
+            path: Vec::new(),
+            id: [0; 64],
+            id_len: 0,
+        };
+        if self.uses_host {
+            v.host = header_value(head, "host").unwrap_or_default().to_vec();
+        }
+        if self.uses_path {
+            v.path = request_target(head).to_vec();
+        }
+        if self.uses_id {
+            match header_value(head, "x-request-id").filter(|id| trusted && id.len() <= 64) {
+                Some(id) => {
+                    v.id[..id.len()].copy_from_slice(id);
+                    v.id_len = id.len();
+                }
+                None => v.id_len = new_request_id(&mut v.id),
+            }
+        }
+        v
+    }
+
+    /// Rewrites the request head for the endpoint (path, `Host`, headers). With
+    /// [`HostRewrite::Endpoint`] the head is left without `Host` (each try adds its
+    /// endpoint's).
+    pub fn request(&self, head: &mut Vec<u8>, vars: &Vars<'_>) {
+        if self.paths.is_empty() && self.host.is_none() && self.request.is_empty() {
+            return;
+        }
+        let mut out = Vec::with_capacity(head.len() + 256);
+        let line_end = find_crlf(head).unwrap_or(head.len());
+        let line = &head[..line_end];
+        let (method, target, version) = split_request_line(line);
+        out.extend_from_slice(method);
+        out.push(b' ');
+        let (path, query) = match target.iter().position(|b| *b == b'?') {
+            Some(q) => target.split_at(q),
+            None => (target, &b""[..]),
+        };
+        let mut path = path.to_vec();
+        for p in &self.paths {
+            rewrite_path(p, &mut path);
+        }
+        out.extend_from_slice(&path);
+        out.extend_from_slice(query);
+        out.push(b' ');
+        out.extend_from_slice(version);
+        out.extend_from_slice(b"\r\n");
+        for (name, _, range) in header_lines(head) {
+            if (self.host.is_some() && name.eq_ignore_ascii_case(b"host"))
+                || self.request.drops(name)
+            {
+                continue;
+            }
+            out.extend_from_slice(&head[range]);
+        }
+        if let Some(HostRewrite::Literal(h)) = &self.host {
+            push_header(&mut out, b"host", h);
+        }
+        push_edits(&self.request, vars, &mut out);
+        head.clear();
+        head.extend_from_slice(&out);
+    }
+
+    /// Rewrites an HTTP/1.1 response head (status line, then header lines) for the client.
+    /// `endpoint`: the answering endpoint's address; `proto`: the client's scheme.
+    pub fn response_h1(&self, head: &mut Vec<u8>, vars: &Vars<'_>, endpoint: &str, proto: &str) {
+        if self.response.is_empty() && !self.relocates(vars) {
+            return;
+        }
+        let mut out = Vec::with_capacity(head.len() + 256);
+        let line_end = find_crlf(head).map_or(head.len(), |p| p + 2);
+        out.extend_from_slice(&head[..line_end]);
+        for (name, value, range) in header_lines(head) {
+            if self.response.drops(name) {
+                continue;
+            }
+            let moved = self
+                .relocates(vars)
+                .then(|| relocate(name, value, endpoint, proto, &vars.host))
+                .flatten();
+            match moved {
+                Some(v) => push_header(&mut out, name, &v),
+                None => out.extend_from_slice(&head[range]),
+            }
+        }
+        push_edits(&self.response, vars, &mut out);
+        head.clear();
+        head.extend_from_slice(&out);
+    }
+
+    /// Rewrites an HTTP/2 endpoint's response headers for the client.
+    pub fn response_h2(
+        &self,
+        headers: &mut hyper::HeaderMap,
+        vars: &Vars<'_>,
+        endpoint: &str,
+        proto: &str,
+    ) {
+        for d in &self.response.drop {
+            headers.remove(&**d);
+        }
+        if self.relocates(vars) {
+            for name in [hyper::header::LOCATION, hyper::header::REFRESH] {
+                let moved = headers
+                    .get(&name)
+                    .and_then(|v| {
+                        relocate(
+                            name.as_str().as_bytes(),
+                            v.as_bytes(),
+                            endpoint,
+                            proto,
+                            &vars.host,
+                        )
+                    })
+                    .and_then(|v| HeaderValue::from_bytes(&v).ok());
+                if let Some(v) = moved {
+                    headers.insert(name, v);
+                }
+            }
+        }
+        let mut buf = Vec::new();
+        for (name, t) in &self.response.push {
+            buf.clear();
+            t.expand(vars, &mut buf);
+            if let Ok(v) = HeaderValue::from_bytes(&buf) {
+                headers.append(name.clone(), v);
+            }
+        }
+    }
+
+    fn relocates(&self, vars: &Vars<'_>) -> bool {
+        self.rewrite_location && !vars.host.is_empty()
+    }
+}
+
+/// Appends each edit's `set` and `add` lines.
+fn push_edits(edits: &Edits, vars: &Vars<'_>, out: &mut Vec<u8>) {
+    for (name, t) in &edits.push {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        t.expand(vars, out);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+fn find_crlf(b: &[u8]) -> Option<usize> {
+    b.windows(2).position(|w| w == b"\r\n")
+}
+
+/// `METHOD SP target SP version` of a request line.
+fn split_request_line(line: &[u8]) -> (&[u8], &[u8], &[u8]) {
+    let a = line.iter().position(|b| *b == b' ').unwrap_or(line.len());
+    let z = line
+        .iter()
+        .rposition(|b| *b == b' ')
+        .filter(|z| *z > a)
+        .unwrap_or(line.len());
+    (
+        &line[..a],
+        line.get(a + 1..z).unwrap_or_default(),
+        line.get(z + 1..).unwrap_or_default(),
+    )
+}
+
+/// The target of a request head's first line.
+fn request_target(head: &[u8]) -> &[u8] {
+    let line_end = find_crlf(head).unwrap_or(head.len());
+    split_request_line(&head[..line_end]).1
+}
+
+/// Applies a prefix rewrite to a path (without its query). A stripped prefix only counts at a
+/// segment's end (`/echo` strips `/echo` and `/echo/x`, not `/echoes`); the path left always
+/// starts with `/`.
+fn rewrite_path(p: &PathRewrite, path: &mut Vec<u8>) {
+    match p {
+        PathRewrite::Strip(prefix) => {
+            let prefix = prefix.as_bytes();
+            let Some(rest) = path.strip_prefix(prefix) else {
+                return;
+            };
+            if !(prefix.ends_with(b"/") || rest.is_empty() || rest[0] == b'/') {
+                return;
+            }
+            let mut new = Vec::with_capacity(rest.len() + 1);
+            if rest.first() != Some(&b'/') {
+                new.push(b'/');
+            }
+            new.extend_from_slice(rest);
+            *path = new;
+        }
+        PathRewrite::Replace(from, to) => {
+            if let Some(rest) = path.strip_prefix(from.as_bytes()) {
+                let mut new = Vec::with_capacity(to.len() + rest.len());
+                new.extend_from_slice(to.as_bytes());
+                new.extend_from_slice(rest);
+                *path = new;
+            }
+        }
+    }
+}
+
+/// A `Location` or `Refresh` value naming the endpoint (`http(s)://ENDPOINT/...`), with the
+/// client's scheme and host in its place (NGINX's `proxy_redirect default`); `None` for other
+/// headers and other values.
+fn relocate(
+    name: &[u8],
+    value: &[u8],
+    endpoint: &str,
+    proto: &str,
+    host: &[u8],
+) -> Option<Vec<u8>> {
+    let (keep, url) = if name.eq_ignore_ascii_case(b"location") {
+        (0, value)
+    } else if name.eq_ignore_ascii_case(b"refresh") {
+        // `5; url=http://...`
+        let at = value
+            .windows(4)
+            .position(|w| w.eq_ignore_ascii_case(b"url="))?
+            + 4;
+        (at, &value[at..])
+    } else {
+        return None;
+    };
+    let after_scheme = if url.len() >= 7 && url[..7].eq_ignore_ascii_case(b"http://") {
+        7
+    } else if url.len() >= 8 && url[..8].eq_ignore_ascii_case(b"https://") {
+        8
+    } else {
+        return None;
+    };
+    let rest = &url[after_scheme..];
+    let ep = endpoint.as_bytes();
+    if rest.len() < ep.len() || !rest[..ep.len()].eq_ignore_ascii_case(ep) {
+        return None;
+    }
+    let tail = &rest[ep.len()..];
+    if !matches!(tail.first(), None | Some(b'/' | b'?' | b'#')) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(value.len() + host.len());
+    out.extend_from_slice(&value[..keep]);
+    out.extend_from_slice(proto.as_bytes());
+    out.extend_from_slice(b"://");
+    out.extend_from_slice(host);
+    out.extend_from_slice(tail);
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars() -> Vars<'static> {
+        Vars {
+            client_ip: "10.0.0.9",
+            route: b"3",
+            host: b"app.example".to_vec(),
+            path: b"/a?b".to_vec(),
+            id: [b'x'; 64],
+            id_len: 4,
+        }
+    }
+
+    #[test]
+    fn templates_expand_their_variables() {
+        let mut out = Vec::new();
+        Template::new("ip=$client_ip r=$route id=$request_id $$5 https://$host$path $nope")
+            .expand(&vars(), &mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "ip=10.0.0.9 r=3 id=xxxx $5 https://app.example/a?b $nope"
+        );
+    }
+
+    #[test]
+    fn paths_lose_or_change_their_prefix_at_segment_ends() {
+        let strip = PathRewrite::Strip("/echo".into());
+        for (from, to) in [
+            ("/echo/status", "/status"),
+            ("/echo", "/"),
+            ("/echoes", "/echoes"),
+            ("/other", "/other"),
+        ] {
+            let mut p = from.as_bytes().to_vec();
+            rewrite_path(&strip, &mut p);
+            assert_eq!(p, to.as_bytes(), "{from}");
+        }
+        let mut p = b"/echo/x".to_vec();
+        rewrite_path(&PathRewrite::Strip("/echo/".into()), &mut p);
+        assert_eq!(p, b"/x");
+        let mut p = b"/v1/users".to_vec();
+        rewrite_path(&PathRewrite::Replace("/v1/".into(), "/v2/".into()), &mut p);
+        assert_eq!(p, b"/v2/users");
+    }
+
+    #[test]
+    fn locations_naming_the_endpoint_come_back_to_the_client_host() {
+        let r = |n: &str, v: &str| {
+            relocate(
+                n.as_bytes(),
+                v.as_bytes(),
+                "127.0.0.1:9101",
+                "https",
+                b"app.example",
+            )
+            .map(|v| String::from_utf8(v).unwrap())
+        };
+        assert_eq!(
+            r("Location", "http://127.0.0.1:9101/landed?x"),
+            Some("https://app.example/landed?x".into())
+        );
+        assert_eq!(
+            r("location", "http://127.0.0.1:9101"),
+            Some("https://app.example".into())
+        );
+        assert_eq!(r("Location", "http://127.0.0.1:91010/x"), None);
+        assert_eq!(r("Location", "http://other/x"), None);
+        assert_eq!(r("Location", "/relative"), None);
+        assert_eq!(
+            r("Refresh", "5; url=http://127.0.0.1:9101/next"),
+            Some("5; url=https://app.example/next".into())
+        );
+        assert_eq!(r("X-Other", "http://127.0.0.1:9101/"), None);
+    }
+
+    #[test]
+    fn request_ids_are_32_hex_digits_and_differ() {
+        let (mut a, mut b) = ([0u8; 64], [0u8; 64]);
+        assert_eq!(new_request_id(&mut a), 32);
+        new_request_id(&mut b);
+        assert!(a[..32].iter().all(u8::is_ascii_hexdigit));
+        assert_ne!(a[..32], b[..32]);
+    }
+}

@@ -1,0 +1,278 @@
+//! Rewrites (issue 25 item 1) on loopback, over HTTP/1.1 and HTTP/2 clients alike: a route's
+//! prefix stripped and replaced, `Host` rewritten to a value or to the endpoint's address,
+//! request and response headers removed, set and added with variables, a redirect route
+//! answered by keel, `Location`/`Refresh` naming the endpoint turned back to the client's host,
+//! and config errors at their key and line.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request, StatusCode};
+use keel_proxy::ProxyConfig;
+
+use crate::support::*;
+
+/// A server that answers with the request's target and headers as text (`target: ...`, then
+/// `name: value` lines) and `x-from-backend: 1`, `server: echo`; `/moved` answers `302` with
+/// `Location` and `Refresh` naming its own address.
+async fn target_echo() -> SocketAddr {
+    use hyper::service::service_fn;
+    use hyper_util::rt::TokioIo;
+    let listener = tokio::net::TcpListener::bind(any_port()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<hyper::body::Incoming>| async move {
+                    let (parts, body) = req.into_parts();
+                    let _ = body.collect().await;
+                    let mut text = format!("target: {}\n", parts.uri);
+                    for (k, v) in &parts.headers {
+                        text.push_str(&format!("{k}: {}\n", v.to_str().unwrap_or("?")));
+                    }
+                    let mut resp = hyper::Response::builder()
+                        .header("x-from-backend", "1")
+                        .header("server", "echo");
+                    if parts.uri.path() == "/moved" {
+                        resp = resp
+                            .status(302)
+                            .header("location", format!("http://{addr}/landed?x=1"))
+                            .header("refresh", format!("3; url=http://{addr}/later"));
+                    }
+                    Ok::<_, std::convert::Infallible>(
+                        resp.body(Full::new(Bytes::from(text))).unwrap(),
+                    )
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+fn config(text: &str) -> ProxyConfig {
+    ProxyConfig::from_toml_str(text, "rewrites.toml")
+        .unwrap_or_else(|e| panic!("{e}\n--- config ---\n{text}"))
+}
+
+/// The echoed value of a request header (`None` if the endpoint did not get it).
+fn echoed<'a>(body: &'a str, name: &str) -> Option<&'a str> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(": "))
+}
+
+/// GET over HTTP/1.1 (`h2 = false`) or HTTP/2 with these headers.
+async fn get_via(addr: SocketAddr, h2: bool, path: &str, headers: &[(&str, &str)]) -> Got {
+    let url = format!("http://{addr}{path}");
+    if h2 {
+        let mut s = h2_connect(addr).await;
+        h2_send(&mut s, Method::GET, &url, headers).await
+    } else {
+        send(&client(), Method::GET, &url, headers, b"")
+            .await
+            .unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_strips_its_prefix_and_edits_headers_over_http1_and_http2() {
+    let b = target_echo().await;
+    let proxy = keel_proxy::start(config(&format!(
+        r#"[[listener]]
+listen = "127.0.0.1:0"
+cluster = "app"
+trusted_proxies = ["127.0.0.1/32"]
+
+[[listener.route]]
+path_prefix = "/echo"
+cluster = "app"
+strip_prefix = "/echo"
+host_rewrite = "internal.example"
+request_headers = {{ add = {{ x-client = "$client_ip", x-route = "r$route" }}, set = {{ x-tenant = "t1" }}, remove = ["x-secret"] }}
+response_headers = {{ add = {{ x-request-id = "$request_id" }}, set = {{ server = "keel" }}, remove = ["x-from-backend"] }}
+
+[[listener.route]]
+path_prefix = "/v1/"
+cluster = "app"
+replace_prefix = {{ from = "/v1/", to = "/v2/" }}
+
+[[cluster]]
+name = "app"
+endpoints = [{{ address = "{b}" }}]
+request_headers = {{ add = {{ x-cluster = "app" }}, set = {{ x-tenant = "cluster" }} }}
+"#
+    )))
+    .await
+    .unwrap();
+    let addr = proxy.listener_addrs()[0];
+    for h2 in [false, true] {
+        let r = get_via(
+            addr,
+            h2,
+            "/echo/status?q=1",
+            &[
+                ("x-secret", "s"),
+                ("x-tenant", "client"),
+                ("x-request-id", "abc-1"),
+            ],
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK, "h2 {h2}");
+        let body = r.text();
+        assert_eq!(
+            echoed(&body, "target"),
+            Some("/status?q=1"),
+            "h2 {h2}: {body}"
+        );
+        assert_eq!(echoed(&body, "host"), Some("internal.example"), "{body}");
+        // X-Forwarded-Host keeps the client's host.
+        assert_eq!(
+            echoed(&body, "x-forwarded-host"),
+            Some(addr.to_string().as_str())
+        );
+        assert_eq!(echoed(&body, "x-client"), Some("127.0.0.1"));
+        assert_eq!(echoed(&body, "x-route"), Some("r0"));
+        assert_eq!(echoed(&body, "x-cluster"), Some("app"));
+        // The cluster's set, then the route's: the route wins, the client's value is gone.
+        assert_eq!(echoed(&body, "x-tenant"), Some("t1"), "{body}");
+        assert_eq!(body.matches("x-tenant").count(), 1, "{body}");
+        assert_eq!(echoed(&body, "x-secret"), None);
+        // The response: a trusted proxy's request id, `server` set, a header removed.
+        assert_eq!(r.header("x-request-id"), Some("abc-1"));
+        assert_eq!(r.header("server"), Some("keel"));
+        assert_eq!(r.header("x-from-backend"), None);
+        // A made-up request id without the client's.
+        let r = get_via(addr, h2, "/echo", &[]).await;
+        assert_eq!(echoed(&r.text(), "target"), Some("/"));
+        let id = r.header("x-request-id").unwrap().to_string();
+        assert_eq!(id.len(), 32, "{id}");
+        // The other route: a prefix replaced; only the cluster's edits.
+        let r = get_via(addr, h2, "/v1/users", &[("x-secret", "s")]).await;
+        let body = r.text();
+        assert_eq!(echoed(&body, "target"), Some("/v2/users"));
+        assert_eq!(echoed(&body, "host"), Some(addr.to_string().as_str()));
+        assert_eq!(echoed(&body, "x-secret"), Some("s"));
+        assert_eq!(echoed(&body, "x-tenant"), Some("cluster"));
+        assert_eq!(r.header("x-from-backend"), Some("1"));
+    }
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_rewrite_to_the_endpoint_and_locations_back_to_the_client() {
+    let b = target_echo().await;
+    let proxy = keel_proxy::start(config(&format!(
+        r#"[[listener]]
+listen = "127.0.0.1:0"
+cluster = "app"
+
+[[cluster]]
+name = "app"
+endpoints = [{{ address = "{b}" }}]
+host_rewrite = "$endpoint"
+rewrite_location = true
+"#
+    )))
+    .await
+    .unwrap();
+    let addr = proxy.listener_addrs()[0];
+    for h2 in [false, true] {
+        let r = get_via(addr, h2, "/x", &[]).await;
+        assert_eq!(
+            echoed(&r.text(), "host"),
+            Some(b.to_string().as_str()),
+            "h2 {h2}"
+        );
+        let r = get_via(addr, h2, "/moved", &[]).await;
+        assert_eq!(r.status, StatusCode::FOUND);
+        assert_eq!(
+            r.header("location"),
+            Some(format!("http://{addr}/landed?x=1").as_str()),
+            "h2 {h2}"
+        );
+        assert_eq!(
+            r.header("refresh"),
+            Some(format!("3; url=http://{addr}/later").as_str())
+        );
+    }
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_route_is_answered_by_keel() {
+    let bs = backends(1, Duration::ZERO).await;
+    let proxy = keel_proxy::start(config(&format!(
+        r#"[[listener]]
+listen = "127.0.0.1:0"
+cluster = "app"
+
+[[listener.route]]
+path_prefix = "/old/"
+cluster = "app"
+redirect = {{ status = 301, location = "https://$host$path" }}
+
+[[cluster]]
+name = "app"
+endpoints = [{{ address = "{}" }}]
+"#,
+        bs[0].addr()
+    )))
+    .await
+    .unwrap();
+    let addr = proxy.listener_addrs()[0];
+    for h2 in [false, true] {
+        let r = get_via(addr, h2, "/old/page?a=b", &[]).await;
+        assert_eq!(r.status, StatusCode::MOVED_PERMANENTLY, "h2 {h2}");
+        assert_eq!(
+            r.header("location"),
+            Some(format!("https://{addr}/old/page?a=b").as_str())
+        );
+        assert_eq!(get_via(addr, h2, "/new", &[]).await.status, StatusCode::OK);
+    }
+    assert_eq!(bs[0].requests(), 2, "redirects never reach the endpoint");
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
+
+#[test]
+fn rewrite_errors_name_their_key_and_line() {
+    let with = |route_extra: &str| {
+        format!(
+            "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"a\"\n[[listener.route]]\ncluster = \"a\"\n{route_extra}\n[[cluster]]\nname = \"a\"\nendpoints = [{{ address = \"127.0.0.1:1\" }}]\n"
+        )
+    };
+    let err = |text: String| {
+        ProxyConfig::from_toml_str(&text, "t.toml")
+            .unwrap_err()
+            .to_string()
+    };
+    let e = err(with(
+        "request_headers = { set = { content-length = \"1\" } }",
+    ));
+    assert!(
+        e.contains("t.toml:6:")
+            && e.contains("listener[0].route[0].request_headers.set")
+            && e.contains("`content-length` is set by keel"),
+        "{e}"
+    );
+    let e = err(with("response_headers = { add = { x-a = \"$nope\" } }"));
+    assert!(
+        e.contains("response_headers.add") && e.contains("unknown variable `$nope`"),
+        "{e}"
+    );
+    let e = err(with("redirect = { status = 200, location = \"/x\" }"));
+    assert!(
+        e.contains("route[0].redirect.status") && e.contains(":6:"),
+        "{e}"
+    );
+    let e = err(with("strip_prefix = \"echo\""));
+    assert!(e.contains("route[0].strip_prefix"), "{e}");
+    let e = err(with("host_rewrite = \"a b\""));
+    assert!(e.contains("route[0].host_rewrite"), "{e}");
+}
