@@ -9,7 +9,8 @@ use arc_swap::ArcSwap;
 
 use crate::config::{check_endpoints, BalancerConfig};
 use crate::endpoint::{Endpoint, EndpointId, EndpointSpec, EndpointStatus};
-use crate::load::LoadReport;
+use crate::load::{LoadReport, Utilization};
+use crate::locality::{Layout, Placement};
 use crate::rng::SharedRng;
 use crate::strategy::{self, Observation, Strategy, View};
 use crate::time::nanos;
@@ -187,8 +188,37 @@ impl HealthSummary {
 
 struct Snapshot {
     endpoints: Vec<Arc<Endpoint>>,
-    strategy: Box<dyn Strategy>,
+    /// Each endpoint's priority and zone, as configured.
+    placements: Vec<Placement>,
+    /// The groups a pick chooses between (priority levels, zones) before the strategy.
+    layout: Layout,
+    /// One strategy per group of the layout, built over the group's members only.
+    strategies: Vec<Box<dyn Strategy>>,
+    /// Endpoint tokens to places, for pinned picks.
+    tokens: std::collections::HashMap<u64, usize>,
     health: HealthSummary,
+}
+
+impl Snapshot {
+    /// `v` over group `g`'s members.
+    #[inline]
+    fn in_group<'a>(&'a self, v: &View<'a>, g: usize) -> View<'a> {
+        v.over(&self.layout.groups[g].eps)
+    }
+
+    /// Tells endpoint `i`'s group strategy what the balancer learned.
+    fn observe(&self, v: &View<'_>, i: usize, what: &Observation) {
+        let (g, local) = self.layout.place[i];
+        self.strategies[g as usize].observe(&self.in_group(v, g as usize), local as usize, what);
+    }
+
+    /// Every group strategy re-reads availability (and the layout its health counts).
+    fn refresh_all(&self, v: &View<'_>) {
+        for (g, s) in self.strategies.iter().enumerate() {
+            s.refresh(&self.in_group(v, g), None);
+        }
+        self.layout.refresh(v.now);
+    }
 }
 
 /// A load balancer over a set of endpoints: one strategy, its protections (outlier ejection,
@@ -222,12 +252,12 @@ impl Balancer {
         config.validate()?;
         check_endpoints(&config, endpoints)?;
         let eps = Self::carry_over(&[], endpoints, 0);
-        let snapshot = Self::snapshot(&config, eps);
+        let snapshot = Self::snapshot(&config, endpoints, eps);
         Ok(Self {
             rng: SharedRng::new(config.seed),
             config,
             group: Arc::new(AtomicU64::new(0)),
-            follows_calls: snapshot.strategy.follows_calls(),
+            follows_calls: snapshot.strategies[0].follows_calls(),
             snapshot: ArcSwap::from_pointee(snapshot),
         })
     }
@@ -245,12 +275,12 @@ impl Balancer {
         check_endpoints(&config, endpoints)?;
         let old = self.snapshot.load();
         let eps = Self::carry_over(&old.endpoints, endpoints, nanos(now).max(1));
-        let snapshot = Self::snapshot(&config, eps);
+        let snapshot = Self::snapshot(&config, endpoints, eps);
         Ok(Self {
             rng: SharedRng::new(config.seed),
             config,
             group: self.group.clone(),
-            follows_calls: snapshot.strategy.follows_calls(),
+            follows_calls: snapshot.strategies[0].follows_calls(),
             snapshot: ArcSwap::from_pointee(snapshot),
         })
     }
@@ -261,7 +291,7 @@ impl Balancer {
         check_endpoints(&self.config, endpoints)?;
         let old = self.snapshot.load();
         let eps = Self::carry_over(&old.endpoints, endpoints, nanos(now).max(1));
-        let snapshot = Self::snapshot(&self.config, eps);
+        let snapshot = Self::snapshot(&self.config, endpoints, eps);
         self.snapshot.store(Arc::new(snapshot));
         Ok(())
     }
@@ -304,9 +334,27 @@ impl Balancer {
             .collect()
     }
 
-    fn snapshot(config: &BalancerConfig, endpoints: Vec<Arc<Endpoint>>) -> Snapshot {
+    fn snapshot(
+        config: &BalancerConfig,
+        specs: &[EndpointSpec],
+        endpoints: Vec<Arc<Endpoint>>,
+    ) -> Snapshot {
+        let placements: Vec<Placement> = specs.iter().map(Placement::from).collect();
+        let layout = Layout::new(config, &placements, &endpoints);
+        let strategies = layout
+            .groups
+            .iter()
+            .map(|g| strategy::build(config.strategy, &config.options, &g.eps))
+            .collect();
         Snapshot {
-            strategy: strategy::build(config.strategy, &config.options, &endpoints),
+            strategies,
+            layout,
+            placements,
+            tokens: endpoints
+                .iter()
+                .enumerate()
+                .map(|(i, e)| (e.token(), i))
+                .collect(),
             health: HealthSummary {
                 unavailable: AtomicUsize::new(0),
                 recount_at: AtomicU64::new(0),
@@ -325,19 +373,46 @@ impl Balancer {
         self.snapshot.load().endpoints.clone()
     }
 
-    /// The endpoint list as specs (address and weight).
+    /// The endpoint list as specs (address, weight, priority, zone).
     pub fn specs(&self) -> Vec<EndpointSpec> {
-        self.snapshot
-            .load()
-            .endpoints
+        let snap = self.snapshot.load();
+        snap.endpoints
             .iter()
-            .map(|e| EndpointSpec::new(e.address()).with_weight(e.weight()))
+            .zip(&snap.placements)
+            .map(|(e, p)| EndpointSpec {
+                address: e.address().to_string(),
+                weight: e.weight(),
+                priority: p.priority,
+                zone: p.zone.clone(),
+            })
             .collect()
     }
 
-    /// Number of ring points (ring-hash only).
+    /// Number of ring points (ring-hash only; summed over priority levels and zones).
     pub fn ring_points(&self) -> Option<usize> {
-        self.snapshot.load().strategy.ring_points()
+        let snap = self.snapshot.load();
+        snap.strategies
+            .iter()
+            .map(|s| s.ring_points())
+            .try_fold(0, |a, b| b.map(|b| a + b))
+    }
+
+    /// The share of picks each priority level takes now, as (priority, share), lowest first.
+    pub fn priority_shares(&self, now: Duration) -> Vec<(u32, f64)> {
+        let snap = self.snapshot.load();
+        self.panic(&snap, nanos(now));
+        let mut prev = 0u32;
+        snap.layout
+            .levels
+            .iter()
+            .zip(&snap.layout.level_cum)
+            .map(|(l, c)| {
+                let c = c.load(Ordering::Relaxed);
+                let share = f64::from(c - prev.min(c)) / 1e6;
+                prev = c;
+                (l.priority, share)
+            })
+            .collect()
     }
 
     /// True while fewer than `panic_threshold` percent of the endpoints are available, so that
@@ -352,8 +427,8 @@ impl Balancer {
         if now >= h.recount_at.load(Ordering::Relaxed) {
             h.refresh(&snap.endpoints, now);
             // An ejection ended or a health verdict changed: strategies that index the
-            // available endpoints re-read them.
-            snap.strategy.refresh(&self.view(snap, now), None);
+            // available endpoints re-read them, and the priority shares are recounted.
+            snap.refresh_all(&self.view(snap, now));
         }
         let out = h.unavailable.load(Ordering::Relaxed);
         if out == 0 || self.config.panic_threshold <= 0.0 {
@@ -379,51 +454,111 @@ impl Balancer {
 
     /// Picks an endpoint for one call. `None` when no endpoint may take it (empty list, or all
     /// unavailable with the panic threshold off). Endpoints in `ctx.avoid` are skipped while
-    /// another one is allowed.
+    /// another one is allowed. With priority levels or zone routing, the level and zone are
+    /// chosen first (see docs/balancing.md, "Priorities and zones"), then the strategy picks
+    /// within them; a group with nothing left to pick passes the pick to the next.
     pub fn pick(&self, ctx: &PickContext<'_>) -> Option<Pick> {
         let snap = self.snapshot.load();
         let now = nanos(ctx.now);
+        let panic = self.panic(&snap, now);
         let mut view = View {
             eps: &snap.endpoints,
             now,
             avoid: ctx.avoid,
-            ignore_health: self.panic(&snap, now),
+            ignore_health: panic,
             slow_start: self.config.slow_start.as_ref(),
             rng: &self.rng,
             group: &self.group,
-            half_open: false,
+            half_open: snap.strategies[0].half_open(),
         };
-        let strategy = &snap.strategy;
-        view.half_open = strategy.half_open();
-        let mut index = strategy.pick(&view, ctx.hash_key);
-        if index.is_none() && !ctx.avoid.is_empty() {
-            // Nothing else left: a retry may go back to an endpoint it already tried.
-            view.avoid = &[];
-            index = strategy.pick(&view, ctx.hash_key);
+        let first = if snap.layout.is_trivial() {
+            0
+        } else {
+            snap.layout.choose(now, panic, &self.rng)
+        };
+        let (g, local) = Self::pick_from(&snap, &view, first, ctx.hash_key).or_else(|| {
+            let mut found = None;
+            if !ctx.avoid.is_empty() {
+                // Nothing else left: a retry may go back to an endpoint it already tried.
+                view.avoid = &[];
+                found = Self::pick_from(&snap, &view, first, ctx.hash_key);
+            }
+            if found.is_none() && view.half_open {
+                // Every endpoint left is on trial with its trial call in flight: better a
+                // second call there than none at all.
+                view.half_open = false;
+                found = Self::pick_from(&snap, &view, first, ctx.hash_key);
+            }
+            found
+        })?;
+        Some(self.start(&snap, &view, g, local, now))
+    }
+
+    /// The strategy's pick in group `first`, or else in the others in order (priority order).
+    fn pick_from(
+        snap: &Snapshot,
+        view: &View<'_>,
+        first: usize,
+        key: Option<u64>,
+    ) -> Option<(usize, usize)> {
+        let n = snap.strategies.len();
+        let order = std::iter::once(first).chain((0..n).filter(move |&g| g != first));
+        for g in order {
+            if let Some(local) = snap.strategies[g].pick(&snap.in_group(view, g), key) {
+                return Some((g, local));
+            }
         }
-        if index.is_none() && view.half_open {
-            // Every endpoint left is on trial with its trial call in flight: better a second
-            // call there than none at all.
-            view.half_open = false;
-            index = strategy.pick(&view, ctx.hash_key);
-        }
-        let index = index?;
+        None
+    }
+
+    /// Counts a call on member `local` of group `g` and makes its pick.
+    fn start(&self, snap: &Snapshot, view: &View<'_>, g: usize, local: usize, now: u64) -> Pick {
+        let index = snap.layout.groups[g].members[local];
         let endpoint = snap.endpoints[index].clone();
         endpoint.begin_call();
+        let strategy = &snap.strategies[g];
         if strategy.follows_calls() {
-            strategy.started(&view, index);
+            strategy.started(&snap.in_group(view, g), local);
         }
         let group = strategy.uses_group_load().then(|| {
             self.group.fetch_add(1, Ordering::Relaxed);
             self.group.clone()
         });
-        Some(Pick {
+        Pick {
             endpoint,
             index,
             picked_at: now,
             group,
             open: true,
-        })
+        }
+    }
+
+    /// A pick for a pinned session (a sticky cookie): the endpoint whose
+    /// [`Endpoint::token`] is `token` while it may take the call (available, or panic mode;
+    /// not in `ctx.avoid`), otherwise the strategy's pick, as [`Self::pick`]. The caller
+    /// re-pins the session to the endpoint it gets, so that a session moves once when its
+    /// endpoint fails, and stays where it moved when the endpoint comes back.
+    pub fn pick_pinned(&self, ctx: &PickContext<'_>, token: u64) -> Option<Pick> {
+        let snap = self.snapshot.load();
+        if let Some(&i) = snap.tokens.get(&token) {
+            let now = nanos(ctx.now);
+            let view = View {
+                eps: &snap.endpoints,
+                now,
+                avoid: ctx.avoid,
+                ignore_health: self.panic(&snap, now),
+                slow_start: self.config.slow_start.as_ref(),
+                rng: &self.rng,
+                group: &self.group,
+                half_open: false,
+            };
+            if view.allowed(i) {
+                let (g, local) = snap.layout.place[i];
+                return Some(self.start(&snap, &view, g as usize, local as usize, now));
+            }
+        }
+        drop(snap);
+        self.pick(ctx)
     }
 
     /// Records the outcome of a picked call that ended at `now` (its latency is `now` minus the
@@ -458,11 +593,11 @@ impl Balancer {
             }
         };
         if follows {
-            if snap.strategy.half_open() {
+            if snap.strategies[0].half_open() {
                 e.set_trial(failed);
             }
             if let Some(i) = index() {
-                snap.strategy.observe(
+                snap.observe(
                     &self.view(&snap, now),
                     i,
                     &Observation::CallEnded {
@@ -484,10 +619,15 @@ impl Balancer {
                     let until = st.eject(od, now);
                     e.eject(until);
                     if let Some(i) = index() {
-                        snap.strategy.refresh(&self.view(&snap, now), Some(i));
+                        let (g, local) = snap.layout.place[i];
+                        let v = self.view(&snap, now);
+                        snap.strategies[g as usize]
+                            .refresh(&snap.in_group(&v, g as usize), Some(local as usize));
                     }
                     snap.health.unavailable.fetch_add(1, Ordering::Relaxed);
-                    snap.health.recount_at.fetch_min(until, Ordering::Relaxed);
+                    // Priority shares depend on health: recount at the next pick.
+                    let at = if snap.layout.is_trivial() { until } else { 0 };
+                    snap.health.recount_at.fetch_min(at, Ordering::Relaxed);
                     return true;
                 }
             }
@@ -498,7 +638,7 @@ impl Balancer {
     /// True if the strategy balances on the endpoints' load reports (prequal): only then are
     /// [`Self::probe_targets`] and [`Self::report_load`] worth the driver's work.
     pub fn uses_load_reports(&self) -> bool {
-        self.snapshot.load().strategy.uses_load_reports()
+        self.snapshot.load().strategies[0].uses_load_reports()
     }
 
     /// Appends to `out` the endpoints the strategy wants probed now (prequal: a few random
@@ -506,7 +646,7 @@ impl Balancer {
     /// likes and hands the answers to [`Self::report_load`].
     pub fn probe_targets(&self, now: Duration, out: &mut Vec<EndpointId>) {
         let snap = self.snapshot.load();
-        if !snap.strategy.uses_load_reports() {
+        if !snap.strategies[0].uses_load_reports() {
             return;
         }
         let now = nanos(now);
@@ -520,18 +660,23 @@ impl Balancer {
             group: &self.group,
             half_open: false,
         };
-        snap.strategy.probe_targets(&view, out);
+        for (g, s) in snap.strategies.iter().enumerate() {
+            s.probe_targets(&snap.in_group(&view, g), out);
+        }
     }
 
     /// What endpoint `id` says about its load (a probe's answer, or an answer's headers),
     /// received at `now`. Returns false if no endpoint has that id. Strategies that do not
-    /// balance on reports ignore it.
+    /// balance on reports ignore it; zone routing counts its requests in flight.
     pub fn report_load(&self, id: EndpointId, report: LoadReport, now: Duration) -> bool {
         let snap = self.snapshot.load();
         let Some(index) = snap.endpoints.iter().position(|e| e.id() == id) else {
             return false;
         };
-        if snap.strategy.uses_load_reports() {
+        if self.config.zone_routing.is_some() {
+            snap.endpoints[index].set_reported_rif(report.in_flight, nanos(now));
+        }
+        if snap.strategies[0].uses_load_reports() {
             let view = View {
                 eps: &snap.endpoints,
                 now: nanos(now),
@@ -542,10 +687,34 @@ impl Balancer {
                 group: &self.group,
                 half_open: false,
             };
-            snap.strategy
-                .observe(&view, index, &Observation::Load(report));
+            snap.observe(&view, index, &Observation::Load(report));
         }
         true
+    }
+
+    /// What endpoint `id` says about its utilisation (an ORCA report: the
+    /// `endpoint-load-metrics` header of an answer or a probe's), received at `now`. Returns
+    /// false if no endpoint has that id. Zone routing with `signal = "utilization"` and
+    /// `orca-wrr` use it; other strategies ignore it.
+    pub fn report_utilization(&self, id: EndpointId, u: Utilization, now: Duration) -> bool {
+        let snap = self.snapshot.load();
+        let Some(index) = snap.endpoints.iter().position(|e| e.id() == id) else {
+            return false;
+        };
+        if self.config.zone_routing.is_some() {
+            snap.endpoints[index].set_reported_util(u.value(), nanos(now));
+        }
+        if snap.strategies[0].uses_utilization() {
+            let view = self.view(&snap, nanos(now));
+            snap.observe(&view, index, &Observation::Utilization(u));
+        }
+        true
+    }
+
+    /// True if the strategy or zone routing uses utilisation reports (ORCA): only then is
+    /// reading them worth the driver's work.
+    pub fn uses_utilization(&self) -> bool {
+        self.config.zone_routing.is_some() || self.snapshot.load().strategies[0].uses_utilization()
     }
 
     /// Sets an endpoint's active-health-check verdict. Back to healthy starts its slow start.

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::field::{FieldPath, InvalidField, Problem};
+pub use crate::locality::{ZoneMode, ZoneRouting, ZoneSignal};
 use crate::outlier::OutlierConfig;
 use crate::slow_start::SlowStartConfig;
 
@@ -233,6 +234,14 @@ pub struct BalancerConfig {
     pub slow_start: Option<SlowStartConfig>,
     /// Seed of the balancer's random choices (fixed seed, repeatable run).
     pub seed: u64,
+    /// The balancer's own zone (the proxy's `zone`), for zone-aware routing.
+    pub zone: Option<String>,
+    /// Zone-aware routing among the endpoints' zones; off unless given (needs `zone`).
+    pub zone_routing: Option<ZoneRouting>,
+    /// Priority levels: a level's healthy share times this factor, capped at 100 %, is the
+    /// share of traffic it keeps (Envoy's overprovisioning factor: a level takes everything
+    /// while at least 1 / 1.4 = 71.4 % of its endpoints are healthy). At least 1. Default 1.4.
+    pub overprovisioning_factor: f64,
 }
 
 impl Default for BalancerConfig {
@@ -251,6 +260,9 @@ impl BalancerConfig {
             panic_threshold: 50.0,
             slow_start: None,
             seed: 0x6b65_656c,
+            zone: None,
+            zone_routing: None,
+            overprovisioning_factor: 1.4,
         }
     }
 
@@ -340,6 +352,26 @@ impl BalancerConfig {
         if let Some(ss) = &self.slow_start {
             ss.validate()
                 .map_err(|e| e.under(FieldPath::key("slow_start")))?;
+        }
+        let f = self.overprovisioning_factor;
+        if !(f.is_finite() && f >= 1.0) {
+            return bad(
+                "overprovisioning_factor",
+                Problem::out_of_range("1.0 or more", f),
+            );
+        }
+        if let Some(zr) = &self.zone_routing {
+            if self.zone.is_none() {
+                return bad(
+                    "zone",
+                    Problem::Invalid(
+                        "zone-aware routing needs the balancer's own zone (the proxy's `zone`)"
+                            .into(),
+                    ),
+                );
+            }
+            zr.validate()
+                .map_err(|e| e.under(FieldPath::key("zone_routing")))?;
         }
         Ok(())
     }

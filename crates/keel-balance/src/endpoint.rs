@@ -17,10 +17,22 @@ pub struct EndpointSpec {
     /// Relative weight, at least 1. Strategies that ignore weights say so.
     #[serde(default = "default_weight")]
     pub weight: u32,
+    /// Priority level: 0 takes the traffic first, and each next level takes a share as the
+    /// healthy share of the levels before it falls (Envoy's overprovisioning factor; see
+    /// docs/balancing.md, "Priorities and zones"). Default 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub priority: u32,
+    /// The zone (availability zone, rack) the endpoint runs in, for zone-aware routing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
 }
 
 fn default_weight() -> u32 {
     1
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl EndpointSpec {
@@ -29,12 +41,26 @@ impl EndpointSpec {
         Self {
             address: address.into(),
             weight: 1,
+            priority: 0,
+            zone: None,
         }
     }
 
     /// The same endpoint with another weight.
     pub fn with_weight(mut self, weight: u32) -> Self {
         self.weight = weight;
+        self
+    }
+
+    /// The same endpoint at another priority level.
+    pub fn with_priority(mut self, priority: u32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// The same endpoint in a zone.
+    pub fn with_zone(mut self, zone: impl Into<String>) -> Self {
+        self.zone = Some(zone.into());
         self
     }
 }
@@ -71,6 +97,13 @@ pub struct Endpoint {
     successes: AtomicU64,
     failures: AtomicU64,
     outlier: Mutex<OutlierState>,
+    /// What the endpoint last said about itself, for zone-aware routing: requests in flight
+    /// (from a [`crate::LoadReport`]) and utilisation (f64 bits, from an ORCA report), each
+    /// with the time it arrived (0: never).
+    reported_rif: AtomicU32,
+    reported_rif_at: AtomicU64,
+    reported_util: AtomicU64,
+    reported_util_at: AtomicU64,
 }
 
 impl Endpoint {
@@ -89,7 +122,46 @@ impl Endpoint {
             successes: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             outlier: Mutex::new(OutlierState::default()),
+            reported_rif: AtomicU32::new(0),
+            reported_rif_at: AtomicU64::new(0),
+            reported_util: AtomicU64::new(0),
+            reported_util_at: AtomicU64::new(0),
         }
+    }
+
+    /// A stable token for this endpoint: the xxh3 of its address. The same across restarts,
+    /// reloads and processes, and not the address itself, so that a sticky-session cookie can
+    /// carry it ([`crate::Balancer::pick_pinned`]).
+    pub fn token(&self) -> u64 {
+        self.hash
+    }
+
+    /// Records the requests in flight the endpoint reported at `now`.
+    pub(crate) fn set_reported_rif(&self, rif: u32, now: u64) {
+        self.reported_rif.store(rif, Ordering::Relaxed);
+        self.reported_rif_at.store(now.max(1), Ordering::Relaxed);
+    }
+
+    /// Records the utilisation the endpoint reported at `now`.
+    pub(crate) fn set_reported_util(&self, util: f64, now: u64) {
+        self.reported_util.store(util.to_bits(), Ordering::Relaxed);
+        self.reported_util_at.store(now.max(1), Ordering::Relaxed);
+    }
+
+    /// The requests in flight it reported no longer than `max_age` before `now`.
+    #[inline]
+    pub(crate) fn reported_rif(&self, now: u64, max_age: u64) -> Option<u32> {
+        let at = self.reported_rif_at.load(Ordering::Relaxed);
+        (at != 0 && now.saturating_sub(at) <= max_age)
+            .then(|| self.reported_rif.load(Ordering::Relaxed))
+    }
+
+    /// The utilisation it reported no longer than `max_age` before `now`.
+    #[inline]
+    pub(crate) fn reported_util(&self, now: u64, max_age: u64) -> Option<f64> {
+        let at = self.reported_util_at.load(Ordering::Relaxed);
+        (at != 0 && now.saturating_sub(at) <= max_age)
+            .then(|| f64::from_bits(self.reported_util.load(Ordering::Relaxed)))
     }
 
     /// Process-unique identity.

@@ -35,6 +35,7 @@ mod field;
 mod hash;
 pub mod hedge;
 mod load;
+mod locality;
 mod outlier;
 mod retry_budget;
 mod rng;
@@ -43,13 +44,17 @@ mod strategy;
 mod time;
 
 pub use balancer::{Balancer, BuildError, Outcome, Pick, PickContext};
-pub use config::{BalancerConfig, StrategyKind, StrategyOptions, TieBreak, UnknownStrategy};
+pub use config::{
+    BalancerConfig, StrategyKind, StrategyOptions, TieBreak, UnknownStrategy, ZoneMode,
+    ZoneRouting, ZoneSignal,
+};
 pub use endpoint::{Endpoint, EndpointId, EndpointSpec, EndpointStatus};
 pub use field::{FieldPath, InvalidField, PathSegment, Problem};
 pub use hash::hash_key;
 pub use hedge::{HedgeConfig, HedgeDelay, Hedger};
 pub use load::{
-    LoadReport, ServerLoad, Ticket, LATENCY_HEADER, LOAD_PATH, RIF_HEADER, SERVER_WINDOW,
+    LoadReport, ServerLoad, Ticket, Utilization, LATENCY_HEADER, LOAD_PATH, RIF_HEADER,
+    SERVER_WINDOW,
 };
 pub use outlier::{FailureRate, OutlierConfig};
 pub use retry_budget::{RetryBudget, RetryBudgetConfig};

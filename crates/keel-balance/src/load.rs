@@ -47,6 +47,33 @@ impl LoadReport {
     }
 }
 
+/// What an endpoint says about its utilisation, in ORCA's vocabulary (the
+/// `endpoint-load-metrics` header, [`crate::orca`]): what gRPC's and Envoy's weighted
+/// round-robin and keel's zone routing balance on.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Utilization {
+    /// `cpu_utilization`: the CPU in use, 0 to 1 (more on a machine that reports per core).
+    pub cpu: f64,
+    /// `application_utilization`: the application's own measure of how busy it is; used
+    /// instead of `cpu` when above zero.
+    pub application: f64,
+    /// `rps_fractional`: queries per second the endpoint served.
+    pub qps: f64,
+    /// `eps`: errors per second.
+    pub eps: f64,
+}
+
+impl Utilization {
+    /// The utilisation that counts: `application` when above zero, else `cpu` (gRFC A58).
+    pub fn value(&self) -> f64 {
+        if self.application > 0.0 {
+            self.application
+        } else {
+            self.cpu
+        }
+    }
+}
+
 /// A decimal integer of at most 19 digits (no overflow possible), blanks trimmed.
 fn decimal(text: &[u8]) -> Option<u64> {
     let text = text.trim_ascii();

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use crate::config::{StrategyKind, StrategyOptions, TieBreak};
 use crate::endpoint::{Endpoint, EndpointId};
-use crate::load::LoadReport;
+use crate::load::{LoadReport, Utilization};
 use crate::rng::{below, mix64, unit_f64, SharedRng};
 use crate::slow_start::SlowStartConfig;
 use crate::Outcome;
@@ -89,6 +89,11 @@ pub(crate) trait Strategy: Send + Sync {
         false
     }
 
+    /// True if the strategy balances on reported utilisation ([`Observation::Utilization`]).
+    fn uses_utilization(&self) -> bool {
+        false
+    }
+
     /// Appends to `out` the endpoints whose load the driver should probe now (after a pick).
     fn probe_targets(&self, _v: &View<'_>, _out: &mut Vec<EndpointId>) {}
 }
@@ -106,6 +111,9 @@ pub(crate) enum Observation {
     /// The endpoint reported its load (a probe's answer, or an answer's headers), received at
     /// the view's time.
     Load(LoadReport),
+    /// The endpoint reported its utilisation (ORCA), received at the view's time.
+    #[allow(dead_code)] // read by orca-wrr
+    Utilization(Utilization),
 }
 
 /// Builds the strategy `kind` over `eps` (at a build, an update or a rebuild).
@@ -149,7 +157,22 @@ pub(crate) struct View<'a> {
     pub half_open: bool,
 }
 
-impl View<'_> {
+impl<'a> View<'a> {
+    /// The same view over another list of endpoints (a priority level's or a zone's).
+    #[inline]
+    pub fn over(&self, eps: &'a [Arc<Endpoint>]) -> View<'a> {
+        View {
+            eps,
+            now: self.now,
+            avoid: self.avoid,
+            ignore_health: self.ignore_health,
+            slow_start: self.slow_start,
+            rng: self.rng,
+            group: self.group,
+            half_open: self.half_open,
+        }
+    }
+
     /// May this pick choose endpoint `i`?
     #[inline]
     pub fn allowed(&self, i: usize) -> bool {

@@ -285,6 +285,8 @@ impl Strategy for Prequal {
             } => self.failed(i, v.now),
             Observation::CallEnded { .. } => {}
             Observation::Load(report) => self.report(i, report, v.now),
+            // Prequal ranks by requests in flight and latency, which ORCA does not carry.
+            Observation::Utilization(_) => {}
         }
     }
 
