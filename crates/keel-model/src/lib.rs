@@ -20,5 +20,6 @@ pub mod sim;
 pub mod stats;
 pub mod sweep;
 pub mod vocab;
+pub mod zones;
 
 pub use vocab::{FailureMode, Latency, LatencyDist};

@@ -37,7 +37,8 @@ pub struct Args {
     pub scenario: Option<PathBuf>,
     /// A built-in experiment: e1, e2, e3, e4, e5, e6, or `seed` for all six; `e7` (long-lived
     /// multiplexed connections: per-connection against per-request balancing); `tail` (E8)
-    /// or `reaction` (E9).
+    /// or `reaction` (E9); `zones` (60/30/10 % of arrivals over zones of 4/4/3 endpoints:
+    /// zone-unaware, Envoy's host-count rule, keel's load rule).
     #[arg(long, value_name = "ID", conflicts_with = "sweep")]
     pub preset: Option<String>,
     /// The sweep (docs/tail-latency.md, "The sweep"): load 0.5-0.97, 0-30 % slow servers at
@@ -128,6 +129,45 @@ fn multiplex(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The zone experiment: its own simulation, a table or JSON Lines (and a chart with --plot).
+fn zones(args: &Args) -> anyhow::Result<()> {
+    use keel_model::zones;
+    let results: Vec<_> = zones::preset(args.seed.unwrap_or(1))
+        .iter()
+        .map(zones::run)
+        .collect();
+    if args.json {
+        for r in &results {
+            let s = &r.scenario;
+            let row = serde_json::json!({
+                "experiment": "zones",
+                "rule": s.rule.name(),
+                "zones": s.zones.iter().map(|z| serde_json::json!({"zone": z.0, "endpoints": z.1, "arrivals": z.2})).collect::<Vec<_>>(),
+                "rho": s.rho,
+                "calls": r.calls,
+                "cross_zone": r.cross_zone,
+                "closed_form": s.closed_form().map(|c| serde_json::json!({"cross_zone": c.0, "offered": c.1})),
+                "erlang_cross_zone": match s.rule { zones::ZoneRule::Load(t) => Some(s.erlang_cross_zone(t)), _ => None },
+                "offered": r.offered,
+                "busy": r.busy,
+                "p50_ms": r.p50_ms,
+                "p99_ms": r.p99_ms,
+            });
+            println!("{row}");
+        }
+    } else {
+        println!("ZONES: 60/30/10 % of arrivals in zones a/b/c of 4/4/3 endpoints (8 slots, 10 ms), offered load 0.7, one balancer per zone\n");
+        print!("{}", zones::table(&results));
+    }
+    if let Some(dir) = &args.plot {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let path = dir.join("zones.svg");
+        zones::chart(&path, &results)?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
 /// Runs `keel simulate`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.replications == Some(0) {
@@ -142,6 +182,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .is_some_and(|p| p.eq_ignore_ascii_case("e7") || p.eq_ignore_ascii_case("multiplex"))
     {
         return multiplex(&args);
+    }
+    if args
+        .preset
+        .as_deref()
+        .is_some_and(|p| p.eq_ignore_ascii_case("zones"))
+    {
+        return zones(&args);
     }
     if args.sweep {
         return sweep(&args);
@@ -169,7 +216,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Some(e) => vec![e],
             None => {
                 return usage(format!(
-                    "unknown preset `{id}`; allowed: {}, seed, {}",
+                    "unknown preset `{id}`; allowed: {}, seed, e7, zones, {}",
                     presets::IDS.join(", "),
                     presets::TAIL_IDS.join(", ")
                 ))
