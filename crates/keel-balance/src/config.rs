@@ -42,11 +42,14 @@ pub enum StrategyKind {
     /// latency) that the endpoints send back, probed after each pick; weights ignored (as in
     /// the paper: the servers' own load says what they can take).
     Prequal,
+    /// Weighted round-robin on weights from the endpoints' ORCA reports (gRFC A58):
+    /// `qps / (utilization + eps / qps x error_utilization_penalty)`.
+    OrcaWrr,
 }
 
 impl StrategyKind {
     /// All strategies, in documentation order.
-    pub const ALL: [StrategyKind; 12] = [
+    pub const ALL: [StrategyKind; 13] = [
         StrategyKind::RoundRobin,
         StrategyKind::WeightedRoundRobin,
         StrategyKind::Random,
@@ -59,6 +62,7 @@ impl StrategyKind {
         StrategyKind::Maglev,
         StrategyKind::Rendezvous,
         StrategyKind::Prequal,
+        StrategyKind::OrcaWrr,
     ];
 
     /// The kebab-case name.
@@ -76,6 +80,7 @@ impl StrategyKind {
             StrategyKind::Maglev => "maglev",
             StrategyKind::Rendezvous => "rendezvous",
             StrategyKind::Prequal => "prequal",
+            StrategyKind::OrcaWrr => "orca-wrr",
         }
     }
 
@@ -178,6 +183,19 @@ pub struct StrategyOptions {
     /// prequal: a report whose requests in flight are above this quantile of the pool's is
     /// hot (the paper's Q_RIF), in (0, 1]. Default 0.84.
     pub q_rif: f64,
+    /// orca-wrr: an endpoint's weight counts only once it has reported for this long (gRFC
+    /// A58's `blackout_period`). Default 10 s.
+    #[serde(with = "crate::duration_serde")]
+    pub blackout_period: Duration,
+    /// orca-wrr: a weight not refreshed by a report for this long expires. Default 3 min.
+    #[serde(with = "crate::duration_serde")]
+    pub weight_expiration_period: Duration,
+    /// orca-wrr: how often the weights are recomputed, at least 100 ms. Default 1 s.
+    #[serde(with = "crate::duration_serde")]
+    pub weight_update_period: Duration,
+    /// orca-wrr: the multiplier of the error rate `eps / qps` in the weight, 0 or more.
+    /// Default 1.
+    pub error_utilization_penalty: f64,
 }
 
 impl Default for StrategyOptions {
@@ -197,6 +215,10 @@ impl Default for StrategyOptions {
             max_probe_age: Duration::from_secs(1),
             removes_per_pick: 1,
             q_rif: 0.84,
+            blackout_period: Duration::from_secs(10),
+            weight_expiration_period: Duration::from_secs(180),
+            weight_update_period: Duration::from_secs(1),
+            error_utilization_penalty: 1.0,
         }
     }
 }
@@ -338,6 +360,28 @@ impl BalancerConfig {
         }
         if !(o.q_rif > 0.0 && o.q_rif <= 1.0) {
             return bad("q_rif", Problem::out_of_range("within (0, 1]", o.q_rif));
+        }
+        if o.weight_update_period < Duration::from_millis(100) {
+            return bad(
+                "weight_update_period",
+                Problem::out_of_range(
+                    "at least 100ms",
+                    humantime::format_duration(o.weight_update_period),
+                ),
+            );
+        }
+        if o.weight_expiration_period.is_zero() {
+            return bad(
+                "weight_expiration_period",
+                Problem::out_of_range("greater than zero", "0s"),
+            );
+        }
+        let p = o.error_utilization_penalty;
+        if !(p.is_finite() && p >= 0.0) {
+            return bad(
+                "error_utilization_penalty",
+                Problem::out_of_range("0 or more", p),
+            );
         }
         if !(0.0..=100.0).contains(&self.panic_threshold) {
             return bad(
@@ -514,6 +558,18 @@ mod tests {
             }),
             ("removes_per_pick", |c| c.options.removes_per_pick = 17),
             ("q_rif", |c| c.options.q_rif = 0.0),
+            ("weight_update_period", |c| {
+                c.options.weight_update_period = Duration::from_millis(50)
+            }),
+            ("weight_expiration_period", |c| {
+                c.options.weight_expiration_period = Duration::ZERO
+            }),
+            ("error_utilization_penalty", |c| {
+                c.options.error_utilization_penalty = -1.0
+            }),
+            ("overprovisioning_factor", |c| {
+                c.overprovisioning_factor = 0.9
+            }),
             ("panic_threshold", |c| c.panic_threshold = 101.0),
             ("outlier_detection.max_ejection_percent", |c| {
                 c.outlier_detection = Some(OutlierConfig {

@@ -36,6 +36,7 @@ mod hash;
 pub mod hedge;
 mod load;
 mod locality;
+pub mod orca;
 mod outlier;
 mod retry_budget;
 mod rng;
@@ -56,6 +57,7 @@ pub use load::{
     LoadReport, ServerLoad, Ticket, Utilization, LATENCY_HEADER, LOAD_PATH, RIF_HEADER,
     SERVER_WINDOW,
 };
+pub use orca::{OrcaError, OrcaErrorKind, OrcaReport, ORCA_HEADER};
 pub use outlier::{FailureRate, OutlierConfig};
 pub use retry_budget::{RetryBudget, RetryBudgetConfig};
 pub use rng::{mix64, SharedRng};

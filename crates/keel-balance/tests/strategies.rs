@@ -430,3 +430,37 @@ fn balancer_is_send_and_sync() {
     check::<Balancer>();
     check::<Pick>();
 }
+
+/// orca-wrr through the balancer: ORCA headers parsed and reported, then picks. Two endpoints
+/// at 100 qps, one at cpu 0.9 and one at 0.3: weights 100/0.9 and 100/0.3, shares 1/4 and 3/4
+/// once the 10 s blackout has passed; before it, round-robin.
+#[test]
+fn orca_wrr_sends_less_to_the_busier_endpoint_after_the_blackout() {
+    use keel_balance::OrcaReport;
+    let b = lb(StrategyKind::OrcaWrr, &specs(2));
+    assert!(b.uses_utilization());
+    let eps = b.endpoints();
+    let headers: [&[u8]; 2] = [
+        b"TEXT cpu_utilization=0.9, rps_fractional=100",
+        br#"JSON {"cpu_utilization":0.3,"rps_fractional":100}"#,
+    ];
+    let report = |at: Duration| {
+        for (e, h) in eps.iter().zip(headers) {
+            let u = OrcaReport::parse(h).unwrap().utilization();
+            assert!(b.report_utilization(e.id(), u, at));
+        }
+    };
+    let share_of_first = |at: Duration| {
+        let mut first = 0;
+        for _ in 0..4000 {
+            let p = b.pick(&PickContext::new(at)).unwrap();
+            first += usize::from(p.index() == 0);
+        }
+        first as f64 / 4000.0
+    };
+    report(T0);
+    assert_eq!(share_of_first(T0 + Duration::from_secs(5)), 0.5);
+    report(T0 + Duration::from_secs(11));
+    let got = share_of_first(T0 + Duration::from_secs(12));
+    assert!((got - 0.25).abs() < 0.002, "{got}");
+}

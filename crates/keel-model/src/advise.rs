@@ -183,7 +183,12 @@ pub fn candidates(
     });
     let mut out = Vec::new();
     let mut matched = false;
-    for strategy in StrategyKind::ALL {
+    // orca-wrr is left out: the simulated servers send no ORCA reports, so it would be
+    // weighted round-robin under another name.
+    for strategy in StrategyKind::ALL
+        .into_iter()
+        .filter(|s| *s != StrategyKind::OrcaWrr)
+    {
         for p in [
             Protections::None,
             Protections::Defaults,

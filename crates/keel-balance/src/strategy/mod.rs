@@ -6,7 +6,8 @@
 //! - [`least_time`]: lowest latency estimate;
 //! - [`two_choices`]: least-request and peak-EWMA (power of two choices, by load or by cost);
 //! - [`hashing`]: ring-hash, Maglev, rendezvous, with or without bounded loads;
-//! - [`prequal`]: the hot-cold rule over the load reports endpoints send back.
+//! - [`prequal`]: the hot-cold rule over the load reports endpoints send back;
+//! - [`orca_wrr`]: weighted round-robin on weights from the endpoints' ORCA reports.
 //!
 //! Each reads endpoint state through a [`View`] that already knows which endpoints this pick
 //! may choose (health, ejection, panic mode, retry avoidance) and what time it is.
@@ -24,6 +25,7 @@ use crate::Outcome;
 mod hashing;
 mod least_connections;
 mod least_time;
+mod orca_wrr;
 pub(crate) mod prequal;
 mod random;
 mod rotation;
@@ -112,7 +114,6 @@ pub(crate) enum Observation {
     /// the view's time.
     Load(LoadReport),
     /// The endpoint reported its utilisation (ORCA), received at the view's time.
-    #[allow(dead_code)] // read by orca-wrr
     Utilization(Utilization),
 }
 
@@ -137,6 +138,7 @@ pub(crate) fn build(
             Box::new(hashing::Hashed::new(kind, o, eps))
         }
         StrategyKind::Prequal => Box::new(prequal::Prequal::new(o, eps.len())),
+        StrategyKind::OrcaWrr => Box::new(orca_wrr::OrcaWrr::new(o, eps.len())),
     }
 }
 
