@@ -92,6 +92,8 @@ pub(crate) struct Shared {
     /// Listening sockets handed over by the process this one replaces (binary upgrade), by
     /// configured address; taken by the first bind of that address.
     pub(crate) inherited: Mutex<Vec<(SocketAddr, std::net::TcpListener)>>,
+    /// Rate limit of the lines about connections shed near the open-file limit.
+    pub(crate) fd_shed_log: crate::observe::log_budget::LogBudget,
 }
 
 /// A listening socket while the configuration has it, and its connections while they drain.

@@ -158,7 +158,7 @@ fn proxy_config(slots: &[Slot], strategy: StrategyKind) -> ProxyConfig {
         .map(|s| format!("{{ address = \"{}\", weight = {} }}", s.addr, s.weight))
         .collect();
     let text = format!(
-        "drain_timeout = \"2s\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n\n[[cluster]]\nname = \"app\"\nstrategy = \"{}\"\nendpoints = [{}]\n{CLUSTER_SETTINGS}",
+        "drain_timeout = \"2s\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n\n[[cluster]]\nresponse_headers = {{ endpoint = true }}\nname = \"app\"\nstrategy = \"{}\"\nendpoints = [{}]\n{CLUSTER_SETTINGS}",
         strategy.name(),
         eps.join(", ")
     );
@@ -202,7 +202,7 @@ fn memory_kb() -> (u64, u64) {
 async fn metrics_text(admin: SocketAddr) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(admin).await.unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n")
+    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
         .await
         .unwrap();
     let mut out = Vec::new();

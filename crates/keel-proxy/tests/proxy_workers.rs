@@ -128,7 +128,7 @@ async fn a_second_proxy_on_the_same_port_is_refused() {
         .unwrap();
     let port = first.listener_addrs()[0];
     let text = format!(
-        "[[listener]]\nlisten = \"{port}\"\ncluster = \"app\"\n[[cluster]]\nname = \"app\"\nendpoints = [{{ address = \"{}\" }}]\n",
+        "[[listener]]\nlisten = \"{port}\"\ncluster = \"app\"\n[[cluster]]\nresponse_headers = {{ endpoint = true }}\nname = \"app\"\nendpoints = [{{ address = \"{}\" }}]\n",
         addrs[0]
     );
     let config = keel_proxy::ProxyConfig::from_toml_str(&text, "second.toml").unwrap();

@@ -16,7 +16,7 @@ pub const X_KEEL_ENDPOINT: hyper::header::HeaderName =
 
 /// Headers that concern one connection only (RFC 9110 section 7.6.1), never forwarded
 /// (lower-case).
-pub(crate) const HOP_BY_HOP: [&str; 9] = [
+pub(crate) const HOP_BY_HOP: [&str; 10] = [
     "connection",
     "keep-alive",
     "proxy-connection",
@@ -26,6 +26,8 @@ pub(crate) const HOP_BY_HOP: [&str; 9] = [
     "trailer",
     "transfer-encoding",
     "upgrade",
+    // RFC 9113 section 3.1's h2c upgrade, refused (see `exchange::request`).
+    "http2-settings",
 ];
 
 /// Appends `name: value\r\n`.

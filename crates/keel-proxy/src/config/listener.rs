@@ -86,6 +86,15 @@ pub struct ListenerConfig {
         with = "keel_balance::duration_serde"
     )]
     pub client_idle_timeout: Duration,
+    /// Requests without a usable `x-request-id` get one made by keel (UUID v4 form), passed
+    /// to the endpoint and logged. `false`: the client's header passes as any other and none
+    /// is made. Default true (Envoy's `generate_request_id`).
+    #[serde(default = "yes")]
+    pub generate_request_id: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// `protocol` of a listener.
@@ -225,6 +234,7 @@ impl ListenerConfig {
             protocol: ListenerProtocol::default(),
             tunnel_idle_timeout: default_tunnel_idle_timeout(),
             client_idle_timeout: default_client_idle_timeout(),
+            generate_request_id: true,
             max_connections: default_max_connections(),
             max_header_bytes: default_max_header_bytes(),
             max_headers: default_max_headers(),

@@ -19,6 +19,10 @@ pub struct AdminConfig {
     /// when `listen` is not a loopback address; optional (but then enforced) on loopback.
     #[serde(default)]
     pub token: Option<String>,
+    /// Host names the admin answers to besides IP addresses and `localhost` (a request whose
+    /// `Host` is another name is refused: a DNS-rebinding page could otherwise read it).
+    #[serde(default)]
+    pub hosts: Vec<String>,
 }
 
 impl fmt::Debug for AdminConfig {
@@ -27,6 +31,7 @@ impl fmt::Debug for AdminConfig {
         f.debug_struct("AdminConfig")
             .field("listen", &self.listen)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("hosts", &self.hosts)
             .finish()
     }
 }

@@ -51,9 +51,18 @@ impl Tail {
         }
     }
 
-    /// The endpoint's `x-keel-endpoint` value.
+    /// The endpoint's address as a header value (logged).
     pub fn endpoint_header(&self) -> &hyper::http::HeaderValue {
         &self.cluster.endpoints[self.endpoint].header
+    }
+
+    /// The `x-keel-endpoint` value to send, if the cluster shows it
+    /// (`response_headers.endpoint`).
+    pub fn shown_endpoint(&self) -> Option<&hyper::http::HeaderValue> {
+        let shown = self.cluster.config.response_headers.as_ref();
+        shown
+            .is_some_and(|r| r.endpoint)
+            .then(|| self.endpoint_header())
     }
 
     /// The cluster's counters.

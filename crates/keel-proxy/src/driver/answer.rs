@@ -32,6 +32,7 @@ pub(crate) fn not_found() -> OwnAnswer {
         status: 404,
         text: answer_text(404, CAUSE),
         endpoint: None,
+        show_endpoint: false,
         guard: None,
         attempts: 0,
         cause: CAUSE.to_string(),
@@ -46,6 +47,7 @@ pub(crate) fn refused(reject: Reject) -> OwnAnswer {
         status: reject.status(),
         text: answer_text(reject.status(), reject.cause()),
         endpoint: None,
+        show_endpoint: false,
         guard: None,
         attempts: 0,
         cause: reject.cause().to_string(),
@@ -64,6 +66,7 @@ pub(crate) fn redirect(cluster: &Cluster, status: u16, location: &[u8]) -> OwnAn
         status,
         text: answer_text(status, location.to_str().unwrap_or("")),
         endpoint: None,
+        show_endpoint: false,
         guard: None,
         attempts: 0,
         cause: "redirected by the route's `redirect`".to_string(),
@@ -78,8 +81,10 @@ pub(crate) struct OwnAnswer {
     pub status: u16,
     /// The body (see [`answer_text`]), with as much detail as the listener shows.
     pub text: String,
-    /// The endpoint the last try went to (`x-keel-endpoint`), if any.
+    /// The endpoint the last try went to, if any (logged).
     pub endpoint: Option<hyper::http::HeaderValue>,
+    /// The cluster shows it to the client (`x-keel-endpoint`, `response_headers.endpoint`).
+    pub show_endpoint: bool,
     /// Counts the request as in flight until the answer is sent.
     pub guard: Option<DownstreamGuard>,
     /// Tries made.
@@ -91,6 +96,13 @@ pub(crate) struct OwnAnswer {
     /// Headers of its own (`Retry-After` of a 429, `Location` of a redirect); empty, and
     /// never allocated, for the others.
     pub headers: Vec<(hyper::header::HeaderName, hyper::http::HeaderValue)>,
+}
+
+impl OwnAnswer {
+    /// The `x-keel-endpoint` value to send, if the cluster shows it.
+    pub fn shown_endpoint(&self) -> Option<&hyper::http::HeaderValue> {
+        self.endpoint.as_ref().filter(|_| self.show_endpoint)
+    }
 }
 
 /// The endpoint's response, head read; its body still to come unless it was small. `W` is
@@ -151,6 +163,11 @@ pub(crate) fn own(
         status,
         text,
         endpoint: entry.map(|e| e.header.clone()),
+        show_endpoint: cluster
+            .config
+            .response_headers
+            .as_ref()
+            .is_some_and(|r| r.endpoint),
         guard,
         attempts,
         cause: full,

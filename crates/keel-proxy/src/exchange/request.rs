@@ -212,6 +212,8 @@ pub(crate) struct RequestRules<'a> {
     pub max_headers: usize,
     /// Largest body accepted (`max_request_body_bytes`; `u64::MAX`: none).
     pub max_body: u64,
+    /// Make an `x-request-id` when the client sent none (`generate_request_id`).
+    pub request_id: bool,
 }
 
 impl<'a> RequestRules<'a> {
@@ -231,6 +233,7 @@ impl<'a> RequestRules<'a> {
             hash_path,
             max_headers,
             max_body,
+            request_id: true,
         }
     }
 }
@@ -282,9 +285,53 @@ pub(crate) struct RequestHead {
     /// An HTTP/1.1 `GET` with `Connection: upgrade` and `Upgrade` (WebSocket and the like):
     /// both are forwarded, and a `101` makes the connection a tunnel.
     pub upgrade: bool,
+    /// The `Upgrade` value asked for: a `101` must switch to one of its protocols.
+    pub upgrade_to: UpgradeTo,
     /// A gRPC call (`content-type: application/grpc*`): its outcome is its `grpc-status`,
     /// and keel's own failures are answered as gRPC statuses.
     pub grpc: bool,
+}
+
+/// An `Upgrade` request value, kept inline (no allocation per request).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct UpgradeTo {
+    len: u8,
+    bytes: [u8; UpgradeTo::MAX],
+}
+
+impl UpgradeTo {
+    /// Longest `Upgrade` value passed on (`websocket` is 9 bytes); a longer one is not an
+    /// upgrade keel forwards.
+    pub const MAX: usize = 32;
+
+    fn new(value: &[u8]) -> Option<Self> {
+        let value = value.trim_ascii();
+        let mut u = UpgradeTo::default();
+        u.bytes.get_mut(..value.len())?.copy_from_slice(value);
+        u.len = value.len() as u8;
+        Some(u)
+    }
+
+    /// True if a `101`'s `Upgrade` value names only protocols this request asked for
+    /// (RFC 9110 section 7.8), compared without case.
+    pub fn allows(&self, answered: &[u8]) -> bool {
+        let asked = &self.bytes[..usize::from(self.len)];
+        let mut any = false;
+        for p in answered.split(|b| *b == b',') {
+            let p = p.trim_ascii();
+            if p.is_empty() {
+                continue;
+            }
+            any = true;
+            if !asked
+                .split(|b| *b == b',')
+                .any(|a| a.trim_ascii().eq_ignore_ascii_case(p))
+            {
+                return false;
+            }
+        }
+        any
+    }
 }
 
 /// What the first look at the headers found.
@@ -301,8 +348,27 @@ struct Scan<'h> {
     hash: Option<u64>,
     upgrade_token: bool,
     upgrade: Option<&'h [u8]>,
+    real_ip: bool,
+    request_id: Option<&'h [u8]>,
     grpc: bool,
 }
+
+/// Headers a `Connection` header cannot name for removal: `Host` and those keel writes
+/// itself. (Left to it, `Connection: host` would strip `Host` after routing used it, and
+/// `Connection: x-forwarded-for` a trusted proxy's record of the client.)
+const NOT_HOP_BY_HOP: [&str; 8] = [
+    "host",
+    "content-length",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "x-real-ip",
+    "forwarded",
+    "x-request-id",
+];
+
+/// Longest client `x-request-id` passed on; a longer or non-printable one is replaced.
+pub(crate) const MAX_REQUEST_ID: usize = 64;
 
 /// Checks a request and writes the head sent upstream into `out` (request line in origin
 /// form, headers, `X-Forwarded-*`, `Content-Length` or `Transfer-Encoding`; no final CRLF and
@@ -338,6 +404,8 @@ where
         hash: None,
         upgrade_token: false,
         upgrade: None,
+        real_ip: false,
+        request_id: None,
         grpc: false,
     };
     for (name, value) in fields() {
@@ -350,7 +418,11 @@ where
                     s.keep_alive_token = true;
                 } else if token.eq_ignore_ascii_case(b"upgrade") {
                     s.upgrade_token = true;
-                } else if !token.is_empty() {
+                } else if !token.is_empty()
+                    && !NOT_HOP_BY_HOP
+                        .iter()
+                        .any(|n| token.eq_ignore_ascii_case(n.as_bytes()))
+                {
                     if s.n_named == MAX_CONNECTION_TOKENS {
                         return Err(Reject::TooManyConnectionOptions);
                     }
@@ -380,6 +452,15 @@ where
             s.forwarded_for = true;
         } else if name.eq_ignore_ascii_case("upgrade") {
             s.upgrade = Some(value);
+        } else if name.eq_ignore_ascii_case("x-real-ip") {
+            s.real_ip = true;
+        } else if name.eq_ignore_ascii_case("x-request-id") {
+            let valid = !value.is_empty()
+                && value.len() <= MAX_REQUEST_ID
+                && value.iter().all(|b| b.is_ascii_graphic());
+            if valid && s.request_id.is_none() {
+                s.request_id = Some(value);
+            }
         } else if name.eq_ignore_ascii_case("content-type") {
             s.grpc = value.len() >= 16 && value[..16].eq_ignore_ascii_case(b"application/grpc");
         }
@@ -423,9 +504,13 @@ where
         // RFC 9112 section 3.2 (an absolute-form target names the host too, as NGINX takes).
         return Err(Reject::MissingHost);
     }
-    // RFC 9110 section 7.8; HTTP/1.0 has no upgrades.
+    // RFC 9110 section 7.8; HTTP/1.0 has no upgrades. An upgrade to h2c is not passed on:
+    // it would make the connection HTTP/2 straight to the endpoint, past keel's routes and
+    // limits (h2c smuggling); the request goes on as a plain HTTP/1.1 one.
     let upgrade = match s.upgrade {
-        Some(protocol) if s.upgrade_token && method == "GET" && !http10 => Some(protocol),
+        Some(protocol) if s.upgrade_token && method == "GET" && !http10 && !names_h2c(protocol) => {
+            UpgradeTo::new(protocol).map(|to| (protocol, to))
+        }
         _ => None,
     };
     let mut hash = s.hash;
@@ -453,6 +538,10 @@ where
             || name.eq_ignore_ascii_case("x-forwarded-for")
             || name.eq_ignore_ascii_case("x-forwarded-proto")
             || name.eq_ignore_ascii_case("x-forwarded-host")
+            || (rules.request_id && name.eq_ignore_ascii_case("x-request-id"))
+            || (!rules.trust_forwarded
+                && (name.eq_ignore_ascii_case("x-real-ip")
+                    || name.eq_ignore_ascii_case("forwarded")))
         {
             continue;
         }
@@ -468,6 +557,19 @@ where
         (None, Some(h)) => Some(h),
         (None, None) => None,
     };
+    // An untrusted client's `X-Real-IP` is replaced as its `X-Forwarded-For` is; its
+    // `Forwarded` is dropped (keel speaks `X-Forwarded-*`).
+    if s.real_ip && !rules.trust_forwarded {
+        push_header(out, b"x-real-ip", rules.client_ip.as_bytes());
+    }
+    if rules.request_id {
+        out.extend_from_slice(b"x-request-id: ");
+        match s.request_id {
+            Some(id) => out.extend_from_slice(id),
+            None => push_new_request_id(out),
+        }
+        out.extend_from_slice(b"\r\n");
+    }
     out.extend_from_slice(b"x-forwarded-for: ");
     if s.forwarded_for && rules.trust_forwarded {
         for (name, value) in fields() {
@@ -483,7 +585,7 @@ where
     if let Some(h) = host {
         push_header(out, b"x-forwarded-host", h);
     }
-    if let Some(protocol) = upgrade {
+    if let Some((protocol, _)) = upgrade {
         out.extend_from_slice(b"connection: upgrade\r\n");
         push_header(out, b"upgrade", protocol);
     }
@@ -510,8 +612,61 @@ where
         hash,
         route: RouteRef::NotFound,
         upgrade: upgrade.is_some(),
+        upgrade_to: upgrade.map(|(_, to)| to).unwrap_or_default(),
         grpc: s.grpc,
     })
+}
+
+/// Turns a head [`rewrite`] framed as chunked into one with `Content-Length: n`, for a chunked
+/// body read and decoded whole.
+pub(crate) fn reframe_as_length(head: &mut Vec<u8>, n: u64) {
+    const CHUNKED: &[u8] = b"transfer-encoding: chunked\r\n";
+    debug_assert!(head.ends_with(CHUNKED), "rewrite writes the framing last");
+    if head.ends_with(CHUNKED) {
+        head.truncate(head.len() - CHUNKED.len());
+        push_content_length(head, n);
+    }
+}
+
+/// True if an `Upgrade` value lists `h2c`.
+fn names_h2c(protocols: &[u8]) -> bool {
+    protocols.split(|b| *b == b',').any(|p| {
+        let p = p.trim_ascii();
+        let name = p.split(|b| *b == b'/').next().unwrap_or(p);
+        name.eq_ignore_ascii_case(b"h2c")
+    })
+}
+
+/// Appends a new request id: 128 random-looking bits in UUID version 4 form. Unique, not
+/// secret: each thread steps its own SplitMix64 sequence from a random start.
+fn push_new_request_id(out: &mut Vec<u8>) {
+    use std::cell::Cell;
+    use std::hash::{BuildHasher, Hasher};
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new(
+            std::collections::hash_map::RandomState::new().build_hasher().finish(),
+        );
+    }
+    fn next() -> u64 {
+        STATE.with(|s| {
+            let x = s.get().wrapping_add(0x9e37_79b9_7f4a_7c15);
+            s.set(x);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        })
+    }
+    let hi = (next() & !0xf000) | 0x4000; // version 4
+    let lo = (next() & !(0b11 << 62)) | (0b10 << 62); // RFC 4122 variant
+    let bits = (u128::from(hi) << 64) | u128::from(lo);
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for i in 0..32 {
+        if matches!(i, 8 | 12 | 16 | 20) {
+            out.push(b'-');
+        }
+        out.push(HEX[((bits >> (124 - 4 * i)) & 0xf) as usize]);
+    }
 }
 
 /// The origin-form target (`/path?query` or `*`) of a request target, and the authority of

@@ -411,15 +411,15 @@ pub(crate) async fn try_once<B: RequestBody>(
     }
 }
 
-/// Sends an HTTP/2 response to an HTTP/1.1 client: the head as HTTP/1.1 (with `x-keel-endpoint`
-/// and the framing), the body as it comes (chunked unless its length is known; as it is to an
+/// Sends an HTTP/2 response to an HTTP/1.1 client: the head as HTTP/1.1 (with `endpoint` as
+/// `x-keel-endpoint`, and the framing), the body as it comes (chunked unless its length is known; as it is to an
 /// HTTP/1.0 client, ending with the connection), the trailers in the chunked body's trailer
 /// section. Returns how the body ended and whether the client connection may stay open.
 pub(crate) async fn relay_to_h1<W: AsyncWrite + Unpin>(
     client: &mut W,
     out: &mut Vec<u8>,
     response: &mut H2Response,
-    endpoint: &HeaderValue,
+    endpoint: Option<&HeaderValue>,
     req: &RequestHead,
     keep_alive: bool,
     idle: crate::io::BodyIdle,
@@ -450,7 +450,9 @@ pub(crate) async fn relay_to_h1<W: AsyncWrite + Unpin>(
             push_header(out, name.as_str().as_bytes(), value.as_bytes());
         }
     }
-    push_header(out, b"x-keel-endpoint", endpoint.as_bytes());
+    if let Some(e) = endpoint {
+        push_header(out, b"x-keel-endpoint", e.as_bytes());
+    }
     if !response.head.headers.contains_key(hyper::header::DATE) {
         push_date(out);
     }

@@ -271,7 +271,7 @@ pub(crate) async fn forward<B: RequestBody>(
     let mut rewrites = None;
     if let Some(policy) = req.policy {
         if let Some(rw) = &policy.rewrites {
-            let vars = rw.vars(req.head, &client.ip, client.trust_forwarded, &policy.route);
+            let vars = rw.vars(req.head, &client.ip, &policy.route);
             if let Some((status, location)) = &rw.redirect {
                 let mut value = Vec::new();
                 location.expand(&vars, &mut value);

@@ -89,10 +89,12 @@ pub(crate) struct RequestLine<'a> {
     pub referer: Option<&'a [u8]>,
     /// `User-Agent`.
     pub user_agent: Option<&'a [u8]>,
+    /// `x-request-id` (the client's, or the one keel made).
+    pub request_id: Option<&'a [u8]>,
 }
 
 impl<'a> RequestLine<'a> {
-    /// Reads the request line and the `Host`, `Referer` and `User-Agent` headers of a head
+    /// Reads the request line and the `Host`, `Referer`, `User-Agent` and `x-request-id` headers of a head
     /// (`METHOD TARGET HTTP/1.1\r\nname: value\r\n...`), as keel wrote it for the upstream.
     pub fn parse(head: &'a [u8]) -> Self {
         let mut lines = head.split(|b| *b == b'\n');
@@ -117,6 +119,8 @@ impl<'a> RequestLine<'a> {
                 r.referer.get_or_insert(value);
             } else if name.eq_ignore_ascii_case(b"user-agent") {
                 r.user_agent.get_or_insert(value);
+            } else if name.eq_ignore_ascii_case(b"x-request-id") {
+                r.request_id.get_or_insert(value);
             }
         }
         r
@@ -481,6 +485,12 @@ fn json(out: &mut Vec<u8>, e: &Entry<'_>, now: SystemTime) {
     }
     out.extend_from_slice(b",\"cause\":");
     push_json_opt(out, e.cause.map(str::as_bytes));
+    out.extend_from_slice(b",\"request_id\":");
+    push_json_opt(out, r.request_id);
+    out.extend_from_slice(b",\"user_agent\":");
+    push_json_opt(out, r.user_agent);
+    out.extend_from_slice(b",\"referer\":");
+    push_json_opt(out, r.referer);
     out.extend_from_slice(b",\"tries\":[");
     if let Some(t) = &e.tries {
         for (i, r) in t.tries.as_slice().iter().enumerate() {
@@ -608,7 +618,7 @@ mod tests {
 
     #[test]
     fn a_json_line_has_every_field_escaped() {
-        let head = b"GET /a?b=\"c\" HTTP/1.1\r\nHost: api.test\r\nUser-Agent: x\xffy\r\nx-forwarded-for: 1\r\n";
+        let head = b"GET /a?b=\"c\" HTTP/1.1\r\nHost: api.test\r\nUser-Agent: x\xffy\r\nReferer: https://r.test/\r\nx-forwarded-for: 1\r\nx-request-id: 5f0c\r\n";
         let mut line = Vec::new();
         json(&mut line, &entry(head), at(0, 5));
         let text = String::from_utf8(line).unwrap();
@@ -628,6 +638,9 @@ mod tests {
         assert_eq!(v["attempts"], 2);
         assert_eq!(v["route"], 3);
         assert!(v["cause"].as_str().unwrap().contains("\"refused\""));
+        assert_eq!(v["user_agent"], "x\u{ff}y");
+        assert_eq!(v["referer"], "https://r.test/");
+        assert_eq!(v["request_id"], "5f0c");
         let none = Entry {
             client: "::1",
             protocol: "HTTP/2.0",
@@ -638,7 +651,16 @@ mod tests {
         json(&mut line, &none, at(0, 0));
         let v: serde_json::Value = serde_json::from_slice(&line).unwrap();
         for key in [
-            "method", "host", "path", "cluster", "endpoint", "route", "cause",
+            "method",
+            "host",
+            "path",
+            "cluster",
+            "endpoint",
+            "route",
+            "cause",
+            "request_id",
+            "user_agent",
+            "referer",
         ] {
             assert!(v[key].is_null(), "{key}: {v}");
         }

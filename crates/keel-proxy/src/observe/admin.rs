@@ -319,12 +319,91 @@ fn authorized(token: &str, req: &Request<Incoming>) -> bool {
     constant_time_eq(token.as_bytes(), presented)
 }
 
+/// True if `host` (a `Host` value or an `Origin`'s authority, port optional) names the admin
+/// listener: an IP address, `localhost`, or one of `[admin] hosts`. A DNS name that merely
+/// resolves here (DNS rebinding) is none of those.
+fn admin_host(host: &str, names: &[String]) -> bool {
+    let name = match host.strip_prefix('[') {
+        // `[::1]:9901`
+        Some(rest) => {
+            return rest
+                .split(']')
+                .next()
+                .is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok())
+        }
+        None => host.rsplit_once(':').map_or(host, |(h, port)| {
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                h
+            } else {
+                host
+            }
+        }),
+    };
+    name.parse::<std::net::IpAddr>().is_ok()
+        || name.eq_ignore_ascii_case("localhost")
+        || names.iter().any(|n| n.eq_ignore_ascii_case(name))
+}
+
+/// Why a request is refused before it is routed: without a token, `Host` not the admin's (with
+/// one, a rebinding page has no token to send); for `POST /reload`, a request a browser could
+/// send cross-site (a form, or one whose `Origin` or `Sec-Fetch-Site` says it came from another
+/// site).
+fn refuse(req: &Request<Incoming>, names: &[String], token: bool) -> Option<&'static str> {
+    let text = |name| req.headers().get(name).and_then(|v| v.to_str().ok());
+    if let Some(host) = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str())
+        .or(text(header::HOST))
+    {
+        if !token && !admin_host(host, names) {
+            return Some("403 Forbidden: Host is not this admin listener (an IP address, localhost, or one of [admin] hosts)\n");
+        }
+    }
+    if req.method() != Method::POST {
+        return None;
+    }
+    if let Some(origin) = text(header::ORIGIN) {
+        let authority = origin.split_once("://").map_or(origin, |(_, a)| a);
+        if origin == "null" || !admin_host(authority, names) {
+            return Some("403 Forbidden: cross-site POST refused (Origin is another site)\n");
+        }
+    }
+    if text(header::HeaderName::from_static("sec-fetch-site"))
+        .is_some_and(|s| s != "same-origin" && s != "none")
+    {
+        return Some("403 Forbidden: cross-site POST refused (Sec-Fetch-Site)\n");
+    }
+    // The content types an HTML form can send cross-site without a CORS preflight.
+    let form = text(header::CONTENT_TYPE).is_some_and(|t| {
+        let t = t.split(';').next().unwrap_or("").trim();
+        [
+            "application/x-www-form-urlencoded",
+            "multipart/form-data",
+            "text/plain",
+        ]
+        .iter()
+        .any(|f| t.eq_ignore_ascii_case(f))
+    });
+    form.then_some(
+        "403 Forbidden: POST with a form content type refused (cross-site request forgery guard); send it with no body: curl -X POST http://ADMIN/reload\n",
+    )
+}
+
 fn route(
     shared: &Shared,
     recent: &Mutex<Recent>,
     req: &Request<Incoming>,
 ) -> Response<Full<Bytes>> {
     let config = shared.config.load();
+    let names = config
+        .admin
+        .as_ref()
+        .map_or(&[][..], |a| a.hosts.as_slice());
+    let token = config.admin.as_ref().is_some_and(|a| a.token.is_some());
+    if let Some(why) = refuse(req, names, token) {
+        return reply(StatusCode::FORBIDDEN, "text/plain; charset=utf-8", why);
+    }
     if let Some(token) = config.admin.as_ref().and_then(|a| a.token.as_deref()) {
         if !authorized(token, req) {
             let mut r = reply(

@@ -101,7 +101,8 @@ pub(crate) struct Vars<'a> {
     pub host: Vec<u8>,
     /// The request's target (only when a redirect uses it).
     pub path: Vec<u8>,
-    /// The request id: a trusted proxy's `x-request-id`, else made up (only when used).
+    /// The request id: the head's `x-request-id` (the client's, or keel's with
+    /// `generate_request_id`), else made up (only when used).
     pub id: [u8; 64],
     pub id_len: usize,
 }
@@ -276,13 +277,7 @@ impl Rewrites {
     }
 
     /// The request's variables, read from its head (before any rewrite).
-    pub fn vars<'a>(
-        &self,
-        head: &[u8],
-        client_ip: &'a str,
-        trusted: bool,
-        route: &'a [u8],
-    ) -> Vars<'a> {
+    pub fn vars<'a>(&self, head: &[u8], client_ip: &'a str, route: &'a [u8]) -> Vars<'a> {
         let mut v = Vars {
             client_ip,
             route,
@@ -298,7 +293,9 @@ impl Rewrites {
             v.path = request_target(head).to_vec();
         }
         if self.uses_id {
-            match header_value(head, "x-request-id").filter(|id| trusted && id.len() <= 64) {
+            // The id the head carries: the client's or keel's (`generate_request_id`), the
+            // one the endpoint gets; a new one only when it has none.
+            match header_value(head, "x-request-id").filter(|id| id.len() <= 64) {
                 Some(id) => {
                     v.id[..id.len()].copy_from_slice(id);
                     v.id_len = id.len();

@@ -277,6 +277,20 @@ pub(crate) async fn accept_loop(
                         continue;
                     }
                 };
+                if near_fd_limit(&stream) {
+                    // Shed this connection rather than spend the last descriptors on it: the
+                    // admin listener and the connections to endpoints need them.
+                    drop(stream);
+                    if shared.fd_shed_log.allow() {
+                        tracing::warn!(
+                            suppressed = shared.fd_shed_log.take_suppressed(),
+                            "near the open-file limit ({} descriptors kept free): connection from {peer} closed",
+                            fd_reserve(),
+                        );
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
                 let _ = stream.set_nodelay(true);
                 let conn = Connection::new(&listener, peer, slot);
                 match &dispatch {
@@ -291,4 +305,35 @@ pub(crate) async fn accept_loop(
     };
     drop(socket);
     wait_connections(conns, drain).await;
+}
+
+/// The process's open-file limit (soft), read once.
+fn fd_limit() -> u64 {
+    static LIMIT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let mut l = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes the struct it is given.
+        let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } == 0;
+        if ok && l.rlim_cur != libc::RLIM_INFINITY {
+            l.rlim_cur
+        } else {
+            u64::MAX
+        }
+    })
+}
+
+/// Descriptors the data listeners leave free: 64, or a sixteenth of a small limit.
+pub(crate) fn fd_reserve() -> u64 {
+    (fd_limit() / 16).min(64)
+}
+
+/// True if an accepted connection's descriptor is among the last [`fd_reserve`] below the
+/// limit. Descriptors are allocated lowest first, so a high one means all below it are open.
+fn near_fd_limit(stream: &tokio::net::TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let fd = stream.as_raw_fd() as u64;
+    fd.saturating_add(fd_reserve()) >= fd_limit()
 }

@@ -141,6 +141,7 @@ pub async fn start_with(config: ProxyConfig, options: StartOptions) -> anyhow::R
         dispatch,
         stopping: AtomicBool::new(false),
         inherited: Mutex::new(options.inherited),
+        fd_shed_log: crate::observe::log_budget::LogBudget::new(1, Instant::now()),
     });
     let mut bound = Vec::with_capacity(config.listeners.len());
     for l in &config.listeners {

@@ -179,6 +179,9 @@ async fn one_json_line_per_request_answered_with_every_field() {
         "attempts",
         "route",
         "cause",
+        "request_id",
+        "user_agent",
+        "referer",
         "tries",
     ];
     for line in &v {

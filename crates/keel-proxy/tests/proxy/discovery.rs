@@ -199,7 +199,7 @@ fn config(discovery_line: &str, dns: SocketAddr, port: u16) -> ProxyConfig {
         .replace("127.0.0.1:5353", &dns.to_string())
         .replace("port = 9000", &format!("port = {port}"));
     let text = format!(
-        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"api\"\n\n[[cluster]]\nname = \"api\"\nstrategy = \"weighted-round-robin\"\n{line}\n"
+        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"api\"\n\n[[cluster]]\nresponse_headers = {{ endpoint = true }}\nname = \"api\"\nstrategy = \"weighted-round-robin\"\n{line}\n"
     );
     ProxyConfig::from_toml_str(&text, "discovery.toml")
         .unwrap_or_else(|e| panic!("{e}\n--- config ---\n{text}"))
@@ -447,7 +447,7 @@ async fn a_file_source_follows_its_edits() {
     let file = dir.join("api-endpoints.toml");
     std::fs::write(&file, endpoints_file(&[&bs[0]])).unwrap();
     let text = format!(
-        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"api\"\n\n[[cluster]]\nname = \"api\"\n{ISSUE_FILE}\n"
+        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"api\"\n\n[[cluster]]\nresponse_headers = {{ endpoint = true }}\nname = \"api\"\n{ISSUE_FILE}\n"
     );
     std::fs::write(dir.join("keel.toml"), &text).unwrap();
     let config = ProxyConfig::from_file(&dir.join("keel.toml")).unwrap();
@@ -486,7 +486,7 @@ fn discovery_settings_are_checked_without_resolving() {
     std::fs::create_dir_all(&dir).unwrap();
     let load = |line: &str| {
         let text = format!(
-            "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"api\"\n\n[[cluster]]\nname = \"api\"\n{line}\n"
+            "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"api\"\n\n[[cluster]]\nresponse_headers = {{ endpoint = true }}\nname = \"api\"\n{line}\n"
         );
         std::fs::write(dir.join("k.toml"), text).unwrap();
         ProxyConfig::from_file(&dir.join("k.toml"))

@@ -10,6 +10,7 @@ mod access_log;
 mod admin_status;
 mod config_props;
 mod discovery;
+mod edges;
 mod h1_path;
 mod hardening;
 mod hardening_admin;

@@ -166,7 +166,7 @@ fn tcp_config(endpoints: &[SocketAddr], strategy: &str, extra: &str) -> keel_pro
         .map(|a| format!("{{ address = \"{a}\" }}"))
         .collect();
     let text = format!(
-        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\nprotocol = \"tcp\"       # default \"http\"\ncluster = \"db\"\n\n[[cluster]]\nname = \"db\"\nstrategy = \"{strategy}\"\nendpoints = [{}]\n{extra}\n",
+        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\nprotocol = \"tcp\"       # default \"http\"\ncluster = \"db\"\n\n[[cluster]]\nresponse_headers = {{ endpoint = true }}\nname = \"db\"\nstrategy = \"{strategy}\"\nendpoints = [{}]\n{extra}\n",
         eps.join(", ")
     );
     keel_proxy::ProxyConfig::from_toml_str(&text, "tcp.toml").unwrap_or_else(|e| panic!("{e}"))
@@ -540,7 +540,7 @@ async fn e7_per_connection_against_per_request_balancing_over_real_sockets() {
         .map(|a| format!("{{ address = \"{a}\" }}"))
         .collect();
     let text = format!(
-        "[[listener]]\nlisten = \"127.0.0.1:0\"\nprotocol = \"tcp\"\ncluster = \"l4\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"l7\"\n\n[[cluster]]\nname = \"l4\"\nendpoints = [{0}]\n\n[[cluster]]\nname = \"l7\"\nprotocol = \"h2c\"\nendpoints = [{0}]\n[cluster.retry]\nattempts = 2\nmin_retries_per_second = 1000\n",
+        "[[listener]]\nlisten = \"127.0.0.1:0\"\nprotocol = \"tcp\"\ncluster = \"l4\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"l7\"\n\n[[cluster]]\nresponse_headers = {{ endpoint = true }}\nname = \"l4\"\nendpoints = [{0}]\n\n[[cluster]]\nresponse_headers = {{ endpoint = true }}\nname = \"l7\"\nprotocol = \"h2c\"\nendpoints = [{0}]\n[cluster.retry]\nattempts = 2\nmin_retries_per_second = 1000\n",
         eps.join(", ")
     );
     let config = keel_proxy::ProxyConfig::from_toml_str(&text, "e7.toml").unwrap();

@@ -64,7 +64,7 @@ async fn round_robin_is_exactly_even_and_weighted_round_robin_follows_weights() 
     proxy.shutdown(Duration::from_secs(1)).await;
 
     let text = format!(
-        "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"w\"\n[[cluster]]\nname = \"w\"\nstrategy = \"weighted-round-robin\"\nendpoints = [{{ address = \"{}\", weight = 3 }}, {{ address = \"{}\" }}]\n",
+        "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"w\"\n[[cluster]]\nresponse_headers = {{ endpoint = true }}\nname = \"w\"\nstrategy = \"weighted-round-robin\"\nendpoints = [{{ address = \"{}\", weight = 3 }}, {{ address = \"{}\" }}]\n",
         addrs[0], addrs[1]
     );
     let proxy = keel_proxy::start(keel_proxy::ProxyConfig::from_toml_str(&text, "w.toml").unwrap())
@@ -547,7 +547,7 @@ async fn by_default_forwarded_for_is_replaced_and_errors_are_brief() {
         l.local_addr().unwrap()
     };
     let text = format!(
-        "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"echo\"\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"dead\"\n[[cluster]]\nname = \"echo\"\nendpoints = [{{ address = \"{echo}\" }}]\n[[cluster]]\nname = \"dead\"\nendpoints = [{{ address = \"{dead}\" }}]\n"
+        "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"echo\"\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"dead\"\n[[cluster]]\nresponse_headers = {{ endpoint = true }}\nname = \"echo\"\nendpoints = [{{ address = \"{echo}\" }}]\n[[cluster]]\nresponse_headers = {{ endpoint = true }}\nname = \"dead\"\nendpoints = [{{ address = \"{dead}\" }}]\n"
     );
     let proxy = keel_proxy::start(keel_proxy::ProxyConfig::from_toml_str(&text, "t.toml").unwrap())
         .await

@@ -38,7 +38,7 @@ fn cluster(name: &str, addrs: &[SocketAddr], extra: &str) -> String {
         .map(|a| format!("{{ address = \"{a}\" }}"))
         .collect();
     format!(
-        "\n[[cluster]]\nname = \"{name}\"\nendpoints = [{}]\n{extra}\n",
+        "\n[[cluster]]\nresponse_headers = {{ endpoint = true }}\nname = \"{name}\"\nendpoints = [{}]\n{extra}\n",
         eps.join(", ")
     )
 }

@@ -68,6 +68,10 @@ struct Conn<S> {
     client_idle: Duration,
     /// Why the last forwarded response was cut short, if it was (for the access log).
     cut: Option<&'static str>,
+    /// The status keel answered in place of the endpoint's, if it did (for the access log).
+    replaced: Option<u16>,
+    /// A small chunked request body, decoded (reused from request to request).
+    body: Vec<u8>,
 }
 
 /// How long, and how many bytes, a closing connection keeps reading what the client still
@@ -113,6 +117,8 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         tunnel_idle: settings.tunnel_idle_timeout,
         client_idle: settings.client_idle_timeout,
         cut: None,
+        replaced: None,
+        body: Vec::new(),
     };
     let max_body = settings.max_request_body_bytes.unwrap_or(u64::MAX);
     // Set once the drain has begun while this connection waited for a request.
@@ -137,7 +143,10 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             } else {
                 let routing = shared.routing.load();
                 let routes = &routing.listeners[index];
-                let rules = RequestRules::new(client, None, settings.max_headers, max_body);
+                let rules = RequestRules {
+                    request_id: settings.generate_request_id,
+                    ..RequestRules::new(client, None, settings.max_headers, max_body)
+                };
                 match parse_request(&conn.rbuf, &rules, Some(routes), &mut conn.up_head) {
                     RequestParse::Ready(h) if h.head_len <= settings.max_header_bytes => {
                         break (routes.target(h.route).cloned(), h)
@@ -232,16 +241,59 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 .await
             }
             BodyFraming::Chunked => {
-                conn.streamed(
-                    &target,
-                    client,
-                    settings,
-                    &req,
-                    max_body,
-                    &stop,
-                    log.as_ref(),
-                )
-                .await
+                let idle = settings.client_idle_timeout;
+                match conn
+                    .read_small_chunked(idle, max_body, req.expect_continue)
+                    .await
+                {
+                    SmallChunked::Whole(raw) => {
+                        // Sent with a length: checked whole, and retryable as any small body.
+                        let mut whole = req.clone();
+                        whole.body = BodyFraming::Length(conn.body.len() as u64);
+                        whole.expect_continue = false;
+                        crate::exchange::request::reframe_as_length(
+                            &mut conn.up_head,
+                            conn.body.len() as u64,
+                        );
+                        let answer = leg::forward(
+                            &target.cluster,
+                            client,
+                            Request {
+                                head: &mut conn.up_head,
+                                meta: &whole,
+                                start: Instant::now(),
+                                limits: target.limits,
+                                policy: target.policy.as_deref(),
+                                body_progress: None,
+                            },
+                            &mut &conn.body[..],
+                            &mut conn.out,
+                            &mut conn.try_timer,
+                        )
+                        .await;
+                        conn.rbuf.advance(raw);
+                        conn.send(answer, &whole, true, &stop, log.as_ref()).await
+                    }
+                    SmallChunked::Large { continued } => {
+                        let mut req = req.clone();
+                        req.expect_continue &= !continued;
+                        conn.streamed(
+                            &target,
+                            client,
+                            settings,
+                            &req,
+                            max_body,
+                            &stop,
+                            log.as_ref(),
+                        )
+                        .await
+                    }
+                    SmallChunked::Refused(reject) => {
+                        let own = HttpAnswer::Own(answer::refused(reject));
+                        conn.send(own, &req, false, &stop, log.as_ref()).await
+                    }
+                    SmallChunked::Closed => return Served::Closed,
+                }
             }
             framing => {
                 let n = match framing {
@@ -311,7 +363,77 @@ fn may_end_head(buf: &[u8], searched: &mut Option<usize>) -> bool {
     new.windows(2).any(|w| w == b"\n\n") || new.windows(3).any(|w| w == b"\n\r\n")
 }
 
+/// What [`Conn::read_small_chunked`] found.
+enum SmallChunked {
+    /// The body ended within [`MAX_INLINE_BODY`] bytes: decoded in `Conn::body`, its encoded
+    /// form the first this many bytes of the read buffer.
+    Whole(usize),
+    /// Longer: streamed instead, from the read buffer's start (`continued`: `100 Continue`
+    /// was sent).
+    Large { continued: bool },
+    /// Malformed, too large, or stalled: refused before any byte went upstream.
+    Refused(Reject),
+    /// The client closed.
+    Closed,
+}
+
 impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
+    /// Reads a chunked request body that ends within [`MAX_INLINE_BODY`] bytes whole and
+    /// decodes it into `self.body`, so that a malformed one is refused without touching an
+    /// endpoint (as NGINX, which reads bodies before it forwards them). Nothing is consumed
+    /// from the read buffer: a longer body streams from its start.
+    async fn read_small_chunked(
+        &mut self,
+        idle: Duration,
+        max_body: u64,
+        expect_continue: bool,
+    ) -> SmallChunked {
+        let mut decoder = crate::codec::chunked::ChunkedDecoder::default();
+        let mut pos = 0;
+        let mut continued = false;
+        self.body.clear();
+        loop {
+            while pos < self.rbuf.len() {
+                let Ok(step) = decoder.step(&self.rbuf[pos..]) else {
+                    return SmallChunked::Refused(Reject::InvalidBody);
+                };
+                let data = pos + step.framing;
+                self.body
+                    .extend_from_slice(&self.rbuf[data..data + step.data]);
+                pos = data + step.data;
+                if self.body.len() as u64 > max_body {
+                    return SmallChunked::Refused(Reject::BodyTooLarge);
+                }
+                if step.done {
+                    return SmallChunked::Whole(pos);
+                }
+                if pos as u64 > MAX_INLINE_BODY {
+                    return SmallChunked::Large { continued };
+                }
+            }
+            if expect_continue && !continued {
+                continued = true;
+                let sent = write_all_2(&mut self.stream, b"HTTP/1.1 100 Continue\r\n\r\n", &[]);
+                if sent.await.is_err() {
+                    return SmallChunked::Closed;
+                }
+            }
+            self.rbuf.reserve(16 * 1024);
+            let deadline = Instant::now() + idle;
+            let read = until(
+                &mut self.client_timer,
+                deadline,
+                self.stream.read_buf(&mut self.rbuf),
+            )
+            .await;
+            match read {
+                Some(Ok(n)) if n > 0 => {}
+                None => return SmallChunked::Refused(Reject::Timeout),
+                _ => return SmallChunked::Closed,
+            }
+        }
+    }
+
     /// Forwards a request whose body is streamed from the client as the leg sends it; the
     /// connection stays open only if the body was read to its end.
     #[allow(clippy::too_many_arguments)]
@@ -393,7 +515,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 let tries = up.tail.tries;
                 let kept = self.forward(up, keep, req).await;
                 let answered = Answered {
-                    status,
+                    status: self.replaced.unwrap_or(status),
                     endpoint: Some(endpoint.as_bytes()),
                     attempts,
                     cause: self.cut,
@@ -453,10 +575,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     ) -> bool {
         let Upstream { response, tail } = up;
         self.cut = None;
+        self.replaced = None;
         let (mut conn, head) = match response {
             UpstreamResponse::H1(conn, head) => (conn, head),
             UpstreamResponse::H2(mut response) => {
-                let endpoint = tail.endpoint_header().clone();
+                let endpoint = tail.shown_endpoint().cloned();
                 let idle = BodyIdle {
                     upstream: tail.upstream_idle,
                     client: self.client_idle,
@@ -465,7 +588,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     &mut self.stream,
                     &mut self.out,
                     &mut response,
-                    &endpoint,
+                    endpoint.as_ref(),
                     req,
                     keep_alive,
                     idle,
@@ -489,11 +612,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         if head.status == 101 {
             // The endpoint switched protocols: the connection is a tunnel from here on.
             self.out.extend_from_slice(b"connection: upgrade\r\n");
-            push_header(
-                &mut self.out,
-                b"x-keel-endpoint",
-                tail.endpoint_header().as_bytes(),
-            );
+            if let Some(e) = tail.shown_endpoint() {
+                push_header(&mut self.out, b"x-keel-endpoint", e.as_bytes());
+            }
             self.out.extend_from_slice(b"\r\n");
             if write_all_2(&mut self.stream, &self.out, &[]).await.is_err() {
                 tail.end(BodyEnd::ClientGone, None);
@@ -515,11 +636,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         // An HTTP/1.0 client cannot take chunks: such a body ends with the connection.
         let streamed = matches!(head.framing, Framing::Chunked | Framing::Close);
         let keep = keep_alive && !(req.http10 && streamed);
-        push_header(
-            &mut self.out,
-            b"x-keel-endpoint",
-            tail.endpoint_header().as_bytes(),
-        );
+        if let Some(e) = tail.shown_endpoint() {
+            push_header(&mut self.out, b"x-keel-endpoint", e.as_bytes());
+        }
         if !head.has_date {
             push_date(&mut self.out);
         }
@@ -562,6 +681,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 tracing::debug!("response body failed: {cause}");
                 (BodyEnd::UpstreamFailed, Some("upstream failed"))
             }
+            Some(Err(RelayError::UpstreamBeforeHead(cause))) => {
+                tracing::debug!("response body malformed from its start: {cause}");
+                tail.end(BodyEnd::UpstreamFailed, None);
+                const CAUSE: &str = "the endpoint's response body is malformed";
+                let own = OwnAnswer {
+                    status: 502,
+                    text: answer::answer_text(502, CAUSE),
+                    endpoint: None,
+                    show_endpoint: false,
+                    guard: None,
+                    attempts: 1,
+                    cause: CAUSE.to_string(),
+                    tries: Tries::default(),
+                    headers: Vec::new(),
+                };
+                self.replaced = Some(502);
+                self.cut = Some("upstream invalid");
+                self.answer(&own, false, req).await;
+                return false;
+            }
             Some(Err(RelayError::Client)) => (BodyEnd::ClientGone, Some("client gone")),
             Some(Err(RelayError::UpstreamIdle)) => (BodyEnd::Timeout, Some("upstream idle")),
             // Not the endpoint's fault: its pick is dropped, not failed.
@@ -587,7 +726,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         push_header(&mut self.out, b"content-type", b"text/plain; charset=utf-8");
         push_content_length(&mut self.out, own.text.len() as u64);
         push_date(&mut self.out);
-        if let Some(e) = &own.endpoint {
+        if let Some(e) = own.shown_endpoint() {
             push_header(&mut self.out, b"x-keel-endpoint", e.as_bytes());
         }
         for (name, value) in &own.headers {

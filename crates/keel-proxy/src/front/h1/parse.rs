@@ -128,6 +128,7 @@ mod tests {
             hash_path: false,
             max_headers: 20,
             max_body: 1024,
+            request_id: true,
         }
     }
 
@@ -145,6 +146,17 @@ mod tests {
         let (h, out) = ready(raw, &rules());
         assert_eq!(h.head_len, raw.len() - 4);
         assert!(h.keep_alive && h.idempotent && h.has_host && !h.http10 && !h.is_head);
+        // A request id was made (its value is random): checked, then left out.
+        let id_line = out
+            .split_inclusive("\r\n")
+            .find(|l| l.starts_with("x-request-id: "))
+            .expect("a request id");
+        assert_eq!(
+            id_line.len(),
+            "x-request-id: \r\n".len() + 36,
+            "{id_line:?}"
+        );
+        let out = out.replace(id_line, "");
         assert_eq!(
             out,
             "GET /p?q=1 HTTP/1.1\r\nHost: app.example\r\nX-Keep: yes\r\nx-forwarded-for: 10.0.0.1, 127.0.0.1\r\nx-forwarded-proto: http\r\nx-forwarded-host: app.example\r\n"

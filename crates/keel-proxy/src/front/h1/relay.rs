@@ -175,6 +175,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RequestBody for ClientBody<'_, S> {
 pub(crate) enum RelayError {
     /// The endpoint failed or sent a malformed body.
     Upstream(String),
+    /// The endpoint's body was malformed from its first bytes, before any byte reached the
+    /// client: keel can still answer `502` instead of cutting a response never begun.
+    UpstreamBeforeHead(String),
     /// The client went away.
     Client,
     /// The endpoint sent nothing for `upstream_idle_timeout`.
@@ -245,17 +248,13 @@ pub(crate) async fn relay_response<W: AsyncWrite + Unpin>(
             loop {
                 if chunked_to_client {
                     // Passed through as the endpoint chunked it, checked on the way.
-                    let used = decoder
-                        .skip(&conn.buf)
-                        .map_err(|e| RelayError::Upstream(e.to_string()))?;
+                    let used = decoder.skip(&conn.buf).map_err(|e| failed(head, e))?;
                     to_client(timer, idle, write_all_2(client, head, &conn.buf[..used])).await?;
                     conn.buf.advance(used);
                 } else {
                     // HTTP/1.0: the data only, the body ending with the connection.
                     loop {
-                        let step = decoder
-                            .step(&conn.buf)
-                            .map_err(|e| RelayError::Upstream(e.to_string()))?;
+                        let step = decoder.step(&conn.buf).map_err(|e| failed(head, e))?;
                         let data = &conn.buf[step.framing..step.framing + step.data];
                         to_client(timer, idle, write_all_2(client, head, data)).await?;
                         head = &[];
@@ -308,6 +307,15 @@ pub(crate) async fn relay_response<W: AsyncWrite + Unpin>(
             }
             Ok(())
         }
+    }
+}
+
+/// A malformed body, told apart by whether the head (still in `head`) was sent.
+fn failed(head: &[u8], e: impl std::fmt::Display) -> RelayError {
+    if head.is_empty() {
+        RelayError::Upstream(e.to_string())
+    } else {
+        RelayError::UpstreamBeforeHead(e.to_string())
     }
 }
 

@@ -152,12 +152,15 @@ async fn handle(
         l.route = route.index();
     }
     let max_body = settings.max_request_body_bytes.unwrap_or(u64::MAX);
-    let rules = RequestRules::new(
-        client,
-        target.cluster.config.hash_on.as_ref(),
-        usize::MAX,
-        max_body,
-    );
+    let rules = RequestRules {
+        request_id: settings.generate_request_id,
+        ..RequestRules::new(
+            client,
+            target.cluster.config.hash_on.as_ref(),
+            usize::MAX,
+            max_body,
+        )
+    };
     let mut head = Vec::with_capacity(512);
     let meta = match crate::exchange::request::rewrite(
         parts.method.as_str(),
@@ -253,10 +256,11 @@ async fn handle(
                     .headers_mut()
                     .insert(CONTENT_LENGTH, HeaderValue::from(n));
             }
-            response.headers_mut().insert(
-                crate::codec::X_KEEL_ENDPOINT,
-                up.tail.endpoint_header().clone(),
-            );
+            if let Some(e) = up.tail.shown_endpoint() {
+                response
+                    .headers_mut()
+                    .insert(crate::codec::X_KEEL_ENDPOINT, e.clone());
+            }
             let deadline = Box::pin(tokio::time::sleep_until(
                 up.tail.body_deadline(Instant::now()).into(),
             ));
@@ -301,6 +305,7 @@ async fn handle(
                     status: 502,
                     text: answer::answer_text(502, CAUSE),
                     endpoint: None,
+                    show_endpoint: false,
                     guard: None,
                     attempts: 1,
                     cause: CAUSE.to_string(),
@@ -342,6 +347,7 @@ fn grpc_own_response(
     active: ActiveRequest,
     log: Option<H2Log>,
 ) -> Response<H2Body> {
+    let shown = own.shown_endpoint().cloned();
     if let Some(l) = &log {
         let endpoint = own.endpoint.as_ref().map(|e| e.as_bytes());
         l.write(
@@ -365,7 +371,7 @@ fn grpc_own_response(
         HeaderValue::from(crate::exchange::grpc::status_for(own.status)),
     );
     headers.insert("grpc-message", crate::exchange::grpc::message(&own.text));
-    if let Some(e) = own.endpoint {
+    if let Some(e) = shown {
         headers.insert(crate::codec::X_KEEL_ENDPOINT, e);
     }
     for (name, value) in own.headers {
@@ -385,10 +391,10 @@ fn h2_response(
 ) -> Response<H2Body> {
     active.owe();
     let mut head = response.head.clone();
-    head.headers.insert(
-        crate::codec::X_KEEL_ENDPOINT,
-        tail.endpoint_header().clone(),
-    );
+    if let Some(e) = tail.shown_endpoint() {
+        head.headers
+            .insert(crate::codec::X_KEEL_ENDPOINT, e.clone());
+    }
     let deadline = Box::pin(tokio::time::sleep_until(
         tail.body_deadline(Instant::now()).into(),
     ));
@@ -418,6 +424,7 @@ fn h2_response(
 }
 
 fn own_response(own: OwnAnswer, active: ActiveRequest, log: Option<H2Log>) -> Response<H2Body> {
+    let shown = own.shown_endpoint().cloned();
     if let Some(l) = &log {
         let endpoint = own.endpoint.as_ref().map(|e| e.as_bytes());
         l.write(
@@ -439,7 +446,7 @@ fn own_response(own: OwnAnswer, active: ActiveRequest, log: Option<H2Log>) -> Re
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
-    if let Some(e) = own.endpoint {
+    if let Some(e) = shown {
         r.headers_mut().insert(crate::codec::X_KEEL_ENDPOINT, e);
     }
     for (name, value) in own.headers {

@@ -133,6 +133,14 @@ async fn read_response(
     loop {
         match parse_response(&conn.buf, req.is_head, out) {
             Ok(Some(resp)) if resp.status == 101 && req.upgrade => {
+                // A switch to a protocol the client did not ask for (h2c when it asked for
+                // websocket, say) would tunnel something neither keel nor the client speaks.
+                let to = head_value(out, b"upgrade").unwrap_or(b"");
+                if !req.upgrade_to.allows(to) {
+                    return Err(invalid(
+                        "101 Switching Protocols to a protocol the client did not ask for",
+                    ));
+                }
                 // The protocol switches after this head: what follows is the tunnel's.
                 conn.buf.advance(resp.head_len);
                 entry.metrics.responses[class_index(101)].fetch_add(1, Relaxed);
@@ -278,4 +286,14 @@ async fn read_to_end(conn: &mut RawConn) -> Result<(), String> {
             Err(e) => return Err(e.to_string()),
         }
     }
+}
+
+/// The value of header `name` in a head keel wrote (`name: value\r\n` lines).
+fn head_value<'a>(head: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+    head.split(|b| *b == b'\n').skip(1).find_map(|line| {
+        let colon = line.iter().position(|b| *b == b':')?;
+        line[..colon]
+            .eq_ignore_ascii_case(name)
+            .then(|| line[colon + 1..].trim_ascii())
+    })
 }

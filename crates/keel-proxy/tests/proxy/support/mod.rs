@@ -49,6 +49,11 @@ pub fn issue_config(addrs: &[SocketAddr], edit: impl Fn(String) -> String) -> Pr
     for (i, a) in addrs.iter().enumerate() {
         text = text.replace(&format!("127.0.0.1:900{}", i + 1), &a.to_string());
     }
+    // The tests tell endpoints apart by `x-keel-endpoint`, off by default.
+    text = text.replace(
+        "[[cluster]]\n",
+        "[[cluster]]\nresponse_headers = { endpoint = true }\n",
+    );
     ProxyConfig::from_toml_str(&edit(text), "test.toml").unwrap()
 }
 
@@ -60,7 +65,7 @@ pub fn simple_config(addrs: &[SocketAddr], strategy: &str, cluster_extra: &str) 
         .map(|a| format!("{{ address = \"{a}\" }}"))
         .collect();
     let text = format!(
-        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\nerror_detail = \"full\"\ntrusted_proxies = [\"127.0.0.1/32\"]\n\n[[cluster]]\nname = \"app\"\nstrategy = \"{strategy}\"\nendpoints = [{}]\n{cluster_extra}\n",
+        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\nerror_detail = \"full\"\ntrusted_proxies = [\"127.0.0.1/32\"]\n\n[[cluster]]\nname = \"app\"\nresponse_headers = {{ endpoint = true }}\nstrategy = \"{strategy}\"\nendpoints = [{}]\n{cluster_extra}\n",
         eps.join(", ")
     );
     ProxyConfig::from_toml_str(&text, "test.toml")
