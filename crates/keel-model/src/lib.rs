@@ -18,6 +18,7 @@ pub mod plot;
 pub mod presets;
 pub mod sim;
 pub mod stats;
+pub mod sticky;
 pub mod sweep;
 pub mod vocab;
 pub mod zones;

@@ -38,7 +38,9 @@ pub struct Args {
     /// A built-in experiment: e1, e2, e3, e4, e5, e6, or `seed` for all six; `e7` (long-lived
     /// multiplexed connections: per-connection against per-request balancing); `tail` (E8)
     /// or `reaction` (E9); `zones` (60/30/10 % of arrivals over zones of 4/4/3 endpoints:
-    /// zone-unaware, Envoy's host-count rule, keel's load rule).
+    /// zone-unaware, Envoy's host-count rule, keel's load rule); `sticky` (E11: sessions
+    /// moved when one of five endpoints fails, sticky cookie against ring-hash, Maglev,
+    /// rendezvous).
     #[arg(long, value_name = "ID", conflicts_with = "sweep")]
     pub preset: Option<String>,
     /// The sweep (docs/tail-latency.md, "The sweep"): load 0.5-0.97, 0-30 % slow servers at
@@ -168,6 +170,31 @@ fn zones(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// E11 (sticky sessions): a table or JSON Lines.
+fn sticky(args: &Args) -> anyhow::Result<()> {
+    use keel_model::sticky;
+    let results = sticky::preset(args.seed.unwrap_or(1));
+    if args.json {
+        for r in &results {
+            let row = serde_json::json!({
+                "experiment": "e11",
+                "affinity": r.affinity.name(),
+                "loss": r.loss.name(),
+                "sessions": r.sessions,
+                "must_move": r.must_move,
+                "moved": r.moved,
+                "moved_needlessly": r.moved_needlessly,
+                "moved_back": r.moved_back,
+            });
+            println!("{row}");
+        }
+    } else {
+        println!("E11: sessions moved when one of five endpoints goes away and comes back, 10,000 sessions\n");
+        print!("{}", sticky::table(&results));
+    }
+    Ok(())
+}
+
 /// Runs `keel simulate`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.replications == Some(0) {
@@ -189,6 +216,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .is_some_and(|p| p.eq_ignore_ascii_case("zones"))
     {
         return zones(&args);
+    }
+    if args
+        .preset
+        .as_deref()
+        .is_some_and(|p| p.eq_ignore_ascii_case("sticky") || p.eq_ignore_ascii_case("e11"))
+    {
+        return sticky(&args);
     }
     if args.sweep {
         return sweep(&args);
@@ -216,7 +250,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Some(e) => vec![e],
             None => {
                 return usage(format!(
-                    "unknown preset `{id}`; allowed: {}, seed, e7, zones, {}",
+                    "unknown preset `{id}`; allowed: {}, seed, e7, zones, sticky, {}",
                     presets::IDS.join(", "),
                     presets::TAIL_IDS.join(", ")
                 ))
