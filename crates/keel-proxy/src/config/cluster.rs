@@ -13,7 +13,7 @@ use keel_balance::{
 use serde::Deserialize;
 
 use crate::config::policy::{
-    HashOn, HeaderEdits, RateLimitConfig, ReplacePrefix, ResponseHeaders, RewriteKeys,
+    HashOn, HeaderEdits, RateLimitConfig, ReplacePrefix, ResponseHeaders, RewriteKeys, StickyConfig,
 };
 
 use crate::config::discovery::DiscoveryConfig;
@@ -225,6 +225,9 @@ pub struct ClusterConfig {
     /// host (NGINX's `proxy_redirect default`).
     #[serde(default)]
     pub rewrite_location: bool,
+    /// Sticky sessions: a cookie naming the endpoint (see [`StickyConfig`]).
+    #[serde(default)]
+    pub sticky: Option<StickyConfig>,
 }
 
 /// `[cluster.probe]`: after each pick, a prequal balancer names `probes_per_request` random
@@ -558,6 +561,10 @@ impl ClusterConfig {
             r.validate()
                 .map_err(|e| e.under(FieldPath::key("rate_limit")))?;
         }
+        if let Some(s) = &self.sticky {
+            s.validate()
+                .map_err(|e| e.under(FieldPath::key("sticky")))?;
+        }
         RewriteKeys {
             strip_prefix: self.strip_prefix.as_ref(),
             replace_prefix: self.replace_prefix.as_ref(),
@@ -864,6 +871,7 @@ impl ClusterConfig {
             request_headers: None,
             response_headers: None,
             rewrite_location: false,
+            sticky: None,
         }
     }
 

@@ -40,6 +40,7 @@ pub use locate::ConfigError;
 pub use observe::{AccessLogConfig, AccessLogFormat, AdminConfig};
 pub use policy::{
     HashOn, HeaderEdits, RateKey, RateLimitConfig, RedirectConfig, ReplacePrefix, ResponseHeaders,
+    StickyConfig,
 };
 pub use route::RouteConfig;
 pub(crate) use route::{HostPattern, PathPattern};

@@ -355,10 +355,20 @@ pub enum HashOn {
     Path,
     /// The client's IP address.
     ClientIp,
+    /// The value of this cookie; requests without it get a random key.
+    Cookie(String),
 }
 
 impl HashOn {
-    const ALLOWED: &'static str = "\"header:NAME\", \"path\", \"client-ip\"";
+    const ALLOWED: &'static str = "\"header:NAME\", \"cookie:NAME\", \"path\", \"client-ip\"";
+}
+
+/// True for a cookie name (an RFC 6265 token).
+pub(crate) fn is_cookie_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b))
 }
 
 impl std::str::FromStr for HashOn {
@@ -368,7 +378,11 @@ impl std::str::FromStr for HashOn {
             "path" => Ok(HashOn::Path),
             "client-ip" => Ok(HashOn::ClientIp),
             _ => {
-                if let Some(name) = s.strip_prefix("header:") {
+                if let Some(name) = s.strip_prefix("cookie:") {
+                    is_cookie_name(name)
+                        .then(|| HashOn::Cookie(name.to_string()))
+                        .ok_or_else(|| format!("`{name}` is not a cookie name"))
+                } else if let Some(name) = s.strip_prefix("header:") {
                     hyper::header::HeaderName::from_bytes(name.trim().as_bytes())
                         .map(HashOn::Header)
                         .map_err(|_| format!("`{name}` is not a valid header name"))
@@ -396,6 +410,94 @@ impl fmt::Display for HashOn {
             HashOn::Header(h) => write!(f, "header:{h}"),
             HashOn::Path => f.write_str("path"),
             HashOn::ClientIp => f.write_str("client-ip"),
+            HashOn::Cookie(c) => write!(f, "cookie:{c}"),
         }
+    }
+}
+
+/// `sticky = { cookie, ttl, path, secure, http_only, same_site, secret }`: sessions pinned to
+/// an endpoint by a cookie keel inserts.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StickyConfig {
+    /// The cookie's name.
+    pub cookie: String,
+    /// The cookie's `Max-Age`; unset: a session cookie (until the browser closes).
+    #[serde(default, with = "keel_balance::duration_serde::option")]
+    pub ttl: Option<std::time::Duration>,
+    /// The cookie's `Path`.
+    #[serde(default = "default_cookie_path")]
+    pub path: String,
+    /// `Secure`.
+    #[serde(default)]
+    pub secure: bool,
+    /// `HttpOnly` (default on).
+    #[serde(default = "yes")]
+    pub http_only: bool,
+    /// `SameSite`: `"lax"`, `"strict"` or `"none"`; unset: none sent.
+    #[serde(default)]
+    pub same_site: Option<String>,
+    /// Keys the cookie's value (a hash of the endpoint's token); unset: a secret chosen at
+    /// start (sessions then survive reloads, not restarts, and differ between processes).
+    #[serde(default)]
+    pub secret: Option<String>,
+}
+
+fn default_cookie_path() -> String {
+    "/".into()
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl StickyConfig {
+    /// Checks the values; paths relative to the `sticky` table.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if !is_cookie_name(&self.cookie) {
+            return Err(InvalidField::at(
+                "cookie",
+                Problem::Invalid(format!("`{}` is not a cookie name", self.cookie)),
+            ));
+        }
+        if !self.path.starts_with('/')
+            || self
+                .path
+                .bytes()
+                .any(|b| b < b' ' || b == b';' || b == 0x7f)
+        {
+            return Err(InvalidField::at(
+                "path",
+                Problem::Invalid(format!(
+                    "`{}` is not a cookie path (it starts with `/`, no `;`)",
+                    self.path
+                )),
+            ));
+        }
+        if let Some(t) = self.ttl {
+            if t < std::time::Duration::from_secs(1) {
+                return Err(InvalidField::at(
+                    "ttl",
+                    Problem::out_of_range("at least 1s", humantime::format_duration(t)),
+                ));
+            }
+        }
+        if let Some(s) = &self.same_site {
+            if !["lax", "strict", "none"].contains(&s.as_str()) {
+                return Err(InvalidField::at(
+                    "same_site",
+                    Problem::Invalid(format!("`{s}`; allowed: \"lax\", \"strict\", \"none\"")),
+                ));
+            }
+            if s == "none" && !self.secure {
+                return Err(InvalidField::at(
+                    "same_site",
+                    Problem::Invalid(
+                        "\"none\" needs `secure = true` (browsers refuse it otherwise)".into(),
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 }

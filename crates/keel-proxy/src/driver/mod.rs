@@ -47,7 +47,8 @@ pub(crate) enum Driven<W> {
 
 /// The one attempt loop: `max_in_flight`, then picks (avoiding the endpoints tried, with the
 /// hash key if any) and tries on `leg` within the per-try and request deadlines, finishing
-/// each failed try's pick and retrying while it is safe and the budget allows.
+/// each failed try's pick and retrying while it is safe and the budget allows. `pin`: the
+/// endpoint token of a sticky session, tried first while its endpoint may take the call.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn drive<L: Leg>(
     cluster: &Arc<Cluster>,
@@ -58,6 +59,7 @@ pub(crate) async fn drive<L: Leg>(
     leg: &mut L,
     timer: &mut Pin<Box<Sleep>>,
     body_progress: Option<&crate::io::BodyProgress>,
+    pin: Option<u64>,
 ) -> Driven<L::Won> {
     let Some(guard) =
         DownstreamGuard::try_new(&cluster.metrics, start, cluster.config.max_in_flight)
@@ -94,7 +96,12 @@ pub(crate) async fn drive<L: Leg>(
         if let Some(k) = hash {
             ctx = ctx.with_hash_key(k);
         }
-        let Some(pick) = cluster.balancer.pick(&ctx) else {
+        // A sticky session's first try goes to its endpoint while that one may take it.
+        let picked = match pin {
+            Some(token) if attempt == 0 => cluster.balancer.pick_pinned(&ctx, token),
+            _ => cluster.balancer.pick(&ctx),
+        };
+        let Some(pick) = picked else {
             cluster.metrics.no_endpoint.fetch_add(1, Relaxed);
             let tried = attempt as u32;
             let mut answer = own(

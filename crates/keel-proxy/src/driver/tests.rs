@@ -186,6 +186,7 @@ async fn run(cluster: &Arc<Cluster>, leg: &mut FakeLeg) -> Outcome {
         leg,
         &mut timer,
         None,
+        None,
     )
     .await;
     Outcome {

@@ -50,6 +50,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         &mut leg,
         &mut timer,
         None,
+        None,
     );
     match driven.await {
         // The cause is logged and counted; a TCP client only sees the close.

@@ -25,6 +25,7 @@ use crate::leg::h1::upstream::H1Response;
 use crate::leg::h2::H2Response;
 use crate::policy::rate::{Limited, RateLimiter};
 use crate::policy::rewrite::HostRewrite;
+use crate::policy::sticky::cookie;
 use crate::policy::Policy;
 use crate::route::Limits;
 use crate::upstream::cluster::{Cluster, EndpointEntry};
@@ -264,6 +265,14 @@ pub(crate) async fn forward<B: RequestBody>(
     out: &mut Vec<u8>,
     timer: &mut Pin<Box<Sleep>>,
 ) -> HttpAnswer {
+    let hash = match &cluster.config.hash_on {
+        Some(HashOn::ClientIp) => Some(crate::upstream::cluster::client_ip_key(client.peer)),
+        Some(HashOn::Cookie(name)) => cookie(req.head, name).map(keel_balance::hash_key),
+        _ => req.meta.hash,
+    };
+    // The endpoint token a sticky session's cookie names (read before the rewrites, which may
+    // remove the cookie).
+    let pin = cluster.sticky.as_ref().map(|s| s.token(req.head));
     // A route's or cluster's policy, in this order: a redirect, the rate limits, the
     // request's rewrites (the response's follow the answer).
     let mut meta = req.meta;
@@ -294,10 +303,6 @@ pub(crate) async fn forward<B: RequestBody>(
             }
         }
     }
-    let hash = match cluster.config.hash_on {
-        Some(HashOn::ClientIp) => Some(crate::upstream::cluster::client_ip_key(client.peer)),
-        _ => req.meta.hash,
-    };
     let mut leg = HttpLeg {
         http1: cluster.config.protocol == UpstreamProtocol::Http1,
         common_len: req.head.len(),
@@ -315,6 +320,7 @@ pub(crate) async fn forward<B: RequestBody>(
         &mut leg,
         timer,
         req.body_progress,
+        pin.flatten(),
     )
     .await
     {
@@ -330,10 +336,36 @@ pub(crate) async fn forward<B: RequestBody>(
                     }
                 }
             }
+            if let Some(sticky) = &cluster.sticky {
+                // A session without a cookie, or whose endpoint could not take it, is pinned
+                // to the endpoint that answered.
+                let token = Some(cluster.endpoints[tail.endpoint].token);
+                if pin.flatten() != token {
+                    if let Some(v) = sticky.set_cookie(tail.endpoint) {
+                        set_cookie(&mut response, leg.out, v);
+                    }
+                }
+            }
             count_response(cluster, response.status());
             Answer::Upstream(Upstream { response, tail })
         }
         Driven::Own(own) => Answer::Own(own),
+    }
+}
+
+/// Adds `Set-Cookie` to an endpoint's response.
+fn set_cookie(
+    response: &mut UpstreamResponse,
+    out: &mut Vec<u8>,
+    value: &hyper::http::HeaderValue,
+) {
+    match response {
+        UpstreamResponse::H1(..) => crate::codec::push_header(out, b"set-cookie", value.as_bytes()),
+        UpstreamResponse::H2(r) => {
+            r.head
+                .headers
+                .append(hyper::header::SET_COOKIE, value.clone());
+        }
     }
 }
 

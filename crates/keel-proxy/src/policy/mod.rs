@@ -5,8 +5,10 @@
 //! Applied in [`crate::leg::forward`], the one function both front ends hand requests to, on
 //! the head already rewritten for the endpoint (HTTP/1.1 text for both front ends).
 
+pub(crate) mod head;
 pub(crate) mod rate;
 pub(crate) mod rewrite;
+pub(crate) mod sticky;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,6 +16,7 @@ use std::time::Instant;
 use crate::config::RouteConfig;
 use crate::exchange::request::Client;
 use crate::upstream::cluster::Cluster;
+use head::header_value;
 use rate::{Limited, RateLimiter};
 use rewrite::{RewriteSource, Rewrites};
 
@@ -105,54 +108,5 @@ fn ip_bytes(client: &Client) -> ([u8; 16], usize) {
             (b, 4)
         }
         std::net::IpAddr::V6(ip) => (ip.octets(), 16),
-    }
-}
-
-/// The value of the first header `name` (any case) of an HTTP/1.1 head (request or status
-/// line first, then `Name: value` lines each ended by CRLF), trimmed.
-pub(crate) fn header_value<'h>(head: &'h [u8], name: &str) -> Option<&'h [u8]> {
-    header_lines(head).find_map(|(n, v, _)| n.eq_ignore_ascii_case(name.as_bytes()).then_some(v))
-}
-
-/// The header lines of an HTTP/1.1 head: (name, trimmed value, the line's byte range with its
-/// CRLF).
-pub(crate) fn header_lines(
-    head: &[u8],
-) -> impl Iterator<Item = (&[u8], &[u8], std::ops::Range<usize>)> {
-    let first = head
-        .windows(2)
-        .position(|w| w == b"\r\n")
-        .map_or(head.len(), |p| p + 2);
-    let mut at = first;
-    std::iter::from_fn(move || loop {
-        if at >= head.len() {
-            return None;
-        }
-        let start = at;
-        let end = head[at..]
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .map_or(head.len(), |p| at + p);
-        at = (end + 2).min(head.len());
-        let line = &head[start..end];
-        let Some(colon) = line.iter().position(|b| *b == b':') else {
-            continue;
-        };
-        return Some((&line[..colon], line[colon + 1..].trim_ascii(), start..at));
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn header_lines_of_a_head() {
-        let head = b"GET / HTTP/1.1\r\nHost: a\r\nX-User:  bob \r\nx-user: eve\r\n";
-        assert_eq!(header_value(head, "x-user"), Some(&b"bob"[..]));
-        assert_eq!(header_value(head, "HOST"), Some(&b"a"[..]));
-        assert_eq!(header_value(head, "cookie"), None);
-        let lines: Vec<_> = header_lines(head).map(|(_, _, r)| r).collect();
-        assert_eq!(lines, vec![16..25, 25..40, 40..53]);
     }
 }

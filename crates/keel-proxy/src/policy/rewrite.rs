@@ -14,7 +14,7 @@ use hyper::header::{HeaderName, HeaderValue};
 
 use crate::codec::push_header;
 use crate::config::{HeaderEdits, RedirectConfig, ReplacePrefix};
-use crate::policy::{header_lines, header_value};
+use crate::policy::head::{header_lines, header_value};
 
 /// A piece of a configured value.
 #[derive(Debug, Clone)]

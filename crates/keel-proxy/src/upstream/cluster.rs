@@ -15,6 +15,7 @@ use keel_balance::{Balancer, EndpointId, Outcome, Pick, RetryBudget};
 use crate::config::ClusterConfig;
 use crate::observe::metrics::{ClusterMetrics, EndpointMetrics, ErrorKind, Registry};
 use crate::policy::rate::RateLimiter;
+use crate::policy::sticky::Sticky;
 use crate::tls::UpstreamTls;
 use crate::upstream::h2_conns::H2Conns;
 use crate::upstream::pool::{EndpointPool, PoolSettings};
@@ -23,6 +24,8 @@ use crate::upstream::pool::{EndpointPool, PoolSettings};
 pub struct EndpointEntry {
     /// keel-balance identity.
     pub id: EndpointId,
+    /// keel-balance's stable token of the endpoint (sticky sessions).
+    pub token: u64,
     /// `host:port`, parsed.
     pub authority: Authority,
     /// The address as a header value (`x-keel-endpoint`).
@@ -66,6 +69,8 @@ pub struct Cluster {
     /// The cluster's `rate_limit`, shared by every route to it (kept across reloads while
     /// its settings stay, with its buckets).
     pub(crate) rate_limit: Option<Arc<RateLimiter>>,
+    /// Sticky sessions (`sticky`): cookie values of the endpoints, by balancer index.
+    pub(crate) sticky: Option<Sticky>,
     epoch: Instant,
 }
 
@@ -147,6 +152,7 @@ impl Cluster {
             .map(|e| {
                 Ok(EndpointEntry {
                     id: e.id(),
+                    token: e.token(),
                     authority: e.address().parse()?,
                     header: HeaderValue::from_str(e.address())?,
                     metrics: registry.endpoint(&config.name, e.address()),
@@ -168,6 +174,10 @@ impl Cluster {
             probes_in_flight: std::sync::atomic::AtomicUsize::new(0),
             workers: workers.max(1),
             rate_limit,
+            sticky: config
+                .sticky
+                .as_ref()
+                .map(|s| Sticky::new(s, balancer.endpoints().iter().map(|e| e.token()))),
             config,
             balancer,
             budget,

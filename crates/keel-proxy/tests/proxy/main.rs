@@ -25,5 +25,6 @@ mod proxy_lifecycle;
 mod rate_limit;
 mod rewrites;
 mod routes;
+mod sticky;
 mod timeouts;
 mod tls;
