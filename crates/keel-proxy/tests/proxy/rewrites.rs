@@ -18,6 +18,11 @@ use crate::support::*;
 /// `name: value` lines) and `x-from-backend: 1`, `server: echo`; `/moved` answers `302` with
 /// `Location` and `Refresh` naming its own address.
 async fn target_echo() -> SocketAddr {
+    target_echo_on(false).await
+}
+
+/// [`target_echo`], speaking HTTP/2 with prior knowledge (`h2c`) when `h2`.
+async fn target_echo_on(h2: bool) -> SocketAddr {
     use hyper::service::service_fn;
     use hyper_util::rt::TokioIo;
     let listener = tokio::net::TcpListener::bind(any_port()).await.unwrap();
@@ -48,9 +53,17 @@ async fn target_echo() -> SocketAddr {
                         resp.body(Full::new(Bytes::from(text))).unwrap(),
                     )
                 });
-                let _ = hyper::server::conn::http1::Builder::new()
+                if h2 {
+                    let _ = hyper::server::conn::http2::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
                     .serve_connection(TokioIo::new(stream), svc)
                     .await;
+                } else {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                }
             });
         }
     });
@@ -201,6 +214,54 @@ rewrite_location = true
         assert_eq!(
             r.header("refresh"),
             Some(format!("3; url=http://{addr}/later").as_str())
+        );
+    }
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_endpoint_gets_and_answers_the_same_rewrites() {
+    let b = target_echo_on(true).await;
+    let proxy = keel_proxy::start(config(&format!(
+        r#"[[listener]]
+listen = "127.0.0.1:0"
+cluster = "app"
+
+[[cluster]]
+name = "app"
+protocol = "h2c"
+endpoints = [{{ address = "{b}" }}]
+strip_prefix = "/svc"
+host_rewrite = "$endpoint"
+rewrite_location = true
+request_headers = {{ add = {{ x-client = "$client_ip" }} }}
+response_headers = {{ set = {{ server = "keel" }}, remove = ["x-from-backend"], add = {{ x-route = "[$route]" }} }}
+"#
+    )))
+    .await
+    .unwrap();
+    let addr = proxy.listener_addrs()[0];
+    for h2 in [false, true] {
+        let r = get_via(addr, h2, "/svc/moved", &[]).await;
+        assert_eq!(r.status, StatusCode::FOUND, "h2 {h2}");
+        let body = r.text();
+        // An HTTP/2 endpoint sees the host as :authority, in the request's URI.
+        assert_eq!(
+            echoed(&body, "target"),
+            Some(format!("http://{b}/moved").as_str()),
+            "{body}"
+        );
+        assert_eq!(echoed(&body, "x-client"), Some("127.0.0.1"));
+        assert_eq!(
+            r.header("location"),
+            Some(format!("http://{addr}/landed?x=1").as_str())
+        );
+        assert_eq!(r.header("server"), Some("keel"));
+        assert_eq!(r.header("x-from-backend"), None);
+        assert_eq!(
+            r.header("x-route"),
+            Some("[]"),
+            "the listener's cluster: no route"
         );
     }
     proxy.shutdown(Duration::from_secs(1)).await;
