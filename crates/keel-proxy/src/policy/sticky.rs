@@ -2,12 +2,11 @@
 //! sends the session's next requests there while that endpoint may take them
 //! (keel-balance's `pick_pinned`), else where the strategy picks, and re-pins the cookie.
 //!
-//! The cookie's value is opaque: a keyed hash of the endpoint's token (itself a hash of its
+//! The cookie's value is opaque: a hash of a secret and the endpoint's token (itself a hash of its
 //! address), 16 hex digits, mapped back through a table built with the cluster. Also the
 //! cookie lookup for `hash_on = "cookie:NAME"`.
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 use std::sync::OnceLock;
 
 use hyper::http::HeaderValue;
@@ -90,12 +89,15 @@ impl Sticky {
     }
 }
 
-/// The cookie's value for an endpoint's token: SipHash of the secret and the token.
+/// The cookie's value for an endpoint's token: xxh3 of the secret and the token (computed at
+/// build time; xxh3 is fixed, so a configured secret gives the same values in every keel
+/// version and process, unlike std's unspecified `DefaultHasher`).
 fn cookie_value(secret: &str, token: u64) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    secret.hash(&mut h);
-    token.hash(&mut h);
-    h.finish()
+    let mut bytes = Vec::with_capacity(secret.len() + 9);
+    bytes.extend_from_slice(secret.as_bytes());
+    bytes.push(0);
+    bytes.extend_from_slice(&token.to_le_bytes());
+    keel_balance::hash_key(&bytes)
 }
 
 /// The value of cookie `name` in a request head's `Cookie` headers.
