@@ -30,6 +30,12 @@
 //! [`RIF_HEADER`] and [`LATENCY_HEADER`] headers, and at `GET` [`LOAD_PATH`], which answers at
 //! once, takes no place in the queue and is not counted in flight (a backend that hangs does not
 //! answer it; one that fails fast does, which is the black hole's bait).
+//!
+//! With [`BackendConfig::orca`] it also puts an ORCA report on every answer (the
+//! `endpoint-load-metrics` header, TEXT or JSON form) over the last full second:
+//! `rps_fractional` (requests answered per second), `eps` (503s per second) and
+//! `cpu_utilization` = the mean requests in flight (Little's law: the summed latency of the
+//! answered requests over the second) divided by the concurrency (1 without a limit).
 
 use std::future::Future;
 use std::io;
@@ -47,7 +53,8 @@ use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use keel_balance::{
-    mix64, LoadReport, ServerLoad, SharedRng, Ticket, LATENCY_HEADER, LOAD_PATH, RIF_HEADER,
+    mix64, LoadReport, OrcaReport, ServerLoad, SharedRng, Ticket, LATENCY_HEADER, LOAD_PATH,
+    ORCA_HEADER, RIF_HEADER,
 };
 use keel_model::vocab::{FailureMode, Latency, LatencySampler, RESET_CUT};
 use rand::{Rng, RngCore};
@@ -71,6 +78,51 @@ pub struct BackendConfig {
     pub name: String,
     /// Requests worked on at once; the others wait in FIFO order. `None`: no limit.
     pub concurrency: Option<u32>,
+    /// Put an ORCA report on every answer, in this form; `None`: no ORCA header.
+    pub orca: Option<OrcaForm>,
+}
+
+/// The form of the ORCA header a backend writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OrcaForm {
+    /// `TEXT cpu_utilization=..., rps_fractional=..., eps=...`.
+    Text,
+    /// `JSON {"cpu_utilization":..., ...}`.
+    Json,
+}
+
+/// The window of the ORCA report's rates.
+const ORCA_WINDOW: Duration = Duration::from_secs(1);
+
+/// What the ORCA report counts: answers, errors and their summed latency in the current
+/// window, and the last full window's rates.
+#[derive(Debug, Default)]
+struct Rates {
+    start: Duration,
+    answered: u64,
+    errors: u64,
+    busy: Duration,
+    /// (qps, eps, mean in flight) of the last full window.
+    last: Option<(f64, f64, f64)>,
+}
+
+impl Rates {
+    fn roll(&mut self, now: Duration) {
+        let elapsed = now.saturating_sub(self.start);
+        if elapsed >= ORCA_WINDOW {
+            let secs = elapsed.as_secs_f64();
+            self.last = Some((
+                self.answered as f64 / secs,
+                self.errors as f64 / secs,
+                self.busy.as_secs_f64() / secs,
+            ));
+            *self = Rates {
+                start: now,
+                last: self.last,
+                ..Rates::default()
+            };
+        }
+    }
 }
 
 impl Default for BackendConfig {
@@ -82,6 +134,7 @@ impl Default for BackendConfig {
             body_bytes: 64,
             name: String::new(),
             concurrency: None,
+            orca: None,
         }
     }
 }
@@ -109,6 +162,10 @@ struct Shared {
     slots: Option<Semaphore>,
     /// What the backend reports about its load; time is measured from `epoch`.
     load: Mutex<ServerLoad>,
+    orca: Option<OrcaForm>,
+    rates: Mutex<Rates>,
+    /// The concurrency the ORCA utilisation is a share of (1 without a limit).
+    orca_capacity: f64,
     epoch: Instant,
     control: watch::Sender<Control>,
     listening: watch::Sender<bool>,
@@ -125,6 +182,36 @@ impl Shared {
 
     fn report(&self) -> LoadReport {
         self.load().report(self.now())
+    }
+
+    fn rates(&self) -> std::sync::MutexGuard<'_, Rates> {
+        self.rates.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// An answered request that arrived at `arrived`.
+    fn answered(&self, arrived: Duration, error: bool) {
+        if self.orca.is_none() {
+            return;
+        }
+        let now = self.now();
+        let mut r = self.rates();
+        r.roll(now);
+        r.answered += 1;
+        r.errors += u64::from(error);
+        r.busy += now.saturating_sub(arrived);
+    }
+
+    /// The ORCA report of the last full window (zeros before the first).
+    fn orca_report(&self) -> OrcaReport {
+        let mut r = self.rates();
+        r.roll(self.now());
+        let (qps, eps, in_flight) = r.last.unwrap_or_default();
+        OrcaReport {
+            cpu_utilization: in_flight / self.orca_capacity,
+            rps_fractional: qps,
+            eps,
+            ..OrcaReport::default()
+        }
     }
 }
 
@@ -223,6 +310,9 @@ async fn spawn_inner(
         connections: AtomicU64::new(0),
         slots: cfg.concurrency.map(|n| Semaphore::new(n as usize)),
         load: Mutex::new(ServerLoad::default()),
+        orca: cfg.orca,
+        rates: Mutex::new(Rates::default()),
+        orca_capacity: f64::from(cfg.concurrency.unwrap_or(1).max(1)),
         epoch: Instant::now(),
         control,
         listening,
@@ -553,6 +643,16 @@ fn with_load(shared: &Shared, mut resp: Response<ResponseBody>) -> Response<Resp
     let h = resp.headers_mut();
     h.insert(RIF_HEADER, HeaderValue::from(r.in_flight));
     h.insert(LATENCY_HEADER, HeaderValue::from(r.latency_us()));
+    if let Some(form) = shared.orca {
+        let report = shared.orca_report();
+        let text = match form {
+            OrcaForm::Text => report.to_text(),
+            OrcaForm::Json => report.to_json(),
+        };
+        if let Ok(v) = HeaderValue::from_str(&text) {
+            h.insert(ORCA_HEADER, v);
+        }
+    }
     resp
 }
 
@@ -623,9 +723,11 @@ async fn handle(
     let health = path == "/healthz";
     // Health checks take no place in the queue and are not requests in flight.
     let call = (!health).then(|| Call::arrive(&shared));
+    let arrived = shared.now();
     let resp = answer(&shared, req, reset, health).await?;
     if let Some(call) = call {
         call.finish();
+        shared.answered(arrived, resp.status().is_server_error());
     }
     Ok(with_load(&shared, resp))
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use keel_balance::{
     BalancerConfig, EndpointSpec, FieldPath, InvalidField, OutlierConfig, Problem, SlowStartConfig,
-    StrategyKind, StrategyOptions, TieBreak,
+    StrategyKind, StrategyOptions, TieBreak, ZoneRouting,
 };
 use serde::Deserialize;
 
@@ -133,6 +133,37 @@ pub struct ClusterConfig {
     /// Slow start (`[cluster.slow_start]`); off unless present.
     #[serde(default)]
     pub slow_start: Option<SlowStartConfig>,
+    /// orca-wrr: a weight counts after this long of ORCA reports (gRFC A58). Default 10 s.
+    #[serde(
+        default = "default_blackout_period",
+        with = "keel_balance::duration_serde"
+    )]
+    pub blackout_period: Duration,
+    /// orca-wrr: a weight expires this long after its last report. Default 3 min.
+    #[serde(
+        default = "default_weight_expiration_period",
+        with = "keel_balance::duration_serde"
+    )]
+    pub weight_expiration_period: Duration,
+    /// orca-wrr: how often weights are recomputed. Default 1 s.
+    #[serde(
+        default = "default_weight_update_period",
+        with = "keel_balance::duration_serde"
+    )]
+    pub weight_update_period: Duration,
+    /// orca-wrr: multiplier of `eps / qps` in the weight. Default 1.
+    #[serde(default = "default_error_utilization_penalty")]
+    pub error_utilization_penalty: f64,
+    /// Priority levels: Envoy's overprovisioning factor. Default 1.4.
+    #[serde(default = "default_overprovisioning_factor")]
+    pub overprovisioning_factor: f64,
+    /// Zone-aware routing (`[cluster.zone_routing]`, keel-balance's `ZoneRouting`); needs the
+    /// proxy's top-level `zone`. Off unless present.
+    #[serde(default)]
+    pub zone_routing: Option<ZoneRouting>,
+    /// The proxy's own zone (the top-level `zone`), copied in when the file is read.
+    #[serde(skip)]
+    pub zone: Option<String>,
     /// Where hash strategies take the request's key: `"header:NAME"`, `"path"` or
     /// `"client-ip"`. Unset: a random key per request (no affinity).
     #[serde(default)]
@@ -322,6 +353,26 @@ fn default_vnodes() -> u32 {
 fn default_table_size() -> u64 {
     StrategyOptions::default().table_size
 }
+fn default_blackout_period() -> Duration {
+    StrategyOptions::default().blackout_period
+}
+
+fn default_weight_expiration_period() -> Duration {
+    StrategyOptions::default().weight_expiration_period
+}
+
+fn default_weight_update_period() -> Duration {
+    StrategyOptions::default().weight_update_period
+}
+
+fn default_error_utilization_penalty() -> f64 {
+    StrategyOptions::default().error_utilization_penalty
+}
+
+fn default_overprovisioning_factor() -> f64 {
+    BalancerConfig::default().overprovisioning_factor
+}
+
 fn default_panic_threshold() -> f64 {
     BalancerConfig::default().panic_threshold
 }
@@ -517,11 +568,18 @@ impl ClusterConfig {
             table_size: self.table_size,
             bounded_load: self.bounded_load,
             probes_per_pick: self.probe.probes_per_request.max(1),
+            blackout_period: self.blackout_period,
+            weight_expiration_period: self.weight_expiration_period,
+            weight_update_period: self.weight_update_period,
+            error_utilization_penalty: self.error_utilization_penalty,
             ..StrategyOptions::default()
         };
         b.outlier_detection = self.outlier_detection.clone();
         b.panic_threshold = self.panic_threshold;
         b.slow_start = self.slow_start.clone();
+        b.overprovisioning_factor = self.overprovisioning_factor;
+        b.zone_routing = self.zone_routing.clone();
+        b.zone = self.zone.clone();
         if let Some(seed) = self.seed {
             b.seed = seed;
         }
@@ -687,7 +745,25 @@ impl ClusterConfig {
         }
         // Load reports (headers and probes) and hedging live in the HTTP/1.1 leg only: refused
         // elsewhere rather than silently balancing without them.
+        if self.zone_routing.is_some() && self.zone.is_none() {
+            return Err(InvalidField::at(
+                "zone_routing",
+                Problem::Invalid(
+                    "zone-aware routing needs the proxy's own zone: set the top-level `zone`"
+                        .into(),
+                ),
+            ));
+        }
         if self.protocol != UpstreamProtocol::Http1 {
+            if self.strategy == StrategyKind::OrcaWrr {
+                return Err(InvalidField::at(
+                    "strategy",
+                    Problem::NotApplicable(
+                        "orca-wrr needs ORCA reports (endpoint-load-metrics), which keel reads from HTTP/1.1 endpoints only: use protocol = \"http1\" or another strategy"
+                            .into(),
+                    ),
+                ));
+            }
             if self.strategy == StrategyKind::Prequal {
                 return Err(InvalidField::at(
                     "strategy",
@@ -849,6 +925,13 @@ impl ClusterConfig {
             seed: None,
             outlier_detection: default_outlier_detection(),
             slow_start: None,
+            blackout_period: options.blackout_period,
+            weight_expiration_period: options.weight_expiration_period,
+            weight_update_period: options.weight_update_period,
+            error_utilization_penalty: options.error_utilization_penalty,
+            overprovisioning_factor: default_overprovisioning_factor(),
+            zone_routing: None,
+            zone: None,
             hash_on: None,
             connect_timeout: default_connect_timeout(),
             request_timeout: default_request_timeout(),
@@ -893,6 +976,13 @@ impl ClusterConfig {
         self.seed = Some(b.seed);
         self.outlier_detection.clone_from(&b.outlier_detection);
         self.slow_start.clone_from(&b.slow_start);
+        self.blackout_period = o.blackout_period;
+        self.weight_expiration_period = o.weight_expiration_period;
+        self.weight_update_period = o.weight_update_period;
+        self.error_utilization_penalty = o.error_utilization_penalty;
+        self.overprovisioning_factor = b.overprovisioning_factor;
+        self.zone_routing.clone_from(&b.zone_routing);
+        self.zone.clone_from(&b.zone);
         self
     }
 }

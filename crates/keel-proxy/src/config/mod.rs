@@ -69,6 +69,9 @@ pub struct ProxyConfig {
     /// The access log (`[access_log]`); none unless the table is present.
     #[serde(default)]
     pub access_log: Option<AccessLogConfig>,
+    /// The zone this proxy runs in, for clusters with `[cluster.zone_routing]`.
+    #[serde(default)]
+    pub zone: Option<String>,
     /// The file this configuration came from (for `POST /reload`), if any.
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -102,6 +105,7 @@ impl ProxyConfig {
         if let Some(base) = base {
             config.resolve_paths(base);
         }
+        config.set_zone(config.zone.clone());
         config.validate().map_err(|e| doc.error(&e))?;
         Ok(config)
     }
@@ -318,7 +322,16 @@ impl ProxyConfig {
             listeners,
             clusters,
             access_log: None,
+            zone: None,
             source: None,
         }
+    }
+
+    /// Sets the proxy's zone and hands it to every cluster's balancer.
+    pub fn set_zone(&mut self, zone: Option<String>) {
+        for c in &mut self.clusters {
+            c.zone.clone_from(&zone);
+        }
+        self.zone = zone;
     }
 }

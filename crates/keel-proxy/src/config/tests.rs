@@ -509,3 +509,46 @@ fn hash_on_parses() {
         .unwrap_err()
         .contains("client-ip"));
 }
+
+#[test]
+fn zone_priority_and_orca_keys_reach_the_balancer() {
+    let text = format!(
+        "zone = \"a\"\n{}",
+        HEAD.replace(
+            "endpoints = [{ address = \"127.0.0.1:9001\" }]",
+            "strategy = \"orca-wrr\"\nblackout_period = \"2s\"\nerror_utilization_penalty = 0.5\n\
+             overprovisioning_factor = 2\nendpoints = [{ address = \"127.0.0.1:9001\", zone = \"a\" }, \
+             { address = \"127.0.0.1:9002\", zone = \"b\", priority = 1 }]\n\
+             zone_routing = { mode = \"host-count\" }",
+        )
+    );
+    let c = ProxyConfig::from_toml_str(&text, "z.toml").unwrap();
+    let bc = c.clusters[0].balancer_config();
+    assert_eq!(bc.strategy, StrategyKind::OrcaWrr);
+    assert_eq!(bc.zone.as_deref(), Some("a"));
+    assert_eq!(
+        bc.zone_routing.as_ref().map(|z| z.mode),
+        Some(keel_balance::ZoneMode::HostCount)
+    );
+    assert_eq!(bc.options.blackout_period, Duration::from_secs(2));
+    assert_eq!(bc.options.error_utilization_penalty, 0.5);
+    assert_eq!(bc.overprovisioning_factor, 2.0);
+    assert_eq!(c.clusters[0].endpoints[1].priority, 1);
+    // Without the proxy's zone, zone routing is refused at its key and line.
+    let err = ProxyConfig::from_toml_str(text.trim_start_matches("zone = \"a\"\n"), "z.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("zone_routing") && err.contains("top-level `zone`"),
+        "{err}"
+    );
+    // orca-wrr needs the HTTP/1.1 leg.
+    let h2 = text.replace(
+        "strategy = \"orca-wrr\"",
+        "strategy = \"orca-wrr\"\nprotocol = \"h2c\"",
+    );
+    let err = ProxyConfig::from_toml_str(&h2, "z.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("orca-wrr needs ORCA reports"), "{err}");
+}

@@ -62,6 +62,8 @@ pub struct Cluster {
     pub(crate) log_budget: crate::observe::log_budget::LogBudget,
     /// The strategy balances on the load endpoints report (`x-keel-rif`, probes).
     pub uses_load_reports: bool,
+    /// The strategy or zone routing balances on ORCA reports (`endpoint-load-metrics`).
+    pub uses_utilization: bool,
     /// Load probes under way (bounded by [`MAX_PROBES_IN_FLIGHT`]).
     pub(crate) probes_in_flight: std::sync::atomic::AtomicUsize,
     /// Worker threads serving connections (`rate_limit.per_worker` divides by it).
@@ -171,6 +173,7 @@ impl Cluster {
             metrics: registry.cluster(&config.name),
             log_budget: crate::observe::log_budget::LogBudget::new(10, epoch),
             uses_load_reports: balancer.uses_load_reports(),
+            uses_utilization: balancer.uses_utilization(),
             probes_in_flight: std::sync::atomic::AtomicUsize::new(0),
             workers: workers.max(1),
             rate_limit,

@@ -51,13 +51,20 @@ async fn probe(cluster: Arc<Cluster>, index: usize) {
         let mut conn = entry.pool.connect().await.ok()?;
         crate::leg::h1::upstream::exchange_head(&mut conn, head.as_bytes())
             .await
-            .ok()?
-            .load
+            .ok()
     };
-    if let Ok(Some(report)) = tokio::time::timeout(p.timeout, work).await {
-        cluster
-            .balancer
-            .report_load(entry.id, report, cluster.now());
+    if let Ok(Some(answer)) = tokio::time::timeout(p.timeout, work).await {
+        if let Some(report) = answer.load {
+            cluster
+                .balancer
+                .report_load(entry.id, report, cluster.now());
+        }
+        // An ORCA report on the probe's answer counts too (zone routing by utilisation).
+        if let Some(u) = answer.orca.filter(|_| cluster.uses_utilization) {
+            cluster
+                .balancer
+                .report_utilization(entry.id, u, cluster.now());
+        }
     }
     cluster.probes_in_flight.fetch_sub(1, Relaxed);
 }

@@ -98,3 +98,64 @@ async fn a_fast_failing_endpoint_does_not_attract_prequal() {
     );
     proxy.shutdown(Duration::from_secs(1)).await;
 }
+
+/// ORCA through the proxy: two `keel backend --orca` endpoints (one writing the TEXT form, one
+/// JSON), one answering in 2 ms and one in 10 ms. Each reports its requests per second and its
+/// mean requests in flight as cpu_utilization, so A58's weight qps / utilization comes to
+/// 1 / latency, and orca-wrr gives the slower one (1/10) / (1/10 + 1/2) = 1/6 of the calls
+/// once the reports count (blackout 0 s here, weights recomputed every 100 ms); before any
+/// report, round-robin's 1/2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orca_wrr_sends_fewer_calls_to_the_endpoint_whose_orca_report_says_it_is_loaded() {
+    use keel_testbed::backend::OrcaForm;
+    let mut bs = Vec::new();
+    for (name, ms, form) in [("light", 2, OrcaForm::Text), ("loaded", 10, OrcaForm::Json)] {
+        let cfg = BackendConfig {
+            latency: Latency::fixed(Duration::from_millis(ms)),
+            name: name.into(),
+            orca: Some(form),
+            ..BackendConfig::default()
+        };
+        bs.push(backend::spawn(any_port(), cfg).await.unwrap());
+    }
+    let addrs: Vec<_> = bs.iter().map(|b| b.addr()).collect();
+    let extra = "blackout_period = \"0s\"\nweight_update_period = \"100ms\"";
+    let proxy = keel_proxy::start(simple_config(&addrs, "orca-wrr", extra))
+        .await
+        .unwrap();
+    let url = format!("http://{}/", proxy.listener_addrs()[0]);
+    let c = client();
+    let start = std::time::Instant::now();
+    let (mut first_second, mut later) = ([0usize; 2], [0usize; 2]);
+    while start.elapsed() < Duration::from_secs(4) {
+        let r = send(&c, Method::GET, &url, &[], b"").await.unwrap();
+        assert_eq!(r.status, StatusCode::OK);
+        let orca = r
+            .header("endpoint-load-metrics")
+            .expect("the report is forwarded");
+        let which = usize::from(r.header("x-backend") == Some("loaded"));
+        assert!(orca.starts_with(["TEXT ", "JSON "][which]), "{orca}");
+        let at = start.elapsed();
+        if at < Duration::from_millis(900) {
+            first_second[which] += 1;
+        } else if at > Duration::from_millis(2500) {
+            later[which] += 1;
+        }
+    }
+    // Before the first full second no report has rates: round-robin.
+    assert!(
+        first_second[0].abs_diff(first_second[1]) <= 1,
+        "{first_second:?}"
+    );
+    let share = later[1] as f64 / (later[0] + later[1]) as f64;
+    println!(
+        "orca-wrr: first 0.9 s {first_second:?}, after 2.5 s {later:?}: loaded share {share:.3}"
+    );
+    // 1/6 by the closed form; timers, loopback and the proxy add about 1 ms to both, which
+    // pulls it towards 1/2 a little (1/11 / (1/11 + 1/3) = 0.21; 0.222-0.225 in 3 runs).
+    assert!(
+        share > 0.08 && share < 0.3,
+        "loaded share {share:.3}: {later:?}"
+    );
+    proxy.shutdown(Duration::from_secs(1)).await;
+}

@@ -86,6 +86,11 @@ pub struct Args {
     /// limit.
     #[arg(long, value_name = "N")]
     concurrency: Option<u32>,
+    /// Put an ORCA load report (`endpoint-load-metrics`) on every answer, in the `text` or
+    /// `json` form: requests and 503s per second over the last second, and the mean requests
+    /// in flight over --concurrency (1 without) as cpu_utilization.
+    #[arg(long, value_name = "FORM", value_parser = ["text", "json"])]
+    orca: Option<String>,
 }
 
 fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
@@ -170,6 +175,10 @@ fn parse(args: &Args) -> anyhow::Result<(Vec<SocketAddr>, BackendConfig)> {
         body_bytes: args.body_bytes,
         name: String::new(),
         concurrency: args.concurrency,
+        orca: args.orca.as_deref().map(|f| match f {
+            "json" => backend::OrcaForm::Json,
+            _ => backend::OrcaForm::Text,
+        }),
     };
     if cfg.concurrency == Some(0) {
         return usage("--concurrency must be at least 1");

@@ -4,7 +4,7 @@
 
 use std::mem::MaybeUninit;
 
-use keel_balance::{LoadReport, LATENCY_HEADER, RIF_HEADER};
+use keel_balance::{LoadReport, OrcaReport, Utilization, LATENCY_HEADER, ORCA_HEADER, RIF_HEADER};
 
 use crate::codec::{push_header, HOP_BY_HOP};
 use crate::exchange::request::parse_content_length;
@@ -26,7 +26,7 @@ pub(crate) enum Framing {
 }
 
 /// A response head, parsed and rewritten.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ResponseHead {
     /// Bytes of the head, final CRLF included.
     pub head_len: usize,
@@ -41,6 +41,9 @@ pub(crate) struct ResponseHead {
     /// The load the endpoint reported (`x-keel-rif` and `x-keel-latency-us`), if both are
     /// there and valid.
     pub load: Option<LoadReport>,
+    /// The utilisation the endpoint reported in ORCA (`endpoint-load-metrics`, TEXT or JSON
+    /// form), if the header is there and valid (a malformed one is ignored).
+    pub orca: Option<Utilization>,
 }
 
 /// Most headers accepted in an upstream response.
@@ -80,13 +83,15 @@ pub(crate) fn parse_response(
     let mut chunked = false;
     let mut transfer_encoding = false;
     let mut has_date = false;
-    let (mut rif, mut latency_us) = (None, None);
+    let (mut rif, mut latency_us, mut orca) = (None, None, None);
     for h in resp.headers.iter() {
         has_date |= h.name.eq_ignore_ascii_case("date");
         if h.name.eq_ignore_ascii_case(RIF_HEADER) {
             rif = Some(h.value);
         } else if h.name.eq_ignore_ascii_case(LATENCY_HEADER) {
             latency_us = Some(h.value);
+        } else if h.name.eq_ignore_ascii_case(ORCA_HEADER) {
+            orca = Some(h.value);
         }
         if h.name.eq_ignore_ascii_case("connection") {
             for token in h.value.split(|b| *b == b',') {
@@ -165,6 +170,10 @@ pub(crate) fn parse_response(
         keep_alive: !close && framing != Framing::Close,
         has_date,
         load: LoadReport::from_headers(rif, latency_us),
+        // Parsed only when present: most endpoints send none.
+        orca: orca
+            .and_then(|v| OrcaReport::parse(v).ok())
+            .map(|r| r.utilization()),
     }))
 }
 

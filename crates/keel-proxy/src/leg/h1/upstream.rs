@@ -164,6 +164,14 @@ async fn read_response(
                         cluster.balancer.report_load(entry.id, load, cluster.now());
                     }
                 }
+                // ORCA's utilisation, for orca-wrr and zone routing.
+                if let Some(u) = resp.orca {
+                    if cluster.uses_utilization {
+                        cluster
+                            .balancer
+                            .report_utilization(entry.id, u, cluster.now());
+                    }
+                }
                 if let Framing::Length(n) = resp.framing {
                     if n <= cluster.config.max_buffered_response
                         && !cluster.is_failure_status(resp.status)
