@@ -293,10 +293,16 @@ pub(crate) async fn forward<B: RequestBody>(
         }
         if let Some((rw, vars)) = &rewrites {
             rw.request(req.head, vars);
-            if rw.host == Some(HostRewrite::Endpoint) {
-                // Each try names its own endpoint (see `end_head`).
+            // Each try adds the endpoint's `Host` when the head has none (see `end_head`): with
+            // `$endpoint` always, with a value never (an HTTP/1.0 client may have sent none).
+            let has_host = match rw.host {
+                Some(HostRewrite::Endpoint) => Some(false),
+                Some(HostRewrite::Literal(_)) => Some(true),
+                None => None,
+            };
+            if let Some(has_host) = has_host.filter(|h| *h != meta.has_host) {
                 own_meta = RequestHead {
-                    has_host: false,
+                    has_host,
                     ..meta.clone()
                 };
                 meta = &own_meta;

@@ -176,6 +176,18 @@ request_headers = {{ add = {{ x-cluster = "app" }}, set = {{ x-tenant = "cluster
         assert_eq!(echoed(&body, "x-tenant"), Some("cluster"));
         assert_eq!(r.header("x-from-backend"), Some("1"));
     }
+    // An HTTP/1.0 request without Host gets the rewritten one, once.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(b"GET /echo/old HTTP/1.0\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tcp.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(answer.matches("host: ").count(), 1, "{answer}");
+    assert!(answer.contains("\nhost: internal.example\n"), "{answer}");
     proxy.shutdown(Duration::from_secs(1)).await;
 }
 
