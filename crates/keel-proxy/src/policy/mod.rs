@@ -89,7 +89,13 @@ impl Policy {
             let ip;
             let key = if l.by_client_ip() {
                 ip = ip_bytes(client);
-                Some(&ip.0[..ip.1])
+                // Behind a trusted proxy, the client is the address that proxy added to
+                // `X-Forwarded-For` (the one before keel's own entry, the proxy's).
+                let forwarded = client
+                    .trust_forwarded
+                    .then(|| header_value(head, "x-forwarded-for").and_then(proxied_client))
+                    .flatten();
+                forwarded.or(Some(&ip.0[..ip.1]))
             } else {
                 l.key_header().and_then(|name| header_value(head, name))
             };
@@ -97,6 +103,16 @@ impl Policy {
         }
         Ok(())
     }
+}
+
+/// The next-to-last entry of an `X-Forwarded-For` value (the last is keel's own: the peer).
+fn proxied_client(xff: &[u8]) -> Option<&[u8]> {
+    let mut entries = xff.rsplit(|b| *b == b',');
+    entries.next()?;
+    entries
+        .next()
+        .map(<[u8]>::trim_ascii)
+        .filter(|e| !e.is_empty())
 }
 
 /// The client's IP address as bytes (4 or 16 of them).
@@ -108,5 +124,20 @@ fn ip_bytes(client: &Client) -> ([u8; 16], usize) {
             (b, 4)
         }
         std::net::IpAddr::V6(ip) => (ip.octets(), 16),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trusted_proxy_names_the_client_before_keels_entry() {
+        assert_eq!(
+            proxied_client(b"6.6.6.6, 1.2.3.4, 10.0.0.1"),
+            Some(&b"1.2.3.4"[..])
+        );
+        assert_eq!(proxied_client(b"10.0.0.1"), None);
+        assert_eq!(proxied_client(b" , 10.0.0.1"), None);
     }
 }

@@ -145,6 +145,19 @@ async fn a_limit_keyed_by_client_ip_per_worker() {
         );
     }
     assert_eq!(got, vec![200, 200, 429]);
+    // Through a trusted proxy (simple_config trusts 127.0.0.1), the client is the address the
+    // proxy added to X-Forwarded-For: each has its own bucket, whatever the client put first.
+    for (xff, want) in [
+        ("9.9.9.9, 192.0.2.1", vec![200, 200, 429]),
+        ("8.8.8.8, 192.0.2.2", vec![200, 200, 429]),
+    ] {
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            let r = send(&c, Method::GET, &url, &[("x-forwarded-for", xff)], b"").await;
+            got.push(r.unwrap().status.as_u16());
+        }
+        assert_eq!(got, want, "{xff}");
+    }
     proxy.shutdown(Duration::from_secs(1)).await;
 }
 
