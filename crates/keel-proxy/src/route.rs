@@ -253,7 +253,14 @@ impl ListenerRoutes {
                     .iter()
                     .map(|(k, v)| (k.to_ascii_lowercase().into(), v.as_bytes().into()))
                     .collect(),
-                target: Target::new(find(&r.cluster)?, Some((i, r))),
+                // A redirect route without a cluster counts under the listener's (validated).
+                target: Target::new(
+                    find(match (r.cluster.as_str(), &config.cluster) {
+                        ("", Some(listener)) => listener,
+                        (name, _) => name,
+                    })?,
+                    Some((i, r)),
+                ),
             };
             group.add(&route, index);
             table.routes.push(route);

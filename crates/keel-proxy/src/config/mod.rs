@@ -233,6 +233,17 @@ impl ProxyConfig {
             }
             for (j, r) in l.routes.iter().enumerate() {
                 let route = at.clone().then("route").at(j);
+                if r.cluster.is_empty() {
+                    let problem = match (&r.redirect, &l.cluster) {
+                        (Some(_), Some(_)) => continue,
+                        (Some(_), None) => "a redirect route without `cluster` counts under the listener's `cluster`, and this listener has none: set `cluster` on the route or on the listener",
+                        (None, _) => "required: the cluster that serves the route's requests (only a `redirect` route may leave it out)",
+                    };
+                    return Err(InvalidField::new(
+                        route.then("cluster"),
+                        Problem::Invalid(problem.into()),
+                    ));
+                }
                 let Some(c) = self.clusters.iter().find(|c| c.name == r.cluster) else {
                     return Err(InvalidField::new(
                         route.then("cluster"),

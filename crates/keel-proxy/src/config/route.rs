@@ -33,7 +33,9 @@ pub struct RouteConfig {
     /// Each of these headers is present with exactly this value (names case-insensitive).
     #[serde(default)]
     pub headers: std::collections::BTreeMap<String, String>,
-    /// The cluster that serves the requests of this route.
+    /// The cluster that serves the requests of this route. Required, except on a `redirect`
+    /// route, which then counts under the listener's `cluster` (empty: not set).
+    #[serde(default)]
     pub cluster: String,
     /// Overrides the cluster's `request_timeout` for this route.
     #[serde(default, with = "keel_balance::duration_serde::option")]

@@ -289,7 +289,6 @@ cluster = "app"
 
 [[listener.route]]
 path_prefix = "/old/"
-cluster = "app"
 redirect = {{ status = 301, location = "https://$host$path" }}
 
 [[cluster]]
@@ -343,6 +342,22 @@ fn rewrite_errors_name_their_key_and_line() {
     let e = err(with("redirect = { status = 200, location = \"/x\" }"));
     assert!(
         e.contains("route[0].redirect.status") && e.contains(":6:"),
+        "{e}"
+    );
+    // A route needs a cluster unless it redirects, and then the listener needs one.
+    let tail = "[[cluster]]\nname = \"a\"\nendpoints = [{ address = \"127.0.0.1:1\" }]\n";
+    let e = err(format!(
+        "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"a\"\n[[listener.route]]\npath = \"/x\"\n{tail}"
+    ));
+    assert!(
+        e.contains("route[0].cluster") && e.contains("required"),
+        "{e}"
+    );
+    let e = err(format!(
+        "[[listener]]\nlisten = \"127.0.0.1:0\"\n[[listener.route]]\nredirect = {{ location = \"/y\" }}\n{tail}"
+    ));
+    assert!(
+        e.contains("route[0].cluster") && e.contains("this listener has none"),
         "{e}"
     );
     let e = err(with("strip_prefix = \"echo\""));
