@@ -1,6 +1,7 @@
 //! Cost of keel-balance's hot path and of its table rebuilds.
 //!
-//! - `pick_finish_1t/<strategy>/<n>`: one `pick` + `finish(Success)` on one thread, n endpoints.
+//! - `pick_finish_1t/<strategy>/<n>`: one `pick` + `finish(Success)` on one thread, n endpoints
+//!   (`least-request+zones-*`: over three zones with zone-aware routing).
 //! - `pick_finish_2t/<strategy>/<n>`: two threads doing pick + finish on one shared balancer;
 //!   the time is per op of one thread while the other contends (equal to the 1-thread number
 //!   under perfect scaling, larger with contention).
@@ -22,7 +23,8 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use keel_balance::{
-    mix64, Balancer, BalancerConfig, EndpointSpec, Outcome, PickContext, StrategyKind,
+    mix64, Balancer, BalancerConfig, EndpointSpec, Outcome, PickContext, StrategyKind, ZoneMode,
+    ZoneRouting,
 };
 
 #[path = "common/clock.rs"]
@@ -46,6 +48,8 @@ fn endpoints(n: usize) -> Vec<EndpointSpec> {
         .map(|i| {
             EndpointSpec::new(format!("127.1.{}.{}:80", i / 256, i % 256))
                 .with_weight(1 + (i % 3) as u32)
+                // Three zones, used only by the `+zones` configurations.
+                .with_zone(["z0", "z1", "z2"][i % 3])
         })
         .collect()
 }
@@ -64,6 +68,22 @@ fn configs() -> Vec<(String, BalancerConfig)> {
         let mut cfg = BalancerConfig::new(k);
         cfg.options.bounded_load = Some(1.25);
         out.push((format!("{}+bounded-1.25", k.name()), cfg));
+    }
+    // Zone-aware routing over three zones (keel's load rule, and Envoy's host-count rule):
+    // the layer's cost on top of the strategy.
+    for mode in [ZoneMode::Load, ZoneMode::HostCount] {
+        let mut cfg = BalancerConfig::new(StrategyKind::LeastRequest);
+        cfg.zone = Some("z0".into());
+        cfg.zone_routing = Some(ZoneRouting {
+            mode,
+            ..ZoneRouting::default()
+        });
+        let m = if mode == ZoneMode::Load {
+            "load"
+        } else {
+            "host-count"
+        };
+        out.push((format!("least-request+zones-{m}"), cfg));
     }
     out
 }

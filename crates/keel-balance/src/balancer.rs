@@ -471,27 +471,53 @@ impl Balancer {
             group: &self.group,
             half_open: snap.strategies[0].half_open(),
         };
-        let first = if snap.layout.is_trivial() {
-            0
-        } else {
-            snap.layout.choose(now, panic, &self.rng)
-        };
-        let (g, local) = Self::pick_from(&snap, &view, first, ctx.hash_key).or_else(|| {
+        if snap.layout.is_trivial() {
+            // One group holding every endpoint in order (no priorities, no zones): the
+            // strategy's index is the endpoint's, and no group is chosen.
+            let s = &snap.strategies[0];
+            let mut index = s.pick(&view, ctx.hash_key);
+            if index.is_none() && !ctx.avoid.is_empty() {
+                view.avoid = &[];
+                index = s.pick(&view, ctx.hash_key);
+            }
+            if index.is_none() && view.half_open {
+                view.half_open = false;
+                index = s.pick(&view, ctx.hash_key);
+            }
+            let i = index?;
+            return Some(self.start(&snap, &view, 0, i, i, now));
+        }
+        self.pick_grouped(&snap, view, ctx, panic)
+    }
+
+    /// [`Self::pick`] with priority levels or zones: the group first, then the strategy.
+    #[inline(never)]
+    fn pick_grouped(
+        &self,
+        snap: &Snapshot,
+        mut view: View<'_>,
+        ctx: &PickContext<'_>,
+        panic: bool,
+    ) -> Option<Pick> {
+        let now = view.now;
+        let first = snap.layout.choose(now, panic, &self.rng);
+        let (g, local) = Self::pick_from(snap, &view, first, ctx.hash_key).or_else(|| {
             let mut found = None;
             if !ctx.avoid.is_empty() {
                 // Nothing else left: a retry may go back to an endpoint it already tried.
                 view.avoid = &[];
-                found = Self::pick_from(&snap, &view, first, ctx.hash_key);
+                found = Self::pick_from(snap, &view, first, ctx.hash_key);
             }
             if found.is_none() && view.half_open {
                 // Every endpoint left is on trial with its trial call in flight: better a
                 // second call there than none at all.
                 view.half_open = false;
-                found = Self::pick_from(&snap, &view, first, ctx.hash_key);
+                found = Self::pick_from(snap, &view, first, ctx.hash_key);
             }
             found
         })?;
-        Some(self.start(&snap, &view, g, local, now))
+        let index = snap.layout.groups[g].members[local];
+        Some(self.start(snap, &view, g, local, index, now))
     }
 
     /// The strategy's pick in group `first`, or else in the others in order (priority order).
@@ -511,13 +537,21 @@ impl Balancer {
         None
     }
 
-    /// Counts a call on member `local` of group `g` and makes its pick.
-    fn start(&self, snap: &Snapshot, view: &View<'_>, g: usize, local: usize, now: u64) -> Pick {
-        let index = snap.layout.groups[g].members[local];
+    /// Counts a call on member `local` of group `g`, endpoint `index`, and makes its pick.
+    #[inline(always)]
+    fn start(
+        &self,
+        snap: &Snapshot,
+        view: &View<'_>,
+        g: usize,
+        local: usize,
+        index: usize,
+        now: u64,
+    ) -> Pick {
         let endpoint = snap.endpoints[index].clone();
         endpoint.begin_call();
         let strategy = &snap.strategies[g];
-        if strategy.follows_calls() {
+        if self.follows_calls {
             strategy.started(&snap.in_group(view, g), local);
         }
         let group = strategy.uses_group_load().then(|| {
@@ -554,7 +588,7 @@ impl Balancer {
             };
             if view.allowed(i) {
                 let (g, local) = snap.layout.place[i];
-                return Some(self.start(&snap, &view, g as usize, local as usize, now));
+                return Some(self.start(&snap, &view, g as usize, local as usize, i, now));
             }
         }
         drop(snap);

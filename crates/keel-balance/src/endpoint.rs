@@ -100,10 +100,17 @@ pub struct Endpoint {
     /// What the endpoint last said about itself, for zone-aware routing: requests in flight
     /// (from a [`crate::LoadReport`]) and utilisation (f64 bits, from an ORCA report), each
     /// with the time it arrived (0: never).
-    reported_rif: AtomicU32,
-    reported_rif_at: AtomicU64,
-    reported_util: AtomicU64,
-    reported_util_at: AtomicU64,
+    reported: Reported,
+}
+
+/// What an endpoint reported about itself (zone routing reads it), kept apart from the fields
+/// every pick touches.
+#[derive(Debug, Default)]
+struct Reported {
+    rif: AtomicU32,
+    rif_at: AtomicU64,
+    util: AtomicU64,
+    util_at: AtomicU64,
 }
 
 impl Endpoint {
@@ -122,10 +129,7 @@ impl Endpoint {
             successes: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             outlier: Mutex::new(OutlierState::default()),
-            reported_rif: AtomicU32::new(0),
-            reported_rif_at: AtomicU64::new(0),
-            reported_util: AtomicU64::new(0),
-            reported_util_at: AtomicU64::new(0),
+            reported: Reported::default(),
         }
     }
 
@@ -138,30 +142,30 @@ impl Endpoint {
 
     /// Records the requests in flight the endpoint reported at `now`.
     pub(crate) fn set_reported_rif(&self, rif: u32, now: u64) {
-        self.reported_rif.store(rif, Ordering::Relaxed);
-        self.reported_rif_at.store(now.max(1), Ordering::Relaxed);
+        self.reported.rif.store(rif, Ordering::Relaxed);
+        self.reported.rif_at.store(now.max(1), Ordering::Relaxed);
     }
 
     /// Records the utilisation the endpoint reported at `now`.
     pub(crate) fn set_reported_util(&self, util: f64, now: u64) {
-        self.reported_util.store(util.to_bits(), Ordering::Relaxed);
-        self.reported_util_at.store(now.max(1), Ordering::Relaxed);
+        self.reported.util.store(util.to_bits(), Ordering::Relaxed);
+        self.reported.util_at.store(now.max(1), Ordering::Relaxed);
     }
 
     /// The requests in flight it reported no longer than `max_age` before `now`.
     #[inline]
     pub(crate) fn reported_rif(&self, now: u64, max_age: u64) -> Option<u32> {
-        let at = self.reported_rif_at.load(Ordering::Relaxed);
+        let at = self.reported.rif_at.load(Ordering::Relaxed);
         (at != 0 && now.saturating_sub(at) <= max_age)
-            .then(|| self.reported_rif.load(Ordering::Relaxed))
+            .then(|| self.reported.rif.load(Ordering::Relaxed))
     }
 
     /// The utilisation it reported no longer than `max_age` before `now`.
     #[inline]
     pub(crate) fn reported_util(&self, now: u64, max_age: u64) -> Option<f64> {
-        let at = self.reported_util_at.load(Ordering::Relaxed);
+        let at = self.reported.util_at.load(Ordering::Relaxed);
         (at != 0 && now.saturating_sub(at) <= max_age)
-            .then(|| f64::from_bits(self.reported_util.load(Ordering::Relaxed)))
+            .then(|| f64::from_bits(self.reported.util.load(Ordering::Relaxed)))
     }
 
     /// Process-unique identity.
