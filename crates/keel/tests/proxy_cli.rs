@@ -84,7 +84,7 @@ fn get(addr: &str, path: &str) -> String {
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: keel\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
     )
     .unwrap();
     let mut out = String::new();
@@ -498,4 +498,80 @@ fn sigusr2_replaces_the_binary_under_load_without_a_failed_request() {
         !pid_file.exists(),
         "PID file removed by the process it names"
     );
+}
+
+/// With `ulimit -n 256` and 400 idle client connections open, the data listener sheds what it
+/// cannot take and the admin listener still answers (issue 21: at the fd limit the admin was
+/// unreachable); once the clients are gone, the data listener serves again.
+#[test]
+fn the_admin_answers_at_the_open_file_limit() {
+    let text = "[admin]\nlisten = \"127.0.0.1:0\"\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n[[cluster]]\nname = \"app\"\nendpoints = [{ address = \"127.0.0.1:9\" }]\n";
+    let path = temp_file("fd-limit.toml", text);
+    let mut child = Command::new("sh")
+        .args(["-c", "ulimit -n 256 && exec \"$0\" proxy --config \"$1\""])
+        .arg(KEEL)
+        .arg(&path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let (mut listen, mut admin) = (None, None);
+    let mut line = String::new();
+    while listen.is_none() || admin.is_none() {
+        line.clear();
+        if stdout.read_line(&mut line).unwrap() == 0 {
+            let _ = child.kill();
+            panic!("keel proxy ended early");
+        }
+        let l = line.trim();
+        if let Some(rest) = l.strip_prefix("keel proxy: listening on http://") {
+            listen = rest.split(' ').next().map(str::to_string);
+        }
+        if let Some(rest) = l.strip_prefix("keel proxy: admin on http://") {
+            admin = rest.split(['/', ' ']).next().map(str::to_string);
+        }
+    }
+    let (listen, admin) = (listen.unwrap(), admin.unwrap());
+    let stderr = child.stderr.take().unwrap();
+    let warnings = std::thread::spawn(move || {
+        let mut all = String::new();
+        let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut all);
+        all
+    });
+    // The proxy has 256 descriptors; 400 connections want more than that.
+    let idle: Vec<std::net::TcpStream> = (0..400)
+        .filter_map(|_| std::net::TcpStream::connect(&listen).ok())
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let status = get(&admin, "/status");
+    let data_during = std::net::TcpStream::connect(&listen).map(|mut s| {
+        use std::io::{Read, Write};
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    });
+    drop(idle);
+    std::thread::sleep(Duration::from_millis(500));
+    let after = get(&listen, "/");
+    signal(child.id(), "-TERM");
+    let _ = child.wait();
+    let log = warnings.join().unwrap();
+    assert!(
+        status.starts_with("HTTP/1.1 200"),
+        "admin at the limit: {status:?}\n{log}"
+    );
+    assert!(
+        log.contains("near the open-file limit"),
+        "the shedding is logged: {log}"
+    );
+    // While full, a new data connection is closed at once (not left hanging).
+    assert!(
+        data_during.as_deref().map_or(true, |a| a.is_empty()),
+        "{data_during:?}"
+    );
+    // The endpoint (port 9) refuses: keel answers for it, so the listener serves again.
+    assert!(after.starts_with("HTTP/1.1 502"), "{after:?}");
 }

@@ -348,3 +348,43 @@ async fn an_http2_client_that_opens_no_window_is_cut_and_frees_its_slots() {
     assert_eq!(st[0].failures, 0, "the endpoint did nothing wrong: {st:?}");
     proxy.shutdown(Duration::from_secs(1)).await;
 }
+
+/// With every timeout at its default (a config of one listener and one endpoint), an event
+/// stream longer than the default `request_timeout` (15 s) and a 1 MB upload at about
+/// 100 KB/s (10 s, longer than a per-try share of it) both succeed, side by side (issue 21).
+/// `KEEL_LONG_STREAM_SECS=60` runs the issue's full-length stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_timeouts_carry_a_long_event_stream_and_a_slow_upload() {
+    let secs: usize = std::env::var("KEEL_LONG_STREAM_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(17);
+    let events = event_stream(secs, Duration::from_secs(1), false).await;
+    let (echo, _) = echo_server().await;
+    let sse = keel_proxy::start(config(events, "", "")).await.unwrap();
+    let upload = keel_proxy::start(config(echo, "", "")).await.unwrap();
+    let (sse_addr, upload_addr) = (sse.listener_addrs()[0], upload.listener_addrs()[0]);
+    let stream = tokio::spawn(async move { h1_get(sse_addr).await });
+    // 1 MB (100 pieces of 10 KiB, one every 100 ms).
+    let t = Instant::now();
+    let text = slow_upload(
+        upload_addr,
+        100,
+        10 * 1024,
+        Duration::from_millis(100),
+        None,
+    )
+    .await;
+    let took = t.elapsed();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("body-length: 1024000"), "{text}");
+    assert!(took >= Duration::from_secs(10), "{took:?}");
+    let (text, took) = stream.await.unwrap();
+    assert!(took >= Duration::from_secs(secs as u64 - 1), "{took:?}");
+    for i in 0..secs {
+        assert!(text.contains(&format!("data: {i}\n")), "event {i} missing");
+    }
+    assert!(text.ends_with("0\r\n\r\n"), "the stream ended properly");
+    sse.shutdown(Duration::from_secs(1)).await;
+    upload.shutdown(Duration::from_secs(1)).await;
+}
