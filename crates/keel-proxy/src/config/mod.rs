@@ -90,6 +90,18 @@ fn same_port(a: SocketAddr, b: SocketAddr) -> bool {
 }
 
 impl ProxyConfig {
+    /// The most upstream tries one request may cost `cluster`: its own worst case, or a
+    /// route's to it with more `retry_attempts` (`keel proxy --check`, `keel_max_amplification`).
+    pub fn worst_amplification(&self, cluster: &ClusterConfig) -> u32 {
+        self.listeners
+            .iter()
+            .flat_map(|l| &l.routes)
+            .filter(|r| r.cluster == cluster.name)
+            .filter_map(|r| r.retry_attempts)
+            .map(|n| cluster.amplification_with(n).worst_case)
+            .fold(cluster.amplification().worst_case, u32::max)
+    }
+
     /// Parses and validates TOML; `origin` (a file name) appears in error messages.
     ///
     /// Relative TLS and access-log paths are taken from the current directory.

@@ -21,7 +21,7 @@ pub(crate) mod tries;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use keel_balance::{EndpointId, PickContext};
 use tokio::time::Sleep;
@@ -32,6 +32,7 @@ use crate::driver::answer::{own, OwnAnswer};
 use crate::driver::leg::{Leg, Race, Tried};
 use crate::driver::tries::{Tries, TryOutcome};
 use crate::exchange::error::{Cause, ErrorKind, TryFailure};
+use crate::exchange::pushback::Pushback;
 use crate::exchange::request::{Client, Reject};
 use crate::route::Limits;
 use crate::upstream::cluster::Cluster;
@@ -234,11 +235,27 @@ pub(crate) async fn drive<L: Leg>(
             TryFailure::Status(_, cause) => !matches!(cause, Cause::GrpcStatus(_)),
         };
         failed(cluster, entry, &failure, pick, now);
-        let before_deadline = crate::io::now() < deadline;
+        // The endpoint's pushback: wait before the retry, or none if it says never or the
+        // wait would pass the deadline (then its answer is the client's).
+        let pushback = match &failure {
+            TryFailure::Status(won, _) => L::pushback(won),
+            _ => None,
+        };
+        let wait = match pushback {
+            Some(Pushback::Never) => None,
+            Some(Pushback::After(d)) => Some(d),
+            None => Some(Duration::ZERO),
+        }
+        .filter(|d| crate::io::now() + *d < deadline);
+        let before_deadline = wait.is_some() && crate::io::now() < deadline;
         // Rewound only when a retry may follow.
         let safe =
             (leg.idempotent() || !may_have_acted) && !last && before_deadline && leg.rewind();
         if may_retry(cluster, last, safe, before_deadline) {
+            if let Some(d) = wait.filter(|d| !d.is_zero()) {
+                cluster.metrics.pushbacks.fetch_add(1, Relaxed);
+                tokio::time::sleep(d).await;
+            }
             attempt += 1;
             continue;
         }

@@ -4,4 +4,5 @@
 
 pub(crate) mod error;
 pub(crate) mod grpc;
+pub(crate) mod pushback;
 pub(crate) mod request;

@@ -38,6 +38,17 @@ use crate::upstream::pool::ConnectError;
 
 /// An endpoint's HTTP/2 response: its head, its body and trailers to come, and the request's
 /// own stream when the client is still sending (full duplex).
+impl H2Response {
+    /// When the endpoint asks to be retried (`Retry-After`, `grpc-retry-pushback-ms`).
+    pub(crate) fn pushback(&self) -> Option<crate::exchange::pushback::Pushback> {
+        let headers = self.head.headers.iter();
+        crate::exchange::pushback::of_headers(
+            self.head.status.as_u16(),
+            headers.map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())),
+        )
+    }
+}
+
 pub(crate) struct H2Response {
     /// Status and headers.
     pub head: hyper::http::response::Parts,

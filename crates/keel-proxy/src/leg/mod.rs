@@ -119,6 +119,13 @@ impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
         self.body.rewind()
     }
 
+    fn pushback(won: &UpstreamResponse) -> Option<crate::exchange::pushback::Pushback> {
+        match won {
+            UpstreamResponse::H1(_, head) => head.pushback,
+            UpstreamResponse::H2(r) => r.pushback(),
+        }
+    }
+
     fn idempotent(&self) -> bool {
         self.meta.idempotent
     }
@@ -194,6 +201,10 @@ struct H1Try<'a> {
 
 impl Leg for H1Try<'_> {
     type Won = H1Response;
+
+    fn pushback((_, head): &H1Response) -> Option<crate::exchange::pushback::Pushback> {
+        head.pushback
+    }
 
     async fn try_once(
         &mut self,

@@ -185,6 +185,7 @@ fn discovery_json(shared: &Shared, cluster: &str) -> serde_json::Value {
 
 fn metrics_text(shared: &Shared) -> String {
     let routing = shared.routing.load();
+    let config = shared.config.load();
     let views: Vec<ClusterView<'_>> = routing
         .clusters
         .iter()
@@ -192,6 +193,7 @@ fn metrics_text(shared: &Shared) -> String {
             name: c.name(),
             metrics: &c.metrics,
             panicking: c.balancer.is_panicking(c.now()),
+            max_amplification: config.worst_amplification(&c.config),
             endpoints: c
                 .balancer
                 .status(c.now())

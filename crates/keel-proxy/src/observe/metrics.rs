@@ -83,6 +83,9 @@ pub struct ClusterMetrics {
     pub retries: AtomicU64,
     /// Retries wanted but refused by the retry budget.
     pub budget_refusals: AtomicU64,
+    /// Retries that waited first, as the endpoint's `Retry-After` or
+    /// `grpc-retry-pushback-ms` asked.
+    pub pushbacks: AtomicU64,
     /// Requests answered 503 because no endpoint could be picked.
     pub no_endpoint: AtomicU64,
     /// Requests answered 503 at once because the cluster had `max_in_flight` requests.
@@ -160,6 +163,8 @@ pub struct ClusterView<'a> {
     pub panicking: bool,
     /// Endpoints: status from keel-balance and the proxy's counters.
     pub endpoints: Vec<(keel_balance::EndpointStatus, Arc<EndpointMetrics>)>,
+    /// Most upstream tries one request may cost (the configuration's worst case).
+    pub max_amplification: u32,
 }
 
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
@@ -239,6 +244,34 @@ pub fn render(clusters: &[ClusterView<'_>], reloads: u64, reload_failures: u64) 
             "keel_retries_total{{cluster=\"{}\"}} {}",
             label(c.name),
             c.metrics.retries.load(Relaxed)
+        );
+    }
+    header(
+        &mut out,
+        "keel_retry_pushbacks_total",
+        "counter",
+        "Retries that first waited as the endpoint's Retry-After or grpc-retry-pushback-ms asked.",
+    );
+    for c in clusters {
+        let _ = writeln!(
+            out,
+            "keel_retry_pushbacks_total{{cluster=\"{}\"}} {}",
+            label(c.name),
+            c.metrics.pushbacks.load(Relaxed)
+        );
+    }
+    header(
+        &mut out,
+        "keel_max_amplification",
+        "gauge",
+        "Most upstream tries one client request may cost this cluster: 1 + hedges + retries (routes' retry_attempts included), as keel proxy --check prints.",
+    );
+    for c in clusters {
+        let _ = writeln!(
+            out,
+            "keel_max_amplification{{cluster=\"{}\"}} {}",
+            label(c.name),
+            c.max_amplification
         );
     }
     header(

@@ -462,3 +462,64 @@ async fn the_admin_refuses_foreign_hosts_and_cross_site_posts() {
     }
     proxy.shutdown(Duration::from_secs(1)).await;
 }
+
+/// `(status, retry-after header, time taken)` of a GET through `addr`.
+async fn timed_get(addr: SocketAddr) -> (u16, Option<String>, Duration) {
+    let t = std::time::Instant::now();
+    let answer = raw(
+        addr,
+        b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    let retry_after = answer.lines().find_map(|l| {
+        l.to_ascii_lowercase()
+            .strip_prefix("retry-after: ")
+            .map(str::to_string)
+    });
+    (status(&answer), retry_after, t.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_waits_as_retry_after_says_or_is_not_made_past_the_deadline() {
+    let (good, _) = upstream(None).await;
+    for (wait, expect_retry) in [(1u64, true), (30, false)] {
+        let script: &'static [u8] = if wait == 1 {
+            b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\ncontent-length: 0\r\n\r\n"
+        } else {
+            b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 30\r\ncontent-length: 0\r\n\r\n"
+        };
+        let (busy, _) = upstream(Some(script)).await;
+        let text = format!(
+            "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n\n[[cluster]]\nname = \"app\"\nstrategy = \"round-robin\"\nrequest_timeout = \"3s\"\noutlier_detection = false\nendpoints = [{{ address = \"{busy}\" }}, {{ address = \"{good}\" }}]\n[cluster.retry]\nattempts = 1\n"
+        );
+        let proxy = keel_proxy::start(ProxyConfig::from_toml_str(&text, "p.toml").unwrap())
+            .await
+            .unwrap();
+        let addr = proxy.listener_addrs()[0];
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            got.push(timed_get(addr).await);
+        }
+        // Round-robin: some requests meet the busy endpoint first.
+        let slow: Vec<_> = got
+            .iter()
+            .filter(|g| g.2 >= Duration::from_millis(950))
+            .collect();
+        if expect_retry {
+            // Retried on the other endpoint once the second passed.
+            assert!(got.iter().all(|g| g.0 == 200), "{got:?}");
+            assert!(!slow.is_empty(), "no retry waited: {got:?}");
+        } else {
+            // 30 s is past the 3 s deadline: no retry, the endpoint's 503 (and its
+            // Retry-After) reach the client at once.
+            assert!(slow.is_empty(), "{got:?}");
+            let refused: Vec<_> = got.iter().filter(|g| g.0 == 503).collect();
+            assert!(!refused.is_empty(), "{got:?}");
+            assert!(
+                refused.iter().all(|g| g.1.as_deref() == Some("30")),
+                "{got:?}"
+            );
+        }
+        proxy.shutdown(Duration::from_secs(1)).await;
+    }
+}

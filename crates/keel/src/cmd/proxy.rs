@@ -57,15 +57,7 @@ fn summary(config: &ProxyConfig) -> String {
             None => format!("{} endpoint(s)", c.endpoints.len()),
         };
         let a = c.amplification();
-        let worst_route = config
-            .listeners
-            .iter()
-            .flat_map(|l| &l.routes)
-            .filter(|r| r.cluster == c.name)
-            .filter_map(|r| r.retry_attempts)
-            .map(|n| c.amplification_with(n).worst_case)
-            .max()
-            .filter(|&w| w > a.worst_case);
+        let worst_route = Some(config.worst_amplification(c)).filter(|&w| w > a.worst_case);
         let probes = if a.probes_per_try > 0 {
             format!(" (+{} load probe(s) per try)", a.probes_per_try)
         } else {

@@ -44,6 +44,8 @@ pub(crate) struct ResponseHead {
     /// The utilisation the endpoint reported in ORCA (`endpoint-load-metrics`, TEXT or JSON
     /// form), if the header is there and valid (a malformed one is ignored).
     pub orca: Option<Utilization>,
+    /// When the endpoint asks to be retried (`Retry-After`, `grpc-retry-pushback-ms`).
+    pub pushback: Option<crate::exchange::pushback::Pushback>,
 }
 
 /// Most headers accepted in an upstream response.
@@ -174,6 +176,14 @@ pub(crate) fn parse_response(
         orca: orca
             .and_then(|v| OrcaReport::parse(v).ok())
             .map(|r| r.utilization()),
+        pushback: if status >= 400 {
+            crate::exchange::pushback::of_headers(
+                status,
+                resp.headers.iter().map(|h| (h.name.as_bytes(), h.value)),
+            )
+        } else {
+            None
+        },
     }))
 }
 
