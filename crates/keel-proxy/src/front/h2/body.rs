@@ -449,8 +449,9 @@ pub(crate) struct ConnActivity {
     /// for the next one since the last. hyper asks only when the stream has flow-control
     /// window, so a client that opens none leaves them owed.
     owed: AtomicU32,
-    /// Data frames handed to hyper on this connection.
-    frames: AtomicU64,
+    /// When a data frame last went to hyper on this connection, or a body became owed while
+    /// none was (nanoseconds since `base`): the stall is counted from there.
+    progress_nanos: AtomicU64,
 }
 
 impl ConnActivity {
@@ -460,7 +461,7 @@ impl ConnActivity {
             active: AtomicU32::new(0),
             last_end_nanos: AtomicU64::new(0),
             owed: AtomicU32::new(0),
-            frames: AtomicU64::new(0),
+            progress_nanos: AtomicU64::new(0),
         }
     }
 
@@ -468,21 +469,30 @@ impl ConnActivity {
     /// frame taken on the whole connection meanwhile: a client that opens no flow-control
     /// window (or reads nothing) would otherwise hold its streams, their endpoint connections
     /// and their `max_in_flight` slots for as long as it stays.
+    /// It sleeps until the stall could be complete, so the cut comes at `idle` after the
+    /// last progress (not one sampling step later), with one timer per connection.
     pub(crate) async fn stalled_for(&self, idle: Duration) {
-        let step = (idle / 4).max(Duration::from_millis(10));
-        let (mut last, mut quiet) = (self.frames.load(Ordering::Relaxed), Duration::ZERO);
         loop {
-            tokio::time::sleep(step).await;
-            let frames = self.frames.load(Ordering::Relaxed);
-            if frames == last && self.owed.load(Ordering::Relaxed) > 0 {
-                quiet += step;
-                if quiet >= idle {
+            let owed = self.owed.load(Ordering::Acquire);
+            let progress = Duration::from_nanos(self.progress_nanos.load(Ordering::Acquire));
+            let deadline = self.base + progress + idle;
+            let wake = if owed > 0 {
+                if Instant::now() >= deadline {
                     return;
                 }
+                deadline
             } else {
-                (last, quiet) = (frames, Duration::ZERO);
-            }
+                // Nothing owed: a body that becomes owed sets progress, so its stall ends
+                // `idle` after that, later than this wake-up.
+                Instant::now() + idle
+            };
+            tokio::time::sleep_until(wake.into()).await;
         }
+    }
+
+    fn mark_progress(&self) {
+        let now = self.base.elapsed().as_nanos() as u64;
+        self.progress_nanos.store(now, Ordering::Release);
     }
 
     /// Resolves once the connection has had no request in flight for `idle`.
@@ -517,7 +527,12 @@ impl ActiveRequest {
     pub(crate) fn owe(&mut self) {
         if !self.1 {
             self.1 = true;
-            self.0.owed.fetch_add(1, Ordering::Relaxed);
+            // Progress is marked before the count is raised, so that a watchdog that sees
+            // the body owed also sees when it became so.
+            if self.0.owed.load(Ordering::Relaxed) == 0 {
+                self.0.mark_progress();
+            }
+            self.0.owed.fetch_add(1, Ordering::Release);
         }
     }
 
@@ -531,7 +546,7 @@ impl ActiveRequest {
 
     /// A data frame went to hyper; the next one is owed.
     fn sent_frame(&mut self) {
-        self.0.frames.fetch_add(1, Ordering::Relaxed);
+        self.0.mark_progress();
         self.owe();
     }
 }
