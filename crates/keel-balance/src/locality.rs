@@ -726,6 +726,50 @@ mod tests {
     }
 
     #[test]
+    fn the_utilization_signal_reads_orca_reports() {
+        let specs: Vec<EndpointSpec> = ["a", "a", "b", "b"]
+            .iter()
+            .enumerate()
+            .map(|(i, z)| EndpointSpec::new(format!("{z}-{i}:80")).with_zone(*z))
+            .collect();
+        let mut c = config(StrategyKind::RoundRobin);
+        c.zone = Some("a".into());
+        c.zone_routing = Some(ZoneRouting {
+            signal: ZoneSignal::Utilization,
+            threshold: 0.8,
+            ..ZoneRouting::default()
+        });
+        let lb = Balancer::new(c, &specs).unwrap();
+        let now = Duration::from_secs(1);
+        let eps = lb.endpoints();
+        let report = |i: usize, cpu: f64| {
+            let u = crate::Utilization {
+                cpu,
+                ..crate::Utilization::default()
+            };
+            assert!(lb.report_utilization(eps[i].id(), u, now));
+        };
+        // No report yet: local. Zone a at (0.9 + 0.8) / 2 = 0.85 >= 0.8: to b, whose reports
+        // say 0.3 (headroom); at (0.7 + 0.8) / 2 = 0.75: local again.
+        let zone = |lb: &Balancer| {
+            let p = lb.pick(&PickContext::new(now)).unwrap();
+            zone_of(lb, p.index())
+        };
+        assert_eq!(zone(&lb), "a");
+        report(0, 0.9);
+        report(1, 0.8);
+        report(2, 0.3);
+        report(3, 0.3);
+        for _ in 0..10 {
+            assert_eq!(zone(&lb), "b");
+        }
+        report(0, 0.7);
+        for _ in 0..10 {
+            assert_eq!(zone(&lb), "a");
+        }
+    }
+
+    #[test]
     fn a_retry_leaves_the_zone_when_the_zone_is_all_tried() {
         let lb = zoned(ZoneMode::Load, "a", &[("a", 1), ("b", 2)]);
         let now = Duration::from_secs(1);

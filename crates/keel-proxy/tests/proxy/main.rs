@@ -28,3 +28,4 @@ mod routes;
 mod sticky;
 mod timeouts;
 mod tls;
+mod zones;
