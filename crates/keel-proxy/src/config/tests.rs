@@ -363,6 +363,16 @@ fn every_option_is_documented() {
             "cluster = \"app\"\n\n[[cluster]]",
             "cluster = \"app\"\n\n[[listener.route]]\ncluster = \"app\"\nnonsense = 1\n\n[[cluster]]",
         ),
+        // Issue 25's inline tables.
+        format!("{HEAD}rate_limit = {{ rate = 1, nonsense = 1 }}\n"),
+        format!("{HEAD}sticky = {{ cookie = \"s\", nonsense = 1 }}\n"),
+        format!("{HEAD}request_headers = {{ nonsense = 1 }}\n"),
+        format!("{HEAD}response_headers = {{ nonsense = 1 }}\n"),
+        format!("{HEAD}replace_prefix = {{ from = \"/a\", to = \"/b\", nonsense = 1 }}\n"),
+        HEAD.replace(
+            "cluster = \"app\"\n\n[[cluster]]",
+            "cluster = \"app\"\n\n[[listener.route]]\nredirect = { location = \"/\", nonsense = 1 }\n\n[[cluster]]",
+        ),
     ];
     let mut checked = 0;
     for t in &tables {
