@@ -500,7 +500,7 @@ impl Balancer {
         panic: bool,
     ) -> Option<Pick> {
         let now = view.now;
-        let first = snap.layout.choose(now, panic, &self.rng);
+        let first = snap.layout.choose(now, panic, &self.rng, ctx.hash_key);
         let (g, local) = Self::pick_from(snap, &view, first, ctx.hash_key).or_else(|| {
             let mut found = None;
             if !ctx.avoid.is_empty() {

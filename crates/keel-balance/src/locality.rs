@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::endpoint::{Endpoint, EndpointSpec};
 use crate::field::{InvalidField, Problem};
-use crate::rng::{unit_f64, SharedRng};
+use crate::rng::{mix64, unit_f64, SharedRng};
 use crate::time::nanos;
 use crate::BalancerConfig;
 
@@ -383,12 +383,24 @@ impl Layout {
         }
     }
 
-    /// The group for one pick at `now`.
-    pub fn choose(&self, now: u64, ignore_health: bool, rng: &SharedRng) -> usize {
+    /// The group for one pick at `now`. With a hash key, the level and the host-count zone are
+    /// drawn from the key (a key keeps its level and zone, and so its endpoint, while the
+    /// shares stay), otherwise at random.
+    pub fn choose(
+        &self,
+        now: u64,
+        ignore_health: bool,
+        rng: &SharedRng,
+        key: Option<u64>,
+    ) -> usize {
+        let draw = |salt: u64| match key {
+            Some(k) => mix64(k ^ salt),
+            None => rng.next_u64(),
+        };
         let level = if self.levels.len() == 1 {
             0
         } else {
-            let u = (unit_f64(rng.next_u64()) * SCALE) as u32;
+            let u = (unit_f64(draw(0x6c65_7665_6c00)) * SCALE) as u32;
             self.level_cum
                 .iter()
                 .position(|c| u < c.load(Ordering::Relaxed))
@@ -403,7 +415,7 @@ impl Layout {
         };
         match zr.mode {
             ZoneMode::HostCount => {
-                let u = (unit_f64(rng.next_u64()) * SCALE) as u32;
+                let u = (unit_f64(draw(0x7a6f_6e65_0000)) * SCALE) as u32;
                 let i = l
                     .split
                     .iter()
@@ -723,6 +735,27 @@ mod tests {
         let later = now + Duration::from_millis(1500);
         let p = lb.pick(&PickContext::new(later)).unwrap();
         assert_eq!(zone_of(&lb, p.index()), "a");
+    }
+
+    #[test]
+    fn a_hash_key_keeps_its_level_while_the_shares_stay() {
+        // Level 0 at 3 of 5 up takes 0.84 of the keys, level 1 the rest; a key goes to the same
+        // endpoint every time (the level is drawn from the key, not at random).
+        let lb = Balancer::new(config(StrategyKind::RingHash), &two_levels()).unwrap();
+        let now = Duration::from_secs(1);
+        let eps = lb.endpoints();
+        for e in &eps[..2] {
+            lb.set_healthy(e.id(), false, now);
+        }
+        let mut level1 = 0;
+        for k in 0..10_000u64 {
+            let key = crate::mix64(k);
+            let a = lb.pick(&PickContext::new(now).with_hash_key(key)).unwrap();
+            let b = lb.pick(&PickContext::new(now).with_hash_key(key)).unwrap();
+            assert_eq!(a.index(), b.index(), "key {k}");
+            level1 += usize::from(a.index() >= 5);
+        }
+        assert!((level1 as f64 / 10_000.0 - 0.16).abs() < 0.015, "{level1}");
     }
 
     #[test]
