@@ -21,7 +21,7 @@ async fn a_cluster_limit_answers_429_with_retry_after_over_http1_and_http2() {
     let mut config = simple_config(
         &[bs[0].addr()],
         "round-robin",
-        "rate_limit = { rate = 0.5, burst = 3 }",
+        "rate_limit = { rate = 0.25, burst = 3 }",
     );
     config.access_log = Some(
         ProxyConfig::from_toml_str(
@@ -47,15 +47,16 @@ async fn a_cluster_limit_answers_429_with_retry_after_over_http1_and_http2() {
     let mut h2 = h2_connect(addr).await;
     let r = h2_send(&mut h2, Method::GET, &url, &[]).await;
     assert_eq!(r.status, StatusCode::OK);
-    // Empty: 429 on both, with Retry-After (one request every 2 s).
+    // Empty: 429 on both, with Retry-After (one request every 4 s: slow enough that a loaded
+    // machine does not refill the bucket between the burst and these).
     let r = send(&c, Method::GET, &url, &[], b"").await.unwrap();
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text());
-    assert_eq!(r.header("retry-after"), Some("2"));
+    assert_eq!(r.header("retry-after"), Some("4"));
     assert!(r.text().contains("rate limit"), "{}", r.text());
     assert_eq!(r.header("x-keel-endpoint"), None, "no endpoint was tried");
     let r = h2_send(&mut h2, Method::GET, &url, &[]).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(r.header("retry-after"), Some("2"));
+    assert_eq!(r.header("retry-after"), Some("4"));
     assert_eq!(
         bs[0].requests(),
         3,
@@ -67,7 +68,7 @@ async fn a_cluster_limit_answers_429_with_retry_after_over_http1_and_http2() {
         Some(2.0)
     );
     // After Retry-After, one more goes through.
-    tokio::time::sleep(Duration::from_millis(2100)).await;
+    tokio::time::sleep(Duration::from_millis(4100)).await;
     let r = send(&c, Method::GET, &url, &[], b"").await.unwrap();
     assert_eq!(r.status, StatusCode::OK);
     proxy.shutdown(Duration::from_secs(1)).await;
