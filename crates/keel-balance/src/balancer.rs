@@ -10,7 +10,7 @@ use arc_swap::ArcSwap;
 use crate::config::{check_endpoints, BalancerConfig};
 use crate::endpoint::{Endpoint, EndpointId, EndpointSpec, EndpointStatus};
 use crate::load::{LoadReport, Utilization};
-use crate::locality::{Layout, Placement};
+use crate::locality::{Layout, LocalityConfig, Placement};
 use crate::rng::SharedRng;
 use crate::strategy::{self, Observation, Strategy, View};
 use crate::time::nanos;
@@ -340,7 +340,12 @@ impl Balancer {
         endpoints: Vec<Arc<Endpoint>>,
     ) -> Snapshot {
         let placements: Vec<Placement> = specs.iter().map(Placement::from).collect();
-        let layout = Layout::new(config, &placements, &endpoints);
+        let locality = LocalityConfig {
+            zone: config.zone.as_deref(),
+            routing: config.zone_routing.as_ref(),
+            factor: config.overprovisioning_factor,
+        };
+        let layout = Layout::new(&locality, &placements, &endpoints);
         let strategies = layout
             .groups
             .iter()

@@ -38,7 +38,6 @@ use crate::endpoint::{Endpoint, EndpointSpec};
 use crate::field::{InvalidField, Problem};
 use crate::rng::{mix64, unit_f64, SharedRng};
 use crate::time::nanos;
-use crate::BalancerConfig;
 
 /// How zone-aware routing splits picks between zones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
@@ -145,6 +144,14 @@ pub(crate) struct Level {
     pub split: Vec<AtomicU32>,
 }
 
+/// What the layout needs of the balancer's configuration (its own zone, zone routing, the
+/// overprovisioning factor), passed in so that this module does not import the configuration's.
+pub(crate) struct LocalityConfig<'a> {
+    pub zone: Option<&'a str>,
+    pub routing: Option<&'a ZoneRouting>,
+    pub factor: f64,
+}
+
 /// The groups of a balancer's endpoints.
 pub(crate) struct Layout {
     pub groups: Vec<Group>,
@@ -160,11 +167,8 @@ pub(crate) struct Layout {
 
 impl Layout {
     /// The groups of `eps` (whose placement `specs` give, in the same order).
-    pub fn new(config: &BalancerConfig, specs: &[Placement], eps: &[Arc<Endpoint>]) -> Self {
-        let routing = config
-            .zone_routing
-            .clone()
-            .filter(|_| config.zone.is_some());
+    pub fn new(config: &LocalityConfig<'_>, specs: &[Placement], eps: &[Arc<Endpoint>]) -> Self {
+        let routing = config.routing.cloned().filter(|_| config.zone.is_some());
         let mut zones: Vec<String> = Vec::new();
         if routing.is_some() {
             for s in specs {
@@ -187,10 +191,7 @@ impl Layout {
         if priorities.is_empty() {
             priorities.push(0);
         }
-        let local_zone = config
-            .zone
-            .as_ref()
-            .and_then(|z| zones.iter().position(|x| x == z));
+        let local_zone = config.zone.and_then(|z| zones.iter().position(|x| x == z));
         let mut groups = Vec::new();
         let mut levels = Vec::new();
         let mut place = vec![(0u32, 0u32); eps.len()];
@@ -245,7 +246,7 @@ impl Layout {
             place,
             zones,
             routing,
-            factor: config.overprovisioning_factor,
+            factor: config.factor,
         };
         layout.refresh(0);
         layout
@@ -552,7 +553,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::{Balancer, EndpointSpec, LoadReport, PickContext, StrategyKind};
+    use crate::{Balancer, BalancerConfig, EndpointSpec, LoadReport, PickContext, StrategyKind};
 
     fn two_levels() -> Vec<EndpointSpec> {
         (0..10)
