@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use keel_balance::{
     Balancer, BalancerConfig, EndpointSpec, LoadReport, Outcome, Pick, PickContext, StrategyKind,
-    ZoneMode, ZoneRouting,
+    Utilization, ZoneMode, ZoneRouting, ZoneSignal,
 };
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -49,6 +49,9 @@ pub enum ZoneRule {
     HostCount,
     /// keel's: local under this share of slots in use, spill over in proportion to headroom.
     Load(f64),
+    /// keel's rule on reported utilisation (ORCA's signal: each answer carries its endpoint's
+    /// busy share of slots) instead of calls in flight.
+    Utilization(f64),
 }
 
 impl ZoneRule {
@@ -58,6 +61,7 @@ impl ZoneRule {
             ZoneRule::Unaware => "zone-unaware".into(),
             ZoneRule::HostCount => "host-count (Envoy)".into(),
             ZoneRule::Load(t) => format!("load, threshold {t}"),
+            ZoneRule::Utilization(t) => format!("utilization, thr. {t}"),
         }
     }
 }
@@ -202,7 +206,7 @@ impl ZoneScenario {
                     }
                 }
             }
-            ZoneRule::Load(_) => return None,
+            ZoneRule::Load(_) | ZoneRule::Utilization(_) => return None,
         }
         let cross = (0..k)
             .map(|f| {
@@ -293,6 +297,11 @@ pub fn run(s: &ZoneScenario) -> ZoneResult {
                 }),
                 ZoneRule::Load(t) => Some(ZoneRouting {
                     threshold: t,
+                    ..ZoneRouting::default()
+                }),
+                ZoneRule::Utilization(t) => Some(ZoneRouting {
+                    threshold: t,
+                    signal: ZoneSignal::Utilization,
                     ..ZoneRouting::default()
                 }),
             };
@@ -402,6 +411,13 @@ pub fn run(s: &ZoneScenario) -> ZoneResult {
                     },
                     now,
                 );
+                if let ZoneRule::Utilization(_) = s.rule {
+                    let busy = Utilization {
+                        cpu: f64::from(in_service[e]) / f64::from(s.slots),
+                        ..Utilization::default()
+                    };
+                    b.report_utilization(ids[from][e], busy, now);
+                }
                 free.push(c);
             }
         }
@@ -427,6 +443,7 @@ pub fn preset(seed: u64) -> Vec<ZoneScenario> {
         ZoneRule::HostCount,
         ZoneRule::Load(0.8),
         ZoneRule::Load(0.95),
+        ZoneRule::Utilization(0.8),
     ]
     .into_iter()
     .map(|r| ZoneScenario::preset(r, seed))

@@ -66,3 +66,28 @@ fn zone_unaware_routing_matches_its_closed_form() {
         assert!((got - load[0]).abs() < 0.03, "{:?}", r.offered);
     }
 }
+
+/// The same rule on reported utilisation (ORCA's signal: each answer carries its endpoint's
+/// busy share of slots, read after the call left): the reports lag, so zone a fills a little
+/// past the threshold (0.85 for 0.8), still under capacity, with a cross-zone share between the
+/// fluid bounds for 1.0 and 0.8.
+#[test]
+fn the_utilization_signal_keeps_every_zone_under_capacity() {
+    for seed in [1, 2] {
+        let r = row(ZoneRule::Utilization(0.8), seed);
+        assert!(
+            r.offered.iter().all(|l| *l < 0.9),
+            "seed {seed}: {:?}",
+            r.offered
+        );
+        let (lo, hi) = (
+            r.scenario.min_cross_zone(1.0),
+            r.scenario.min_cross_zone(0.8),
+        );
+        assert!(
+            r.cross_zone > lo && r.cross_zone < hi + 0.03,
+            "seed {seed}: {} not in ({lo}, {hi} + 0.03)",
+            r.cross_zone
+        );
+    }
+}
