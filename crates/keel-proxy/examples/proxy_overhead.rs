@@ -3,6 +3,10 @@
 //! round-robin proxy over one endpoint, at concurrency 1 and 32.
 //!
 //! `cargo run --release -p keel-proxy --example proxy_overhead [-- REQUESTS]`
+//!
+//! `KEEL_OVERHEAD_CLUSTER` (optional): lines appended to the cluster's table, to measure what a
+//! setting costs, e.g. `rate_limit = { rate = 1e9 }` or
+//! `request_headers = { add = { x-a = "$client_ip" } }`.
 
 use std::time::Duration;
 
@@ -18,8 +22,9 @@ async fn main() -> anyhow::Result<()> {
         .transpose()?
         .unwrap_or(5_000);
     let b = backend::spawn("127.0.0.1:0".parse()?, BackendConfig::default()).await?;
+    let extra = std::env::var("KEEL_OVERHEAD_CLUSTER").unwrap_or_default();
     let text = format!(
-        "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"one\"\n[[cluster]]\nname = \"one\"\nendpoints = [{{ address = \"{}\" }}]\n",
+        "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"one\"\n[[cluster]]\nname = \"one\"\nendpoints = [{{ address = \"{}\" }}]\n{extra}\n",
         b.addr()
     );
     let proxy = keel_proxy::start(ProxyConfig::from_toml_str(&text, "overhead")?).await?;
