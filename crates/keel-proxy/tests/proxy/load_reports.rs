@@ -108,6 +108,10 @@ async fn a_fast_failing_endpoint_does_not_attract_prequal() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orca_wrr_sends_fewer_calls_to_the_endpoint_whose_orca_report_says_it_is_loaded() {
     use keel_testbed::backend::OrcaForm;
+    // The backends' first report with rates comes a second after they start: the round-robin
+    // phase is timed from here, not from the proxy's start (which may take a while on a busy
+    // machine).
+    let spawned = std::time::Instant::now();
     let mut bs = Vec::new();
     for (name, ms, form) in [("light", 2, OrcaForm::Text), ("loaded", 10, OrcaForm::Json)] {
         let cfg = BackendConfig {
@@ -135,7 +139,7 @@ async fn orca_wrr_sends_fewer_calls_to_the_endpoint_whose_orca_report_says_it_is
             .expect("the report is forwarded");
         let which = usize::from(r.header("x-backend") == Some("loaded"));
         assert!(orca.starts_with(["TEXT ", "JSON "][which]), "{orca}");
-        let at = start.elapsed();
+        let at = spawned.elapsed();
         if at < Duration::from_millis(900) {
             first_second[which] += 1;
         } else if at > Duration::from_millis(2500) {

@@ -107,12 +107,24 @@ async fn the_next_priority_level_takes_over_when_the_first_is_down() {
         assert_eq!(who(&c, &url).await, "primary");
     }
     bs[0].set_fault(FailureMode::FAIL_AT_ONCE);
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Health checks every 100 ms, one failure marks it down: wait for two checks after the
+    // fault (bounded), then a little for the verdict to land.
+    let checks = bs[0].healthz_requests();
+    let down = std::time::Instant::now();
+    while bs[0].healthz_requests() < checks + 2 && down.elapsed() < Duration::from_secs(3) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
     for _ in 0..10 {
         assert_eq!(who(&c, &url).await, "backup");
     }
     bs[0].set_fault(FailureMode::None);
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(who(&c, &url).await, "primary");
+    let up = std::time::Instant::now();
+    let mut back = false;
+    while !back && up.elapsed() < Duration::from_secs(3) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        back = who(&c, &url).await == "primary";
+    }
+    assert!(back, "priority 0 takes traffic again once healthy");
     proxy.shutdown(Duration::from_secs(1)).await;
 }
