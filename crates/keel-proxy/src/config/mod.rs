@@ -5,7 +5,8 @@
 //! Errors name the file, the line and column, the key, and what is allowed.
 //!
 //! One file per section, each with its types, defaults and `validate` (no I/O): [`listener`],
-//! [`route`], [`cluster`] (with retry, health check and probe), [`discovery`] and [`observe`]
+//! [`route`], [`cluster`] (with retry), [`health`] (health checks and load probes), [`policy`]
+//! (rate limits, rewrites, sticky sessions, `hash_on`), [`discovery`] and [`observe`]
 //! (admin, access log). This file holds the whole ([`ProxyConfig`]), the order in which the
 //! sections are checked, the checks across sections, and calls the components' own checks
 //! of the files a configuration names (`tls::check_*`, `discovery::check`); [`locate`] turns a
@@ -20,6 +21,7 @@ use serde::Deserialize;
 
 pub(crate) mod cluster;
 pub(crate) mod discovery;
+pub(crate) mod health;
 pub(crate) mod listener;
 pub(crate) mod locate;
 pub(crate) mod observe;
@@ -29,10 +31,11 @@ pub(crate) mod route;
 mod tests;
 
 pub use cluster::{
-    Amplification, ClusterConfig, HealthCheckConfig, HealthCheckKind, ProbeConfig, ProxyProtocol,
-    RetryConfig, UpstreamProtocol, UpstreamTlsConfig, MAX_RETRY_ATTEMPTS,
+    Amplification, ClusterConfig, ProxyProtocol, RetryConfig, UpstreamProtocol, UpstreamTlsConfig,
+    MAX_RETRY_ATTEMPTS,
 };
 pub use discovery::{DiscoveryConfig, DiscoveryKind, DEFAULT_DISCOVERY_REFRESH};
+pub use health::{HealthCheckConfig, HealthCheckKind, ProbeConfig};
 pub use listener::{
     ErrorDetail, ListenerConfig, ListenerProtocol, ListenerTlsConfig, MIN_HEADER_BYTES,
 };
