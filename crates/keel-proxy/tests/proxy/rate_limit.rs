@@ -57,6 +57,17 @@ async fn a_cluster_limit_answers_429_with_retry_after_over_http1_and_http2() {
     let r = h2_send(&mut h2, Method::GET, &url, &[]).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(r.header("retry-after"), Some("4"));
+    // A gRPC call is answered as gRPC: HTTP 200, grpc-status 8 (RESOURCE_EXHAUSTED).
+    let r = h2_send(
+        &mut h2,
+        Method::POST,
+        &url,
+        &[("content-type", "application/grpc"), ("te", "trailers")],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header("grpc-status"), Some("8"));
+    assert_eq!(r.header("retry-after"), Some("4"));
     assert_eq!(
         bs[0].requests(),
         3,
@@ -65,7 +76,7 @@ async fn a_cluster_limit_answers_429_with_retry_after_over_http1_and_http2() {
     let admin = proxy.admin_addr().unwrap();
     assert_eq!(
         metric(admin, "keel_rate_limited_total{cluster=\"app\"}").await,
-        Some(2.0)
+        Some(3.0)
     );
     // After Retry-After, one more goes through.
     tokio::time::sleep(Duration::from_millis(4100)).await;
@@ -77,7 +88,8 @@ async fn a_cluster_limit_answers_429_with_retry_after_over_http1_and_http2() {
         .lines()
         .filter(|l| l.contains("\"status\":429"))
         .collect();
-    assert_eq!(limited.len(), 2, "{text}");
+    // The gRPC call's line has keel's status too.
+    assert_eq!(limited.len(), 3, "{text}");
     assert!(
         limited[0].contains("rate limit exceeded: cluster app's rate_limit"),
         "{}",
