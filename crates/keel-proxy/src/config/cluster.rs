@@ -649,15 +649,6 @@ impl ClusterConfig {
                     ),
                 ));
             }
-            if self.hedge.is_some() {
-                return Err(InvalidField::at(
-                    "hedge",
-                    Problem::NotApplicable(
-                        "hedged requests are sent to HTTP/1.1 clusters only (protocol = \"http1\")"
-                            .into(),
-                    ),
-                ));
-            }
         }
         self.retry
             .validate(self.request_timeout)

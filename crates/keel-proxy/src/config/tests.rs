@@ -491,17 +491,15 @@ fn every_protocol_option_error_is_at_its_key_and_line() {
             "cluster[0].strategy",
             9,
         ),
-        (
-            format!("{HEAD}protocol = \"h2c\"\n[cluster.hedge]\ndelay = \"p95\"\n"),
-            "cluster[0].hedge",
-            9,
-        ),
     ];
     for (text, key, line) in &cases {
         let e = err(text);
         assert_eq!(e.key.as_deref(), Some(*key), "{text}: {e}");
         assert_eq!(e.line, Some(*line), "{text}: {e}");
     }
+    // Hedging applies to HTTP/2 clusters too.
+    let hedged_h2 = format!("{HEAD}protocol = \"h2c\"\n[cluster.hedge]\ndelay = \"p95\"\n");
+    assert!(ProxyConfig::from_toml_str(&hedged_h2, "t.toml").is_ok());
     // A TCP listener on a plain cluster with the PROXY header loads.
     ProxyConfig::from_toml_str(&format!("{tcp}proxy_protocol = \"v1\"\n"), "ok.toml").unwrap();
 }

@@ -135,7 +135,7 @@ impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
     }
 
     fn hedgeable(&self) -> bool {
-        self.http1 && self.meta.idempotent && self.body.inline().is_some()
+        self.meta.idempotent && self.body.inline().is_some()
     }
 
     // A failed try carries the response it failed with (moved, not copied).
@@ -150,6 +150,17 @@ impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
         let Some(inline) = self.body.inline() else {
             unreachable!("hedgeable: the body is in memory")
         };
+        if !self.http1 {
+            // HTTP/2: each try ends its own copy of the head and opens its own stream.
+            self.head.truncate(self.common_len);
+            let common = &self.head[..];
+            let mut a = H2Try::new(common, self.meta, inline);
+            let mut b = H2Try::new(common, self.meta, inline);
+            let (result, winner, hedged, _) =
+                race.run(first, &mut a, &mut b, timer, try_deadline).await;
+            let result = result.map(|r| r.map(UpstreamResponse::H2).map_err(h2_failure));
+            return (result, winner, hedged);
+        }
         // The first try's head is ended for its endpoint now; a hedge ends its own copy of
         // the common part, made only if it is sent. Each try rewrites its response head into
         // a buffer of its own; the winner's becomes `out` once both tries are gone.
@@ -230,6 +241,60 @@ impl Leg for H1Try<'_> {
         };
         let mut body: &[u8] = body;
         crate::leg::h1::upstream::try_once(entry, cluster, worker, head, meta, &mut body, out).await
+    }
+
+    fn rewind(&mut self) -> bool {
+        true
+    }
+
+    fn idempotent(&self) -> bool {
+        self.meta.idempotent
+    }
+
+    fn waiting_on_client(&self) -> bool {
+        false
+    }
+}
+
+/// One HTTP/2 try of a request whose body is in memory: each of a hedge race's two tries is
+/// one, on a stream of its own.
+struct H2Try<'a> {
+    /// The part of the head every try shares; each try ends a copy for its endpoint.
+    common: &'a [u8],
+    own: Vec<u8>,
+    meta: &'a RequestHead,
+    body: &'a [u8],
+}
+
+impl<'a> H2Try<'a> {
+    fn new(common: &'a [u8], meta: &'a RequestHead, body: &'a [u8]) -> Self {
+        Self {
+            common,
+            own: Vec::new(),
+            meta,
+            body,
+        }
+    }
+}
+
+impl Leg for H2Try<'_> {
+    type Won = Box<H2Response>;
+
+    fn pushback(won: &Box<H2Response>) -> Option<crate::exchange::pushback::Pushback> {
+        won.pushback()
+    }
+
+    async fn try_once(
+        &mut self,
+        cluster: &Cluster,
+        entry: &EndpointEntry,
+        worker: usize,
+    ) -> Result<Box<H2Response>, TryFailure<Box<H2Response>>> {
+        self.own.clear();
+        self.own.extend_from_slice(self.common);
+        end_head(&mut self.own, self.meta, entry);
+        let mut body: &[u8] = self.body;
+        crate::leg::h2::try_once(entry, cluster, worker, &self.own, self.meta, &mut body).await
     }
 
     fn rewind(&mut self) -> bool {

@@ -126,3 +126,68 @@ async fn hedges_stay_within_the_budget() {
         b.shutdown().await;
     }
 }
+
+/// An h2c endpoint (HTTP/2 with prior knowledge) that answers `x-backend: NAME` after `delay`.
+async fn h2c_endpoint(name: &'static str, delay: Duration) -> std::net::SocketAddr {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let listener = tokio::net::TcpListener::bind(any_port()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    move |_req: hyper::Request<hyper::body::Incoming>| async move {
+                        tokio::time::sleep(delay).await;
+                        let r = hyper::Response::builder()
+                            .header("x-backend", name)
+                            .body(http_body_util::Full::new(bytes::Bytes::from_static(b"ok")))
+                            .unwrap();
+                        Ok::<_, std::convert::Infallible>(r)
+                    },
+                );
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_cluster_is_hedged_too() {
+    let slow = h2c_endpoint("slow", Duration::from_millis(250)).await;
+    let fast = h2c_endpoint("fast", Duration::ZERO).await;
+    let extra = "protocol = \"h2c\"\n[cluster.hedge]\ndelay = \"20ms\"\nbudget_percent = 100.0\n";
+    let proxy = keel_proxy::start(simple_config(&[slow, fast], "round-robin", extra))
+        .await
+        .unwrap();
+    let url = format!("http://{}/", proxy.listener_addrs()[0]);
+    let c = client();
+    let mut slowest = Duration::ZERO;
+    let mut by = std::collections::BTreeMap::<String, usize>::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        let r = send(&c, Method::GET, &url, &[], b"").await.unwrap();
+        assert_eq!(r.status, StatusCode::OK);
+        slowest = slowest.max(t.elapsed());
+        *by.entry(r.header("x-backend").unwrap().to_string())
+            .or_default() += 1;
+    }
+    // As over HTTP/1.1: every first try that went to the slow endpoint was hedged after 20 ms
+    // and the fast endpoint's answer won.
+    assert_eq!(by.get("fast"), Some(&20), "{by:?}");
+    assert!(slowest < Duration::from_millis(200), "{slowest:?}");
+    let admin = proxy.admin_addr().unwrap();
+    let metrics = get(&format!("http://{admin}/metrics"))
+        .await
+        .unwrap()
+        .text();
+    let hedges = counter(&metrics, "keel_hedges_total");
+    assert!((10..=20).contains(&hedges), "{hedges} hedges");
+    assert_eq!(counter(&metrics, "keel_hedges_won_total"), hedges);
+    // The losing streams were cancelled, not failed.
+    let status = proxy.cluster_status("app").unwrap();
+    assert!(status.iter().all(|e| e.failures == 0), "{status:?}");
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
