@@ -2,7 +2,8 @@
 //! presets: one [`Experiment`] per id, each a list of [`Scenario`] rows
 //! (`keel simulate --preset e2`); and the tail-latency experiments E8 (`--preset tail`: latency
 //! under load on servers that queue) and E9 (`--preset reaction`: how fast calls move off a
-//! server that slows down, and back).
+//! server that slows down, and back), and the herd (`--preset herd`: N proxies, each with its own
+//! balancer and its own share of the traffic, in front of the same servers).
 //!
 //! Sizes are chosen so that every row's 95 % interval is at most about ±0.005 wide and
 //! `keel simulate --preset seed` (all six) finishes in well under a minute on two cores.
@@ -23,7 +24,7 @@ use crate::vocab::{FailureMode, Latency, LatencyDist, DEFAULT_SIGMA};
 pub const IDS: [&str; 6] = ["e1", "e2", "e3", "e4", "e5", "e6"];
 
 /// The tail-latency experiments' preset names (`e8` and `e9` are accepted too).
-pub const TAIL_IDS: [&str; 2] = ["tail", "reaction"];
+pub const TAIL_IDS: [&str; 3] = ["tail", "reaction", "herd"];
 
 /// One experiment: an id, what it shows, and its rows.
 #[derive(Debug, Clone)]
@@ -63,7 +64,7 @@ impl Experiment {
     }
 }
 
-/// The experiment with this id (`e1` ... `e6`, `tail` or `e8`, `reaction` or `e9`;
+/// The experiment with this id (`e1` ... `e6`, `tail` or `e8`, `reaction` or `e9`, `herd`;
 /// case-insensitive).
 pub fn preset(id: &str) -> Option<Experiment> {
     match id.to_ascii_lowercase().as_str() {
@@ -75,6 +76,7 @@ pub fn preset(id: &str) -> Option<Experiment> {
         "e6" => Some(e6()),
         "tail" | "e8" => Some(tail()),
         "reaction" | "e9" => Some(reaction()),
+        "herd" => Some(herd()),
         _ => None,
     }
 }
@@ -675,6 +677,96 @@ pub fn reaction() -> Experiment {
     Experiment {
         id: "e9",
         title: "reaction: one of 10 servers 5x slower from 10 s to 25 s, half load",
+        rows,
+    }
+}
+
+/// Servers of the herd preset.
+pub const HERD_SERVERS: u32 = 10;
+
+/// The herd preset's numbers of balancers (proxies).
+pub const HERD_BALANCERS: [u32; 6] = [1, 2, 3, 4, 8, 16];
+
+/// The herd preset's offered loads, as fractions of capacity.
+pub const HERD_LOADS: [f64; 2] = [0.8, 0.9];
+
+/// The herd preset's strategies (random as the reference that does not depend on N).
+pub const HERD_STRATEGIES: [StrategyKind; 4] = [
+    StrategyKind::LeastRequest,
+    StrategyKind::PeakEwma,
+    StrategyKind::Prequal,
+    StrategyKind::Random,
+];
+
+/// One herd row: `balancers` proxies, each with its own balancer of `strategy`, each taking a
+/// random share of Poisson arrivals at `load` of the capacity of 10 FIFO servers (one call at a
+/// time, exponential 10 ms, 2 s timeout).
+///
+/// N proxies each balancing its own share is the simulator's client-side placement with N
+/// clients: every client has its own balancer and sees only its own calls, and each Poisson
+/// arrival goes to a client drawn at random (so each proxy gets a Poisson stream of 1/N of the
+/// rate). With N = 1 it is one balancer that sees every call.
+pub fn herd_row(strategy: StrategyKind, balancers: u32, load: f64) -> Scenario {
+    let mut sc = Scenario {
+        name: "herd".into(),
+        seed: 1,
+        replications: 8,
+        requests: 60_000,
+        warmup: Duration::from_secs(5),
+        timeout: Duration::from_secs(2),
+        placement: Placement::ClientSide,
+        load: Load::Open {
+            rate: 1.0,
+            clients: balancers,
+        },
+        clusters: vec![ClusterConfig {
+            name: "backend".into(),
+            servers: HERD_SERVERS,
+            latency: Latency {
+                dist: LatencyDist::Exponential,
+                mean: TAIL_SERVICE,
+            },
+            capacity: Some(CapacityConfig {
+                concurrency: 1,
+                discipline: Discipline::Fifo,
+            }),
+            balancer: BalancerConfig::new(strategy),
+            ..ClusterConfig::default()
+        }],
+        ..Scenario::default()
+    };
+    let at_unit_rate = sc
+        .offered_load()
+        .expect("open loop into servers with a capacity");
+    sc.load = Load::Open {
+        rate: load / at_unit_rate,
+        clients: balancers,
+    };
+    let noun = if balancers == 1 { "proxy" } else { "proxies" };
+    sc.label = format!("load {load:.2}, N={balancers} {noun}");
+    sc
+}
+
+/// The herd (issue 23): N = 1, 2, 3, 4, 8, 16 proxies, each with its own balancer and its own
+/// random share of the traffic, in front of the same 10 FIFO servers (one call at a time,
+/// exponential 10 ms) at load 0.8 and 0.9, for least-request, peak-EWMA and prequal; random
+/// (which does not depend on N) at N = 1 as the reference a balancer that knows nothing gives.
+pub fn herd() -> Experiment {
+    let mut rows = Vec::new();
+    for load in HERD_LOADS {
+        for s in HERD_STRATEGIES {
+            if s == StrategyKind::Random {
+                rows.push(herd_row(s, 1, load));
+                continue;
+            }
+            for n in HERD_BALANCERS {
+                rows.push(herd_row(s, n, load));
+            }
+        }
+    }
+    Experiment {
+        id: "herd",
+        title: "N proxies (own balancer, own share) on the same 10 FIFO servers, exponential 10 ms",
         rows,
     }
 }

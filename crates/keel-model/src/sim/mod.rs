@@ -104,6 +104,9 @@ pub struct SimResult {
     /// Request latency (queueing, retries, hedges included; failed requests at the time they
     /// failed), in milliseconds.
     pub latency_ms: LatencySummary,
+    /// 95 % intervals of `latency_ms`'s quantiles, over the replications (see
+    /// [`LatencyIntervals`]).
+    pub latency_ci95_ms: LatencyIntervals,
     /// Hedged tries and retries per request: the calls a strategy's protections added.
     pub extra_calls: f64,
     /// Hedged tries sent.
@@ -147,6 +150,38 @@ impl LatencySummary {
             p50: h.quantile_ns(0.5) / 1e6,
             p99: h.quantile_ns(0.99) / 1e6,
             p999: h.quantile_ns(0.999) / 1e6,
+        }
+    }
+}
+
+/// 95 % confidence intervals of the request latency quantiles, in milliseconds: a Student-t
+/// interval of the mean of the replications' own quantiles (replications are independent, so
+/// their quantiles are too), widened where needed to hold the pooled quantile of
+/// [`LatencySummary`]. With one replication, the pooled quantile alone.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct LatencyIntervals {
+    /// Of the median.
+    pub p50: [f64; 2],
+    /// Of the 99th percentile.
+    pub p99: [f64; 2],
+    /// Of the 99.9th percentile.
+    pub p999: [f64; 2],
+}
+
+impl LatencyIntervals {
+    /// The intervals from the replications' histograms, around the pooled summary.
+    pub fn of(pooled: &LatencySummary, reps: &[&LatencyHistogram]) -> Self {
+        let one = |q: f64, point: f64| {
+            let xs: Vec<f64> = reps.iter().map(|h| h.quantile_ns(q) / 1e6).collect();
+            match student_t95(&xs) {
+                Some((lo, hi)) => [lo.min(point).max(0.0), hi.max(point)],
+                None => [point, point],
+            }
+        };
+        Self {
+            p50: one(0.5, pooled.p50),
+            p99: one(0.99, pooled.p99),
+            p999: one(0.999, pooled.p999),
         }
     }
 }
@@ -313,6 +348,7 @@ fn summarise(s: &Scenario, reps: &[RepStats]) -> SimResult {
         latency.merge(&r.latency);
     }
     let q = s.q(focus);
+    let summary = LatencySummary::of(&latency);
     SimResult {
         label: s.label.clone(),
         strategy: s.strategy().name().to_string(),
@@ -338,7 +374,11 @@ fn summarise(s: &Scenario, reps: &[RepStats]) -> SimResult {
             / requests.max(1) as f64
             / 1e6,
         load: s.offered_load(),
-        latency_ms: LatencySummary::of(&latency),
+        latency_ms: summary,
+        latency_ci95_ms: LatencyIntervals::of(
+            &summary,
+            &reps.iter().map(|r| &r.latency).collect::<Vec<_>>(),
+        ),
         extra_calls: (sum(|r| r.hedges) + sum(|r| r.retries)) as f64 / requests.max(1) as f64,
         hedges: sum(|r| r.hedges),
         hedges_won: sum(|r| r.hedges_won),

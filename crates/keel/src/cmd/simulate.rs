@@ -27,8 +27,9 @@ seconds / threads), \"calls_per_cpu_second\" (calls / CPU seconds used), \"wall_
 \"placement\", \"p\", \"q\", \"k\", \"requests\", \"success\", \"ci95\", \"failed_pick_share\",
 \"analytic_success\", \"max_server_share\", \"retries_per_request\", \"no_endpoint\",
 \"mean_latency_ms\", \"load\" (offered load / capacity, servers with a capacity and an open loop,
-else null), \"latency_ms\": {\"mean\", \"p50\", \"p99\", \"p999\"}, \"extra_calls\" (hedges and retries
-per request), \"hedges\", \"hedges_won\", \"reaction\" (null, or {\"fair_share\", \"share_before\",
+else null), \"latency_ms\": {\"mean\", \"p50\", \"p99\", \"p999\"}, \"latency_ci95_ms\": {\"p50\",
+\"p99\", \"p999\"} (each [low, high]: Student-t over the replications), \"extra_calls\" (hedges
+and retries per request), \"hedges\", \"hedges_won\", \"reaction\" (null, or {\"fair_share\", \"share_before\",
 \"share_during\", \"share_after\", \"down_ms\", \"back_ms\"} with a slowdown), \"replications\"}, ...]}.
 With --preset seed, the six objects are printed as JSON Lines (one per line, E1 first).")]
 pub struct Args {
@@ -37,8 +38,9 @@ pub struct Args {
     pub scenario: Option<PathBuf>,
     /// A built-in experiment: e1, e2, e3, e4, e5, e6, or `seed` for all six; `e7` (long-lived
     /// multiplexed connections: per-connection against per-request balancing); `tail` (E8)
-    /// or `reaction` (E9); `zones` (60/30/10 % of arrivals over zones of 4/4/3 endpoints:
-    /// zone-unaware, Envoy's host-count rule, keel's load rule); `sticky` (E11: sessions
+    /// or `reaction` (E9); `herd` (N = 1..16 proxies, each with its own balancer and share
+    /// of the traffic, on the same 10 FIFO servers); `zones` (60/30/10 % of arrivals over
+    /// zones of 4/4/3 endpoints: zone-unaware, Envoy's host-count rule, keel's load rule); `sticky` (E11: sessions
     /// moved when one of five endpoints fails, sticky cookie against ring-hash, Maglev,
     /// rendezvous).
     #[arg(long, value_name = "ID", conflicts_with = "sweep")]
@@ -395,7 +397,9 @@ fn print_report(id: &str, title: &str, report: &BatchReport, json: bool) -> anyh
         return Ok(());
     }
     println!("{}: {title}", id.to_uppercase());
-    if report.results.iter().any(|r| r.reaction.is_some()) {
+    if id == "herd" {
+        print_herd_table(&report.results);
+    } else if report.results.iter().any(|r| r.reaction.is_some()) {
         print_reaction_table(&report.results);
     } else if report.results.iter().any(|r| r.load.is_some()) {
         print_tail_table(&report.results);
@@ -487,6 +491,34 @@ fn print_tail_table(results: &[SimResult]) {
             l.p99,
             l.p999,
             r.extra_calls * 100.0,
+        );
+    }
+}
+
+/// The herd: latency quantiles with their 95 % intervals.
+fn print_herd_table(results: &[SimResult]) {
+    println!(
+        "  {:<24} {:<14} {:>8} {:>8} {:>20} {:>22} {:>22}",
+        "label",
+        "strategy",
+        "success",
+        "mean ms",
+        "p50 ms [95% CI]",
+        "p99 ms [95% CI]",
+        "p99.9 ms [95% CI]"
+    );
+    let q = |v: f64, ci: [f64; 2]| format!("{v:.1} [{:.1},{:.1}]", ci[0], ci[1]);
+    for r in results {
+        let (l, c) = (&r.latency_ms, &r.latency_ci95_ms);
+        println!(
+            "  {:<24} {:<14} {:>8.5} {:>8.2} {:>20} {:>22} {:>22}",
+            r.label,
+            r.strategy,
+            r.success,
+            l.mean,
+            q(l.p50, c.p50),
+            q(l.p99, c.p99),
+            q(l.p999, c.p999),
         );
     }
 }
