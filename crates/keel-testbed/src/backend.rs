@@ -36,6 +36,8 @@
 //! `rps_fractional` (requests answered per second), `eps` (503s per second) and
 //! `cpu_utilization` = the mean requests in flight (Little's law: the summed latency of the
 //! answered requests over the second) divided by the concurrency (1 without a limit).
+//!
+//! Every answer that took work carries [`SERVICE_HEADER`]: the time its work actually took.
 
 use std::future::Future;
 use std::io;
@@ -61,6 +63,13 @@ use rand::{Rng, RngCore};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{watch, Semaphore};
+
+/// The header that carries, on every answer that took work, the time the backend actually spent
+/// on it in microseconds: from the start of its work (after any wait for a place under
+/// `concurrency`) to the end of its latency, the timer's granularity and the scheduler's delays
+/// included. The experiments read it to simulate what the backends served, not what they were
+/// asked for.
+pub const SERVICE_HEADER: &str = "x-keel-service-us";
 
 /// The longest latency a distribution may draw: keeps a heavy tail from parking a call forever.
 const MAX_LATENCY: Duration = Duration::from_secs(60);
@@ -784,13 +793,21 @@ async fn answer(
         (Some(slots), false) => Some(slots.acquire().await.map_err(io::Error::other)?),
         _ => None,
     };
+    let began = Instant::now();
     let latency = shared.latency.sample_secs(&mut Draws(&shared.latency_rng));
     let latency = (latency * factor).min(MAX_LATENCY.as_secs_f64());
     if latency > 0.0 {
         tokio::time::sleep(Duration::from_secs_f64(latency)).await;
     }
+    // What this request was actually served in (the timer's and the scheduler's time included),
+    // as against the latency drawn.
+    let served = HeaderValue::from(began.elapsed().as_micros() as u64);
+    let served = |mut resp: Response<ResponseBody>| {
+        resp.headers_mut().insert(SERVICE_HEADER, served);
+        resp
+    };
     if error {
-        return Ok(unavailable(shared, "error (probability)"));
+        return Ok(served(unavailable(shared, "error (probability)")));
     }
     let whole = if health {
         Bytes::from_static(b"ok\n")
@@ -805,9 +822,13 @@ async fn answer(
             reset,
             total: total as u64,
         };
-        return Ok(respond(shared, StatusCode::OK, body));
+        return Ok(served(respond(shared, StatusCode::OK, body)));
     }
-    Ok(respond(shared, StatusCode::OK, ResponseBody::whole(whole)))
+    Ok(served(respond(
+        shared,
+        StatusCode::OK,
+        ResponseBody::whole(whole),
+    )))
 }
 
 /// A 503 after `after`.

@@ -3,10 +3,12 @@
 //! What keel's experiments run against, kept out of the proxy's library: an HTTP/1.1
 //! [`backend`] whose faults can be switched while it runs, and a bounded [`loadgen`] that makes a
 //! fixed number of requests (through a proxy, or with a client-side balancer) and reports what it
-//! measured. The `keel` binary uses both for `keel backend` and `keel lab`; keel-proxy's tests
+//! measured, and an [`openloop`] generator of Poisson arrivals. The `keel` binary uses them for
+//! `keel backend` and `keel lab`; keel-proxy's tests
 //! use them as a dev-dependency.
 
 #![warn(missing_docs)]
 
 pub mod backend;
 pub mod loadgen;
+pub mod openloop;

@@ -376,7 +376,7 @@ impl Plan {
     }
 }
 
-async fn resolve_url(url: &str) -> Result<(SocketAddr, HeaderValue, Uri), LoadError> {
+pub(crate) async fn resolve_url(url: &str) -> Result<(SocketAddr, HeaderValue, Uri), LoadError> {
     let bad = |why: String| LoadError(format!("URL {url:?}: {why}"));
     let uri: Uri = url.parse().map_err(|e| bad(format!("{e}")))?;
     if uri.scheme_str() != Some("http") {
@@ -516,8 +516,8 @@ enum CallResult {
 }
 
 /// A kept-alive connection; dropping it aborts its task, which closes the socket.
-struct Conn {
-    sender: SendRequest<Empty<Bytes>>,
+pub(crate) struct Conn {
+    pub(crate) sender: SendRequest<Empty<Bytes>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -668,7 +668,7 @@ async fn call_on(
     CallResult::Response { status, backend }
 }
 
-async fn connect(addr: SocketAddr) -> std::io::Result<Conn> {
+pub(crate) async fn connect(addr: SocketAddr) -> std::io::Result<Conn> {
     let stream = TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
     let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))

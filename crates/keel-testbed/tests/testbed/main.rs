@@ -3,3 +3,4 @@
 mod backend;
 mod capacity;
 mod loadgen;
+mod openloop;
