@@ -113,6 +113,13 @@ impl Ticket {
 /// nearest band with any: as Prequal's servers do, it learns how latency grows with load
 /// without knowing how the server works (one worker or many, queue or shared CPU).
 ///
+/// Within the band, each remembered latency is scaled by (in flight now + 1) / (in flight it
+/// arrived to + 1), as on a server that works through its requests one after another: a band
+/// spans up to 2x (8-15), and its plain median said the same for 8 and 15 in flight, so a
+/// balancer ranking reports by latency could not tell a server at 15 from one at 8 (issue 23:
+/// prequal lost to least-request on 10 servers). The same scaling carries a neighbouring
+/// band's latencies over when the server's own band has none.
+///
 /// With no recent request the estimate is zero ("no idea"): a server that a balancer stopped
 /// using because it looked slow is tried again once its bad samples are a window old, instead
 /// of keeping its last, bad estimate forever (without the window, some servers of a simulated
@@ -123,8 +130,8 @@ impl Ticket {
 pub struct ServerLoad {
     in_flight: u32,
     window: u64,
-    /// (band of the in-flight count at arrival, latency in ns, completed at), a ring.
-    history: [(u8, u64, u64); SERVER_HISTORY],
+    /// (in-flight count at arrival, latency in ns, completed at), a ring.
+    history: [(u32, u64, u64); SERVER_HISTORY],
     next: usize,
     len: usize,
 }
@@ -167,7 +174,7 @@ impl ServerLoad {
     pub fn finish(&mut self, ticket: Ticket, now: Duration) {
         let now = nanos(now);
         self.in_flight = self.in_flight.saturating_sub(1);
-        self.history[self.next] = (band(ticket.found), now.saturating_sub(ticket.at), now);
+        self.history[self.next] = (ticket.found, now.saturating_sub(ticket.at), now);
         self.next = (self.next + 1) % SERVER_HISTORY;
         self.len = (self.len + 1).min(SERVER_HISTORY);
     }
@@ -192,12 +199,13 @@ impl ServerLoad {
     }
 
     fn estimate_ns(&self, now: u64) -> u64 {
-        let recent = |&&(_, _, at): &&(u8, u64, u64)| now.saturating_sub(at) <= self.window;
+        let recent = |&&(_, _, at): &&(u32, u64, u64)| now.saturating_sub(at) <= self.window;
         let want = band(self.in_flight);
         // The nearest band that has samples; between two as near, the busier one (a guess on
         // the slow side does not attract load the server may not take).
         let mut best: Option<u8> = None;
-        for &(b, _, _) in self.history[..self.len].iter().filter(recent) {
+        for &(found, _, _) in self.history[..self.len].iter().filter(recent) {
+            let b = band(found);
             let closer = match best {
                 None => true,
                 Some(cur) => {
@@ -214,9 +222,11 @@ impl ServerLoad {
         };
         let mut xs = [0u64; SERVER_HISTORY];
         let mut n = 0;
-        for &(hb, ns, _) in self.history[..self.len].iter().filter(recent) {
-            if hb == b {
-                xs[n] = ns;
+        let now_plus_one = u128::from(self.in_flight) + 1;
+        for &(found, ns, _) in self.history[..self.len].iter().filter(recent) {
+            if band(found) == b {
+                let scaled = u128::from(ns) * now_plus_one / (u128::from(found) + 1);
+                xs[n] = scaled.min(u128::from(u64::MAX)) as u64;
                 n += 1;
             }
         }
@@ -252,8 +262,9 @@ mod tests {
         }
         let held: Vec<Ticket> = (0..5).map(|_| s.start(ms(100))).collect();
         assert_eq!(s.in_flight(), 5);
-        // Nothing seen at 4-7 yet: the nearest band with samples (0) says 10 ms.
-        assert_eq!(s.report(ms(100)), rep(5, 10));
+        // Nothing seen at 4-7 yet: the nearest band with samples (0) says 10 ms at 0 in
+        // flight, 60 ms at 5.
+        assert_eq!(s.report(ms(100)), rep(5, 60));
         for lat in [40, 50, 60] {
             let t = s.start(ms(100));
             assert_eq!(t.found(), 5);
@@ -272,6 +283,26 @@ mod tests {
             s.cancel(t);
         }
         assert_eq!(s.in_flight(), 0);
+    }
+
+    /// Issue 23: a band's plain median said the same for 8 and 15 in flight. Ten requests
+    /// that arrived to 8 in flight took 90 ms (10 ms each, one after another); at 15 in flight
+    /// the estimate is 90 x 16 / 9 = 160 ms, at 8 it is 90 ms. Before, both said 90 ms.
+    #[test]
+    fn the_estimate_is_scaled_by_in_flight_within_the_band() {
+        let mut s = ServerLoad::default();
+        let mut held: Vec<Ticket> = (0..8).map(|_| s.start(ms(0))).collect();
+        for i in 0..10 {
+            let t = s.start(ms(i));
+            assert_eq!(t.found(), 8);
+            s.finish(t, ms(i + 90));
+        }
+        assert_eq!(s.report(ms(100)), rep(8, 90));
+        held.extend((0..7).map(|_| s.start(ms(100))));
+        assert_eq!(s.report(ms(100)), rep(15, 160));
+        for t in held {
+            s.cancel(t);
+        }
     }
 
     #[test]

@@ -59,6 +59,19 @@ struct Entry {
     received: u64,
 }
 
+/// The latency a report of `latency_ns` at `reported` in flight predicts for a call that finds
+/// `rif >= reported` in flight: the report's latency scaled by (rif + 1) / (reported + 1), as on
+/// a server that works through its calls one after another (the scaling [`crate::ServerLoad`]
+/// applies within a band). At `rif == reported` it is the report's latency.
+#[inline]
+fn estimate(latency_ns: u64, reported: u32, rif: u32) -> u64 {
+    if rif <= reported {
+        return latency_ns;
+    }
+    let scaled = u128::from(latency_ns) * (u128::from(rif) + 1) / (u128::from(reported) + 1);
+    scaled.min(u128::from(u64::MAX)) as u64
+}
+
 /// The reports a balancer holds (at most `pool_size`, the newest per endpoint).
 #[derive(Debug)]
 struct Pool {
@@ -105,13 +118,13 @@ impl Pool {
         self.entries.retain(|e| e.index != index);
     }
 
-    /// The RIF at the `q` quantile (nearest rank) of the pooled reports: a report above it is
-    /// hot.
-    fn threshold(&self, q: f64) -> Option<u32> {
+    /// The RIF at the `q` quantile (nearest rank) of the pooled reports, each report's RIF
+    /// raised to the balancer's own live count (`live`): a report above it is hot.
+    fn threshold(&self, q: f64, live: impl Fn(usize) -> u32) -> Option<u32> {
         let mut rifs = [0u32; MAX_POOL];
         let mut n = 0;
         for e in self.entries.iter().take(MAX_POOL) {
-            rifs[n] = e.in_flight;
+            rifs[n] = e.in_flight.max(live(e.index));
             n += 1;
         }
         if n == 0 {
@@ -123,8 +136,21 @@ impl Pool {
     }
 
     /// The hot-cold rule: among usable reports whose RIF is at or below the pool's `q` quantile
-    /// (cold), the lowest latency (then the lowest RIF); if none is cold, the lowest RIF.
-    /// Returns the endpoint index.
+    /// (cold), the lowest estimated latency (then the lowest RIF); if none is cold, the lowest
+    /// RIF. Exact ties are broken at random (`coin(k)`: true with probability 1/k). Returns the
+    /// endpoint index.
+    ///
+    /// A report's RIF is raised to the balancer's own live count of calls in flight there
+    /// (`live`): the report is a probe's round trip old, the count is not, and the server has
+    /// at least that many of this balancer's calls. (With one balancer in front of the
+    /// cluster, the count is exact, and prequal then sees what least-request sees.)
+    ///
+    /// A cold report is ranked by [`estimate`]: its latency, scaled up when the live count is
+    /// above the report's RIF. (A [`crate::ServerLoad`]'s latency is itself scaled to the RIF
+    /// it reports; before, it was the plain median of the RIF's power-of-two band, 8-15 alike,
+    /// and on 10 servers, where the pool holds every server and almost nothing is hot, the
+    /// picks went to the luckiest band median however many calls that server held:
+    /// docs/tail-latency.md, "The sweep".)
     ///
     /// The chosen report leaves the pool: it describes its server *before* this pick, and
     /// nothing in it can say what the pick did there. Reused (the paper's budget), it kept its
@@ -135,40 +161,55 @@ impl Pool {
     /// formula has no positive denominator when the pool is 2/3 of the cluster or more) made
     /// prequal lose to plain power of two choices (docs/tail-latency.md, "Why one pick per
     /// report").
-    fn pick(&mut self, q: f64, usable: impl Fn(usize) -> bool) -> Option<usize> {
-        let t = self.threshold(q)?;
-        let mut best: Option<usize> = None;
-        let mut best_cold = false;
+    fn pick(
+        &mut self,
+        q: f64,
+        usable: impl Fn(usize) -> bool,
+        live: impl Fn(usize) -> u32,
+        mut coin: impl FnMut(usize) -> bool,
+    ) -> Option<usize> {
+        let t = self.threshold(q, &live)?;
+        // (entry, cold, rif, estimate) of the best so far, and how many tie with it.
+        let mut best: Option<(usize, bool, u32, u64)> = None;
+        let mut ties = 0usize;
         for (i, e) in self.entries.iter().enumerate() {
             if !usable(e.index) {
                 continue;
             }
-            let cold = e.in_flight <= t;
-            let better = match best {
-                None => true,
-                Some(b) => {
-                    let o = &self.entries[b];
-                    match (cold, best_cold) {
-                        (true, false) => true,
-                        (false, true) => false,
-                        (true, true) => (e.latency_ns, e.in_flight) < (o.latency_ns, o.in_flight),
-                        (false, false) => (e.in_flight, e.latency_ns) < (o.in_flight, o.latency_ns),
+            let rif = e.in_flight.max(live(e.index));
+            let cold = rif <= t;
+            let est = estimate(e.latency_ns, e.in_flight, rif);
+            let order = match best {
+                None => std::cmp::Ordering::Less,
+                Some((_, b_cold, b_rif, b_est)) => match (cold, b_cold) {
+                    (true, false) => std::cmp::Ordering::Less,
+                    (false, true) => std::cmp::Ordering::Greater,
+                    (true, true) => (est, rif).cmp(&(b_est, b_rif)),
+                    (false, false) => (rif, est).cmp(&(b_rif, b_est)),
+                },
+            };
+            match order {
+                std::cmp::Ordering::Less => {
+                    best = Some((i, cold, rif, est));
+                    ties = 1;
+                }
+                std::cmp::Ordering::Equal => {
+                    ties += 1;
+                    if coin(ties) {
+                        best = Some((i, cold, rif, est));
                     }
                 }
-            };
-            if better {
-                best = Some(i);
-                best_cold = cold;
+                std::cmp::Ordering::Greater => {}
             }
         }
-        let i = best?;
+        let (i, ..) = best?;
         Some(self.entries.swap_remove(i).index)
     }
 
     /// Removes the worst report: the hottest (highest RIF above the quantile), or if none is
     /// hot, the slowest.
     fn remove_worst(&mut self, q: f64) {
-        let Some(t) = self.threshold(q) else {
+        let Some(t) = self.threshold(q, |_| 0) else {
             return;
         };
         let hot = (0..self.entries.len())
@@ -236,11 +277,17 @@ impl Prequal {
     }
 
     /// One pick from the pool, or `None` when no usable report is pooled.
-    fn pick_pooled(&self, now: u64, allowed: impl Fn(usize) -> bool) -> Option<usize> {
+    fn pick_pooled(&self, v: &View<'_>) -> Option<usize> {
         let s = &self.settings;
+        let now = v.now;
         let mut pool = self.pool();
         pool.expire(now, s.max_age_ns);
-        let chosen = pool.pick(s.q_rif, |i| allowed(i) && !self.penalized(i, now));
+        let chosen = pool.pick(
+            s.q_rif,
+            |i| v.allowed(i) && !self.penalized(i, now),
+            |i| v.eps.get(i).map_or(0, |e| e.in_flight()),
+            |k| v.rng.below(k) == 0,
+        );
         for _ in 0..s.removes_per_pick {
             if pool.entries.len() <= 1 {
                 break;
@@ -253,7 +300,7 @@ impl Prequal {
 
 impl Strategy for Prequal {
     fn pick(&self, v: &View<'_>, _key: Option<u64>) -> Option<usize> {
-        self.pick_pooled(v.now, |i| v.allowed(i)).or_else(|| {
+        self.pick_pooled(v).or_else(|| {
             // No usable report: a random endpoint, one that has not just failed if it can.
             let n = v.eps.len();
             if n == 0 {
@@ -338,18 +385,18 @@ mod tests {
         p.insert(16, 2, rep(3, 20), now);
         p.insert(16, 3, rep(1, 30), now);
         // q = 0.75 of RIFs {1, 2, 3, 10}: rank 3 = 3, so 10 is hot; among cold, 20 ms.
-        assert_eq!(p.pick(0.75, |_| true), Some(2));
+        assert_eq!(p.pick(0.75, |_| true, |_| 0, |_| false), Some(2));
         // Its report is gone; over {1, 2, 10} rank 3 is 10: nothing is hot, and the fastest
         // report without endpoint 0 is 3 (30 ms).
-        assert_eq!(p.pick(0.75, |i| i != 0), Some(3));
+        assert_eq!(p.pick(0.75, |i| i != 0, |_| 0, |_| false), Some(3));
         // Threshold at q -> 0 is the smallest RIF, 4: both 4s are cold; 60 ms wins.
         let mut h = Pool::new(16);
         h.insert(16, 0, rep(9, 1), now);
         h.insert(16, 1, rep(4, 80), now);
         h.insert(16, 2, rep(4, 60), now);
-        assert_eq!(h.pick(0.01, |_| true), Some(2));
+        assert_eq!(h.pick(0.01, |_| true, |_| 0, |_| false), Some(2));
         // None usable but hot ones: the lowest RIF among the hot.
-        assert_eq!(h.pick(0.01, |i| i == 0), Some(0));
+        assert_eq!(h.pick(0.01, |i| i == 0, |_| 0, |_| false), Some(0));
     }
 
     /// The fix of issue 23: a report serves one pick. With the paper's reuse budget (3 for a
@@ -376,11 +423,54 @@ mod tests {
     }
 
     #[test]
+    fn estimates_scale_a_reports_latency_to_the_live_rif() {
+        assert_eq!(estimate(40, 3, 3), 40);
+        assert_eq!(estimate(40, 3, 1), 40, "never below the report");
+        assert_eq!(estimate(40, 3, 7), 80);
+    }
+
+    /// Issue 23 on small clusters: a report is a probe's round trip old, the balancer's count
+    /// of its own calls in flight is live. Endpoint 0's report (idle, 10 ms) beats endpoint
+    /// 1's (idle, 11 ms), but the balancer has since sent 0 three calls: 0 has at least 3 in
+    /// flight, its 10 ms at 0 scales to 40 ms, and 1 wins. Before the fix this picked
+    /// endpoint 0.
+    #[test]
+    fn the_balancers_own_calls_in_flight_raise_a_reports_rif() {
+        let o = StrategyOptions {
+            removes_per_pick: 0,
+            ..StrategyOptions::default()
+        };
+        let b = Bench::new(&[1, 1, 1]);
+        let p = Prequal::new(&o, 3);
+        for (i, lat) in [(0, 10), (1, 11), (2, 12)] {
+            p.observe(&b.view(0), i, &Observation::Load(rep(0, lat)));
+        }
+        for _ in 0..3 {
+            b.eps[0].begin_call();
+        }
+        assert_eq!(p.pick(&b.view(1), None), Some(1));
+        // Exact ties (no estimate: 0 ms) are broken at random, not by pool order.
+        let mut counts = [0usize; 2];
+        for _ in 0..2000 {
+            let mut pool = Pool::new(2);
+            pool.insert(2, 0, rep(0, 0), 0);
+            pool.insert(2, 1, rep(0, 0), 0);
+            let k = pool.pick(0.84, |_| true, |_| 0, |k| b.rng.below(k) == 0);
+            counts[k.unwrap()] += 1;
+        }
+        crate::strategy::testing::assert_shares(&counts, &[1, 1], 0.05);
+    }
+
+    #[test]
     fn reports_are_the_newest_per_endpoint_and_age_out() {
         let mut p = Pool::new(2);
         p.insert(2, 7, rep(0, 10), 0);
-        assert_eq!(p.pick(0.84, |_| true), Some(7));
-        assert_eq!(p.pick(0.84, |_| true), None, "used once, then gone");
+        assert_eq!(p.pick(0.84, |_| true, |_| 0, |_| false), Some(7));
+        assert_eq!(
+            p.pick(0.84, |_| true, |_| 0, |_| false),
+            None,
+            "used once, then gone"
+        );
         // The newest report per endpoint; a full pool drops its oldest.
         p.insert(2, 1, rep(0, 10), 1);
         p.insert(2, 1, rep(5, 10), 2);
