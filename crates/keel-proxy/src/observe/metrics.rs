@@ -167,6 +167,19 @@ pub struct ClusterView<'a> {
     pub max_amplification: u32,
 }
 
+/// One series per cluster: `name{cluster="..."} value`, under its HELP and TYPE lines.
+fn cluster_series<V: std::fmt::Display>(
+    out: &mut String,
+    clusters: &[ClusterView<'_>],
+    (name, kind, help): (&str, &str, &str),
+    value: impl Fn(&ClusterView<'_>) -> V,
+) {
+    header(out, name, kind, help);
+    for c in clusters {
+        let _ = writeln!(out, "{name}{{cluster=\"{}\"}} {}", label(c.name), value(c));
+    }
+}
+
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
@@ -204,132 +217,80 @@ pub fn render(clusters: &[ClusterView<'_>], reloads: u64, reload_failures: u64) 
             &format!("cluster=\"{}\"", label(c.name)),
         );
     }
-    header(
+    cluster_series(
         &mut out,
-        "keel_requests_in_flight",
-        "gauge",
-        "Client requests being served.",
+        clusters,
+        (
+            "keel_requests_in_flight",
+            "gauge",
+            "Client requests being served.",
+        ),
+        |c| c.metrics.in_flight.load(Relaxed),
     );
-    for c in clusters {
-        let _ = writeln!(
-            out,
-            "keel_requests_in_flight{{cluster=\"{}\"}} {}",
-            label(c.name),
-            c.metrics.in_flight.load(Relaxed)
-        );
-    }
-    header(
+    cluster_series(
         &mut out,
-        "keel_tunnels_open",
-        "gauge",
-        "Byte tunnels open: upgraded HTTP/1.1 connections (WebSocket) and TCP listeners' connections.",
+        clusters,
+        ("keel_tunnels_open", "gauge", "Byte tunnels open: upgraded HTTP/1.1 connections (WebSocket) and TCP listeners' connections."),
+        |c| c.metrics.tunnels_open.load(Relaxed),
     );
-    for c in clusters {
-        let _ = writeln!(
-            out,
-            "keel_tunnels_open{{cluster=\"{}\"}} {}",
-            label(c.name),
-            c.metrics.tunnels_open.load(Relaxed)
-        );
-    }
-    header(
+    cluster_series(
         &mut out,
-        "keel_retries_total",
-        "counter",
-        "Retries made on another endpoint.",
+        clusters,
+        (
+            "keel_retries_total",
+            "counter",
+            "Retries made on another endpoint.",
+        ),
+        |c| c.metrics.retries.load(Relaxed),
     );
-    for c in clusters {
-        let _ = writeln!(
-            out,
-            "keel_retries_total{{cluster=\"{}\"}} {}",
-            label(c.name),
-            c.metrics.retries.load(Relaxed)
-        );
-    }
-    header(
+    cluster_series(
         &mut out,
-        "keel_retry_pushbacks_total",
-        "counter",
-        "Retries that first waited as the endpoint's Retry-After or grpc-retry-pushback-ms asked.",
+        clusters,
+        ("keel_retry_pushbacks_total", "counter", "Retries that first waited as the endpoint's Retry-After or grpc-retry-pushback-ms asked."),
+        |c| c.metrics.pushbacks.load(Relaxed),
     );
-    for c in clusters {
-        let _ = writeln!(
-            out,
-            "keel_retry_pushbacks_total{{cluster=\"{}\"}} {}",
-            label(c.name),
-            c.metrics.pushbacks.load(Relaxed)
-        );
-    }
-    header(
+    cluster_series(
         &mut out,
-        "keel_max_amplification",
-        "gauge",
-        "Most upstream tries one client request may cost this cluster: 1 + hedges + retries (routes' retry_attempts included), as keel proxy --check prints.",
+        clusters,
+        ("keel_max_amplification", "gauge", "Most upstream tries one client request may cost this cluster: 1 + hedges + retries (routes' retry_attempts included), as keel proxy --check prints."),
+        |c| c.max_amplification,
     );
-    for c in clusters {
-        let _ = writeln!(
-            out,
-            "keel_max_amplification{{cluster=\"{}\"}} {}",
-            label(c.name),
-            c.max_amplification
-        );
-    }
-    header(
+    cluster_series(
         &mut out,
-        "keel_retry_budget_refusals_total",
-        "counter",
-        "Retries refused by the retry budget.",
+        clusters,
+        (
+            "keel_retry_budget_refusals_total",
+            "counter",
+            "Retries refused by the retry budget.",
+        ),
+        |c| c.metrics.budget_refusals.load(Relaxed),
     );
-    for c in clusters {
-        let _ = writeln!(
-            out,
-            "keel_retry_budget_refusals_total{{cluster=\"{}\"}} {}",
-            label(c.name),
-            c.metrics.budget_refusals.load(Relaxed)
-        );
-    }
-    header(
+    cluster_series(
         &mut out,
-        "keel_no_endpoint_total",
-        "counter",
-        "Requests answered 503 because no endpoint was available.",
+        clusters,
+        (
+            "keel_no_endpoint_total",
+            "counter",
+            "Requests answered 503 because no endpoint was available.",
+        ),
+        |c| c.metrics.no_endpoint.load(Relaxed),
     );
-    for c in clusters {
-        let _ = writeln!(
-            out,
-            "keel_no_endpoint_total{{cluster=\"{}\"}} {}",
-            label(c.name),
-            c.metrics.no_endpoint.load(Relaxed)
-        );
-    }
-    header(
+    cluster_series(
         &mut out,
-        "keel_overloaded_total",
-        "counter",
-        "Requests answered 503 at once because the cluster had max_in_flight requests in flight.",
+        clusters,
+        ("keel_overloaded_total", "counter", "Requests answered 503 at once because the cluster had max_in_flight requests in flight."),
+        |c| c.metrics.overloaded.load(Relaxed),
     );
-    for c in clusters {
-        let _ = writeln!(
-            out,
-            "keel_overloaded_total{{cluster=\"{}\"}} {}",
-            label(c.name),
-            c.metrics.overloaded.load(Relaxed)
-        );
-    }
-    header(
+    cluster_series(
         &mut out,
-        "keel_rate_limited_total",
-        "counter",
-        "Requests answered 429 by a rate_limit (the cluster's, or a route's to the cluster).",
+        clusters,
+        (
+            "keel_rate_limited_total",
+            "counter",
+            "Requests answered 429 by a rate_limit (the cluster's, or a route's to the cluster).",
+        ),
+        |c| c.metrics.rate_limited.load(Relaxed),
     );
-    for c in clusters {
-        let _ = writeln!(
-            out,
-            "keel_rate_limited_total{{cluster=\"{}\"}} {}",
-            label(c.name),
-            c.metrics.rate_limited.load(Relaxed)
-        );
-    }
     for (name, help, value) in [
         (
             "keel_hedges_total",
@@ -352,20 +313,16 @@ pub fn render(clusters: &[ClusterView<'_>], reloads: u64, reload_failures: u64) 
             );
         }
     }
-    header(
+    cluster_series(
         &mut out,
-        "keel_cluster_panicking",
-        "gauge",
-        "1 while the panic threshold makes the balancer ignore health.",
+        clusters,
+        (
+            "keel_cluster_panicking",
+            "gauge",
+            "1 while the panic threshold makes the balancer ignore health.",
+        ),
+        |c| c.panicking as u8,
     );
-    for c in clusters {
-        let _ = writeln!(
-            out,
-            "keel_cluster_panicking{{cluster=\"{}\"}} {}",
-            label(c.name),
-            c.panicking as u8
-        );
-    }
     header(
         &mut out,
         "keel_upstream_responses_total",
