@@ -207,7 +207,12 @@ impl Snapshot {
     }
 
     /// Tells endpoint `i`'s group strategy what the balancer learned.
+    #[inline]
     fn observe(&self, v: &View<'_>, i: usize, what: &Observation) {
+        if self.layout.is_trivial() {
+            // One group of every endpoint in order, as `pick`'s fast path: no remapping.
+            return self.strategies[0].observe(v, i, what);
+        }
         let (g, local) = self.layout.place[i];
         self.strategies[g as usize].observe(&self.in_group(v, g as usize), local as usize, what);
     }
