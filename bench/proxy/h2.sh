@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# HTTP/2 benchmark: h2load's HTTP/2 clients through keel, NGINX and HAProxy, in one run, to
+# HTTP/2 benchmark: h2load's HTTP/2 clients through keel, NGINX, HAProxy and the floor
+# (crates/keel-grpc-tests/src/bin/h2-floor.rs: a bare pass-through proxy on the crates keel
+# uses, hyper's HTTP/2 server and h2's client, one thread: what keel's cost cannot go under
+# without changing those crates), in one run, to
 #   h1    four HTTP/1.1 endpoints (NGINX, a fixed body from memory): the common edge;
 #   h2c   four h2c endpoints (crates/keel-grpc-tests/src/bin/h2-backend.rs);
 #   grpc  gRPC unary calls (grpc.health.v1.Health/Check) to the same h2c endpoints
@@ -10,15 +13,17 @@
 #   bench/proxy/h2.sh
 #
 # Environment (all optional):
-#   KEEL_BIN, BACKEND_BIN  binaries to use instead of `cargo build --release`
+#   KEEL_BIN, BACKEND_BIN, FLOOR_BIN  binaries to use instead of `cargo build --release`
 #   ROUNDS     rounds per point (default 3)
 #   REQUESTS   requests per h2load run (default 200000)
 #   CLIENTS STREAMS  h2load -c and -m (default 16 and 10)
 #   PROXY_CPUS LOAD_CPUS   CPUs of the proxies, and of h2load and the backends (default 0 and 1)
 #   OUT        where raw results go (default target/proxy-bench-h2)
 #   KEEP_WORK  set: keep the work directory (configurations, the proxies' logs) in /tmp
+#   PORT_BASE  ports are PORT_BASE + 1-8, 10-18 and 21-23 (default 21100)
 #
-# Ports 21101-21120 on 127.0.0.1; everything started here is stopped on exit.
+# Ports 21101-21108, 21110-21118 and 21121-21123 on 127.0.0.1 (with the default PORT_BASE);
+# everything started here is stopped on exit.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -30,12 +35,14 @@ STREAMS="${STREAMS:-10}"
 PROXY_CPUS="${PROXY_CPUS:-0}"
 LOAD_CPUS="${LOAD_CPUS:-1}"
 OUT="${OUT:-$REPO/target/proxy-bench-h2}"
-H1_PORTS=(21101 21102 21103 21104)
-H2_PORTS=(21105 21106 21107 21108)
-# Proxy ports: keel 2111x, nginx 2112x... per scenario: h1 = +0, h2c = +1, grpc = +2.
-KEEL_BASE=21110
-NGINX_BASE=21113
-HAPROXY_BASE=21116
+P="${PORT_BASE:-21100}"
+H1_PORTS=($((P + 1)) $((P + 2)) $((P + 3)) $((P + 4)))
+H2_PORTS=($((P + 5)) $((P + 6)) $((P + 7)) $((P + 8)))
+# Proxy ports, per scenario: h1 = +0, h2c = +1, grpc = +2.
+KEEL_BASE=$((P + 10))
+NGINX_BASE=$((P + 13))
+HAPROXY_BASE=$((P + 16))
+FLOOR_BASE=$((P + 21))
 CLK_TCK="$(getconf CLK_TCK)"
 log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 
@@ -57,6 +64,10 @@ fi
 if [ -z "${BACKEND_BIN:-}" ]; then
     (cd "$REPO" && cargo build --release -p keel-grpc-tests --bin h2-backend --quiet)
     BACKEND_BIN="$TARGET/release/h2-backend"
+fi
+if [ -z "${FLOOR_BIN:-}" ]; then
+    (cd "$REPO" && cargo build --release -p keel-grpc-tests --bin h2-floor --quiet)
+    FLOOR_BIN="$TARGET/release/h2-floor"
 fi
 
 WORK="$(mktemp -d /tmp/keel-h2-bench.XXXXXX)"
@@ -174,7 +185,17 @@ hservers() { local p i=0; for p in "$@"; do echo "    server s$i 127.0.0.1:$p $2
 } >"$WORK/haproxy.cfg"
 taskset -c "$PROXY_CPUS" haproxy -f "$WORK/haproxy.cfg" -db >"$WORK/haproxy.log" 2>&1 &
 HAPROXY_PID=$!; STARTED+=("$HAPROXY_PID")
-for s in 0 1 2; do wait_port $((KEEL_BASE + s)); wait_port $((NGINX_BASE + s)); wait_port $((HAPROXY_BASE + s)); done
+# The floor serves one kind of endpoint per process: one process per scenario.
+taskset -c "$PROXY_CPUS" "$FLOOR_BIN" "$((FLOOR_BASE + 0))" h1 "${H1_PORTS[@]}" >"$WORK/floor-h1.log" 2>&1 &
+FLOOR_H1_PID=$!; STARTED+=("$FLOOR_H1_PID")
+taskset -c "$PROXY_CPUS" "$FLOOR_BIN" "$((FLOOR_BASE + 1))" h2c "${H2_PORTS[@]}" >"$WORK/floor-h2c.log" 2>&1 &
+FLOOR_H2C_PID=$!; STARTED+=("$FLOOR_H2C_PID")
+taskset -c "$PROXY_CPUS" "$FLOOR_BIN" "$((FLOOR_BASE + 2))" h2c "${H2_PORTS[@]}" >"$WORK/floor-grpc.log" 2>&1 &
+FLOOR_GRPC_PID=$!; STARTED+=("$FLOOR_GRPC_PID")
+floor_pid() { case "$1" in h1) echo "$FLOOR_H1_PID" ;; h2c) echo "$FLOOR_H2C_PID" ;; grpc) echo "$FLOOR_GRPC_PID" ;; esac; }
+for s in 0 1 2; do
+    wait_port $((KEEL_BASE + s)); wait_port $((NGINX_BASE + s)); wait_port $((HAPROXY_BASE + s)); wait_port $((FLOOR_BASE + s))
+done
 
 # A gRPC unary call's request body: HealthCheckRequest {} in one uncompressed frame.
 printf '\x00\x00\x00\x00\x00' >"$WORK/grpc-body.bin"
@@ -213,7 +234,7 @@ PY
 
 # Warm-up: a short run through each.
 for s in h1 h2c grpc; do
-    for b in $KEEL_BASE $NGINX_BASE $HAPROXY_BASE; do
+    for b in $KEEL_BASE $FLOOR_BASE $NGINX_BASE $HAPROXY_BASE; do
         REQ_SAVE=$REQUESTS; REQUESTS=2000
         run_point warm "$KEEL_PID" "$b" "$s" 0 >/dev/null
         REQUESTS=$REQ_SAVE
@@ -224,6 +245,7 @@ printf 'proxy\tscenario\tround\treq_per_s\tp99_ms\tcpu_us_per_req\tsucceeded\n' 
 for round in $(seq 1 "$ROUNDS"); do
     for s in h1 h2c grpc; do
         run_point keel "$KEEL_PID" "$KEEL_BASE" "$s" "$round" | tee -a "$RESULTS"
+        run_point floor "$(floor_pid "$s")" "$FLOOR_BASE" "$s" "$round" | tee -a "$RESULTS"
         run_point nginx "$NGINX_PID" "$NGINX_BASE" "$s" "$round" | tee -a "$RESULTS"
         run_point haproxy "$HAPROXY_PID" "$HAPROXY_BASE" "$s" "$round" | tee -a "$RESULTS"
     done
@@ -235,10 +257,20 @@ rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
 print("| scenario | proxy | req/s (min-max) | p99 ms (median) | CPU us/req (min-max) | ok |")
 print("|---|---|---|---|---|---|")
 for s in ("h1", "h2c", "grpc"):
-    for p in ("keel", "nginx", "haproxy"):
+    for p in ("keel", "floor", "nginx", "haproxy"):
         r = [x for x in rows if x["scenario"] == s and x["proxy"] == p]
         if not r: continue
         rps = [float(x["req_per_s"]) for x in r]; cpu = [float(x["cpu_us_per_req"]) for x in r]
         p99 = statistics.median(float(x["p99_ms"]) for x in r)
         print(f"| {s} | {p} | {min(rps)/1e3:.1f}-{max(rps)/1e3:.1f} k | {p99:.2f} | {min(cpu):.1f}-{max(cpu):.1f} | {r[-1]['succeeded']} |")
+def med(s, p, k):
+    v = [float(x[k]) for x in rows if x["scenario"] == s and x["proxy"] == p]
+    return statistics.median(v) if v else float("nan")
+print()
+print("| scenario | req/s keel/floor | CPU/req keel/floor | req/s floor/haproxy | CPU/req floor/haproxy |")
+print("|---|---|---|---|---|")
+for s in ("h1", "h2c", "grpc"):
+    r = lambda a, b, k: med(s, a, k) / med(s, b, k)
+    print(f"| {s} | {r('keel', 'floor', 'req_per_s'):.2f} | {r('keel', 'floor', 'cpu_us_per_req'):.2f} "
+          f"| {r('floor', 'haproxy', 'req_per_s'):.2f} | {r('floor', 'haproxy', 'cpu_us_per_req'):.2f} |")
 PY
