@@ -123,10 +123,12 @@ pub(crate) async fn until_sent<F: std::future::Future>(
     progress: Option<(&BodyProgress, Instant, Duration)>,
     fut: F,
 ) -> Option<F::Output> {
+    // Pinned here, once: the try's future is large, and moving it into `until` by value
+    // copies it on every request.
+    let mut fut = std::pin::pin!(fut);
     let Some((progress, start, per_try)) = progress else {
         return until(timer, deadline, fut).await;
     };
-    let mut fut = std::pin::pin!(fut);
     loop {
         if let Some(r) = until(timer, deadline, fut.as_mut()).await {
             return Some(r);

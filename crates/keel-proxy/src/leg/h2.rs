@@ -21,6 +21,7 @@ use std::task::{ready, Context, Poll};
 use bytes::Bytes;
 use h2::{RecvStream, SendStream};
 use hyper::body::{Body, Frame};
+use hyper::http::uri::{Authority, PathAndQuery};
 use hyper::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
@@ -190,62 +191,51 @@ impl RequestPump {
     }
 }
 
-/// The request's method, target and headers for HTTP/2, from the rewritten HTTP/1.1 head:
-/// `Host` becomes `:authority`, connection-specific headers go (RFC 9113 section 8.2.2), and a
-/// gRPC call carries `te: trailers`.
-struct H2Head {
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-}
-
-impl H2Head {
-    fn parse(head: &[u8], tls: bool, grpc: bool) -> Option<H2Head> {
-        let mut fields = [MaybeUninit::<httparse::Header<'_>>::uninit(); 256];
-        let mut req = httparse::Request::new(&mut []);
-        let parsed = httparse::ParserConfig::default()
-            .parse_request_with_uninit_headers(&mut req, head, &mut fields)
-            .ok()?;
-        if !parsed.is_complete() {
-            return None;
-        }
-        let method = Method::from_bytes(req.method?.as_bytes()).ok()?;
-        let mut authority = None;
-        let mut headers = HeaderMap::with_capacity(req.headers.len() + 1);
-        for h in req.headers.iter() {
-            if h.name.eq_ignore_ascii_case("host") {
-                authority = Some(h.value);
-            } else if !HOP_BY_HOP.iter().any(|n| h.name.eq_ignore_ascii_case(n)) {
-                headers.append(
-                    HeaderName::from_bytes(h.name.as_bytes()).ok()?,
-                    HeaderValue::from_bytes(h.value).ok()?,
-                );
-            }
-        }
-        if grpc {
-            headers.insert(hyper::header::TE, HeaderValue::from_static("trailers"));
-        }
-        let uri = Uri::builder()
-            .scheme(if tls { "https" } else { "http" })
-            .authority(authority?)
-            .path_and_query(req.path?)
-            .build()
-            .ok()?;
-        Some(H2Head {
-            method,
-            uri,
-            headers,
-        })
+/// The HTTP/2 request for the rewritten HTTP/1.1 head: `Host` becomes `:authority`,
+/// connection-specific headers go (RFC 9113 section 8.2.2), and a gRPC call carries
+/// `te: trailers`. Header values are slices of one shared copy of the head, not a copy each.
+fn h2_request(head: &[u8], tls: bool, grpc: bool) -> Option<Request<()>> {
+    // Parsed from the shared copy, so that its slices are slices of it.
+    let shared = Bytes::copy_from_slice(head);
+    let mut fields = [MaybeUninit::<httparse::Header<'_>>::uninit(); 256];
+    let mut req = httparse::Request::new(&mut []);
+    let parsed = httparse::ParserConfig::default()
+        .parse_request_with_uninit_headers(&mut req, &shared, &mut fields)
+        .ok()?;
+    if !parsed.is_complete() {
+        return None;
     }
-
-    fn request(&self) -> Request<()> {
-        let mut r = Request::new(());
-        *r.method_mut() = self.method.clone();
-        *r.uri_mut() = self.uri.clone();
-        *r.version_mut() = Version::HTTP_2;
-        *r.headers_mut() = self.headers.clone();
-        r
+    let value = |v: &[u8]| HeaderValue::from_maybe_shared(shared.slice_ref(v)).ok();
+    let method = Method::from_bytes(req.method?.as_bytes()).ok()?;
+    let mut authority = None;
+    let mut headers = HeaderMap::with_capacity(req.headers.len() + 1);
+    for h in req.headers.iter() {
+        if h.name.eq_ignore_ascii_case("host") {
+            authority = Some(h.value);
+        } else if !HOP_BY_HOP.iter().any(|n| h.name.eq_ignore_ascii_case(n)) {
+            headers.append(
+                HeaderName::from_bytes(h.name.as_bytes()).ok()?,
+                value(h.value)?,
+            );
+        }
     }
+    if grpc {
+        headers.insert(hyper::header::TE, HeaderValue::from_static("trailers"));
+    }
+    let uri = Uri::builder()
+        .scheme(if tls { "https" } else { "http" })
+        .authority(Authority::from_maybe_shared(shared.slice_ref(authority?)).ok()?)
+        .path_and_query(
+            PathAndQuery::from_maybe_shared(shared.slice_ref(req.path?.as_bytes())).ok()?,
+        )
+        .build()
+        .ok()?;
+    let mut r = Request::new(());
+    *r.method_mut() = method;
+    *r.uri_mut() = uri;
+    *r.version_mut() = Version::HTTP_2;
+    *r.headers_mut() = headers;
+    Some(r)
 }
 
 fn upstream(kind: ErrorKind, acted: bool, cause: Cause) -> TryFailure<Box<H2Response>> {
@@ -322,8 +312,8 @@ pub(crate) async fn try_once<B: RequestBody>(
     let tls = cluster.config.protocol == UpstreamProtocol::H2;
     // The head came from a request keel parsed: it converts, unless the client sent
     // something HTTP/2 cannot carry.
-    let h2_head =
-        H2Head::parse(head, tls, meta.grpc).ok_or(TryFailure::Client(Reject::Malformed))?;
+    let h2_head = || h2_request(head, tls, meta.grpc).ok_or(TryFailure::Client(Reject::Malformed));
+    let mut request = Some(h2_head()?);
     let no_body = meta.body == BodyFraming::None;
     // A connection that failed between two requests is replaced (the request never left).
     let mut stale_left = 2;
@@ -336,7 +326,14 @@ pub(crate) async fn try_once<B: RequestBody>(
             upstream(ErrorKind::Connect, false, cause)
         })?;
         let sent = match sender.ready().await {
-            Ok(mut sender) => sender.send_request(h2_head.request(), no_body),
+            // Built again only after a stale connection took the first one (rare).
+            Ok(mut sender) => {
+                let request = match request.take() {
+                    Some(r) => r,
+                    None => h2_head()?,
+                };
+                sender.send_request(request, no_body)
+            }
             Err(e) => Err(e),
         };
         match sent {

@@ -68,7 +68,11 @@ pub(crate) async fn serve<I>(
         let settings = settings.clone();
         let client = client.clone();
         let active = ActiveRequest::new(&conn_activity);
-        async move { Ok::<_, Infallible>(handle(&shared, index, &settings, &client, req, active).await) }
+        // Boxed: hyper spawns a task per stream, and tokio copies a task's future when it
+        // spawns it and again when it stores its output; this one is large.
+        Box::pin(async move {
+            Ok::<_, Infallible>(handle(&shared, index, &settings, &client, req, active).await)
+        })
     });
     let conn = builder.serve_connection(TokioIo::new(io), svc);
     tokio::pin!(conn);
@@ -383,14 +387,16 @@ fn grpc_own_response(
 /// An HTTP/2 endpoint's response, passed on as it is (with `x-keel-endpoint`); a body
 /// already at its end (trailers-only) finishes the pick at once.
 fn h2_response(
-    response: Box<H2Response>,
+    mut response: Box<H2Response>,
     tail: Tail,
     pump: Option<RequestPump>,
     mut active: ActiveRequest,
     log: Option<H2Log>,
 ) -> Response<H2Body> {
     active.owe();
-    let mut head = response.head.clone();
+    // Taken, not cloned: nothing reads the endpoint's head once it is the client's.
+    let empty = Response::new(()).into_parts().0;
+    let mut head = std::mem::replace(&mut response.head, empty);
     if let Some(e) = tail.shown_endpoint() {
         head.headers
             .insert(crate::codec::X_KEEL_ENDPOINT, e.clone());
