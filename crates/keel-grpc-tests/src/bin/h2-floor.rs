@@ -27,7 +27,7 @@ use std::task::{ready, Context, Poll};
 use bytes::{Buf, Bytes};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper::header::{HeaderValue, HOST};
+use hyper::header::{HeaderValue, CONTENT_LENGTH, HOST};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -212,126 +212,134 @@ impl Body for FloorBody {
 // ------------------------------------------------------------------ h2c endpoints
 
 struct H2Endpoints {
-    conns: Vec<h2::client::SendRequest<Bytes>>,
+    endpoints: Vec<H2Endpoint>,
     next: AtomicUsize,
 }
 
+struct H2Endpoint {
+    port: u16,
+    /// The connection, replaced when it ends (a GOAWAY, a reset).
+    conn: Mutex<h2::client::SendRequest<Bytes>>,
+}
+
+impl H2Endpoint {
+    fn lock(&self) -> std::sync::MutexGuard<'_, h2::client::SendRequest<Bytes>> {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 impl H2Endpoints {
-    /// One connection per endpoint, its frames read and written by a task of its own (as
-    /// keel's are).
     async fn connect(ports: &[u16]) -> Self {
-        let mut conns = Vec::new();
+        let mut endpoints = Vec::new();
         for &port in ports {
-            let stream = TcpStream::connect(("127.0.0.1", port))
-                .await
-                .expect("connect to an h2c endpoint");
-            stream.set_nodelay(true).expect("nodelay");
-            // keel's windows toward endpoints (upstream/h2_conns.rs), unless a knob says.
-            let mut b = h2::client::Builder::new();
-            b.initial_window_size(knob("FLOOR_UP_STREAM_WINDOW").unwrap_or(1 << 20))
-                .initial_connection_window_size(knob("FLOOR_UP_CONN_WINDOW").unwrap_or(4 << 20));
-            if let Some(n) = knob("FLOOR_UP_SEND_BUF") {
-                b.max_send_buffer_size(n as usize);
-            }
-            if let Some(n) = knob("FLOOR_UP_MAX_FRAME") {
-                b.max_frame_size(n);
-            }
-            let send = match knob("FLOOR_WRITE_BUF") {
-                Some(cap) => handshake(&b, Gathered::new(stream, cap as usize)).await,
-                None => handshake(&b, stream).await,
-            };
-            conns.push(send);
+            let conn = connect_h2(port).await.expect("connect to an h2c endpoint");
+            endpoints.push(H2Endpoint {
+                port,
+                conn: Mutex::new(conn),
+            });
         }
         Self {
-            conns,
+            endpoints,
             next: AtomicUsize::new(0),
         }
     }
 
     async fn forward(&self, req: Request<Incoming>) -> Result<Response<FloorBody>, ()> {
-        let i = self.next.fetch_add(1, Relaxed) % self.conns.len();
-        let mut send = self.conns[i].clone().ready().await.map_err(drop)?;
+        let i = self.next.fetch_add(1, Relaxed) % self.endpoints.len();
+        let ep = &self.endpoints[i];
+        let conn = ep.lock().clone();
+        let mut send = match conn.ready().await {
+            Ok(send) => send,
+            Err(_) => {
+                let new = connect_h2(ep.port).await.map_err(drop)?;
+                *ep.lock() = new.clone();
+                new.ready().await.map_err(drop)?
+            }
+        };
         // The h2 server already refused connection-specific headers (RFC 9113 8.2.2), and
         // its URI carries :scheme and :authority: the head goes on as it came.
         let (parts, body) = req.into_parts();
+        let length = parts
+            .headers
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
         let head = Request::from_parts(parts, ());
-        let mut body = body;
         let response = if body.is_end_stream() {
             let (response, _) = send.send_request(head, true).map_err(drop)?;
             response.await.map_err(drop)?
-        } else {
-            // A body already in whole (a gRPC unary call's) goes with the head, as keel's
-            // inline bodies do: the endpoint may answer on the head alone, and a body still
-            // to come would then be reset, which hyper counts against the connection.
-            let first = poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx))).await;
+        } else if length.is_some_and(|n| n <= INLINE) {
+            // A small body is read whole and sent with its head, as keel's inline bodies are:
+            // an endpoint that answers on the head alone (h2-backend) would reset the DATA
+            // that came after, and hyper's server ends a connection after 1,024 such resets.
+            let whole = body.collect().await.map_err(drop)?;
+            let trailers = whole.trailers().cloned();
+            let data = whole.to_bytes();
             let (response, mut stream) = send.send_request(head, false).map_err(drop)?;
-            let mut done = false;
-            let first = match first {
-                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) if body.is_end_stream() && data.len() <= INLINE => {
-                        stream.send_data(data, true).map_err(drop)?;
-                        done = true;
-                        None
-                    }
-                    Ok(data) => Some(Frame::data(data)),
-                    Err(frame) => Some(frame),
-                },
-                Poll::Ready(None) => {
-                    stream.send_data(Bytes::new(), true).map_err(drop)?;
-                    done = true;
-                    None
-                }
-                Poll::Ready(Some(Err(_))) => return Err(()),
-                Poll::Pending => None,
-            };
-            if done {
-                response.await.map_err(drop)?
-            } else {
-                let mut pump = Box::pin(pump(first, body, stream));
-                let mut response = std::pin::pin!(response);
-                // A longer body (a stream) goes on in a task of its own once the response
-                // starts.
-                let r = tokio::select! {
-                    biased;
-                    () = &mut pump => response.await,
-                    r = &mut response => {
-                        tokio::spawn(pump);
-                        r
-                    }
-                };
-                r.map_err(drop)?
+            stream.send_data(data, trailers.is_none()).map_err(drop)?;
+            if let Some(t) = trailers {
+                stream.send_trailers(t).map_err(drop)?;
             }
+            response.await.map_err(drop)?
+        } else {
+            let (response, stream) = send.send_request(head, false).map_err(drop)?;
+            let mut pump = Box::pin(pump(body, stream));
+            let mut response = std::pin::pin!(response);
+            // A longer body (a stream) goes on in a task of its own once the response starts.
+            let r = tokio::select! {
+                biased;
+                () = &mut pump => response.await,
+                r = &mut response => {
+                    tokio::spawn(pump);
+                    r
+                }
+            };
+            r.map_err(drop)?
         };
         Ok(response.map(FloorBody::H2))
     }
 }
 
-async fn handshake<T>(b: &h2::client::Builder, io: T) -> h2::client::SendRequest<Bytes>
+/// A connection to an h2c endpoint, with keel's windows (upstream/h2_conns.rs) unless a knob
+/// says; its frames are read and written by a task of its own, as keel's are.
+async fn connect_h2(port: u16) -> io::Result<h2::client::SendRequest<Bytes>> {
+    let stream = TcpStream::connect(("127.0.0.1", port)).await?;
+    stream.set_nodelay(true)?;
+    let mut b = h2::client::Builder::new();
+    b.initial_window_size(knob("FLOOR_UP_STREAM_WINDOW").unwrap_or(1 << 20))
+        .initial_connection_window_size(knob("FLOOR_UP_CONN_WINDOW").unwrap_or(4 << 20));
+    if let Some(n) = knob("FLOOR_UP_SEND_BUF") {
+        b.max_send_buffer_size(n as usize);
+    }
+    if let Some(n) = knob("FLOOR_UP_MAX_FRAME") {
+        b.max_frame_size(n);
+    }
+    match knob("FLOOR_WRITE_BUF") {
+        Some(cap) => handshake(&b, Gathered::new(stream, cap as usize)).await,
+        None => handshake(&b, stream).await,
+    }
+}
+
+async fn handshake<T>(b: &h2::client::Builder, io: T) -> io::Result<h2::client::SendRequest<Bytes>>
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (send, conn) = b.handshake::<_, Bytes>(io).await.expect("h2 handshake");
+    let (send, conn) = b
+        .handshake::<_, Bytes>(io)
+        .await
+        .map_err(io::Error::other)?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
-    send
+    Ok(send)
 }
 
-/// The largest body sent with its head without waiting for window: h2's initial stream window.
+/// The largest body read whole and sent with its head: within h2's initial stream window.
 const INLINE: usize = 65_535;
 
 /// The client's request body to the endpoint, frame by frame, within the stream's window.
-async fn pump(
-    mut first: Option<Frame<Bytes>>,
-    mut body: Incoming,
-    mut send: h2::SendStream<Bytes>,
-) {
+async fn pump(mut body: Incoming, mut send: h2::SendStream<Bytes>) {
     loop {
-        let next = match first.take() {
-            Some(frame) => Some(Ok(frame)),
-            None => body.frame().await,
-        };
-        match next {
+        match body.frame().await {
             None => {
                 let _ = send.send_data(Bytes::new(), true);
                 return;
