@@ -237,6 +237,14 @@ pub struct Balancer {
     /// Calls in flight over all endpoints (kept only for bounded loads).
     group: Arc<AtomicU64>,
     snapshot: ArcSwap<Snapshot>,
+    /// Bumped after every store into `snapshot`, so that the `_mut` methods know when their
+    /// copy (`local`) is out of date.
+    generation: AtomicU64,
+    /// The snapshot as the `_mut` methods last read it, with `generation` then. A balancer
+    /// that one owner drives alone (the simulator's thousands) reads it through `&mut self`,
+    /// without arc-swap's load (about a tenth of a simulated call); shared balancers never
+    /// fill it.
+    local: Option<(u64, Arc<Snapshot>)>,
     /// The strategy's [`Strategy::follows_calls`] (fixed for a balancer's life), so that
     /// `finish` can skip the snapshot without loading it.
     follows_calls: bool,
@@ -264,6 +272,8 @@ impl Balancer {
             group: Arc::new(AtomicU64::new(0)),
             follows_calls: snapshot.strategies[0].follows_calls(),
             snapshot: ArcSwap::from_pointee(snapshot),
+            generation: AtomicU64::new(0),
+            local: None,
         })
     }
 
@@ -287,6 +297,8 @@ impl Balancer {
             group: self.group.clone(),
             follows_calls: snapshot.strategies[0].follows_calls(),
             snapshot: ArcSwap::from_pointee(snapshot),
+            generation: AtomicU64::new(0),
+            local: None,
         })
     }
 
@@ -298,6 +310,7 @@ impl Balancer {
         let eps = Self::carry_over(&old.endpoints, endpoints, nanos(now).max(1));
         let snapshot = Self::snapshot(&self.config, endpoints, eps);
         self.snapshot.store(Arc::new(snapshot));
+        self.generation.fetch_add(1, Ordering::Release);
         Ok(())
     }
 
@@ -469,8 +482,36 @@ impl Balancer {
     /// within them; a group with nothing left to pick passes the pick to the next.
     pub fn pick(&self, ctx: &PickContext<'_>) -> Option<Pick> {
         let snap = self.snapshot.load();
+        self.pick_in(&snap, ctx)
+    }
+
+    /// The snapshot for the `_mut` methods: their copy, re-read after an update (checked
+    /// without an atomic operation: `&mut self` means no update runs meanwhile).
+    #[inline]
+    fn local(&mut self) -> &Self {
+        let generation = *self.generation.get_mut();
+        if !matches!(&self.local, Some((g, _)) if *g == generation) {
+            self.local = Some((generation, self.snapshot.load_full()));
+        }
+        self
+    }
+
+    #[inline]
+    fn local_snapshot(&self) -> &Snapshot {
+        &self.local.as_ref().expect("filled by `local`").1
+    }
+
+    /// [`Self::pick`] by the balancer's one owner (`&mut`): the same pick, on the snapshot it
+    /// read last unless an update came since, instead of arc-swap's atomic load.
+    pub fn pick_mut(&mut self, ctx: &PickContext<'_>) -> Option<Pick> {
+        let this = self.local();
+        this.pick_in(this.local_snapshot(), ctx)
+    }
+
+    #[inline(always)]
+    fn pick_in(&self, snap: &Snapshot, ctx: &PickContext<'_>) -> Option<Pick> {
         let now = nanos(ctx.now);
-        let panic = self.panic(&snap, now);
+        let panic = self.panic(snap, now);
         let mut view = View {
             eps: &snap.endpoints,
             now,
@@ -495,9 +536,9 @@ impl Balancer {
                 index = s.pick(&view, ctx.hash_key);
             }
             let i = index?;
-            return Some(self.start(&snap, &view, 0, i, i, now));
+            return Some(self.start(snap, &view, 0, i, i, now));
         }
-        self.pick_grouped(&snap, view, ctx, panic)
+        self.pick_grouped(snap, view, ctx, panic)
     }
 
     /// [`Self::pick`] with priority levels or zones: the group first, then the strategy.
@@ -609,18 +650,37 @@ impl Balancer {
     /// pick's time): in-flight counts, latency estimates, outlier detection. Returns true when
     /// this outcome ejected the endpoint.
     pub fn finish(&self, mut pick: Pick, outcome: Outcome, now: Duration) -> bool {
-        pick.release();
-        let now = nanos(now);
-        let e = &*pick.endpoint;
-        let failed = outcome == Outcome::Failure;
-        e.count_outcome(failed);
-        // Only strategies that follow calls and outlier detection need the snapshot: the
-        // others skip its load.
-        let follows = self.follows_calls;
-        if !follows && self.config.outlier_detection.is_none() {
+        if !self.finish_counts(&mut pick, outcome) {
             return false;
         }
         let snap = self.snapshot.load();
+        self.finish_in(&snap, pick, outcome, nanos(now))
+    }
+
+    /// [`Self::finish`] by the balancer's one owner (`&mut`), as [`Self::pick_mut`].
+    pub fn finish_mut(&mut self, mut pick: Pick, outcome: Outcome, now: Duration) -> bool {
+        if !self.finish_counts(&mut pick, outcome) {
+            return false;
+        }
+        let this = self.local();
+        this.finish_in(this.local_snapshot(), pick, outcome, nanos(now))
+    }
+
+    /// What every finish does: releases the pick and counts its outcome. True when the rest
+    /// needs the snapshot (strategies that follow calls, outlier detection): the others skip
+    /// its load.
+    #[inline(always)]
+    fn finish_counts(&self, pick: &mut Pick, outcome: Outcome) -> bool {
+        pick.release();
+        pick.endpoint.count_outcome(outcome == Outcome::Failure);
+        self.follows_calls || self.config.outlier_detection.is_some()
+    }
+
+    #[inline(always)]
+    fn finish_in(&self, snap: &Snapshot, pick: Pick, outcome: Outcome, now: u64) -> bool {
+        let e = &*pick.endpoint;
+        let failed = outcome == Outcome::Failure;
+        let follows = self.follows_calls;
         // The pick's index is the endpoint's place in the snapshot it came from; after an
         // update, look it up again.
         let index = || {
@@ -642,7 +702,7 @@ impl Balancer {
             }
             if let Some(i) = index() {
                 snap.observe(
-                    &self.view(&snap, now),
+                    &self.view(snap, now),
                     i,
                     &Observation::CallEnded {
                         outcome,
@@ -664,7 +724,7 @@ impl Balancer {
                     e.eject(until);
                     if let Some(i) = index() {
                         let (g, local) = snap.layout.place[i];
-                        let v = self.view(&snap, now);
+                        let v = self.view(snap, now);
                         snap.strategies[g as usize]
                             .refresh(&snap.in_group(&v, g as usize), Some(local as usize));
                     }
@@ -690,6 +750,16 @@ impl Balancer {
     /// likes and hands the answers to [`Self::report_load`].
     pub fn probe_targets(&self, now: Duration, out: &mut Vec<EndpointId>) {
         let snap = self.snapshot.load();
+        self.probe_targets_in(&snap, now, out);
+    }
+
+    /// [`Self::probe_targets`] by the balancer's one owner (`&mut`), as [`Self::pick_mut`].
+    pub fn probe_targets_mut(&mut self, now: Duration, out: &mut Vec<EndpointId>) {
+        let this = self.local();
+        this.probe_targets_in(this.local_snapshot(), now, out);
+    }
+
+    fn probe_targets_in(&self, snap: &Snapshot, now: Duration, out: &mut Vec<EndpointId>) {
         if !snap.strategies[0].uses_load_reports() {
             return;
         }
@@ -698,7 +768,7 @@ impl Balancer {
             eps: &snap.endpoints,
             now,
             avoid: &[],
-            ignore_health: self.panic(&snap, now),
+            ignore_health: self.panic(snap, now),
             slow_start: self.config.slow_start.as_ref(),
             rng: &self.rng,
             group: &self.group,
@@ -714,6 +784,22 @@ impl Balancer {
     /// balance on reports ignore it; zone routing counts its requests in flight.
     pub fn report_load(&self, id: EndpointId, report: LoadReport, now: Duration) -> bool {
         let snap = self.snapshot.load();
+        self.report_load_in(&snap, id, report, now)
+    }
+
+    /// [`Self::report_load`] by the balancer's one owner (`&mut`), as [`Self::pick_mut`].
+    pub fn report_load_mut(&mut self, id: EndpointId, report: LoadReport, now: Duration) -> bool {
+        let this = self.local();
+        this.report_load_in(this.local_snapshot(), id, report, now)
+    }
+
+    fn report_load_in(
+        &self,
+        snap: &Snapshot,
+        id: EndpointId,
+        report: LoadReport,
+        now: Duration,
+    ) -> bool {
         let Some(index) = snap.endpoints.iter().position(|e| e.id() == id) else {
             return false;
         };
@@ -803,5 +889,40 @@ impl Balancer {
                 }
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::StrategyKind;
+
+    fn specs(n: usize) -> Vec<EndpointSpec> {
+        (0..n).map(|i| EndpointSpec::new(format!("e{i}"))).collect()
+    }
+
+    /// The `_mut` methods keep their own copy of the snapshot: after an update they must pick
+    /// from the new endpoint list, and pick as `pick` does.
+    #[test]
+    fn the_mut_methods_follow_updates_and_pick_as_the_shared_ones() {
+        let config = BalancerConfig {
+            seed: 7,
+            ..BalancerConfig::new(StrategyKind::LeastRequest)
+        };
+        let shared = Balancer::new(config.clone(), &specs(3)).unwrap();
+        let mut own = Balancer::new(config, &specs(3)).unwrap();
+        let ctx = PickContext::new(Duration::ZERO);
+        for _ in 0..50 {
+            let (a, b) = (shared.pick(&ctx).unwrap(), own.pick_mut(&ctx).unwrap());
+            assert_eq!(a.address(), b.address());
+            shared.finish(a, Outcome::Success, Duration::from_millis(1));
+            own.finish_mut(b, Outcome::Success, Duration::from_millis(1));
+        }
+        own.update(&specs(5)[3..], Duration::from_secs(1)).unwrap();
+        for _ in 0..20 {
+            let p = own.pick_mut(&ctx).unwrap();
+            assert!(["e3", "e4"].contains(&p.address()), "{}", p.address());
+            own.finish_mut(p, Outcome::Success, Duration::from_secs(1));
+        }
     }
 }

@@ -38,7 +38,9 @@ use std::time::{Duration, Instant};
 use rayon::prelude::*;
 use serde::Serialize;
 
-pub use engine::{replication_seed, run_replication, RepStats, REACTION_BIN};
+pub use engine::{
+    replication_seed, run_replication, run_replication_with, RepStats, RunOptions, REACTION_BIN,
+};
 pub use scenario::{
     AntagonistConfig, CapacityConfig, ClusterConfig, Discipline, EndpointConfig, FailedPosition,
     FailureShare, HealthCheckConfig, HedgeConfig, HedgeDelay, Load, Placement, RetryConfig,
@@ -123,6 +125,10 @@ pub struct SimResult {
     /// Calls simulated, warm-up included (for the speed figure).
     #[serde(skip)]
     pub calls_simulated: u64,
+    /// Each replication's own latency summary, in order (for paired comparisons of two
+    /// scenarios run on common random numbers, replication by replication).
+    #[serde(skip)]
+    pub replication_latency_ms: Vec<LatencySummary>,
 }
 
 /// How long a share must stay across a threshold to count as having crossed it (E9).
@@ -263,6 +269,15 @@ pub fn run_batch(
     scenarios: &[Scenario],
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<BatchReport, SimError> {
+    run_batch_with(scenarios, RunOptions::default(), progress)
+}
+
+/// [`run_batch`] with options (e.g. common random numbers).
+pub fn run_batch_with(
+    scenarios: &[Scenario],
+    options: RunOptions,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<BatchReport, SimError> {
     for (i, s) in scenarios.iter().enumerate() {
         s.validate()
             .map_err(|e| SimError::Invalid(format!("scenario {i} ({}): {e}", s.name)))?;
@@ -279,7 +294,7 @@ pub fn run_batch(
         .par_iter()
         .map(|&(i, r)| {
             let cpu_start = thread_cpu_ns();
-            let st = run_replication(&scenarios[i], r, progress)?;
+            let st = run_replication_with(&scenarios[i], r, options, progress)?;
             if let (Some(a), Some(b)) = (cpu_start, thread_cpu_ns()) {
                 cpu_ns.fetch_add(b.saturating_sub(a), Ordering::Relaxed);
             }
@@ -390,6 +405,10 @@ fn summarise(s: &Scenario, reps: &[RepStats]) -> SimResult {
             .collect(),
         replications: s.replications,
         calls_simulated: sum(|r| r.calls),
+        replication_latency_ms: reps
+            .iter()
+            .map(|r| LatencySummary::of(&r.latency))
+            .collect(),
     }
 }
 

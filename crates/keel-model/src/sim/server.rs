@@ -86,7 +86,7 @@ impl Mix {
 
     /// The mode this call fails in, if any.
     #[inline]
-    fn draw(&self, rng: &mut StdRng) -> Option<MixMode> {
+    fn draw<R: Rng + ?Sized>(&self, rng: &mut R) -> Option<MixMode> {
         let u: f64 = rng.gen();
         (0..self.len as usize)
             .find(|&i| u < self.upto[i])
@@ -109,7 +109,7 @@ impl Server {
     /// What a call to a server with a failure mix asks: one draw says whether, and how, it
     /// fails.
     #[inline]
-    fn mixed_demand(&self, never: u64, rng: &mut StdRng) -> Demand {
+    fn mixed_demand<R: Rng + ?Sized>(&self, never: u64, rng: &mut R) -> Demand {
         match self.mix.draw(rng) {
             None => Demand::Work(self.base(rng), true),
             Some(MixMode::Hang) => Demand::Bypass(never, false),
@@ -127,7 +127,7 @@ impl Server {
     }
 
     #[inline]
-    fn base(&self, rng: &mut StdRng) -> u64 {
+    fn base<R: Rng + ?Sized>(&self, rng: &mut R) -> u64 {
         (self.latency.sample_secs(rng) * 1e9) as u64
     }
 
@@ -153,7 +153,7 @@ impl Server {
     /// What a call arriving now asks of the server; `never` is what "no answer" costs the
     /// caller (its timeout).
     #[inline]
-    pub(super) fn demand(&self, now: u64, never: u64, rng: &mut StdRng) -> Demand {
+    pub(super) fn demand<R: Rng + ?Sized>(&self, now: u64, never: u64, rng: &mut R) -> Demand {
         if self.mix.len > 0 {
             return self.mixed_demand(never, rng);
         }
