@@ -94,14 +94,16 @@ pub struct Grid {
 
 impl Grid {
     /// The documented grid (docs/tail-latency.md, "The sweep"): 4 loads x 4 kinds of slow
-    /// servers x 5 topologies = 80 cells, 10 rows each.
+    /// servers x 5 topologies = 80 cells, 10 rows each, 8 replications of 15 000 requests.
     pub fn full() -> Self {
         Self {
             loads: vec![0.5, 0.8, 0.9, 0.97],
             heterogeneity: vec![(0.0, 1.0), (0.1, 3.0), (0.3, 2.0), (0.3, 5.0)],
             topologies: vec![(10, 1), (10, 10), (50, 100), (200, 1000), (200, 1)],
             requests: 15_000,
-            replications: 2,
+            // Eight, so that a paired difference of two rows' quantiles has a usable interval
+            // (Student's t with 7 degrees of freedom: 2.36; with 1, as at 2 replications, 12.7).
+            replications: 8,
             warmup: Duration::from_secs(2),
         }
     }
@@ -220,6 +222,10 @@ pub struct Row {
     pub p999_ms: f64,
     /// Hedges and retries per request.
     pub extra_calls: f64,
+    /// Each replication's p99 and p99.9, ms (replication r of every row of a cell ran on the
+    /// same random streams: see [`run`]).
+    #[serde(skip)]
+    pub replications_ms: Vec<[f64; 2]>,
 }
 
 /// The sweep's results and what it took.
@@ -252,7 +258,13 @@ pub fn scenarios(grid: &Grid) -> Vec<(Cell, Scenario)> {
 /// receives counts of completed measured requests.
 pub fn run(grid: &Grid, progress: &(dyn Fn(u64) + Sync)) -> Result<Sweep, SimError> {
     let (cells, rows): (Vec<Cell>, Vec<Scenario>) = scenarios(grid).into_iter().unzip();
-    let report = sim::run_batch(&rows, progress)?;
+    // Common random numbers: the rows of a cell share their seed, so replication r of each
+    // sees the same arrivals and the same work per try, and a pair of rows differs by its
+    // strategy or its hedging, not by its luck.
+    let options = sim::RunOptions {
+        common_random_numbers: true,
+    };
+    let report = sim::run_batch_with(&rows, options, progress)?;
     let rows = cells
         .into_iter()
         .zip(&rows)
@@ -267,6 +279,11 @@ pub fn run(grid: &Grid, progress: &(dyn Fn(u64) + Sync)) -> Result<Sweep, SimErr
             p99_ms: r.latency_ms.p99,
             p999_ms: r.latency_ms.p999,
             extra_calls: r.extra_calls,
+            replications_ms: r
+                .replication_latency_ms
+                .iter()
+                .map(|l| [l.p99, l.p999])
+                .collect(),
         })
         .collect();
     Ok(Sweep {
@@ -324,18 +341,76 @@ impl Sweep {
             ) else {
                 continue;
             };
-            let ratio = pq.p99_ms / lr.p99_ms.max(1e-9);
-            v.prequal_vs_least_request
-                .push((cell, pq.p99_ms, lr.p99_ms, ratio));
+            v.prequal_vs_least_request.push(Comparison {
+                cell,
+                strategy: StrategyKind::Prequal,
+                a: pq.p99_ms,
+                b: lr.p99_ms,
+                difference: paired(pq, lr, 0),
+            });
             for s in STRATEGIES {
                 let (Some(off), Some(on)) = (self.find(&cell, s, false), self.find(&cell, s, true))
                 else {
                     continue;
                 };
-                v.hedging.push((cell, s, off.p999_ms, on.p999_ms));
+                v.hedging.push(Comparison {
+                    cell,
+                    strategy: s,
+                    a: on.p999_ms,
+                    b: off.p999_ms,
+                    difference: paired(on, off, 1),
+                });
             }
         }
         v
+    }
+}
+
+/// The 95 % interval (Student's t) of the mean over replications of `a`'s quantile minus
+/// `b`'s (`q`: 0 for p99, 1 for p99.9), replication by replication: on common random numbers
+/// replication r of both rows saw the same arrivals and work, so the differences carry less
+/// noise than either quantile. `None` with fewer than two replications.
+fn paired(a: &Row, b: &Row, q: usize) -> Option<[f64; 2]> {
+    let d: Vec<f64> = a
+        .replications_ms
+        .iter()
+        .zip(&b.replications_ms)
+        .map(|(x, y)| x[q] - y[q])
+        .collect();
+    crate::stats::student_t95(&d).map(|(lo, hi)| [lo, hi])
+}
+
+/// One acceptance comparison in one cell: quantile `a` against quantile `b` (pooled over
+/// replications, ms), and the paired interval of a - b.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Comparison {
+    /// The cell.
+    pub cell: Cell,
+    /// The strategy (prequal against least-request: prequal).
+    pub strategy: StrategyKind,
+    /// Prequal's p99; or the hedged p99.9.
+    pub a: f64,
+    /// Least-request's p99; or the unhedged p99.9.
+    pub b: f64,
+    /// 95 % interval of the mean per-replication difference a - b, ms.
+    pub difference: Option<[f64; 2]>,
+}
+
+impl Comparison {
+    /// a / b.
+    pub fn ratio(&self) -> f64 {
+        self.a / self.b.max(1e-9)
+    }
+
+    /// a is above b beyond the interval: every value of the paired interval is above 0.
+    pub fn worse_beyond_noise(&self) -> bool {
+        self.a > self.b && self.difference.is_some_and(|[lo, _]| lo > 0.0)
+    }
+
+    /// "[lo, hi]" of the interval, or "-".
+    fn interval(&self) -> String {
+        self.difference
+            .map_or("-".into(), |[lo, hi]| format!("[{lo:+.1}, {hi:+.1}]"))
     }
 }
 
@@ -343,24 +418,24 @@ impl Sweep {
 /// each strategy's p99.9 with and without hedging per cell.
 #[derive(Debug, Clone, Default)]
 pub struct Verdict {
-    /// (cell, prequal p99, least-request p99, ratio).
-    pub prequal_vs_least_request: Vec<(Cell, f64, f64, f64)>,
-    /// (cell, strategy, p99.9 unhedged, p99.9 hedged).
-    pub hedging: Vec<(Cell, StrategyKind, f64, f64)>,
+    /// Per cell: prequal's p99 (a) against least-request's (b).
+    pub prequal_vs_least_request: Vec<Comparison>,
+    /// Per cell and strategy: p99.9 hedged (a) against unhedged (b).
+    pub hedging: Vec<Comparison>,
 }
 
 impl Verdict {
     /// Cells where prequal's p99 is above least-request's.
-    pub fn prequal_losses(&self) -> Vec<&(Cell, f64, f64, f64)> {
+    pub fn prequal_losses(&self) -> Vec<&Comparison> {
         self.prequal_vs_least_request
             .iter()
-            .filter(|x| x.3 > 1.0)
+            .filter(|x| x.a > x.b)
             .collect()
     }
 
     /// (cell, strategy) pairs where hedging raised p99.9.
-    pub fn hedging_hurts(&self) -> Vec<&(Cell, StrategyKind, f64, f64)> {
-        self.hedging.iter().filter(|x| x.3 > x.2).collect()
+    pub fn hedging_hurts(&self) -> Vec<&Comparison> {
+        self.hedging.iter().filter(|x| x.a > x.b).collect()
     }
 
     /// The verdict in words, one finding a line.
@@ -368,15 +443,13 @@ impl Verdict {
         let mut s = String::new();
         let n = self.prequal_vs_least_request.len();
         let losses = self.prequal_losses();
-        let wins: Vec<f64> = self
+        let mut wins: Vec<f64> = self
             .prequal_vs_least_request
             .iter()
-            .map(|x| x.3)
+            .map(Comparison::ratio)
             .filter(|&r| r <= 1.0)
             .collect();
-        let (lo, hi) = wins
-            .iter()
-            .fold((f64::INFINITY, 0.0f64), |(a, b), &r| (a.min(r), b.max(r)));
+        wins.sort_by(f64::total_cmp);
         let _ = writeln!(
             s,
             "prequal p99 <= least-request p99 (same placement): {} of {n} cells{}",
@@ -384,31 +457,54 @@ impl Verdict {
             if wins.is_empty() {
                 String::new()
             } else {
-                format!(" (ratio {lo:.2}-{hi:.2} where it wins)")
+                format!(
+                    " (ratio {:.2}-{:.2}, median {:.2}, where it wins)",
+                    wins[0],
+                    wins[wins.len() - 1],
+                    wins[wins.len() / 2]
+                )
             }
         );
-        for (c, pq, lr, r) in losses {
+        for c in losses {
             let _ = writeln!(
                 s,
-                "  loses: load {:.2}, {}: {pq:.1} vs {lr:.1} ms ({r:.2}x)",
-                c.load,
-                c.setting()
+                "  loses: load {:.2}, {}: {:.1} vs {:.1} ms ({:.2}x; paired difference {} ms{})",
+                c.cell.load,
+                c.cell.setting(),
+                c.a,
+                c.b,
+                c.ratio(),
+                c.interval(),
+                match (c.difference, c.worse_beyond_noise()) {
+                    (None, _) => "",
+                    (_, true) => ", beyond noise",
+                    (_, false) => ", within noise",
+                }
             );
         }
         let hurts = self.hedging_hurts();
+        let beyond = hurts.iter().filter(|c| c.worse_beyond_noise()).count();
         let _ = writeln!(
             s,
-            "hedging never raises p99.9: {} of {} (cell, strategy) pairs",
+            "hedging never raises p99.9: {} of {} (cell, strategy) pairs; raised beyond the paired 95 % interval in {beyond}",
             self.hedging.len() - hurts.len(),
             self.hedging.len()
         );
-        for (c, st, off, on) in hurts {
+        for c in hurts {
             let _ = writeln!(
                 s,
-                "  hurts: load {:.2}, {}, {}: p99.9 {off:.1} -> {on:.1} ms",
-                c.load,
-                c.setting(),
-                st.name()
+                "  hurts: load {:.2}, {}, {}: p99.9 {:.1} -> {:.1} ms (paired difference {} ms{})",
+                c.cell.load,
+                c.cell.setting(),
+                c.strategy.name(),
+                c.b,
+                c.a,
+                c.interval(),
+                if c.worse_beyond_noise() {
+                    ", beyond noise"
+                } else {
+                    ""
+                }
             );
         }
         s
@@ -578,6 +674,44 @@ fn ratio_color(r: f64) -> RGBColor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pair is worse beyond noise only when every value of the paired interval is above
+    /// zero: hedged p99.9 above unhedged in each of 4 replications by 9-11 ms is; by -5 to +20
+    /// ms (the same mean excess) is not, and one replication gives no interval.
+    #[test]
+    fn a_pair_is_worse_beyond_noise_only_when_its_paired_interval_is_above_zero() {
+        let cell = Grid::quick().cells()[0];
+        let row = |reps: &[f64]| Row {
+            cell,
+            strategy: "prequal".into(),
+            hedged: false,
+            success: 1.0,
+            mean_ms: 10.0,
+            p50_ms: 10.0,
+            p99_ms: 100.0,
+            p999_ms: reps.iter().sum::<f64>() / reps.len() as f64,
+            extra_calls: 0.0,
+            replications_ms: reps.iter().map(|&x| [100.0, x]).collect(),
+        };
+        let compare = |on: &Row, off: &Row| Comparison {
+            cell,
+            strategy: StrategyKind::Prequal,
+            a: on.p999_ms,
+            b: off.p999_ms,
+            difference: paired(on, off, 1),
+        };
+        let off = row(&[200.0, 210.0, 190.0, 200.0]);
+        let steady = compare(&row(&[210.0, 219.0, 201.0, 210.0]), &off);
+        let [lo, hi] = steady.difference.unwrap();
+        assert!(lo > 0.0 && hi < 15.0, "{lo} {hi}");
+        assert!(steady.worse_beyond_noise());
+        let noisy = compare(&row(&[195.0, 230.0, 210.0, 205.0]), &off);
+        assert_eq!(noisy.a - noisy.b, steady.a - steady.b);
+        assert!(!noisy.worse_beyond_noise());
+        let one = compare(&row(&[250.0]), &row(&[200.0]));
+        assert_eq!(one.difference, None);
+        assert!(!one.worse_beyond_noise());
+    }
 
     #[test]
     fn the_grid_spans_what_the_issue_asks_and_cells_hit_their_load() {
