@@ -50,19 +50,75 @@ pub(crate) fn since(then: Instant) -> std::time::Duration {
 
 /// Runs `fut` until `deadline` (`None` if it passed first), on a timer reused across calls:
 /// moving a registered timer's deadline later costs no timer-wheel work.
-pub(crate) async fn until<F: Future>(
-    timer: &mut Pin<Box<Sleep>>,
+pub(crate) fn until<'t, F: Future>(
+    timer: &'t mut Pin<Box<Sleep>>,
     deadline: Instant,
     fut: F,
-) -> Option<F::Output> {
-    let deadline = tokio::time::Instant::from_std(deadline);
-    if timer.deadline() != deadline {
-        timer.as_mut().reset(deadline);
+) -> Until<'t, 'static, F> {
+    Until::new(timer, deadline, None, fut)
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`until`] and [`until_sent`]. Written by hand so that it holds `fut`
+    /// once: an `async fn` holding it would keep its argument and its pinned copy side by
+    /// side, and every request's future (moved whole when hyper spawns a stream's task)
+    /// would carry both.
+    pub(crate) struct Until<'t, 'p, F> {
+        timer: &'t mut Pin<Box<Sleep>>,
+        deadline: Instant,
+        progress: Option<(&'p BodyProgress, Instant, Duration)>,
+        #[pin]
+        fut: F,
     }
-    tokio::select! {
-        biased;
-        r = fut => Some(r),
-        _ = timer.as_mut() => None,
+}
+
+impl<'t, 'p, F: Future> Until<'t, 'p, F> {
+    fn new(
+        timer: &'t mut Pin<Box<Sleep>>,
+        deadline: Instant,
+        progress: Option<(&'p BodyProgress, Instant, Duration)>,
+        fut: F,
+    ) -> Self {
+        let at = tokio::time::Instant::from_std(deadline);
+        if timer.deadline() != at {
+            timer.as_mut().reset(at);
+        }
+        Until {
+            timer,
+            deadline,
+            progress,
+            fut,
+        }
+    }
+}
+
+impl<F: Future> Future for Until<'_, '_, F> {
+    type Output = Option<F::Output>;
+
+    fn poll(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        use std::task::Poll;
+        let this = self.project();
+        if let Poll::Ready(r) = this.fut.poll(cx) {
+            return Poll::Ready(Some(r));
+        }
+        loop {
+            if this.timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let Some(moved) = this
+                .progress
+                .and_then(|(p, start, per_try)| p.moved(start, per_try, *this.deadline))
+            else {
+                return Poll::Ready(None);
+            };
+            *this.deadline = moved;
+            this.timer
+                .as_mut()
+                .reset(tokio::time::Instant::from_std(moved));
+        }
     }
 }
 
@@ -117,22 +173,11 @@ impl BodyProgress {
 
 /// [`until`] for a try whose request body streams: its deadline moves with `progress` (see
 /// [`BodyProgress`]).
-pub(crate) async fn until_sent<F: std::future::Future>(
-    timer: &mut Pin<Box<Sleep>>,
-    mut deadline: Instant,
-    progress: Option<(&BodyProgress, Instant, Duration)>,
+pub(crate) fn until_sent<'t, 'p, F: Future>(
+    timer: &'t mut Pin<Box<Sleep>>,
+    deadline: Instant,
+    progress: Option<(&'p BodyProgress, Instant, Duration)>,
     fut: F,
-) -> Option<F::Output> {
-    // Pinned here, once: the try's future is large, and moving it into `until` by value
-    // copies it on every request.
-    let mut fut = std::pin::pin!(fut);
-    let Some((progress, start, per_try)) = progress else {
-        return until(timer, deadline, fut).await;
-    };
-    loop {
-        if let Some(r) = until(timer, deadline, fut.as_mut()).await {
-            return Some(r);
-        }
-        deadline = progress.moved(start, per_try, deadline)?;
-    }
+) -> Until<'t, 'p, F> {
+    Until::new(timer, deadline, progress, fut)
 }

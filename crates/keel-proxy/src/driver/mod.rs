@@ -154,7 +154,10 @@ pub(crate) async fn drive<L: Leg>(
                     delay,
                     tried: &tried[..n_tried],
                 };
-                let (result, winner, hedged) = leg.hedged(&race, first, timer, try_deadline).await;
+                // Boxed: a race holds two tries, and unboxed it would make every request's
+                // future (hedged or not) that much larger to move.
+                let (result, winner, hedged) =
+                    Box::pin(leg.hedged(&race, first, timer, try_deadline)).await;
                 if let Some(id) = hedged {
                     tried[n_tried] = id;
                     n_tried += 1;

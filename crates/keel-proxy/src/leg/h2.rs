@@ -213,10 +213,13 @@ fn h2_request(head: &[u8], tls: bool, grpc: bool) -> Option<Request<()>> {
         if h.name.eq_ignore_ascii_case("host") {
             authority = Some(h.value);
         } else if !HOP_BY_HOP.iter().any(|n| h.name.eq_ignore_ascii_case(n)) {
-            headers.append(
-                HeaderName::from_bytes(h.name.as_bytes()).ok()?,
-                value(h.value)?,
-            );
+            let mut v = value(h.value)?;
+            // A value new on every request never repeats: HPACK would search its table for
+            // it and then insert it, evicting entries that do repeat. Sent as a literal.
+            if h.name.eq_ignore_ascii_case("x-request-id") {
+                v.set_sensitive(true);
+            }
+            headers.append(HeaderName::from_bytes(h.name.as_bytes()).ok()?, v);
         }
     }
     if grpc {

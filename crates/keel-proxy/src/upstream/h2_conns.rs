@@ -73,13 +73,18 @@ impl H2Conns {
                 }
             }
         }
-        let conn = pool.connect().await?;
-        let (send, driver) = h2::client::Builder::new()
-            .initial_window_size(WINDOW)
-            .initial_connection_window_size(CONNECTION_WINDOW)
-            .handshake::<_, Bytes>(conn.io)
-            .await
-            .map_err(|e| ConnectError::Failed(std::io::Error::other(e)))?;
+        // Boxed: the connect and handshake futures are large, and every request's future
+        // would carry them though few requests open a connection.
+        let (send, driver) = Box::pin(async {
+            let conn = pool.connect().await?;
+            h2::client::Builder::new()
+                .initial_window_size(WINDOW)
+                .initial_connection_window_size(CONNECTION_WINDOW)
+                .handshake::<_, Bytes>(conn.io)
+                .await
+                .map_err(|e| ConnectError::Failed(std::io::Error::other(e)))
+        })
+        .await?;
         let closed = Arc::new(AtomicBool::new(false));
         let ended = closed.clone();
         // The connection's frames are read and written by its own task, on this worker's

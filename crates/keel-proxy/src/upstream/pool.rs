@@ -173,7 +173,9 @@ impl EndpointPool {
                 return Ok(c);
             }
         }
-        self.connect().await
+        // Boxed: a connect (and its TLS handshake) is a large future that most requests,
+        // served by a pooled connection, would otherwise carry in theirs.
+        Box::pin(self.connect()).await
     }
 
     /// A new connection, never pooled before.
