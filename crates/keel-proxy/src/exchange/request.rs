@@ -566,7 +566,7 @@ where
         out.extend_from_slice(b"x-request-id: ");
         match s.request_id {
             Some(id) => out.extend_from_slice(id),
-            None => push_new_request_id(out),
+            None => out.extend_from_slice(&new_request_id()),
         }
         out.extend_from_slice(b"\r\n");
     }
@@ -637,9 +637,10 @@ fn names_h2c(protocols: &[u8]) -> bool {
     })
 }
 
-/// Appends a new request id: 128 random-looking bits in UUID version 4 form. Unique, not
-/// secret: each thread steps its own SplitMix64 sequence from a random start.
-fn push_new_request_id(out: &mut Vec<u8>) {
+/// A new request id: 128 random-looking bits in UUID version 4 form. Unique, not secret:
+/// each thread steps its own SplitMix64 sequence from a random start. The one generator of
+/// request ids (the `x-request-id` keel adds, and `$request_id` in rewrites).
+pub(crate) fn new_request_id() -> [u8; 36] {
     use std::cell::Cell;
     use std::hash::{BuildHasher, Hasher};
     thread_local! {
@@ -661,12 +662,17 @@ fn push_new_request_id(out: &mut Vec<u8>) {
     let lo = (next() & !(0b11 << 62)) | (0b10 << 62); // RFC 4122 variant
     let bits = (u128::from(hi) << 64) | u128::from(lo);
     const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut id = [0u8; 36];
+    let mut at = 0;
     for i in 0..32 {
         if matches!(i, 8 | 12 | 16 | 20) {
-            out.push(b'-');
+            id[at] = b'-';
+            at += 1;
         }
-        out.push(HEX[((bits >> (124 - 4 * i)) & 0xf) as usize]);
+        id[at] = HEX[((bits >> (124 - 4 * i)) & 0xf) as usize];
+        at += 1;
     }
+    id
 }
 
 /// The origin-form target (`/path?query` or `*`) of a request target, and the authority of
@@ -694,4 +700,27 @@ pub(crate) fn parse_content_length(v: &[u8]) -> Option<u64> {
         return None;
     }
     Some(v.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn request_ids_are_uuid_v4_text_and_differ() {
+        let ids: Vec<[u8; 36]> = (0..1000).map(|_| super::new_request_id()).collect();
+        for id in &ids {
+            let text = std::str::from_utf8(id).unwrap();
+            let groups: Vec<&str> = text.split('-').collect();
+            assert_eq!(
+                groups.iter().map(|g| g.len()).collect::<Vec<_>>(),
+                [8, 4, 4, 4, 12]
+            );
+            assert!(groups.concat().bytes().all(|b| b.is_ascii_hexdigit()));
+            assert_eq!(&text[14..15], "4", "version 4: {text}");
+            assert!("89ab".contains(&text[19..20]), "RFC 4122 variant: {text}");
+        }
+        let mut sorted = ids.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), ids.len());
+    }
 }

@@ -7,9 +7,6 @@
 //! header map. Each edit copies the head once into a new buffer: allocation is paid only by
 //! targets that configure a rewrite.
 
-use std::cell::Cell;
-use std::hash::BuildHasher;
-
 use hyper::header::{HeaderName, HeaderValue};
 
 use crate::codec::push_header;
@@ -111,27 +108,6 @@ impl Vars<'_> {
     fn request_id(&self) -> &[u8] {
         &self.id[..self.id_len]
     }
-}
-
-/// A new request id: 32 hex digits, unique per process and thread (a per-thread counter
-/// hashed with a per-thread secret: no shared state).
-fn new_request_id(out: &mut [u8; 64]) -> usize {
-    thread_local! {
-        static SECRET: std::collections::hash_map::RandomState = Default::default();
-        static SEQ: Cell<u64> = const { Cell::new(0) };
-    }
-    let n = SEQ.with(|s| {
-        let n = s.get();
-        s.set(n + 1);
-        n
-    });
-    let (a, b) = SECRET.with(|k| (k.hash_one(n), k.hash_one((n, 1u8))));
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for (i, byte) in a.to_be_bytes().iter().chain(&b.to_be_bytes()).enumerate() {
-        out[2 * i] = HEX[usize::from(byte >> 4)];
-        out[2 * i + 1] = HEX[usize::from(byte & 15)];
-    }
-    32
 }
 
 /// Header edits, compiled.
@@ -300,7 +276,11 @@ impl Rewrites {
                     v.id[..id.len()].copy_from_slice(id);
                     v.id_len = id.len();
                 }
-                None => v.id_len = new_request_id(&mut v.id),
+                None => {
+                    let id = crate::exchange::request::new_request_id();
+                    v.id[..id.len()].copy_from_slice(&id);
+                    v.id_len = id.len();
+                }
             }
         }
         v
@@ -608,14 +588,5 @@ mod tests {
             Some("5; url=https://app.example/next".into())
         );
         assert_eq!(r("X-Other", "http://127.0.0.1:9101/"), None);
-    }
-
-    #[test]
-    fn request_ids_are_32_hex_digits_and_differ() {
-        let (mut a, mut b) = ([0u8; 64], [0u8; 64]);
-        assert_eq!(new_request_id(&mut a), 32);
-        new_request_id(&mut b);
-        assert!(a[..32].iter().all(u8::is_ascii_hexdigit));
-        assert_ne!(a[..32], b[..32]);
     }
 }
