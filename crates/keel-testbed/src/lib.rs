@@ -12,3 +12,4 @@
 pub mod backend;
 pub mod loadgen;
 pub mod openloop;
+pub mod timer;

@@ -193,3 +193,55 @@ async fn a_waiting_request_whose_client_left_is_no_longer_in_flight() {
     assert_eq!((a.status, a.load.in_flight), (200, 0));
     b.shutdown().await;
 }
+
+/// The service time an answer says its work took.
+async fn served_ms(sender: &mut SendRequest<Empty<Bytes>>) -> f64 {
+    sender.ready().await.unwrap();
+    let req = Request::get("/work")
+        .header("host", "test")
+        .body(Empty::new())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    let us: f64 = resp.headers()[keel_testbed::backend::SERVICE_HEADER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    resp.into_body().collect().await.unwrap();
+    us / 1e3
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_down_applies_to_work_that_starts_after_it_and_the_precise_timer_serves_what_was_asked(
+) {
+    // One slot, fixed 40 ms, the precise timer. A is worked on, B waits; the backend is made
+    // 3x slower (from a switch held apart from the handle) while B waits: B's work starts
+    // after the step and takes 120 ms, A keeps its 40 ms (as a simulated FIFO server applies
+    // the factor in force when a call's service starts).
+    const SERVICE: Duration = Duration::from_millis(40);
+    let cfg = BackendConfig {
+        latency: Latency::fixed(SERVICE),
+        concurrency: Some(1),
+        precise_timer: true,
+        ..Default::default()
+    };
+    let b = backend::spawn(any_port(), cfg).await.unwrap();
+    let switch = b.fault_switch();
+    let mut sa = connect(b.addr()).await;
+    let a = tokio::spawn(async move { served_ms(&mut sa).await });
+    received(&b, 1).await;
+    let mut sb = connect(b.addr()).await;
+    let bb = tokio::spawn(async move { served_ms(&mut sb).await });
+    received(&b, 2).await;
+    switch.set(FailureMode::Slow { factor: 3.0 });
+    let (a, bb) = (a.await.unwrap(), bb.await.unwrap());
+    assert_eq!(b.fault(), FailureMode::Slow { factor: 3.0 });
+    // Not early; late by the timer's tens of microseconds, up to a loaded machine's stall.
+    assert!((40.0..55.0).contains(&a), "A served {a} ms");
+    assert!((120.0..135.0).contains(&bb), "B served {bb} ms");
+    switch.set(FailureMode::None);
+    let mut s = connect(b.addr()).await;
+    let c = served_ms(&mut s).await;
+    assert!((40.0..55.0).contains(&c), "back to normal: {c} ms");
+    b.shutdown().await;
+}

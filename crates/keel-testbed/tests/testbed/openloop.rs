@@ -4,9 +4,12 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use keel_model::vocab::Latency;
+use std::sync::Arc;
+
+use keel_balance::{Balancer, BalancerConfig, EndpointSpec, StrategyKind};
+use keel_model::vocab::{Latency, LatencyDist};
 use keel_testbed::backend::{self, BackendConfig};
-use keel_testbed::openloop::{self, OpenLoopSpec};
+use keel_testbed::openloop::{self, ClientSide, OpenLoopSpec, RecordOutcome};
 
 fn any_port() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
@@ -67,4 +70,78 @@ async fn poisson_arrivals_split_over_targets_with_service_times() {
     assert_eq!(again.per_target, r.per_target);
     a.shutdown().await;
     b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_side_open_loop_balances_probes_and_records_every_arrival() {
+    // Three backends, one call at a time, exponential 5 ms; two clients with their own prequal
+    // balancers at 150 arrivals/s (load 0.25).
+    let cfg = BackendConfig {
+        latency: Latency {
+            mean: Duration::from_millis(5),
+            dist: LatencyDist::Exponential,
+        },
+        concurrency: Some(1),
+        precise_timer: true,
+        ..BackendConfig::default()
+    };
+    let mut bs = Vec::new();
+    for i in 0..3 {
+        bs.push(
+            backend::spawn_with_seed(any_port(), cfg.clone(), i)
+                .await
+                .unwrap(),
+        );
+    }
+    let endpoints: Vec<SocketAddr> = bs.iter().map(|b| b.addr()).collect();
+    let specs: Vec<EndpointSpec> = endpoints
+        .iter()
+        .map(|a| EndpointSpec::new(a.to_string()))
+        .collect();
+    let spec = OpenLoopSpec {
+        targets: Vec::new(),
+        rate: 150.0,
+        requests: 300,
+        warmup: 30,
+        timeout: Duration::from_secs(2),
+        seed: 3,
+    };
+    let clients = ClientSide {
+        endpoints: endpoints.clone(),
+        clients: 2,
+        make_balancer: Arc::new(move |i| {
+            let mut c = BalancerConfig::new(StrategyKind::Prequal);
+            c.seed = i as u64;
+            Balancer::new(c, &specs).unwrap()
+        }),
+        path: "/".into(),
+        reports_on_answers: true,
+    };
+    let r = openloop::run_client_side(spec, clients).await.unwrap();
+    assert_eq!((r.requests, r.succeeded), (300, 300), "{r:?}");
+    assert_eq!(r.per_target.iter().sum::<u64>(), 300);
+    // Prequal at low load ranks cold reports by latency: uneven, but every endpoint is used.
+    assert!(r.per_target.iter().all(|&n| n > 0), "{:?}", r.per_target);
+    // Every arrival is kept, warm-up first, each with its endpoint and its service time.
+    assert_eq!(r.records.len(), 330);
+    assert_eq!(r.records.iter().filter(|x| x.measured).count(), 300);
+    assert!(!r.records[29].measured && r.records[30].measured);
+    assert!(r.records.windows(2).all(|w| w[0].due_ms <= w[1].due_ms));
+    for x in &r.records {
+        assert_eq!(x.outcome, RecordOutcome::Ok);
+        let t = x.target.expect("picked");
+        assert_eq!(
+            r.backends[x.backend.unwrap() as usize],
+            endpoints[t].to_string()
+        );
+        assert!(x.service_ms.unwrap() >= 0.0);
+    }
+    // Prequal's probes: about 3 per pick, answered at once.
+    let probes: u64 = bs.iter().map(|b| b.load_probes()).sum();
+    assert!(probes >= 330 * 2, "{probes} probes");
+    assert_eq!(r.probes.count + r.probe_failures, probes);
+    assert!(r.probes.p50 < 5.0, "{:?}", r.probes);
+    for b in bs {
+        b.shutdown().await;
+    }
 }

@@ -179,6 +179,7 @@ fn parse(args: &Args) -> anyhow::Result<(Vec<SocketAddr>, BackendConfig)> {
             "json" => backend::OrcaForm::Json,
             _ => backend::OrcaForm::Text,
         }),
+        precise_timer: false,
     };
     if cfg.concurrency == Some(0) {
         return usage("--concurrency must be at least 1");
