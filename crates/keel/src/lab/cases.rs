@@ -344,16 +344,26 @@ pub(super) fn tie_name(t: TieBreak) -> &'static str {
     }
 }
 
-/// The cases of the selected experiments.
+/// The latency experiments (tail.rs): run only when named, never by default.
+pub const TAIL: [&str; 2] = ["e8", "e9"];
+
+/// Whether E8 and E9 are selected.
+pub fn tail_selected(opts: &LabOptions) -> (bool, bool) {
+    let named = |e: &str| opts.experiments.iter().any(|x| x == e);
+    (named("e8"), named("e9"))
+}
+
+/// The cases of the selected experiments (E8 and E9 are tail.rs's).
 pub fn plan(opts: &LabOptions) -> anyhow::Result<Vec<Case>> {
     use StrategyKind::*;
     let quick = opts.quick;
     let known = ["e1", "e2", "e3", "e4", "e5", "e6", "e6b"];
     for e in &opts.experiments {
-        if !known.contains(&e.as_str()) {
+        if !known.contains(&e.as_str()) && !TAIL.contains(&e.as_str()) {
             return Err(crate::cmd::UsageError(format!(
-                "unknown experiment `{e}`; allowed: {}",
-                known.join(", ")
+                "unknown experiment `{e}`; allowed: {}, {}",
+                known.join(", "),
+                TAIL.join(", ")
             ))
             .into());
         }

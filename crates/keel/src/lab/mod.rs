@@ -6,11 +6,19 @@
 //!
 //! Times are scaled down from the model's example (10 ms healthy, 1 s timeout) to 4 ms and
 //! 400 ms so that a run takes about a minute; q = t_fail / t_ok stays 100 for a hanging server.
+//!
+//! E8 and E9 (tail.rs, only when named: `--experiments e8,e9`) are latency experiments under
+//! open-loop load: percentiles with their intervals, measured against the simulation of what
+//! the backends actually served and, for random placement, against queueing theory.
 
 mod cases;
 pub mod e10;
 mod measure;
+pub mod queueing;
 mod report;
+mod report_tail;
+pub mod tail;
+pub mod tail_rows;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,7 +36,8 @@ pub use report::Row;
 pub struct LabOptions {
     /// Fewer experiments and requests: a first look in under 20 s.
     pub quick: bool,
-    /// Experiments to run (e1..e6); empty: the default set.
+    /// Experiments to run (e1..e6b, e8, e9); empty: the default set (e1..e6b; quick: e1, e2,
+    /// e6, e6b).
     pub experiments: Vec<String>,
     /// Only these strategies; empty: all of each experiment.
     pub strategies: Vec<StrategyKind>,
@@ -43,8 +52,12 @@ pub struct LabOptions {
 /// Everything a lab run produced.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct LabReport {
-    /// One row per case.
+    /// One row per case of E1-E6B.
     pub rows: Vec<Row>,
+    /// E8: one row per strategy, latency percentiles three ways (two without a closed form).
+    pub tail_rows: Vec<tail_rows::LatencyRow>,
+    /// E9: one row per strategy, the slowed server's share of calls measured and simulated.
+    pub reaction_rows: Vec<tail_rows::ReactionRow>,
     /// The scaled times used.
     pub timing: Timing,
     /// The seed.
@@ -63,13 +76,16 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabReport> {
     let started = Instant::now();
     let timing = Timing::default();
     let cases = cases::plan(opts)?;
-    if cases.is_empty() {
+    let (e8, e9) = cases::tail_selected(opts);
+    let tail_cases = tail::plan(e8, e9, opts.quick, &opts.strategies);
+    if cases.is_empty() && tail_cases.is_empty() {
         return Err(crate::cmd::UsageError(
             "no case left to run: check --experiments and --strategies".into(),
         )
         .into());
     }
-    let total_requests: u64 = cases.iter().map(|c| c.requests).sum();
+    let total_requests: u64 = cases.iter().map(|c| c.requests).sum::<u64>()
+        + tail_cases.iter().map(|c| c.requests()).sum::<u64>();
     let bar = opts.progress.then(|| {
         let bar = indicatif::ProgressBar::new(total_requests);
         bar.set_style(
@@ -118,6 +134,13 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabReport> {
             .with_context(|| format!("simulating {}", case.describe()))?;
         rows.push(Row::new(case, measured, simulated));
     }
+    let (tail_rows, reaction_rows) = tail::run_cases(&runtime, &tail_cases, opts.seed, &|case| {
+        if let Some(bar) = &bar {
+            bar.set_position(done_before.load(Ordering::Relaxed));
+            bar.set_message(case.describe());
+        }
+        done_before.fetch_add(case.requests(), Ordering::Relaxed);
+    })?;
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
@@ -125,6 +148,8 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabReport> {
 
     let report = LabReport {
         rows,
+        tail_rows,
+        reaction_rows,
         timing,
         seed: opts.seed,
         quick: opts.quick,

@@ -107,7 +107,7 @@ pub struct Row {
 }
 
 /// Standard error of a rate on one side, from the half of its 95 % interval on that side.
-fn side_se(value: f64, ci: [f64; 2], toward: f64) -> f64 {
+pub(super) fn side_se(value: f64, ci: [f64; 2], toward: f64) -> f64 {
     let half = if toward >= value {
         ci[1] - value
     } else {
@@ -117,7 +117,7 @@ fn side_se(value: f64, ci: [f64; 2], toward: f64) -> f64 {
 }
 
 /// `(a - b) / se`, 0 when both are equal and infinite (with a's side) when `se` is 0.
-fn z_score(a: f64, b: f64, se: f64) -> f64 {
+pub(super) fn z_score(a: f64, b: f64, se: f64) -> f64 {
     let d = a - b;
     if d == 0.0 {
         0.0
@@ -599,6 +599,9 @@ pub struct Machine {
     pub os: String,
     /// keel's version.
     pub keel_version: String,
+    /// The load average (1, 5 and 15 minutes) when the report was written: other work on the
+    /// machine moves real-traffic latencies.
+    pub load_average: [f64; 3],
 }
 
 impl Machine {
@@ -622,8 +625,19 @@ impl Machine {
             cpu_model,
             os: format!("{} {kernel}", std::env::consts::OS),
             keel_version: env!("CARGO_PKG_VERSION").to_string(),
+            load_average: load_average(),
         }
     }
+}
+
+/// /proc/loadavg's first three fields (zeros where there is none).
+fn load_average() -> [f64; 3] {
+    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let mut out = [0.0; 3];
+    for (o, v) in out.iter_mut().zip(text.split_whitespace()) {
+        *o = v.parse().unwrap_or(0.0);
+    }
+    out
 }
 
 /// `{"rows": [...], ...}`.
@@ -635,8 +649,15 @@ fn fmt_opt(x: Option<f64>) -> String {
     x.map(|v| format!("{v:.4}")).unwrap_or_else(|| "-".into())
 }
 
-/// The table, for a terminal.
+/// The tables, for a terminal.
 pub fn print_table(report: &LabReport) {
+    if !report.rows.is_empty() {
+        print_reliability_table(report);
+    }
+    super::report_tail::print_tables(report);
+}
+
+fn print_reliability_table(report: &LabReport) {
     println!(
         "{:<4} {:<40} {:<15} {:<21} {:<12} {:>8} {:>9} {:>8} {:>17} {:>8}",
         "exp",
@@ -703,18 +724,21 @@ fn curve(f: impl Fn(f64) -> f64) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// The analytic curves' colours; measured and simulated points use none of them.
-const CURVE_UNIFORM: (u8, u8, u8) = (31, 119, 180);
-const CURVE_LEAST_CONNECTIONS: (u8, u8, u8) = (214, 39, 40);
-/// Point colours, one per strategy in a chart: orange, green, purple, brown, pink, olive.
-const POINT_COLOURS: [(u8, u8, u8); 6] = [
-    (255, 127, 14),
-    (44, 160, 44),
-    (148, 103, 189),
-    (140, 86, 75),
-    (227, 119, 194),
-    (188, 189, 34),
-];
+/// The colour of lines that belong to no strategy (the uniform model's curve, goals, fair
+/// shares): near black, which no strategy has.
+pub(super) const REFERENCE: (u8, u8, u8) = (40, 40, 40);
+
+/// One colour per strategy, the same in every chart of the report (and the same as `keel
+/// simulate --plot`'s: keel-model's palette by the strategy's place in
+/// [`StrategyKind::ALL`]): a strategy's measured points, simulated rings, closed-form curve
+/// and latency distributions all take it.
+pub(super) fn strategy_colour(strategy: &str) -> (u8, u8, u8) {
+    let i = StrategyKind::ALL
+        .iter()
+        .position(|k| k.name() == strategy)
+        .unwrap_or(StrategyKind::ALL.len());
+    keel_model::plot::palette(i)
+}
 
 /// The strategies of `rows` in order of appearance.
 fn strategies<'a>(rows: &[&'a Row]) -> Vec<&'a str> {
@@ -757,14 +781,14 @@ fn charts(report: &LabReport) -> Vec<(String, String)> {
                 format!("model: round-robin / random, (1-p)^{k}"),
                 curve(|p| (1.0 - p).powi(k as i32)),
             )
-            .with_color(CURVE_UNIFORM),
+            .with_color(REFERENCE),
             Series::line(
                 format!("model: least-connections, q = {}", fmt_q(q)),
                 curve(|p| {
                     analytic::success(StrategyKind::LeastConnections, p, q, k).unwrap_or(f64::NAN)
                 }),
             )
-            .with_color(CURVE_LEAST_CONNECTIONS),
+            .with_color(strategy_colour("least-connections")),
         ];
         let names = strategies(&rows);
         for (i, s) in names.iter().enumerate() {
@@ -772,7 +796,7 @@ fn charts(report: &LabReport) -> Vec<(String, String)> {
             // Strategies measured at the same p are set apart so that every marker shows; a
             // simulated ring sits just right of its measured point.
             let dx = (i as f64 - (names.len() as f64 - 1.0) / 2.0) * 0.016;
-            let color = POINT_COLOURS[i % POINT_COLOURS.len()];
+            let color = strategy_colour(s);
             push_measured_and_simulated(&mut series, s, color, &mine, |r| r.p + dx, 0.0, 0.006);
         }
         let spec = ChartSpec::new(
@@ -816,7 +840,7 @@ fn e6_chart(report: &LabReport) -> Option<(String, String)> {
     for (i, s) in names.iter().enumerate() {
         let mine: Vec<&&Row> = rows.iter().filter(|r| r.strategy == *s).collect();
         let dx = (i as f64 - (names.len() as f64 - 1.0) / 2.0) * 0.22;
-        let color = POINT_COLOURS[i % POINT_COLOURS.len()];
+        let color = strategy_colour(s);
         let x = |r: &Row| x_of(&r.failure_mode) + dx;
         push_measured_and_simulated(&mut series, s, color, &mine, x, -0.04, 0.04);
     }
@@ -825,7 +849,7 @@ fn e6_chart(report: &LabReport) -> Option<(String, String)> {
             "goal: 0.999",
             vec![(0.5, 0.999), (modes.len() as f64 + 0.5, 0.999)],
         )
-        .with_color((90, 90, 90)),
+        .with_color(REFERENCE),
     );
     // Low enough for every interval and for the goal line.
     let floor = rows
@@ -848,7 +872,7 @@ fn e6_chart(report: &LabReport) -> Option<(String, String)> {
     }
 }
 
-fn esc(s: &str) -> String {
+pub(super) fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -856,7 +880,6 @@ fn esc(s: &str) -> String {
 
 fn html(report: &LabReport) -> String {
     let mut h = String::new();
-    let t = &report.timing;
     let q_of = |mode: &str| {
         report
             .rows
@@ -872,16 +895,48 @@ fn html(report: &LabReport) -> String {
          table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}\
          td.l,th.l{{text-align:left}}tr.ok td.v{{background:#e6f4e6}}tr.model-off td.v{{background:#fff3d6}}\
          tr.off td.v{{background:#fdeaea}}figure{{margin:1em 0}}li{{margin:.4em 0}}\
-         code{{background:#f4f4f4;padding:1px 3px}}</style></head><body>\
-         <h1>keel lab report</h1><p>The reliability experiments three ways: the model's closed form, keel's simulator \
-         driving the same balancer code, and real HTTP traffic over loopback through keel's proxy (or a client-side balancer) \
-         to in-process backends that fail on purpose. The model comes from an article on common load-balancing strategies \
-         and their reliability analysis (the source; <code>docs/reliability.md</code> in keel's repository states the model \
-         and the experiments E1-E6 in full). {} rows in {:.1} s{}.</p>",
-        report.rows.len(),
+         code{{background:#f4f4f4;padding:1px 3px}}.grid{{display:flex;flex-wrap:wrap;gap:0 12px}}\
+         .grid figure{{margin:.5em 0}}</style></head><body>\
+         <h1>keel lab report</h1><p>keel's experiments three ways: the closed form (the reliability model, or queueing \
+         theory), keel's simulator driving the same balancer code, and real HTTP traffic over loopback through keel's proxy \
+         (or client-side balancers) to in-process backends that fail, queue or slow down on purpose. The reliability model \
+         comes from an article on common load-balancing strategies and their reliability analysis (the source; \
+         <code>docs/reliability.md</code> in keel's repository states the model and the experiments E1-E6 in full; \
+         <code>docs/tail-latency.md</code> E8 and E9). {} rows in {:.1} s{}.</p>",
+        report.rows.len() + report.tail_rows.len() + report.reaction_rows.len(),
         report.wall_seconds,
         if report.quick { " (quick mode: fewer experiments and requests)" } else { "" }
     );
+    if !report.rows.is_empty() {
+        reliability_html(&mut h, report, hang_q, fail_fast_q);
+    }
+    h.push_str(&super::report_tail::html(report));
+    let m = &report.machine;
+    let _ = write!(
+        h,
+        "<p><small>Seed {}; {} CPUs, {}, {}, keel {}; load average {:.2} / {:.2} / {:.2} (1, 5, 15 \
+         min) when the report was written.</small></p>",
+        report.seed,
+        m.cpus,
+        esc(&m.cpu_model),
+        esc(&m.os),
+        m.keel_version,
+        m.load_average[0],
+        m.load_average[1],
+        m.load_average[2]
+    );
+    h.push_str("</body></html>\n");
+    h
+}
+
+/// The sections of E1-E6B.
+fn reliability_html(
+    h: &mut String,
+    report: &LabReport,
+    hang_q: Option<f64>,
+    fail_fast_q: Option<f64>,
+) {
+    let t = &report.timing;
     let _ = write!(
         h,
         "<h2>Settings</h2><ul>\
@@ -1017,8 +1072,6 @@ fn html(report: &LabReport) -> String {
             let _ = write!(h, "<p><b>[{}]</b>{}</p>", esc(name), esc(rest));
         }
     }
-    h.push_str("</body></html>\n");
-    h
 }
 
 /// Writes `index.html` and `results.json` into `out`.
@@ -1067,4 +1120,31 @@ fn push_measured_and_simulated(
         )
         .with_color(color),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_colour_per_strategy_and_none_for_references() {
+        let lab = [
+            StrategyKind::RoundRobin,
+            StrategyKind::Random,
+            StrategyKind::LeastConnections,
+            StrategyKind::LeastRequest,
+            StrategyKind::LeastTime,
+            StrategyKind::PeakEwma,
+            StrategyKind::Prequal,
+        ];
+        let colours: Vec<_> = lab.iter().map(|k| strategy_colour(k.name())).collect();
+        for (i, c) in colours.iter().enumerate() {
+            assert_ne!(*c, REFERENCE, "{}", lab[i].name());
+            for (j, d) in colours.iter().enumerate().skip(i + 1) {
+                assert_ne!(c, d, "{} and {}", lab[i].name(), lab[j].name());
+            }
+        }
+        // The same name gives the same colour wherever it is drawn.
+        assert_eq!(strategy_colour("prequal"), strategy_colour("prequal"));
+    }
 }
