@@ -200,7 +200,8 @@ fn tail_section(h: &mut String, rows: &[LatencyRow]) {
     h.push_str(
         "<table><tr><th class=l rowspan=2>strategy</th><th rowspan=2>offered load</th>\
          <th rowspan=2>served ms (SCV)</th><th colspan=3>p50 ms</th><th colspan=3>p99 ms</th>\
-         <th colspan=3>p99.9 ms</th><th rowspan=2>requests</th><th class=l rowspan=2>verdict</th></tr><tr>",
+         <th colspan=3>p99.9 ms</th><th rowspan=2>requests</th><th rowspan=2>send lag max ms</th>\
+         <th class=l rowspan=2>verdict</th></tr><tr>",
     );
     for _ in QUANTILES {
         h.push_str("<th>measured [95 %]</th><th>simulated [95 %]</th><th>model</th>");
@@ -253,15 +254,18 @@ fn tail_section(h: &mut String, rows: &[LatencyRow]) {
         };
         let _ = write!(
             h,
-            "<td>{}</td><td class=\"l v\">{}</td></tr>",
+            "<td>{}</td><td>{:.0}</td><td class=\"l v\">{}</td></tr>",
             r.requests,
+            r.send_lag_max_ms,
             esc(&verdict)
         );
     }
     h.push_str(
         "</table><p>&#10007;: outside the lab's rule. Green: every quantile agrees; amber: the \
          simulation or the model misses; red: the simulation misses without a model, or both \
-         miss.</p>",
+         miss. Send lag: how late the load generator sent its most delayed arrival, the longest \
+         the machine held the run up (on shared cores, other work); at this load the queues of a \
+         stall take several times its length to drain, and the simulated servers never stall.</p>",
     );
     h.push_str(
         "<p>Charts: y is -log10(1 - F), so p90, p99 and p99.9 sit at 1, 2 and 3; solid: \
