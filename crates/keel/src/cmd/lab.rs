@@ -12,7 +12,7 @@ use crate::lab::{self, LabOptions};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// A first look in under 20 s: experiments e1, e2, e6, e6b with fewer requests (e8 and e9
-    /// only when named, then in a short form: about 4 s (e8) and 7 s (e9) per strategy).
+    /// only when named, then in a short form: about 4 s (e8) and 8 s (e9) per strategy).
     #[arg(long)]
     quick: bool,
     /// Experiments to run, comma-separated: e1..e6, e6b; e8 (tail latency under open-loop
