@@ -488,24 +488,21 @@ impl Balancer {
     /// The snapshot for the `_mut` methods: their copy, re-read after an update (checked
     /// without an atomic operation: `&mut self` means no update runs meanwhile).
     #[inline]
-    fn local(&mut self) -> &Self {
+    fn local(&mut self) -> (&Self, &Snapshot) {
         let generation = *self.generation.get_mut();
         if !matches!(&self.local, Some((g, _)) if *g == generation) {
             self.local = Some((generation, self.snapshot.load_full()));
         }
-        self
-    }
-
-    #[inline]
-    fn local_snapshot(&self) -> &Snapshot {
-        &self.local.as_ref().expect("filled by `local`").1
+        let this = &*self;
+        let (_, snap) = this.local.as_ref().expect("filled just above");
+        (this, snap)
     }
 
     /// [`Self::pick`] by the balancer's one owner (`&mut`): the same pick, on the snapshot it
     /// read last unless an update came since, instead of arc-swap's atomic load.
     pub fn pick_mut(&mut self, ctx: &PickContext<'_>) -> Option<Pick> {
-        let this = self.local();
-        this.pick_in(this.local_snapshot(), ctx)
+        let (this, snap) = self.local();
+        this.pick_in(snap, ctx)
     }
 
     #[inline(always)]
@@ -662,8 +659,8 @@ impl Balancer {
         if !self.finish_counts(&mut pick, outcome) {
             return false;
         }
-        let this = self.local();
-        this.finish_in(this.local_snapshot(), pick, outcome, nanos(now))
+        let (this, snap) = self.local();
+        this.finish_in(snap, pick, outcome, nanos(now))
     }
 
     /// What every finish does: releases the pick and counts its outcome. True when the rest
@@ -755,8 +752,8 @@ impl Balancer {
 
     /// [`Self::probe_targets`] by the balancer's one owner (`&mut`), as [`Self::pick_mut`].
     pub fn probe_targets_mut(&mut self, now: Duration, out: &mut Vec<EndpointId>) {
-        let this = self.local();
-        this.probe_targets_in(this.local_snapshot(), now, out);
+        let (this, snap) = self.local();
+        this.probe_targets_in(snap, now, out);
     }
 
     fn probe_targets_in(&self, snap: &Snapshot, now: Duration, out: &mut Vec<EndpointId>) {
@@ -789,8 +786,8 @@ impl Balancer {
 
     /// [`Self::report_load`] by the balancer's one owner (`&mut`), as [`Self::pick_mut`].
     pub fn report_load_mut(&mut self, id: EndpointId, report: LoadReport, now: Duration) -> bool {
-        let this = self.local();
-        this.report_load_in(this.local_snapshot(), id, report, now)
+        let (this, snap) = self.local();
+        this.report_load_in(snap, id, report, now)
     }
 
     fn report_load_in(

@@ -294,7 +294,7 @@ impl ServerLoad {
 /// `ns` x (in flight + 1) / (found + 1), in u64 unless it overflows (u128 division is a
 /// library call), saturated.
 #[inline]
-fn scale(ns: u64, in_flight: u32, found: u32) -> u64 {
+pub(crate) fn scale(ns: u64, in_flight: u32, found: u32) -> u64 {
     let now_plus_one = u64::from(in_flight) + 1;
     match ns.checked_mul(now_plus_one) {
         Some(p) => p / (u64::from(found) + 1),

@@ -536,13 +536,8 @@ fn tail_row(strategy: StrategyKind, load: f64, client_side: bool, hedge: bool) -
         clusters: vec![tail_cluster(strategy)],
         ..Scenario::default()
     };
-    let at_unit_rate = sc
-        .offered_load()
+    sc.set_offered_load(load)
         .expect("open loop into servers with a capacity");
-    sc.load = Load::Open {
-        rate: load / at_unit_rate,
-        clients,
-    };
     let placement = if client_side {
         "client-side x100"
     } else {
@@ -632,10 +627,9 @@ fn reaction_row(strategy: StrategyKind, decay: Option<Duration>, client_side: bo
         }],
         ..Scenario::default()
     };
-    let rate = 0.5
-        / sc.offered_load()
-            .expect("open loop into servers with a capacity");
-    sc.load = Load::Open { rate, clients: 100 };
+    let rate = sc
+        .set_offered_load(0.5)
+        .expect("open loop into servers with a capacity");
     // Measure until 40 s: 38 s after the warm-up.
     sc.requests = (rate * 38.0) as u64;
     let placement = if client_side {
@@ -735,13 +729,8 @@ pub fn herd_row(strategy: StrategyKind, balancers: u32, load: f64) -> Scenario {
         }],
         ..Scenario::default()
     };
-    let at_unit_rate = sc
-        .offered_load()
+    sc.set_offered_load(load)
         .expect("open loop into servers with a capacity");
-    sc.load = Load::Open {
-        rate: load / at_unit_rate,
-        clients: balancers,
-    };
     let noun = if balancers == 1 { "proxy" } else { "proxies" };
     sc.label = format!("load {load:.2}, N={balancers} {noun}");
     sc

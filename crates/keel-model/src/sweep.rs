@@ -183,13 +183,8 @@ impl Grid {
             }],
             ..Scenario::default()
         };
-        let at_unit_rate = sc
-            .offered_load()
+        sc.set_offered_load(cell.load)
             .expect("open loop into servers that queue");
-        sc.load = Load::Open {
-            rate: cell.load / at_unit_rate,
-            clients: cell.clients,
-        };
         sc.label = format!(
             "load {:.2}, {}{}",
             cell.load,

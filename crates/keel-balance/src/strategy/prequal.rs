@@ -68,8 +68,7 @@ fn estimate(latency_ns: u64, reported: u32, rif: u32) -> u64 {
     if rif <= reported {
         return latency_ns;
     }
-    let scaled = u128::from(latency_ns) * (u128::from(rif) + 1) / (u128::from(reported) + 1);
-    scaled.min(u128::from(u64::MAX)) as u64
+    crate::load::scale(latency_ns, rif, reported)
 }
 
 /// The reports a balancer holds (at most `pool_size`, the newest per endpoint).

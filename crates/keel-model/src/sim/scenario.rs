@@ -751,6 +751,22 @@ impl Scenario {
         Some(rate * f64::from(c.calls) / capacity)
     }
 
+    /// Sets an open loop's arrival rate so that [`Self::offered_load`] is `load`, and returns
+    /// it; `None` (and nothing changed) unless it is an open loop into a cluster with a
+    /// capacity.
+    pub fn set_offered_load(&mut self, load: f64) -> Option<f64> {
+        let Load::Open { rate, clients } = self.load else {
+            return None;
+        };
+        self.load = Load::Open { rate: 1.0, clients };
+        let set = self.offered_load().map(|at_unit_rate| load / at_unit_rate);
+        self.load = Load::Open {
+            rate: set.unwrap_or(rate),
+            clients,
+        };
+        set
+    }
+
     fn focus_or_first_with_capacity(&self) -> Option<usize> {
         let f = self.focus();
         if self.clusters[f].capacity.is_some() {
