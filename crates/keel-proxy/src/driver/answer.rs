@@ -1,15 +1,12 @@
-//! What the driver hands back to the front end: keel's own answer (counted, logged, as
-//! detailed as the listener shows) or the endpoint's response with the [`Tail`] that finishes
+//! What the driver hands back to the front end: keel's own answer (as detailed as the
+//! listener shows) or the endpoint's response with the [`Tail`] that finishes
 //! its pick.
-
-use std::sync::atomic::Ordering::Relaxed;
 
 use crate::config::ErrorDetail;
 use crate::driver::account::{DownstreamGuard, Tail};
 use crate::driver::tries::Tries;
 use crate::exchange::error::{Cause, Detailed};
 use crate::exchange::request::{Client, Reject};
-use crate::observe::metrics::class_index;
 use crate::upstream::cluster::Cluster;
 
 /// The body text of keel's own answers: `"<status> <reason>: <cause>\n"`.
@@ -58,8 +55,7 @@ pub(crate) fn refused(reject: Reject) -> OwnAnswer {
 
 /// keel's answer to a request of a route with `redirect`: the status, and `location` (its
 /// variables expanded) as `Location`.
-pub(crate) fn redirect(cluster: &Cluster, status: u16, location: &[u8]) -> OwnAnswer {
-    count_response(cluster, status);
+pub(crate) fn redirect(status: u16, location: &[u8]) -> OwnAnswer {
     let location = hyper::http::HeaderValue::from_bytes(location)
         .unwrap_or_else(|_| hyper::http::HeaderValue::from_static("/"));
     OwnAnswer {
@@ -122,13 +118,8 @@ pub(crate) enum Answer<W> {
     Upstream(Upstream<W>),
 }
 
-/// Counts a response to the client by its status class.
-pub(crate) fn count_response(cluster: &Cluster, status: u16) {
-    cluster.metrics.responses[class_index(status)].fetch_add(1, Relaxed);
-}
-
-/// keel's own answer: counted, logged (5xx, rate-limited), its text as detailed as the
-/// listener shows.
+/// keel's own answer, its text as detailed as the listener shows (the front end's
+/// [`crate::observe::record::Record`] counts it and logs a 5xx).
 pub(crate) fn own(
     cluster: &Cluster,
     client: &Client,
@@ -138,7 +129,6 @@ pub(crate) fn own(
     guard: Option<DownstreamGuard>,
     attempts: u32,
 ) -> OwnAnswer {
-    count_response(cluster, status);
     let entry = endpoint.map(|i| &cluster.endpoints[i]);
     let address = entry.map(|e| e.authority.as_str());
     let full = Detailed {
@@ -147,14 +137,6 @@ pub(crate) fn own(
         endpoint: address,
     }
     .to_string();
-    if status >= 500 && cluster.log_budget.allow() {
-        tracing::warn!(
-            cluster = cluster.name(),
-            client = %client.peer,
-            suppressed = cluster.log_budget.take_suppressed(),
-            "answered {status}: {full}",
-        );
-    }
     let text = match client.error_detail {
         ErrorDetail::Full => answer_text(status, &full),
         ErrorDetail::Brief => answer_text(status, cause.brief()),

@@ -11,6 +11,7 @@ use crate::config::{HashOn, ListenerConfig};
 use crate::driver::{self, Driven};
 use crate::exchange::request::Client;
 use crate::leg::tcp::TcpLeg;
+use crate::observe::record::Record;
 use crate::state::Shared;
 
 /// Serves one connection of a TCP listener: a pick and a connect through the attempt
@@ -41,10 +42,11 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         local,
     };
     let mut timer = crate::io::idle_timer();
+    let started = Instant::now();
     let driven = driver::drive(
         &cluster,
         client,
-        Instant::now(),
+        started,
         target.limits,
         hash,
         &mut leg,
@@ -53,8 +55,14 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         None,
     );
     match driven.await {
-        // The cause is logged and counted; a TCP client only sees the close.
-        Driven::Own(_) => {}
+        // Counted and logged (TCP has no access-log line); a TCP client only sees the close.
+        Driven::Own(own) => Record {
+            cluster: Some(&cluster),
+            endpoint: own.endpoint.as_ref().map(|e| e.as_bytes()),
+            attempts: own.attempts,
+            ..Record::refused(client, "TCP", started, b"", own.status, &own.cause)
+        }
+        .write(None),
         Driven::Won(mut conn, tail) => {
             let _open = crate::leg::tunnel::TunnelGauge::new(&cluster.metrics);
             let end =

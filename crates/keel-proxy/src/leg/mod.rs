@@ -15,7 +15,7 @@ use keel_balance::EndpointId;
 use tokio::time::Sleep;
 
 use crate::config::{HashOn, UpstreamProtocol};
-use crate::driver::answer::{count_response, Answer, Upstream};
+use crate::driver::answer::{Answer, Upstream};
 use crate::driver::leg::{Leg, Race, Tried, TryResult};
 use crate::driver::{drive, Driven};
 use crate::exchange::error::{Cause, TryFailure};
@@ -360,7 +360,7 @@ pub(crate) async fn forward<B: RequestBody>(
             if let Some((status, location)) = &rw.redirect {
                 let mut value = Vec::new();
                 location.expand(&vars, &mut value);
-                return Answer::Own(crate::driver::answer::redirect(cluster, *status, &value));
+                return Answer::Own(crate::driver::answer::redirect(*status, &value));
             }
             rewrites = Some((rw, vars));
         }
@@ -428,7 +428,6 @@ pub(crate) async fn forward<B: RequestBody>(
                     }
                 }
             }
-            count_response(cluster, response.status());
             Answer::Upstream(Upstream { response, tail })
         }
         Driven::Own(own) => Answer::Own(own),

@@ -1,9 +1,10 @@
 //! The access log: one line per request answered (keel's own answers included), as JSON or in
 //! NGINX's `combined` format.
 //!
-//! Off the request path: a front end formats its [`Entry`] into a reused per-thread buffer,
-//! then appends the line to its worker's shard (a buffer that only that worker and the writer
-//! ever lock, so the lock is uncontended). A writer thread of its own swaps the shards'
+//! Off the request path: a request's record ([`crate::observe::record::Record`], the one
+//! place an [`Entry`] is made) is formatted into a reused per-thread buffer, and the line is
+//! appended to its worker's shard (a buffer that only that worker and the writer ever lock,
+//! so the lock is uncontended). A writer thread of its own swaps the shards'
 //! buffers every 100 ms (or sooner when one is half full) and writes them with blocking I/O,
 //! so a slow disk never holds up a request. A shard is bounded: a line that does not fit is
 //! dropped and counted (`keel_access_log_dropped_total`), never waited for. SIGUSR1 (through

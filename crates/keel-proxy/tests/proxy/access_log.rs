@@ -462,3 +462,143 @@ async fn tries_record_every_try_its_outcome_time_and_in_flight() {
     assert_eq!(in_flight, [0, 1, 2], "{}", got.join("\n"));
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// An endpoint that answers by path: `/ok` a 200, `/bad` a chunked body malformed from its
+/// first byte (keel answers 502 in its place), `/cut` one chunk, then a close (a body cut
+/// after keel sent its head: a small body with a length would have been read whole first).
+async fn scripted_endpoint() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind(any_port()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(n) if n > 0 => head.extend_from_slice(&buf[..n]),
+                        _ => return,
+                    }
+                }
+                let answer: &[u8] = if head.starts_with(b"GET /ok") {
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok"
+                } else if head.starts_with(b"GET /bad") {
+                    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n"
+                } else {
+                    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nshort\r\n"
+                };
+                let _ = s.write_all(answer).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+/// One record per request: the status counted in `keel_requests_total` and the access log's
+/// line are the status the client got (keel's 502 in place of a malformed body, not the
+/// endpoint's 200), and a body the endpoint cut says why over HTTP/2 as over HTTP/1.1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_counter_and_the_line_of_a_request_come_from_one_record() {
+    let d = dir("record");
+    let up = scripted_endpoint().await;
+    let text = format!(
+        "[access_log]\npath = \"access.log\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n\
+         [[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n\n\
+         [[cluster]]\nname = \"app\"\nendpoints = [{{ address = \"{up}\" }}]\n\
+         [cluster.retry]\nattempts = 0\n"
+    );
+    let proxy = keel_proxy::start(load_from(&d, &text)).await.unwrap();
+    let (addr, admin) = (proxy.listener_addrs()[0], proxy.admin_addr().unwrap());
+    let ok = raw(
+        addr,
+        b"GET /ok HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(
+        ok.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&ok)
+    );
+    let bad = raw(
+        addr,
+        b"GET /bad HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(
+        bad.starts_with(b"HTTP/1.1 502"),
+        "{}",
+        String::from_utf8_lossy(&bad)
+    );
+    let cut = raw(
+        addr,
+        b"GET /cut HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(
+        cut.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&cut)
+    );
+    let mut h2 = h2_connect(addr).await;
+    let r = h2_send(
+        &mut h2,
+        hyper::Method::GET,
+        &format!("http://{addr}/ok"),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    // The endpoint cuts the body: keel resets the HTTP/2 client's stream after the head (which
+    // the client may see first, or only the reset).
+    let req = hyper::Request::get(format!("http://{addr}/cut"))
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    if let Ok(resp) = h2.send_request(req).await {
+        assert_eq!(resp.status(), 200);
+        let body = resp.into_body().collect().await;
+        assert!(body.is_err(), "the cut reaches the client");
+    }
+
+    let count = |class: &'static str| {
+        metric(
+            admin,
+            Box::leak(format!("keel_requests_total{{cluster=\"app\",class=\"{class}\"}}").into()),
+        )
+    };
+    assert_eq!(
+        count("2xx").await,
+        Some(4.0),
+        "two ok and two cut, over both protocols"
+    );
+    assert_eq!(
+        count("5xx").await,
+        Some(1.0),
+        "keel's 502, not the endpoint's 200"
+    );
+    proxy.shutdown(Duration::from_secs(1)).await;
+    let got: Vec<Value> = lines(&d.join("access.log"))
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(got.len(), 5, "{got:?}");
+    let line = |path: &str, protocol: &str| {
+        got.iter()
+            .find(|l| l["path"] == path && l["protocol"] == protocol)
+            .unwrap_or_else(|| panic!("a line for {path} over {protocol}: {got:?}"))
+    };
+    assert_eq!(line("/bad", "HTTP/1.1")["status"], 502);
+    for protocol in ["HTTP/1.1", "HTTP/2.0"] {
+        assert_eq!(line("/ok", protocol)["status"], 200);
+        assert!(line("/ok", protocol)["cause"].is_null());
+        let cut = line("/cut", protocol);
+        assert_eq!(cut["status"], 200);
+        assert!(
+            cut["cause"]
+                .as_str()
+                .is_some_and(|c| c.contains("upstream")),
+            "{protocol}: {cut}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -26,10 +26,11 @@ use crate::io::BodyIdle;
 use crate::io::{idle_timer, until, write_all_2};
 use crate::leg::h1::response::Framing;
 use crate::leg::{self, HttpAnswer, Request, UpstreamResponse};
-use crate::observe::access_log::{AccessLog, Entry, RequestLine, TryLog};
+use crate::observe::access_log::AccessLog;
+use crate::observe::record::Record;
 use crate::route::{RouteRef, Target};
 use crate::state::Shared;
-use crate::upstream::cluster::EndpointEntry;
+use crate::upstream::cluster::Cluster;
 
 /// Request bodies up to this size are read whole before the request is forwarded, so that
 /// any try can send them again; larger ones, and chunked ones, are streamed.
@@ -199,17 +200,15 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             let keep = req.keep_alive && req.body == BodyFraming::None && stop.borrow().is_none();
             conn.stream.sent = 0;
             let kept = conn.answer(&own, keep, &req).await;
-            if let Some(log) = &*shared.access_log.load() {
-                let ctx = LogCtx {
-                    log,
-                    client,
-                    cluster: None,
-                    endpoints: &[],
-                    route: req.route,
-                    started,
-                };
-                conn.log_own(&ctx, &req, &own);
-            }
+            let access_log = shared.access_log.load();
+            let scope = Scope {
+                log: access_log.as_deref(),
+                client,
+                cluster: None,
+                route: req.route,
+                started,
+            };
+            conn.record_own(&scope, &req, &own);
             if !kept {
                 conn.unread |= req.body != BodyFraming::None;
                 conn.close().await;
@@ -219,26 +218,17 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         };
         // Loaded per request: a reload may have changed the log.
         let access_log = shared.access_log.load();
-        let log = access_log.as_deref().map(|log| LogCtx {
-            log,
+        let scope = Scope {
+            log: access_log.as_deref(),
             client,
-            cluster: Some(target.cluster.name()),
-            endpoints: &target.cluster.endpoints,
+            cluster: Some(&target.cluster),
             route: req.route,
             started,
-        });
+        };
         let keep = match req.body {
             BodyFraming::Length(n) if n > MAX_INLINE_BODY => {
-                conn.streamed(
-                    &target,
-                    client,
-                    settings,
-                    &req,
-                    max_body,
-                    &stop,
-                    log.as_ref(),
-                )
-                .await
+                conn.streamed(&target, client, settings, &req, max_body, &stop, &scope)
+                    .await
             }
             BodyFraming::Chunked => {
                 let idle = settings.client_idle_timeout;
@@ -272,25 +262,17 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                         )
                         .await;
                         conn.rbuf.advance(raw);
-                        conn.send(answer, &whole, true, &stop, log.as_ref()).await
+                        conn.send(answer, &whole, true, &stop, &scope).await
                     }
                     SmallChunked::Large { continued } => {
                         let mut req = req.clone();
                         req.expect_continue &= !continued;
-                        conn.streamed(
-                            &target,
-                            client,
-                            settings,
-                            &req,
-                            max_body,
-                            &stop,
-                            log.as_ref(),
-                        )
-                        .await
+                        conn.streamed(&target, client, settings, &req, max_body, &stop, &scope)
+                            .await
                     }
                     SmallChunked::Refused(reject) => {
                         let own = HttpAnswer::Own(answer::refused(reject));
-                        conn.send(own, &req, false, &stop, log.as_ref()).await
+                        conn.send(own, &req, false, &stop, &scope).await
                     }
                     SmallChunked::Closed => return Served::Closed,
                 }
@@ -338,7 +320,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 )
                 .await;
                 conn.rbuf.advance(n);
-                conn.send(answer, &req, true, &stop, log.as_ref()).await
+                conn.send(answer, &req, true, &stop, &scope).await
             }
         };
         if !keep {
@@ -445,7 +427,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         req: &RequestHead,
         max_body: u64,
         stop: &watch::Receiver<Option<Duration>>,
-        log: Option<&LogCtx<'_>>,
+        scope: &Scope<'_>,
     ) -> bool {
         let start = Instant::now();
         let progress = crate::io::BodyProgress::default();
@@ -478,7 +460,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         )
         .await;
         let finished = body.finished();
-        self.send(answer, req, finished, stop, log).await
+        self.send(answer, req, finished, stop, scope).await
     }
 
     /// Sends the driver's answer; returns whether the connection stays open. `reusable`:
@@ -489,7 +471,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         req: &RequestHead,
         reusable: bool,
         stop: &watch::Receiver<Option<Duration>>,
-        log: Option<&LogCtx<'_>>,
+        scope: &Scope<'_>,
     ) -> bool {
         let keep = req.keep_alive && reusable && stop.borrow().is_none();
         self.unread |= !reusable;
@@ -501,68 +483,64 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 self.unread |= refused;
                 let keep = keep && !refused;
                 let kept = self.answer(&own, keep, req).await;
-                if let Some(log) = log {
-                    self.log_own(log, req, &own);
-                }
+                self.record_own(scope, req, &own);
                 kept
             }
             HttpAnswer::Upstream(up) => {
-                let Some(log) = log else {
-                    return self.forward(up, keep, req).await;
-                };
                 let (status, attempts) = (up.response.status(), up.tail.attempts);
-                let endpoint = up.tail.endpoint_header().clone();
-                let tries = up.tail.tries;
+                let endpoint = up.tail.endpoint;
+                // Copied only for the access log.
+                let tries = scope.log.map(|_| up.tail.tries);
                 let kept = self.forward(up, keep, req).await;
                 let answered = Answered {
                     status: self.replaced.unwrap_or(status),
-                    endpoint: Some(endpoint.as_bytes()),
+                    endpoint: scope
+                        .cluster
+                        .map(|c| c.endpoints[endpoint].header.as_bytes()),
                     attempts,
                     cause: self.cut,
-                    tries: &tries,
+                    own: self.replaced.is_some(),
+                    tries: tries.as_ref(),
                 };
-                self.log(log, req, &answered);
+                self.record(scope, req, &answered);
                 kept
             }
         }
     }
 
-    /// Logs keel's own answer.
-    fn log_own(&self, log: &LogCtx<'_>, req: &RequestHead, own: &OwnAnswer) {
+    /// Records keel's own answer.
+    fn record_own(&self, scope: &Scope<'_>, req: &RequestHead, own: &OwnAnswer) {
         let answered = Answered {
             status: own.status,
             endpoint: own.endpoint.as_ref().map(|e| e.as_bytes()),
             attempts: own.attempts,
             cause: Some(&own.cause),
-            tries: &own.tries,
+            own: true,
+            tries: Some(&own.tries),
         };
-        self.log(log, req, &answered);
+        self.record(scope, req, &answered);
     }
 
-    /// Logs the request just answered (its head is in `up_head`, the answer's in `out`).
-    fn log(&self, log: &LogCtx<'_>, req: &RequestHead, a: &Answered<'_>) {
+    /// Records the request just answered (its head is in `up_head`, the answer's in `out`).
+    fn record(&self, scope: &Scope<'_>, req: &RequestHead, a: &Answered<'_>) {
         let sent = self.stream.sent;
-        log.log.log(
-            log.client.worker,
-            &Entry {
-                client: &log.client.ip,
-                request: RequestLine::parse(&self.up_head),
-                protocol: if req.http10 { "HTTP/1.0" } else { "HTTP/1.1" },
-                status: a.status,
-                bytes_sent: sent,
-                body_bytes_sent: sent.saturating_sub(self.out.len() as u64),
-                duration: log.started.elapsed(),
-                cluster: log.cluster,
-                endpoint: a.endpoint,
-                attempts: a.attempts,
-                route: log.route.index(),
-                cause: a.cause,
-                tries: Some(TryLog {
-                    tries: a.tries,
-                    endpoints: log.endpoints,
-                }),
-            },
-        );
+        Record {
+            client: scope.client,
+            cluster: scope.cluster,
+            route: scope.route.index(),
+            protocol: if req.http10 { "HTTP/1.0" } else { "HTTP/1.1" },
+            started: scope.started,
+            request: &self.up_head,
+            status: a.status,
+            endpoint: a.endpoint,
+            attempts: a.attempts,
+            tries: a.tries,
+            cause: a.cause,
+            own: a.own,
+            bytes_sent: sent,
+            body_bytes_sent: sent.saturating_sub(self.out.len() as u64),
+        }
+        .write(scope.log);
     }
 
     /// Forwards an endpoint's response (its head is in `self.out`) and its body, then ends
@@ -760,24 +738,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         tracing::debug!(client = %client.peer, "refused a request: {}", reject.cause());
         self.stream.sent = 0;
         self.answer(&own, false, &RequestHead::default()).await;
-        if let Some(log) = &*shared.access_log.load() {
-            // What can be read of the refused head (it may be anything).
-            let sent = self.stream.sent;
-            log.log(
-                client.worker,
-                &Entry {
-                    client: &client.ip,
-                    request: RequestLine::parse(&self.rbuf[..self.rbuf.len().min(8192)]),
-                    protocol: "HTTP/1.1",
-                    status: own.status,
-                    bytes_sent: sent,
-                    body_bytes_sent: sent.saturating_sub(self.out.len() as u64),
-                    duration: started.elapsed(),
-                    cause: Some(&own.cause),
-                    ..Entry::default()
-                },
-            );
+        // What can be read of the refused head (it may be anything).
+        let head = &self.rbuf[..self.rbuf.len().min(8192)];
+        let sent = self.stream.sent;
+        Record {
+            bytes_sent: sent,
+            body_bytes_sent: sent.saturating_sub(self.out.len() as u64),
+            ..Record::refused(client, "HTTP/1.1", started, head, own.status, &own.cause)
         }
+        .write(shared.access_log.load().as_deref());
         self.unread = true;
         self.close().await;
         Served::Closed
@@ -810,24 +779,25 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     }
 }
 
-/// What the access log needs of a request besides its answer.
-struct LogCtx<'a> {
-    log: &'a AccessLog,
+/// What a request's [`Record`] takes from its connection and route besides its answer.
+struct Scope<'a> {
+    /// The access log, when one is configured (loaded per request: a reload may change it).
+    log: Option<&'a AccessLog>,
     client: &'a Client,
-    cluster: Option<&'a str>,
-    /// The cluster's endpoints, which the tries index.
-    endpoints: &'a [EndpointEntry],
+    cluster: Option<&'a Cluster>,
     route: RouteRef,
     started: Instant,
 }
 
-/// What the access log says of an answer.
+/// What a request's [`Record`] says of its answer.
 struct Answered<'a> {
     status: u16,
     endpoint: Option<&'a [u8]>,
     attempts: u32,
     cause: Option<&'a str>,
-    tries: &'a Tries,
+    /// keel answered itself (or replaced the endpoint's response).
+    own: bool,
+    tries: Option<&'a Tries>,
 }
 
 /// A client stream that counts the bytes written to it (the access log's `bytes_sent`).

@@ -25,7 +25,7 @@ use crate::leg::h1::response::Framing;
 use crate::leg::h2::{H2Response, RequestPump};
 use crate::upstream::pool::RawConn;
 
-use super::log::H2LogUpstream;
+use super::log::H2Answered;
 
 /// Request bodies with a length up to this are read whole before the request is forwarded
 /// (any try can send them again); others stream.
@@ -176,19 +176,32 @@ pub(crate) struct H2UpstreamBody {
     pub(crate) tail: Option<Tail>,
     pub(crate) pump: Option<RequestPump>,
     pub(crate) deadline: Pin<Box<tokio::time::Sleep>>,
-    /// The access-log line to write when the body ends.
-    pub(crate) log: Option<Box<H2LogUpstream>>,
+    /// The request's record, written when the body ends.
+    pub(crate) record: H2Answered,
     pub(crate) active: ActiveRequest,
 }
 
 impl H2UpstreamBody {
     pub(crate) fn end(&mut self, end: BodyEnd) {
+        self.end_with(end, cut_cause(end));
+    }
+
+    /// Ends the body (`cause`: why it was cut, for the record).
+    pub(crate) fn end_with(&mut self, end: BodyEnd, cause: Option<&str>) {
         if let Some(tail) = self.tail.take() {
+            self.record.write(&tail, cause);
             tail.end(end, None);
-            if let Some(l) = self.log.take() {
-                l.write();
-            }
         }
+    }
+}
+
+/// Why a response body that ended so was cut, as the access log says it.
+fn cut_cause(end: BodyEnd) -> Option<&'static str> {
+    match end {
+        BodyEnd::Done | BodyEnd::Grpc(_) => None,
+        BodyEnd::UpstreamFailed => Some("upstream failed"),
+        BodyEnd::Timeout => Some("upstream idle"),
+        BodyEnd::ClientGone => Some("client gone"),
     }
 }
 
@@ -209,19 +222,22 @@ pub(crate) struct UpstreamBody {
     pub(crate) keep_alive: bool,
     pub(crate) tail: Option<Tail>,
     pub(crate) deadline: Pin<Box<tokio::time::Sleep>>,
-    /// The access-log line to write when the body ends.
-    pub(crate) log: Option<Box<H2LogUpstream>>,
+    /// The request's record, written when the body ends.
+    pub(crate) record: H2Answered,
     pub(crate) active: ActiveRequest,
 }
 
 impl UpstreamBody {
     pub(crate) fn end(&mut self, end: BodyEnd) {
+        self.end_with(end, cut_cause(end));
+    }
+
+    /// Ends the body (`cause`: why it was cut, for the record).
+    pub(crate) fn end_with(&mut self, end: BodyEnd, cause: Option<&str>) {
         if let Some(tail) = self.tail.take() {
+            self.record.write(&tail, cause);
             let conn = self.conn.take().filter(|_| self.keep_alive);
             tail.end(end, conn);
-            if let Some(l) = self.log.take() {
-                l.write();
-            }
         }
     }
 
@@ -320,9 +336,7 @@ impl Body for H2Body {
                 match up.poll_data(cx) {
                     Poll::Ready(Ok(Some(data))) => {
                         up.active.sent_frame();
-                        if let Some(l) = &mut up.log {
-                            l.sent += data.len() as u64;
-                        }
+                        up.record.sent += data.len() as u64;
                         // The endpoint sent something: its idle time starts again.
                         if let Some(t) = &up.tail {
                             let next = t.body_deadline(Instant::now());
@@ -346,11 +360,12 @@ impl Body for H2Body {
                                 .as_ref()
                                 .map_or("upstream idle", |t| t.cut_cause(Instant::now()));
                             // A stalled endpoint failed; a long response cut at max_duration did not.
-                            up.end(if cause == "max_duration" {
+                            let end = if cause == "max_duration" {
                                 BodyEnd::ClientGone
                             } else {
                                 BodyEnd::Timeout
-                            });
+                            };
+                            up.end_with(end, Some(cause));
                             return Poll::Ready(Some(Err(cause.into())));
                         }
                         Poll::Pending
@@ -367,8 +382,8 @@ impl Body for H2Body {
                         if frame.is_data() {
                             up.active.sent_frame();
                         }
-                        if let (Some(l), Some(data)) = (&mut up.log, frame.data_ref()) {
-                            l.sent += data.len() as u64;
+                        if let Some(data) = frame.data_ref() {
+                            up.record.sent += data.len() as u64;
                         }
                         if let Some(t) = &up.tail {
                             let next = t.body_deadline(Instant::now());
@@ -397,11 +412,12 @@ impl Body for H2Body {
                                 .tail
                                 .as_ref()
                                 .map_or("upstream idle", |t| t.cut_cause(Instant::now()));
-                            up.end(if cause == "max_duration" {
+                            let end = if cause == "max_duration" {
                                 BodyEnd::ClientGone
                             } else {
                                 BodyEnd::Timeout
-                            });
+                            };
+                            up.end_with(end, Some(cause));
                             return Poll::Ready(Some(Err(cause.into())));
                         }
                         Poll::Pending

@@ -1,96 +1,78 @@
-//! The HTTP/2 front end's access-log lines: what a request's line needs besides its answer,
-//! and the answer's part, written when the response body ends.
+//! What an HTTP/2 request's [`Record`] takes from its stream, owned: an endpoint's response
+//! body carries it until the body ends, when the record is written.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use hyper::header::HeaderValue;
-
-use crate::driver::tries::Tries;
+use crate::driver::account::Tail;
 use crate::exchange::request::Client;
-use crate::observe::access_log::{AccessLog, Entry, RequestLine, TryLog};
+use crate::observe::access_log::AccessLog;
+use crate::observe::record::Record;
+use crate::upstream::cluster::Cluster;
 
-/// What the access log needs of an HTTP/2 request besides its answer.
-pub(crate) struct H2Log {
-    pub(crate) log: Arc<AccessLog>,
+/// What an HTTP/2 request's record needs besides its answer.
+pub(crate) struct H2Scope {
+    /// The access log, when one is configured.
+    pub(crate) log: Option<Arc<AccessLog>>,
     pub(crate) client: Arc<Client>,
     pub(crate) started: Instant,
-    pub(crate) cluster: Option<Arc<crate::upstream::cluster::Cluster>>,
     pub(crate) route: Option<u16>,
     /// The head as rewritten for the upstream (the request line and headers the log shows).
     pub(crate) head: Vec<u8>,
 }
 
-/// The answer's part of an HTTP/2 access-log line, written when its body ends.
-pub(crate) struct H2LogUpstream {
-    pub(crate) log: H2Log,
-    pub(crate) status: u16,
-    pub(crate) endpoint: HeaderValue,
-    pub(crate) attempts: u32,
-    /// Every try (the access log's `tries`).
-    pub(crate) tries: Tries,
-    /// Body bytes sent.
-    pub(crate) sent: u64,
-}
-
-impl H2LogUpstream {
-    /// Writes the line of a response whose body has ended.
-    pub(crate) fn write(&self) {
-        self.log.write(
-            self.status,
-            self.sent,
-            Some(self.endpoint.as_bytes()),
-            self.attempts,
-            None,
-            &self.tries,
-        );
+impl H2Scope {
+    /// The record of an answer with `status` (its other fields empty: the caller fills them).
+    pub(crate) fn record<'a>(&'a self, cluster: Option<&'a Cluster>, status: u16) -> Record<'a> {
+        Record {
+            client: &self.client,
+            cluster,
+            route: self.route,
+            protocol: "HTTP/2.0",
+            started: self.started,
+            request: &self.head,
+            status,
+            endpoint: None,
+            attempts: 0,
+            tries: None,
+            cause: None,
+            own: false,
+            bytes_sent: 0,
+            body_bytes_sent: 0,
+        }
     }
-}
 
-pub(crate) trait WithHead {
-    fn with_head(self, head: Vec<u8>) -> Self;
-}
-
-impl WithHead for Option<H2Log> {
-    /// The log context with the request's rewritten head (moved, not copied).
-    fn with_head(mut self, head: Vec<u8>) -> Self {
-        if let Some(l) = &mut self {
-            l.head = head;
+    /// The scope with the request's rewritten head (moved, not copied), when it is logged.
+    pub(crate) fn with_head(mut self, head: Vec<u8>) -> Self {
+        if self.log.is_some() {
+            self.head = head;
         }
         self
     }
 }
 
-impl H2Log {
-    pub(crate) fn write(
-        &self,
-        status: u16,
-        sent: u64,
-        endpoint: Option<&[u8]>,
-        attempts: u32,
-        cause: Option<&str>,
-        tries: &Tries,
-    ) {
-        self.log.log(
-            self.client.worker,
-            &Entry {
-                client: &self.client.ip,
-                request: RequestLine::parse(&self.head),
-                protocol: "HTTP/2.0",
-                status,
-                bytes_sent: sent,
-                body_bytes_sent: sent,
-                duration: self.started.elapsed(),
-                cluster: self.cluster.as_ref().map(|c| c.name()),
-                endpoint,
-                attempts,
-                route: self.route,
-                cause,
-                tries: self.cluster.as_ref().map(|c| TryLog {
-                    tries,
-                    endpoints: &c.endpoints,
-                }),
-            },
-        );
+/// An endpoint's response on its way to an HTTP/2 client: the record to write when its body
+/// ends.
+pub(crate) struct H2Answered {
+    pub(crate) scope: H2Scope,
+    pub(crate) status: u16,
+    /// Body bytes sent.
+    pub(crate) sent: u64,
+}
+
+impl H2Answered {
+    /// Writes the record of a response whose body has ended (`cause`: why it was cut), before
+    /// `tail` finishes the pick.
+    pub(crate) fn write(&self, tail: &Tail, cause: Option<&str>) {
+        Record {
+            endpoint: Some(tail.endpoint_header().as_bytes()),
+            attempts: tail.attempts,
+            tries: Some(&tail.tries),
+            cause,
+            bytes_sent: self.sent,
+            body_bytes_sent: self.sent,
+            ..self.scope.record(Some(&tail.cluster), self.status)
+        }
+        .write(self.scope.log.as_deref());
     }
 }

@@ -32,7 +32,9 @@ use crate::exchange::request::{BodyFraming, Client, Reject, RequestRules};
 use crate::leg::h1::response::Framing;
 use crate::leg::h2::{H2Response, RequestPump};
 use crate::leg::{self, Request, UpstreamResponse};
+use crate::observe::record::Record;
 use crate::state::Shared;
+use crate::upstream::cluster::Cluster;
 
 pub(crate) mod body;
 mod log;
@@ -40,7 +42,7 @@ mod log;
 use body::{
     ActiveRequest, ClientBody, ConnActivity, H2Body, H2UpstreamBody, UpstreamBody, MAX_INLINE_BODY,
 };
-use log::{H2Log, H2LogUpstream, WithHead};
+use log::{H2Answered, H2Scope};
 
 /// Serves an HTTP/2 connection (TLS with ALPN `h2`, or plain with prior knowledge) until it
 /// ends, stays idle too long, or the proxy shuts down (then it finishes its requests).
@@ -109,14 +111,13 @@ async fn handle(
     active: ActiveRequest,
 ) -> Response<H2Body> {
     let started = Instant::now();
-    let log = shared.access_log.load_full().map(|log| H2Log {
-        log,
+    let mut scope = H2Scope {
+        log: shared.access_log.load_full(),
         client: client.clone(),
         started,
-        cluster: None,
         route: None,
         head: Vec::new(),
-    });
+    };
     let (parts, body) = req.into_parts();
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let fields = || {
@@ -138,23 +139,19 @@ async fn handle(
     };
     let Some(target) = target else {
         shared.count_not_found(index);
-        let mut log = log;
-        if let Some(l) = &mut log {
+        if scope.log.is_some() {
             // The request as the log shows it: its line and `host`.
-            l.head = format!(
+            scope.head = format!(
                 "{} {path} HTTP/2.0\r\nhost: {}\r\n",
                 parts.method,
                 parts.uri.authority().map_or("", |a| a.as_str())
             )
             .into_bytes();
         }
-        return own_response(answer::not_found(), active, log);
+        return own_response(answer::not_found(), active, scope, None);
     };
-    let mut log = log;
-    if let Some(l) = &mut log {
-        l.cluster = Some(target.cluster.clone());
-        l.route = route.index();
-    }
+    scope.route = route.index();
+    let cluster = &*target.cluster;
     let max_body = settings.max_request_body_bytes.unwrap_or(u64::MAX);
     let rules = RequestRules {
         request_id: settings.generate_request_id,
@@ -177,7 +174,7 @@ async fn handle(
         &mut head,
     ) {
         Ok(meta) => meta,
-        Err(reject) => return refused(reject, active, log, is_grpc(&parts.headers)),
+        Err(reject) => return refused(reject, active, scope, cluster, is_grpc(&parts.headers)),
     };
     let grpc = meta.grpc;
     let mut out = Vec::with_capacity(512);
@@ -198,12 +195,32 @@ async fn handle(
             let data = match read {
                 Ok(Ok(collected)) => collected.to_bytes(),
                 Ok(Err(_)) => {
-                    return refused(Reject::InvalidBody, active, log.with_head(head), grpc)
+                    return refused(
+                        Reject::InvalidBody,
+                        active,
+                        scope.with_head(head),
+                        cluster,
+                        grpc,
+                    )
                 }
-                Err(_) => return refused(Reject::Timeout, active, log.with_head(head), grpc),
+                Err(_) => {
+                    return refused(
+                        Reject::Timeout,
+                        active,
+                        scope.with_head(head),
+                        cluster,
+                        grpc,
+                    )
+                }
             };
             if data.len() as u64 != n {
-                return refused(Reject::InvalidBody, active, log.with_head(head), grpc);
+                return refused(
+                    Reject::InvalidBody,
+                    active,
+                    scope.with_head(head),
+                    cluster,
+                    grpc,
+                );
             }
             let mut inline = &data[..];
             leg::forward(
@@ -233,10 +250,10 @@ async fn handle(
             leg::forward(cluster, client, request, streamed, &mut out, &mut timer).await
         }
     };
-    let log = log.with_head(head);
+    let scope = scope.with_head(head);
     let up = match answer {
-        Answer::Own(own) if grpc => return grpc_own_response(own, active, log),
-        Answer::Own(own) => return own_response(own, active, log),
+        Answer::Own(own) if grpc => return grpc_own_response(own, active, scope, Some(cluster)),
+        Answer::Own(own) => return own_response(own, active, scope, Some(cluster)),
         Answer::Upstream(up) => up,
     };
     let (conn, rhead) = match up.response {
@@ -249,7 +266,7 @@ async fn handle(
                 }
                 _ => None,
             };
-            return h2_response(response, up.tail, pump, active, log);
+            return h2_response(response, up.tail, pump, active, scope);
         }
     };
     match response_parts(&out) {
@@ -279,16 +296,11 @@ async fn handle(
                     left,
                     decoder: ChunkedDecoder::default(),
                     keep_alive: rhead.keep_alive,
-                    log: log.map(|l| {
-                        Box::new(H2LogUpstream {
-                            status: rhead.status,
-                            endpoint: up.tail.endpoint_header().clone(),
-                            attempts: up.tail.attempts,
-                            tries: up.tail.tries,
-                            sent: 0,
-                            log: l,
-                        })
-                    }),
+                    record: H2Answered {
+                        scope,
+                        status: rhead.status,
+                        sent: 0,
+                    },
                     tail: Some(up.tail),
                     deadline,
                     active: {
@@ -302,6 +314,7 @@ async fn handle(
         Err(()) => {
             // The leg wrote this head itself: it always parses. Should it not, the pick
             // is finished as the endpoint's failure.
+            let cluster = up.tail.cluster.clone();
             up.tail.end(BodyEnd::UpstreamFailed, None);
             const CAUSE: &str = "the endpoint's response head could not be forwarded";
             own_response(
@@ -317,7 +330,8 @@ async fn handle(
                     headers: Vec::new(),
                 },
                 active,
-                log,
+                scope,
+                Some(&cluster),
             )
         }
     }
@@ -334,14 +348,30 @@ fn is_grpc(headers: &hyper::HeaderMap) -> bool {
 fn refused(
     reject: Reject,
     active: ActiveRequest,
-    log: Option<H2Log>,
+    scope: H2Scope,
+    cluster: &Cluster,
     grpc: bool,
 ) -> Response<H2Body> {
     if grpc {
-        grpc_own_response(answer::refused(reject), active, log)
+        grpc_own_response(answer::refused(reject), active, scope, Some(cluster))
     } else {
-        own_response(answer::refused(reject), active, log)
+        own_response(answer::refused(reject), active, scope, Some(cluster))
     }
+}
+
+/// Writes the record of keel's own answer (`sent`: its body's bytes).
+fn record_own(scope: &H2Scope, cluster: Option<&Cluster>, own: &OwnAnswer, sent: u64) {
+    Record {
+        endpoint: own.endpoint.as_ref().map(|e| e.as_bytes()),
+        attempts: own.attempts,
+        tries: Some(&own.tries),
+        cause: Some(&own.cause),
+        own: true,
+        bytes_sent: sent,
+        body_bytes_sent: sent,
+        ..scope.record(cluster, own.status)
+    }
+    .write(scope.log.as_deref());
 }
 
 /// keel's own answer to a gRPC call: HTTP 200, trailers-only, its status as `grpc-status`
@@ -349,20 +379,11 @@ fn refused(
 fn grpc_own_response(
     own: OwnAnswer,
     active: ActiveRequest,
-    log: Option<H2Log>,
+    scope: H2Scope,
+    cluster: Option<&Cluster>,
 ) -> Response<H2Body> {
     let shown = own.shown_endpoint().cloned();
-    if let Some(l) = &log {
-        let endpoint = own.endpoint.as_ref().map(|e| e.as_bytes());
-        l.write(
-            own.status,
-            0,
-            endpoint,
-            own.attempts,
-            Some(&own.cause),
-            &own.tries,
-        );
-    }
+    record_own(&scope, cluster, &own, 0);
     let mut r = Response::new(H2Body::Own {
         data: None,
         _guard: own.guard,
@@ -391,7 +412,7 @@ fn h2_response(
     tail: Tail,
     pump: Option<RequestPump>,
     mut active: ActiveRequest,
-    log: Option<H2Log>,
+    scope: H2Scope,
 ) -> Response<H2Body> {
     active.owe();
     // Taken, not cloned: nothing reads the endpoint's head once it is the client's.
@@ -404,22 +425,17 @@ fn h2_response(
     let deadline = Box::pin(tokio::time::sleep_until(
         tail.body_deadline(Instant::now()).into(),
     ));
-    let log = log.map(|l| {
-        Box::new(H2LogUpstream {
-            status: head.status.as_u16(),
-            endpoint: tail.endpoint_header().clone(),
-            attempts: tail.attempts,
-            tries: tail.tries,
-            sent: 0,
-            log: l,
-        })
-    });
+    let record = H2Answered {
+        scope,
+        status: head.status.as_u16(),
+        sent: 0,
+    };
     let mut body = H2UpstreamBody {
         response,
         tail: Some(tail),
         pump,
         deadline,
-        log,
+        record,
         active,
     };
     if body.response.is_end_stream() {
@@ -429,19 +445,14 @@ fn h2_response(
     Response::from_parts(head, H2Body::H2Upstream(Box::new(body)))
 }
 
-fn own_response(own: OwnAnswer, active: ActiveRequest, log: Option<H2Log>) -> Response<H2Body> {
+fn own_response(
+    own: OwnAnswer,
+    active: ActiveRequest,
+    scope: H2Scope,
+    cluster: Option<&Cluster>,
+) -> Response<H2Body> {
     let shown = own.shown_endpoint().cloned();
-    if let Some(l) = &log {
-        let endpoint = own.endpoint.as_ref().map(|e| e.as_bytes());
-        l.write(
-            own.status,
-            own.text.len() as u64,
-            endpoint,
-            own.attempts,
-            Some(&own.cause),
-            &own.tries,
-        );
-    }
+    record_own(&scope, cluster, &own, own.text.len() as u64);
     let mut r = Response::new(H2Body::Own {
         data: Some(Bytes::from(own.text)),
         _guard: own.guard,

@@ -1,0 +1,118 @@
+//! One record per request. Every front end fills a [`Record`] when a request's answer has
+//! been sent (or cut), and [`Record::write`] writes everything keel keeps of the request from
+//! it, in one place: the response counted by status class (`keel_requests_total`), the
+//! warning line of a 5xx keel answered itself, and the access-log line.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+use crate::driver::tries::Tries;
+use crate::exchange::request::Client;
+use crate::observe::access_log::{AccessLog, Entry, RequestLine, TryLog};
+use crate::observe::metrics::class_index;
+use crate::upstream::cluster::Cluster;
+
+/// A request as keel answered it.
+pub(crate) struct Record<'a> {
+    pub client: &'a Client,
+    /// The cluster that served it; `None` before a route chose one.
+    pub cluster: Option<&'a Cluster>,
+    /// The route's index, if a route matched.
+    pub route: Option<u16>,
+    /// `HTTP/1.0`, `HTTP/1.1`, `HTTP/2.0` or `TCP`.
+    pub protocol: &'static str,
+    /// When its head was read.
+    pub started: Instant,
+    /// Its request line and headers as sent upstream, or as much as keel read of them.
+    pub request: &'a [u8],
+    /// The status sent.
+    pub status: u16,
+    /// The endpoint of the last try, if any.
+    pub endpoint: Option<&'a [u8]>,
+    /// Tries made.
+    pub attempts: u32,
+    /// Every try; `None` or empty: none was made.
+    pub tries: Option<&'a Tries>,
+    /// Why keel answered itself, or why the endpoint's response was cut.
+    pub cause: Option<&'a str>,
+    /// keel answered itself (its 5xx are logged as warnings).
+    pub own: bool,
+    /// Bytes of the response written to the client: head and body over HTTP/1.1, the body
+    /// over HTTP/2.
+    pub bytes_sent: u64,
+    /// Bytes of its body written to the client.
+    pub body_bytes_sent: u64,
+}
+
+impl Record<'_> {
+    /// A record of keel's answer to a request it refused or could not route: no cluster, no
+    /// try.
+    pub fn refused<'a>(
+        client: &'a Client,
+        protocol: &'static str,
+        started: Instant,
+        request: &'a [u8],
+        status: u16,
+        cause: &'a str,
+    ) -> Record<'a> {
+        Record {
+            client,
+            cluster: None,
+            route: None,
+            protocol,
+            started,
+            request,
+            status,
+            endpoint: None,
+            attempts: 0,
+            tries: None,
+            cause: Some(cause),
+            own: true,
+            bytes_sent: 0,
+            body_bytes_sent: 0,
+        }
+    }
+
+    /// Writes the request's counter, warning and access-log line (`log`: the access log, when
+    /// one is configured). Called once per request.
+    pub fn write(&self, log: Option<&AccessLog>) {
+        if let Some(cluster) = self.cluster {
+            cluster.metrics.responses[class_index(self.status)].fetch_add(1, Relaxed);
+            if self.own && self.status >= 500 && cluster.log_budget.allow() {
+                tracing::warn!(
+                    cluster = cluster.name(),
+                    client = %self.client.peer,
+                    suppressed = cluster.log_budget.take_suppressed(),
+                    "answered {}: {}",
+                    self.status,
+                    self.cause.unwrap_or(""),
+                );
+            }
+        }
+        let Some(log) = log else { return };
+        log.log(
+            self.client.worker,
+            &Entry {
+                client: &self.client.ip,
+                request: RequestLine::parse(self.request),
+                protocol: self.protocol,
+                status: self.status,
+                bytes_sent: self.bytes_sent,
+                body_bytes_sent: self.body_bytes_sent,
+                duration: self.started.elapsed(),
+                cluster: self.cluster.map(|c| c.name()),
+                endpoint: self.endpoint,
+                attempts: self.attempts,
+                route: self.route,
+                cause: self.cause,
+                tries: match (self.cluster, self.tries) {
+                    (Some(c), Some(tries)) => Some(TryLog {
+                        tries,
+                        endpoints: &c.endpoints,
+                    }),
+                    _ => None,
+                },
+            },
+        );
+    }
+}
