@@ -12,8 +12,9 @@
 # The run prints the machine it ran on; paste the whole output into BENCHMARKS.md.
 set -euo pipefail
 
-root=$(cd "$(dirname "$0")/.." && pwd)
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target}
 out=$CARGO_TARGET_DIR/criterion-balance
 only=${BENCH_ONLY:-all}
 case $only in all | pick | compare) ;; *)
@@ -23,20 +24,16 @@ case $only in all | pick | compare) ;; *)
 esac
 
 # pingora-core's compression dependencies build C code: zlib-ng through cmake (the build fails
-# with "is `cmake` not installed?" without it), zstd and brotli with the C compiler.
-missing=()
-command -v cc >/dev/null || missing+=(build-essential)
-command -v cmake >/dev/null || missing+=(cmake)
-if [ ${#missing[@]} -gt 0 ]; then
-    echo "== installing ${missing[*]} (needed to build pingora's dependencies)" >&2
-    if [ "$(id -u)" = 0 ]; then sudo=""; else sudo=sudo; fi
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
-fi
+# with "is `cmake` not installed?" without it; its makefiles want make), zstd and brotli with
+# the C compiler.
+want_pkg cc build-essential
+want_pkg cmake cmake
+want_pkg make make
+install_wanted
 
 echo "== machine"
 echo "cores: $(nproc); cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
-echo "$(rustc --version); commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+echo "$(rustc --version); commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 echo "clock: ${KEEL_BENCH_CLOCK:-cpu} (KEEL_BENCH_CLOCK=cpu|wall)"
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 date -u +"%Y-%m-%d %H:%M UTC"
@@ -48,14 +45,14 @@ export CRITERION_HOME=$out
 
 if [ "$only" != compare ]; then
     echo "== keel-balance bench (cargo bench -p keel-balance --bench pick)"
-    (cd "$root" && cargo bench -p keel-balance --bench pick)
+    (cd "$REPO" && cargo bench -p keel-balance --bench pick)
 fi
 if [ "$only" != pick ]; then
     echo "== keel vs pingora bench (bench/pingora-compare: cargo bench --locked --bench compare)"
-    (cd "$root/bench/pingora-compare" && cargo bench --locked --bench compare)
+    (cd "$REPO/bench/pingora-compare" && cargo bench --locked --bench compare)
 fi
 
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "== tables (criterion medians)"
-(cd "$root/bench/pingora-compare" &&
+(cd "$REPO/bench/pingora-compare" &&
     cargo run --locked --release --quiet --bin bench-report -- "$out") | tee "$out/report.md"

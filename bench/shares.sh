@@ -13,8 +13,9 @@
 # Traffic stays on 127.0.0.1; every process started here is stopped on exit.
 set -euo pipefail
 
-root=$(cd "$(dirname "$0")/.." && pwd)
-keel=${KEEL:-${CARGO_TARGET_DIR:-$root/target}/release/keel}
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+keel=${KEEL:-${CARGO_TARGET_DIR:-$REPO/target}/release/keel}
 weights=${WEIGHTS:-2,1,1,1,1}
 requests=${REQUESTS:-1000}
 latency=${LATENCY:-10ms}
@@ -33,20 +34,14 @@ IFS=, read -r -a ws <<<"$weights"
 n=${#ws[@]}
 total=0
 for w in "${ws[@]}"; do total=$((total + w)); done
-work=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
+bench_workdir keel-shares
+work=$WORK
 
 # The backends: one process, n listeners named be-1 .. be-n.
 listen=()
 for i in $(seq 1 "$n"); do listen+=(--listen "127.0.0.1:$((base_port + i))"); done
 "$keel" backend "${listen[@]}" --latency "$latency" --name be >"$work/backend.log" 2>&1 &
-pids+=($!)
+STARTED+=($!)
 
 proxy_port=$base_port
 wait_for() {
@@ -79,7 +74,7 @@ for strategy in "${strategies[@]}"; do
     } >"$work/proxy.toml"
     "$keel" proxy --config "$work/proxy.toml" --workers 1 --log warn >"$work/proxy.log" 2>&1 &
     proxy=$!
-    pids+=("$proxy")
+    STARTED+=("$proxy")
     wait_for "http://127.0.0.1:$proxy_port/"
     # One curl with many URLs: one keep-alive connection, one request at a time.
     for _ in $(seq 1 "$requests"); do
@@ -87,8 +82,7 @@ for strategy in "${strategies[@]}"; do
         echo "output = \"/dev/null\""
     done >"$work/urls"
     curl -s -K "$work/urls" -w '%header{x-backend}\n' >"$work/answers"
-    kill "$proxy"
-    wait "$proxy" 2>/dev/null || true
+    stop_pid "$proxy"
     printf '%-21s' "$strategy:"
     for i in $(seq 1 "$n"); do
         c=$(grep -cx "be-$i" "$work/answers" || true)

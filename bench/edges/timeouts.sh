@@ -33,33 +33,24 @@
 #
 # Environment (all optional): KEEL_BIN (else cargo build --release -p keel), PROXIES (default
 # "keel nginx"), CAP (default 90), OUT (default target/edges-timeouts), KEEP_WORK.
-# Ports 21501-21512 on 127.0.0.1 only; every process started here is stopped by PID.
+# Ports 21501-21512 on 127.0.0.1 only (those it uses may not be in use when it starts); every
+# process started here is stopped by PID.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO="$(cd "$HERE/../.." && pwd)"
+# shellcheck source=bench/lib.sh
+. "$HERE/../lib.sh"
 HELPER="$HERE/timeouts.py"
 PROXIES="${PROXIES:-keel nginx}"
 CAP="${CAP:-90}"
 OUT="${OUT:-$REPO/target/edges-timeouts}"
 BACKEND=21501 PLAIN=21510 H2=21511
-log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
-now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
-export PATH="$PATH:/usr/sbin:/sbin"
 
 # ---------------------------------------------------------------- tools
-want=()
-command -v curl >/dev/null || want+=(curl)
-case " $PROXIES " in *" nginx "*) command -v nginx >/dev/null || want+=(nginx) ;; esac
-if [ "${#want[@]}" -gt 0 ]; then
-    log "installing ${want[*]} (apt-get)"
-    apt-get update -qq || log "apt-get update failed"
-    for p in "${want[@]}"; do
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$p" >/dev/null \
-            || log "cannot install $p"
-    done
-fi
+want_pkg curl curl
+case " $PROXIES " in *" nginx "*) want_pkg nginx nginx ;; esac
+install_each_wanted
 python3 -c 'import h2' 2>/dev/null || { log "installing the python package h2 (pip)"; python3 -m pip install -q h2 || true; }
 for t in curl python3; do
     command -v "$t" >/dev/null || { echo "timeouts.sh: $t is required" >&2; exit 2; }
@@ -69,43 +60,12 @@ run_list=()
 for p in $PROXIES; do
     if [ "$p" = keel ] || command -v "$p" >/dev/null; then run_list+=("$p"); else log "skipping $p: not installed"; fi
 done
-if [ -z "${KEEL_BIN:-}" ]; then
-    (cd "$REPO" && cargo build --release -p keel --quiet)
-    KEEL_BIN="${CARGO_TARGET_DIR:-$REPO/target}/release/keel"
-fi
+KEEL_BIN="$(binary_or_build "${KEEL_BIN:-}" keel)"
+ports_free "$BACKEND" "$PLAIN" "$H2"
 
-WORK="$(mktemp -d /tmp/keel-timeouts.XXXXXX)"
+bench_workdir keel-timeouts
 chmod 755 "$WORK"
 mkdir -p "$OUT"
-STARTED=()
-cleanup() {
-    set +e
-    local pid
-    for pid in "${STARTED[@]}"; do kill "$pid" 2>/dev/null; done
-    sleep 0.3
-    for pid in "${STARTED[@]}"; do kill -9 "$pid" 2>/dev/null; done
-    wait 2>/dev/null
-    [ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-wait_port() {
-    local deadline=$((SECONDS + 15))
-    until (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do
-        [ "$SECONDS" -lt "$deadline" ] || { echo "timeouts.sh: nothing listens on port $1" >&2; return 1; }
-        sleep 0.05
-    done
-}
-alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null; }
-stop_pid() {
-    alive "$1" || return 0
-    kill "$1" 2>/dev/null
-    local deadline=$((SECONDS + 10))
-    while alive "$1" && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.05; done
-    alive "$1" && kill -9 "$1" 2>/dev/null
-    wait "$1" 2>/dev/null || true
-}
 
 head -c 1000000 /dev/urandom >"$WORK/upload.bin"
 
@@ -124,7 +84,7 @@ EOF
     "$KEEL_BIN" proxy --config "$d/keel.toml" >"$d/proxy.log" 2>&1 &
     PROXY_PID="$!"
     STARTED+=("$PROXY_PID")
-    wait_port "$PLAIN"
+    wait_port "$PLAIN" 15
     H2_PORT="$PLAIN"
 }
 nginx_start() {
@@ -149,7 +109,7 @@ EOF
     nginx -p "$d" -c "$d/nginx.conf" -e "$d/error.log" >"$d/proxy.log" 2>&1 &
     PROXY_PID="$!"
     STARTED+=("$PROXY_PID")
-    wait_port "$PLAIN"; wait_port "$H2"
+    wait_port "$PLAIN" 15; wait_port "$H2" 15
     H2_PORT="$H2"
 }
 
@@ -159,7 +119,7 @@ run_proxy() {
     rm -rf "$d"; mkdir -p "$d"
     python3 "$HELPER" backend --port "$BACKEND" >"$d/backend.jsonl" 2>"$d/backend.err" &
     bpid="$!"; STARTED+=("$bpid")
-    wait_port "$BACKEND"
+    wait_port "$BACKEND" 15
     "${p}_start" "$d"
     sleep 0.5
     log "$p: serving (load average $(cut -d' ' -f1-3 /proc/loadavg))"

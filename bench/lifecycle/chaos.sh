@@ -44,11 +44,13 @@
 # Environment (all optional): KEEL_BIN (else cargo build --release -p keel), PROXIES,
 # DURATION (default 30), WORKERS (keel --workers, NGINX worker_processes, HAProxy nbthread;
 # default 2), OUT (results; default target/lifecycle-chaos), KEEP_WORK (keep /tmp work dir),
-# STRICT. Ports 21301-21313 on 127.0.0.1 only; every process started here is stopped by PID.
+# STRICT. Ports 21301-21313 on 127.0.0.1 only (none may be in use when it starts); every
+# process started here is stopped by PID.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO="$(cd "$HERE/../.." && pwd)"
+# shellcheck source=bench/lib.sh
+. "$HERE/../lib.sh"
 CLIENTS="$HERE/clients.py"
 PROXIES="${PROXIES:-keel nginx haproxy}"
 DURATION="${DURATION:-30}"
@@ -57,25 +59,14 @@ OUT="${OUT:-$REPO/target/lifecycle-chaos}"
 DRAIN=5
 B1=21301 B2=21302 SLOW=21303 WSB=21304
 PLAIN=21310 TLS=21311 EXTRA=21312 ADMIN=21313
-log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
-now() { date +%s.%N; }
-export PATH="$PATH:/usr/sbin:/sbin"
 
 # ---------------------------------------------------------------- tools
-want=()
-command -v h2load >/dev/null || want+=(nghttp2-client)
-command -v openssl >/dev/null || want+=(openssl)
-command -v curl >/dev/null || want+=(curl)
-case " $PROXIES " in *" nginx "*) command -v nginx >/dev/null || want+=(nginx) ;; esac
-case " $PROXIES " in *" haproxy"*) command -v haproxy >/dev/null || want+=(haproxy) ;; esac
-if [ "${#want[@]}" -gt 0 ]; then
-    log "installing ${want[*]} (apt-get)"
-    apt-get update -qq || log "apt-get update failed"
-    for p in "${want[@]}"; do
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$p" >/dev/null \
-            || log "cannot install $p"
-    done
-fi
+want_pkg h2load nghttp2-client
+want_pkg openssl openssl
+want_pkg curl curl
+case " $PROXIES " in *" nginx "*) want_pkg nginx nginx ;; esac
+case " $PROXIES " in *" haproxy"*) want_pkg haproxy haproxy ;; esac
+install_each_wanted
 for t in h2load openssl curl python3; do
     command -v "$t" >/dev/null || { echo "chaos.sh: $t is required" >&2; exit 2; }
 done
@@ -83,38 +74,22 @@ run_list=()
 for p in $PROXIES; do
     if [ "$p" = keel ] || command -v "${p%%-*}" >/dev/null; then run_list+=("$p"); else log "skipping $p: not installed"; fi
 done
-if [ -z "${KEEL_BIN:-}" ]; then
-    (cd "$REPO" && cargo build --release -p keel --quiet)
-    KEEL_BIN="${CARGO_TARGET_DIR:-$REPO/target}/release/keel"
-fi
+KEEL_BIN="$(binary_or_build "${KEEL_BIN:-}" keel)"
 ulimit -n 65536 2>/dev/null || true
+ports_free "$B1" "$B2" "$SLOW" "$WSB" "$PLAIN" "$TLS" "$EXTRA" "$ADMIN"
 
-WORK="$(mktemp -d /tmp/keel-chaos.XXXXXX)"
+bench_workdir keel-chaos
 mkdir -p "$OUT" "$WORK/bin"
-STARTED=()
 PIDFILES=()
 VARIANT=""
-cleanup() {
+# The processes named by PID files are stopped too: an upgrade's new process is no child of ours.
+chaos_cleanup() {
     set +e
-    local pid f
+    local f
     for f in "${PIDFILES[@]}"; do [ -s "$f" ] && ours "$(cat "$f")" && STARTED+=("$(cat "$f")"); done
-    for pid in "${STARTED[@]}"; do kill "$pid" 2>/dev/null; done
-    sleep 0.3
-    for pid in "${STARTED[@]}"; do kill -9 "$pid" 2>/dev/null; done
-    wait 2>/dev/null
-    [ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"
+    bench_cleanup
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-wait_port() {
-    local deadline=$((SECONDS + 15))
-    until (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do
-        [ "$SECONDS" -lt "$deadline" ] || { echo "chaos.sh: nothing listens on port $1" >&2; return 1; }
-        sleep 0.05
-    done
-}
-alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null; }
+trap chaos_cleanup EXIT
 # A PID read from a PID file names a process of this run (and not one that reused the PID).
 ours() { alive "$1" && tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -qF "$WORK"; }
 wait_gone() { # pid seconds
@@ -149,7 +124,7 @@ STARTED+=("$!")
 STARTED+=("$!")
 python3 "$CLIENTS" ws-backend --port "$WSB" >"$WORK/ws-backend.log" 2>&1 &
 STARTED+=("$!")
-for p in $B1 $B2 $SLOW $WSB; do wait_port "$p"; done
+for p in $B1 $B2 $SLOW $WSB; do wait_port "$p" 15; done
 
 # ---------------------------------------------------------------- keel
 keel_config() { # dir extra(0|1)
@@ -380,7 +355,7 @@ run_proxy() {
     rotate_cert "$d" 1
     "${p}_config" "$d" 0
     "${p}_start" "$d"
-    wait_port "$PLAIN"; wait_port "$TLS"
+    wait_port "$PLAIN" 15; wait_port "$TLS" 15
     sleep 0.5
     log "$name: serving (load average $(cut -d' ' -f1-3 /proc/loadavg)); ${DURATION}s of load and events"
     cut -d' ' -f1-3 /proc/loadavg >"$d/loadavg-start.txt"

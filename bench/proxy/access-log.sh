@@ -15,40 +15,22 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO="$(cd "$HERE/../.." && pwd)"
+# shellcheck source=bench/lib.sh
+. "$HERE/../lib.sh"
 ROUNDS="${ROUNDS:-3}"
 DURATION="${DURATION:-8}"
 CONNS="${CONNS:-64}"
 PROXY_CPUS="${PROXY_CPUS:-0}"
 LOAD_CPUS="${LOAD_CPUS:-1}"
 
-if [ -z "${KEEL_BIN:-}" ]; then
-    (cd "$REPO" && cargo build --release -p keel --quiet)
-    KEEL_BIN="${CARGO_TARGET_DIR:-$REPO/target}/release/keel"
-fi
-WORK="$(mktemp -d /tmp/keel-access-log-bench.XXXXXX)"
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-wait_port() {
-    for _ in $(seq 100); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-        sleep 0.05
-    done
-    echo "access-log.sh: nothing listens on port $1" >&2
-    exit 1
-}
+KEEL_BIN="$(binary_or_build "${KEEL_BIN:-}" keel)"
+bench_workdir keel-access-log-bench
 
 taskset -c "$LOAD_CPUS" "$KEEL_BIN" backend --listen 127.0.0.1:21101 --listen 127.0.0.1:21102 \
     >"$WORK/backend.out" 2>&1 &
-PIDS+=("$!")
-wait_port 21101
-wait_port 21102
+STARTED+=("$!")
+wait_port 21101 5
+wait_port 21102 5
 
 for mode in off on; do
     mkdir -p "$WORK/$mode"
@@ -67,14 +49,13 @@ run() { # mode -> prints requests/s
     taskset -c "$PROXY_CPUS" "$KEEL_BIN" proxy --config "$WORK/$mode/keel.toml" --workers 1 \
         --log warn >"$WORK/$mode/keel.out" 2>&1 &
     local pid="$!"
-    PIDS+=("$pid")
-    wait_port 21103
+    STARTED+=("$pid")
+    wait_port 21103 5 || exit 1 # in $(run ...): errexit is off there
     taskset -c "$LOAD_CPUS" wrk -t1 -c"$CONNS" -d1s http://127.0.0.1:21103/ >/dev/null # warm-up
     local rps
     rps="$(taskset -c "$LOAD_CPUS" wrk -t1 -c"$CONNS" -d"${DURATION}s" http://127.0.0.1:21103/ |
         awk '/^Requests\/sec/ {print $2}')"
-    kill "$pid"
-    wait "$pid" 2>/dev/null || true
+    stop_pid "$pid"
     echo "$rps"
 }
 

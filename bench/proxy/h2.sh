@@ -23,11 +23,12 @@
 #   PORT_BASE  ports are PORT_BASE + 1-8, 10-18 and 21-23 (default 21100)
 #
 # Ports 21101-21108, 21110-21118 and 21121-21123 on 127.0.0.1 (with the default PORT_BASE);
-# everything started here is stopped on exit.
+# none may be in use when it starts; everything started here is stopped on exit.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO="$(cd "$HERE/../.." && pwd)"
+# shellcheck source=bench/lib.sh
+. "$HERE/../lib.sh"
 ROUNDS="${ROUNDS:-3}"
 REQUESTS="${REQUESTS:-200000}"
 CLIENTS="${CLIENTS:-16}"
@@ -43,65 +44,24 @@ KEEL_BASE=$((P + 10))
 NGINX_BASE=$((P + 13))
 HAPROXY_BASE=$((P + 16))
 FLOOR_BASE=$((P + 21))
-CLK_TCK="$(getconf CLK_TCK)"
-log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 
-missing=()
-command -v h2load >/dev/null || missing+=(nghttp2-client)
-[ -x /usr/sbin/nginx ] || command -v nginx >/dev/null || missing+=(nginx)
-[ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null || missing+=(haproxy)
-if [ "${#missing[@]}" -gt 0 ]; then
-    log "installing ${missing[*]} (apt-get)"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
-export PATH="$PATH:/usr/sbin:/sbin"
-TARGET="${CARGO_TARGET_DIR:-$REPO/target}"
-if [ -z "${KEEL_BIN:-}" ]; then
-    (cd "$REPO" && cargo build --release -p keel --quiet)
-    KEEL_BIN="$TARGET/release/keel"
-fi
-if [ -z "${BACKEND_BIN:-}" ]; then
-    (cd "$REPO" && cargo build --release -p keel-grpc-tests --bin h2-backend --quiet)
-    BACKEND_BIN="$TARGET/release/h2-backend"
-fi
-if [ -z "${FLOOR_BIN:-}" ]; then
-    (cd "$REPO" && cargo build --release -p keel-grpc-tests --bin h2-floor --quiet)
-    FLOOR_BIN="$TARGET/release/h2-floor"
-fi
+want_pkg h2load nghttp2-client
+want_pkg nginx nginx
+want_pkg haproxy haproxy
+install_wanted
+KEEL_BIN="$(binary_or_build "${KEEL_BIN:-}" keel)"
+BACKEND_BIN="$(binary_or_build "${BACKEND_BIN:-}" keel-grpc-tests h2-backend)"
+FLOOR_BIN="$(binary_or_build "${FLOOR_BIN:-}" keel-grpc-tests h2-floor)"
+# shellcheck disable=SC2046  # seq's numbers, one word each
+ports_free "${H1_PORTS[@]}" "${H2_PORTS[@]}" $(seq "$KEEL_BASE" $((HAPROXY_BASE + 2))) $(seq "$FLOOR_BASE" $((FLOOR_BASE + 2)))
 
-WORK="$(mktemp -d /tmp/keel-h2-bench.XXXXXX)"
+bench_workdir keel-h2-bench
 mkdir -p "$OUT"
-STARTED=()
-cleanup() {
-    set +e
-    for pid in "${STARTED[@]}"; do kill "$pid" 2>/dev/null; done
-    sleep 0.3
-    for pid in "${STARTED[@]}"; do kill -9 "$pid" 2>/dev/null; done
-    wait 2>/dev/null
-    [ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-wait_port() {
-    local deadline=$((SECONDS + 10))
-    until (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do
-        [ "$SECONDS" -lt "$deadline" ] || { echo "h2.sh: nothing listens on port $1" >&2; exit 1; }
-        sleep 0.05
-    done
-}
 
 # ---------------------------------------------------------------- backends
 for i in 0 1 2 3; do
-    dir="$WORK/b$i"; mkdir -p "$dir"
-    cat >"$dir/nginx.conf" <<EOF
-daemon off; master_process off; worker_processes 1; pid $dir/nginx.pid;
-error_log $dir/error.log warn;
-events { worker_connections 8192; }
-http { access_log off; keepalive_requests 10000000; keepalive_timeout 120s; default_type text/plain;
-  server { listen 127.0.0.1:${H1_PORTS[$i]} backlog=4096; location / { return 200 "backend $i: ok\n"; } } }
-EOF
+    dir="$WORK/b$i"
+    nginx_backend "$dir" "${H1_PORTS[$i]}" "backend $i: ok\n"
     taskset -c "$LOAD_CPUS" nginx -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" & STARTED+=("$!")
     taskset -c "$LOAD_CPUS" "$BACKEND_BIN" "${H2_PORTS[$i]}" & STARTED+=("$!")
 done
@@ -199,8 +159,6 @@ done
 
 # A gRPC unary call's request body: HealthCheckRequest {} in one uncompressed frame.
 printf '\x00\x00\x00\x00\x00' >"$WORK/grpc-body.bin"
-
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 run_point() { # proxy pid base scenario round
     local proxy="$1" pid="$2" base="$3" scenario="$4" round="$5" port extra=()

@@ -16,50 +16,34 @@
 # natively; the count per request is what matters.
 #
 # Environment: KEEL_BIN (else `cargo build --release -p keel`), OUT (default
-# target/proxy-instructions). Ports 22001 and 22010-22012 on 127.0.0.1.
+# target/proxy-instructions). Ports 22001 and 22010-22012 on 127.0.0.1 (none may be in use
+# when it starts).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO="$(cd "$HERE/../.." && pwd)"
+# shellcheck source=bench/lib.sh
+. "$HERE/../lib.sh"
 for arg in "$@"; do
     case "$arg" in
-        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
+        -h|--help) usage_from_header; exit 0 ;;
         *) echo "instructions.sh: unknown argument: $arg (try --help)" >&2; exit 2 ;;
     esac
 done
-SUDO=""
-[ "$(id -u)" = 0 ] || SUDO="sudo"
-missing=()
-command -v valgrind >/dev/null || missing+=(valgrind)
-command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx)
-command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
-command -v wrk >/dev/null || missing+=(wrk)
-if [ "${#missing[@]}" -gt 0 ]; then
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
-export PATH="$PATH:/usr/sbin:/sbin"
-if [ -z "${KEEL_BIN:-}" ]; then
-    (cd "$REPO" && cargo build --release -p keel --quiet)
-    KEEL_BIN="${CARGO_TARGET_DIR:-$REPO/target}/release/keel"
-fi
+want_pkg valgrind valgrind
+want_pkg nginx nginx
+want_pkg haproxy haproxy
+want_pkg wrk wrk
+install_wanted
+KEEL_BIN="$(binary_or_build "${KEEL_BIN:-}" keel)"
 OUT="${OUT:-$REPO/target/proxy-instructions}"
 mkdir -p "$OUT"
-W="$(mktemp -d /tmp/keel-instr.XXXXXX)"
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$W"; }
-trap cleanup EXIT
+ports_free 22001 22010 22011 22012
+bench_workdir keel-instr
+W="$WORK"
 
-wait_port() { for _ in $(seq 1 600); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.2; done; return 1; }
-
-cat >"$W/backend.conf" <<EOF
-daemon off; master_process off; worker_processes 1; pid $W/backend.pid; error_log $W/backend.err warn;
-events { worker_connections 4096; }
-http { access_log off; keepalive_requests 10000000; default_type text/plain;
-  server { listen 127.0.0.1:22001 backlog=4096; location / { return 200 "backend: ok\n"; } } }
-EOF
-nginx -p "$W" -c "$W/backend.conf" &
-PIDS+=("$!")
+nginx_backend "$W/backend" 22001 "backend: ok\n"
+nginx -p "$W/backend" -c "$W/backend/nginx.conf" -e "$W/backend/error.log" &
+STARTED+=("$!")
 wait_port 22001
 
 {
@@ -101,13 +85,15 @@ count() { # name port command...
     rm -f "$OUT/$name.callgrind"*
     valgrind --tool=callgrind --callgrind-out-file="$OUT/$name.callgrind" "$@" >"$OUT/$name.log" 2>&1 &
     local vp=$!
-    wait_port "$port" || { cat "$OUT/$name.log" >&2; return 1; }
+    STARTED+=("$vp")
+    # Under valgrind a proxy takes seconds to start.
+    wait_port "$port" 120 || { cat "$OUT/$name.log" >&2; return 1; }
     wrk -t1 -c16 -d3s "http://127.0.0.1:$port/" >/dev/null
     callgrind_control -z "$vp" >/dev/null
     wrk -t1 -c16 -d10s "http://127.0.0.1:$port/" >"$OUT/$name.wrk"
     callgrind_control -d "$vp" >/dev/null
     sleep 1
-    kill "$vp"; wait "$vp" 2>/dev/null || true
+    stop_pid "$vp" 60
     local req ir
     req="$(grep -oP '\d+(?= requests in)' "$OUT/$name.wrk")"
     ir="$(grep -h '^totals:' "$OUT/$name.callgrind.1" | awk '{print $2}')"

@@ -73,7 +73,8 @@ def report(raw_path, fo_path):
     summary = {}
 
     print()
-    print(f"Load average (1 min) during the measurements: {min(loads):.2f} .. {max(loads):.2f}")
+    if loads:  # none with --only-failover
+        print(f"Load average (1 min) during the measurements: {min(loads):.2f} .. {max(loads):.2f}")
     for w in workers:
         for c in conns:
             print()
@@ -128,6 +129,8 @@ def report(raw_path, fo_path):
                 f"| {r['max_latency_after_ms']} | {r['p99_first_second_ms']} |"
             )
 
+    if not rows:  # --only-failover: no throughput point to sum up
+        return
     w, c = workers[0], conns[-1]
 
     def get(t, k):

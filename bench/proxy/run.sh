@@ -34,7 +34,8 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO="$(cd "$HERE/../.." && pwd)"
+# shellcheck source=bench/lib.sh
+. "$HERE/../lib.sh"
 
 QUICK=0
 TLS=0
@@ -50,7 +51,7 @@ for arg in "$@"; do
         --profile) PROFILE=1 ;;
         --no-failover) FAILOVER=0 ;;
         --only-failover) THROUGHPUT=0 ;;
-        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
+        -h|--help) usage_from_header; exit 0 ;;
         *) echo "run.sh: unknown argument: $arg (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -73,62 +74,28 @@ BACKEND_PORTS=(21001 21002 21003 21004)
 KEEL_PORT=21010
 NGINX_PORT=21011
 HAPROXY_PORT=21012
-CLK_TCK="$(getconf CLK_TCK)"
-
-log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 
 # ---------------------------------------------------------------- prerequisites
-SUDO=""
-[ "$(id -u)" = 0 ] || SUDO="sudo"
-missing=()
-command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx)
-command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
-command -v wrk >/dev/null || missing+=(wrk)
-command -v python3 >/dev/null || missing+=(python3)
-command -v taskset >/dev/null || missing+=(util-linux)
-if [ "$PROFILE" = 1 ] && ! command -v perf >/dev/null; then missing+=(linux-perf); fi
-if [ "$STRACE" = 1 ] && ! command -v strace >/dev/null; then missing+=(strace); fi
-if [ "$TLS" = 1 ] && ! command -v openssl >/dev/null; then missing+=(openssl); fi
-if [ "${#missing[@]}" -gt 0 ]; then
-    log "installing ${missing[*]} (apt-get)"
-    $SUDO apt-get update -qq
-    # The packages' own services must not start (policy-rc.d may already forbid it).
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
-export PATH="$PATH:/usr/sbin:/sbin"
+want_pkg nginx nginx
+want_pkg haproxy haproxy
+want_pkg wrk wrk
+want_pkg python3 python3
+want_pkg taskset util-linux
+[ "$PROFILE" = 0 ] || want_pkg perf linux-perf
+[ "$STRACE" = 0 ] || want_pkg strace strace
+[ "$TLS" = 0 ] || want_pkg openssl openssl
+install_wanted
 
-if [ -z "${KEEL_BIN:-}" ]; then
-    log "building keel (cargo build --release -p keel)"
-    (cd "$REPO" && cargo build --release -p keel --quiet)
-    KEEL_BIN="${CARGO_TARGET_DIR:-$REPO/target}/release/keel"
-fi
-[ -x "$KEEL_BIN" ] || { echo "run.sh: no keel binary at $KEEL_BIN" >&2; exit 1; }
+KEEL_BIN="$(binary_or_build "${KEEL_BIN:-}" keel)"
 
 # Refuse to run beside another run (or anything else) on our ports: results would mix.
-for port in "${BACKEND_PORTS[@]}" "$KEEL_PORT" "$NGINX_PORT" "$HAPROXY_PORT"; do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-        echo "run.sh: 127.0.0.1:$port is already in use (another benchmark run?); stop it first" >&2
-        exit 1
-    fi
-done
+ports_free "${BACKEND_PORTS[@]}" "$KEEL_PORT" "$NGINX_PORT" "$HAPROXY_PORT"
 
 # ---------------------------------------------------------------- process bookkeeping
-WORK="$(mktemp -d /tmp/keel-proxy-bench.XXXXXX)"
+bench_workdir keel-proxy-bench   # every pid in STARTED is stopped on exit
 mkdir -p "$OUT"
-STARTED=()          # every pid we started, killed on exit
 declare -A BACKEND_PID
 declare -A PROXY_PID
-
-cleanup() {
-    set +e
-    for pid in "${STARTED[@]}"; do kill "$pid" 2>/dev/null; done
-    sleep 0.3
-    for pid in "${STARTED[@]}"; do kill -9 "$pid" 2>/dev/null; done
-    wait 2>/dev/null
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
 
 SCHEME=http
 if [ "$TLS" = 1 ]; then
@@ -141,14 +108,6 @@ if [ "$TLS" = 1 ]; then
 fi
 url_of() { # target: its URL (the proxies over TLS with --tls; the direct path stays plain)
     if [ "$1" = direct ]; then echo "http://127.0.0.1:$(port_of direct)/"; else echo "$SCHEME://127.0.0.1:$(port_of "$1")/"; fi
-}
-
-wait_port() { # port [seconds]: waits until something accepts on 127.0.0.1:port
-    local deadline=$((SECONDS + ${2:-10}))
-    until (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do
-        [ "$SECONDS" -lt "$deadline" ] || { echo "run.sh: nothing listens on port $1" >&2; return 1; }
-        sleep 0.05
-    done
 }
 
 wait_200() { # port: waits until a GET through it answers 200 (all backends may take a moment)
@@ -175,25 +134,7 @@ PY
 # each answers a small fixed body from memory.
 start_backend() { # index
     local i="$1" port="${BACKEND_PORTS[$1]}" dir="$WORK/backend$1"
-    mkdir -p "$dir"
-    cat >"$dir/nginx.conf" <<EOF
-daemon off;
-master_process off;
-worker_processes 1;
-pid $dir/nginx.pid;
-error_log $dir/error.log warn;
-events { worker_connections 8192; }
-http {
-    access_log off;
-    keepalive_requests 10000000;
-    keepalive_timeout 120s;
-    default_type text/plain;
-    server {
-        listen 127.0.0.1:$port backlog=4096;
-        location / { return 200 "backend $i: ok\n"; }
-    }
-}
-EOF
+    nginx_backend "$dir" "$port" "backend $i: ok\n"
     taskset -c "$LOAD_CPUS" nginx -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" &
     BACKEND_PID[$i]=$!
     STARTED+=("$!")
@@ -202,8 +143,6 @@ EOF
     disown "$!"
     wait_port "$port"
 }
-
-stop_pid() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
 # ---------------------------------------------------------------- proxy configurations
 # Equivalent settings: round-robin over the four backends, keep-alive pools to them, access logs
@@ -353,43 +292,6 @@ stop_proxy() { # name (nginx's master stops its workers on SIGTERM)
 
 port_of() { case "$1" in keel) echo $KEEL_PORT ;; nginx) echo $NGINX_PORT ;; haproxy) echo $HAPROXY_PORT ;; direct) echo "${BACKEND_PORTS[0]}" ;; esac; }
 
-pids_of() { # a process and its children (nginx workers)
-    local pid="$1"
-    echo "$pid"
-    pgrep -P "$pid" 2>/dev/null || true
-}
-
-cpu_ticks() { # total utime+stime of a process tree, in clock ticks
-    local t=0 p f
-    for p in $(pids_of "$1"); do
-        f="$(cat "/proc/$p/stat" 2>/dev/null)" || continue
-        f="${f##*) }"              # the fields after the command name
-        set -- $f
-        t=$((t + ${12} + ${13}))   # utime and stime (fields 14 and 15 of stat)
-    done
-    echo "$t"
-}
-
-cpu_split() { # "utime stime" of a process tree, in clock ticks
-    local u=0 k=0 p f
-    for p in $(pids_of "$1"); do
-        f="$(cat "/proc/$p/stat" 2>/dev/null)" || continue
-        f="${f##*) }"
-        set -- $f
-        u=$((u + ${12})); k=$((k + ${13}))
-    done
-    echo "$u $k"
-}
-
-peak_rss_kb() { # sum of VmHWM over a process tree
-    local t=0 p v
-    for p in $(pids_of "$1"); do
-        v="$(awk '/^VmHWM:/ {print $2}' "/proc/$p/status" 2>/dev/null)" || continue
-        t=$((t + ${v:-0}))
-    done
-    echo "$t"
-}
-
 # ---------------------------------------------------------------- throughput and latency
 RAW="$OUT/raw.tsv"
 printf 'workers\tround\tconns\ttarget\trps\tp50_ms\tp99_ms\trequests\terrors\tcpu_s\tpeak_rss_kb\tload1\n' >"$RAW"
@@ -479,6 +381,7 @@ for w in $WORKERS; do
         for p in keel nginx haproxy; do
             pids="$(pids_of "${PROXY_PID[$p]}")"
             # -f follows threads; every pid of the tree is attached (nginx: master and workers).
+            # shellcheck disable=SC2046,SC2086  # one -p word per pid
             strace -c -f -qq $(printf -- '-p %s ' $pids) -o "$OUT/strace-$p.txt" &
             strace_pid=$!
             sleep 1
