@@ -188,16 +188,21 @@ keel_reload() {
     code="$(curl -s -o "$1/reload.out" -w '%{http_code}' -X POST "http://127.0.0.1:$ADMIN/reload")"
     [ "$code" = 200 ] || log "keel reload answered $code: $(cat "$1/reload.out")"
 }
+# The PID an upgrade writes over OLD in PIDFILE (up to 30 s).
+new_pid() { # name pidfile old
+    local new deadline=$((SECONDS + 30))
+    while new="$(cat "$2" 2>/dev/null)"; [ "$new" = "$3" ] || [ -z "$new" ]; do
+        [ "$SECONDS" -lt "$deadline" ] || { log "$1 upgrade: no new PID"; return 1; }
+        sleep 0.01
+    done
+    echo "$new"
+}
 keel_upgrade() {
-    local d="$1" old new deadline
+    local d="$1" old new
     old="$(cat "$d/keel.pid")"
     cp "$KEEL_BIN" "$WORK/bin/keel.new" && mv -f "$WORK/bin/keel.new" "$WORK/bin/keel"
     kill -USR2 "$old"
-    deadline=$((SECONDS + 30))
-    while new="$(cat "$d/keel.pid" 2>/dev/null)"; [ "$new" = "$old" ] || [ -z "$new" ]; do
-        [ "$SECONDS" -lt "$deadline" ] || { log "keel upgrade: no new PID"; return 1; }
-        sleep 0.01
-    done
+    new="$(new_pid keel "$d/keel.pid" "$old")" || return 1
     echo "$(now) drain upgrade (old $old, new $new)" >>"$d/events.txt"
     STARTED+=("$new")
 }
@@ -246,15 +251,11 @@ nginx_reload() {
     echo "$(now) drain reload (old workers)" >>"$1/events.txt"
 }
 nginx_upgrade() {
-    local d="$1" old new deadline
+    local d="$1" old new
     old="$(cat "$d/nginx.pid")"
     cp "$(command -v nginx)" "$WORK/bin/nginx.new" && mv -f "$WORK/bin/nginx.new" "$WORK/bin/nginx"
     kill -USR2 "$old"
-    deadline=$((SECONDS + 30))
-    while new="$(cat "$d/nginx.pid" 2>/dev/null)"; [ "$new" = "$old" ] || [ -z "$new" ]; do
-        [ "$SECONDS" -lt "$deadline" ] || { log "nginx upgrade: no new PID"; return 1; }
-        sleep 0.01
-    done
+    new="$(new_pid nginx "$d/nginx.pid" "$old")" || return 1
     STARTED+=("$new")
     # The new master's workers accept next to the old ones; then the old workers stop (WINCH)
     # and the old master leaves (QUIT), as nginx's documentation gives the sequence.

@@ -119,7 +119,6 @@ EOF
 taskset -c "$PROXY_CPUS" nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -e "$WORK/nginx/error.log" &
 NGINX_PID=$!; STARTED+=("$NGINX_PID")
 
-hservers() { local p i=0; for p in "$@"; do echo "    server s$i 127.0.0.1:$p $2"; i=$((i + 1)); done; }
 {
     echo "global"
     echo "    nbthread 1"
