@@ -6,11 +6,10 @@
 //!
 //! The request head comes rewritten as HTTP/1.1 text (the one rewrite both front ends share)
 //! and becomes the stream's HEADERS; its body is streamed with HTTP/2 flow control and its
-//! trailers follow. The response stays HTTP/2 ([`H2Response`]: head, body stream, trailers):
-//! the HTTP/2 front end passes it on frame by frame, the HTTP/1.1 front end renders it as an
-//! HTTP/1.1 response ([`relay_to_h1`]). gRPC calls are judged by their `grpc-status`: a
-//! trailers-only answer that counts as a failure (14 UNAVAILABLE) is a failed try, retried
-//! while no byte of it reached the client.
+//! trailers follow. The response stays HTTP/2 ([`H2Response`]: head, body stream, trailers),
+//! and every front end renders it frame by frame (`leg::ResponseBody`). gRPC calls are judged
+//! by their `grpc-status`: a trailers-only answer that counts as a failure (14 UNAVAILABLE) is
+//! a failed try, retried while no byte of it reached the client.
 
 use std::future::poll_fn;
 use std::mem::MaybeUninit;
@@ -23,15 +22,12 @@ use h2::{RecvStream, SendStream};
 use hyper::body::{Body, Frame};
 use hyper::http::uri::{Authority, PathAndQuery};
 use hyper::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
-use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-use crate::codec::chunked::{chunk, LAST_CHUNK};
-use crate::codec::{push_date, push_header, HOP_BY_HOP};
+use crate::codec::HOP_BY_HOP;
 use crate::config::UpstreamProtocol;
 use crate::exchange::error::{BodyEnd, Cause, TryError, TryFailure};
 use crate::exchange::request::RequestBody;
 use crate::exchange::request::{BodyFraming, Reject, RequestHead};
-use crate::io::write_all_vectored;
 use crate::observe::metrics::{class_index, ErrorKind};
 use crate::upstream::cluster::{Cluster, EndpointEntry};
 use crate::upstream::h2_conns::StreamSlot;
@@ -420,121 +416,4 @@ pub(crate) async fn try_once<B: RequestBody>(
         Some(cause) => Err(TryFailure::Status(response, cause)),
         None => Ok(response),
     }
-}
-
-/// Sends an HTTP/2 response to an HTTP/1.1 client: the head as HTTP/1.1 (with `endpoint` as
-/// `x-keel-endpoint`, and the framing), the body as it comes (chunked unless its length is known; as it is to an
-/// HTTP/1.0 client, ending with the connection), the trailers in the chunked body's trailer
-/// section. Returns how the body ended and whether the client connection may stay open.
-pub(crate) async fn relay_to_h1<W: AsyncWrite + Unpin>(
-    client: &mut W,
-    out: &mut Vec<u8>,
-    response: &mut H2Response,
-    endpoint: Option<&HeaderValue>,
-    req: &RequestHead,
-    keep_alive: bool,
-    idle: crate::io::BodyIdle,
-) -> (BodyEnd, bool) {
-    // Each read from the endpoint and each write to the client within its side's idle limit
-    // (a timeout whose inner future is ready at once registers no timer).
-    use tokio::time::timeout;
-    let status = response.head.status.as_u16();
-    let length = response.content_length();
-    let empty = req.is_head || status == 204 || status == 304;
-    let chunked = !empty && length.is_none() && !req.http10;
-    let keep = keep_alive && (empty || length.is_some() || chunked);
-    out.clear();
-    out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(status.to_string().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(
-        response
-            .head
-            .status
-            .canonical_reason()
-            .unwrap_or("")
-            .as_bytes(),
-    );
-    out.extend_from_slice(b"\r\n");
-    for (name, value) in &response.head.headers {
-        if name != hyper::header::CONTENT_LENGTH || empty {
-            push_header(out, name.as_str().as_bytes(), value.as_bytes());
-        }
-    }
-    if let Some(e) = endpoint {
-        push_header(out, b"x-keel-endpoint", e.as_bytes());
-    }
-    if !response.head.headers.contains_key(hyper::header::DATE) {
-        push_date(out);
-    }
-    match length {
-        Some(n) if !empty => crate::codec::push_content_length(out, n),
-        _ if chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
-        _ => {}
-    }
-    if !keep {
-        out.extend_from_slice(b"connection: close\r\n");
-    } else if req.http10 {
-        out.extend_from_slice(b"connection: keep-alive\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
-    if !matches!(
-        timeout(idle.client, client.write_all(out)).await,
-        Ok(Ok(()))
-    ) {
-        return (BodyEnd::ClientGone, false);
-    }
-    let mut line = [0u8; 18];
-    let mut trailers_sent = false;
-    loop {
-        let Ok(frame) = timeout(idle.upstream, poll_fn(|cx| response.poll_frame(cx))).await else {
-            tracing::debug!(
-                "response body: nothing from the endpoint for {:?}",
-                idle.upstream
-            );
-            return (BodyEnd::Timeout, false);
-        };
-        let written = match frame {
-            None => break,
-            Some(Err(e)) => {
-                tracing::debug!("response body failed: {e}");
-                return (BodyEnd::UpstreamFailed, false);
-            }
-            Some(Ok(frame)) => match frame.into_data() {
-                Ok(data) if empty || data.is_empty() => Ok(()),
-                Ok(data) if chunked => timeout(
-                    idle.client,
-                    write_all_vectored(client, &mut chunk(&data, &mut line)),
-                )
-                .await
-                .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())),
-                Ok(data) => timeout(idle.client, client.write_all(&data))
-                    .await
-                    .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())),
-                Err(frame) => match frame.into_trailers() {
-                    Ok(trailers) if chunked => {
-                        trailers_sent = true;
-                        out.clear();
-                        out.extend_from_slice(b"0\r\n");
-                        for (name, value) in &trailers {
-                            push_header(out, name.as_str().as_bytes(), value.as_bytes());
-                        }
-                        out.extend_from_slice(b"\r\n");
-                        client.write_all(out).await
-                    }
-                    _ => Ok(()),
-                },
-            },
-        };
-        if written.is_err() {
-            return (BodyEnd::ClientGone, false);
-        }
-    }
-    if chunked && !trailers_sent && client.write_all(LAST_CHUNK).await.is_err() {
-        return (BodyEnd::ClientGone, false);
-    }
-    if client.flush().await.is_err() {
-        return (BodyEnd::ClientGone, false);
-    }
-    (response.end(), keep)
 }

@@ -20,6 +20,7 @@ use crate::driver::leg::{Leg, Race, Tried, TryResult};
 use crate::driver::{drive, Driven};
 use crate::exchange::error::{Cause, TryFailure};
 use crate::exchange::request::{Client, RequestBody, RequestHead};
+use crate::leg::h1::body::H1Body;
 use crate::leg::h1::response::ResponseHead;
 use crate::leg::h1::upstream::H1Response;
 use crate::leg::h2::H2Response;
@@ -49,6 +50,109 @@ impl UpstreamResponse {
         match self {
             UpstreamResponse::H1(_, head) => head.status,
             UpstreamResponse::H2(r) => r.head.status.as_u16(),
+        }
+    }
+
+    /// The request's own stream and the piece of its body not yet sent, when an HTTP/2
+    /// endpoint answered before the client's body ended (the front end sends the rest).
+    pub fn rest_of_request(
+        &mut self,
+    ) -> Option<(::h2::SendStream<bytes::Bytes>, Option<bytes::Bytes>)> {
+        match self {
+            UpstreamResponse::H1(..) => None,
+            UpstreamResponse::H2(r) => r.rest_of_request.take(),
+        }
+    }
+
+    /// The response as every renderer but the HTTP/1.1 front end's zero-copy relay takes it:
+    /// its head as status and headers (an HTTP/1.1 endpoint's read back from the head the leg
+    /// wrote into `out`, its length as `content-length`), and its body as one stream of
+    /// frames. `Err`: an HTTP/1.1 head that does not convert (the leg wrote it, so it does).
+    pub fn into_parts(
+        self,
+        out: &[u8],
+    ) -> Result<(hyper::http::response::Parts, ResponseBody), RawConn> {
+        match self {
+            UpstreamResponse::H1(conn, head) => match crate::leg::h1::response::parts(out, &head) {
+                Ok(parts) => Ok((parts, ResponseBody::H1(H1Body::new(conn, &head)))),
+                Err(()) => Err(conn),
+            },
+            UpstreamResponse::H2(mut r) => {
+                // Taken, not cloned: nothing reads the endpoint's head once it is the client's.
+                let empty = hyper::Response::new(()).into_parts().0;
+                let head = std::mem::replace(&mut r.head, empty);
+                Ok((head, ResponseBody::H2(r)))
+            }
+        }
+    }
+}
+
+/// An error of a response body, as renderers pass it on.
+pub(crate) type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
+/// An endpoint's response body as one stream of frames (data, then trailers), whichever leg
+/// read it. A new leg adds its variant here; the renderers do not change.
+pub(crate) enum ResponseBody {
+    /// HTTP/1.1: read from the endpoint's connection, its framing decoded.
+    H1(H1Body),
+    /// HTTP/2: the stream's DATA frames and trailers.
+    H2(Box<H2Response>),
+}
+
+impl ResponseBody {
+    /// The next frame: `None` at the end of the body.
+    pub fn poll_frame(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, BodyError>>> {
+        use std::task::Poll;
+        match self {
+            ResponseBody::H1(b) => match b.poll_data(cx) {
+                Poll::Ready(Ok(Some(data))) => {
+                    Poll::Ready(Some(Ok(hyper::body::Frame::data(data))))
+                }
+                Poll::Ready(Ok(None)) => Poll::Ready(None),
+                Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e.into()))),
+                Poll::Pending => Poll::Pending,
+            },
+            ResponseBody::H2(r) => r.poll_frame(cx).map(|f| f.map(|f| f.map_err(Into::into))),
+        }
+    }
+
+    /// True once the body (and its trailers) are through, as far as the leg knows without
+    /// being polled.
+    pub fn is_end_stream(&self) -> bool {
+        match self {
+            ResponseBody::H1(_) => false,
+            ResponseBody::H2(r) => r.is_end_stream(),
+        }
+    }
+
+    /// What is known of the body's length.
+    pub fn size_hint(&self) -> hyper::body::SizeHint {
+        match self {
+            ResponseBody::H1(b) => b.size_hint(),
+            ResponseBody::H2(r) => match r.content_length() {
+                Some(n) if !r.is_end_stream() => hyper::body::SizeHint::with_exact(n),
+                _ => hyper::body::SizeHint::default(),
+            },
+        }
+    }
+
+    /// How a body read to its end ended, for the pick: a gRPC call by its status.
+    pub fn end(&self) -> crate::exchange::error::BodyEnd {
+        match self {
+            ResponseBody::H1(_) => crate::exchange::error::BodyEnd::Done,
+            ResponseBody::H2(r) => r.end(),
+        }
+    }
+
+    /// The endpoint's connection, for its pool, when it keeps it open (given back only after a
+    /// body read to its end).
+    pub fn reusable(&mut self) -> Option<RawConn> {
+        match self {
+            ResponseBody::H1(b) => b.reusable(),
+            ResponseBody::H2(_) => None,
         }
     }
 }

@@ -21,7 +21,7 @@ use crate::driver::tries::Tries;
 use crate::exchange::error::BodyEnd;
 use crate::exchange::request::{BodyFraming, Client, Reject, RequestHead, RequestRules};
 use crate::front::h1::parse::{parse_request, RequestParse};
-use crate::front::h1::relay::{relay_response, ClientBody, RelayError};
+use crate::front::h1::relay::{relay_frames, relay_response, ClientBody, RelayError};
 use crate::io::BodyIdle;
 use crate::io::{idle_timer, until, write_all_2};
 use crate::leg::h1::response::Framing;
@@ -555,17 +555,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         self.cut = None;
         self.replaced = None;
         let (mut conn, head) = match response {
+            // An HTTP/1.1 endpoint's response to an HTTP/1.1 client: relayed as it is.
             UpstreamResponse::H1(conn, head) => (conn, head),
-            UpstreamResponse::H2(mut response) => {
+            other => {
+                let Ok((parts, mut body)) = other.into_parts(&self.out) else {
+                    tail.end(BodyEnd::UpstreamFailed, None);
+                    return false;
+                };
                 let endpoint = tail.shown_endpoint().cloned();
                 let idle = BodyIdle {
                     upstream: tail.upstream_idle,
                     client: self.client_idle,
                 };
-                let relayed = crate::leg::h2::relay_to_h1(
+                let relayed = relay_frames(
                     &mut self.stream,
                     &mut self.out,
-                    &mut response,
+                    &parts,
+                    &mut body,
                     endpoint.as_ref(),
                     req,
                     keep_alive,
@@ -583,7 +589,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     Some(_) => Some("upstream failed"),
                 };
                 let (end, keep) = relayed.unwrap_or((BodyEnd::ClientGone, false));
-                tail.end(end, None);
+                tail.end(end, body.reusable());
                 return keep && matches!(end, BodyEnd::Done | BodyEnd::Grpc(_));
             }
         };

@@ -1,7 +1,9 @@
 //! Bodies between a client's HTTP/1.1 connection and an endpoint's: the client's request body
-//! as the leg streams it ([`ClientBody`]), and the endpoint's response body on its way to the
-//! client ([`relay_response`]), passed through as it arrives.
+//! as the leg streams it ([`ClientBody`]), and the endpoint's response on its way to the
+//! client: an HTTP/1.1 endpoint's body passed through as it arrives ([`relay_response`], no
+//! decoding, no copy), any other leg's response rendered frame by frame ([`relay_frames`]).
 
+use std::future::poll_fn;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::time::{Duration, Instant};
@@ -11,10 +13,15 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Sleep;
 
 use crate::codec::chunked::{chunk, ChunkedDecoder, LAST_CHUNK};
-use crate::exchange::request::{BodyFraming, Reject, RequestBody};
+use crate::codec::{push_date, push_header};
+use crate::exchange::error::BodyEnd;
+use crate::exchange::request::RequestHead;
+use crate::exchange::request::{parse_content_length, BodyFraming, Reject, RequestBody};
 use crate::io::{until, write_all_2, write_all_vectored, BodyIdle};
 use crate::leg::h1::response::Framing;
+use crate::leg::ResponseBody;
 use crate::upstream::pool::RawConn;
+use hyper::header::HeaderValue;
 
 /// A request body streamed from the client as the leg asks for it: a piece at a time from
 /// the connection's read buffer, each read within `read_timeout`. Chunked bodies are decoded
@@ -331,4 +338,120 @@ async fn read_more(conn: &mut RawConn) -> Result<(), RelayError> {
         Ok(_) => Ok(()),
         Err(e) => Err(RelayError::Upstream(e.to_string())),
     }
+}
+/// Sends a response that is not an HTTP/1.1 endpoint's own (an HTTP/2 endpoint's, say) to
+/// an HTTP/1.1 client: the head rendered as HTTP/1.1 (with `endpoint` as `x-keel-endpoint`,
+/// and the framing), the body's frames as they come (chunked unless its length is known; as
+/// they are to an HTTP/1.0 client, ending with the connection), the trailers in the chunked
+/// body's trailer section. Returns how the body ended and whether the client connection may
+/// stay open.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn relay_frames<W: AsyncWrite + Unpin>(
+    client: &mut W,
+    out: &mut Vec<u8>,
+    head: &hyper::http::response::Parts,
+    body: &mut ResponseBody,
+    endpoint: Option<&HeaderValue>,
+    req: &RequestHead,
+    keep_alive: bool,
+    idle: BodyIdle,
+) -> (BodyEnd, bool) {
+    // Each read from the endpoint and each write to the client within its side's idle limit
+    // (a timeout whose inner future is ready at once registers no timer).
+    use tokio::time::timeout;
+    let status = head.status.as_u16();
+    let length = head
+        .headers
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| parse_content_length(v.as_bytes()));
+    let empty = req.is_head || status == 204 || status == 304;
+    let chunked = !empty && length.is_none() && !req.http10;
+    let keep = keep_alive && (empty || length.is_some() || chunked);
+    out.clear();
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.to_string().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(head.status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in &head.headers {
+        if name != hyper::header::CONTENT_LENGTH || empty {
+            push_header(out, name.as_str().as_bytes(), value.as_bytes());
+        }
+    }
+    if let Some(e) = endpoint {
+        push_header(out, b"x-keel-endpoint", e.as_bytes());
+    }
+    if !head.headers.contains_key(hyper::header::DATE) {
+        push_date(out);
+    }
+    match length {
+        Some(n) if !empty => crate::codec::push_content_length(out, n),
+        _ if chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        _ => {}
+    }
+    if !keep {
+        out.extend_from_slice(b"connection: close\r\n");
+    } else if req.http10 {
+        out.extend_from_slice(b"connection: keep-alive\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    if !matches!(
+        timeout(idle.client, client.write_all(out)).await,
+        Ok(Ok(()))
+    ) {
+        return (BodyEnd::ClientGone, false);
+    }
+    let mut line = [0u8; 18];
+    let mut trailers_sent = false;
+    loop {
+        let Ok(frame) = timeout(idle.upstream, poll_fn(|cx| body.poll_frame(cx))).await else {
+            tracing::debug!(
+                "response body: nothing from the endpoint for {:?}",
+                idle.upstream
+            );
+            return (BodyEnd::Timeout, false);
+        };
+        let written = match frame {
+            None => break,
+            Some(Err(e)) => {
+                tracing::debug!("response body failed: {e}");
+                return (BodyEnd::UpstreamFailed, false);
+            }
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) if empty || data.is_empty() => Ok(()),
+                Ok(data) if chunked => timeout(
+                    idle.client,
+                    write_all_vectored(client, &mut chunk(&data, &mut line)),
+                )
+                .await
+                .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())),
+                Ok(data) => timeout(idle.client, client.write_all(&data))
+                    .await
+                    .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())),
+                Err(frame) => match frame.into_trailers() {
+                    Ok(trailers) if chunked => {
+                        trailers_sent = true;
+                        out.clear();
+                        out.extend_from_slice(b"0\r\n");
+                        for (name, value) in &trailers {
+                            push_header(out, name.as_str().as_bytes(), value.as_bytes());
+                        }
+                        out.extend_from_slice(b"\r\n");
+                        client.write_all(out).await
+                    }
+                    _ => Ok(()),
+                },
+            },
+        };
+        if written.is_err() {
+            return (BodyEnd::ClientGone, false);
+        }
+    }
+    if chunked && !trailers_sent && client.write_all(LAST_CHUNK).await.is_err() {
+        return (BodyEnd::ClientGone, false);
+    }
+    if client.flush().await.is_err() {
+        return (BodyEnd::ClientGone, false);
+    }
+    (body.end(), keep)
 }

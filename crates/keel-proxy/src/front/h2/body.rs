@@ -1,29 +1,24 @@
 //! The HTTP/2 front end's bodies: the client's request body as the legs read it
-//! ([`ClientBody`]), the response body sent to the client ([`H2Body`]: keel's own, an HTTP/2
-//! endpoint's frames, or an HTTP/1.1 endpoint's body read from its connection), and the
+//! ([`ClientBody`]), the response body sent to the client ([`H2Body`]: keel's own, or an
+//! endpoint's, frame by frame, whichever leg read it), and the
 //! connection's activity that its idle timer watches ([`ActiveRequest`]).
 
 use std::future::Future;
-use std::io;
-use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, BufMut, Bytes};
+use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use tokio::io::{AsyncRead, ReadBuf};
 
-use crate::codec::chunked::ChunkedDecoder;
 use crate::driver::account::{DownstreamGuard, Tail};
 use crate::exchange::error::BodyEnd;
 use crate::exchange::request::{Reject, RequestBody};
-use crate::leg::h1::response::Framing;
-use crate::leg::h2::{H2Response, RequestPump};
-use crate::upstream::pool::RawConn;
+use crate::leg::h2::RequestPump;
+use crate::leg::{BodyError, ResponseBody};
 
 use super::log::H2Answered;
 
@@ -163,64 +158,18 @@ pub(crate) enum H2Body {
         _guard: Option<DownstreamGuard>,
         _active: ActiveRequest,
     },
-    /// The endpoint's body, read from its connection.
+    /// An endpoint's body, whichever leg read it.
     Upstream(Box<UpstreamBody>),
-    /// An HTTP/2 endpoint's body and trailers.
-    H2Upstream(Box<H2UpstreamBody>),
 }
 
-/// An HTTP/2 endpoint's body and trailers on their way to the client, the rest of the
-/// client's body going the other way; the end finishes the pick (a gRPC call's by its status).
-pub(crate) struct H2UpstreamBody {
-    pub(crate) response: Box<H2Response>,
+/// An endpoint's body (and trailers) on their way to the client, frame by frame as hyper asks
+/// for them, until the request's deadline; with the rest of the client's body going the
+/// other way to an HTTP/2 endpoint. The end finishes the pick (a gRPC call's by its status)
+/// and writes the request's record.
+pub(crate) struct UpstreamBody {
+    pub(crate) body: ResponseBody,
     pub(crate) tail: Option<Tail>,
     pub(crate) pump: Option<RequestPump>,
-    pub(crate) deadline: Pin<Box<tokio::time::Sleep>>,
-    /// The request's record, written when the body ends.
-    pub(crate) record: H2Answered,
-    pub(crate) active: ActiveRequest,
-}
-
-impl H2UpstreamBody {
-    pub(crate) fn end(&mut self, end: BodyEnd) {
-        self.end_with(end, cut_cause(end));
-    }
-
-    /// Ends the body (`cause`: why it was cut, for the record).
-    pub(crate) fn end_with(&mut self, end: BodyEnd, cause: Option<&str>) {
-        if let Some(tail) = self.tail.take() {
-            self.record.write(&tail, cause);
-            tail.end(end, None);
-        }
-    }
-}
-
-/// Why a response body that ended so was cut, as the access log says it.
-fn cut_cause(end: BodyEnd) -> Option<&'static str> {
-    match end {
-        BodyEnd::Done | BodyEnd::Grpc(_) => None,
-        BodyEnd::UpstreamFailed => Some("upstream failed"),
-        BodyEnd::Timeout => Some("upstream idle"),
-        BodyEnd::ClientGone => Some("client gone"),
-    }
-}
-
-impl Drop for H2UpstreamBody {
-    fn drop(&mut self) {
-        self.end(BodyEnd::ClientGone);
-    }
-}
-
-/// The endpoint's body, read from its connection as hyper asks for it, until the request's
-/// deadline; its end finishes the pick.
-pub(crate) struct UpstreamBody {
-    pub(crate) conn: Option<RawConn>,
-    pub(crate) framing: Framing,
-    /// Bytes of a `Length` body not yet sent.
-    pub(crate) left: u64,
-    pub(crate) decoder: ChunkedDecoder,
-    pub(crate) keep_alive: bool,
-    pub(crate) tail: Option<Tail>,
     pub(crate) deadline: Pin<Box<tokio::time::Sleep>>,
     /// The request's record, written when the body ends.
     pub(crate) record: H2Answered,
@@ -236,59 +185,18 @@ impl UpstreamBody {
     pub(crate) fn end_with(&mut self, end: BodyEnd, cause: Option<&str>) {
         if let Some(tail) = self.tail.take() {
             self.record.write(&tail, cause);
-            let conn = self.conn.take().filter(|_| self.keep_alive);
-            tail.end(end, conn);
+            tail.end(end, self.body.reusable());
         }
     }
+}
 
-    /// The next frame's data: `Ok(None)` at the end of the body.
-    pub(crate) fn poll_data(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<Option<Bytes>, String>> {
-        let Some(conn) = self.conn.as_mut() else {
-            return Poll::Ready(Ok(None));
-        };
-        loop {
-            match self.framing {
-                Framing::Empty => return Poll::Ready(Ok(None)),
-                Framing::Length(_) if self.left == 0 => return Poll::Ready(Ok(None)),
-                Framing::Length(_) if !conn.buf.is_empty() => {
-                    let n = (conn.buf.len() as u64).min(self.left) as usize;
-                    self.left -= n as u64;
-                    return Poll::Ready(Ok(Some(conn.buf.split_to(n).freeze())));
-                }
-                Framing::Chunked if !conn.buf.is_empty() => {
-                    let step = self.decoder.step(&conn.buf).map_err(|e| e.to_string())?;
-                    conn.buf.advance(step.framing);
-                    if step.data > 0 {
-                        return Poll::Ready(Ok(Some(conn.buf.split_to(step.data).freeze())));
-                    }
-                    if step.done {
-                        return Poll::Ready(Ok(None));
-                    }
-                    continue;
-                }
-                Framing::Chunked if self.decoder.is_done() => return Poll::Ready(Ok(None)),
-                Framing::Close if !conn.buf.is_empty() => {
-                    let n = conn.buf.len();
-                    return Poll::Ready(Ok(Some(conn.buf.split_to(n).freeze())));
-                }
-                _ => {}
-            }
-            match poll_read_buf(conn, cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Ok(0)) if self.framing == Framing::Close => {
-                    self.keep_alive = false;
-                    return Poll::Ready(Ok(None));
-                }
-                Poll::Ready(Ok(0)) => {
-                    return Poll::Ready(Err("connection closed in the middle of the body".into()))
-                }
-                Poll::Ready(Ok(_)) => {}
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.to_string())),
-            }
-        }
+/// Why a response body that ended so was cut, as the access log says it.
+fn cut_cause(end: BodyEnd) -> Option<&'static str> {
+    match end {
+        BodyEnd::Done | BodyEnd::Grpc(_) => None,
+        BodyEnd::UpstreamFailed => Some("upstream failed"),
+        BodyEnd::Timeout => Some("upstream idle"),
+        BodyEnd::ClientGone => Some("client gone"),
     }
 }
 
@@ -299,130 +207,68 @@ impl Drop for UpstreamBody {
     }
 }
 
-/// Reads what the endpoint's connection has into its buffer.
-pub(crate) fn poll_read_buf(conn: &mut RawConn, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-    if conn.buf.capacity() - conn.buf.len() < 4096 {
-        conn.buf.reserve(16 * 1024);
-    }
-    let spare = conn.buf.chunk_mut();
-    // SAFETY: `ReadBuf` only writes initialized bytes into the spare capacity and reports how
-    // many; exactly those are then marked as filled.
-    let spare = unsafe { &mut *(spare as *mut _ as *mut [MaybeUninit<u8>]) };
-    let mut read = ReadBuf::uninit(spare);
-    match Pin::new(&mut conn.io).poll_read(cx, &mut read) {
-        Poll::Ready(Ok(())) => {
-            let n = read.filled().len();
-            // SAFETY: `n` bytes of the spare capacity were initialized by the read.
-            unsafe { conn.buf.advance_mut(n) };
-            Poll::Ready(Ok(n))
-        }
-        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-        Poll::Pending => Poll::Pending,
-    }
-}
-
 impl Body for H2Body {
     type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        match self.get_mut() {
-            H2Body::Own { data, .. } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            H2Body::Upstream(up) => {
-                up.active.polled();
-                match up.poll_data(cx) {
-                    Poll::Ready(Ok(Some(data))) => {
-                        up.active.sent_frame();
-                        up.record.sent += data.len() as u64;
-                        // The endpoint sent something: its idle time starts again.
-                        if let Some(t) = &up.tail {
-                            let next = t.body_deadline(Instant::now());
-                            up.deadline.as_mut().reset(next.into());
-                        }
-                        Poll::Ready(Some(Ok(Frame::data(data))))
-                    }
-                    Poll::Ready(Ok(None)) => {
-                        up.end(BodyEnd::Done);
-                        Poll::Ready(None)
-                    }
-                    Poll::Ready(Err(cause)) => {
-                        tracing::debug!("response body failed: {cause}");
-                        up.end(BodyEnd::UpstreamFailed);
-                        Poll::Ready(Some(Err(cause.into())))
-                    }
-                    Poll::Pending => {
-                        if up.deadline.as_mut().poll(cx).is_ready() {
-                            let cause = up
-                                .tail
-                                .as_ref()
-                                .map_or("upstream idle", |t| t.cut_cause(Instant::now()));
-                            // A stalled endpoint failed; a long response cut at max_duration did not.
-                            let end = if cause == "max_duration" {
-                                BodyEnd::ClientGone
-                            } else {
-                                BodyEnd::Timeout
-                            };
-                            up.end_with(end, Some(cause));
-                            return Poll::Ready(Some(Err(cause.into())));
-                        }
-                        Poll::Pending
-                    }
-                }
+        let up = match self.get_mut() {
+            H2Body::Own { data, .. } => {
+                return Poll::Ready(data.take().map(|d| Ok(Frame::data(d))))
             }
-            H2Body::H2Upstream(up) => {
-                up.active.polled();
-                if let Some(pump) = &mut up.pump {
-                    pump.poll(cx);
+            H2Body::Upstream(up) => up,
+        };
+        up.active.polled();
+        if let Some(pump) = &mut up.pump {
+            pump.poll(cx);
+        }
+        match up.body.poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    up.active.sent_frame();
+                    up.record.sent += data.len() as u64;
                 }
-                match up.response.poll_frame(cx) {
-                    Poll::Ready(Some(Ok(frame))) => {
-                        if frame.is_data() {
-                            up.active.sent_frame();
-                        }
-                        if let Some(data) = frame.data_ref() {
-                            up.record.sent += data.len() as u64;
-                        }
-                        if let Some(t) = &up.tail {
-                            let next = t.body_deadline(Instant::now());
-                            up.deadline.as_mut().reset(next.into());
-                        }
-                        // Trailers end the body: hyper may not poll again after them.
-                        if frame.is_trailers() {
-                            let end = up.response.end();
-                            up.end(end);
-                        }
-                        Poll::Ready(Some(Ok(frame)))
-                    }
-                    Poll::Ready(None) => {
-                        let end = up.response.end();
-                        up.end(end);
-                        Poll::Ready(None)
-                    }
-                    Poll::Ready(Some(Err(e))) => {
-                        tracing::debug!("response body failed: {e}");
-                        up.end(BodyEnd::UpstreamFailed);
-                        Poll::Ready(Some(Err(e.into())))
-                    }
-                    Poll::Pending => {
-                        if up.tail.is_some() && up.deadline.as_mut().poll(cx).is_ready() {
-                            let cause = up
-                                .tail
-                                .as_ref()
-                                .map_or("upstream idle", |t| t.cut_cause(Instant::now()));
-                            let end = if cause == "max_duration" {
-                                BodyEnd::ClientGone
-                            } else {
-                                BodyEnd::Timeout
-                            };
-                            up.end_with(end, Some(cause));
-                            return Poll::Ready(Some(Err(cause.into())));
-                        }
-                        Poll::Pending
-                    }
+                // The endpoint sent something: its idle time starts again.
+                if let Some(t) = &up.tail {
+                    let next = t.body_deadline(Instant::now());
+                    up.deadline.as_mut().reset(next.into());
                 }
+                // Trailers end the body: hyper may not poll again after them.
+                if frame.is_trailers() {
+                    let end = up.body.end();
+                    up.end(end);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(None) => {
+                let end = up.body.end();
+                up.end(end);
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(e))) => {
+                tracing::debug!("response body failed: {e}");
+                up.end(BodyEnd::UpstreamFailed);
+                Poll::Ready(Some(Err(e)))
+            }
+            Poll::Pending => {
+                if up.tail.is_some() && up.deadline.as_mut().poll(cx).is_ready() {
+                    let cause = up
+                        .tail
+                        .as_ref()
+                        .map_or("upstream idle", |t| t.cut_cause(Instant::now()));
+                    // A stalled endpoint failed; a long response cut at max_duration did not.
+                    let end = if cause == "max_duration" {
+                        BodyEnd::ClientGone
+                    } else {
+                        BodyEnd::Timeout
+                    };
+                    up.end_with(end, Some(cause));
+                    return Poll::Ready(Some(Err(cause.into())));
+                }
+                Poll::Pending
             }
         }
     }
@@ -430,8 +276,7 @@ impl Body for H2Body {
     fn is_end_stream(&self) -> bool {
         match self {
             H2Body::Own { data, .. } => data.is_none(),
-            H2Body::Upstream(up) => up.tail.is_none(),
-            H2Body::H2Upstream(up) => up.response.is_end_stream(),
+            H2Body::Upstream(up) => up.tail.is_none() || up.body.is_end_stream(),
         }
     }
 
@@ -440,15 +285,7 @@ impl Body for H2Body {
             H2Body::Own { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
-            H2Body::Upstream(up) => match up.framing {
-                Framing::Length(_) => SizeHint::with_exact(up.left),
-                Framing::Empty => SizeHint::with_exact(0),
-                _ => SizeHint::default(),
-            },
-            H2Body::H2Upstream(up) => match up.response.content_length() {
-                Some(n) if !up.response.is_end_stream() => SizeHint::with_exact(n),
-                _ => SizeHint::default(),
-            },
+            H2Body::Upstream(up) => up.body.size_hint(),
         }
     }
 }

@@ -8,7 +8,6 @@
 
 use std::convert::Infallible;
 use std::io;
-use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -17,21 +16,19 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, Bytes, BytesMut};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Incoming};
-use hyper::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 
-use crate::codec::chunked::ChunkedDecoder;
 use crate::config::ListenerConfig;
 use crate::driver::account::Tail;
-use crate::driver::answer::{self, Answer, OwnAnswer};
+use crate::driver::answer::{self, Answer, OwnAnswer, Upstream};
 use crate::exchange::error::BodyEnd;
 use crate::exchange::request::{BodyFraming, Client, Reject, RequestRules};
-use crate::leg::h1::response::Framing;
-use crate::leg::h2::{H2Response, RequestPump};
-use crate::leg::{self, Request, UpstreamResponse};
+use crate::leg::h2::RequestPump;
+use crate::leg::{self, Request, ResponseBody};
 use crate::observe::record::Record;
 use crate::state::Shared;
 use crate::upstream::cluster::Cluster;
@@ -39,9 +36,7 @@ use crate::upstream::cluster::Cluster;
 pub(crate) mod body;
 mod log;
 
-use body::{
-    ActiveRequest, ClientBody, ConnActivity, H2Body, H2UpstreamBody, UpstreamBody, MAX_INLINE_BODY,
-};
+use body::{ActiveRequest, ClientBody, ConnActivity, H2Body, UpstreamBody, MAX_INLINE_BODY};
 use log::{H2Answered, H2Scope};
 
 /// Serves an HTTP/2 connection (TLS with ALPN `h2`, or plain with prior knowledge) until it
@@ -256,66 +251,21 @@ async fn handle(
         Answer::Own(own) => return own_response(own, active, scope, Some(cluster)),
         Answer::Upstream(up) => up,
     };
-    let (conn, rhead) = match up.response {
-        UpstreamResponse::H1(conn, rhead) => (conn, rhead),
-        UpstreamResponse::H2(mut response) => {
-            let pump = match (response.rest_of_request.take(), streamed) {
-                (Some((send, pending)), Some(mut body)) => {
-                    let pending = pending.or_else(|| body.take_unsent());
-                    Some(RequestPump::new((send, pending), body.body))
-                }
-                _ => None,
-            };
-            return h2_response(response, up.tail, pump, active, scope);
+    let Upstream { mut response, tail } = up;
+    let pump = match (response.rest_of_request(), streamed) {
+        (Some((send, pending)), Some(mut body)) => {
+            let pending = pending.or_else(|| body.take_unsent());
+            Some(RequestPump::new((send, pending), body.body))
         }
+        _ => None,
     };
-    match response_parts(&out) {
-        Ok(mut response) => {
-            let framing = rhead.framing;
-            if let Framing::Length(n) = framing {
-                response
-                    .headers_mut()
-                    .insert(CONTENT_LENGTH, HeaderValue::from(n));
-            }
-            if let Some(e) = up.tail.shown_endpoint() {
-                response
-                    .headers_mut()
-                    .insert(crate::codec::X_KEEL_ENDPOINT, e.clone());
-            }
-            let deadline = Box::pin(tokio::time::sleep_until(
-                up.tail.body_deadline(Instant::now()).into(),
-            ));
-            let left = match framing {
-                Framing::Length(n) => n,
-                _ => 0,
-            };
-            response.map(|()| {
-                H2Body::Upstream(Box::new(UpstreamBody {
-                    conn: Some(conn),
-                    framing,
-                    left,
-                    decoder: ChunkedDecoder::default(),
-                    keep_alive: rhead.keep_alive,
-                    record: H2Answered {
-                        scope,
-                        status: rhead.status,
-                        sent: 0,
-                    },
-                    tail: Some(up.tail),
-                    deadline,
-                    active: {
-                        let mut active = active;
-                        active.owe();
-                        active
-                    },
-                }))
-            })
-        }
-        Err(()) => {
-            // The leg wrote this head itself: it always parses. Should it not, the pick
+    match response.into_parts(&out) {
+        Ok((head, body)) => upstream_response(head, body, tail, pump, active, scope),
+        Err(_conn) => {
+            // The leg wrote this head itself: it always converts. Should it not, the pick
             // is finished as the endpoint's failure.
-            let cluster = up.tail.cluster.clone();
-            up.tail.end(BodyEnd::UpstreamFailed, None);
+            let cluster = tail.cluster.clone();
+            tail.end(BodyEnd::UpstreamFailed, None);
             const CAUSE: &str = "the endpoint's response head could not be forwarded";
             own_response(
                 OwnAnswer {
@@ -405,19 +355,18 @@ fn grpc_own_response(
     r
 }
 
-/// An HTTP/2 endpoint's response, passed on as it is (with `x-keel-endpoint`); a body
-/// already at its end (trailers-only) finishes the pick at once.
-fn h2_response(
-    mut response: Box<H2Response>,
+/// An endpoint's response, whichever leg read it: its head (with `x-keel-endpoint`) and its
+/// body frame by frame; a body already at its end (a gRPC trailers-only answer) finishes the
+/// pick at once.
+fn upstream_response(
+    mut head: hyper::http::response::Parts,
+    body: ResponseBody,
     tail: Tail,
     pump: Option<RequestPump>,
     mut active: ActiveRequest,
     scope: H2Scope,
 ) -> Response<H2Body> {
     active.owe();
-    // Taken, not cloned: nothing reads the endpoint's head once it is the client's.
-    let empty = Response::new(()).into_parts().0;
-    let mut head = std::mem::replace(&mut response.head, empty);
     if let Some(e) = tail.shown_endpoint() {
         head.headers
             .insert(crate::codec::X_KEEL_ENDPOINT, e.clone());
@@ -430,19 +379,19 @@ fn h2_response(
         status: head.status.as_u16(),
         sent: 0,
     };
-    let mut body = H2UpstreamBody {
-        response,
+    let mut body = UpstreamBody {
+        body,
         tail: Some(tail),
         pump,
         deadline,
         record,
         active,
     };
-    if body.response.is_end_stream() {
-        let end = body.response.end();
+    if body.body.is_end_stream() {
+        let end = body.body.end();
         body.end(end);
     }
-    Response::from_parts(head, H2Body::H2Upstream(Box::new(body)))
+    Response::from_parts(head, H2Body::Upstream(Box::new(body)))
 }
 
 fn own_response(
@@ -470,32 +419,6 @@ fn own_response(
         r.headers_mut().append(name, value);
     }
     r
-}
-
-/// The response that an HTTP/1.1 head (as the leg rewrote it: status line and headers, no
-/// framing headers, no final blank line) stands for. HTTP/2 forbids connection-specific
-/// headers; the rewrite already removed them.
-fn response_parts(head: &[u8]) -> Result<Response<()>, ()> {
-    let mut with_end = Vec::with_capacity(head.len() + 2);
-    with_end.extend_from_slice(head);
-    with_end.extend_from_slice(b"\r\n");
-    let mut headers = [MaybeUninit::<httparse::Header<'_>>::uninit(); 128];
-    let mut parsed = httparse::Response::new(&mut []);
-    let complete = httparse::ParserConfig::default()
-        .parse_response_with_uninit_headers(&mut parsed, &with_end, &mut headers)
-        .map_err(|_| ())?;
-    if !complete.is_complete() {
-        return Err(());
-    }
-    let mut response = Response::new(());
-    *response.status_mut() = StatusCode::from_u16(parsed.code.ok_or(())?).map_err(|_| ())?;
-    let map = response.headers_mut();
-    for h in parsed.headers.iter() {
-        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| ())?;
-        let value = HeaderValue::from_bytes(h.value).map_err(|_| ())?;
-        map.append(name, value);
-    }
-    Ok(response)
 }
 
 /// A stream whose first bytes were already read (by the HTTP/1.1 front end, which found

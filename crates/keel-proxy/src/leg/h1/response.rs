@@ -195,6 +195,37 @@ fn push_status(out: &mut Vec<u8>, status: u16) {
     ]);
 }
 
+/// The status and headers that a head written by [`parse_response`] into `out` stands for,
+/// as renderers other than the HTTP/1.1 relay take them: its length (`head.framing`) as
+/// `content-length`. HTTP/2 forbids connection-specific headers; the rewrite removed them.
+pub(crate) fn parts(out: &[u8], head: &ResponseHead) -> Result<hyper::http::response::Parts, ()> {
+    use hyper::header::{HeaderName, HeaderValue};
+    let mut with_end = Vec::with_capacity(out.len() + 2);
+    with_end.extend_from_slice(out);
+    with_end.extend_from_slice(b"\r\n");
+    let mut headers = [MaybeUninit::<httparse::Header<'_>>::uninit(); MAX_RESPONSE_HEADERS];
+    let mut parsed = httparse::Response::new(&mut []);
+    let complete = httparse::ParserConfig::default()
+        .parse_response_with_uninit_headers(&mut parsed, &with_end, &mut headers)
+        .map_err(|_| ())?;
+    if !complete.is_complete() {
+        return Err(());
+    }
+    let (mut parts, ()) = hyper::Response::new(()).into_parts();
+    parts.status = hyper::StatusCode::from_u16(parsed.code.ok_or(())?).map_err(|_| ())?;
+    for h in parsed.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| ())?;
+        let value = HeaderValue::from_bytes(h.value).map_err(|_| ())?;
+        parts.headers.append(name, value);
+    }
+    if let Framing::Length(n) = head.framing {
+        parts
+            .headers
+            .insert(hyper::header::CONTENT_LENGTH, HeaderValue::from(n));
+    }
+    Ok(parts)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,132 @@
+//! An HTTP/1.1 endpoint's response body as data frames: its framing (a length, chunks, or the
+//! connection's end) decoded here, once, and the data handed out as slices of the
+//! connection's buffer (no copy). The HTTP/1.1 front end relays such a body to an HTTP/1.1
+//! client as it is (`front/h1/relay.rs`, no decoding); every other renderer reads it here.
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, BufMut, Bytes};
+use hyper::body::SizeHint;
+use tokio::io::{AsyncRead, ReadBuf};
+
+use crate::codec::chunked::ChunkedDecoder;
+use crate::leg::h1::response::{Framing, ResponseHead};
+use crate::upstream::pool::RawConn;
+
+/// The body of a response read from an endpoint's HTTP/1.1 connection.
+pub(crate) struct H1Body {
+    conn: Option<RawConn>,
+    framing: Framing,
+    /// Bytes of a `Length` body not yet handed out.
+    left: u64,
+    decoder: ChunkedDecoder,
+    /// The endpoint keeps the connection open after the body.
+    keep_alive: bool,
+}
+
+impl H1Body {
+    /// The body that `head` announces, on `conn` (whose buffer holds what was read past the
+    /// head).
+    pub(crate) fn new(conn: RawConn, head: &ResponseHead) -> Self {
+        Self {
+            conn: Some(conn),
+            framing: head.framing,
+            left: match head.framing {
+                Framing::Length(n) => n,
+                _ => 0,
+            },
+            decoder: ChunkedDecoder::default(),
+            keep_alive: head.keep_alive,
+        }
+    }
+
+    /// The next piece of data: `Ok(None)` at the end of the body.
+    pub(crate) fn poll_data(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Option<Bytes>, String>> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Poll::Ready(Ok(None));
+        };
+        loop {
+            match self.framing {
+                Framing::Empty => return Poll::Ready(Ok(None)),
+                Framing::Length(_) if self.left == 0 => return Poll::Ready(Ok(None)),
+                Framing::Length(_) if !conn.buf.is_empty() => {
+                    let n = (conn.buf.len() as u64).min(self.left) as usize;
+                    self.left -= n as u64;
+                    return Poll::Ready(Ok(Some(conn.buf.split_to(n).freeze())));
+                }
+                Framing::Chunked if !conn.buf.is_empty() => {
+                    let step = self.decoder.step(&conn.buf).map_err(|e| e.to_string())?;
+                    conn.buf.advance(step.framing);
+                    if step.data > 0 {
+                        return Poll::Ready(Ok(Some(conn.buf.split_to(step.data).freeze())));
+                    }
+                    if step.done {
+                        return Poll::Ready(Ok(None));
+                    }
+                    continue;
+                }
+                Framing::Chunked if self.decoder.is_done() => return Poll::Ready(Ok(None)),
+                Framing::Close if !conn.buf.is_empty() => {
+                    let n = conn.buf.len();
+                    return Poll::Ready(Ok(Some(conn.buf.split_to(n).freeze())));
+                }
+                _ => {}
+            }
+            match poll_read_buf(conn, cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(0)) if self.framing == Framing::Close => {
+                    self.keep_alive = false;
+                    return Poll::Ready(Ok(None));
+                }
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err("connection closed in the middle of the body".into()))
+                }
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.to_string())),
+            }
+        }
+    }
+
+    /// What is known of the body's length.
+    pub(crate) fn size_hint(&self) -> SizeHint {
+        match self.framing {
+            Framing::Length(_) => SizeHint::with_exact(self.left),
+            Framing::Empty => SizeHint::with_exact(0),
+            _ => SizeHint::default(),
+        }
+    }
+
+    /// The connection, for its pool, if the endpoint keeps it open (the caller gives it back
+    /// only after a body read to its end).
+    pub(crate) fn reusable(&mut self) -> Option<RawConn> {
+        self.conn.take().filter(|_| self.keep_alive)
+    }
+}
+
+/// Reads what the endpoint's connection has into its buffer.
+fn poll_read_buf(conn: &mut RawConn, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+    if conn.buf.capacity() - conn.buf.len() < 4096 {
+        conn.buf.reserve(16 * 1024);
+    }
+    let spare = conn.buf.chunk_mut();
+    // SAFETY: `ReadBuf` only writes initialized bytes into the spare capacity and reports how
+    // many; exactly those are then marked as filled.
+    let spare = unsafe { &mut *(spare as *mut _ as *mut [MaybeUninit<u8>]) };
+    let mut read = ReadBuf::uninit(spare);
+    match Pin::new(&mut conn.io).poll_read(cx, &mut read) {
+        Poll::Ready(Ok(())) => {
+            let n = read.filled().len();
+            // SAFETY: `n` bytes of the spare capacity were initialized by the read.
+            unsafe { conn.buf.advance_mut(n) };
+            Poll::Ready(Ok(n))
+        }
+        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+        Poll::Pending => Poll::Pending,
+    }
+}
