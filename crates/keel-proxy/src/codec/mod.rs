@@ -1,5 +1,6 @@
-//! keel's HTTP/1.1 wire helpers and the chunked coding ([`chunked`]), shared by both front
-//! ends, the legs and the access log: header lines written straight into the bytes sent.
+//! keel's HTTP/1.1 wire helpers, the chunked coding ([`chunked`]) and the reading of a head's
+//! header lines ([`head`]), shared by both front ends, the legs, the policies and the access
+//! log: header lines written straight into the bytes sent.
 //!
 //! Why keel has its own HTTP/1.1 codec (front end in `front::h1`, leg in `leg::h1`, request
 //! heads in `exchange::request`): under load, hyper's server and client cost keel about twice
@@ -9,6 +10,7 @@
 //! upstream exchange runs in its client connection's task with reusable timers.
 
 pub(crate) mod chunked;
+pub(crate) mod head;
 
 /// Response header naming the endpoint that answered (or that the last try went to).
 pub const X_KEEL_ENDPOINT: hyper::header::HeaderName =

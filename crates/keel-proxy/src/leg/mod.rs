@@ -20,6 +20,7 @@ use crate::driver::leg::{Leg, Race, Tried, TryResult};
 use crate::driver::{drive, Driven};
 use crate::exchange::error::{Cause, TryFailure};
 use crate::exchange::request::{Client, RequestBody, RequestHead};
+use crate::exchange::response::ResponseHeaders;
 use crate::leg::h1::body::H1Body;
 use crate::leg::h1::response::ResponseHead;
 use crate::leg::h1::upstream::H1Response;
@@ -50,6 +51,15 @@ impl UpstreamResponse {
         match self {
             UpstreamResponse::H1(_, head) => head.status,
             UpstreamResponse::H2(r) => r.head.status.as_u16(),
+        }
+    }
+
+    /// The response's headers to edit (an HTTP/1.1 endpoint's are the head its leg wrote into
+    /// `out`).
+    pub fn headers_mut<'a>(&'a mut self, out: &'a mut Vec<u8>) -> ResponseHeaders<'a> {
+        match self {
+            UpstreamResponse::H1(..) => ResponseHeaders::Lines(out),
+            UpstreamResponse::H2(r) => ResponseHeaders::Map(&mut r.head.headers),
         }
     }
 
@@ -513,14 +523,8 @@ pub(crate) async fn forward<B: RequestBody>(
         Driven::Won(mut response, tail) => {
             if let Some((rw, vars)) = &rewrites {
                 let endpoint = cluster.endpoints[tail.endpoint].authority.as_str();
-                match &mut response {
-                    UpstreamResponse::H1(..) => {
-                        rw.response_h1(leg.out, vars, endpoint, client.proto)
-                    }
-                    UpstreamResponse::H2(r) => {
-                        rw.response_h2(&mut r.head.headers, vars, endpoint, client.proto)
-                    }
-                }
+                let mut headers = response.headers_mut(leg.out);
+                rw.response(&mut headers, vars, endpoint, client.proto);
             }
             if let Some(sticky) = &cluster.sticky {
                 // A session without a cookie, or whose endpoint could not take it, is pinned
@@ -528,29 +532,14 @@ pub(crate) async fn forward<B: RequestBody>(
                 let token = Some(cluster.endpoints[tail.endpoint].token);
                 if pin.flatten() != token {
                     if let Some(v) = sticky.set_cookie(tail.endpoint) {
-                        set_cookie(&mut response, leg.out, v);
+                        let mut headers = response.headers_mut(leg.out);
+                        headers.append(&hyper::header::SET_COOKIE, v.as_bytes());
                     }
                 }
             }
             Answer::Upstream(Upstream { response, tail })
         }
         Driven::Own(own) => Answer::Own(own),
-    }
-}
-
-/// Adds `Set-Cookie` to an endpoint's response.
-fn set_cookie(
-    response: &mut UpstreamResponse,
-    out: &mut Vec<u8>,
-    value: &hyper::http::HeaderValue,
-) {
-    match response {
-        UpstreamResponse::H1(..) => crate::codec::push_header(out, b"set-cookie", value.as_bytes()),
-        UpstreamResponse::H2(r) => {
-            r.head
-                .headers
-                .append(hyper::header::SET_COOKIE, value.clone());
-        }
     }
 }
 

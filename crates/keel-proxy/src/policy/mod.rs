@@ -5,7 +5,6 @@
 //! Applied in [`crate::leg::forward`], the one function both front ends hand requests to, on
 //! the head already rewritten for the endpoint (HTTP/1.1 text for both front ends).
 
-pub(crate) mod head;
 pub(crate) mod rate;
 pub(crate) mod rewrite;
 pub(crate) mod sticky;
@@ -13,10 +12,10 @@ pub(crate) mod sticky;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::codec::head::header_value;
 use crate::config::RouteConfig;
 use crate::exchange::request::Client;
 use crate::upstream::cluster::Cluster;
-use head::header_value;
 use rate::{Limited, RateLimiter};
 use rewrite::{RewriteSource, Rewrites};
 

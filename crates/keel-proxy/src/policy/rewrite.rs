@@ -7,11 +7,12 @@
 //! header map. Each edit copies the head once into a new buffer: allocation is paid only by
 //! targets that configure a rewrite.
 
-use hyper::header::{HeaderName, HeaderValue};
+use hyper::header::HeaderName;
 
+use crate::codec::head::{header_lines, header_value};
 use crate::codec::push_header;
 use crate::config::{HeaderEdits, RedirectConfig, ReplacePrefix};
-use crate::policy::head::{header_lines, header_value};
+use crate::exchange::response::{Edit, ResponseHeaders};
 
 /// A piece of a configured value.
 #[derive(Debug, Clone)]
@@ -328,70 +329,33 @@ impl Rewrites {
         head.extend_from_slice(&out);
     }
 
-    /// Rewrites an HTTP/1.1 response head (status line, then header lines) for the client.
+    /// Rewrites an endpoint's response headers for the client (either leg's form).
     /// `endpoint`: the answering endpoint's address; `proto`: the client's scheme.
-    pub fn response_h1(&self, head: &mut Vec<u8>, vars: &Vars<'_>, endpoint: &str, proto: &str) {
-        if self.response.is_empty() && !self.relocates(vars) {
-            return;
-        }
-        let mut out = Vec::with_capacity(head.len() + 256);
-        let line_end = find_crlf(head).map_or(head.len(), |p| p + 2);
-        out.extend_from_slice(&head[..line_end]);
-        for (name, value, range) in header_lines(head) {
-            if self.response.drops(name) {
-                continue;
-            }
-            let moved = self
-                .relocates(vars)
-                .then(|| relocate(name, value, endpoint, proto, &vars.host))
-                .flatten();
-            match moved {
-                Some(v) => push_header(&mut out, name, &v),
-                None => out.extend_from_slice(&head[range]),
-            }
-        }
-        push_edits(&self.response, vars, &mut out);
-        head.clear();
-        head.extend_from_slice(&out);
-    }
-
-    /// Rewrites an HTTP/2 endpoint's response headers for the client.
-    pub fn response_h2(
+    pub fn response(
         &self,
-        headers: &mut hyper::HeaderMap,
+        headers: &mut ResponseHeaders<'_>,
         vars: &Vars<'_>,
         endpoint: &str,
         proto: &str,
     ) {
-        for d in &self.response.drop {
-            headers.remove(&**d);
+        let relocates = self.relocates(vars);
+        if self.response.is_empty() && !relocates {
+            return;
         }
-        if self.relocates(vars) {
-            for name in [hyper::header::LOCATION, hyper::header::REFRESH] {
-                let moved = headers
-                    .get(&name)
-                    .and_then(|v| {
-                        relocate(
-                            name.as_str().as_bytes(),
-                            v.as_bytes(),
-                            endpoint,
-                            proto,
-                            &vars.host,
-                        )
-                    })
-                    .and_then(|v| HeaderValue::from_bytes(&v).ok());
-                if let Some(v) = moved {
-                    headers.insert(name, v);
-                }
+        headers.edit(|name, value| {
+            if self.response.drops(name) {
+                return Edit::Drop;
             }
-        }
+            let moved = relocates
+                .then(|| relocate(name, value, endpoint, proto, &vars.host))
+                .flatten();
+            moved.map_or(Edit::Keep, Edit::Replace)
+        });
         let mut buf = Vec::new();
         for (name, t) in &self.response.push {
             buf.clear();
             t.expand(vars, &mut buf);
-            if let Ok(v) = HeaderValue::from_bytes(&buf) {
-                headers.append(name.clone(), v);
-            }
+            headers.append(name, &buf);
         }
     }
 

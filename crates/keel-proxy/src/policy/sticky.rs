@@ -11,8 +11,8 @@ use std::sync::OnceLock;
 
 use hyper::http::HeaderValue;
 
+use crate::codec::head::header_lines;
 use crate::config::StickyConfig;
-use crate::policy::head::header_lines;
 
 /// A cluster's sticky sessions, built with the cluster (one cookie value per endpoint).
 pub(crate) struct Sticky {

@@ -1,5 +1,6 @@
 //! Reading the header lines of an HTTP/1.1 head as keel writes them (request or status line,
-//! then `Name: value` lines each ended by CRLF): what the policies look up and edit.
+//! then `Name: value` lines each ended by CRLF): what the policies look up and edit, and what
+//! an edit of a response head's lines walks (`exchange::response`).
 
 /// The value of the first header `name` (any case) of an HTTP/1.1 head (request or status
 /// line first, then `Name: value` lines each ended by CRLF), trimmed.
