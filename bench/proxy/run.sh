@@ -199,7 +199,8 @@ daemon off;
 worker_processes $w;
 pid $d/nginx/nginx.pid;
 error_log $d/nginx/error.log warn;
-events { worker_connections 8192; }
+# Room for CONNS=4000: each client connection may hold an upstream one too.
+events { worker_connections 16384; }
 http {
     access_log off;
     keepalive_requests 10000000;
@@ -239,9 +240,12 @@ EOF
         cat <<EOF
 global
     nbthread $w
-    maxconn 4096
+    maxconn 9000
 defaults
     mode http
+    # A frontend's own limit (2000 unless set) would queue CONNS=4000's clients in the kernel;
+    # HAProxy wants twice maxconn in open files (20,000 here).
+    maxconn 9000
     timeout connect 200ms
     timeout client 30s
     timeout server 500ms
