@@ -33,6 +33,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
+/// keel's allocator (crates/keel/src/main.rs): the floor is keel's crates, all of them.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn knob(name: &str) -> Option<u32> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
