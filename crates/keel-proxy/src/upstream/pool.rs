@@ -182,7 +182,9 @@ impl EndpointPool {
     pub async fn connect(&self) -> Result<RawConn, ConnectError> {
         Ok(RawConn {
             io: self.connect_stream().await?,
-            buf: bytes::BytesMut::with_capacity(8192),
+            // A response head fits; a body's reads grow it (as the client side's, see
+            // `front::h1::conn`).
+            buf: bytes::BytesMut::with_capacity(4096),
             idle_since: Instant::now(),
             reused: false,
         })

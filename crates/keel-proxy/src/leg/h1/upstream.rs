@@ -189,7 +189,7 @@ async fn read_response(
             Ok(None) => {}
             Err(what) => return Err(invalid(what)),
         }
-        conn.buf.reserve(8192);
+        conn.buf.reserve(4096);
         match conn.io.read_buf(&mut conn.buf).await {
             Ok(n) if n > 0 => answered = true,
             Ok(_) | Err(_) if !answered && conn.buf.is_empty() => {
