@@ -6,9 +6,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use crate::exchange::request::Client;
 use crate::front::h1;
 use crate::state::{mark_connection, ConnKind, ListenerCtx, ListenerSlot, Shared};
 
@@ -43,29 +45,7 @@ pub(crate) async fn serve_accepted(
         return;
     }
     let Some(acceptor) = &ctx.tls else {
-        mark_connection(ConnKind::Http1);
-        let served = Box::pin(h1::conn::serve(
-            shared.clone(),
-            index,
-            settings,
-            &client,
-            stream,
-            stop.clone(),
-        ))
-        .await;
-        if let h1::conn::Served::Http2(stream, read) = served {
-            mark_connection(ConnKind::Http2);
-            let io = crate::front::h2::Prefixed::new(read, stream);
-            Box::pin(crate::front::h2::serve(
-                shared,
-                index,
-                settings.clone(),
-                Arc::new(client),
-                io,
-                stop,
-            ))
-            .await;
-        }
+        serve_http1(shared, ctx, client, stream, stop).await;
         return;
     };
     // Here, not in the accept loop: a slow or silent client delays only itself.
@@ -103,29 +83,7 @@ pub(crate) async fn serve_accepted(
                 .await;
                 return;
             }
-            mark_connection(ConnKind::Http1);
-            let served = Box::pin(h1::conn::serve(
-                shared.clone(),
-                index,
-                settings,
-                &client,
-                tls_stream,
-                stop.clone(),
-            ))
-            .await;
-            if let h1::conn::Served::Http2(stream, read) = served {
-                mark_connection(ConnKind::Http2);
-                let io = crate::front::h2::Prefixed::new(read, stream);
-                Box::pin(crate::front::h2::serve(
-                    shared,
-                    index,
-                    settings.clone(),
-                    Arc::new(client),
-                    io,
-                    stop,
-                ))
-                .await;
-            }
+            serve_http1(shared, ctx, client, tls_stream, stop).await;
             return;
         }
         Ok(Err(e)) => e.to_string(),
@@ -136,4 +94,41 @@ pub(crate) async fn serve_accepted(
     };
     listener.tls_handshake_failures.fetch_add(1, Relaxed);
     tracing::debug!(%peer, "TLS handshake failed: {cause}");
+}
+
+/// keel's HTTP/1.1 front end on a connection; the HTTP/2 one takes it over if the client sends
+/// HTTP/2's preface (prior knowledge), with the bytes read so far.
+async fn serve_http1<S>(
+    shared: Arc<Shared>,
+    ctx: &ListenerCtx,
+    client: Client,
+    stream: S,
+    stop: watch::Receiver<Option<Duration>>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    mark_connection(ConnKind::Http1);
+    let settings = &ctx.settings;
+    let served = Box::pin(h1::conn::serve(
+        shared.clone(),
+        ctx.index,
+        settings,
+        &client,
+        stream,
+        stop.clone(),
+    ))
+    .await;
+    if let h1::conn::Served::Http2(stream, read) = served {
+        mark_connection(ConnKind::Http2);
+        let io = crate::front::h2::Prefixed::new(read, stream);
+        Box::pin(crate::front::h2::serve(
+            shared,
+            ctx.index,
+            settings.clone(),
+            Arc::new(client),
+            io,
+            stop,
+        ))
+        .await;
+    }
 }
