@@ -198,24 +198,15 @@ fn push_status(out: &mut Vec<u8>, status: u16) {
 /// The status and headers that a head written by [`parse_response`] into `out` stands for,
 /// as renderers other than the HTTP/1.1 relay take them: its length (`head.framing`) as
 /// `content-length`. HTTP/2 forbids connection-specific headers; the rewrite removed them.
+/// The leg wrote the lines itself (and the policies edited them the same way): they are read
+/// back line by line, not parsed again.
 pub(crate) fn parts(out: &[u8], head: &ResponseHead) -> Result<hyper::http::response::Parts, ()> {
     use hyper::header::{HeaderName, HeaderValue};
-    let mut with_end = Vec::with_capacity(out.len() + 2);
-    with_end.extend_from_slice(out);
-    with_end.extend_from_slice(b"\r\n");
-    let mut headers = [MaybeUninit::<httparse::Header<'_>>::uninit(); MAX_RESPONSE_HEADERS];
-    let mut parsed = httparse::Response::new(&mut []);
-    let complete = httparse::ParserConfig::default()
-        .parse_response_with_uninit_headers(&mut parsed, &with_end, &mut headers)
-        .map_err(|_| ())?;
-    if !complete.is_complete() {
-        return Err(());
-    }
     let (mut parts, ()) = hyper::Response::new(()).into_parts();
-    parts.status = hyper::StatusCode::from_u16(parsed.code.ok_or(())?).map_err(|_| ())?;
-    for h in parsed.headers.iter() {
-        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| ())?;
-        let value = HeaderValue::from_bytes(h.value).map_err(|_| ())?;
+    parts.status = hyper::StatusCode::from_u16(head.status).map_err(|_| ())?;
+    for (name, value, _) in crate::codec::head::header_lines(out) {
+        let name = HeaderName::from_bytes(name).map_err(|_| ())?;
+        let value = HeaderValue::from_bytes(value).map_err(|_| ())?;
         parts.headers.append(name, value);
     }
     if let Framing::Length(n) = head.framing {
@@ -234,6 +225,23 @@ mod tests {
         let mut out = Vec::new();
         let h = parse_response(raw, head, &mut out).unwrap().unwrap();
         (h, String::from_utf8(out).unwrap())
+    }
+
+    /// What an HTTP/2 client gets of an HTTP/1.1 endpoint's head: its status, its headers but
+    /// the hop-by-hop ones (values as sent, repeated names kept), its length.
+    #[test]
+    fn a_head_the_leg_wrote_becomes_status_and_headers() {
+        let raw = b"HTTP/1.1 404 Not Found\r\nContent-Length: 3\r\nConnection: keep-alive\r\nSet-Cookie: a=1\r\nX-Backend:  b0 \r\nset-cookie: b=2\r\n\r\nno!";
+        let mut out = Vec::new();
+        let head = parse_response(raw, false, &mut out).unwrap().unwrap();
+        let parts = parts(&out, &head).unwrap();
+        assert_eq!(parts.status, 404);
+        let cookies: Vec<_> = parts.headers.get_all("set-cookie").iter().collect();
+        assert_eq!(cookies, ["a=1", "b=2"]);
+        assert_eq!(parts.headers["x-backend"], "b0");
+        assert_eq!(parts.headers["content-length"], "3");
+        assert!(!parts.headers.contains_key("connection"));
+        assert_eq!(parts.headers.len(), 4);
     }
 
     #[test]
