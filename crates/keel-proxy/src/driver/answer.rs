@@ -24,30 +24,31 @@ pub(crate) fn reason(status: u16) -> &'static str {
 
 /// keel's answer to a request that no route matches on a listener without `cluster`.
 pub(crate) fn not_found() -> OwnAnswer {
-    const CAUSE: &str = "no route matches the request";
-    OwnAnswer {
-        status: 404,
-        text: answer_text(404, CAUSE),
-        endpoint: None,
-        show_endpoint: false,
-        guard: None,
-        attempts: 0,
-        cause: CAUSE.to_string(),
-        tries: Tries::default(),
-        headers: Vec::new(),
-    }
+    plain(404, "no route matches the request", 0)
 }
 
 /// keel's answer to a request refused before it reached the driver.
 pub(crate) fn refused(reject: Reject) -> OwnAnswer {
+    plain(reject.status(), reject.cause(), 0)
+}
+
+/// keel's 502 in place of an endpoint's response that cannot be passed on (`cause`), after
+/// the one try that got it.
+pub(crate) fn unforwardable(cause: &str) -> OwnAnswer {
+    plain(502, cause, 1)
+}
+
+/// An answer of keel's with no endpoint to name, no headers of its own and nothing counted in
+/// flight.
+fn plain(status: u16, cause: &str, attempts: u32) -> OwnAnswer {
     OwnAnswer {
-        status: reject.status(),
-        text: answer_text(reject.status(), reject.cause()),
+        status,
+        text: answer_text(status, cause),
         endpoint: None,
         show_endpoint: false,
         guard: None,
-        attempts: 0,
-        cause: reject.cause().to_string(),
+        attempts,
+        cause: cause.to_string(),
         tries: Tries::default(),
         headers: Vec::new(),
     }

@@ -670,18 +670,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             Some(Err(RelayError::UpstreamBeforeHead(cause))) => {
                 tracing::debug!("response body malformed from its start: {cause}");
                 tail.end(BodyEnd::UpstreamFailed, None);
-                const CAUSE: &str = "the endpoint's response body is malformed";
-                let own = OwnAnswer {
-                    status: 502,
-                    text: answer::answer_text(502, CAUSE),
-                    endpoint: None,
-                    show_endpoint: false,
-                    guard: None,
-                    attempts: 1,
-                    cause: CAUSE.to_string(),
-                    tries: Tries::default(),
-                    headers: Vec::new(),
-                };
+                let own = answer::unforwardable("the endpoint's response body is malformed");
                 self.replaced = Some(502);
                 self.cut = Some("upstream invalid");
                 self.answer(&own, false, req).await;

@@ -266,23 +266,8 @@ async fn handle(
             // is finished as the endpoint's failure.
             let cluster = tail.cluster.clone();
             tail.end(BodyEnd::UpstreamFailed, None);
-            const CAUSE: &str = "the endpoint's response head could not be forwarded";
-            own_response(
-                OwnAnswer {
-                    status: 502,
-                    text: answer::answer_text(502, CAUSE),
-                    endpoint: None,
-                    show_endpoint: false,
-                    guard: None,
-                    attempts: 1,
-                    cause: CAUSE.to_string(),
-                    tries: crate::driver::tries::Tries::default(),
-                    headers: Vec::new(),
-                },
-                active,
-                scope,
-                Some(&cluster),
-            )
+            let own = answer::unforwardable("the endpoint's response head could not be forwarded");
+            own_response(own, active, scope, Some(&cluster))
         }
     }
 }
