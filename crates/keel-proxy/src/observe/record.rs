@@ -1,7 +1,9 @@
-//! One record per request. Every front end fills a [`Record`] when a request's answer has
-//! been sent (or cut), and [`Record::write`] writes everything keel keeps of the request from
-//! it, in one place: the response counted by status class (`keel_requests_total`), the
-//! warning line of a 5xx keel answered itself, and the access-log line.
+//! One record per request. Every front end fills a [`Record`] when a request's answer is
+//! done: sent or cut (an endpoint's response when its body ends; keel's own answer over
+//! HTTP/2 when it is handed to hyper, its body being in memory), and [`Record::write`] writes
+//! everything keel keeps of the request from it, in one place: the response counted by status
+//! class (`keel_requests_total`), the warning line of a 5xx keel answered itself, and the
+//! access-log line.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
