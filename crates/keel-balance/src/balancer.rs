@@ -243,8 +243,8 @@ pub struct Balancer {
     /// The snapshot as the `_mut` methods last read it, with `generation` then. A balancer
     /// that one owner drives alone (the simulator's thousands) reads it through `&mut self`,
     /// without arc-swap's load (about a tenth of a simulated call); shared balancers never
-    /// fill it.
-    local: Option<(u64, Arc<Snapshot>)>,
+    /// read it.
+    local: (u64, Arc<Snapshot>),
     /// The strategy's [`Strategy::follows_calls`] (fixed for a balancer's life), so that
     /// `finish` can skip the snapshot without loading it.
     follows_calls: bool,
@@ -266,15 +266,20 @@ impl Balancer {
         check_endpoints(&config, endpoints)?;
         let eps = Self::carry_over(&[], endpoints, 0);
         let snapshot = Self::snapshot(&config, endpoints, eps);
-        Ok(Self {
+        Ok(Self::with(config, Arc::new(AtomicU64::new(0)), snapshot))
+    }
+
+    fn with(config: BalancerConfig, group: Arc<AtomicU64>, snapshot: Snapshot) -> Self {
+        let snapshot = Arc::new(snapshot);
+        Self {
             rng: SharedRng::new(config.seed),
             config,
-            group: Arc::new(AtomicU64::new(0)),
+            group,
             follows_calls: snapshot.strategies[0].follows_calls(),
-            snapshot: ArcSwap::from_pointee(snapshot),
+            local: (0, snapshot.clone()),
+            snapshot: ArcSwap::new(snapshot),
             generation: AtomicU64::new(0),
-            local: None,
-        })
+        }
     }
 
     /// A new balancer (e.g. from a reloaded configuration) that keeps the live state of the
@@ -291,15 +296,7 @@ impl Balancer {
         let old = self.snapshot.load();
         let eps = Self::carry_over(&old.endpoints, endpoints, nanos(now).max(1));
         let snapshot = Self::snapshot(&config, endpoints, eps);
-        Ok(Self {
-            rng: SharedRng::new(config.seed),
-            config,
-            group: self.group.clone(),
-            follows_calls: snapshot.strategies[0].follows_calls(),
-            snapshot: ArcSwap::from_pointee(snapshot),
-            generation: AtomicU64::new(0),
-            local: None,
-        })
+        Ok(Self::with(config, self.group.clone(), snapshot))
     }
 
     /// Replaces the endpoint list in place (add, remove, re-weight). Endpoints that stay keep
@@ -490,12 +487,10 @@ impl Balancer {
     #[inline]
     fn local(&mut self) -> (&Self, &Snapshot) {
         let generation = *self.generation.get_mut();
-        if !matches!(&self.local, Some((g, _)) if *g == generation) {
-            self.local = Some((generation, self.snapshot.load_full()));
+        if self.local.0 != generation {
+            self.local = (generation, self.snapshot.load_full());
         }
-        let this = &*self;
-        let (_, snap) = this.local.as_ref().expect("filled just above");
-        (this, snap)
+        (self, &self.local.1)
     }
 
     /// [`Self::pick`] by the balancer's one owner (`&mut`): the same pick, on the snapshot it

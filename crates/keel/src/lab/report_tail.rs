@@ -281,14 +281,15 @@ fn tail_section(h: &mut String, rows: &[LatencyRow]) {
     for (title, svg) in iter {
         figure(h, &title, svg);
     }
-    h.push_str("</div><ul>");
-    for r in rows {
-        let _ = write!(
-            h,
-            "<li><b>{}</b>: {}</li>",
-            esc(&r.strategy),
-            esc(&r.explanation)
-        );
+    h.push_str("</div>");
+    explanations(h, rows.iter().map(|r| (&r.strategy, &r.explanation)));
+}
+
+/// Each row's explanation, under its strategy's name.
+fn explanations<'a>(h: &mut String, rows: impl Iterator<Item = (&'a String, &'a String)>) {
+    h.push_str("<ul>");
+    for (strategy, explanation) in rows {
+        let _ = write!(h, "<li><b>{}</b>: {}</li>", esc(strategy), esc(explanation));
     }
     h.push_str("</ul>");
 }
@@ -383,16 +384,7 @@ fn reaction_section(h: &mut String, rows: &[ReactionRow]) {
     for (title, svg) in reaction_charts(rows) {
         figure(h, &title, svg);
     }
-    h.push_str("<ul>");
-    for r in rows {
-        let _ = write!(
-            h,
-            "<li><b>{}</b>: {}</li>",
-            esc(&r.strategy),
-            esc(&r.explanation)
-        );
-    }
-    h.push_str("</ul>");
+    explanations(h, rows.iter().map(|r| (&r.strategy, &r.explanation)));
 }
 
 /// The E8 and E9 sections of the HTML report (empty when neither ran).

@@ -187,36 +187,20 @@ async fn handle(
     let answer = match meta.body {
         BodyFraming::Length(n) if n <= MAX_INLINE_BODY => {
             let read = tokio::time::timeout(settings.client_idle_timeout, body.collect()).await;
+            // A body of another length than announced is malformed.
             let data = match read {
-                Ok(Ok(collected)) => collected.to_bytes(),
-                Ok(Err(_)) => {
-                    return refused(
-                        Reject::InvalidBody,
-                        active,
-                        scope.with_head(head),
-                        cluster,
-                        grpc,
-                    )
-                }
-                Err(_) => {
-                    return refused(
-                        Reject::Timeout,
-                        active,
-                        scope.with_head(head),
-                        cluster,
-                        grpc,
-                    )
+                Ok(Ok(collected)) => Some(collected.to_bytes())
+                    .filter(|d| d.len() as u64 == n)
+                    .ok_or(Reject::InvalidBody),
+                Ok(Err(_)) => Err(Reject::InvalidBody),
+                Err(_) => Err(Reject::Timeout),
+            };
+            let data = match data {
+                Ok(data) => data,
+                Err(reject) => {
+                    return refused(reject, active, scope.with_head(head), cluster, grpc)
                 }
             };
-            if data.len() as u64 != n {
-                return refused(
-                    Reject::InvalidBody,
-                    active,
-                    scope.with_head(head),
-                    cluster,
-                    grpc,
-                );
-            }
             let mut inline = &data[..];
             leg::forward(
                 &target.cluster,
