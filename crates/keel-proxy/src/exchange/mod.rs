@@ -5,6 +5,8 @@
 
 pub(crate) mod error;
 pub(crate) mod grpc;
+pub(crate) mod head;
 pub(crate) mod pushback;
 pub(crate) mod request;
 pub(crate) mod response;
+pub(crate) mod rewrite;

@@ -1,13 +1,11 @@
-//! Request heads: parsed in place with `httparse` (HTTP/1.1 clients) or taken from hyper's
-//! HTTP/2 server, checked, and rewritten straight into the HTTP/1.1 head sent upstream. One
-//! rewrite for both front ends: hop-by-hop headers and those `Connection` names removed,
-//! `X-Forwarded-For`/`-Proto`/`-Host` set, the body's framing decided.
-//!
-//! Every refusal is a [`Reject`], turned into a status and a cause in one place.
+//! What a request is, as the front ends, the driver and the legs know it: the client, the
+//! body as a leg sends it, the route it took, what was learned of its head
+//! ([`RequestHead`]), and why it may be refused ([`Reject`], turned into a status and a cause
+//! in one place). The rules that make a client's head the endpoint's are in
+//! `exchange::rewrite`; the head's two forms in `exchange::head`.
 
 use std::net::SocketAddr;
 
-use crate::codec::{push_content_length, push_header, HOP_BY_HOP};
 use crate::config::ErrorDetail;
 
 /// A client connection, as the driver needs to know it.
@@ -95,9 +93,6 @@ impl RouteRef {
         }
     }
 }
-
-/// Most header names a `Connection` header may list for removal.
-const MAX_CONNECTION_TOKENS: usize = 16;
 
 /// Headers parsed on the stack up to this many; beyond, on the heap.
 pub(crate) const STACK_HEADERS: usize = 128;
@@ -200,7 +195,7 @@ pub(crate) struct RequestRules<'a> {
     /// The client's IP, for `X-Forwarded-For`.
     pub client_ip: &'a str,
     /// `http` or `https`, for `X-Forwarded-Proto`.
-    pub proto: &'a str,
+    pub proto: &'static str,
     /// The client is a trusted proxy (`trusted_proxies`): its `X-Forwarded-For` is kept and
     /// appended to. From any other client the header is replaced.
     pub trust_forwarded: bool,
@@ -304,7 +299,7 @@ impl UpgradeTo {
     /// upgrade keel forwards.
     pub const MAX: usize = 32;
 
-    fn new(value: &[u8]) -> Option<Self> {
+    pub(crate) fn new(value: &[u8]) -> Option<Self> {
         let value = value.trim_ascii();
         let mut u = UpgradeTo::default();
         u.bytes.get_mut(..value.len())?.copy_from_slice(value);
@@ -334,308 +329,8 @@ impl UpgradeTo {
     }
 }
 
-/// What the first look at the headers found.
-struct Scan<'h> {
-    named: [&'h [u8]; MAX_CONNECTION_TOKENS],
-    n_named: usize,
-    close: bool,
-    keep_alive_token: bool,
-    content_length: Option<u64>,
-    transfer_encoding: Option<&'h [u8]>,
-    expect: Option<&'h [u8]>,
-    host: Option<&'h [u8]>,
-    forwarded_for: bool,
-    hash: Option<u64>,
-    upgrade_token: bool,
-    upgrade: Option<&'h [u8]>,
-    real_ip: bool,
-    request_id: Option<&'h [u8]>,
-    grpc: bool,
-}
-
-/// Headers a `Connection` header cannot name for removal: `Host` and those keel writes
-/// itself. (Left to it, `Connection: host` would strip `Host` after routing used it, and
-/// `Connection: x-forwarded-for` a trusted proxy's record of the client.)
-const NOT_HOP_BY_HOP: [&str; 8] = [
-    "host",
-    "content-length",
-    "x-forwarded-for",
-    "x-forwarded-proto",
-    "x-forwarded-host",
-    "x-real-ip",
-    "forwarded",
-    "x-request-id",
-];
-
 /// Longest client `x-request-id` passed on; a longer or non-printable one is replaced.
 pub(crate) const MAX_REQUEST_ID: usize = 64;
-
-/// Checks a request and writes the head sent upstream into `out` (request line in origin
-/// form, headers, `X-Forwarded-*`, `Content-Length` or `Transfer-Encoding`; no final CRLF and
-/// no `Host` when the client sent none: both are per try). `fields` are the client's headers
-/// as (name, value), from a function called for each pass over them; `authority`: an absolute-form target's (HTTP/1.1) or `:authority`
-/// (HTTP/2). `unframed_body`: a body follows that no header delimits (HTTP/2 data frames
-/// without `content-length`); it is sent chunked. The HTTP/1.1 and HTTP/2 front ends both
-/// call it, so both forward alike.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn rewrite<'h, I>(
-    method: &str,
-    path: &str,
-    authority: Option<&'h str>,
-    http10: bool,
-    unframed_body: bool,
-    fields: impl Fn() -> I,
-    rules: &RequestRules<'_>,
-    out: &mut Vec<u8>,
-) -> Result<RequestHead, Reject>
-where
-    I: Iterator<Item = (&'h str, &'h [u8])>,
-{
-    let mut s = Scan {
-        named: [b""; MAX_CONNECTION_TOKENS],
-        n_named: 0,
-        close: false,
-        keep_alive_token: false,
-        content_length: None,
-        transfer_encoding: None,
-        expect: None,
-        host: None,
-        forwarded_for: false,
-        hash: None,
-        upgrade_token: false,
-        upgrade: None,
-        real_ip: false,
-        request_id: None,
-        grpc: false,
-    };
-    for (name, value) in fields() {
-        if name.eq_ignore_ascii_case("connection") {
-            for token in value.split(|b| *b == b',') {
-                let token = token.trim_ascii();
-                if token.eq_ignore_ascii_case(b"close") {
-                    s.close = true;
-                } else if token.eq_ignore_ascii_case(b"keep-alive") {
-                    s.keep_alive_token = true;
-                } else if token.eq_ignore_ascii_case(b"upgrade") {
-                    s.upgrade_token = true;
-                } else if !token.is_empty()
-                    && !NOT_HOP_BY_HOP
-                        .iter()
-                        .any(|n| token.eq_ignore_ascii_case(n.as_bytes()))
-                {
-                    if s.n_named == MAX_CONNECTION_TOKENS {
-                        return Err(Reject::TooManyConnectionOptions);
-                    }
-                    s.named[s.n_named] = token;
-                    s.n_named += 1;
-                }
-            }
-        } else if name.eq_ignore_ascii_case("content-length") {
-            let n = parse_content_length(value).ok_or(Reject::InvalidContentLength)?;
-            if s.content_length.is_some_and(|m| m != n) {
-                return Err(Reject::ConflictingContentLength);
-            }
-            s.content_length = Some(n);
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            if s.transfer_encoding.is_some() {
-                return Err(Reject::UnsupportedTransferEncoding);
-            }
-            s.transfer_encoding = Some(value);
-        } else if name.eq_ignore_ascii_case("expect") {
-            s.expect = Some(value);
-        } else if name.eq_ignore_ascii_case("host") {
-            if s.host.is_some() {
-                return Err(Reject::DuplicateHost);
-            }
-            s.host = Some(value);
-        } else if name.eq_ignore_ascii_case("x-forwarded-for") {
-            s.forwarded_for = true;
-        } else if name.eq_ignore_ascii_case("upgrade") {
-            s.upgrade = Some(value);
-        } else if name.eq_ignore_ascii_case("x-real-ip") {
-            s.real_ip = true;
-        } else if name.eq_ignore_ascii_case("x-request-id") {
-            let valid = !value.is_empty()
-                && value.len() <= MAX_REQUEST_ID
-                && value.iter().all(|b| b.is_ascii_graphic());
-            if valid && s.request_id.is_none() {
-                s.request_id = Some(value);
-            }
-        } else if name.eq_ignore_ascii_case("content-type") {
-            s.grpc = value.len() >= 16 && value[..16].eq_ignore_ascii_case(b"application/grpc");
-        }
-        if s.hash.is_none()
-            && rules
-                .hash_header
-                .is_some_and(|k| name.eq_ignore_ascii_case(k))
-        {
-            s.hash = Some(keel_balance::hash_key(value));
-        }
-    }
-    let body = match (s.transfer_encoding, s.content_length) {
-        (Some(_), Some(_)) => return Err(Reject::LengthAndTransferEncoding),
-        (Some(te), None) => {
-            let last = te.rsplit(|b| *b == b',').next().unwrap_or(b"").trim_ascii();
-            if http10 || !last.eq_ignore_ascii_case(b"chunked") {
-                return Err(Reject::TransferEncodingNotChunked);
-            }
-            if !te.trim_ascii().eq_ignore_ascii_case(b"chunked") {
-                return Err(Reject::UnsupportedTransferEncoding);
-            }
-            BodyFraming::Chunked
-        }
-        (None, None) if unframed_body => BodyFraming::Chunked,
-        (None, Some(0)) | (None, None) => BodyFraming::None,
-        (None, Some(n)) => BodyFraming::Length(n),
-    };
-    if let BodyFraming::Length(n) = body {
-        if n > rules.max_body {
-            return Err(Reject::BodyTooLarge);
-        }
-    }
-    let expect_continue = match s.expect {
-        None => false,
-        // No 1xx to an HTTP/1.0 client (RFC 9110 section 15.2): its Expect is ignored.
-        Some(_) if http10 => false,
-        Some(v) if v.trim_ascii().eq_ignore_ascii_case(b"100-continue") => true,
-        Some(_) => return Err(Reject::UnsupportedExpectation),
-    };
-    if !http10 && s.host.is_none() && authority.is_none() {
-        // RFC 9112 section 3.2 (an absolute-form target names the host too, as NGINX takes).
-        return Err(Reject::MissingHost);
-    }
-    // RFC 9110 section 7.8; HTTP/1.0 has no upgrades. An upgrade to h2c is not passed on:
-    // it would make the connection HTTP/2 straight to the endpoint, past keel's routes and
-    // limits (h2c smuggling); the request goes on as a plain HTTP/1.1 one.
-    let upgrade = match s.upgrade {
-        Some(protocol) if s.upgrade_token && method == "GET" && !http10 && !names_h2c(protocol) => {
-            UpgradeTo::new(protocol).map(|to| (protocol, to))
-        }
-        _ => None,
-    };
-    let mut hash = s.hash;
-    if rules.hash_path {
-        let end = path.find('?').unwrap_or(path.len());
-        hash = Some(keel_balance::hash_key(&path.as_bytes()[..end]));
-    }
-
-    out.clear();
-    out.extend_from_slice(method.as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(path.as_bytes());
-    out.extend_from_slice(b" HTTP/1.1\r\n");
-    // Every header but the hop-by-hop ones, those `Connection` names, those the proxy sets
-    // itself and `Expect` (keel answers it).
-    let named = &s.named[..s.n_named];
-    for (name, value) in fields() {
-        if HOP_BY_HOP.iter().any(|n| name.eq_ignore_ascii_case(n))
-            || named
-                .iter()
-                .any(|n| name.as_bytes().eq_ignore_ascii_case(n))
-            || name.eq_ignore_ascii_case("content-length")
-            || name.eq_ignore_ascii_case("expect")
-            || (authority.is_some() && name.eq_ignore_ascii_case("host"))
-            || name.eq_ignore_ascii_case("x-forwarded-for")
-            || name.eq_ignore_ascii_case("x-forwarded-proto")
-            || name.eq_ignore_ascii_case("x-forwarded-host")
-            || (rules.request_id && name.eq_ignore_ascii_case("x-request-id"))
-            || (!rules.trust_forwarded
-                && (name.eq_ignore_ascii_case("x-real-ip")
-                    || name.eq_ignore_ascii_case("forwarded")))
-        {
-            continue;
-        }
-        push_header(out, name.as_bytes(), value);
-    }
-    // The target's authority (an absolute-form target's, or HTTP/2's `:authority`) wins over
-    // `Host` (RFC 9112 section 3.2.2), which was left out above; else the client's `Host`.
-    let host = match (authority, s.host) {
-        (Some(a), _) => {
-            push_header(out, b"host", a.as_bytes());
-            Some(a.as_bytes())
-        }
-        (None, Some(h)) => Some(h),
-        (None, None) => None,
-    };
-    // An untrusted client's `X-Real-IP` is replaced as its `X-Forwarded-For` is; its
-    // `Forwarded` is dropped (keel speaks `X-Forwarded-*`).
-    if s.real_ip && !rules.trust_forwarded {
-        push_header(out, b"x-real-ip", rules.client_ip.as_bytes());
-    }
-    if rules.request_id {
-        out.extend_from_slice(b"x-request-id: ");
-        match s.request_id {
-            Some(id) => out.extend_from_slice(id),
-            None => out.extend_from_slice(&new_request_id()),
-        }
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(b"x-forwarded-for: ");
-    if s.forwarded_for && rules.trust_forwarded {
-        for (name, value) in fields() {
-            if name.eq_ignore_ascii_case("x-forwarded-for") {
-                out.extend_from_slice(value);
-                out.extend_from_slice(b", ");
-            }
-        }
-    }
-    out.extend_from_slice(rules.client_ip.as_bytes());
-    out.extend_from_slice(b"\r\n");
-    push_header(out, b"x-forwarded-proto", rules.proto.as_bytes());
-    if let Some(h) = host {
-        push_header(out, b"x-forwarded-host", h);
-    }
-    if let Some((protocol, _)) = upgrade {
-        out.extend_from_slice(b"connection: upgrade\r\n");
-        push_header(out, b"upgrade", protocol);
-    }
-    match body {
-        BodyFraming::Length(n) => push_content_length(out, n),
-        BodyFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
-        // A `Content-Length: 0` is kept as such (some servers want a length on POST).
-        BodyFraming::None if s.content_length == Some(0) => push_content_length(out, 0),
-        BodyFraming::None => {}
-    }
-    Ok(RequestHead {
-        head_len: 0,
-        body,
-        idempotent: matches!(
-            method,
-            "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
-        ),
-        is_head: method == "HEAD",
-        // `close` wins over `keep-alive` (RFC 9112 section 9.3).
-        keep_alive: !s.close && (!http10 || s.keep_alive_token),
-        http10,
-        has_host: host.is_some(),
-        expect_continue,
-        hash,
-        route: RouteRef::NotFound,
-        upgrade: upgrade.is_some(),
-        upgrade_to: upgrade.map(|(_, to)| to).unwrap_or_default(),
-        grpc: s.grpc,
-    })
-}
-
-/// Turns a head [`rewrite`] framed as chunked into one with `Content-Length: n`, for a chunked
-/// body read and decoded whole.
-pub(crate) fn reframe_as_length(head: &mut Vec<u8>, n: u64) {
-    const CHUNKED: &[u8] = b"transfer-encoding: chunked\r\n";
-    debug_assert!(head.ends_with(CHUNKED), "rewrite writes the framing last");
-    if head.ends_with(CHUNKED) {
-        head.truncate(head.len() - CHUNKED.len());
-        push_content_length(head, n);
-    }
-}
-
-/// True if an `Upgrade` value lists `h2c`.
-fn names_h2c(protocols: &[u8]) -> bool {
-    protocols.split(|b| *b == b',').any(|p| {
-        let p = p.trim_ascii();
-        let name = p.split(|b| *b == b'/').next().unwrap_or(p);
-        name.eq_ignore_ascii_case(b"h2c")
-    })
-}
 
 /// A new request id: 128 random-looking bits in UUID version 4 form. Unique, not secret:
 /// each thread steps its own SplitMix64 sequence from a random start. The one generator of

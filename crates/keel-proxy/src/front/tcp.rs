@@ -60,7 +60,14 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             cluster: Some(&cluster),
             endpoint: own.endpoint.as_ref().map(|e| e.as_bytes()),
             attempts: own.attempts,
-            ..Record::refused(client, "TCP", started, b"", own.status, &own.cause)
+            ..Record::refused(
+                client,
+                "TCP",
+                started,
+                crate::exchange::head::HeadView::Lines(b""),
+                own.status,
+                &own.cause,
+            )
         }
         .write(None),
         Driven::Won(mut conn, tail) => {

@@ -4,9 +4,9 @@
 //! below the endpoint's `SETTINGS_MAX_CONCURRENT_STREAMS`, or opens another connection when
 //! all are full. The pick is per request, never per connection.
 //!
-//! The request head comes rewritten as HTTP/1.1 text (the one rewrite both front ends share)
-//! and becomes the stream's HEADERS; its body is streamed with HTTP/2 flow control and its
-//! trailers follow. The response stays HTTP/2 ([`H2Response`]: head, body stream, trailers),
+//! The request head becomes the stream's HEADERS: an HTTP/2 client's parts as the rewrite
+//! left them (copied per try, values shared, not re-parsed), an HTTP/1.1 client's text parsed
+//! once per try. Its body is streamed with HTTP/2 flow control and its trailers follow. The response stays HTTP/2 ([`H2Response`]: head, body stream, trailers),
 //! and every front end renders it frame by frame (`leg::ResponseBody`). gRPC calls are judged
 //! by their `grpc-status`: a trailers-only answer that counts as a failure (14 UNAVAILABLE) is
 //! a failed try, retried while no byte of it reached the client.
@@ -26,6 +26,7 @@ use hyper::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Vers
 use crate::codec::HOP_BY_HOP;
 use crate::config::UpstreamProtocol;
 use crate::exchange::error::{BodyEnd, Cause, TryError, TryFailure};
+use crate::exchange::head::HeadView;
 use crate::exchange::request::RequestBody;
 use crate::exchange::request::{BodyFraming, Reject, RequestHead};
 use crate::observe::metrics::{class_index, ErrorKind};
@@ -187,7 +188,45 @@ impl RequestPump {
     }
 }
 
-/// The HTTP/2 request for the rewritten HTTP/1.1 head: `Host` becomes `:authority`,
+/// The HTTP/2 request for an HTTP/2 client's head as the rewrite left it (its authority, or
+/// the endpoint's when it has none), with `te: trailers` for a gRPC call. The header map is
+/// copied: its names and values are shared, not copied, and a retry needs the original.
+fn h2_request_of(
+    parts: &hyper::http::request::Parts,
+    entry: &EndpointEntry,
+    tls: bool,
+    grpc: bool,
+) -> Option<Request<()>> {
+    let mut uri = hyper::http::uri::Parts::default();
+    uri.scheme = Some(if tls {
+        hyper::http::uri::Scheme::HTTPS
+    } else {
+        hyper::http::uri::Scheme::HTTP
+    });
+    uri.authority = match parts.uri.authority() {
+        Some(a) => Some(a.clone()),
+        None => Some(Authority::try_from(entry.header.as_bytes()).ok()?),
+    };
+    uri.path_and_query = Some(
+        parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/")),
+    );
+    let mut r = Request::new(());
+    *r.method_mut() = parts.method.clone();
+    *r.uri_mut() = Uri::from_parts(uri).ok()?;
+    *r.version_mut() = Version::HTTP_2;
+    *r.headers_mut() = parts.headers.clone();
+    if grpc {
+        r.headers_mut()
+            .insert(hyper::header::TE, HeaderValue::from_static("trailers"));
+    }
+    Some(r)
+}
+
+/// The HTTP/2 request for an HTTP/1.1 client's rewritten head: `Host` becomes `:authority`,
 /// connection-specific headers go (RFC 9113 section 8.2.2), and a gRPC call carries
 /// `te: trailers`. Header values are slices of one shared copy of the head, not a copy each.
 fn h2_request(head: &[u8], tls: bool, grpc: bool) -> Option<Request<()>> {
@@ -304,14 +343,20 @@ pub(crate) async fn try_once<B: RequestBody>(
     entry: &EndpointEntry,
     cluster: &Cluster,
     worker: usize,
-    head: &[u8],
+    head: HeadView<'_>,
     meta: &RequestHead,
     body: &mut B,
 ) -> Result<Box<H2Response>, TryFailure<Box<H2Response>>> {
     let tls = cluster.config.protocol == UpstreamProtocol::H2;
     // The head came from a request keel parsed: it converts, unless the client sent
     // something HTTP/2 cannot carry.
-    let h2_head = || h2_request(head, tls, meta.grpc).ok_or(TryFailure::Client(Reject::Malformed));
+    let h2_head = || {
+        match head {
+            HeadView::Lines(text) => h2_request(text, tls, meta.grpc),
+            HeadView::Map(parts) => h2_request_of(parts, entry, tls, meta.grpc),
+        }
+        .ok_or(TryFailure::Client(Reject::Malformed))
+    };
     let mut request = Some(h2_head()?);
     let no_body = meta.body == BodyFraming::None;
     // A connection that failed between two requests is replaced (the request never left).

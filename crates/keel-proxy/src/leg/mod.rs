@@ -19,7 +19,8 @@ use crate::driver::answer::{Answer, Upstream};
 use crate::driver::leg::{Leg, Race, Tried, TryResult};
 use crate::driver::{drive, Driven};
 use crate::exchange::error::{Cause, TryFailure};
-use crate::exchange::request::{Client, RequestBody, RequestHead};
+use crate::exchange::head::{HeadView, RequestHeaders};
+use crate::exchange::request::{BodyFraming, Client, RequestBody, RequestHead};
 use crate::exchange::response::ResponseHeaders;
 use crate::leg::h1::body::H1Body;
 use crate::leg::h1::response::ResponseHead;
@@ -169,9 +170,9 @@ impl ResponseBody {
 
 /// What the driver needs to forward one request.
 pub(crate) struct Request<'a> {
-    /// The head for the upstream (see [`crate::exchange::request::rewrite`]), without its per-try
-    /// end; the leg appends that.
-    pub head: &'a mut Vec<u8>,
+    /// The head for the upstream (see `crate::exchange::rewrite`): an HTTP/1.1 client's text,
+    /// without its per-try end (the leg appends that), or an HTTP/2 client's parts.
+    pub head: RequestHeaders<'a>,
     /// What was learned of the request.
     pub meta: &'a RequestHead,
     /// When the request arrived (its deadline counts from here).
@@ -187,13 +188,39 @@ pub(crate) struct Request<'a> {
 
 /// The HTTP legs: HTTP/1.1 or HTTP/2, as the cluster speaks.
 struct HttpLeg<'r, 'b, B> {
-    /// The cluster speaks HTTP/1.1 (only that leg hedges).
+    /// The cluster speaks HTTP/1.1.
     http1: bool,
-    head: &'r mut Vec<u8>,
+    head: RequestHeaders<'r>,
+    /// An HTTP/2 client's head as HTTP/1.1 text, written at the first HTTP/1.1 try.
+    text: Vec<u8>,
+    /// The length of the text every try shares (each try ends it for its endpoint).
     common_len: usize,
     meta: &'r RequestHead,
     body: &'b mut B,
     out: &'r mut Vec<u8>,
+}
+
+/// A head as HTTP/1.1 text, cut back to the part every try shares: an HTTP/1.1 client's as
+/// it came, an HTTP/2 client's written into `text` once.
+fn common_text<'a>(
+    head: &'a mut RequestHeaders<'_>,
+    text: &'a mut Vec<u8>,
+    common_len: &mut usize,
+    meta: &RequestHead,
+) -> &'a mut Vec<u8> {
+    let text = match head {
+        RequestHeaders::Lines(head) => head,
+        RequestHeaders::Map(parts) => {
+            if text.is_empty() {
+                let chunked = meta.body == BodyFraming::Chunked;
+                crate::exchange::head::write_h1(parts, chunked, text);
+                *common_len = text.len();
+            }
+            text
+        }
+    };
+    text.truncate(*common_len);
+    text
 }
 
 impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
@@ -205,28 +232,39 @@ impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
         entry: &EndpointEntry,
         worker: usize,
     ) -> Result<UpstreamResponse, TryFailure<UpstreamResponse>> {
-        self.head.truncate(self.common_len);
-        end_head(self.head, self.meta, entry);
-        match cluster.config.protocol {
-            UpstreamProtocol::Http1 => crate::leg::h1::upstream::try_once(
+        if self.http1 {
+            let head = common_text(
+                &mut self.head,
+                &mut self.text,
+                &mut self.common_len,
+                self.meta,
+            );
+            end_head(head, self.meta, entry);
+            return crate::leg::h1::upstream::try_once(
                 entry,
                 cluster,
                 worker,
-                self.head,
+                head,
                 self.meta,
                 &mut *self.body,
                 self.out,
             )
             .await
             .map(|(conn, head)| UpstreamResponse::H1(conn, head))
-            .map_err(h1_failure),
-            UpstreamProtocol::H2c | UpstreamProtocol::H2 => {
-                crate::leg::h2::try_once(entry, cluster, worker, self.head, self.meta, self.body)
-                    .await
-                    .map(UpstreamResponse::H2)
-                    .map_err(h2_failure)
-            }
+            .map_err(h1_failure);
         }
+        let head = match &mut self.head {
+            RequestHeaders::Lines(head) => {
+                head.truncate(self.common_len);
+                end_head(head, self.meta, entry);
+                HeadView::Lines(head)
+            }
+            RequestHeaders::Map(parts) => HeadView::Map(parts),
+        };
+        crate::leg::h2::try_once(entry, cluster, worker, head, self.meta, self.body)
+            .await
+            .map(UpstreamResponse::H2)
+            .map_err(h2_failure)
     }
 
     fn rewind(&mut self) -> bool {
@@ -265,9 +303,14 @@ impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
             unreachable!("hedgeable: the body is in memory")
         };
         if !self.http1 {
-            // HTTP/2: each try ends its own copy of the head and opens its own stream.
-            self.head.truncate(self.common_len);
-            let common = &self.head[..];
+            // HTTP/2: each try opens its own stream (and ends its own copy of a text head).
+            let common = match &mut self.head {
+                RequestHeaders::Lines(head) => {
+                    head.truncate(self.common_len);
+                    HeadView::Lines(head)
+                }
+                RequestHeaders::Map(parts) => HeadView::Map(parts),
+            };
             let mut a = H2Try::new(common, self.meta, inline);
             let mut b = H2Try::new(common, self.meta, inline);
             let (result, winner, hedged, _) =
@@ -279,11 +322,16 @@ impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
         // the common part, made only if it is sent. Each try rewrites its response head into
         // a buffer of its own; the winner's becomes `out` once both tries are gone.
         let entry = &race.cluster.endpoints[first.pick.index()];
-        self.head.truncate(self.common_len);
-        end_head(self.head, self.meta, entry);
+        let head = common_text(
+            &mut self.head,
+            &mut self.text,
+            &mut self.common_len,
+            self.meta,
+        );
+        end_head(head, self.meta, entry);
         let mut out_b = Vec::new();
         let mut a = H1Try {
-            head: &self.head[..],
+            head: &head[..],
             ended: true,
             own: Vec::new(),
             meta: self.meta,
@@ -291,7 +339,7 @@ impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
             out: &mut *self.out,
         };
         let mut b = H1Try {
-            head: &self.head[..self.common_len],
+            head: &head[..self.common_len],
             ended: false,
             own: Vec::new(),
             meta: self.meta,
@@ -373,15 +421,15 @@ impl Leg for H1Try<'_> {
 /// One HTTP/2 try of a request whose body is in memory: each of a hedge race's two tries is
 /// one, on a stream of its own.
 struct H2Try<'a> {
-    /// The part of the head every try shares; each try ends a copy for its endpoint.
-    common: &'a [u8],
+    /// The head every try shares; each try ends a copy of a text head for its endpoint.
+    common: HeadView<'a>,
     own: Vec<u8>,
     meta: &'a RequestHead,
     body: &'a [u8],
 }
 
 impl<'a> H2Try<'a> {
-    fn new(common: &'a [u8], meta: &'a RequestHead, body: &'a [u8]) -> Self {
+    fn new(common: HeadView<'a>, meta: &'a RequestHead, body: &'a [u8]) -> Self {
         Self {
             common,
             own: Vec::new(),
@@ -404,11 +452,17 @@ impl Leg for H2Try<'_> {
         entry: &EndpointEntry,
         worker: usize,
     ) -> Result<Box<H2Response>, TryFailure<Box<H2Response>>> {
-        self.own.clear();
-        self.own.extend_from_slice(self.common);
-        end_head(&mut self.own, self.meta, entry);
+        let head = match self.common {
+            HeadView::Lines(common) => {
+                self.own.clear();
+                self.own.extend_from_slice(common);
+                end_head(&mut self.own, self.meta, entry);
+                HeadView::Lines(&self.own)
+            }
+            map => map,
+        };
         let mut body: &[u8] = self.body;
-        crate::leg::h2::try_once(entry, cluster, worker, &self.own, self.meta, &mut body).await
+        crate::leg::h2::try_once(entry, cluster, worker, head, self.meta, &mut body).await
     }
 
     fn rewind(&mut self) -> bool {
@@ -457,12 +511,13 @@ pub(crate) async fn forward<B: RequestBody>(
 ) -> HttpAnswer {
     let hash = match &cluster.config.hash_on {
         Some(HashOn::ClientIp) => Some(crate::upstream::cluster::client_ip_key(client.peer)),
-        Some(HashOn::Cookie(name)) => cookie(req.head, name).map(keel_balance::hash_key),
+        Some(HashOn::Cookie(name)) => cookie(req.head.view(), name).map(keel_balance::hash_key),
         _ => req.meta.hash,
     };
     // The endpoint token a sticky session's cookie names (read before the rewrites, which may
     // remove the cookie).
-    let pin = cluster.sticky.as_ref().map(|s| s.token(req.head));
+    let pin = cluster.sticky.as_ref().map(|s| s.token(req.head.view()));
+    let mut head = req.head;
     // A route's or cluster's policy, in this order: a redirect, the rate limits, the
     // request's rewrites (the response's follow the answer).
     let mut meta = req.meta;
@@ -470,7 +525,7 @@ pub(crate) async fn forward<B: RequestBody>(
     let mut rewrites = None;
     if let Some(policy) = req.policy {
         if let Some(rw) = &policy.rewrites {
-            let vars = rw.vars(req.head, &client.ip, &policy.route);
+            let vars = rw.vars(head.view(), &client.ip, &policy.route);
             if let Some((status, location)) = &rw.redirect {
                 let mut value = Vec::new();
                 location.expand(&vars, &mut value);
@@ -478,11 +533,11 @@ pub(crate) async fn forward<B: RequestBody>(
             }
             rewrites = Some((rw, vars));
         }
-        if let Err((limit, limited)) = policy.limit(client, req.head, req.start) {
+        if let Err((limit, limited)) = policy.limit(client, head.view(), req.start) {
             return Answer::Own(rate_limited(cluster, client, limit, limited));
         }
         if let Some((rw, vars)) = &rewrites {
-            rw.request(req.head, vars);
+            rw.request(&mut head, vars);
             // Each try adds the endpoint's `Host` when the head has none (see `end_head`): with
             // `$endpoint` always, with a value never (an HTTP/1.0 client may have sent none).
             let has_host = match rw.host {
@@ -501,8 +556,12 @@ pub(crate) async fn forward<B: RequestBody>(
     }
     let mut leg = HttpLeg {
         http1: cluster.config.protocol == UpstreamProtocol::Http1,
-        common_len: req.head.len(),
-        head: req.head,
+        common_len: match &head {
+            RequestHeaders::Lines(text) => text.len(),
+            RequestHeaders::Map(_) => 0,
+        },
+        text: Vec::new(),
+        head,
         meta,
         body,
         out,

@@ -10,6 +10,7 @@
 //! dropped and counted (`keel_access_log_dropped_total`), never waited for. SIGUSR1 (through
 //! [`AccessLog::reopen`]) makes the writer reopen the file, for logrotate.
 
+use crate::exchange::head::HeadView;
 use std::cell::RefCell;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -95,6 +96,21 @@ pub(crate) struct RequestLine<'a> {
 }
 
 impl<'a> RequestLine<'a> {
+    /// The request line and headers the log shows, from either form of a head.
+    pub fn of(head: HeadView<'a>) -> Self {
+        match head {
+            HeadView::Lines(text) => Self::parse(text),
+            HeadView::Map(_) => RequestLine {
+                method: head.method(),
+                path: Some(head.target()),
+                host: head.value("host"),
+                referer: head.value("referer"),
+                user_agent: head.value("user-agent"),
+                request_id: head.value("x-request-id"),
+            },
+        }
+    }
+
     /// Reads the request line and the `Host`, `Referer`, `User-Agent` and `x-request-id` headers of a head
     /// (`METHOD TARGET HTTP/1.1\r\nname: value\r\n...`), as keel wrote it for the upstream.
     pub fn parse(head: &'a [u8]) -> Self {

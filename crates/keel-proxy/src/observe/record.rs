@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use crate::driver::tries::Tries;
+use crate::exchange::head::HeadView;
 use crate::exchange::request::Client;
 use crate::observe::access_log::{AccessLog, Entry, RequestLine, TryLog};
 use crate::observe::metrics::class_index;
@@ -26,7 +27,7 @@ pub(crate) struct Record<'a> {
     /// When its head was read.
     pub started: Instant,
     /// Its request line and headers as sent upstream, or as much as keel read of them.
-    pub request: &'a [u8],
+    pub request: HeadView<'a>,
     /// The status sent.
     pub status: u16,
     /// The endpoint of the last try, if any.
@@ -53,7 +54,7 @@ impl Record<'_> {
         client: &'a Client,
         protocol: &'static str,
         started: Instant,
-        request: &'a [u8],
+        request: HeadView<'a>,
         status: u16,
         cause: &'a str,
     ) -> Record<'a> {
@@ -96,7 +97,7 @@ impl Record<'_> {
             self.client.worker,
             &Entry {
                 client: &self.client.ip,
-                request: RequestLine::parse(self.request),
+                request: RequestLine::of(self.request),
                 protocol: self.protocol,
                 status: self.status,
                 bytes_sent: self.bytes_sent,

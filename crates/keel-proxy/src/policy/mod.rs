@@ -12,8 +12,8 @@ pub(crate) mod sticky;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::codec::head::header_value;
 use crate::config::RouteConfig;
+use crate::exchange::head::HeadView;
 use crate::exchange::request::Client;
 use crate::upstream::cluster::Cluster;
 use rate::{Limited, RateLimiter};
@@ -81,7 +81,7 @@ impl Policy {
     pub fn limit(
         &self,
         client: &Client,
-        head: &[u8],
+        head: HeadView<'_>,
         now: Instant,
     ) -> Result<(), (&RateLimiter, Limited)> {
         for l in &self.limits {
@@ -92,11 +92,11 @@ impl Policy {
                 // `X-Forwarded-For` (the one before keel's own entry, the proxy's).
                 let forwarded = client
                     .trust_forwarded
-                    .then(|| header_value(head, "x-forwarded-for").and_then(proxied_client))
+                    .then(|| head.value("x-forwarded-for").and_then(proxied_client))
                     .flatten();
                 forwarded.or(Some(&ip.0[..ip.1]))
             } else {
-                l.key_header().and_then(|name| header_value(head, name))
+                l.key_header().and_then(|name| head.value(name))
             };
             l.take(client.worker, key, now).map_err(|e| (&**l, e))?;
         }

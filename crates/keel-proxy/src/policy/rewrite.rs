@@ -2,16 +2,14 @@
 //! headers removed, set and added (values with variables), redirects answered by keel, and
 //! `Location`/`Refresh` naming the endpoint turned back to the client-facing host.
 //!
-//! Requests are edited as the HTTP/1.1 head the endpoint will get (both front ends write one),
-//! responses as the HTTP/1.1 head an HTTP/1.1 endpoint's becomes or as an HTTP/2 endpoint's
-//! header map. Each edit copies the head once into a new buffer: allocation is paid only by
-//! targets that configure a rewrite.
+//! Requests are edited in their front end's form (`exchange::head`: an HTTP/1.1 client's
+//! text, an HTTP/2 client's header map), responses in their leg's (`exchange::response`).
+//! Only targets that configure a rewrite pay for it.
 
 use hyper::header::HeaderName;
 
-use crate::codec::head::{header_lines, header_value};
-use crate::codec::push_header;
 use crate::config::{HeaderEdits, RedirectConfig, ReplacePrefix};
+use crate::exchange::head::{HeadView, RequestHeaders};
 use crate::exchange::response::{Edit, ResponseHeaders};
 
 /// A piece of a configured value.
@@ -254,7 +252,7 @@ impl Rewrites {
     }
 
     /// The request's variables, read from its head (before any rewrite).
-    pub fn vars<'a>(&self, head: &[u8], client_ip: &'a str, route: &'a [u8]) -> Vars<'a> {
+    pub fn vars<'a>(&self, head: HeadView<'_>, client_ip: &'a str, route: &'a [u8]) -> Vars<'a> {
         let mut v = Vars {
             client_ip,
             route,
@@ -264,15 +262,15 @@ impl Rewrites {
             id_len: 0,
         };
         if self.uses_host {
-            v.host = header_value(head, "host").unwrap_or_default().to_vec();
+            v.host = head.value("host").unwrap_or_default().to_vec();
         }
         if self.uses_path {
-            v.path = request_target(head).to_vec();
+            v.path = head.target().to_vec();
         }
         if self.uses_id {
             // The id the head carries: the client's or keel's (`generate_request_id`), the
             // one the endpoint gets; a new one only when it has none.
-            match header_value(head, "x-request-id").filter(|id| id.len() <= 64) {
+            match head.value("x-request-id").filter(|id| id.len() <= 64) {
                 Some(id) => {
                     v.id[..id.len()].copy_from_slice(id);
                     v.id_len = id.len();
@@ -287,46 +285,36 @@ impl Rewrites {
         v
     }
 
-    /// Rewrites the request head for the endpoint (path, `Host`, headers). With
-    /// [`HostRewrite::Endpoint`] the head is left without `Host` (each try adds its
+    /// Rewrites the request head for the endpoint (path, `Host`, headers), in either form.
+    /// With [`HostRewrite::Endpoint`] the head is left without `Host` (each try adds its
     /// endpoint's).
-    pub fn request(&self, head: &mut Vec<u8>, vars: &Vars<'_>) {
-        if self.paths.is_empty() && self.host.is_none() && self.request.is_empty() {
-            return;
-        }
-        let mut out = Vec::with_capacity(head.len() + 256);
-        let line_end = find_crlf(head).unwrap_or(head.len());
-        let line = &head[..line_end];
-        let (method, target, version) = split_request_line(line);
-        out.extend_from_slice(method);
-        out.push(b' ');
-        let (path, query) = match target.iter().position(|b| *b == b'?') {
-            Some(q) => target.split_at(q),
-            None => (target, &b""[..]),
-        };
-        let mut path = path.to_vec();
-        for p in &self.paths {
-            rewrite_path(p, &mut path);
-        }
-        out.extend_from_slice(&path);
-        out.extend_from_slice(query);
-        out.push(b' ');
-        out.extend_from_slice(version);
-        out.extend_from_slice(b"\r\n");
-        for (name, _, range) in header_lines(head) {
-            if (self.host.is_some() && name.eq_ignore_ascii_case(b"host"))
-                || self.request.drops(name)
-            {
-                continue;
+    pub fn request(&self, head: &mut RequestHeaders<'_>, vars: &Vars<'_>) {
+        if !self.paths.is_empty() {
+            let target = head.view().target();
+            let path_end = target
+                .iter()
+                .position(|b| *b == b'?')
+                .unwrap_or(target.len());
+            let mut path = target[..path_end].to_vec();
+            for p in &self.paths {
+                rewrite_path(p, &mut path);
             }
-            out.extend_from_slice(&head[range]);
+            head.set_path(&path);
         }
-        if let Some(HostRewrite::Literal(h)) = &self.host {
-            push_header(&mut out, b"host", h);
+        if !self.request.drop.is_empty() {
+            head.remove(|name| self.request.drops(name));
         }
-        push_edits(&self.request, vars, &mut out);
-        head.clear();
-        head.extend_from_slice(&out);
+        match &self.host {
+            Some(HostRewrite::Literal(h)) => head.set_host(Some(h)),
+            Some(HostRewrite::Endpoint) => head.set_host(None),
+            None => {}
+        }
+        let mut value = Vec::new();
+        for (name, t) in &self.request.push {
+            value.clear();
+            t.expand(vars, &mut value);
+            head.append(name, &value);
+        }
     }
 
     /// Rewrites an endpoint's response headers for the client (either leg's form).
@@ -362,41 +350,6 @@ impl Rewrites {
     fn relocates(&self, vars: &Vars<'_>) -> bool {
         self.rewrite_location && !vars.host.is_empty()
     }
-}
-
-/// Appends each edit's `set` and `add` lines.
-fn push_edits(edits: &Edits, vars: &Vars<'_>, out: &mut Vec<u8>) {
-    for (name, t) in &edits.push {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        t.expand(vars, out);
-        out.extend_from_slice(b"\r\n");
-    }
-}
-
-fn find_crlf(b: &[u8]) -> Option<usize> {
-    b.windows(2).position(|w| w == b"\r\n")
-}
-
-/// `METHOD SP target SP version` of a request line.
-fn split_request_line(line: &[u8]) -> (&[u8], &[u8], &[u8]) {
-    let a = line.iter().position(|b| *b == b' ').unwrap_or(line.len());
-    let z = line
-        .iter()
-        .rposition(|b| *b == b' ')
-        .filter(|z| *z > a)
-        .unwrap_or(line.len());
-    (
-        &line[..a],
-        line.get(a + 1..z).unwrap_or_default(),
-        line.get(z + 1..).unwrap_or_default(),
-    )
-}
-
-/// The target of a request head's first line.
-fn request_target(head: &[u8]) -> &[u8] {
-    let line_end = find_crlf(head).unwrap_or(head.len());
-    split_request_line(&head[..line_end]).1
 }
 
 /// Applies a prefix rewrite to a path (without its query). A stripped prefix only counts at a

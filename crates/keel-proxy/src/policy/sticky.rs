@@ -11,8 +11,8 @@ use std::sync::OnceLock;
 
 use hyper::http::HeaderValue;
 
-use crate::codec::head::header_lines;
 use crate::config::StickyConfig;
+use crate::exchange::head::HeadView;
 
 /// A cluster's sticky sessions, built with the cluster (one cookie value per endpoint).
 pub(crate) struct Sticky {
@@ -72,7 +72,7 @@ impl Sticky {
     }
 
     /// The endpoint token the request's cookie names, if it names one of the cluster's.
-    pub fn token(&self, head: &[u8]) -> Option<u64> {
+    pub fn token(&self, head: HeadView<'_>) -> Option<u64> {
         let value = cookie(head, &self.cookie)?;
         let value = std::str::from_utf8(value).ok()?;
         if value.len() != 16 {
@@ -101,11 +101,9 @@ fn cookie_value(secret: &str, token: u64) -> u64 {
 }
 
 /// The value of cookie `name` in a request head's `Cookie` headers.
-pub(crate) fn cookie<'h>(head: &'h [u8], name: &str) -> Option<&'h [u8]> {
-    header_lines(head)
-        .filter(|(n, _, _)| n.eq_ignore_ascii_case(b"cookie"))
-        .flat_map(|(_, v, _)| v.split(|b| *b == b';'))
-        .find_map(|pair| {
+pub(crate) fn cookie<'h>(head: HeadView<'h>, name: &str) -> Option<&'h [u8]> {
+    head.find_value("cookie", |v| {
+        v.split(|b| *b == b';').find_map(|pair| {
             let pair = pair.trim_ascii();
             let eq = pair.iter().position(|b| *b == b'=')?;
             (pair[..eq].trim_ascii() == name.as_bytes()).then(|| {
@@ -115,6 +113,7 @@ pub(crate) fn cookie<'h>(head: &'h [u8], name: &str) -> Option<&'h [u8]> {
                     .unwrap_or(v)
             })
         })
+    })
 }
 
 #[cfg(test)]
@@ -123,10 +122,20 @@ mod tests {
 
     #[test]
     fn cookies_are_found_among_others() {
-        let head = b"GET / HTTP/1.1\r\nCookie: a=1; sid=\"x y\"\r\ncookie: srv=abc\r\n";
-        assert_eq!(cookie(head, "sid"), Some(&b"x y"[..]));
-        assert_eq!(cookie(head, "srv"), Some(&b"abc"[..]));
-        assert_eq!(cookie(head, "none"), None);
+        let text = b"GET / HTTP/1.1\r\nCookie: a=1; sid=\"x y\"\r\ncookie: srv=abc\r\n";
+        // An HTTP/2 client may split its cookies over several `cookie` fields.
+        let map = hyper::Request::builder()
+            .header("cookie", "a=1; sid=\"x y\"")
+            .header("cookie", "srv=abc")
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0;
+        for head in [HeadView::Lines(text), HeadView::Map(&map)] {
+            assert_eq!(cookie(head, "sid"), Some(&b"x y"[..]));
+            assert_eq!(cookie(head, "srv"), Some(&b"abc"[..]));
+            assert_eq!(cookie(head, "none"), None);
+        }
     }
 
     #[test]
@@ -148,9 +157,11 @@ mod tests {
         );
         let value = &set[4..20];
         let head = format!("GET / HTTP/1.1\r\nCookie: srv={value}\r\n");
-        assert_eq!(s.token(head.as_bytes()), Some(22));
+        assert_eq!(s.token(HeadView::Lines(head.as_bytes())), Some(22));
         assert_eq!(
-            s.token(b"GET / HTTP/1.1\r\nCookie: srv=0123456789abcdef\r\n"),
+            s.token(HeadView::Lines(
+                b"GET / HTTP/1.1\r\nCookie: srv=0123456789abcdef\r\n"
+            )),
             None
         );
         // Another secret, other values.
@@ -161,6 +172,6 @@ mod tests {
             },
             [22u64].into_iter(),
         );
-        assert_eq!(other.token(head.as_bytes()), None);
+        assert_eq!(other.token(HeadView::Lines(head.as_bytes())), None);
     }
 }

@@ -279,6 +279,106 @@ response_headers = {{ set = {{ server = "keel" }}, remove = ["x-from-backend"], 
     proxy.shutdown(Duration::from_secs(1)).await;
 }
 
+/// The headers keel sets or drops, as an endpoint got them, sorted (`name: value`).
+fn forwarding_lines(body: &str) -> Vec<String> {
+    let mut lines: Vec<String> = body
+        .lines()
+        .filter(|l| {
+            [
+                "x-forwarded-",
+                "x-real-ip",
+                "x-request-id",
+                "x-tenant",
+                "x-secret",
+                "forwarded",
+                "cookie",
+                "te:",
+                "connection",
+                "transfer-encoding",
+                "content-length",
+                "x-keep",
+            ]
+            .iter()
+            .any(|p| l.starts_with(p))
+        })
+        .map(str::to_owned)
+        .collect();
+    lines.sort();
+    lines
+}
+
+/// An HTTP/2 client's head is edited in place and an HTTP/1.1 client's written as text; both
+/// forms must give an endpoint the same headers, through the same policies, whichever
+/// protocol it speaks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http1_and_http2_clients_forward_the_same_headers_to_either_endpoint() {
+    for h2_endpoint in [false, true] {
+        let b = target_echo_on(h2_endpoint).await;
+        let proxy = keel_proxy::start(config(&format!(
+            r#"[[listener]]
+listen = "127.0.0.1:0"
+cluster = "app"
+trusted_proxies = ["10.9.9.9/32"]
+
+[[cluster]]
+name = "app"
+protocol = "{}"
+endpoints = [{{ address = "{b}" }}]
+strip_prefix = "/svc"
+request_headers = {{ set = {{ x-tenant = "t1" }}, remove = ["x-secret"] }}
+"#,
+            if h2_endpoint { "h2c" } else { "http1" }
+        )))
+        .await
+        .unwrap();
+        let addr = proxy.listener_addrs()[0];
+        let headers = [
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-real-ip", "6.6.6.6"),
+            ("forwarded", "for=6.6.6.6"),
+            ("x-forwarded-host", "evil.example"),
+            ("x-request-id", "req-77"),
+            ("x-secret", "s"),
+            ("x-tenant", "client"),
+            ("x-keep", "1"),
+            ("cookie", "a=1"),
+        ];
+        let mut seen = Vec::new();
+        for h2 in [false, true] {
+            let r = get_via(addr, h2, "/svc/p?q=1", &headers).await;
+            assert_eq!(
+                r.status,
+                StatusCode::OK,
+                "h2 client {h2}, h2 endpoint {h2_endpoint}"
+            );
+            let body = r.text();
+            let target = echoed(&body, "target").unwrap();
+            assert!(target.ends_with("/p?q=1"), "{body}");
+            seen.push(forwarding_lines(&body));
+        }
+        let host = addr.to_string();
+        let expected = [
+            "cookie: a=1".to_owned(),
+            "x-forwarded-for: 127.0.0.1".to_owned(),
+            format!("x-forwarded-host: {host}"),
+            "x-forwarded-proto: http".to_owned(),
+            "x-keep: 1".to_owned(),
+            "x-real-ip: 127.0.0.1".to_owned(),
+            "x-request-id: req-77".to_owned(),
+            "x-tenant: t1".to_owned(),
+        ];
+        assert_eq!(
+            seen[0], expected,
+            "HTTP/1.1 client, h2 endpoint {h2_endpoint}"
+        );
+        assert_eq!(
+            seen[1], expected,
+            "HTTP/2 client, h2 endpoint {h2_endpoint}"
+        );
+        proxy.shutdown(Duration::from_secs(1)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redirect_route_is_answered_by_keel() {
     let bs = backends(1, Duration::ZERO).await;

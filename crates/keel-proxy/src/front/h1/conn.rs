@@ -19,6 +19,7 @@ use crate::config::ListenerConfig;
 use crate::driver::answer::{self, OwnAnswer, Upstream};
 use crate::driver::tries::Tries;
 use crate::exchange::error::BodyEnd;
+use crate::exchange::head::{HeadView, RequestHeaders};
 use crate::exchange::request::{BodyFraming, Client, Reject, RequestHead, RequestRules};
 use crate::front::h1::parse::{parse_request, RequestParse};
 use crate::front::h1::relay::{relay_frames, relay_response, ClientBody, RelayError};
@@ -243,7 +244,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                         let mut whole = req.clone();
                         whole.body = BodyFraming::Length(conn.body.len() as u64);
                         whole.expect_continue = false;
-                        crate::exchange::request::reframe_as_length(
+                        crate::exchange::rewrite::reframe_as_length(
                             &mut conn.up_head,
                             conn.body.len() as u64,
                         );
@@ -251,7 +252,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                             &target.cluster,
                             client,
                             Request {
-                                head: &mut conn.up_head,
+                                head: RequestHeaders::Lines(&mut conn.up_head),
                                 meta: &whole,
                                 start: Instant::now(),
                                 limits: target.limits,
@@ -309,7 +310,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     &target.cluster,
                     client,
                     Request {
-                        head: &mut conn.up_head,
+                        head: RequestHeaders::Lines(&mut conn.up_head),
                         meta: &req,
                         start: Instant::now(),
                         limits: target.limits,
@@ -449,7 +450,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             &target.cluster,
             client,
             Request {
-                head: &mut self.up_head,
+                head: RequestHeaders::Lines(&mut self.up_head),
                 meta: req,
                 start,
                 limits: target.limits,
@@ -532,7 +533,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             route: scope.route.index(),
             protocol: if req.http10 { "HTTP/1.0" } else { "HTTP/1.1" },
             started: scope.started,
-            request: &self.up_head,
+            request: HeadView::Lines(&self.up_head),
             status: a.status,
             endpoint: a.endpoint,
             attempts: a.attempts,
@@ -741,7 +742,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         Record {
             bytes_sent: sent,
             body_bytes_sent: sent.saturating_sub(self.out.len() as u64),
-            ..Record::refused(client, "HTTP/1.1", started, head, own.status, &own.cause)
+            ..Record::refused(
+                client,
+                "HTTP/1.1",
+                started,
+                HeadView::Lines(head),
+                own.status,
+                &own.cause,
+            )
         }
         .write(shared.access_log.load().as_deref());
         self.unread = true;

@@ -1,12 +1,13 @@
 //! The HTTP/1.1 front end's request parser: the head parsed in place (`httparse`), routed
 //! with the listener's routes, and rewritten for the upstream
-//! ([`crate::exchange::request::rewrite`]).
+//! (`crate::exchange::rewrite`).
 
 use std::mem::MaybeUninit;
 
 use crate::exchange::request::{
-    hash_rule, origin_form, rewrite, Reject, RequestHead, RequestRules, RouteRef, STACK_HEADERS,
+    hash_rule, origin_form, Reject, RequestHead, RequestRules, RouteRef, STACK_HEADERS,
 };
+use crate::exchange::rewrite::rewrite;
 use crate::route::ListenerRoutes;
 
 /// The outcome of reading an HTTP/1.1 request head.

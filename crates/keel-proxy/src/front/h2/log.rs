@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::driver::account::Tail;
+use crate::exchange::head::HeadView;
 use crate::exchange::request::Client;
 use crate::observe::access_log::AccessLog;
 use crate::observe::record::Record;
@@ -17,8 +18,9 @@ pub(crate) struct H2Scope {
     pub(crate) client: Arc<Client>,
     pub(crate) started: Instant,
     pub(crate) route: Option<u16>,
-    /// The head as rewritten for the upstream (the request line and headers the log shows).
-    pub(crate) head: Vec<u8>,
+    /// The request's head, as rewritten for the upstream (what the log shows of it), when
+    /// it is logged.
+    pub(crate) request: LoggedHead,
 }
 
 impl H2Scope {
@@ -30,7 +32,11 @@ impl H2Scope {
             route: self.route,
             protocol: "HTTP/2.0",
             started: self.started,
-            request: &self.head,
+            request: match &self.request {
+                LoggedHead::None => HeadView::Lines(b""),
+                LoggedHead::Text(text) => HeadView::Lines(text),
+                LoggedHead::Map(parts) => HeadView::Map(parts),
+            },
             status,
             endpoint: None,
             attempts: 0,
@@ -42,12 +48,31 @@ impl H2Scope {
         }
     }
 
-    /// The scope with the request's rewritten head (moved, not copied), when it is logged.
-    pub(crate) fn with_head(mut self, head: Vec<u8>) -> Self {
+    /// The scope with the request's head (moved, not copied), when it is logged.
+    pub(crate) fn with_request(mut self, head: impl FnOnce() -> LoggedHead) -> Self {
         if self.log.is_some() {
-            self.head = head;
+            self.request = head();
         }
         self
+    }
+}
+
+/// A request's head as the log shows it, in the form it was sent upstream in (owned; the
+/// parts boxed: the scope moves with the response body).
+pub(crate) enum LoggedHead {
+    None,
+    Text(Vec<u8>),
+    Map(Box<hyper::http::request::Parts>),
+}
+
+impl LoggedHead {
+    /// The head written as `text` (`http1`), else `parts`.
+    pub(crate) fn of(http1: bool, text: Vec<u8>, parts: hyper::http::request::Parts) -> Self {
+        if http1 {
+            LoggedHead::Text(text)
+        } else {
+            LoggedHead::Map(Box::new(parts))
+        }
     }
 }
 

@@ -1,6 +1,6 @@
-//! The HTTP/2 front end: hyper's HTTP/2 server is the codec; each request is rewritten by the
-//! same rules as an HTTP/1.1 one ([`crate::exchange::request::rewrite`]) and handed to the same
-//! attempt driver. An HTTP/1.1 endpoint's response head (HTTP/1.1 text, as the leg rewrote it)
+//! The HTTP/2 front end: hyper's HTTP/2 server is the codec; each request's head is edited in
+//! place by the same rules an HTTP/1.1 one is rewritten by (`crate::exchange::rewrite`) and
+//! handed to the same attempt driver. An HTTP/1.1 endpoint's response head (HTTP/1.1 text, as the leg rewrote it)
 //! becomes hyper's response, and its body is read from the endpoint's connection as hyper asks
 //! for it; an HTTP/2 endpoint's response passes frame by frame, trailers included, with the
 //! rest of a full-duplex request body sent alongside. keel's own answers to gRPC calls are
@@ -22,10 +22,11 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 
-use crate::config::ListenerConfig;
+use crate::config::{ListenerConfig, UpstreamProtocol};
 use crate::driver::account::Tail;
 use crate::driver::answer::{self, Answer, OwnAnswer, Upstream};
 use crate::exchange::error::BodyEnd;
+use crate::exchange::head::RequestHeaders;
 use crate::exchange::request::{BodyFraming, Client, Reject, RequestRules};
 use crate::leg::h2::RequestPump;
 use crate::leg::{self, Request, ResponseBody};
@@ -37,7 +38,7 @@ pub(crate) mod body;
 mod log;
 
 use body::{ActiveRequest, ClientBody, ConnActivity, H2Body, UpstreamBody, MAX_INLINE_BODY};
-use log::{H2Answered, H2Scope};
+use log::{H2Answered, H2Scope, LoggedHead};
 
 /// Serves an HTTP/2 connection (TLS with ALPN `h2`, or plain with prior knowledge) until it
 /// ends, stays idle too long, or the proxy shuts down (then it finishes its requests).
@@ -111,9 +112,9 @@ async fn handle(
         client: client.clone(),
         started,
         route: None,
-        head: Vec::new(),
+        request: LoggedHead::None,
     };
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let fields = || {
         parts
@@ -134,15 +135,7 @@ async fn handle(
     };
     let Some(target) = target else {
         shared.count_not_found(index);
-        if scope.log.is_some() {
-            // The request as the log shows it: its line and `host`.
-            scope.head = format!(
-                "{} {path} HTTP/2.0\r\nhost: {}\r\n",
-                parts.method,
-                parts.uri.authority().map_or("", |a| a.as_str())
-            )
-            .into_bytes();
-        }
+        let scope = scope.with_request(|| LoggedHead::Map(Box::new(parts)));
         return own_response(answer::not_found(), active, scope, None);
     };
     scope.route = route.index();
@@ -157,26 +150,40 @@ async fn handle(
             max_body,
         )
     };
-    let mut head = Vec::with_capacity(512);
-    let meta = match crate::exchange::request::rewrite(
-        parts.method.as_str(),
-        path,
-        parts.uri.authority().map(|a| a.as_str()),
-        false,
-        !body.is_end_stream(),
-        fields,
-        &rules,
-        &mut head,
-    ) {
+    // The head is written in the form its leg sends: HTTP/1.1 text for an HTTP/1.1 endpoint
+    // (written straight from hyper's map: cheaper than editing the map, then writing it out),
+    // the map itself, edited in place, for an HTTP/2 one.
+    let http1 = cluster.config.protocol == UpstreamProtocol::Http1;
+    let mut text = Vec::new();
+    let unframed = !body.is_end_stream();
+    let rewritten = if http1 {
+        text.reserve(512);
+        let authority = parts.uri.authority().map(|a| a.as_str());
+        let method = parts.method.as_str();
+        crate::exchange::rewrite::rewrite(
+            method, path, authority, false, unframed, fields, &rules, &mut text,
+        )
+    } else {
+        crate::exchange::rewrite::rewrite_h2(&mut parts, unframed, &rules)
+    };
+    let meta = match rewritten {
         Ok(meta) => meta,
-        Err(reject) => return refused(reject, active, scope, cluster, is_grpc(&parts.headers)),
+        Err(reject) => {
+            let grpc = is_grpc(&parts.headers);
+            let scope = scope.with_request(|| LoggedHead::Map(Box::new(parts)));
+            return refused(reject, active, scope, cluster, grpc);
+        }
     };
     let grpc = meta.grpc;
     let mut out = Vec::with_capacity(512);
     let mut timer = crate::io::idle_timer();
     let start = Instant::now();
     let request = Request {
-        head: &mut head,
+        head: if http1 {
+            RequestHeaders::Lines(&mut text)
+        } else {
+            RequestHeaders::Map(&mut parts)
+        },
         meta: &meta,
         start,
         limits: target.limits,
@@ -198,7 +205,8 @@ async fn handle(
             let data = match data {
                 Ok(data) => data,
                 Err(reject) => {
-                    return refused(reject, active, scope.with_head(head), cluster, grpc)
+                    let scope = scope.with_request(|| LoggedHead::of(http1, text, parts));
+                    return refused(reject, active, scope, cluster, grpc);
                 }
             };
             let mut inline = &data[..];
@@ -229,7 +237,7 @@ async fn handle(
             leg::forward(cluster, client, request, streamed, &mut out, &mut timer).await
         }
     };
-    let scope = scope.with_head(head);
+    let scope = scope.with_request(|| LoggedHead::of(http1, text, parts));
     let up = match answer {
         Answer::Own(own) if grpc => return grpc_own_response(own, active, scope, Some(cluster)),
         Answer::Own(own) => return own_response(own, active, scope, Some(cluster)),

@@ -1,0 +1,285 @@
+//! A request's head on its way to an endpoint, in the form its front end read it: an
+//! HTTP/1.1 client's as the text keel rewrote it into (sent as it is by the HTTP/1.1 leg),
+//! an HTTP/2 client's as hyper's parts, edited in place (built into the stream's HEADERS by
+//! the HTTP/2 leg, without text between). The policies and the access log read and edit
+//! either through the same operations, as `exchange::response` does for responses.
+
+use hyper::header::{HeaderName, HeaderValue};
+use hyper::http::request::Parts;
+use hyper::http::uri::{Authority, PathAndQuery};
+
+use crate::codec::head::{header_lines, header_value};
+use crate::codec::push_header;
+
+/// A request head to read: the policies' lookups, the access log's fields.
+#[derive(Clone, Copy)]
+pub(crate) enum HeadView<'a> {
+    /// HTTP/1.1 text: the request line, then header lines each ended by CRLF.
+    Lines(&'a [u8]),
+    /// An HTTP/2 client's head; its target's authority is its `Host`.
+    Map(&'a Parts),
+}
+
+impl<'a> HeadView<'a> {
+    /// The value of the first header `name`, trimmed; `host` is the authority.
+    pub fn value(self, name: &str) -> Option<&'a [u8]> {
+        match self {
+            HeadView::Lines(head) => header_value(head, name),
+            HeadView::Map(p) if name.eq_ignore_ascii_case("host") => {
+                p.uri.authority().map(|a| a.as_str().as_bytes())
+            }
+            HeadView::Map(p) => p.headers.get(name).map(|v| v.as_bytes().trim_ascii()),
+        }
+    }
+
+    /// The first `f` gives of the values of every header `name`, in order.
+    pub fn find_value<T>(self, name: &str, mut f: impl FnMut(&'a [u8]) -> Option<T>) -> Option<T> {
+        match self {
+            HeadView::Lines(head) => header_lines(head)
+                .filter(|(n, _, _)| n.eq_ignore_ascii_case(name.as_bytes()))
+                .find_map(|(_, v, _)| f(v)),
+            HeadView::Map(p) => p
+                .headers
+                .get_all(name)
+                .iter()
+                .find_map(|v| f(v.as_bytes().trim_ascii())),
+        }
+    }
+
+    /// The method.
+    pub fn method(self) -> Option<&'a [u8]> {
+        match self {
+            HeadView::Lines(head) => Some(request_line(head).0).filter(|m| !m.is_empty()),
+            HeadView::Map(p) => Some(p.method.as_str().as_bytes()),
+        }
+    }
+
+    /// The target in origin form (path and query).
+    pub fn target(self) -> &'a [u8] {
+        match self {
+            HeadView::Lines(head) => request_line(head).1,
+            HeadView::Map(p) => p
+                .uri
+                .path_and_query()
+                .map_or(b"/", |t| t.as_str().as_bytes()),
+        }
+    }
+}
+
+/// A request head to edit: the policies' rewrites of path, `Host` and headers.
+pub(crate) enum RequestHeaders<'a> {
+    /// An HTTP/1.1 client's head, as `exchange::rewrite::rewrite` wrote it (no final CRLF).
+    Lines(&'a mut Vec<u8>),
+    /// An HTTP/2 client's head, as `exchange::rewrite::rewrite_h2` left it.
+    Map(&'a mut Parts),
+}
+
+impl RequestHeaders<'_> {
+    /// The head to read.
+    pub fn view(&self) -> HeadView<'_> {
+        match self {
+            RequestHeaders::Lines(head) => HeadView::Lines(head),
+            RequestHeaders::Map(p) => HeadView::Map(p),
+        }
+    }
+
+    /// Replaces the target's path; its query stays.
+    pub fn set_path(&mut self, path: &[u8]) {
+        match self {
+            RequestHeaders::Lines(head) => {
+                let (method, target, _) = request_line(head);
+                let start = method.len() + 1;
+                let end = start
+                    + target
+                        .iter()
+                        .position(|b| *b == b'?')
+                        .unwrap_or(target.len());
+                if start <= end && end <= head.len() {
+                    head.splice(start..end, path.iter().copied());
+                }
+            }
+            RequestHeaders::Map(p) => {
+                let query = p.uri.query();
+                let mut target = path.to_vec();
+                if let Some(q) = query {
+                    target.push(b'?');
+                    target.extend_from_slice(q.as_bytes());
+                }
+                let Ok(target) = PathAndQuery::from_maybe_shared(bytes::Bytes::from(target)) else {
+                    return;
+                };
+                let mut uri = p.uri.clone().into_parts();
+                uri.path_and_query = Some(target);
+                set_uri(p, uri);
+            }
+        }
+    }
+
+    /// Sets `Host`, or removes it (`None`: each try then names its endpoint).
+    pub fn set_host(&mut self, host: Option<&[u8]>) {
+        match self {
+            RequestHeaders::Lines(head) => {
+                remove_lines(head, |n| n.eq_ignore_ascii_case(b"host"));
+                if let Some(h) = host {
+                    push_header(head, b"host", h);
+                }
+            }
+            RequestHeaders::Map(p) => {
+                let mut uri = p.uri.clone().into_parts();
+                uri.authority = host.and_then(|h| Authority::try_from(h).ok());
+                set_uri(p, uri);
+            }
+        }
+    }
+
+    /// Removes every header whose name `drop` picks (names are compared as written).
+    pub fn remove(&mut self, drop: impl Fn(&[u8]) -> bool) {
+        match self {
+            RequestHeaders::Lines(head) => remove_lines(head, drop),
+            RequestHeaders::Map(p) => {
+                // One removal per name, all its values at once.
+                while let Some(name) = p
+                    .headers
+                    .keys()
+                    .find(|n| drop(n.as_str().as_bytes()))
+                    .cloned()
+                {
+                    p.headers.remove(&name);
+                }
+            }
+        }
+    }
+
+    /// Adds a header after the others (a value that is not a valid header value is not sent).
+    pub fn append(&mut self, name: &HeaderName, value: &[u8]) {
+        match self {
+            RequestHeaders::Lines(head) => push_header(head, name.as_str().as_bytes(), value),
+            RequestHeaders::Map(p) => {
+                if let Ok(v) = HeaderValue::from_bytes(value) {
+                    p.headers.append(name.clone(), v);
+                }
+            }
+        }
+    }
+}
+
+/// Gives a head the target `uri` (a scheme when it has an authority, none when it has not, as
+/// `Uri` wants); a target that is not valid leaves the head's as it was.
+pub(crate) fn set_uri(p: &mut Parts, mut uri: hyper::http::uri::Parts) {
+    uri.scheme = match uri.authority {
+        Some(_) => uri.scheme.or(Some(hyper::http::uri::Scheme::HTTP)),
+        None => None,
+    };
+    if let Ok(uri) = hyper::Uri::from_parts(uri) {
+        p.uri = uri;
+    }
+}
+
+/// Removes the header lines of an HTTP/1.1 head whose name `drop` picks.
+fn remove_lines(head: &mut Vec<u8>, drop: impl Fn(&[u8]) -> bool) {
+    let gone: Vec<std::ops::Range<usize>> = header_lines(head)
+        .filter(|(n, _, _)| drop(n))
+        .map(|(_, _, range)| range)
+        .collect();
+    for range in gone.into_iter().rev() {
+        head.drain(range);
+    }
+}
+
+/// `METHOD SP target SP version` of a head's first line.
+fn request_line(head: &[u8]) -> (&[u8], &[u8], &[u8]) {
+    let line = &head[..head
+        .windows(2)
+        .position(|w| w == b"\r\n")
+        .unwrap_or(head.len())];
+    let a = line.iter().position(|b| *b == b' ').unwrap_or(line.len());
+    let z = line
+        .iter()
+        .rposition(|b| *b == b' ')
+        .filter(|z| *z > a)
+        .unwrap_or(line.len());
+    (
+        &line[..a],
+        line.get(a + 1..z).unwrap_or_default(),
+        line.get(z + 1..).unwrap_or_default(),
+    )
+}
+
+/// Writes an HTTP/2 client's head as the HTTP/1.1 head an HTTP/1.1 endpoint gets (no final
+/// CRLF and no `Host` when it has no authority: both are per try). `chunked`: its body is sent
+/// with the chunked coding.
+pub(crate) fn write_h1(p: &Parts, chunked: bool, out: &mut Vec<u8>) {
+    out.clear();
+    out.reserve(128 + 64 * p.headers.len());
+    out.extend_from_slice(p.method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(HeadView::Map(p).target());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    if let Some(a) = p.uri.authority() {
+        push_header(out, b"host", a.as_str().as_bytes());
+    }
+    for (name, value) in &p.headers {
+        push_header(out, name.as_str().as_bytes(), value.as_bytes());
+    }
+    if chunked {
+        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NAME: HeaderName = HeaderName::from_static("x-added");
+
+    fn map(uri: &str, headers: &[(&str, &str)]) -> Parts {
+        let mut b = hyper::Request::builder().uri(uri);
+        for (n, v) in headers {
+            b = b.header(*n, *v);
+        }
+        b.body(()).unwrap().into_parts().0
+    }
+
+    /// Every edit, applied to both forms of one request, gives the same HTTP/1.1 head.
+    #[test]
+    fn both_forms_edit_alike() {
+        let mut text = b"GET /api/v1?q=1 HTTP/1.1\r\nhost: a.example\r\nx-drop: 1\r\nx-keep: 2\r\nx-drop: 3\r\n".to_vec();
+        let mut parts = map(
+            "http://a.example/api/v1?q=1",
+            &[("x-drop", "1"), ("x-keep", "2"), ("x-drop", "3")],
+        );
+        for head in [
+            RequestHeaders::Lines(&mut text),
+            RequestHeaders::Map(&mut parts),
+        ] {
+            let mut head = head;
+            assert_eq!(head.view().target(), b"/api/v1?q=1");
+            assert_eq!(head.view().value("host"), Some(&b"a.example"[..]));
+            assert_eq!(
+                head.view()
+                    .find_value("x-drop", |v| (v == b"3").then_some(v)),
+                Some(&b"3"[..])
+            );
+            head.set_path(b"/v1");
+            head.remove(|n| n.eq_ignore_ascii_case(b"x-drop"));
+            head.set_host(Some(b"b.example"));
+            head.append(&NAME, b"yes");
+            assert_eq!(head.view().target(), b"/v1?q=1");
+            assert_eq!(head.view().method(), Some(&b"GET"[..]));
+            assert_eq!(head.view().value("x-drop"), None);
+        }
+        let mut rendered = Vec::new();
+        write_h1(&parts, false, &mut rendered);
+        let sorted = |h: &[u8]| {
+            let s = String::from_utf8(h.to_vec()).unwrap();
+            let mut lines: Vec<String> = s.lines().map(str::to_owned).collect();
+            lines[1..].sort();
+            lines
+        };
+        assert_eq!(sorted(&text), sorted(&rendered));
+        let mut parts = parts;
+        RequestHeaders::Map(&mut parts).set_host(None);
+        assert_eq!(HeadView::Map(&parts).value("host"), None);
+        assert_eq!(HeadView::Map(&parts).target(), b"/v1?q=1");
+    }
+}

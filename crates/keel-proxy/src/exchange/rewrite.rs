@@ -1,0 +1,472 @@
+//! What an endpoint gets of a client's request: the one set of rules both front ends apply.
+//! Hop-by-hop headers and those `Connection` names go, `X-Forwarded-For`/`-Proto`/`-Host`
+//! and `x-request-id` are set, the body's framing is decided, and every refusal is a
+//! [`Reject`]. [`scan`] checks the request once; its result is written either as the
+//! HTTP/1.1 head an HTTP/1.1 client's request becomes ([`rewrite`]), or as edits in place of
+//! an HTTP/2 client's header map ([`rewrite_h2`]), which no leg has to parse back.
+
+use bytes::Bytes;
+use hyper::header::{HeaderName, HeaderValue, CONTENT_LENGTH};
+use hyper::http::request::Parts;
+use hyper::http::uri::Authority;
+
+use crate::codec::{push_content_length, push_header, HOP_BY_HOP};
+use crate::exchange::request::{
+    new_request_id, parse_content_length, BodyFraming, Reject, RequestHead, RequestRules, RouteRef,
+    UpgradeTo, MAX_REQUEST_ID,
+};
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Most header names a `Connection` header may list for removal.
+const MAX_CONNECTION_TOKENS: usize = 16;
+
+/// What the first look at the headers found.
+struct Scan<'h> {
+    named: [&'h [u8]; MAX_CONNECTION_TOKENS],
+    n_named: usize,
+    close: bool,
+    keep_alive_token: bool,
+    content_length: Option<u64>,
+    transfer_encoding: Option<&'h [u8]>,
+    expect: Option<&'h [u8]>,
+    host: Option<&'h [u8]>,
+    forwarded_for: bool,
+    hash: Option<u64>,
+    upgrade_token: bool,
+    upgrade: Option<&'h [u8]>,
+    real_ip: bool,
+    request_id: Option<&'h [u8]>,
+    grpc: bool,
+    /// The `Upgrade` value passed on, when the request is an upgrade keel forwards.
+    upgrade_to: Option<&'h [u8]>,
+}
+
+/// Headers a `Connection` header cannot name for removal: `Host` and those keel writes
+/// itself. (Left to it, `Connection: host` would strip `Host` after routing used it, and
+/// `Connection: x-forwarded-for` a trusted proxy's record of the client.)
+const NOT_HOP_BY_HOP: [&str; 8] = [
+    "host",
+    "content-length",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "x-real-ip",
+    "forwarded",
+    "x-request-id",
+];
+
+/// Checks a request: what it is (its [`RequestHead`]) and what its headers hold that the
+/// rewrite needs. `fields` are the client's headers as (name, value), from a function called
+/// for each pass over them; `authority`: an absolute-form target's (HTTP/1.1) or
+/// `:authority` (HTTP/2). `unframed_body`: a body follows that no header delimits (HTTP/2
+/// data frames without `content-length`); it is sent chunked. Inlined: its result is large
+/// (a copy of it cost 7 % of the rewrite).
+#[inline(always)]
+fn scan<'h, I>(
+    method: &str,
+    path: &str,
+    authority: Option<&'h str>,
+    http10: bool,
+    unframed_body: bool,
+    fields: impl Fn() -> I,
+    rules: &RequestRules<'_>,
+) -> Result<(RequestHead, Scan<'h>), Reject>
+where
+    I: Iterator<Item = (&'h str, &'h [u8])>,
+{
+    let mut s = Scan {
+        named: [b""; MAX_CONNECTION_TOKENS],
+        n_named: 0,
+        close: false,
+        keep_alive_token: false,
+        content_length: None,
+        transfer_encoding: None,
+        expect: None,
+        host: None,
+        forwarded_for: false,
+        hash: None,
+        upgrade_token: false,
+        upgrade: None,
+        real_ip: false,
+        request_id: None,
+        grpc: false,
+        upgrade_to: None,
+    };
+    for (name, value) in fields() {
+        if name.eq_ignore_ascii_case("connection") {
+            for token in value.split(|b| *b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    s.close = true;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                    s.keep_alive_token = true;
+                } else if token.eq_ignore_ascii_case(b"upgrade") {
+                    s.upgrade_token = true;
+                } else if !token.is_empty()
+                    && !NOT_HOP_BY_HOP
+                        .iter()
+                        .any(|n| token.eq_ignore_ascii_case(n.as_bytes()))
+                {
+                    if s.n_named == MAX_CONNECTION_TOKENS {
+                        return Err(Reject::TooManyConnectionOptions);
+                    }
+                    s.named[s.n_named] = token;
+                    s.n_named += 1;
+                }
+            }
+        } else if name.eq_ignore_ascii_case("content-length") {
+            let n = parse_content_length(value).ok_or(Reject::InvalidContentLength)?;
+            if s.content_length.is_some_and(|m| m != n) {
+                return Err(Reject::ConflictingContentLength);
+            }
+            s.content_length = Some(n);
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            if s.transfer_encoding.is_some() {
+                return Err(Reject::UnsupportedTransferEncoding);
+            }
+            s.transfer_encoding = Some(value);
+        } else if name.eq_ignore_ascii_case("expect") {
+            s.expect = Some(value);
+        } else if name.eq_ignore_ascii_case("host") {
+            if s.host.is_some() {
+                return Err(Reject::DuplicateHost);
+            }
+            s.host = Some(value);
+        } else if name.eq_ignore_ascii_case("x-forwarded-for") {
+            s.forwarded_for = true;
+        } else if name.eq_ignore_ascii_case("upgrade") {
+            s.upgrade = Some(value);
+        } else if name.eq_ignore_ascii_case("x-real-ip") {
+            s.real_ip = true;
+        } else if name.eq_ignore_ascii_case("x-request-id") {
+            if s.request_id.is_none() && valid_request_id(value) {
+                s.request_id = Some(value);
+            }
+        } else if name.eq_ignore_ascii_case("content-type") {
+            s.grpc = value.len() >= 16 && value[..16].eq_ignore_ascii_case(b"application/grpc");
+        }
+        if s.hash.is_none()
+            && rules
+                .hash_header
+                .is_some_and(|k| name.eq_ignore_ascii_case(k))
+        {
+            s.hash = Some(keel_balance::hash_key(value));
+        }
+    }
+    let body = match (s.transfer_encoding, s.content_length) {
+        (Some(_), Some(_)) => return Err(Reject::LengthAndTransferEncoding),
+        (Some(te), None) => {
+            let last = te.rsplit(|b| *b == b',').next().unwrap_or(b"").trim_ascii();
+            if http10 || !last.eq_ignore_ascii_case(b"chunked") {
+                return Err(Reject::TransferEncodingNotChunked);
+            }
+            if !te.trim_ascii().eq_ignore_ascii_case(b"chunked") {
+                return Err(Reject::UnsupportedTransferEncoding);
+            }
+            BodyFraming::Chunked
+        }
+        (None, None) if unframed_body => BodyFraming::Chunked,
+        (None, Some(0)) | (None, None) => BodyFraming::None,
+        (None, Some(n)) => BodyFraming::Length(n),
+    };
+    if let BodyFraming::Length(n) = body {
+        if n > rules.max_body {
+            return Err(Reject::BodyTooLarge);
+        }
+    }
+    let expect_continue = match s.expect {
+        None => false,
+        // No 1xx to an HTTP/1.0 client (RFC 9110 section 15.2): its Expect is ignored.
+        Some(_) if http10 => false,
+        Some(v) if v.trim_ascii().eq_ignore_ascii_case(b"100-continue") => true,
+        Some(_) => return Err(Reject::UnsupportedExpectation),
+    };
+    if !http10 && s.host.is_none() && authority.is_none() {
+        // RFC 9112 section 3.2 (an absolute-form target names the host too, as NGINX takes).
+        return Err(Reject::MissingHost);
+    }
+    // RFC 9110 section 7.8; HTTP/1.0 has no upgrades. An upgrade to h2c is not passed on:
+    // it would make the connection HTTP/2 straight to the endpoint, past keel's routes and
+    // limits (h2c smuggling); the request goes on as a plain HTTP/1.1 one.
+    let upgrade = match s.upgrade {
+        Some(protocol) if s.upgrade_token && method == "GET" && !http10 && !names_h2c(protocol) => {
+            UpgradeTo::new(protocol).map(|to| (protocol, to))
+        }
+        _ => None,
+    };
+    let mut hash = s.hash;
+    if rules.hash_path {
+        let end = path.find('?').unwrap_or(path.len());
+        hash = Some(keel_balance::hash_key(&path.as_bytes()[..end]));
+    }
+
+    s.upgrade_to = upgrade.map(|(protocol, _)| protocol);
+    let head = RequestHead {
+        head_len: 0,
+        body,
+        idempotent: matches!(
+            method,
+            "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
+        ),
+        is_head: method == "HEAD",
+        // `close` wins over `keep-alive` (RFC 9112 section 9.3).
+        keep_alive: !s.close && (!http10 || s.keep_alive_token),
+        http10,
+        has_host: authority.is_some() || s.host.is_some(),
+        expect_continue,
+        hash,
+        route: RouteRef::NotFound,
+        upgrade: upgrade.is_some(),
+        upgrade_to: upgrade.map(|(_, to)| to).unwrap_or_default(),
+        grpc: s.grpc,
+    };
+    Ok((head, s))
+}
+
+/// True if a client's header `name` goes to the endpoint as the client sent it: not a
+/// hop-by-hop one or one its `Connection` names, not one keel sets itself, not `Expect`
+/// (keel answers it), and not `Host` when the target's authority replaces it (`drop_host`).
+#[inline(always)]
+fn passed_on(name: &str, named: &[&[u8]], drop_host: bool, rules: &RequestRules<'_>) -> bool {
+    !(HOP_BY_HOP.iter().any(|n| name.eq_ignore_ascii_case(n))
+        || named
+            .iter()
+            .any(|n| name.as_bytes().eq_ignore_ascii_case(n))
+        || name.eq_ignore_ascii_case("content-length")
+        || name.eq_ignore_ascii_case("expect")
+        || (drop_host && name.eq_ignore_ascii_case("host"))
+        || name.eq_ignore_ascii_case("x-forwarded-for")
+        || name.eq_ignore_ascii_case("x-forwarded-proto")
+        || name.eq_ignore_ascii_case("x-forwarded-host")
+        || (rules.request_id && name.eq_ignore_ascii_case("x-request-id"))
+        || (!rules.trust_forwarded
+            && (name.eq_ignore_ascii_case("x-real-ip") || name.eq_ignore_ascii_case("forwarded"))))
+}
+
+/// A client's `x-request-id` keel passes on: printable, not empty, not too long.
+fn valid_request_id(value: &[u8]) -> bool {
+    !value.is_empty() && value.len() <= MAX_REQUEST_ID && value.iter().all(|b| b.is_ascii_graphic())
+}
+
+/// Checks an HTTP/1.1 client's request and writes the head sent upstream into `out` (request
+/// line in origin form, headers, `X-Forwarded-*`, `Content-Length` or `Transfer-Encoding`; no
+/// final CRLF and no `Host` when the client sent none: both are per try). See [`scan`] for
+/// the arguments.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rewrite<'h, I>(
+    method: &str,
+    path: &str,
+    authority: Option<&'h str>,
+    http10: bool,
+    unframed_body: bool,
+    fields: impl Fn() -> I,
+    rules: &RequestRules<'_>,
+    out: &mut Vec<u8>,
+) -> Result<RequestHead, Reject>
+where
+    I: Iterator<Item = (&'h str, &'h [u8])>,
+{
+    let (meta, s) = scan(
+        method,
+        path,
+        authority,
+        http10,
+        unframed_body,
+        &fields,
+        rules,
+    )?;
+    out.clear();
+    out.extend_from_slice(method.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(path.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let named = &s.named[..s.n_named];
+    for (name, value) in fields() {
+        if passed_on(name, named, authority.is_some(), rules) {
+            push_header(out, name.as_bytes(), value);
+        }
+    }
+    // The target's authority (an absolute-form target's, or HTTP/2's `:authority`) wins over
+    // `Host` (RFC 9112 section 3.2.2), which was left out above; else the client's `Host`.
+    let host = match (authority, s.host) {
+        (Some(a), _) => {
+            push_header(out, b"host", a.as_bytes());
+            Some(a.as_bytes())
+        }
+        (None, Some(h)) => Some(h),
+        (None, None) => None,
+    };
+    // An untrusted client's `X-Real-IP` is replaced as its `X-Forwarded-For` is; its
+    // `Forwarded` is dropped (keel speaks `X-Forwarded-*`).
+    if s.real_ip && !rules.trust_forwarded {
+        push_header(out, b"x-real-ip", rules.client_ip.as_bytes());
+    }
+    if rules.request_id {
+        out.extend_from_slice(b"x-request-id: ");
+        match s.request_id {
+            Some(id) => out.extend_from_slice(id),
+            None => out.extend_from_slice(&new_request_id()),
+        }
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"x-forwarded-for: ");
+    if s.forwarded_for && rules.trust_forwarded {
+        for (name, value) in fields() {
+            if name.eq_ignore_ascii_case("x-forwarded-for") {
+                out.extend_from_slice(value);
+                out.extend_from_slice(b", ");
+            }
+        }
+    }
+    out.extend_from_slice(rules.client_ip.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    push_header(out, b"x-forwarded-proto", rules.proto.as_bytes());
+    if let Some(h) = host {
+        push_header(out, b"x-forwarded-host", h);
+    }
+    if let Some(protocol) = s.upgrade_to {
+        out.extend_from_slice(b"connection: upgrade\r\n");
+        push_header(out, b"upgrade", protocol);
+    }
+    match meta.body {
+        BodyFraming::Length(n) => push_content_length(out, n),
+        BodyFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        // A `Content-Length: 0` is kept as such (some servers want a length on POST).
+        BodyFraming::None if s.content_length == Some(0) => push_content_length(out, 0),
+        BodyFraming::None => {}
+    }
+    Ok(meta)
+}
+
+/// Turns a head [`rewrite`] framed as chunked into one with `Content-Length: n`, for a chunked
+/// body read and decoded whole.
+pub(crate) fn reframe_as_length(head: &mut Vec<u8>, n: u64) {
+    const CHUNKED: &[u8] = b"transfer-encoding: chunked\r\n";
+    debug_assert!(head.ends_with(CHUNKED), "rewrite writes the framing last");
+    if head.ends_with(CHUNKED) {
+        head.truncate(head.len() - CHUNKED.len());
+        push_content_length(head, n);
+    }
+}
+
+/// True if an `Upgrade` value lists `h2c`.
+fn names_h2c(protocols: &[u8]) -> bool {
+    protocols.split(|b| *b == b',').any(|p| {
+        let p = p.trim_ascii();
+        let name = p.split(|b| *b == b'/').next().unwrap_or(p);
+        name.eq_ignore_ascii_case(b"h2c")
+    })
+}
+
+/// Checks an HTTP/2 client's request and edits its head in place into what the endpoint gets,
+/// by the rules [`rewrite`] writes as text: the headers not [`passed_on`] removed, keel's own
+/// inserted, `Host` (if the client sent one in place of `:authority`) moved into the target's
+/// authority, `content-length` as the body is framed. No transfer coding: a chunked body is
+/// the HTTP/1.1 leg's to frame. Only what changes is touched; the rest stays as hyper parsed it.
+pub(crate) fn rewrite_h2(
+    parts: &mut Parts,
+    unframed_body: bool,
+    rules: &RequestRules<'_>,
+) -> Result<RequestHead, Reject> {
+    let headers = &parts.headers;
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let authority = parts.uri.authority().map(|a| a.as_str());
+    let fields = || headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes()));
+    let (meta, s) = scan(
+        parts.method.as_str(),
+        path,
+        authority,
+        false,
+        unframed_body,
+        fields,
+        rules,
+    )?;
+    if s.n_named > 0 {
+        // A connection-specific header (RFC 9113 section 8.2.2).
+        return Err(Reject::Malformed);
+    }
+    // What the edits need, read before the map changes under them.
+    let moved_host = match (authority, s.host) {
+        (None, Some(h)) => Some(Authority::try_from(h).map_err(|_| Reject::Malformed)?),
+        _ => None,
+    };
+    let forwarded_host = authority
+        .map(str::as_bytes)
+        .or(s.host)
+        .and_then(|h| HeaderValue::from_bytes(h).ok());
+    let mut forwarded_for = Vec::with_capacity(rules.client_ip.len());
+    if s.forwarded_for && rules.trust_forwarded {
+        for v in headers.get_all(&X_FORWARDED_FOR) {
+            forwarded_for.extend_from_slice(v.as_bytes());
+            forwarded_for.extend_from_slice(b", ");
+        }
+    }
+    forwarded_for.extend_from_slice(rules.client_ip.as_bytes());
+    let request_id = match s.request_id {
+        Some(_) if rules.request_id => headers
+            .get_all(&X_REQUEST_ID)
+            .iter()
+            .find(|v| valid_request_id(v.as_bytes()))
+            .cloned(),
+        _ => None,
+    };
+    let real_ip = s.real_ip && !rules.trust_forwarded;
+    let length_zero = s.content_length == Some(0);
+    let drops = headers
+        .keys()
+        .any(|n| !passed_on(n.as_str(), &[], true, rules));
+
+    let h = &mut parts.headers;
+    if drops {
+        // One removal per name (all its values): bounded by the names `passed_on` drops.
+        while let Some(name) = h
+            .keys()
+            .find(|n| !passed_on(n.as_str(), &[], true, rules))
+            .cloned()
+        {
+            h.remove(&name);
+        }
+    }
+    if real_ip {
+        if let Ok(v) = HeaderValue::from_str(rules.client_ip) {
+            h.insert(X_REAL_IP, v);
+        }
+    }
+    if rules.request_id {
+        let id = request_id.or_else(|| HeaderValue::from_bytes(&new_request_id()).ok());
+        if let Some(mut id) = id {
+            // A value new on every request never repeats: HPACK would search its table for it
+            // and then insert it, evicting entries that do repeat. Sent as a literal.
+            id.set_sensitive(true);
+            h.insert(X_REQUEST_ID, id);
+        }
+    }
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(forwarded_for)) {
+        h.insert(X_FORWARDED_FOR, v);
+    }
+    h.insert(X_FORWARDED_PROTO, HeaderValue::from_static(rules.proto));
+    if let Some(v) = forwarded_host {
+        h.insert(X_FORWARDED_HOST, v);
+    }
+    match meta.body {
+        BodyFraming::Length(n) => {
+            h.insert(CONTENT_LENGTH, HeaderValue::from(n));
+        }
+        // A `content-length: 0` is kept as such (some servers want a length on POST).
+        BodyFraming::None if length_zero => {
+            h.insert(CONTENT_LENGTH, HeaderValue::from_static("0"));
+        }
+        _ => {}
+    }
+    if let Some(a) = moved_host {
+        let mut uri = parts.uri.clone().into_parts();
+        uri.authority = Some(a);
+        crate::exchange::head::set_uri(parts, uri);
+    }
+    Ok(meta)
+}
