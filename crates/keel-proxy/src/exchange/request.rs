@@ -355,18 +355,20 @@ pub(crate) fn new_request_id() -> [u8; 36] {
     }
     let hi = (next() & !0xf000) | 0x4000; // version 4
     let lo = (next() & !(0b11 << 62)) | (0b10 << 62); // RFC 4122 variant
-    let bits = (u128::from(hi) << 64) | u128::from(lo);
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut id = [0u8; 36];
-    let mut at = 0;
-    for i in 0..32 {
-        if matches!(i, 8 | 12 | 16 | 20) {
-            id[at] = b'-';
-            at += 1;
-        }
-        id[at] = HEX[((bits >> (124 - 4 * i)) & 0xf) as usize];
-        at += 1;
+    let mut hex = [0u8; 32];
+    let bytes = hi.to_be_bytes().into_iter().chain(lo.to_be_bytes());
+    for (pair, b) in hex.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = HEX[usize::from(b >> 4)];
+        pair[1] = HEX[usize::from(b & 0xf)];
     }
+    // 8-4-4-4-12.
+    let mut id = [b'-'; 36];
+    id[..8].copy_from_slice(&hex[..8]);
+    id[9..13].copy_from_slice(&hex[8..12]);
+    id[14..18].copy_from_slice(&hex[12..16]);
+    id[19..23].copy_from_slice(&hex[16..20]);
+    id[24..].copy_from_slice(&hex[20..]);
     id
 }
 
