@@ -269,6 +269,9 @@ pub(crate) struct RequestHead {
     pub keep_alive: bool,
     /// HTTP/1.0 client (no chunked responses).
     pub http10: bool,
+    /// HTTP/2 client: an HTTP/1.1 endpoint's response head is read into a header map, the
+    /// form its renderer takes, not written as text.
+    pub http2: bool,
     /// `Host` was sent (else the endpoint's address is used).
     pub has_host: bool,
     /// The client waits for `100 Continue` before it sends the body.

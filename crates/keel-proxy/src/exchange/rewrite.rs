@@ -217,6 +217,7 @@ where
         // `close` wins over `keep-alive` (RFC 9112 section 9.3).
         keep_alive: !s.close && (!http10 || s.keep_alive_token),
         http10,
+        http2: false,
         has_host: authority.is_some() || s.host.is_some(),
         expect_continue,
         hash,

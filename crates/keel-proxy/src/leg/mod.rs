@@ -37,7 +37,9 @@ use crate::upstream::pool::RawConn;
 /// What the HTTP legs answer with, as the front ends render it.
 pub(crate) type HttpAnswer = Answer<UpstreamResponse>;
 
-/// An endpoint's response, as its leg read it.
+/// An endpoint's response, as its leg read it. HTTP/1.1's is kept unboxed: it is the common
+/// answer, and a box would be an allocation per request.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum UpstreamResponse {
     /// HTTP/1.1: the connection with what was read of the body, and the head (rewritten
     /// into the front end's buffer). A `101` to an upgrade request makes a tunnel.
@@ -59,7 +61,10 @@ impl UpstreamResponse {
     /// `out`).
     pub fn headers_mut<'a>(&'a mut self, out: &'a mut Vec<u8>) -> ResponseHeaders<'a> {
         match self {
-            UpstreamResponse::H1(..) => ResponseHeaders::Lines(out),
+            UpstreamResponse::H1(_, head) => match head.headers.as_deref_mut() {
+                Some(map) => ResponseHeaders::Map(map),
+                None => ResponseHeaders::Lines(out),
+            },
             UpstreamResponse::H2(r) => ResponseHeaders::Map(&mut r.head.headers),
         }
     }
@@ -84,10 +89,12 @@ impl UpstreamResponse {
         out: &[u8],
     ) -> Result<(hyper::http::response::Parts, ResponseBody), RawConn> {
         match self {
-            UpstreamResponse::H1(conn, head) => match crate::leg::h1::response::parts(out, &head) {
-                Ok(parts) => Ok((parts, ResponseBody::H1(H1Body::new(conn, &head)))),
-                Err(()) => Err(conn),
-            },
+            UpstreamResponse::H1(conn, mut head) => {
+                match crate::leg::h1::response::parts(out, &mut head) {
+                    Ok(parts) => Ok((parts, ResponseBody::H1(H1Body::new(conn, &head)))),
+                    Err(()) => Err(conn),
+                }
+            }
             UpstreamResponse::H2(mut r) => {
                 // Taken, not cloned: nothing reads the endpoint's head once it is the client's.
                 let empty = hyper::Response::new(()).into_parts().0;

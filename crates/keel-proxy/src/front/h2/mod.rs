@@ -27,7 +27,7 @@ use crate::driver::account::Tail;
 use crate::driver::answer::{self, Answer, OwnAnswer, Upstream};
 use crate::exchange::error::BodyEnd;
 use crate::exchange::head::RequestHeaders;
-use crate::exchange::request::{BodyFraming, Client, Reject, RequestRules};
+use crate::exchange::request::{BodyFraming, Client, Reject, RequestHead, RequestRules};
 use crate::leg::h2::RequestPump;
 use crate::leg::{self, Request, ResponseBody};
 use crate::observe::record::Record;
@@ -167,7 +167,11 @@ async fn handle(
         crate::exchange::rewrite::rewrite_h2(&mut parts, unframed, &rules)
     };
     let meta = match rewritten {
-        Ok(meta) => meta,
+        // An HTTP/1.1 endpoint's answer is read into a header map, which hyper takes.
+        Ok(meta) => RequestHead {
+            http2: true,
+            ..meta
+        },
         Err(reject) => {
             let grpc = is_grpc(&parts.headers);
             let scope = scope.with_request(|| LoggedHead::Map(Box::new(parts)));

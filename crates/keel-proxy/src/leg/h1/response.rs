@@ -46,6 +46,9 @@ pub(crate) struct ResponseHead {
     pub orca: Option<Utilization>,
     /// When the endpoint asks to be retried (`Retry-After`, `grpc-retry-pushback-ms`).
     pub pushback: Option<crate::exchange::pushback::Pushback>,
+    /// The headers to send on as a map, when the client speaks HTTP/2 (then nothing is
+    /// written as text: its renderer wants the map).
+    pub headers: Option<Box<hyper::HeaderMap>>,
 }
 
 /// Most headers accepted in an upstream response.
@@ -53,11 +56,13 @@ const MAX_RESPONSE_HEADERS: usize = 128;
 
 /// Parses the response head at the start of `buf`; when complete, writes into `out` the
 /// status line and the headers to send to the client, without the framing headers, the
-/// connection options and the final CRLF (the caller adds those). `Ok(None)`: not complete.
+/// connection options and the final CRLF (the caller adds those); with `into_map`, puts the
+/// headers into [`ResponseHead::headers`] instead. `Ok(None)`: not complete.
 pub(crate) fn parse_response(
     buf: &[u8],
     request_is_head: bool,
     out: &mut Vec<u8>,
+    into_map: bool,
 ) -> Result<Option<ResponseHead>, &'static str> {
     let mut headers = [MaybeUninit::<httparse::Header<'_>>::uninit(); MAX_RESPONSE_HEADERS];
     let mut resp = httparse::Response::new(&mut []);
@@ -139,12 +144,19 @@ pub(crate) fn parse_response(
     } else {
         Framing::Close
     };
-    out.clear();
-    out.extend_from_slice(b"HTTP/1.1 ");
-    push_status(out, status);
-    out.push(b' ');
-    out.extend_from_slice(resp.reason.unwrap_or("").as_bytes());
-    out.extend_from_slice(b"\r\n");
+    let mut map = None;
+    if into_map {
+        map = Some(Box::new(hyper::HeaderMap::with_capacity(
+            resp.headers.len(),
+        )));
+    } else {
+        out.clear();
+        out.extend_from_slice(b"HTTP/1.1 ");
+        push_status(out, status);
+        out.push(b' ');
+        out.extend_from_slice(resp.reason.unwrap_or("").as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
     let named = &named[..n_named];
     // A body-less answer keeps the length it declares (that of the GET for a HEAD).
     let keep_length = framing == Framing::Empty && status != 204 && status >= 200;
@@ -163,7 +175,17 @@ pub(crate) fn parse_response(
         {
             continue;
         }
-        push_header(out, name.as_bytes(), h.value);
+        match &mut map {
+            Some(map) => {
+                // httparse checked the name's and the value's bytes: both convert.
+                let name = hyper::header::HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| "a response header name HTTP/2 cannot carry")?;
+                let value = hyper::header::HeaderValue::from_bytes(h.value)
+                    .map_err(|_| "a response header value HTTP/2 cannot carry")?;
+                map.append(name, value);
+            }
+            None => push_header(out, name.as_bytes(), h.value),
+        }
     }
     Ok(Some(ResponseHead {
         head_len,
@@ -184,6 +206,7 @@ pub(crate) fn parse_response(
         } else {
             None
         },
+        headers: map,
     }))
 }
 
@@ -195,19 +218,26 @@ fn push_status(out: &mut Vec<u8>, status: u16) {
     ]);
 }
 
-/// The status and headers that a head written by [`parse_response`] into `out` stands for,
-/// as renderers other than the HTTP/1.1 relay take them: its length (`head.framing`) as
-/// `content-length`. HTTP/2 forbids connection-specific headers; the rewrite removed them.
-/// The leg wrote the lines itself (and the policies edited them the same way): they are read
-/// back line by line, not parsed again.
-pub(crate) fn parts(out: &[u8], head: &ResponseHead) -> Result<hyper::http::response::Parts, ()> {
+/// The status and headers of a head [`parse_response`] read, as renderers other than the
+/// HTTP/1.1 relay take them: its map (taken), or the lines it wrote into `out` read back; its
+/// length (`head.framing`) as `content-length`. HTTP/2 forbids connection-specific headers;
+/// the rewrite removed them.
+pub(crate) fn parts(
+    out: &[u8],
+    head: &mut ResponseHead,
+) -> Result<hyper::http::response::Parts, ()> {
     use hyper::header::{HeaderName, HeaderValue};
     let (mut parts, ()) = hyper::Response::new(()).into_parts();
     parts.status = hyper::StatusCode::from_u16(head.status).map_err(|_| ())?;
-    for (name, value, _) in crate::codec::head::header_lines(out) {
-        let name = HeaderName::from_bytes(name).map_err(|_| ())?;
-        let value = HeaderValue::from_bytes(value).map_err(|_| ())?;
-        parts.headers.append(name, value);
+    match head.headers.take() {
+        Some(map) => parts.headers = *map,
+        None => {
+            for (name, value, _) in crate::codec::head::header_lines(out) {
+                let name = HeaderName::from_bytes(name).map_err(|_| ())?;
+                let value = HeaderValue::from_bytes(value).map_err(|_| ())?;
+                parts.headers.append(name, value);
+            }
+        }
     }
     if let Framing::Length(n) = head.framing {
         parts
@@ -223,7 +253,7 @@ mod tests {
 
     fn response(raw: &[u8], head: bool) -> (ResponseHead, String) {
         let mut out = Vec::new();
-        let h = parse_response(raw, head, &mut out).unwrap().unwrap();
+        let h = parse_response(raw, head, &mut out, false).unwrap().unwrap();
         (h, String::from_utf8(out).unwrap())
     }
 
@@ -232,16 +262,22 @@ mod tests {
     #[test]
     fn a_head_the_leg_wrote_becomes_status_and_headers() {
         let raw = b"HTTP/1.1 404 Not Found\r\nContent-Length: 3\r\nConnection: keep-alive\r\nSet-Cookie: a=1\r\nX-Backend:  b0 \r\nset-cookie: b=2\r\n\r\nno!";
-        let mut out = Vec::new();
-        let head = parse_response(raw, false, &mut out).unwrap().unwrap();
-        let parts = parts(&out, &head).unwrap();
-        assert_eq!(parts.status, 404);
-        let cookies: Vec<_> = parts.headers.get_all("set-cookie").iter().collect();
-        assert_eq!(cookies, ["a=1", "b=2"]);
-        assert_eq!(parts.headers["x-backend"], "b0");
-        assert_eq!(parts.headers["content-length"], "3");
-        assert!(!parts.headers.contains_key("connection"));
-        assert_eq!(parts.headers.len(), 4);
+        // Read into a map (an HTTP/2 client's), or written as lines and read back: the same.
+        for into_map in [false, true] {
+            let mut out = Vec::new();
+            let mut head = parse_response(raw, false, &mut out, into_map)
+                .unwrap()
+                .unwrap();
+            assert_eq!(out.is_empty(), into_map);
+            let parts = parts(&out, &mut head).unwrap();
+            assert_eq!(parts.status, 404);
+            let cookies: Vec<_> = parts.headers.get_all("set-cookie").iter().collect();
+            assert_eq!(cookies, ["a=1", "b=2"]);
+            assert_eq!(parts.headers["x-backend"], "b0");
+            assert_eq!(parts.headers["content-length"], "3");
+            assert!(!parts.headers.contains_key("connection"));
+            assert_eq!(parts.headers.len(), 4);
+        }
     }
 
     #[test]
@@ -277,15 +313,16 @@ mod tests {
         assert!(!h.keep_alive);
         let mut out = Vec::new();
         assert_eq!(
-            parse_response(b"HTTP/1.1 200 OK\r\nContent-Le", false, &mut out),
+            parse_response(b"HTTP/1.1 200 OK\r\nContent-Le", false, &mut out, false),
             Ok(None)
         );
-        assert!(parse_response(b"SMTP ready\r\n\r\n", false, &mut out).is_err());
-        assert!(parse_response(b"HTTP/1.1 2000 OK\r\n\r\n", false, &mut out).is_err());
+        assert!(parse_response(b"SMTP ready\r\n\r\n", false, &mut out, false).is_err());
+        assert!(parse_response(b"HTTP/1.1 2000 OK\r\n\r\n", false, &mut out, false).is_err());
         assert!(parse_response(
             b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
             false,
-            &mut out
+            &mut out,
+            false
         )
         .is_err());
     }

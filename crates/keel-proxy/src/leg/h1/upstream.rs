@@ -131,7 +131,7 @@ async fn read_response(
     let invalid = |what| failed(ErrorKind::Protocol, Cause::InvalidResponse(what));
     let mut answered = false;
     loop {
-        match parse_response(&conn.buf, req.is_head, out) {
+        match parse_response(&conn.buf, req.is_head, out, req.http2) {
             Ok(Some(resp)) if resp.status == 101 && req.upgrade => {
                 // A switch to a protocol the client did not ask for (h2c when it asked for
                 // websocket, say) would tunnel something neither keel nor the client speaks.
@@ -234,7 +234,7 @@ pub(crate) async fn exchange_head(conn: &mut RawConn, head: &[u8]) -> Result<Res
         .map_err(|e| format!("cannot send: {e}"))?;
     let mut out = Vec::new();
     loop {
-        match parse_response(&conn.buf, false, &mut out) {
+        match parse_response(&conn.buf, false, &mut out, false) {
             Ok(Some(resp)) if resp.status < 200 => {
                 conn.buf.advance(resp.head_len);
                 continue;
