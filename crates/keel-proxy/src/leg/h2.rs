@@ -6,8 +6,9 @@
 //!
 //! The request head becomes the stream's HEADERS: an HTTP/2 client's parts as the rewrite
 //! left them (copied per try, values shared, not re-parsed), an HTTP/1.1 client's text parsed
-//! once per try. Its body is streamed with HTTP/2 flow control and its trailers follow. The response stays HTTP/2 ([`H2Response`]: head, body stream, trailers),
-//! and every front end renders it frame by frame (`leg::ResponseBody`). gRPC calls are judged
+//! once per try. Its body is streamed with HTTP/2 flow control and its trailers follow. The
+//! response stays HTTP/2 ([`H2Response`]: head, body stream, trailers), and every front end
+//! renders it frame by frame (`leg::ResponseBody`). gRPC calls are judged
 //! by their `grpc-status`: a trailers-only answer that counts as a failure (14 UNAVAILABLE) is
 //! a failed try, retried while no byte of it reached the client.
 

@@ -207,13 +207,15 @@ struct HttpLeg<'r, 'b, B> {
     out: &'r mut Vec<u8>,
 }
 
-/// A head as HTTP/1.1 text, cut back to the part every try shares: an HTTP/1.1 client's as
-/// it came, an HTTP/2 client's written into `text` once.
-fn common_text<'a>(
+/// A head as HTTP/1.1 text ended for `entry` (see [`end_head`]): the part every try shares
+/// (an HTTP/1.1 client's head as it came, an HTTP/2 client's written into `text` once), then
+/// this try's end.
+fn text_for<'a>(
     head: &'a mut RequestHeaders<'_>,
     text: &'a mut Vec<u8>,
     common_len: &mut usize,
     meta: &RequestHead,
+    entry: &EndpointEntry,
 ) -> &'a mut Vec<u8> {
     let text = match head {
         RequestHeaders::Lines(head) => head,
@@ -227,6 +229,7 @@ fn common_text<'a>(
         }
     };
     text.truncate(*common_len);
+    end_head(text, meta, entry);
     text
 }
 
@@ -240,13 +243,8 @@ impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
         worker: usize,
     ) -> Result<UpstreamResponse, TryFailure<UpstreamResponse>> {
         if self.http1 {
-            let head = common_text(
-                &mut self.head,
-                &mut self.text,
-                &mut self.common_len,
-                self.meta,
-            );
-            end_head(head, self.meta, entry);
+            let (text, len) = (&mut self.text, &mut self.common_len);
+            let head = text_for(&mut self.head, text, len, self.meta, entry);
             return crate::leg::h1::upstream::try_once(
                 entry,
                 cluster,
@@ -329,13 +327,8 @@ impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
         // the common part, made only if it is sent. Each try rewrites its response head into
         // a buffer of its own; the winner's becomes `out` once both tries are gone.
         let entry = &race.cluster.endpoints[first.pick.index()];
-        let head = common_text(
-            &mut self.head,
-            &mut self.text,
-            &mut self.common_len,
-            self.meta,
-        );
-        end_head(head, self.meta, entry);
+        let (text, len) = (&mut self.text, &mut self.common_len);
+        let head = text_for(&mut self.head, text, len, self.meta, entry);
         let mut out_b = Vec::new();
         let mut a = H1Try {
             head: &head[..],

@@ -1,6 +1,6 @@
 //! The HTTP/1.1 front end: a client connection (plain TCP or TLS) served request by request.
-//! Each request head is parsed and rewritten ([`crate::exchange::request`]), its body read whole when
-//! small (so that any try can send it again) or streamed, the request handed to the attempt
+//! Each request head is parsed and rewritten ([`crate::exchange::rewrite`]), its body read
+//! whole when small (so that any try can send it again) or streamed, the request handed to the attempt
 //! driver, and the driver's answer sent back: keel's own, or the endpoint's response relayed
 //! as it arrives (an HTTP/2 endpoint's rendered as HTTP/1.1), or after a `101` to an upgrade
 //! request, a tunnel until either side closes.

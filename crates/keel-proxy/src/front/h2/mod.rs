@@ -1,10 +1,11 @@
-//! The HTTP/2 front end: hyper's HTTP/2 server is the codec; each request's head is edited in
-//! place by the same rules an HTTP/1.1 one is rewritten by (`crate::exchange::rewrite`) and
-//! handed to the same attempt driver. An HTTP/1.1 endpoint's response head (HTTP/1.1 text, as the leg rewrote it)
-//! becomes hyper's response, and its body is read from the endpoint's connection as hyper asks
-//! for it; an HTTP/2 endpoint's response passes frame by frame, trailers included, with the
-//! rest of a full-duplex request body sent alongside. keel's own answers to gRPC calls are
-//! gRPC statuses (HTTP 200, trailers-only).
+//! The HTTP/2 front end: hyper's HTTP/2 server is the codec; each request's head is checked
+//! and rewritten by the same rules as an HTTP/1.1 one (`crate::exchange::rewrite`), in the
+//! form its endpoint's leg sends, and handed to the same attempt driver. An HTTP/1.1
+//! endpoint's response head is read into a header map, which becomes hyper's response, and its
+//! body is read from the endpoint's connection as hyper asks for it; an HTTP/2 endpoint's
+//! response passes frame by frame, trailers included, with the rest of a full-duplex request
+//! body sent alongside. keel's own answers to gRPC calls are gRPC statuses (HTTP 200,
+//! trailers-only).
 
 use std::convert::Infallible;
 use std::io;
@@ -179,7 +180,9 @@ async fn handle(
         }
     };
     let grpc = meta.grpc;
-    let mut out = Vec::with_capacity(512);
+    // Where an HTTP/1.1 leg writes a response head as text: never, for an HTTP/2 client (it
+    // reads the head into a map), so not allocated.
+    let mut out = Vec::new();
     let mut timer = crate::io::idle_timer();
     let start = Instant::now();
     let request = Request {
