@@ -468,46 +468,59 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
 
     /// Sends the driver's answer; returns whether the connection stays open. `reusable`:
     /// the request was read to its end.
-    async fn send(
-        &mut self,
+    ///
+    /// Not an `async fn`: that would keep the answer (704 bytes) twice in the connection's
+    /// future, as its argument and as the body's copy of it, and a third time while it is
+    /// relayed. The block below captures it once and moves it into the relay.
+    #[allow(clippy::manual_async_fn)]
+    fn send<'a>(
+        &'a mut self,
         answer: HttpAnswer,
-        req: &RequestHead,
+        req: &'a RequestHead,
         reusable: bool,
-        stop: &watch::Receiver<Option<Duration>>,
-        scope: &Scope<'_>,
-    ) -> bool {
-        let keep = req.keep_alive && reusable && stop.borrow().is_none();
-        self.unread |= !reusable;
-        self.stream.sent = 0;
-        match answer {
-            HttpAnswer::Own(own) => {
-                // A refused body leaves the connection in an unknown state.
-                let refused = own.status == 400 || own.status == 413 || own.status == 408;
-                self.unread |= refused;
-                let keep = keep && !refused;
-                let kept = self.answer(&own, keep, req).await;
-                self.record_own(scope, req, &own);
-                kept
-            }
-            HttpAnswer::Upstream(up) => {
-                let (status, attempts) = (up.response.status(), up.tail.attempts);
-                let endpoint = up.tail.endpoint;
-                // Copied only for the access log.
-                let tries = scope.log.map(|_| up.tail.tries);
-                let kept = self.forward(up, keep, req).await;
-                let answered = Answered {
-                    status: self.replaced.unwrap_or(status),
-                    endpoint: scope
-                        .cluster
-                        .map(|c| c.endpoints[endpoint].header.as_bytes()),
-                    attempts,
-                    cause: self.cut,
-                    own: self.replaced.is_some(),
-                    tries: tries.as_ref(),
+        stop: &'a watch::Receiver<Option<Duration>>,
+        scope: &'a Scope<'a>,
+    ) -> impl std::future::Future<Output = bool> + 'a {
+        async move {
+            let keep = req.keep_alive && reusable && stop.borrow().is_none();
+            self.unread |= !reusable;
+            self.stream.sent = 0;
+            // The answer moves into the relay in a scope of its own: no binding of it lives
+            // across the relay's await (one would keep its room in the future meanwhile).
+            let (status, attempts, endpoint, tries);
+            let forwarding;
+            {
+                let up = match answer {
+                    HttpAnswer::Own(own) => {
+                        // A refused body leaves the connection in an unknown state.
+                        let refused = own.status == 400 || own.status == 413 || own.status == 408;
+                        self.unread |= refused;
+                        let keep = keep && !refused;
+                        let kept = self.answer(&own, keep, req).await;
+                        self.record_own(scope, req, &own);
+                        return kept;
+                    }
+                    HttpAnswer::Upstream(up) => up,
                 };
-                self.record(scope, req, &answered);
-                kept
+                (status, attempts) = (up.response.status(), up.tail.attempts);
+                endpoint = up.tail.endpoint;
+                // Copied only for the access log.
+                tries = scope.log.map(|_| up.tail.tries);
+                forwarding = self.forward(up, keep, req);
             }
+            let kept = forwarding.await;
+            let answered = Answered {
+                status: self.replaced.unwrap_or(status),
+                endpoint: scope
+                    .cluster
+                    .map(|c| c.endpoints[endpoint].header.as_bytes()),
+                attempts,
+                cause: self.cut,
+                own: self.replaced.is_some(),
+                tries: tries.as_ref(),
+            };
+            self.record(scope, req, &answered);
+            kept
         }
     }
 
@@ -547,146 +560,151 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     }
 
     /// Forwards an endpoint's response (its head is in `self.out`) and its body, then ends
-    /// its tail with the body's outcome. Returns whether the client connection stays.
-    async fn forward(
-        &mut self,
+    /// its tail with the body's outcome. Returns whether the client connection stays. Not an
+    /// `async fn`, for the reason [`Self::send`] gives.
+    #[allow(clippy::manual_async_fn)]
+    fn forward<'a>(
+        &'a mut self,
         up: Upstream<UpstreamResponse>,
         keep_alive: bool,
-        req: &RequestHead,
-    ) -> bool {
-        let Upstream { response, tail } = up;
-        self.cut = None;
-        self.replaced = None;
-        let (mut conn, head) = match response {
-            // An HTTP/1.1 endpoint's response to an HTTP/1.1 client: relayed as it is.
-            UpstreamResponse::H1(conn, head) => (conn, head),
-            other => {
-                let Ok((parts, mut body)) = other.into_parts(&self.out) else {
-                    tail.end(BodyEnd::UpstreamFailed, None);
+        req: &'a RequestHead,
+    ) -> impl std::future::Future<Output = bool> + 'a {
+        async move {
+            // The answer's fields are used where they are, not moved into locals of their own:
+            // those would hold it twice in the connection's future while it is relayed.
+            self.cut = None;
+            self.replaced = None;
+            let (mut conn, head) = match up.response {
+                // An HTTP/1.1 endpoint's response to an HTTP/1.1 client: relayed as it is.
+                UpstreamResponse::H1(conn, head) => (conn, head),
+                other => {
+                    let Ok((parts, mut body)) = other.into_parts(&self.out) else {
+                        up.tail.end(BodyEnd::UpstreamFailed, None);
+                        return false;
+                    };
+                    let endpoint = up.tail.shown_endpoint().cloned();
+                    let idle = BodyIdle {
+                        upstream: up.tail.upstream_idle,
+                        client: self.client_idle,
+                    };
+                    let relayed = relay_frames(
+                        &mut self.stream,
+                        &mut self.out,
+                        &parts,
+                        &mut body,
+                        endpoint.as_ref(),
+                        req,
+                        keep_alive,
+                        idle,
+                    );
+                    let relayed = match up.tail.max_end {
+                        Some(end) => until(&mut self.request_timer, end, relayed).await,
+                        None => Some(relayed.await),
+                    };
+                    self.cut = match relayed {
+                        None => Some("max_duration"),
+                        Some((BodyEnd::Done | BodyEnd::Grpc(_), _)) => None,
+                        Some((BodyEnd::Timeout, _)) => Some("upstream idle"),
+                        Some((BodyEnd::ClientGone, _)) => Some("client gone or idle"),
+                        Some(_) => Some("upstream failed"),
+                    };
+                    let (end, keep) = relayed.unwrap_or((BodyEnd::ClientGone, false));
+                    up.tail.end(end, body.reusable());
+                    return keep && matches!(end, BodyEnd::Done | BodyEnd::Grpc(_));
+                }
+            };
+            if head.status == 101 {
+                // The endpoint switched protocols: the connection is a tunnel from here on.
+                self.out.extend_from_slice(b"connection: upgrade\r\n");
+                if let Some(e) = up.tail.shown_endpoint() {
+                    push_header(&mut self.out, b"x-keel-endpoint", e.as_bytes());
+                }
+                self.out.extend_from_slice(b"\r\n");
+                if write_all_2(&mut self.stream, &self.out, &[]).await.is_err() {
+                    up.tail.end(BodyEnd::ClientGone, None);
                     return false;
-                };
-                let endpoint = tail.shown_endpoint().cloned();
-                let idle = BodyIdle {
-                    upstream: tail.upstream_idle,
-                    client: self.client_idle,
-                };
-                let relayed = relay_frames(
+                }
+                let _open = crate::leg::tunnel::TunnelGauge::new(up.tail.metrics());
+                let early = std::mem::take(&mut conn.buf);
+                let end = crate::leg::tunnel::run(
                     &mut self.stream,
-                    &mut self.out,
-                    &parts,
-                    &mut body,
-                    endpoint.as_ref(),
-                    req,
-                    keep_alive,
-                    idle,
-                );
-                let relayed = match tail.max_end {
-                    Some(end) => until(&mut self.request_timer, end, relayed).await,
-                    None => Some(relayed.await),
-                };
-                self.cut = match relayed {
-                    None => Some("max_duration"),
-                    Some((BodyEnd::Done | BodyEnd::Grpc(_), _)) => None,
-                    Some((BodyEnd::Timeout, _)) => Some("upstream idle"),
-                    Some((BodyEnd::ClientGone, _)) => Some("client gone or idle"),
-                    Some(_) => Some("upstream failed"),
-                };
-                let (end, keep) = relayed.unwrap_or((BodyEnd::ClientGone, false));
-                tail.end(end, body.reusable());
-                return keep && matches!(end, BodyEnd::Done | BodyEnd::Grpc(_));
+                    &mut conn.io,
+                    &self.rbuf,
+                    &early,
+                    self.tunnel_idle,
+                )
+                .await;
+                up.tail.end(end.outcome(), None);
+                return false;
             }
-        };
-        if head.status == 101 {
-            // The endpoint switched protocols: the connection is a tunnel from here on.
-            self.out.extend_from_slice(b"connection: upgrade\r\n");
-            if let Some(e) = tail.shown_endpoint() {
+            // An HTTP/1.0 client cannot take chunks: such a body ends with the connection.
+            let streamed = matches!(head.framing, Framing::Chunked | Framing::Close);
+            let keep = keep_alive && !(req.http10 && streamed);
+            if let Some(e) = up.tail.shown_endpoint() {
                 push_header(&mut self.out, b"x-keel-endpoint", e.as_bytes());
             }
+            if !head.has_date {
+                push_date(&mut self.out);
+            }
+            match head.framing {
+                Framing::Length(n) => push_content_length(&mut self.out, n),
+                Framing::Chunked | Framing::Close if !req.http10 => {
+                    self.out
+                        .extend_from_slice(b"transfer-encoding: chunked\r\n");
+                }
+                _ => {}
+            }
+            if !keep {
+                self.out.extend_from_slice(b"connection: close\r\n");
+            } else if req.http10 {
+                self.out.extend_from_slice(b"connection: keep-alive\r\n");
+            }
             self.out.extend_from_slice(b"\r\n");
-            if write_all_2(&mut self.stream, &self.out, &[]).await.is_err() {
-                tail.end(BodyEnd::ClientGone, None);
-                return false;
-            }
-            let _open = crate::leg::tunnel::TunnelGauge::new(tail.metrics());
-            let early = std::mem::take(&mut conn.buf);
-            let end = crate::leg::tunnel::run(
-                &mut self.stream,
-                &mut conn.io,
-                &self.rbuf,
-                &early,
-                self.tunnel_idle,
-            )
-            .await;
-            tail.end(end.outcome(), None);
-            return false;
+            let idle = BodyIdle {
+                upstream: up.tail.upstream_idle,
+                client: self.client_idle,
+            };
+            let relayed = {
+                let fut = relay_response(
+                    &mut self.stream,
+                    &self.out,
+                    &mut conn,
+                    head.framing,
+                    !req.http10,
+                    &mut self.client_timer,
+                    idle,
+                );
+                match up.tail.max_end {
+                    Some(end) => until(&mut self.request_timer, end, fut).await,
+                    None => Some(fut.await),
+                }
+            };
+            let (end, cut) = match relayed {
+                Some(Ok(())) => (BodyEnd::Done, None),
+                Some(Err(RelayError::Upstream(cause))) => {
+                    tracing::debug!("response body failed: {cause}");
+                    (BodyEnd::UpstreamFailed, Some("upstream failed"))
+                }
+                Some(Err(RelayError::UpstreamBeforeHead(cause))) => {
+                    tracing::debug!("response body malformed from its start: {cause}");
+                    up.tail.end(BodyEnd::UpstreamFailed, None);
+                    let own = answer::unforwardable("the endpoint's response body is malformed");
+                    self.replaced = Some(502);
+                    self.cut = Some("upstream invalid");
+                    self.answer(&own, false, req).await;
+                    return false;
+                }
+                Some(Err(RelayError::Client)) => (BodyEnd::ClientGone, Some("client gone")),
+                Some(Err(RelayError::UpstreamIdle)) => (BodyEnd::Timeout, Some("upstream idle")),
+                // Not the endpoint's fault: its pick is dropped, not failed.
+                Some(Err(RelayError::ClientIdle)) => (BodyEnd::ClientGone, Some("client idle")),
+                None => (BodyEnd::ClientGone, Some("max_duration")),
+            };
+            self.cut = cut;
+            up.tail.end(end, head.keep_alive.then_some(conn));
+            // A client that saw a head and part of a body only learns it is cut by the close.
+            keep && end == BodyEnd::Done
         }
-        // An HTTP/1.0 client cannot take chunks: such a body ends with the connection.
-        let streamed = matches!(head.framing, Framing::Chunked | Framing::Close);
-        let keep = keep_alive && !(req.http10 && streamed);
-        if let Some(e) = tail.shown_endpoint() {
-            push_header(&mut self.out, b"x-keel-endpoint", e.as_bytes());
-        }
-        if !head.has_date {
-            push_date(&mut self.out);
-        }
-        match head.framing {
-            Framing::Length(n) => push_content_length(&mut self.out, n),
-            Framing::Chunked | Framing::Close if !req.http10 => {
-                self.out
-                    .extend_from_slice(b"transfer-encoding: chunked\r\n");
-            }
-            _ => {}
-        }
-        if !keep {
-            self.out.extend_from_slice(b"connection: close\r\n");
-        } else if req.http10 {
-            self.out.extend_from_slice(b"connection: keep-alive\r\n");
-        }
-        self.out.extend_from_slice(b"\r\n");
-        let idle = BodyIdle {
-            upstream: tail.upstream_idle,
-            client: self.client_idle,
-        };
-        let relayed = {
-            let fut = relay_response(
-                &mut self.stream,
-                &self.out,
-                &mut conn,
-                head.framing,
-                !req.http10,
-                &mut self.client_timer,
-                idle,
-            );
-            match tail.max_end {
-                Some(end) => until(&mut self.request_timer, end, fut).await,
-                None => Some(fut.await),
-            }
-        };
-        let (end, cut) = match relayed {
-            Some(Ok(())) => (BodyEnd::Done, None),
-            Some(Err(RelayError::Upstream(cause))) => {
-                tracing::debug!("response body failed: {cause}");
-                (BodyEnd::UpstreamFailed, Some("upstream failed"))
-            }
-            Some(Err(RelayError::UpstreamBeforeHead(cause))) => {
-                tracing::debug!("response body malformed from its start: {cause}");
-                tail.end(BodyEnd::UpstreamFailed, None);
-                let own = answer::unforwardable("the endpoint's response body is malformed");
-                self.replaced = Some(502);
-                self.cut = Some("upstream invalid");
-                self.answer(&own, false, req).await;
-                return false;
-            }
-            Some(Err(RelayError::Client)) => (BodyEnd::ClientGone, Some("client gone")),
-            Some(Err(RelayError::UpstreamIdle)) => (BodyEnd::Timeout, Some("upstream idle")),
-            // Not the endpoint's fault: its pick is dropped, not failed.
-            Some(Err(RelayError::ClientIdle)) => (BodyEnd::ClientGone, Some("client idle")),
-            None => (BodyEnd::ClientGone, Some("max_duration")),
-        };
-        self.cut = cut;
-        tail.end(end, head.keep_alive.then_some(conn));
-        // A client that saw a head and part of a body only learns it is cut by the close.
-        keep && end == BodyEnd::Done
     }
 
     /// Writes keel's own answer; returns whether the connection stays open.
