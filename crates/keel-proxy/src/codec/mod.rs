@@ -40,22 +40,36 @@ pub(crate) fn push_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// Appends `date: <now>` (RFC 9110 section 6.6.1), formatted at most once a second per thread.
+/// Appends `date: <now>` (RFC 9110 section 6.6.1).
 pub(crate) fn push_date(out: &mut Vec<u8>) {
+    with_date(|v| push_header(out, b"date", v.as_bytes()));
+}
+
+/// `<now>` as a `date` value.
+pub(crate) fn date_value() -> hyper::header::HeaderValue {
+    with_date(Clone::clone)
+}
+
+/// Calls `f` with `<now>` as a `date` value, formatted at most once a second per thread.
+fn with_date<R>(f: impl FnOnce(&hyper::header::HeaderValue) -> R) -> R {
     thread_local! {
-        static TODAY: std::cell::RefCell<(u64, String)> = const { std::cell::RefCell::new((0, String::new())) };
+        static TODAY: std::cell::RefCell<(u64, Option<hyper::header::HeaderValue>)> =
+            const { std::cell::RefCell::new((0, None)) };
     }
     let now = std::time::SystemTime::now();
     let secs = now
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    TODAY.with_borrow_mut(|(at, text)| {
-        if *at != secs || text.is_empty() {
+    TODAY.with_borrow_mut(|(at, value)| {
+        if *at != secs || value.is_none() {
             *at = secs;
-            *text = httpdate::fmt_http_date(now);
+            *value = hyper::header::HeaderValue::from_str(&httpdate::fmt_http_date(now)).ok();
         }
-        push_header(out, b"date", text.as_bytes());
-    });
+        match value {
+            Some(v) => f(v),
+            None => f(&hyper::header::HeaderValue::from_static("")),
+        }
+    })
 }
 
 /// Appends `content-length: n\r\n`.

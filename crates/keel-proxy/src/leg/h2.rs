@@ -127,7 +127,7 @@ impl H2Response {
 pub(crate) struct RequestPump {
     send: SendStream<Bytes>,
     pending: Option<Bytes>,
-    source: hyper::body::Incoming,
+    source: crate::front::h2::body::ClientStream,
     done: bool,
 }
 
@@ -135,7 +135,7 @@ impl RequestPump {
     /// The rest of `source` goes to `send`, `pending` first.
     pub(crate) fn new(
         (send, pending): (SendStream<Bytes>, Option<Bytes>),
-        source: hyper::body::Incoming,
+        source: crate::front::h2::body::ClientStream,
     ) -> Self {
         Self {
             send,

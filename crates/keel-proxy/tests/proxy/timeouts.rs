@@ -391,3 +391,51 @@ async fn default_timeouts_carry_a_long_event_stream_and_a_slow_upload() {
     sse.shutdown(Duration::from_secs(1)).await;
     upload.shutdown(Duration::from_secs(1)).await;
 }
+
+/// An HTTP/2 client that resets its stream while keel waits on the endpoint ends the request
+/// there: the endpoint's slot is free at once (long before any timeout), the endpoint is not
+/// blamed, and the client's connection goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_that_resets_its_stream_frees_the_endpoint_at_once() {
+    // An endpoint that reads requests and never answers.
+    let listener = TcpListener::bind(any_port()).await.unwrap();
+    let endpoint = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    let proxy = keel_proxy::start(config(endpoint, "", "")).await.unwrap();
+    let addr = proxy.listener_addrs()[0];
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let mut client = client.ready().await.unwrap();
+    let req = hyper::Request::get(format!("http://{addr}/"))
+        .body(())
+        .unwrap();
+    let (resp, _) = client.send_request(req, true).unwrap();
+    let waiting = eventually(Duration::from_secs(3), || {
+        proxy.cluster_status("app").unwrap()[0].in_flight == 1
+    })
+    .await;
+    assert!(waiting, "{:?}", proxy.cluster_status("app"));
+    // Dropping the response's handle resets the stream (RST_STREAM CANCEL).
+    let t = Instant::now();
+    drop(resp);
+    let freed = eventually(Duration::from_secs(3), || {
+        proxy.cluster_status("app").unwrap()[0].in_flight == 0
+    })
+    .await;
+    assert!(freed, "{:?}", proxy.cluster_status("app"));
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    let st = proxy.cluster_status("app").unwrap();
+    assert_eq!(st[0].failures, 0, "the endpoint did nothing wrong: {st:?}");
+    // The connection still takes streams.
+    assert!(client.ready().await.is_ok());
+    assert!(!conn.is_finished());
+    proxy.shutdown(Duration::from_secs(1)).await;
+}

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::{Body, Frame, SizeHint};
 
 use crate::driver::account::{DownstreamGuard, Tail};
 use crate::exchange::error::BodyEnd;
@@ -22,6 +22,58 @@ use crate::leg::{BodyError, ResponseBody};
 
 use super::log::H2Answered;
 
+/// An HTTP/2 client's request body as h2 hands it over, read as a [`Body`]: each DATA
+/// frame's bytes go back to the client's window as they are taken, the trailers come after
+/// the data, and a stream the client ended with NO_ERROR or CANCEL (done sending) just ends.
+pub(crate) struct ClientStream {
+    recv: h2::RecvStream,
+    data_done: bool,
+}
+
+impl ClientStream {
+    pub(crate) fn new(recv: h2::RecvStream) -> Self {
+        Self {
+            recv,
+            data_done: false,
+        }
+    }
+}
+
+impl Body for ClientStream {
+    type Data = Bytes;
+    type Error = h2::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+        let this = self.get_mut();
+        if !this.data_done {
+            match std::task::ready!(this.recv.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    let _ = this.recv.flow_control().release_capacity(data.len());
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Some(Err(e)) => {
+                    return match e.reason() {
+                        Some(h2::Reason::NO_ERROR | h2::Reason::CANCEL) => Poll::Ready(None),
+                        _ => Poll::Ready(Some(Err(e))),
+                    }
+                }
+                None => this.data_done = true,
+            }
+        }
+        match std::task::ready!(this.recv.poll_trailers(cx)) {
+            Ok(trailers) => Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t)))),
+            Err(e) => Poll::Ready(Some(Err(e))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.recv.is_end_stream()
+    }
+}
+
 /// Request bodies with a length up to this are read whole before the request is forwarded
 /// (any try can send them again); others stream.
 pub(crate) const MAX_INLINE_BODY: u64 = 64 * 1024;
@@ -30,7 +82,7 @@ pub(crate) const MAX_INLINE_BODY: u64 = 64 * 1024;
 /// `MAX_INLINE_BODY` bytes are kept, so that a try that failed before the endpoint acted
 /// (a gRPC UNAVAILABLE) can send them again to another endpoint.
 pub(crate) struct ClientBody {
-    pub(crate) body: Incoming,
+    pub(crate) body: ClientStream,
     pub(crate) piece: Bytes,
     pub(crate) started: bool,
     /// A frame is being awaited from the client.
@@ -49,7 +101,7 @@ pub(crate) struct ClientBody {
 }
 
 impl ClientBody {
-    pub(crate) fn new(body: Incoming, max: u64) -> Self {
+    pub(crate) fn new(body: ClientStream, max: u64) -> Self {
         Self {
             body,
             piece: Bytes::new(),
@@ -162,7 +214,7 @@ pub(crate) enum H2Body {
     Upstream(Box<UpstreamBody>),
 }
 
-/// An endpoint's body (and trailers) on their way to the client, frame by frame as hyper asks
+/// An endpoint's body (and trailers) on their way to the client, frame by frame as `send` asks
 /// for them, until the request's deadline; with the rest of the client's body going the
 /// other way to an HTTP/2 endpoint. The end finishes the pick (a gRPC call's by its status)
 /// and writes the request's record.
@@ -202,7 +254,7 @@ fn cut_cause(end: BodyEnd) -> Option<&'static str> {
 
 impl Drop for UpstreamBody {
     fn drop(&mut self) {
-        // hyper drops an unfinished body when the client resets the stream or goes away.
+        // An unfinished body is dropped when the client resets the stream or goes away.
         self.end(BodyEnd::ClientGone);
     }
 }
@@ -236,7 +288,7 @@ impl Body for H2Body {
                     let next = t.body_deadline(Instant::now());
                     up.deadline.as_mut().reset(next.into());
                 }
-                // Trailers end the body: hyper may not poll again after them.
+                // Trailers end the body: it is not polled again after them.
                 if frame.is_trailers() {
                     let end = up.body.end();
                     up.end(end);
@@ -298,11 +350,11 @@ pub(crate) struct ConnActivity {
     pub(crate) active: AtomicU32,
     /// When the last response finished, in nanoseconds since `base`.
     pub(crate) last_end_nanos: AtomicU64,
-    /// Response bodies hyper owes a poll: it has not asked for their first frame yet, or not
-    /// for the next one since the last. hyper asks only when the stream has flow-control
-    /// window, so a client that opens none leaves them owed.
+    /// Response bodies owed a poll: not asked for their first frame yet, or not for the next
+    /// one since the last. `send` asks only when the stream has flow-control window, so a
+    /// client that opens none leaves them owed.
     owed: AtomicU32,
-    /// When a data frame last went to hyper on this connection, or a body became owed while
+    /// When a data frame last went out on this connection, or a body became owed while
     /// none was (nanoseconds since `base`): the stall is counted from there.
     progress_nanos: AtomicU64,
 }
@@ -375,7 +427,7 @@ impl ActiveRequest {
         Self(activity.clone(), false)
     }
 
-    /// The response body is owed a poll by hyper (set when it is handed over, and after each
+    /// The response body is owed a poll by `send` (set when it is handed over, and after each
     /// data frame).
     pub(crate) fn owe(&mut self) {
         if !self.1 {
@@ -389,7 +441,7 @@ impl ActiveRequest {
         }
     }
 
-    /// hyper polled the body.
+    /// `send` polled the body.
     fn polled(&mut self) {
         if self.1 {
             self.1 = false;
@@ -397,7 +449,7 @@ impl ActiveRequest {
         }
     }
 
-    /// A data frame went to hyper; the next one is owed.
+    /// A data frame went to `send`; the next one is owed.
     fn sent_frame(&mut self) {
         self.0.mark_progress();
         self.owe();

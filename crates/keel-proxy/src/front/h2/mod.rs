@@ -1,13 +1,13 @@
-//! The HTTP/2 front end: hyper's HTTP/2 server is the codec; each request's head is checked
-//! and rewritten by the same rules as an HTTP/1.1 one (`crate::exchange::rewrite`), in the
-//! form its endpoint's leg sends, and handed to the same attempt driver. An HTTP/1.1
-//! endpoint's response head is read into a header map, which becomes hyper's response, and its
-//! body is read from the endpoint's connection as hyper asks for it; an HTTP/2 endpoint's
+//! The HTTP/2 front end: the `h2` crate's server is the codec, a task per stream. Each
+//! request's head is checked and rewritten by the same rules as an HTTP/1.1 one
+//! (`crate::exchange::rewrite`), in the form its endpoint's leg sends, and handed to the same
+//! attempt driver; `send` writes the response. An HTTP/1.1 endpoint's response head is read
+//! into a header map, and its body is read from the endpoint's connection as the client's
+//! window takes it; an HTTP/2 endpoint's
 //! response passes frame by frame, trailers included, with the rest of a full-duplex request
 //! body sent alongside. keel's own answers to gRPC calls are gRPC statuses (HTTP 200,
 //! trailers-only).
 
-use std::convert::Infallible;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -16,10 +16,9 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http_body_util::BodyExt;
-use hyper::body::{Body, Incoming};
+use hyper::body::Body;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 
@@ -37,8 +36,11 @@ use crate::upstream::cluster::Cluster;
 
 pub(crate) mod body;
 mod log;
+mod send;
 
-use body::{ActiveRequest, ClientBody, ConnActivity, H2Body, UpstreamBody, MAX_INLINE_BODY};
+use body::{
+    ActiveRequest, ClientBody, ClientStream, ConnActivity, H2Body, UpstreamBody, MAX_INLINE_BODY,
+};
 use log::{H2Answered, H2Scope, LoggedHead};
 
 /// Serves an HTTP/2 connection (TLS with ALPN `h2`, or plain with prior knowledge) until it
@@ -54,48 +56,86 @@ pub(crate) async fn serve<I>(
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let activity = Arc::new(ConnActivity::new());
-    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    builder
-        .timer(TokioTimer::new())
-        .max_header_list_size(settings.max_header_bytes.min(u32::MAX as usize) as u32);
-    let idle_timeout = settings.idle_timeout;
-    let client_idle = settings.client_idle_timeout;
     let peer = client.peer;
-    let conn_activity = activity.clone();
-    let svc = hyper::service::service_fn(move |req| {
-        let shared = shared.clone();
-        let settings = settings.clone();
-        let client = client.clone();
-        let active = ActiveRequest::new(&conn_activity);
-        // Boxed: hyper spawns a task per stream, and tokio copies a task's future when it
-        // spawns it and again when it stores its output; this one is large.
-        Box::pin(async move {
-            Ok::<_, Infallible>(handle(&shared, index, &settings, &client, req, active).await)
-        })
-    });
-    let conn = builder.serve_connection(TokioIo::new(io), svc);
-    tokio::pin!(conn);
-    tokio::select! {
+    let idle = activity.idle_for(settings.idle_timeout);
+    let stalled = activity.stalled_for(settings.client_idle_timeout);
+    let shutdown = crate::state::wait_shutdown(&mut stop);
+    tokio::pin!(idle, stalled, shutdown);
+    let handshake = builder(&settings).handshake::<_, Bytes>(io);
+    let mut conn = tokio::select! {
         biased;
-        r = conn.as_mut() => {
-            if let Err(e) = r {
+        r = handshake => match r {
+            Ok(conn) => conn,
+            Err(e) => {
                 tracing::debug!(%peer, "HTTP/2 client connection: {e}");
+                return;
             }
-            return;
-        }
-        _ = crate::state::wait_shutdown(&mut stop) => {}
-        _ = activity.idle_for(idle_timeout) => {
-            tracing::debug!(%peer, "closing a connection idle for {}", humantime::format_duration(idle_timeout));
-        }
-        _ = activity.stalled_for(client_idle) => {
-            // hyper resets no single stream for us: the connection goes, and with it every
-            // stream, its endpoint connection and its slots.
-            tracing::info!(%peer, "closing an HTTP/2 connection whose client took no response data for {} (client_idle_timeout)", humantime::format_duration(client_idle));
-            return;
+        },
+        _ = &mut shutdown => return,
+        _ = &mut idle => return,
+    };
+    loop {
+        tokio::select! {
+            biased;
+            next = conn.accept() => match next {
+                Some(Ok((req, reply))) => spawn_stream(&shared, index, &settings, &client, &activity, req, reply),
+                Some(Err(e)) => {
+                    tracing::debug!(%peer, "HTTP/2 client connection: {e}");
+                    return;
+                }
+                None => return,
+            },
+            _ = &mut shutdown => break,
+            _ = &mut idle => {
+                tracing::debug!(%peer, "closing a connection idle for {}", humantime::format_duration(settings.idle_timeout));
+                break;
+            }
+            _ = &mut stalled => {
+                // No single stream is reset: the connection goes, and with it every stream,
+                // its endpoint connection and its slots.
+                tracing::info!(%peer, "closing an HTTP/2 connection whose client took no response data for {} (client_idle_timeout)", humantime::format_duration(settings.client_idle_timeout));
+                return;
+            }
         }
     }
-    conn.as_mut().graceful_shutdown();
-    let _ = conn.await;
+    // GOAWAY; the streams the client opened before it saw it are still served.
+    conn.graceful_shutdown();
+    while let Some(Ok((req, reply))) = conn.accept().await {
+        spawn_stream(&shared, index, &settings, &client, &activity, req, reply);
+    }
+}
+
+/// One stream, in a task of its own: the request handled, its response sent.
+fn spawn_stream(
+    shared: &Arc<Shared>,
+    index: usize,
+    settings: &Arc<ListenerConfig>,
+    client: &Arc<Client>,
+    activity: &Arc<ConnActivity>,
+    req: hyper::Request<h2::RecvStream>,
+    reply: h2::server::SendResponse<Bytes>,
+) {
+    let active = ActiveRequest::new(activity);
+    let (shared, settings, client) = (shared.clone(), settings.clone(), client.clone());
+    // Boxed: tokio copies a task's future when it spawns it, and this one is large.
+    let handled =
+        Box::pin(async move { handle(&shared, index, &settings, &client, req, active).await });
+    tokio::spawn(send::Respond::new(handled, reply));
+}
+
+/// The connection's settings: hyper's server defaults (its windows of 1 MiB, 200 streams,
+/// a send buffer of 400 KiB per stream, 1,024 locally caused resets before GOAWAY), and the
+/// listener's header list limit.
+fn builder(settings: &ListenerConfig) -> h2::server::Builder {
+    let mut b = h2::server::Builder::new();
+    b.initial_window_size(1 << 20)
+        .initial_connection_window_size(1 << 20)
+        .max_frame_size(16 * 1024)
+        .max_concurrent_streams(200)
+        .max_send_buffer_size(400 * 1024)
+        .max_local_error_reset_streams(Some(1024))
+        .max_header_list_size(settings.max_header_bytes.min(u32::MAX as usize) as u32);
+    b
 }
 
 /// One request: rewritten, forwarded by the attempt driver, answered.
@@ -104,7 +144,7 @@ async fn handle(
     index: usize,
     settings: &ListenerConfig,
     client: &Arc<Client>,
-    req: hyper::Request<Incoming>,
+    req: hyper::Request<h2::RecvStream>,
     active: ActiveRequest,
 ) -> Response<H2Body> {
     let started = Instant::now();
@@ -116,6 +156,7 @@ async fn handle(
         request: LoggedHead::None,
     };
     let (mut parts, body) = req.into_parts();
+    let body = ClientStream::new(body);
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let fields = || {
         parts
@@ -152,7 +193,7 @@ async fn handle(
         )
     };
     // The head is written in the form its leg sends: HTTP/1.1 text for an HTTP/1.1 endpoint
-    // (written straight from hyper's map: cheaper than editing the map, then writing it out),
+    // (written straight from h2's map: cheaper than editing the map, then writing it out),
     // the map itself, edited in place, for an HTTP/2 one.
     let http1 = cluster.config.protocol == UpstreamProtocol::Http1;
     let mut text = Vec::new();
@@ -168,7 +209,7 @@ async fn handle(
         crate::exchange::rewrite::rewrite_h2(&mut parts, unframed, &rules)
     };
     let meta = match rewritten {
-        // An HTTP/1.1 endpoint's answer is read into a header map, which hyper takes.
+        // An HTTP/1.1 endpoint's answer is read into a header map, which `send` sends.
         Ok(meta) => RequestHead {
             http2: true,
             ..meta
