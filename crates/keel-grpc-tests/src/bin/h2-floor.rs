@@ -1,6 +1,7 @@
 //! The floor of bench/proxy/h2.sh: the least an HTTP/2 reverse proxy built on keel's crates
-//! can cost. One thread (a current_thread runtime, as a keel worker), hyper's HTTP/2 server
-//! with keel's builder settings (TokioExecutor: a task per stream), and either
+//! can cost. One thread (a current_thread runtime, as a keel worker), the `h2` crate's server
+//! with keel's settings (a task per stream; FLOOR_SERVER=hyper: hyper's HTTP/2 server, which
+//! keel used before), and either
 //!   h2c  the `h2` crate's client, one connection per endpoint, round-robin per request,
 //!        headers, body and trailers passed through both ways; or
 //!   h1   hyper's HTTP/1.1 client, a pool of keep-alive connections per endpoint,
@@ -11,10 +12,11 @@
 //!
 //! Knobs, to see what lowers the floor (unset: hyper's / h2's defaults, with keel's values
 //! where keel sets one): FLOOR_SEND_BUF, FLOOR_STREAM_WINDOW, FLOOR_CONN_WINDOW,
-//! FLOOR_ADAPTIVE=1, FLOOR_MAX_STREAMS, FLOOR_MAX_FRAME (hyper's server);
+//! FLOOR_MAX_STREAMS, FLOOR_MAX_FRAME (either server), FLOOR_ADAPTIVE=1 (hyper's only);
 //! FLOOR_UP_SEND_BUF, FLOOR_UP_STREAM_WINDOW, FLOOR_UP_CONN_WINDOW, FLOOR_UP_MAX_FRAME
 //! (the h2 client); FLOOR_WRITE_BUF (bytes: each connection's writes, both sides, are
-//! gathered into a buffer of that size and written at flush); FLOOR_NO_DATE=1 (no `date`).
+//! gathered into a buffer of that size and written at flush); FLOOR_NO_DATE=1 (no `date`;
+//! the h2 server sends none).
 
 use std::convert::Infallible;
 use std::future::poll_fn;
@@ -66,12 +68,17 @@ fn main() {
         });
         let builder = Arc::new(server_builder());
         let write_buf = knob("FLOOR_WRITE_BUF");
+        let hyper_server = std::env::var("FLOOR_SERVER").is_ok_and(|v| v == "hyper");
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
             };
             let _ = stream.set_nodelay(true);
             let (b, up) = (builder.clone(), up.clone());
+            if !hyper_server {
+                tokio::spawn(raw::serve(stream, up));
+                continue;
+            }
             match write_buf {
                 Some(cap) => tokio::spawn(serve(b, Gathered::new(stream, cap as usize), up)),
                 None => tokio::spawn(serve(b, stream, up)),
@@ -117,9 +124,9 @@ async fn serve<I>(
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let svc = hyper::service::service_fn(move |req| {
+    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
         let up = up.clone();
-        async move { Ok::<_, Infallible>(up.forward(req).await) }
+        async move { Ok::<_, Infallible>(up.forward(req.map(ReqBody::Hyper)).await) }
     });
     let _ = builder.serve_connection(TokioIo::new(io), svc).await;
 }
@@ -130,7 +137,7 @@ enum Upstream {
 }
 
 impl Upstream {
-    async fn forward(&self, req: Request<Incoming>) -> Response<FloorBody> {
+    async fn forward(&self, req: Request<ReqBody>) -> Response<FloorBody> {
         let r = match self {
             Upstream::H2(h2) => h2.forward(req).await,
             Upstream::H1(h1) => h1.forward(req).await,
@@ -140,6 +147,57 @@ impl Upstream {
             *r.status_mut() = StatusCode::BAD_GATEWAY;
             r
         })
+    }
+}
+
+/// The client's request body, from either server.
+enum ReqBody {
+    Hyper(Incoming),
+    /// h2's stream: its bytes go back to the client's window as they are taken.
+    H2(h2::RecvStream, bool),
+}
+
+impl Body for ReqBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            ReqBody::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            ReqBody::H2(recv, data_done) => {
+                if !*data_done {
+                    match ready!(recv.poll_data(cx)) {
+                        Some(Ok(data)) => {
+                            let _ = recv.flow_control().release_capacity(data.len());
+                            return Poll::Ready(Some(Ok(Frame::data(data))));
+                        }
+                        Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+                        None => *data_done = true,
+                    }
+                }
+                match ready!(recv.poll_trailers(cx)) {
+                    Ok(t) => Poll::Ready(t.map(|t| Ok(Frame::trailers(t)))),
+                    Err(e) => Poll::Ready(Some(Err(e.into()))),
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ReqBody::Hyper(b) => b.is_end_stream(),
+            ReqBody::H2(recv, _) => recv.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ReqBody::Hyper(b) => b.size_hint(),
+            ReqBody::H2(..) => SizeHint::default(),
+        }
     }
 }
 
@@ -248,7 +306,7 @@ impl H2Endpoints {
         }
     }
 
-    async fn forward(&self, req: Request<Incoming>) -> Result<Response<FloorBody>, ()> {
+    async fn forward(&self, req: Request<ReqBody>) -> Result<Response<FloorBody>, ()> {
         let i = self.next.fetch_add(1, Relaxed) % self.endpoints.len();
         let ep = &self.endpoints[i];
         let conn = ep.lock().clone();
@@ -341,7 +399,7 @@ where
 const INLINE: usize = 65_535;
 
 /// The client's request body to the endpoint, frame by frame, within the stream's window.
-async fn pump(mut body: Incoming, mut send: h2::SendStream<Bytes>) {
+async fn pump(mut body: ReqBody, mut send: h2::SendStream<Bytes>) {
     loop {
         match body.frame().await {
             None => {
@@ -450,7 +508,7 @@ impl AsyncWrite for Gathered {
 
 // ------------------------------------------------------------------ HTTP/1.1 endpoints
 
-type H1Sender = hyper::client::conn::http1::SendRequest<Incoming>;
+type H1Sender = hyper::client::conn::http1::SendRequest<ReqBody>;
 
 struct H1Endpoint {
     port: u16,
@@ -513,7 +571,7 @@ impl H1Endpoints {
         }
     }
 
-    async fn forward(&self, req: Request<Incoming>) -> Result<Response<FloorBody>, ()> {
+    async fn forward(&self, req: Request<ReqBody>) -> Result<Response<FloorBody>, ()> {
         let i = self.next.fetch_add(1, Relaxed) % self.endpoints.len();
         let ep = &self.endpoints[i];
         let mut sender = match ep.take() {
@@ -546,5 +604,114 @@ impl H1Endpoints {
             Some((sender, ep.clone()))
         };
         Ok(Response::from_parts(parts, FloorBody::H1(body, back)))
+    }
+}
+
+// ------------------------------------------------------------------ the h2 server
+
+/// The `h2` crate's server, as keel's front end uses it: a task per stream, the response's
+/// body sent as the client's window takes it, a stream reset by the client dropped.
+mod raw {
+    use super::*;
+    use h2::server::SendResponse;
+
+    pub(super) async fn serve(io: TcpStream, up: Arc<Upstream>) {
+        let mut b = h2::server::Builder::new();
+        // keel's settings (front/h2/mod.rs: hyper's server defaults, keel's header limit).
+        b.initial_window_size(knob("FLOOR_STREAM_WINDOW").unwrap_or(1 << 20))
+            .initial_connection_window_size(knob("FLOOR_CONN_WINDOW").unwrap_or(1 << 20))
+            .max_frame_size(knob("FLOOR_MAX_FRAME").unwrap_or(16 * 1024))
+            .max_concurrent_streams(knob("FLOOR_MAX_STREAMS").unwrap_or(200))
+            .max_send_buffer_size(knob("FLOOR_SEND_BUF").map_or(400 * 1024, |n| n as usize))
+            .max_local_error_reset_streams(Some(1024))
+            .max_header_list_size(65536);
+        let Ok(mut conn) = b.handshake::<_, Bytes>(io).await else {
+            return;
+        };
+        while let Some(Ok((req, respond))) = conn.accept().await {
+            let up = up.clone();
+            tokio::spawn(async move {
+                let req = req.map(|recv| ReqBody::H2(recv, false));
+                stream(Box::pin(async move { up.forward(req).await }), respond).await
+            });
+        }
+    }
+
+    async fn stream<F>(mut forward: Pin<Box<F>>, mut respond: SendResponse<Bytes>)
+    where
+        F: std::future::Future<Output = Response<FloorBody>>,
+    {
+        let answered = poll_fn(|cx| {
+            if let Poll::Ready(r) = forward.as_mut().poll(cx) {
+                return Poll::Ready(Some(r));
+            }
+            respond.poll_reset(cx).map(|_| None)
+        })
+        .await;
+        drop(forward);
+        let Some(response) = answered else { return };
+        let (mut parts, mut body) = response.into_parts();
+        // An HTTP/1.1 endpoint's connection-specific headers (RFC 9113 section 8.2.2).
+        for name in [
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+            "transfer-encoding",
+            "upgrade",
+            "te",
+        ] {
+            parts.headers.remove(name);
+        }
+        let end = body.is_end_stream();
+        let Ok(mut send) = respond.send_response(Response::from_parts(parts, ()), end) else {
+            respond.send_reset(h2::Reason::INTERNAL_ERROR);
+            return;
+        };
+        if end {
+            return;
+        }
+        loop {
+            let frame = match poll_fn(|cx| {
+                if send.poll_reset(cx).is_ready() {
+                    return Poll::Ready(None);
+                }
+                Pin::new(&mut body).poll_frame(cx)
+            })
+            .await
+            {
+                None => {
+                    let _ = send.send_data(Bytes::new(), true);
+                    return;
+                }
+                Some(Err(_)) => {
+                    send.send_reset(h2::Reason::INTERNAL_ERROR);
+                    return;
+                }
+                Some(Ok(frame)) => frame,
+            };
+            match frame.into_data() {
+                Ok(data) => {
+                    let last = body.is_end_stream();
+                    if !data.is_empty() {
+                        send.reserve_capacity(1);
+                        while send.capacity() == 0 {
+                            match poll_fn(|cx| send.poll_capacity(cx)).await {
+                                Some(Ok(_)) => {}
+                                _ => return,
+                            }
+                        }
+                    }
+                    if send.send_data(data, last).is_err() || last {
+                        return;
+                    }
+                }
+                Err(frame) => {
+                    if let Ok(t) = frame.into_trailers() {
+                        let _ = send.send_trailers(t);
+                    }
+                    return;
+                }
+            }
+        }
     }
 }
