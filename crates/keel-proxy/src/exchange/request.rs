@@ -358,21 +358,36 @@ pub(crate) fn new_request_id() -> [u8; 36] {
     }
     let hi = (next() & !0xf000) | 0x4000; // version 4
     let lo = (next() & !(0b11 << 62)) | (0b10 << 62); // RFC 4122 variant
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut hex = [0u8; 32];
-    let bytes = hi.to_be_bytes().into_iter().chain(lo.to_be_bytes());
-    for (pair, b) in hex.chunks_exact_mut(2).zip(bytes) {
-        pair[0] = HEX[usize::from(b >> 4)];
-        pair[1] = HEX[usize::from(b & 0xf)];
-    }
+    let (h, l) = (hex16(hi), hex16(lo));
     // 8-4-4-4-12.
     let mut id = [b'-'; 36];
-    id[..8].copy_from_slice(&hex[..8]);
-    id[9..13].copy_from_slice(&hex[8..12]);
-    id[14..18].copy_from_slice(&hex[12..16]);
-    id[19..23].copy_from_slice(&hex[16..20]);
-    id[24..].copy_from_slice(&hex[20..]);
+    id[..8].copy_from_slice(&h[..8]);
+    id[9..13].copy_from_slice(&h[8..12]);
+    id[14..18].copy_from_slice(&h[12..]);
+    id[19..23].copy_from_slice(&l[..4]);
+    id[24..].copy_from_slice(&l[4..]);
     id
+}
+
+/// `x` as 16 lowercase hex digits, most significant first, a byte lane per digit (no loop:
+/// this runs for every request).
+fn hex16(x: u64) -> [u8; 16] {
+    // Each half's 8 nibbles spread to the low nibbles of 8 bytes, the first digit highest.
+    fn spread(x: u32) -> u64 {
+        let x = u64::from(x);
+        let x = (x | (x << 16)) & 0x0000_ffff_0000_ffff;
+        let x = (x | (x << 8)) & 0x00ff_00ff_00ff_00ff;
+        (x | (x << 4)) & 0x0f0f_0f0f_0f0f_0f0f
+    }
+    let digits = |n: u64| {
+        // Nibbles of 10 and more get 'a' - 10, the others '0'.
+        let letters = ((n + 0x0606_0606_0606_0606) >> 4) & 0x0101_0101_0101_0101;
+        n + 0x3030_3030_3030_3030 + letters * (b'a' - b'0' - 10) as u64
+    };
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&digits(spread((x >> 32) as u32)).to_be_bytes());
+    out[8..].copy_from_slice(&digits(spread(x as u32)).to_be_bytes());
+    out
 }
 
 /// The origin-form target (`/path?query` or `*`) of a request target, and the authority of
@@ -404,6 +419,22 @@ pub(crate) fn parse_content_length(v: &[u8]) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn hex16_writes_what_format_writes() {
+        let mut x = 0x0123_4567_89ab_cdefu64;
+        for _ in 0..10_000 {
+            let want = format!("{x:016x}");
+            assert_eq!(std::str::from_utf8(&super::hex16(x)).unwrap(), want);
+            x = x.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(17) ^ 0xdead_beef;
+        }
+        for x in [0, u64::MAX, 0xa0a0_a0a0_a0a0_a0a0, 0x0909_0909_0909_0909] {
+            assert_eq!(
+                std::str::from_utf8(&super::hex16(x)).unwrap(),
+                format!("{x:016x}")
+            );
+        }
+    }
+
     #[test]
     fn request_ids_are_uuid_v4_text_and_differ() {
         let ids: Vec<[u8; 36]> = (0..1000).map(|_| super::new_request_id()).collect();
