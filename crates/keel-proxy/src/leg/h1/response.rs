@@ -6,7 +6,7 @@ use std::mem::MaybeUninit;
 
 use keel_balance::{LoadReport, OrcaReport, Utilization, LATENCY_HEADER, ORCA_HEADER, RIF_HEADER};
 
-use crate::codec::{push_header, HOP_BY_HOP};
+use crate::codec::push_header;
 use crate::exchange::request::parse_content_length;
 
 /// Most header names a `Connection` header of a response may list.
@@ -54,6 +54,56 @@ pub(crate) struct ResponseHead {
 /// Most headers accepted in an upstream response.
 const MAX_RESPONSE_HEADERS: usize = 128;
 
+/// What keel reads a response header for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Other,
+    Date,
+    Rif,
+    Latency,
+    Orca,
+    Connection,
+    ContentLength,
+    TransferEncoding,
+    Upgrade,
+    /// Another of `HOP_BY_HOP`.
+    HopByHop,
+}
+
+impl Role {
+    /// One of `HOP_BY_HOP`: not sent on.
+    fn hop_by_hop(self) -> bool {
+        matches!(
+            self,
+            Role::Connection | Role::TransferEncoding | Role::Upgrade | Role::HopByHop
+        )
+    }
+}
+
+/// A header's role, its length looked at first (one comparison for most names, where a
+/// list of names would be one each; this runs for every header of every response).
+fn role(name: &str) -> Role {
+    let is = |n: &str| name.eq_ignore_ascii_case(n);
+    match name.len() {
+        2 if is("te") => Role::HopByHop,
+        4 if is("date") => Role::Date,
+        7 if is("upgrade") => Role::Upgrade,
+        7 if is("trailer") => Role::HopByHop,
+        10 if is("connection") => Role::Connection,
+        10 if is("keep-alive") => Role::HopByHop,
+        14 if is("content-length") => Role::ContentLength,
+        14 if is("http2-settings") => Role::HopByHop,
+        16 if is("proxy-connection") => Role::HopByHop,
+        17 if is("transfer-encoding") => Role::TransferEncoding,
+        18 if is("proxy-authenticate") => Role::HopByHop,
+        19 if is("proxy-authorization") => Role::HopByHop,
+        n if n == RIF_HEADER.len() && is(RIF_HEADER) => Role::Rif,
+        n if n == LATENCY_HEADER.len() && is(LATENCY_HEADER) => Role::Latency,
+        n if n == ORCA_HEADER.len() && is(ORCA_HEADER) => Role::Orca,
+        _ => Role::Other,
+    }
+}
+
 /// Parses the response head at the start of `buf`; when complete, writes into `out` the
 /// status line and the headers to send to the client, without the framing headers, the
 /// connection options and the final CRLF (the caller adds those); with `into_map`, puts the
@@ -91,16 +141,17 @@ pub(crate) fn parse_response(
     let mut transfer_encoding = false;
     let mut has_date = false;
     let (mut rif, mut latency_us, mut orca) = (None, None, None);
-    for h in resp.headers.iter() {
-        has_date |= h.name.eq_ignore_ascii_case("date");
-        if h.name.eq_ignore_ascii_case(RIF_HEADER) {
-            rif = Some(h.value);
-        } else if h.name.eq_ignore_ascii_case(LATENCY_HEADER) {
-            latency_us = Some(h.value);
-        } else if h.name.eq_ignore_ascii_case(ORCA_HEADER) {
-            orca = Some(h.value);
+    let mut roles = [Role::Other; MAX_RESPONSE_HEADERS];
+    for (h, r) in resp.headers.iter().zip(&mut roles) {
+        *r = role(h.name);
+        match *r {
+            Role::Date => has_date = true,
+            Role::Rif => rif = Some(h.value),
+            Role::Latency => latency_us = Some(h.value),
+            Role::Orca => orca = Some(h.value),
+            _ => {}
         }
-        if h.name.eq_ignore_ascii_case("connection") {
+        if *r == Role::Connection {
             for token in h.value.split(|b| *b == b',') {
                 let token = token.trim_ascii();
                 if token.eq_ignore_ascii_case(b"close") {
@@ -113,13 +164,13 @@ pub(crate) fn parse_response(
                     n_named += 1;
                 }
             }
-        } else if h.name.eq_ignore_ascii_case("content-length") {
+        } else if *r == Role::ContentLength {
             let n = parse_content_length(h.value).ok_or("invalid Content-Length")?;
             if content_length.is_some_and(|m| m != n) {
                 return Err("conflicting Content-Length headers");
             }
             content_length = Some(n);
-        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+        } else if *r == Role::TransferEncoding {
             transfer_encoding = true;
             // Chunked must be the last coding (RFC 9112 section 6.1).
             chunked = h
@@ -160,18 +211,18 @@ pub(crate) fn parse_response(
     let named = &named[..n_named];
     // A body-less answer keeps the length it declares (that of the GET for a HEAD).
     let keep_length = framing == Framing::Empty && status != 204 && status >= 200;
-    for h in resp.headers.iter() {
+    for (h, &r) in resp.headers.iter().zip(&roles) {
         let name = h.name;
         // A 101 names the protocol the tunnel switches to (the front end adds `Connection`).
-        if status == 101 && name.eq_ignore_ascii_case("upgrade") {
+        if status == 101 && r == Role::Upgrade {
             push_header(out, name.as_bytes(), h.value);
             continue;
         }
-        if HOP_BY_HOP.iter().any(|n| name.eq_ignore_ascii_case(n))
+        if r.hop_by_hop()
             || named
                 .iter()
                 .any(|n| name.as_bytes().eq_ignore_ascii_case(n))
-            || (!keep_length && name.eq_ignore_ascii_case("content-length"))
+            || (!keep_length && r == Role::ContentLength)
         {
             continue;
         }
@@ -249,6 +300,31 @@ pub(crate) fn parts(
 
 #[cfg(test)]
 mod tests {
+    use super::{role, Role};
+
+    #[test]
+    fn every_hop_by_hop_name_has_that_role_in_any_case() {
+        for name in crate::codec::HOP_BY_HOP {
+            assert!(role(name).hop_by_hop(), "{name}");
+            assert!(role(&name.to_ascii_uppercase()).hop_by_hop(), "{name}");
+        }
+        for name in [
+            "content-type",
+            "server",
+            "x-trailer",
+            "tee",
+            "dates",
+            "content-lengths",
+        ] {
+            assert_eq!(role(name), Role::Other, "{name}");
+        }
+        assert_eq!(role("Content-Length"), Role::ContentLength);
+        assert_eq!(role(keel_balance::RIF_HEADER), Role::Rif);
+        assert_eq!(role(keel_balance::LATENCY_HEADER), Role::Latency);
+        assert_eq!(role(keel_balance::ORCA_HEADER), Role::Orca);
+        assert_eq!(role("DATE"), Role::Date);
+    }
+
     use super::*;
 
     fn response(raw: &[u8], head: bool) -> (ResponseHead, String) {
