@@ -222,7 +222,11 @@ pub(crate) struct UpstreamBody {
     pub(crate) body: ResponseBody,
     pub(crate) tail: Option<Tail>,
     pub(crate) pump: Option<RequestPump>,
-    pub(crate) deadline: Pin<Box<tokio::time::Sleep>>,
+    /// When the endpoint's idleness (or `max_duration`) cuts the body.
+    pub(crate) due: Instant,
+    /// The timer for `due`, made and set only while the body waits on the endpoint: a body
+    /// that never waits (a small one, read with its head) costs no timer.
+    pub(crate) timer: Option<Pin<Box<tokio::time::Sleep>>>,
     /// The request's record, written when the body ends.
     pub(crate) record: H2Answered,
     pub(crate) active: ActiveRequest,
@@ -231,6 +235,18 @@ pub(crate) struct UpstreamBody {
 impl UpstreamBody {
     pub(crate) fn end(&mut self, end: BodyEnd) {
         self.end_with(end, cut_cause(end));
+    }
+
+    /// Ready once `due` has passed.
+    fn poll_due(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let due = tokio::time::Instant::from_std(self.due);
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+        if timer.deadline() != due {
+            timer.as_mut().reset(due);
+        }
+        timer.as_mut().poll(cx)
     }
 
     /// Ends the body (`cause`: why it was cut, for the record).
@@ -285,8 +301,9 @@ impl Body for H2Body {
                 }
                 // The endpoint sent something: its idle time starts again.
                 if let Some(t) = &up.tail {
-                    let next = t.body_deadline(Instant::now());
-                    up.deadline.as_mut().reset(next.into());
+                    if !up.body.is_end_stream() {
+                        up.due = t.body_deadline(Instant::now());
+                    }
                 }
                 // Trailers end the body: it is not polled again after them.
                 if frame.is_trailers() {
@@ -306,7 +323,7 @@ impl Body for H2Body {
                 Poll::Ready(Some(Err(e)))
             }
             Poll::Pending => {
-                if up.tail.is_some() && up.deadline.as_mut().poll(cx).is_ready() {
+                if up.tail.is_some() && up.poll_due(cx).is_ready() {
                     let cause = up
                         .tail
                         .as_ref()

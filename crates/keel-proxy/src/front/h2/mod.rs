@@ -396,9 +396,7 @@ fn upstream_response(
         head.headers
             .insert(crate::codec::X_KEEL_ENDPOINT, e.clone());
     }
-    let deadline = Box::pin(tokio::time::sleep_until(
-        tail.body_deadline(Instant::now()).into(),
-    ));
+    let due = tail.body_deadline(Instant::now());
     let record = H2Answered {
         scope,
         status: head.status.as_u16(),
@@ -408,7 +406,8 @@ fn upstream_response(
         body,
         tail: Some(tail),
         pump,
-        deadline,
+        due,
+        timer: None,
         record,
         active,
     };
