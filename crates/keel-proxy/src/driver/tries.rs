@@ -111,11 +111,16 @@ pub(crate) struct TryRecord {
 /// Most tries a request makes: the first, its retries, and a hedge.
 const MAX_TRIES: usize = MAX_RETRY_ATTEMPTS as usize + 2;
 
-/// Every try of one request, in order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Every try of one request, in order. The first is held inline and the others (retries,
+/// a hedge: rare) on the heap: a request's record moves with its answer through the
+/// driver and into the response body, and a fixed list of every possible try made that
+/// 340 bytes, copied at each move.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct Tries {
     len: u8,
-    list: [TryRecord; MAX_TRIES],
+    first: TryRecord,
+    /// All the tries, the first included, once there is more than one.
+    spilled: Vec<TryRecord>,
 }
 
 fn micros(d: Duration) -> u32 {
@@ -133,20 +138,33 @@ impl Tries {
         took: Option<Duration>,
         in_flight: u32,
     ) {
-        if (self.len as usize) < MAX_TRIES {
-            self.list[self.len as usize] = TryRecord {
-                endpoint: endpoint as u32,
-                outcome,
-                start_us: micros(start),
-                duration_us: took.map(micros),
-                in_flight,
-            };
-            self.len += 1;
+        let record = TryRecord {
+            endpoint: endpoint as u32,
+            outcome,
+            start_us: micros(start),
+            duration_us: took.map(micros),
+            in_flight,
+        };
+        match self.len as usize {
+            0 => self.first = record,
+            n if n < MAX_TRIES => {
+                if self.spilled.is_empty() {
+                    self.spilled.reserve_exact(MAX_TRIES);
+                    self.spilled.push(self.first);
+                }
+                self.spilled.push(record);
+            }
+            _ => return,
         }
+        self.len += 1;
     }
 
     /// The tries, first first.
     pub fn as_slice(&self) -> &[TryRecord] {
-        &self.list[..self.len as usize]
+        match self.len {
+            0 => &[],
+            1 => std::slice::from_ref(&self.first),
+            _ => &self.spilled,
+        }
     }
 }

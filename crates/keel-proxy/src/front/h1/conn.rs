@@ -505,7 +505,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 (status, attempts) = (up.response.status(), up.tail.attempts);
                 endpoint = up.tail.endpoint;
                 // Copied only for the access log.
-                tries = scope.log.map(|_| up.tail.tries);
+                tries = scope.log.map(|_| up.tail.tries.clone());
                 forwarding = self.forward(up, keep, req);
             }
             let kept = forwarding.await;
