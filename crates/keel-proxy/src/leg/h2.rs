@@ -122,12 +122,65 @@ impl H2Response {
     }
 }
 
+/// An HTTP/2 client's request body as h2 hands it over, read as a [`Body`] (by the front
+/// end, and by [`RequestPump`] on its way to an HTTP/2 endpoint): each DATA
+/// frame's bytes go back to the client's window as they are taken, the trailers come after
+/// the data, and a stream the client ended with NO_ERROR or CANCEL (done sending) just ends.
+pub(crate) struct RecvBody {
+    recv: h2::RecvStream,
+    data_done: bool,
+}
+
+impl RecvBody {
+    pub(crate) fn new(recv: h2::RecvStream) -> Self {
+        Self {
+            recv,
+            data_done: false,
+        }
+    }
+}
+
+impl Body for RecvBody {
+    type Data = Bytes;
+    type Error = h2::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+        let this = self.get_mut();
+        if !this.data_done {
+            match std::task::ready!(this.recv.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    let _ = this.recv.flow_control().release_capacity(data.len());
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Some(Err(e)) => {
+                    return match e.reason() {
+                        Some(h2::Reason::NO_ERROR | h2::Reason::CANCEL) => Poll::Ready(None),
+                        _ => Poll::Ready(Some(Err(e))),
+                    }
+                }
+                None => this.data_done = true,
+            }
+        }
+        match std::task::ready!(this.recv.poll_trailers(cx)) {
+            Ok(trailers) => Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t)))),
+            Err(e) => Poll::Ready(Some(Err(e))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.recv.is_end_stream()
+    }
+}
+
 /// Sends the rest of an HTTP/2 client's request body on the endpoint's stream, as the
 /// response is relayed (polled by the response body: no task of its own).
 pub(crate) struct RequestPump {
     send: SendStream<Bytes>,
     pending: Option<Bytes>,
-    source: crate::front::h2::body::ClientStream,
+    source: RecvBody,
     done: bool,
 }
 
@@ -135,7 +188,7 @@ impl RequestPump {
     /// The rest of `source` goes to `send`, `pending` first.
     pub(crate) fn new(
         (send, pending): (SendStream<Bytes>, Option<Bytes>),
-        source: crate::front::h2::body::ClientStream,
+        source: RecvBody,
     ) -> Self {
         Self {
             send,

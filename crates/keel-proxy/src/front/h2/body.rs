@@ -17,62 +17,10 @@ use hyper::body::{Body, Frame, SizeHint};
 use crate::driver::account::{DownstreamGuard, Tail};
 use crate::exchange::error::BodyEnd;
 use crate::exchange::request::{Reject, RequestBody};
-use crate::leg::h2::RequestPump;
+use crate::leg::h2::{RecvBody, RequestPump};
 use crate::leg::{BodyError, ResponseBody};
 
 use super::log::H2Answered;
-
-/// An HTTP/2 client's request body as h2 hands it over, read as a [`Body`]: each DATA
-/// frame's bytes go back to the client's window as they are taken, the trailers come after
-/// the data, and a stream the client ended with NO_ERROR or CANCEL (done sending) just ends.
-pub(crate) struct ClientStream {
-    recv: h2::RecvStream,
-    data_done: bool,
-}
-
-impl ClientStream {
-    pub(crate) fn new(recv: h2::RecvStream) -> Self {
-        Self {
-            recv,
-            data_done: false,
-        }
-    }
-}
-
-impl Body for ClientStream {
-    type Data = Bytes;
-    type Error = h2::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
-        let this = self.get_mut();
-        if !this.data_done {
-            match std::task::ready!(this.recv.poll_data(cx)) {
-                Some(Ok(data)) => {
-                    let _ = this.recv.flow_control().release_capacity(data.len());
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
-                }
-                Some(Err(e)) => {
-                    return match e.reason() {
-                        Some(h2::Reason::NO_ERROR | h2::Reason::CANCEL) => Poll::Ready(None),
-                        _ => Poll::Ready(Some(Err(e))),
-                    }
-                }
-                None => this.data_done = true,
-            }
-        }
-        match std::task::ready!(this.recv.poll_trailers(cx)) {
-            Ok(trailers) => Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t)))),
-            Err(e) => Poll::Ready(Some(Err(e))),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.recv.is_end_stream()
-    }
-}
 
 /// Request bodies with a length up to this are read whole before the request is forwarded
 /// (any try can send them again); others stream.
@@ -82,7 +30,7 @@ pub(crate) const MAX_INLINE_BODY: u64 = 64 * 1024;
 /// `MAX_INLINE_BODY` bytes are kept, so that a try that failed before the endpoint acted
 /// (a gRPC UNAVAILABLE) can send them again to another endpoint.
 pub(crate) struct ClientBody {
-    pub(crate) body: ClientStream,
+    pub(crate) body: RecvBody,
     pub(crate) piece: Bytes,
     pub(crate) started: bool,
     /// A frame is being awaited from the client.
@@ -101,7 +49,7 @@ pub(crate) struct ClientBody {
 }
 
 impl ClientBody {
-    pub(crate) fn new(body: ClientStream, max: u64) -> Self {
+    pub(crate) fn new(body: RecvBody, max: u64) -> Self {
         Self {
             body,
             piece: Bytes::new(),

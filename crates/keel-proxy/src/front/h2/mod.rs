@@ -28,7 +28,7 @@ use crate::driver::answer::{self, Answer, OwnAnswer, Upstream};
 use crate::exchange::error::BodyEnd;
 use crate::exchange::head::RequestHeaders;
 use crate::exchange::request::{BodyFraming, Client, Reject, RequestHead, RequestRules};
-use crate::leg::h2::RequestPump;
+use crate::leg::h2::{RecvBody, RequestPump};
 use crate::leg::{self, Request, ResponseBody};
 use crate::observe::record::Record;
 use crate::state::Shared;
@@ -38,9 +38,7 @@ pub(crate) mod body;
 mod log;
 mod send;
 
-use body::{
-    ActiveRequest, ClientBody, ClientStream, ConnActivity, H2Body, UpstreamBody, MAX_INLINE_BODY,
-};
+use body::{ActiveRequest, ClientBody, ConnActivity, H2Body, UpstreamBody, MAX_INLINE_BODY};
 use log::{H2Answered, H2Scope, LoggedHead};
 
 /// Serves an HTTP/2 connection (TLS with ALPN `h2`, or plain with prior knowledge) until it
@@ -156,7 +154,7 @@ async fn handle(
         request: LoggedHead::None,
     };
     let (mut parts, body) = req.into_parts();
-    let body = ClientStream::new(body);
+    let body = RecvBody::new(body);
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let fields = || {
         parts
