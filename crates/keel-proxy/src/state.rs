@@ -234,9 +234,12 @@ impl ListenerCtx {
     /// What the attempt driver needs to know of a client connection.
     pub(crate) fn client(&self, peer: SocketAddr, worker: usize) -> Client {
         let ip = peer.ip();
+        let text = ip.to_string();
         Client {
             peer,
-            ip: ip.to_string(),
+            ip_value: hyper::header::HeaderValue::try_from(text.clone())
+                .expect("an IP address is a header value"),
+            ip: text,
             proto: if self.tls.is_some() { "https" } else { "http" },
             trust_forwarded: self.settings.trusts(ip),
             worker,

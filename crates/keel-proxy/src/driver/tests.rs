@@ -160,6 +160,7 @@ fn client() -> Client {
     Client {
         peer: SocketAddr::from(([127, 0, 0, 1], 40000)),
         ip: "127.0.0.1".into(),
+        ip_value: hyper::header::HeaderValue::from_static("127.0.0.1"),
         proto: "http",
         trust_forwarded: false,
         worker: 0,

@@ -15,6 +15,9 @@ pub(crate) struct Client {
     pub peer: SocketAddr,
     /// Its IP as text, for `X-Forwarded-For`.
     pub ip: String,
+    /// The same as a header value, made once per connection (an HTTP/2 client's requests
+    /// share it).
+    pub ip_value: hyper::header::HeaderValue,
     /// `http` or `https`, for `X-Forwarded-Proto`.
     pub proto: &'static str,
     /// The client is one of the listener's `trusted_proxies`.
@@ -194,6 +197,8 @@ impl Reject {
 pub(crate) struct RequestRules<'a> {
     /// The client's IP, for `X-Forwarded-For`.
     pub client_ip: &'a str,
+    /// The same as a header value.
+    pub client_ip_value: &'a hyper::header::HeaderValue,
     /// `http` or `https`, for `X-Forwarded-Proto`.
     pub proto: &'static str,
     /// The client is a trusted proxy (`trusted_proxies`): its `X-Forwarded-For` is kept and
@@ -222,6 +227,7 @@ impl<'a> RequestRules<'a> {
         let (hash_header, hash_path) = hash_rule(hash_on);
         Self {
             client_ip: &client.ip,
+            client_ip_value: &client.ip_value,
             proto: client.proto,
             trust_forwarded: client.trust_forwarded,
             hash_header,

@@ -400,14 +400,18 @@ pub(crate) fn rewrite_h2(
         .map(str::as_bytes)
         .or(s.host)
         .and_then(|h| HeaderValue::from_bytes(h).ok());
-    let mut forwarded_for = Vec::with_capacity(rules.client_ip.len());
-    if s.forwarded_for && rules.trust_forwarded {
+    // A trusted proxy's chain, with the client appended; from anyone else, the client alone.
+    let forwarded_for = if s.forwarded_for && rules.trust_forwarded {
+        let mut chain = Vec::with_capacity(rules.client_ip.len() + 64);
         for v in headers.get_all(&X_FORWARDED_FOR) {
-            forwarded_for.extend_from_slice(v.as_bytes());
-            forwarded_for.extend_from_slice(b", ");
+            chain.extend_from_slice(v.as_bytes());
+            chain.extend_from_slice(b", ");
         }
-    }
-    forwarded_for.extend_from_slice(rules.client_ip.as_bytes());
+        chain.extend_from_slice(rules.client_ip.as_bytes());
+        HeaderValue::from_maybe_shared(Bytes::from(chain)).ok()
+    } else {
+        Some(rules.client_ip_value.clone())
+    };
     let request_id = match s.request_id {
         Some(_) if rules.request_id => headers
             .get_all(&X_REQUEST_ID)
@@ -434,9 +438,7 @@ pub(crate) fn rewrite_h2(
         }
     }
     if real_ip {
-        if let Ok(v) = HeaderValue::from_str(rules.client_ip) {
-            h.insert(X_REAL_IP, v);
-        }
+        h.insert(X_REAL_IP, rules.client_ip_value.clone());
     }
     if rules.request_id {
         let id = request_id.or_else(|| HeaderValue::from_bytes(&new_request_id()).ok());
@@ -447,7 +449,7 @@ pub(crate) fn rewrite_h2(
             h.insert(X_REQUEST_ID, id);
         }
     }
-    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(forwarded_for)) {
+    if let Some(v) = forwarded_for {
         h.insert(X_FORWARDED_FOR, v);
     }
     h.insert(X_FORWARDED_PROTO, HeaderValue::from_static(rules.proto));

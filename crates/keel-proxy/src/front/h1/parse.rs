@@ -123,6 +123,9 @@ mod tests {
     fn rules() -> RequestRules<'static> {
         RequestRules {
             client_ip: "127.0.0.1",
+            client_ip_value: Box::leak(Box::new(hyper::header::HeaderValue::from_static(
+                "127.0.0.1",
+            ))),
             proto: "http",
             trust_forwarded: true,
             hash_header: None,
