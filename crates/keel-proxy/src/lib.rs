@@ -1,9 +1,9 @@
 //! # keel-proxy
 //!
 //! The network driver of keel-balance: an HTTP reverse proxy. HTTP/1.1 (keel's own codec, over
-//! TCP or TLS) and HTTP/2 (hyper's) front ends hand every request to one attempt driver, which
-//! picks, tries through an upstream leg, retries and answers. (The experiment backend and the
-//! load generator its tests and the lab use live in keel-testbed.)
+//! TCP or TLS) and HTTP/2 (the `h2` crate's server) front ends hand every request to one
+//! attempt driver, which picks, tries through an upstream leg, retries and answers. (The
+//! experiment backend and the load generator its tests and the lab use live in keel-testbed.)
 //!
 //! Every choice (which endpoint, whether it is ejected, whether a retry fits the budget) is
 //! keel-balance's; this crate only calls `pick`, `finish`, `set_healthy` and `RetryBudget`,
