@@ -154,7 +154,7 @@ impl Upstream {
 enum ReqBody {
     Hyper(Incoming),
     /// h2's stream: its bytes go back to the client's window as they are taken.
-    H2(h2::RecvStream, bool),
+    H2(h2::RecvStream),
 }
 
 impl Body for ReqBody {
@@ -167,29 +167,14 @@ impl Body for ReqBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.get_mut() {
             ReqBody::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-            ReqBody::H2(recv, data_done) => {
-                if !*data_done {
-                    match ready!(recv.poll_data(cx)) {
-                        Some(Ok(data)) => {
-                            let _ = recv.flow_control().release_capacity(data.len());
-                            return Poll::Ready(Some(Ok(Frame::data(data))));
-                        }
-                        Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
-                        None => *data_done = true,
-                    }
-                }
-                match ready!(recv.poll_trailers(cx)) {
-                    Ok(t) => Poll::Ready(t.map(|t| Ok(Frame::trailers(t)))),
-                    Err(e) => Poll::Ready(Some(Err(e.into()))),
-                }
-            }
+            ReqBody::H2(recv) => poll_h2_frame(recv, cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
             ReqBody::Hyper(b) => b.is_end_stream(),
-            ReqBody::H2(recv, _) => recv.is_end_stream(),
+            ReqBody::H2(recv) => recv.is_end_stream(),
         }
     }
 
@@ -198,6 +183,31 @@ impl Body for ReqBody {
             ReqBody::Hyper(b) => b.size_hint(),
             ReqBody::H2(..) => SizeHint::default(),
         }
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The next frame of an h2 stream, data then trailers. Its bytes go back to the peer's window
+/// as soon as they are handed on: the server polls for more only once its own peer's window
+/// has room, so the sender may send again at once.
+fn poll_h2_frame(
+    recv: &mut h2::RecvStream,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    if !recv.is_end_stream() {
+        match ready!(recv.poll_data(cx)) {
+            Some(Ok(data)) => {
+                let _ = recv.flow_control().release_capacity(data.len());
+                return Poll::Ready(Some(Ok(Frame::data(data))));
+            }
+            Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+            None => {}
+        }
+    }
+    match ready!(recv.poll_trailers(cx)) {
+        Ok(t) => Poll::Ready(t.map(|t| Ok(Frame::trailers(t)))),
+        Err(e) => Poll::Ready(Some(Err(e.into()))),
     }
 }
 
@@ -218,25 +228,7 @@ impl Body for FloorBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.get_mut() {
-            FloorBody::H2(recv) => {
-                if !recv.is_end_stream() {
-                    match ready!(recv.poll_data(cx)) {
-                        Some(Ok(data)) => {
-                            // hyper polls for more only once the client's window has room:
-                            // the endpoint may send as soon as the bytes are handed on.
-                            let _ = recv.flow_control().release_capacity(data.len());
-                            return Poll::Ready(Some(Ok(Frame::data(data))));
-                        }
-                        Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
-                        None => {}
-                    }
-                }
-                match ready!(recv.poll_trailers(cx)) {
-                    Ok(Some(t)) => Poll::Ready(Some(Ok(Frame::trailers(t)))),
-                    Ok(None) => Poll::Ready(None),
-                    Err(e) => Poll::Ready(Some(Err(e.into()))),
-                }
-            }
+            FloorBody::H2(recv) => poll_h2_frame(recv, cx),
             FloorBody::H1(body, back) => {
                 let r = ready!(Pin::new(&mut *body).poll_frame(cx));
                 match &r {
@@ -631,7 +623,7 @@ mod raw {
         while let Some(Ok((req, respond))) = conn.accept().await {
             let up = up.clone();
             tokio::spawn(async move {
-                let req = req.map(|recv| ReqBody::H2(recv, false));
+                let req = req.map(ReqBody::H2);
                 stream(Box::pin(async move { up.forward(req).await }), respond).await
             });
         }

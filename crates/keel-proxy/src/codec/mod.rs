@@ -52,23 +52,23 @@ pub(crate) fn date_value() -> hyper::header::HeaderValue {
 
 /// Calls `f` with `<now>` as a `date` value, formatted at most once a second per thread.
 fn with_date<R>(f: impl FnOnce(&hyper::header::HeaderValue) -> R) -> R {
+    use hyper::header::HeaderValue;
     thread_local! {
-        static TODAY: std::cell::RefCell<(u64, Option<hyper::header::HeaderValue>)> =
-            const { std::cell::RefCell::new((0, None)) };
+        // (0, "") until first used: no clock reads 0 s since 1970.
+        static TODAY: std::cell::RefCell<(u64, HeaderValue)> =
+            const { std::cell::RefCell::new((0, HeaderValue::from_static(""))) };
     }
     let now = std::time::SystemTime::now();
     let secs = now
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     TODAY.with_borrow_mut(|(at, value)| {
-        if *at != secs || value.is_none() {
+        if *at != secs || value.is_empty() {
             *at = secs;
-            *value = hyper::header::HeaderValue::from_str(&httpdate::fmt_http_date(now)).ok();
+            *value = HeaderValue::from_str(&httpdate::fmt_http_date(now))
+                .expect("an HTTP date is a header value");
         }
-        match value {
-            Some(v) => f(v),
-            None => f(&hyper::header::HeaderValue::from_static("")),
-        }
+        f(value)
     })
 }
 

@@ -130,19 +130,58 @@ async fn an_event_stream_outlasts_the_request_timeout_for_http1_and_http2_client
     proxy.shutdown(Duration::from_secs(1)).await;
 }
 
+/// A streamed GET from an HTTP/1.1 client (`http2` false) or an HTTP/2 one: the body as
+/// text, whether it ended properly (the last chunk; for HTTP/2, the stream's end rather than
+/// a reset), and how long it took. Bounded: a body that is never cut fails the test.
+async fn stream_get(addr: SocketAddr, http2: bool) -> (String, bool, Duration) {
+    let get = async {
+        if !http2 {
+            let (text, took) = h1_get(addr).await;
+            let ended = text.ends_with("0\r\n\r\n");
+            return (text, ended, took);
+        }
+        let mut send = h2_connect(addr).await;
+        let t = Instant::now();
+        let req = hyper::Request::get(format!("http://{addr}/"))
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        let resp = send.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.into_body();
+        let mut text = String::new();
+        while let Some(frame) = body.frame().await {
+            let Ok(frame) = frame else {
+                return (text, false, t.elapsed());
+            };
+            if let Some(d) = frame.data_ref() {
+                text.push_str(&String::from_utf8_lossy(d));
+            }
+        }
+        (text, true, t.elapsed())
+    };
+    tokio::time::timeout(Duration::from_secs(5), get)
+        .await
+        .expect("the body ends or is cut within 5 s")
+}
+
+/// For HTTP/1.1 and HTTP/2 clients alike: a stalled endpoint's body is cut once
+/// `upstream_idle_timeout` passes with nothing from it (not at once, not never), and an
+/// endless one at `max_duration`, without blaming the endpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_endpoint_is_cut_after_upstream_idle_timeout_and_max_duration_caps_a_stream() {
     let stalling = event_stream(2, Duration::from_millis(50), true).await;
     let proxy = keel_proxy::start(config(stalling, "upstream_idle_timeout = \"400ms\"", ""))
         .await
         .unwrap();
-    let (text, took) = h1_get(proxy.listener_addrs()[0]).await;
-    assert!(text.contains("data: 1\n"), "{text}");
-    assert!(!text.ends_with("0\r\n\r\n"), "cut, not ended: {text:?}");
-    assert!(
-        took >= Duration::from_millis(400) && took < Duration::from_secs(3),
-        "{took:?}"
-    );
+    for http2 in [false, true] {
+        let (text, ended, took) = stream_get(proxy.listener_addrs()[0], http2).await;
+        assert!(text.contains("data: 1\n"), "http2 {http2}: {text}");
+        assert!(!ended, "http2 {http2}: cut, not ended: {text:?}");
+        assert!(
+            took >= Duration::from_millis(400) && took < Duration::from_secs(3),
+            "http2 {http2}: {took:?}"
+        );
+    }
     proxy.shutdown(Duration::from_secs(1)).await;
 
     // An endless stream (an event every 100 ms) is cut at max_duration, and the endpoint
@@ -155,12 +194,14 @@ async fn a_stalled_endpoint_is_cut_after_upstream_idle_timeout_and_max_duration_
     ))
     .await
     .unwrap();
-    let (text, took) = h1_get(proxy.listener_addrs()[0]).await;
-    assert!(text.contains("data: 3\n"), "{text}");
-    assert!(
-        took >= Duration::from_millis(950) && took < Duration::from_secs(3),
-        "{took:?}"
-    );
+    for http2 in [false, true] {
+        let (text, _, took) = stream_get(proxy.listener_addrs()[0], http2).await;
+        assert!(text.contains("data: 3\n"), "http2 {http2}: {text}");
+        assert!(
+            took >= Duration::from_millis(950) && took < Duration::from_secs(3),
+            "http2 {http2}: {took:?}"
+        );
+    }
     let st = proxy.cluster_status("app").unwrap();
     assert_eq!(st[0].failures, 0, "{st:?}");
     assert_eq!(st[0].in_flight, 0, "{st:?}");
@@ -442,81 +483,5 @@ async fn an_http2_client_that_resets_its_stream_frees_the_endpoint_at_once() {
         .expect("the connection still takes streams");
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!conn.is_finished(), "keel closed the connection: {conn:?}");
-    proxy.shutdown(Duration::from_secs(1)).await;
-}
-
-/// The same cuts for an HTTP/2 client: a stalled endpoint's body ends in a reset once
-/// `upstream_idle_timeout` passes with nothing from it (not at once, not never), and an
-/// endless one at `max_duration`, without blaming the endpoint.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_http2_client_sees_a_stalled_endpoint_cut_and_an_endless_stream_capped() {
-    async fn h2_get(addr: SocketAddr) -> (String, bool, Duration) {
-        let tcp = TcpStream::connect(addr).await.unwrap();
-        let (mut send, conn) =
-            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
-                .await
-                .unwrap();
-        tokio::spawn(conn);
-        let t = Instant::now();
-        let req = hyper::Request::get(format!("http://{addr}/"))
-            .body(Empty::<Bytes>::new())
-            .unwrap();
-        let resp = send.send_request(req).await.unwrap();
-        assert_eq!(resp.status(), 200);
-        let mut body = resp.into_body();
-        let mut text = String::new();
-        let mut failed = false;
-        while let Some(frame) = body.frame().await {
-            match frame {
-                Ok(f) => {
-                    if let Some(d) = f.data_ref() {
-                        text.push_str(&String::from_utf8_lossy(d));
-                    }
-                }
-                Err(_) => {
-                    failed = true;
-                    break;
-                }
-            }
-        }
-        (text, failed, t.elapsed())
-    }
-
-    let stalling = event_stream(2, Duration::from_millis(50), true).await;
-    let proxy = keel_proxy::start(config(stalling, "upstream_idle_timeout = \"400ms\"", ""))
-        .await
-        .unwrap();
-    let (text, failed, took) =
-        tokio::time::timeout(Duration::from_secs(5), h2_get(proxy.listener_addrs()[0]))
-            .await
-            .expect("the stalled body is cut");
-    assert!(text.contains("data: 1\n"), "{text}");
-    assert!(failed, "cut (reset), not ended: {text:?}");
-    assert!(
-        took >= Duration::from_millis(400) && took < Duration::from_secs(3),
-        "{took:?}"
-    );
-    proxy.shutdown(Duration::from_secs(1)).await;
-
-    let endless = event_stream(1000, Duration::from_millis(100), false).await;
-    let proxy = keel_proxy::start(config(
-        endless,
-        "request_timeout = \"500ms\"\nmax_duration = \"1s\"",
-        "",
-    ))
-    .await
-    .unwrap();
-    let (text, _, took) =
-        tokio::time::timeout(Duration::from_secs(5), h2_get(proxy.listener_addrs()[0]))
-            .await
-            .expect("the endless body is capped");
-    assert!(text.contains("data: 3\n"), "{text}");
-    assert!(
-        took >= Duration::from_millis(950) && took < Duration::from_secs(3),
-        "{took:?}"
-    );
-    let st = proxy.cluster_status("app").unwrap();
-    assert_eq!(st[0].failures, 0, "{st:?}");
-    assert_eq!(st[0].in_flight, 0, "{st:?}");
     proxy.shutdown(Duration::from_secs(1)).await;
 }

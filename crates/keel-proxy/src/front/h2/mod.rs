@@ -3,10 +3,9 @@
 //! (`crate::exchange::rewrite`), in the form its endpoint's leg sends, and handed to the same
 //! attempt driver; `send` writes the response. An HTTP/1.1 endpoint's response head is read
 //! into a header map, and its body is read from the endpoint's connection as the client's
-//! window takes it; an HTTP/2 endpoint's
-//! response passes frame by frame, trailers included, with the rest of a full-duplex request
-//! body sent alongside. keel's own answers to gRPC calls are gRPC statuses (HTTP 200,
-//! trailers-only).
+//! window takes it; an HTTP/2 endpoint's response passes frame by frame, trailers included,
+//! with the rest of a full-duplex request body sent alongside. keel's own answers to gRPC
+//! calls are gRPC statuses (HTTP 200, trailers-only).
 
 use std::io;
 use std::pin::Pin;

@@ -72,14 +72,7 @@ impl<F: Future<Output = Response<H2Body>>> Future for Respond<F> {
             };
         }
         match &mut this.state {
-            State::Body(pipe) => {
-                let done = pipe.poll(cx);
-                if done.is_ready() {
-                    // The body goes now: its end is written while the stream is fresh.
-                    this.state = State::Done;
-                }
-                done
-            }
+            State::Body(pipe) => pipe.poll(cx),
             _ => Poll::Ready(()),
         }
     }
