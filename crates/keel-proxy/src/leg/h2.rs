@@ -75,6 +75,7 @@ impl H2Response {
             match ready!(self.body.poll_data(cx)) {
                 Some(Ok(data)) => {
                     let _ = self.body.flow_control().release_capacity(data.len());
+                    self.settle_end();
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
                 Some(Err(e)) => return Poll::Ready(Some(Err(e))),
@@ -103,6 +104,17 @@ impl H2Response {
     /// True once the body and trailers are through.
     pub(crate) fn is_end_stream(&self) -> bool {
         self.trailers_done
+    }
+
+    /// After a DATA frame: when it carried END_STREAM, the body is at its end now, so that
+    /// its renderer ends the client's stream on that same frame, not on an empty one after
+    /// it. (h2's `is_end_stream`: END_STREAM received, not a reset, and nothing left to read,
+    /// trailers included.)
+    fn settle_end(&mut self) {
+        if self.body.is_end_stream() {
+            self.data_done = true;
+            self.trailers_done = true;
+        }
     }
 
     /// How a body read to its end ended, for the pick: a gRPC call by its status.

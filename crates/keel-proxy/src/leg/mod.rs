@@ -141,7 +141,7 @@ impl ResponseBody {
     /// being polled.
     pub fn is_end_stream(&self) -> bool {
         match self {
-            ResponseBody::H1(_) => false,
+            ResponseBody::H1(b) => b.is_end_stream(),
             ResponseBody::H2(r) => r.is_end_stream(),
         }
     }

@@ -606,3 +606,102 @@ async fn e7_per_connection_against_per_request_balancing_over_real_sockets() {
     assert_eq!(*l7_ok, 160, "{l7_calls:?}");
     proxy.shutdown(Duration::from_secs(1)).await;
 }
+
+/// The frames of stream 1 that an HTTP/2 server sends a client that asks `GET /` with prior
+/// knowledge, read off the wire: (type, flags, payload length), up to the frame that ends the
+/// stream. A client written by hand, since a client library hides how a body's end is framed.
+async fn raw_h2_get_frames(addr: SocketAddr) -> Vec<(u8, u8, usize)> {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    let authority = addr.to_string();
+    // HEADERS: :method GET, :scheme http, :path / (static table), :authority as a literal.
+    let mut block = vec![0x82, 0x86, 0x84, 0x41, authority.len() as u8];
+    block.extend_from_slice(authority.as_bytes());
+    let frame = |kind: u8, flags: u8, stream: u32, payload: &[u8]| {
+        let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+        f.extend_from_slice(&[kind, flags]);
+        f.extend_from_slice(&stream.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    };
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(frame(0x4, 0, 0, &[]));
+    out.extend(frame(0x1, 0x4 | 0x1, 1, &block));
+    tcp.write_all(&out).await.unwrap();
+    let mut frames = Vec::new();
+    let read = async {
+        loop {
+            let mut head = [0u8; 9];
+            tcp.read_exact(&mut head).await.unwrap();
+            let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+            let (kind, flags) = (head[3], head[4]);
+            let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+            let mut payload = vec![0u8; len];
+            tcp.read_exact(&mut payload).await.unwrap();
+            if kind == 0x4 && flags & 0x1 == 0 {
+                tcp.write_all(&frame(0x4, 0x1, 0, &[])).await.unwrap();
+            }
+            if stream == 1 {
+                frames.push((kind, flags, len));
+                if flags & 0x1 != 0 || kind == 0x3 {
+                    break;
+                }
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), read)
+        .await
+        .expect("the stream ended within 5 s");
+    frames
+}
+
+/// An h2c endpoint that answers every request with `body` in one DATA frame ending the stream.
+async fn h2c_fixed_body(body: &'static str) -> SocketAddr {
+    let listener = TcpListener::bind(any_port()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let svc = hyper::service::service_fn(move |_req| async move {
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(
+                    body.as_bytes(),
+                ))))
+            });
+            tokio::spawn(
+                hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc),
+            );
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn an_http2_clients_response_ends_on_its_last_data_frame_not_on_an_empty_one_after_it() {
+    // An HTTP/1.1 endpoint (a body of a declared length) and an h2c endpoint (DATA with
+    // END_STREAM): either way the client gets HEADERS, then data whose last frame ends the
+    // stream. An empty DATA frame after it would cost every response a frame on both sides.
+    let b = backends(1, Duration::ZERO).await;
+    let h1 = keel_proxy::start(simple_config(&[b[0].addr()], "round-robin", ""))
+        .await
+        .unwrap();
+    let h2c = h2c_fixed_body("from an h2c endpoint\n").await;
+    let h2 = keel_proxy::start(simple_config(&[h2c], "round-robin", "protocol = \"h2c\"\n"))
+        .await
+        .unwrap();
+    for proxy in [&h1, &h2] {
+        let frames = raw_h2_get_frames(proxy.listener_addrs()[0]).await;
+        let (first, rest) = frames.split_first().unwrap();
+        assert_eq!(
+            (first.0, first.1 & 0x1),
+            (0x1, 0),
+            "HEADERS first: {frames:?}"
+        );
+        assert!(!rest.is_empty(), "{frames:?}");
+        assert!(
+            rest.iter().all(|&(kind, _, len)| kind == 0x0 && len > 0),
+            "only non-empty DATA frames follow the head: {frames:?}"
+        );
+        assert_eq!(rest.last().unwrap().1 & 0x1, 0x1, "{frames:?}");
+    }
+    h1.shutdown(Duration::from_secs(1)).await;
+    h2.shutdown(Duration::from_secs(1)).await;
+}

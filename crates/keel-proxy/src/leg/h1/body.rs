@@ -93,6 +93,13 @@ impl H1Body {
         }
     }
 
+    /// True once a body of a declared length was handed out whole: its renderer can end the
+    /// client's stream with the last piece. (Chunked and close-delimited bodies end only
+    /// when read to their end.)
+    pub(crate) fn is_end_stream(&self) -> bool {
+        matches!(self.framing, Framing::Length(_)) && self.left == 0
+    }
+
     /// What is known of the body's length.
     pub(crate) fn size_hint(&self) -> SizeHint {
         match self.framing {
