@@ -21,6 +21,10 @@
 #   OUT        where raw results go (default target/proxy-bench-h2)
 #   KEEP_WORK  set: keep the work directory (configurations, the proxies' logs) in /tmp
 #   PORT_BASE  ports are PORT_BASE + 1-8, 10-18 and 21-23 (default 21100)
+#   PEER_HEADERS  1 (default): NGINX and HAProxy add to each request what keel adds by default
+#              (X-Forwarded-For, -Proto, -Host and a fresh X-Request-ID), so that the three do
+#              the same work; 0: the peers add nothing (the runs before 2026-12-02). The floor
+#              never adds any: it is the least a proxy can cost.
 #
 # Ports 21101-21108, 21110-21118 and 21121-21123 on 127.0.0.1 (with the default PORT_BASE);
 # none may be in use when it starts; everything started here is stopped on exit.
@@ -36,6 +40,7 @@ STREAMS="${STREAMS:-10}"
 PROXY_CPUS="${PROXY_CPUS:-0}"
 LOAD_CPUS="${LOAD_CPUS:-1}"
 OUT="${OUT:-$REPO/target/proxy-bench-h2}"
+PEER_HEADERS="${PEER_HEADERS:-1}"
 P="${PORT_BASE:-21100}"
 H1_PORTS=($((P + 1)) $((P + 2)) $((P + 3)) $((P + 4)))
 H2_PORTS=($((P + 5)) $((P + 6)) $((P + 7)) $((P + 8)))
@@ -96,6 +101,20 @@ taskset -c "$PROXY_CPUS" "$KEEL_BIN" proxy --config "$WORK/keel.toml" --workers 
 KEEL_PID=$!; STARTED+=("$KEEL_PID")
 
 ups() { local p; for p in "$@"; do echo "    server 127.0.0.1:$p;"; done; }
+# What keel adds to every request by default, as each peer says it (PEER_HEADERS=1).
+nginx_adds() { # proxy|grpc
+    [ "$PEER_HEADERS" = 1 ] || return 0
+    local d="${1}_set_header"
+    echo "$d X-Forwarded-For \$proxy_add_x_forwarded_for; $d X-Forwarded-Proto \$scheme; $d X-Forwarded-Host \$host; $d X-Request-ID \$request_id;"
+}
+haproxy_adds() {
+    [ "$PEER_HEADERS" = 1 ] || return 0
+    echo "    option forwardfor"
+    echo "    http-request set-header X-Forwarded-Proto http"
+    echo "    http-request set-header X-Forwarded-Host %[req.hdr(host)]"
+    echo "    unique-id-format %[uuid()]"
+    echo "    unique-id-header X-Request-ID"
+}
 mkdir -p "$WORK/nginx"
 cat >"$WORK/nginx/nginx.conf" <<EOF
 daemon off; master_process off; worker_processes 1; pid $WORK/nginx/nginx.pid;
@@ -111,9 +130,9 @@ $(ups "${H1_PORTS[@]}")
 $(ups "${H2_PORTS[@]}")
     keepalive 256;
   }
-  server { listen 127.0.0.1:$((NGINX_BASE + 0)) http2; location / { proxy_pass http://h1; proxy_http_version 1.1; proxy_set_header Connection ""; } }
-  server { listen 127.0.0.1:$((NGINX_BASE + 1)) http2; location / { grpc_pass grpc://h2; } }
-  server { listen 127.0.0.1:$((NGINX_BASE + 2)) http2; location / { grpc_pass grpc://h2; } }
+  server { listen 127.0.0.1:$((NGINX_BASE + 0)) http2; location / { proxy_pass http://h1; proxy_http_version 1.1; proxy_set_header Connection ""; $(nginx_adds proxy) } }
+  server { listen 127.0.0.1:$((NGINX_BASE + 1)) http2; location / { grpc_pass grpc://h2; $(nginx_adds grpc) } }
+  server { listen 127.0.0.1:$((NGINX_BASE + 2)) http2; location / { grpc_pass grpc://h2; $(nginx_adds grpc) } }
 }
 EOF
 taskset -c "$PROXY_CPUS" nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -e "$WORK/nginx/error.log" &
@@ -133,6 +152,7 @@ NGINX_PID=$!; STARTED+=("$NGINX_PID")
         echo "frontend f$s"
         echo "    bind 127.0.0.1:$((HAPROXY_BASE + s)) proto h2"
         echo "    default_backend b$s"
+        haproxy_adds
         echo "backend b$s"
         echo "    balance roundrobin"
         if [ "$s" = 0 ]; then
