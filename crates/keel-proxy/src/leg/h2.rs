@@ -1,8 +1,9 @@
 //! The HTTP/2 leg (clusters with `protocol = "h2c"` or `"h2"`): one try of a request as one
 //! stream on one of an endpoint's multiplexed connections. Each worker keeps its own
 //! connections per endpoint (`upstream::h2_conns`); a request takes a stream on the first connection
-//! below the endpoint's `SETTINGS_MAX_CONCURRENT_STREAMS`, or opens another connection when
-//! all are full. The pick is per request, never per connection.
+//! below the endpoint's `SETTINGS_MAX_CONCURRENT_STREAMS`, or waits for the connection being
+//! opened, or opens another when all are full. The pick is per request, never per
+//! connection.
 //!
 //! The request head becomes the stream's HEADERS: an HTTP/2 client's parts as the rewrite
 //! left them (copied per try, values shared, not re-parsed), an HTTP/1.1 client's text parsed

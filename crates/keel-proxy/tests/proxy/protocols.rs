@@ -443,7 +443,9 @@ async fn an_h2c_endpoint_receives_keels_requests_as_http2_with_trailers_both_way
 async fn requests_are_balanced_per_request_over_multiplexed_connections() {
     // Two h2c endpoints, each allowing 2 concurrent streams per connection; one HTTP/2 client
     // connection sends 12 slow requests at once: round-robin spreads them 6/6 (per request,
-    // not per connection), and each endpoint gets more than one connection since 6 > 2.
+    // not per connection), and each endpoint gets more than one connection since 6 > 2. (A
+    // request first to each: until an endpoint's SETTINGS are in, a connection is assumed to
+    // take 100 streams, and the burst would wait on one connection per endpoint.)
     let (a, conns_a) = h2c_server(2).await;
     let (b, conns_b) = h2c_server(2).await;
     let proxy = keel_proxy::start(simple_config(
@@ -455,6 +457,13 @@ async fn requests_are_balanced_per_request_over_multiplexed_connections() {
     .unwrap();
     let url = format!("http://{}/x", proxy.listener_addrs()[0]);
     let client = h2_client();
+    for _ in 0..2 {
+        let req = Request::get(&url)
+            .body(BodyExt::boxed(Full::new(Bytes::new())))
+            .unwrap();
+        let resp = client.request(req).await.unwrap();
+        resp.into_body().collect().await.unwrap();
+    }
     let calls = (0..12).map(|_| {
         let client = client.clone();
         let url = url.clone();
@@ -704,4 +713,40 @@ async fn an_http2_clients_response_ends_on_its_last_data_frame_not_on_an_empty_o
     }
     h1.shutdown(Duration::from_secs(1)).await;
     h2.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn a_burst_at_start_waits_for_one_connection_per_endpoint_instead_of_opening_one_each() {
+    // 40 slow requests at once from one HTTP/2 client to a keel that has no connection to
+    // its h2c endpoint yet (one worker): they share the connection the first one opens. Each
+    // opening its own, as before, made 40 connections to an endpoint that takes 100 streams
+    // on one (a connection storm on every start, and after every endpoint restart).
+    let (h2c, conns) = h2c_server(100).await;
+    let config = simple_config(&[h2c], "round-robin", "protocol = \"h2c\"\n");
+    let proxy = keel_proxy::start_with_workers(config, 1).await.unwrap();
+    let url = format!("http://{}/x", proxy.listener_addrs()[0]);
+    let client = h2_client();
+    let calls = (0..40).map(|_| {
+        let client = client.clone();
+        let url = url.clone();
+        async move {
+            let req = Request::get(&url)
+                .header("x-slow", "1")
+                .body(BodyExt::boxed(Full::new(Bytes::new())))
+                .unwrap();
+            let resp = client.request(req).await.unwrap();
+            let status = resp.status();
+            resp.into_body().collect().await.unwrap();
+            status
+        }
+    });
+    let statuses = tokio::time::timeout(
+        Duration::from_secs(10),
+        futures_util::future::join_all(calls),
+    )
+    .await
+    .unwrap();
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    assert_eq!(conns.load(Ordering::SeqCst), 1);
+    proxy.shutdown(Duration::from_secs(1)).await;
 }
