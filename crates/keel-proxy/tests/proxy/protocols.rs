@@ -380,6 +380,36 @@ async fn h2c_server(max_streams: u32) -> (SocketAddr, Arc<AtomicUsize>) {
 
 type AnyBody = BoxBody<Bytes, Infallible>;
 
+/// `n` GETs of `url` sent at once on `client`, each slowed by the endpoint (`x-slow`), read
+/// whole within 10 s: each one's status and `x-keel-endpoint`.
+async fn slow_gets_at_once(
+    client: &Client<hyper_util::client::legacy::connect::HttpConnector, AnyBody>,
+    url: &str,
+    n: usize,
+) -> Vec<(hyper::StatusCode, String)> {
+    let calls = (0..n).map(|_| async move {
+        let req = Request::get(url)
+            .header("x-slow", "1")
+            .body(BodyExt::boxed(Full::new(Bytes::new())))
+            .unwrap();
+        let resp = client.request(req).await.unwrap();
+        let endpoint = resp
+            .headers()
+            .get("x-keel-endpoint")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        let status = resp.status();
+        resp.into_body().collect().await.unwrap();
+        (status, endpoint)
+    });
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        futures_util::future::join_all(calls),
+    )
+    .await
+    .unwrap()
+}
+
 fn h2_client() -> Client<hyper_util::client::legacy::connect::HttpConnector, AnyBody> {
     Client::builder(TokioExecutor::new())
         .http2_only(true)
@@ -464,30 +494,7 @@ async fn requests_are_balanced_per_request_over_multiplexed_connections() {
         let resp = client.request(req).await.unwrap();
         resp.into_body().collect().await.unwrap();
     }
-    let calls = (0..12).map(|_| {
-        let client = client.clone();
-        let url = url.clone();
-        async move {
-            let req = Request::get(&url)
-                .header("x-slow", "1")
-                .body(BodyExt::boxed(Full::new(Bytes::new())))
-                .unwrap();
-            let resp = client.request(req).await.unwrap();
-            let endpoint = resp.headers()["x-keel-endpoint"]
-                .to_str()
-                .unwrap()
-                .to_string();
-            let status = resp.status();
-            resp.into_body().collect().await.unwrap();
-            (status, endpoint)
-        }
-    });
-    let results = tokio::time::timeout(
-        Duration::from_secs(10),
-        futures_util::future::join_all(calls),
-    )
-    .await
-    .unwrap();
+    let results = slow_gets_at_once(&client, &url, 12).await;
     assert!(results.iter().all(|(s, _)| *s == 200), "{results:?}");
     let on_a = results.iter().filter(|(_, e)| *e == a.to_string()).count();
     assert_eq!(on_a, 6, "{results:?}");
@@ -726,27 +733,8 @@ async fn a_burst_at_start_waits_for_one_connection_per_endpoint_instead_of_openi
     let proxy = keel_proxy::start_with_workers(config, 1).await.unwrap();
     let url = format!("http://{}/x", proxy.listener_addrs()[0]);
     let client = h2_client();
-    let calls = (0..40).map(|_| {
-        let client = client.clone();
-        let url = url.clone();
-        async move {
-            let req = Request::get(&url)
-                .header("x-slow", "1")
-                .body(BodyExt::boxed(Full::new(Bytes::new())))
-                .unwrap();
-            let resp = client.request(req).await.unwrap();
-            let status = resp.status();
-            resp.into_body().collect().await.unwrap();
-            status
-        }
-    });
-    let statuses = tokio::time::timeout(
-        Duration::from_secs(10),
-        futures_util::future::join_all(calls),
-    )
-    .await
-    .unwrap();
-    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    let results = slow_gets_at_once(&client, &url, 40).await;
+    assert!(results.iter().all(|(s, _)| *s == 200), "{results:?}");
     assert_eq!(conns.load(Ordering::SeqCst), 1);
     proxy.shutdown(Duration::from_secs(1)).await;
 }
