@@ -690,20 +690,57 @@ async fn h2c_fixed_body(body: &'static str) -> SocketAddr {
     addr
 }
 
+/// An HTTP/1.1 endpoint that answers every request with a chunked body, its chunks and last
+/// chunk in one write.
+async fn h1_chunked_endpoint() -> SocketAddr {
+    let listener = TcpListener::bind(any_port()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut piece = [0u8; 1024];
+                while let Ok(n) = stream.read(&mut piece).await {
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&piece[..n]);
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        buf.drain(..end + 4);
+                        let answer = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n6\r\nchunk \r\n8\r\nchunked\n\r\n0\r\n\r\n";
+                        if stream.write_all(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
 #[tokio::test]
 async fn an_http2_clients_response_ends_on_its_last_data_frame_not_on_an_empty_one_after_it() {
-    // An HTTP/1.1 endpoint (a body of a declared length) and an h2c endpoint (DATA with
-    // END_STREAM): either way the client gets HEADERS, then data whose last frame ends the
-    // stream. An empty DATA frame after it would cost every response a frame on both sides.
+    // HTTP/1.1 endpoints (a body of a declared length; chunks whose last chunk comes with the
+    // data) and an h2c endpoint (DATA with END_STREAM): either way the client gets HEADERS,
+    // then data whose last frame ends the stream. An empty DATA frame after it would cost
+    // every response a frame on both sides.
     let b = backends(1, Duration::ZERO).await;
     let h1 = keel_proxy::start(simple_config(&[b[0].addr()], "round-robin", ""))
         .await
         .unwrap();
+    let chunked = keel_proxy::start(simple_config(
+        &[h1_chunked_endpoint().await],
+        "round-robin",
+        "",
+    ))
+    .await
+    .unwrap();
     let h2c = h2c_fixed_body("from an h2c endpoint\n").await;
     let h2 = keel_proxy::start(simple_config(&[h2c], "round-robin", "protocol = \"h2c\"\n"))
         .await
         .unwrap();
-    for proxy in [&h1, &h2] {
+    for proxy in [&h1, &chunked, &h2] {
         let frames = raw_h2_get_frames(proxy.listener_addrs()[0]).await;
         let (first, rest) = frames.split_first().unwrap();
         assert_eq!(
@@ -719,6 +756,7 @@ async fn an_http2_clients_response_ends_on_its_last_data_frame_not_on_an_empty_o
         assert_eq!(rest.last().unwrap().1 & 0x1, 0x1, "{frames:?}");
     }
     h1.shutdown(Duration::from_secs(1)).await;
+    chunked.shutdown(Duration::from_secs(1)).await;
     h2.shutdown(Duration::from_secs(1)).await;
 }
 

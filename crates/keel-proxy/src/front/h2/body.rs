@@ -254,9 +254,7 @@ impl Body for H2Body {
                     }
                 }
                 // Trailers end the body: it is not polled again after them.
-                // The last frame (trailers, or data that ended the stream) finishes the pick
-                // now: the front end sends no empty frame after it, so no `None` follows.
-                if up.body.is_end_stream() {
+                if frame.is_trailers() {
                     let end = up.body.end();
                     up.end(end);
                 }

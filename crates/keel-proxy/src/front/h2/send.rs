@@ -133,10 +133,17 @@ impl Pipe {
                         Poll::Ready(_) => return Poll::Ready(()),
                     }
                 }
-                if send.send_data(data, last).is_err() || last {
-                    return Poll::Ready(());
+                match send.send_data(data, last) {
+                    Err(_) => return Poll::Ready(()),
+                    Ok(()) if last => {
+                        // The body said this frame was its last, and now the client has it:
+                        // asked once more, the body answers its end at once, which finishes
+                        // the pick and writes the record (as the empty frame's turn did).
+                        let _ = Pin::new(&mut *body).poll_frame(cx);
+                        return Poll::Ready(());
+                    }
+                    Ok(()) => continue,
                 }
-                continue;
             }
             match Pin::new(&mut *body).poll_frame(cx) {
                 Poll::Pending => return Poll::Pending,

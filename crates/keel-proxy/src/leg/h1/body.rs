@@ -60,18 +60,28 @@ impl H1Body {
                     self.left -= n as u64;
                     return Poll::Ready(Ok(Some(conn.buf.split_to(n).freeze())));
                 }
+                Framing::Chunked if self.decoder.is_done() => return Poll::Ready(Ok(None)),
                 Framing::Chunked if !conn.buf.is_empty() => {
                     let step = self.decoder.step(&conn.buf).map_err(|e| e.to_string())?;
                     conn.buf.advance(step.framing);
                     if step.data > 0 {
-                        return Poll::Ready(Ok(Some(conn.buf.split_to(step.data).freeze())));
+                        let data = conn.buf.split_to(step.data).freeze();
+                        // The last chunk (and trailers) already read with this data: the
+                        // body ends with this piece.
+                        let mut ahead = self.decoder.clone();
+                        if let Ok(s) = ahead.step(&conn.buf) {
+                            if s.done && s.data == 0 {
+                                conn.buf.advance(s.framing);
+                                self.decoder = ahead;
+                            }
+                        }
+                        return Poll::Ready(Ok(Some(data)));
                     }
                     if step.done {
                         return Poll::Ready(Ok(None));
                     }
                     continue;
                 }
-                Framing::Chunked if self.decoder.is_done() => return Poll::Ready(Ok(None)),
                 Framing::Close if !conn.buf.is_empty() => {
                     let n = conn.buf.len();
                     return Poll::Ready(Ok(Some(conn.buf.split_to(n).freeze())));
@@ -93,11 +103,15 @@ impl H1Body {
         }
     }
 
-    /// True once a body of a declared length was handed out whole: its renderer can end the
-    /// client's stream with the last piece. (Chunked and close-delimited bodies end only
-    /// when read to their end.)
+    /// True once the body was handed out whole (a declared length, or chunks whose last
+    /// chunk came with the last data): its renderer can end the client's stream with the
+    /// last piece. A close-delimited body ends only when the connection does.
     pub(crate) fn is_end_stream(&self) -> bool {
-        matches!(self.framing, Framing::Length(_)) && self.left == 0
+        match self.framing {
+            Framing::Length(_) => self.left == 0,
+            Framing::Chunked => self.decoder.is_done(),
+            _ => false,
+        }
     }
 
     /// What is known of the body's length.
