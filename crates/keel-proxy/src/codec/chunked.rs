@@ -105,6 +105,25 @@ impl ChunkedDecoder {
         })
     }
 
+    /// When `input` (where the last step's bytes ended) holds the rest of the body with no
+    /// more data, the last chunk and trailers: consumes them and gives their length. Else
+    /// the decoder is left as it was (more data follows, the end is not all here, or it is
+    /// malformed: the next `step` says so).
+    pub fn end_within(&mut self, input: &[u8]) -> Option<usize> {
+        let mut ahead = self.clone();
+        match ahead.step(input) {
+            Ok(Step {
+                framing,
+                data: 0,
+                done: true,
+            }) => {
+                *self = ahead;
+                Some(framing)
+            }
+            _ => None,
+        }
+    }
+
     /// How many bytes at the start of `input` belong to the body (all of them unless it ends
     /// inside), checking them: for passing a chunked body through as it is.
     pub fn skip(&mut self, input: &[u8]) -> Result<usize, ChunkError> {
@@ -273,6 +292,23 @@ mod tests {
             body.len() - 4,
             "skip finds the same end"
         );
+        // After a chunk's data: the end found when all of it is there, and only then.
+        for (rest, end) in [
+            (&b"\r\n0\r\nX-Trailer: t\r\n\r\nNEXT"[..], Some(21)), // all but NEXT
+            (b"\r\n0\r\n", None),
+            (b"\r\n6\r\n world\r\n0\r\n\r\n", None),
+            (b"XX", None),
+        ] {
+            let mut d = ChunkedDecoder::default();
+            assert_eq!(d.step(b"5\r\nhello").unwrap().data, 5);
+            assert_eq!(
+                d.end_within(rest),
+                end,
+                "{:?}",
+                String::from_utf8_lossy(rest)
+            );
+            assert_eq!(d.is_done(), end.is_some());
+        }
         let (data, _, done) = decode_all(&[b"5\r\nhel"]).unwrap();
         assert_eq!((data, done), (b"hel".to_vec(), false));
         for bad in [

@@ -66,14 +66,9 @@ impl H1Body {
                     conn.buf.advance(step.framing);
                     if step.data > 0 {
                         let data = conn.buf.split_to(step.data).freeze();
-                        // The last chunk (and trailers) already read with this data: the
-                        // body ends with this piece.
-                        let mut ahead = self.decoder.clone();
-                        if let Ok(s) = ahead.step(&conn.buf) {
-                            if s.done && s.data == 0 {
-                                conn.buf.advance(s.framing);
-                                self.decoder = ahead;
-                            }
+                        // The last chunk read with this data: the body ends with this piece.
+                        if let Some(end) = self.decoder.end_within(&conn.buf) {
+                            conn.buf.advance(end);
                         }
                         return Poll::Ready(Ok(Some(data)));
                     }
