@@ -1,11 +1,12 @@
-//! keel's one HTTP/1.1 path (crates/keel-proxy/src/h1/) on real loopback sockets, over plain
+//! keel's one HTTP/1.1 path (keel-proxy's `front/h1/`, `codec/`, `leg/h1/`) on real loopback sockets, over plain
 //! TCP and over TLS: one proxy with a plain listener and a TLS listener (certificates made by
 //! rcgen at test time) on the same cluster, raw clients and raw upstreams, so that every byte
 //! each side sees is checked against what keel must send: the exact request head and body the
 //! upstream received, the exact response bytes the client got (head, framing, body), and
 //! whether the connection stays open as announced.
 //!
-//! What keel sends, as these tests expect it (src/h1/request.rs, response.rs, conn.rs):
+//! What keel sends, as these tests expect it (`exchange/rewrite.rs`, `leg/h1/response.rs`,
+//! `front/h1/conn.rs`):
 //! - upstream: the request line in origin form and `HTTP/1.1`; the client's headers in their
 //!   order and case, without hop-by-hop ones, the names `Connection` lists, `Content-Length`,
 //!   `Expect` and `X-Forwarded-*`; then `host` (from an absolute-form target), then
@@ -773,7 +774,7 @@ impl Proxy {
     /// A plain listener and a TLS listener, each with `listener_extra` lines, on one cluster
     /// over `upstreams` with `cluster_extra` lines. No retries.
     /// (No `x-request-id` is made: these tests compare the bytes endpoints get, and
-    /// `edges.rs` checks the id.)
+    /// `hostile_requests.rs` checks the id.)
     async fn start(upstreams: &[SocketAddr], listener_extra: &str, cluster_extra: &str) -> Self {
         let pki = Pki::generate();
         let eps: Vec<String> = upstreams
@@ -1184,7 +1185,7 @@ async fn every_request_is_forwarded_as_expected() {
 /// RFC 9112 section 3.2.2: a request in absolute form names its host in the target; "a
 /// proxy that forwards such a request MUST generate a new Host field value based on the
 /// received request-target rather than forward the received Host field value" (and an origin
-/// server MUST ignore the received Host). keel forwards the client's `Host` (request.rs,
+/// server MUST ignore the received Host). keel forwarded the client's `Host` (`exchange/rewrite.rs`,
 /// `rewrite`: `(Some(h), _) => Some(h)`), so the endpoint and `x-forwarded-host` see another
 /// host than the one the target names.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1988,8 +1989,8 @@ async fn expect_100_continue_is_answered_by_keel_before_the_body_is_read() {
 /// RFC 9110 section 10.1.1: "A server that receives a 100-continue expectation in an
 /// HTTP/1.0 request MUST ignore that expectation", and section 15.2: "A server MUST NOT send
 /// a 1xx response to an HTTP/1.0 client." keel sends `HTTP/1.1 100 Continue` to an HTTP/1.0
-/// client that sent `Expect: 100-continue` (conn.rs and relay.rs check `expect_continue`,
-/// which request.rs sets whatever the version).
+/// client that sent `Expect: 100-continue` (`front/h1/relay.rs` checks `expect_continue`,
+/// which `exchange/rewrite.rs` set whatever the version).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http10_client_s_expect_is_ignored() {
     let up = Upstream::start(echo_handler()).await;

@@ -1,4 +1,4 @@
-//! The edge cases an attacker or a careless client tries (issue 21, case 6), on real sockets:
+//! The edge cases an attacker or a careless client tries, on real sockets:
 //! h2c upgrades, a `101` to another protocol, `Connection` naming `Host`, forwarded headers
 //! from untrusted clients, request ids, `x-keel-endpoint` off by default, a chunk size that
 //! overflows, a malformed chunked body that must never reach the endpoint, and the admin's

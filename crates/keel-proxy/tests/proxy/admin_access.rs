@@ -1,4 +1,4 @@
-//! Admin safety (issue 7, item 4): loopback unless a token is set, bearer token checked on
+//! Admin safety: loopback unless a token is set, bearer token checked on
 //! every request when set, `/reload` POST only.
 
 use std::time::Duration;

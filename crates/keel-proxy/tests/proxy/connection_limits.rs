@@ -1,4 +1,4 @@
-//! Limits (issue 7, item 2): `max_connections` per listener (extra clients wait in the accept
+//! Limits: `max_connections` per listener (extra clients wait in the accept
 //! queue) and `max_in_flight` per cluster (a circuit breaker answering a fast 503).
 
 use std::time::{Duration, Instant};

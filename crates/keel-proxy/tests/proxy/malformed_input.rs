@@ -1,4 +1,4 @@
-//! Hardening corpus (issue 7, item 1): bad input sent on raw TCP sockets to a running proxy,
+//! Malformed input: bad input sent on raw TCP sockets to a running proxy,
 //! each answer asserted, while a well-behaved client on other connections keeps being served;
 //! and upstreams that answer malformed or cut-short responses, which must never reach the
 //! client as a success.

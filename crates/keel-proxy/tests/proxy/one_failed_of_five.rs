@@ -1,5 +1,5 @@
-//! Issue 4's done criterion, on loopback: the issue's configuration file (ports made
-//! ephemeral), five backends, one of them failed in each fault mode in turn, 5,000 GETs at 32
+//! One failed server of five, with keel's documented settings, on loopback: the reference
+//! configuration file (ports made ephemeral), five backends, one of them failed in each fault mode in turn, 5,000 GETs at 32
 //! concurrent connections through the proxy: at least 99.9% succeed. With round-robin, no
 //! retries and no health check or outlier detection, about 80% succeed (one server in five
 //! fails every call that lands on it: 1 - p with p = 1/5).
