@@ -4,11 +4,13 @@
 # after rendering: the charts, the table and its verdicts, E6's labelled axis and one E6
 # paragraph. Installs Debian's chromium if missing.
 #
-# Usage: scripts/render-report.sh [REPORT_DIR] [OUT.png]
+# Usage: scripts/render-report.sh [REPORT_DIR] [OUT.png]   (default: the newest keel-lab-*/ here)
 #   KEEL_SHOT_HEIGHT: height of the screenshot in pixels (default 8400: the whole default report;
 #   much taller screenshots came out with misplaced stripes in Chromium 156)
 set -euo pipefail
-dir=${1:-keel-lab-report}
+dir=${1:-$(ls -d keel-lab-*/ 2>/dev/null | sort | tail -n 1)}
+dir=${dir%/}
+[ -n "$dir" ] || { echo "usage: $0 REPORT_DIR [OUT.png]" >&2; exit 2; }
 out=${2:-$dir/screenshot.png}
 height=${KEEL_SHOT_HEIGHT:-8400}
 if ! command -v chromium >/dev/null 2>&1; then

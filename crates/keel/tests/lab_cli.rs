@@ -1,19 +1,29 @@
-//! `keel lab --quick --json` end to end: real sockets on loopback, the thresholds.
+//! `keel lab --quick` end to end: real sockets on loopback, the model's thresholds, and a report
+//! that opens with its answer.
 
 use std::process::Command;
+
+/// The columns of a terminal line.
+fn columns(line: &str) -> usize {
+    line.chars().count()
+}
 
 #[test]
 fn quick_lab_reproduces_e1_e2_e6_over_real_sockets() {
     let out_dir = std::env::temp_dir().join(format!("keel-lab-test-{}", std::process::id()));
     let out = Command::new(env!("CARGO_BIN_EXE_keel"))
-        .args(["lab", "--quick", "--json", "--quiet", "--out"])
+        .args(["lab", "--quick", "--quiet", "--out"])
         .arg(&out_dir)
         .output()
         .expect("run keel lab");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "keel lab failed: {stderr}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("results.json")).unwrap())
+            .expect("results.json");
     let rows = v["rows"].as_array().expect("rows");
+    answer_comes_first(&v, &stdout, &out_dir);
     let of = |e: &str| -> Vec<&serde_json::Value> {
         rows.iter().filter(|r| r["experiment"] == e).collect()
     };
@@ -82,10 +92,7 @@ fn quick_lab_reproduces_e1_e2_e6_over_real_sockets() {
             assert!(why.contains("standard errors"), "{why}");
         }
     }
-    // The same document on disk, and a self-contained page with charts and the table.
-    let on_disk: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out_dir.join("results.json")).unwrap()).unwrap();
-    assert_eq!(on_disk["rows"].as_array().unwrap().len(), rows.len());
+    // A self-contained page with charts and the table.
     let html = std::fs::read_to_string(out_dir.join("index.html")).unwrap();
     assert!(
         html.contains("<svg") && html.contains("<table"),
@@ -105,6 +112,121 @@ fn quick_lab_reproduces_e1_e2_e6_over_real_sockets() {
         "E6 is one paragraph, not one per row"
     );
     let _ = std::fs::remove_dir_all(&out_dir);
+}
+
+/// The terminal output and the page open with the run's answer: a strategy, its protections
+/// and a margin with its interval that results.json holds, and that its rows bear out; every
+/// terminal line fits 100 columns.
+fn answer_comes_first(v: &serde_json::Value, stdout: &str, out_dir: &std::path::Path) {
+    for line in stdout.lines() {
+        assert!(columns(line) <= 100, "{} columns: {line}", columns(line));
+    }
+    let answer = &v["answer"][0];
+    assert_eq!(answer["experiment"], "all", "{answer}");
+    let strategy = answer["strategy"].as_str().unwrap();
+    let protections = answer["protections"].as_str().unwrap();
+    assert_eq!(protections, "outlier+retry+health");
+    let margin = answer["margin"].as_f64().expect("a margin");
+    let ci = answer["margin_ci95"].as_array().expect("its interval");
+    let (lo, hi) = (ci[0].as_f64().unwrap(), ci[1].as_f64().unwrap());
+    assert!(lo <= margin && margin <= hi, "{answer}");
+    // The margin is what two rows measured: the best strategy with protections against the
+    // best without them, in the same failure mode.
+    let rows = v["rows"].as_array().unwrap();
+    let value = answer["value"].as_f64().unwrap();
+    let versus = answer["versus_value"].as_f64().unwrap();
+    assert!((margin - (value - versus)).abs() < 1e-12, "{answer}");
+    assert!(rows.iter().any(|r| r["strategy"] == strategy
+        && r["protections"] == protections
+        && r["measured"].as_f64() == Some(value)));
+    let best_bare = rows
+        .iter()
+        .filter(|r| r["protections"] == "none" && r["placement"] == "server-side")
+        .filter(|r| r["failure_mode"] == "fail-fast")
+        .filter_map(|r| r["measured"].as_f64())
+        .fold(0.0, f64::max);
+    assert_eq!(versus, best_bare, "{answer}");
+    assert!(lo > 0.3, "protections win by far more than noise: {answer}");
+    // The terminal says it first: the answer's lines come before any table.
+    let head: Vec<&str> = stdout.lines().take(10).collect();
+    assert_eq!(head[0], "What this run shows:");
+    // Wrapped lines joined back into words.
+    let head = head
+        .join(" ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let margin_text = format!("{margin:+.4} [{lo:+.4}, {hi:+.4}]");
+    for needle in [strategy, protections, margin_text.as_str()] {
+        assert!(
+            head.contains(needle),
+            "{needle:?} not in the first lines:\n{stdout}"
+        );
+    }
+    assert!(
+        stdout.find("What this run shows").unwrap() < stdout.find("exp ").expect("the table"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&out_dir.display().to_string()),
+        "says where"
+    );
+    // So does the page: its first section, before the method and the settings.
+    let html = std::fs::read_to_string(out_dir.join("index.html")).unwrap();
+    let first = html
+        .split("<section id=\"answer\">")
+        .nth(1)
+        .and_then(|s| s.split("</section>").next())
+        .expect("an answer section");
+    assert!(html.find("id=\"answer\"") < html.find("<h2>Method"));
+    assert!(html.find("id=\"answer\"") < html.find("<h2>Settings"));
+    for needle in [
+        "What this run shows",
+        strategy,
+        protections,
+        margin_text.as_str(),
+    ] {
+        assert!(
+            first.contains(needle),
+            "{needle:?} not in the first section: {first}"
+        );
+    }
+}
+
+#[test]
+fn runs_without_out_write_their_own_directories() {
+    let cwd = std::env::temp_dir().join(format!("keel-lab-dirs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cwd);
+    std::fs::create_dir_all(&cwd).unwrap();
+    let run = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_keel"))
+            .args(["lab", "--quick", "--quiet", "--experiments", "e1"])
+            .args(["--strategies", "round-robin"])
+            .current_dir(&cwd)
+            .output()
+            .expect("run keel lab");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let (first, second) = (run(), run());
+    let mut dirs: Vec<String> = std::fs::read_dir(&cwd)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    dirs.sort();
+    assert_eq!(dirs.len(), 2, "{dirs:?}");
+    for (dir, stdout) in dirs.iter().zip([&first, &second]) {
+        assert!(dir.starts_with("keel-lab-"), "{dir}");
+        assert!(stdout.contains(&format!("Report: {dir}")), "{stdout}");
+        for f in ["index.html", "results.json"] {
+            assert!(cwd.join(dir).join(f).is_file(), "{dir}/{f}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&cwd);
 }
 
 #[test]

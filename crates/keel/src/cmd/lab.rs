@@ -25,9 +25,14 @@ pub struct Args {
     /// Only these strategies, comma-separated.
     #[arg(long, value_delimiter = ',')]
     strategies: Vec<String>,
-    /// Report directory.
-    #[arg(long, default_value = "keel-lab-report")]
-    out: PathBuf,
+    /// Report directory (index.html, results.json). Default: a new directory per run,
+    /// keel-lab-YYYYMMDD-HHMMSS (UTC) in the current directory, so that no run overwrites
+    /// another's report.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Terminal tables with every column (wider than 100 columns).
+    #[arg(long)]
+    wide: bool,
     /// Print the results JSON on stdout instead of the table.
     #[arg(long)]
     json: bool,
@@ -53,17 +58,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .iter()
         .map(|e| e.to_ascii_lowercase())
         .collect();
+    let out = args.out.clone().unwrap_or_else(fresh_out_dir);
     // E10 (keel advise checked against real traffic) is a run of its own.
     if experiments.iter().any(|e| e == "e10") {
         experiments.retain(|e| e != "e10");
-        let report = lab::e10::run(&args.out, args.seed, args.quick)?;
+        let report = lab::e10::run(&out, args.seed, args.quick)?;
         if args.json {
             println!("{}", serde_json::to_string(&report)?);
         } else {
             lab::e10::print(&report);
             println!(
                 "E10: {} (log, advice.json, fitted.toml, e10.json)",
-                args.out.join("e10").display()
+                out.join("e10").display()
             );
         }
         if experiments.is_empty() {
@@ -74,7 +80,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         quick: args.quick,
         experiments,
         strategies,
-        out: args.out.clone(),
+        out: out.clone(),
         seed: args.seed,
         progress: !args.quiet && std::io::stderr().is_terminal(),
     };
@@ -82,12 +88,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string(&lab::results_json(&report))?);
     } else {
-        lab::print_table(&report);
-        println!(
-            "Report: {} and {}",
-            args.out.join("index.html").display(),
-            args.out.join("results.json").display()
-        );
+        lab::print_table(&report, args.wide);
+        println!("Report: {} (index.html, results.json)", out.display());
     }
     Ok(())
+}
+
+/// `keel-lab-YYYYMMDD-HHMMSS` (UTC, now) in the current directory, with `-2`, `-3`, ... when a
+/// run in the same second took it already.
+fn fresh_out_dir() -> PathBuf {
+    let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    // 2026-12-02T09:30:00Z -> 20261202-093000
+    let digits: String = stamp.chars().filter(char::is_ascii_digit).collect();
+    let name = format!("keel-lab-{}-{}", &digits[..8], &digits[8..14]);
+    let mut dir = PathBuf::from(&name);
+    let mut n = 2;
+    while dir.exists() {
+        dir = PathBuf::from(format!("{name}-{n}"));
+        n += 1;
+    }
+    dir
 }

@@ -12,7 +12,7 @@ use keel_model::FailureMode;
 use keel_testbed::backend::{self, BackendConfig, BackendHandle};
 use keel_testbed::loadgen::{self, LoadOptions, LoadReport, LoadSpec, Target};
 
-use super::cases::{Case, Timing};
+use crate::lab::cases::{Case, Timing};
 
 /// What the real run measured.
 #[derive(Debug, Clone)]

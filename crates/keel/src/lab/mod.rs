@@ -11,25 +11,29 @@
 //! open-loop load: percentiles with their intervals, measured against the simulation of what
 //! the backends actually served and, for random placement, against queueing theory.
 
+pub mod answer;
 mod cases;
+mod compare;
 pub mod e10;
 mod measure;
 pub mod queueing;
 mod report;
 mod report_tail;
+mod rows;
+mod style;
 pub mod tail;
 pub mod tail_rows;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use keel_balance::StrategyKind;
 
 pub use cases::Timing;
-pub use report::Row;
+pub use rows::Row;
 
 /// What to run and where to write the report.
 #[derive(Debug, Clone)]
@@ -52,6 +56,10 @@ pub struct LabOptions {
 /// Everything a lab run produced.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct LabReport {
+    /// What the run shows, from its own numbers: the answer first (the best strategy and
+    /// protections, by how much, and the closed form that predicts it), then one finding per
+    /// experiment.
+    pub answer: Vec<answer::Finding>,
     /// One row per case of E1-E6B.
     pub rows: Vec<Row>,
     /// E8: one row per strategy, latency percentiles three ways (two without a closed form).
@@ -132,21 +140,18 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabReport> {
         done_before.fetch_add(case.requests, Ordering::Relaxed);
         let simulated = keel_model::sim::run(&case.scenario(&timing, opts.seed))
             .with_context(|| format!("simulating {}", case.describe()))?;
-        rows.push(Row::new(case, measured, simulated));
+        rows.push(Row::new(case, measured, simulated, &timing));
     }
-    let (tail_rows, reaction_rows) = tail::run_cases(&runtime, &tail_cases, opts.seed, &|case| {
-        if let Some(bar) = &bar {
-            bar.set_position(done_before.load(Ordering::Relaxed));
-            bar.set_message(case.describe());
-        }
-        done_before.fetch_add(case.requests(), Ordering::Relaxed);
-    })?;
+    let base = done_before.load(Ordering::Relaxed);
+    let (tail_rows, reaction_rows) =
+        run_tail_cases(&runtime, &tail_cases, opts.seed, bar.as_ref(), base)?;
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
     runtime.shutdown_timeout(Duration::from_secs(1));
 
     let report = LabReport {
+        answer: answer::findings(&rows, &tail_rows, &reaction_rows),
         rows,
         tail_rows,
         reaction_rows,
@@ -160,12 +165,78 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabReport> {
     Ok(report)
 }
 
-/// Prints the table of a report.
-pub fn print_table(report: &LabReport) {
-    report::print_table(report);
+/// Prints a report for a terminal: what it shows first, then its tables (at most 100 columns
+/// unless `wide`).
+pub fn print_table(report: &LabReport, wide: bool) {
+    report::print_answer(report);
+    report::print_table(report, wide);
 }
 
 /// The `{"rows": [...]}` JSON document (also written as `results.json`).
 pub fn results_json(report: &LabReport) -> serde_json::Value {
     report::results_json(report)
+}
+
+/// E8 and E9: every case measured, then simulated. The bar moves within a case: its arrivals
+/// follow their schedule once the first is due, so the requests sent so far and the seconds
+/// left are known from the clock.
+fn run_tail_cases(
+    runtime: &tokio::runtime::Runtime,
+    cases: &[tail::TailCase],
+    seed: u64,
+    bar: Option<&indicatif::ProgressBar>,
+    mut base: u64,
+) -> anyhow::Result<(Vec<tail_rows::LatencyRow>, Vec<tail_rows::ReactionRow>)> {
+    let mut latency = Vec::new();
+    let mut reaction = Vec::new();
+    for case in cases {
+        let sending: Arc<OnceLock<Instant>> = Arc::new(OnceLock::new());
+        let ticker = bar.cloned().map(|bar| {
+            let (sending, total, rate, label) = (
+                sending.clone(),
+                case.requests(),
+                case.rate(),
+                case.describe(),
+            );
+            let span = total as f64 / rate;
+            runtime.spawn(async move {
+                loop {
+                    match sending.get() {
+                        None => {
+                            bar.set_position(base);
+                            bar.set_message(format!("{label}: starting backends"));
+                        }
+                        Some(t0) => {
+                            let elapsed = t0.elapsed().as_secs_f64();
+                            let sent = ((rate * elapsed) as u64).min(total);
+                            bar.set_position(base + sent);
+                            bar.set_message(format!(
+                                "{label}: {sent} of {total} sent, {:.0} s left",
+                                (span - elapsed).max(0.0)
+                            ));
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            })
+        });
+        let measured = runtime.block_on(tail::measure(case, seed, &sending));
+        if let Some(t) = ticker {
+            t.abort();
+        }
+        let m = measured.with_context(|| format!("measuring {}", case.describe()))?;
+        base += case.requests();
+        if let Some(bar) = bar {
+            bar.set_position(base);
+            bar.set_message(format!("{}: simulating its twin", case.describe()));
+        }
+        let sim = keel_model::sim::run(&case.scenario(&m, seed))
+            .with_context(|| format!("simulating {}", case.describe()))?;
+        if case.step.is_some() {
+            reaction.push(tail_rows::reaction_row(case, &m, &sim));
+        } else {
+            latency.push(tail_rows::latency_row(case, &m, &sim));
+        }
+    }
+    Ok((latency, reaction))
 }

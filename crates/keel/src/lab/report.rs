@@ -14,442 +14,14 @@ use anyhow::Context;
 use keel_balance::StrategyKind;
 use keel_model::analytic;
 use keel_model::plot::{render_svg, ChartSpec, Series, Style};
-use keel_model::sim::SimResult;
-use keel_model::stats::Z95;
 use keel_model::FailureMode;
 use serde::Serialize;
 
-use super::cases::{tie_name, Case, Protection, Timing, DEFAULT_RETRIES, PROTECTIONS};
-use super::measure::Measured;
-use super::LabReport;
-
-/// How a measurement compares with a prediction.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Comparison {
-    /// Whether the prediction is within the measurement's 95 % interval (for the simulation:
-    /// whether the difference is within 1.96 standard errors of the difference).
-    pub agrees: bool,
-    /// Measured minus predicted, in standard errors (of the measurement; for the simulation,
-    /// of the difference of the two).
-    pub z: f64,
-}
-
-/// One row: a case, three ways.
-#[derive(Debug, Clone, Serialize)]
-pub struct Row {
-    /// e1..e6.
-    pub experiment: String,
-    /// Strategy name.
-    pub strategy: String,
-    /// `none` or `outlier+retry+health`.
-    pub protections: String,
-    /// The failure mode's name (keel-model's vocabulary: hang, fail-fast, refuse, reset).
-    pub failure_mode: String,
-    /// `server-side` (through keel's proxy) or `client-side` (balancer in each client).
-    pub placement: String,
-    /// Tie-break (least-connections only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tie_break: Option<String>,
-    /// Where the failed servers sit in the list (client-side only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub failed_position: Option<String>,
-    /// Failed share of servers.
-    pub p: f64,
-    /// t_fail / t_ok, as the simulation has it (round trip included); null when the failure
-    /// mode does not fix t_fail.
-    pub q: Option<f64>,
-    /// Calls per request.
-    pub k: u32,
-    /// Requests in flight.
-    pub concurrency: usize,
-    /// The closed form (with the retry formula when retries are on); null without one.
-    pub analytic: Option<f64>,
-    /// Simulated success.
-    pub simulated: f64,
-    /// Its 95 % interval.
-    pub simulated_ci95: [f64; 2],
-    /// Measured success over real sockets.
-    pub measured: f64,
-    /// Wilson 95 % interval of `measured`.
-    pub measured_ci95: [f64; 2],
-    /// Requests measured.
-    pub requests: u64,
-    /// The model's share of calls to failed servers (round-robin/random: p; least-connections:
-    /// p / (p + q (1 - p))), when it has one.
-    pub analytic_failed_share: Option<f64>,
-    /// Simulated share of attempts to failed servers.
-    pub simulated_failed_share: f64,
-    /// Measured share of attempts to failed servers.
-    pub measured_failed_share: f64,
-    /// What the measured share implies if every call to a failed server fails and calls are
-    /// independent: (1 - share)^k (unprotected rows).
-    pub implied_by_measured_share: Option<f64>,
-    /// Measured largest share of attempts to one server.
-    pub measured_max_server_share: f64,
-    /// Measured attempts per server, in endpoint order (retries included).
-    pub measured_attempts: Vec<u64>,
-    /// Measured median and 99th percentile request latency, ms.
-    pub measured_p50_ms: f64,
-    /// See `measured_p50_ms`.
-    pub measured_p99_ms: f64,
-    /// Wall time of the measurement, s.
-    pub seconds: f64,
-    /// Measured against the model (null without a model).
-    pub model: Option<Comparison>,
-    /// Measured against the simulation.
-    pub simulation: Comparison,
-    /// Sentences on this row, generated from its numbers (what every row of its experiment
-    /// shares is said once, in the report's introduction to the experiment).
-    pub explanation: String,
-    /// The mechanisms the explanation names, in full (the report says each once per
-    /// experiment).
-    pub causes: Vec<String>,
-}
-
-/// Standard error of a rate on one side, from the half of its 95 % interval on that side.
-pub(super) fn side_se(value: f64, ci: [f64; 2], toward: f64) -> f64 {
-    let half = if toward >= value {
-        ci[1] - value
-    } else {
-        value - ci[0]
-    };
-    half.max(0.0) / Z95
-}
-
-/// `(a - b) / se`, 0 when both are equal and infinite (with a's side) when `se` is 0.
-pub(super) fn z_score(a: f64, b: f64, se: f64) -> f64 {
-    let d = a - b;
-    if d == 0.0 {
-        0.0
-    } else if se > 0.0 {
-        d / se
-    } else {
-        f64::INFINITY.copysign(d)
-    }
-}
-
-impl Row {
-    pub(super) fn new(case: &Case, m: Measured, sim: SimResult) -> Row {
-        let q = sim.q;
-        let p = case.p();
-        let analytic = q.and_then(|q| {
-            if case.protections != Protection::None {
-                analytic::retry_success(
-                    case.strategy,
-                    case.servers as u64,
-                    case.failed as u64,
-                    q,
-                    case.retries() as u64,
-                    case.calls,
-                )
-            } else {
-                analytic::success(case.strategy, p, q, case.calls)
-            }
-        });
-        let (lo, hi) = m.load.ci95();
-        let measured_ci95 = [lo, hi];
-        let measured = m.load.success_rate();
-        let model = analytic.map(|a| Comparison {
-            agrees: (lo..=hi).contains(&a),
-            z: z_score(measured, a, side_se(measured, measured_ci95, a)),
-        });
-        let se_m = side_se(measured, measured_ci95, sim.success);
-        let se_s = side_se(sim.success, sim.ci95, measured);
-        let z_sim = z_score(measured, sim.success, (se_m * se_m + se_s * se_s).sqrt());
-        let simulation = Comparison {
-            agrees: z_sim.abs() <= Z95,
-            z: z_sim,
-        };
-        let mut row = Row {
-            experiment: case.experiment.to_string(),
-            strategy: case.strategy.name().to_string(),
-            protections: case.protections_name().to_string(),
-            failure_mode: case.failure.name().to_string(),
-            placement: if case.client_side {
-                "client-side"
-            } else {
-                "server-side"
-            }
-            .into(),
-            tie_break: (case.strategy == StrategyKind::LeastConnections)
-                .then(|| tie_name(case.tie_break).to_string()),
-            failed_position: case
-                .client_side
-                .then(|| if case.failed_first { "first" } else { "last" }.to_string()),
-            p,
-            q,
-            k: case.calls,
-            concurrency: case.concurrency,
-            analytic,
-            simulated: sim.success,
-            simulated_ci95: sim.ci95,
-            measured,
-            measured_ci95,
-            requests: m.load.requests,
-            analytic_failed_share: q.and_then(|q| analytic::failed_share(case.strategy, p, q)),
-            simulated_failed_share: sim.failed_pick_share,
-            measured_failed_share: m.failed_share,
-            implied_by_measured_share: (case.protections == Protection::None)
-                .then(|| (1.0 - m.failed_share).powi(case.calls as i32)),
-            measured_max_server_share: m.max_share,
-            measured_attempts: m.attempts.clone(),
-            measured_p50_ms: m.load.latency_p50.as_secs_f64() * 1e3,
-            measured_p99_ms: m.load.latency_p99.as_secs_f64() * 1e3,
-            seconds: m.load.elapsed.as_secs_f64(),
-            model,
-            simulation,
-            explanation: String::new(),
-            causes: Vec::new(),
-        };
-        (row.explanation, row.causes) = explain(&row, case);
-        row
-    }
-
-    /// Attempts measured in all (retries included).
-    fn attempts(&self) -> u64 {
-        self.measured_attempts.iter().sum()
-    }
-
-    /// The table's verdict: a CSS class and the words.
-    fn verdict(&self) -> (&'static str, String) {
-        let sim = &self.simulation;
-        match (&self.model, sim.agrees) {
-            (Some(m), _) if m.agrees => ("ok", "agrees with the model".into()),
-            (Some(m), true) => (
-                "model-off",
-                format!(
-                    "model outside the interval ({:+.1} SE); simulation agrees",
-                    m.z
-                ),
-            ),
-            (Some(m), false) => (
-                "off",
-                format!("model {:+.1} SE, simulation {:+.1} SE away", m.z, sim.z),
-            ),
-            (None, true) => ("ok", "agrees with the simulation (no closed form)".into()),
-            (None, false) => (
-                "off",
-                format!("simulation {:+.1} SE away (no closed form)", sim.z),
-            ),
-        }
-    }
-}
-
-fn pct(x: f64) -> String {
-    if x > 0.0 && x < 0.01 {
-        format!("{:.2}%", x * 100.0)
-    } else {
-        format!("{:.1}%", x * 100.0)
-    }
-}
-
-fn se_text(z: f64) -> String {
-    if z.is_infinite() {
-        "infinitely many standard errors (the interval has no width on that side)".into()
-    } else {
-        format!("{:.1} standard errors", z.abs())
-    }
-}
-
-/// The q that would give least-connections this share of calls on the failed servers:
-/// share = p / (p + q (1 - p)) solved for q.
-fn q_for_share(p: f64, share: f64) -> Option<f64> {
-    (share > 0.0 && share < 1.0 && p > 0.0 && p < 1.0)
-        .then(|| p * (1.0 - share) / (share * (1.0 - p)))
-}
-
-fn fmt_q(q: f64) -> String {
-    if q >= 10.0 {
-        format!("{q:.1}")
-    } else if q >= 1.0 {
-        format!("{q:.2}")
-    } else {
-        format!("{q:.3}")
-    }
-}
-
-/// Mechanisms behind departures, each said once per experiment in the report (the rows name
-/// them by their first words).
-mod cause {
-    pub const IN_FLIGHT: &str =
-        "In-flight counts: least-connections sees a server's capacity only \
-        through its count of calls in flight. A hung server's count must first build up to the \
-        others' level, and healthy calls take longer than the nominal time when proxy, load \
-        generator and backends share the machine's cores, so the hung server holds a call fewer \
-        times as long as a healthy one than the nominal q says: it gets more calls, as a lower q \
-        would give it.";
-    pub const SLOWER_ERRORS: &str = "Slower errors: an error \"at once\" still costs the loopback \
-        round trip and the proxy's and the backend's own work, which grow when the cores are \
-        busy; the failed server then holds a call longer than the simulation's assumed round \
-        trip, as a higher q would, and gets fewer calls than the model and the simulation give it.";
-    pub const NOT_INDEPENDENT: &str = "Correlated calls: the model treats the calls of a request \
-        as independent; in a closed loop they are not (a request whose call has just finished on \
-        a healthy server tends to find that server's count low again), so success is higher than \
-        the share of calls on failed servers implies. The simulation shows the same.";
-    pub const RANDOM_SAMPLE: &str = "A sample of picks: random choices over a few thousand calls \
-        put a share on the failed server that varies by its standard error around p; a fixed \
-        seed gives one draw of it, in the proxy and in the simulation alike (not the same draw).";
-    pub const CONTENTION: &str = "Contention: the simulated servers answer in exactly the healthy \
-        time plus an assumed round trip, with no contention for the CPU; here proxy, load \
-        generator and backends share the machine's cores, so real times are longer and vary.";
-}
-
-/// Sentences on one row: its numbers, how they compare, and which mechanisms (in [`cause`])
-/// explain where they differ. What all rows of an experiment share is in
-/// [`experiment_intro`].
-fn explain(r: &Row, case: &Case) -> (String, Vec<String>) {
-    let mut causes: Vec<&str> = Vec::new();
-    let mut s = format!(
-        "Measured {:.4} ({:.4}-{:.4}, {} requests), simulated {:.4}",
-        r.measured, r.measured_ci95[0], r.measured_ci95[1], r.requests, r.simulated
-    );
-    match (r.analytic, &r.model) {
-        (Some(a), Some(m)) if m.agrees => {
-            let _ = write!(s, ", model {a:.4}, inside the measured interval.");
-        }
-        (Some(a), Some(m)) => {
-            let _ = write!(
-                s,
-                ", model {a:.4}: the model lies {} from the measurement ({:+.4}).",
-                se_text(m.z),
-                r.measured - a
-            );
-        }
-        _ => s.push_str(", no closed form."),
-    }
-    let share = r.measured_failed_share;
-    if case.protections != Protection::None {
-        let _ = write!(
-            s,
-            " The failed server took {} of {} attempts.",
-            pct(share),
-            r.attempts()
-        );
-        if r.measured < 0.999 {
-            s.push_str(
-                " Below 0.999: calls failed before the failed server was ejected or marked \
-                 unhealthy, and retries did not cover all of them (the retry budget or the \
-                 request timeout ran out).",
-            );
-        }
-    } else if case.client_side {
-        if case.tie_break == keel_balance::TieBreak::LowestIndex {
-            let _ = write!(
-                s,
-                " Lowest-index sent {} of attempts to the first server, which is {}.",
-                pct(r.measured_max_server_share),
-                if case.failed_first {
-                    "the failed one"
-                } else {
-                    "healthy"
-                }
-            );
-        } else {
-            let _ = write!(
-                s,
-                " Random ties spread attempts like random picks: {} to the failed server \
-                 (round-robin's share {}), so least-connections' advantage in the model is gone.",
-                pct(share),
-                pct(r.p)
-            );
-        }
-    } else {
-        let _ = write!(s, " The failed servers took {} of attempts", pct(share));
-        match r.analytic_failed_share {
-            Some(f) => {
-                let _ = write!(
-                    s,
-                    " (model {}, simulated {}).",
-                    pct(f),
-                    pct(r.simulated_failed_share)
-                );
-            }
-            None => {
-                let _ = write!(s, " (simulated {}).", pct(r.simulated_failed_share));
-            }
-        }
-        let off = r.model.is_some_and(|m| !m.agrees) || !r.simulation.agrees;
-        if let (true, Some(implied)) = (off, r.implied_by_measured_share) {
-            why_it_differs(&mut s, &mut causes, r, case, implied);
-        }
-    }
-    if !r.simulation.agrees {
-        let _ = write!(
-            s,
-            " Measurement and simulation differ by {:+.4} ({}).",
-            r.measured - r.simulated,
-            se_text(r.simulation.z),
-        );
-        if causes.is_empty() {
-            causes.push(cause::CONTENTION);
-        }
-    }
-    for c in &causes {
-        // The cause's name: its first words, up to the colon.
-        let name = c.split(':').next().unwrap_or(c);
-        let _ = write!(s, " [{name}]");
-    }
-    (s, causes.into_iter().map(String::from).collect())
-}
-
-/// Why an unprotected server-side row departs from the model or the simulation: is it where
-/// the calls went (the measured share of attempts on failed servers), and why did they go
-/// there?
-fn why_it_differs(s: &mut String, causes: &mut Vec<&str>, r: &Row, case: &Case, implied: f64) {
-    let share = r.measured_failed_share;
-    let inside = (r.measured_ci95[0]..=r.measured_ci95[1]).contains(&implied);
-    let _ = write!(
-        s,
-        " The measured share implies (1 - {})^{} = {implied:.4}, {} the measured interval",
-        pct(share),
-        r.k,
-        if inside { "inside" } else { "outside" }
-    );
-    if inside {
-        s.push_str(": where the calls went accounts for the difference.");
-    } else {
-        s.push_str(": where the calls went does not account for it alone.");
-        causes.push(cause::NOT_INDEPENDENT);
-    }
-    match case.strategy {
-        StrategyKind::Random => {
-            let model_share = r.p;
-            let n = r.attempts().max(1) as f64;
-            let se = (model_share * (1.0 - model_share) / n).sqrt();
-            let _ = write!(
-                s,
-                " {} is {} from the expected {} over {} attempts; the simulation's draws put {} \
-                 there.",
-                pct(share),
-                se_text(z_score(share, model_share, se)),
-                pct(model_share),
-                r.attempts(),
-                pct(r.simulated_failed_share)
-            );
-            causes.push(cause::RANDOM_SAMPLE);
-        }
-        StrategyKind::LeastConnections => {
-            if let (Some(q_eff), Some(q)) = (q_for_share(r.p, share), r.q) {
-                let _ = write!(
-                    s,
-                    " That share is what q = {} would give, not {}.",
-                    fmt_q(q_eff),
-                    fmt_q(q)
-                );
-                causes.push(if q_eff < q {
-                    cause::IN_FLIGHT
-                } else {
-                    cause::SLOWER_ERRORS
-                });
-            }
-        }
-        _ => {
-            if !r.simulation.agrees {
-                causes.push(cause::CONTENTION);
-            }
-        }
-    }
-}
+use crate::lab::cases::{Timing, DEFAULT_RETRIES, PROTECTIONS};
+use crate::lab::report_tail;
+use crate::lab::rows::Row;
+use crate::lab::style::{esc, fmt_q, pct, strategy_colour, REFERENCE};
+use crate::lab::LabReport;
 
 /// What every row of an experiment shares, said once.
 fn experiment_intro(e: &str, rows: &[&Row], t: &Timing) -> String {
@@ -605,7 +177,7 @@ pub struct Machine {
 }
 
 impl Machine {
-    pub(super) fn detect() -> Machine {
+    pub(crate) fn detect() -> Machine {
         let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
             .ok()
             .and_then(|s| {
@@ -649,17 +221,131 @@ fn fmt_opt(x: Option<f64>) -> String {
     x.map(|v| format!("{v:.4}")).unwrap_or_else(|| "-".into())
 }
 
-/// The tables, for a terminal.
-pub fn print_table(report: &LabReport) {
-    if !report.rows.is_empty() {
-        print_reliability_table(report);
+/// Width of terminal output without `--wide`.
+pub(crate) const COLUMNS: usize = 100;
+
+/// "What this run shows", for a terminal: each finding wrapped to [`COLUMNS`].
+pub fn print_answer(report: &LabReport) {
+    if report.answer.is_empty() {
+        return;
     }
-    super::report_tail::print_tables(report);
+    println!("What this run shows:");
+    for f in &report.answer {
+        for (i, line) in crate::lab::answer::wrap(&f.text, COLUMNS, "  ")
+            .into_iter()
+            .enumerate()
+        {
+            if i == 0 {
+                println!("- {}", &line[2..]);
+            } else {
+                println!("{line}");
+            }
+        }
+    }
+    let (ok, explained, open) = verdict_counts(report);
+    if ok + explained + open > 0 {
+        for line in crate::lab::answer::wrap(
+            &format!(
+                "Verdicts: {ok} rows agree; {explained} depart for a reason the report names \
+                 (explained); {open} depart without one."
+            ),
+            COLUMNS,
+            "",
+        ) {
+            println!("{line}");
+        }
+    }
+    println!();
+}
+
+/// The tables, for a terminal: at most [`COLUMNS`] wide, or every column with `wide`.
+pub fn print_table(report: &LabReport, wide: bool) {
+    if !report.rows.is_empty() {
+        if wide {
+            print_reliability_table(report);
+        } else {
+            print_narrow_table(report);
+        }
+    }
+    report_tail::print_tables(report, wide);
+}
+
+/// `s` in at most `w` characters (cut with a `~` when longer).
+pub(crate) fn fit(s: &str, w: usize) -> String {
+    if s.chars().count() <= w {
+        s.to_string()
+    } else {
+        let mut out: String = s.chars().take(w.saturating_sub(1)).collect();
+        out.push('~');
+        out
+    }
+}
+
+fn failure_cell(r: &Row) -> String {
+    if (r.p - 0.2).abs() > 1e-9 {
+        format!("{} p={:.1}", r.failure_mode, r.p)
+    } else {
+        r.failure_mode.clone()
+    }
+}
+
+/// The reliability table in 100 columns: protections and verdicts abbreviated (legend below).
+fn print_narrow_table(report: &LabReport) {
+    println!(
+        "{:<4} {:<23} {:<15} {:<7} {:>6} {:>6} {:>6} {:<13} verdict",
+        "exp", "strategy", "failure", "protect", "model", "sim.", "meas.", "measured 95%"
+    );
+    for r in &report.rows {
+        let strategy = match (&r.tie_break, &r.failed_position) {
+            (Some(t), Some(pos)) => format!(
+                "{}/{}/{pos}",
+                short_strategy(&r.strategy),
+                t.split('-').next().unwrap_or(t)
+            ),
+            _ => r.strategy.clone(),
+        };
+        let protections = match r.protections.as_str() {
+            "outlier+retry+health" => "o+r+h",
+            "keel defaults" => "default",
+            other => other,
+        };
+        let verdict = match r.verdict().0 {
+            "ok" => "agrees",
+            "explained" => "explained",
+            _ => "unexplained",
+        };
+        println!(
+            "{:<4} {:<23} {:<15} {:<7} {:>6} {:>6.4} {:>6.4} {:.4}-{:.4} {}",
+            fit(&r.experiment, 4),
+            fit(&strategy, 23),
+            fit(&failure_cell(r), 15),
+            fit(protections, 7),
+            r.analytic.map_or("-".into(), |a| format!("{a:.4}")),
+            r.simulated,
+            r.measured,
+            r.measured_ci95[0],
+            r.measured_ci95[1],
+            verdict
+        );
+    }
+    let footer = format!(
+        "{} rows in {:.1} s (healthy {:?}, timeout {:?}, seed {}). o+r+h: outlier ejection, \
+         retries and health checks; default: keel proxy's defaults. Every column and the \
+         verdicts' words: --wide.",
+        report.rows.len(),
+        report.wall_seconds,
+        report.timing.healthy,
+        report.timing.timeout,
+        report.seed
+    );
+    for line in crate::lab::answer::wrap(&footer, COLUMNS, "") {
+        println!("{line}");
+    }
 }
 
 fn print_reliability_table(report: &LabReport) {
     println!(
-        "{:<4} {:<40} {:<15} {:<21} {:<12} {:>8} {:>9} {:>8} {:>17} {:>8}",
+        "{:<4} {:<40} {:<15} {:<21} {:<12} {:>8} {:>9} {:>8} {:>17} {:>8}  verdict",
         "exp",
         "strategy",
         "failure",
@@ -677,18 +363,10 @@ fn print_reliability_table(report: &LabReport) {
             _ => r.strategy.clone(),
         };
         println!(
-            "{:<4} {:<40} {:<15} {:<21} {:<12} {:>8} {:>9.4} {:>8.4} {:>8.4}-{:<8.4} {:>8}",
+            "{:<4} {:<40} {:<15} {:<21} {:<12} {:>8} {:>9.4} {:>8.4} {:>8.4}-{:<8.4} {:>8}  {}",
             r.experiment,
             strategy,
-            format!(
-                "{}{}",
-                r.failure_mode,
-                if r.p != 0.2 {
-                    format!(" p={:.1}", r.p)
-                } else {
-                    String::new()
-                }
-            ),
+            failure_cell(r),
             r.protections,
             r.placement,
             fmt_opt(r.analytic),
@@ -696,7 +374,8 @@ fn print_reliability_table(report: &LabReport) {
             r.measured,
             r.measured_ci95[0],
             r.measured_ci95[1],
-            r.requests
+            r.requests,
+            r.verdict().1
         );
     }
     println!(
@@ -722,22 +401,6 @@ fn curve(f: impl Fn(f64) -> f64) -> Vec<(f64, f64)> {
         .map(|i| i as f64 / 100.0)
         .map(|p| (p, f(p)))
         .collect()
-}
-
-/// The colour of lines that belong to no strategy (the uniform model's curve, goals, fair
-/// shares): near black, which no strategy has.
-pub(super) const REFERENCE: (u8, u8, u8) = (40, 40, 40);
-
-/// One colour per strategy, the same in every chart of the report (and the same as `keel
-/// simulate --plot`'s: keel-model's palette by the strategy's place in
-/// [`StrategyKind::ALL`]): a strategy's measured points, simulated rings, closed-form curve
-/// and latency distributions all take it.
-pub(super) fn strategy_colour(strategy: &str) -> (u8, u8, u8) {
-    let i = StrategyKind::ALL
-        .iter()
-        .position(|k| k.name() == strategy)
-        .unwrap_or(StrategyKind::ALL.len());
-    keel_model::plot::palette(i)
 }
 
 /// The strategies of `rows` in order of appearance.
@@ -872,12 +535,6 @@ fn e6_chart(report: &LabReport) -> Option<(String, String)> {
     }
 }
 
-pub(super) fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
 fn html(report: &LabReport) -> String {
     let mut h = String::new();
     let q_of = |mode: &str| {
@@ -894,10 +551,17 @@ fn html(report: &LabReport) -> String {
          body{{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222;line-height:1.45}}\
          table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}\
          td.l,th.l{{text-align:left}}tr.ok td.v{{background:#e6f4e6}}tr.model-off td.v{{background:#fff3d6}}\
-         tr.off td.v{{background:#fdeaea}}figure{{margin:1em 0}}li{{margin:.4em 0}}\
+         tr.off td.v{{background:#fdeaea}}tr.explained td.v{{background:#eef0f3}}\
+         #answer{{border-left:4px solid #2b6cb0;padding:.2em 1em;background:#f7f9fc}}#answer p.lead{{font-size:17px}}\
+         #answer li{{margin:.25em 0;font-size:14px}}#answer h2{{margin:.3em 0}}figure{{margin:1em 0}}li{{margin:.4em 0}}\
          code{{background:#f4f4f4;padding:1px 3px}}.grid{{display:flex;flex-wrap:wrap;gap:0 12px}}\
          .grid figure{{margin:.5em 0}}</style></head><body>\
-         <h1>keel lab report</h1><p>keel's experiments three ways: the closed form (the reliability model, or queueing \
+         <h1>keel lab report</h1>"
+    );
+    answer_html(&mut h, report);
+    let _ = write!(
+        h,
+        "<h2>Method</h2><p>keel's experiments three ways: the closed form (the reliability model, or queueing \
          theory), keel's simulator driving the same balancer code, and real HTTP traffic over loopback through keel's proxy \
          (or client-side balancers) to in-process backends that fail, queue or slow down on purpose. The reliability model \
          comes from an article on common load-balancing strategies and their reliability analysis (the source; \
@@ -910,7 +574,7 @@ fn html(report: &LabReport) -> String {
     if !report.rows.is_empty() {
         reliability_html(&mut h, report, hang_q, fail_fast_q);
     }
-    h.push_str(&super::report_tail::html(report));
+    h.push_str(&report_tail::html(report));
     let m = &report.machine;
     let _ = write!(
         h,
@@ -927,6 +591,54 @@ fn html(report: &LabReport) -> String {
     );
     h.push_str("</body></html>\n");
     h
+}
+
+/// "What this run shows": the run's answer, one finding per experiment, and how many of the
+/// comparisons agree, have a named mechanism, or have none.
+fn answer_html(h: &mut String, report: &LabReport) {
+    h.push_str("<section id=\"answer\"><h2>What this run shows</h2>");
+    let mut findings = report.answer.iter();
+    if let Some(first) = report.answer.first().filter(|f| f.experiment == "all") {
+        findings.next();
+        let (lead, rest) = first.text.split_once(": ").unwrap_or((&first.text, ""));
+        let _ = write!(h, "<p class=lead><b>{}</b>: {}</p>", esc(lead), esc(rest));
+    }
+    h.push_str("<ul>");
+    for f in findings {
+        let (lead, rest) = f.text.split_once(": ").unwrap_or((&f.text, ""));
+        let _ = write!(h, "<li><b>{}</b>: {}</li>", esc(lead), esc(rest));
+    }
+    h.push_str("</ul>");
+    let (ok, explained, open) = verdict_counts(report);
+    if ok + explained + open > 0 {
+        let _ = write!(
+            h,
+            "<p>Verdicts: {ok} rows agree with the model or the simulation; {explained} depart for a \
+             reason this report names (shown as <i>explained</i>, in grey); {open} depart without \
+             one (amber or red). Method, settings and every row follow.</p>"
+        );
+    }
+    h.push_str("</section>");
+}
+
+/// Rows that agree, rows whose departures are all explained, and rows with a departure that is
+/// not.
+fn verdict_counts(report: &LabReport) -> (usize, usize, usize) {
+    let mut counts = (0, 0, 0);
+    let classes = report
+        .rows
+        .iter()
+        .map(|r| r.verdict().0)
+        .chain(report.tail_rows.iter().map(|r| r.verdict().0))
+        .chain(report.reaction_rows.iter().map(|r| r.verdict().0));
+    for class in classes {
+        match class {
+            "ok" => counts.0 += 1,
+            "explained" => counts.1 += 1,
+            _ => counts.2 += 1,
+        }
+    }
+    counts
 }
 
 /// The sections of E1-E6B.
@@ -1023,9 +735,11 @@ fn reliability_html(
     }
     h.push_str(
         "</table><p>Verdict: green, the model's value is inside the measured 95% interval (without a model: the \
-         simulation agrees); amber, the model's value is outside it but the simulation, which runs the same balancer \
-         without the model's assumptions, agrees with the measurement; red, the measurement differs from the \
-         simulation too. SE: standard errors.</p>",
+         simulation agrees). Grey, <i>explained</i>: the measurement departs from the model or the simulation, and a \
+         mechanism this report names applies to the row under its stated condition (the mechanisms are below, under \
+         each experiment; docs/reliability.md explains them). Colour means not explained: amber, the model's value is \
+         outside the interval (or the simulation differs while the model agrees) and no named mechanism applies; red, \
+         the measurement differs from the simulation and none applies. SE: standard errors.</p>",
     );
     h.push_str("<h2>Where measurement, simulation and model agree, and why they differ</h2>");
     let mut experiments: Vec<&str> = Vec::new();
@@ -1120,31 +834,4 @@ fn push_measured_and_simulated(
         )
         .with_color(color),
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn one_colour_per_strategy_and_none_for_references() {
-        let lab = [
-            StrategyKind::RoundRobin,
-            StrategyKind::Random,
-            StrategyKind::LeastConnections,
-            StrategyKind::LeastRequest,
-            StrategyKind::LeastTime,
-            StrategyKind::PeakEwma,
-            StrategyKind::Prequal,
-        ];
-        let colours: Vec<_> = lab.iter().map(|k| strategy_colour(k.name())).collect();
-        for (i, c) in colours.iter().enumerate() {
-            assert_ne!(*c, REFERENCE, "{}", lab[i].name());
-            for (j, d) in colours.iter().enumerate().skip(i + 1) {
-                assert_ne!(c, d, "{} and {}", lab[i].name(), lab[j].name());
-            }
-        }
-        // The same name gives the same colour wherever it is drawn.
-        assert_eq!(strategy_colour("prequal"), strategy_colour("prequal"));
-    }
 }

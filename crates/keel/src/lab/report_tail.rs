@@ -5,9 +5,10 @@ use std::fmt::Write as _;
 
 use keel_model::plot::{render_svg, ChartSpec, Series, Style};
 
-use super::report::{esc, strategy_colour, REFERENCE};
-use super::tail_rows::{LatencyRow, ReactionRow, QUANTILES};
-use super::LabReport;
+use crate::lab::style::{css, esc, strategy_colour, REFERENCE};
+use crate::lab::tail;
+use crate::lab::tail_rows::{LatencyRow, ReactionRow, QUANTILES};
+use crate::lab::LabReport;
 
 fn chart(spec: &ChartSpec, series: &[Series]) -> Option<String> {
     match render_svg(spec, series) {
@@ -145,14 +146,6 @@ fn cell(x: f64, ci: [f64; 2]) -> String {
     format!("{x:.1} <small>[{:.1}, {:.1}]</small>", ci[0], ci[1])
 }
 
-fn verdict_class(sim: bool, model: Option<bool>) -> &'static str {
-    match (sim, model) {
-        (true, Some(true) | None) => "ok",
-        (true, Some(false)) | (false, Some(true)) => "model-off",
-        (false, _) => "off",
-    }
-}
-
 fn tail_section(h: &mut String, rows: &[LatencyRow]) {
     let Some(first) = rows.first() else { return };
     let comparisons: usize = rows.iter().map(|r| r.comparisons.len()).sum::<usize>()
@@ -208,7 +201,7 @@ fn tail_section(h: &mut String, rows: &[LatencyRow]) {
     }
     h.push_str("</tr>");
     for r in rows {
-        let class = verdict_class(r.agrees_with_simulation, r.agrees_with_model);
+        let (class, verdict) = r.verdict();
         let _ = write!(
             h,
             "<tr class=\"{class}\"><td class=l><span style=\"color:{}\">&#9632;</span> {}</td><td>{:.3}</td><td>{:.2} ({:.2})</td>",
@@ -232,26 +225,6 @@ fn tail_section(h: &mut String, rows: &[LatencyRow]) {
                 }
             );
         }
-        let verdict = match (r.agrees_with_simulation, r.agrees_with_model) {
-            (true, Some(true)) => "agrees with the simulation and the model".to_string(),
-            (true, None) => "agrees with the simulation (no closed form)".to_string(),
-            (true, Some(false)) => "agrees with the simulation; the model misses".to_string(),
-            (false, m) => {
-                let n = r
-                    .comparisons
-                    .iter()
-                    .filter(|c| !c.simulation.agrees)
-                    .count();
-                format!(
-                    "{n} of 3 quantiles differ from the simulation{}",
-                    match m {
-                        Some(true) => "; the model agrees",
-                        Some(false) => "; the model misses",
-                        None => "",
-                    }
-                )
-            }
-        };
         let _ = write!(
             h,
             "<td>{}</td><td>{:.0}</td><td class=\"l v\">{}</td></tr>",
@@ -261,9 +234,10 @@ fn tail_section(h: &mut String, rows: &[LatencyRow]) {
         );
     }
     h.push_str(
-        "</table><p>&#10007;: outside the lab's rule. Green: every quantile agrees; amber: the \
-         simulation or the model misses; red: the simulation misses without a model, or both \
-         miss. Send lag: how late the load generator sent its most delayed arrival, the longest \
+        "</table><p>&#10007;: outside the lab's rule. Green: every quantile agrees; grey \
+         (explained): every quantile that misses lies above by no more than the run's longest \
+         machine stall can add (the stall T plus the queues it leaves, T rho / (1 - rho)); amber: \
+         the model misses without that explanation; red: the simulation does. Send lag: how late the load generator sent its most delayed arrival, the longest \
          the machine held the run up (on shared cores, other work); at this load the queues of a \
          stall take several times its length to drain, and the simulated servers never stall.</p>",
     );
@@ -294,10 +268,6 @@ fn explanations<'a>(h: &mut String, rows: impl Iterator<Item = (&'a String, &'a 
     h.push_str("</ul>");
 }
 
-fn css(c: (u8, u8, u8)) -> String {
-    format!("rgb({},{},{})", c.0, c.1, c.2)
-}
-
 fn ms(x: Option<f64>, none: &str) -> String {
     x.map_or(none.to_string(), |v| format!("{v:.0}"))
 }
@@ -323,7 +293,7 @@ fn reaction_section(h: &mut String, rows: &[ReactionRow]) {
          moves a server's share for seconds). The charts show 250 ms bins.</p>",
         first.servers,
         first.concurrency,
-        super::tail::service().mean.as_secs_f64() * 1e3,
+        tail::service().mean.as_secs_f64() * 1e3,
         first.load_asked,
         first.clients,
         first.step.factor,
@@ -340,7 +310,7 @@ fn reaction_section(h: &mut String, rows: &[ReactionRow]) {
     );
     for r in rows {
         let (m, s) = (&r.measured, &r.simulated);
-        let ok = r.during.agrees && r.after.agrees;
+        let (class, verdict) = r.verdict();
         let mark = |ok: bool| if ok { "" } else { " &#10007;" };
         let _ = write!(
             h,
@@ -349,7 +319,7 @@ fn reaction_section(h: &mut String, rows: &[ReactionRow]) {
              <td>{:.3} / {:.3}</td><td>{:.3} / {:.3}{}</td><td>{:.3} / {:.3}{}</td>\
              <td>{} / {}</td><td>{} / {}</td><td>{:.1} / {:.1}</td>\
              <td>{:.4} / {:.4}</td><td class=\"l v\">{}</td></tr>",
-            if ok { "ok" } else { "off" },
+            class,
             css(strategy_colour(&r.strategy)),
             esc(&r.strategy),
             r.slowed_served_ms.mean,
@@ -370,14 +340,7 @@ fn reaction_section(h: &mut String, rows: &[ReactionRow]) {
             s.p99_ms,
             m.success,
             s.success,
-            if ok {
-                "shares agree with the simulation".to_string()
-            } else {
-                format!(
-                    "share while slow {:+.1} SE, after {:+.1} SE",
-                    r.during.z, r.after.z
-                )
-            }
+            esc(&verdict)
         );
     }
     h.push_str("</table>");
@@ -388,7 +351,7 @@ fn reaction_section(h: &mut String, rows: &[ReactionRow]) {
 }
 
 /// The E8 and E9 sections of the HTML report (empty when neither ran).
-pub(super) fn html(report: &LabReport) -> String {
+pub(crate) fn html(report: &LabReport) -> String {
     let mut h = String::new();
     tail_section(&mut h, &report.tail_rows);
     reaction_section(&mut h, &report.reaction_rows);
@@ -399,8 +362,74 @@ fn opt_ms(x: Option<f64>) -> String {
     x.map_or("-".into(), |v| format!("{v:.1}"))
 }
 
-/// The E8 and E9 tables, for a terminal.
-pub(super) fn print_tables(report: &LabReport) {
+/// The E8 and E9 tables, for a terminal: at most 100 columns (measured / simulated; the
+/// intervals are in the page), or every column with `wide`.
+pub(crate) fn print_tables(report: &LabReport, wide: bool) {
+    if wide {
+        print_wide_tables(report);
+        return;
+    }
+    let short = |class: &str| match class {
+        "ok" => "agrees",
+        "explained" => "explained",
+        _ => "unexplained",
+    };
+    if let Some(first) = report.tail_rows.first() {
+        println!(
+            "E8: {} servers x {} call at a time, exp. {:.0} ms asked, {} clients, load {:.2}",
+            first.servers, first.concurrency, first.asked_ms, first.clients, first.load_asked
+        );
+        println!(
+            "{:<18} {:>5} {:>15} {:>15} {:>15}  verdict",
+            "strategy", "load", "p50 ms mea/sim", "p99 ms mea/sim", "p99.9 mea/sim"
+        );
+        for r in &report.tail_rows {
+            let q = |i: usize| format!("{:.1}/{:.1}", r.measured.at(i), r.simulated.at(i));
+            println!(
+                "{:<18} {:>5.3} {:>15} {:>15} {:>15}  {}",
+                r.strategy,
+                r.load_offered,
+                q(0),
+                q(1),
+                q(2),
+                short(r.verdict().0)
+            );
+        }
+    }
+    if let Some(first) = report.reaction_rows.first() {
+        println!(
+            "E9: {} servers, load {:.2}, server 0 {:.0}x slower from {:.0} s to {:.0} s; its share \
+             (fair {:.2})",
+            first.servers,
+            first.load_asked,
+            first.step.factor,
+            first.step.start.as_secs_f64(),
+            first.step.end.as_secs_f64(),
+            first.fair_share
+        );
+        println!(
+            "{:<16} {:>11} {:>11} {:>11} {:>11} {:>11}  verdict",
+            "strategy", "before", "while slow", "after", "down ms", "back ms"
+        );
+        for r in &report.reaction_rows {
+            let (m, s) = (&r.measured, &r.simulated);
+            let pair = |a: f64, b: f64| format!("{a:.3}/{b:.3}");
+            println!(
+                "{:<16} {:>11} {:>11} {:>11} {:>11} {:>11}  {}",
+                r.strategy,
+                pair(m.share_before, s.share_before),
+                pair(m.share_during, s.share_during),
+                pair(m.share_after, s.share_after),
+                format!("{}/{}", ms(m.down_ms, "-"), ms(s.down_ms, "-")),
+                format!("{}/{}", ms(m.back_ms, "-"), ms(s.back_ms, "-")),
+                short(r.verdict().0)
+            );
+        }
+        println!("measured/simulated; -: never. Every column and interval: --wide, or the page.");
+    }
+}
+
+fn print_wide_tables(report: &LabReport) {
     let rows = &report.tail_rows;
     if let Some(first) = rows.first() {
         println!(
@@ -435,13 +464,7 @@ pub(super) fn print_tables(report: &LabReport) {
                 q(0),
                 q(1),
                 q(2),
-                match (r.agrees_with_simulation, r.agrees_with_model) {
-                    (true, Some(true)) => "agrees (simulation, model)",
-                    (true, None) => "agrees (simulation)",
-                    (true, Some(false)) => "simulation agrees, model differs",
-                    (false, Some(true)) => "simulation differs, model agrees",
-                    (false, _) => "differs",
-                }
+                r.verdict().1
             );
         }
     }
@@ -478,11 +501,7 @@ pub(super) fn print_tables(report: &LabReport) {
                 ms(s.back_ms, "-"),
                 m.p99_ms,
                 s.p99_ms,
-                if r.during.agrees && r.after.agrees {
-                    "agrees".to_string()
-                } else {
-                    format!("differs (while slow {:+.1} SE, after {:+.1} SE)", r.during.z, r.after.z)
-                }
+                r.verdict().1
             );
         }
     }

@@ -15,7 +15,7 @@
 //! added to the simulated and closed-form latencies, a constant of about 0.1-0.3 ms.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -28,8 +28,6 @@ use keel_model::vocab::{FailureMode, Latency, LatencyDist};
 use keel_testbed::backend::{self, BackendConfig, BackendHandle};
 use keel_testbed::openloop::{self, ClientSide, OpenLoopReport, OpenLoopSpec, RecordOutcome};
 use serde::Serialize;
-
-use super::tail_rows::{latency_row, reaction_row, LatencyRow, ReactionRow};
 
 /// One slow-down step of E9, times from the start of the arrivals (warm-up included).
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -117,7 +115,7 @@ impl TailCase {
 
     /// The simulator's twin of a run: its measured arrival rate, mean service time (of the
     /// servers that were not slowed) and probe round trip.
-    fn scenario(&self, m: &TailMeasured, seed: u64) -> Scenario {
+    pub(crate) fn scenario(&self, m: &TailMeasured, seed: u64) -> Scenario {
         let e9 = self.step.is_some();
         let mean = Duration::from_secs_f64(m.served.mean.max(1e-3) / 1e3);
         let probe_delay = if m.report.probes.count > 0 {
@@ -308,7 +306,7 @@ impl Served {
     }
 }
 
-pub(super) fn nearest_rank(sorted: &[f64], q: f64) -> f64 {
+pub(crate) fn nearest_rank(sorted: &[f64], q: f64) -> f64 {
     let rank = (q * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
@@ -372,8 +370,13 @@ async fn round_trip(addrs: &[SocketAddr], seed: u64) -> anyhow::Result<f64> {
     Ok(r.latency.p50)
 }
 
-/// Runs one case over real sockets.
-pub async fn measure(case: &TailCase, seed: u64) -> anyhow::Result<TailMeasured> {
+/// Runs one case over real sockets; `sending` is set when the first arrival is due (for a
+/// progress bar: arrivals follow their schedule from then on).
+pub async fn measure(
+    case: &TailCase,
+    seed: u64,
+    sending: &OnceLock<Instant>,
+) -> anyhow::Result<TailMeasured> {
     let started = Instant::now();
     let backends = spawn_backends(case, seed).await?;
     let addrs: Vec<SocketAddr> = backends.iter().map(|b| b.addr()).collect();
@@ -424,6 +427,7 @@ pub async fn measure(case: &TailCase, seed: u64) -> anyhow::Result<TailMeasured>
             }
         })
     });
+    let _ = sending.set(Instant::now());
     let report = openloop::run_client_side(spec, clients)
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -470,31 +474,6 @@ pub async fn measure(case: &TailCase, seed: u64) -> anyhow::Result<TailMeasured>
         seconds: started.elapsed().as_secs_f64(),
         report,
     })
-}
-
-/// Runs every case: measured, then simulated.
-pub fn run_cases(
-    runtime: &tokio::runtime::Runtime,
-    cases: &[TailCase],
-    seed: u64,
-    on_case: &dyn Fn(&TailCase),
-) -> anyhow::Result<(Vec<LatencyRow>, Vec<ReactionRow>)> {
-    let mut latency = Vec::new();
-    let mut reaction = Vec::new();
-    for case in cases {
-        on_case(case);
-        let m = runtime
-            .block_on(measure(case, seed))
-            .with_context(|| format!("measuring {}", case.describe()))?;
-        let sim = sim::run(&case.scenario(&m, seed))
-            .with_context(|| format!("simulating {}", case.describe()))?;
-        if case.step.is_some() {
-            reaction.push(reaction_row(case, &m, &sim));
-        } else {
-            latency.push(latency_row(case, &m, &sim));
-        }
-    }
-    Ok((latency, reaction))
 }
 
 #[cfg(test)]

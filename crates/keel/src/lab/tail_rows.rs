@@ -10,9 +10,9 @@ use keel_model::sim::{self, Reaction, SimResult};
 use keel_model::stats::{student_t95, Z95};
 use serde::Serialize;
 
-use super::queueing::{mm1_quantile, Mg1};
-use super::report::{side_se, z_score, Comparison};
-use super::tail::{nearest_rank, Served, Step, TailCase, TailMeasured};
+use crate::lab::compare::{side_se, z_score, Comparison};
+use crate::lab::queueing::{mm1_quantile, Mg1};
+use crate::lab::tail::{nearest_rank, Served, Step, TailCase, TailMeasured};
 
 /// The quantiles every latency row compares.
 pub const QUANTILES: [f64; 3] = [0.5, 0.99, 0.999];
@@ -143,6 +143,10 @@ pub struct LatencyRow {
     pub agrees_with_model: Option<bool>,
     /// Sentences on the row, from its numbers.
     pub explanation: String,
+    /// Null without a departure; true when every quantile that departs (from the simulation
+    /// or the closed form) lies above it by no more than a machine stall explains (see
+    /// [`LatencyRow::stall_explains`]), false otherwise.
+    pub explained: Option<bool>,
     /// Measured distribution, for the chart.
     pub measured_cdf: Nines,
     /// Simulated distribution.
@@ -383,13 +387,101 @@ pub fn latency_row(case: &TailCase, m: &TailMeasured, sim: &SimResult) -> Latenc
         }),
         comparisons,
         explanation: String::new(),
+        explained: None,
         measured_cdf: cdf_of_sorted(&sorted),
         simulated_cdf,
         model_cdf,
         seconds: m.seconds,
     };
+    row.explained = row.departs().then(|| row.stall_explains());
     row.explanation = explain_latency(&row);
     row
+}
+
+impl LatencyRow {
+    /// Whether any quantile departs from the simulation or the closed form.
+    fn departs(&self) -> bool {
+        !self.agrees_with_simulation || self.agrees_with_model == Some(false)
+    }
+
+    /// The longest a stall of the machine can lengthen a latency: an arrival due during a
+    /// stall of T waits up to T, and the queues the stall leaves drain at the spare capacity
+    /// alone, about T rho / (1 - rho) more; T is the latest the load generator sent an arrival.
+    fn stall_bound_ms(&self) -> f64 {
+        let rho = self.load_offered.clamp(0.0, 0.99);
+        self.send_lag_max_ms / (1.0 - rho)
+    }
+
+    /// Machine stall (queueing after a stall): applies when every departing quantile is above
+    /// what it is compared with (a stall only lengthens latency) by no more than
+    /// [`Self::stall_bound_ms`].
+    fn stall_explains(&self) -> bool {
+        let bound = self.stall_bound_ms();
+        self.comparisons.iter().enumerate().all(|(i, c)| {
+            let m = self.measured.at(i);
+            let sim_ok = c.simulation.agrees || (0.0..=bound).contains(&(m - self.simulated.at(i)));
+            let model_ok = match (c.model, self.model) {
+                (Some(x), Some(model)) if !x.agrees => (0.0..=bound).contains(&(m - model.at(i))),
+                _ => true,
+            };
+            sim_ok && model_ok
+        })
+    }
+
+    /// The table's verdict: a CSS class (`ok`, `explained`, `model-off`, `off`) and the words.
+    pub(crate) fn verdict(&self) -> (&'static str, String) {
+        let differing = self
+            .comparisons
+            .iter()
+            .filter(|c| !c.simulation.agrees)
+            .count();
+        match (self.agrees_with_simulation, self.agrees_with_model) {
+            (true, Some(true)) => ("ok", "agrees with the simulation and the model".into()),
+            (true, None) => ("ok", "agrees with the simulation (no closed form)".into()),
+            _ if self.explained == Some(true) => (
+                "explained",
+                format!(
+                    "explained: machine stall (an arrival sent {:.0} ms late; it can lengthen \
+                     latency by up to {:.0} ms)",
+                    self.send_lag_max_ms,
+                    self.stall_bound_ms()
+                ),
+            ),
+            (true, Some(false)) => (
+                "model-off",
+                "not explained: agrees with the simulation; the model misses".into(),
+            ),
+            (false, m) => (
+                "off",
+                format!(
+                    "not explained: {differing} of 3 quantiles differ from the simulation{}",
+                    match m {
+                        Some(true) => "; the model agrees",
+                        Some(false) => "; the model misses",
+                        None => "",
+                    }
+                ),
+            ),
+        }
+    }
+}
+
+impl ReactionRow {
+    /// The table's verdict: `ok` when the shares while slow and after agree with the
+    /// simulation, else `off` (no mechanism for E9's departures is named).
+    pub(crate) fn verdict(&self) -> (&'static str, String) {
+        if self.during.agrees && self.after.agrees {
+            ("ok", "shares agree with the simulation".into())
+        } else {
+            (
+                "off",
+                format!(
+                    "not explained: share while slow {:+.1} SE, after {:+.1} SE",
+                    self.during.z, self.after.z
+                ),
+            )
+        }
+    }
 }
 
 fn q_name(q: f64) -> &'static str {
