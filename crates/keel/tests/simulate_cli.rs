@@ -218,3 +218,99 @@ fn queueing_scenario_reports_latency_and_plots() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The columns of a terminal line.
+fn columns(line: &str) -> usize {
+    line.chars().count()
+}
+
+#[test]
+fn preset_output_opens_with_its_answer_from_its_own_rows() {
+    let args = [
+        "simulate",
+        "--preset",
+        "e4",
+        "--replications",
+        "2",
+        "--quiet",
+    ];
+    let text = keel(&args);
+    assert!(text.status.success());
+    let text = String::from_utf8(text.stdout).unwrap();
+    let json = keel(&[&args[..], &["--json"]].concat());
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let rows = v["results"].as_array().unwrap();
+    // The scenario whose strategies differ most, its best and runner-up, from the JSON.
+    let success = |r: &serde_json::Value| r["success"].as_f64().unwrap();
+    let mut labels: Vec<&str> = rows.iter().map(|r| r["label"].as_str().unwrap()).collect();
+    labels.dedup();
+    let group = |l: &str| -> Vec<&serde_json::Value> {
+        let mut g: Vec<_> = rows.iter().filter(|r| r["label"] == l).collect();
+        g.sort_by(|a, b| success(b).total_cmp(&success(a)));
+        g
+    };
+    let spread = |l: &str| {
+        let g = group(l);
+        success(g[0]) - success(g[g.len() - 1])
+    };
+    let label = labels
+        .iter()
+        .copied()
+        .filter(|l| group(l).len() > 1)
+        .max_by(|a, b| spread(a).total_cmp(&spread(b)))
+        .unwrap();
+    let g = group(label);
+    let best = g[0]["strategy"].as_str().unwrap();
+    let margin = format!("{:+.4}", success(g[0]) - success(g[1]));
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "What this run shows:", "{text}");
+    let answer = lines[1..4].join(" ");
+    let answer = answer.split_whitespace().collect::<Vec<_>>().join(" ");
+    for needle in [label, best, margin.as_str()] {
+        assert!(
+            answer.contains(needle),
+            "{needle:?} not in {answer:?}\n{text}"
+        );
+    }
+    for line in &lines {
+        assert!(columns(line) <= 100, "{} columns: {line}", columns(line));
+    }
+}
+
+#[test]
+fn e5_table_fits_100_columns_with_its_labels_aligned() {
+    for wide in [false, true] {
+        let mut args = vec![
+            "simulate",
+            "--preset",
+            "e5",
+            "--replications",
+            "1",
+            "--quiet",
+        ];
+        if wide {
+            args.push("--wide");
+        }
+        let out = keel(&args);
+        assert!(out.status.success());
+        let text = String::from_utf8(out.stdout).unwrap();
+        // Every row of the table has the same width: its columns line up whatever the label.
+        let rows: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("least-connections") && l.contains(" none "))
+            .collect();
+        assert!(rows.len() >= 6, "{text}");
+        let at = |l: &str| l.find("least-connections").unwrap();
+        for r in &rows {
+            assert_eq!(columns(r), columns(rows[0]), "{text}");
+            assert_eq!(at(r), at(rows[0]), "strategy column: {text}");
+        }
+        if !wide {
+            for line in text.lines() {
+                assert!(columns(line) <= 100, "{} columns: {line}", columns(line));
+            }
+        } else {
+            assert!(columns(rows[0]) > 100, "--wide shows every column");
+        }
+    }
+}

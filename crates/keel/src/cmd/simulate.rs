@@ -68,6 +68,9 @@ pub struct Args {
     /// Machine-readable output (see below).
     #[arg(long)]
     pub json: bool,
+    /// Tables with every column (wider than 100 columns).
+    #[arg(long)]
+    pub wide: bool,
     /// Also write SVG charts into this directory: for `tail`, latency distributions per
     /// strategy at each load and p99 against load; for `reaction`, the slowed server's share
     /// of calls over time.
@@ -282,6 +285,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .map(|e| sim::total_requests(&e.rows))
         .sum();
     let bar = progress_bar(total, args.quiet);
+    // Tables wait for the last experiment, so that the output opens with what they show.
+    let mut done: Vec<(String, &str, BatchReport)> = Vec::new();
     for exp in &experiments {
         bar.set_message(exp.id.to_string());
         let progress = |n: u64| bar.inc(n);
@@ -295,16 +300,170 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         } else {
             exp.id
         };
-        bar.suspend(|| print_report(id, exp.title, &report, args.json))?;
+        if args.json {
+            bar.suspend(|| print_report(id, exp.title, &report, true, false))?;
+        }
         if let Some(dir) = &args.plot {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
             for path in write_charts(dir, &report.results)? {
                 bar.suspend(|| eprintln!("wrote {}", path.display()));
             }
         }
+        if !args.json {
+            done.push((id.to_string(), exp.title, report));
+        }
     }
     bar.finish_and_clear();
+    print_answer(&done);
+    for (id, title, report) in &done {
+        print_report(id, title, report, false, args.wide)?;
+    }
     Ok(())
+}
+
+/// Width of terminal output without `--wide`.
+const COLUMNS: usize = 100;
+
+/// "What this run shows": per experiment of success rates, the best strategy and protections
+/// where the choice matters most (the scenario whose rows differ most), the margin over the
+/// runner-up with its 95 % interval (Newcombe's, from the two intervals), and the closed form.
+fn print_answer(done: &[(String, &str, BatchReport)]) {
+    let findings: Vec<String> = done
+        .iter()
+        .filter_map(|(id, _, report)| finding(id, &report.results))
+        .collect();
+    if findings.is_empty() {
+        return;
+    }
+    println!("What this run shows:");
+    for f in findings {
+        for (i, line) in crate::lab::answer::wrap(&f, COLUMNS, "  ")
+            .into_iter()
+            .enumerate()
+        {
+            if i == 0 {
+                println!("- {}", &line[2..]);
+            } else {
+                println!("{line}");
+            }
+        }
+    }
+    println!();
+}
+
+/// One experiment's finding (success-rate experiments only), or None.
+fn finding(id: &str, results: &[SimResult]) -> Option<String> {
+    if results.is_empty()
+        || results
+            .iter()
+            .any(|r| r.load.is_some() || r.reaction.is_some())
+    {
+        return None;
+    }
+    let id = id.to_uppercase();
+    let mut labels: Vec<&str> = Vec::new();
+    for r in results {
+        if !labels.contains(&r.label.as_str()) {
+            labels.push(&r.label);
+        }
+    }
+    let rows_of =
+        |l: &str| -> Vec<&SimResult> { results.iter().filter(|r| r.label == l).collect() };
+    let spread = |l: &str| {
+        let xs = rows_of(l);
+        xs.iter().map(|r| r.success).fold(0.0, f64::max)
+            - xs.iter().map(|r| r.success).fold(1.0, f64::min)
+    };
+    let closed = |r: &SimResult| {
+        r.analytic_success.map_or(String::new(), |a| {
+            format!(
+                " Closed form {a:.4}, {} the simulated interval.",
+                if (r.ci95[0]..=r.ci95[1]).contains(&a) {
+                    "inside"
+                } else {
+                    "outside"
+                }
+            )
+        })
+    };
+    let who = |r: &SimResult| {
+        if r.protections == "none" {
+            r.strategy.clone()
+        } else {
+            format!("{} with {}", r.strategy, r.protections)
+        }
+    };
+    // Every row protected: the lowest success is the answer.
+    if results.iter().all(|r| r.protections != "none") {
+        let worst = results
+            .iter()
+            .min_by(|a, b| a.success.total_cmp(&b.success))?;
+        let bound = results.iter().map(|r| r.ci95[0]).fold(1.0, f64::min);
+        return Some(format!(
+            "{id} (protections): every one of {} rows reaches {:.4} or more (lowest 95% bound \
+             {bound:.4}; lowest: {}, {}).",
+            results.len(),
+            worst.success,
+            who(worst),
+            worst.label
+        ));
+    }
+    let label = labels
+        .iter()
+        .copied()
+        .filter(|l| rows_of(l).len() > 1)
+        .max_by(|a, b| spread(a).total_cmp(&spread(b)));
+    let Some(label) = label else {
+        // One row per scenario: its success and closed form.
+        let r = results
+            .iter()
+            .max_by(|a, b| a.success.total_cmp(&b.success))?;
+        return Some(format!(
+            "{id} ({}): {} {:.4} [{:.4}, {:.4}].{}",
+            r.label,
+            who(r),
+            r.success,
+            r.ci95[0],
+            r.ci95[1],
+            closed(r)
+        ));
+    };
+    let mut rows = rows_of(label);
+    rows.sort_by(|a, b| b.success.total_cmp(&a.success));
+    // Rows of one scenario that differ only in how the server fails are named by it.
+    let by_mode = rows.iter().any(|r| r.failure_mode != rows[0].failure_mode);
+    let who = |r: &SimResult| {
+        if by_mode {
+            format!("{} ({})", who(r), r.failure_mode)
+        } else {
+            who(r)
+        }
+    };
+    let (best, next) = (rows[0], rows[1]);
+    let ci = crate::lab::answer::difference_ci(best.success, best.ci95, next.success, next.ci95);
+    let m = best.success - next.success;
+    let mut s = format!(
+        "{id} ({label}): {} is best at {:.4} [{:.4}, {:.4}], {m:+.4} [{:+.4}, {:+.4}] over {} \
+         ({:.4}){}",
+        who(best),
+        best.success,
+        best.ci95[0],
+        best.ci95[1],
+        ci[0],
+        ci[1],
+        who(next),
+        next.success,
+        if ci[0] <= 0.0 { ", a tie" } else { "" }
+    );
+    if let Some(worst) = rows
+        .last()
+        .filter(|w| rows.len() > 2 && w.success < next.success)
+    {
+        s.push_str(&format!("; {} lowest at {:.4}", who(worst), worst.success));
+    }
+    s.push('.');
+    s.push_str(&closed(best));
+    Some(s)
 }
 
 /// `--sweep`: every cell's rows as one parallel batch, then the verdicts (and files with --out).
@@ -378,7 +537,13 @@ fn progress_bar(total: u64, quiet: bool) -> ProgressBar {
     bar
 }
 
-fn print_report(id: &str, title: &str, report: &BatchReport, json: bool) -> anyhow::Result<()> {
+fn print_report(
+    id: &str,
+    title: &str,
+    report: &BatchReport,
+    json: bool,
+    wide: bool,
+) -> anyhow::Result<()> {
     if json {
         let out = Report {
             experiment: id,
@@ -396,15 +561,24 @@ fn print_report(id: &str, title: &str, report: &BatchReport, json: bool) -> anyh
         );
         return Ok(());
     }
-    println!("{}: {title}", id.to_uppercase());
-    if id == "herd" {
-        print_herd_table(&report.results);
-    } else if report.results.iter().any(|r| r.reaction.is_some()) {
-        print_reaction_table(&report.results);
-    } else if report.results.iter().any(|r| r.load.is_some()) {
-        print_tail_table(&report.results);
+    let heading = format!("{}: {title}", id.to_uppercase());
+    if wide {
+        println!("{heading}");
     } else {
+        for line in crate::lab::answer::wrap(&heading, COLUMNS, "") {
+            println!("{line}");
+        }
+    }
+    if id == "herd" {
+        print_herd_table(&report.results, wide);
+    } else if report.results.iter().any(|r| r.reaction.is_some()) {
+        print_reaction_table(&report.results, wide);
+    } else if report.results.iter().any(|r| r.load.is_some()) {
+        print_tail_table(&report.results, wide);
+    } else if wide {
         print_reliability_table(&report.results);
+    } else {
+        print_narrow_reliability_table(&report.results);
     }
     let cpu = report.calls_per_cpu_second().map_or_else(String::new, |c| {
         format!(", {:.2} M per CPU second", c / 1e6)
@@ -419,10 +593,56 @@ fn print_report(id: &str, title: &str, report: &BatchReport, json: bool) -> anyh
     Ok(())
 }
 
-/// Success and where calls went (E1-E6 and scenario files), with request latency.
-fn print_reliability_table(results: &[SimResult]) {
+/// `s` in at most `w` characters (cut with a `~` when longer).
+fn fit(s: &str, w: usize) -> String {
+    if s.chars().count() <= w {
+        s.to_string()
+    } else {
+        let mut out: String = s.chars().take(w.saturating_sub(1)).collect();
+        out.push('~');
+        out
+    }
+}
+
+/// Success and where calls went in 100 columns: each scenario's label on a line of its own,
+/// its rows under it (every column: --wide).
+fn print_narrow_reliability_table(results: &[SimResult]) {
     println!(
-        "  {:<58} {:<18} {:<27} {:>8} {:>19} {:>9} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9}",
+        "    {:<18} {:<26} {:>7} {:>15} {:>7} {:>6} {:>8}",
+        "strategy", "protections", "success", "95% CI", "closed", "fail%", "p99 ms"
+    );
+    let mut label: Option<&str> = None;
+    for r in results {
+        if label != Some(r.label.as_str()) {
+            println!("  {}", fit(&r.label, COLUMNS - 2));
+            label = Some(&r.label);
+        }
+        println!(
+            "    {:<18} {:<26} {:>7.4} [{:.4},{:.4}] {:>7} {:>6.1} {:>8.1}",
+            fit(&r.strategy, 18),
+            fit(&r.protections, 26),
+            r.success,
+            r.ci95[0],
+            r.ci95[1],
+            r.analytic_success
+                .map_or_else(|| "-".to_string(), |a| format!("{a:.4}")),
+            r.failed_pick_share * 100.0,
+            r.latency_ms.p99,
+        );
+    }
+}
+
+/// Success and where calls went (E1-E6 and scenario files), with request latency: every
+/// column, the label column as wide as the widest label.
+fn print_reliability_table(results: &[SimResult]) {
+    let w = results
+        .iter()
+        .map(|r| r.label.chars().count())
+        .max()
+        .unwrap_or(5)
+        .max(5);
+    println!(
+        "  {:<w$} {:<18} {:<27} {:>8} {:>19} {:>9} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9}",
         "label",
         "strategy",
         "protections",
@@ -442,7 +662,7 @@ fn print_reliability_table(results: &[SimResult]) {
             .map_or_else(|| "-".to_string(), |a| format!("{a:.5}"));
         let l = &r.latency_ms;
         println!(
-            "  {:<58} {:<18} {:<27} {:>8.5} [{:.5},{:.5}] {:>9} {:>8.3} {:>7.1} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
+            "  {:<w$} {:<18} {:<27} {:>8.5} [{:.5},{:.5}] {:>9} {:>8.3} {:>7.1} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
             r.label,
             r.strategy,
             r.protections,
@@ -461,7 +681,42 @@ fn print_reliability_table(results: &[SimResult]) {
 }
 
 /// Latency under load (E8 and scenario files with servers that queue).
-fn print_tail_table(results: &[SimResult]) {
+fn print_tail_table(results: &[SimResult], wide: bool) {
+    if !wide {
+        println!(
+            "    {:<12} {:<18} {:<14} {:>5} {:>7} {:>8} {:>8} {:>8} {:>6}",
+            "placement",
+            "strategy",
+            "protections",
+            "load",
+            "success",
+            "p50 ms",
+            "p99 ms",
+            "p99.9 ms",
+            "extra%"
+        );
+        let mut label: Option<&str> = None;
+        for r in results {
+            if label != Some(r.label.as_str()) {
+                println!("  {}", fit(&r.label, COLUMNS - 2));
+                label = Some(&r.label);
+            }
+            let l = &r.latency_ms;
+            println!(
+                "    {:<12} {:<18} {:<14} {:>5} {:>7.4} {:>8.2} {:>8.2} {:>8.2} {:>6.2}",
+                fit(&r.placement, 12),
+                fit(&r.strategy, 18),
+                fit(&r.protections, 14),
+                r.load.map_or_else(|| "-".into(), |x| format!("{x:.2}")),
+                r.success,
+                l.p50,
+                l.p99,
+                l.p999,
+                r.extra_calls * 100.0,
+            );
+        }
+        return;
+    }
     println!(
         "  {:<44} {:<12} {:<18} {:<14} {:>5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>7}",
         "label",
@@ -496,7 +751,31 @@ fn print_tail_table(results: &[SimResult]) {
 }
 
 /// The herd: latency quantiles with their 95 % intervals.
-fn print_herd_table(results: &[SimResult]) {
+fn print_herd_table(results: &[SimResult], wide: bool) {
+    if !wide {
+        println!(
+            "    {:<14} {:>8} {:>20} {:>22} {:>22}",
+            "strategy", "success", "p50 ms [95% CI]", "p99 ms [95% CI]", "p99.9 ms [95% CI]"
+        );
+        let q = |v: f64, ci: [f64; 2]| format!("{v:.1} [{:.1},{:.1}]", ci[0], ci[1]);
+        let mut label: Option<&str> = None;
+        for r in results {
+            if label != Some(r.label.as_str()) {
+                println!("  {}", fit(&r.label, COLUMNS - 2));
+                label = Some(&r.label);
+            }
+            let (l, c) = (&r.latency_ms, &r.latency_ci95_ms);
+            println!(
+                "    {:<14} {:>8.5} {:>20} {:>22} {:>22}",
+                fit(&r.strategy, 14),
+                r.success,
+                q(l.p50, c.p50),
+                q(l.p99, c.p99),
+                q(l.p999, c.p999),
+            );
+        }
+        return;
+    }
     println!(
         "  {:<24} {:<14} {:>8} {:>8} {:>20} {:>22} {:>22}",
         "label",
@@ -524,7 +803,41 @@ fn print_herd_table(results: &[SimResult]) {
 }
 
 /// How fast the slowed servers' share of calls fell and came back (E9).
-fn print_reaction_table(results: &[SimResult]) {
+fn print_reaction_table(results: &[SimResult], wide: bool) {
+    if !wide {
+        println!(
+            "    {:<16} {:>6} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9}",
+            "strategy", "fair", "before", "during", "after", "down ms", "back ms", "p99 ms"
+        );
+        let mut label: Option<&str> = None;
+        for r in results {
+            let Some(x) = &r.reaction else { continue };
+            if label != Some(r.label.as_str()) {
+                println!("  {}", fit(&r.label, COLUMNS - 2));
+                label = Some(&r.label);
+            }
+            let down = x
+                .down_ms
+                .map_or_else(|| "never".into(), |d| format!("{d:.0}"));
+            let back = match (x.down_ms, x.back_ms) {
+                (None, _) => "-".into(),
+                (Some(_), None) => "never".into(),
+                (Some(_), Some(b)) => format!("{b:.0}"),
+            };
+            println!(
+                "    {:<16} {:>6.3} {:>8.3} {:>8.3} {:>8.3} {:>9} {:>9} {:>9.2}",
+                fit(&r.strategy, 16),
+                x.fair_share,
+                x.share_before,
+                x.share_during,
+                x.share_after,
+                down,
+                back,
+                r.latency_ms.p99,
+            );
+        }
+        return;
+    }
     println!(
         "  {:<34} {:<16} {:>6} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9}",
         "label", "strategy", "fair", "before", "during", "after", "down ms", "back ms", "p99 ms"
