@@ -23,14 +23,17 @@
 
 #![warn(missing_docs)]
 
+mod admin;
 mod codec;
 pub mod config;
 mod control;
 mod driver;
 mod exchange;
+mod forward;
 mod front;
 mod io;
 mod leg;
+mod metrics;
 mod observe;
 mod policy;
 mod route;

@@ -78,7 +78,12 @@ impl Target {
             route.and_then(|(_, r)| r.request_timeout),
             route.and_then(|(_, r)| r.retry_attempts),
         );
-        let policy = Policy::build(route, &cluster);
+        let policy = Policy::build(
+            route,
+            &cluster.config,
+            cluster.workers,
+            cluster.rate_limit.as_ref(),
+        );
         Self {
             cluster,
             limits,
@@ -371,7 +376,7 @@ impl RouteMatcher {
     /// The routes of listener `listener` of a validated configuration (its clusters are built
     /// as a proxy builds them).
     pub fn new(config: &crate::ProxyConfig, listener: usize) -> anyhow::Result<Self> {
-        let registry = crate::observe::metrics::Registry::default();
+        let registry = crate::metrics::Registry::default();
         let epoch = std::time::Instant::now();
         let clusters = config
             .clusters

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,11 +15,11 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::ProxyConfig;
-use crate::control::discovery::Discovered;
 use crate::exchange::request::Client;
-use crate::observe::metrics::Registry;
+use crate::metrics::Registry;
 use crate::route::ListenerRoutes;
 use crate::upstream::cluster::Cluster;
+use crate::upstream::discovered::Discovered;
 
 /// What requests see: each listener's routes, and the clusters they lead to. Swapped whole on
 /// reload.
@@ -93,7 +93,7 @@ pub(crate) struct Shared {
     /// configured address; taken by the first bind of that address.
     pub(crate) inherited: Mutex<Vec<(SocketAddr, std::net::TcpListener)>>,
     /// Rate limit of the lines about connections shed near the open-file limit.
-    pub(crate) fd_shed_log: crate::observe::log_budget::LogBudget,
+    pub(crate) fd_shed_log: crate::metrics::log_budget::LogBudget,
 }
 
 /// A listening socket while the configuration has it, and its connections while they drain.
@@ -137,32 +137,7 @@ pub(crate) struct AdminSlot {
 }
 
 /// What a connection is doing, for the drain's count of what it cut.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub(crate) enum ConnKind {
-    /// TLS handshake, or not yet told.
-    Opening = 0,
-    Http1 = 1,
-    Http2 = 2,
-    /// An upgraded HTTP/1.1 connection (WebSocket ...) or a TCP listener's connection.
-    Tunnel = 3,
-}
-
-impl ConnKind {
-    pub(crate) const COUNT: usize = 4;
-    pub(crate) const NAMES: [&'static str; Self::COUNT] =
-        ["opening", "HTTP/1.1", "HTTP/2", "tunnel"];
-}
-
-tokio::task_local! {
-    /// The kind of the connection this task serves (set by its front end).
-    pub(crate) static CONN_KIND: Arc<AtomicU8>;
-}
-
-/// Marks the connection served by the current task as `kind` (a no-op outside one).
-pub(crate) fn mark_connection(kind: ConnKind) {
-    let _ = CONN_KIND.try_with(|k| k.store(kind as u8, Relaxed));
-}
+pub(crate) use crate::metrics::{mark_connection, ConnKind, CONN_KIND};
 
 impl Shared {
     /// Counts a `404` for want of a route on listener `index`.

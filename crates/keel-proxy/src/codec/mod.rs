@@ -11,6 +11,8 @@
 
 pub(crate) mod chunked;
 pub(crate) mod head;
+pub(crate) mod pushback;
+pub(crate) mod response;
 
 /// Response header naming the endpoint that answered (or that the last try went to).
 pub const X_KEEL_ENDPOINT: hyper::header::HeaderName =
@@ -92,4 +94,13 @@ pub(crate) fn push_u64(out: &mut Vec<u8>, mut n: u64) {
         }
     }
     out.extend_from_slice(&digits[i..]);
+}
+
+/// A `Content-Length` value: digits only (RFC 9110 section 8.6), no sign, no overflow.
+pub(crate) fn parse_content_length(v: &[u8]) -> Option<u64> {
+    let v = v.trim_ascii();
+    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(v.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
 }

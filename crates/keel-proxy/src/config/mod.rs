@@ -8,9 +8,10 @@
 //! [`route`], [`cluster`] (with retry), [`health`] (health checks and load probes), [`policy`]
 //! (rate limits, rewrites, sticky sessions, `hash_on`), [`discovery`] and [`observe`]
 //! (admin, access log). This file holds the whole ([`ProxyConfig`]), the order in which the
-//! sections are checked, the checks across sections, and calls the components' own checks
-//! of the files a configuration names (`tls::check_*`, `discovery::check`); [`locate`] turns a
-//! failed check into a `file:line:col: key: message` error.
+//! sections are checked and the checks across sections; [`locate`] turns a failed check into
+//! a `file:line:col: key: message` error. Nothing here reads a file the configuration names:
+//! the components that use them check them (`tls::check_*`, `discovery::check`), and
+//! `ProxyConfig::from_file` (in `control::load`) runs those checks after this room's.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -105,16 +106,15 @@ impl ProxyConfig {
             .fold(cluster.amplification().worst_case, u32::max)
     }
 
-    /// Parses and validates TOML; `origin` (a file name) appears in error messages.
-    ///
-    /// Relative TLS and access-log paths are taken from the current directory.
-    pub fn from_toml_str(text: &str, origin: &str) -> Result<ProxyConfig, ConfigError> {
-        Self::parse(text, origin, None)
-    }
-
-    /// Parses, makes relative TLS paths relative to `base` (when given), and validates
-    /// (loading the TLS files).
-    fn parse(text: &str, origin: &str, base: Option<&Path>) -> Result<ProxyConfig, ConfigError> {
+    /// Parses and validates TOML without reading the files it names; `origin` (a file
+    /// name) appears in error messages. Relative paths are made relative to `base` when
+    /// given. Returns the located document too, so that a later check of those files
+    /// (`control::load`) can place its errors.
+    pub(crate) fn parse<'a>(
+        text: &'a str,
+        origin: &'a str,
+        base: Option<&Path>,
+    ) -> Result<(locate::Document<'a>, ProxyConfig), ConfigError> {
         let doc = locate::Document::parse(text, origin)?;
         let mut config: ProxyConfig = toml::from_str(text).map_err(|e| doc.serde_error(&e))?;
         if let Some(base) = base {
@@ -122,22 +122,7 @@ impl ProxyConfig {
         }
         config.set_zone(config.zone.clone());
         config.validate().map_err(|e| doc.error(&e))?;
-        Ok(config)
-    }
-
-    /// Reads, parses and validates a file.
-    pub fn from_file(path: &Path) -> Result<ProxyConfig, ConfigError> {
-        let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            origin: origin.clone(),
-            line: None,
-            column: None,
-            key: None,
-            message: format!("cannot read the file: {e}"),
-        })?;
-        let mut config = Self::parse(&text, &origin, path.parent())?;
-        config.source = Some(path.to_path_buf());
-        Ok(config)
+        Ok((doc, config))
     }
 
     /// Makes the TLS file paths that are relative relative to `base` (the directory of the
@@ -176,13 +161,13 @@ impl ProxyConfig {
         self.clusters.iter().find(|c| c.name == name)
     }
 
-    /// Checks everything serde cannot: references between sections, ranges, the files named
-    /// (TLS certificates, discovery files), and that each cluster's balancer builds. Each
-    /// section checks itself without I/O ([`ListenerConfig::validate`],
-    /// [`ClusterConfig::validate`], ...), then the component that will use a file checks it
-    /// (`tls::check_listener`, `tls::check_upstream`, `discovery::check`); the error's field is the key's path in the document,
-    /// e.g. `cluster[0].endpoints[1].weight`. [`ProxyConfig::from_toml_str`] calls it and adds
-    /// the key's line; a configuration built in code should call it before [`crate::start`].
+    /// Checks everything serde cannot, without I/O: references between sections, ranges, and
+    /// that each cluster's balancer builds. Each section checks itself
+    /// ([`ListenerConfig::validate`], [`ClusterConfig::validate`], ...); the error's field is
+    /// the key's path in the document, e.g. `cluster[0].endpoints[1].weight`.
+    /// [`ProxyConfig::from_toml_str`] calls it and adds the key's line, then checks the files
+    /// named ([`ProxyConfig::check_files`]); a configuration built in code should call both
+    /// before [`crate::start`].
     pub fn validate(&self) -> Result<(), InvalidField> {
         if self.listeners.is_empty() {
             return Err(InvalidField::new(
@@ -210,9 +195,6 @@ impl ProxyConfig {
         for (i, l) in self.listeners.iter().enumerate() {
             let at = FieldPath::key("listener").at(i);
             l.validate().map_err(|e| e.under(at.clone()))?;
-            if let Some(t) = &l.tls {
-                crate::tls::check_listener(t).map_err(|e| e.under(at.clone().then("tls")))?;
-            }
             let unknown = |name: &str| {
                 Problem::Invalid(format!(
                     "no cluster named `{name}`; defined: {}",
@@ -309,11 +291,6 @@ impl ProxyConfig {
                 ));
             }
             c.validate().map_err(|e| e.under(at.clone()))?;
-            crate::tls::check_upstream(c).map_err(|e| e.under(at.clone()))?;
-            if let Some(d) = &c.discovery {
-                crate::control::discovery::check(d)
-                    .map_err(|e| e.under(at.clone().then("discovery")))?;
-            }
             // Only TCP listeners send the PROXY header: an endpoint expecting one would refuse
             // keel's HTTP connections.
             let http_user = self.listeners.iter().find(|l| {

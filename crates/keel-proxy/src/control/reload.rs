@@ -13,10 +13,10 @@ use keel_balance::EndpointSpec;
 use tokio::net::TcpListener;
 
 use crate::config::{ClusterConfig, ProxyConfig};
-use crate::control::discovery::Discovered;
 use crate::route::ListenerRoutes;
 use crate::state::{ListenerCtx, ListenerSlot, ReloadError, Routing, Shared};
 use crate::upstream::cluster::Cluster;
+use crate::upstream::discovered::Discovered;
 
 impl Shared {
     /// Builds a cluster (from the running one of the same name, whose endpoints that stay keep

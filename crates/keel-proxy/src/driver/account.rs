@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use keel_balance::{Outcome, Pick};
 
 use crate::exchange::error::{BodyEnd, Cause, Detailed, ErrorKind, TryError, TryFailure};
-use crate::observe::metrics::ClusterMetrics;
+use crate::metrics::ClusterMetrics;
 use crate::route::Limits;
 use crate::upstream::cluster::{Cluster, EndpointEntry};
 use crate::upstream::pool::RawConn;

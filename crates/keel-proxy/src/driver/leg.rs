@@ -32,8 +32,8 @@ pub(crate) trait Leg {
     fn idempotent(&self) -> bool;
     /// A try that ran out of time was waiting on the client, not on the endpoint.
     fn waiting_on_client(&self) -> bool;
-    /// When an answer that failed asks to be retried ([`crate::exchange::pushback`]).
-    fn pushback(_won: &Self::Won) -> Option<crate::exchange::pushback::Pushback> {
+    /// When an answer that failed asks to be retried ([`crate::codec::pushback`]).
+    fn pushback(_won: &Self::Won) -> Option<crate::codec::pushback::Pushback> {
         None
     }
     /// The first try may be hedged (an idempotent HTTP/1.1 request whose body is in memory).

@@ -26,13 +26,13 @@ use std::time::{Duration, Instant};
 use keel_balance::{EndpointId, PickContext};
 use tokio::time::Sleep;
 
+use crate::codec::pushback::Pushback;
 use crate::config::MAX_RETRY_ATTEMPTS;
 use crate::driver::account::{failed, timed_out, DownstreamGuard, Tail};
 use crate::driver::answer::{own, OwnAnswer};
 use crate::driver::leg::{Leg, Race, Tried};
 use crate::driver::tries::{Tries, TryOutcome};
 use crate::exchange::error::{Cause, ErrorKind, TryFailure};
-use crate::exchange::pushback::Pushback;
 use crate::exchange::request::{Client, Reject};
 use crate::route::Limits;
 use crate::upstream::cluster::Cluster;

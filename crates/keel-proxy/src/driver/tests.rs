@@ -20,7 +20,7 @@ use crate::driver::leg::{Leg, Race, Tried, TryResult};
 use crate::driver::{drive, Driven};
 use crate::exchange::error::{Cause, ErrorKind, TryError, TryFailure};
 use crate::exchange::request::{Client, Reject};
-use crate::observe::metrics::Registry;
+use crate::metrics::Registry;
 use crate::route::Limits;
 use crate::upstream::cluster::{Cluster, EndpointEntry};
 

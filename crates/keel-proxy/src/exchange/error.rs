@@ -9,18 +9,7 @@ use std::time::Duration;
 
 use crate::exchange::request::Reject;
 
-/// Why a try to an endpoint failed without a usable answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
-    /// The TCP connection could not be made (refused, unreachable, connect timeout).
-    Connect = 0,
-    /// No answer (or no complete body) within the per-try or request timeout.
-    Timeout = 1,
-    /// The connection was reset or closed early (before or during the response).
-    Reset = 2,
-    /// The answer was not valid HTTP/1.1.
-    Protocol = 3,
-}
+pub(crate) use crate::metrics::ErrorKind;
 
 /// Why a try, or the request, failed: typed until the edge renders it.
 #[derive(Debug)]

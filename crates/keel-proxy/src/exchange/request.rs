@@ -414,14 +414,7 @@ pub(crate) fn origin_form(target: &str) -> Option<(&str, Option<&str>)> {
     Some((if path.is_empty() { "/" } else { path }, Some(authority)))
 }
 
-/// A `Content-Length` value: digits only (RFC 9110 section 8.6), no sign, no overflow.
-pub(crate) fn parse_content_length(v: &[u8]) -> Option<u64> {
-    let v = v.trim_ascii();
-    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    Some(v.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
-}
+pub(crate) use crate::codec::parse_content_length;
 
 #[cfg(test)]
 mod tests {

@@ -31,18 +31,17 @@ use crate::exchange::error::{BodyEnd, Cause, TryError, TryFailure};
 use crate::exchange::head::HeadView;
 use crate::exchange::request::RequestBody;
 use crate::exchange::request::{BodyFraming, Reject, RequestHead};
-use crate::observe::metrics::{class_index, ErrorKind};
+use crate::metrics::{class_index, ErrorKind};
 use crate::upstream::cluster::{Cluster, EndpointEntry};
 use crate::upstream::h2_conns::StreamSlot;
-use crate::upstream::pool::ConnectError;
 
 /// An endpoint's HTTP/2 response: its head, its body and trailers to come, and the request's
 /// own stream when the client is still sending (full duplex).
 impl H2Response {
     /// When the endpoint asks to be retried (`Retry-After`, `grpc-retry-pushback-ms`).
-    pub(crate) fn pushback(&self) -> Option<crate::exchange::pushback::Pushback> {
+    pub(crate) fn pushback(&self) -> Option<crate::codec::pushback::Pushback> {
         let headers = self.head.headers.iter();
-        crate::exchange::pushback::of_headers(
+        crate::codec::pushback::of_headers(
             self.head.status.as_u16(),
             headers.map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())),
         )
@@ -430,10 +429,7 @@ pub(crate) async fn try_once<B: RequestBody>(
     let mut stale_left = 2;
     let (mut response, mut send, slot) = loop {
         let (sender, slot) = entry.h2.stream(worker, &entry.pool).await.map_err(|e| {
-            let cause = match e {
-                ConnectError::Failed(e) => Cause::Connect(e),
-                ConnectError::TimedOut(d) => Cause::ConnectTimeout(d),
-            };
+            let cause = Cause::from(e);
             upstream(ErrorKind::Connect, false, cause)
         })?;
         let sent = match sender.ready().await {

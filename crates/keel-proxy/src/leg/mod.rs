@@ -8,29 +8,22 @@ pub(crate) mod tcp;
 pub(crate) mod tunnel;
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Instant;
 
 use keel_balance::EndpointId;
 use tokio::time::Sleep;
 
-use crate::config::{HashOn, UpstreamProtocol};
-use crate::driver::answer::{Answer, Upstream};
+use crate::codec::response::ResponseHead;
+use crate::config::UpstreamProtocol;
+use crate::driver::answer::Answer;
 use crate::driver::leg::{Leg, Race, Tried, TryResult};
-use crate::driver::{drive, Driven};
-use crate::exchange::error::{Cause, TryFailure};
+use crate::exchange::error::TryFailure;
 use crate::exchange::head::{HeadView, RequestHeaders};
-use crate::exchange::request::{BodyFraming, Client, RequestBody, RequestHead};
+use crate::exchange::request::{BodyFraming, RequestBody, RequestHead};
 use crate::exchange::response::ResponseHeaders;
 use crate::leg::h1::body::H1Body;
-use crate::leg::h1::response::ResponseHead;
 use crate::leg::h1::upstream::H1Response;
 use crate::leg::h2::H2Response;
-use crate::policy::rate::{Limited, RateLimiter};
-use crate::policy::rewrite::HostRewrite;
-use crate::policy::sticky::cookie;
-use crate::policy::Policy;
-use crate::route::Limits;
 use crate::upstream::cluster::{Cluster, EndpointEntry};
 use crate::upstream::pool::RawConn;
 
@@ -90,7 +83,7 @@ impl UpstreamResponse {
     ) -> Result<(hyper::http::response::Parts, ResponseBody), RawConn> {
         match self {
             UpstreamResponse::H1(conn, mut head) => {
-                match crate::leg::h1::response::parts(out, &mut head) {
+                match crate::codec::response::parts(out, &mut head) {
                     Ok(parts) => Ok((parts, ResponseBody::H1(H1Body::new(conn, &head)))),
                     Err(()) => Err(conn),
                 }
@@ -175,26 +168,8 @@ impl ResponseBody {
     }
 }
 
-/// What the driver needs to forward one request.
-pub(crate) struct Request<'a> {
-    /// The head for the upstream (see `crate::exchange::rewrite`): an HTTP/1.1 client's text,
-    /// without its per-try end (the leg appends that), or an HTTP/2 client's parts.
-    pub head: RequestHeaders<'a>,
-    /// What was learned of the request.
-    pub meta: &'a RequestHead,
-    /// When the request arrived (its deadline counts from here).
-    pub start: Instant,
-    /// Its timeouts and retries (the cluster's, or its route's).
-    pub limits: Limits,
-    /// What its route and cluster do besides choosing an endpoint (rate limits); `None`
-    /// when nothing is configured.
-    pub policy: Option<&'a Policy>,
-    /// Where its body is, when it streams from the client.
-    pub body_progress: Option<&'a crate::io::BodyProgress>,
-}
-
 /// The HTTP legs: HTTP/1.1 or HTTP/2, as the cluster speaks.
-struct HttpLeg<'r, 'b, B> {
+pub(crate) struct HttpLeg<'r, 'b, B> {
     /// The cluster speaks HTTP/1.1.
     http1: bool,
     head: RequestHeaders<'r>,
@@ -205,6 +180,36 @@ struct HttpLeg<'r, 'b, B> {
     meta: &'r RequestHead,
     body: &'b mut B,
     out: &'r mut Vec<u8>,
+}
+
+impl<'r, 'b, B> HttpLeg<'r, 'b, B> {
+    /// The leg of one request to `cluster`: `head` as the front end wrote it for the
+    /// endpoint, `out` for an HTTP/1.1 endpoint's response head.
+    pub(crate) fn new(
+        cluster: &Cluster,
+        head: RequestHeaders<'r>,
+        meta: &'r RequestHead,
+        body: &'b mut B,
+        out: &'r mut Vec<u8>,
+    ) -> Self {
+        HttpLeg {
+            http1: cluster.config.protocol == UpstreamProtocol::Http1,
+            common_len: match &head {
+                RequestHeaders::Lines(text) => text.len(),
+                RequestHeaders::Map(_) => 0,
+            },
+            text: Vec::new(),
+            head,
+            meta,
+            body,
+            out,
+        }
+    }
+
+    /// The buffer that holds an HTTP/1.1 endpoint's response head.
+    pub(crate) fn out(&mut self) -> &mut Vec<u8> {
+        self.out
+    }
 }
 
 /// A head as HTTP/1.1 text ended for `entry` (see [`end_head`]): the part every try shares
@@ -276,7 +281,7 @@ impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
         self.body.rewind()
     }
 
-    fn pushback(won: &UpstreamResponse) -> Option<crate::exchange::pushback::Pushback> {
+    fn pushback(won: &UpstreamResponse) -> Option<crate::codec::pushback::Pushback> {
         match won {
             UpstreamResponse::H1(_, head) => head.pushback,
             UpstreamResponse::H2(r) => r.pushback(),
@@ -375,7 +380,7 @@ struct H1Try<'a> {
 impl Leg for H1Try<'_> {
     type Won = H1Response;
 
-    fn pushback((_, head): &H1Response) -> Option<crate::exchange::pushback::Pushback> {
+    fn pushback((_, head): &H1Response) -> Option<crate::codec::pushback::Pushback> {
         head.pushback
     }
 
@@ -442,7 +447,7 @@ impl<'a> H2Try<'a> {
 impl Leg for H2Try<'_> {
     type Won = Box<H2Response>;
 
-    fn pushback(won: &Box<H2Response>) -> Option<crate::exchange::pushback::Pushback> {
+    fn pushback(won: &Box<H2Response>) -> Option<crate::codec::pushback::Pushback> {
         won.pushback()
     }
 
@@ -496,140 +501,6 @@ fn h2_failure(f: TryFailure<Box<H2Response>>) -> TryFailure<UpstreamResponse> {
         TryFailure::Upstream(e) => TryFailure::Upstream(e),
         TryFailure::Client(r) => TryFailure::Client(r),
     }
-}
-
-/// Forwards a request to `cluster`: picks, tries, retries, and returns the answer to send.
-/// `out` receives the endpoint's HTTP/1.1 response head; `timer` is the connection's
-/// reusable per-try timer.
-pub(crate) async fn forward<B: RequestBody>(
-    cluster: &Arc<Cluster>,
-    client: &Client,
-    req: Request<'_>,
-    body: &mut B,
-    out: &mut Vec<u8>,
-    timer: &mut Pin<Box<Sleep>>,
-) -> HttpAnswer {
-    let hash = match &cluster.config.hash_on {
-        Some(HashOn::ClientIp) => Some(crate::upstream::cluster::client_ip_key(client.peer)),
-        Some(HashOn::Cookie(name)) => cookie(req.head.view(), name).map(keel_balance::hash_key),
-        _ => req.meta.hash,
-    };
-    // The endpoint token a sticky session's cookie names (read before the rewrites, which may
-    // remove the cookie).
-    let pin = cluster.sticky.as_ref().map(|s| s.token(req.head.view()));
-    let mut head = req.head;
-    // A route's or cluster's policy, in this order: a redirect, the rate limits, the
-    // request's rewrites (the response's follow the answer).
-    let mut meta = req.meta;
-    let own_meta;
-    let mut rewrites = None;
-    if let Some(policy) = req.policy {
-        if let Some(rw) = &policy.rewrites {
-            let vars = rw.vars(head.view(), &client.ip, &policy.route);
-            if let Some((status, location)) = &rw.redirect {
-                let mut value = Vec::new();
-                location.expand(&vars, &mut value);
-                return Answer::Own(crate::driver::answer::redirect(*status, &value));
-            }
-            rewrites = Some((rw, vars));
-        }
-        if let Err((limit, limited)) = policy.limit(client, head.view(), req.start) {
-            return Answer::Own(rate_limited(cluster, client, limit, limited));
-        }
-        if let Some((rw, vars)) = &rewrites {
-            rw.request(&mut head, vars);
-            // Each try adds the endpoint's `Host` when the head has none (see `end_head`): with
-            // `$endpoint` always, with a value never (an HTTP/1.0 client may have sent none).
-            let has_host = match rw.host {
-                Some(HostRewrite::Endpoint) => Some(false),
-                Some(HostRewrite::Literal(_)) => Some(true),
-                None => None,
-            };
-            if let Some(has_host) = has_host.filter(|h| *h != meta.has_host) {
-                own_meta = RequestHead {
-                    has_host,
-                    ..meta.clone()
-                };
-                meta = &own_meta;
-            }
-        }
-    }
-    let mut leg = HttpLeg {
-        http1: cluster.config.protocol == UpstreamProtocol::Http1,
-        common_len: match &head {
-            RequestHeaders::Lines(text) => text.len(),
-            RequestHeaders::Map(_) => 0,
-        },
-        text: Vec::new(),
-        head,
-        meta,
-        body,
-        out,
-    };
-    match drive(
-        cluster,
-        client,
-        req.start,
-        req.limits,
-        hash,
-        &mut leg,
-        timer,
-        req.body_progress,
-        pin.flatten(),
-    )
-    .await
-    {
-        Driven::Won(mut response, tail) => {
-            if let Some((rw, vars)) = &rewrites {
-                let endpoint = cluster.endpoints[tail.endpoint].authority.as_str();
-                let mut headers = response.headers_mut(leg.out);
-                rw.response(&mut headers, vars, endpoint, client.proto);
-            }
-            if let Some(sticky) = &cluster.sticky {
-                // A session without a cookie, or whose endpoint could not take it, is pinned
-                // to the endpoint that answered.
-                let token = Some(cluster.endpoints[tail.endpoint].token);
-                if pin.flatten() != token {
-                    if let Some(v) = sticky.set_cookie(tail.endpoint) {
-                        let mut headers = response.headers_mut(leg.out);
-                        headers.append(&hyper::header::SET_COOKIE, v.as_bytes());
-                    }
-                }
-            }
-            Answer::Upstream(Upstream { response, tail })
-        }
-        Driven::Own(own) => Answer::Own(own),
-    }
-}
-
-/// keel's `429 Too Many Requests` for a request a rate limit refused: counted, and with
-/// `Retry-After` (whole seconds, at least 1, as RFC 9110 section 10.2.3 has it).
-fn rate_limited(
-    cluster: &Cluster,
-    client: &Client,
-    limit: &RateLimiter,
-    limited: Limited,
-) -> crate::driver::answer::OwnAnswer {
-    cluster
-        .metrics
-        .rate_limited
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let cause = Cause::RateLimited {
-        scope: limit.scope.clone(),
-        rate: limit.config.rate,
-        burst: limit.config.burst(),
-    };
-    let mut own = crate::driver::answer::own(cluster, client, 429, &cause, None, None, 0);
-    let secs = limited
-        .retry_after
-        .as_nanos()
-        .div_ceil(1_000_000_000)
-        .max(1);
-    own.headers.push((
-        hyper::header::RETRY_AFTER,
-        hyper::http::HeaderValue::from(secs as u64),
-    ));
-    own
 }
 
 /// The per-try end of a request head: `Host` (the endpoint's) if the client sent none, and the

@@ -11,9 +11,9 @@ use std::net::SocketAddr;
 use crate::config::ProxyProtocol;
 use crate::driver::leg::Leg;
 use crate::exchange::error::{Cause, TryError, TryFailure};
-use crate::observe::metrics::ErrorKind;
+use crate::metrics::ErrorKind;
 use crate::upstream::cluster::{Cluster, EndpointEntry};
-use crate::upstream::pool::{ConnectError, RawConn};
+use crate::upstream::pool::RawConn;
 
 /// The TCP leg: a new connection to the endpoint, and the PROXY protocol header.
 pub(crate) struct TcpLeg {
@@ -32,10 +32,7 @@ impl Leg for TcpLeg {
         _worker: usize,
     ) -> Result<RawConn, TryFailure<RawConn>> {
         let mut conn = entry.pool.connect().await.map_err(|e| {
-            let cause = match e {
-                ConnectError::Failed(e) => Cause::Connect(e),
-                ConnectError::TimedOut(d) => Cause::ConnectTimeout(d),
-            };
+            let cause = Cause::from(e);
             TryFailure::Upstream(TryError::before_sending(ErrorKind::Connect, cause))
         })?;
         if let Some(version) = cluster.config.proxy_protocol {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use crate::exchange::error::BodyEnd;
-use crate::observe::metrics::ClusterMetrics;
+use crate::metrics::ClusterMetrics;
 
 /// How a tunnel ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -225,7 +225,7 @@ impl TunnelGauge {
     pub fn new(metrics: &Arc<ClusterMetrics>) -> Self {
         let open: &AtomicI64 = &metrics.tunnels_open;
         open.fetch_add(1, Relaxed);
-        crate::state::mark_connection(crate::state::ConnKind::Tunnel);
+        crate::metrics::mark_connection(crate::metrics::ConnKind::Tunnel);
         Self(metrics.clone())
     }
 }

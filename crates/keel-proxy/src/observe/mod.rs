@@ -1,10 +1,6 @@
-//! Watching the proxy: the one record of each request ([`record`]), counters and their
-//! Prometheus text ([`metrics`]), the access log ([`access_log`]), recent history
-//! ([`recent`]) and the admin listener ([`admin`]).
+//! Watching each request: the one record of a request ([`record`]) and the access log
+//! ([`access_log`]). Counters and their Prometheus text are the ground floor's
+//! (`crate::metrics`); the admin listener that shows them is the top floor's (`crate::admin`).
 
 pub(crate) mod access_log;
-pub(crate) mod admin;
-pub(crate) mod log_budget;
-pub(crate) mod metrics;
-pub(crate) mod recent;
 pub(crate) mod record;

@@ -11,8 +11,8 @@ use std::time::Instant;
 use crate::driver::tries::Tries;
 use crate::exchange::head::HeadView;
 use crate::exchange::request::Client;
+use crate::metrics::class_index;
 use crate::observe::access_log::{AccessLog, Entry, RequestLine, TryLog};
-use crate::observe::metrics::class_index;
 use crate::upstream::cluster::Cluster;
 
 /// A request as keel answered it.

@@ -2,7 +2,7 @@
 //! limits ([`rate`]), rewrites of requests and responses and redirects ([`rewrite`]). Compiled once per route target when the routing is built; a target with
 //! nothing configured has no [`Policy`], so a request to it pays one `None` check.
 //!
-//! Applied in [`crate::leg::forward`], the one function both front ends hand requests to, on
+//! Applied in [`crate::forward::forward`], the one function both front ends hand requests to, on
 //! the head already rewritten for the endpoint (HTTP/1.1 text for both front ends).
 
 pub(crate) mod rate;
@@ -12,10 +12,10 @@ pub(crate) mod sticky;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::config::ClusterConfig;
 use crate::config::RouteConfig;
 use crate::exchange::head::HeadView;
 use crate::exchange::request::Client;
-use crate::upstream::cluster::Cluster;
 use rate::{Limited, RateLimiter};
 use rewrite::{RewriteSource, Rewrites};
 
@@ -30,21 +30,24 @@ pub(crate) struct Policy {
 }
 
 impl Policy {
-    /// The policy of `route` (with its index in its listener) to `cluster`; `None` when
-    /// neither configures anything.
-    pub fn build(route: Option<(usize, &RouteConfig)>, cluster: &Cluster) -> Option<Arc<Self>> {
+    /// The policy of `route` (with its index in its listener) to the cluster configured by
+    /// `cluster`, whose own limiter (`cluster_limit`, shared by every route to it and kept
+    /// across reloads by the cluster) is taken after the route's; `workers` divides a
+    /// `per_worker` limit. `None` when neither configures anything.
+    pub fn build(
+        route: Option<(usize, &RouteConfig)>,
+        cluster: &ClusterConfig,
+        workers: usize,
+        cluster_limit: Option<&Arc<RateLimiter>>,
+    ) -> Option<Arc<Self>> {
         let mut limits = Vec::new();
         if let Some((i, r)) = route {
             if let Some(l) = &r.rate_limit {
-                limits.push(Arc::new(RateLimiter::new(
-                    l,
-                    format!("route {i}"),
-                    cluster.workers,
-                )));
+                limits.push(Arc::new(RateLimiter::new(l, format!("route {i}"), workers)));
             }
         }
-        limits.extend(cluster.rate_limit.clone());
-        let c = &cluster.config;
+        limits.extend(cluster_limit.cloned());
+        let c = cluster;
         let rewrites = Rewrites::new(
             route.map(|(_, r)| RewriteSource {
                 strip_prefix: r.strip_prefix.as_ref(),

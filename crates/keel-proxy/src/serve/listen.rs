@@ -107,7 +107,7 @@ impl Shared {
             .expect("the proxy is alive while it opens listeners");
         let task = self
             .runtime
-            .spawn(crate::observe::admin::serve(me, listener, stop_rx));
+            .spawn(crate::admin::serve(me, listener, stop_rx));
         *self.admin.lock().unwrap_or_else(|e| e.into_inner()) = Some(AdminSlot {
             listen,
             addr,

@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::ProxyConfig;
-use crate::observe::metrics::Registry;
+use crate::metrics::Registry;
 use crate::serve::listen::worker_loop;
 use crate::state::{
     log_drained, ConnKind, Dispatch, ListenerCtx, ListenerSlot, ReloadError, Routing, Shared,
@@ -141,7 +141,7 @@ pub async fn start_with(config: ProxyConfig, options: StartOptions) -> anyhow::R
         dispatch,
         stopping: AtomicBool::new(false),
         inherited: Mutex::new(options.inherited),
-        fd_shed_log: crate::observe::log_budget::LogBudget::new(1, Instant::now()),
+        fd_shed_log: crate::metrics::log_budget::LogBudget::new(1, Instant::now()),
     });
     let mut bound = Vec::with_capacity(config.listeners.len());
     for l in &config.listeners {

@@ -13,7 +13,7 @@ use hyper::http::HeaderValue;
 use keel_balance::{Balancer, EndpointId, Outcome, Pick, RetryBudget};
 
 use crate::config::ClusterConfig;
-use crate::observe::metrics::{ClusterMetrics, EndpointMetrics, ErrorKind, Registry};
+use crate::metrics::{ClusterMetrics, EndpointMetrics, ErrorKind, Registry};
 use crate::policy::rate::RateLimiter;
 use crate::policy::sticky::Sticky;
 use crate::tls::UpstreamTls;
@@ -59,7 +59,7 @@ pub struct Cluster {
     /// Client-facing counters.
     pub metrics: Arc<ClusterMetrics>,
     /// Rate limit of the lines logged about this cluster's failures.
-    pub(crate) log_budget: crate::observe::log_budget::LogBudget,
+    pub(crate) log_budget: crate::metrics::log_budget::LogBudget,
     /// The strategy balances on the load endpoints report (`x-keel-rif`, probes).
     pub uses_load_reports: bool,
     /// The strategy or zone routing balances on ORCA reports (`endpoint-load-metrics`).
@@ -171,7 +171,7 @@ impl Cluster {
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Cluster {
             metrics: registry.cluster(&config.name),
-            log_budget: crate::observe::log_budget::LogBudget::new(10, epoch),
+            log_budget: crate::metrics::log_budget::LogBudget::new(10, epoch),
             uses_load_reports: balancer.uses_load_reports(),
             uses_utilization: balancer.uses_utilization(),
             probes_in_flight: std::sync::atomic::AtomicUsize::new(0),

@@ -5,6 +5,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use hyper::http::{Request, Uri};
 
 use crate::upstream::cluster::EndpointEntry;
+use crate::upstream::health_error::CheckFailed;
 
 /// A gRPC message frame: not compressed, its length, the bytes.
 fn frame(message: &[u8]) -> Bytes {
@@ -50,15 +51,15 @@ fn serving_status(mut msg: &[u8]) -> Result<u64, &'static str> {
 
 /// One `grpc.health.v1.Health/Check` for `service` on a new HTTP/2 connection (TLS when
 /// `tls`): passes if the endpoint answers `SERVING`.
-pub(crate) async fn probe(entry: &EndpointEntry, tls: bool, service: &str) -> Result<(), String> {
-    let conn = entry
-        .pool
-        .connect()
-        .await
-        .map_err(|e| format!("cannot connect: {e}"))?;
+pub(crate) async fn probe(
+    entry: &EndpointEntry,
+    tls: bool,
+    service: &str,
+) -> Result<(), CheckFailed> {
+    let conn = entry.pool.connect().await.map_err(CheckFailed::Connect)?;
     let (send, driver) = h2::client::handshake(conn.io)
         .await
-        .map_err(|e| format!("HTTP/2 handshake failed: {e}"))?;
+        .map_err(CheckFailed::Handshake)?;
     // Ends once the probe's handles are dropped.
     tokio::spawn(async move {
         let _ = driver.await;
@@ -67,18 +68,15 @@ pub(crate) async fn probe(entry: &EndpointEntry, tls: bool, service: &str) -> Re
         .scheme(if tls { "https" } else { "http" })
         .authority(entry.authority.as_str())
         .path_and_query("/grpc.health.v1.Health/Check")
-        .build()
-        .map_err(|e| e.to_string())?;
+        .build()?;
     let mut request = Request::post(uri)
         .header("content-type", "application/grpc")
         .header("te", "trailers")
         .header("user-agent", "keel-health-check")
-        .body(())
-        .map_err(|e| e.to_string())?;
+        .body(())?;
     *request.version_mut() = hyper::Version::HTTP_2;
-    let failed = |e: h2::Error| format!("HTTP/2: {e}");
-    let mut send = send.ready().await.map_err(failed)?;
-    let (response, mut stream) = send.send_request(request, false).map_err(failed)?;
+    let mut send = send.ready().await?;
+    let (response, mut stream) = send.send_request(request, false)?;
     // HealthCheckRequest { service = 1 }: absent when empty.
     let mut msg = Vec::with_capacity(service.len() + 2);
     if !service.is_empty() {
@@ -86,42 +84,41 @@ pub(crate) async fn probe(entry: &EndpointEntry, tls: bool, service: &str) -> Re
         msg.push(service.len().min(127) as u8);
         msg.extend_from_slice(&service.as_bytes()[..service.len().min(127)]);
     }
-    stream.send_data(frame(&msg), true).map_err(failed)?;
-    let response = response.await.map_err(failed)?;
+    stream.send_data(frame(&msg), true)?;
+    let response = response.await?;
     if response.status() != 200 {
-        return Err(format!("status {}", response.status().as_u16()));
+        return Err(CheckFailed::Status(response.status().as_u16()));
     }
     let (head, mut body) = response.into_parts();
     let mut data = BytesMut::new();
     while let Some(chunk) = body.data().await {
-        let chunk = chunk.map_err(failed)?;
+        let chunk = chunk?;
         let _ = body.flow_control().release_capacity(chunk.len());
         data.extend_from_slice(&chunk);
     }
-    let trailers = body.trailers().await.map_err(failed)?;
+    let trailers = body.trailers().await?;
     let code = trailers
         .as_ref()
         .and_then(crate::exchange::grpc::grpc_status)
         .or_else(|| crate::exchange::grpc::grpc_status(&head.headers));
     match code {
         Some(0) => {}
-        Some(c) => return Err(format!("grpc-status {c}")),
-        None => return Err("no grpc-status".into()),
+        Some(c) => return Err(CheckFailed::GrpcStatus(c)),
+        None => return Err(CheckFailed::NoGrpcStatus),
     }
     if data.len() < 5 || data[0] != 0 {
-        return Err("no uncompressed HealthCheckResponse".into());
+        return Err(CheckFailed::Response("no uncompressed HealthCheckResponse"));
     }
     let len = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
     let msg = data
         .get(5..5 + len)
-        .ok_or("truncated HealthCheckResponse")?;
-    match serving_status(msg)? {
+        .ok_or(CheckFailed::Response("truncated HealthCheckResponse"))?;
+    match serving_status(msg).map_err(CheckFailed::Response)? {
         1 => Ok(()),
-        s => Err(format!(
-            "status {}",
+        s => Err(CheckFailed::NotServing(
             ["UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN"]
                 .get(s as usize)
-                .unwrap_or(&"?")
+                .unwrap_or(&"?"),
         )),
     }
 }

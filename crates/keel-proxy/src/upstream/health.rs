@@ -14,6 +14,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::{HealthCheckConfig, HealthCheckKind, UpstreamProtocol};
 use crate::upstream::cluster::{Cluster, EndpointEntry};
+use crate::upstream::health_error::CheckFailed;
 
 /// Starts one checker task per endpoint of the cluster (none without `[health_check]`), and
 /// with outlier detection a task that logs ejections as they end.
@@ -56,31 +57,24 @@ async fn probe(
     hc: &HealthCheckConfig,
     tls: bool,
     head: &[u8],
-) -> Result<(), String> {
+) -> Result<(), CheckFailed> {
     let timeout = hc.timeout;
     let work = async {
         if hc.kind == HealthCheckKind::Grpc {
             return crate::upstream::grpc_health::probe(entry, tls, &hc.service).await;
         }
-        let mut conn = entry
-            .pool
-            .connect()
-            .await
-            .map_err(|e| format!("cannot connect: {e}"))?;
+        let mut conn = entry.pool.connect().await.map_err(CheckFailed::Connect)?;
         if hc.kind == HealthCheckKind::Tcp {
             return Ok(());
         }
-        match crate::leg::h1::upstream::exchange(&mut conn, head).await? {
+        match crate::upstream::h1_client::exchange(&mut conn, head).await? {
             (status, _) if (200..300).contains(&status) => Ok(()),
-            (status, _) => Err(format!("status {status}")),
+            (status, _) => Err(CheckFailed::Status(status)),
         }
     };
     match tokio::time::timeout(timeout, work).await {
         Ok(r) => r,
-        Err(_) => Err(format!(
-            "no answer within {}",
-            humantime::format_duration(timeout)
-        )),
+        Err(_) => Err(CheckFailed::Timeout(timeout)),
     }
 }
 

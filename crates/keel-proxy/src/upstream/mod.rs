@@ -1,10 +1,15 @@
 //! What the proxy keeps per cluster and per endpoint for the legs: the cluster and its
-//! balancer ([`cluster`]), connection pools ([`pool`]), active health checks ([`health`]) and
-//! load probes ([`probe`]).
+//! balancer ([`cluster`]), what discovery found for it ([`discovered`]), connection pools
+//! ([`pool`], [`h2_conns`]), the HTTP/1.1 client the legs, health checks and probes share
+//! ([`h1_client`]), active health checks ([`health`], [`grpc_health`]) and load probes
+//! ([`probe`]).
 
 pub(crate) mod cluster;
+pub(crate) mod discovered;
 pub(crate) mod grpc_health;
+pub(crate) mod h1_client;
 pub(crate) mod h2_conns;
 pub(crate) mod health;
+pub(crate) mod health_error;
 pub(crate) mod pool;
 pub(crate) mod probe;

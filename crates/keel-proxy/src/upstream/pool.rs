@@ -63,6 +63,15 @@ impl std::fmt::Display for ConnectError {
     }
 }
 
+impl From<ConnectError> for crate::exchange::error::Cause {
+    fn from(e: ConnectError) -> Self {
+        match e {
+            ConnectError::Failed(e) => Self::Connect(e),
+            ConnectError::TimedOut(d) => Self::ConnectTimeout(d),
+        }
+    }
+}
+
 /// Settings of an endpoint's pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolSettings {
@@ -303,7 +312,9 @@ mod tests {
     async fn get(pool: &Arc<EndpointPool>, addr: SocketAddr) -> Result<String, String> {
         let mut conn = pool.get(0).await.map_err(|e| e.to_string())?;
         let head = format!("GET / HTTP/1.1\r\nhost: {addr}\r\n\r\n");
-        let (status, keep) = crate::leg::h1::upstream::exchange(&mut conn, head.as_bytes()).await?;
+        let (status, keep) = crate::upstream::h1_client::exchange(&mut conn, head.as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
         if keep {
             pool.put(0, conn);
         }

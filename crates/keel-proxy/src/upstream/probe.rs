@@ -49,7 +49,7 @@ async fn probe(cluster: Arc<Cluster>, index: usize) {
     );
     let work = async {
         let mut conn = entry.pool.connect().await.ok()?;
-        crate::leg::h1::upstream::exchange_head(&mut conn, head.as_bytes())
+        crate::upstream::h1_client::exchange_head(&mut conn, head.as_bytes())
             .await
             .ok()
     };

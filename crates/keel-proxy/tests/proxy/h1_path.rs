@@ -5,7 +5,7 @@
 //! upstream received, the exact response bytes the client got (head, framing, body), and
 //! whether the connection stays open as announced.
 //!
-//! What keel sends, as these tests expect it (`exchange/rewrite.rs`, `leg/h1/response.rs`,
+//! What keel sends, as these tests expect it (`exchange/rewrite.rs`, `codec/response.rs`,
 //! `front/h1/conn.rs`):
 //! - upstream: the request line in origin form and `HTTP/1.1`; the client's headers in their
 //!   order and case, without hop-by-hop ones, the names `Connection` lists, `Content-Length`,

@@ -14,6 +14,7 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::watch;
 
+use crate::codec::response::Framing;
 use crate::codec::{push_content_length, push_date, push_header};
 use crate::config::ListenerConfig;
 use crate::driver::answer::{self, OwnAnswer, Upstream};
@@ -21,12 +22,12 @@ use crate::driver::tries::Tries;
 use crate::exchange::error::BodyEnd;
 use crate::exchange::head::{HeadView, RequestHeaders};
 use crate::exchange::request::{BodyFraming, Client, Reject, RequestHead, RequestRules};
+use crate::forward::{self, Request};
 use crate::front::h1::parse::{parse_request, RequestParse};
 use crate::front::h1::relay::{relay_frames, relay_response, ClientBody, RelayError};
 use crate::io::BodyIdle;
 use crate::io::{idle_timer, until, write_all_2};
-use crate::leg::h1::response::Framing;
-use crate::leg::{self, HttpAnswer, Request, UpstreamResponse};
+use crate::leg::{HttpAnswer, UpstreamResponse};
 use crate::observe::access_log::AccessLog;
 use crate::observe::record::Record;
 use crate::route::{RouteRef, Target};
@@ -248,7 +249,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                             &mut conn.up_head,
                             conn.body.len() as u64,
                         );
-                        let answer = leg::forward(
+                        let answer = forward::forward(
                             &target.cluster,
                             client,
                             Request {
@@ -306,7 +307,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                         return Served::Closed;
                     }
                 }
-                let answer = leg::forward(
+                let answer = forward::forward(
                     &target.cluster,
                     client,
                     Request {
@@ -446,7 +447,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             req.expect_continue,
         )
         .with_progress(&progress, start);
-        let answer = leg::forward(
+        let answer = forward::forward(
             &target.cluster,
             client,
             Request {

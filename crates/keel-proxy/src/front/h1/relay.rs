@@ -13,12 +13,12 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Sleep;
 
 use crate::codec::chunked::{chunk, ChunkedDecoder, LAST_CHUNK};
+use crate::codec::response::Framing;
 use crate::codec::{push_date, push_header};
 use crate::exchange::error::BodyEnd;
 use crate::exchange::request::RequestHead;
 use crate::exchange::request::{parse_content_length, BodyFraming, Reject, RequestBody};
 use crate::io::{until, write_all_2, write_all_vectored, BodyIdle};
-use crate::leg::h1::response::Framing;
 use crate::leg::ResponseBody;
 use crate::upstream::pool::RawConn;
 use hyper::header::HeaderValue;

@@ -27,8 +27,9 @@ use crate::driver::answer::{self, Answer, OwnAnswer, Upstream};
 use crate::exchange::error::BodyEnd;
 use crate::exchange::head::RequestHeaders;
 use crate::exchange::request::{BodyFraming, Client, Reject, RequestHead, RequestRules};
+use crate::forward::{self, Request};
 use crate::leg::h2::{RecvBody, RequestPump};
-use crate::leg::{self, Request, ResponseBody};
+use crate::leg::ResponseBody;
 use crate::observe::record::Record;
 use crate::state::Shared;
 use crate::upstream::cluster::Cluster;
@@ -255,7 +256,7 @@ async fn handle(
                 }
             };
             let mut inline = &data[..];
-            leg::forward(
+            forward::forward(
                 &target.cluster,
                 client,
                 request,
@@ -266,7 +267,7 @@ async fn handle(
             .await
         }
         BodyFraming::None => {
-            leg::forward(
+            forward::forward(
                 &target.cluster,
                 client,
                 request,
@@ -279,7 +280,7 @@ async fn handle(
         _ => {
             let streamed = streamed.insert(ClientBody::new(body, max_body));
             let cluster = &target.cluster;
-            leg::forward(cluster, client, request, streamed, &mut out, &mut timer).await
+            forward::forward(cluster, client, request, streamed, &mut out, &mut timer).await
         }
     };
     let scope = scope.with_request(|| LoggedHead::of(http1, text, parts));

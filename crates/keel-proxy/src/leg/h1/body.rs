@@ -13,7 +13,7 @@ use hyper::body::SizeHint;
 use tokio::io::{AsyncRead, ReadBuf};
 
 use crate::codec::chunked::ChunkedDecoder;
-use crate::leg::h1::response::{Framing, ResponseHead};
+use crate::codec::response::{Framing, ResponseHead};
 use crate::upstream::pool::RawConn;
 
 /// The body of a response read from an endpoint's HTTP/1.1 connection.

@@ -1,6 +1,5 @@
-//! The HTTP/1.1 leg: a try on a pooled connection ([`upstream`]), the response head's
-//! parser ([`response`]) and the body's decoder ([`body`]).
+//! The HTTP/1.1 leg: a try on a pooled connection ([`upstream`]) and the response body's
+//! decoder ([`body`]). The response head's parser is the codec's (`crate::codec::response`).
 
 pub(crate) mod body;
-pub(crate) mod response;
 pub(crate) mod upstream;

@@ -10,16 +10,14 @@ use bytes::Buf;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::codec::chunked::{chunk, LAST_CHUNK};
+use crate::codec::response::{parse_response, Framing, ResponseHead};
 use crate::exchange::error::{Cause, TryError, TryFailure};
 use crate::exchange::request::{BodyFraming, RequestBody, RequestHead};
 use crate::io::write_all_vectored;
-use crate::leg::h1::response::{parse_response, Framing, ResponseHead};
-use crate::observe::metrics::{class_index, ErrorKind};
+use crate::metrics::{class_index, ErrorKind};
 use crate::upstream::cluster::{Cluster, EndpointEntry};
-use crate::upstream::pool::{ConnectError, RawConn};
-
-/// An endpoint's response head larger than this is refused (502).
-const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+use crate::upstream::h1_client::{read_at_least, MAX_RESPONSE_HEAD};
+use crate::upstream::pool::RawConn;
 
 /// What the HTTP/1.1 leg yields: the connection (what was read of the body in its buffer)
 /// and the response head.
@@ -40,10 +38,7 @@ pub(crate) async fn try_once<B: RequestBody>(
 ) -> Result<H1Response, TryFailure<H1Response>> {
     loop {
         let mut conn = entry.pool.get(worker).await.map_err(|e| {
-            let cause = match e {
-                ConnectError::Failed(e) => Cause::Connect(e),
-                ConnectError::TimedOut(d) => Cause::ConnectTimeout(d),
-            };
+            let cause = Cause::from(e);
             TryFailure::Upstream(TryError::before_sending(ErrorKind::Connect, cause))
         })?;
         // A keep-alive connection the endpoint closed while it was idle fails at once, before
@@ -176,9 +171,9 @@ async fn read_response(
                     if n <= cluster.config.max_buffered_response
                         && !cluster.is_failure_status(resp.status)
                     {
-                        read_at_least(conn, n as usize)
-                            .await
-                            .map_err(|what| failed(ErrorKind::Reset, Cause::BodyFailed(what)))?;
+                        read_at_least(conn, n as usize).await.map_err(|what| {
+                            failed(ErrorKind::Reset, Cause::BodyFailed(what.to_string()))
+                        })?;
                     }
                 }
                 return Ok(resp);
@@ -201,97 +196,6 @@ async fn read_response(
                 ))
             }
             Err(e) => return Err(failed(ErrorKind::Reset, Cause::Read(e))),
-        }
-    }
-}
-
-/// Reads until the connection's buffer holds at least `n` bytes.
-async fn read_at_least(conn: &mut RawConn, n: usize) -> Result<(), String> {
-    while conn.buf.len() < n {
-        conn.buf.reserve(n - conn.buf.len());
-        match conn.io.read_buf(&mut conn.buf).await {
-            Ok(0) => return Err("response body shorter than its Content-Length".into()),
-            Ok(_) => {}
-            Err(e) => return Err(e.to_string()),
-        }
-    }
-    Ok(())
-}
-
-/// A plain exchange on `conn` (health checks, tests): writes `head` (a whole request without
-/// a body), reads the response and its body to their end; returns the status and whether the
-/// endpoint keeps the connection open. Shares this leg's response parsing.
-pub(crate) async fn exchange(conn: &mut RawConn, head: &[u8]) -> Result<(u16, bool), String> {
-    exchange_head(conn, head)
-        .await
-        .map(|resp| (resp.status, resp.keep_alive))
-}
-
-/// [`exchange`], returning the parsed response head (its status, its reported load).
-pub(crate) async fn exchange_head(conn: &mut RawConn, head: &[u8]) -> Result<ResponseHead, String> {
-    crate::io::write_all_2(&mut conn.io, head, &[])
-        .await
-        .map_err(|e| format!("cannot send: {e}"))?;
-    let mut out = Vec::new();
-    loop {
-        match parse_response(&conn.buf, false, &mut out, false) {
-            Ok(Some(resp)) if resp.status < 200 => {
-                conn.buf.advance(resp.head_len);
-                continue;
-            }
-            Ok(Some(resp)) => {
-                conn.buf.advance(resp.head_len);
-                let body = match resp.framing {
-                    Framing::Empty => Ok(()),
-                    Framing::Length(n) => read_at_least(conn, n as usize)
-                        .await
-                        .map(|()| conn.buf.advance(n as usize)),
-                    Framing::Chunked => read_chunked(conn).await,
-                    Framing::Close => read_to_end(conn).await,
-                };
-                body.map_err(|e| format!("status {}, then {e}", resp.status))?;
-                return Ok(resp);
-            }
-            Ok(None) => {}
-            Err(what) => return Err(format!("invalid response: {what}")),
-        }
-        if conn.buf.len() > MAX_RESPONSE_HEAD {
-            return Err("response head too large".into());
-        }
-        conn.buf.reserve(4096);
-        match conn.io.read_buf(&mut conn.buf).await {
-            Ok(0) => return Err("connection closed before the response".into()),
-            Ok(_) => {}
-            Err(e) => return Err(e.to_string()),
-        }
-    }
-}
-
-async fn read_chunked(conn: &mut RawConn) -> Result<(), String> {
-    let mut decoder = crate::codec::chunked::ChunkedDecoder::default();
-    loop {
-        let used = decoder.skip(&conn.buf).map_err(|e| e.to_string())?;
-        conn.buf.advance(used);
-        if decoder.is_done() {
-            return Ok(());
-        }
-        conn.buf.reserve(4096);
-        match conn.io.read_buf(&mut conn.buf).await {
-            Ok(0) => return Err("chunked body cut short".into()),
-            Ok(_) => {}
-            Err(e) => return Err(e.to_string()),
-        }
-    }
-}
-
-async fn read_to_end(conn: &mut RawConn) -> Result<(), String> {
-    loop {
-        conn.buf.clear();
-        conn.buf.reserve(4096);
-        match conn.io.read_buf(&mut conn.buf).await {
-            Ok(0) => return Ok(()),
-            Ok(_) => {}
-            Err(e) => return Err(e.to_string()),
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The admin listener: `/metrics` (Prometheus text), `/status` (JSON), `/` (an HTML page that
 //! refreshes itself from `/status`) and `POST /reload` (re-reads the configuration file).
 
+pub(crate) mod recent;
+
 use std::convert::Infallible;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
@@ -17,8 +19,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::observe::metrics::{self, ClusterView};
-use crate::observe::recent::{Recent, SAMPLE_EVERY};
+use crate::admin::recent::{Recent, SAMPLE_EVERY};
+use crate::metrics::{self, ClusterView};
 use crate::state::{wait_shutdown, Shared};
 
 fn reply(

@@ -4,9 +4,11 @@
 
 use std::collections::HashMap;
 use std::fmt::Write;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+pub(crate) mod log_budget;
 
 /// Upper bounds of the latency histogram buckets, in seconds.
 pub const LATENCY_BUCKETS: [f64; 14] = [
@@ -64,7 +66,18 @@ pub fn class_index(status: u16) -> usize {
 
 const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
-pub(crate) use crate::exchange::error::ErrorKind;
+/// Why a try to an endpoint failed without a usable answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The TCP connection could not be made (refused, unreachable, connect timeout).
+    Connect = 0,
+    /// No answer (or no complete body) within the per-try or request timeout.
+    Timeout = 1,
+    /// The connection was reset or closed early (before or during the response).
+    Reset = 2,
+    /// The answer was not valid HTTP/1.1.
+    Protocol = 3,
+}
 
 const ERROR_KINDS: [&str; 4] = ["connect", "timeout", "reset", "protocol"];
 
@@ -456,6 +469,34 @@ pub fn render(clusters: &[ClusterView<'_>], reloads: u64, reload_failures: u64) 
         "keel_config_reloads_total{{result=\"refused\"}} {reload_failures}"
     );
     out
+}
+
+/// The kind of connection a task serves, so that a drain can count what it cut by kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum ConnKind {
+    /// TLS handshake, or not yet told.
+    Opening = 0,
+    Http1 = 1,
+    Http2 = 2,
+    /// An upgraded HTTP/1.1 connection (WebSocket ...) or a TCP listener's connection.
+    Tunnel = 3,
+}
+
+impl ConnKind {
+    pub(crate) const COUNT: usize = 4;
+    pub(crate) const NAMES: [&'static str; Self::COUNT] =
+        ["opening", "HTTP/1.1", "HTTP/2", "tunnel"];
+}
+
+tokio::task_local! {
+    /// The kind of the connection this task serves (set by its front end).
+    pub(crate) static CONN_KIND: Arc<AtomicU8>;
+}
+
+/// Marks the connection served by the current task as `kind` (a no-op outside one).
+pub(crate) fn mark_connection(kind: ConnKind) {
+    let _ = CONN_KIND.try_with(|k| k.store(kind as u8, Relaxed));
 }
 
 #[cfg(test)]

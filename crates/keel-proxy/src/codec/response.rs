@@ -6,8 +6,8 @@ use std::mem::MaybeUninit;
 
 use keel_balance::{LoadReport, OrcaReport, Utilization, LATENCY_HEADER, ORCA_HEADER, RIF_HEADER};
 
+use crate::codec::parse_content_length;
 use crate::codec::push_header;
-use crate::exchange::request::parse_content_length;
 
 /// Most header names a `Connection` header of a response may list.
 const MAX_CONNECTION_TOKENS: usize = 16;
@@ -45,7 +45,7 @@ pub(crate) struct ResponseHead {
     /// form), if the header is there and valid (a malformed one is ignored).
     pub orca: Option<Utilization>,
     /// When the endpoint asks to be retried (`Retry-After`, `grpc-retry-pushback-ms`).
-    pub pushback: Option<crate::exchange::pushback::Pushback>,
+    pub pushback: Option<crate::codec::pushback::Pushback>,
     /// The headers to send on as a map, when the client speaks HTTP/2 (then nothing is
     /// written as text: its renderer wants the map).
     pub headers: Option<Box<hyper::HeaderMap>>,
@@ -250,7 +250,7 @@ pub(crate) fn parse_response(
             .and_then(|v| OrcaReport::parse(v).ok())
             .map(|r| r.utilization()),
         pushback: if status >= 400 {
-            crate::exchange::pushback::of_headers(
+            crate::codec::pushback::of_headers(
                 status,
                 resp.headers.iter().map(|h| (h.name.as_bytes(), h.value)),
             )

@@ -3,7 +3,7 @@
 //! sparklines.
 //!
 //! Nothing is added to the request path: the admin task copies the cumulative counters the
-//! proxy keeps anyway ([`crate::observe::metrics`]: responses by class, failed tries, latency
+//! proxy keeps anyway ([`crate::metrics`]: responses by class, failed tries, latency
 //! histograms) once a second into a ring of 61 samples, and figures come from the differences
 //! between samples. Quantiles are interpolated linearly inside the histogram's buckets
 //! ([`LATENCY_BUCKETS`]), so they are as precise as those buckets.
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::observe::metrics::LATENCY_BUCKETS;
+use crate::metrics::LATENCY_BUCKETS;
 use crate::state::Routing;
 
 /// Time between two samples.

@@ -1,0 +1,165 @@
+//! The one entry every HTTP front end hands a request to: the policy phases of its route and
+//! cluster (a redirect, the rate limits, the request's rewrites, the sticky session's pin),
+//! then the attempt driver over the cluster's leg, then the response phase (the response's
+//! rewrites, the sticky cookie).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::time::Sleep;
+
+use crate::config::HashOn;
+use crate::driver::answer::{Answer, Upstream};
+use crate::driver::{drive, Driven};
+use crate::exchange::error::Cause;
+use crate::exchange::head::RequestHeaders;
+use crate::exchange::request::{Client, RequestBody, RequestHead};
+use crate::leg::{HttpAnswer, HttpLeg};
+use crate::policy::rate::{Limited, RateLimiter};
+use crate::policy::rewrite::HostRewrite;
+use crate::policy::sticky::cookie;
+use crate::policy::Policy;
+use crate::route::Limits;
+use crate::upstream::cluster::Cluster;
+
+/// What the driver needs to forward one request.
+pub(crate) struct Request<'a> {
+    /// The head for the upstream (see `crate::exchange::rewrite`): an HTTP/1.1 client's text,
+    /// without its per-try end (the leg appends that), or an HTTP/2 client's parts.
+    pub head: RequestHeaders<'a>,
+    /// What was learned of the request.
+    pub meta: &'a RequestHead,
+    /// When the request arrived (its deadline counts from here).
+    pub start: Instant,
+    /// Its timeouts and retries (the cluster's, or its route's).
+    pub limits: Limits,
+    /// What its route and cluster do besides choosing an endpoint (rate limits); `None`
+    /// when nothing is configured.
+    pub policy: Option<&'a Policy>,
+    /// Where its body is, when it streams from the client.
+    pub body_progress: Option<&'a crate::io::BodyProgress>,
+}
+
+/// Forwards a request to `cluster`: picks, tries, retries, and returns the answer to send.
+/// `out` receives the endpoint's HTTP/1.1 response head; `timer` is the connection's
+/// reusable per-try timer.
+pub(crate) async fn forward<B: RequestBody>(
+    cluster: &Arc<Cluster>,
+    client: &Client,
+    req: Request<'_>,
+    body: &mut B,
+    out: &mut Vec<u8>,
+    timer: &mut Pin<Box<Sleep>>,
+) -> HttpAnswer {
+    let hash = match &cluster.config.hash_on {
+        Some(HashOn::ClientIp) => Some(crate::upstream::cluster::client_ip_key(client.peer)),
+        Some(HashOn::Cookie(name)) => cookie(req.head.view(), name).map(keel_balance::hash_key),
+        _ => req.meta.hash,
+    };
+    // The endpoint token a sticky session's cookie names (read before the rewrites, which may
+    // remove the cookie).
+    let pin = cluster.sticky.as_ref().map(|s| s.token(req.head.view()));
+    let mut head = req.head;
+    // A route's or cluster's policy, in this order: a redirect, the rate limits, the
+    // request's rewrites (the response's follow the answer).
+    let mut meta = req.meta;
+    let own_meta;
+    let mut rewrites = None;
+    if let Some(policy) = req.policy {
+        if let Some(rw) = &policy.rewrites {
+            let vars = rw.vars(head.view(), &client.ip, &policy.route);
+            if let Some((status, location)) = &rw.redirect {
+                let mut value = Vec::new();
+                location.expand(&vars, &mut value);
+                return Answer::Own(crate::driver::answer::redirect(*status, &value));
+            }
+            rewrites = Some((rw, vars));
+        }
+        if let Err((limit, limited)) = policy.limit(client, head.view(), req.start) {
+            return Answer::Own(rate_limited(cluster, client, limit, limited));
+        }
+        if let Some((rw, vars)) = &rewrites {
+            rw.request(&mut head, vars);
+            // Each try adds the endpoint's `Host` when the head has none (see `end_head`): with
+            // `$endpoint` always, with a value never (an HTTP/1.0 client may have sent none).
+            let has_host = match rw.host {
+                Some(HostRewrite::Endpoint) => Some(false),
+                Some(HostRewrite::Literal(_)) => Some(true),
+                None => None,
+            };
+            if let Some(has_host) = has_host.filter(|h| *h != meta.has_host) {
+                own_meta = RequestHead {
+                    has_host,
+                    ..meta.clone()
+                };
+                meta = &own_meta;
+            }
+        }
+    }
+    let mut leg = HttpLeg::new(cluster, head, meta, body, out);
+    match drive(
+        cluster,
+        client,
+        req.start,
+        req.limits,
+        hash,
+        &mut leg,
+        timer,
+        req.body_progress,
+        pin.flatten(),
+    )
+    .await
+    {
+        Driven::Won(mut response, tail) => {
+            if let Some((rw, vars)) = &rewrites {
+                let endpoint = cluster.endpoints[tail.endpoint].authority.as_str();
+                let mut headers = response.headers_mut(leg.out());
+                rw.response(&mut headers, vars, endpoint, client.proto);
+            }
+            if let Some(sticky) = &cluster.sticky {
+                // A session without a cookie, or whose endpoint could not take it, is pinned
+                // to the endpoint that answered.
+                let token = Some(cluster.endpoints[tail.endpoint].token);
+                if pin.flatten() != token {
+                    if let Some(v) = sticky.set_cookie(tail.endpoint) {
+                        let mut headers = response.headers_mut(leg.out());
+                        headers.append(&hyper::header::SET_COOKIE, v.as_bytes());
+                    }
+                }
+            }
+            Answer::Upstream(Upstream { response, tail })
+        }
+        Driven::Own(own) => Answer::Own(own),
+    }
+}
+
+/// keel's `429 Too Many Requests` for a request a rate limit refused: counted, and with
+/// `Retry-After` (whole seconds, at least 1, as RFC 9110 section 10.2.3 has it).
+fn rate_limited(
+    cluster: &Cluster,
+    client: &Client,
+    limit: &RateLimiter,
+    limited: Limited,
+) -> crate::driver::answer::OwnAnswer {
+    cluster
+        .metrics
+        .rate_limited
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let cause = Cause::RateLimited {
+        scope: limit.scope.clone(),
+        rate: limit.config.rate,
+        burst: limit.config.burst(),
+    };
+    let mut own = crate::driver::answer::own(cluster, client, 429, &cause, None, None, 0);
+    let secs = limited
+        .retry_after
+        .as_nanos()
+        .div_ceil(1_000_000_000)
+        .max(1);
+    own.headers.push((
+        hyper::header::RETRY_AFTER,
+        hyper::http::HeaderValue::from(secs as u64),
+    ));
+    own
+}

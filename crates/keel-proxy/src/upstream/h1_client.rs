@@ -1,0 +1,150 @@
+//! keel's HTTP/1.1 client for one exchange on a pooled connection, shared by the HTTP/1.1
+//! leg (a body of a known length), the active health checks and the load probes (a whole
+//! answer read and its connection left ready for the next request): one reading of a
+//! response's framing ([`crate::codec::response::Framing`]) for all of them.
+
+use std::io;
+
+use bytes::Buf;
+use tokio::io::AsyncReadExt;
+
+use crate::codec::response::{parse_response, Framing, ResponseHead};
+use crate::upstream::pool::RawConn;
+
+/// An endpoint's response head larger than this is refused (502).
+pub(crate) const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+
+/// Why an exchange failed; shown as text only where it is logged or reported.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ClientError {
+    /// Writing the request failed.
+    #[error("cannot send: {0}")]
+    Send(#[source] io::Error),
+    /// Reading failed.
+    #[error("{0}")]
+    Read(#[source] io::Error),
+    /// The endpoint closed the connection before its response head.
+    #[error("connection closed before the response")]
+    ClosedEarly,
+    /// The response head was not valid HTTP/1.1.
+    #[error("invalid response: {0}")]
+    Invalid(&'static str),
+    /// The response head did not end within [`MAX_RESPONSE_HEAD`].
+    #[error("response head too large")]
+    HeadTooLarge,
+    /// The body ended before its `Content-Length`.
+    #[error("response body shorter than its Content-Length")]
+    ShortBody,
+    /// The chunked body was malformed.
+    #[error("chunked body: {0}")]
+    Chunked(#[source] crate::codec::chunked::ChunkError),
+    /// The chunked body ended before its last chunk.
+    #[error("chunked body cut short")]
+    ChunkedCut,
+    /// The head arrived, the body failed.
+    #[error("status {status}, then {source}")]
+    Body {
+        /// The head's status.
+        status: u16,
+        /// Why the body failed.
+        #[source]
+        source: Box<ClientError>,
+    },
+}
+
+/// Reads until the connection's buffer holds at least `n` bytes.
+pub(crate) async fn read_at_least(conn: &mut RawConn, n: usize) -> Result<(), ClientError> {
+    while conn.buf.len() < n {
+        conn.buf.reserve(n - conn.buf.len());
+        match conn.io.read_buf(&mut conn.buf).await {
+            Ok(0) => return Err(ClientError::ShortBody),
+            Ok(_) => {}
+            Err(e) => return Err(ClientError::Read(e)),
+        }
+    }
+    Ok(())
+}
+
+/// A plain exchange on `conn` (health checks, tests): writes `head` (a whole request without
+/// a body), reads the response and its body to their end; returns the status and whether the
+/// endpoint keeps the connection open.
+pub(crate) async fn exchange(conn: &mut RawConn, head: &[u8]) -> Result<(u16, bool), ClientError> {
+    exchange_head(conn, head)
+        .await
+        .map(|resp| (resp.status, resp.keep_alive))
+}
+
+/// [`exchange`], returning the parsed response head (its status, its reported load).
+pub(crate) async fn exchange_head(
+    conn: &mut RawConn,
+    head: &[u8],
+) -> Result<ResponseHead, ClientError> {
+    crate::io::write_all_2(&mut conn.io, head, &[])
+        .await
+        .map_err(ClientError::Send)?;
+    let mut out = Vec::new();
+    loop {
+        match parse_response(&conn.buf, false, &mut out, false) {
+            Ok(Some(resp)) if resp.status < 200 => {
+                conn.buf.advance(resp.head_len);
+                continue;
+            }
+            Ok(Some(resp)) => {
+                conn.buf.advance(resp.head_len);
+                let body = match resp.framing {
+                    Framing::Empty => Ok(()),
+                    Framing::Length(n) => read_at_least(conn, n as usize)
+                        .await
+                        .map(|()| conn.buf.advance(n as usize)),
+                    Framing::Chunked => read_chunked(conn).await,
+                    Framing::Close => read_to_end(conn).await,
+                };
+                body.map_err(|e| ClientError::Body {
+                    status: resp.status,
+                    source: Box::new(e),
+                })?;
+                return Ok(resp);
+            }
+            Ok(None) => {}
+            Err(what) => return Err(ClientError::Invalid(what)),
+        }
+        if conn.buf.len() > MAX_RESPONSE_HEAD {
+            return Err(ClientError::HeadTooLarge);
+        }
+        conn.buf.reserve(4096);
+        match conn.io.read_buf(&mut conn.buf).await {
+            Ok(0) => return Err(ClientError::ClosedEarly),
+            Ok(_) => {}
+            Err(e) => return Err(ClientError::Read(e)),
+        }
+    }
+}
+
+async fn read_chunked(conn: &mut RawConn) -> Result<(), ClientError> {
+    let mut decoder = crate::codec::chunked::ChunkedDecoder::default();
+    loop {
+        let used = decoder.skip(&conn.buf).map_err(ClientError::Chunked)?;
+        conn.buf.advance(used);
+        if decoder.is_done() {
+            return Ok(());
+        }
+        conn.buf.reserve(4096);
+        match conn.io.read_buf(&mut conn.buf).await {
+            Ok(0) => return Err(ClientError::ChunkedCut),
+            Ok(_) => {}
+            Err(e) => return Err(ClientError::Read(e)),
+        }
+    }
+}
+
+async fn read_to_end(conn: &mut RawConn) -> Result<(), ClientError> {
+    loop {
+        conn.buf.clear();
+        conn.buf.reserve(4096);
+        match conn.io.read_buf(&mut conn.buf).await {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            Err(e) => return Err(ClientError::Read(e)),
+        }
+    }
+}
