@@ -42,6 +42,12 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Also measure these balancers in front of the same backends, comma-separated: nginx,
+    /// haproxy, envoy (found on PATH or through KEEL_NGINX, KEEL_HAPROXY, KEEL_ENVOY;
+    /// scripts/install-peers.sh installs them; one that is absent is named and skipped). Alone,
+    /// only the peers' rows and keel's for the same cases run (--quick: about 4 minutes).
+    #[arg(long, value_delimiter = ',')]
+    peers: Vec<String>,
 }
 
 /// Runs `keel lab`.
@@ -83,6 +89,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         out: out.clone(),
         seed: args.seed,
         progress: !args.quiet && std::io::stderr().is_terminal(),
+        peers: args.peers,
     };
     let report = lab::run(&opts)?;
     if args.json {

@@ -16,6 +16,7 @@ mod cases;
 mod compare;
 pub mod e10;
 mod measure;
+mod peers;
 pub mod queueing;
 mod report;
 mod report_tail;
@@ -51,6 +52,8 @@ pub struct LabOptions {
     pub seed: u64,
     /// Show a progress bar on stderr.
     pub progress: bool,
+    /// Balancers to measure next to keel (`--peers`); alone, they run instead of E1-E6B.
+    pub peers: Vec<String>,
 }
 
 /// Everything a lab run produced.
@@ -76,6 +79,9 @@ pub struct LabReport {
     pub wall_seconds: f64,
     /// The machine it ran on.
     pub machine: report::Machine,
+    /// NGINX, HAProxy and Envoy next to keel (`--peers`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peers: Option<peers::PeersReport>,
 }
 
 /// Runs the lab: every selected case measured, simulated and computed; writes
@@ -83,17 +89,24 @@ pub struct LabReport {
 pub fn run(opts: &LabOptions) -> anyhow::Result<LabReport> {
     let started = Instant::now();
     let timing = Timing::default();
-    let cases = cases::plan(opts)?;
+    let peers = peers::parse(&opts.peers).map_err(crate::cmd::UsageError)?;
+    // `--peers` alone runs the peers' rows only; with `--experiments`, both.
+    let cases = if peers.is_empty() || !opts.experiments.is_empty() {
+        cases::plan(opts)?
+    } else {
+        Vec::new()
+    };
     let (e8, e9) = cases::tail_selected(opts);
     let tail_cases = tail::plan(e8, e9, opts.quick, &opts.strategies);
-    if cases.is_empty() && tail_cases.is_empty() {
+    if cases.is_empty() && tail_cases.is_empty() && peers.is_empty() {
         return Err(crate::cmd::UsageError(
             "no case left to run: check --experiments and --strategies".into(),
         )
         .into());
     }
     let total_requests: u64 = cases.iter().map(|c| c.requests).sum::<u64>()
-        + tail_cases.iter().map(|c| c.requests()).sum::<u64>();
+        + tail_cases.iter().map(|c| c.requests()).sum::<u64>()
+        + peers::total_requests(&peers, opts.quick, &opts.strategies);
     let bar = opts.progress.then(|| {
         let bar = indicatif::ProgressBar::new(total_requests);
         bar.set_style(
@@ -145,6 +158,26 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabReport> {
     let base = done_before.load(Ordering::Relaxed);
     let (tail_rows, reaction_rows) =
         run_tail_cases(&runtime, &tail_cases, opts.seed, bar.as_ref(), base)?;
+    let peers = (!peers.is_empty())
+        .then(|| {
+            peers::run(
+                &runtime,
+                &peers,
+                opts.quick,
+                &opts.strategies,
+                opts.seed,
+                &timing,
+                &|what, done| {
+                    if let Some(bar) = &bar {
+                        bar.inc(done);
+                        if !what.is_empty() {
+                            bar.set_message(what.to_string());
+                        }
+                    }
+                },
+            )
+        })
+        .transpose()?;
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
@@ -160,6 +193,7 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabReport> {
         quick: opts.quick,
         wall_seconds: started.elapsed().as_secs_f64(),
         machine: report::Machine::detect(),
+        peers,
     };
     report::write(&report, &opts.out)?;
     Ok(report)

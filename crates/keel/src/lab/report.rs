@@ -214,7 +214,14 @@ fn load_average() -> [f64; 3] {
 
 /// `{"rows": [...], ...}`.
 pub fn results_json(report: &LabReport) -> serde_json::Value {
-    serde_json::to_value(report).expect("a lab report serializes")
+    let mut v = serde_json::to_value(report).expect("a lab report serializes");
+    // Every row says which balancer it measured: keel's own here, a peer's under `peers`.
+    if let Some(rows) = v["rows"].as_array_mut() {
+        for r in rows {
+            r["balancer"] = "keel".into();
+        }
+    }
+    v
 }
 
 fn fmt_opt(x: Option<f64>) -> String {
@@ -268,6 +275,9 @@ pub fn print_table(report: &LabReport, wide: bool) {
         }
     }
     report_tail::print_tables(report, wide);
+    if let Some(peers) = &report.peers {
+        super::peers::print_table(peers);
+    }
 }
 
 /// `s` in at most `w` characters (cut with a `~` when longer).
@@ -575,6 +585,9 @@ fn html(report: &LabReport) -> String {
         reliability_html(&mut h, report, hang_q, fail_fast_q);
     }
     h.push_str(&report_tail::html(report));
+    if let Some(peers) = &report.peers {
+        h.push_str(&super::peers::html(peers));
+    }
     let m = &report.machine;
     let _ = write!(
         h,

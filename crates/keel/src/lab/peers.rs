@@ -1,0 +1,891 @@
+//! `keel lab --peers nginx,haproxy,envoy`: the source's example (5 servers, one failed; a hang
+//! and a fast 503; 1 and 3 calls a request) through NGINX, HAProxy and Envoy in front of the
+//! same in-process backends as keel's own rows, next to the closed form and keel.
+//!
+//! Each peer runs in two settings: bare (no retries, no passive health) and as operators
+//! usually write it (NGINX `proxy_next_upstream error timeout`, `max_fails=1 fail_timeout=10s`;
+//! HAProxy `retries 3`, `option redispatch`, `observe layer7`; Envoy retries on
+//! `5xx,connect-failure`, consecutive-5xx outlier detection), for each of its strategies with a
+//! closed form. A row's configuration is generated (peers/{nginx,haproxy,envoy}.rs) into a
+//! temporary directory, the peer started on a free loopback port with one worker (one set of
+//! balancer counters, as the closed forms assume), driven by the lab's load generator and
+//! stopped. A peer that is not installed is named and skipped.
+
+mod envoy;
+mod haproxy;
+mod nginx;
+mod render;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use keel_balance::{StrategyKind, TieBreak};
+use keel_model::{analytic, FailureMode};
+use keel_testbed::backend::{self, BackendConfig, BackendHandle};
+use keel_testbed::loadgen::{self, LoadOptions, LoadReport, LoadSpec, Target};
+use serde::Serialize;
+
+use super::cases::{Case, Protection, Timing};
+
+pub(crate) use render::{html, print_table};
+
+/// A balancer measured next to keel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Peer {
+    Nginx,
+    Haproxy,
+    Envoy,
+}
+
+impl Peer {
+    pub(crate) const ALL: [Peer; 3] = [Peer::Nginx, Peer::Haproxy, Peer::Envoy];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Peer::Nginx => "nginx",
+            Peer::Haproxy => "haproxy",
+            Peer::Envoy => "envoy",
+        }
+    }
+
+    /// The environment variable that names the binary, ahead of PATH.
+    fn env_var(self) -> &'static str {
+        match self {
+            Peer::Nginx => "KEEL_NGINX",
+            Peer::Haproxy => "KEEL_HAPROXY",
+            Peer::Envoy => "KEEL_ENVOY",
+        }
+    }
+
+    /// The binary: `$KEEL_<PEER>`, else PATH, else /usr/sbin and /sbin (where Debian puts
+    /// nginx and haproxy).
+    pub(crate) fn find(self) -> Option<PathBuf> {
+        if let Some(p) = std::env::var_os(self.env_var()) {
+            let p = PathBuf::from(p);
+            return is_executable(&p).then_some(p);
+        }
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        std::env::split_paths(&path)
+            .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
+            .map(|d| d.join(self.name()))
+            .find(|p| is_executable(p))
+    }
+
+    fn config(self, c: &PeerConfig<'_>) -> String {
+        match self {
+            Peer::Nginx => nginx::config(c),
+            Peer::Haproxy => haproxy::config(c),
+            Peer::Envoy => envoy::config(c),
+        }
+    }
+
+    fn file_name(self) -> &'static str {
+        match self {
+            Peer::Nginx => "nginx.conf",
+            Peer::Haproxy => "haproxy.cfg",
+            Peer::Envoy => "envoy.yaml",
+        }
+    }
+
+    fn command(self, bin: &Path, dir: &Path, conf: &Path) -> Command {
+        match self {
+            Peer::Nginx => nginx::command(bin, dir, conf),
+            Peer::Haproxy => haproxy::command(bin, dir, conf),
+            Peer::Envoy => envoy::command(bin, dir, conf),
+        }
+    }
+
+    /// The peer's own check of a configuration file (`nginx -t`, `haproxy -c`,
+    /// `envoy --mode validate`).
+    #[cfg(test)]
+    fn check_command(self, bin: &Path, dir: &Path, conf: &Path) -> Command {
+        match self {
+            Peer::Nginx => nginx::check(bin, dir, conf),
+            Peer::Haproxy => haproxy::check(bin, dir, conf),
+            Peer::Envoy => envoy::check(bin, dir, conf),
+        }
+    }
+}
+
+impl std::str::FromStr for Peer {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Peer::ALL
+            .into_iter()
+            .find(|p| p.name() == s.trim().to_ascii_lowercase())
+            .ok_or_else(|| format!("unknown peer `{s}`; allowed: nginx, haproxy, envoy"))
+    }
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// Bare, or as operators usually configure the peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Setting {
+    Bare,
+    Operators,
+}
+
+impl Setting {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Setting::Bare => "bare",
+            Setting::Operators => "operators",
+        }
+    }
+}
+
+/// The strategies every peer has and the closed forms cover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PeerStrategy {
+    RoundRobin,
+    Random,
+    LeastConnections,
+    /// Consistent hashing on a key that is new for every call.
+    Hash,
+}
+
+impl PeerStrategy {
+    pub(crate) const ALL: [PeerStrategy; 4] = [
+        PeerStrategy::RoundRobin,
+        PeerStrategy::Random,
+        PeerStrategy::LeastConnections,
+        PeerStrategy::Hash,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            PeerStrategy::RoundRobin => "round-robin",
+            PeerStrategy::Random => "random",
+            PeerStrategy::LeastConnections => "least-connections",
+            PeerStrategy::Hash => "hash",
+        }
+    }
+
+    /// The peer's own spelling of the strategy.
+    pub(crate) fn native(self, peer: Option<Peer>) -> &'static str {
+        use PeerStrategy::*;
+        match (peer, self) {
+            (None, RoundRobin) => "round-robin",
+            (None, Random) => "random",
+            (None, LeastConnections) => "least-connections",
+            (None, Hash) => "-",
+            (Some(Peer::Nginx), RoundRobin) => "(default)",
+            (Some(Peer::Nginx), Random) => "random",
+            (Some(Peer::Nginx), LeastConnections) => "least_conn",
+            (Some(Peer::Nginx), Hash) => "hash $request_id consistent",
+            (Some(Peer::Haproxy), RoundRobin) => "balance roundrobin",
+            (Some(Peer::Haproxy), Random) => "balance random(1)",
+            (Some(Peer::Haproxy), LeastConnections) => "balance leastconn",
+            (Some(Peer::Haproxy), Hash) => "balance hash rand(), hash-type consistent",
+            (Some(Peer::Envoy), RoundRobin) => "ROUND_ROBIN",
+            (Some(Peer::Envoy), Random) => "RANDOM",
+            (Some(Peer::Envoy), LeastConnections) => "LEAST_REQUEST",
+            (Some(Peer::Envoy), Hash) => "RING_HASH on x-request-id",
+        }
+    }
+
+    /// keel's strategy for the same row (none for hash: keel's hash keys come from the
+    /// request, and the load generator's requests are all alike).
+    fn keel(self) -> Option<StrategyKind> {
+        match self {
+            PeerStrategy::RoundRobin => Some(StrategyKind::RoundRobin),
+            PeerStrategy::Random => Some(StrategyKind::Random),
+            PeerStrategy::LeastConnections => Some(StrategyKind::LeastConnections),
+            PeerStrategy::Hash => None,
+        }
+    }
+
+    /// The closed form that covers it: a hash of a key new for every call is a uniform pick.
+    fn model(self) -> StrategyKind {
+        match self {
+            PeerStrategy::RoundRobin => StrategyKind::RoundRobin,
+            PeerStrategy::Random | PeerStrategy::Hash => StrategyKind::Random,
+            PeerStrategy::LeastConnections => StrategyKind::LeastConnections,
+        }
+    }
+}
+
+/// What a configuration generator needs.
+pub(crate) struct PeerConfig<'a> {
+    /// Port the peer listens on (127.0.0.1).
+    pub listen: u16,
+    /// Envoy's admin port.
+    pub admin: u16,
+    /// The backends, the failed one last.
+    pub backends: &'a [SocketAddr],
+    pub strategy: PeerStrategy,
+    pub setting: Setting,
+    /// One try's time limit (the lab's timeout).
+    pub timeout: Duration,
+    pub connect_timeout: Duration,
+    /// Where the peer writes its pid, logs and temporary files.
+    pub dir: &'a Path,
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+/// Connect timeout of every peer (keel's lab proxy uses the same).
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// One row of the source's example.
+#[derive(Debug, Clone)]
+pub(crate) struct PeerCase {
+    pub strategy: PeerStrategy,
+    pub setting: Setting,
+    pub failure: FailureMode,
+    pub calls: u32,
+    pub servers: u32,
+    pub failed: u32,
+    pub concurrency: usize,
+    pub requests: u64,
+}
+
+impl PeerCase {
+    fn p(&self) -> f64 {
+        self.failed as f64 / self.servers as f64
+    }
+
+    /// q = t_fail / t_ok as the lab's simulation has it (round trip added to both).
+    fn q(&self, t: &Timing) -> Option<f64> {
+        let t_fail = self.failure.failure_time(t.timeout, t.healthy)?;
+        let t_fail = (t_fail + t.round_trip).min(t.timeout);
+        Some(t_fail.as_secs_f64() / (t.healthy + t.round_trip).as_secs_f64())
+    }
+
+    fn is_failed(&self, i: u32) -> bool {
+        i >= self.servers - self.failed
+    }
+
+    /// The same row through keel's proxy: bare is no protection at all, operators is keel's
+    /// defaults.
+    fn keel_case(&self) -> Option<Case> {
+        Some(Case {
+            experiment: "peers",
+            strategy: self.strategy.keel()?,
+            tie_break: TieBreak::Random,
+            failed_first: false,
+            protections: match self.setting {
+                Setting::Bare => Protection::None,
+                Setting::Operators => Protection::Defaults,
+            },
+            failure: self.failure,
+            servers: self.servers,
+            failed: self.failed,
+            calls: self.calls,
+            client_side: false,
+            concurrency: self.concurrency,
+            requests: self.requests,
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} {} {} k={}",
+            self.setting.name(),
+            self.strategy.name(),
+            self.failure.name(),
+            self.calls
+        )
+    }
+}
+
+/// Requests per row.
+pub(crate) fn requests_per_row(quick: bool) -> u64 {
+    if quick {
+        600
+    } else {
+        2000
+    }
+}
+
+/// The rows: both settings, every strategy (or those of `only`: keel's names, ring-hash for
+/// hash), a hang and a fast 503, 1 and 3 calls.
+pub(crate) fn plan(quick: bool, only: &[StrategyKind]) -> Vec<PeerCase> {
+    let mut out = Vec::new();
+    let wanted = |s: PeerStrategy| {
+        only.is_empty()
+            || only.iter().any(|k| match s.keel() {
+                Some(kind) => kind == *k,
+                None => *k == StrategyKind::RingHash,
+            })
+    };
+    for setting in [Setting::Bare, Setting::Operators] {
+        for strategy in PeerStrategy::ALL.into_iter().filter(|s| wanted(*s)) {
+            for failure in [FailureMode::Hang, FailureMode::FAIL_AT_ONCE] {
+                for calls in [1, 3] {
+                    out.push(PeerCase {
+                        strategy,
+                        setting,
+                        failure,
+                        calls,
+                        servers: 5,
+                        failed: 1,
+                        concurrency: 24,
+                        requests: requests_per_row(quick),
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// One measured row: a balancer (a peer or keel) on one case.
+#[derive(Debug, Clone, Serialize)]
+pub struct PeerRow {
+    /// `nginx`, `haproxy`, `envoy` or `keel`.
+    pub balancer: String,
+    /// `bare` (no retries, no passive health) or `operators` (as usually configured; keel: its
+    /// defaults).
+    pub setting: String,
+    /// keel's name of the strategy (hash: a consistent hash of a key new for every call).
+    pub strategy: String,
+    /// The balancer's own spelling.
+    pub native_strategy: String,
+    /// hang or fail-fast (a 503 at once).
+    pub failure_mode: String,
+    /// Failed share of servers.
+    pub p: f64,
+    /// t_fail / t_ok.
+    pub q: Option<f64>,
+    /// Calls per request.
+    pub k: u32,
+    /// Requests in flight.
+    pub concurrency: usize,
+    /// Requests measured.
+    pub requests: u64,
+    /// Requests whose every call succeeded.
+    pub succeeded: u64,
+    /// Calls made (a request stops at its first failed call).
+    pub calls: u64,
+    /// The closed form (without retries or health: the bare setting's model).
+    pub analytic: Option<f64>,
+    /// Measured success.
+    pub measured: f64,
+    /// Its Wilson 95 % interval.
+    pub measured_ci95: [f64; 2],
+    /// Whether the closed form lies inside the interval.
+    pub agrees: Option<bool>,
+    /// Measured minus closed form, in standard errors of the measurement.
+    pub z: Option<f64>,
+    /// Share of the backends' requests that went to the failed one (retries included).
+    pub measured_failed_share: f64,
+    /// (1 - share)^k: what the measured share gives if calls were independent.
+    pub implied_by_measured_share: f64,
+    /// Requests each backend received, in endpoint order (the failed one last).
+    pub attempts: Vec<u64>,
+    /// Calls answered, by status.
+    pub by_status: std::collections::BTreeMap<u16, u64>,
+    /// Calls without a complete answer.
+    pub transport_errors: u64,
+    /// Median and 99th percentile request latency, ms.
+    pub p50_ms: f64,
+    /// See `p50_ms`.
+    pub p99_ms: f64,
+    /// Wall time, s.
+    pub seconds: f64,
+    /// The peer's own counters for the row (Envoy: retries, overflows, ejections; non-zero
+    /// ones only).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub peer_stats: std::collections::BTreeMap<String, u64>,
+    /// What moves the measurement away from the closed form, when it is outside the interval.
+    pub mechanism: Option<String>,
+    /// False when the row departs and no mechanism is named for it.
+    pub explained: bool,
+}
+
+/// A peer that was asked for and could not be measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Skipped {
+    /// The peer.
+    pub balancer: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// The peers' part of a lab run.
+#[derive(Debug, Clone, Serialize)]
+pub struct PeersReport {
+    /// Every measured row, keel's included (`balancer: "keel"`).
+    pub rows: Vec<PeerRow>,
+    /// Peers named and not measured.
+    pub skipped: Vec<Skipped>,
+    /// Each peer's binary and version.
+    pub versions: Vec<(String, String)>,
+    /// How the peers ran.
+    pub method: String,
+    /// Wall time of the peers' rows, s.
+    pub seconds: f64,
+}
+
+/// Parses `--peers`.
+pub(crate) fn parse(names: &[String]) -> Result<Vec<Peer>, String> {
+    let mut out = Vec::new();
+    for n in names {
+        let p: Peer = n.parse()?;
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    Ok(out)
+}
+
+fn version(peer: Peer, bin: &Path) -> String {
+    let out = Command::new(bin)
+        .arg(match peer {
+            Peer::Nginx => "-v",
+            Peer::Haproxy => "-v",
+            Peer::Envoy => "--version",
+        })
+        .output();
+    let Ok(out) = out else {
+        return "?".into();
+    };
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    match peer {
+        Peer::Nginx => line
+            .trim_start_matches("nginx version: ")
+            .trim()
+            .to_string(),
+        Peer::Haproxy => line.split_whitespace().nth(2).unwrap_or("?").to_string(),
+        Peer::Envoy => line
+            .split("version: ")
+            .nth(1)
+            .and_then(|v| v.split('/').nth(1))
+            .unwrap_or("?")
+            .to_string(),
+    }
+}
+
+/// Runs every row through every peer found and through keel; prints and reports the peers it
+/// skips.
+pub(crate) fn run(
+    runtime: &tokio::runtime::Runtime,
+    peers: &[Peer],
+    quick: bool,
+    only: &[StrategyKind],
+    seed: u64,
+    t: &Timing,
+    progress: &dyn Fn(&str, u64),
+) -> anyhow::Result<PeersReport> {
+    let started = Instant::now();
+    let mut found = Vec::new();
+    let mut skipped = Vec::new();
+    let mut versions = Vec::new();
+    for &p in peers {
+        match p.find() {
+            Some(bin) => {
+                versions.push((p.name().to_string(), version(p, &bin)));
+                found.push((p, bin));
+            }
+            None => {
+                let reason = format!(
+                    "`{}` is not on PATH (nor ${}): scripts/install-peers.sh installs it",
+                    p.name(),
+                    p.env_var()
+                );
+                eprintln!("keel lab: skipping {}: {reason}", p.name());
+                skipped.push(Skipped {
+                    balancer: p.name().into(),
+                    reason,
+                });
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    for case in plan(quick, only) {
+        if let Some(kc) = case.keel_case() {
+            progress(&format!("keel {}", case.describe()), 0);
+            let m = runtime
+                .block_on(super::measure::measure(
+                    &kc,
+                    t,
+                    seed,
+                    Arc::new(AtomicU64::new(0)),
+                ))
+                .with_context(|| format!("measuring keel {}", case.describe()))?;
+            rows.push(row(None, &case, t, m.load, m.attempts));
+            progress("", case.requests);
+        }
+        let mut broken = Vec::new();
+        for (peer, bin) in &found {
+            progress(&format!("{} {}", peer.name(), case.describe()), 0);
+            match runtime.block_on(measure_peer(*peer, bin, &case, t, seed)) {
+                Ok(run) => {
+                    let mut r = row(Some(*peer), &case, t, run.load, run.attempts);
+                    r.peer_stats = run.stats;
+                    r.mechanism = render::mechanism(Some(*peer), &case, &r);
+                    r.explained = r.agrees != Some(false) || r.mechanism.is_some();
+                    rows.push(r);
+                }
+                // A peer that cannot run a row is named and left out of the rest, not hidden.
+                Err(e) => {
+                    let reason = format!("failed on {}: {e:#}", case.describe());
+                    eprintln!("keel lab: skipping {}: {reason}", peer.name());
+                    skipped.push(Skipped {
+                        balancer: peer.name().into(),
+                        reason,
+                    });
+                    broken.push(*peer);
+                }
+            }
+            progress("", case.requests);
+        }
+        found.retain(|(p, _)| !broken.contains(p));
+    }
+    Ok(PeersReport {
+        rows,
+        skipped,
+        versions,
+        method: format!(
+            "5 servers on loopback, the last one failed (a hang: no answer, the balancer's {} ms \
+             timeout; or fail-fast: a 503 at once); healthy ones answer in {} ms; {} requests a \
+             row from {} closed-loop clients, 1 or 3 sequential calls a request. Each peer runs \
+             with one worker (NGINX master_process off, HAProxy nbthread 1, Envoy --concurrency \
+             1), so that its balancer keeps one set of counters, as the closed forms assume.",
+            ms(t.timeout),
+            ms(t.healthy),
+            requests_per_row(quick),
+            24
+        ),
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Total requests of a run (for a progress bar).
+pub(crate) fn total_requests(peers: &[Peer], quick: bool, only: &[StrategyKind]) -> u64 {
+    let found = peers.iter().filter(|p| p.find().is_some()).count() as u64;
+    plan(quick, only)
+        .iter()
+        .map(|c| c.requests * (found + u64::from(c.strategy.keel().is_some())))
+        .sum()
+}
+
+fn row(
+    peer: Option<Peer>,
+    case: &PeerCase,
+    t: &Timing,
+    load: LoadReport,
+    attempts: Vec<u64>,
+) -> PeerRow {
+    let p = case.p();
+    let q = case.q(t);
+    let analytic = q.and_then(|q| analytic::success(case.strategy.model(), p, q, case.calls));
+    let (lo, hi) = load.ci95();
+    let measured = load.success_rate();
+    let total = attempts.iter().sum::<u64>().max(1) as f64;
+    let failed: u64 = attempts
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| case.is_failed(*i as u32))
+        .map(|(_, a)| *a)
+        .sum();
+    let share = failed as f64 / total;
+    let agrees = analytic.map(|a| (lo..=hi).contains(&a));
+    let z = analytic.map(|a| {
+        let half = if a >= measured {
+            hi - measured
+        } else {
+            measured - lo
+        };
+        let se = half.max(1e-9) / keel_model::stats::Z95;
+        (measured - a) / se
+    });
+    let mut r = PeerRow {
+        balancer: peer.map(Peer::name).unwrap_or("keel").to_string(),
+        setting: case.setting.name().into(),
+        strategy: case.strategy.name().into(),
+        native_strategy: case.strategy.native(peer).into(),
+        failure_mode: case.failure.name().into(),
+        p,
+        q,
+        k: case.calls,
+        concurrency: case.concurrency,
+        requests: load.requests,
+        succeeded: load.succeeded,
+        calls: load.calls,
+        analytic,
+        measured,
+        measured_ci95: [lo, hi],
+        agrees,
+        z,
+        measured_failed_share: share,
+        implied_by_measured_share: (1.0 - share).powi(case.calls as i32),
+        attempts,
+        by_status: load.by_status.clone(),
+        transport_errors: load.transport_errors,
+        p50_ms: load.latency_p50.as_secs_f64() * 1e3,
+        p99_ms: load.latency_p99.as_secs_f64() * 1e3,
+        seconds: load.elapsed.as_secs_f64(),
+        peer_stats: Default::default(),
+        mechanism: None,
+        explained: true,
+    };
+    r.mechanism = render::mechanism(peer, case, &r);
+    r.explained = r.agrees != Some(false) || r.mechanism.is_some();
+    r
+}
+
+/// A free loopback port (bound and released: the peer binds it a moment later).
+fn free_port() -> anyhow::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// A running peer, killed when dropped.
+struct Running {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A fresh directory for one peer run.
+fn work_dir(peer: Peer) -> anyhow::Result<PathBuf> {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!(
+        "keel-peer-{}-{}-{n}",
+        peer.name(),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Writes the row's configuration for `peer` into `dir`; returns its path.
+fn write_config(
+    peer: Peer,
+    dir: &Path,
+    backends: &[SocketAddr],
+    strategy: PeerStrategy,
+    setting: Setting,
+    t: &Timing,
+    listen: u16,
+    admin: u16,
+) -> anyhow::Result<PathBuf> {
+    let cfg = PeerConfig {
+        listen,
+        admin,
+        backends,
+        strategy,
+        setting,
+        timeout: t.timeout,
+        connect_timeout: CONNECT_TIMEOUT,
+        dir,
+    };
+    let path = dir.join(peer.file_name());
+    std::fs::write(&path, peer.config(&cfg))
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// Starts `peer` on its configuration and waits until it serves (Envoy: until its admin says
+/// `/ready`), at most 10 s.
+async fn start(
+    peer: Peer,
+    bin: &Path,
+    dir: PathBuf,
+    conf: &Path,
+    listen: u16,
+    admin: u16,
+) -> anyhow::Result<Running> {
+    let log = std::fs::File::create(dir.join("stderr.log"))?;
+    let child = peer
+        .command(bin, &dir, conf)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let mut running = Running { child, dir };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = running.child.try_wait()? {
+            anyhow::bail!(
+                "{} exited ({status}) before serving: {}",
+                peer.name(),
+                log_tail(&running.dir)
+            );
+        }
+        let ready = match peer {
+            Peer::Envoy => http_status(admin, "/ready").await == Some(200),
+            _ => tokio::net::TcpStream::connect(("127.0.0.1", listen))
+                .await
+                .is_ok(),
+        };
+        if ready {
+            return Ok(running);
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "{} did not serve on 127.0.0.1:{listen} within 10 s: {}",
+                peer.name(),
+                log_tail(&running.dir)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn log_tail(dir: &Path) -> String {
+    let mut text = String::new();
+    for f in ["stderr.log", "error.log", "envoy.log"] {
+        if let Ok(s) = std::fs::read_to_string(dir.join(f)) {
+            text.push_str(&s);
+        }
+    }
+    let lines: Vec<&str> = text.lines().rev().take(8).collect();
+    lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+}
+
+/// `GET path` on 127.0.0.1:port: the status and the body, if it answers within a second.
+async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(1), s.read_to_end(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&buf);
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    Some((status, body.to_string()))
+}
+
+async fn http_status(port: u16, path: &str) -> Option<u16> {
+    http_get(port, path).await.map(|(s, _)| s)
+}
+
+/// Envoy's own counts of what its retries and outlier detection did in the row (the non-zero
+/// ones), from its admin: the evidence for a departure's mechanism.
+async fn envoy_stats(admin: u16) -> std::collections::BTreeMap<String, u64> {
+    let Some((200, body)) = http_get(admin, "/stats?filter=^cluster\\.lab\\.").await else {
+        return Default::default();
+    };
+    body.lines()
+        .filter_map(|l| {
+            let (name, v) = l.split_once(": ")?;
+            let name = name.strip_prefix("cluster.lab.")?;
+            let keep = name.starts_with("upstream_rq_retry")
+                || name.starts_with("outlier_detection.ejections_")
+                || name == "upstream_rq_pending_overflow";
+            let v: u64 = v.trim().parse().ok()?;
+            (keep && v > 0).then(|| (name.to_string(), v))
+        })
+        .collect()
+}
+
+/// One row through `peer`: the backends, the peer in front of them, the load; then all of it
+/// stopped. Returns the load's report and each backend's request count.
+async fn measure_peer(
+    peer: Peer,
+    bin: &Path,
+    case: &PeerCase,
+    t: &Timing,
+    seed: u64,
+) -> anyhow::Result<PeerRun> {
+    let loopback: SocketAddr = "127.0.0.1:0".parse().expect("literal address");
+    let mut backends: Vec<BackendHandle> = Vec::new();
+    for i in 0..case.servers {
+        let cfg = BackendConfig {
+            latency: t.latency(),
+            fault: if case.is_failed(i) {
+                case.failure
+            } else {
+                FailureMode::None
+            },
+            name: format!("server-{i}"),
+            ..BackendConfig::default()
+        };
+        let b = backend::spawn_with_seed(loopback, cfg, seed.wrapping_add(i as u64))
+            .await
+            .context("starting a backend")?;
+        backends.push(b);
+    }
+    let addrs: Vec<SocketAddr> = backends.iter().map(|b| b.addr()).collect();
+    let dir = work_dir(peer)?;
+    let (listen, admin) = (free_port()?, free_port()?);
+    let conf = write_config(
+        peer,
+        &dir,
+        &addrs,
+        case.strategy,
+        case.setting,
+        t,
+        listen,
+        admin,
+    )?;
+    let running = start(peer, bin, dir, &conf, listen, admin).await?;
+    let spec = LoadSpec {
+        target: Target::Url(format!("http://127.0.0.1:{listen}/")),
+        requests: case.requests,
+        concurrency: case.concurrency,
+        // Every peer answers within its own timeouts; this one only guards the lab.
+        timeout: Duration::from_secs(3),
+        calls_per_request: case.calls,
+    };
+    let options = LoadOptions {
+        deadline: Some(Duration::from_secs(120)),
+        progress: None,
+    };
+    let load = loadgen::try_run(spec, options)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"));
+    let stats = match peer {
+        Peer::Envoy => envoy_stats(admin).await,
+        _ => Default::default(),
+    };
+    drop(running);
+    let attempts = backends.iter().map(|b| b.requests()).collect();
+    for b in backends {
+        b.shutdown().await;
+    }
+    Ok(PeerRun {
+        load: load?,
+        attempts,
+        stats,
+    })
+}
+
+/// What a peer's row measured.
+struct PeerRun {
+    load: LoadReport,
+    /// Requests each backend received.
+    attempts: Vec<u64>,
+    /// The peer's own counters (Envoy's retry and ejection stats).
+    stats: std::collections::BTreeMap<String, u64>,
+}
+
+#[cfg(test)]
+mod tests;
