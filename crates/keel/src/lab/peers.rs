@@ -678,29 +678,10 @@ fn work_dir(peer: Peer) -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
-/// Writes the row's configuration for `peer` into `dir`; returns its path.
-fn write_config(
-    peer: Peer,
-    dir: &Path,
-    backends: &[SocketAddr],
-    strategy: PeerStrategy,
-    setting: Setting,
-    t: &Timing,
-    listen: u16,
-    admin: u16,
-) -> anyhow::Result<PathBuf> {
-    let cfg = PeerConfig {
-        listen,
-        admin,
-        backends,
-        strategy,
-        setting,
-        timeout: t.timeout,
-        connect_timeout: CONNECT_TIMEOUT,
-        dir,
-    };
-    let path = dir.join(peer.file_name());
-    std::fs::write(&path, peer.config(&cfg))
+/// Writes the row's configuration for `peer` into its directory; returns its path.
+fn write_config(peer: Peer, cfg: &PeerConfig<'_>) -> anyhow::Result<PathBuf> {
+    let path = cfg.dir.join(peer.file_name());
+    std::fs::write(&path, peer.config(cfg))
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
 }
@@ -838,13 +819,16 @@ async fn measure_peer(
     let (listen, admin) = (free_port()?, free_port()?);
     let conf = write_config(
         peer,
-        &dir,
-        &addrs,
-        case.strategy,
-        case.setting,
-        t,
-        listen,
-        admin,
+        &PeerConfig {
+            listen,
+            admin,
+            backends: &addrs,
+            strategy: case.strategy,
+            setting: case.setting,
+            timeout: t.timeout,
+            connect_timeout: CONNECT_TIMEOUT,
+            dir: &dir,
+        },
     )?;
     let running = start(peer, bin, dir, &conf, listen, admin).await?;
     let spec = LoadSpec {

@@ -26,7 +26,7 @@ pub(super) fn config(c: &PeerConfig<'_>) -> String {
     let mut route = String::new();
     match c.setting {
         Setting::Bare => {
-            let _ = write!(route, "                  timeout: {timeout}\n");
+            let _ = writeln!(route, "                  timeout: {timeout}");
         }
         Setting::Operators => {
             // Each try has the row's timeout; the whole call has room for every try.

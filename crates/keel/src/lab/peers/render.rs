@@ -149,21 +149,52 @@ fn bare(peer: Option<Peer>, case: &PeerCase, r: &PeerRow) -> Option<String> {
                 )
             })
         }
+        PeerStrategy::LeastConnections => {
+            // The q that the measured share implies (the share's formula solved for q), and
+            // the closed form at that q.
+            let f = r.measured_failed_share.clamp(1e-6, 1.0 - 1e-6);
+            let q_eff = p * (1.0 - f) / (f * (1.0 - p));
+            let at = analytic::success(case.strategy.model(), p, q_eff, r.k)?;
+            let why = if r.failure_mode == "hang" {
+                "least-connections' counts are small integers (24 calls over 5 servers): when \
+                 the hung server's calls time out together it is the least loaded at once and \
+                 refills"
+            } else {
+                "a failure \"at once\" still costs the balancer's own round trip, and with 24 \
+                 calls over 5 servers the counts are small integers with frequent ties"
+            };
+            Some(format!(
+                "q: {why}; the failed server got {:.3} of the calls (the model {:.3} at q = \
+                 {:.3}), which implies q = {q_eff:.3}, where the closed form gives {at:.3}{}",
+                r.measured_failed_share,
+                model_share,
+                r.q.unwrap_or(f64::NAN),
+                if r.k > 1 && !(r.measured_ci95[0]..=r.measured_ci95[1]).contains(&at) {
+                    "; and a request's calls are not independent: a closed-loop client whose \
+                     request failed at once starts the next one at once"
+                } else {
+                    ""
+                }
+            ))
+        }
+        PeerStrategy::Random if share_explains => {
+            let n = r.attempts.iter().sum::<u64>().max(1) as f64;
+            let z = (r.measured_failed_share - p) / (p * (1.0 - p) / n).sqrt();
+            Some(format!(
+                "picks: the random draws gave the failed server {:.3} of {n:.0} calls ({z:+.1} \
+                 standard deviations from p = {p:.1}); at that share (1 - {:.3})^{} = {:.3} is \
+                 inside the measured interval",
+                r.measured_failed_share, r.measured_failed_share, r.k, r.implied_by_measured_share
+            ))
+        }
         _ if share_explains => Some(format!(
             "picks: the balancer sent {:.3} of the calls to the failed server, the model {:.3}; \
-             (1 - {:.3})^{} = {:.3} is inside the measured interval{}",
+             (1 - {:.3})^{} = {:.3} is inside the measured interval",
             r.measured_failed_share,
             model_share,
             r.measured_failed_share,
             r.k,
             r.implied_by_measured_share,
-            if case.strategy == PeerStrategy::LeastConnections {
-                " (least-connections counts whole calls in flight: with a server that answers \
-                 at once, or a hung one holding calls, the counts are small integers and ties \
-                 are frequent)"
-            } else {
-                ""
-            }
         )),
         _ => None,
     }

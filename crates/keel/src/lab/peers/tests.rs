@@ -117,9 +117,20 @@ fn every_generated_config_passes_the_peers_own_check() {
             for strategy in PeerStrategy::ALL {
                 let dir = work_dir(peer).unwrap();
                 let b = backends();
-                let t = Timing::default();
-                let conf =
-                    write_config(peer, &dir, &b, strategy, setting, &t, 30100, 30101).unwrap();
+                let conf = write_config(
+                    peer,
+                    &PeerConfig {
+                        listen: 30100,
+                        admin: 30101,
+                        backends: &b,
+                        strategy,
+                        setting,
+                        timeout: Timing::default().timeout,
+                        connect_timeout: CONNECT_TIMEOUT,
+                        dir: &dir,
+                    },
+                )
+                .unwrap();
                 let out = peer.check_command(&bin, &dir, &conf).output().unwrap();
                 let text = format!(
                     "{}{}",
