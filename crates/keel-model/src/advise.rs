@@ -1,13 +1,14 @@
 //! `keel advise`'s reasoning, free of I/O: every strategy of keel-balance under three sets of
 //! protections (none, keel proxy's defaults, outlier detection + retries + health checks),
 //! and the running configuration, simulated on a fitted model with replications; ranked by
-//! success, then p99, then p99.9, each with its 95 % interval; why the best wins, and the traps
-//! the model shows.
+//! success, then p99, then p99.9, each with its 95 % interval, except that configurations whose
+//! success intervals overlap the best's are a tie, broken by more protection first (see
+//! [`protection_of`]); the answer in words, why the best wins, and the traps the model shows.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use keel_balance::{BalancerConfig, OutlierConfig, RetryBudgetConfig, StrategyKind, TieBreak};
+use keel_balance::{BalancerConfig, RetryBudgetConfig, StrategyKind, TieBreak};
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -15,6 +16,20 @@ use crate::fit::scenario::{scenario_toml, to_scenario, ScenarioOptions};
 use crate::fit::FittedModel;
 use crate::sim::{run_replication, HealthCheckConfig, RepStats, RetryConfig, Scenario, SimError};
 use crate::stats::{student_t95, wilson95};
+
+/// A duration in humantime form, rounded to three significant digits (`333ms`, not
+/// `333ms 333us 333ns`), as a configuration file should say it.
+pub fn human(d: Duration) -> String {
+    let ns = d.as_nanos();
+    let digits = ns.checked_ilog10().unwrap_or(0);
+    let step = if digits > 2 {
+        10u128.pow(digits - 2)
+    } else {
+        1
+    };
+    let rounded = (ns + step / 2) / step * step;
+    humantime::format_duration(Duration::from_nanos(rounded as u64)).to_string()
+}
 
 /// Success rates are compared at this resolution before latency decides (0.01 %): closer than
 /// that, two configurations are as reliable as the simulation can tell at its sizes.
@@ -100,6 +115,12 @@ pub struct Ranked {
     pub retries_per_request: f64,
     /// Whether this is the running configuration.
     pub running: bool,
+    /// How much protection it has, compared in this order (more first): how many of outlier
+    /// detection, retries and health checks are on, then retries allowed per request.
+    pub protection: [u32; 2],
+    /// Its success tier: 0 when its success interval overlaps the best's (tied with it),
+    /// 1 for the next group that overlaps among themselves, and so on.
+    pub tier: u32,
 }
 
 /// The whole advice.
@@ -109,6 +130,11 @@ pub struct Advice {
     pub ranking: Vec<Ranked>,
     /// Index of the running configuration in `ranking`, when known.
     pub running: Option<usize>,
+    /// The answer in a few sentences: what to run, by how much it differs from the running (or
+    /// keel's default) configuration, and why; says when it is a tie.
+    pub answer: String,
+    /// How many configurations tie with the best on success (itself included).
+    pub tied: usize,
     /// Why the best wins, in sentences.
     pub why: Vec<String>,
     /// Traps the model shows, in sentences.
@@ -141,20 +167,60 @@ fn default_health() -> HealthCheckConfig {
     }
 }
 
-fn with_protections(mut sc: Scenario, p: Protections) -> Scenario {
+/// What `keel advise` knows of the running configuration, beyond [`RunningConfig`]'s numbers.
+#[derive(Debug, Clone, Default)]
+pub struct Context {
+    /// The running configuration, when `--config` gives it.
+    pub running: Option<RunningConfig>,
+    /// keel proxy's configuration file as written: each row's `cluster_toml` is then the
+    /// running `[[cluster]]` table with only the keys that row changes rewritten (comments,
+    /// timeouts, health check, discovery, endpoints and every other key stay).
+    pub config_text: Option<String>,
+    /// The cluster's `request_timeout` when its per-try timeout is derived from it (no
+    /// `per_try_timeout`): each candidate then gets `request_timeout / (attempts + 1)`, as the
+    /// proxy would with that candidate's retries.
+    pub request_timeout: Option<Duration>,
+}
+
+fn with_protections(mut sc: Scenario, p: Protections, running: Option<&RunningConfig>) -> Scenario {
+    // Where the running configuration has a protection's table, a set that turns it on keeps
+    // that table's settings (what pasting the row would run); otherwise keel's defaults.
+    let outlier = running
+        .and_then(|r| r.balancer.outlier_detection.clone())
+        .unwrap_or_default();
+    let budget = running.map_or_else(RetryBudgetConfig::default, |r| r.retry_budget.clone());
+    let health =
+        running
+            .and_then(|r| r.health_check)
+            .map_or_else(default_health, |(interval, u, h)| HealthCheckConfig {
+                interval,
+                unhealthy_threshold: u,
+                healthy_threshold: h,
+            });
     match p {
         Protections::None | Protections::Running => {}
         Protections::Defaults => {
-            sc.retry = retry(1, RetryBudgetConfig::default());
-            sc.clusters[0].balancer.outlier_detection = Some(OutlierConfig::default());
+            sc.retry = retry(1, budget);
+            sc.clusters[0].balancer.outlier_detection = Some(outlier);
         }
         Protections::Protected => {
-            sc.retry = retry(2, RetryBudgetConfig::default());
-            sc.health_check = Some(default_health());
-            sc.clusters[0].balancer.outlier_detection = Some(OutlierConfig::default());
+            sc.retry = retry(2, budget);
+            sc.health_check = Some(health);
+            sc.clusters[0].balancer.outlier_detection = Some(outlier);
         }
     }
     sc
+}
+
+/// The protection order (more first, compared as an array): how many of outlier detection,
+/// retries and health checks are on, then the retries allowed per request. `none` is `[0, 0]`,
+/// keel's defaults `[2, 1]`, outlier + retry 2 + health `[3, 2]`.
+pub fn protection_of(sc: &Scenario) -> [u32; 2] {
+    let retries = sc.retry.as_ref().map_or(0, |r| r.max_retries);
+    let on = u32::from(sc.clusters[0].balancer.outlier_detection.is_some())
+        + u32::from(retries > 0)
+        + u32::from(sc.health_check.is_some());
+    [on, retries]
 }
 
 /// Every strategy x {none, defaults, protected}, and the running configuration (marked; a
@@ -164,6 +230,19 @@ pub fn candidates(
     opts: &ScenarioOptions,
     running: Option<&RunningConfig>,
 ) -> Vec<Candidate> {
+    candidates_in(
+        model,
+        opts,
+        &Context {
+            running: running.cloned(),
+            ..Context::default()
+        },
+    )
+}
+
+/// [`candidates`] with the whole context (per-candidate per-try timeouts).
+pub fn candidates_in(model: &FittedModel, opts: &ScenarioOptions, ctx: &Context) -> Vec<Candidate> {
+    let running = ctx.running.as_ref();
     let mut opts = opts.clone();
     if let Some(r) = running {
         opts.weights = r.weights.clone();
@@ -171,6 +250,14 @@ pub fn candidates(
             opts.timeout = r.per_try_timeout;
         }
     }
+    // With a derived per-try timeout, a candidate with other retries has another per-try
+    // timeout in the proxy; the log's own timeouts are the running configuration's.
+    let timeout_for = |sc: &mut Scenario| {
+        if let Some(rt) = ctx.request_timeout {
+            let attempts = sc.retry.as_ref().map_or(0, |r| r.max_retries);
+            sc.timeout = rt / (attempts + 1);
+        }
+    };
     let running_scenario = running.map(|r| {
         let mut sc = to_scenario(model, &opts, r.balancer.clone());
         sc.retry = retry(r.retry_attempts, r.retry_budget.clone());
@@ -179,6 +266,7 @@ pub fn candidates(
             unhealthy_threshold: u,
             healthy_threshold: h,
         });
+        timeout_for(&mut sc);
         sc
     });
     let mut out = Vec::new();
@@ -194,7 +282,18 @@ pub fn candidates(
             Protections::Defaults,
             Protections::Protected,
         ] {
-            let sc = with_protections(to_scenario(model, &opts, BalancerConfig::new(strategy)), p);
+            // Every strategy runs with the running configuration's other balancer settings
+            // (options, panic threshold, slow start): its row's cluster_toml keeps them.
+            let balancer = match running {
+                Some(r) => BalancerConfig {
+                    strategy,
+                    outlier_detection: None,
+                    ..r.balancer.clone()
+                },
+                None => BalancerConfig::new(strategy),
+            };
+            let mut sc = with_protections(to_scenario(model, &opts, balancer), p, running);
+            timeout_for(&mut sc);
             let is_running = running_scenario
                 .as_ref()
                 .is_some_and(|r| same_config(r, &sc));
@@ -266,7 +365,7 @@ pub fn cluster_toml(model: &FittedModel, c: &Candidate, unseen: &[(String, u32)]
     if b.outlier_detection.is_none() {
         let _ = writeln!(t, "outlier_detection = false");
     }
-    let timeout = humantime::format_duration(sc.timeout);
+    let timeout = human(sc.timeout);
     let _ = writeln!(t, "\n[cluster.retry]");
     match &sc.retry {
         None => {
@@ -284,7 +383,7 @@ pub fn cluster_toml(model: &FittedModel, c: &Candidate, unseen: &[(String, u32)]
                     "budget_percent = {}\nmin_retries_per_second = {}\nbudget_window = \"{}\"",
                     r.budget.budget_percent,
                     r.budget.min_retries_per_second,
-                    humantime::format_duration(r.budget.window)
+                    human(r.budget.window)
                 );
             }
         }
@@ -294,7 +393,7 @@ pub fn cluster_toml(model: &FittedModel, c: &Candidate, unseen: &[(String, u32)]
             t,
             "\n[cluster.outlier_detection]\nconsecutive_failures = {}\nbase_ejection_time = \"{}\"\nmax_ejection_percent = {}",
             o.consecutive_failures,
-            humantime::format_duration(o.base_ejection_time),
+            human(o.base_ejection_time),
             o.max_ejection_percent
         );
     }
@@ -302,12 +401,122 @@ pub fn cluster_toml(model: &FittedModel, c: &Candidate, unseen: &[(String, u32)]
         let _ = writeln!(
             t,
             "\n[cluster.health_check]\ninterval = \"{}\"\nunhealthy_threshold = {}\nhealthy_threshold = {}",
-            humantime::format_duration(h.interval),
+            human(h.interval),
             h.unhealthy_threshold,
             h.healthy_threshold
         );
     }
     t
+}
+
+/// The running `[[cluster]]` table of `config_text` with only what candidate `c` changes
+/// rewritten, and a first comment line saying what changed; `None` when the text has no such
+/// `[[cluster]]` table (then [`cluster_toml`] writes one from scratch).
+pub fn merged_cluster_toml(
+    config_text: &str,
+    cluster: &str,
+    c: &Candidate,
+    running: &RunningConfig,
+) -> Option<String> {
+    use toml_edit::{value, ArrayOfTables, DocumentMut, Item, Table};
+    let doc: DocumentMut = config_text.parse().ok()?;
+    let mut t = doc
+        .get("cluster")?
+        .as_array_of_tables()?
+        .iter()
+        .find(|t| t.get("name").and_then(|v| v.as_str()) == Some(cluster))?
+        .clone();
+    // A key that changes from a table to a value (or back) keeps the old key's spacing (a
+    // table header's has none): reset it to `key = value`.
+    fn set(t: &mut Table, key: &str, item: Item) {
+        t[key] = item;
+        if let Some(mut k) = t.key_mut(key) {
+            k.leaf_decor_mut().clear();
+        }
+    }
+    let sc = &c.scenario;
+    let b = &sc.clusters[0].balancer;
+    let mut changes = Vec::new();
+    if b.strategy != running.balancer.strategy {
+        t["strategy"] = value(b.strategy.name());
+        changes.push(format!(
+            "strategy {} (was {})",
+            b.strategy.name(),
+            running.balancer.strategy.name()
+        ));
+    }
+    match (&b.outlier_detection, &running.balancer.outlier_detection) {
+        (None, Some(_)) => {
+            set(&mut t, "outlier_detection", value(false));
+            changes.push("outlier detection off".to_string());
+        }
+        (Some(o), r) if Some(o) != r.as_ref() => {
+            let mut o_t = Table::new();
+            o_t["consecutive_failures"] = value(i64::from(o.consecutive_failures));
+            o_t["base_ejection_time"] = value(human(o.base_ejection_time));
+            o_t["max_ejection_percent"] = value(o.max_ejection_percent);
+            set(&mut t, "outlier_detection", Item::Table(o_t));
+            changes.push(format!(
+                "outlier detection on ({} failures in a row, {})",
+                o.consecutive_failures,
+                human(o.base_ejection_time)
+            ));
+        }
+        _ => {}
+    }
+    let attempts = sc.retry.as_ref().map_or(0, |r| r.max_retries);
+    if attempts != running.retry_attempts {
+        if !t.contains_key("retry") {
+            t["retry"] = Item::Table(Table::new());
+        }
+        t["retry"]["attempts"] = value(i64::from(attempts));
+        let derived = t["retry"].get("per_try_timeout").is_none();
+        changes.push(format!(
+            "retries {attempts} (was {}){}",
+            running.retry_attempts,
+            if derived {
+                format!(
+                    "; per-try timeout request_timeout / {} = {}",
+                    attempts + 1,
+                    human(sc.timeout)
+                )
+            } else {
+                String::new()
+            }
+        ));
+    }
+    match (&sc.health_check, &running.health_check) {
+        (None, Some(_)) => {
+            t.remove("health_check");
+            changes.push("health checks removed".to_string());
+        }
+        (Some(h), None) => {
+            let mut h_t = Table::new();
+            h_t["interval"] = value(human(h.interval));
+            h_t["unhealthy_threshold"] = value(i64::from(h.unhealthy_threshold));
+            h_t["healthy_threshold"] = value(i64::from(h.healthy_threshold));
+            set(&mut t, "health_check", Item::Table(h_t));
+            changes.push(format!(
+                "health checks every {} (GET /healthz)",
+                human(h.interval)
+            ));
+        }
+        _ => {}
+    }
+    t.decor_mut().set_prefix("");
+    let mut aot = ArrayOfTables::new();
+    aot.push(t);
+    let mut out = DocumentMut::new();
+    out.insert("cluster", Item::ArrayOfTables(aot));
+    let head = if changes.is_empty() {
+        "# keel advise: the running configuration, unchanged\n".to_string()
+    } else {
+        format!(
+            "# keel advise: changed from the running configuration: {}; every other key as it was\n",
+            changes.join(", ")
+        )
+    };
+    Some(format!("{head}{out}"))
 }
 
 fn interval(xs: &[f64]) -> [f64; 3] {
@@ -323,6 +532,7 @@ fn summarise(
     c: &Candidate,
     reps: &[RepStats],
     unseen: &[(String, u32)],
+    ctx: &Context,
 ) -> Ranked {
     let requests: u64 = reps.iter().map(|r| r.requests).sum();
     let successes: u64 = reps.iter().map(|r| r.successes).sum();
@@ -352,7 +562,11 @@ fn summarise(
     Ranked {
         strategy: c.strategy.name().to_string(),
         protections: c.protections.label().to_string(),
-        cluster_toml: cluster_toml(model, c, unseen),
+        cluster_toml: match (&ctx.config_text, &ctx.running) {
+            (Some(text), Some(r)) => merged_cluster_toml(text, &model.cluster, c, r),
+            _ => None,
+        }
+        .unwrap_or_else(|| cluster_toml(model, c, unseen)),
         success: [success, lo, hi],
         p99_ms: interval(&q(0.99)),
         p999_ms: interval(&q(0.999)),
@@ -366,18 +580,66 @@ fn summarise(
         retries_per_request: reps.iter().map(|r| r.retries).sum::<u64>() as f64
             / requests.max(1) as f64,
         running: c.running,
+        protection: protection_of(&c.scenario),
+        tier: 0,
     }
 }
 
-/// Orders best first: success (at [`SUCCESS_RESOLUTION`]), then p99, then p99.9.
-pub fn rank(rows: &mut [Ranked]) {
+fn overlaps(a: &[f64; 3], b: &[f64; 3]) -> bool {
+    a[1] <= b[2] && b[1] <= a[2]
+}
+
+/// Orders best first. By success (compared at [`SUCCESS_RESOLUTION`]), then p99, then p99.9;
+/// but success ties are settled by protection first: the best row and every row whose success
+/// interval overlaps its interval form tier 0 (the simulation cannot tell their success apart),
+/// the best of the rest and the rows overlapping it tier 1, and so on; within a tier, more
+/// protection ([`protection_of`]) ranks first, then the lower p99, then the lower p99.9; and the
+/// running configuration stays first when it has the best's protection and a p99 interval
+/// that overlaps the best's (no change on noise). Returns how many rows tie with the best.
+pub fn rank(rows: &mut [Ranked]) -> usize {
     let key = |r: &Ranked| (r.success[0] / SUCCESS_RESOLUTION).floor() as i64;
-    rows.sort_by(|a, b| {
-        key(b)
-            .cmp(&key(a))
-            .then(a.p99_ms[0].total_cmp(&b.p99_ms[0]))
+    let latency = |a: &Ranked, b: &Ranked| {
+        a.p99_ms[0]
+            .total_cmp(&b.p99_ms[0])
             .then(a.p999_ms[0].total_cmp(&b.p999_ms[0]))
+    };
+    rows.sort_by(|a, b| key(b).cmp(&key(a)).then(latency(a, b)));
+    let mut tier: Vec<Option<u32>> = vec![None; rows.len()];
+    let mut next = 0;
+    for i in 0..rows.len() {
+        if tier[i].is_some() {
+            continue;
+        }
+        let lead = rows[i].success;
+        for j in i..rows.len() {
+            if tier[j].is_none() && overlaps(&lead, &rows[j].success) {
+                tier[j] = Some(next);
+            }
+        }
+        next += 1;
+    }
+    for (r, t) in rows.iter_mut().zip(tier) {
+        r.tier = t.unwrap_or(0);
+    }
+    rows.sort_by(|a, b| {
+        a.tier
+            .cmp(&b.tier)
+            .then(b.protection.cmp(&a.protection))
+            .then(latency(a, b))
     });
+    // No change on noise: when the running configuration has the best's protection and its p99
+    // interval overlaps the best's, it stays first.
+    if let Some(r) = rows.iter().position(|r| r.running) {
+        let (best, run) = (&rows[0], &rows[r]);
+        if r > 0
+            && run.tier == best.tier
+            && run.protection == best.protection
+            && overlaps(&run.p99_ms, &best.p99_ms)
+        {
+            rows[..=r].rotate_right(1);
+        }
+    }
+    rows.iter().filter(|r| r.tier == 0).count()
 }
 
 /// Simulates every candidate (all replications as one parallel job list) and ranks them.
@@ -389,7 +651,24 @@ pub fn advise(
     source: &str,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Advice, SimError> {
-    let cands = candidates(model, opts, running);
+    let ctx = Context {
+        running: running.cloned(),
+        ..Context::default()
+    };
+    advise_in(model, opts, &ctx, source, progress)
+}
+
+/// [`advise`] with the whole context: the paste blocks keep the running `[[cluster]]` table's
+/// keys, and per-try timeouts follow each candidate's retries.
+pub fn advise_in(
+    model: &FittedModel,
+    opts: &ScenarioOptions,
+    ctx: &Context,
+    source: &str,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Advice, SimError> {
+    let running = ctx.running.as_ref();
+    let cands = candidates_in(model, opts, ctx);
     for c in &cands {
         c.scenario
             .validate()
@@ -428,11 +707,12 @@ pub fn advise(
     let mut at = 0;
     for c in &cands {
         let n = c.scenario.replications as usize;
-        rows.push(summarise(model, c, &reps[at..at + n], &unseen));
+        rows.push(summarise(model, c, &reps[at..at + n], &unseen, ctx));
         at += n;
     }
-    rank(&mut rows);
+    let tied = rank(&mut rows);
     let running_at = rows.iter().position(|r| r.running);
+    let answer = answer(&rows, tied, running_at);
     let why = explain(model, &rows, running_at);
     let traps = traps(model, &rows);
     let shown = cands
@@ -448,12 +728,105 @@ pub fn advise(
         scenario_toml: scenario_toml(model, &shown.scenario, source),
         ranking: rows,
         running: running_at,
+        answer,
+        tied,
         why,
         traps,
         model: model.clone(),
         replications: opts.replications,
         requests_per_replication: opts.requests,
     })
+}
+
+fn ms(x: &[f64; 3]) -> String {
+    format!("{:.1} ms [{:.1}, {:.1}]", x[0], x[1], x[2])
+}
+
+/// The answer, first: what to run, against what, by how much, and why (saying when it is a
+/// tie and what the tie rule chose over).
+fn answer(rows: &[Ranked], tied: usize, running: Option<usize>) -> String {
+    let Some(best) = rows.first() else {
+        return String::new();
+    };
+    let mut s = format!(
+        "Run {} with {}{}: predicted success {}, p99 {}.",
+        best.strategy,
+        best.protections,
+        if best.running {
+            " (the running configuration: keep it)"
+        } else {
+            ""
+        },
+        ci(&best.success),
+        ms(&best.p99_ms)
+    );
+    if best.running && rows.len() > 1 {
+        s.push_str(" No other configuration with as much protection has a p99 lower beyond the intervals: a change would be on noise.");
+    }
+    if tied > 1 {
+        let tie = &rows[..tied];
+        let lo = tie
+            .iter()
+            .map(|r| r.success[0])
+            .fold(f64::INFINITY, f64::min);
+        let hi = tie.iter().map(|r| r.success[0]).fold(0.0, f64::max);
+        let _ = write!(
+            s,
+            " It is a tie on success: {tied} of {} configurations ({:.3} to {:.3} %) have success intervals that overlap the best's, so the simulation cannot rank them by success; among them keel advise prefers more protection (outlier detection, retries and health checks on, then more retries), then the lower p99.",
+            rows.len(),
+            lo * 100.0,
+            hi * 100.0
+        );
+        let fastest = tie
+            .iter()
+            .min_by(|a, b| a.p99_ms[0].total_cmp(&b.p99_ms[0]))
+            .expect("a tie has rows");
+        if fastest.protection < best.protection && fastest.p99_ms[0] < best.p99_ms[0] {
+            let _ = write!(
+                s,
+                " The fastest of the tie, {} with {}, has p99 {}: {:.1} ms lower{}, with less protection against failures the log did not show.",
+                fastest.strategy,
+                fastest.protections,
+                ms(&fastest.p99_ms),
+                best.p99_ms[0] - fastest.p99_ms[0],
+                if fastest.p99_ms[2] < best.p99_ms[1] {
+                    ""
+                } else {
+                    " (within the intervals)"
+                }
+            );
+        }
+    } else if let Some(next) = rows.get(1) {
+        let _ = write!(
+            s,
+            " Its success interval overlaps no other configuration's: the next, {} with {}, succeeds {:.3} points less ({}).",
+            next.strategy,
+            next.protections,
+            (best.success[0] - next.success[0]) * 100.0,
+            ci(&next.success)
+        );
+    }
+    match running {
+        Some(0) | None => {}
+        Some(i) => {
+            let r = &rows[i];
+            let _ = write!(
+                s,
+                " Against the running configuration ({} with {}, rank {}): success {:+.3} points{}, p99 {:+.1} ms.",
+                r.strategy,
+                r.protections,
+                i + 1,
+                (best.success[0] - r.success[0]) * 100.0,
+                if r.tier == 0 {
+                    " (a tie)"
+                } else {
+                    ""
+                },
+                best.p99_ms[0] - r.p99_ms[0]
+            );
+        }
+    }
+    s
 }
 
 fn pct(x: f64) -> String {
@@ -519,7 +892,7 @@ fn explain(model: &FittedModel, rows: &[Ranked], running: Option<usize>) -> Vec<
                 ci(&b.success),
                 b.p99_ms[0],
                 if overlap {
-                    "; the success intervals overlap, so the latency decides"
+                    "; the success intervals overlap (a tie), so protection, then the latency decides"
                 } else {
                     ""
                 }
@@ -624,4 +997,85 @@ fn traps(model: &FittedModel, rows: &[Ranked]) -> Vec<String> {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(name: &str, success: [f64; 3], p99: f64, protection: [u32; 2]) -> Ranked {
+        Ranked {
+            strategy: name.into(),
+            protections: String::new(),
+            cluster_toml: String::new(),
+            success,
+            p99_ms: [p99, p99 - 0.1, p99 + 0.1],
+            p999_ms: [p99; 3],
+            mean_ms: 0.0,
+            pick_shares: Vec::new(),
+            retries_per_request: 0.0,
+            running: false,
+            protection,
+            tier: 0,
+        }
+    }
+
+    #[test]
+    fn a_success_tie_goes_to_more_protection_and_a_clear_margin_to_success() {
+        let tie = [0.9999, 0.9998, 1.0];
+        let mut rows = vec![
+            row("fast-none", tie, 26.9, [0, 0]),
+            row("slow-protected", [0.99985, 0.9997, 1.0], 27.8, [3, 2]),
+            row("defaults", tie, 27.0, [2, 1]),
+            row("worse-protected", [0.95, 0.94, 0.96], 20.0, [3, 2]),
+            row("worst-none", [0.90, 0.89, 0.91], 10.0, [0, 0]),
+        ];
+        let tied = rank(&mut rows);
+        let names: Vec<&str> = rows.iter().map(|r| r.strategy.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "slow-protected",
+                "defaults",
+                "fast-none",
+                "worse-protected",
+                "worst-none"
+            ]
+        );
+        assert_eq!(tied, 3);
+        assert_eq!(
+            rows.iter().map(|r| r.tier).collect::<Vec<_>>(),
+            [0, 0, 0, 1, 2]
+        );
+        let a = answer(&rows, tied, None);
+        assert!(a.starts_with("Run slow-protected"), "{a}");
+        assert!(a.contains("tie on success: 3 of 5"), "{a}");
+        assert!(a.contains("fast-none") && a.contains("0.9 ms lower"), "{a}");
+    }
+
+    #[test]
+    fn the_running_configuration_stays_first_when_only_noise_beats_it() {
+        let tie = [1.0, 0.9999, 1.0];
+        let mut rows = vec![
+            row("a", tie, 17.40, [3, 2]),
+            row("b", tie, 17.45, [3, 2]),
+            row("none", tie, 17.0, [0, 0]),
+        ];
+        rows[1].running = true;
+        rank(&mut rows);
+        assert_eq!(rows[0].strategy, "b");
+        // Beyond the intervals, the faster one wins.
+        rows[0].p99_ms = [19.0, 18.9, 19.1];
+        rank(&mut rows);
+        assert_eq!(rows[0].strategy, "a");
+    }
+
+    #[test]
+    fn durations_are_written_as_a_person_would() {
+        assert_eq!(human(Duration::from_nanos(333_333_333)), "333ms");
+        assert_eq!(human(Duration::from_millis(7_500)), "7s 500ms");
+        assert_eq!(human(Duration::from_secs(30)), "30s");
+        assert_eq!(human(Duration::from_micros(1_234)), "1ms 230us");
+        assert_eq!(human(Duration::from_nanos(7)), "7ns");
+    }
 }

@@ -319,11 +319,16 @@ fn advise_ranks_least_connections_below_round_robin_next_to_a_fast_failing_endpo
         advice.ranking[0]
     );
     assert_eq!(advice.running, None);
-    // Ranked: success first (at 0.01 %), then p99.
+    // Ranked: success tiers first (rows whose success intervals overlap are a tie), then
+    // more protection, then p99.
     for w in advice.ranking.windows(2) {
-        let k = |r: &advise::Ranked| (r.success[0] / advise::SUCCESS_RESOLUTION).floor();
-        assert!(k(&w[0]) >= k(&w[1]));
+        let k = |r: &advise::Ranked| (r.tier, std::cmp::Reverse(r.protection));
+        assert!(k(&w[0]) <= k(&w[1]), "{:?} then {:?}", w[0], w[1]);
     }
+    assert_eq!(
+        advice.tied,
+        advice.ranking.iter().filter(|r| r.tier == 0).count()
+    );
 }
 
 #[test]

@@ -1,6 +1,5 @@
 //! `keel`: one binary, one subcommand per job.
 
-mod advise_report;
 mod cmd;
 mod lab;
 

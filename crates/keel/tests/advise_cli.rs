@@ -63,12 +63,23 @@ fn advise_on_the_example_log_marks_the_running_row_and_writes_a_rerunnable_model
             assert!(x[1] <= x[0] && x[0] <= x[2], "{key} {x:?}");
         }
     }
-    // Success never rises down the ranking by more than the comparison's resolution.
-    let s: Vec<f64> = ranking
-        .iter()
-        .map(|r| r["success"][0].as_f64().unwrap())
-        .collect();
-    assert!(s.windows(2).all(|w| w[0] + 1e-4 >= w[1]), "{s:?}");
+    // Success tiers in order; within a tier, protection never rises down the ranking.
+    let key = |r: &serde_json::Value| {
+        let p = &r["protection"];
+        (
+            r["tier"].as_u64().unwrap(),
+            std::cmp::Reverse((p[0].as_u64().unwrap(), p[1].as_u64().unwrap())),
+        )
+    };
+    let running_first = ranking[0]["running"] == true;
+    for (i, w) in ranking.windows(2).enumerate() {
+        assert!(
+            key(&w[0]) <= key(&w[1]) || (i == 0 && running_first),
+            "{} then {}",
+            w[0],
+            w[1]
+        );
+    }
     // The endpoint failing fast (20 % in the model) is found in the fit.
     let b = &v["model"]["endpoints"][1];
     assert_eq!(b["name"], "10.0.0.2:8080");
@@ -149,5 +160,176 @@ fn advise_refuses_what_it_cannot_fit() {
         "soon",
     ]);
     assert_eq!(out.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every key path of a TOML table with its value (`retry.attempts = 2`), tables flattened.
+fn flatten(prefix: &str, t: &toml::Table, out: &mut Vec<(String, toml::Value)>) {
+    for (k, v) in t {
+        let path = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match v {
+            toml::Value::Table(sub) => flatten(&path, sub, out),
+            v => out.push((path, v.clone())),
+        }
+    }
+}
+
+/// The README's quick start: the five backends of "Try the proxy" (10 ms), keel proxy with
+/// examples/advise/quickstart.toml, 2,000 requests 8 at a time, then `keel advise` with its
+/// defaults on the access log. Loopback ports and the log's path are the test's own (the
+/// file's 9001-9005 and 8182 may be in use); everything else is the file as shipped.
+#[test]
+fn advise_on_the_quick_start_walkthrough_recommends_protection_and_keeps_every_running_key() {
+    use std::io::{BufRead, BufReader};
+    use std::net::SocketAddr;
+    use std::process::Stdio;
+    use std::time::Duration;
+
+    use keel_testbed::backend::{self, BackendConfig};
+    use keel_testbed::loadgen::{self, LoadSpec, Target};
+
+    let dir = std::env::temp_dir().join(format!("keel-advise-quickstart-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let shipped = std::fs::read_to_string(example("quickstart.toml")).unwrap();
+    let log = dir.join("access.log");
+    let mut text = shipped
+        .replace("127.0.0.1:8182", "127.0.0.1:0")
+        .replace("/tmp/keel-quickstart-access.log", log.to_str().unwrap());
+    let mut backends = Vec::new();
+    for i in 1..=5 {
+        let cfg = BackendConfig {
+            latency: keel_model::Latency::fixed(Duration::from_millis(10)),
+            name: if i == 5 {
+                "b-5".into()
+            } else {
+                format!("b-{i}")
+            },
+            ..BackendConfig::default()
+        };
+        let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let b = rt.block_on(backend::spawn(addr, cfg)).unwrap();
+        text = text.replace(&format!("127.0.0.1:900{i}"), &b.addr().to_string());
+        backends.push(b);
+    }
+    let config = dir.join("quickstart.toml");
+    std::fs::write(&config, &text).unwrap();
+
+    let mut proxy = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["proxy", "--config"])
+        .arg(&config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(proxy.stdout.take().unwrap());
+    let mut line = String::new();
+    let listen = loop {
+        line.clear();
+        if stdout.read_line(&mut line).unwrap() == 0 {
+            let _ = proxy.kill();
+            panic!("keel proxy ended early");
+        }
+        if let Some(rest) = line.trim().strip_prefix("keel proxy: listening on http://") {
+            break rest.split(' ').next().unwrap().to_string();
+        }
+    };
+    let mut spec = LoadSpec::new(Target::Url(format!("http://{listen}/")), 2_000);
+    spec.concurrency = 8;
+    spec.timeout = Duration::from_secs(3);
+    let load = rt.block_on(loadgen::run(spec));
+    // The access log is written every 100 ms.
+    std::thread::sleep(Duration::from_millis(400));
+    let _ = proxy.kill();
+    let _ = proxy.wait();
+    assert_eq!(load.requests, 2_000, "{load}");
+
+    let out = keel(&[
+        "advise",
+        "--access-log",
+        log.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+        "--quiet",
+        "--out",
+        dir.join("advice").to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{stdout}");
+    // Answer first: the recommendation and the tie before the fit and the tables.
+    let answer_at = stdout.find("Run ").expect("an answer");
+    assert!(answer_at < stdout.find("fitted from").unwrap(), "{stdout}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("advice/advice.json")).unwrap())
+            .unwrap();
+    let best = &v["ranking"][0];
+    // Every endpoint answers in 10 ms: success ties everywhere, and the tie goes to protection
+    // (outlier detection, retries and health checks all on), never to "none".
+    assert!(v["tied"].as_u64().unwrap() > 1, "{stdout}");
+    assert!(v["answer"].as_str().unwrap().contains("tie"), "{stdout}");
+    assert_eq!(best["protection"][0], 3, "{best}");
+    assert!(best["protection"][1].as_u64().unwrap() >= 2, "{best}");
+    let html = std::fs::read_to_string(dir.join("advice/index.html")).unwrap();
+    let h1 = html.find("</h1>").unwrap();
+    assert!(
+        html[h1..].starts_with("</h1><p class=answer><b>Run "),
+        "the page opens with the answer"
+    );
+
+    // The paste block is the running [[cluster]] with only what the recommendation changes.
+    let paste = best["cluster_toml"].as_str().unwrap();
+    // Durations as a person writes them: no microseconds or nanoseconds (`333ms 333us 333ns`).
+    let b = paste.as_bytes();
+    let sub_ms = (1..b.len().saturating_sub(1))
+        .any(|i| b[i - 1].is_ascii_digit() && (b[i] == b'u' || b[i] == b'n') && b[i + 1] == b's');
+    assert!(!sub_ms, "{paste}");
+    let listener = "[[listener]]\nlisten = \"127.0.0.1:8080\"\ncluster = \"app\"\n\n";
+    keel_proxy::ProxyConfig::from_toml_str(&format!("{listener}{paste}"), "advice")
+        .unwrap_or_else(|e| panic!("{e}\n{paste}"));
+    let cluster = |text: &str| -> toml::Table {
+        let doc: toml::Table = text.parse().unwrap();
+        doc["cluster"].as_array().unwrap()[0]
+            .as_table()
+            .unwrap()
+            .clone()
+    };
+    let (mut running, mut pasted) = (Vec::new(), Vec::new());
+    flatten("", &cluster(&text), &mut running);
+    flatten("", &cluster(paste), &mut pasted);
+    for (key, value) in &running {
+        let now = pasted.iter().find(|(k, _)| k == key).map(|(_, v)| v);
+        if key == "strategy" {
+            assert!(now.is_some(), "{paste}");
+            continue;
+        }
+        assert_eq!(now, Some(value), "{key} changed or dropped:\n{paste}");
+    }
+    assert!(stdout.contains(paste.trim()), "{stdout}");
+    // Every row's section parses, written as a person would (`key = value`), including those
+    // that turn a protection table into `outlier_detection = false` or remove it.
+    for r in v["ranking"].as_array().unwrap() {
+        let toml = r["cluster_toml"].as_str().unwrap();
+        keel_proxy::ProxyConfig::from_toml_str(&format!("{listener}{toml}"), "advice")
+            .unwrap_or_else(|e| panic!("{e}\n{toml}"));
+        for line in toml
+            .lines()
+            .filter(|l| l.contains('=') && !l.starts_with(['#', ' ']))
+        {
+            assert!(line.contains(" = "), "{line:?} in\n{toml}");
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

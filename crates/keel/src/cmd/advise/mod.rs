@@ -12,9 +12,12 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use keel_model::advise::{self, Advice, RunningConfig};
 use keel_model::fit::scenario::ScenarioOptions;
 use keel_model::fit::{self, FitOptions, FittedModel};
-use keel_model::vocab::LatencyDist;
 
+use crate::cmd::advise::text::{family, rate};
 use crate::cmd::usage;
+
+mod report;
+mod text;
 
 /// Arguments of `keel advise`.
 #[derive(clap::Args)]
@@ -27,14 +30,17 @@ Examples:
 What it does: reads the log (JSON lines; the `tries` field of each try when present), fits per
 endpoint the latency of successes, the share of fast errors, timeouts and resets, and a
 concurrency limit; then simulates every strategy x {none, keel defaults, outlier + retry 2 +
-health} (and the configuration of --config) and ranks them by success, then p99, then p99.9.
+health} (and the configuration of --config) and ranks them by success, then p99, then p99.9;
+where success intervals overlap the best's it is a tie, and more protection ranks first. The
+output opens with the answer; the section to paste is the --config cluster's own with only the
+keys the recommendation changes rewritten.
 --out DIR writes index.html, advice.json and fitted.toml (the model as a scenario: rerun it with
 `keel simulate --scenario DIR/fitted.toml`, edit it to ask what if). docs/advise.md says what is
 fitted, what the model leaves out, and how to read the report.
 
-JSON (--json, and advice.json): {\"ranking\": [{\"strategy\", \"protections\", \"cluster_toml\",
+JSON (--json, and advice.json): {\"answer\", \"tied\", \"ranking\": [{\"strategy\", \"protections\", \"cluster_toml\",
 \"success\": [mean, lo95, hi95], \"p99_ms\": [...], \"p999_ms\": [...], \"mean_ms\",
-\"pick_shares\", \"retries_per_request\", \"running\"}, ...] best first, \"running\" (index or
+\"pick_shares\", \"retries_per_request\", \"running\", \"protection\", \"tier\"}, ...] best first, \"running\" (index or
 null), \"why\", \"traps\", \"model\": {...}, \"replications\", \"requests_per_replication\"}.")]
 pub struct Args {
     /// keel proxy's access log in the JSON format (`-`: standard input).
@@ -118,10 +124,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     .map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
     let fitted_in = started.elapsed();
 
-    let running = match &proxy_config {
-        None => None,
-        Some(c) => Some(running_config(c, &model, args.config.as_deref().unwrap())?),
-    };
+    let mut ctx = advise::Context::default();
+    if let (Some(c), Some(path)) = (&proxy_config, args.config.as_deref()) {
+        let (running, request_timeout) = running_config(c, &model, path)?;
+        ctx.running = Some(running);
+        ctx.request_timeout = request_timeout;
+        // The paste blocks rewrite the running [[cluster]] table as written (keys, comments).
+        ctx.config_text = std::fs::read_to_string(path).ok();
+    }
     let mut sopts = ScenarioOptions::for_model(&model);
     sopts.seed = args.seed;
     if let Some(r) = args.requests {
@@ -130,13 +140,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(r) = args.replications {
         sopts.replications = r;
     }
-    let n_configs = advise::candidates(&model, &sopts, running.as_ref()).len() as u64;
+    let n_configs = advise::candidates_in(&model, &sopts, &ctx).len() as u64;
     let bar = progress_bar(
         n_configs * sopts.requests * u64::from(sopts.replications),
         args.quiet,
     );
     let sim_started = Instant::now();
-    let advice = advise::advise(&model, &sopts, running.as_ref(), &source, &|n| bar.inc(n))
+    let advice = advise::advise_in(&model, &sopts, &ctx, &source, &|n| bar.inc(n))
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     bar.finish_and_clear();
     let simulated_in = sim_started.elapsed();
@@ -150,7 +160,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
         write("advice.json", &serde_json::to_string_pretty(&advice)?)?;
         let scenario = write("fitted.toml", &advice.scenario_toml)?;
-        let html = crate::advise_report::html(&advice, &source, fitted_in, simulated_in)?;
+        let html = report::html(&advice, &source, fitted_in, simulated_in)?;
         let index = write("index.html", &html)?;
         eprintln!(
             "wrote {} and {} (rerun the model: keel simulate --scenario {})",
@@ -167,12 +177,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The cluster's running configuration from keel proxy's TOML.
+/// The cluster's running configuration from keel proxy's TOML, and its `request_timeout` when
+/// the per-try timeout is derived from it.
 fn running_config(
     config: &keel_proxy::ProxyConfig,
     model: &FittedModel,
     path: &Path,
-) -> anyhow::Result<RunningConfig> {
+) -> anyhow::Result<(RunningConfig, Option<Duration>)> {
     let Some(c) = config.cluster(&model.cluster) else {
         let names: Vec<&str> = config.clusters.iter().map(|c| c.name.as_str()).collect();
         anyhow::bail!(
@@ -182,7 +193,12 @@ fn running_config(
             names.join(", ")
         );
     };
-    Ok(RunningConfig {
+    let request_timeout = c
+        .retry
+        .per_try_timeout
+        .is_none()
+        .then_some(c.request_timeout);
+    let running = RunningConfig {
         balancer: c.balancer_config(),
         retry_attempts: c.retry.attempts,
         retry_budget: c.retry.budget(),
@@ -196,7 +212,8 @@ fn running_config(
             .iter()
             .map(|e| (e.address.clone(), e.weight))
             .collect(),
-    })
+    };
+    Ok((running, request_timeout))
 }
 
 fn progress_bar(total: u64, quiet: bool) -> ProgressBar {
@@ -213,33 +230,20 @@ fn progress_bar(total: u64, quiet: bool) -> ProgressBar {
     bar
 }
 
-/// The fitted family in words.
-pub(crate) fn family(l: &keel_model::Latency) -> String {
-    let mean = l.mean.as_secs_f64() * 1e3;
-    match l.dist {
-        LatencyDist::Fixed => format!("fixed {mean:.2} ms"),
-        LatencyDist::Exponential => format!("exponential {mean:.2} ms"),
-        LatencyDist::LogNormal { sigma } => format!("lognormal {mean:.2} ms s={sigma:.2}"),
-    }
-}
-
-fn rate(r: &fit::Rate) -> String {
-    if r.count == 0 {
-        return format!("0 [0, {:.3}]", r.ci95[1] * 100.0);
-    }
-    format!(
-        "{:.2} [{:.2}, {:.2}]",
-        r.share * 100.0,
-        r.ci95[0] * 100.0,
-        r.ci95[1] * 100.0
-    )
-}
-
 fn print_table(a: &Advice, configs: u64, fitted: Duration, simulated: Duration) {
     let m = &a.model;
+    // The answer first; then how it was reached.
+    println!("keel advise: cluster `{}`", m.cluster);
+    println!("{}", a.answer);
+    for w in &a.why {
+        println!("why: {w}");
+    }
+    for t in &a.traps {
+        println!("trap: {t}");
+    }
+    println!("(the settings to paste are at the end)\n");
     println!(
-        "keel advise: cluster `{}`: {} requests, {} tries from {} to {} ({:.0} s), {:.1} requests/s (dispersion {:.2}), {} endpoints; fitted in {:.2} s",
-        m.cluster,
+        "fitted from {} requests, {} tries from {} to {} ({:.0} s), {:.1} requests/s (dispersion {:.2}), {} endpoints; fitted in {:.2} s",
         m.requests,
         m.tries,
         m.from,
@@ -293,7 +297,7 @@ fn print_table(a: &Advice, configs: u64, fitted: Duration, simulated: Duration) 
     }
     println!();
     println!(
-        "{configs} configurations x {} replications of {} requests simulated in {:.1} s; best first (success, then p99, then p99.9; 95 % intervals):",
+        "{configs} configurations x {} replications of {} requests simulated in {:.1} s; best first (success; where success intervals overlap the best's, a tie (=): more protection, then p99, then p99.9; 95 % intervals):",
         a.replications,
         a.requests_per_replication,
         simulated.as_secs_f64()
@@ -304,9 +308,14 @@ fn print_table(a: &Advice, configs: u64, fitted: Duration, simulated: Duration) 
     );
     for (i, r) in a.ranking.iter().enumerate() {
         println!(
-            "{:>3}{} {:<22} {:<33} {:<26} {:<24} {:>10.1}",
+            "{:>3}{}{:<22} {:<33} {:<26} {:<24} {:>10.1}",
             i + 1,
-            if r.running { "*" } else { " " },
+            match (r.running, r.tier == 0 && a.tied > 1) {
+                (true, true) => "*=",
+                (true, false) => "* ",
+                (false, true) => " =",
+                (false, false) => "  ",
+            },
             r.strategy,
             r.protections,
             format!(
@@ -325,17 +334,13 @@ fn print_table(a: &Advice, configs: u64, fitted: Duration, simulated: Duration) 
     if a.running.is_some() {
         println!("  * the running configuration (--config)");
     }
-    println!();
-    for w in &a.why {
-        println!("why: {w}");
-    }
-    for t in &a.traps {
-        println!("trap: {t}");
+    if a.tied > 1 {
+        println!("  = tied with the best on success (overlapping 95 % intervals)");
     }
     if let Some(best) = a.ranking.first() {
         println!(
-            "\nto run the best, paste into the proxy's configuration:\n{}",
-            best.cluster_toml
+            "\nto run {} with {}, replace the cluster's [[cluster]] section with:\n{}",
+            best.strategy, best.protections, best.cluster_toml
         );
     }
 }

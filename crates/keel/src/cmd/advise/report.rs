@@ -9,7 +9,7 @@ use std::time::Duration;
 use keel_model::advise::Advice;
 use keel_model::plot::{render_svg, ChartSpec, Series, Style};
 
-use crate::cmd::advise::family;
+use crate::cmd::advise::text::family;
 
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
@@ -32,6 +32,26 @@ fn short(strategy: &str, protections: &str) -> String {
     format!("{s}/{p}")
 }
 
+/// The page's first screen: the answer, why, the traps, and the settings to paste.
+fn answer(a: &Advice) -> String {
+    let mut h = format!("<p class=answer><b>{}</b></p><ul>", esc(&a.answer));
+    for w in &a.why {
+        let _ = write!(h, "<li>{}</li>", esc(w));
+    }
+    for t in &a.traps {
+        let _ = write!(h, "<li><b>Trap:</b> {}</li>", esc(t));
+    }
+    let _ = write!(h, "</ul>");
+    if let Some(best) = a.ranking.first() {
+        let _ = write!(
+            h,
+            "<p>To run it, replace the cluster's <code>[[cluster]]</code> section with:</p><pre>{}</pre>",
+            esc(&best.cluster_toml)
+        );
+    }
+    h
+}
+
 /// Charts shown: the best configurations (all of them up to this many).
 const CHARTED: usize = 20;
 
@@ -51,13 +71,14 @@ pub fn html(
          table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}\
          td.l,th.l{{text-align:left}}tr.run td{{background:#fff3d6}}tr.best td{{background:#e6f4e6}}figure{{margin:1em 0}}\
          li{{margin:.4em 0}}code,pre{{background:#f4f4f4;padding:1px 3px}}pre{{padding:6px;margin:4px 0}}</style></head><body>\
-         <h1>keel advise: cluster <code>{cluster}</code></h1>\
-         <p>Fitted from <code>{source}</code>: {requests} requests and {tries} tries from {from} to {to} ({secs:.0} s), \
+         <h1>keel advise: cluster <code>{cluster}</code></h1>{answer}\
+         <h2>How</h2><p>Fitted from <code>{source}</code>: {requests} requests and {tries} tries from {from} to {to} ({secs:.0} s), \
          {rate:.1} requests/s (index of dispersion {disp:.2}; Poisson: 1), {inflight:.2} requests in flight on average. \
          Fitted in {fit:.2} s; {configs} configurations simulated with {reps} replications of {per} requests each in {sim:.1} s. \
          The model is written to <code>fitted.toml</code> beside this page: <code>keel simulate --scenario fitted.toml</code> \
          reruns it, and editing it asks what if. <code>docs/advise.md</code> says what is fitted and what the model leaves out.</p>",
         cluster = esc(&m.cluster),
+        answer = answer(a),
         source = esc(source),
         requests = m.requests,
         tries = m.tries,
@@ -73,23 +94,12 @@ pub fn html(
         per = a.requests_per_replication,
         sim = simulated.as_secs_f64(),
     );
-    let _ = write!(h, "<h2>Advice</h2><ul>");
-    for w in &a.why {
-        let _ = write!(h, "<li>{}</li>", esc(w));
-    }
-    for t in &a.traps {
-        let _ = write!(h, "<li><b>Trap:</b> {}</li>", esc(t));
-    }
-    for n in &m.notes {
-        let _ = write!(h, "<li><b>Note:</b> {}</li>", esc(n));
-    }
-    let _ = write!(h, "</ul>");
-    if let Some(best) = a.ranking.first() {
-        let _ = write!(
-            h,
-            "<p>To run the best configuration, paste into keel proxy's configuration:</p><pre>{}</pre>",
-            esc(&best.cluster_toml)
-        );
+    if !m.notes.is_empty() {
+        let _ = write!(h, "<ul>");
+        for n in &m.notes {
+            let _ = write!(h, "<li><b>Note:</b> {}</li>", esc(n));
+        }
+        let _ = write!(h, "</ul>");
     }
 
     // Charts over the best configurations (and the running one, wherever it ranks).
@@ -161,7 +171,9 @@ pub fn html(
     // The ranking.
     let _ = write!(
         h,
-        "<h2>Ranking</h2><p>Best first: success (compared at 0.01 %), then p99, then p99.9. Success intervals are \
+        "<h2>Ranking</h2><p>Best first: success (compared at 0.01 %); rows whose success interval overlaps the best's \
+         are a tie (marked =), ranked by more protection (outlier detection, retries and health checks on, then more \
+         retries), then p99, then p99.9; the rest likewise in tiers. Success intervals are \
          the union of a Student-t interval over replications and a Wilson interval on the pooled counts; latency \
          intervals are Student-t over replications. Shares are of tries, retries included, in endpoint order.</p>\
          <table><tr><th>rank</th><th class=l>strategy</th><th class=l>protections</th><th>success %</th><th>95 %</th>\
@@ -183,10 +195,11 @@ pub fn html(
             .collect();
         let _ = write!(
             h,
-            "<tr{class}><td>{}{}</td><td class=l>{}</td><td class=l>{}</td><td>{:.3}</td><td>{:.3}-{:.3}</td>\
+            "<tr{class}><td>{}{}{}</td><td class=l>{}</td><td class=l>{}</td><td>{:.3}</td><td>{:.3}-{:.3}</td>\
              <td>{:.1}</td><td>{:.1}-{:.1}</td><td>{:.1}</td><td>{:.1}</td><td>{:.3}</td><td class=l>{} %</td>\
              <td class=l><details><summary>settings</summary><pre>{}</pre></details></td></tr>",
             i + 1,
+            if r.tier == 0 && a.tied > 1 { " =" } else { "" },
             if r.running { " (running)" } else { "" },
             esc(&r.strategy),
             esc(&r.protections),
