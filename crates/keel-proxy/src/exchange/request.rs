@@ -128,9 +128,12 @@ pub(crate) enum Reject {
     MissingHost,
     /// More than one `Host`.
     DuplicateHost,
+    /// A `Host` or authority that is not a valid `host[:port]`.
+    InvalidHost,
     /// More `Connection` options than keel tracks.
     TooManyConnectionOptions,
-    /// A target that is neither origin form nor an `http(s)://` absolute form.
+    /// A target that is neither origin form nor an `http(s)://` absolute form (nor `*` for
+    /// `OPTIONS`).
     UnsupportedTarget,
     /// `CONNECT`: keel is a reverse proxy, not a tunnel to anywhere.
     Connect,
@@ -158,6 +161,7 @@ impl Reject {
             | Reject::TransferEncodingNotChunked
             | Reject::MissingHost
             | Reject::DuplicateHost
+            | Reject::InvalidHost
             | Reject::UnsupportedTarget
             | Reject::InvalidBody => 400,
         }
@@ -181,6 +185,7 @@ impl Reject {
             Reject::UnsupportedExpectation => "only Expect: 100-continue is supported",
             Reject::MissingHost => "Host header missing (required since HTTP/1.1)",
             Reject::DuplicateHost => "more than one Host header",
+            Reject::InvalidHost => "invalid Host or authority (not a host[:port])",
             Reject::TooManyConnectionOptions => "too many Connection options",
             Reject::UnsupportedTarget => "unsupported request target",
             Reject::Connect => "CONNECT is not supported (keel is a reverse proxy)",
@@ -396,28 +401,159 @@ fn hex16(x: u64) -> [u8; 16] {
     out
 }
 
-/// The origin-form target (`/path?query` or `*`) of a request target, and the authority of
-/// an absolute-form one (`http://authority/path?query`, RFC 9112 section 3.2.2).
-pub(crate) fn origin_form(target: &str) -> Option<(&str, Option<&str>)> {
-    if target.starts_with('/') || target == "*" {
-        return Some((target, None));
+/// The request target a front end accepts, as the path sent on and an absolute-form target's
+/// authority. The one check of a request's method and target, for every front end (an
+/// HTTP/1.1 request line; HTTP/2's `:method` and `:path`, `path` empty when there is none):
+/// `CONNECT` is refused (`501`: keel is a reverse proxy, not a tunnel, and a tunnel's bytes
+/// must never reach a pooled endpoint connection); the target is origin form (`/path?query`),
+/// `*` for `OPTIONS` only (forwarded as `OPTIONS *`), or an `http(s)://` absolute form (RFC
+/// 9112 section 3.2.2: a server must accept it), whose authority then stands for `Host`.
+/// Anything else, `GET *` included, is `400`.
+pub(crate) fn request_target<'t>(
+    method: &str,
+    target: &'t str,
+) -> Result<(&'t str, Option<&'t str>), Reject> {
+    if method == "CONNECT" {
+        return Err(Reject::Connect);
     }
-    let (scheme, rest) = target.split_once("://")?;
+    if target.starts_with('/') {
+        return Ok((target, None));
+    }
+    if target == "*" {
+        return if method == "OPTIONS" {
+            Ok((target, None))
+        } else {
+            Err(Reject::UnsupportedTarget)
+        };
+    }
+    let (scheme, rest) = target.split_once("://").ok_or(Reject::UnsupportedTarget)?;
     if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
-        return None;
+        return Err(Reject::UnsupportedTarget);
     }
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, path) = rest.split_at(end);
-    if authority.is_empty() || authority.contains('@') || path.starts_with('?') {
-        return None;
+    if path.starts_with('?') {
+        return Err(Reject::UnsupportedTarget);
     }
-    Some((if path.is_empty() { "/" } else { path }, Some(authority)))
+    if !valid_authority(authority.as_bytes()) {
+        return Err(Reject::InvalidHost);
+    }
+    Ok((if path.is_empty() { "/" } else { path }, Some(authority)))
+}
+
+/// Bytes allowed in a host name: RFC 3986's unreserved characters (letters, digits, `-`, `.`,
+/// `_`, `~`). Its sub-delimiters and percent-encoding are refused: no DNS name has them, and
+/// a `,` or `;` would be read as a list by whoever gets `X-Forwarded-Host` or a redirect.
+const HOST_BYTE: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~');
+        b += 1;
+    }
+    t
+};
+
+/// True if `v` is a valid `Host` or `:authority`: `host[:port]`, the host a name of
+/// [`HOST_BYTE`]s or a bracketed IPv6 address, the port 1 to 5 digits up to 65535. No
+/// user info (`@`), no path or query (`/`, `?`), no spaces or control bytes, no empty port.
+/// Checked before a request is routed or rewritten, so that nothing invalid is forwarded or
+/// reflected into a redirect.
+pub(crate) fn valid_authority(v: &[u8]) -> bool {
+    let (host, port) = if v.first() == Some(&b'[') {
+        let Some(close) = v.iter().position(|b| *b == b']') else {
+            return false;
+        };
+        let inside = &v[1..close];
+        if inside.len() < 2
+            || !inside
+                .iter()
+                .all(|b| b.is_ascii_hexdigit() || *b == b':' || *b == b'.')
+        {
+            return false;
+        }
+        match &v[close + 1..] {
+            [] => return true,
+            [b':', port @ ..] => (&v[..=close], Some(port)),
+            _ => return false,
+        }
+    } else {
+        match v.iter().position(|b| *b == b':') {
+            Some(colon) => (&v[..colon], Some(&v[colon + 1..])),
+            None => (v, None),
+        }
+    };
+    if host.is_empty() || (host[0] != b'[' && !host.iter().all(|b| HOST_BYTE[usize::from(*b)])) {
+        return false;
+    }
+    match port {
+        None => true,
+        Some(p) => {
+            !p.is_empty()
+                && p.len() <= 5
+                && p.iter().all(u8::is_ascii_digit)
+                && p.iter().fold(0u32, |n, d| n * 10 + u32::from(d - b'0')) <= 65535
+        }
+    }
 }
 
 pub(crate) use crate::codec::parse_content_length;
 
 #[cfg(test)]
 mod tests {
+    use super::{request_target, valid_authority, Reject};
+
+    #[test]
+    fn hosts_are_a_host_and_an_optional_port() {
+        for ok in [
+            "a",
+            "app.example",
+            "app.example.",
+            "APP-1_x.internal",
+            "h:80",
+            "h:65535",
+            "10.0.0.1:8080",
+            "[::1]",
+            "[::1]:443",
+            "[2001:db8::ffff:10.0.0.1]:1",
+        ] {
+            assert!(valid_authority(ok.as_bytes()), "{ok:?}");
+        }
+        for bad in [
+            "", "a b", "evil/x", "evil?x", "evil#x", "u@h", "u:p@h", "h:", "h:65536", "h:123456",
+            "h:8a", "h:-1", ":80", "[::1", "[::1]x", "[]", "[zz::1]", "a\tb", "a\0b", "a,b", "a;b",
+            "%41", "h:80:80", "a\\b",
+        ] {
+            assert!(!valid_authority(bad.as_bytes()), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn targets_are_origin_form_options_star_or_absolute_http() {
+        assert_eq!(request_target("GET", "/a?b"), Ok(("/a?b", None)));
+        assert_eq!(request_target("OPTIONS", "*"), Ok(("*", None)));
+        assert_eq!(
+            request_target("GET", "http://h:8/p"),
+            Ok(("/p", Some("h:8")))
+        );
+        assert_eq!(request_target("GET", "HTTPS://h"), Ok(("/", Some("h"))));
+        assert_eq!(request_target("CONNECT", "h:443"), Err(Reject::Connect));
+        assert_eq!(request_target("CONNECT", "/"), Err(Reject::Connect));
+        for bad in ["*", "", "a/b", "ftp://h/", "http://h?q"] {
+            assert_eq!(
+                request_target("GET", bad),
+                Err(Reject::UnsupportedTarget),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            request_target("GET", "http://u@h/"),
+            Err(Reject::InvalidHost)
+        );
+        assert_eq!(request_target("GET", "http:///p"), Err(Reject::InvalidHost));
+    }
+
     #[test]
     fn hex16_writes_what_format_writes() {
         let mut x = 0x0123_4567_89ab_cdefu64;

@@ -12,8 +12,8 @@ use hyper::http::uri::Authority;
 
 use crate::codec::{push_content_length, push_header, HOP_BY_HOP};
 use crate::exchange::request::{
-    new_request_id, parse_content_length, BodyFraming, Reject, RequestHead, RequestRules, RouteRef,
-    UpgradeTo, MAX_REQUEST_ID,
+    new_request_id, parse_content_length, valid_authority, BodyFraming, Reject, RequestHead,
+    RequestRules, RouteRef, UpgradeTo, MAX_REQUEST_ID,
 };
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -79,6 +79,9 @@ fn scan<'h, I>(
 where
     I: Iterator<Item = (&'h str, &'h [u8])>,
 {
+    if authority.is_some_and(|a| !valid_authority(a.as_bytes())) {
+        return Err(Reject::InvalidHost);
+    }
     let mut s = Scan {
         named: [b""; MAX_CONNECTION_TOKENS],
         n_named: 0,
@@ -135,6 +138,9 @@ where
         } else if name.eq_ignore_ascii_case("host") {
             if s.host.is_some() {
                 return Err(Reject::DuplicateHost);
+            }
+            if !valid_authority(value) {
+                return Err(Reject::InvalidHost);
             }
             s.host = Some(value);
         } else if name.eq_ignore_ascii_case("x-forwarded-for") {

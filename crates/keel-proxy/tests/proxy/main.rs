@@ -23,6 +23,7 @@ mod one_failed_of_five;
 mod protocols;
 mod proxy_behaviour;
 mod rate_limit;
+mod request_targets;
 mod rewrites;
 mod routes;
 mod sticky;

@@ -5,7 +5,7 @@
 use std::mem::MaybeUninit;
 
 use crate::exchange::request::{
-    hash_rule, origin_form, Reject, RequestHead, RequestRules, RouteRef, STACK_HEADERS,
+    hash_rule, request_target, Reject, RequestHead, RequestRules, RouteRef, STACK_HEADERS,
 };
 use crate::exchange::rewrite::rewrite;
 use crate::route::ListenerRoutes;
@@ -69,11 +69,9 @@ fn parse_request_in<'b>(
     let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
         return RequestParse::Reject(Reject::Malformed);
     };
-    if method == "CONNECT" {
-        return RequestParse::Reject(Reject::Connect);
-    }
-    let Some((path, authority)) = origin_form(target) else {
-        return RequestParse::Reject(Reject::UnsupportedTarget);
+    let (path, authority) = match request_target(method, target) {
+        Ok(t) => t,
+        Err(r) => return RequestParse::Reject(r),
     };
     let fields = || req.headers.iter().map(|h| (h.name, h.value));
     let (route, routed);
@@ -278,6 +276,13 @@ mod tests {
             ),
             (b"CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n", 501),
             (b"GET ftp://x/ HTTP/1.1\r\n\r\n", 400),
+            (b"GET * HTTP/1.1\r\nHost: a\r\n\r\n", 400),
+            (b"GET a/b HTTP/1.1\r\nHost: a\r\n\r\n", 400),
+            (b"GET http://u@a/ HTTP/1.1\r\n\r\n", 400),
+            (b"GET http://a:99999/ HTTP/1.1\r\n\r\n", 400),
+            (b"GET / HTTP/1.1\r\nHost: evil/x?\r\n\r\n", 400),
+            (b"GET / HTTP/1.1\r\nHost: a:\r\n\r\n", 400),
+            (b"GET / HTTP/1.1\r\nHost: \r\n\r\n", 400),
         ] {
             match r(raw, &mut out) {
                 RequestParse::Reject(rej) => {

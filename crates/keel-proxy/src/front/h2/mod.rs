@@ -26,7 +26,9 @@ use crate::driver::account::Tail;
 use crate::driver::answer::{self, Answer, OwnAnswer, Upstream};
 use crate::exchange::error::BodyEnd;
 use crate::exchange::head::RequestHeaders;
-use crate::exchange::request::{BodyFraming, Client, Reject, RequestHead, RequestRules};
+use crate::exchange::request::{
+    request_target, valid_authority, BodyFraming, Client, Reject, RequestHead, RequestRules,
+};
 use crate::forward::{self, Request};
 use crate::leg::h2::{RecvBody, RequestPump};
 use crate::leg::ResponseBody;
@@ -155,6 +157,29 @@ async fn handle(
     };
     let (mut parts, body) = req.into_parts();
     let body = RecvBody::new(body);
+    // The method, the target and the authority are checked before routing, by the rules the
+    // HTTP/1.1 front end applies: no CONNECT, `:path` in origin form (or `*` for OPTIONS),
+    // `:authority` and `Host` valid. An absolute form has no place in `:path`.
+    let target = parts.uri.path_and_query().map_or("", |p| p.as_str());
+    let checked = match request_target(parts.method.as_str(), target) {
+        Ok((_, Some(_))) => Err(Reject::UnsupportedTarget),
+        Ok(_) => Ok(()),
+        Err(r) => Err(r),
+    }
+    .and_then(|()| {
+        let authority = parts.uri.authority().map(|a| a.as_str().as_bytes());
+        let host = parts.headers.get(hyper::header::HOST).map(|h| h.as_bytes());
+        if authority.into_iter().chain(host).all(valid_authority) {
+            Ok(())
+        } else {
+            Err(Reject::InvalidHost)
+        }
+    });
+    if let Err(reject) = checked {
+        let grpc = is_grpc(&parts.headers);
+        let scope = scope.with_request(|| LoggedHead::Map(Box::new(parts)));
+        return refused(reject, active, scope, None, grpc);
+    }
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let fields = || {
         parts
@@ -215,7 +240,7 @@ async fn handle(
         Err(reject) => {
             let grpc = is_grpc(&parts.headers);
             let scope = scope.with_request(|| LoggedHead::Map(Box::new(parts)));
-            return refused(reject, active, scope, cluster, grpc);
+            return refused(reject, active, scope, Some(cluster), grpc);
         }
     };
     let grpc = meta.grpc;
@@ -252,7 +277,7 @@ async fn handle(
                 Ok(data) => data,
                 Err(reject) => {
                     let scope = scope.with_request(|| LoggedHead::of(http1, text, parts));
-                    return refused(reject, active, scope, cluster, grpc);
+                    return refused(reject, active, scope, Some(cluster), grpc);
                 }
             };
             let mut inline = &data[..];
@@ -322,13 +347,13 @@ fn refused(
     reject: Reject,
     active: ActiveRequest,
     scope: H2Scope,
-    cluster: &Cluster,
+    cluster: Option<&Cluster>,
     grpc: bool,
 ) -> Response<H2Body> {
     if grpc {
-        grpc_own_response(answer::refused(reject), active, scope, Some(cluster))
+        grpc_own_response(answer::refused(reject), active, scope, cluster)
     } else {
-        own_response(answer::refused(reject), active, scope, Some(cluster))
+        own_response(answer::refused(reject), active, scope, cluster)
     }
 }
 

@@ -63,7 +63,8 @@ pub(crate) async fn try_once<B: RequestBody>(
             }
             return Err(f);
         }
-        match read_response(&mut conn, entry, cluster, req, out).await {
+        let read = read_response(&mut conn, entry, cluster, req, out).await;
+        match read.map(|resp| never_pooled_after_tunnel(head, resp)) {
             Ok(resp) if cluster.is_failure_status(resp.status) => {
                 let cause = Cause::Status(resp.status);
                 return Err(TryFailure::Status((conn, resp), cause));
@@ -73,6 +74,16 @@ pub(crate) async fn try_once<B: RequestBody>(
             Err(f) => return Err(f),
         }
     }
+}
+
+/// A response that turns its connection into a tunnel (`101 Switching Protocols`, or a `2xx`
+/// to `CONNECT`) leaves it carrying bytes no other request may see: it is marked not to be
+/// kept, so that it never goes back to the pool, whatever the front end refused before.
+fn never_pooled_after_tunnel(head: &[u8], mut resp: ResponseHead) -> ResponseHead {
+    if resp.status == 101 || (resp.status / 100 == 2 && head.starts_with(b"CONNECT ")) {
+        resp.keep_alive = false;
+    }
+    resp
 }
 
 /// Writes the request: an inline body with the head in one write; a streamed one after it,
@@ -208,4 +219,33 @@ fn head_value<'a>(head: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
             .eq_ignore_ascii_case(name)
             .then(|| line[colon + 1..].trim_ascii())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::never_pooled_after_tunnel;
+    use crate::codec::response::parse_response;
+
+    fn kept(request: &[u8], response: &[u8]) -> bool {
+        let head = parse_response(response, false, &mut Vec::new(), false)
+            .unwrap()
+            .unwrap();
+        never_pooled_after_tunnel(request, head).keep_alive
+    }
+
+    #[test]
+    fn a_connection_that_became_a_tunnel_is_never_kept() {
+        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+        assert!(kept(b"GET / HTTP/1.1\r\n", ok));
+        assert!(!kept(b"CONNECT / HTTP/1.1\r\n", ok));
+        assert!(!kept(
+            b"CONNECT h:443 HTTP/1.1\r\n",
+            b"HTTP/1.1 204 OK\r\n\r\n"
+        ));
+        // A refused CONNECT leaves an ordinary HTTP connection.
+        let refused = b"HTTP/1.1 405 No\r\ncontent-length: 0\r\n\r\n";
+        assert!(kept(b"CONNECT h:443 HTTP/1.1\r\n", refused));
+        let switched = b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n\r\n";
+        assert!(!kept(b"GET /ws HTTP/1.1\r\n", switched));
+    }
 }
