@@ -703,9 +703,25 @@ impl Balancer {
                 );
             }
         }
+        self.judge(snap, e, failed, crate::outlier::LOCAL_SOURCE, now, index)
+    }
+
+    /// Outlier detection's part of an outcome on endpoint `e` (observed by `source`): records it
+    /// and ejects the endpoint when a rule says so and the cap allows. `index` finds `e`'s place
+    /// in `snap` (looked up only when it ejects). True when it ejected.
+    #[inline(always)]
+    fn judge(
+        &self,
+        snap: &Snapshot,
+        e: &Endpoint,
+        failed: bool,
+        source: u64,
+        now: u64,
+        index: impl Fn() -> Option<usize>,
+    ) -> bool {
         if let Some(od) = &self.config.outlier_detection {
             let mut st = e.outlier();
-            if st.record(od, failed, now) && e.ejected_until_ns() <= now {
+            if st.record(od, failed, source, now) && e.ejected_until_ns() <= now {
                 let ejected = snap
                     .endpoints
                     .iter()
@@ -729,6 +745,40 @@ impl Balancer {
             }
         }
         false
+    }
+
+    /// Records an outcome of a call to endpoint `id` that *another* balancer observed (a fleet
+    /// sharing its evidence): outlier detection counts it as it counts this balancer's own
+    /// outcomes, in the order they arrive (consecutive failures across the fleet, the fleet's
+    /// failure rate), and ejects the endpoint here when a rule says so, within
+    /// `max_ejection_percent`. `source` names the balancer that observed it (any number but 0,
+    /// which stands for this balancer's own calls), for [`crate::SharedEvidence`]'s quorum. It
+    /// touches nothing else: no in-flight count, latency estimate or outcome counter. Returns
+    /// true when it ejected the endpoint; false too when no endpoint has that id or outlier
+    /// detection is off.
+    pub fn record_remote(
+        &self,
+        id: EndpointId,
+        outcome: Outcome,
+        source: u64,
+        now: Duration,
+    ) -> bool {
+        if self.config.outlier_detection.is_none() {
+            return false;
+        }
+        let snap = self.snapshot.load();
+        let Some(i) = snap.endpoints.iter().position(|e| e.id() == id) else {
+            return false;
+        };
+        let e = &*snap.endpoints[i];
+        self.judge(
+            &snap,
+            e,
+            outcome == Outcome::Failure,
+            source,
+            nanos(now),
+            || Some(i),
+        )
     }
 
     /// True if the strategy balances on the endpoints' load reports (prequal): only then are
@@ -916,5 +966,79 @@ mod tests {
             assert!(["e3", "e4"].contains(&p.address()), "{}", p.address());
             own.finish_mut(p, Outcome::Success, Duration::from_secs(1));
         }
+    }
+
+    fn fleet_member(quorum: u32) -> Balancer {
+        let config = BalancerConfig {
+            outlier_detection: Some(crate::OutlierConfig {
+                consecutive_failures: 3,
+                shared: Some(crate::SharedEvidence { quorum }),
+                ..crate::OutlierConfig::default()
+            }),
+            ..BalancerConfig::new(StrategyKind::RoundRobin)
+        };
+        Balancer::new(config, &specs(3)).unwrap()
+    }
+
+    /// Fails calls to `address` through `lb` until `failures` of them failed; returns whether
+    /// the last one ejected it.
+    fn fail_own(lb: &Balancer, address: &str, failures: u32, now: Duration) -> bool {
+        let (mut failed, mut ejected) = (0, false);
+        while failed < failures {
+            let p = lb.pick(&PickContext::new(now)).unwrap();
+            if p.address() == address {
+                failed += 1;
+                ejected = lb.finish(p, Outcome::Failure, now);
+            } else {
+                lb.finish(p, Outcome::Success, now);
+            }
+        }
+        ejected
+    }
+
+    /// Shared evidence: two failures seen here and one seen by another balancer make the three
+    /// in a row that eject; the remote outcome touches nothing but the detector.
+    #[test]
+    fn remote_evidence_counts_toward_consecutive_failures() {
+        let now = Duration::from_secs(1);
+        let lb = fleet_member(1);
+        let bad = lb.endpoints()[2].clone();
+        assert!(!fail_own(&lb, "e2", 2, now));
+        assert!(lb.record_remote(bad.id(), Outcome::Failure, 7, now));
+        assert!(bad.ejected_until(now).is_some());
+        assert_eq!(
+            bad.outcomes(),
+            (0, 2),
+            "the remote failure is not this balancer's call"
+        );
+        assert_eq!(bad.in_flight(), 0);
+        // A remote success breaks a run as a local one does.
+        let lb = fleet_member(1);
+        let bad = lb.endpoints()[2].clone();
+        assert!(!fail_own(&lb, "e2", 2, now));
+        assert!(!lb.record_remote(bad.id(), Outcome::Success, 7, now));
+        assert!(!lb.record_remote(bad.id(), Outcome::Failure, 7, now));
+        assert!(bad.ejected_until(now).is_none());
+        // Unknown ids and balancers without outlier detection ignore it.
+        assert!(!lb.record_remote(EndpointId(u64::MAX), Outcome::Failure, 7, now));
+        let plain =
+            Balancer::new(BalancerConfig::new(StrategyKind::RoundRobin), &specs(3)).unwrap();
+        let id = plain.endpoints()[0].id();
+        for _ in 0..10 {
+            assert!(!plain.record_remote(id, Outcome::Failure, 7, now));
+        }
+    }
+
+    /// With a quorum of 2, one balancer's own failures never eject, however many; one failure
+    /// from another source completes the quorum.
+    #[test]
+    fn a_quorum_of_two_needs_a_second_source() {
+        let now = Duration::from_secs(1);
+        let lb = fleet_member(2);
+        let bad = lb.endpoints()[2].clone();
+        assert!(!fail_own(&lb, "e2", 10, now));
+        assert!(bad.ejected_until(now).is_none());
+        assert!(lb.record_remote(bad.id(), Outcome::Failure, 7, now));
+        assert!(bad.ejected_until(now).is_some());
     }
 }

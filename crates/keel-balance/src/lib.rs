@@ -58,7 +58,7 @@ pub use load::{
     SERVER_WINDOW,
 };
 pub use orca::{OrcaError, OrcaErrorKind, OrcaReport, ORCA_HEADER};
-pub use outlier::{FailureRate, OutlierConfig};
+pub use outlier::{FailureRate, OutlierConfig, SharedEvidence, MAX_QUORUM};
 pub use retry_budget::{RetryBudget, RetryBudgetConfig};
 pub use rng::{mix64, SharedRng};
 pub use slow_start::SlowStartConfig;

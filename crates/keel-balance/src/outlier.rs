@@ -12,7 +12,11 @@
 //! - **cap**: at most `max(1, floor(n x max_ejection_percent / 100))` of the n endpoints are
 //!   ejected at once (a cluster of 5 at 50 % may lose 2, not 3); `0` disables ejection;
 //! - **return**: an endpoint is back in service as soon as its ejection time has passed, and a
-//!   configured slow start then ramps its weight up again.
+//!   configured slow start then ramps its weight up again;
+//! - **shared evidence**: outcomes other balancers of a fleet observed
+//!   ([`crate::Balancer::record_remote`]) count toward the same rules as the balancer's own, in
+//!   the order they reach it; with a [`SharedEvidence`] quorum, the failures that eject must come
+//!   from at least that many distinct sources (this balancer and the others).
 
 use std::time::Duration;
 
@@ -41,7 +45,30 @@ pub struct OutlierConfig {
     pub max_ejection_time: Duration,
     /// Most endpoints out at once, in percent (rounded down, at least one). Default 10.
     pub max_ejection_percent: f64,
+    /// Judging on a fleet's shared evidence: the quorum of distinct sources. Set by a driver
+    /// that feeds [`crate::Balancer::record_remote`]; not a configuration key (yet), so that no
+    /// configuration can ask for a quorum that nothing feeds. Absent: quorum 1.
+    #[serde(skip)]
+    pub shared: Option<SharedEvidence>,
 }
+
+/// How a balancer judges an endpoint on evidence shared by a fleet of balancers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedEvidence {
+    /// Distinct sources (this balancer and others) that must have contributed failures to the
+    /// run of consecutive failures (or the failure-rate window) that ejects: 1 lets any one
+    /// balancer's evidence eject for all; more keeps a single confused balancer from ejecting.
+    /// Within `1..=`[`MAX_QUORUM`].
+    pub quorum: u32,
+}
+
+/// The largest [`SharedEvidence::quorum`] (the detector remembers that many distinct sources per
+/// endpoint, without allocating).
+pub const MAX_QUORUM: u32 = 8;
+
+/// The source an outcome recorded by [`crate::Balancer::finish`] counts under: the balancer's
+/// own calls. Remote sources are any other number.
+pub(crate) const LOCAL_SOURCE: u64 = 0;
 
 impl Default for OutlierConfig {
     fn default() -> Self {
@@ -52,6 +79,7 @@ impl Default for OutlierConfig {
             base_ejection_time: Duration::from_secs(30),
             max_ejection_time: Duration::from_secs(300),
             max_ejection_percent: 10.0,
+            shared: None,
         }
     }
 }
@@ -107,6 +135,14 @@ impl OutlierConfig {
                 ),
             );
         }
+        if let Some(sh) = &self.shared {
+            if !(1..=MAX_QUORUM).contains(&sh.quorum) {
+                return Err(InvalidField::new(
+                    FieldPath::key("shared").then("quorum"),
+                    Problem::out_of_range(format!("within 1..={MAX_QUORUM}"), sh.quorum),
+                ));
+            }
+        }
         if let Some(fr) = &self.failure_rate {
             if !(0.0..=100.0).contains(&fr.threshold_percent) {
                 return Err(InvalidField::new(
@@ -125,6 +161,32 @@ impl OutlierConfig {
         }
         ((n as f64 * self.max_ejection_percent / 100.0).floor() as usize).max(1)
     }
+
+    /// The quorum of distinct sources an ejection needs (1 without shared evidence).
+    fn quorum(&self) -> u32 {
+        self.shared.map_or(1, |s| s.quorum)
+    }
+}
+
+/// Up to [`MAX_QUORUM`] distinct sources, in place.
+#[derive(Debug, Default, Clone, Copy)]
+struct Sources {
+    ids: [u64; MAX_QUORUM as usize],
+    len: u8,
+}
+
+impl Sources {
+    fn add(&mut self, source: u64) {
+        let len = self.len as usize;
+        if len < self.ids.len() && !self.ids[..len].contains(&source) {
+            self.ids[len] = source;
+            self.len += 1;
+        }
+    }
+
+    fn count(&self) -> u32 {
+        u32::from(self.len)
+    }
 }
 
 /// Per-endpoint detector state (behind the endpoint's own mutex, touched only when an outcome
@@ -135,6 +197,10 @@ pub(crate) struct OutlierState {
     window_start: u64,
     window_requests: u32,
     window_failures: u32,
+    /// Sources of the current run of consecutive failures (tracked only with a quorum above 1).
+    run_sources: Sources,
+    /// Sources of the window's failures (likewise).
+    window_sources: Sources,
     /// Ejections in a row: the ejection-time multiplier.
     pub(crate) ejections: u32,
     /// Ejections since the endpoint was created.
@@ -144,27 +210,43 @@ pub(crate) struct OutlierState {
 }
 
 impl OutlierState {
-    /// Records an outcome; returns true when a rule says "eject".
-    pub(crate) fn record(&mut self, cfg: &OutlierConfig, failed: bool, now: u64) -> bool {
+    /// Records an outcome observed by `source` ([`LOCAL_SOURCE`]: this balancer); returns true
+    /// when a rule says "eject".
+    pub(crate) fn record(
+        &mut self,
+        cfg: &OutlierConfig,
+        failed: bool,
+        source: u64,
+        now: u64,
+    ) -> bool {
         let interval = crate::time::nanos(cfg.interval);
+        let quorum = cfg.quorum();
         if now.saturating_sub(self.window_start) >= interval {
             self.window_start = now;
             self.window_requests = 0;
             self.window_failures = 0;
+            self.window_sources = Sources::default();
         }
         self.window_requests += 1;
         if failed {
             self.window_failures += 1;
             self.consecutive += 1;
+            if quorum > 1 {
+                self.run_sources.add(source);
+                self.window_sources.add(source);
+            }
         } else {
             self.consecutive = 0;
+            self.run_sources = Sources::default();
         }
-        let by_consecutive =
-            cfg.consecutive_failures > 0 && self.consecutive >= cfg.consecutive_failures;
+        let by_consecutive = cfg.consecutive_failures > 0
+            && self.consecutive >= cfg.consecutive_failures
+            && (quorum <= 1 || self.run_sources.count() >= quorum);
         let by_rate = cfg.failure_rate.as_ref().is_some_and(|fr| {
             self.window_requests >= fr.minimum_requests.max(1)
                 && self.window_failures as f64 * 100.0
                     >= fr.threshold_percent * self.window_requests as f64
+                && (quorum <= 1 || self.window_sources.count() >= quorum)
         });
         failed && (by_consecutive || by_rate)
     }
@@ -184,6 +266,8 @@ impl OutlierState {
         let max = crate::time::nanos(cfg.max_ejection_time);
         let duration = base.saturating_mul(self.ejections as u64).min(max);
         self.consecutive = 0;
+        self.run_sources = Sources::default();
+        self.window_sources = Sources::default();
         self.window_start = now;
         self.window_requests = 0;
         self.window_failures = 0;
@@ -206,19 +290,22 @@ mod tests {
             base_ejection_time: Duration::from_secs(10),
             max_ejection_time: Duration::from_secs(25),
             max_ejection_percent: 50.0,
+            shared: None,
         }
     }
+
+    const L: u64 = LOCAL_SOURCE;
 
     #[test]
     fn consecutive_failures_eject_and_a_success_resets_the_count() {
         let cfg = config();
         let mut st = OutlierState::default();
-        assert!(!st.record(&cfg, true, S));
-        assert!(!st.record(&cfg, true, S));
-        assert!(!st.record(&cfg, false, S), "a success in between");
-        assert!(!st.record(&cfg, true, S));
-        assert!(!st.record(&cfg, true, S));
-        assert!(st.record(&cfg, true, S), "third in a row");
+        assert!(!st.record(&cfg, true, L, S));
+        assert!(!st.record(&cfg, true, L, S));
+        assert!(!st.record(&cfg, false, L, S), "a success in between");
+        assert!(!st.record(&cfg, true, L, S));
+        assert!(!st.record(&cfg, true, L, S));
+        assert!(st.record(&cfg, true, L, S), "third in a row");
     }
 
     #[test]
@@ -251,18 +338,59 @@ mod tests {
         let mut st = OutlierState::default();
         // 9 outcomes, all failed: not enough to judge.
         for _ in 0..9 {
-            assert!(!st.record(&cfg, true, S));
+            assert!(!st.record(&cfg, true, L, S));
         }
         // The 10th failure: 100 % of 10.
-        assert!(st.record(&cfg, true, S));
+        assert!(st.record(&cfg, true, L, S));
         // A new window (10 s later) starts from zero.
         let mut st = OutlierState::default();
         for _ in 0..9 {
-            st.record(&cfg, true, S);
+            st.record(&cfg, true, L, S);
         }
-        assert!(!st.record(&cfg, true, 12 * S));
+        assert!(!st.record(&cfg, true, L, 12 * S));
         // A success never ejects, even above the rate.
-        assert!(!st.record(&cfg, false, 12 * S));
+        assert!(!st.record(&cfg, false, L, 12 * S));
+    }
+
+    #[test]
+    fn a_quorum_needs_failures_from_that_many_distinct_sources() {
+        let cfg = OutlierConfig {
+            shared: Some(SharedEvidence { quorum: 2 }),
+            ..config()
+        };
+        let mut st = OutlierState::default();
+        // Three failures in a row from one source: enough by count, not by quorum.
+        assert!(!st.record(&cfg, true, L, S));
+        assert!(!st.record(&cfg, true, L, S));
+        assert!(!st.record(&cfg, true, L, S));
+        // A fourth from another source completes the quorum.
+        assert!(st.record(&cfg, true, 7, S));
+        // A success starts a new run, sources and all: 7 then 3 x local is a quorum again only
+        // once both are in the run.
+        let mut st = OutlierState::default();
+        st.record(&cfg, true, 7, S);
+        st.record(&cfg, false, L, S);
+        assert!(!st.record(&cfg, true, L, S));
+        assert!(!st.record(&cfg, true, L, S));
+        assert!(
+            !st.record(&cfg, true, L, S),
+            "7's failure was before the success"
+        );
+        assert!(st.record(&cfg, true, 9, S));
+        let bad = OutlierConfig {
+            shared: Some(SharedEvidence {
+                quorum: MAX_QUORUM + 1,
+            }),
+            ..config()
+        };
+        assert_eq!(
+            bad.validate().unwrap_err().to_string(),
+            InvalidField::new(
+                FieldPath::key("shared").then("quorum"),
+                Problem::out_of_range("within 1..=8", 9)
+            )
+            .to_string()
+        );
     }
 
     #[test]

@@ -25,6 +25,7 @@ fn outlier(consecutive: u32, max_percent: f64) -> OutlierConfig {
         max_ejection_percent: max_percent,
         interval: s(10),
         failure_rate: None,
+        shared: None,
     }
 }
 
