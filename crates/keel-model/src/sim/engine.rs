@@ -25,7 +25,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp};
 
-use super::scenario::{FailedPosition, Load, Placement, Scenario, MAX_RETRIES};
+use super::scenario::{Arrivals, FailedPosition, Load, Placement, Scenario, MAX_RETRIES};
 use super::server::{ns, ps_rate, Demand, Job, Mix, Server, Station};
 use super::stats::LatencyHistogram;
 use super::SimError;
@@ -43,6 +43,7 @@ const KIND_HEDGE: u128 = 7;
 const KIND_ANTAGONIST: u128 = 8;
 const KIND_SLOWDOWN: u128 = 9;
 const KIND_REPORT: u128 = 10;
+const KIND_EVIDENCE: u128 = 11;
 const NO_SERVER: u32 = u32::MAX;
 const NO_JOB: u32 = u32::MAX;
 const NEVER: u64 = u64::MAX;
@@ -106,6 +107,12 @@ pub struct RepStats {
     /// (warm-up and unmeasured requests included), the attempts on the slowed servers and all
     /// attempts on the cluster.
     pub reaction_bins: Vec<[u64; 2]>,
+    /// With a fleet (`ClusterConfig::fleet`): tries on that cluster's failing servers until
+    /// every proxy had ejected every failed server, warm-up included.
+    pub fleet_failed_tries: u64,
+    /// With a fleet: when every proxy had ejected every failed server (`None`: not within the
+    /// run).
+    pub fleet_ejected_at: Option<Duration>,
 }
 
 /// One try of a call.
@@ -193,6 +200,27 @@ struct PendingReport {
     balancer: u32,
     index: u32,
     report: LoadReport,
+}
+
+/// An outcome one proxy of a fleet observed, on its way to the others' balancers.
+#[derive(Clone, Copy)]
+struct PendingEvidence {
+    /// The client (proxy) that observed it.
+    source: u32,
+    /// The server's index in the fleet's cluster.
+    server: u32,
+    ok: bool,
+}
+
+/// A fleet's cluster and what the engine does for it.
+struct Fleet {
+    cluster: usize,
+    /// Shared evidence's delay, if the fleet shares.
+    shared: Option<u64>,
+    /// Indices of the cluster's failed servers.
+    failed: Vec<usize>,
+    evidence: Vec<PendingEvidence>,
+    free: Vec<u32>,
 }
 
 /// Per (balancer, server) state of the active health checker.
@@ -323,6 +351,27 @@ pub fn run_replication_with(
         Placement::ServerSide => 1,
         Placement::ClientSide => sc.load.clients() as usize,
     };
+    let fleet = sc
+        .clusters
+        .iter()
+        .position(|c| c.fleet.is_some())
+        .map(|ci| {
+            let c = &sc.clusters[ci];
+            let nf = c.failed as usize;
+            let n = c.servers as usize;
+            Fleet {
+                cluster: ci,
+                shared: c.fleet.and_then(|f| f.shared).map(|sh| ns(sh.delay)),
+                failed: (0..n)
+                    .filter(|&i| match c.failed_position {
+                        FailedPosition::Last => i >= n - nf,
+                        FailedPosition::First => i < nf,
+                    })
+                    .collect(),
+                evidence: Vec::new(),
+                free: Vec::new(),
+            }
+        });
     let mut balancers = Vec::with_capacity(owners * n_clusters);
     let mut budgets = Vec::new();
     let mut hedgers = Vec::new();
@@ -336,10 +385,16 @@ pub fn run_replication_with(
                 })
                 .collect();
             let b = owner * n_clusters + ci;
-            let config = BalancerConfig {
+            let mut config = BalancerConfig {
                 seed: mix64(seed ^ (b as u64 + 1).wrapping_mul(GOLDEN)),
                 ..c.balancer.clone()
             };
+            if let (Some(sh), Some(od)) = (
+                c.fleet.and_then(|f| f.shared),
+                config.outlier_detection.as_mut(),
+            ) {
+                od.shared = Some(keel_balance::SharedEvidence { quorum: sh.quorum });
+            }
             let lb = Balancer::new(config, &specs).map_err(|e| {
                 SimError::Invalid(format!("cluster {ci}: cannot build its balancer: {e}"))
             })?;
@@ -388,6 +443,12 @@ pub fn run_replication_with(
         reaction_servers: sc.clusters[focus].slowdown.as_ref().map(|s| s.servers),
         n_clusters,
         client_side: sc.placement == Placement::ClientSide,
+        in_turn: sc
+            .clusters
+            .iter()
+            .any(|c| c.fleet.is_some_and(|f| f.arrivals == Arrivals::InTurn)),
+        next_client: 0,
+        fleet,
         balancers,
         ids,
         budgets,
@@ -452,6 +513,11 @@ struct Sim<'a> {
     reaction_servers: Option<u32>,
     n_clusters: usize,
     client_side: bool,
+    /// Open-loop arrivals go to the clients in turn, not at random.
+    in_turn: bool,
+    /// With `in_turn`: the client the next arrival goes to.
+    next_client: u32,
+    fleet: Option<Fleet>,
     balancers: Vec<Balancer>,
     /// Endpoint ids per balancer, by position (for retries' avoid lists and health checks).
     ids: Vec<Vec<EndpointId>>,
@@ -555,6 +621,7 @@ impl Sim<'_> {
                 KIND_HEDGE => self.hedge(index as usize, now),
                 KIND_ANTAGONIST => self.antagonists(index as usize, now),
                 KIND_SLOWDOWN => self.slowdown(index as usize, now),
+                KIND_EVIDENCE => self.deliver_evidence(index, now),
                 _ => self.deliver_report(index, now),
             }
         }
@@ -608,6 +675,10 @@ impl Sim<'_> {
         // regular as clockwork, and lock clients' round-robin counters together).
         let client = if clients == 1 {
             0
+        } else if self.in_turn {
+            let c = self.next_client;
+            self.next_client = (c + 1) % clients;
+            c
         } else if self.crn {
             self.arrival_rng.gen_range(0..clients)
         } else {
@@ -731,6 +802,11 @@ impl Sim<'_> {
         if self.reporting[c] {
             self.send_probes(b, c, now);
         }
+        if let Some(f) = &self.fleet {
+            if f.cluster == c && self.stats.fleet_ejected_at.is_none() && server.failing(now) {
+                self.stats.fleet_failed_tries += 1;
+            }
+        }
         if measured {
             self.stats.attempts += 1;
             if c == self.focus {
@@ -846,8 +922,15 @@ impl Sim<'_> {
             } else {
                 Outcome::Failure
             };
-            self.balancers[b].finish_mut(p, outcome, dur(now));
+            let ejected = self.balancers[b].finish_mut(p, outcome, dur(now));
+            if self.fleet.as_ref().is_some_and(|f| f.cluster == c) {
+                let server = self.slots[s].tries[which].server;
+                let client = self.slots[s].client;
+                self.observed(client, server, ok, ejected, now);
+            }
         }
+        let slot = &mut self.slots[s];
+        let a = &mut slot.tries[which];
         if ok {
             if !self.hedgers.is_empty() && !a.hedge {
                 self.hedgers[b].observe(Duration::from_nanos(now - a.started));
@@ -960,6 +1043,90 @@ impl Sim<'_> {
             };
             self.heap
                 .push(event(now + self.probe_delay, KIND_REPORT, r));
+        }
+    }
+
+    /// A proxy of the fleet observed an outcome on `server` (and its balancer ejected it, or
+    /// not): the evidence leaves for the other proxies, and the run notes when every proxy has
+    /// ejected every failed server.
+    fn observed(&mut self, client: u32, server: u32, ok: bool, ejected: bool, now: u64) {
+        if ejected {
+            self.check_fleet(now);
+        }
+        let Some(f) = &mut self.fleet else { return };
+        let Some(delay) = f.shared else { return };
+        let e = PendingEvidence {
+            source: client,
+            server,
+            ok,
+        };
+        if delay == 0 {
+            self.spread_evidence(e, now);
+            return;
+        }
+        let r = match f.free.pop() {
+            Some(r) => {
+                f.evidence[r as usize] = e;
+                r
+            }
+            None => {
+                f.evidence.push(e);
+                (f.evidence.len() - 1) as u32
+            }
+        };
+        self.heap.push(event(now + delay, KIND_EVIDENCE, r));
+    }
+
+    fn deliver_evidence(&mut self, r: u32, now: u64) {
+        let Some(f) = &mut self.fleet else { return };
+        let e = f.evidence[r as usize];
+        f.free.push(r);
+        self.spread_evidence(e, now);
+    }
+
+    /// Hands one proxy's outcome to every other proxy's balancer (the simulator's side of
+    /// shared evidence: what a store and its watches would carry).
+    fn spread_evidence(&mut self, e: PendingEvidence, now: u64) {
+        let Some(c) = self.fleet.as_ref().map(|f| f.cluster) else {
+            return;
+        };
+        let outcome = if e.ok {
+            Outcome::Success
+        } else {
+            Outcome::Failure
+        };
+        let mut ejected = false;
+        for client in 0..(self.balancers.len() / self.n_clusters) as u32 {
+            if client == e.source {
+                continue;
+            }
+            let b = client as usize * self.n_clusters + c;
+            let id = self.ids[b][e.server as usize];
+            // Sources are numbered from 1: 0 is each balancer's own calls.
+            ejected |=
+                self.balancers[b].record_remote(id, outcome, u64::from(e.source) + 1, dur(now));
+        }
+        if ejected {
+            self.check_fleet(now);
+        }
+    }
+
+    /// Notes the first instant every proxy has every failed server of the fleet's cluster
+    /// ejected.
+    fn check_fleet(&mut self, now: u64) {
+        let Some(f) = &self.fleet else { return };
+        if self.stats.fleet_ejected_at.is_some() {
+            return;
+        }
+        let owners = self.balancers.len() / self.n_clusters;
+        let all = (0..owners).all(|o| {
+            let eps = self.balancers[o * self.n_clusters + f.cluster].endpoints();
+            f.failed
+                .iter()
+                .all(|&i| eps[i].ejected_until(dur(now)).is_some())
+        });
+        if all {
+            self.stats.fleet_ejected_at = Some(dur(now));
         }
     }
 

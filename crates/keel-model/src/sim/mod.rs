@@ -42,9 +42,9 @@ pub use engine::{
     replication_seed, run_replication, run_replication_with, RepStats, RunOptions, REACTION_BIN,
 };
 pub use scenario::{
-    AntagonistConfig, CapacityConfig, ClusterConfig, Discipline, EndpointConfig, FailedPosition,
-    FailureShare, HealthCheckConfig, HedgeConfig, HedgeDelay, Load, Placement, RetryConfig,
-    Scenario, SlowdownConfig,
+    AntagonistConfig, Arrivals, CapacityConfig, ClusterConfig, Discipline, EndpointConfig,
+    FailedPosition, FailureShare, FleetConfig, HealthCheckConfig, HedgeConfig, HedgeDelay, Load,
+    Placement, RetryConfig, Scenario, SharedEvidenceConfig, SlowdownConfig,
 };
 pub use stats::LatencyHistogram;
 

@@ -247,6 +247,50 @@ pub struct ClusterConfig {
     /// values for its server, and `failed` must be 0 (each entry says how it fails).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub endpoints: Vec<EndpointConfig>,
+    /// The clients' balancers of this cluster as a fleet of proxies (client-side placement and
+    /// an open load only): how arrivals reach them and whether they share what they observe.
+    /// Absent: arrivals go to clients at random, each balancer judges on its own calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<FleetConfig>,
+}
+
+/// A fleet of proxies in front of one cluster: each client is a proxy with its own balancer.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetConfig {
+    /// How arrivals are dealt to the proxies. Default `random`.
+    #[serde(default)]
+    pub arrivals: Arrivals,
+    /// Outcomes every proxy publishes and every other proxy's balancer counts
+    /// (keel-balance's `Balancer::record_remote`); absent, each judges alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared: Option<SharedEvidenceConfig>,
+}
+
+/// How open-loop arrivals are dealt to the clients (proxies).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Arrivals {
+    /// Each arrival to a client drawn at random: every client gets a Poisson stream.
+    #[default]
+    Random,
+    /// Arrivals to the clients one after another, in turn (a round-robin DNS or an L4 balancer
+    /// in front of the fleet).
+    InTurn,
+}
+
+/// Evidence shared by the fleet: every outcome a proxy observes on this cluster reaches every
+/// other proxy's balancer `delay` later.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SharedEvidenceConfig {
+    /// From an outcome at one proxy to the others' balancers (publish, store, watch).
+    #[serde(with = "humantime_serde")]
+    pub delay: Duration,
+    /// Distinct proxies whose failures an ejection needs (keel-balance's `SharedEvidence`).
+    /// Default 1.
+    #[serde(default = "default_one")]
+    pub quorum: u32,
 }
 
 /// One server of a cluster with its own latency, capacity, weight and failures.
@@ -300,6 +344,7 @@ impl Default for ClusterConfig {
             antagonist: None,
             slowdown: None,
             endpoints: Vec::new(),
+            fleet: None,
         }
     }
 }
@@ -589,6 +634,32 @@ impl Scenario {
             }
             if c.calls == 0 {
                 return Err(format!("{at}: calls must be at least 1"));
+            }
+            if let Some(f) = &c.fleet {
+                if self.placement != Placement::ClientSide
+                    || !matches!(self.load, Load::Open { .. })
+                {
+                    return Err(format!(
+                        "{at}: fleet needs placement = \"client-side\" and an open load (each client is a proxy)"
+                    ));
+                }
+                if self.clusters.iter().filter(|c| c.fleet.is_some()).count() > 1 {
+                    return Err(format!("{at}: fleet may be given for one cluster only"));
+                }
+                if let Some(sh) = &f.shared {
+                    if !(1..=keel_balance::MAX_QUORUM).contains(&sh.quorum) {
+                        return Err(format!(
+                            "{at}: fleet.shared.quorum must be within 1..={}, got {}",
+                            keel_balance::MAX_QUORUM,
+                            sh.quorum
+                        ));
+                    }
+                    if c.balancer.outlier_detection.is_none() {
+                        return Err(format!(
+                            "{at}: fleet.shared needs balancer.outlier_detection (the evidence feeds it)"
+                        ));
+                    }
+                }
             }
             stages = stages.saturating_add(c.calls);
             if c.latency.mean.is_zero() {
