@@ -302,7 +302,7 @@ pub fn preset(seed: u64, replications: u32) -> Result<Vec<FleetRow>, SimError> {
 }
 
 /// The answer first: what shared evidence saves at the largest fleet, fast and hung failures
-/// (traffic spread at random), simulated and by the closed form.
+/// (traffic spread at random), simulated and by the closed form; lines of at most 100 columns.
 pub fn headline(rows: &[FleetRow]) -> String {
     let mut out = String::new();
     for failure in ["fail-fast", "hang"] {
@@ -322,27 +322,47 @@ pub fn headline(rows: &[FleetRow]) -> String {
             _ => "fails at once".to_string(),
         };
         let closed = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.1}"));
-        out.push_str(&format!(
-            "When the endpoint {what}, shared evidence cuts the fleet's failed tries from {:.1} to \
-             {:.1} at N={} ({:.0}x fewer); closed form: {} and {}.\n",
+        out.push_str(&wrap(&format!(
+            "Shared evidence cuts the fleet's failed tries from {:.1} to {:.1} at N={} ({:.0}x \
+             fewer) when the endpoint {what}; closed form: {} and {}.",
             r.local.mean,
             r.shared.mean,
             s.proxies,
             r.local.mean / r.shared.mean.max(1e-9),
             closed(r.local.closed_form),
             closed(r.shared.closed_form),
-        ));
+        )));
     }
     if let Some(r) = rows.iter().find(|r| {
         r.local.setting.failure == FailureMode::Hang && r.local.setting.arrivals == Arrivals::Random
     }) {
         let s = &r.local.setting;
-        out.push_str(&format!(
-            "A hang's tries in flight during the timeout (rate x timeout / n = {:.0}) are paid \
-             either way: sharing cuts only the N x k part.\n",
+        out.push_str(&wrap(&format!(
+            "A hang's tries sent while the first ones wait for the timeout (rate x timeout / n = \
+             {:.0}) are paid with or without sharing: sharing cuts the N x k part.",
             s.rate * s.timeout.as_secs_f64() / f64::from(s.endpoints)
-        ));
+        )));
     }
+    out
+}
+
+/// `text` in lines of at most 100 columns, ending with a newline.
+fn wrap(text: &str) -> String {
+    let mut out = String::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.len() + 1 + word.len() > 100 {
+            out.push_str(&line);
+            out.push('\n');
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    out.push_str(&line);
+    out.push('\n');
     out
 }
 

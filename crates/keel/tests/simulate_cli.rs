@@ -314,3 +314,42 @@ fn e5_table_fits_100_columns_with_its_labels_aligned() {
         }
     }
 }
+
+#[test]
+fn preset_fleet_answers_first_and_reports_every_proxy_count() {
+    let out = keel(&["simulate", "--preset", "fleet", "--replications", "2"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with("Shared evidence cuts the fleet's failed tries from 160.0 to "),
+        "{text}"
+    );
+    assert!(text.lines().all(|l| l.len() <= 100), "{text}");
+    let out = keel(&[
+        "simulate",
+        "--preset",
+        "fleet",
+        "--replications",
+        "2",
+        "--json",
+    ]);
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // 6 fleet sizes x 2 failure modes x 2 traffic shapes x local and shared.
+    assert_eq!(rows.len(), 48);
+    for r in &rows {
+        assert_eq!(r["ejected_everywhere"], 2, "{r}");
+        // A fast failure under local detection costs exactly N x k.
+        if r["detection"] == "local" && r["failure_mode"] == "fail-fast" {
+            let n = r["proxies"].as_f64().unwrap();
+            assert_eq!(r["failed_tries"].as_f64(), Some(n * 5.0), "{r}");
+            assert_eq!(r["closed_form"].as_f64(), Some(n * 5.0), "{r}");
+        }
+    }
+}

@@ -42,7 +42,8 @@ pub struct Args {
     /// of the traffic, on the same 10 FIFO servers); `zones` (60/30/10 % of arrivals over
     /// zones of 4/4/3 endpoints: zone-unaware, Envoy's host-count rule, keel's load rule); `sticky` (E11: sessions
     /// moved when one of five endpoints fails, sticky cookie against ring-hash, Maglev,
-    /// rendezvous).
+    /// rendezvous); `fleet` (failed tries N = 1..32 proxies pay before all eject a failed
+    /// endpoint: local outlier detection against shared evidence, with the closed form).
     #[arg(long, value_name = "ID", conflicts_with = "sweep")]
     pub preset: Option<String>,
     /// The sweep (docs/tail-latency.md, "The sweep"): load 0.5-0.97, 0-30 % slow servers at
@@ -200,6 +201,35 @@ fn sticky(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The fleet of balancers: the answer, then a table, or JSON Lines.
+fn fleet(args: &Args) -> anyhow::Result<()> {
+    use keel_model::fleet;
+    let reps = args.replications.unwrap_or(fleet::REPLICATIONS);
+    let rows = fleet::preset(args.seed.unwrap_or(1), reps)?;
+    if args.json {
+        for r in &rows {
+            for x in [&r.local, &r.shared] {
+                let s = &x.setting;
+                let row = serde_json::json!({
+                    "experiment": "fleet", "proxies": s.proxies, "endpoints": s.endpoints,
+                    "threshold": s.threshold, "rate": s.rate, "failure_mode": s.failure.name(),
+                    "traffic": fleet::arrivals_name(s.arrivals), "detection": s.detection.name(),
+                    "failed_tries": x.mean, "ci95": [x.ci95.0, x.ci95.1],
+                    "closed_form": x.closed_form, "replications": x.replications,
+                    "ejected_everywhere": x.ejected_everywhere, "seconds_to_eject": x.mean_time_s,
+                });
+                println!("{row}");
+            }
+        }
+    } else {
+        print!("{}", fleet::headline(&rows));
+        println!("\nFLEET: failed tries until every proxy has ejected 1 failed endpoint of 10 (5 in a row),");
+        println!("200 requests/s, shared evidence 50 ms behind (quorum 1), {reps} replications\n");
+        print!("{}", fleet::table(&rows));
+    }
+    Ok(())
+}
+
 /// Runs `keel simulate`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.replications == Some(0) {
@@ -229,6 +259,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     {
         return sticky(&args);
     }
+    if args
+        .preset
+        .as_deref()
+        .is_some_and(|p| p.eq_ignore_ascii_case("fleet"))
+    {
+        return fleet(&args);
+    }
     if args.sweep {
         return sweep(&args);
     }
@@ -255,7 +292,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Some(e) => vec![e],
             None => {
                 return usage(format!(
-                    "unknown preset `{id}`; allowed: {}, seed, e7, zones, sticky, {}",
+                    "unknown preset `{id}`; allowed: {}, seed, e7, zones, sticky, fleet, {}",
                     presets::IDS.join(", "),
                     presets::TAIL_IDS.join(", ")
                 ))
