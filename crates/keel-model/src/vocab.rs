@@ -11,6 +11,7 @@
 //! | `none` | it is answered like a healthy server's |
 //! | `hang` | never answered: the caller's timeout ends it |
 //! | `fail-fast { after }` | an error (HTTP 503) after `after`; `0s`: at once |
+//! | `server-error { after }` | an HTTP 500 after `after`; `0s`: at once (a proxy retries a 503 by default, a 500 not) |
 //! | `refuse` | the connection is refused at once (the backend closes its port) |
 //! | `reset` | the answer starts after the usual latency and is cut by a TCP reset [`RESET_CUT`] later |
 //! | `slow { factor }` | answered correctly, `factor` times slower (a failure only past the timeout) |
@@ -222,6 +223,15 @@ pub enum FailureMode {
         #[serde(with = "humantime_serde")]
         after: Duration,
     },
+    /// Answers HTTP 500 (Internal Server Error) after `after` (`0s`: at once): what a crashed
+    /// handler or a broken dependency sends. To a balancer it is a fast failure like
+    /// `fail-fast`'s 503, but proxies do not retry a 500 by default (keel, NGINX, HAProxy), so
+    /// only counting it as the endpoint's failure protects the calls after it.
+    ServerError {
+        /// Delay before the error.
+        #[serde(with = "humantime_serde")]
+        after: Duration,
+    },
     /// Refuses connections: the call fails at once.
     Refuse,
     /// Starts the answer after the usual latency and resets the connection [`RESET_CUT`] later.
@@ -261,11 +271,17 @@ impl FailureMode {
         after: Duration::ZERO,
     };
 
+    /// An HTTP 500 at once: `server-error` with `after = 0s`.
+    pub const SERVER_ERROR_AT_ONCE: FailureMode = FailureMode::ServerError {
+        after: Duration::ZERO,
+    };
+
     /// Every mode's name, for help texts and error messages.
-    pub const NAMES: [&'static str; 8] = [
+    pub const NAMES: [&'static str; 9] = [
         "none",
         "hang",
         "fail-fast",
+        "server-error",
         "refuse",
         "reset",
         "slow",
@@ -279,6 +295,7 @@ impl FailureMode {
             FailureMode::None => "none",
             FailureMode::Hang => "hang",
             FailureMode::FailFast { .. } => "fail-fast",
+            FailureMode::ServerError { .. } => "server-error",
             FailureMode::Refuse => "refuse",
             FailureMode::Reset => "reset",
             FailureMode::Slow { .. } => "slow",
@@ -304,12 +321,13 @@ impl FailureMode {
     }
 
     /// How long a call to a failed server holds its caller before the caller sees the failure,
-    /// when the mode fixes it (the model's t_fail): hang, fail-fast, refuse, reset. `timeout` is
-    /// the caller's, which also caps the others; `mean` is the healthy mean latency.
+    /// when the mode fixes it (the model's t_fail): hang, fail-fast, server-error, refuse, reset.
+    /// `timeout` is the caller's, which also caps the others; `mean` is the healthy mean
+    /// latency.
     pub fn failure_time(&self, timeout: Duration, mean: Duration) -> Option<Duration> {
         let t = match self {
             FailureMode::Hang => timeout,
-            FailureMode::FailFast { after } => *after,
+            FailureMode::FailFast { after } | FailureMode::ServerError { after } => *after,
             FailureMode::Refuse => Duration::ZERO,
             FailureMode::Reset => mean + RESET_CUT,
             _ => return None,
@@ -326,6 +344,12 @@ impl fmt::Display for FailureMode {
                 f.write_str("fail-fast (at once)")
             }
             FailureMode::FailFast { after } => write!(f, "fail-fast after {}", d(*after)),
+            FailureMode::ServerError { after } if after.is_zero() => {
+                f.write_str("server-error 500 (at once)")
+            }
+            FailureMode::ServerError { after } => {
+                write!(f, "server-error 500 after {}", d(*after))
+            }
             FailureMode::Slow { factor } => write!(f, "slow x{factor}"),
             FailureMode::Error { probability } => write!(f, "error p={probability}"),
             FailureMode::Flap {
@@ -437,6 +461,7 @@ mod tests {
         for name in FailureMode::NAMES {
             let text = match name {
                 "fail-fast" => "mode = \"fail-fast\"\nafter = \"0s\"".to_string(),
+                "server-error" => "mode = \"server-error\"\nafter = \"0s\"".to_string(),
                 "slow" => "mode = \"slow\"\nfactor = 2.0".to_string(),
                 "error" => "mode = \"error\"\nprobability = 0.5".to_string(),
                 "flap" => "mode = \"flap\"\nup = \"1s\"\ndown = \"1s\"".to_string(),
@@ -454,6 +479,7 @@ mod tests {
         let t = |m: FailureMode| m.failure_time(timeout, mean);
         assert_eq!(t(FailureMode::Hang), Some(timeout));
         assert_eq!(t(FailureMode::FAIL_AT_ONCE), Some(Duration::ZERO));
+        assert_eq!(t(FailureMode::SERVER_ERROR_AT_ONCE), Some(Duration::ZERO));
         assert_eq!(t(FailureMode::Refuse), Some(Duration::ZERO));
         assert_eq!(t(FailureMode::Reset), Some(mean + RESET_CUT));
         assert_eq!(

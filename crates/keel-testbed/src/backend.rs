@@ -8,7 +8,8 @@
 //!
 //! How it fails is a [`FailureMode`], keel-model's vocabulary, which also says what a caller sees
 //! in each mode; the simulator implements the same modes, so a lab row's measured and simulated
-//! settings are one value. An error is a `503 Service Unavailable`. The mode can change while
+//! settings are one value. An error is a `503 Service Unavailable`, but `server-error`'s is a
+//! `500 Internal Server Error`. The mode can change while
 //! the backend runs ([`BackendHandle::set_fault`]), which is how tests and the lab kill and
 //! restore a server:
 //!
@@ -24,8 +25,8 @@
 //!
 //! A backend has a capacity as a simulated server has one: with [`BackendConfig::concurrency`]
 //! N it works on at most N requests at once and the others wait in FIFO order (the work is the
-//! latency draw; answers that take no work, a fail-fast 503 or a hang, never wait, as in the
-//! simulator). It keeps keel-balance's [`ServerLoad`] (requests in flight, queued ones included,
+//! latency draw; answers that take no work, a fail-fast 503, a server-error 500 or a hang,
+//! never wait, as in the simulator). It keeps keel-balance's [`ServerLoad`] (requests in flight, queued ones included,
 //! and the latency they see, queueing included) and reports it on every answer in the
 //! [`RIF_HEADER`] and [`LATENCY_HEADER`] headers, and at `GET` [`LOAD_PATH`], which answers at
 //! once, takes no place in the queue and is not counted in flight (a backend that hangs does not
@@ -33,7 +34,7 @@
 //!
 //! With [`BackendConfig::orca`] it also puts an ORCA report on every answer (the
 //! `endpoint-load-metrics` header, TEXT or JSON form) over the last full second:
-//! `rps_fractional` (requests answered per second), `eps` (503s per second) and
+//! `rps_fractional` (requests answered per second), `eps` (5xx answers per second) and
 //! `cpu_utilization` = the mean requests in flight (Little's law: the summed latency of the
 //! answered requests over the second) divided by the concurrency (1 without a limit).
 //!
@@ -756,6 +757,19 @@ fn unavailable(shared: &Shared, why: &str) -> Response<ResponseBody> {
     )
 }
 
+/// A 500, `server-error`'s answer.
+fn server_error(shared: &Shared) -> Response<ResponseBody> {
+    let text = format!(
+        "backend {}: server-error\n",
+        shared.name.to_str().unwrap_or("")
+    );
+    respond(
+        shared,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        ResponseBody::whole(Bytes::from(text)),
+    )
+}
+
 /// Whether a flap that started at `since` is in its up phase at `now`.
 fn flap_is_up(since: Instant, now: Instant, up: Duration, down: Duration) -> bool {
     let period = (up + down).as_nanos();
@@ -813,6 +827,12 @@ async fn answer(
         }
         FailureMode::Hang => return hang(shared, control.since).await,
         FailureMode::FailFast { after } => return fail_after(shared, after, "fail-fast").await,
+        FailureMode::ServerError { after } => {
+            if !after.is_zero() {
+                tokio::time::sleep(after).await;
+            }
+            return Ok(server_error(shared));
+        }
         FailureMode::Slow { factor: f } => factor = f,
         // Drawn before the latency, so that the error stream follows the arrival order.
         FailureMode::Error { probability } => {

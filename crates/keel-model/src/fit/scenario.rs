@@ -165,6 +165,9 @@ fn failure_toml(f: &FailureMode) -> String {
         FailureMode::FailFast { after } => {
             format!("{{ mode = \"fail-fast\", after = \"{}\" }}", d(*after))
         }
+        FailureMode::ServerError { after } => {
+            format!("{{ mode = \"server-error\", after = \"{}\" }}", d(*after))
+        }
         FailureMode::Slow { factor } => format!("{{ mode = \"slow\", factor = {factor} }}"),
         FailureMode::Error { probability } => {
             format!("{{ mode = \"error\", probability = {probability} }}")

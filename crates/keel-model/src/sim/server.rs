@@ -69,7 +69,9 @@ impl Mix {
         for f in shares.iter().take(MAX_FAILURE_MIX) {
             let mode = match f.failure {
                 FailureMode::Hang => MixMode::Hang,
-                FailureMode::FailFast { after } => MixMode::FailFast(ns(after)),
+                FailureMode::FailFast { after } | FailureMode::ServerError { after } => {
+                    MixMode::FailFast(ns(after))
+                }
                 FailureMode::Refuse => MixMode::Refuse,
                 FailureMode::Reset => MixMode::Reset,
                 FailureMode::Slow { factor } => MixMode::Slow(factor),
@@ -160,7 +162,9 @@ impl Server {
         match self.failure {
             FailureMode::None => Demand::Work(self.base(rng), true),
             FailureMode::Hang => Demand::Bypass(never, false),
-            FailureMode::FailFast { after } => Demand::Bypass(ns(after), false),
+            FailureMode::FailFast { after } | FailureMode::ServerError { after } => {
+                Demand::Bypass(ns(after), false)
+            }
             FailureMode::Refuse => Demand::Bypass(0, false),
             // The answer is worked out, then cut on its way.
             FailureMode::Reset => Demand::Work(self.base(rng) + ns(RESET_CUT), false),

@@ -233,9 +233,17 @@ pub(crate) async fn drive<L: Leg>(
                 return Driven::Own(answer);
             }
             TryFailure::Upstream(e) => e.may_have_acted,
-            // A gRPC status that counts as a failure (UNAVAILABLE: the call was not
-            // processed) is retried whatever the method; an HTTP status only when idempotent.
+            // A gRPC status that is retried (UNAVAILABLE: the call was not processed, or one
+            // in `retry_on_grpc_status`) is retried whatever the method; an HTTP status only
+            // when idempotent.
             TryFailure::Status(_, cause) => !matches!(cause, Cause::GrpcStatus(_)),
+        };
+        // Every failure status is the endpoint's failure (its pick finishes as one here), but
+        // only those in `retry_on_status` (`retry_on_grpc_status`) are tried again.
+        let wanted = match &failure {
+            TryFailure::Status(_, Cause::Status(s)) => cluster.retries_status(*s),
+            TryFailure::Status(_, Cause::GrpcStatus(c)) => cluster.retries_grpc_status(*c),
+            _ => true,
         };
         failed(cluster, entry, &failure, pick, now);
         // The endpoint's pushback: wait before the retry, or none if it says never or the
@@ -252,8 +260,11 @@ pub(crate) async fn drive<L: Leg>(
         .filter(|d| crate::io::now() + *d < deadline);
         let before_deadline = wait.is_some() && crate::io::now() < deadline;
         // Rewound only when a retry may follow.
-        let safe =
-            (leg.idempotent() || !may_have_acted) && !last && before_deadline && leg.rewind();
+        let safe = wanted
+            && (leg.idempotent() || !may_have_acted)
+            && !last
+            && before_deadline
+            && leg.rewind();
         if may_retry(cluster, last, safe, before_deadline) {
             if let Some(d) = wait.filter(|d| !d.is_zero()) {
                 cluster.metrics.pushbacks.fetch_add(1, Relaxed);

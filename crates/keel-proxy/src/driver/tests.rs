@@ -33,6 +33,9 @@ enum End {
     Fail { kind: ErrorKind, acted: bool },
     /// The client's body broke the try.
     Client,
+    /// The endpoint answers with this status, which the leg reports as the endpoint's
+    /// failure when the cluster counts it as one (as the HTTP legs do).
+    Status(u16),
 }
 
 /// One try of the script: it takes `after`, then ends with `end`.
@@ -111,6 +114,10 @@ impl Leg for FakeLeg {
                 TryError::before_sending(kind, Cause::ClosedEarly)
             })),
             End::Client => Err(TryFailure::Client(Reject::InvalidBody)),
+            End::Status(s) if cluster.is_failure_status(s) => {
+                Err(TryFailure::Status(index, Cause::Status(s)))
+            }
+            End::Status(_) => Ok(index),
         }
     }
 
@@ -367,4 +374,57 @@ async fn a_fast_first_try_sends_no_hedge_and_a_failed_one_leaves_the_hedge() {
     assert_eq!(o.took, Duration::from_millis(300));
     assert_eq!(c.metrics.hedges.load(Relaxed), 1);
     assert_eq!(c.metrics.hedges_won.load(Relaxed), 1);
+}
+
+/// The balancer's successes and failures of endpoint `index`.
+fn counted(c: &Cluster, index: usize) -> (u64, u64) {
+    let st = &c.balancer.status(c.now())[index];
+    (st.successes, st.failures)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_500_that_is_not_retried_finishes_its_pick_as_the_endpoint_s_failure() {
+    // The defaults: 500 is not in `retry_on_status`. The endpoint's 500 goes to the client,
+    // untried elsewhere, and its pick is finished as a failure already (the tail has none).
+    let c = cluster(|c| c.retry.attempts = 2);
+    let mut leg = FakeLeg::new(&[step(1, End::Status(500))]);
+    let o = run(&c, &mut leg).await;
+    let Driven::Won(index, tail) = &o.driven else {
+        panic!("keel answered instead of the endpoint");
+    };
+    assert_eq!(leg.tries(), vec![*index]);
+    assert!(tail.pick.is_none(), "the pick is finished, not left to the body");
+    assert_eq!(counted(&c, *index), (0, 1));
+    assert_eq!(c.metrics.retries.load(Relaxed), 0);
+    // A 503 (in `retry_on_status`) is the endpoint's failure too, and is retried.
+    let mut leg = FakeLeg::new(&[step(1, End::Status(503)), step(1, End::Answer)]);
+    let o = run(&c, &mut leg).await;
+    let tries = leg.tries();
+    assert_eq!(won(&o), (tries[1], 2));
+    assert_eq!(counted(&c, tries[0]).1, 1);
+    assert_eq!(c.metrics.retries.load(Relaxed), 1);
+    // 501 answers the request (its method), not the endpoint's health: its pick is left to
+    // the body, and finishes as a success.
+    let mut leg = FakeLeg::new(&[step(1, End::Status(501))]);
+    let o = run(&c, &mut leg).await;
+    let Driven::Won(index, tail) = o.driven else {
+        panic!("keel answered instead of the endpoint");
+    };
+    let before = counted(&c, index);
+    tail.end(crate::exchange::error::BodyEnd::Done, None);
+    assert_eq!(counted(&c, index), (before.0 + 1, before.1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_500_in_retry_on_status_is_retried_on_another_endpoint() {
+    let c = cluster(|c| {
+        c.retry.attempts = 1;
+        c.retry.retry_on_status.push(500);
+    });
+    let mut leg = FakeLeg::new(&[step(1, End::Status(500)), step(1, End::Answer)]);
+    let o = run(&c, &mut leg).await;
+    let tries = leg.tries();
+    assert_ne!(tries[0], tries[1]);
+    assert_eq!(won(&o), (tries[1], 2));
+    assert_eq!(counted(&c, tries[0]), (0, 1));
 }

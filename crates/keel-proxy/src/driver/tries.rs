@@ -14,7 +14,8 @@ pub(crate) enum TryOutcome {
     /// The endpoint answered (the last try of a request the endpoint answered).
     #[default]
     Ok,
-    /// A status that counts as the endpoint's failure (`retry_on_status`).
+    /// A status that counts as the endpoint's failure (a 5xx but 501 and 505, or one in
+    /// `retry_on_status`), retried or not.
     Status(u16),
     /// A gRPC status that counts as the endpoint's failure.
     GrpcStatus(u32),

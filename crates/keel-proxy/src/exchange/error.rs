@@ -39,10 +39,11 @@ pub(crate) enum Cause {
     TryTimeout(Duration),
     /// No answer within the request timeout.
     RequestTimeout(Duration),
-    /// The endpoint answered with a status in `retry_on_status`.
+    /// The endpoint answered with a status that counts as its failure (a 5xx but 501 and
+    /// 505, or one in `retry_on_status`).
     Status(u16),
     /// The endpoint answered a gRPC call with a status that counts as its failure
-    /// (14 UNAVAILABLE, or one in `retry_on_grpc_status`).
+    /// (2, 13, 14, 15, or one in `retry_on_grpc_status`).
     GrpcStatus(u32),
     /// The client's request or body was refused.
     Client(Reject),
@@ -165,8 +166,9 @@ impl TryError {
 pub(crate) enum TryFailure<W> {
     /// No usable answer from the endpoint.
     Upstream(TryError),
-    /// The endpoint answered with a status that counts as its failure (`retry_on_status`, or
-    /// a gRPC status): forwarded as it is when no retry follows.
+    /// The endpoint answered with a status that counts as its failure
+    /// ([`crate::upstream::cluster::Cluster::is_failure_status`], or a gRPC status): retried
+    /// only when the cluster retries it, else forwarded as it is.
     Status(W, Cause),
     /// The client's body broke the try: the client's fault, never the endpoint's.
     Client(Reject),

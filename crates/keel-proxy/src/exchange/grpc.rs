@@ -9,6 +9,15 @@ pub(crate) const DEADLINE_EXCEEDED: u32 = 4;
 /// `UNAVAILABLE`: the call was not processed; always a failure for the balancer.
 pub(crate) const UNAVAILABLE: u32 = 14;
 
+/// True for the codes that say the server failed, whatever the call (the endpoint's failure
+/// for the balancer): `UNKNOWN` (2), `INTERNAL` (13), `UNAVAILABLE` (14), `DATA_LOSS` (15).
+/// The others answer the call (`NOT_FOUND`, `INVALID_ARGUMENT`, `UNIMPLEMENTED`, ...) or are
+/// the client's (`CANCELLED`, `DEADLINE_EXCEEDED`: its own deadline).
+#[inline]
+pub(crate) fn server_failed(code: u32) -> bool {
+    matches!(code, 2 | 13..=15)
+}
+
 /// The gRPC status of one of keel's own HTTP answers.
 pub(crate) fn status_for(http: u16) -> u32 {
     match http {

@@ -207,16 +207,34 @@ impl Cluster {
         instant.saturating_duration_since(self.epoch)
     }
 
-    /// True if an upstream status counts as the endpoint's failure (and may be retried).
+    /// True if an endpoint's status counts as its failure, retried or not: for outlier
+    /// detection, half-open re-admission and the latency estimates (a fast error must not make
+    /// an endpoint look fast). Every 5xx but 501 and 505, which answer the request (its method,
+    /// its HTTP version), not the endpoint's health, and the statuses in `retry_on_status`.
     #[inline]
     pub fn is_failure_status(&self, status: u16) -> bool {
+        (matches!(status, 500..=599) && status != 501 && status != 505)
+            || self.retries_status(status)
+    }
+
+    /// True if a failure status is tried again on another endpoint (`retry_on_status`).
+    #[inline]
+    pub fn retries_status(&self, status: u16) -> bool {
         self.config.retry.retry_on_status.contains(&status)
     }
 
-    /// True if a gRPC call's `grpc-status` counts as the endpoint's failure (and may be
-    /// retried): 14 UNAVAILABLE, and those in `retry_on_grpc_status`.
+    /// True if a gRPC call's `grpc-status` counts as the endpoint's failure, retried or not:
+    /// the codes that say the server failed (2 UNKNOWN, 13 INTERNAL, 14 UNAVAILABLE,
+    /// 15 DATA_LOSS) and those in `retry_on_grpc_status`.
     #[inline]
     pub fn is_failure_grpc_status(&self, code: u32) -> bool {
+        crate::exchange::grpc::server_failed(code) || self.retries_grpc_status(code)
+    }
+
+    /// True if a failed gRPC call is tried again: 14 UNAVAILABLE (the call was not processed),
+    /// and the codes in `retry_on_grpc_status`.
+    #[inline]
+    pub fn retries_grpc_status(&self, code: u32) -> bool {
         code == crate::exchange::grpc::UNAVAILABLE
             || self.config.retry.retry_on_grpc_status.contains(&code)
     }

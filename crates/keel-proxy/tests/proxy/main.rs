@@ -13,6 +13,7 @@ mod config_props;
 mod connection_limits;
 mod discovery;
 mod endpoint_state_over_time;
+mod failure_evidence;
 mod h1_path;
 mod hedging;
 mod hostile_requests;

@@ -221,7 +221,7 @@ async fn hang_holds_the_call_past_the_client_timeout_until_the_fault_changes() {
 }
 
 #[tokio::test]
-async fn fail_fast_answers_503_after_its_delay_healthz_included() {
+async fn fail_fast_answers_503_and_server_error_500_without_the_latency() {
     let b = backend::spawn(
         any_port(),
         BackendConfig {
@@ -254,6 +254,17 @@ async fn fail_fast_answers_503_after_its_delay_healthz_included() {
     assert!(
         took >= Duration::from_millis(120) && took < Duration::from_millis(290),
         "{took:?}"
+    );
+    // The server error: a 500, at once too.
+    b.set_fault(FailureMode::SERVER_ERROR_AT_ONCE);
+    let t = Instant::now();
+    let (status, _, body) = get_once(b.addr(), "/x").await.unwrap();
+    assert_eq!(status, 500);
+    assert!(String::from_utf8_lossy(&body).contains("server-error"));
+    assert!(
+        t.elapsed() < Duration::from_millis(250),
+        "{:?}",
+        t.elapsed()
     );
 }
 

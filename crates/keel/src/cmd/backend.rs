@@ -20,6 +20,7 @@ use crate::cmd::usage;
     none       answer 200 after the latency\n  \
     hang       read requests and never answer them\n  \
     fail-fast  answer 503 after --fail-after (default: at once)\n  \
+    server-error  answer 500 after --fail-after (default: at once)\n  \
     refuse     do not listen: connects are refused\n  \
     reset      after the latency, send the headers and half of the body, then reset the connection\n  \
     slow       the latency multiplied by --slow-factor\n  \
@@ -28,7 +29,7 @@ use crate::cmd::usage;
                503 after --fail-after, when given)\n\
 /healthz answers 200 `ok` and fails the same way as every other path; it is counted apart.\n\
 With --concurrency N at most N requests are worked on at once; the others wait in FIFO order\n\
-(a fail-fast 503 or a hang never waits; /healthz never waits).\n\
+(a fail-fast 503, a server-error 500 or a hang never waits; /healthz never waits).\n\
 Every response carries `x-backend: <name>` and the backend's load: `x-keel-rif` (requests in\n\
 flight, waiting ones included) and `x-keel-latency-us` (the median latency of recent requests\n\
 that arrived to about as many in flight). GET /keel/load answers them at once, in the headers\n\
@@ -53,10 +54,11 @@ pub struct Args {
     /// Standard deviation of the log of the latency, for --latency-dist lognormal.
     #[arg(long, allow_negative_numbers = true, default_value_t = keel_model::vocab::DEFAULT_SIGMA)]
     sigma: f64,
-    /// Failure mode: none, hang, fail-fast, refuse, reset, slow, error, flap (see below).
+    /// Failure mode: none, hang, fail-fast, server-error, refuse, reset, slow, error, flap (see
+    /// below).
     #[arg(long, default_value = "none", value_name = "MODE")]
     fault: String,
-    /// fail-fast: delay before the 503 (default 0ms); flap: answer 503 after this delay while
+    /// fail-fast, server-error: delay before the 503 or 500 (default 0ms); flap: answer 503 after this delay while
     /// down instead of hanging.
     #[arg(long, value_name = "DURATION")]
     fail_after: Option<String>,
@@ -111,8 +113,8 @@ fn fault(args: &Args) -> anyhow::Result<FailureMode> {
         Some(t) => Some(duration("fail-after", t)?),
         None => None,
     };
-    if fail_after.is_some() && !matches!(args.fault.as_str(), "fail-fast" | "flap") {
-        return usage("--fail-after applies to --fault fail-fast and flap only");
+    if fail_after.is_some() && !matches!(args.fault.as_str(), "fail-fast" | "server-error" | "flap") {
+        return usage("--fail-after applies to --fault fail-fast, server-error and flap only");
     }
     if args.error_probability.is_some() && args.fault != "error" {
         return usage("--error-probability applies to --fault error only");
@@ -121,6 +123,9 @@ fn fault(args: &Args) -> anyhow::Result<FailureMode> {
         "none" => FailureMode::None,
         "hang" => FailureMode::Hang,
         "fail-fast" => FailureMode::FailFast {
+            after: fail_after.unwrap_or(Duration::ZERO),
+        },
+        "server-error" => FailureMode::ServerError {
             after: fail_after.unwrap_or(Duration::ZERO),
         },
         "refuse" => FailureMode::Refuse,
