@@ -393,7 +393,10 @@ async fn a_500_that_is_not_retried_finishes_its_pick_as_the_endpoint_s_failure()
         panic!("keel answered instead of the endpoint");
     };
     assert_eq!(leg.tries(), vec![*index]);
-    assert!(tail.pick.is_none(), "the pick is finished, not left to the body");
+    assert!(
+        tail.pick.is_none(),
+        "the pick is finished, not left to the body"
+    );
     assert_eq!(counted(&c, *index), (0, 1));
     assert_eq!(c.metrics.retries.load(Relaxed), 0);
     // A 503 (in `retry_on_status`) is the endpoint's failure too, and is retried.

@@ -105,6 +105,7 @@ async fn an_endpoint_answering_500_at_once_is_ejected_and_requests_succeed_with_
             )
         })
         .collect();
+    eprintln!("{table}");
     for r in &runs {
         // Every 500 is a failure for the balancer, never a success.
         assert_eq!(r.failing_counts.0, 0, "{table}");

@@ -113,7 +113,8 @@ fn fault(args: &Args) -> anyhow::Result<FailureMode> {
         Some(t) => Some(duration("fail-after", t)?),
         None => None,
     };
-    if fail_after.is_some() && !matches!(args.fault.as_str(), "fail-fast" | "server-error" | "flap") {
+    if fail_after.is_some() && !matches!(args.fault.as_str(), "fail-fast" | "server-error" | "flap")
+    {
         return usage("--fail-after applies to --fault fail-fast, server-error and flap only");
     }
     if args.error_probability.is_some() && args.fault != "error" {
