@@ -601,7 +601,7 @@ fn protected(e: &str, rows: &[&Row], all: &[Row]) -> Option<Finding> {
     let question = if e == "e6" {
         "With outlier ejection, retries and health checks, does every strategy hold 0.999?"
     } else {
-        "With keel proxy's defaults alone (one dead endpoint of three), does it hold 0.999?"
+        "With keel proxy's defaults alone (one endpoint failed), does it hold 0.999?"
     };
     let mut f = Finding {
         experiment: e.into(),

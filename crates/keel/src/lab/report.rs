@@ -78,7 +78,8 @@ fn experiment_intro(e: &str, rows: &[&Row], t: &Timing) -> String {
     }
 }
 
-/// E6B in one paragraph: keel proxy's defaults, one dead endpoint of three.
+/// E6B in one paragraph: keel proxy's defaults, one failed endpoint (of three, or of five
+/// answering 500).
 fn e6b_summary(rows: &[&Row]) -> String {
     let lowest = rows
         .iter()
@@ -90,7 +91,8 @@ fn e6b_summary(rows: &[&Row]) -> String {
         .map(|r| format!("{} / {} ({:.4})", r.strategy, r.failure_mode, r.measured))
         .collect();
     format!(
-        "A cluster written with nothing but its three endpoints, one of them dead: keel proxy's \
+        "A cluster written with nothing but its endpoints, one of them failed (one of three \
+         dead, or one of five answering 500, which no default retries): keel proxy's \
          defaults, no protection configured: outlier detection (an endpoint ejected after {} \
          failures in a row, for {}), {} retry on another endpoint within the default retry \
          budget ({} % of requests, at least {} per second), no health checks. Lowest measured \
