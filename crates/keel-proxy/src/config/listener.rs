@@ -86,6 +86,20 @@ pub struct ListenerConfig {
         with = "keel_balance::duration_serde"
     )]
     pub client_idle_timeout: Duration,
+    /// A request body must have arrived whole within this from the end of its head, plus one
+    /// second per `request_body_min_rate` bytes received; else `408` (cause
+    /// `request_body_timeout`). Bounds a slow upload, which holds an endpoint slot while it
+    /// streams. Default 60 s.
+    #[serde(
+        default = "default_request_body_timeout",
+        with = "keel_balance::duration_serde"
+    )]
+    pub request_body_timeout: Duration,
+    /// Bytes of request body a second that earn one more second beyond
+    /// `request_body_timeout` (so a large upload at least this fast is never cut by it). `0`:
+    /// `request_body_timeout` bounds the whole body. Default 1024.
+    #[serde(default = "default_request_body_min_rate")]
+    pub request_body_min_rate: u64,
     /// Requests without a usable `x-request-id` get one made by keel (UUID v4 form), passed
     /// to the endpoint and logged. `false`: the client's header passes as any other and none
     /// is made. Default true (Envoy's `generate_request_id`).
@@ -158,6 +172,12 @@ fn default_tunnel_idle_timeout() -> Duration {
 fn default_client_idle_timeout() -> Duration {
     Duration::from_secs(10)
 }
+fn default_request_body_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_request_body_min_rate() -> u64 {
+    1024
+}
 
 /// hyper's smallest HTTP/1 read buffer, hence the smallest `max_header_bytes`.
 pub const MIN_HEADER_BYTES: usize = 8192;
@@ -193,6 +213,9 @@ impl ListenerConfig {
         }
         if self.tunnel_idle_timeout.is_zero() {
             return Err(zero("tunnel_idle_timeout"));
+        }
+        if self.request_body_timeout.is_zero() {
+            return Err(zero("request_body_timeout"));
         }
         if self.protocol == ListenerProtocol::Tcp {
             if !self.routes.is_empty() {
@@ -234,6 +257,8 @@ impl ListenerConfig {
             protocol: ListenerProtocol::default(),
             tunnel_idle_timeout: default_tunnel_idle_timeout(),
             client_idle_timeout: default_client_idle_timeout(),
+            request_body_timeout: default_request_body_timeout(),
+            request_body_min_rate: default_request_body_min_rate(),
             generate_request_id: true,
             max_connections: default_max_connections(),
             max_header_bytes: default_max_header_bytes(),

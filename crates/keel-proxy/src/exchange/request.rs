@@ -4,9 +4,15 @@
 //! in one place). The rules that make a client's head the endpoint's are in
 //! `exchange::rewrite`; the head's two forms in `exchange::head`.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
 
-use crate::config::ErrorDetail;
+use tokio::time::Sleep;
+
+use crate::config::{ErrorDetail, ListenerConfig};
+use crate::io::{until, BodyProgress};
 
 /// A client connection, as the driver needs to know it.
 #[derive(Debug, Clone)]
@@ -141,8 +147,12 @@ pub(crate) enum Reject {
     BodyTooLarge,
     /// A chunked body that is malformed, or a body cut short by the client.
     InvalidBody,
-    /// The head or the body did not arrive within `header_read_timeout`.
+    /// A read of the body waited longer than `client_idle_timeout`.
     Timeout,
+    /// The body arrived slower than `request_body_timeout` and `request_body_min_rate` allow.
+    BodyTooSlow,
+    /// The body was still arriving at the request's `max_duration`.
+    BodyPastMaxDuration,
 }
 
 impl Reject {
@@ -153,7 +163,7 @@ impl Reject {
             Reject::BodyTooLarge => 413,
             Reject::UnsupportedTransferEncoding | Reject::Connect => 501,
             Reject::UnsupportedExpectation => 417,
-            Reject::Timeout => 408,
+            Reject::Timeout | Reject::BodyTooSlow | Reject::BodyPastMaxDuration => 408,
             Reject::Malformed
             | Reject::InvalidContentLength
             | Reject::ConflictingContentLength
@@ -194,6 +204,11 @@ impl Reject {
             Reject::Timeout => {
                 "the request's body stalled: nothing arrived within client_idle_timeout"
             }
+            Reject::BodyTooSlow => {
+                "the request's body was too slow: not all in within request_body_timeout \
+                 (plus a second per request_body_min_rate bytes)"
+            }
+            Reject::BodyPastMaxDuration => "the request's body was still arriving at max_duration",
         }
     }
 }
@@ -499,6 +514,116 @@ pub(crate) fn valid_authority(v: &[u8]) -> bool {
 }
 
 pub(crate) use crate::codec::parse_content_length;
+
+/// The bounds of a request body's reads from its client, one model for every front end
+/// (`client_idle_timeout` per read, `request_body_timeout` and `request_body_min_rate` for the
+/// whole body, the cluster's `max_duration` for the whole request). A slow upload is cut by
+/// its own bounds, never by a try's clock: time waiting on the client stops the try's clock
+/// ([`BodyProgress`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UploadBounds {
+    /// Each read within this.
+    pub idle: Duration,
+    /// The whole body within this from the end of the head, plus a second per `min_rate`
+    /// bytes received.
+    pub total: Duration,
+    /// Bytes a second that earn more time (0: none, `total` is a hard limit).
+    pub min_rate: u64,
+    /// The request's end (`max_duration` from its start), if any.
+    pub max_end: Option<Instant>,
+}
+
+impl UploadBounds {
+    /// A listener's bounds, for a request started at `start` to a cluster with `max_duration`.
+    pub fn of(listener: &ListenerConfig, max_duration: Option<Duration>, start: Instant) -> Self {
+        Self {
+            idle: listener.client_idle_timeout,
+            total: listener.request_body_timeout,
+            min_rate: listener.request_body_min_rate,
+            max_end: max_duration.map(|d| start + d),
+        }
+    }
+
+    /// The deadline of a read starting `now`, for a body begun at `began` with `received`
+    /// bytes in, and the refusal when it passes (which bound cut it).
+    pub fn next_read(&self, began: Instant, received: u64, now: Instant) -> (Instant, Reject) {
+        let mut due = (now + self.idle, Reject::Timeout);
+        let earned = match self.min_rate {
+            0 => Duration::ZERO,
+            rate => Duration::from_secs_f64(received as f64 / rate as f64),
+        };
+        let whole = began + self.total + earned;
+        if whole < due.0 {
+            due = (whole, Reject::BodyTooSlow);
+        }
+        if let Some(end) = self.max_end.filter(|end| *end < due.0) {
+            due = (end, Reject::BodyPastMaxDuration);
+        }
+        due
+    }
+}
+
+/// A request body's reads from its client, as both front ends make them: each within
+/// [`UploadBounds`], each reported to the driver's try clock ([`BodyProgress`]) so that the
+/// client's time never counts against an endpoint's try.
+pub(crate) struct Upload<'p> {
+    bounds: UploadBounds,
+    began: Instant,
+    received: u64,
+    reading: bool,
+    /// Where the body is, for the driver's try clock; and the request's start it counts from.
+    progress: Option<(&'p BodyProgress, Instant)>,
+}
+
+impl<'p> Upload<'p> {
+    /// A body whose head ended at `began`.
+    pub fn new(bounds: UploadBounds, began: Instant) -> Self {
+        Self {
+            bounds,
+            began,
+            received: 0,
+            reading: false,
+            progress: None,
+        }
+    }
+
+    /// Reports each read to `progress` (times from `start`, the request's).
+    pub fn with_progress(mut self, progress: &'p BodyProgress, start: Instant) -> Self {
+        self.progress = Some((progress, start));
+        self
+    }
+
+    /// A read from the client is under way.
+    pub fn reading(&self) -> bool {
+        self.reading
+    }
+
+    /// Counts `n` more bytes received (they earn time at `min_rate`).
+    pub fn received(&mut self, n: u64) {
+        self.received += n;
+    }
+
+    /// Runs one read from the client (`read`) within the bounds, on `timer`.
+    pub async fn read<F: Future>(
+        &mut self,
+        timer: &mut Pin<Box<Sleep>>,
+        read: F,
+    ) -> Result<F::Output, Reject> {
+        let (deadline, cut) = self
+            .bounds
+            .next_read(self.began, self.received, Instant::now());
+        self.reading = true;
+        if let Some((p, start)) = self.progress {
+            p.mark(start.elapsed(), true);
+        }
+        let got = until(timer, deadline, read).await;
+        self.reading = false;
+        if let Some((p, start)) = self.progress {
+            p.mark(start.elapsed(), false);
+        }
+        got.ok_or(cut)
+    }
+}
 
 #[cfg(test)]
 mod tests {

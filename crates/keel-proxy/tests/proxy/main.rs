@@ -27,6 +27,7 @@ mod rate_limit;
 mod request_targets;
 mod rewrites;
 mod routes;
+mod slow_uploads;
 mod sticky;
 mod timeouts;
 mod tls;

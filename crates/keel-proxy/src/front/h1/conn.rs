@@ -22,6 +22,7 @@ use crate::driver::tries::Tries;
 use crate::exchange::error::BodyEnd;
 use crate::exchange::head::{HeadView, RequestHeaders};
 use crate::exchange::request::{BodyFraming, Client, Reject, RequestHead, RequestRules};
+use crate::exchange::request::{Upload, UploadBounds};
 use crate::forward::{self, Request};
 use crate::front::h1::parse::{parse_request, RequestParse};
 use crate::front::h1::relay::{relay_frames, relay_response, ClientBody, RelayError};
@@ -235,9 +236,10 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     .await
             }
             BodyFraming::Chunked => {
-                let idle = settings.client_idle_timeout;
+                let bounds =
+                    UploadBounds::of(settings, target.cluster.config.max_duration, started);
                 match conn
-                    .read_small_chunked(idle, max_body, req.expect_continue)
+                    .read_small_chunked(bounds, started, max_body, req.expect_continue)
                     .await
                 {
                     SmallChunked::Whole(raw) => {
@@ -293,10 +295,13 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                         return Served::Closed;
                     }
                 }
-                // Read whole, each read within the client's idle time.
+                // Read whole, within the body's bounds.
+                let bounds =
+                    UploadBounds::of(settings, target.cluster.config.max_duration, started);
                 while conn.rbuf.len() < n {
                     conn.rbuf.reserve(n - conn.rbuf.len());
-                    let deadline = Instant::now() + settings.client_idle_timeout;
+                    let received = conn.rbuf.len() as u64;
+                    let (deadline, _) = bounds.next_read(started, received, Instant::now());
                     let read = until(
                         &mut conn.client_timer,
                         deadline,
@@ -370,7 +375,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     /// from the read buffer: a longer body streams from its start.
     async fn read_small_chunked(
         &mut self,
-        idle: Duration,
+        bounds: UploadBounds,
+        began: Instant,
         max_body: u64,
         expect_continue: bool,
     ) -> SmallChunked {
@@ -405,7 +411,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 }
             }
             self.rbuf.reserve(16 * 1024);
-            let deadline = Instant::now() + idle;
+            let (deadline, cut) = bounds.next_read(began, self.rbuf.len() as u64, Instant::now());
             let read = until(
                 &mut self.client_timer,
                 deadline,
@@ -414,7 +420,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             .await;
             match read {
                 Some(Ok(n)) if n > 0 => {}
-                None => return SmallChunked::Refused(Reject::Timeout),
+                None => return SmallChunked::Refused(cut),
                 _ => return SmallChunked::Closed,
             }
         }
@@ -435,18 +441,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     ) -> bool {
         let start = Instant::now();
         let progress = crate::io::BodyProgress::default();
-        // Each read from the client within client_idle_timeout (a stalled upload is the
-        // client's 408); the try's clock stands still meanwhile (see BodyProgress).
+        // The body's reads within its bounds (a slow or stalled upload is the client's 408,
+        // whose cause names the bound); the try's clock stands still meanwhile (see
+        // BodyProgress).
+        let bounds = UploadBounds::of(settings, target.cluster.config.max_duration, start);
+        let upload = Upload::new(bounds, start).with_progress(&progress, start);
         let mut body = ClientBody::new(
             &mut self.stream,
             &mut self.rbuf,
             &mut self.client_timer,
-            settings.client_idle_timeout,
+            upload,
             req.body,
             max_body,
             req.expect_continue,
-        )
-        .with_progress(&progress, start);
+        );
         let answer = forward::forward(
             &target.cluster,
             client,

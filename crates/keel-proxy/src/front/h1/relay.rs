@@ -6,7 +6,7 @@
 use std::future::poll_fn;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -17,6 +17,7 @@ use crate::codec::response::Framing;
 use crate::codec::{push_date, push_header};
 use crate::exchange::error::BodyEnd;
 use crate::exchange::request::RequestHead;
+use crate::exchange::request::Upload;
 use crate::exchange::request::{parse_content_length, BodyFraming, Reject, RequestBody};
 use crate::io::{until, write_all_2, write_all_vectored, BodyIdle};
 use crate::leg::ResponseBody;
@@ -24,15 +25,14 @@ use crate::upstream::pool::RawConn;
 use hyper::header::HeaderValue;
 
 /// A request body streamed from the client as the leg asks for it: a piece at a time from
-/// the connection's read buffer, each read within `read_timeout`. Chunked bodies are decoded
-/// (the leg frames them again); `100 Continue` goes out before the first read when the client
-/// waits for it.
+/// the connection's read buffer, each read within the body's bounds (`Upload`, shared with
+/// the HTTP/2 front end). Chunked bodies are decoded (the leg frames them again);
+/// `100 Continue` goes out before the first read when the client waits for it.
 pub(crate) struct ClientBody<'c, S> {
     pub stream: &'c mut S,
     /// Bytes read from the client; the body (then any pipelined request) at its front.
     pub rbuf: &'c mut BytesMut,
     pub timer: &'c mut Pin<Box<Sleep>>,
-    pub read_timeout: Duration,
     pub framing: BodyFraming,
     /// Bytes of a `Length` body not yet handed out.
     left: u64,
@@ -41,23 +41,20 @@ pub(crate) struct ClientBody<'c, S> {
     pending: usize,
     started: bool,
     finished: bool,
-    /// A read from the client is under way.
-    reading: bool,
     received: u64,
     max: u64,
     expect_continue: bool,
-    /// Where the body is, for the driver's try clock; and the request's start it counts from.
-    progress: Option<(&'c crate::io::BodyProgress, Instant)>,
+    /// The reads' bounds, and the driver's try clock they report to.
+    upload: Upload<'c>,
 }
 
 impl<'c, S: AsyncRead + AsyncWrite + Unpin> ClientBody<'c, S> {
     /// A body of `framing` at the front of `rbuf`, at most `max` bytes.
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         stream: &'c mut S,
         rbuf: &'c mut BytesMut,
         timer: &'c mut Pin<Box<Sleep>>,
-        read_timeout: Duration,
+        upload: Upload<'c>,
         framing: BodyFraming,
         max: u64,
         expect_continue: bool,
@@ -70,25 +67,17 @@ impl<'c, S: AsyncRead + AsyncWrite + Unpin> ClientBody<'c, S> {
             stream,
             rbuf,
             timer,
-            read_timeout,
             framing,
             left,
             decoder: ChunkedDecoder::default(),
             pending: 0,
             started: false,
             finished: framing == BodyFraming::None,
-            reading: false,
             received: 0,
             max,
             expect_continue,
-            progress: None,
+            upload,
         }
-    }
-
-    /// Reports each read from the client to `progress` (times from `start`).
-    pub fn with_progress(mut self, progress: &'c crate::io::BodyProgress, start: Instant) -> Self {
-        self.progress = Some((progress, start));
-        self
     }
 
     /// True once the whole body was read: the connection can carry another request.
@@ -104,19 +93,12 @@ impl<'c, S: AsyncRead + AsyncWrite + Unpin> ClientBody<'c, S> {
                 .map_err(|_| Reject::InvalidBody)?;
         }
         self.rbuf.reserve(16 * 1024);
-        let deadline = Instant::now() + self.read_timeout;
-        self.reading = true;
-        if let Some((p, start)) = self.progress {
-            p.mark(start.elapsed(), true);
-        }
-        let read = until(self.timer, deadline, self.stream.read_buf(self.rbuf)).await;
-        self.reading = false;
-        if let Some((p, start)) = self.progress {
-            p.mark(start.elapsed(), false);
-        }
-        match read {
-            Some(Ok(n)) if n > 0 => Ok(()),
-            None => Err(Reject::Timeout),
+        let read = self.stream.read_buf(self.rbuf);
+        match self.upload.read(self.timer, read).await? {
+            Ok(n) if n > 0 => {
+                self.upload.received(n as u64);
+                Ok(())
+            }
             _ => Err(Reject::InvalidBody),
         }
     }
@@ -128,7 +110,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RequestBody for ClientBody<'_, S> {
     }
 
     fn waiting_on_client(&self) -> bool {
-        self.reading
+        self.upload.reading()
     }
 
     async fn next_piece(&mut self) -> Result<&[u8], Reject> {

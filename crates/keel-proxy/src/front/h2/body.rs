@@ -16,6 +16,7 @@ use hyper::body::{Body, Frame, SizeHint};
 
 use crate::driver::account::{DownstreamGuard, Tail};
 use crate::exchange::error::BodyEnd;
+use crate::exchange::request::Upload;
 use crate::exchange::request::{Reject, RequestBody};
 use crate::leg::h2::{RecvBody, RequestPump};
 use crate::leg::{BodyError, ResponseBody};
@@ -26,15 +27,19 @@ use super::log::H2Answered;
 /// (any try can send them again); others stream.
 pub(crate) const MAX_INLINE_BODY: u64 = 64 * 1024;
 
-/// An HTTP/2 client's request body, streamed as the leg asks for it. Its first
-/// `MAX_INLINE_BODY` bytes are kept, so that a try that failed before the endpoint acted
-/// (a gRPC UNAVAILABLE) can send them again to another endpoint.
-pub(crate) struct ClientBody {
+/// An HTTP/2 client's request body, streamed as the leg asks for it, each frame awaited
+/// within the body's bounds (`Upload`, shared with the HTTP/1.1 front end: the time waiting
+/// on the client stops the try's clock). Its first `MAX_INLINE_BODY` bytes are kept, so that
+/// a try that failed before the endpoint acted (a gRPC UNAVAILABLE) can send them again to
+/// another endpoint.
+pub(crate) struct ClientBody<'p> {
     pub(crate) body: RecvBody,
     pub(crate) piece: Bytes,
     pub(crate) started: bool,
-    /// A frame is being awaited from the client.
-    pub(crate) reading: bool,
+    /// The reads' bounds, and the driver's try clock they report to.
+    upload: Upload<'p>,
+    /// The reads' timer, made at the first read.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
     pub(crate) received: u64,
     pub(crate) max: u64,
     /// What was handed out so far, while it fits in `MAX_INLINE_BODY`.
@@ -48,13 +53,14 @@ pub(crate) struct ClientBody {
     pub(crate) trailers: Option<hyper::HeaderMap>,
 }
 
-impl ClientBody {
-    pub(crate) fn new(body: RecvBody, max: u64) -> Self {
+impl<'p> ClientBody<'p> {
+    pub(crate) fn new(body: RecvBody, max: u64, upload: Upload<'p>) -> Self {
         Self {
             body,
             piece: Bytes::new(),
             started: false,
-            reading: false,
+            upload,
+            timer: None,
             received: 0,
             max,
             recorded: Vec::new(),
@@ -72,13 +78,13 @@ impl ClientBody {
     }
 }
 
-impl RequestBody for ClientBody {
+impl RequestBody for ClientBody<'_> {
     fn started(&self) -> bool {
         self.started
     }
 
     fn waiting_on_client(&self) -> bool {
-        self.reading
+        self.upload.reading()
     }
 
     fn rewind(&mut self) -> bool {
@@ -109,9 +115,8 @@ impl RequestBody for ClientBody {
             return Ok(&[]);
         }
         loop {
-            self.reading = true;
-            let frame = self.body.frame().await;
-            self.reading = false;
+            let timer = self.timer.get_or_insert_with(crate::io::idle_timer);
+            let frame = self.upload.read(timer, self.body.frame()).await?;
             match frame {
                 None => {
                     self.ended = true;
@@ -130,6 +135,7 @@ impl RequestBody for ClientBody {
                     if data.is_empty() {
                         continue;
                     }
+                    self.upload.received(data.len() as u64);
                     self.received += data.len() as u64;
                     if self.received > self.max {
                         return Err(Reject::BodyTooLarge);

@@ -29,6 +29,7 @@ use crate::exchange::head::RequestHeaders;
 use crate::exchange::request::{
     request_target, valid_authority, BodyFraming, Client, Reject, RequestHead, RequestRules,
 };
+use crate::exchange::request::{Upload, UploadBounds};
 use crate::forward::{self, Request};
 use crate::leg::h2::{RecvBody, RequestPump};
 use crate::leg::ResponseBody;
@@ -261,6 +262,7 @@ async fn handle(
         policy: target.policy.as_deref(),
         body_progress: None,
     };
+    let progress = crate::io::BodyProgress::default();
     let mut streamed = None;
     let answer = match meta.body {
         BodyFraming::Length(n) if n <= MAX_INLINE_BODY => {
@@ -303,7 +305,15 @@ async fn handle(
             .await
         }
         _ => {
-            let streamed = streamed.insert(ClientBody::new(body, max_body));
+            // The body's reads within its bounds; the try's clock stands still while they
+            // wait on the client (the HTTP/1.1 front end's upload model).
+            let bounds = UploadBounds::of(settings, cluster.config.max_duration, start);
+            let upload = Upload::new(bounds, start).with_progress(&progress, start);
+            let streamed = streamed.insert(ClientBody::new(body, max_body, upload));
+            let request = Request {
+                body_progress: Some(&progress),
+                ..request
+            };
             let cluster = &target.cluster;
             forward::forward(cluster, client, request, streamed, &mut out, &mut timer).await
         }
