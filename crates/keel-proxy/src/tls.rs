@@ -12,9 +12,13 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use std::collections::HashMap;
+
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -24,7 +28,7 @@ use tokio_rustls::TlsConnector;
 use keel_balance::{FieldPath, InvalidField, Problem};
 
 use crate::config::cluster::{ClusterConfig, UpstreamTlsConfig};
-use crate::config::listener::ListenerTlsConfig;
+use crate::config::listener::{ClientAuth, ListenerTlsConfig, TlsVersion};
 
 pub use crate::config::cluster::{ALPN_H2, ALPN_HTTP11};
 
@@ -110,56 +114,238 @@ pub fn load_private_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
     })
 }
 
-/// The server side of a TLS listener: its certificate chain and key, checked to match, and
-/// ALPN offering `h2` then `http/1.1`.
+/// The crypto provider of a listener: rustls's safe defaults, or only the `cipher_suites`
+/// named, in their order.
+fn listener_provider(names: &[String]) -> Result<Arc<CryptoProvider>, TlsSettingError> {
+    let base = provider();
+    if names.is_empty() {
+        return Ok(base);
+    }
+    let mut suites = Vec::with_capacity(names.len());
+    for name in names {
+        let found = base
+            .cipher_suites
+            .iter()
+            .find(|s| suite_name(s).eq_ignore_ascii_case(name))
+            .ok_or_else(|| {
+                let known: Vec<String> = base.cipher_suites.iter().map(suite_name).collect();
+                TlsSettingError::new(
+                    "cipher_suites",
+                    format!("unknown cipher suite `{name}`; known: {}", known.join(", ")),
+                )
+            })?;
+        suites.push(*found);
+    }
+    Ok(Arc::new(CryptoProvider {
+        cipher_suites: suites,
+        ..(*base).clone()
+    }))
+}
+
+fn suite_name(s: &rustls::SupportedCipherSuite) -> String {
+    format!("{:?}", s.suite())
+}
+
+/// A certificate chain and its key, loaded and checked to match.
+fn certified_key(
+    provider: &CryptoProvider,
+    cert: &Path,
+    key: &Path,
+    keys: (&'static str, &'static str),
+) -> Result<Arc<CertifiedKey>, TlsSettingError> {
+    let certs = load_certs(cert).map_err(|m| TlsSettingError::new(keys.0, m))?;
+    let der = load_private_key(key).map_err(|m| TlsSettingError::new(keys.1, m))?;
+    let signing = provider.key_provider.load_private_key(der).map_err(|e| {
+        TlsSettingError::new(
+            keys.1,
+            format!("unusable private key in `{}`: {e}", key.display()),
+        )
+    })?;
+    let certified = CertifiedKey::new(certs, signing);
+    certified.keys_match().map_err(|e| {
+        let message = match e {
+            rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => format!(
+                "the private key in `{}` does not match the certificate in `{}`",
+                key.display(),
+                cert.display()
+            ),
+            e => format!("unusable private key in `{}`: {e}", key.display()),
+        };
+        TlsSettingError::new(keys.1, message)
+    })?;
+    Ok(Arc::new(certified))
+}
+
+/// The certificate for a client's SNI: the first of a listener's `certificates` one of whose
+/// DNS names is the name asked for (a `*.` wildcard covers one label), else the listener's
+/// own `cert`. Names are read from each certificate once, at load.
+#[derive(Debug)]
+struct SniCertificates {
+    default: Arc<CertifiedKey>,
+    /// Exact names, lower-case, to the certificate.
+    exact: HashMap<String, Arc<CertifiedKey>>,
+    /// The part after `*.` of wildcard names, lower-case.
+    wildcard: HashMap<String, Arc<CertifiedKey>>,
+}
+
+impl SniCertificates {
+    fn add(&mut self, key: &Arc<CertifiedKey>) {
+        let Some(leaf) = key.cert.first() else {
+            return;
+        };
+        let Ok(parsed) = webpki::EndEntityCert::try_from(leaf) else {
+            return;
+        };
+        for name in parsed.valid_dns_names() {
+            let name = name.to_ascii_lowercase();
+            match name.strip_prefix("*.") {
+                Some(rest) => self.wildcard.entry(rest.to_string()),
+                None => self.exact.entry(name),
+            }
+            .or_insert_with(|| key.clone());
+        }
+    }
+
+    fn choose(&self, sni: &str) -> Option<&Arc<CertifiedKey>> {
+        // rustls hands SNI over lower-case already (RFC 6066 host names are ASCII).
+        self.exact.get(sni).or_else(|| {
+            let (_, parent) = sni.split_once('.')?;
+            self.wildcard.get(parent)
+        })
+    }
+}
+
+impl ResolvesServerCert for SniCertificates {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(
+            hello
+                .server_name()
+                .and_then(|n| self.choose(n))
+                .unwrap_or(&self.default)
+                .clone(),
+        )
+    }
+}
+
+/// The server side of a TLS listener: its certificates (the default one and those chosen by
+/// SNI), each checked to match its key; the client certificates it asks for (`client_ca`);
+/// the versions and cipher suites it accepts; ALPN offering `h2` then `http/1.1`.
 pub fn server_config(c: &ListenerTlsConfig) -> Result<Arc<ServerConfig>, TlsSettingError> {
-    let certs = load_certs(&c.cert).map_err(|m| TlsSettingError::new("cert", m))?;
-    let key = load_private_key(&c.key).map_err(|m| TlsSettingError::new("key", m))?;
-    let mut config = ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| TlsSettingError::new("cert", e.to_string()))?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| {
-            let message = match e {
-                rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => format!(
-                    "the private key in `{}` does not match the certificate in `{}`",
-                    c.key.display(),
-                    c.cert.display()
-                ),
-                e => format!("unusable private key in `{}`: {e}", c.key.display()),
-            };
-            TlsSettingError::new("key", message)
-        })?;
+    let provider = listener_provider(&c.cipher_suites)?;
+    let versions: &[&rustls::SupportedProtocolVersion] = match c.min_version {
+        TlsVersion::Tls12 => rustls::DEFAULT_VERSIONS,
+        TlsVersion::Tls13 => &[&rustls::version::TLS13],
+    };
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(versions)
+        .map_err(|e| TlsSettingError::new("cipher_suites", e.to_string()))?;
+    let builder = match &c.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let roots = root_store(ca, "client_ca")?;
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone());
+            let verifier = match c.client_auth {
+                ClientAuth::Require => verifier,
+                ClientAuth::Request => verifier.allow_unauthenticated(),
+            }
+            .build()
+            .map_err(|e| TlsSettingError::new("client_ca", e.to_string()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut sni = SniCertificates {
+        default: certified_key(&provider, &c.cert, &c.key, ("cert", "key"))?,
+        exact: HashMap::new(),
+        wildcard: HashMap::new(),
+    };
+    for (i, files) in c.certificates.iter().enumerate() {
+        let key = certified_key(
+            &provider,
+            &files.cert,
+            &files.key,
+            ("certificates", "certificates"),
+        )
+        .map_err(|e| TlsSettingError::new("certificates", format!("[{i}]: {}", e.message)))?;
+        sni.add(&key);
+    }
+    let mut config = builder.with_cert_resolver(Arc::new(sni));
     config.alpn_protocols = vec![ALPN_H2.to_vec(), ALPN_HTTP11.to_vec()];
     Ok(Arc::new(config))
 }
 
-/// The client side of TLS to a cluster's endpoints: trusts the certificates of `ca` only,
-/// offers ALPN `alpn` ([`ALPN_HTTP11`] or [`ALPN_H2`]).
-pub fn client_config(
-    c: &UpstreamTlsConfig,
-    alpn: &[u8],
-) -> Result<Arc<ClientConfig>, TlsSettingError> {
-    let certs = load_certs(&c.ca).map_err(|m| TlsSettingError::new("ca", m))?;
+/// The CA certificates of a PEM file, as trust roots; `key` names the setting in errors.
+fn root_store(path: &Path, key: &'static str) -> Result<RootCertStore, TlsSettingError> {
+    let certs = load_certs(path).map_err(|m| TlsSettingError::new(key, m))?;
     let mut roots = RootCertStore::empty();
     for (i, cert) in certs.into_iter().enumerate() {
         roots.add(cert).map_err(|e| {
             TlsSettingError::new(
-                "ca",
+                key,
                 format!(
                     "certificate {} in `{}` is not usable as a CA: {e}",
                     i + 1,
-                    c.ca.display()
+                    path.display()
                 ),
             )
         })?;
     }
-    let mut config = ClientConfig::builder_with_provider(provider())
+    Ok(roots)
+}
+
+/// The system's CA certificates (`SSL_CERT_FILE`, `SSL_CERT_DIR`, else the platform's store).
+/// Certificates the store holds but rustls cannot use are skipped, as browsers skip them.
+fn system_roots(roots: &mut RootCertStore) -> Result<(), TlsSettingError> {
+    let found = rustls_native_certs::load_native_certs();
+    let (added, _ignored) = roots.add_parsable_certificates(found.certs);
+    if added == 0 {
+        let why = found
+            .errors
+            .first()
+            .map_or_else(|| "the store is empty".to_string(), |e| e.to_string());
+        return Err(TlsSettingError::new(
+            "system_roots",
+            format!("no usable CA certificate in the system's store: {why}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The client side of TLS to a cluster's endpoints: trusts the certificates of `ca` (and the
+/// system's, with `system_roots`), presents `cert` when set, offers ALPN `alpn`
+/// ([`ALPN_HTTP11`] or [`ALPN_H2`]).
+pub fn client_config(
+    c: &UpstreamTlsConfig,
+    alpn: &[u8],
+) -> Result<Arc<ClientConfig>, TlsSettingError> {
+    let mut roots = match &c.ca {
+        Some(ca) => root_store(ca, "ca")?,
+        None => RootCertStore::empty(),
+    };
+    if c.system_roots {
+        system_roots(&mut roots)?;
+    }
+    let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsSettingError::new("ca", e.to_string()))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        .with_root_certificates(roots);
+    let mut config = match (&c.cert, &c.key) {
+        (Some(cert), Some(key)) => {
+            let certs = load_certs(cert).map_err(|m| TlsSettingError::new("cert", m))?;
+            let der = load_private_key(key).map_err(|m| TlsSettingError::new("key", m))?;
+            builder.with_client_auth_cert(certs, der).map_err(|e| {
+                TlsSettingError::new(
+                    "key",
+                    format!(
+                        "the private key in `{}` does not fit the certificate in `{}`: {e}",
+                        key.display(),
+                        cert.display()
+                    ),
+                )
+            })?
+        }
+        _ => builder.with_no_client_auth(),
+    };
     config.alpn_protocols = vec![alpn.to_vec()];
     Ok(Arc::new(config))
 }

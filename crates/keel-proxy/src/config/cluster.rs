@@ -55,13 +55,51 @@ pub enum ProxyProtocol {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamTlsConfig {
-    /// PEM file with the CA certificates that endpoints' certificates must chain to. Required:
-    /// the system's roots are not used.
-    pub ca: PathBuf,
+    /// PEM file with the CA certificates that endpoints' certificates must chain to. Required
+    /// unless `system_roots` is on.
+    #[serde(default)]
+    pub ca: Option<PathBuf>,
+    /// Trust the operating system's CA certificates too (read once at load from the
+    /// system's store, e.g. `/etc/ssl/certs`). Default `false`: only `ca`.
+    #[serde(default)]
+    pub system_roots: bool,
+    /// PEM file with a client certificate chain keel presents to endpoints that ask for one
+    /// (mutual TLS); with `key`.
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    /// PEM file with the client certificate's private key.
+    #[serde(default)]
+    pub key: Option<PathBuf>,
     /// Name that every endpoint's certificate must be valid for (also sent as SNI). Default:
     /// each endpoint's host (an IP address is matched against the certificate's IP SANs).
     #[serde(default)]
     pub server_name: Option<String>,
+}
+
+impl UpstreamTlsConfig {
+    /// Something to trust (`ca`, `system_roots`), and a client certificate whole or not at
+    /// all; the files are the TLS component's check (`tls::check_upstream`).
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if self.ca.is_none() && !self.system_roots {
+            return Err(InvalidField::at(
+                "ca",
+                Problem::Invalid(
+                    "nothing to verify endpoints' certificates against: set `ca = \"ca.pem\"`, or `system_roots = true` for the system's CAs".into(),
+                ),
+            ));
+        }
+        match (&self.cert, &self.key) {
+            (Some(_), None) => Err(InvalidField::at(
+                "key",
+                Problem::Invalid("`cert` (a client certificate) needs its `key`".into()),
+            )),
+            (None, Some(_)) => Err(InvalidField::at(
+                "cert",
+                Problem::Invalid("`key` needs the client certificate it belongs to: `cert`".into()),
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// `[[cluster]]`: a set of endpoints, its balancer and how requests to it are made.
@@ -598,6 +636,9 @@ impl ClusterConfig {
                 ))
             }
             _ => {}
+        }
+        if let Some(t) = &self.tls {
+            t.validate().map_err(|e| e.under(FieldPath::key("tls")))?;
         }
         if let Some(h) = &self.health_check {
             if h.kind == HealthCheckKind::Grpc && self.protocol == UpstreamProtocol::Http1 {

@@ -145,10 +145,63 @@ impl ListenerConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListenerTlsConfig {
-    /// PEM file with the certificate chain, the server's certificate first.
+    /// PEM file with the certificate chain, the server's certificate first. Served to clients
+    /// whose SNI names none of `certificates` (and to clients that send no SNI).
     pub cert: PathBuf,
     /// PEM file with the certificate's private key (PKCS#8, PKCS#1 RSA or SEC1 EC).
     pub key: PathBuf,
+    /// More certificates, each chosen when the name a client asks for (SNI) is one of its
+    /// DNS names (exact, or under a `*.` wildcard); the first that matches wins.
+    #[serde(default)]
+    pub certificates: Vec<CertificateFiles>,
+    /// PEM file with the CAs that clients' certificates must chain to: the listener asks for
+    /// a client certificate (mutual TLS). Default: none asked.
+    #[serde(default)]
+    pub client_ca: Option<PathBuf>,
+    /// With `client_ca`: `"require"` (default) refuses a handshake without a valid client
+    /// certificate; `"request"` lets clients without one in (a presented one must be valid).
+    #[serde(default)]
+    pub client_auth: ClientAuth,
+    /// The oldest TLS version accepted: `"1.2"` (default) or `"1.3"`.
+    #[serde(default)]
+    pub min_version: TlsVersion,
+    /// Cipher suites offered, in order of preference, by their IANA names (e.g.
+    /// `"TLS13_AES_128_GCM_SHA256"`). Default: rustls's safe defaults.
+    #[serde(default)]
+    pub cipher_suites: Vec<String>,
+}
+
+/// A certificate chain and its key (`{ cert = "...", key = "..." }`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertificateFiles {
+    /// PEM file with the certificate chain, the server's certificate first.
+    pub cert: PathBuf,
+    /// PEM file with its private key.
+    pub key: PathBuf,
+}
+
+/// Whether a listener with `client_ca` requires a client certificate.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientAuth {
+    /// No handshake without a valid client certificate (NGINX `ssl_verify_client on`).
+    #[default]
+    Require,
+    /// A client certificate is asked for, not required (NGINX `ssl_verify_client optional`).
+    Request,
+}
+
+/// A TLS protocol version.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub enum TlsVersion {
+    /// TLS 1.2 and 1.3.
+    #[default]
+    #[serde(rename = "1.2")]
+    Tls12,
+    /// TLS 1.3 only.
+    #[serde(rename = "1.3")]
+    Tls13,
 }
 
 fn default_max_connections() -> usize {

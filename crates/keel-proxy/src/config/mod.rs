@@ -38,7 +38,8 @@ pub use cluster::{
 pub use discovery::{DiscoveryConfig, DiscoveryKind, DEFAULT_DISCOVERY_REFRESH};
 pub use health::{HealthCheckConfig, HealthCheckKind, ProbeConfig};
 pub use listener::{
-    ErrorDetail, ListenerConfig, ListenerProtocol, ListenerTlsConfig, MIN_HEADER_BYTES,
+    CertificateFiles, ClientAuth, ErrorDetail, ListenerConfig, ListenerProtocol, ListenerTlsConfig,
+    TlsVersion, MIN_HEADER_BYTES,
 };
 pub use locate::ConfigError;
 pub use observe::{AccessLogConfig, AccessLogFormat, AdminConfig};
@@ -137,11 +138,20 @@ impl ProxyConfig {
             if let Some(t) = &mut l.tls {
                 resolve(&mut t.cert);
                 resolve(&mut t.key);
+                for c in &mut t.certificates {
+                    resolve(&mut c.cert);
+                    resolve(&mut c.key);
+                }
+                if let Some(p) = &mut t.client_ca {
+                    resolve(p);
+                }
             }
         }
         for c in &mut self.clusters {
             if let Some(t) = &mut c.tls {
-                resolve(&mut t.ca);
+                for p in [&mut t.ca, &mut t.cert, &mut t.key].into_iter().flatten() {
+                    resolve(p);
+                }
             }
         }
         if let Some(a) = &mut self.access_log {

@@ -33,7 +33,7 @@ impl Pki {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let (ca, ca_key) = make_ca("keel test CA");
-        let (other_ca, _) = make_ca("another CA");
+        let (other_ca, other_key) = make_ca("another CA");
         let key = KeyPair::generate().unwrap();
         let params =
             CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
@@ -44,6 +44,23 @@ impl Pki {
         write("server.pem", cert.pem());
         write("server.key", key.serialize_pem());
         write("other.key", KeyPair::generate().unwrap().serialize_pem());
+        // Client certificates (mutual TLS): one from the test CA, one from the other.
+        let leaf =
+            |names: &[&str], signer: &rcgen::Certificate, signer_key: &KeyPair, file: &str| {
+                let key = KeyPair::generate().unwrap();
+                let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+                let cert = CertificateParams::new(names)
+                    .unwrap()
+                    .signed_by(&key, signer, signer_key)
+                    .unwrap();
+                write(&format!("{file}.pem"), cert.pem());
+                write(&format!("{file}.key"), key.serialize_pem());
+            };
+        leaf(&["client.test"], &ca, &ca_key, "client");
+        leaf(&["stranger.test"], &other_ca, &other_key, "stranger");
+        // Certificates a listener chooses by SNI.
+        leaf(&["a.test"], &ca, &ca_key, "a");
+        leaf(&["*.b.test"], &ca, &ca_key, "wild-b");
         Pki { dir }
     }
 
@@ -61,6 +78,34 @@ impl Pki {
             .unwrap()
             .collect::<Result<_, _>>()
             .unwrap()
+    }
+
+    /// A client trusting the test CA, offering `versions`, presenting `client` (a pair of
+    /// files `NAME.pem`, `NAME.key`) when given.
+    fn client(
+        &self,
+        client: Option<&str>,
+        versions: &[&'static rustls::SupportedProtocolVersion],
+    ) -> tokio_rustls::TlsConnector {
+        let mut roots = rustls::RootCertStore::empty();
+        for c in self.certs("ca.pem") {
+            roots.add(c).unwrap();
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(keel_proxy::tls::provider())
+            .with_protocol_versions(versions)
+            .unwrap()
+            .with_root_certificates(roots);
+        let mut config = match client {
+            Some(name) => builder
+                .with_client_auth_cert(
+                    self.certs(&format!("{name}.pem")),
+                    PrivateKeyDer::from_pem_file(self.path(&format!("{name}.key"))).unwrap(),
+                )
+                .unwrap(),
+            None => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        tokio_rustls::TlsConnector::from(Arc::new(config))
     }
 
     /// A client trusting the test CA, offering these ALPN protocols.
@@ -546,4 +591,260 @@ fn certificate_paths_without_a_file_are_relative_to_the_current_directory() {
     let e = ProxyConfig::from_toml_str(&text, "inline").unwrap_err();
     assert_eq!(e.key.as_deref(), Some("listener[0].tls.cert"), "{e}");
     drop(pki);
+}
+
+/// `GET /` over TLS with `connector` and SNI `name`: the status, or the error that ended the
+/// handshake or the exchange (with TLS 1.3 a refused client certificate shows on the first
+/// read, after the client's side of the handshake is done).
+async fn get_tls(
+    connector: &tokio_rustls::TlsConnector,
+    addr: SocketAddr,
+    name: &str,
+) -> Result<StatusCode, String> {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = ServerName::try_from(name.to_string()).unwrap();
+    let mut stream = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let request = b"GET / HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n";
+    stream
+        .write_all(request)
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await;
+    match read {
+        Err(_) => Err("no answer within 5 s".into()),
+        Ok(Err(e)) if answer.is_empty() => Err(format!("read: {e}")),
+        Ok(_) => {
+            let text = String::from_utf8_lossy(&answer);
+            let code = text
+                .split_whitespace()
+                .nth(1)
+                .and_then(|c| c.parse::<u16>().ok())
+                .ok_or_else(|| format!("no status in {text:?}"))?;
+            Ok(StatusCode::from_u16(code).unwrap())
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_with_client_ca_serves_only_clients_with_a_certificate_from_it() {
+    let pki = Pki::generate("client-ca");
+    let (backend_addr, seen) = backend(None).await;
+    let tls13 = &[&rustls::version::TLS13][..];
+    let tls12 = &[&rustls::version::TLS12][..];
+    let with = |auth: &str| {
+        let mut t = listener_tls(&pki, "");
+        t.push_str(&format!(
+            "client_ca = {}
+{auth}",
+            pki.toml("ca.pem")
+        ));
+        config(backend_addr, &t, "")
+    };
+    let proxy = keel_proxy::start(with("")).await.unwrap();
+    let addr = proxy.listener_addrs()[0];
+    for versions in [tls13, tls12] {
+        assert_eq!(
+            get_tls(&pki.client(Some("client"), versions), addr, "localhost").await,
+            Ok(StatusCode::OK)
+        );
+        let none = get_tls(&pki.client(None, versions), addr, "localhost").await;
+        assert!(none.is_err(), "no client certificate: {none:?}");
+        let stranger = get_tls(&pki.client(Some("stranger"), versions), addr, "localhost").await;
+        assert!(
+            stranger.is_err(),
+            "a certificate of another CA: {stranger:?}"
+        );
+    }
+    assert_eq!(
+        seen.proto.lock().unwrap().len(),
+        2,
+        "only the two good clients got through"
+    );
+
+    // `request`: a client without a certificate is served; a bad certificate still is not.
+    proxy.reload(with("client_auth = \"request\"\n")).unwrap();
+    assert_eq!(
+        get_tls(&pki.client(None, tls13), addr, "localhost").await,
+        Ok(StatusCode::OK)
+    );
+    assert!(
+        get_tls(&pki.client(Some("stranger"), tls13), addr, "localhost")
+            .await
+            .is_err()
+    );
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sni_chooses_the_certificate_whose_names_match_and_min_version_refuses_older_clients() {
+    let pki = Pki::generate("sni");
+    let (backend_addr, _) = backend(None).await;
+    let mut t = listener_tls(&pki, "");
+    t.push_str(&format!(
+        "certificates = [{{ cert = {}, key = {} }}, {{ cert = {}, key = {} }}]\nmin_version = \"1.3\"\n",
+        pki.toml("a.pem"),
+        pki.toml("a.key"),
+        pki.toml("wild-b.pem"),
+        pki.toml("wild-b.key")
+    ));
+    let proxy = keel_proxy::start(config(backend_addr, &t, ""))
+        .await
+        .unwrap();
+    let addr = proxy.listener_addrs()[0];
+    let served = |file: &str| pki.certs(file)[0].clone();
+    let connector = pki.client(None, &[&rustls::version::TLS13]);
+    for (sni, file) in [
+        ("a.test", "a.pem"),
+        ("x.b.test", "wild-b.pem"),
+        ("localhost", "server.pem"),
+        ("unknown.test", "server.pem"),
+    ] {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let name = ServerName::try_from(sni.to_string()).unwrap();
+        // A certificate that is not valid for the name fails the client's verification: the
+        // handshake itself says which certificate came.
+        let result = connector.connect(name, tcp).await;
+        if file == "server.pem" && sni != "localhost" {
+            let Err(e) = result else {
+                panic!("{sni}: the default certificate is not valid for it, yet it was accepted")
+            };
+            assert!(e.to_string().contains("certificate"), "{sni}: {e}");
+            continue;
+        }
+        let stream = result.unwrap_or_else(|e| panic!("{sni}: {e}"));
+        let peer = stream.get_ref().1.peer_certificates().unwrap()[0].clone();
+        assert_eq!(peer, served(file), "{sni}");
+    }
+    assert_eq!(
+        get_tls(&connector, addr, "a.test").await,
+        Ok(StatusCode::OK)
+    );
+    // TLS 1.2 only: refused by min_version = "1.3".
+    let old = get_tls(
+        &pki.client(None, &[&rustls::version::TLS12]),
+        addr,
+        "a.test",
+    )
+    .await;
+    assert!(old.is_err(), "{old:?}");
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_presents_its_client_certificate_to_endpoints_that_require_one() {
+    let pki = Pki::generate("upstream-mtls");
+    let mut roots = rustls::RootCertStore::empty();
+    for c in pki.certs("ca.pem") {
+        roots.add(c).unwrap();
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        keel_proxy::tls::provider(),
+    )
+    .build()
+    .unwrap();
+    let mut server = rustls::ServerConfig::builder_with_provider(keel_proxy::tls::provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            pki.certs("server.pem"),
+            PrivateKeyDer::from_pem_file(pki.path("server.key")).unwrap(),
+        )
+        .unwrap();
+    server.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let (backend_addr, seen) =
+        backend(Some(tokio_rustls::TlsAcceptor::from(Arc::new(server)))).await;
+    let cluster = |extra: &str| format!("[cluster.tls]\nca = {}\n{extra}", pki.toml("ca.pem"));
+    let proxy = keel_proxy::start(config(backend_addr, "", &cluster("")))
+        .await
+        .unwrap();
+    let addr = proxy.listener_addrs()[0];
+    let (status, body) = get_plain(addr).await;
+    assert_eq!(
+        status,
+        StatusCode::BAD_GATEWAY,
+        "no client certificate: {body}"
+    );
+    assert!(seen.proto.lock().unwrap().is_empty());
+    proxy
+        .reload(config(
+            backend_addr,
+            "",
+            &cluster(&format!(
+                "cert = {}\nkey = {}\n",
+                pki.toml("client.pem"),
+                pki.toml("client.key")
+            )),
+        ))
+        .unwrap();
+    assert_eq!(get_plain(addr).await, (StatusCode::OK, "ok".to_string()));
+    assert_eq!(seen.proto.lock().unwrap().len(), 1);
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
+
+#[test]
+fn tls_options_are_checked_and_their_errors_located() {
+    let pki = Pki::generate("tls-options");
+    let listener = |extra: &str| {
+        format!("{FILE_HEAD}[listener.tls]\ncert = \"server.pem\"\nkey = \"server.key\"\n{extra}\n{FILE_CLUSTER}")
+    };
+    load_file(
+        &pki,
+        &listener("cipher_suites = [\"TLS13_AES_128_GCM_SHA256\"]"),
+    )
+    .unwrap();
+    let e = load_file(&pki, &listener("cipher_suites = [\"RC4_MD5\"]")).unwrap_err();
+    assert_eq!(
+        e.key.as_deref(),
+        Some("listener[0].tls.cipher_suites"),
+        "{e}"
+    );
+    assert!(
+        e.message.contains("TLS13_AES_256_GCM_SHA384"),
+        "names the known ones: {e}"
+    );
+    let e = load_file(&pki, &listener("min_version = \"1.1\"")).unwrap_err();
+    assert_eq!(e.key.as_deref(), Some("listener[0].tls.min_version"), "{e}");
+    let e = load_file(&pki, &listener("client_ca = \"missing.pem\"")).unwrap_err();
+    assert_eq!(e.key.as_deref(), Some("listener[0].tls.client_ca"), "{e}");
+    let e = load_file(
+        &pki,
+        &listener("certificates = [{ cert = \"a.pem\", key = \"server.key\" }]"),
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.key.as_deref(),
+        Some("listener[0].tls.certificates"),
+        "{e}"
+    );
+    assert!(e.message.contains("does not match"), "{e}");
+
+    let cluster = |table: &str| format!("{FILE_HEAD}{FILE_CLUSTER}[cluster.tls]\n{table}\n");
+    let e = load_file(&pki, &cluster("ca = \"ca.pem\"\ncert = \"client.pem\"")).unwrap_err();
+    assert_eq!(e.key.as_deref(), Some("cluster[0].tls.key"), "{e}");
+    load_file(
+        &pki,
+        &cluster("ca = \"ca.pem\"\ncert = \"client.pem\"\nkey = \"client.key\""),
+    )
+    .unwrap();
+    let e = load_file(
+        &pki,
+        &cluster("ca = \"ca.pem\"\ncert = \"client.pem\"\nkey = \"a.key\""),
+    )
+    .unwrap_err();
+    assert_eq!(e.key.as_deref(), Some("cluster[0].tls.key"), "{e}");
+    // The system's store: loads when it holds CAs (Debian's ca-certificates), and says so
+    // by name when it holds none.
+    match load_file(&pki, &cluster("system_roots = true")) {
+        Ok(_) => assert!(std::fs::read_dir("/etc/ssl/certs").is_ok_and(|mut d| d.next().is_some())),
+        Err(e) => {
+            assert_eq!(e.key.as_deref(), Some("cluster[0].tls.system_roots"), "{e}");
+            assert!(e.message.contains("system"), "{e}");
+        }
+    }
 }
