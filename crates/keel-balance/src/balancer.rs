@@ -164,6 +164,8 @@ impl Drop for Pick {
 #[derive(Debug)]
 struct HealthSummary {
     unavailable: AtomicUsize,
+    /// Of those, drained by the operator: out of the panic threshold's count altogether.
+    draining: AtomicUsize,
     /// Recount at or after this instant (0: at the next pick; u64::MAX: nothing pending).
     recount_at: AtomicU64,
 }
@@ -171,8 +173,12 @@ struct HealthSummary {
 impl HealthSummary {
     fn refresh(&self, eps: &[Arc<Endpoint>], now: u64) {
         let mut out = 0;
+        let mut draining = 0;
         let mut next = u64::MAX;
         for e in eps {
+            if e.is_draining() {
+                draining += 1;
+            }
             let until = e.ejected_until_ns();
             if until > now {
                 next = next.min(until);
@@ -182,6 +188,7 @@ impl HealthSummary {
             }
         }
         self.unavailable.store(out, Ordering::Relaxed);
+        self.draining.store(draining, Ordering::Relaxed);
         self.recount_at.store(next, Ordering::Relaxed);
     }
 }
@@ -377,6 +384,7 @@ impl Balancer {
                 .collect(),
             health: HealthSummary {
                 unavailable: AtomicUsize::new(0),
+                draining: AtomicUsize::new(0),
                 recount_at: AtomicU64::new(0),
             },
             endpoints,
@@ -454,8 +462,12 @@ impl Balancer {
         if out == 0 || self.config.panic_threshold <= 0.0 {
             return false;
         }
-        let n = snap.endpoints.len();
-        ((n - out.min(n)) as f64) * 100.0 < self.config.panic_threshold * n as f64
+        // Drained endpoints are neither up nor down: the operator took them out of the set,
+        // and they take no call in panic mode either (`View::allowed`).
+        let drained = h.draining.load(Ordering::Relaxed);
+        let n = snap.endpoints.len() - drained.min(snap.endpoints.len());
+        let out = out - drained.min(out);
+        out > 0 && ((n - out.min(n)) as f64) * 100.0 < self.config.panic_threshold * n as f64
     }
 
     /// A view of every endpoint at `now`, health respected, nothing avoided.
@@ -902,6 +914,24 @@ impl Balancer {
         true
     }
 
+    /// Takes endpoint `id` out of new picks (`true`: an operator's drain, as Envoy's
+    /// `DRAINING` health status or HAProxy's `set server ... state drain`) or puts it back
+    /// (`false`, with a slow start if one is configured). Calls in flight finish as usual. A
+    /// drained endpoint takes no call in panic mode either, and counts neither as up nor as
+    /// down for the panic threshold; for priority levels and zones it counts as down. The
+    /// state lives with the endpoint, so it survives an update that keeps the endpoint, and
+    /// goes with it when an update removes it. Returns false if no endpoint has that id.
+    pub fn set_draining(&self, id: EndpointId, draining: bool, now: Duration) -> bool {
+        let snap = self.snapshot.load();
+        let Some(e) = snap.endpoints.iter().find(|e| e.id() == id) else {
+            return false;
+        };
+        if e.set_draining(draining, nanos(now)) {
+            snap.health.recount_at.store(0, Ordering::Relaxed);
+        }
+        true
+    }
+
     /// A copy of every endpoint's state, for status pages and reports.
     pub fn status(&self, now: Duration) -> Vec<EndpointStatus> {
         let snap = self.snapshot.load();
@@ -921,6 +951,7 @@ impl Balancer {
                     weight: e.weight(),
                     effective_weight: e.weight() as f64 * view.ramp(i),
                     healthy: e.is_healthy(),
+                    draining: e.is_draining(),
                     ejected_until: e.ejected_until(now),
                     ejections,
                     ejections_total,
@@ -1040,5 +1071,100 @@ mod tests {
         assert!(bad.ejected_until(now).is_none());
         assert!(lb.record_remote(bad.id(), Outcome::Failure, 7, now));
         assert!(bad.ejected_until(now).is_some());
+    }
+
+    /// Every strategy: a drained endpoint gets no pick (with or without a hash key) while the
+    /// others share the calls, and picks come back to it once it is undrained.
+    #[test]
+    fn a_drained_endpoint_gets_no_pick_under_any_strategy_until_undrained() {
+        for kind in StrategyKind::ALL {
+            let config = BalancerConfig {
+                seed: 11,
+                ..BalancerConfig::new(kind)
+            };
+            let lb = Balancer::new(config, &specs(3)).unwrap();
+            let drained = lb.endpoints()[1].id();
+            let mut now = Duration::from_millis(1);
+            assert!(lb.set_draining(drained, true, now));
+            assert!(lb.status(now)[1].draining);
+            let mut counts = [0usize; 3];
+            for k in 0..300u64 {
+                now += Duration::from_millis(1);
+                let ctx = PickContext::new(now).with_hash_key(crate::mix64(k));
+                let p = lb.pick(&ctx).unwrap_or_else(|| panic!("{kind:?}: no pick"));
+                counts[p.index()] += 1;
+                lb.finish(p, Outcome::Success, now + Duration::from_micros(300));
+            }
+            assert_eq!(counts[1], 0, "{kind:?}: {counts:?}");
+            assert_eq!(counts[0] + counts[2], 300, "{kind:?}");
+            assert!(lb.set_draining(drained, false, now));
+            assert!(!lb.status(now)[1].draining);
+            let mut back = 0;
+            for k in 0..600u64 {
+                // Past any slow start's ramp (none is configured here).
+                now += Duration::from_millis(1);
+                let ctx = PickContext::new(now).with_hash_key(crate::mix64(k));
+                let p = lb.pick(&ctx).unwrap();
+                back += usize::from(p.index() == 1);
+                lb.finish(p, Outcome::Success, now + Duration::from_micros(300));
+            }
+            assert!(back > 0, "{kind:?}: no pick after undrain");
+            assert!(
+                !lb.set_draining(EndpointId(u64::MAX), true, now),
+                "no such id"
+            );
+        }
+    }
+
+    /// Panic mode ignores health, not a drain; drained endpoints do not push the balancer into
+    /// panic (2 of 3 drained with a 50 % threshold is not 33 % healthy).
+    #[test]
+    fn a_drain_holds_in_panic_mode_and_does_not_cause_it() {
+        let config = BalancerConfig {
+            seed: 3,
+            panic_threshold: 50.0,
+            ..BalancerConfig::new(StrategyKind::RoundRobin)
+        };
+        let lb = Balancer::new(config, &specs(4)).unwrap();
+        let eps = lb.endpoints();
+        let now = Duration::from_millis(1);
+        lb.set_draining(eps[0].id(), true, now);
+        lb.set_draining(eps[1].id(), true, now);
+        assert!(
+            !lb.is_panicking(now),
+            "drained endpoints are not unhealthy ones"
+        );
+        // One of the two left unhealthy: 1 of 2 up is not under 50 %.
+        lb.set_healthy(eps[2].id(), false, now);
+        assert!(!lb.is_panicking(now));
+        for _ in 0..20 {
+            let p = lb.pick(&PickContext::new(now)).unwrap();
+            assert_eq!(p.index(), 3);
+            lb.finish(p, Outcome::Success, now);
+        }
+        // Both left unhealthy: panic, and the picks go to them, never to the drained ones.
+        lb.set_healthy(eps[3].id(), false, now);
+        assert!(lb.is_panicking(now));
+        for _ in 0..20 {
+            let p = lb.pick(&PickContext::new(now)).unwrap();
+            assert!(p.index() >= 2, "{}", p.index());
+            lb.finish(p, Outcome::Success, now);
+        }
+        // Everything drained: no pick at all.
+        lb.set_draining(eps[2].id(), true, now);
+        lb.set_draining(eps[3].id(), true, now);
+        assert!(lb.pick(&PickContext::new(now)).is_none());
+    }
+
+    /// The drain lives with the endpoint: an update that keeps it keeps the drain.
+    #[test]
+    fn a_drain_survives_an_update_that_keeps_the_endpoint() {
+        let lb = Balancer::new(BalancerConfig::new(StrategyKind::RoundRobin), &specs(3)).unwrap();
+        let now = Duration::from_millis(1);
+        lb.set_draining(lb.endpoints()[1].id(), true, now);
+        lb.update(&specs(4), now).unwrap();
+        let st = lb.status(now);
+        assert!(st.iter().any(|s| s.address == "e1" && s.draining), "{st:?}");
+        assert_eq!(st.iter().filter(|s| s.draining).count(), 1);
     }
 }

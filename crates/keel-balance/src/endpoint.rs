@@ -87,6 +87,9 @@ pub struct Endpoint {
     /// call at a time until one succeeds (half-open re-admission).
     on_trial: AtomicBool,
     healthy: AtomicBool,
+    /// Taken out by the operator (an admin's drain): no new calls, whatever the health, panic
+    /// mode included; calls in flight finish.
+    draining: AtomicBool,
     /// Start of the current slow-start ramp (added or back to healthy), 0 = none.
     ramp_from: AtomicU64,
     /// Ejected until this instant; 0 = never ejected.
@@ -123,6 +126,7 @@ impl Endpoint {
             in_flight: AtomicU32::new(0),
             on_trial: AtomicBool::new(false),
             healthy: AtomicBool::new(true),
+            draining: AtomicBool::new(false),
             ramp_from: AtomicU64::new(ramp_from),
             ejected_until: AtomicU64::new(0),
             latency: LatencyEstimate::default(),
@@ -193,6 +197,11 @@ impl Endpoint {
         self.healthy.load(Ordering::Relaxed)
     }
 
+    /// True while the operator keeps it out of new picks ([`crate::Balancer::set_draining`]).
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
     /// `Some(until)` while the outlier detector keeps this endpoint out.
     pub fn ejected_until(&self, now: Duration) -> Option<Duration> {
         let until = self.ejected_until.load(Ordering::Relaxed);
@@ -258,10 +267,22 @@ impl Endpoint {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Healthy and not ejected at `now`.
+    /// Healthy, not ejected at `now`, not draining.
     #[inline]
     pub(crate) fn is_available(&self, now: u64) -> bool {
-        self.healthy.load(Ordering::Relaxed) && self.ejected_until.load(Ordering::Relaxed) <= now
+        self.healthy.load(Ordering::Relaxed)
+            && self.ejected_until.load(Ordering::Relaxed) <= now
+            && !self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Sets the operator's drain; returns true if it changed. Back from a drain starts a slow
+    /// start, as back from an ejection does.
+    pub(crate) fn set_draining(&self, on: bool, now: u64) -> bool {
+        let was = self.draining.swap(on, Ordering::Relaxed);
+        if was && !on {
+            self.ramp_from.store(now.max(1), Ordering::Relaxed);
+        }
+        was != on
     }
 
     /// Ejected until this instant (nanoseconds; 0 = never ejected).
@@ -430,6 +451,8 @@ pub struct EndpointStatus {
     pub effective_weight: f64,
     /// Active health check verdict.
     pub healthy: bool,
+    /// Kept out of new picks by the operator ([`crate::Balancer::set_draining`]).
+    pub draining: bool,
     /// Ejected by the outlier detector until this time (driver's clock), if ejected now.
     pub ejected_until: Option<Duration>,
     /// Times ejected in a row (the ejection-time multiplier).

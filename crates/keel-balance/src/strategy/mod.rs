@@ -180,6 +180,7 @@ impl<'a> View<'a> {
     pub fn allowed(&self, i: usize) -> bool {
         let e = &self.eps[i];
         (self.ignore_health || e.is_available(self.now))
+            && !e.is_draining()
             && (self.avoid.is_empty() || !self.avoid.contains(&e.id()))
             && !(self.half_open && e.on_trial() && e.in_flight() > 0)
     }
