@@ -67,6 +67,10 @@ pub(crate) async fn forward<B: RequestBody>(
     let own_meta;
     let mut rewrites = None;
     if let Some(policy) = req.policy {
+        // `allow`/`deny` first: a refused client gets nothing else of the route.
+        if let Err((refused, ip)) = policy.access(client, head.view()) {
+            return Answer::Own(forbidden(cluster, refused, ip));
+        }
         if let Some(rw) = &policy.rewrites {
             let vars = rw.vars(head.view(), &client.ip, &policy.route);
             if let Some((status, location)) = &rw.redirect {
@@ -162,4 +166,34 @@ fn rate_limited(
         hyper::http::HeaderValue::from(secs as u64),
     ));
     own
+}
+
+/// keel's `403` to a client that `allow`/`deny` refuse, counted on the cluster.
+fn forbidden(
+    cluster: &Cluster,
+    refused: crate::policy::access::Refused,
+    ip: Option<std::net::IpAddr>,
+) -> crate::driver::answer::OwnAnswer {
+    cluster
+        .metrics
+        .access_denied
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let who = ip.map_or_else(
+        || "a client whose X-Forwarded-For entry is not an address".to_string(),
+        |ip| format!("client {ip}"),
+    );
+    crate::driver::answer::OwnAnswer {
+        status: 403,
+        text: crate::driver::answer::answer_text(403, "access denied"),
+        endpoint: None,
+        show_endpoint: false,
+        guard: None,
+        attempts: 0,
+        cause: format!(
+            "access denied: {who} refused by {} allow/deny",
+            refused.as_str()
+        ),
+        tries: Default::default(),
+        headers: Vec::new(),
+    }
 }

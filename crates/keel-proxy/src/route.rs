@@ -72,7 +72,11 @@ pub(crate) struct Target {
 }
 
 impl Target {
-    fn new(cluster: Arc<Cluster>, route: Option<(usize, &RouteConfig)>) -> Self {
+    fn new(
+        cluster: Arc<Cluster>,
+        route: Option<(usize, &RouteConfig)>,
+        listener: &ListenerConfig,
+    ) -> Self {
         let limits = Limits::new(
             &cluster.config,
             route.and_then(|(_, r)| r.request_timeout),
@@ -83,6 +87,7 @@ impl Target {
             &cluster.config,
             cluster.workers,
             cluster.rate_limit.as_ref(),
+            listener,
         );
         Self {
             cluster,
@@ -237,7 +242,7 @@ impl ListenerRoutes {
             listener: config
                 .cluster
                 .as_deref()
-                .map(|name| find(name).map(|c| Target::new(c, None)))
+                .map(|name| find(name).map(|c| Target::new(c, None, config)))
                 .transpose()?,
         };
         for (i, r) in config.routes.iter().enumerate() {
@@ -265,6 +270,7 @@ impl ListenerRoutes {
                         (name, _) => name,
                     })?,
                     Some((i, r)),
+                    config,
                 ),
             };
             group.add(&route, index);

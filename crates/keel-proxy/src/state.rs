@@ -186,6 +186,9 @@ pub(crate) struct ListenerCtx {
     pub(crate) index: usize,
     pub(crate) settings: Arc<crate::config::ListenerConfig>,
     pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,
+    /// A TCP listener's `allow`/`deny`, checked when a connection opens (an HTTP listener's
+    /// are checked per request, by the route targets' policies).
+    pub(crate) tcp_access: Option<crate::policy::access::AccessList>,
 }
 
 impl ListenerCtx {
@@ -199,10 +202,14 @@ impl ListenerCtx {
             .as_ref()
             .map(|t| crate::tls::server_config(t).map(tokio_rustls::TlsAcceptor::from))
             .transpose()?;
+        let tcp_access = (settings.protocol == crate::config::ListenerProtocol::Tcp)
+            .then(|| crate::policy::access::AccessList::new(&settings.allow, &settings.deny))
+            .flatten();
         Ok(Self {
             index,
             settings: Arc::new(settings.clone()),
             tls,
+            tcp_access,
         })
     }
 

@@ -1,5 +1,7 @@
 //! The admin listener: `/metrics` (Prometheus text), `/status` (JSON), `/` (an HTML page that
-//! refreshes itself from `/status`) and `POST /reload` (re-reads the configuration file).
+//! refreshes itself from `/status`), `POST /reload` (re-reads the configuration file), `/live`
+//! and `/ready` (for probes: the process runs; it takes new work), and `POST
+//! /endpoints/{cluster}/{address}/drain` and `/undrain` (one endpoint out of the picks and back).
 
 pub(crate) mod recent;
 
@@ -62,6 +64,7 @@ pub(crate) fn status_json(shared: &Shared, recent: &Recent) -> serde_json::Value
                         "weight": s.weight,
                         "effective_weight": s.effective_weight,
                         "healthy": s.healthy,
+                        "draining": s.draining,
                         "ejected": s.ejected_until.is_some(),
                         "ejected_for_ms": s.ejected_until.map(|u| ms(u.saturating_sub(now))),
                         "ejections_in_a_row": s.ejections,
@@ -140,6 +143,7 @@ pub(crate) fn status_json(shared: &Shared, recent: &Recent) -> serde_json::Value
     });
     json!({
         "uptime_s": now.as_secs_f64(),
+        "ready": !shared.stopping.load(Relaxed),
         "access_log": access_log,
         "config_file": config.source.as_ref().map(|p| p.display().to_string()),
         "reloads": shared.reloads.load(Relaxed),
@@ -210,6 +214,7 @@ fn metrics_text(shared: &Shared) -> String {
         shared.reloads.load(Relaxed),
         shared.reload_failures.load(Relaxed),
     );
+    metrics::render_process(&mut out);
     {
         use std::fmt::Write as _;
         let discovery = shared.discovery.lock().unwrap_or_else(|e| e.into_inner());
@@ -394,6 +399,119 @@ fn refuse(req: &Request<Incoming>, names: &[String], token: bool) -> Option<&'st
     )
 }
 
+/// `%XX` escapes decoded (an IPv6 endpoint's brackets may come escaped); `None` if one is
+/// malformed or the result is not UTF-8.
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// `POST /endpoints/{cluster}/{address}/drain` and `/undrain`: keeps one endpoint out of new
+/// picks (its requests in flight finish) or puts it back. The drain is keel-balance's
+/// ([`keel_balance::Balancer::set_draining`]): it lives with the endpoint, so a reload or a
+/// discovery refresh that keeps the endpoint keeps it drained, and it is gone with the
+/// endpoint once the endpoint leaves the configuration or discovery (back as new: undrained).
+/// `None` if the path is not of this form.
+fn drain_endpoint(shared: &Shared, req: &Request<Incoming>) -> Option<Response<Full<Bytes>>> {
+    let rest = req.uri().path().strip_prefix("/endpoints/")?;
+    let (target, action) = rest.rsplit_once('/')?;
+    let on = match action {
+        "drain" => true,
+        "undrain" => false,
+        _ => return None,
+    };
+    let text = |status, body: String| Some(reply(status, "text/plain; charset=utf-8", body));
+    if req.method() != Method::POST {
+        let mut r = reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain; charset=utf-8",
+            format!("use POST /endpoints/CLUSTER/ADDRESS/{action}\n"),
+        );
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("POST"));
+        return Some(r);
+    }
+    let Some((cluster, address)) = target
+        .split_once('/')
+        .and_then(|(c, a)| Some((percent_decode(c)?, percent_decode(a)?)))
+    else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!("write POST /endpoints/CLUSTER/ADDRESS/{action} (ADDRESS as in /status)\n"),
+        );
+    };
+    let routing = shared.routing.load();
+    let Some(c) = routing.clusters.iter().find(|c| c.name() == cluster) else {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("no cluster named {cluster:?}\n"),
+        );
+    };
+    let endpoints = c.balancer.endpoints();
+    let Some(e) = endpoints.iter().find(|e| e.address() == address) else {
+        let known: Vec<_> = endpoints.iter().map(|e| e.address()).collect();
+        return text(
+            StatusCode::NOT_FOUND,
+            format!(
+                "cluster {cluster:?} has no endpoint {address:?}; its endpoints: {}\n",
+                known.join(", ")
+            ),
+        );
+    };
+    c.balancer.set_draining(e.id(), on, c.now());
+    if on {
+        tracing::info!(cluster = %cluster, endpoint = %address, in_flight = e.in_flight(), "endpoint drained by the admin: no new requests");
+    } else {
+        tracing::info!(cluster = %cluster, endpoint = %address, "endpoint undrained by the admin: back in the picks");
+    }
+    Some(reply(
+        StatusCode::OK,
+        "application/json",
+        serde_json::to_vec(&json!({
+            "cluster": cluster,
+            "address": address,
+            "draining": on,
+            "in_flight": e.in_flight(),
+        }))
+        .unwrap_or_default(),
+    ))
+}
+
+/// `/live`: 200 while the process runs (the admin answers). `/ready`: 200 while it takes new
+/// work, 503 from the moment a drain begins (shutdown, upgrade) until it stops, so that a
+/// load balancer in front takes this instance out while its requests in flight finish.
+fn probe(shared: &Shared, req: &Request<Incoming>) -> Option<Response<Full<Bytes>>> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return None;
+    }
+    match req.uri().path() {
+        "/live" => Some(reply(StatusCode::OK, "text/plain; charset=utf-8", "live\n")),
+        "/ready" if shared.stopping.load(Relaxed) => Some(reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain; charset=utf-8",
+            "draining\n",
+        )),
+        "/ready" => Some(reply(
+            StatusCode::OK,
+            "text/plain; charset=utf-8",
+            "ready\n",
+        )),
+        _ => None,
+    }
+}
+
 fn route(
     shared: &Shared,
     recent: &Mutex<Recent>,
@@ -407,6 +525,11 @@ fn route(
     let token = config.admin.as_ref().is_some_and(|a| a.token.is_some());
     if let Some(why) = refuse(req, names, token) {
         return reply(StatusCode::FORBIDDEN, "text/plain; charset=utf-8", why);
+    }
+    // Probes answer without the token: they tell only whether the process runs and takes new
+    // work, and a load balancer's or an orchestrator's health check rarely carries a secret.
+    if let Some(r) = probe(shared, req) {
+        return r;
     }
     if let Some(token) = config.admin.as_ref().and_then(|a| a.token.as_deref()) {
         if !authorized(token, req) {
@@ -440,6 +563,15 @@ fn route(
         ),
         (&Method::GET, "/") => reply(StatusCode::OK, "text/html; charset=utf-8", PAGE),
         (&Method::POST, "/reload") => reload_from_file(shared),
+        (_, path) if path.starts_with("/endpoints/") => {
+            drain_endpoint(shared, req).unwrap_or_else(|| {
+                reply(
+                    StatusCode::NOT_FOUND,
+                    "text/plain; charset=utf-8",
+                    "not found; write POST /endpoints/CLUSTER/ADDRESS/drain or /undrain\n",
+                )
+            })
+        }
         (_, "/reload") => {
             let mut r = reply(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -453,7 +585,7 @@ fn route(
         _ => reply(
             StatusCode::NOT_FOUND,
             "text/plain; charset=utf-8",
-            "not found; try /, /status, /metrics or POST /reload\n",
+            "not found; try /, /status, /metrics, /live, /ready, POST /reload or POST /endpoints/CLUSTER/ADDRESS/drain\n",
         ),
     }
 }
@@ -594,9 +726,9 @@ async function refresh() {
         MINUTE_HEAD + "<th>successes</th><th>failures</th></tr>";
       if (!c.endpoints.length) html += "<tr><td colspan='12'>no endpoint: requests are answered 503</td></tr>";
       for (const e of c.endpoints) {
-        const cls = !e.healthy ? "bad" : (e.ejected ? "ej" : "");
+        const cls = !e.healthy ? "bad" : (e.ejected || e.draining ? "ej" : "");
         html += "<tr class='" + cls + "'><td>" + esc(e.address) + "</td><td>" + e.weight + (e.effective_weight !== e.weight ? " <small>(" + f(e.effective_weight, 2) + ")</small>" : "") +
-          "</td><td>" + (e.healthy ? "yes" : "NO") + "</td><td>" + f(e.ejected_for_ms, 0) +
+          "</td><td>" + (e.healthy ? "yes" : "NO") + (e.draining ? " <small>(drained)</small>" : "") + "</td><td>" + f(e.ejected_for_ms, 0) +
           "</td><td>" + e.in_flight + "</td><td>" + f(e.latency_estimate_ms, 2) + "</td>" + minute(e.last_minute) + "<td>" + e.successes + "</td><td>" + e.failures + "</td></tr>";
       }
       html += "</table>";

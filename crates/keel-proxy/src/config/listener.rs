@@ -66,6 +66,15 @@ pub struct ListenerConfig {
     /// by the client's address, so a client cannot pass itself off as another. Default: none.
     #[serde(default)]
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Clients (IP addresses or CIDR blocks; behind `trusted_proxies`, the address they
+    /// forward) this listener serves; others get `403` (a TCP listener closes their
+    /// connection). Empty: everyone not denied.
+    #[serde(default)]
+    pub allow: Vec<crate::config::route::Cidr>,
+    /// Clients this listener refuses. Where a client is in both lists, the longer (more
+    /// specific) prefix decides; at equal length, `deny`.
+    #[serde(default)]
+    pub deny: Vec<crate::config::route::Cidr>,
     /// How much of a failure's cause keel's own answers (502, 503, 504) tell the client:
     /// `"brief"` (default: the kind of failure, no addresses, no system errors) or `"full"`
     /// (the endpoint's address and the error, as logged). Logs and metrics always have it all.
@@ -321,6 +330,8 @@ impl ListenerConfig {
             max_request_body_bytes: None,
             tls: None,
             trusted_proxies: Vec::new(),
+            allow: Vec::new(),
+            deny: Vec::new(),
             error_detail: ErrorDetail::default(),
         }
     }

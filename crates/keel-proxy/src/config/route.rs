@@ -68,6 +68,44 @@ pub struct RouteConfig {
     /// keel answers the route's requests with this redirect; no endpoint is tried.
     #[serde(default)]
     pub redirect: Option<RedirectConfig>,
+    /// Clients (IP addresses or CIDR blocks) this route serves; others get `403` (after the
+    /// listener's own `allow`/`deny`). Empty: everyone not denied.
+    #[serde(default)]
+    pub allow: Vec<Cidr>,
+    /// Clients this route refuses with `403`. Where a client is in both lists, the longer
+    /// (more specific) prefix decides; at equal length, `deny`.
+    #[serde(default)]
+    pub deny: Vec<Cidr>,
+}
+
+/// An IP address or CIDR block of `allow` or `deny`: `"10.0.0.0/8"`, `"2001:db8::/32"`, or a
+/// single address (`"192.0.2.7"`, as `/32`). Bits past the prefix are refused
+/// (`"10.0.0.1/8"`): they would be ignored, which hides a typo.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct Cidr(pub ipnet::IpNet);
+
+impl TryFrom<String> for Cidr {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        let text = s.trim();
+        if let Ok(ip) = text.parse::<std::net::IpAddr>() {
+            return Ok(Cidr(ipnet::IpNet::from(ip)));
+        }
+        let net = text.parse::<ipnet::IpNet>().map_err(|_| {
+            format!("{s:?} is not an IP address or a CIDR block (write e.g. \"10.0.0.0/8\", \"192.0.2.7\" or \"2001:db8::/32\")")
+        })?;
+        if net.trunc() != net {
+            return Err(format!(
+                "{s:?} has bits set past its /{} prefix: write {:?} for the block, or {:?} for the one address",
+                net.prefix_len(),
+                net.trunc().to_string(),
+                ipnet::IpNet::from(net.addr()).to_string()
+            ));
+        }
+        Ok(Cidr(net))
+    }
 }
 
 /// A route's host condition, compiled.

@@ -105,6 +105,9 @@ pub struct ClusterMetrics {
     pub overloaded: AtomicU64,
     /// Requests answered 429 by a `rate_limit` (the cluster's or a route's to it).
     pub rate_limited: AtomicU64,
+    /// Requests (and TCP connections) refused by `allow`/`deny`: a listener's, or a route's to
+    /// the cluster.
+    pub access_denied: AtomicU64,
     /// Hedges sent (second tries of slow requests).
     pub hedges: AtomicU64,
     /// Requests whose hedge answered first.
@@ -304,6 +307,16 @@ pub fn render(clusters: &[ClusterView<'_>], reloads: u64, reload_failures: u64) 
         ),
         |c| c.metrics.rate_limited.load(Relaxed),
     );
+    cluster_series(
+        &mut out,
+        clusters,
+        (
+            "keel_access_denied_total",
+            "counter",
+            "Requests answered 403 (TCP connections closed) by allow/deny: the listener's, or a route's to the cluster.",
+        ),
+        |c| c.metrics.access_denied.load(Relaxed),
+    );
     for (name, help, value) in [
         (
             "keel_hedges_total",
@@ -382,7 +395,7 @@ pub fn render(clusters: &[ClusterView<'_>], reloads: u64, reload_failures: u64) 
         }
     }
     type Gauge = fn(&keel_balance::EndpointStatus, &EndpointMetrics) -> f64;
-    let gauges: [(&str, &str, &str, Gauge); 7] = [
+    let gauges: [(&str, &str, &str, Gauge); 8] = [
         (
             "keel_endpoint_in_flight",
             "gauge",
@@ -394,6 +407,12 @@ pub fn render(clusters: &[ClusterView<'_>], reloads: u64, reload_failures: u64) 
             "gauge",
             "1 if the active health check passes (or is off).",
             |s, _| s.healthy as u8 as f64,
+        ),
+        (
+            "keel_endpoint_draining",
+            "gauge",
+            "1 while the admin's drain keeps the endpoint out of new picks.",
+            |s, _| s.draining as u8 as f64,
         ),
         (
             "keel_endpoint_ejected",
@@ -499,8 +518,159 @@ pub(crate) fn mark_connection(kind: ConnKind) {
     let _ = CONN_KIND.try_with(|k| k.store(kind as u8, Relaxed));
 }
 
+/// What `/proc` says of this process, in the units of Prometheus' standard `process_*`
+/// metrics (the names every client library exports, so that existing dashboards and alerts
+/// work unchanged).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct ProcessStats {
+    pub cpu_seconds: f64,
+    pub resident_bytes: f64,
+    pub virtual_bytes: f64,
+    /// Seconds since the Unix epoch.
+    pub start_time: f64,
+    pub open_fds: f64,
+    pub max_fds: f64,
+}
+
+impl ProcessStats {
+    /// Reads `/proc/self/stat`, `/proc/stat` (boot time), `/proc/self/fd` and the open-file
+    /// limit; `None` where `/proc` cannot be read (not Linux, or a restricted sandbox).
+    pub(crate) fn read() -> Option<Self> {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        let boot = std::fs::read_to_string("/proc/stat").ok()?;
+        // SAFETY: sysconf reads a system constant.
+        let (ticks, page) = unsafe {
+            (
+                libc::sysconf(libc::_SC_CLK_TCK),
+                libc::sysconf(libc::_SC_PAGESIZE),
+            )
+        };
+        let mut s = Self::parse(&stat, &boot, ticks as f64, page as f64)?;
+        s.open_fds = std::fs::read_dir("/proc/self/fd").ok()?.count() as f64;
+        let mut l = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes the struct it is given.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } == 0 {
+            s.max_fds = if l.rlim_cur == libc::RLIM_INFINITY {
+                f64::INFINITY
+            } else {
+                l.rlim_cur as f64
+            };
+        }
+        Some(s)
+    }
+
+    /// The figures of `/proc/self/stat` (`stat`) and `/proc/stat`'s `btime` (`boot`), with the
+    /// clock's ticks per second and the page size. Descriptors are left at 0.
+    pub(crate) fn parse(stat: &str, boot: &str, ticks: f64, page: f64) -> Option<Self> {
+        // The command name (field 2) is in parentheses and may hold spaces and parentheses:
+        // the fields are counted after the last `)`, from field 3 (state).
+        let rest = &stat[stat.rfind(')')? + 1..];
+        let f: Vec<&str> = rest.split_ascii_whitespace().collect();
+        let field = |n: usize| f.get(n - 3)?.parse::<f64>().ok();
+        let btime = boot
+            .lines()
+            .find_map(|l| l.strip_prefix("btime "))?
+            .trim()
+            .parse::<f64>()
+            .ok()?;
+        if ticks <= 0.0 || page <= 0.0 {
+            return None;
+        }
+        Some(Self {
+            cpu_seconds: (field(14)? + field(15)?) / ticks,
+            start_time: btime + field(22)? / ticks,
+            virtual_bytes: field(23)?,
+            resident_bytes: field(24)? * page,
+            open_fds: 0.0,
+            max_fds: 0.0,
+        })
+    }
+}
+
+/// Appends the `process_*` metrics (when `/proc` can be read) and `keel_build_info`.
+pub(crate) fn render_process(out: &mut String) {
+    if let Some(p) = ProcessStats::read() {
+        let rows = [
+            (
+                "process_cpu_seconds_total",
+                "counter",
+                "Total user and system CPU time spent in seconds.",
+                p.cpu_seconds,
+            ),
+            (
+                "process_resident_memory_bytes",
+                "gauge",
+                "Resident memory size in bytes.",
+                p.resident_bytes,
+            ),
+            (
+                "process_virtual_memory_bytes",
+                "gauge",
+                "Virtual memory size in bytes.",
+                p.virtual_bytes,
+            ),
+            (
+                "process_start_time_seconds",
+                "gauge",
+                "Start time of the process since unix epoch in seconds.",
+                p.start_time,
+            ),
+            (
+                "process_open_fds",
+                "gauge",
+                "Number of open file descriptors.",
+                p.open_fds,
+            ),
+            (
+                "process_max_fds",
+                "gauge",
+                "Maximum number of open file descriptors.",
+                p.max_fds,
+            ),
+        ];
+        for (name, kind, help, v) in rows {
+            header(out, name, kind, help);
+            if v.is_infinite() {
+                let _ = writeln!(out, "{name} +Inf");
+            } else {
+                let _ = writeln!(out, "{name} {v}");
+            }
+        }
+    }
+    header(
+        out,
+        "keel_build_info",
+        "gauge",
+        "Always 1; the labels say which keel this is.",
+    );
+    let _ = writeln!(
+        out,
+        "keel_build_info{{version=\"{}\"}} 1",
+        label(env!("CARGO_PKG_VERSION"))
+    );
+}
+
 #[cfg(test)]
 mod tests {
+    use super::ProcessStats;
+
+    /// A command name with spaces and a `)` must not shift the fields.
+    #[test]
+    fn process_stats_parse_counts_fields_after_the_command_name() {
+        let stat = "4242 (keel (x) y) S 1 4242 4242 0 -1 4194560 1000 0 0 0 250 150 0 0 20 0 9 0 360000 123456789 2048 18446744073709551615";
+        let boot = "cpu  1 2 3\nbtime 1700000000\nprocesses 5\n";
+        let p = ProcessStats::parse(stat, boot, 100.0, 4096.0).unwrap();
+        assert_eq!(p.cpu_seconds, 4.0, "(250 + 150) ticks at 100 per second");
+        assert_eq!(p.start_time, 1_700_003_600.0, "boot + 360000 ticks");
+        assert_eq!(p.virtual_bytes, 123_456_789.0);
+        assert_eq!(p.resident_bytes, 2048.0 * 4096.0);
+        assert!(ProcessStats::parse("garbage", boot, 100.0, 4096.0).is_none());
+        assert!(ProcessStats::parse(stat, "cpu 1\n", 100.0, 4096.0).is_none());
+    }
+
     use super::*;
 
     #[test]

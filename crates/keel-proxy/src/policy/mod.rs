@@ -5,6 +5,7 @@
 //! Applied in [`crate::forward::forward`], the one function both front ends hand requests to, on
 //! the head already rewritten for the endpoint (HTTP/1.1 text for both front ends).
 
+pub(crate) mod access;
 pub(crate) mod rate;
 pub(crate) mod rewrite;
 pub(crate) mod sticky;
@@ -12,15 +13,17 @@ pub(crate) mod sticky;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::config::ClusterConfig;
-use crate::config::RouteConfig;
+use crate::config::{ClusterConfig, ListenerConfig, RouteConfig};
 use crate::exchange::head::HeadView;
 use crate::exchange::request::Client;
+use access::{Access, AccessList, Refused};
 use rate::{Limited, RateLimiter};
 use rewrite::{RewriteSource, Rewrites};
 
 /// A target's policy: everything its route and its cluster configure.
 pub(crate) struct Policy {
+    /// The listener's and the route's `allow`/`deny`, if either has them.
+    access: Option<Access>,
     /// The route's limit, then the cluster's (shared by every route to the cluster).
     limits: Vec<Arc<RateLimiter>>,
     /// The route's and the cluster's rewrites, if any.
@@ -30,16 +33,21 @@ pub(crate) struct Policy {
 }
 
 impl Policy {
-    /// The policy of `route` (with its index in its listener) to the cluster configured by
+    /// The policy of `route` (with its index in `listener`) to the cluster configured by
     /// `cluster`, whose own limiter (`cluster_limit`, shared by every route to it and kept
     /// across reloads by the cluster) is taken after the route's; `workers` divides a
-    /// `per_worker` limit. `None` when neither configures anything.
+    /// `per_worker` limit. `None` when none of them configures anything.
     pub fn build(
         route: Option<(usize, &RouteConfig)>,
         cluster: &ClusterConfig,
         workers: usize,
         cluster_limit: Option<&Arc<RateLimiter>>,
+        listener: &ListenerConfig,
     ) -> Option<Arc<Self>> {
+        let access = Access::new(
+            AccessList::new(&listener.allow, &listener.deny),
+            route.and_then(|(_, r)| AccessList::new(&r.allow, &r.deny)),
+        );
         let mut limits = Vec::new();
         if let Some((i, r)) = route {
             if let Some(l) = &r.rate_limit {
@@ -68,15 +76,40 @@ impl Policy {
                 rewrite_location: c.rewrite_location,
             },
         );
-        if limits.is_empty() && rewrites.is_none() {
+        if limits.is_empty() && rewrites.is_none() && access.is_none() {
             return None;
         }
         let route = route.map_or_else(Vec::new, |(i, _)| i.to_string().into_bytes());
         Some(Arc::new(Policy {
+            access,
             limits,
             rewrites,
             route: route.into(),
         }))
+    }
+
+    /// Checks the client against the listener's and the route's `allow`/`deny`: the peer's
+    /// address, or behind a trusted proxy the one it forwarded (as the rate limits take it).
+    /// A forwarded entry that is not an address is refused.
+    pub fn access(
+        &self,
+        client: &Client,
+        head: HeadView<'_>,
+    ) -> Result<(), (Refused, Option<std::net::IpAddr>)> {
+        let Some(access) = &self.access else {
+            return Ok(());
+        };
+        let forwarded = client
+            .trust_forwarded
+            .then(|| head.value("x-forwarded-for").and_then(proxied_client))
+            .flatten();
+        let ip = match forwarded {
+            Some(text) => std::str::from_utf8(text)
+                .ok()
+                .and_then(|t| t.parse::<std::net::IpAddr>().ok()),
+            None => Some(client.peer.ip()),
+        };
+        access.check(ip).map_err(|r| (r, ip))
     }
 
     /// Takes the request from each rate limit; the first that refuses it, with how long to

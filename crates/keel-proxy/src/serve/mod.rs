@@ -312,10 +312,25 @@ impl ProxyHandle {
         Drained::of(&self.shared.all_listeners.load())
     }
 
+    /// Closes the admin listener now (shutdown does it once the drain is over). For a binary
+    /// upgrade: the new process answers on the admin socket it inherited, and a probe must not
+    /// reach this one's `/ready`, which fails while it drains.
+    pub fn stop_admin(&self) {
+        if let Some(a) = &*self.shared.admin.lock().unwrap_or_else(|e| e.into_inner()) {
+            a.stop.send_replace(Some(Duration::ZERO));
+        }
+    }
+
+    /// True from the moment a shutdown begins (what the admin's `/ready` answers 503 to).
+    pub fn is_draining(&self) -> bool {
+        self.shared.stopping.load(Relaxed)
+    }
+
     /// Stops accepting on every listener at once; idle connections close at once (HTTP/1.1
     /// keep-alive, HTTP/2 after a GOAWAY); requests in flight, on every worker, get up to
     /// `drain` to finish (HTTP/1.1 answers then say `Connection: close`), tunnels too; what is
-    /// still busy then is cut, counted by kind in the log and in the answer.
+    /// still busy then is cut, counted by kind in the log and in the answer. The admin listener
+    /// answers until then (`/ready` 503 from the start), then closes.
     pub async fn shutdown(self, drain: Duration) -> Drained {
         self.shared.stopping.store(true, Relaxed);
         // Serialized with reloads: a listener a reload is adding is drained too.
@@ -332,11 +347,10 @@ impl ProxyHandle {
                 s.stop.send_replace(Some(drain));
             }
             self.shutdown.send_replace(Some(drain));
-            if let Some(a) = &*self.shared.admin.lock().unwrap_or_else(|e| e.into_inner()) {
-                a.stop.send_replace(Some(drain));
-            }
             slots
         };
+        // The admin listener stays up while the requests in flight finish, so that `/ready`
+        // can be seen failing (503) and `/metrics` and `/status` show the drain.
         for s in slots.iter() {
             let task = s.task.lock().unwrap_or_else(|e| e.into_inner()).take();
             if let Some(t) = task {
@@ -345,6 +359,9 @@ impl ProxyHandle {
         }
         for t in self.workers {
             let _ = t.await;
+        }
+        if let Some(a) = &*self.shared.admin.lock().unwrap_or_else(|e| e.into_inner()) {
+            a.stop.send_replace(Some(drain));
         }
         let admin = self
             .shared

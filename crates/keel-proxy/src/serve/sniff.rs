@@ -36,6 +36,21 @@ pub(crate) async fn serve_accepted(
     let client = ctx.client(peer, worker);
     let tcp = settings.protocol == crate::config::ListenerProtocol::Tcp;
     let local = stream.local_addr().unwrap_or(peer);
+    if let Some(access) = &ctx.tcp_access {
+        if !access.permits(peer.ip()) {
+            // A TCP listener has no request to answer 403 to: the connection is closed.
+            let routing = shared.routing.load();
+            if let Some(t) = routing
+                .listeners
+                .get(index)
+                .and_then(|r| r.target(crate::route::RouteRef::Listener))
+            {
+                t.cluster.metrics.access_denied.fetch_add(1, Relaxed);
+            }
+            tracing::debug!(%peer, "connection refused by the listener's allow/deny");
+            return;
+        }
+    }
     if tcp && ctx.tls.is_none() {
         mark_connection(ConnKind::Tunnel);
         Box::pin(crate::front::tcp::serve(

@@ -6,8 +6,10 @@
 
 mod support;
 
+mod access_lists;
 mod access_log;
 mod admin_access;
+mod admin_ops;
 mod admin_status;
 mod config_props;
 mod connection_limits;

@@ -221,6 +221,8 @@ async fn serve(
                 match super::upgrade::start_successor(exe.clone(), proxy.listening_fds()).await {
                     Ok(pid) => {
                         tracing::info!("upgrade: PID {pid} serves; this process drains and exits");
+                        // The new process answers the admin socket (its `/ready` is 200).
+                        proxy.stop_admin();
                         break;
                     }
                     Err(e) => tracing::error!("upgrade failed: {e:#}"),
