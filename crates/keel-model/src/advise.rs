@@ -17,6 +17,9 @@ use crate::fit::FittedModel;
 use crate::sim::{run_replication, HealthCheckConfig, RepStats, RetryConfig, Scenario, SimError};
 use crate::stats::{student_t95, wilson95};
 
+mod peers;
+pub use peers::Balancer;
+
 /// A duration in humantime form, rounded to three significant digits (`333ms`, not
 /// `333ms 333us 333ns`), as a configuration file should say it.
 pub fn human(d: Duration) -> String {
@@ -90,6 +93,10 @@ pub struct Candidate {
     pub scenario: Scenario,
     /// The running configuration.
     pub running: bool,
+    /// The strategy as the balancer spells it.
+    pub native: String,
+    /// The protections in the balancer's words.
+    pub label: String,
 }
 
 /// One row of the ranking (what `advice.json` holds).
@@ -121,6 +128,23 @@ pub struct Ranked {
     /// Its success tier: 0 when its success interval overlaps the best's (tied with it),
     /// 1 for the next group that overlaps among themselves, and so on.
     pub tier: u32,
+    /// keel-balance's strategy that simulates it (the same as `strategy` for keel).
+    pub simulated: String,
+    /// For another balancer: the recommendation in its configuration language (for keel,
+    /// `cluster_toml`).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub config: String,
+}
+
+impl Ranked {
+    /// The settings to paste, in the balancer's own language.
+    pub fn paste(&self) -> &str {
+        if self.config.is_empty() {
+            &self.cluster_toml
+        } else {
+            &self.config
+        }
+    }
 }
 
 /// The whole advice.
@@ -135,6 +159,11 @@ pub struct Advice {
     pub answer: String,
     /// How many configurations tie with the best on success (itself included).
     pub tied: usize,
+    /// Whose log and configuration language.
+    pub balancer: Balancer,
+    /// What that balancer's configuration cannot express, and where the simulation only
+    /// approximates its rules.
+    pub limits: Vec<String>,
     /// Why the best wins, in sentences.
     pub why: Vec<String>,
     /// Traps the model shows, in sentences.
@@ -180,6 +209,8 @@ pub struct Context {
     /// `per_try_timeout`): each candidate then gets `request_timeout / (attempts + 1)`, as the
     /// proxy would with that candidate's retries.
     pub request_timeout: Option<Duration>,
+    /// Whose strategies and protections to rank (keel's unless the log is another's).
+    pub balancer: Balancer,
 }
 
 fn with_protections(mut sc: Scenario, p: Protections, running: Option<&RunningConfig>) -> Scenario {
@@ -242,6 +273,9 @@ pub fn candidates(
 
 /// [`candidates`] with the whole context (per-candidate per-try timeouts).
 pub fn candidates_in(model: &FittedModel, opts: &ScenarioOptions, ctx: &Context) -> Vec<Candidate> {
+    if ctx.balancer != Balancer::Keel {
+        return peer_candidates(model, opts, ctx.balancer);
+    }
     let running = ctx.running.as_ref();
     let mut opts = opts.clone();
     if let Some(r) = running {
@@ -303,21 +337,54 @@ pub fn candidates_in(model: &FittedModel, opts: &ScenarioOptions, ctx: &Context)
                 protections: p,
                 scenario: sc,
                 running: is_running,
+                native: strategy.name().to_string(),
+                label: p.label().to_string(),
             });
         }
     }
     if let (Some(sc), false) = (running_scenario, matched) {
+        let strategy = sc.clusters[0].balancer.strategy;
         out.push(Candidate {
-            strategy: sc.clusters[0].balancer.strategy,
+            strategy,
             protections: Protections::Running,
             scenario: sc,
             running: true,
+            native: strategy.name().to_string(),
+            label: Protections::Running.label().to_string(),
         });
     }
     // Every candidate keeps the same seed: the configurations are compared on the same
     // arrivals and latency draws as far as their picks allow (common random numbers).
     for c in &mut out {
-        c.scenario.label = format!("{} / {}", c.strategy.name(), c.protections.label());
+        c.scenario.label = format!("{} / {}", c.native, c.label);
+    }
+    out
+}
+
+/// Another balancer's strategies x its protection sets (no running row: its configuration is
+/// not read).
+fn peer_candidates(model: &FittedModel, opts: &ScenarioOptions, b: Balancer) -> Vec<Candidate> {
+    let mut opts = opts.clone();
+    opts.timeout = b.default_timeout();
+    let mut out = Vec::new();
+    for (native, strategy) in b.strategies() {
+        for p in b.protection_sets() {
+            let mut balancer = BalancerConfig::new(strategy);
+            if b == Balancer::Haproxy {
+                // HAProxy has no panic threshold: a server marked down stays out.
+                balancer.panic_threshold = 0.0;
+            }
+            let mut sc = b.protect(to_scenario(model, &opts, balancer), p);
+            sc.label = format!("{native} / {}", b.label(p));
+            out.push(Candidate {
+                strategy,
+                protections: p,
+                scenario: sc,
+                running: false,
+                native: native.to_string(),
+                label: b.label(p).to_string(),
+            });
+        }
     }
     out
 }
@@ -560,13 +627,21 @@ fn summarise(
     }
     let total: u64 = picks.iter().sum();
     Ranked {
-        strategy: c.strategy.name().to_string(),
-        protections: c.protections.label().to_string(),
-        cluster_toml: match (&ctx.config_text, &ctx.running) {
-            (Some(text), Some(r)) => merged_cluster_toml(text, &model.cluster, c, r),
-            _ => None,
-        }
-        .unwrap_or_else(|| cluster_toml(model, c, unseen)),
+        strategy: c.native.clone(),
+        protections: c.label.clone(),
+        cluster_toml: match (ctx.balancer, &ctx.config_text, &ctx.running) {
+            (Balancer::Keel, Some(text), Some(r)) => {
+                merged_cluster_toml(text, &model.cluster, c, r)
+                    .unwrap_or_else(|| cluster_toml(model, c, unseen))
+            }
+            (Balancer::Keel, _, _) => cluster_toml(model, c, unseen),
+            _ => String::new(),
+        },
+        config: match ctx.balancer {
+            Balancer::Keel => String::new(),
+            b => peers::config_text(b, model, &c.native, c.protections, &c.scenario),
+        },
+        simulated: c.strategy.name().to_string(),
         success: [success, lo, hi],
         p99_ms: interval(&q(0.99)),
         p999_ms: interval(&q(0.999)),
@@ -712,8 +787,11 @@ pub fn advise_in(
     }
     let tied = rank(&mut rows);
     let running_at = rows.iter().position(|r| r.running);
-    let answer = answer(&rows, tied, running_at);
-    let why = explain(model, &rows, running_at);
+    let mut answer = answer(&rows, tied, running_at);
+    if ctx.balancer != Balancer::Keel {
+        answer = format!("{}: {answer}", ctx.balancer.name());
+    }
+    let why = explain(model, &rows, running_at, ctx.balancer);
     let traps = traps(model, &rows);
     let shown = cands
         .iter()
@@ -730,6 +808,8 @@ pub fn advise_in(
         running: running_at,
         answer,
         tied,
+        balancer: ctx.balancer,
+        limits: ctx.balancer.limits(),
         why,
         traps,
         model: model.clone(),
@@ -856,7 +936,12 @@ fn worst_endpoint(model: &FittedModel) -> Option<(usize, f64)> {
         .max_by(|a, b| a.1.total_cmp(&b.1))
 }
 
-fn explain(model: &FittedModel, rows: &[Ranked], running: Option<usize>) -> Vec<String> {
+fn explain(
+    model: &FittedModel,
+    rows: &[Ranked],
+    running: Option<usize>,
+    balancer: Balancer,
+) -> Vec<String> {
     let mut why = Vec::new();
     let Some(best) = rows.first() else {
         return why;
@@ -864,11 +949,22 @@ fn explain(model: &FittedModel, rows: &[Ranked], running: Option<usize>) -> Vec<
     let baseline = running
         .map(|i| (&rows[i], "the running configuration"))
         .or_else(|| {
+            // The balancer's own defaults, as near as the simulated sets come: keel's, NGINX's
+            // (max_fails=1, proxy_next_upstream error timeout) and HAProxy's (retries 3) retry
+            // and eject; Envoy's do neither.
+            let p = match balancer {
+                Balancer::Envoy => Protections::None,
+                _ => Protections::Defaults,
+            };
+            let label = balancer.label(p);
             rows.iter()
-                .find(|r| {
-                    r.strategy == "round-robin" && r.protections == Protections::Defaults.label()
+                .find(|r| r.simulated == "round-robin" && r.protections == label)
+                .map(|r| {
+                    (
+                        r,
+                        "the balancer's default configuration (nearest simulated)",
+                    )
                 })
-                .map(|r| (r, "keel's default configuration"))
         });
     let mut s = format!(
         "Best: {} with {}: success {}, p99 {:.1} ms [{:.1}, {:.1}], p99.9 {:.1} ms.",
@@ -949,8 +1045,9 @@ fn traps(model: &FittedModel, rows: &[Ranked]) -> Vec<String> {
     let mut out = Vec::new();
     let m = model.endpoints.len();
     let find = |strategy: &str, p: Protections| {
+        let none = p == Protections::None;
         rows.iter()
-            .find(|r| r.strategy == strategy && r.protections == p.label())
+            .find(|r| r.simulated == strategy && (r.protection == [0, 0]) == none)
     };
     let mut ok_ms: Vec<f64> = model.endpoints.iter().map(|e| e.latency.p50_ms).collect();
     ok_ms.sort_by(f64::total_cmp);
@@ -970,6 +1067,7 @@ fn traps(model: &FittedModel, rows: &[Ranked]) -> Vec<String> {
                 continue;
             };
             if r.pick_shares[i] > 1.25 * rr.pick_shares[i] && r.success[0] < rr.success[0] {
+                let s = &r.strategy;
                 out.push(format!(
                     "{s} without protections sends {} of the tries to {}, which answers {} of its calls with an error in {:.2} ms: a fast failure frees its place at once (and looks fast), so the strategy is drawn to it (experiment E4). Success {} against round-robin's {}.",
                     pct(r.pick_shares[i]),
@@ -1017,6 +1115,8 @@ mod tests {
             running: false,
             protection,
             tier: 0,
+            simulated: name.into(),
+            config: String::new(),
         }
     }
 

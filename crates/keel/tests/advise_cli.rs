@@ -333,3 +333,240 @@ fn advise_on_the_quick_start_walkthrough_recommends_protection_and_keeps_every_r
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A small fixed generator (no dependency): the same log every run.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> f64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Requests at 100 a second round-robin over three endpoints; the second answers 20 % of its
+/// calls 503 within 1 ms (then the request is retried on the next one), the third takes 30 ms
+/// instead of 10. Each request becomes one line of `line(start s, [(endpoint, status, ms)])`;
+/// lines `bad` are replaced by text the format cannot read.
+fn peer_log(
+    requests: usize,
+    bad: &[(usize, &str)],
+    line: impl Fn(f64, &[(usize, u16, f64)]) -> String,
+) -> String {
+    let mut rng = Lcg(7);
+    let mut out = String::new();
+    let t0 = 1_764_667_566.0;
+    for i in 0..requests {
+        let n = i + 1;
+        if let Some((_, text)) = bad.iter().find(|(at, _)| *at == n) {
+            out.push_str(text);
+            out.push('\n');
+            continue;
+        }
+        let start = t0 + i as f64 * 0.01;
+        let first = i % 3;
+        let mut tries = Vec::new();
+        let ms = |e: usize, u: f64| {
+            if e == 2 {
+                25.0 + 10.0 * u
+            } else {
+                8.0 + 4.0 * u
+            }
+        };
+        if first == 1 && rng.next() < 0.2 {
+            tries.push((1, 503, 0.5));
+            tries.push((2, 200, ms(2, rng.next())));
+        } else {
+            tries.push((first, 200, ms(first, rng.next())));
+        }
+        out.push_str(&line(start, &tries));
+        out.push('\n');
+    }
+    out
+}
+
+const NGINX_FORMAT: &str = "$remote_addr - $remote_user [$time_local] \"$request\" $status $body_bytes_sent \"$http_referer\" \"$http_user_agent\" $msec $request_time $proxy_host \"$upstream_addr\" \"$upstream_status\" \"$upstream_response_time\"";
+
+fn advise_peer(dir: &std::path::Path, name: &str, log: &str, extra: &[&str]) -> serde_json::Value {
+    let path = dir.join(name);
+    std::fs::write(&path, log).unwrap();
+    let mut args = vec![
+        "advise",
+        "--access-log",
+        path.to_str().unwrap(),
+        "--json",
+        "--quiet",
+        "--requests",
+        "1500",
+        "--replications",
+        "2",
+    ];
+    args.extend_from_slice(extra);
+    let out = keel(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn notes(v: &serde_json::Value) -> String {
+    v["model"]["notes"].to_string()
+}
+
+#[test]
+fn nginx_logs_fit_every_try_count_unreadable_lines_by_number_and_answer_in_nginx_terms() {
+    let dir = std::env::temp_dir().join(format!("keel-advise-nginx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let addr = |e: usize| format!("10.0.0.{}:80", e + 1);
+    let log = peer_log(
+        900,
+        &[
+            (57, "this is not an access-log line"),
+            (
+                300,
+                r#"127.0.0.1 - - [02/Dec/2026:09:26:06 +0000] "GET / HTTP/1.1" 200"#,
+            ),
+        ],
+        |start, tries| {
+            let total: f64 = tries.iter().map(|t| t.2).sum();
+            let end = start + total / 1e3;
+            let list = |f: &dyn Fn(&(usize, u16, f64)) -> String| {
+                tries.iter().map(f).collect::<Vec<_>>().join(", ")
+            };
+            format!(
+                "127.0.0.1 - - [02/Dec/2026:09:26:06 +0000] \"GET / HTTP/1.1\" {} 12 \"-\" \"test\" {end:.3} {:.3} app \"{}\" \"{}\" \"{}\"",
+                tries.last().unwrap().1,
+                total / 1e3,
+                list(&|t| addr(t.0)),
+                list(&|t| t.1.to_string()),
+                list(&|t| format!("{:.3}", t.2 / 1e3)),
+            )
+        },
+    );
+    let v = advise_peer(
+        &dir,
+        "nginx.log",
+        &log,
+        &["--log-format", "nginx", "--nginx-log-format", NGINX_FORMAT],
+    );
+    assert_eq!(v["balancer"], "nginx");
+    let n = notes(&v);
+    assert!(
+        n.contains("2 of 900 lines") && n.contains("line 57") && n.contains("line 300"),
+        "{n}"
+    );
+    // Every try counts: the failing endpoint's 20 % is found with its interval.
+    let b = &v["model"]["endpoints"][1];
+    assert_eq!(b["name"], "10.0.0.2:80");
+    let ci = &b["failures"]["error"]["ci95"];
+    assert!(
+        ci[0].as_f64().unwrap() <= 0.2 && 0.2 <= ci[1].as_f64().unwrap(),
+        "{b}"
+    );
+    let names = [
+        "round-robin",
+        "least_conn",
+        "random",
+        "random two least_conn",
+        "hash consistent",
+    ];
+    for r in v["ranking"].as_array().unwrap() {
+        assert!(names.contains(&r["strategy"].as_str().unwrap()), "{r}");
+    }
+    let best = &v["ranking"][0];
+    let config = best["config"].as_str().unwrap();
+    assert!(
+        config.contains("upstream app {") && config.contains("server 10.0.0.2:80"),
+        "{config}"
+    );
+    assert!(config.contains("cannot express"), "{config}");
+    assert_ne!(best["protections"], "none", "{best}");
+    assert!(v["limits"].to_string().contains("health checks"));
+    // Without the format, or with one that lacks the upstream variables: refused, with why.
+    let path = dir.join("nginx.log");
+    let out = keel(&[
+        "advise",
+        "--access-log",
+        path.to_str().unwrap(),
+        "--log-format",
+        "nginx",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("log_format keel"));
+    let out = keel(&[
+        "advise",
+        "--access-log",
+        path.to_str().unwrap(),
+        "--log-format",
+        "nginx",
+        "--nginx-log-format",
+        "$remote_addr [$time_local] \"$request\" $status",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("$upstream_addr"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn haproxy_and_envoy_logs_answer_in_their_own_configuration() {
+    let dir = std::env::temp_dir().join(format!("keel-advise-peers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // HAProxy: one line per request, the last server by name; a retried request (retries 1,
+    // redispatched: "+1") names only its last server.
+    let haproxy = peer_log(
+        600,
+        &[(
+            10,
+            "Dec  2 09:26:06 localhost haproxy[1]: truncated 10.0.1.2:33317",
+        )],
+        |start, tries| {
+            let secs = start.rem_euclid(60.0);
+            let (e, status, ms) = *tries.last().unwrap();
+            let retries = if tries.len() > 1 { "+1" } else { "0" };
+            format!(
+            "Dec  2 09:26:06 localhost haproxy[1]: 10.0.1.2:33317 [02/Dec/2026:09:26:{secs:06.3}] http-in app/srv{} 0/0/0/{ms:.0}/{ms:.0} {status} 120 - - ---- 1/1/1/1/{retries} 0/0 \"GET / HTTP/1.1\"",
+            e + 1
+        )
+        },
+    );
+    let v = advise_peer(&dir, "haproxy.log", &haproxy, &["--log-format", "haproxy"]);
+    assert_eq!(v["balancer"], "haproxy");
+    assert!(notes(&v).contains("line 10"), "{}", notes(&v));
+    let config = v["ranking"][0]["config"].as_str().unwrap();
+    assert!(
+        config.contains("backend app")
+            && config.contains("balance ")
+            && config.contains("server srv1 <address of srv1>"),
+        "{config}"
+    );
+    // Envoy: the last try's host; a failed first try is not in the line.
+    let envoy = peer_log(
+        600,
+        &[(
+            33,
+            "[2026-12-02T09:26:06.000Z] \"GET / HTTP/1.1\" 200 - 0 12 x",
+        )],
+        |start, tries| {
+            let (e, status, ms) = *tries.last().unwrap();
+            let time = keel_model::fit::log::format_rfc3339(start);
+            format!(
+            "[{time}] \"GET / HTTP/1.1\" {status} - 0 12 {ms:.0} {ms:.0} \"-\" \"test\" \"id\" \"app\" \"10.0.0.{}:80\"",
+            e + 1
+        )
+        },
+    );
+    let v = advise_peer(&dir, "envoy.log", &envoy, &["--log-format", "envoy"]);
+    assert_eq!(v["balancer"], "envoy");
+    assert!(notes(&v).contains("line 33"), "{}", notes(&v));
+    let config = v["ranking"][0]["config"].as_str().unwrap();
+    assert!(
+        config.contains("lb_policy: ") && config.contains("port_value: 80"),
+        "{config}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -116,6 +116,187 @@ pub struct Log {
     pub rich_lines: u64,
     /// Lines without a `time` (then `--since` cannot apply).
     pub untimed: u64,
+    /// The first [`UNREADABLE_KEPT`] lines the format could not read: line number (1-based)
+    /// and why. Counted in `skipped`, never guessed.
+    pub unreadable: Vec<(u64, String)>,
+    /// Requests that reached no endpoint (NGINX's "no live upstreams", HAProxy's `<NOSRV>`,
+    /// Envoy's `UH`): failures of the balancer, not of an endpoint.
+    pub unattributed: u64,
+    /// Tries the balancer ended for its own reasons (HAProxy's proxy-side terminations,
+    /// Envoy's overflow): not the endpoint's doing, left out.
+    pub proxy_side: u64,
+    /// The format's name, for messages ("keel's JSON", "NGINX log_format", ...).
+    pub format: &'static str,
+}
+
+/// Unreadable lines kept with their numbers (all are counted).
+pub const UNREADABLE_KEPT: usize = 20;
+
+impl Log {
+    /// Counts an unreadable line and keeps its number and why (the first few).
+    pub fn skip(&mut self, number: u64, why: impl Into<String>) {
+        self.skipped += 1;
+        if self.unreadable.len() < UNREADABLE_KEPT {
+            let why = why.into();
+            self.first_skipped.get_or_insert((number, why.clone()));
+            self.unreadable.push((number, why));
+        }
+    }
+}
+
+/// One try as another balancer's log tells it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedTry {
+    /// The endpoint (address, or server name where the log has no address).
+    pub endpoint: String,
+    /// What it came to; `None` when the client ended it (not the endpoint's doing).
+    pub class: Option<TryClass>,
+    /// How long it took, in milliseconds.
+    pub duration_ms: f64,
+}
+
+/// One request as another balancer's log tells it; the format modules (nginx, haproxy,
+/// envoy) read a line into this, and [`read_lines`] turns it into the shared records.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ParsedRequest {
+    /// The cluster (upstream group, backend) when the line says; `""` otherwise.
+    pub cluster: String,
+    /// When it started, in seconds since the Unix epoch.
+    pub start: f64,
+    /// Its whole duration, in milliseconds.
+    pub duration_ms: f64,
+    /// Its tries, in order (empty: it reached no endpoint).
+    pub tries: Vec<ParsedTry>,
+    /// Earlier tries happened whose endpoints the line does not name (HAProxy's retry count):
+    /// the request is left out of the per-endpoint fit, as keel's own multi-try lines are.
+    pub hidden_tries: bool,
+    /// Tries ended by the balancer itself (left out, counted).
+    pub proxy_side: bool,
+}
+
+/// Reads a log of another balancer one line at a time: `parse` reads a line into a
+/// [`ParsedRequest`], or says why it cannot (`Err`: counted with its line number), or that
+/// the line is not a request (`Ok(None)`, e.g. a syslog line of another program).
+pub fn read_lines(
+    mut input: impl BufRead,
+    format: &'static str,
+    mut parse: impl FnMut(&str) -> Result<Option<ParsedRequest>, String>,
+) -> Result<Log, FitError> {
+    let mut log = Log {
+        format,
+        ..Log::default()
+    };
+    let mut endpoint_index = HashMap::new();
+    let mut cluster_index = HashMap::new();
+    let mut buf = String::new();
+    let mut number = 0u64;
+    loop {
+        buf.clear();
+        let n = input
+            .read_line(&mut buf)
+            .map_err(|e| FitError::Read(e.to_string()))?;
+        if n == 0 {
+            break;
+        }
+        number += 1;
+        let text = buf.trim_end_matches(['\n', '\r']);
+        if text.trim().is_empty() {
+            continue;
+        }
+        log.lines += 1;
+        let r = match parse(text) {
+            Ok(Some(r)) => r,
+            Ok(None) => continue,
+            Err(why) => {
+                log.skip(number, why);
+                continue;
+            }
+        };
+        let Some(cluster) = intern(&mut log.clusters, &mut cluster_index, &r.cluster) else {
+            return Err(FitError::TooManyNames("clusters"));
+        };
+        log.requests.push(RequestRecord {
+            cluster,
+            start: r.start,
+            duration_ms: r.duration_ms as f32,
+        });
+        if r.proxy_side {
+            log.proxy_side += 1;
+        }
+        if r.hidden_tries {
+            log.multi_try_lines += 1;
+            continue;
+        }
+        if r.tries.is_empty() && !r.proxy_side {
+            log.unattributed += 1;
+        }
+        let mut at = r.start;
+        for t in &r.tries {
+            let start = at;
+            at += t.duration_ms / 1e3;
+            let Some(class) = t.class else { continue };
+            let Some(endpoint) = intern(&mut log.endpoints, &mut endpoint_index, &t.endpoint)
+            else {
+                return Err(FitError::TooManyNames("endpoints"));
+            };
+            log.tries.push(TryRecord {
+                endpoint,
+                cluster,
+                class,
+                start,
+                duration_ms: t.duration_ms as f32,
+                in_flight: None,
+            });
+        }
+    }
+    Ok(log)
+}
+
+/// Seconds since the Unix epoch of the common log format's time, `02/Dec/2026:09:26:06 +0000`
+/// (NGINX's `$time_local`), with optional milliseconds and without the zone (HAProxy's
+/// `06/Feb/2009:12:14:14.655`, local time: read as UTC, which only shifts every line alike).
+pub fn parse_clf_time(t: &str) -> Option<f64> {
+    let (date, zone) = match t.split_once(' ') {
+        Some((d, z)) => (d, Some(z)),
+        None => (t, None),
+    };
+    let b = date.as_bytes();
+    if b.len() < 20 || b[2] != b'/' || b[6] != b'/' || b[11] != b':' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<i64> { date.get(r)?.parse().ok() };
+    let d = num(0..2)?;
+    let mo = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ]
+    .iter()
+    .position(|m| date.get(3..6) == Some(*m))? as i64
+        + 1;
+    let y = num(7..11)?;
+    let (h, mi, s) = (num(12..14)?, num(15..17)?, num(18..20)?);
+    if !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
+        return None;
+    }
+    let frac = match date.get(20..) {
+        None | Some("") => 0.0,
+        Some(f)
+            if f.starts_with('.') && f.len() > 1 && f[1..].bytes().all(|c| c.is_ascii_digit()) =>
+        {
+            format!("0{f}").parse().ok()?
+        }
+        Some(_) => return None,
+    };
+    let offset = match zone {
+        None => 0,
+        Some(z) if z.len() == 5 && (z.starts_with('+') || z.starts_with('-')) => {
+            let sign = if z.starts_with('-') { -1 } else { 1 };
+            let oh: i64 = z.get(1..3)?.parse().ok()?;
+            let om: i64 = z.get(3..5)?.parse().ok()?;
+            sign * (oh * 3600 + om * 60)
+        }
+        Some(_) => return None,
+    };
+    Some((days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + s - offset) as f64 + frac)
 }
 
 #[derive(Deserialize)]
@@ -161,7 +342,10 @@ fn intern(names: &mut Vec<String>, index: &mut HashMap<String, u16>, name: &str)
 
 /// Reads a log from `input`, one line at a time (one line buffer, reused).
 pub fn read_log(mut input: impl BufRead) -> Result<Log, FitError> {
-    let mut log = Log::default();
+    let mut log = Log {
+        format: "keel proxy's JSON",
+        ..Log::default()
+    };
     let mut endpoint_index = HashMap::new();
     let mut cluster_index = HashMap::new();
     let mut buf = String::new();
@@ -183,24 +367,19 @@ pub fn read_log(mut input: impl BufRead) -> Result<Log, FitError> {
         let line: Line = match serde_json::from_str(text) {
             Ok(l) => l,
             Err(e) => {
-                log.skipped += 1;
-                log.first_skipped.get_or_insert((number, e.to_string()));
+                log.skip(number, e.to_string());
                 continue;
             }
         };
         let Some(duration_ms) = line.duration_ms else {
-            log.skipped += 1;
-            log.first_skipped
-                .get_or_insert((number, "no `duration_ms`".into()));
+            log.skip(number, "no `duration_ms`");
             continue;
         };
         let end = match line.time.as_deref() {
             Some(t) => match parse_rfc3339(t) {
                 Some(s) => s,
                 None => {
-                    log.skipped += 1;
-                    log.first_skipped
-                        .get_or_insert((number, format!("`time` {t:?} is not RFC 3339")));
+                    log.skip(number, format!("`time` {t:?} is not RFC 3339"));
                     continue;
                 }
             },

@@ -9,7 +9,10 @@
 //! simulator scenario (and its editable TOML); [`synth`] writes logs from a known model, for
 //! tests and benchmarks.
 
+pub mod envoy;
+pub mod haproxy;
 pub mod log;
+pub mod nginx;
 pub mod scenario;
 pub mod synth;
 
@@ -44,8 +47,12 @@ pub enum FitError {
     #[error("more than 65536 distinct {0} in the log")]
     TooManyNames(&'static str),
     /// Not an access log: most lines are not JSON objects of it.
-    #[error("{skipped} of {lines} lines are not JSON access-log lines (first: line {first}: {why}); keel advise reads the proxy's `format = \"json\"` log")]
+    #[error("{skipped} of {lines} lines are not {format} access-log lines (first: line {first}: {why}); {hint}")]
     Unparsable {
+        /// The format read.
+        format: &'static str,
+        /// What to check.
+        hint: &'static str,
         /// Lines read.
         lines: u64,
         /// Lines skipped.
@@ -253,6 +260,29 @@ pub struct FittedModel {
     pub notes: Vec<String>,
 }
 
+/// Whose access log it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogFormat {
+    /// keel proxy's JSON lines.
+    Keel,
+    /// NGINX, in the user's `log_format`.
+    Nginx(nginx::Format),
+    /// HAProxy's `option httplog` default format.
+    Haproxy,
+    /// Envoy's default access-log format.
+    Envoy,
+}
+
+/// Reads a log of any [`LogFormat`] into the shared records, one line at a time.
+pub fn read_log_as(input: impl std::io::BufRead, format: &LogFormat) -> Result<Log, FitError> {
+    match format {
+        LogFormat::Keel => read_log(input),
+        LogFormat::Nginx(f) => log::read_lines(input, "NGINX log_format", |l| f.read(l)),
+        LogFormat::Haproxy => log::read_lines(input, "HAProxy httplog", haproxy::read),
+        LogFormat::Envoy => log::read_lines(input, "Envoy default-format", envoy::read),
+    }
+}
+
 /// Reads and fits in one go (streaming parse; see [`read_log`]).
 pub fn fit_reader(
     input: impl std::io::BufRead,
@@ -267,6 +297,11 @@ pub fn fit_log(log: &Log, opts: &FitOptions) -> Result<FittedModel, FitError> {
     if log.skipped > 0 && log.skipped * 100 > log.lines {
         let (first, why) = log.first_skipped.clone().unwrap_or_default();
         return Err(FitError::Unparsable {
+            format: log.format,
+            hint: match log.format {
+                "keel proxy's JSON" => "keel advise reads the proxy's `format = \"json\"` log by default; --log-format names another balancer's",
+                _ => "check --log-format (and for NGINX, that --nginx-log-format is the log_format the file was written with)",
+            },
             lines: log.lines,
             skipped: log.skipped,
             first,
@@ -351,15 +386,46 @@ pub fn fit_log(log: &Log, opts: &FitOptions) -> Result<FittedModel, FitError> {
 
     let mut notes = Vec::new();
     if log.skipped > 0 {
+        let shown: Vec<String> = log
+            .unreadable
+            .iter()
+            .take(5)
+            .map(|(n, why)| format!("line {n}: {why}"))
+            .collect();
         notes.push(format!(
-            "{} of {} lines skipped (not access-log JSON)",
-            log.skipped, log.lines
+            "{} of {} lines could not be read as {} lines and were left out ({}{})",
+            log.skipped,
+            log.lines,
+            log.format,
+            shown.join("; "),
+            if log.skipped as usize > shown.len() {
+                "; ..."
+            } else {
+                ""
+            }
+        ));
+    }
+    if log.unattributed > 0 {
+        notes.push(format!(
+            "{} requests reached no endpoint (no server available: the balancer's own failure); they count in the arrivals, not in any endpoint's fit",
+            log.unattributed
+        ));
+    }
+    if log.proxy_side > 0 {
+        notes.push(format!(
+            "{} requests were ended by the balancer itself (not an endpoint's doing) and left out of the per-endpoint fit",
+            log.proxy_side
         ));
     }
     if log.multi_try_lines > 0 {
         notes.push(format!(
-            "{} requests with several tries left out of the per-endpoint fit (today's log names only the last try's endpoint; the `tries` field records every try); their earlier tries failed somewhere, so the failure shares are biased low by up to {:.2} points",
+            "{} requests with several tries left out of the per-endpoint fit (the log names only the last try's endpoint{}); their earlier tries failed somewhere, so the failure shares are biased low by up to {:.2} points",
             log.multi_try_lines,
+            if log.format == "keel proxy's JSON" {
+                "; the `tries` field records every try"
+            } else {
+                ""
+            },
             log.multi_try_lines as f64 / (log.tries.len() as u64 + log.multi_try_lines).max(1) as f64 * 100.0
         ));
     }

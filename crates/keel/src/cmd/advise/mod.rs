@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use keel_model::advise::{self, Advice, RunningConfig};
+use keel_model::advise::{self, Advice, Balancer, RunningConfig};
 use keel_model::fit::scenario::ScenarioOptions;
-use keel_model::fit::{self, FitOptions, FittedModel};
+use keel_model::fit::{self, FitOptions, FittedModel, LogFormat};
 
 use crate::cmd::advise::text::{family, rate};
 use crate::cmd::usage;
@@ -78,6 +78,29 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Whose log: keel (keel proxy's JSON), nginx (with --nginx-log-format), haproxy (`option
+    /// httplog`) or envoy (the default format). The ranking covers that balancer's strategies
+    /// and protections, and the recommendation is written in its configuration language.
+    #[arg(long, value_enum, default_value_t = LogFormatArg::Keel)]
+    pub log_format: LogFormatArg,
+    /// With --log-format nginx: the log_format string the log was written with (as in
+    /// nginx.conf; it must have $upstream_addr, $upstream_status, $upstream_response_time and
+    /// a time: $msec, $time_iso8601 or $time_local).
+    #[arg(long, value_name = "STRING")]
+    pub nginx_log_format: Option<String>,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormatArg {
+    /// keel proxy's JSON access log.
+    Keel,
+    /// NGINX's access log in the --nginx-log-format given.
+    Nginx,
+    /// HAProxy's `option httplog` default format.
+    Haproxy,
+    /// Envoy's default access-log format.
+    Envoy,
 }
 
 /// Runs `keel advise`.
@@ -95,6 +118,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.requests == Some(0) {
         return usage("--requests must be at least 1");
+    }
+    let (format, balancer) = match args.log_format {
+        LogFormatArg::Keel => (LogFormat::Keel, Balancer::Keel),
+        LogFormatArg::Nginx => {
+            let Some(f) = &args.nginx_log_format else {
+                return usage(format!(
+                    "--log-format nginx needs --nginx-log-format '...' (the log_format string of your nginx.conf); recommended:\n  log_format keel '{}';",
+                    fit::nginx::RECOMMENDED
+                ));
+            };
+            match fit::nginx::Format::parse(f) {
+                Ok(f) => (LogFormat::Nginx(f), Balancer::Nginx),
+                Err(e) => return usage(format!("--nginx-log-format: {e}")),
+            }
+        }
+        LogFormatArg::Haproxy => (LogFormat::Haproxy, Balancer::Haproxy),
+        LogFormatArg::Envoy => (LogFormat::Envoy, Balancer::Envoy),
+    };
+    if args.nginx_log_format.is_some() && balancer != Balancer::Nginx {
+        return usage("--nginx-log-format goes with --log-format nginx");
+    }
+    if args.config.is_some() && balancer != Balancer::Keel {
+        return usage("--config reads keel proxy's configuration; leave it out with --log-format nginx, haproxy or envoy");
     }
     let proxy_config = match &args.config {
         None => None,
@@ -114,17 +160,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let started = Instant::now();
     let source = args.access_log.display().to_string();
-    let model = if args.access_log == Path::new("-") {
-        fit::fit_reader(std::io::stdin().lock(), &opts)
+    let log = if args.access_log == Path::new("-") {
+        fit::read_log_as(std::io::stdin().lock(), &format)
     } else {
         let file = File::open(&args.access_log)
             .with_context(|| format!("cannot open {}", args.access_log.display()))?;
-        fit::fit_reader(BufReader::with_capacity(1 << 20, file), &opts)
+        fit::read_log_as(BufReader::with_capacity(1 << 20, file), &format)
     }
+    .and_then(|log| fit::fit_log(&log, &opts))
     .map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
+    let model = log;
     let fitted_in = started.elapsed();
 
-    let mut ctx = advise::Context::default();
+    let mut ctx = advise::Context {
+        balancer,
+        ..advise::Context::default()
+    };
     if let (Some(c), Some(path)) = (&proxy_config, args.config.as_deref()) {
         let (running, request_timeout) = running_config(c, &model, path)?;
         ctx.running = Some(running);
@@ -337,10 +388,23 @@ fn print_table(a: &Advice, configs: u64, fitted: Duration, simulated: Duration) 
     if a.tied > 1 {
         println!("  = tied with the best on success (overlapping 95 % intervals)");
     }
+    for l in &a.limits {
+        println!("{} cannot express: {l}", a.balancer.name());
+    }
     if let Some(best) = a.ranking.first() {
-        println!(
-            "\nto run {} with {}, replace the cluster's [[cluster]] section with:\n{}",
-            best.strategy, best.protections, best.cluster_toml
-        );
+        if a.balancer == Balancer::Keel {
+            println!(
+                "\nto run {} with {}, replace the cluster's [[cluster]] section with:\n{}",
+                best.strategy, best.protections, best.cluster_toml
+            );
+        } else {
+            println!(
+                "\nto run {} with {} in {}:\n{}",
+                best.strategy,
+                best.protections,
+                a.balancer.name(),
+                best.paste()
+            );
+        }
     }
 }

@@ -45,9 +45,21 @@ fn answer(a: &Advice) -> String {
     if let Some(best) = a.ranking.first() {
         let _ = write!(
             h,
-            "<p>To run it, replace the cluster's <code>[[cluster]]</code> section with:</p><pre>{}</pre>",
-            esc(&best.cluster_toml)
+            "<p>To run it, {}:</p><pre>{}</pre>",
+            if a.balancer == keel_model::advise::Balancer::Keel {
+                "replace the cluster's <code>[[cluster]]</code> section with".to_string()
+            } else {
+                format!("in {}", a.balancer.name())
+            },
+            esc(best.paste())
         );
+    }
+    if !a.limits.is_empty() {
+        let _ = write!(h, "<p>What {} cannot express:</p><ul>", a.balancer.name());
+        for l in &a.limits {
+            let _ = write!(h, "<li>{}</li>", esc(l));
+        }
+        let _ = write!(h, "</ul>");
     }
     h
 }
@@ -213,7 +225,7 @@ pub fn html(
             r.mean_ms,
             r.retries_per_request,
             shares.join(" / "),
-            esc(&r.cluster_toml)
+            esc(r.paste())
         );
     }
     let _ = write!(h, "</table>");
