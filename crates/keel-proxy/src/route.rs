@@ -305,6 +305,11 @@ impl ListenerRoutes {
             return self.fallback();
         }
         let path = path.split_once('?').map_or(path, |(p, _)| p);
+        // Matched as the endpoint will get it: dot segments resolved, `//` merged (borrowed
+        // unless there is any). A path climbing above the root is matched as sent; the
+        // request's rewrite refuses it.
+        let normal = crate::exchange::rewrite::normal_path(path);
+        let path = normal.as_deref().unwrap_or(path);
         let segment = request_segment(path);
         let mut best: Option<u16> = None;
         let routes = &self.routes[..];

@@ -165,11 +165,11 @@ pub(crate) fn parse_response(
                 }
             }
         } else if *r == Role::ContentLength {
-            let n = parse_content_length(h.value).ok_or("invalid Content-Length")?;
-            if content_length.is_some_and(|m| m != n) {
-                return Err("conflicting Content-Length headers");
+            // Even equal ones: a second Content-Length is refused (the request side's rule).
+            if content_length.is_some() {
+                return Err("repeated Content-Length header");
             }
-            content_length = Some(n);
+            content_length = Some(parse_content_length(h.value).ok_or("invalid Content-Length")?);
         } else if *r == Role::TransferEncoding {
             transfer_encoding = true;
             // Chunked must be the last coding (RFC 9112 section 6.1).

@@ -118,8 +118,10 @@ pub(crate) enum Reject {
     HeadTooLarge,
     /// A `Content-Length` that is not a number.
     InvalidContentLength,
-    /// Two `Content-Length` headers that disagree.
-    ConflictingContentLength,
+    /// More than one `Content-Length` header, even equal ones: RFC 9112 section 6.3 lets a
+    /// recipient merge equal values, but a hop that merges next to one that does not is how
+    /// requests are smuggled; refused, as NGINX does.
+    RepeatedContentLength,
     /// Both `Content-Length` and `Transfer-Encoding` (RFC 9112 section 6.3: a request
     /// smuggling vector; refused, as NGINX does).
     LengthAndTransferEncoding,
@@ -141,6 +143,8 @@ pub(crate) enum Reject {
     /// A target that is neither origin form nor an `http(s)://` absolute form (nor `*` for
     /// `OPTIONS`).
     UnsupportedTarget,
+    /// A path whose `..` segments climb above the root (`/a/../../b`), as NGINX refuses.
+    PathAboveRoot,
     /// `CONNECT`: keel is a reverse proxy, not a tunnel to anywhere.
     Connect,
     /// A body declared or found larger than `max_request_body_bytes`.
@@ -166,13 +170,14 @@ impl Reject {
             Reject::Timeout | Reject::BodyTooSlow | Reject::BodyPastMaxDuration => 408,
             Reject::Malformed
             | Reject::InvalidContentLength
-            | Reject::ConflictingContentLength
+            | Reject::RepeatedContentLength
             | Reject::LengthAndTransferEncoding
             | Reject::TransferEncodingNotChunked
             | Reject::MissingHost
             | Reject::DuplicateHost
             | Reject::InvalidHost
             | Reject::UnsupportedTarget
+            | Reject::PathAboveRoot
             | Reject::InvalidBody => 400,
         }
     }
@@ -184,7 +189,7 @@ impl Reject {
             Reject::TooManyHeaders => "more request headers than max_headers",
             Reject::HeadTooLarge => "request head larger than max_header_bytes",
             Reject::InvalidContentLength => "invalid Content-Length",
-            Reject::ConflictingContentLength => "conflicting Content-Length headers",
+            Reject::RepeatedContentLength => "repeated Content-Length header",
             Reject::LengthAndTransferEncoding => {
                 "both Content-Length and Transfer-Encoding (RFC 9112 section 6.3)"
             }
@@ -198,6 +203,7 @@ impl Reject {
             Reject::InvalidHost => "invalid Host or authority (not a host[:port])",
             Reject::TooManyConnectionOptions => "too many Connection options",
             Reject::UnsupportedTarget => "unsupported request target",
+            Reject::PathAboveRoot => "the path's dot segments climb above the root",
             Reject::Connect => "CONNECT is not supported (keel is a reverse proxy)",
             Reject::BodyTooLarge => "request body larger than max_request_body_bytes",
             Reject::InvalidBody => "the request body is malformed or was cut short",

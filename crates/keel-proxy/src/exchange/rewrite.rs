@@ -123,11 +123,11 @@ where
                 }
             }
         } else if name.eq_ignore_ascii_case("content-length") {
-            let n = parse_content_length(value).ok_or(Reject::InvalidContentLength)?;
-            if s.content_length.is_some_and(|m| m != n) {
-                return Err(Reject::ConflictingContentLength);
+            if s.content_length.is_some() {
+                return Err(Reject::RepeatedContentLength);
             }
-            s.content_length = Some(n);
+            s.content_length =
+                Some(parse_content_length(value).ok_or(Reject::InvalidContentLength)?);
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
             if s.transfer_encoding.is_some() {
                 return Err(Reject::UnsupportedTransferEncoding);
@@ -260,6 +260,86 @@ fn valid_request_id(value: &[u8]) -> bool {
     !value.is_empty() && value.len() <= MAX_REQUEST_ID && value.iter().all(|b| b.is_ascii_graphic())
 }
 
+/// A request target's path (query kept, untouched) with its dot segments resolved (RFC 3986
+/// section 5.2.4, `%2e` read as the `.` it stands for: RFC 3986 section 6.2.2.2) and empty
+/// segments merged (`//` -> `/`), as NGINX does before it matches a location; `Err` when `..`
+/// climbs above the root (NGINX answers 400 too). Routing and the prefix rewrites then see the
+/// path the endpoint gets, so `/public/../admin` is `/admin` everywhere. The common path (no
+/// `%2e`, no `//`, no `.` or `..` segment) is one pass over its bytes and is borrowed, not
+/// copied. Other percent-escapes (`%2f` included) are left as sent, as Envoy's default does.
+pub(crate) fn normal_path(target: &str) -> Result<std::borrow::Cow<'_, str>, Reject> {
+    let bytes = target.as_bytes();
+    let end = bytes.iter().position(|b| *b == b'?').unwrap_or(bytes.len());
+    if bytes.first() != Some(&b'/') || is_normal(&bytes[..end]) {
+        return Ok(std::borrow::Cow::Borrowed(target));
+    }
+    let (path, query) = target.split_at(end);
+    let mut out = String::with_capacity(target.len());
+    let mut segments = path[1..].split('/').peekable();
+    let mut segment = String::new();
+    while let Some(raw) = segments.next() {
+        let last = segments.peek().is_none();
+        segment.clear();
+        let mut rest = raw;
+        while let Some(at) = rest.find('%') {
+            let (before, after) = rest.split_at(at);
+            segment.push_str(before);
+            if after.len() >= 3 && after[1..3].eq_ignore_ascii_case("2e") {
+                segment.push('.');
+                rest = &after[3..];
+            } else {
+                segment.push('%');
+                rest = &after[1..];
+            }
+        }
+        segment.push_str(rest);
+        match segment.as_str() {
+            "" | "." => {}
+            ".." => {
+                let parent = out.rfind('/').ok_or(Reject::PathAboveRoot)?;
+                out.truncate(parent);
+            }
+            s => {
+                out.push('/');
+                out.push_str(s);
+                continue;
+            }
+        }
+        // A path that ends in `/`, `/.` or `/..` names a directory: it keeps its `/`.
+        if last {
+            out.push('/');
+        }
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    out.push_str(query);
+    Ok(std::borrow::Cow::Owned(out))
+}
+
+/// True when `path` (no query) has nothing for [`normal_path`] to do: no `%2e`, no `//`, no
+/// `.` or `..` segment.
+#[inline]
+fn is_normal(path: &[u8]) -> bool {
+    let mut i = 0;
+    while i < path.len() {
+        match path[i] {
+            b'%' if path.len() > i + 2 && path[i + 1] == b'2' && path[i + 2] | 0x20 == b'e' => {
+                return false
+            }
+            b'/' => match &path[i + 1..] {
+                [b'/', ..] | [b'.'] | [b'.', b'/', ..] | [b'.', b'.'] | [b'.', b'.', b'/', ..] => {
+                    return false
+                }
+                _ => {}
+            },
+            _ => {}
+        }
+        i += 1;
+    }
+    true
+}
+
 /// Checks an HTTP/1.1 client's request and writes the head sent upstream into `out` (request
 /// line in origin form, headers, `X-Forwarded-*`, `Content-Length` or `Transfer-Encoding`; no
 /// final CRLF and no `Host` when the client sent none: both are per try). See [`scan`] for
@@ -278,6 +358,8 @@ pub(crate) fn rewrite<'h, I>(
 where
     I: Iterator<Item = (&'h str, &'h [u8])>,
 {
+    let path = normal_path(path)?;
+    let path = &*path;
     let (meta, s) = scan(
         method,
         path,
@@ -380,6 +462,12 @@ pub(crate) fn rewrite_h2(
     unframed_body: bool,
     rules: &RequestRules<'_>,
 ) -> Result<RequestHead, Reject> {
+    let raw_path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    if let std::borrow::Cow::Owned(normal) = normal_path(raw_path)? {
+        let mut uri = std::mem::take(&mut parts.uri).into_parts();
+        uri.path_and_query = Some(normal.parse().map_err(|_| Reject::Malformed)?);
+        parts.uri = hyper::Uri::from_parts(uri).map_err(|_| Reject::Malformed)?;
+    }
     let headers = &parts.headers;
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let authority = parts.uri.authority().map(|a| a.as_str());
@@ -478,4 +566,49 @@ pub(crate) fn rewrite_h2(
         crate::exchange::head::set_uri(parts, uri);
     }
     Ok(meta)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_normalised_as_rfc_3986_resolves_dot_segments() {
+        let n = |p: &'static str| normal_path(p).map(|c| c.into_owned());
+        // Nothing to do: borrowed, not copied.
+        for p in [
+            "/",
+            "/a/b",
+            "/a/b/",
+            "/.well-known/x",
+            "/a..b/c.",
+            "/a%2fb",
+            "*",
+            "/a?x=/../",
+        ] {
+            assert!(
+                matches!(normal_path(p), Ok(std::borrow::Cow::Borrowed(_))),
+                "{p}"
+            );
+        }
+        let cases = [
+            ("/a/./b", "/a/b"),
+            ("/a/b/../c", "/a/c"),
+            ("/a/b/..", "/a/"),
+            ("/a/b/.", "/a/b/"),
+            ("/a/..", "/"),
+            ("//a///b//", "/a/b/"),
+            ("/v1/%2e%2E/admin", "/admin"),
+            ("/v1/%2e/x", "/v1/x"),
+            ("/v1/.%2e/x?q=/../..", "/x?q=/../.."),
+            ("/a%2eb/./c", "/a.b/c"),
+            ("/public/../admin", "/admin"),
+        ];
+        for (p, want) in cases {
+            assert_eq!(n(p).as_deref(), Ok(want), "{p}");
+        }
+        for p in ["/..", "/a/../..", "/v1/../../admin", "/%2e%2e/x", "//../x"] {
+            assert_eq!(n(p), Err(Reject::PathAboveRoot), "{p}");
+        }
+    }
 }

@@ -497,6 +497,17 @@ pub(crate) async fn try_once<B: RequestBody>(
         Err(e) => return Err(upstream(ErrorKind::Reset, true, h2_cause(&e, true))),
     };
     let (head, recv) = response.into_parts();
+    if head
+        .headers
+        .get_all(hyper::header::CONTENT_LENGTH)
+        .iter()
+        .nth(1)
+        .is_some()
+    {
+        // As from an HTTP/1.1 endpoint: a second content-length is refused, even an equal one.
+        let cause = Cause::InvalidResponse("repeated content-length header");
+        return Err(upstream(ErrorKind::Protocol, true, cause));
+    }
     let status = head.status.as_u16();
     entry.metrics.responses[class_index(status)].fetch_add(1, Relaxed);
     // A trailers-only answer (HEADERS with END_STREAM) carries its grpc-status in its head.
