@@ -255,6 +255,9 @@ pub struct Balancer {
     /// The strategy's [`Strategy::follows_calls`] (fixed for a balancer's life), so that
     /// `finish` can skip the snapshot without loading it.
     follows_calls: bool,
+    /// The latest end of any endpoint's back-off (nanoseconds; 0: none ever): until then,
+    /// picks look at each endpoint's, and after it they skip that check.
+    backed_off_until: AtomicU64,
 }
 
 impl std::fmt::Debug for Balancer {
@@ -286,6 +289,7 @@ impl Balancer {
             local: (0, snapshot.clone()),
             snapshot: ArcSwap::new(snapshot),
             generation: AtomicU64::new(0),
+            backed_off_until: AtomicU64::new(0),
         }
     }
 
@@ -303,7 +307,11 @@ impl Balancer {
         let old = self.snapshot.load();
         let eps = Self::carry_over(&old.endpoints, endpoints, nanos(now).max(1));
         let snapshot = Self::snapshot(&config, endpoints, eps);
-        Ok(Self::with(config, self.group.clone(), snapshot))
+        let new = Self::with(config, self.group.clone(), snapshot);
+        // The endpoints kept keep their back-offs.
+        let backed_off = self.backed_off_until.load(Ordering::Relaxed);
+        new.backed_off_until.store(backed_off, Ordering::Relaxed);
+        Ok(new)
     }
 
     /// Replaces the endpoint list in place (add, remove, re-weight). Endpoints that stay keep
@@ -481,6 +489,7 @@ impl Balancer {
             rng: &self.rng,
             group: &self.group,
             half_open: false,
+            back_off: false,
         }
     }
 
@@ -525,12 +534,18 @@ impl Balancer {
             rng: &self.rng,
             group: &self.group,
             half_open: snap.strategies[0].half_open(),
+            back_off: self.backing_off(now),
         };
         if snap.layout.is_trivial() {
             // One group holding every endpoint in order (no priorities, no zones): the
             // strategy's index is the endpoint's, and no group is chosen.
             let s = &snap.strategies[0];
             let mut index = s.pick(&view, ctx.hash_key);
+            if index.is_none() && view.back_off {
+                // Every endpoint left asked to be backed off: better one of them than none.
+                view.back_off = false;
+                index = s.pick(&view, ctx.hash_key);
+            }
             if index.is_none() && !ctx.avoid.is_empty() {
                 view.avoid = &[];
                 index = s.pick(&view, ctx.hash_key);
@@ -558,7 +573,12 @@ impl Balancer {
         let first = snap.layout.choose(now, panic, &self.rng, ctx.hash_key);
         let (g, local) = Self::pick_from(snap, &view, first, ctx.hash_key).or_else(|| {
             let mut found = None;
-            if !ctx.avoid.is_empty() {
+            if view.back_off {
+                // Every endpoint left asked to be backed off: better one of them than none.
+                view.back_off = false;
+                found = Self::pick_from(snap, &view, first, ctx.hash_key);
+            }
+            if found.is_none() && !ctx.avoid.is_empty() {
                 // Nothing else left: a retry may go back to an endpoint it already tried.
                 view.avoid = &[];
                 found = Self::pick_from(snap, &view, first, ctx.hash_key);
@@ -640,6 +660,7 @@ impl Balancer {
                 rng: &self.rng,
                 group: &self.group,
                 half_open: false,
+                back_off: self.backing_off(now),
             };
             if view.allowed(i) {
                 let (g, local) = snap.layout.place[i];
@@ -648,6 +669,38 @@ impl Balancer {
         }
         drop(snap);
         self.pick(ctx)
+    }
+
+    /// Backs the picked endpoint off until `until`, because it asked (an HTTP `Retry-After`,
+    /// a gRPC pushback): every pick passes it over while another endpoint may take the call
+    /// (health, ejection and the retry's avoid list respected), and takes it again when none
+    /// else may, so that a back-off never leaves a cluster without an endpoint. It is not an
+    /// ejection and does not count toward one: the failure the answer was is recorded by
+    /// [`Self::finish`] as any other, outlier detection included. The caller bounds `until`.
+    pub fn back_off(&self, pick: &Pick, until: Duration) {
+        let until = nanos(until);
+        pick.endpoint.back_off(until);
+        self.backed_off_until.fetch_max(until, Ordering::Relaxed);
+    }
+
+    /// True when a pick at `ctx.now` has an endpoint outside `ctx.avoid` that may take the
+    /// call (health and ejection respected, back-offs not): then a retry need not wait for an
+    /// endpoint that asked to be backed off.
+    pub fn has_other_endpoint(&self, ctx: &PickContext<'_>) -> bool {
+        let snap = self.snapshot.load();
+        let now = nanos(ctx.now);
+        let view = View {
+            avoid: ctx.avoid,
+            ignore_health: self.panic(&snap, now),
+            ..self.view(&snap, now)
+        };
+        (0..snap.endpoints.len()).any(|i| view.allowed(i))
+    }
+
+    /// True while some endpoint may be backed off at `now` (one atomic load per pick).
+    #[inline(always)]
+    fn backing_off(&self, now: u64) -> bool {
+        self.backed_off_until.load(Ordering::Relaxed) > now
     }
 
     /// Records the outcome of a picked call that ended at `now` (its latency is `now` minus the
@@ -827,6 +880,7 @@ impl Balancer {
             rng: &self.rng,
             group: &self.group,
             half_open: false,
+            back_off: false,
         };
         for (g, s) in snap.strategies.iter().enumerate() {
             s.probe_targets(&snap.in_group(&view, g), out);
@@ -870,6 +924,7 @@ impl Balancer {
                 rng: &self.rng,
                 group: &self.group,
                 half_open: false,
+                back_off: false,
             };
             snap.observe(&view, index, &Observation::Load(report));
         }
@@ -1166,5 +1221,62 @@ mod tests {
         let st = lb.status(now);
         assert!(st.iter().any(|s| s.address == "e1" && s.draining), "{st:?}");
         assert_eq!(st.iter().filter(|s| s.draining).count(), 1);
+    }
+    /// An endpoint that asked to be backed off is passed over by every strategy until its
+    /// time is up, is still taken when no other endpoint may take the call, and its failures
+    /// still count toward its ejection.
+    #[test]
+    fn a_backed_off_endpoint_is_passed_over_until_its_time_and_still_counts_toward_ejection() {
+        let s = Duration::from_secs;
+        for kind in [
+            StrategyKind::RoundRobin,
+            StrategyKind::LeastRequest,
+            StrategyKind::RingHash,
+            StrategyKind::Prequal,
+            StrategyKind::OrcaWrr,
+        ] {
+            let config = BalancerConfig {
+                seed: 7,
+                outlier_detection: Some(crate::OutlierConfig {
+                    consecutive_failures: 2,
+                    max_ejection_percent: 100.0,
+                    ..crate::OutlierConfig::default()
+                }),
+                ..BalancerConfig::new(kind)
+            };
+            let b = Balancer::new(config, &specs(3)).unwrap();
+            let ctx = PickContext::new(s(1));
+            let mut first = b.pick(&ctx).unwrap();
+            while first.address() != "e0" {
+                b.finish(first, Outcome::Success, s(1));
+                first = b.pick(&ctx).unwrap();
+            }
+            b.back_off(&first, s(10));
+            assert!(!b.finish(first, Outcome::Failure, s(1)), "{kind:?}");
+            for _ in 0..200 {
+                let p = b.pick(&PickContext::new(s(5)).with_hash_key(3)).unwrap();
+                assert_ne!(p.address(), "e0", "{kind:?}: picked while backed off");
+                b.finish(p, Outcome::Success, s(5));
+            }
+            // The only endpoint a retry has left: taken, back-off or not.
+            let others: Vec<_> = b.endpoints()[1..].iter().map(|e| e.id()).collect();
+            let p = b.pick(&PickContext::new(s(5)).with_avoid(&others)).unwrap();
+            assert_eq!(p.address(), "e0", "{kind:?}");
+            // Its second failure in a row ejects it.
+            assert!(b.finish(p, Outcome::Failure, s(5)), "{kind:?}: not ejected");
+            let mut seen = false;
+            for _ in 0..200 {
+                let p = b.pick(&PickContext::new(s(100)).with_hash_key(3)).unwrap();
+                seen |= p.address() == "e0";
+                b.finish(p, Outcome::Success, s(100));
+            }
+            // Ring hash sends key 3 to one endpoint: e0 comes back only if it is that one.
+            if kind != StrategyKind::RingHash {
+                assert!(
+                    seen,
+                    "{kind:?}: e0 never picked after its back-off and ejection"
+                );
+            }
+        }
     }
 }

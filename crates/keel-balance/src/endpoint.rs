@@ -94,6 +94,9 @@ pub struct Endpoint {
     ramp_from: AtomicU64,
     /// Ejected until this instant; 0 = never ejected.
     ejected_until: AtomicU64,
+    /// Passed over by picks until this instant while others may take the call: the endpoint
+    /// asked for it (`Retry-After`, gRPC pushback; see [`crate::Balancer::back_off`]).
+    backed_off_until: AtomicU64,
     /// The strategy's latency estimate (plain EWMA or peak-EWMA) and the time of its last
     /// sample, in one atomic word.
     latency: LatencyEstimate,
@@ -129,6 +132,7 @@ impl Endpoint {
             draining: AtomicBool::new(false),
             ramp_from: AtomicU64::new(ramp_from),
             ejected_until: AtomicU64::new(0),
+            backed_off_until: AtomicU64::new(0),
             latency: LatencyEstimate::default(),
             successes: AtomicU64::new(0),
             failures: AtomicU64::new(0),
@@ -283,6 +287,23 @@ impl Endpoint {
             self.ramp_from.store(now.max(1), Ordering::Relaxed);
         }
         was != on
+    }
+
+    /// True while the endpoint asked picks to pass it over (`now` in nanoseconds).
+    #[inline]
+    pub(crate) fn backed_off(&self, now: u64) -> bool {
+        self.backed_off_until.load(Ordering::Relaxed) > now
+    }
+
+    /// Passes the endpoint over until `until` (nanoseconds), or longer if it asked so already.
+    pub(crate) fn back_off(&self, until: u64) {
+        self.backed_off_until.fetch_max(until, Ordering::Relaxed);
+    }
+
+    /// Backed off until this instant, if still at `now`.
+    pub fn backed_off_until(&self, now: Duration) -> Option<Duration> {
+        let until = self.backed_off_until.load(Ordering::Relaxed);
+        (until > nanos(now)).then(|| Duration::from_nanos(until))
     }
 
     /// Ejected until this instant (nanoseconds; 0 = never ejected).

@@ -157,6 +157,8 @@ pub(crate) struct View<'a> {
     /// Half-open re-admission: an endpoint whose last call failed may take a call only while
     /// it has none in flight (strategies whose [`Strategy::half_open`] is true).
     pub half_open: bool,
+    /// Pass over endpoints that asked to be backed off (set only while one may be).
+    pub back_off: bool,
 }
 
 impl<'a> View<'a> {
@@ -172,6 +174,7 @@ impl<'a> View<'a> {
             rng: self.rng,
             group: self.group,
             half_open: self.half_open,
+            back_off: self.back_off,
         }
     }
 
@@ -183,6 +186,7 @@ impl<'a> View<'a> {
             && !e.is_draining()
             && (self.avoid.is_empty() || !self.avoid.contains(&e.id()))
             && !(self.half_open && e.on_trial() && e.in_flight() > 0)
+            && !(self.back_off && e.backed_off(self.now))
     }
 
     /// The group's calls in flight now.
@@ -353,6 +357,7 @@ pub(crate) mod testing {
                 rng: &self.rng,
                 group: &self.group,
                 half_open: true,
+                back_off: false,
             }
         }
 

@@ -245,20 +245,32 @@ pub(crate) async fn drive<L: Leg>(
             TryFailure::Status(_, Cause::GrpcStatus(c)) => cluster.retries_grpc_status(*c),
             _ => true,
         };
-        failed(cluster, entry, &failure, pick, now);
-        // The endpoint's pushback: wait before the retry, or none if it says never or the
-        // wait would pass the deadline (then its answer is the client's).
+        // The endpoint's pushback is about it alone: it is backed off for that long (every
+        // pick passes it over while another endpoint may take the call), and the retry goes
+        // elsewhere at once. Only when nothing else may take the retry does it wait, and only
+        // if the wait ends before the deadline (else the endpoint's answer is the client's).
         let pushback = match &failure {
             TryFailure::Status(won, _) => L::pushback(won),
             _ => None,
         };
         let wait = match pushback {
-            Some(Pushback::Never) => None,
-            Some(Pushback::After(d)) => Some(d),
-            None => Some(Duration::ZERO),
-        }
-        .filter(|d| crate::io::now() + *d < deadline);
-        let before_deadline = wait.is_some() && crate::io::now() < deadline;
+            Some(Pushback(d)) if !d.is_zero() => {
+                let at = cluster.now();
+                cluster.balancer.back_off(&pick, at + d);
+                let this = [pick.id()];
+                if cluster
+                    .balancer
+                    .has_other_endpoint(&PickContext::new(at).with_avoid(&this))
+                {
+                    Duration::ZERO
+                } else {
+                    d
+                }
+            }
+            _ => Duration::ZERO,
+        };
+        failed(cluster, entry, &failure, pick, now);
+        let before_deadline = crate::io::now() + wait < deadline;
         // Rewound only when a retry may follow.
         let safe = wanted
             && (leg.idempotent() || !may_have_acted)
@@ -266,9 +278,9 @@ pub(crate) async fn drive<L: Leg>(
             && before_deadline
             && leg.rewind();
         if may_retry(cluster, last, safe, before_deadline) {
-            if let Some(d) = wait.filter(|d| !d.is_zero()) {
+            if !wait.is_zero() {
                 cluster.metrics.pushbacks.fetch_add(1, Relaxed);
-                tokio::time::sleep(d).await;
+                tokio::time::sleep(wait).await;
             }
             attempt += 1;
             continue;

@@ -480,9 +480,9 @@ async fn timed_get(addr: SocketAddr) -> (u16, Option<String>, Duration) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retry_waits_as_retry_after_says_or_is_not_made_past_the_deadline() {
+async fn a_retry_after_sends_the_retry_to_another_endpoint_at_once_even_past_the_deadline() {
     let (good, _) = upstream(None).await;
-    for (wait, expect_retry) in [(1u64, true), (30, false)] {
+    for wait in [1u64, 30] {
         let script: &'static [u8] = if wait == 1 {
             b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\ncontent-length: 0\r\n\r\n"
         } else {
@@ -500,26 +500,15 @@ async fn a_retry_waits_as_retry_after_says_or_is_not_made_past_the_deadline() {
         for _ in 0..4 {
             got.push(timed_get(addr).await);
         }
-        // Round-robin: some requests meet the busy endpoint first.
+        // Round-robin: a request that meets the busy endpoint first is retried on the other
+        // at once (the Retry-After backs the busy one off), whether its wait would fit the 3 s
+        // deadline or not (tests/proxy/pushback.rs has the rest).
         let slow: Vec<_> = got
             .iter()
             .filter(|g| g.2 >= Duration::from_millis(950))
             .collect();
-        if expect_retry {
-            // Retried on the other endpoint once the second passed.
-            assert!(got.iter().all(|g| g.0 == 200), "{got:?}");
-            assert!(!slow.is_empty(), "no retry waited: {got:?}");
-        } else {
-            // 30 s is past the 3 s deadline: no retry, the endpoint's 503 (and its
-            // Retry-After) reach the client at once.
-            assert!(slow.is_empty(), "{got:?}");
-            let refused: Vec<_> = got.iter().filter(|g| g.0 == 503).collect();
-            assert!(!refused.is_empty(), "{got:?}");
-            assert!(
-                refused.iter().all(|g| g.1.as_deref() == Some("30")),
-                "{got:?}"
-            );
-        }
+        assert!(got.iter().all(|g| g.0 == 200), "{got:?}");
+        assert!(slow.is_empty(), "a retry waited: {got:?}");
         proxy.shutdown(Duration::from_secs(1)).await;
     }
 }
