@@ -27,8 +27,9 @@ fn quick_lab_reproduces_e1_e2_e6_over_real_sockets() {
     let of = |e: &str| -> Vec<&serde_json::Value> {
         rows.iter().filter(|r| r["experiment"] == e).collect()
     };
+    // E1: round-robin and random, failing fast with a 503 and with a 500 (`server-error`).
     let e1 = of("e1");
-    assert_eq!(e1.len(), 2);
+    assert_eq!(e1.len(), 4);
     for r in e1 {
         let m = r["measured"].as_f64().unwrap();
         assert!((m - 0.512).abs() <= 0.03, "E1 {}: {m}", r["strategy"]);
@@ -54,8 +55,15 @@ fn quick_lab_reproduces_e1_e2_e6_over_real_sockets() {
     for r in e6 {
         assert_eq!(r["protections"], "outlier+retry+health");
         let m = r["measured"].as_f64().unwrap();
+        // A fast 500 costs the few failures before its ejection (it is not retried by
+        // default): at least 0.99; every other failure mode is retried away.
+        let goal = if r["failure_mode"] == "server-error" {
+            0.99
+        } else {
+            0.999
+        };
         assert!(
-            m >= 0.999,
+            m >= goal,
             "E6 {} {}: {m}: {}",
             r["strategy"],
             r["failure_mode"],
@@ -70,8 +78,13 @@ fn quick_lab_reproduces_e1_e2_e6_over_real_sockets() {
     for r in e6b {
         assert_eq!(r["protections"], "keel defaults");
         let m = r["measured"].as_f64().unwrap();
+        let goal = if r["failure_mode"] == "server-error" {
+            0.99
+        } else {
+            0.999
+        };
         assert!(
-            m >= 0.999,
+            m >= goal,
             "E6B {} {}: {m}",
             r["strategy"],
             r["failure_mode"]
@@ -125,7 +138,12 @@ fn answer_comes_first(v: &serde_json::Value, stdout: &str, out_dir: &std::path::
     assert_eq!(answer["experiment"], "all", "{answer}");
     let strategy = answer["strategy"].as_str().unwrap();
     let protections = answer["protections"].as_str().unwrap();
-    assert_eq!(protections, "outlier+retry+health");
+    // A protected setting wins: the lab's own protections or keel's defaults (the same three
+    // protections, E6B), whichever measured higher in this run.
+    assert!(
+        ["outlier+retry+health", "keel defaults"].contains(&protections),
+        "{answer}"
+    );
     let margin = answer["margin"].as_f64().expect("a margin");
     let ci = answer["margin_ci95"].as_array().expect("its interval");
     let (lo, hi) = (ci[0].as_f64().unwrap(), ci[1].as_f64().unwrap());
@@ -139,13 +157,21 @@ fn answer_comes_first(v: &serde_json::Value, stdout: &str, out_dir: &std::path::
     assert!(rows.iter().any(|r| r["strategy"] == strategy
         && r["protections"] == protections
         && r["measured"].as_f64() == Some(value)));
-    let best_bare = rows
+    // `versus` is the best row without protections in the failure mode the answer compares
+    // (the one where that best is lowest: fail-fast, or the fast 500 `server-error`, ...).
+    let best_bare = |mode: &str| {
+        rows.iter()
+            .filter(|r| r["protections"] == "none" && r["placement"] == "server-side")
+            .filter(|r| r["failure_mode"] == mode)
+            .filter_map(|r| r["measured"].as_f64())
+            .fold(0.0, f64::max)
+    };
+    let modes: Vec<&str> = rows
         .iter()
-        .filter(|r| r["protections"] == "none" && r["placement"] == "server-side")
-        .filter(|r| r["failure_mode"] == "fail-fast")
-        .filter_map(|r| r["measured"].as_f64())
-        .fold(0.0, f64::max);
-    assert_eq!(versus, best_bare, "{answer}");
+        .filter(|r| r["protections"] == "none")
+        .filter_map(|r| r["failure_mode"].as_str())
+        .collect();
+    assert!(modes.iter().any(|m| best_bare(m) == versus), "{answer}");
     assert!(lo > 0.3, "protections win by far more than noise: {answer}");
     // The terminal says it first: the answer's lines come before any table.
     let head: Vec<&str> = stdout.lines().take(10).collect();
