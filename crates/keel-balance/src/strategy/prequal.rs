@@ -15,15 +15,6 @@
 //! see [`Pool::pick`] for why that herds); and after a failed call the endpoint's reports are
 //! dropped and ignored for `failure_penalty` (1 s), so that a server that fails fast (few in
 //! flight, quick answers: the black hole's bait) does not attract calls.
-//!
-//! A report is checked against what this balancer saw, not trusted as sent: its RIF is raised
-//! to the balancer's own calls in flight there (see [`Pool::pick`]), and a report whose latency
-//! is implausibly low next to the latency of the balancer's own calls to that endpoint (an
-//! EWMA; below a quarter of it, less [`REPORT_SLACK_NS`]) is refused, and the endpoint's
-//! reports ignored for `failure_penalty` as after a failure. Without the check an endpoint
-//! reporting zero load won every pick it had a report for, and its answers carried new ones:
-//! it took 97 % of the calls. A quarter leaves room for the network and queueing in keel's
-//! measurement that the endpoint's own does not see.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -34,11 +25,6 @@ use crate::endpoint::EndpointId;
 use crate::load::LoadReport;
 use crate::time::nanos;
 use crate::Outcome;
-
-/// A report's latency is implausible when, plus this, it is below a quarter of the
-/// balancer's own measurement (1 ms: a fast endpoint's honest sub-millisecond report next to
-/// keel's round trip is not a lie).
-pub(crate) const REPORT_SLACK_NS: u64 = 1_000_000;
 
 /// Prequal's settings, from [`StrategyOptions`].
 #[derive(Debug, Clone, PartialEq)]
@@ -251,9 +237,6 @@ pub(crate) struct Prequal {
     pool: Mutex<Pool>,
     /// Per endpoint: until when its reports are not used, after a failed call (0: never).
     penalized_until: Vec<AtomicU64>,
-    /// Per endpoint: the latency of the balancer's own calls there, an EWMA (1/8) in
-    /// nanoseconds (0: none yet).
-    observed_ns: Vec<AtomicU64>,
 }
 
 impl Prequal {
@@ -262,7 +245,6 @@ impl Prequal {
         Self {
             pool: Mutex::new(Pool::new(settings.pool_size)),
             penalized_until: (0..endpoints).map(|_| AtomicU64::new(0)).collect(),
-            observed_ns: (0..endpoints).map(|_| AtomicU64::new(0)).collect(),
             settings,
         }
     }
@@ -290,28 +272,7 @@ impl Prequal {
         if self.penalized(index, now) {
             return;
         }
-        let observed = self
-            .observed_ns
-            .get(index)
-            .map_or(0, |o| o.load(Ordering::Relaxed));
-        if nanos(r.latency).saturating_add(REPORT_SLACK_NS) < observed / 4 {
-            // Not what the balancer sees there: refused, and the endpoint's next ones too.
-            return self.failed(index, now);
-        }
         self.pool().insert(self.settings.pool_size, index, r, now);
-    }
-
-    /// A call to endpoint `index` took `latency_ns`: the EWMA reports are checked against.
-    fn measured(&self, index: usize, latency_ns: u64) {
-        if let Some(o) = self.observed_ns.get(index) {
-            let old = o.load(Ordering::Relaxed);
-            let new = if old == 0 {
-                latency_ns.max(1)
-            } else {
-                (old - old / 8 + latency_ns / 8).max(1)
-            };
-            o.store(new, Ordering::Relaxed);
-        }
     }
 
     /// One pick from the pool, or `None` when no usable report is pooled.
@@ -368,7 +329,7 @@ impl Strategy for Prequal {
                 outcome: Outcome::Failure,
                 ..
             } => self.failed(i, v.now),
-            Observation::CallEnded { latency_ns, .. } => self.measured(i, latency_ns),
+            Observation::CallEnded { .. } => {}
             Observation::Load(report) => self.report(i, report, v.now),
             // Prequal ranks by requests in flight and latency, which ORCA does not carry.
             Observation::Utilization(_) => {}
@@ -627,67 +588,5 @@ mod tests {
         rr.probe_targets(now, &mut none);
         assert!(none.is_empty());
         assert!(rr.report_load(rr.endpoints()[0].id(), rep(0, 1), now));
-    }
-
-    /// Ten endpoints with the same service time, one of which reports zero load (nothing in
-    /// flight, no latency) on every answer and probe: with its reports checked against the
-    /// latency of the calls the balancer made there, it gets at most twice its fair share.
-    /// Calls run concurrently (a fixed arrival order, a fixed seed) and every answer carries
-    /// its endpoint's report, as keel's answers do.
-    #[test]
-    fn an_endpoint_reporting_zero_load_gets_at_most_twice_its_fair_share() {
-        use crate::{Balancer, BalancerConfig, EndpointSpec, PickContext, StrategyKind};
-        let n = 10;
-        let liar = 3;
-        let specs: Vec<EndpointSpec> = (0..n).map(|i| EndpointSpec::new(format!("e{i}"))).collect();
-        let lb = Balancer::new(
-            BalancerConfig {
-                seed: 11,
-                ..BalancerConfig::new(StrategyKind::Prequal)
-            },
-            &specs,
-        )
-        .unwrap();
-        let ids: Vec<_> = lb.endpoints().iter().map(|e| e.id()).collect();
-        // Each call takes 20 ms x (calls in flight there); one call starts every 4 ms, so about
-        // five are in flight at once over the ten endpoints.
-        let service = ms(20);
-        let mut in_flight = vec![0u32; n];
-        let mut running: Vec<(Duration, crate::Pick)> = Vec::new();
-        let mut counts = vec![0usize; n];
-        let truth = |rif: u32| LoadReport {
-            in_flight: rif,
-            latency: service * (rif + 1),
-        };
-        let said = |i: usize, rif: u32| if i == liar { rep(0, 0) } else { truth(rif) };
-        let calls: u32 = 20_000;
-        for k in 0..calls {
-            let now = ms(4) * k;
-            // Answers due by now: each finishes its pick and carries its endpoint's report.
-            running.sort_by_key(|(end, _)| std::cmp::Reverse(*end));
-            while running.last().is_some_and(|(end, _)| *end <= now) {
-                let (end, p) = running.pop().unwrap();
-                let i = p.index();
-                in_flight[i] -= 1;
-                lb.finish(p, Outcome::Success, end);
-                lb.report_load(ids[i], said(i, in_flight[i]), end);
-            }
-            let mut targets = Vec::new();
-            lb.probe_targets(now, &mut targets);
-            for id in targets {
-                let i = ids.iter().position(|x| *x == id).unwrap();
-                lb.report_load(id, said(i, in_flight[i]), now);
-            }
-            let p = lb.pick(&PickContext::new(now)).unwrap();
-            let i = p.index();
-            counts[i] += 1;
-            in_flight[i] += 1;
-            running.push((now + service * in_flight[i], p));
-        }
-        let share = counts[liar] as f64 / calls as f64;
-        assert!(
-            share <= 2.0 / n as f64,
-            "the zero-load liar took {share} of the calls: {counts:?}"
-        );
     }
 }
