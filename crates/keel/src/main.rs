@@ -2,6 +2,7 @@
 
 mod cmd;
 mod lab;
+mod usage;
 
 use clap::{Parser, Subcommand};
 

@@ -11,17 +11,7 @@ mod upgrade;
 
 use std::process::ExitCode;
 
-/// A mistake in what the user asked for (bad flag value, unknown name): exit code 2.
-#[derive(Debug)]
-pub struct UsageError(pub String);
-
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
+pub use crate::usage::UsageError;
 
 /// Returns a usage error (exit code 2) with this message.
 pub fn usage<T>(msg: impl Into<String>) -> anyhow::Result<T> {

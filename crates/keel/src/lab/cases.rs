@@ -369,7 +369,7 @@ pub fn plan(opts: &LabOptions) -> anyhow::Result<Vec<Case>> {
     let known = ["e1", "e2", "e3", "e4", "e5", "e6", "e6b"];
     for e in &opts.experiments {
         if !known.contains(&e.as_str()) && !TAIL.contains(&e.as_str()) {
-            return Err(crate::cmd::UsageError(format!(
+            return Err(crate::usage::UsageError(format!(
                 "unknown experiment `{e}`; allowed: {}, {}",
                 known.join(", "),
                 TAIL.join(", ")

@@ -89,7 +89,7 @@ pub struct LabReport {
 pub fn run(opts: &LabOptions) -> anyhow::Result<LabReport> {
     let started = Instant::now();
     let timing = Timing::default();
-    let peers = peers::parse(&opts.peers).map_err(crate::cmd::UsageError)?;
+    let peers = peers::parse(&opts.peers).map_err(crate::usage::UsageError)?;
     // `--peers` alone runs the peers' rows only; with `--experiments`, both.
     let cases = if peers.is_empty() || !opts.experiments.is_empty() {
         cases::plan(opts)?
@@ -99,7 +99,7 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabReport> {
     let (e8, e9) = cases::tail_selected(opts);
     let tail_cases = tail::plan(e8, e9, opts.quick, &opts.strategies);
     if cases.is_empty() && tail_cases.is_empty() && peers.is_empty() {
-        return Err(crate::cmd::UsageError(
+        return Err(crate::usage::UsageError(
             "no case left to run: check --experiments and --strategies".into(),
         )
         .into());
