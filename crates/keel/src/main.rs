@@ -2,6 +2,7 @@
 
 mod cmd;
 mod lab;
+mod logging;
 mod usage;
 
 use clap::{Parser, Subcommand};
@@ -39,6 +40,15 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // The proxy logs what it does (`--log`, default info; `--log-format`); the other
+    // subcommands print their results and log only their own warnings, as text.
+    let (format, filter) = match &cli.command {
+        Command::Proxy(args) => (args.log_format, args.log.as_str()),
+        _ => (logging::LogFormat::Text, "keel=warn"),
+    };
+    if let Err(e) = logging::init(format, filter) {
+        return cmd::exit(Err(e));
+    }
     let result = match cli.command {
         Command::Lab(args) => cmd::lab::run(args),
         Command::Distribute(args) => cmd::distribute::run(args),

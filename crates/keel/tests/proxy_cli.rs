@@ -575,3 +575,200 @@ fn the_admin_answers_at_the_open_file_limit() {
     // The endpoint (port 9) refuses: keel answers for it, so the listener serves again.
     assert!(after.starts_with("HTTP/1.1 502"), "{after:?}");
 }
+
+/// Every line of `text` as JSON; panics naming the first that is not.
+fn json_lines(what: &str, text: &str) -> Vec<serde_json::Value> {
+    text.lines()
+        .map(|l| {
+            serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("{what} line is not JSON ({e}): {l}\n{text}"))
+        })
+        .collect()
+}
+
+/// Runs `keel proxy --log-format json` with the access log on stdout until SIGTERM; returns
+/// (stdout, stderr) after the process ended.
+fn run_json_proxy(config: &std::path::Path, requests: usize) -> (String, String) {
+    let mut child = Command::new(KEEL)
+        .args(["proxy", "--log-format", "json", "--config"])
+        .arg(config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut BufReader::new(stdout), &mut s).unwrap();
+        s
+    });
+    // The listener's address comes in the process log: a `listening` event on stderr.
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut err = String::new();
+    let listen = loop {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).unwrap() == 0 {
+            let _ = child.kill();
+            panic!("keel proxy ended early:\n{err}");
+        }
+        err.push_str(&line);
+        let v: serde_json::Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("stderr line is not JSON ({e}): {line}"));
+        if v["message"] == "listening" {
+            let addr = v["addr"].as_str().unwrap();
+            break addr.strip_prefix("http://").unwrap().to_string();
+        }
+    };
+    for i in 0..requests {
+        assert!(get(&listen, &format!("/r{i}")).starts_with("HTTP/1.1 200"));
+    }
+    // The access log's writer flushes every 100 ms.
+    std::thread::sleep(Duration::from_millis(300));
+    signal(child.id(), "-TERM");
+    std::io::Read::read_to_string(&mut stderr, &mut err).unwrap();
+    assert!(child.wait().unwrap().success(), "{err}");
+    (out.join().unwrap(), err)
+}
+
+#[test]
+fn log_format_json_writes_json_process_logs_on_stderr_and_only_access_log_lines_on_stdout() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let b = rt
+        .block_on(backend::spawn(addr, BackendConfig::default()))
+        .unwrap();
+    let config = temp_file(
+        "json-logs.toml",
+        &format!(
+            "[access_log]\npath = \"-\"\nformat = \"json\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n\
+             [[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n\n\
+             [[cluster]]\nname = \"app\"\nendpoints = [{{ address = \"{}\" }}]\n",
+            b.addr()
+        ),
+    );
+    let (stdout, stderr) = run_json_proxy(&config, 3);
+
+    // stdout: the access log and nothing else, one line per request.
+    let access = json_lines("stdout", &stdout);
+    assert_eq!(access.len(), 3, "{stdout}");
+    // Workers' lines may come in any order.
+    let mut paths: Vec<&str> = access
+        .iter()
+        .inspect(|v| assert_eq!(v["status"], 200, "{v}"))
+        .map(|v| v["path"].as_str().unwrap())
+        .collect();
+    paths.sort_unstable();
+    assert_eq!(paths, ["/r0", "/r1", "/r2"], "{stdout}");
+
+    // stderr: keel's own logs, each a JSON object with the usual fields.
+    let logs = json_lines("stderr", &stderr);
+    for v in &logs {
+        for field in ["timestamp", "level", "target", "message"] {
+            assert!(v[field].is_string(), "{field} missing: {v}");
+        }
+    }
+    let messages: Vec<&str> = logs
+        .iter()
+        .map(|v| v["message"].as_str().unwrap())
+        .collect();
+    for m in [
+        "listening",
+        "admin listening",
+        "keel proxy started",
+        "stopped",
+    ] {
+        assert!(messages.contains(&m), "no {m:?} in {messages:?}");
+    }
+    let started = logs
+        .iter()
+        .find(|v| v["message"] == "keel proxy started")
+        .unwrap();
+    assert_eq!(started["level"], "INFO");
+    assert_eq!(started["config"], config.display().to_string(), "{started}");
+
+    // An error that ends the process is a JSON line too.
+    let out = Command::new(KEEL)
+        .args([
+            "proxy",
+            "--log-format",
+            "json",
+            "--config",
+            "/nonexistent/keel.toml",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines = json_lines("stderr", &err);
+    assert_eq!(lines.len(), 1, "{err}");
+    assert_eq!(lines[0]["level"], "ERROR");
+    assert!(lines[0]["message"]
+        .as_str()
+        .unwrap()
+        .contains("/nonexistent/keel.toml"));
+    rt.block_on(b.shutdown());
+}
+
+#[test]
+fn with_the_access_log_on_stdout_the_text_startup_lines_go_to_stderr() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let b = rt
+        .block_on(backend::spawn(addr, BackendConfig::default()))
+        .unwrap();
+    let config = temp_file(
+        "stdout-log.toml",
+        &format!(
+            "[access_log]\npath = \"-\"\nformat = \"json\"\n\n\
+             [[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n\n\
+             [[cluster]]\nname = \"app\"\nendpoints = [{{ address = \"{}\" }}]\n",
+            b.addr()
+        ),
+    );
+    let mut child = Command::new(KEEL)
+        .args(["proxy", "--config"])
+        .arg(&config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut BufReader::new(stdout), &mut s).unwrap();
+        s
+    });
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut err = String::new();
+    let listen = loop {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).unwrap() == 0 {
+            let _ = child.kill();
+            panic!("keel proxy ended early:\n{err}");
+        }
+        err.push_str(&line);
+        if let Some(rest) = line.trim().strip_prefix("keel proxy: listening on http://") {
+            break rest.split(' ').next().unwrap().to_string();
+        }
+    };
+    for i in 0..2 {
+        assert!(get(&listen, &format!("/t{i}")).starts_with("HTTP/1.1 200"));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    signal(child.id(), "-TERM");
+    std::io::Read::read_to_string(&mut stderr, &mut err).unwrap();
+    assert!(child.wait().unwrap().success(), "{err}");
+    let stdout = out.join().unwrap();
+    let access = json_lines("stdout", &stdout);
+    assert_eq!(access.len(), 2, "only the access log on stdout:\n{stdout}");
+    assert!(err.contains("keel proxy started"), "{err}");
+    rt.block_on(b.shutdown());
+}

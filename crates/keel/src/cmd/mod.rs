@@ -53,12 +53,28 @@ pub fn exit(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("keel: error: {e:#}");
+            report(&e);
             if e.downcast_ref::<UsageError>().is_some() {
                 ExitCode::from(2)
             } else {
                 ExitCode::from(1)
             }
         }
+    }
+}
+
+/// Prints the error that ends the process on stderr: as text, or with `--log-format json` as
+/// one JSON line shaped like the other log lines.
+fn report(e: &anyhow::Error) {
+    if crate::logging::format() == crate::logging::LogFormat::Json {
+        let line = serde_json::json!({
+            "timestamp": humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string(),
+            "level": "ERROR",
+            "message": format!("{e:#}"),
+            "target": "keel",
+        });
+        eprintln!("{line}");
+    } else {
+        eprintln!("keel: error: {e:#}");
     }
 }

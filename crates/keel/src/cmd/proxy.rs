@@ -28,6 +28,10 @@ pub struct Args {
     /// Log filter in RUST_LOG syntax (RUST_LOG, when set, wins).
     #[arg(long, default_value = "info", value_name = "FILTER")]
     pub log: String,
+    /// The format of the proxy's own log lines, on stderr: `text` or `json` (one object a
+    /// line; the access log has its own `format`).
+    #[arg(long, value_enum, default_value_t = crate::logging::LogFormat::Text)]
+    pub log_format: crate::logging::LogFormat,
     /// Write the process ID to this file once serving (a binary upgrade rewrites it with the
     /// new process's; removed at exit if it still names this process).
     #[arg(long, value_name = "FILE")]
@@ -94,12 +98,6 @@ fn summary(config: &ProxyConfig) -> String {
     s
 }
 
-/// Whether log lines carry ANSI colours: only on a terminal, and never when `NO_COLOR` is set
-/// to anything but the empty string (<https://no-color.org>).
-fn colour(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
-    terminal && no_color.is_none_or(|v| v.is_empty())
-}
-
 /// Runs `keel proxy`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let config = match ProxyConfig::from_file(&args.config) {
@@ -110,20 +108,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         print!("{}: ok\n{}", args.config.display(), summary(&config));
         return Ok(());
     }
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&args.log));
-    let filter = match filter {
-        Ok(f) => f,
-        Err(e) => return crate::cmd::usage(format!("invalid --log filter `{}`: {e}", args.log)),
-    };
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(colour(
-            std::io::IsTerminal::is_terminal(&std::io::stderr()),
-            std::env::var_os("NO_COLOR"),
-        ))
-        .init();
     let workers = match args.workers {
         Some(0) => return super::usage("--workers must be at least 1"),
         Some(n) => n,
@@ -156,6 +140,51 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     result
 }
 
+/// One line per listener and one for the admin, for people and for scripts that start the
+/// proxy on ephemeral ports: on stdout as text, or on stderr when stdout carries the access log
+/// (which then holds access-log lines only); with `--log-format json`, log events
+/// (`"message":"listening"`, `addr`) among the other process logs on stderr.
+fn announce(
+    listeners: &[keel_proxy::config::ListenerConfig],
+    proxy: &keel_proxy::ProxyHandle,
+    access_log_on_stdout: bool,
+) -> std::io::Result<()> {
+    let json = crate::logging::format() == crate::logging::LogFormat::Json;
+    let mut lines = Vec::new();
+    for (l, addr) in listeners.iter().zip(proxy.listener_addrs()) {
+        let to = match (&l.cluster, l.routes.len()) {
+            (Some(c), 0) => format!("cluster {c}"),
+            (c, n) => format!(
+                "{n} route(s), else {}",
+                c.as_deref()
+                    .map_or("404".to_string(), |c| format!("cluster {c}"))
+            ),
+        };
+        if json {
+            tracing::info!(addr = %format_args!("http://{addr}"), to = %to, "listening");
+        } else {
+            lines.push(format!("keel proxy: listening on http://{addr} ({to})\n"));
+        }
+    }
+    if let Some(a) = proxy.admin_addr() {
+        if json {
+            tracing::info!(addr = %format_args!("http://{a}"), "admin listening");
+        } else {
+            lines.push(format!("keel proxy: admin on http://{a}\n"));
+        }
+    }
+    let text = lines.concat();
+    if access_log_on_stdout {
+        let mut err = std::io::stderr().lock();
+        err.write_all(text.as_bytes())?;
+        err.flush()
+    } else {
+        let mut out = std::io::stdout().lock();
+        out.write_all(text.as_bytes())?;
+        out.flush()
+    }
+}
+
 async fn serve(
     config: ProxyConfig,
     path: PathBuf,
@@ -171,6 +200,10 @@ async fn serve(
     let mut usr2 = signal(SignalKind::user_defined2())?;
 
     let drain = config.drain_timeout;
+    let access_log_on_stdout = config
+        .access_log
+        .as_ref()
+        .is_some_and(|a| a.file().is_none());
     let listeners = config.listeners.clone();
     let inherited = super::upgrade::inherited()?;
     let proxy =
@@ -180,28 +213,7 @@ async fn serve(
             .map_err(|e| anyhow::anyhow!("cannot write the PID file {}: {e}", p.display()))?;
     }
     super::upgrade::signal_ready();
-    {
-        // One line per listener on stdout, for people and for scripts that start the proxy on
-        // ephemeral ports.
-        let mut out = std::io::stdout().lock();
-        for (l, addr) in listeners.iter().zip(proxy.listener_addrs()) {
-            match (&l.cluster, l.routes.len()) {
-                (Some(c), 0) => {
-                    writeln!(out, "keel proxy: listening on http://{addr} (cluster {c})")?
-                }
-                (c, n) => writeln!(
-                    out,
-                    "keel proxy: listening on http://{addr} ({n} route(s), else {})",
-                    c.as_deref()
-                        .map_or("404".to_string(), |c| format!("cluster {c}"))
-                )?,
-            }
-        }
-        if let Some(a) = proxy.admin_addr() {
-            writeln!(out, "keel proxy: admin on http://{a}")?;
-        }
-        out.flush()?;
-    }
+    announce(&listeners, &proxy, access_log_on_stdout)?;
     tracing::info!(config = %path.display(), "keel proxy started");
     loop {
         tokio::select! {
@@ -240,17 +252,4 @@ async fn serve(
         _ = int.recv() => tracing::warn!("second signal: stopping at once"),
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::colour;
-
-    #[test]
-    fn colour_only_on_a_terminal_without_no_color() {
-        assert!(colour(true, None));
-        assert!(colour(true, Some("".into())), "NO_COLOR empty is unset");
-        assert!(!colour(true, Some("1".into())));
-        assert!(!colour(false, None), "a file or a pipe");
-    }
 }
