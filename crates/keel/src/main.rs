@@ -5,7 +5,7 @@ mod lab;
 mod logging;
 mod usage;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// mimalloc instead of the system allocator: the proxy's profile spent 13-15 % of its user time
 /// in glibc malloc/free (BENCHMARKS.md).
@@ -36,6 +36,10 @@ enum Command {
     Proxy(cmd::proxy::Args),
     /// A small HTTP server for experiments, demos and tests, with injectable faults.
     Backend(cmd::backend::Args),
+    /// Print the shell completion script for bash, zsh, fish, elvish or powershell.
+    Completions(cmd::manual::CompletionsArgs),
+    /// Print keel's manual page (roff), or a subcommand's, or write them all with --out DIR.
+    Man(cmd::manual::ManArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -57,6 +61,8 @@ fn main() -> std::process::ExitCode {
         Command::Advise(args) => cmd::advise::run(args),
         Command::Proxy(args) => cmd::proxy::run(args),
         Command::Backend(args) => cmd::backend::run(args),
+        Command::Completions(args) => cmd::manual::completions(args, Cli::command()),
+        Command::Man(args) => cmd::manual::man(args, Cli::command()),
     };
     cmd::exit(result)
 }

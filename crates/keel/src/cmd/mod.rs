@@ -5,6 +5,7 @@ pub mod analyze;
 pub mod backend;
 pub mod distribute;
 pub mod lab;
+pub mod manual;
 pub mod proxy;
 pub mod simulate;
 mod upgrade;
