@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use keel_balance::StrategyKind;
 
 use super::usage;
-use crate::lab::{self, LabOptions};
+use crate::lab::{self, Experiment, LabOptions};
 
 /// Arguments of `keel lab`.
 #[derive(clap::Args, Debug)]
@@ -59,29 +59,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Err(e) => return usage(e.to_string()),
         }
     }
-    let mut experiments: Vec<String> = args
+    let experiments: Vec<String> = args
         .experiments
         .iter()
         .map(|e| e.to_ascii_lowercase())
         .collect();
     let out = args.out.clone().unwrap_or_else(fresh_out_dir);
-    // E10 (keel advise checked against real traffic) is a run of its own.
-    if experiments.iter().any(|e| e == "e10") {
-        experiments.retain(|e| e != "e10");
-        let report = lab::e10::run(&out, args.seed, args.quick)?;
-        if args.json {
-            println!("{}", serde_json::to_string(&report)?);
-        } else {
-            lab::e10::print(&report);
-            println!(
-                "E10: {} (log, advice.json, fitted.toml, e10.json)",
-                out.join("e10").display()
-            );
-        }
-        if experiments.is_empty() {
-            return Ok(());
-        }
-    }
     let opts = LabOptions {
         quick: args.quick,
         experiments,
@@ -91,11 +74,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         progress: !args.quiet && std::io::stderr().is_terminal(),
         peers: args.peers,
     };
-    let report = lab::run(&opts)?;
+    // Every experiment of the lab, in the report's order; each runs when its plan is not empty.
+    let mut experiments: Vec<Box<dyn Experiment>> = vec![
+        Box::new(lab::Reliability::new(&opts)),
+        Box::new(lab::TailRun::new(&opts)),
+        Box::new(lab::Peers::new(&opts)?),
+        Box::new(lab::E10::new(&opts)),
+    ];
+    let report = lab::run(&opts, &mut experiments)?;
     if args.json {
         println!("{}", serde_json::to_string(&lab::results_json(&report))?);
     } else {
-        lab::print_table(&report, args.wide);
+        lab::print_table(&report, &experiments, args.wide);
         println!("Report: {} (index.html, results.json)", out.display());
     }
     Ok(())

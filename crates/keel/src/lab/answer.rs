@@ -46,6 +46,45 @@ pub struct Finding {
     pub text: String,
 }
 
+impl Finding {
+    /// A finding whose best is `best`, measured by its success, not yet compared with anything
+    /// (no margin) and without its text.
+    fn of(experiment: &str, question: &str, strategy: String, best: &Row) -> Finding {
+        Finding {
+            experiment: experiment.into(),
+            question: question.into(),
+            strategy,
+            protections: best.protections.clone(),
+            value: best.measured,
+            ci95: Some(best.measured_ci95),
+            versus: None,
+            versus_value: None,
+            margin: None,
+            margin_ci95: None,
+            tie: false,
+            formula: formula(best),
+            text: String::new(),
+        }
+    }
+
+    /// Compared with `versus` (its value `value`): the margin, its interval and whether it is a
+    /// tie.
+    pub(crate) fn against(
+        &mut self,
+        versus: String,
+        value: f64,
+        margin: f64,
+        ci: Option<[f64; 2]>,
+        tie: bool,
+    ) {
+        self.versus = Some(versus);
+        self.versus_value = Some(value);
+        self.margin = Some(margin);
+        self.margin_ci95 = ci;
+        self.tie = tie;
+    }
+}
+
 /// Newcombe's 95 % interval of `a - b` from the two rates' own 95 % intervals.
 pub(crate) fn difference_ci(a: f64, a_ci: [f64; 2], b: f64, b_ci: [f64; 2]) -> [f64; 2] {
     let d = a - b;
@@ -54,11 +93,11 @@ pub(crate) fn difference_ci(a: f64, a_ci: [f64; 2], b: f64, b_ci: [f64; 2]) -> [
     [d - below, d + above]
 }
 
-fn ci_text(ci: [f64; 2]) -> String {
+pub(crate) fn ci_text(ci: [f64; 2]) -> String {
     format!("[{:.4}, {:.4}]", ci[0], ci[1])
 }
 
-fn margin_text(m: f64, ci: [f64; 2]) -> String {
+pub(crate) fn margin_text(m: f64, ci: [f64; 2]) -> String {
     format!("{m:+.4} [{:+.4}, {:+.4}]", ci[0], ci[1])
 }
 
@@ -135,21 +174,7 @@ fn ranked(experiment: &str, question: &str, rows: &[&Row], lead: &str) -> Option
     let mut sorted = rows.to_vec();
     sorted.sort_by(by_success);
     let best = *sorted.first()?;
-    let mut f = Finding {
-        experiment: experiment.into(),
-        question: question.into(),
-        strategy: who(best),
-        protections: best.protections.clone(),
-        value: best.measured,
-        ci95: Some(best.measured_ci95),
-        versus: None,
-        versus_value: None,
-        margin: None,
-        margin_ci95: None,
-        tie: false,
-        formula: formula(best),
-        text: String::new(),
-    };
+    let mut f = Finding::of(experiment, question, who(best), best);
     let mut text = format!(
         "{lead}{} is best at {:.4} {}",
         with_protections(best),
@@ -158,11 +183,7 @@ fn ranked(experiment: &str, question: &str, rows: &[&Row], lead: &str) -> Option
     );
     if let Some(next) = sorted.get(1) {
         let (ci, m, tie) = compare(best, next);
-        f.versus = Some(with_protections(next));
-        f.versus_value = Some(next.measured);
-        f.margin = Some(m);
-        f.margin_ci95 = Some(ci);
-        f.tie = tie;
+        f.against(with_protections(next), next.measured, m, Some(ci), tie);
         text.push_str(&format!(
             ", {} {} ahead of {} ({:.4}){}",
             if tie { "a tie:" } else { "" },
@@ -248,23 +269,12 @@ fn headline(rows: &[Row]) -> Option<Finding> {
         .iter()
         .map(|r| r.strategy.as_str())
         .collect();
-    let mut f = Finding {
-        experiment: "all".into(),
-        question: "Which strategy and protections keep requests succeeding when one of five \
-                   servers fails?"
-            .into(),
-        strategy: best.strategy.clone(),
-        protections: best.protections.clone(),
-        value: best.measured,
-        ci95: Some(best.measured_ci95),
-        versus: None,
-        versus_value: None,
-        margin: None,
-        margin_ci95: None,
-        tie: false,
-        formula: formula(best),
-        text: String::new(),
-    };
+    let mut f = Finding::of(
+        "all",
+        "Which strategy and protections keep requests succeeding when one of five servers fails?",
+        best.strategy.clone(),
+        best,
+    );
     let tied = worst_per_strategy
         .get(1)
         .is_some_and(|next| compare(best, next).2);
@@ -318,11 +328,13 @@ fn headline(rows: &[Row]) -> Option<Finding> {
         let (ci, m, tie) = compare(with, without);
         f.value = with.measured;
         f.ci95 = Some(with.measured_ci95);
-        f.versus = Some(with_protections(without));
-        f.versus_value = Some(without.measured);
-        f.margin = Some(m);
-        f.margin_ci95 = Some(ci);
-        f.tie = tie;
+        f.against(
+            with_protections(without),
+            without.measured,
+            m,
+            Some(ci),
+            tie,
+        );
         f.formula = formula(with);
         text.push_str(&format!(
             " Why: when the server fails {}, the best strategy without protections, {}, \
@@ -398,8 +410,8 @@ fn headline_without_protections(bare: &[&Row]) -> Option<Finding> {
     Some(f)
 }
 
-/// Every finding of a run: the answer first, then one per experiment.
-pub fn findings(rows: &[Row], tail: &[LatencyRow], reaction: &[ReactionRow]) -> Vec<Finding> {
+/// The findings of E1-E6B: the run's answer first, then one per experiment.
+pub fn reliability(rows: &[Row]) -> Vec<Finding> {
     let mut out: Vec<Finding> = headline(rows).into_iter().collect();
     let of = |e: &str| -> Vec<&Row> { rows.iter().filter(|r| r.experiment == e).collect() };
     out.extend(ranked(
@@ -419,9 +431,12 @@ pub fn findings(rows: &[Row], tail: &[LatencyRow], reaction: &[ReactionRow]) -> 
     out.extend(e5(&of("e5")));
     out.extend(protected("e6", &of("e6"), rows));
     out.extend(protected("e6b", &of("e6b"), rows));
-    out.extend(e8(tail));
-    out.extend(e9(reaction));
     out
+}
+
+/// The findings of E8 and E9.
+pub fn latency(tail: &[LatencyRow], reaction: &[ReactionRow]) -> Vec<Finding> {
+    e8(tail).into_iter().chain(e9(reaction)).collect()
 }
 
 /// E2: least-connections when a server hangs, against round-robin measured at the same p (E3)
@@ -457,11 +472,7 @@ fn e2(rows: &[Row]) -> Option<Finding> {
         }
     };
     let m = lc.measured - v;
-    f.versus = Some(versus.clone());
-    f.versus_value = Some(v);
-    f.margin = Some(m);
-    f.margin_ci95 = Some(ci);
-    f.tie = ci[0] <= 0.0;
+    f.against(versus.clone(), v, m, Some(ci), ci[0] <= 0.0);
     f.text = format!(
         "E2 (a server hangs): least-connections measured {:.4} {}, {} over {versus}, {v:.4}: a \
          hung server holds its calls, so least-connections sends it few. Closed form: {}.",
@@ -534,27 +545,17 @@ fn e5(rows: &[&Row]) -> Option<Finding> {
     worst.sort_by(by_success);
     let best = *worst.first()?;
     let tie_of = |r: &Row| r.tie_break.clone().unwrap_or_default();
-    let mut f = Finding {
-        experiment: "e5".into(),
-        question: "Client-side least-connections with one call in flight per client: which \
-                   tie-break?"
-            .into(),
-        strategy: who(best),
-        protections: best.protections.clone(),
-        value: best.measured,
-        ci95: Some(best.measured_ci95),
-        versus: None,
-        versus_value: None,
-        margin: None,
-        margin_ci95: None,
-        tie: false,
-        formula: Some(format!(
-            "every count is 0 at a pick, so random ties spread calls as random picks do: (1 - \
-             p)^k = {:.4}",
-            (1.0 - best.p).powi(best.k as i32)
-        )),
-        text: String::new(),
-    };
+    let mut f = Finding::of(
+        "e5",
+        "Client-side least-connections with one call in flight per client: which tie-break?",
+        who(best),
+        best,
+    );
+    f.formula = Some(format!(
+        "every count is 0 at a pick, so random ties spread calls as random picks do: (1 - p)^k = \
+         {:.4}",
+        (1.0 - best.p).powi(best.k as i32)
+    ));
     let mut text = format!(
         "E5 (client-side, one call in flight per client): {} ties are best in the worst case, \
          {:.4} {}",
@@ -564,11 +565,13 @@ fn e5(rows: &[&Row]) -> Option<Finding> {
     );
     if let Some(other) = worst.get(1) {
         let (ci, m, tie) = compare(best, other);
-        f.versus = Some(format!("{} ties at worst ({})", tie_of(other), who(other)));
-        f.versus_value = Some(other.measured);
-        f.margin = Some(m);
-        f.margin_ci95 = Some(ci);
-        f.tie = tie;
+        f.against(
+            format!("{} ties at worst ({})", tie_of(other), who(other)),
+            other.measured,
+            m,
+            Some(ci),
+            tie,
+        );
         text.push_str(&format!(
             ", {} over {} ties at worst ({:.4}, {}): lowest-index succeeds or fails by where the \
              failed server is listed",
@@ -603,21 +606,8 @@ fn protected(e: &str, rows: &[&Row], all: &[Row]) -> Option<Finding> {
     } else {
         "With keel proxy's defaults alone (one endpoint failed), does it hold 0.999?"
     };
-    let mut f = Finding {
-        experiment: e.into(),
-        question: question.into(),
-        strategy: best.strategy.clone(),
-        protections: best.protections.clone(),
-        value: worst.measured,
-        ci95: Some(worst.measured_ci95),
-        versus: None,
-        versus_value: None,
-        margin: None,
-        margin_ci95: None,
-        tie: false,
-        formula: formula(worst),
-        text: String::new(),
-    };
+    let mut f = Finding::of(e, question, best.strategy.clone(), worst);
+    f.protections = best.protections.clone();
     let mut text = format!(
         "{} ({}): lowest success {:.4} {} ({}, {}) over {} rows, lowest 95% bound {:.4}; {}",
         e.to_uppercase(),
@@ -652,11 +642,13 @@ fn protected(e: &str, rows: &[&Row], all: &[Row]) -> Option<Finding> {
         f.strategy = with.strategy.clone();
         f.value = with.measured;
         f.ci95 = Some(with.measured_ci95);
-        f.versus = Some(with_protections(without));
-        f.versus_value = Some(without.measured);
-        f.margin = Some(m);
-        f.margin_ci95 = Some(ci);
-        f.tie = tie;
+        f.against(
+            with_protections(without),
+            without.measured,
+            m,
+            Some(ci),
+            tie,
+        );
         f.formula = formula(with);
         text.push_str(&format!(
             "; {} when the server fails {}: {:.4}, {} over {:.4} without protections ({})",
@@ -713,11 +705,13 @@ fn e8(rows: &[LatencyRow]) -> Option<Finding> {
             best.measured.p99,
             ci,
         );
-        f.versus = Some(next.strategy.clone());
-        f.versus_value = Some(next.measured.p99);
-        f.margin = Some(m);
-        f.margin_ci95 = Some(mci);
-        f.tie = mci[0] <= 0.0;
+        f.against(
+            next.strategy.clone(),
+            next.measured.p99,
+            m,
+            Some(mci),
+            mci[0] <= 0.0,
+        );
         text.push_str(&format!(
             ", {:.1} ms [{:.1}, {:.1}] below {} ({:.1} ms){}",
             m,
@@ -780,9 +774,13 @@ fn e9(rows: &[ReactionRow]) -> Option<Finding> {
     );
     if let Some(next) = sorted.get(1) {
         let m = next.measured.share_during - best.measured.share_during;
-        f.versus = Some(next.strategy.clone());
-        f.versus_value = Some(next.measured.share_during);
-        f.margin = Some(m);
+        f.against(
+            next.strategy.clone(),
+            next.measured.share_during,
+            m,
+            None,
+            false,
+        );
         text.push_str(&format!(
             "; {m:.3} less than {} ({:.3}; shares per 100 ms have no interval here)",
             next.strategy, next.measured.share_during

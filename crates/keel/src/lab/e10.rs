@@ -7,8 +7,9 @@
 //! `[[cluster]]` settings. A row agrees when the measured and predicted success differ by less
 //! than 1.96 standard errors of their difference (the lab's rule for the simulation).
 
+use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -20,6 +21,11 @@ use keel_model::{FailureMode, Latency, LatencyDist};
 use keel_testbed::backend::{self, BackendConfig, BackendHandle};
 use keel_testbed::loadgen::{self, LoadOptions, LoadSpec, Target};
 use serde::Serialize;
+
+use crate::lab::answer::{self, Finding};
+use crate::lab::experiment::{Experiment, Lab, Planned};
+use crate::lab::style::esc;
+use crate::lab::{LabOptions, LabReport};
 
 /// One configuration, predicted and measured.
 #[derive(Debug, Clone, Serialize)]
@@ -197,8 +203,24 @@ fn row(rank: usize, r: &advise::Ranked, load: &keel_testbed::loadgen::LoadReport
     }
 }
 
-/// Runs E10, writing the log, the advice and the fitted scenario under `out/e10/`.
-pub fn run(out: &Path, seed: u64, quick: bool) -> anyhow::Result<E10Report> {
+/// The requests of the logged run and of each measured configuration.
+fn requests(quick: bool) -> u64 {
+    if quick {
+        1_500
+    } else {
+        3_000
+    }
+}
+
+/// Runs E10 on `runtime`, writing the log, the advice and the fitted scenario under
+/// `out/e10/`; `measured(requests)` is told of every run's requests when it ends.
+pub fn run(
+    runtime: &tokio::runtime::Runtime,
+    out: &Path,
+    seed: u64,
+    quick: bool,
+    measured: &dyn Fn(u64),
+) -> anyhow::Result<E10Report> {
     let dir = out.join("e10");
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let dir = dir
@@ -206,15 +228,12 @@ pub fn run(out: &Path, seed: u64, quick: bool) -> anyhow::Result<E10Report> {
         .with_context(|| format!("cannot resolve {}", dir.display()))?;
     let log = dir.join("access.log");
     let _ = std::fs::remove_file(&log);
-    let requests = if quick { 1_500 } else { 3_000 };
+    let requests = requests(quick);
     let concurrency = 6;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting E10's runtime")?;
     let mix = runtime.block_on(backends(seed))?;
     let running = running_toml(&mix.addrs, &log);
     runtime.block_on(measure(&running, requests, concurrency))?;
+    measured(requests);
 
     let model = fit::fit_reader(
         std::io::BufReader::new(
@@ -261,6 +280,7 @@ pub fn run(out: &Path, seed: u64, quick: bool) -> anyhow::Result<E10Report> {
         let r = &advice.ranking[i];
         let toml = format!("{LISTENER}{}", r.cluster_toml);
         let load = runtime.block_on(measure(&toml, requests, concurrency))?;
+        measured(requests);
         rows.push(row(i + 1, r, &load));
     }
     runtime.block_on(async {
@@ -268,7 +288,6 @@ pub fn run(out: &Path, seed: u64, quick: bool) -> anyhow::Result<E10Report> {
             b.shutdown().await;
         }
     });
-    runtime.shutdown_timeout(Duration::from_secs(1));
     let best = rows
         .iter()
         .map(|r| r.measured[0])
@@ -337,4 +356,216 @@ pub fn print(r: &E10Report) {
             "was NOT measured best, nor within its interval of the best"
         }
     );
+}
+
+/// E10 as a lab experiment: run only when named.
+pub struct E10 {
+    selected: bool,
+    quick: bool,
+    out: PathBuf,
+    report: Option<E10Report>,
+}
+
+impl E10 {
+    /// E10 when `--experiments` names it.
+    pub fn new(opts: &LabOptions) -> Self {
+        E10 {
+            selected: opts.experiments.iter().any(|e| e == "e10"),
+            quick: opts.quick,
+            out: opts.out.clone(),
+            report: None,
+        }
+    }
+}
+
+impl Experiment for E10 {
+    fn names(&self) -> &'static [&'static str] {
+        &["e10"]
+    }
+
+    /// The logged run, then at most four configurations measured (the top three and the
+    /// running one, when it is not among them).
+    fn plan(&self) -> Vec<Planned> {
+        if !self.selected {
+            return Vec::new();
+        }
+        let requests = requests(self.quick);
+        let mut plan = vec![Planned {
+            what: "e10 logged run (round-robin, no protections)".into(),
+            requests,
+        }];
+        for rank in 1..=4 {
+            plan.push(Planned {
+                what: format!("e10 configuration {rank} of the advice"),
+                requests,
+            });
+        }
+        plan
+    }
+
+    fn run(&mut self, lab: &Lab<'_>) -> anyhow::Result<()> {
+        if let Some(bar) = lab.bar {
+            bar.set_message("e10: keel advise on a logged run");
+        }
+        let report = run(lab.runtime, lab.out, lab.seed, lab.quick, &|n| {
+            lab.advance(n)
+        })?;
+        self.report = Some(report);
+        Ok(())
+    }
+
+    fn rows(&mut self, report: &mut LabReport) {
+        report.e10 = self.report.take();
+    }
+
+    fn answer(&self, report: &LabReport) -> Vec<Finding> {
+        report.e10.as_ref().and_then(finding).into_iter().collect()
+    }
+
+    fn html(&self, report: &LabReport) -> String {
+        report.e10.as_ref().map(html).unwrap_or_default()
+    }
+
+    fn print(&self, report: &LabReport, _wide: bool) {
+        if let Some(r) = &report.e10 {
+            print(r);
+            println!(
+                "E10: {} (log, advice.json, fitted.toml, e10.json)",
+                self.out.join("e10").display()
+            );
+        }
+    }
+}
+
+fn with_protections(r: &E10Row) -> String {
+    if r.protections == "none" {
+        format!("{} without protections", r.strategy)
+    } else {
+        format!("{} with {}", r.strategy, r.protections)
+    }
+}
+
+/// E10's answer: the recommendation as measured, its margin over the running configuration,
+/// and how many predictions the measurements bore out.
+fn finding(r: &E10Report) -> Option<Finding> {
+    let best = r.rows.first()?;
+    let ci = [best.measured[1], best.measured[2]];
+    let mut f = Finding {
+        experiment: "e10".into(),
+        question: "Does keel advise's recommendation, fitted on a logged run, hold on real \
+                   traffic?"
+            .into(),
+        strategy: best.strategy.clone(),
+        protections: best.protections.clone(),
+        value: best.measured[0],
+        ci95: Some(ci),
+        versus: None,
+        versus_value: None,
+        margin: None,
+        margin_ci95: None,
+        tie: false,
+        formula: None,
+        text: String::new(),
+    };
+    let mut text = format!(
+        "E10 (keel advise on {} logged requests): its recommendation, {}, measured {:.4} {} \
+         against {:.4} predicted",
+        r.logged_requests,
+        with_protections(best),
+        best.measured[0],
+        answer::ci_text(ci),
+        best.predicted[0]
+    );
+    if let Some(running) = r.rows.iter().find(|x| x.running && x.rank != best.rank) {
+        let m = best.measured[0] - running.measured[0];
+        let mci = answer::difference_ci(
+            best.measured[0],
+            ci,
+            running.measured[0],
+            [running.measured[1], running.measured[2]],
+        );
+        let tie = mci[0] <= 0.0;
+        f.against(
+            format!("the running configuration, {}", with_protections(running)),
+            running.measured[0],
+            m,
+            Some(mci),
+            tie,
+        );
+        text.push_str(&format!(
+            ", {} over the running {} ({:.4}){}",
+            answer::margin_text(m, mci),
+            with_protections(running),
+            running.measured[0],
+            if tie { ", a tie" } else { "" }
+        ));
+    }
+    text.push_str(&format!(
+        "; {} of {} configurations measured within 1.96 standard errors of their prediction{}.",
+        r.agreeing,
+        r.rows.len(),
+        if r.recommended_holds {
+            ""
+        } else {
+            "; the recommendation was NOT measured best, nor within its interval of the best"
+        }
+    ));
+    f.text = text;
+    Some(f)
+}
+
+/// E10's section of the HTML report.
+fn html(r: &E10Report) -> String {
+    let pct = |x: &[f64; 3]| {
+        format!(
+            "{:.2} [{:.2}, {:.2}]",
+            x[0] * 100.0,
+            x[1] * 100.0,
+            x[2] * 100.0
+        )
+    };
+    let mut h = format!(
+        "<h2>E10: keel advise checked against real traffic</h2><p>keel advise fitted on {} \
+         logged requests through keel proxy (round-robin, no protections; one backend fails fast \
+         {:.0} % of the time, one is 3x slower with 2 slots), then its top three configurations \
+         and the running one (*) measured through keel proxy with the recommendation's own \
+         <code>[[cluster]]</code> settings. A row agrees when measured and predicted success \
+         differ by less than 1.96 standard errors of their difference. The log, the advice and \
+         the fitted scenario are in <code>e10/</code>.</p><table><tr><th>rank</th>\
+         <th class=l>strategy</th><th class=l>protections</th><th>predicted % [95%]</th>\
+         <th>measured % [95%]</th><th>z</th><th>p99 ms predicted</th><th>p99 ms measured</th>\
+         <th class=l>verdict</th></tr>",
+        r.logged_requests,
+        r.down_share * 100.0
+    );
+    for row in &r.rows {
+        let class = if row.agrees { "ok" } else { "off" };
+        let _ = write!(
+            h,
+            "<tr class=\"{class}\"><td>{}{}</td><td class=l>{}</td><td class=l>{}</td><td>{}</td>\
+             <td>{}</td><td>{:.2}</td><td>{:.1}</td><td>{:.1}</td><td class=\"l v\">{}</td></tr>",
+            row.rank,
+            if row.running { "*" } else { "" },
+            esc(&row.strategy),
+            esc(&row.protections),
+            pct(&row.predicted),
+            pct(&row.measured),
+            row.z,
+            row.predicted_p99_ms[0],
+            row.measured_p99_ms,
+            if row.agrees { "agrees" } else { "differs" }
+        );
+    }
+    let _ = write!(
+        h,
+        "</table><p>{} of {} rows agree; the recommended configuration {}.</p>",
+        r.agreeing,
+        r.rows.len(),
+        if r.recommended_holds {
+            "was measured best or within its interval of the best"
+        } else {
+            "was NOT measured best, nor within its interval of the best"
+        }
+    );
+    h
 }

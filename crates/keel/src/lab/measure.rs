@@ -27,20 +27,22 @@ pub struct Measured {
     pub attempts: Vec<u64>,
 }
 
-/// Runs one case over real sockets.
-pub async fn measure(
-    case: &Case,
+/// `servers` backends on loopback, named `server-{i}`, each answering in `t`'s healthy time;
+/// those that `is_failed` fail as `failure`. Backend `i` draws from `seed + i`.
+pub(crate) async fn backends(
+    servers: u32,
+    failure: FailureMode,
+    is_failed: impl Fn(u32) -> bool,
     t: &Timing,
     seed: u64,
-    progress: Arc<AtomicU64>,
-) -> anyhow::Result<Measured> {
+) -> anyhow::Result<Vec<BackendHandle>> {
     let loopback: SocketAddr = "127.0.0.1:0".parse().expect("literal address");
-    let mut backends: Vec<BackendHandle> = Vec::new();
-    for i in 0..case.servers {
+    let mut backends = Vec::new();
+    for i in 0..servers {
         let cfg = BackendConfig {
             latency: t.latency(),
-            fault: if case.is_failed(i) {
-                case.failure
+            fault: if is_failed(i) {
+                failure
             } else {
                 FailureMode::None
             },
@@ -52,6 +54,17 @@ pub async fn measure(
             .context("starting a backend")?;
         backends.push(b);
     }
+    Ok(backends)
+}
+
+/// Runs one case over real sockets.
+pub async fn measure(
+    case: &Case,
+    t: &Timing,
+    seed: u64,
+    progress: Arc<AtomicU64>,
+) -> anyhow::Result<Measured> {
+    let backends = backends(case.servers, case.failure, |i| case.is_failed(i), t, seed).await?;
     let addrs: Vec<SocketAddr> = backends.iter().map(|b| b.addr()).collect();
 
     let mut proxy = None;

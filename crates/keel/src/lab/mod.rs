@@ -9,39 +9,51 @@
 //!
 //! E8 and E9 (tail.rs, only when named: `--experiments e8,e9`) are latency experiments under
 //! open-loop load: percentiles with their intervals, measured against the simulation of what
-//! the backends actually served and, for random placement, against queueing theory.
+//! the backends actually served and, for random placement, against queueing theory. E10
+//! (e10.rs, only when named) checks `keel advise` against real traffic; `--peers` puts NGINX,
+//! HAProxy and Envoy next to keel (peers.rs).
+//!
+//! Every experiment has one shape, [`Experiment`] (experiment.rs): `keel lab` lists them
+//! (cmd/lab.rs) and [`run`] drives each through the same loop.
 
 pub mod answer;
 mod cases;
 mod compare;
 pub mod e10;
+mod experiment;
 mod measure;
 mod peers;
 pub mod queueing;
+mod reliability;
 mod report;
 mod report_tail;
 mod rows;
 mod style;
 pub mod tail;
 pub mod tail_rows;
+mod tail_run;
 
+use std::cell::Cell;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use keel_balance::StrategyKind;
 
 pub use cases::Timing;
+pub use e10::E10;
+pub use experiment::{Experiment, Lab, Planned};
+pub use peers::Peers;
+pub use reliability::Reliability;
 pub use rows::Row;
+pub use tail_run::TailRun;
 
 /// What to run and where to write the report.
 #[derive(Debug, Clone)]
 pub struct LabOptions {
     /// Fewer experiments and requests: a first look in under 20 s.
     pub quick: bool,
-    /// Experiments to run (e1..e6b, e8, e9); empty: the default set (e1..e6b; quick: e1, e2,
+    /// Experiments to run (e1..e6b, e8, e9, e10); empty: the default set (e1..e6b; quick: e1, e2,
     /// e6, e6b).
     pub experiments: Vec<String>,
     /// Only these strategies; empty: all of each experiment.
@@ -82,31 +94,42 @@ pub struct LabReport {
     /// NGINX, HAProxy and Envoy next to keel (`--peers`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peers: Option<peers::PeersReport>,
+    /// E10: keel advise's top three configurations and the running one, predicted and measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub e10: Option<e10::E10Report>,
 }
 
-/// Runs the lab: every selected case measured, simulated and computed; writes
+/// Runs the lab: every experiment with a non-empty plan run in turn on one runtime and one
+/// progress bar, its rows moved into the report, then the findings of each; writes
 /// `OUT/index.html` and `OUT/results.json`.
-pub fn run(opts: &LabOptions) -> anyhow::Result<LabReport> {
+pub fn run(
+    opts: &LabOptions,
+    experiments: &mut [Box<dyn Experiment>],
+) -> anyhow::Result<LabReport> {
     let started = Instant::now();
     let timing = Timing::default();
-    let peers = peers::parse(&opts.peers).map_err(crate::usage::UsageError)?;
-    // `--peers` alone runs the peers' rows only; with `--experiments`, both.
-    let cases = if peers.is_empty() || !opts.experiments.is_empty() {
-        cases::plan(opts)?
-    } else {
-        Vec::new()
-    };
-    let (e8, e9) = cases::tail_selected(opts);
-    let tail_cases = tail::plan(e8, e9, opts.quick, &opts.strategies);
-    if cases.is_empty() && tail_cases.is_empty() && peers.is_empty() {
+    for e in &opts.experiments {
+        if !experiments.iter().any(|x| x.names().contains(&e.as_str())) {
+            let allowed: Vec<&str> = experiments
+                .iter()
+                .flat_map(|x| x.names())
+                .copied()
+                .collect();
+            return Err(crate::usage::UsageError(format!(
+                "unknown experiment `{e}`; allowed: {}",
+                allowed.join(", ")
+            ))
+            .into());
+        }
+    }
+    let plans: Vec<Vec<Planned>> = experiments.iter().map(|e| e.plan()).collect();
+    if plans.iter().all(Vec::is_empty) {
         return Err(crate::usage::UsageError(
             "no case left to run: check --experiments and --strategies".into(),
         )
         .into());
     }
-    let total_requests: u64 = cases.iter().map(|c| c.requests).sum::<u64>()
-        + tail_cases.iter().map(|c| c.requests()).sum::<u64>()
-        + peers::total_requests(&peers, opts.quick, &opts.strategies);
+    let total_requests: u64 = plans.iter().flatten().map(|p| p.requests).sum();
     let bar = opts.progress.then(|| {
         let bar = indicatif::ProgressBar::new(total_requests);
         bar.set_style(
@@ -122,155 +145,62 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabReport> {
         .enable_all()
         .build()
         .context("starting the lab's runtime")?;
-    let mut rows = Vec::with_capacity(cases.len());
-    let done_before = Arc::new(AtomicU64::new(0));
-    for case in &cases {
+    let lab = Lab {
+        runtime: &runtime,
+        bar: bar.as_ref(),
+        done: Cell::new(0),
+        timing: &timing,
+        seed: opts.seed,
+        quick: opts.quick,
+        out: &opts.out,
+    };
+    for (e, plan) in experiments.iter_mut().zip(&plans) {
+        if plan.is_empty() {
+            continue;
+        }
         if let Some(bar) = &bar {
-            bar.set_message(format!(
-                "{} {} {}",
-                case.experiment,
-                case.strategy,
-                case.failure.name()
-            ));
+            bar.set_position(lab.done.get());
+            bar.set_message(plan[0].what.clone());
         }
-        let progress = Arc::new(AtomicU64::new(0));
-        let ticker = bar.clone().map(|bar| {
-            let progress = progress.clone();
-            let base = done_before.load(Ordering::Relaxed);
-            runtime.spawn(async move {
-                loop {
-                    bar.set_position(base + progress.load(Ordering::Relaxed));
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            })
-        });
-        let measured = runtime
-            .block_on(measure::measure(case, &timing, opts.seed, progress))
-            .with_context(|| format!("measuring {}", case.describe()))?;
-        if let Some(t) = ticker {
-            t.abort();
-        }
-        done_before.fetch_add(case.requests, Ordering::Relaxed);
-        let simulated = keel_model::sim::run(&case.scenario(&timing, opts.seed))
-            .with_context(|| format!("simulating {}", case.describe()))?;
-        rows.push(Row::new(case, measured, simulated, &timing));
+        e.run(&lab)?;
     }
-    let base = done_before.load(Ordering::Relaxed);
-    let (tail_rows, reaction_rows) =
-        run_tail_cases(&runtime, &tail_cases, opts.seed, bar.as_ref(), base)?;
-    let peers = (!peers.is_empty())
-        .then(|| {
-            peers::run(
-                &runtime,
-                &peers,
-                opts.quick,
-                &opts.strategies,
-                opts.seed,
-                &timing,
-                &|what, done| {
-                    if let Some(bar) = &bar {
-                        bar.inc(done);
-                        if !what.is_empty() {
-                            bar.set_message(what.to_string());
-                        }
-                    }
-                },
-            )
-        })
-        .transpose()?;
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
     runtime.shutdown_timeout(Duration::from_secs(1));
 
-    let report = LabReport {
-        answer: answer::findings(&rows, &tail_rows, &reaction_rows),
-        rows,
-        tail_rows,
-        reaction_rows,
+    let mut report = LabReport {
+        answer: Vec::new(),
+        rows: Vec::new(),
+        tail_rows: Vec::new(),
+        reaction_rows: Vec::new(),
         timing,
         seed: opts.seed,
         quick: opts.quick,
-        wall_seconds: started.elapsed().as_secs_f64(),
+        wall_seconds: 0.0,
         machine: report::Machine::detect(),
-        peers,
+        peers: None,
+        e10: None,
     };
-    report::write(&report, &opts.out)?;
+    for e in experiments.iter_mut() {
+        e.rows(&mut report);
+    }
+    report.answer = experiments.iter().flat_map(|e| e.answer(&report)).collect();
+    report.wall_seconds = started.elapsed().as_secs_f64();
+    report::write(&report, experiments, &opts.out)?;
     Ok(report)
 }
 
 /// Prints a report for a terminal: what it shows first, then its tables (at most 100 columns
 /// unless `wide`).
-pub fn print_table(report: &LabReport, wide: bool) {
+pub fn print_table(report: &LabReport, experiments: &[Box<dyn Experiment>], wide: bool) {
     report::print_answer(report);
-    report::print_table(report, wide);
+    for e in experiments {
+        e.print(report, wide);
+    }
 }
 
 /// The `{"rows": [...]}` JSON document (also written as `results.json`).
 pub fn results_json(report: &LabReport) -> serde_json::Value {
     report::results_json(report)
-}
-
-/// E8 and E9: every case measured, then simulated. The bar moves within a case: its arrivals
-/// follow their schedule once the first is due, so the requests sent so far and the seconds
-/// left are known from the clock.
-fn run_tail_cases(
-    runtime: &tokio::runtime::Runtime,
-    cases: &[tail::TailCase],
-    seed: u64,
-    bar: Option<&indicatif::ProgressBar>,
-    mut base: u64,
-) -> anyhow::Result<(Vec<tail_rows::LatencyRow>, Vec<tail_rows::ReactionRow>)> {
-    let mut latency = Vec::new();
-    let mut reaction = Vec::new();
-    for case in cases {
-        let sending: Arc<OnceLock<Instant>> = Arc::new(OnceLock::new());
-        let ticker = bar.cloned().map(|bar| {
-            let (sending, total, rate, label) = (
-                sending.clone(),
-                case.requests(),
-                case.rate(),
-                case.describe(),
-            );
-            let span = total as f64 / rate;
-            runtime.spawn(async move {
-                loop {
-                    match sending.get() {
-                        None => {
-                            bar.set_position(base);
-                            bar.set_message(format!("{label}: starting backends"));
-                        }
-                        Some(t0) => {
-                            let elapsed = t0.elapsed().as_secs_f64();
-                            let sent = ((rate * elapsed) as u64).min(total);
-                            bar.set_position(base + sent);
-                            bar.set_message(format!(
-                                "{label}: {sent} of {total} sent, {:.0} s left",
-                                (span - elapsed).max(0.0)
-                            ));
-                        }
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            })
-        });
-        let measured = runtime.block_on(tail::measure(case, seed, &sending));
-        if let Some(t) = ticker {
-            t.abort();
-        }
-        let m = measured.with_context(|| format!("measuring {}", case.describe()))?;
-        base += case.requests();
-        if let Some(bar) = bar {
-            bar.set_position(base);
-            bar.set_message(format!("{}: simulating its twin", case.describe()));
-        }
-        let sim = keel_model::sim::run(&case.scenario(&m, seed))
-            .with_context(|| format!("simulating {}", case.describe()))?;
-        if case.step.is_some() {
-            reaction.push(tail_rows::reaction_row(case, &m, &sim));
-        } else {
-            latency.push(tail_rows::latency_row(case, &m, &sim));
-        }
-    }
-    Ok((latency, reaction))
 }

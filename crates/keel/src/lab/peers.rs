@@ -26,13 +26,16 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use keel_balance::{StrategyKind, TieBreak};
 use keel_model::{analytic, FailureMode};
-use keel_testbed::backend::{self, BackendConfig, BackendHandle};
 use keel_testbed::loadgen::{self, LoadOptions, LoadReport, LoadSpec, Target};
 use serde::Serialize;
 
-use super::cases::{Case, Protection, Timing};
+use crate::lab::answer::Finding;
+use crate::lab::cases::{Case, Protection, Timing};
+use crate::lab::experiment::{Experiment, Lab, Planned};
+use crate::lab::measure;
+use crate::lab::{LabOptions, LabReport};
 
-pub(crate) use render::{html, print_table};
+use render::{html, print_table};
 
 /// A balancer measured next to keel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -515,12 +518,7 @@ pub(crate) fn run(
         if let Some(kc) = case.keel_case() {
             progress(&format!("keel {}", case.describe()), 0);
             let m = runtime
-                .block_on(super::measure::measure(
-                    &kc,
-                    t,
-                    seed,
-                    Arc::new(AtomicU64::new(0)),
-                ))
+                .block_on(measure::measure(&kc, t, seed, Arc::new(AtomicU64::new(0))))
                 .with_context(|| format!("measuring keel {}", case.describe()))?;
             rows.push(row(None, &case, t, m.load, m.attempts));
             progress("", case.requests);
@@ -570,13 +568,86 @@ pub(crate) fn run(
     })
 }
 
-/// Total requests of a run (for a progress bar).
-pub(crate) fn total_requests(peers: &[Peer], quick: bool, only: &[StrategyKind]) -> u64 {
-    let found = peers.iter().filter(|p| p.find().is_some()).count() as u64;
-    plan(quick, only)
-        .iter()
-        .map(|c| c.requests * (found + u64::from(c.strategy.keel().is_some())))
-        .sum()
+/// The peers' rows as a lab experiment: selected by `--peers`, not by a name.
+pub struct Peers {
+    peers: Vec<Peer>,
+    quick: bool,
+    only: Vec<StrategyKind>,
+    report: Option<PeersReport>,
+}
+
+impl Peers {
+    /// The peers named by `--peers` (none: nothing to run); an unknown name is a usage error.
+    pub fn new(opts: &LabOptions) -> Result<Self, crate::usage::UsageError> {
+        Ok(Peers {
+            peers: parse(&opts.peers).map_err(crate::usage::UsageError)?,
+            quick: opts.quick,
+            only: opts.strategies.clone(),
+            report: None,
+        })
+    }
+}
+
+impl Experiment for Peers {
+    fn names(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// Every case once through keel (where keel has the strategy) and once through each peer
+    /// found.
+    fn plan(&self) -> Vec<Planned> {
+        if self.peers.is_empty() {
+            return Vec::new();
+        }
+        let found = self.peers.iter().filter(|p| p.find().is_some()).count() as u64;
+        plan(self.quick, &self.only)
+            .iter()
+            .map(|c| Planned {
+                what: c.describe(),
+                requests: c.requests * (found + u64::from(c.strategy.keel().is_some())),
+            })
+            .collect()
+    }
+
+    fn run(&mut self, lab: &Lab<'_>) -> anyhow::Result<()> {
+        let report = run(
+            lab.runtime,
+            &self.peers,
+            self.quick,
+            &self.only,
+            lab.seed,
+            lab.timing,
+            &|what, done| {
+                if let Some(bar) = lab.bar {
+                    bar.inc(done);
+                    if !what.is_empty() {
+                        bar.set_message(what.to_string());
+                    }
+                }
+            },
+        )?;
+        self.report = Some(report);
+        Ok(())
+    }
+
+    fn rows(&mut self, report: &mut LabReport) {
+        report.peers = self.report.take();
+    }
+
+    /// None in the run's answer: the peers' own answer opens their section.
+    fn answer(&self, _: &LabReport) -> Vec<Finding> {
+        Vec::new()
+    }
+
+    fn html(&self, report: &LabReport) -> String {
+        report.peers.as_ref().map(html).unwrap_or_default()
+    }
+
+    fn print(&self, report: &LabReport, _wide: bool) {
+        if let Some(peers) = &report.peers {
+            print_table(peers);
+        }
+    }
 }
 
 fn row(
@@ -796,24 +867,8 @@ async fn measure_peer(
     t: &Timing,
     seed: u64,
 ) -> anyhow::Result<PeerRun> {
-    let loopback: SocketAddr = "127.0.0.1:0".parse().expect("literal address");
-    let mut backends: Vec<BackendHandle> = Vec::new();
-    for i in 0..case.servers {
-        let cfg = BackendConfig {
-            latency: t.latency(),
-            fault: if case.is_failed(i) {
-                case.failure
-            } else {
-                FailureMode::None
-            },
-            name: format!("server-{i}"),
-            ..BackendConfig::default()
-        };
-        let b = backend::spawn_with_seed(loopback, cfg, seed.wrapping_add(i as u64))
-            .await
-            .context("starting a backend")?;
-        backends.push(b);
-    }
+    let backends =
+        measure::backends(case.servers, case.failure, |i| case.is_failed(i), t, seed).await?;
     let addrs: Vec<SocketAddr> = backends.iter().map(|b| b.addr()).collect();
     let dir = work_dir(peer)?;
     let (listen, admin) = (free_port()?, free_port()?);

@@ -18,7 +18,7 @@ use keel_model::FailureMode;
 use serde::Serialize;
 
 use crate::lab::cases::{Timing, DEFAULT_RETRIES, PROTECTIONS};
-use crate::lab::report_tail;
+use crate::lab::experiment::Experiment;
 use crate::lab::rows::Row;
 use crate::lab::style::{esc, fmt_q, pct, strategy_colour, REFERENCE};
 use crate::lab::LabReport;
@@ -267,18 +267,14 @@ pub fn print_answer(report: &LabReport) {
     println!();
 }
 
-/// The tables, for a terminal: at most [`COLUMNS`] wide, or every column with `wide`.
-pub fn print_table(report: &LabReport, wide: bool) {
+/// The table of E1-E6B, for a terminal: at most [`COLUMNS`] wide, or every column with `wide`.
+pub(crate) fn print_reliability_table(report: &LabReport, wide: bool) {
     if !report.rows.is_empty() {
         if wide {
-            print_reliability_table(report);
+            print_wide_table(report);
         } else {
             print_narrow_table(report);
         }
-    }
-    report_tail::print_tables(report, wide);
-    if let Some(peers) = &report.peers {
-        super::peers::print_table(peers);
     }
 }
 
@@ -355,7 +351,7 @@ fn print_narrow_table(report: &LabReport) {
     }
 }
 
-fn print_reliability_table(report: &LabReport) {
+fn print_wide_table(report: &LabReport) {
     println!(
         "{:<4} {:<40} {:<15} {:<21} {:<12} {:>8} {:>9} {:>8} {:>17} {:>8}  verdict",
         "exp",
@@ -547,16 +543,8 @@ fn e6_chart(report: &LabReport) -> Option<(String, String)> {
     }
 }
 
-fn html(report: &LabReport) -> String {
+fn html(report: &LabReport, experiments: &[Box<dyn Experiment>]) -> String {
     let mut h = String::new();
-    let q_of = |mode: &str| {
-        report
-            .rows
-            .iter()
-            .find(|r| r.failure_mode == mode)
-            .and_then(|r| r.q)
-    };
-    let (hang_q, fail_fast_q) = (q_of("hang"), q_of("fail-fast"));
     let _ = write!(
         h,
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>keel lab report</title><style>\
@@ -579,16 +567,15 @@ fn html(report: &LabReport) -> String {
          comes from an article on common load-balancing strategies and their reliability analysis (the source; \
          <code>docs/reliability.md</code> in keel's repository states the model and the experiments E1-E6 in full; \
          <code>docs/tail-latency.md</code> E8 and E9). {} rows in {:.1} s{}.</p>",
-        report.rows.len() + report.tail_rows.len() + report.reaction_rows.len(),
+        report.rows.len()
+            + report.tail_rows.len()
+            + report.reaction_rows.len()
+            + report.e10.as_ref().map_or(0, |e| e.rows.len()),
         report.wall_seconds,
         if report.quick { " (quick mode: fewer experiments and requests)" } else { "" }
     );
-    if !report.rows.is_empty() {
-        reliability_html(&mut h, report, hang_q, fail_fast_q);
-    }
-    h.push_str(&report_tail::html(report));
-    if let Some(peers) = &report.peers {
-        h.push_str(&super::peers::html(peers));
+    for e in experiments {
+        h.push_str(&e.html(report));
     }
     let m = &report.machine;
     let _ = write!(
@@ -656,8 +643,24 @@ fn verdict_counts(report: &LabReport) -> (usize, usize, usize) {
     counts
 }
 
-/// The sections of E1-E6B.
-fn reliability_html(
+/// The sections of E1-E6B (empty when none ran).
+pub(crate) fn reliability_html(report: &LabReport) -> String {
+    let mut h = String::new();
+    if report.rows.is_empty() {
+        return h;
+    }
+    let q_of = |mode: &str| {
+        report
+            .rows
+            .iter()
+            .find(|r| r.failure_mode == mode)
+            .and_then(|r| r.q)
+    };
+    reliability_sections(&mut h, report, q_of("hang"), q_of("fail-fast"));
+    h
+}
+
+fn reliability_sections(
     h: &mut String,
     report: &LabReport,
     hang_q: Option<f64>,
@@ -804,12 +807,16 @@ fn reliability_html(
 }
 
 /// Writes `index.html` and `results.json` into `out`.
-pub fn write(report: &LabReport, out: &Path) -> anyhow::Result<()> {
+pub fn write(
+    report: &LabReport,
+    experiments: &[Box<dyn Experiment>],
+    out: &Path,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let json = serde_json::to_string_pretty(&results_json(report))?;
     std::fs::write(out.join("results.json"), json)
         .with_context(|| format!("writing {}", out.join("results.json").display()))?;
-    std::fs::write(out.join("index.html"), html(report))
+    std::fs::write(out.join("index.html"), html(report, experiments))
         .with_context(|| format!("writing {}", out.join("index.html").display()))?;
     Ok(())
 }
