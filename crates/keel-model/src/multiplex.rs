@@ -14,17 +14,19 @@
 //! outcome). At L4 the protections can only steer new connections: an established
 //! connection is never moved (as kube-proxy does), and a call cannot be retried elsewhere.
 //!
-//! Why not on the simulator's engine (sim/engine.rs): the engine picks per call; it has no
-//! placement where a client holds one pick for its connection's life (counted by least-connections
-//! as one, finished never, its calls' outcomes unseen by the balancer), which is half of E7's rows.
-//! The other half, per call, runs on the engine unchanged: `tests/engine_twins.rs` runs those 10
-//! rows both ways (server-side balancer, `streams` closed-loop requests per client, endpoint 0
-//! failed first, retries with an unlimited budget) and they measure the same: success equal to 4
-//! decimals in 9 rows, 0.4672 here against 0.4669 on the engine for least-connections with a fast
-//! error (z = -0.08), max/mean tries per endpoint within 0.004. So moving E7 would change nothing
-//! in its per-call results; it waits for a per-connection placement in the engine (a pick per
-//! client at start, held; no retry, since an established connection is not moved), after which this
-//! loop goes.
+//! Why not on the simulator's engine (sim/engine.rs) yet, measured in `tests/engine_twins.rs`. The
+//! 10 per-call rows run on the engine as they are (server-side balancer, `streams` closed-loop
+//! requests per client, endpoint 0 failed first, retries with an unlimited budget) and measure the
+//! same: success equal to 4 decimals in 9 rows, 0.4672 here against 0.4669 on the engine for
+//! least-connections with a fast error (z = -0.08), max/mean tries per endpoint within 0.004. The
+//! per-connection rows run on the engine's `per-connection` placement (a pick per client when the
+//! run starts, held), but its closed loop counts requests over the run, not per client: a client
+//! whose connection landed on the failed endpoint calls at that endpoint's pace. With a hang (100
+//! ms against 4 ms) success would move from 0.75 here (3 of 4 clients, 5,000 calls each) to 0.987
+//! (the healthy clients' share of the call rate, 3 x 2000 / (3 x 2000 + 80) per second), and with a
+//! fast error (0.5 ms) to 0.273; max/mean from 2 to 2.63 and 5.82. Both are closed forms the test
+//! holds. E7 asks what share of a fixed workload fails, so this loop stays until the engine's
+//! closed loop can give each client a fixed number of requests.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

@@ -34,13 +34,16 @@ fn twin(s: &MultiplexScenario) -> Scenario {
         replications: 8,
         requests: s.calls_per_client * u64::from(s.clients),
         timeout: s.timeout,
-        placement: Placement::ServerSide,
+        placement: match s.granularity {
+            Granularity::PerRequest => Placement::ServerSide,
+            Granularity::PerConnection => Placement::PerConnection,
+        },
         load: Load::Closed {
             clients: s.clients,
             in_flight: s.streams,
             think_time: Duration::ZERO,
         },
-        retry: s.protections.then(|| RetryConfig {
+        retry: (s.protections && s.granularity == Granularity::PerRequest).then(|| RetryConfig {
             max_retries: 2,
             budget: RetryBudgetConfig {
                 budget_percent: 100.0,
@@ -70,6 +73,71 @@ fn twin(s: &MultiplexScenario) -> Scenario {
         }],
         ..Scenario::default()
     }
+}
+
+/// E7's per-connection rows on the engine's per-connection placement. Each client's calls go
+/// over the one connection it opened, as in E7, but the engine's closed loop counts requests
+/// over the run, not per client: a client whose connection landed on the failed endpoint
+/// makes its calls at that endpoint's pace. So success is the healthy clients' share of the
+/// call rate, `h r_ok / (h r_ok + f r_fail)` (h, f clients on healthy and failed endpoints,
+/// r = streams / time per call), not E7's `h / (h + f)` with a fixed number of calls per
+/// client: what moving these rows onto the engine would change.
+#[test]
+fn e7_per_connection_rows_weigh_clients_by_their_pace_on_the_engine() {
+    let mut rows = 0;
+    for s in multiplex::e7()
+        .into_iter()
+        .filter(|s| s.granularity == Granularity::PerConnection)
+    {
+        let own = multiplex::run(&s);
+        let engine = sim::run(&twin(&s)).expect("a valid twin");
+        let (lo, hi) = own.success_ci95();
+        let engine_max_over_mean = engine.max_server_share * f64::from(s.endpoints);
+        println!(
+            "per connection {} {} protections={}: success own {:.4} [{lo:.4}, {hi:.4}] engine {:.4} [{:.4}, {:.4}]; max/mean own {:.3} engine {:.3}",
+            s.strategy,
+            s.fault.name(),
+            s.protections,
+            own.success(),
+            engine.success,
+            engine.ci95[0],
+            engine.ci95[1],
+            own.max_over_mean,
+            engine_max_over_mean
+        );
+        // 4 clients on 4 distinct endpoints of 8, endpoint 0 among them (both strategies
+        // place the first connection there).
+        let (healthy, failed) = if s.fault == Fault::None {
+            (4.0, 0.0)
+        } else {
+            (3.0, 1.0)
+        };
+        let pace = |d: Duration| f64::from(s.streams) / d.as_secs_f64();
+        let r_ok = pace(s.latency);
+        let r_fail = match s.fault {
+            Fault::Hang => pace(s.timeout),
+            _ => pace(s.fast_error),
+        };
+        let rate = healthy * r_ok + failed * r_fail;
+        let want = healthy * r_ok / rate;
+        assert!(
+            engine.ci95[0] - 1e-9 <= want && want <= engine.ci95[1] + 1e-9,
+            "success {} [{}, {}], closed form {want}",
+            engine.success,
+            engine.ci95[0],
+            engine.ci95[1]
+        );
+        let busiest = if failed > 0.0 { r_ok.max(r_fail) } else { r_ok };
+        let want_max = busiest / (rate / f64::from(s.endpoints));
+        assert!(
+            (engine_max_over_mean - want_max).abs() / want_max < 0.01,
+            "max/mean {engine_max_over_mean}, closed form {want_max}"
+        );
+        // E7's own loop: a fixed number of calls per client.
+        assert!((own.success() - healthy / (healthy + failed)).abs() < 1e-9);
+        rows += 1;
+    }
+    assert_eq!(rows, 10, "E7's per-connection rows");
 }
 
 #[test]
@@ -179,4 +247,21 @@ fn zone_unaware_row_on_the_engine() {
             "own loop {own} ms, engine {engine} ms"
         );
     }
+}
+
+/// A call cannot leave its connection: the per-connection placement refuses retries.
+#[test]
+fn per_connection_refuses_retries() {
+    let mut s = multiplex::e7()
+        .into_iter()
+        .find(|s| s.granularity == Granularity::PerConnection)
+        .unwrap();
+    s.protections = true;
+    let mut sc = twin(&s);
+    sc.retry = Some(RetryConfig {
+        max_retries: 1,
+        budget: RetryBudgetConfig::default(),
+    });
+    let e = sim::run(&sc).expect_err("retries on a connection");
+    assert!(e.to_string().contains("per-connection"), "{e}");
 }

@@ -348,7 +348,7 @@ pub fn run_replication_with(
 
     // Balancers: one per cluster, or one per client and cluster.
     let owners = match sc.placement {
-        Placement::ServerSide => 1,
+        Placement::ServerSide | Placement::PerConnection => 1,
         Placement::ClientSide => sc.load.clients() as usize,
     };
     let fleet = sc
@@ -409,8 +409,28 @@ pub fn run_replication_with(
         }
     }
 
+    // Per connection: every client's connection to every cluster, picked in client order at
+    // 0 and held (dropped with the run).
+    let mut held: Vec<Pick> = Vec::new();
+    let mut connections: Vec<u32> = Vec::new();
+    if sc.placement == Placement::PerConnection {
+        for _client in 0..sc.load.clients() {
+            for (ci, b) in balancers.iter_mut().enumerate() {
+                let pick = b
+                    .pick_mut(&PickContext::new(Duration::ZERO))
+                    .ok_or_else(|| {
+                        SimError::Invalid(format!("cluster {ci}: no endpoint for a connection"))
+                    })?;
+                connections.push(pick.index() as u32);
+                held.push(pick);
+            }
+        }
+    }
+
     let load_reports = sc.load_reports.clone().unwrap_or_default();
     let mut sim = Sim {
+        connections,
+        _held: held,
         sc,
         loads: vec![ServerLoad::default(); servers.len()],
         reporting: sc
@@ -485,6 +505,11 @@ pub fn run_replication_with(
 
 struct Sim<'a> {
     sc: &'a Scenario,
+    /// Per connection: the endpoint each client's connection to each cluster is on (by
+    /// `client x clusters + cluster`); empty otherwise.
+    connections: Vec<u32>,
+    /// The connections' picks, held for the run.
+    _held: Vec<Pick>,
     /// Each server's own load (requests in flight, latency estimate), for load reports.
     loads: Vec<ServerLoad>,
     /// Per cluster: its balancers balance on load reports (send probes after each pick).
@@ -766,8 +791,16 @@ impl Sim<'_> {
     fn start_attempt(&mut self, s: usize, which: usize, now: u64) {
         let (c, b) = self.balancer_of(s);
         let slot = &mut self.slots[s];
-        let ctx = PickContext::new(dur(now)).with_avoid(&slot.avoid[..slot.n_avoid]);
-        let pick = self.balancers[b].pick_mut(&ctx);
+        // Per connection: the call goes over its client's connection, with no pick of its own.
+        let connection = (!self.connections.is_empty())
+            .then(|| self.connections[slot.client as usize * self.n_clusters + c] as usize);
+        let pick = match connection {
+            Some(_) => None,
+            None => {
+                let ctx = PickContext::new(dur(now)).with_avoid(&slot.avoid[..slot.n_avoid]);
+                self.balancers[b].pick_mut(&ctx)
+            }
+        };
         self.stats.calls += 1;
         slot.outstanding += 1;
         let measured = slot.measured;
@@ -776,7 +809,12 @@ impl Sim<'_> {
         a.started = now;
         a.job = NO_JOB;
         a.hedge = false;
-        let Some(p) = pick else {
+        let (index, pick) = match (connection, pick) {
+            (Some(index), _) => (index, None),
+            (None, Some(p)) => (p.index(), Some(p)),
+            (None, None) => (usize::MAX, None),
+        };
+        if index == usize::MAX {
             if measured {
                 self.stats.attempts += 1;
                 self.stats.no_endpoint += 1;
@@ -787,10 +825,9 @@ impl Sim<'_> {
             self.heap
                 .push(event(now, KIND_CALL, (s * 2 + which) as u32));
             return;
-        };
-        let index = p.index();
+        }
         a.server = index as u32;
-        a.pick = Some(p);
+        a.pick = pick;
         let g = self.offsets[c] + index;
         let server = self.servers[g];
         let ticket = if self.reporting[c] {

@@ -12,8 +12,9 @@
 //!   and the supermarket model come out (see `tests/sim_queues.rs`). Antagonists slow a new
 //!   random set of servers each period; a slowdown steps the first servers up for a while.
 //! - **Call graph**: a request calls each cluster `calls` times in sequence and succeeds iff
-//!   every call does; balancers server-side (one shared per cluster) or client-side (one per
-//!   client and cluster).
+//!   every call does; balancers server-side (one shared per cluster), client-side (one per
+//!   client and cluster), or per connection (one per cluster at L4: each client's calls go
+//!   over the one connection it opened at the start).
 //! - **Balancing and protections** are [`keel_balance`]'s: every call is a
 //!   [`keel_balance::Balancer::pick`] at the virtual now and a `finish` with the outcome when it
 //!   ends, so in-flight counts, latency estimates and outlier ejection evolve as in the proxy.
@@ -372,6 +373,7 @@ fn summarise(s: &Scenario, reps: &[RepStats]) -> SimResult {
         placement: match s.placement {
             Placement::ServerSide => "server-side".into(),
             Placement::ClientSide => "client-side".into(),
+            Placement::PerConnection => "per-connection".into(),
         },
         p: f64::from(focus.failed) / f64::from(focus.servers),
         q,

@@ -126,6 +126,11 @@ pub enum Placement {
     ServerSide,
     /// Every client has its own balancer per cluster and sees only its own calls.
     ClientSide,
+    /// One balancer per cluster at L4 (kube-proxy, a TCP load balancer): each client opens one
+    /// long-lived connection per cluster, picked once when the run starts and held to its end
+    /// (least-connections counts connections), and sends every call over it. The balancer sees
+    /// no call's outcome, and a call cannot be retried elsewhere (no `retry`, no `hedge`).
+    PerConnection,
 }
 
 /// How requests arrive.
@@ -582,9 +587,18 @@ impl Scenario {
             }
         }
         let balancers = match self.placement {
-            Placement::ServerSide => 1,
+            Placement::ServerSide | Placement::PerConnection => 1,
             Placement::ClientSide => u64::from(self.load.clients()),
         };
+        if self.placement == Placement::PerConnection
+            && (self.retry.is_some() || self.hedge.is_some())
+        {
+            return Err(
+                "placement = \"per-connection\": a call cannot move off its connection, so no \
+                 retry and no hedge"
+                    .into(),
+            );
+        }
         if balancers * self.clusters.len() as u64 > 1_000_000 {
             return Err("client-side: clients x clusters must be at most 1000000".into());
         }
