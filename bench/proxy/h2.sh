@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# HTTP/2 benchmark: h2load's HTTP/2 clients through keel, NGINX, HAProxy and the floor
+# HTTP/2 benchmark: h2load's HTTP/2 clients through keel, NGINX, HAProxy, Envoy and the floor
 # (crates/keel-grpc-tests/src/bin/h2-floor.rs: a bare pass-through proxy on the crates keel
 # uses, hyper's HTTP/2 server and h2's client, one thread: what keel's cost cannot go under
 # without changing those crates), in one run, to
@@ -20,13 +20,14 @@
 #   PROXY_CPUS LOAD_CPUS   CPUs of the proxies, and of h2load and the backends (default 0 and 1)
 #   OUT        where raw results go (default target/proxy-bench-h2)
 #   KEEP_WORK  set: keep the work directory (configurations, the proxies' logs) in /tmp
-#   PORT_BASE  ports are PORT_BASE + 1-8, 10-18 and 21-23 (default 21100)
+#   PORT_BASE  ports are PORT_BASE + 1-8, 10-18, 21-23 and 24-26 (default 21100)
+#   ENVOY_BIN  the envoy binary (default: on PATH, else installed by scripts/install-peers.sh)
 #   PEER_HEADERS  1 (default): NGINX and HAProxy add to each request what keel adds by default
 #              (X-Forwarded-For, -Proto, -Host and a fresh X-Request-ID), so that the three do
 #              the same work; 0: the peers add nothing (the runs before 2026-12-02). The floor
 #              never adds any: it is the least a proxy can cost.
 #
-# Ports 21101-21108, 21110-21118 and 21121-21123 on 127.0.0.1 (with the default PORT_BASE);
+# Ports 21101-21108, 21110-21118 and 21121-21126 on 127.0.0.1 (with the default PORT_BASE);
 # none may be in use when it starts; everything started here is stopped on exit.
 set -euo pipefail
 
@@ -49,6 +50,7 @@ KEEL_BASE=$((P + 10))
 NGINX_BASE=$((P + 13))
 HAPROXY_BASE=$((P + 16))
 FLOOR_BASE=$((P + 21))
+ENVOY_BASE=$((P + 24))
 
 want_pkg h2load nghttp2-client
 want_pkg nginx nginx
@@ -57,8 +59,10 @@ install_wanted
 KEEL_BIN="$(binary_or_build "${KEEL_BIN:-}" keel)"
 BACKEND_BIN="$(binary_or_build "${BACKEND_BIN:-}" keel-grpc-tests h2-backend)"
 FLOOR_BIN="$(binary_or_build "${FLOOR_BIN:-}" keel-grpc-tests h2-floor)"
+ENVOY_BIN="${ENVOY_BIN:-$(bash "$REPO/scripts/install-peers.sh" envoy 2>/dev/null | sed -n 's/^envoy: \(\/[^ ]*\).*/\1/p' | tail -1)}"
+[ -x "$ENVOY_BIN" ] || { echo "h2.sh: no envoy binary (scripts/install-peers.sh envoy failed)" >&2; exit 1; }
 # shellcheck disable=SC2046  # seq's numbers, one word each
-ports_free "${H1_PORTS[@]}" "${H2_PORTS[@]}" $(seq "$KEEL_BASE" $((HAPROXY_BASE + 2))) $(seq "$FLOOR_BASE" $((FLOOR_BASE + 2)))
+ports_free "${H1_PORTS[@]}" "${H2_PORTS[@]}" $(seq "$KEEL_BASE" $((HAPROXY_BASE + 2))) $(seq "$FLOOR_BASE" $((ENVOY_BASE + 2)))
 
 bench_workdir keel-h2-bench
 mkdir -p "$OUT"
@@ -164,6 +168,73 @@ NGINX_PID=$!; STARTED+=("$NGINX_PID")
 } >"$WORK/haproxy.cfg"
 taskset -c "$PROXY_CPUS" haproxy -f "$WORK/haproxy.cfg" -db >"$WORK/haproxy.log" 2>&1 &
 HAPROXY_PID=$!; STARTED+=("$HAPROXY_PID")
+# Envoy: three listeners (AUTO codec: h2load's prior-knowledge HTTP/2), round robin to the same
+# endpoints (HTTP/1.1 for h1, HTTP/2 for h2c and gRPC). With PEER_HEADERS=1 it adds what keel
+# adds: X-Forwarded-For and -Proto (use_remote_address), X-Request-ID (generate_request_id,
+# Envoy's default) and X-Forwarded-Host; with 0 it adds no X-Forwarded-For, -Host or request id
+# (X-Forwarded-Proto it always sets).
+envoy_listener() { # port cluster
+    local hdrs="" remote=false genid=false
+    if [ "$PEER_HEADERS" = 1 ]; then
+        remote=true; genid=true
+        hdrs='              request_headers_to_add: [ { header: { key: x-forwarded-host, value: "%REQ(:AUTHORITY)%" } } ]'
+    fi
+    cat <<EOF
+  - name: l$1
+    address: { socket_address: { address: 127.0.0.1, port_value: $1 } }
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: l$1
+          codec_type: AUTO
+          use_remote_address: $remote
+          generate_request_id: $genid
+          http2_protocol_options: { max_concurrent_streams: 128 }
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+$hdrs
+              routes: [ { match: { prefix: "/" }, route: { cluster: $2, timeout: 60s } } ]
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config: { "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }
+EOF
+}
+envoy_cluster() { # name h1|h2 ports...
+    local name="$1" proto="$2"; shift 2
+    echo "  - name: $name"
+    echo "    type: STATIC"
+    echo "    connect_timeout: 1s"
+    echo "    lb_policy: ROUND_ROBIN"
+    echo "    circuit_breakers: { thresholds: [ { max_connections: 100000, max_pending_requests: 100000, max_requests: 100000 } ] }"
+    if [ "$proto" = h2 ]; then
+        echo "    typed_extension_protocol_options:"
+        echo "      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:"
+        echo "        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+        echo "        explicit_http_config: { http2_protocol_options: {} }"
+    fi
+    echo "    load_assignment:"
+    echo "      cluster_name: $name"
+    echo "      endpoints:"
+    echo "      - lb_endpoints:"
+    local p; for p in "$@"; do echo "        - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: $p } } }"; done
+}
+{
+    echo "static_resources:"
+    echo "  listeners:"
+    envoy_listener $((ENVOY_BASE + 0)) h1
+    envoy_listener $((ENVOY_BASE + 1)) h2
+    envoy_listener $((ENVOY_BASE + 2)) h2
+    echo "  clusters:"
+    envoy_cluster h1 h1 "${H1_PORTS[@]}"
+    envoy_cluster h2 h2 "${H2_PORTS[@]}"
+} >"$WORK/envoy.yaml"
+taskset -c "$PROXY_CPUS" "$ENVOY_BIN" -c "$WORK/envoy.yaml" --concurrency 1 --disable-hot-restart -l warn \
+    --log-path "$WORK/envoy.log" >"$WORK/envoy.out" 2>&1 &
+ENVOY_PID=$!; STARTED+=("$ENVOY_PID")
 # The floor serves one kind of endpoint per process: one process per scenario.
 taskset -c "$PROXY_CPUS" "$FLOOR_BIN" "$((FLOOR_BASE + 0))" h1 "${H1_PORTS[@]}" >"$WORK/floor-h1.log" 2>&1 &
 FLOOR_H1_PID=$!; STARTED+=("$FLOOR_H1_PID")
@@ -173,7 +244,7 @@ taskset -c "$PROXY_CPUS" "$FLOOR_BIN" "$((FLOOR_BASE + 2))" h2c "${H2_PORTS[@]}"
 FLOOR_GRPC_PID=$!; STARTED+=("$FLOOR_GRPC_PID")
 floor_pid() { case "$1" in h1) echo "$FLOOR_H1_PID" ;; h2c) echo "$FLOOR_H2C_PID" ;; grpc) echo "$FLOOR_GRPC_PID" ;; esac; }
 for s in 0 1 2; do
-    wait_port $((KEEL_BASE + s)); wait_port $((NGINX_BASE + s)); wait_port $((HAPROXY_BASE + s)); wait_port $((FLOOR_BASE + s))
+    wait_port $((KEEL_BASE + s)); wait_port $((NGINX_BASE + s)); wait_port $((HAPROXY_BASE + s)); wait_port $((FLOOR_BASE + s)); wait_port $((ENVOY_BASE + s))
 done
 
 # A gRPC unary call's request body: HealthCheckRequest {} in one uncompressed frame.
@@ -211,7 +282,7 @@ PY
 
 # Warm-up: a short run through each.
 for s in h1 h2c grpc; do
-    for b in $KEEL_BASE $FLOOR_BASE $NGINX_BASE $HAPROXY_BASE; do
+    for b in $KEEL_BASE $FLOOR_BASE $NGINX_BASE $HAPROXY_BASE $ENVOY_BASE; do
         REQ_SAVE=$REQUESTS; REQUESTS=2000
         run_point warm "$KEEL_PID" "$b" "$s" 0 >/dev/null
         REQUESTS=$REQ_SAVE
@@ -225,6 +296,7 @@ for round in $(seq 1 "$ROUNDS"); do
         run_point floor "$(floor_pid "$s")" "$FLOOR_BASE" "$s" "$round" | tee -a "$RESULTS"
         run_point nginx "$NGINX_PID" "$NGINX_BASE" "$s" "$round" | tee -a "$RESULTS"
         run_point haproxy "$HAPROXY_PID" "$HAPROXY_BASE" "$s" "$round" | tee -a "$RESULTS"
+        run_point envoy "$ENVOY_PID" "$ENVOY_BASE" "$s" "$round" | tee -a "$RESULTS"
     done
 done
 log "raw results: $RESULTS"
@@ -234,7 +306,7 @@ rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
 print("| scenario | proxy | req/s (min-max) | p99 ms (median) | CPU us/req (min-max) | ok |")
 print("|---|---|---|---|---|---|")
 for s in ("h1", "h2c", "grpc"):
-    for p in ("keel", "floor", "nginx", "haproxy"):
+    for p in ("keel", "floor", "nginx", "haproxy", "envoy"):
         r = [x for x in rows if x["scenario"] == s and x["proxy"] == p]
         if not r: continue
         rps = [float(x["req_per_s"]) for x in r]; cpu = [float(x["cpu_us_per_req"]) for x in r]
@@ -244,10 +316,11 @@ def med(s, p, k):
     v = [float(x[k]) for x in rows if x["scenario"] == s and x["proxy"] == p]
     return statistics.median(v) if v else float("nan")
 print()
-print("| scenario | req/s keel/floor | CPU/req keel/floor | req/s floor/haproxy | CPU/req floor/haproxy |")
-print("|---|---|---|---|---|")
+print("| scenario | req/s keel/floor | CPU/req keel/floor | req/s floor/haproxy | CPU/req floor/haproxy | req/s keel/envoy | CPU/req keel/envoy |")
+print("|---|---|---|---|---|---|---|")
 for s in ("h1", "h2c", "grpc"):
     r = lambda a, b, k: med(s, a, k) / med(s, b, k)
     print(f"| {s} | {r('keel', 'floor', 'req_per_s'):.2f} | {r('keel', 'floor', 'cpu_us_per_req'):.2f} "
-          f"| {r('floor', 'haproxy', 'req_per_s'):.2f} | {r('floor', 'haproxy', 'cpu_us_per_req'):.2f} |")
+          f"| {r('floor', 'haproxy', 'req_per_s'):.2f} | {r('floor', 'haproxy', 'cpu_us_per_req'):.2f} "
+          f"| {r('keel', 'envoy', 'req_per_s'):.2f} | {r('keel', 'envoy', 'cpu_us_per_req'):.2f} |")
 PY

