@@ -26,6 +26,20 @@ pub enum Outcome {
     Failure,
 }
 
+impl Outcome {
+    /// What an endpoint's HTTP status says of the endpoint, whatever is retried: every 5xx but
+    /// 501 and 505 is its failure (those two answer the request's method or HTTP version, not
+    /// the endpoint's health). The one rule the proxy, the lab and `keel advise`'s fits share.
+    #[inline]
+    pub fn of_status(status: u16) -> Outcome {
+        if matches!(status, 500..=599) && status != 501 && status != 505 {
+            Outcome::Failure
+        } else {
+            Outcome::Success
+        }
+    }
+}
+
 /// Why a balancer could not be built or updated. [`BuildError::invalid_field`] names the
 /// field at fault.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

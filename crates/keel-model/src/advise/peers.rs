@@ -283,7 +283,7 @@ pub fn config_text(
             } else {
                 let _ = writeln!(
                     t,
-                    "proxy_next_upstream error timeout http_502 http_503 http_504;\nproxy_next_upstream_tries {};  # the first try and {retries} retries",
+                    "proxy_next_upstream error timeout http_500 http_502 http_503 http_504;\nproxy_next_upstream_tries {};  # the first try and {retries} retries",
                     retries + 1
                 );
             }
@@ -303,7 +303,7 @@ pub fn config_text(
             if retries > 0 {
                 let _ = writeln!(
                     t,
-                    "    option redispatch 1  # every retry to another server\n    retry-on conn-failure empty-response response-timeout 502 503 504"
+                    "    option redispatch 1  # every retry to another server\n    retry-on conn-failure empty-response response-timeout 500 502 503 504"
                 );
             }
             let _ = writeln!(t, "    timeout server {}  # per try", ms(sc.timeout));

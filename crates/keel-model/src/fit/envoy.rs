@@ -12,7 +12,7 @@
 //! docs say so). The try's class comes from the response flags: `UT` a timeout, `UF` an error
 //! (connection failure), `UC`, `UR`, `UPE` a reset, `DC` the client's doing, `UH` / `NR` / no
 //! host a request that reached no endpoint, `UO` / `RL` / `UAEX` / `LR` the proxy's own;
-//! otherwise the status, with keel's rule (502 and 503 an error, 504 a timeout).
+//! otherwise the status, with keel's rule ([`super::TryClass::of_status`]).
 
 use super::log::{parse_rfc3339, ParsedRequest, ParsedTry};
 use super::TryClass;
@@ -80,11 +80,7 @@ pub fn read(line: &str) -> Result<Option<ParsedRequest>, String> {
     } else if has("UC") || has("UR") || has("UPE") {
         Some(TryClass::Reset)
     } else {
-        Some(match status {
-            504 => TryClass::Timeout,
-            502 | 503 => TryClass::Error,
-            _ => TryClass::Ok,
-        })
+        Some(TryClass::of_status(status))
     };
     r.tries.push(ParsedTry {
         endpoint: host.trim_start_matches("tcp://").to_string(),
@@ -133,7 +129,8 @@ mod tests {
         assert_eq!(class(&with("503", "UF,URX")), Some(TryClass::Error));
         assert_eq!(class(&with("503", "UC")), Some(TryClass::Reset));
         assert_eq!(class(&with("503", "-")), Some(TryClass::Error));
-        assert_eq!(class(&with("500", "-")), Some(TryClass::Ok));
+        assert_eq!(class(&with("500", "-")), Some(TryClass::Error));
+        assert_eq!(class(&with("505", "-")), Some(TryClass::Ok));
         assert_eq!(class(&with("0", "DC")), None);
         let none = with("503", "UH").replace("\"10.0.2.1:80\"", "\"-\"");
         assert!(read(&none).unwrap().unwrap().tries.is_empty());

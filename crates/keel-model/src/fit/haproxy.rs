@@ -14,8 +14,8 @@
 //! The try's class comes from the termination state: `s` (server timeout) a timeout; `SC`
 //! (refused or failed connection) an error; `SH` / `SD` (the server closed or reset before the
 //! whole answer) a reset; `C`/`c` the client's doing; `P`, `R`, `I`, `D`, `K`, `U`, `L` the
-//! proxy's own (left out); a normal end (`-`) by the status, with keel's rule (502 and 503 an
-//! error, 504 a timeout).
+//! proxy's own (left out); a normal end (`-`) by the status, with keel's rule
+//! ([`super::TryClass::of_status`]).
 
 use super::log::{parse_clf_time, ParsedRequest, ParsedTry};
 use super::TryClass;
@@ -102,11 +102,8 @@ pub fn read(line: &str) -> Result<Option<ParsedRequest>, String> {
         ('S', 'C') => Some(TryClass::Error),
         ('S', _) => Some(TryClass::Reset),
         ('C' | 'c', _) => None,
-        ('-', _) => Some(match status {
-            504 => TryClass::Timeout,
-            502 | 503 => TryClass::Error,
-            _ => TryClass::Ok,
-        }),
+        // -1: no status at all (HAProxy's own answer would have one): the endpoint failed.
+        ('-', _) => Some(u16::try_from(status).map_or(TryClass::Error, TryClass::of_status)),
         (p, _) if "PRIDKUL".contains(p) => {
             r.proxy_side = true;
             return Ok(Some(r));
@@ -176,7 +173,12 @@ mod tests {
             class(&with("----", "503", "1/1/1/1/0")),
             Some(TryClass::Error)
         );
-        assert_eq!(class(&with("----", "500", "1/1/1/1/0")), Some(TryClass::Ok));
+        assert_eq!(
+            class(&with("----", "500", "1/1/1/1/0")),
+            Some(TryClass::Error)
+        );
+        assert_eq!(class(&with("----", "501", "1/1/1/1/0")), Some(TryClass::Ok));
+        assert_eq!(class(&with("----", "404", "1/1/1/1/0")), Some(TryClass::Ok));
         assert_eq!(class(&with("CD--", "200", "1/1/1/1/0")), None);
         let retried = read(&with("----", "200", "1/1/1/1/+2")).unwrap().unwrap();
         assert!(retried.hidden_tries);

@@ -44,9 +44,20 @@ impl TryClass {
         }
     }
 
+    /// A status as keel counts it ([`keel_balance::Outcome::of_status`]): a 504 is a timeout,
+    /// every other 5xx but 501 and 505 an error, anything else the application's answer.
+    pub fn of_status(status: u16) -> TryClass {
+        match status {
+            504 => TryClass::Timeout,
+            s if keel_balance::Outcome::of_status(s) == keel_balance::Outcome::Failure => {
+                TryClass::Error
+            }
+            _ => TryClass::Ok,
+        }
+    }
+
     /// Reads today's single-try line: the proxy's own answer's `cause` when it has one, else
-    /// the status (502, 503 and 504, the default `retry_on_status`, are the endpoint's
-    /// failure; any other status is its answer).
+    /// the status ([`TryClass::of_status`]).
     pub fn of_line(status: u16, cause: Option<&str>) -> TryClass {
         match cause {
             Some(c) if c.contains("did not answer") || c.contains("timed out") => TryClass::Timeout,
@@ -58,8 +69,7 @@ impl TryClass {
                 TryClass::Reset
             }
             Some(_) => TryClass::Error,
-            None if matches!(status, 502..=504) => TryClass::Error,
-            None => TryClass::Ok,
+            None => TryClass::of_status(status),
         }
     }
 }
@@ -188,28 +198,14 @@ pub fn read_lines(
     };
     let mut endpoint_index = HashMap::new();
     let mut cluster_index = HashMap::new();
-    let mut buf = String::new();
-    let mut number = 0u64;
-    loop {
-        buf.clear();
-        let n = input
-            .read_line(&mut buf)
-            .map_err(|e| FitError::Read(e.to_string()))?;
-        if n == 0 {
-            break;
-        }
-        number += 1;
-        let text = buf.trim_end_matches(['\n', '\r']);
-        if text.trim().is_empty() {
-            continue;
-        }
+    each_line(&mut input, |number, text| {
         log.lines += 1;
         let r = match parse(text) {
             Ok(Some(r)) => r,
-            Ok(None) => continue,
+            Ok(None) => return Ok(()),
             Err(why) => {
                 log.skip(number, why);
-                continue;
+                return Ok(());
             }
         };
         let Some(cluster) = intern(&mut log.clusters, &mut cluster_index, &r.cluster) else {
@@ -225,7 +221,7 @@ pub fn read_lines(
         }
         if r.hidden_tries {
             log.multi_try_lines += 1;
-            continue;
+            return Ok(());
         }
         if r.tries.is_empty() && !r.proxy_side {
             log.unattributed += 1;
@@ -248,7 +244,8 @@ pub fn read_lines(
                 in_flight: None,
             });
         }
-    }
+        Ok(())
+    })?;
     Ok(log)
 }
 
@@ -340,14 +337,12 @@ fn intern(names: &mut Vec<String>, index: &mut HashMap<String, u16>, name: &str)
     Some(i)
 }
 
-/// Reads a log from `input`, one line at a time (one line buffer, reused).
-pub fn read_log(mut input: impl BufRead) -> Result<Log, FitError> {
-    let mut log = Log {
-        format: "keel proxy's JSON",
-        ..Log::default()
-    };
-    let mut endpoint_index = HashMap::new();
-    let mut cluster_index = HashMap::new();
+/// Calls `line` with each line of `input` that is not blank (its number from 1, without the line
+/// end), through one buffer, reused.
+fn each_line(
+    input: &mut impl BufRead,
+    mut line: impl FnMut(u64, &str) -> Result<(), FitError>,
+) -> Result<(), FitError> {
     let mut buf = String::new();
     let mut number = 0u64;
     loop {
@@ -356,31 +351,44 @@ pub fn read_log(mut input: impl BufRead) -> Result<Log, FitError> {
             .read_line(&mut buf)
             .map_err(|e| FitError::Read(e.to_string()))?;
         if n == 0 {
-            break;
+            return Ok(());
         }
         number += 1;
-        let text = buf.trim();
-        if text.is_empty() {
-            continue;
+        let text = buf.trim_end_matches(['\n', '\r']);
+        if !text.trim().is_empty() {
+            line(number, text)?;
         }
+    }
+}
+
+/// Reads a log from `input`, one line at a time (one line buffer, reused).
+pub fn read_log(mut input: impl BufRead) -> Result<Log, FitError> {
+    let mut log = Log {
+        format: "keel proxy's JSON",
+        ..Log::default()
+    };
+    let mut endpoint_index = HashMap::new();
+    let mut cluster_index = HashMap::new();
+    each_line(&mut input, |number, text| {
+        let text = text.trim();
         log.lines += 1;
         let line: Line = match serde_json::from_str(text) {
             Ok(l) => l,
             Err(e) => {
                 log.skip(number, e.to_string());
-                continue;
+                return Ok(());
             }
         };
         let Some(duration_ms) = line.duration_ms else {
             log.skip(number, "no `duration_ms`");
-            continue;
+            return Ok(());
         };
         let end = match line.time.as_deref() {
             Some(t) => match parse_rfc3339(t) {
                 Some(s) => s,
                 None => {
                     log.skip(number, format!("`time` {t:?} is not RFC 3339"));
-                    continue;
+                    return Ok(());
                 }
             },
             None => {
@@ -429,14 +437,14 @@ pub fn read_log(mut input: impl BufRead) -> Result<Log, FitError> {
                     at += t.duration_ms / 1e3;
                 }
             }
-            continue;
+            return Ok(());
         }
         let Some(endpoint) = line.endpoint.as_deref() else {
-            continue;
+            return Ok(());
         };
         if line.attempts.unwrap_or(1) > 1 {
             log.multi_try_lines += 1;
-            continue;
+            return Ok(());
         }
         let Some(endpoint) = intern(&mut log.endpoints, &mut endpoint_index, endpoint) else {
             return Err(FitError::TooManyNames("endpoints"));
@@ -449,7 +457,8 @@ pub fn read_log(mut input: impl BufRead) -> Result<Log, FitError> {
             duration_ms: duration_ms as f32,
             in_flight: None,
         });
-    }
+        Ok(())
+    })?;
     Ok(log)
 }
 

@@ -7,8 +7,8 @@
 //! `$time_local` (seconds). `$request_time` gives the request's duration (else the tries' sum),
 //! `$status` the answer, `$proxy_host` the upstream group. Other variables are read and ignored.
 //!
-//! A try's class follows keel's rule: 502 and 503 are errors, 504 a timeout, anything else the
-//! application's answer. A try without a status (`-`) is the client's doing when the request's
+//! A try's class follows keel's rule ([`TryClass::of_status`]): a 504 is a timeout, every other
+//! 5xx but 501 and 505 an error, anything else the application's answer. A try without a status (`-`) is the client's doing when the request's
 //! `$status` is 499 (the client closed the connection); otherwise the line is unreadable.
 
 use super::log::{parse_clf_time, parse_rfc3339, ParsedRequest, ParsedTry};
@@ -214,9 +214,7 @@ impl Format {
                 ))
                 }
                 s => match s.parse::<u16>() {
-                    Ok(504) => Some(TryClass::Timeout),
-                    Ok(502 | 503) => Some(TryClass::Error),
-                    Ok(_) => Some(TryClass::Ok),
+                    Ok(s) => Some(TryClass::of_status(s)),
                     Err(_) => return Err(format!("$upstream_status {s:?} is not a status")),
                 },
             };

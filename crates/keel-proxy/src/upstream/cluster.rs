@@ -213,7 +213,7 @@ impl Cluster {
     /// its HTTP version), not the endpoint's health, and the statuses in `retry_on_status`.
     #[inline]
     pub fn is_failure_status(&self, status: u16) -> bool {
-        (matches!(status, 500..=599) && status != 501 && status != 505)
+        keel_balance::Outcome::of_status(status) == keel_balance::Outcome::Failure
             || self.retries_status(status)
     }
 
