@@ -353,3 +353,130 @@ fn preset_fleet_answers_first_and_reports_every_proxy_count() {
         }
     }
 }
+
+/// The answer block of a terminal run: the bullet lines after "What this run shows:", joined
+/// (a bullet wraps over several lines).
+fn answer_of(text: &str) -> String {
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("What this run shows:"), "{text}");
+    let block: Vec<&str> = lines.take_while(|l| !l.is_empty()).collect();
+    block
+        .join(" ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn json_rows(args: &[&str]) -> Vec<serde_json::Value> {
+    let out = keel(args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn e7_zones_and_e11_open_with_their_answer_from_their_own_rows() {
+    // E7: per request beats per connection; the numbers are the JSON rows' own.
+    let text = String::from_utf8(keel(&["simulate", "--preset", "e7"]).stdout).unwrap();
+    let answer = answer_of(&text);
+    let rows = json_rows(&["simulate", "--preset", "e7", "--json"]);
+    for fault in ["hang", "fast-error"] {
+        let best = |balancing: &str| {
+            rows.iter()
+                .filter(|r| r["failure_mode"] == fault && r["balancing"] == balancing)
+                .map(|r| r["success"].as_f64().unwrap())
+                .fold(0.0, f64::max)
+        };
+        let (req, conn) = (best("per-request"), best("per-connection"));
+        assert!(
+            req > conn,
+            "{fault}: per request {req} <= per connection {conn}"
+        );
+        let needle = format!(
+            "E7 ({fault}): decide per request. least-connections with protections per request reaches {req:.4}"
+        );
+        assert!(answer.contains(&needle), "{needle:?} not in {answer:?}");
+        assert!(
+            answer.contains(&format!("per connection the best is {conn:.4}")),
+            "{answer}"
+        );
+    }
+
+    // Zones: the named rule overloads no zone and keeps p99 within 5 % of the lowest.
+    let text = String::from_utf8(keel(&["simulate", "--preset", "zones"]).stdout).unwrap();
+    let answer = answer_of(&text);
+    let rows = json_rows(&["simulate", "--preset", "zones", "--json"]);
+    let named = rows
+        .iter()
+        .find(|r| answer.starts_with(&format!("- ZONES: {} keeps", r["rule"].as_str().unwrap())))
+        .unwrap_or_else(|| panic!("no rule of the rows opens {answer:?}"));
+    assert!(named["offered"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|o| o.as_f64().unwrap() < 1.0));
+    let low = rows
+        .iter()
+        .filter(|r| {
+            r["offered"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|o| o.as_f64().unwrap() < 1.0)
+        })
+        .map(|r| r["p99_ms"].as_f64().unwrap())
+        .fold(f64::INFINITY, f64::min);
+    assert!(named["p99_ms"].as_f64().unwrap() <= low * 1.05, "{named}");
+    assert!(answer.contains("offers its busiest zone"), "{answer}");
+
+    // E11: the affinity named first moves no session needlessly.
+    let text = String::from_utf8(keel(&["simulate", "--preset", "sticky"]).stdout).unwrap();
+    let answer = answer_of(&text);
+    assert!(
+        answer.contains("E11 (endpoint unhealthy): sticky cookie moves"),
+        "{answer}"
+    );
+    assert!(
+        answer.contains("(0.000 needlessly, 0.000 back when it returns)"),
+        "{answer}"
+    );
+    for line in text.lines().take_while(|l| !l.is_empty()) {
+        assert!(columns(line) <= 100, "{} columns: {line}", columns(line));
+    }
+}
+
+#[test]
+fn reaction_opens_with_the_fastest_strategy_and_those_that_never_moved() {
+    let text =
+        String::from_utf8(keel(&["simulate", "--preset", "reaction", "--quiet"]).stdout).unwrap();
+    let answer = answer_of(&text);
+    let rows = json_rows(&["simulate", "--preset", "reaction", "--quiet", "--json"]);
+    let results: Vec<&serde_json::Value> = rows
+        .iter()
+        .flat_map(|r| r["results"].as_array().unwrap())
+        .collect();
+    // Fastest down; among equals, the lowest share while slowed.
+    let fastest = results
+        .iter()
+        .filter_map(|r| {
+            let x = &r["reaction"];
+            Some((x["down_ms"].as_f64()?, x["share_during"].as_f64()?, r))
+        })
+        .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)))
+        .map(|(down, _, r)| (down, r))
+        .unwrap();
+    let name = fastest.1["strategy"].as_str().unwrap();
+    assert!(
+        answer.contains(&format!("{name} reacts fastest"))
+            && answer.contains(&format!("{:.0} ms after they slowed", fastest.0)),
+        "{answer}"
+    );
+    // Round-robin cannot see latency: it keeps sending the slowed server its fair share.
+    assert!(answer.contains("round-robin never moved away"), "{answer}");
+}

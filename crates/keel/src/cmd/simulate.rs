@@ -8,7 +8,7 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use keel_model::plot::{self, ChartSpec, Series, Style};
 use keel_model::presets::{self, Experiment};
-use keel_model::sim::{self, BatchReport, Scenario, SimResult};
+use keel_model::sim::{self, BatchReport, Reaction, Scenario, SimResult};
 use serde::Serialize;
 
 use crate::cmd::usage;
@@ -131,6 +131,7 @@ fn multiplex(args: &Args) -> anyhow::Result<()> {
             println!("{row}");
         }
     } else {
+        print_lines(&e7_answer(&results));
         println!("E7: long-lived multiplexed connections, 4 clients x 1 connection, 8 endpoints (endpoint 0 fails)\n");
         print!("{}", multiplex::table(&results));
     }
@@ -164,7 +165,11 @@ fn zones(args: &Args) -> anyhow::Result<()> {
             println!("{row}");
         }
     } else {
-        println!("ZONES: 60/30/10 % of arrivals in zones a/b/c of 4/4/3 endpoints (8 slots, 10 ms), offered load 0.7, one balancer per zone\n");
+        print_lines(&zones_answer(&results));
+        println!(
+            "ZONES: 60/30/10 % of arrivals in zones a/b/c (4/4/3 endpoints of 8 slots, 10 ms),"
+        );
+        println!("offered load 0.7, one balancer per zone\n");
         print!("{}", zones::table(&results));
     }
     if let Some(dir) = &args.plot {
@@ -195,10 +200,174 @@ fn sticky(args: &Args) -> anyhow::Result<()> {
             println!("{row}");
         }
     } else {
+        print_lines(&sticky_answer(&results));
         println!("E11: sessions moved when one of five endpoints goes away and comes back, 10,000 sessions\n");
         print!("{}", sticky::table(&results));
     }
     Ok(())
+}
+
+/// "What this run shows" and its lines, wrapped to [`COLUMNS`]; nothing when there are none.
+fn print_lines(findings: &[String]) {
+    if findings.is_empty() {
+        return;
+    }
+    println!("What this run shows:");
+    for f in findings {
+        for (i, line) in crate::lab::answer::wrap(f, COLUMNS, "  ")
+            .into_iter()
+            .enumerate()
+        {
+            if i == 0 {
+                println!("- {}", &line[2..]);
+            } else {
+                println!("{line}");
+            }
+        }
+    }
+    println!();
+}
+
+/// E7's finding per failure mode: deciding per request against per connection, and what a
+/// per-request strategy without protections can still lose.
+fn e7_answer(results: &[keel_model::multiplex::MultiplexResult]) -> Vec<String> {
+    use keel_model::multiplex::{Fault, Granularity, MultiplexResult};
+    let who = |r: &MultiplexResult| {
+        format!(
+            "{}{}",
+            r.scenario.strategy,
+            if r.scenario.protections {
+                " with protections"
+            } else {
+                ""
+            }
+        )
+    };
+    let mut out = Vec::new();
+    for fault in [Fault::Hang, Fault::FastError] {
+        let of = |g: Granularity| {
+            results
+                .iter()
+                .filter(move |r| r.scenario.fault == fault && r.scenario.granularity == g)
+        };
+        let by_success =
+            |a: &&MultiplexResult, b: &&MultiplexResult| a.success().total_cmp(&b.success());
+        let (Some(req), Some(conn)) = (
+            of(Granularity::PerRequest).max_by(by_success),
+            of(Granularity::PerConnection).max_by(by_success),
+        ) else {
+            continue;
+        };
+        let (lo, hi) = req.success_ci95();
+        let closed = conn
+            .analytic_success
+            .map_or_else(String::new, |a| format!(" (closed form {a:.4})"));
+        let mut s = format!(
+            "E7 ({}): decide per request. {} per request reaches {:.4} [{lo:.4}, {hi:.4}]; per \
+             connection the best is {:.4}{closed}, protections or not: a connection pinned to \
+             the failed endpoint fails until it closes",
+            fault.name(),
+            who(req),
+            req.success(),
+            conn.success()
+        );
+        if let Some(low) = of(Granularity::PerRequest)
+            .min_by(by_success)
+            .filter(|r| r.success() < conn.success())
+        {
+            s.push_str(&format!(
+                ". Per request without protections, {} falls to {:.4}",
+                who(low),
+                low.success()
+            ));
+            if fault == Fault::FastError
+                && low.scenario.strategy == keel_balance::StrategyKind::LeastConnections
+            {
+                s.push_str(" (the failing endpoint empties first, so it gets the most calls)");
+            }
+        }
+        s.push('.');
+        out.push(s);
+    }
+    out
+}
+
+/// The zones' finding: of the rules that overload no zone and keep p99 within 5 % of the lowest,
+/// the one that keeps the most calls in their zone; and what a rule that overloads a zone costs.
+fn zones_answer(results: &[keel_model::zones::ZoneResult]) -> Vec<String> {
+    use keel_model::zones::ZoneResult;
+    let max_offered = |r: &ZoneResult| r.offered.iter().copied().fold(0.0, f64::max);
+    let fit: Vec<&ZoneResult> = results.iter().filter(|r| max_offered(r) < 1.0).collect();
+    let low_p99 = fit.iter().map(|r| r.p99_ms).fold(f64::INFINITY, f64::min);
+    let best = fit
+        .iter()
+        .filter(|r| r.p99_ms <= low_p99 * 1.05)
+        .min_by(|a, b| a.cross_zone.total_cmp(&b.cross_zone));
+    let Some(best) = best else {
+        return Vec::new();
+    };
+    let mut s = format!(
+        "ZONES: {} keeps {:.1} % of calls in their zone with p99 {:.1} ms (the lowest is {:.1} ms)",
+        best.scenario.rule.name(),
+        (1.0 - best.cross_zone) * 100.0,
+        best.p99_ms,
+        low_p99
+    );
+    if let Some(unaware) = results
+        .iter()
+        .find(|r| r.scenario.rule.name() == "zone-unaware" && !std::ptr::eq(*r, *best))
+    {
+        s.push_str(&format!(
+            "; zone-unaware sends {:.1} % across zones",
+            unaware.cross_zone * 100.0
+        ));
+    }
+    if let Some(worst) = results
+        .iter()
+        .filter(|r| max_offered(r) >= 1.0)
+        .max_by(|a, b| a.p99_ms.total_cmp(&b.p99_ms))
+    {
+        s.push_str(&format!(
+            "; {} keeps more local ({:.1} %) but offers its busiest zone {:.2} of its capacity, \
+             and p99 rises to {:.0} ms",
+            worst.scenario.rule.name(),
+            (1.0 - worst.cross_zone) * 100.0,
+            max_offered(worst),
+            worst.p99_ms
+        ));
+    }
+    s.push('.');
+    vec![s]
+}
+
+/// E11's finding per way of losing the endpoint: the affinity that moves the fewest sessions
+/// needlessly, against the closed form's least share that must move.
+fn sticky_answer(results: &[keel_model::sticky::StickyResult]) -> Vec<String> {
+    use keel_model::sticky::Loss;
+    let mut out = Vec::new();
+    for loss in [Loss::Unhealthy, Loss::Removed] {
+        let rows: Vec<_> = results.iter().filter(|r| r.loss == loss).collect();
+        let cost = |r: &keel_model::sticky::StickyResult| r.moved_needlessly + r.moved_back;
+        let best = rows.iter().min_by(|a, b| cost(a).total_cmp(&cost(b)));
+        let worst = rows.iter().max_by(|a, b| cost(a).total_cmp(&cost(b)));
+        let (Some(best), Some(worst)) = (best, worst) else {
+            continue;
+        };
+        out.push(format!(
+            "E11 (endpoint {}): {} moves {:.3} of sessions where {:.3} must move ({:.3} \
+             needlessly, {:.3} back when it returns); {} moves {:.3} needlessly and {:.3} back.",
+            loss.name(),
+            best.affinity.name(),
+            best.moved,
+            best.must_move,
+            best.moved_needlessly,
+            best.moved_back,
+            worst.affinity.name(),
+            worst.moved_needlessly,
+            worst.moved_back
+        ));
+    }
+    out
 }
 
 /// The fleet of balancers: the answer, then a table, or JSON Lines.
@@ -369,35 +538,23 @@ fn print_answer(done: &[(String, &str, BatchReport)]) {
         .iter()
         .filter_map(|(id, _, report)| finding(id, &report.results))
         .collect();
-    if findings.is_empty() {
-        return;
-    }
-    println!("What this run shows:");
-    for f in findings {
-        for (i, line) in crate::lab::answer::wrap(&f, COLUMNS, "  ")
-            .into_iter()
-            .enumerate()
-        {
-            if i == 0 {
-                println!("- {}", &line[2..]);
-            } else {
-                println!("{line}");
-            }
-        }
-    }
-    println!();
+    print_lines(&findings);
 }
 
-/// One experiment's finding (success-rate experiments only), or None.
+/// One experiment's finding, or None: the reaction to a slowed server (E9), latency under load
+/// (E8 and queueing scenarios), else success rates.
 fn finding(id: &str, results: &[SimResult]) -> Option<String> {
-    if results.is_empty()
-        || results
-            .iter()
-            .any(|r| r.load.is_some() || r.reaction.is_some())
-    {
+    if results.is_empty() {
         return None;
     }
     let id = id.to_uppercase();
+    if results.iter().any(|r| r.reaction.is_some()) {
+        return reaction_finding(&id, results);
+    }
+    if results.iter().any(|r| r.load.is_some()) {
+        let parts = tail_findings(&id, results);
+        return (!parts.is_empty()).then(|| parts.join(" "));
+    }
     let mut labels: Vec<&str> = Vec::new();
     for r in results {
         if !labels.contains(&r.label.as_str()) {
@@ -501,6 +658,111 @@ fn finding(id: &str, results: &[SimResult]) -> Option<String> {
     s.push('.');
     s.push_str(&closed(best));
     Some(s)
+}
+
+/// E9's finding: which strategy moved calls off the slowed servers fastest, and which never did.
+fn reaction_finding(id: &str, results: &[SimResult]) -> Option<String> {
+    let rows: Vec<(&SimResult, &Reaction)> = results
+        .iter()
+        .filter_map(|r| r.reaction.as_ref().map(|x| (r, x)))
+        .collect();
+    // Fastest down first; a strategy that never moved away ranks last, by its share while slow.
+    let key = |x: &Reaction| (x.down_ms.unwrap_or(f64::INFINITY), x.share_during);
+    let best = rows.iter().min_by(|a, b| {
+        key(a.1)
+            .partial_cmp(&key(b.1))
+            .unwrap_or(std::cmp::Ordering::Equal)
+    })?;
+    let (r, x) = best;
+    let Some(down) = x.down_ms else {
+        return Some(format!(
+            "{id} ({}): no strategy moved calls off the slowed servers while they were slow \
+             (fair share {:.3}; lowest share while slowed {:.3}, {}).",
+            r.label, x.fair_share, x.share_during, r.strategy
+        ));
+    };
+    let mut never: Vec<&str> = Vec::new();
+    for (r, _) in rows.iter().filter(|(_, x)| x.down_ms.is_none()) {
+        if !never.contains(&r.strategy.as_str()) {
+            never.push(&r.strategy);
+        }
+    }
+    let mut s = format!(
+        "{id} ({}): {} reacts fastest: the slowed servers' share fell below half their fair \
+         share ({:.3}) {down:.0} ms after they slowed, {:.3} of calls while slow; p99 {:.2} ms",
+        r.label, r.strategy, x.fair_share, x.share_during, r.latency_ms.p99
+    );
+    if !never.is_empty() {
+        s.push_str(&format!(
+            "; {} never moved away (blind to latency: the fair share stays)",
+            never.join(", ")
+        ));
+    }
+    s.push('.');
+    Some(s)
+}
+
+/// Latency under load: at the highest load, per scenario (placement), the strategy with the
+/// lowest p99 among those that lose nothing (success within the best's interval), against the
+/// next and the highest.
+fn tail_findings(id: &str, results: &[SimResult]) -> Vec<String> {
+    let top_load = results
+        .iter()
+        .filter_map(|r| r.load)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let mut labels: Vec<&str> = Vec::new();
+    for r in results.iter().filter(|r| r.load == Some(top_load)) {
+        if !labels.contains(&r.label.as_str()) {
+            labels.push(&r.label);
+        }
+    }
+    let who = |r: &SimResult| {
+        if r.protections == "none" {
+            r.strategy.clone()
+        } else {
+            format!("{} with {}", r.strategy, r.protections)
+        }
+    };
+    let mut out = Vec::new();
+    for label in labels {
+        let mut rows: Vec<&SimResult> = results.iter().filter(|r| r.label == label).collect();
+        let top = rows.iter().map(|r| r.ci95[0]).fold(0.0, f64::max);
+        rows.retain(|r| r.ci95[1] >= top);
+        rows.sort_by(|a, b| a.latency_ms.p99.total_cmp(&b.latency_ms.p99));
+        let Some(best) = rows.first() else { continue };
+        let ci = best.latency_ci95_ms.p99;
+        let mut s = format!(
+            "{id} ({label}): {} has the lowest p99, {:.1} ms [{:.1}, {:.1}]",
+            who(best),
+            best.latency_ms.p99,
+            ci[0],
+            ci[1]
+        );
+        if let Some(next) = rows.get(1) {
+            let tie = next.latency_ci95_ms.p99[0] <= ci[1];
+            s.push_str(&format!(
+                ", {:.1} ms under {} ({:.1} ms){}",
+                next.latency_ms.p99 - best.latency_ms.p99,
+                who(next),
+                next.latency_ms.p99,
+                if tie {
+                    ", a tie: the intervals overlap"
+                } else {
+                    ""
+                }
+            ));
+        }
+        if let Some(worst) = rows.last().filter(|_| rows.len() > 2) {
+            s.push_str(&format!(
+                "; {} highest at {:.1} ms",
+                who(worst),
+                worst.latency_ms.p99
+            ));
+        }
+        s.push('.');
+        out.push(s);
+    }
+    out
 }
 
 /// `--sweep`: every cell's rows as one parallel batch, then the verdicts (and files with --out).
@@ -839,6 +1101,19 @@ fn print_herd_table(results: &[SimResult], wide: bool) {
     }
 }
 
+/// The "down ms" and "back ms" cells of a reaction row.
+fn reaction_cells(x: &Reaction) -> (String, String) {
+    let down = x
+        .down_ms
+        .map_or_else(|| "never".into(), |d| format!("{d:.0}"));
+    let back = match (x.down_ms, x.back_ms) {
+        (None, _) => "-".into(),
+        (Some(_), None) => "never".into(),
+        (Some(_), Some(b)) => format!("{b:.0}"),
+    };
+    (down, back)
+}
+
 /// How fast the slowed servers' share of calls fell and came back (E9).
 fn print_reaction_table(results: &[SimResult], wide: bool) {
     if !wide {
@@ -853,14 +1128,7 @@ fn print_reaction_table(results: &[SimResult], wide: bool) {
                 println!("  {}", fit(&r.label, COLUMNS - 2));
                 label = Some(&r.label);
             }
-            let down = x
-                .down_ms
-                .map_or_else(|| "never".into(), |d| format!("{d:.0}"));
-            let back = match (x.down_ms, x.back_ms) {
-                (None, _) => "-".into(),
-                (Some(_), None) => "never".into(),
-                (Some(_), Some(b)) => format!("{b:.0}"),
-            };
+            let (down, back) = reaction_cells(x);
             println!(
                 "    {:<16} {:>6.3} {:>8.3} {:>8.3} {:>8.3} {:>9} {:>9} {:>9.2}",
                 fit(&r.strategy, 16),
@@ -881,14 +1149,7 @@ fn print_reaction_table(results: &[SimResult], wide: bool) {
     );
     for r in results {
         let Some(x) = &r.reaction else { continue };
-        let down = x
-            .down_ms
-            .map_or_else(|| "never".into(), |d| format!("{d:.0}"));
-        let back = match (x.down_ms, x.back_ms) {
-            (None, _) => "-".into(),
-            (Some(_), None) => "never".into(),
-            (Some(_), Some(b)) => format!("{b:.0}"),
-        };
+        let (down, back) = reaction_cells(x);
         println!(
             "  {:<34} {:<16} {:>6.3} {:>8.3} {:>8.3} {:>8.3} {:>9} {:>9} {:>9.2}",
             r.label,
