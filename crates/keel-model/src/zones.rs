@@ -470,11 +470,11 @@ pub fn table(results: &[ZoneResult]) -> String {
         .map(|r| r.scenario.zones.iter().map(|z| z.0.as_str()).collect())
         .unwrap_or_default();
     out.push_str(&format!(
-        "  {:<22} {:>10} {:>12}  {:<26} {:<20} {:>8} {:>9}\n",
+        "  {:<22} {:>10} {:>11}  {:<16} {:<14} {:>6} {:>8}\n",
         "rule",
         "cross-zone",
         "closed form",
-        format!("offered load {}", names.join("/")),
+        format!("offered {}", names.join("/")),
         "busy",
         "p50 ms",
         "p99 ms"
@@ -488,12 +488,12 @@ pub fn table(results: &[ZoneResult]) -> String {
         };
         let fmt = |v: &[f64]| {
             v.iter()
-                .map(|x| format!("{x:.3}"))
+                .map(|x| format!("{x:.2}"))
                 .collect::<Vec<_>>()
-                .join(" / ")
+                .join("/")
         };
         out.push_str(&format!(
-            "  {:<22} {:>10.4} {:>12}  {:<26} {:<20} {:>8.2} {:>9.2}\n",
+            "  {:<22} {:>10.4} {:>11}  {:<16} {:<14} {:>6.2} {:>8.2}\n",
             s.rule.name(),
             r.cross_zone,
             closed,
@@ -506,7 +506,7 @@ pub fn table(results: &[ZoneResult]) -> String {
     if let Some(r) = results.first() {
         let s = &r.scenario;
         out.push_str(&format!(
-            "  least cross-zone share keeping every zone at or under 1.0: {:.4}, under 0.8: {:.4}, under 0.95: {:.4}\n",
+            "  least cross-zone share keeping every zone at or under 1.0: {:.4}, 0.8: {:.4}, 0.95: {:.4}\n",
             s.min_cross_zone(1.0),
             s.min_cross_zone(0.8),
             s.min_cross_zone(0.95)
