@@ -45,21 +45,28 @@ pub struct OutlierConfig {
     pub max_ejection_time: Duration,
     /// Most endpoints out at once, in percent (rounded down, at least one). Default 10.
     pub max_ejection_percent: f64,
-    /// Judging on a fleet's shared evidence: the quorum of distinct sources. Set by a driver
-    /// that feeds [`crate::Balancer::record_remote`]; not a configuration key (yet), so that no
-    /// configuration can ask for a quorum that nothing feeds. Absent: quorum 1.
-    #[serde(skip)]
+    /// Judging on a fleet's shared evidence (`shared = { quorum = 1 }`): the quorum of distinct
+    /// sources. Only a driver that feeds [`crate::Balancer::record_remote`] should accept it
+    /// (keel-proxy does with `[etcd]` and a proxy `name`). Absent: this balancer's own calls
+    /// only (quorum 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub shared: Option<SharedEvidence>,
 }
 
 /// How a balancer judges an endpoint on evidence shared by a fleet of balancers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct SharedEvidence {
     /// Distinct sources (this balancer and others) that must have contributed failures to the
     /// run of consecutive failures (or the failure-rate window) that ejects: 1 lets any one
     /// balancer's evidence eject for all; more keeps a single confused balancer from ejecting.
-    /// Within `1..=`[`MAX_QUORUM`].
+    /// Within `1..=`[`MAX_QUORUM`]. Default 1.
+    #[serde(default = "one")]
     pub quorum: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// The largest [`SharedEvidence::quorum`] (the detector remembers that many distinct sources per

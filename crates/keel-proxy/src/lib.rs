@@ -46,3 +46,9 @@ pub use config::{ConfigError, ProxyConfig};
 pub use route::RouteMatcher;
 pub use serve::{start, start_with, start_with_workers, Drained, ProxyHandle, StartOptions};
 pub use state::ReloadError;
+
+/// etcd (feature `etcd`): `keel register`'s registration, and the client's errors.
+#[cfg(feature = "etcd")]
+pub mod etcd {
+    pub use crate::control::etcd::{register, EtcdError, Registration};
+}

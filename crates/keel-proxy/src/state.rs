@@ -67,6 +67,10 @@ pub(crate) struct Shared {
     pub discovery: Mutex<HashMap<String, Arc<Discovered>>>,
     /// Discovery tasks of the current clusters.
     pub discovery_tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Shared outlier evidence by cluster name (`[cluster.outlier_detection] shared`).
+    pub evidence: Mutex<HashMap<String, Arc<crate::upstream::evidence::Evidence>>>,
+    /// The evidence exchange tasks of the current clusters.
+    pub evidence_tasks: Mutex<Vec<JoinHandle<()>>>,
     /// Itself, for the tasks that apply what discovery finds (weak: they do not keep the proxy
     /// alive).
     pub me: std::sync::Weak<Shared>,

@@ -40,6 +40,9 @@ enum Command {
     Completions(cmd::manual::CompletionsArgs),
     /// Print keel's manual page (roff), or a subcommand's, or write them all with --out DIR.
     Man(cmd::manual::ManArgs),
+    /// Register an endpoint in etcd under a lease kept alive until SIGTERM/SIGINT (then deleted).
+    #[cfg(feature = "etcd")]
+    Register(cmd::register::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -48,6 +51,8 @@ fn main() -> std::process::ExitCode {
     // subcommands print their results and log only their own warnings, as text.
     let (format, filter) = match &cli.command {
         Command::Proxy(args) => (args.log_format, args.log.as_str()),
+        #[cfg(feature = "etcd")]
+        Command::Register(args) => (logging::LogFormat::Text, args.log.as_str()),
         _ => (logging::LogFormat::Text, "keel=warn"),
     };
     if let Err(e) = logging::init(format, filter) {
@@ -63,6 +68,8 @@ fn main() -> std::process::ExitCode {
         Command::Backend(args) => cmd::backend::run(args),
         Command::Completions(args) => cmd::manual::completions(args, Cli::command()),
         Command::Man(args) => cmd::manual::man(args, Cli::command()),
+        #[cfg(feature = "etcd")]
+        Command::Register(args) => cmd::register::run(args),
     };
     cmd::exit(result)
 }

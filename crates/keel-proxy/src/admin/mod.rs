@@ -90,6 +90,7 @@ pub(crate) fn status_json(shared: &Shared, recent: &Recent) -> serde_json::Value
                 "health_check": c.config.health_check.is_some(),
                 "outlier_detection": c.config.outlier_detection.is_some(),
                 "discovery": discovery_json(shared, c.name()),
+                "shared_evidence": evidence_json(shared, c.name()),
                 "last_minute": recent.cluster_json(c.name()),
                 "endpoints": endpoints,
             })
@@ -160,6 +161,30 @@ fn rfc3339(t: std::time::SystemTime) -> String {
     String::from_utf8(out).unwrap_or_default()
 }
 
+/// A cluster's shared outlier evidence (`null` without `shared`): whether it is exchanged
+/// through etcd now or the proxy judges on its own outcomes only, and why.
+fn evidence_json(shared: &Shared, cluster: &str) -> serde_json::Value {
+    let found = shared
+        .evidence
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(cluster)
+        .cloned();
+    let Some(e) = found else {
+        return serde_json::Value::Null;
+    };
+    let st = e.state();
+    json!({
+        "mode": if st.connected { "shared" } else { "local only (etcd unreachable)" },
+        "connected": st.connected,
+        "last_error": st.last_error,
+        "peers": st.peers,
+        "published": e.published.load(Relaxed),
+        "received": e.received.load(Relaxed),
+        "remote_ejections": e.remote_ejections.load(Relaxed),
+    })
+}
+
 /// A cluster's discovery: its source and how its refreshes went (`null` without discovery).
 fn discovery_json(shared: &Shared, cluster: &str) -> serde_json::Value {
     let found = shared
@@ -184,6 +209,8 @@ fn discovery_json(shared: &Shared, cluster: &str) -> serde_json::Value {
         "last_refresh": st.last_refresh.map(rfc3339),
         "last_refresh_ago_s": ago(st.last_refresh),
         "last_change": st.last_change.map(rfc3339),
+        // The source's last answer failed and the endpoints are those it gave before.
+        "stale": st.last_error.is_some(),
         "last_error": st.last_error,
         "errors": d.errors.load(Relaxed),
     })
@@ -222,12 +249,47 @@ fn metrics_text(shared: &Shared) -> String {
             out.push_str("# HELP keel_discovery_errors_total Discovery refreshes that failed (resolver error, timeout, NXDOMAIN, empty answer, unreadable file); the last known endpoints stayed.\n# TYPE keel_discovery_errors_total counter\n");
             let mut names: Vec<_> = discovery.iter().collect();
             names.sort_by(|a, b| a.0.cmp(b.0));
-            for (name, d) in names {
+            for (name, d) in &names {
                 let _ = writeln!(
                     out,
                     "keel_discovery_errors_total{{cluster=\"{}\"}} {}",
                     metrics::label(name),
                     d.errors.load(Relaxed)
+                );
+            }
+            out.push_str("# HELP keel_discovery_stale 1 while a cluster's discovery source fails (etcd unreachable, DNS error, ...) and the cluster serves the last endpoints it found.\n# TYPE keel_discovery_stale gauge\n");
+            for (name, d) in &names {
+                let _ = writeln!(
+                    out,
+                    "keel_discovery_stale{{cluster=\"{}\"}} {}",
+                    metrics::label(name),
+                    u8::from(d.state().last_error.is_some())
+                );
+            }
+        }
+    }
+    {
+        use std::fmt::Write as _;
+        let evidence = shared.evidence.lock().unwrap_or_else(|e| e.into_inner());
+        if !evidence.is_empty() {
+            out.push_str("# HELP keel_shared_evidence_connected 1 while a cluster's outlier evidence is exchanged through etcd; 0 while the proxy judges on its own outcomes only.\n# TYPE keel_shared_evidence_connected gauge\n");
+            let mut names: Vec<_> = evidence.iter().collect();
+            names.sort_by(|a, b| a.0.cmp(b.0));
+            for (name, e) in &names {
+                let _ = writeln!(
+                    out,
+                    "keel_shared_evidence_connected{{cluster=\"{}\"}} {}",
+                    metrics::label(name),
+                    u8::from(e.state().connected)
+                );
+            }
+            out.push_str("# HELP keel_shared_evidence_remote_ejections_total Ejections completed by other proxies' evidence.\n# TYPE keel_shared_evidence_remote_ejections_total counter\n");
+            for (name, e) in &names {
+                let _ = writeln!(
+                    out,
+                    "keel_shared_evidence_remote_ejections_total{{cluster=\"{}\"}} {}",
+                    metrics::label(name),
+                    e.remote_ejections.load(Relaxed)
                 );
             }
         }

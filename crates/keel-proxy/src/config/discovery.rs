@@ -51,6 +51,13 @@ pub enum DiscoveryConfig {
         /// The file.
         path: PathBuf,
     },
+    /// `{ etcd = "/keel/clusters/app/" }`: every key under the prefix is one endpoint, its value
+    /// JSON `{"address": "host:port", "weight": 1, "zone": "a", "priority": 0}` (only `address`
+    /// required); read, then watched. Needs the top-level `[etcd]`.
+    Etcd {
+        /// The key prefix, ending in `/`.
+        prefix: String,
+    },
 }
 
 /// How often a DNS source is resolved unless `refresh` says otherwise.
@@ -65,6 +72,8 @@ pub enum DiscoveryKind {
     Srv,
     /// A file.
     File,
+    /// An etcd key prefix.
+    Etcd,
 }
 
 impl DiscoveryKind {
@@ -74,6 +83,7 @@ impl DiscoveryKind {
             DiscoveryKind::Dns => "dns",
             DiscoveryKind::Srv => "srv",
             DiscoveryKind::File => "file",
+            DiscoveryKind::Etcd => "etcd",
         }
     }
 }
@@ -85,6 +95,7 @@ impl DiscoveryConfig {
             DiscoveryConfig::Dns { .. } => DiscoveryKind::Dns,
             DiscoveryConfig::Srv { .. } => DiscoveryKind::Srv,
             DiscoveryConfig::File { .. } => DiscoveryKind::File,
+            DiscoveryConfig::Etcd { .. } => DiscoveryKind::Etcd,
         }
     }
 
@@ -94,7 +105,9 @@ impl DiscoveryConfig {
             DiscoveryConfig::Dns { refresh, .. } | DiscoveryConfig::Srv { refresh, .. } => {
                 refresh.unwrap_or(DEFAULT_DISCOVERY_REFRESH)
             }
-            DiscoveryConfig::File { .. } => DEFAULT_DISCOVERY_REFRESH,
+            DiscoveryConfig::File { .. } | DiscoveryConfig::Etcd { .. } => {
+                DEFAULT_DISCOVERY_REFRESH
+            }
         }
     }
 
@@ -104,7 +117,7 @@ impl DiscoveryConfig {
             DiscoveryConfig::Dns { resolver, .. } | DiscoveryConfig::Srv { resolver, .. } => {
                 *resolver
             }
-            DiscoveryConfig::File { .. } => None,
+            DiscoveryConfig::File { .. } | DiscoveryConfig::Etcd { .. } => None,
         }
     }
 
@@ -119,6 +132,7 @@ impl DiscoveryConfig {
             DiscoveryConfig::Dns { name, port, .. } => format!("dns {name}:{port}{via}"),
             DiscoveryConfig::Srv { name, .. } => format!("srv {name}{via}"),
             DiscoveryConfig::File { path } => format!("file {}", path.display()),
+            DiscoveryConfig::Etcd { prefix } => format!("etcd {prefix}"),
         }
     }
 
@@ -150,6 +164,11 @@ impl DiscoveryConfig {
                 refresh
             }
             DiscoveryConfig::File { .. } => &None,
+            DiscoveryConfig::Etcd { prefix } => {
+                crate::config::etcd::check_prefix(prefix)
+                    .map_err(|m| InvalidField::at("etcd", Problem::Invalid(m)))?;
+                &None
+            }
         };
         if let Some(r) = *refresh {
             if r < Duration::from_secs(1) {
@@ -195,13 +214,14 @@ pub(crate) fn check_name(name: &str, srv: bool) -> Result<(), String> {
 }
 
 /// The keys of a `discovery` table.
-const KEYS: &[&str] = &["dns", "srv", "file", "port", "resolver", "refresh"];
+const KEYS: &[&str] = &["dns", "srv", "file", "etcd", "port", "resolver", "refresh"];
 
 /// One key of a `discovery` table; any other is refused at that key.
 enum Key {
     Dns,
     Srv,
     File,
+    Etcd,
     Port,
     Resolver,
     Refresh,
@@ -220,6 +240,7 @@ impl<'de> Deserialize<'de> for Key {
                     "dns" => Key::Dns,
                     "srv" => Key::Srv,
                     "file" => Key::File,
+                    "etcd" => Key::Etcd,
                     "port" => Key::Port,
                     "resolver" => Key::Resolver,
                     "refresh" => Key::Refresh,
@@ -276,6 +297,13 @@ fn not_for(kind: DiscoveryKind, key: Key) -> Option<&'static str> {
         (DiscoveryKind::File, Key::Refresh) => {
             Some("a file is looked at every second and read again when it changes")
         }
+        (DiscoveryKind::Etcd, Key::Port) => Some("each key's value carries its address and port"),
+        (DiscoveryKind::Etcd, Key::Resolver) => {
+            Some("etcd's members are those of the top-level [etcd]")
+        }
+        (DiscoveryKind::Etcd, Key::Refresh) => {
+            Some("etcd is watched: changes arrive as they happen")
+        }
         _ => None,
     }
 }
@@ -293,26 +321,32 @@ impl<'de> Visitor<'de> for TableVisitor {
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(
-            "a table: { dns = \"NAME\", port = N }, { srv = \"NAME\" } or { file = \"PATH\" }",
+            "a table: { dns = \"NAME\", port = N }, { srv = \"NAME\" }, { file = \"PATH\" } or { etcd = \"/PREFIX/\" }",
         )
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<DiscoveryConfig, A::Error> {
         let (mut dns, mut srv, mut file) = (None, None, None::<PathBuf>);
+        let mut etcd = None::<String>;
         let (mut port, mut resolver, mut refresh) = (None, None, None::<Refresh>);
         // The one kind named so far (two kinds are refused at the table, below).
-        let kind = |dns: &Option<String>, srv: &Option<String>, file: &Option<PathBuf>| match (
+        let kind = |dns: &Option<String>,
+                    srv: &Option<String>,
+                    file: &Option<PathBuf>,
+                    etcd: &Option<String>| match (
             dns.is_some(),
             srv.is_some(),
             file.is_some(),
+            etcd.is_some(),
         ) {
-            (true, false, false) => Some(DiscoveryKind::Dns),
-            (false, true, false) => Some(DiscoveryKind::Srv),
-            (false, false, true) => Some(DiscoveryKind::File),
+            (true, false, false, false) => Some(DiscoveryKind::Dns),
+            (false, true, false, false) => Some(DiscoveryKind::Srv),
+            (false, false, true, false) => Some(DiscoveryKind::File),
+            (false, false, false, true) => Some(DiscoveryKind::Etcd),
             _ => None,
         };
         while let Some(key) = map.next_key::<Key>()? {
-            let now = kind(&dns, &srv, &file);
+            let now = kind(&dns, &srv, &file, &etcd);
             let refused = |key| now.and_then(|k| not_for(k, key)).map(String::from);
             match key {
                 Key::Port => {
@@ -329,6 +363,7 @@ impl<'de> Visitor<'de> for TableVisitor {
                     let k = match kind_key {
                         Key::Dns => DiscoveryKind::Dns,
                         Key::Srv => DiscoveryKind::Srv,
+                        Key::Etcd => DiscoveryKind::Etcd,
                         _ => DiscoveryKind::File,
                     };
                     let set = [
@@ -352,26 +387,30 @@ impl<'de> Visitor<'de> for TableVisitor {
                         DiscoveryKind::File => {
                             file = Some(map.next_value_seed(Value::refused_if(why))?)
                         }
+                        DiscoveryKind::Etcd => {
+                            etcd = Some(map.next_value_seed(Value::refused_if(why))?)
+                        }
                     }
                 }
             }
         }
         let refresh = refresh.map(|r| r.0);
-        match (dns, srv, file) {
-            (Some(name), None, None) => Ok(DiscoveryConfig::Dns {
+        match (dns, srv, file, etcd) {
+            (None, None, None, Some(prefix)) => Ok(DiscoveryConfig::Etcd { prefix }),
+            (Some(name), None, None, None) => Ok(DiscoveryConfig::Dns {
                 name,
                 port: port.unwrap_or(0),
                 resolver,
                 refresh,
             }),
-            (None, Some(name), None) => Ok(DiscoveryConfig::Srv {
+            (None, Some(name), None, None) => Ok(DiscoveryConfig::Srv {
                 name,
                 resolver,
                 refresh,
             }),
-            (None, None, Some(path)) => Ok(DiscoveryConfig::File { path }),
+            (None, None, Some(path), None) => Ok(DiscoveryConfig::File { path }),
             _ => Err(de::Error::custom(
-                "set one of `dns` (with `port`), `srv` or `file`",
+                "set one of `dns` (with `port`), `srv`, `file` or `etcd`",
             )),
         }
     }
@@ -418,6 +457,14 @@ mod tests {
             (
                 "discovery = { refresh = \"2s\", file = \"e.toml\" }",
                 "`refresh` is set",
+            ),
+            (
+                "discovery = { etcd = \"/keel/app/\", port = 80 }",
+                "each key's value carries",
+            ),
+            (
+                "discovery = { etcd = \"/keel/app/\", file = \"e.toml\" }",
+                "set one of",
             ),
             ("discovery = { port = 80 }", "set one of"),
             (

@@ -22,6 +22,7 @@ use serde::Deserialize;
 
 pub(crate) mod cluster;
 pub(crate) mod discovery;
+pub(crate) mod etcd;
 pub(crate) mod health;
 pub(crate) mod listener;
 pub(crate) mod locate;
@@ -36,6 +37,7 @@ pub use cluster::{
     MAX_RETRY_ATTEMPTS,
 };
 pub use discovery::{DiscoveryConfig, DiscoveryKind, DEFAULT_DISCOVERY_REFRESH};
+pub use etcd::{EtcdConfig, EtcdTlsConfig};
 pub use health::{HealthCheckConfig, HealthCheckKind, ProbeConfig};
 pub use listener::{
     CertificateFiles, ClientAuth, ErrorDetail, ListenerConfig, ListenerProtocol, ListenerTlsConfig,
@@ -77,6 +79,13 @@ pub struct ProxyConfig {
     /// The zone this proxy runs in, for clusters with `[cluster.zone_routing]`.
     #[serde(default)]
     pub zone: Option<String>,
+    /// This proxy's name in a fleet: the key its shared outlier evidence is published under
+    /// (`[cluster.outlier_detection] shared`). Letters, digits, `-`, `_` and `.`.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The etcd cluster of `discovery = { etcd = ... }` and shared evidence (`[etcd]`).
+    #[serde(default)]
+    pub etcd: Option<EtcdConfig>,
     /// The file this configuration came from (for `POST /reload`), if any.
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -164,6 +173,12 @@ impl ProxyConfig {
                 resolve(path);
             }
         }
+        if let Some(t) = self.etcd.as_mut().and_then(|e| e.tls.as_mut()) {
+            resolve(&mut t.ca);
+            for p in [&mut t.cert, &mut t.key].into_iter().flatten() {
+                resolve(p);
+            }
+        }
     }
 
     /// The cluster of this name.
@@ -200,6 +215,23 @@ impl ProxyConfig {
         if let Some(a) = &self.access_log {
             a.validate()
                 .map_err(|e| e.under(FieldPath::key("access_log")))?;
+        }
+        if let Some(e) = &self.etcd {
+            e.validate().map_err(|e| e.under(FieldPath::key("etcd")))?;
+        }
+        if let Some(n) = &self.name {
+            let ok = !n.is_empty()
+                && n.len() <= 128
+                && n.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+            if !ok {
+                return Err(InvalidField::at(
+                    "name",
+                    Problem::Invalid(format!(
+                        "`{n}` is not a proxy name: 1-128 letters, digits, `-`, `_` or `.` (it is part of etcd keys)"
+                    )),
+                ));
+            }
         }
         let names: Vec<&str> = self.clusters.iter().map(|c| c.name.as_str()).collect();
         for (i, l) in self.listeners.iter().enumerate() {
@@ -301,6 +333,30 @@ impl ProxyConfig {
                 ));
             }
             c.validate().map_err(|e| e.under(at.clone()))?;
+            if c.outlier_detection
+                .as_ref()
+                .is_some_and(|o| o.shared.is_some())
+            {
+                let missing = match (&self.etcd, &self.name) {
+                    (None, _) => Some("shared evidence travels through etcd: add the top-level [etcd] section (endpoints = [\"http://127.0.0.1:2379\"])"),
+                    (_, None) => Some("shared evidence is published under this proxy's name: set the top-level `name` (e.g. name = \"keel-1\"), distinct in the fleet"),
+                    _ => None,
+                };
+                if let Some(why) = missing {
+                    return Err(InvalidField::new(
+                        at.clone().then("outlier_detection").then("shared"),
+                        Problem::Invalid(why.into()),
+                    ));
+                }
+            }
+            if matches!(c.discovery, Some(DiscoveryConfig::Etcd { .. })) && self.etcd.is_none() {
+                return Err(InvalidField::new(
+                    at.clone().then("discovery").then("etcd"),
+                    Problem::Invalid(
+                        "etcd discovery needs the top-level [etcd] section (endpoints = [\"http://127.0.0.1:2379\"])".into(),
+                    ),
+                ));
+            }
             // Only TCP listeners send the PROXY header: an endpoint expecting one would refuse
             // keel's HTTP connections.
             let http_user = self.listeners.iter().find(|l| {
@@ -336,6 +392,8 @@ impl ProxyConfig {
             clusters,
             access_log: None,
             zone: None,
+            name: None,
+            etcd: None,
             source: None,
         }
     }

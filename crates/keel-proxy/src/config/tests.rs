@@ -560,3 +560,52 @@ fn zone_priority_and_orca_keys_reach_the_balancer() {
         .to_string();
     assert!(err.contains("orca-wrr needs ORCA reports"), "{err}");
 }
+
+/// `[etcd]`, etcd discovery and shared evidence: what each needs, refused at the key's path.
+#[test]
+fn etcd_discovery_and_shared_evidence_need_etcd_and_a_name() {
+    const ETCD: &str = "[etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\n";
+    let disc = "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n\n[[cluster]]\nname = \"app\"\ndiscovery = { etcd = \"/keel/clusters/app/\" }\n";
+    let e = err(disc);
+    assert_eq!(e.key.as_deref(), Some("cluster[0].discovery.etcd"), "{e}");
+    assert!(e.message.contains("[etcd]"), "{e}");
+    let c = ProxyConfig::from_toml_str(&format!("{ETCD}{disc}"), "ok.toml").unwrap();
+    assert_eq!(
+        c.clusters[0].discovery,
+        Some(DiscoveryConfig::Etcd {
+            prefix: "/keel/clusters/app/".into()
+        })
+    );
+    assert_eq!(
+        c.etcd.as_ref().unwrap().dial_timeout,
+        Duration::from_secs(2)
+    );
+    let e = err(&disc.replace("/app/\"", "/app\""));
+    assert_eq!(e.key.as_deref(), Some("cluster[0].discovery.etcd"), "{e}");
+
+    let shared = format!("{HEAD}[cluster.outlier_detection]\nshared = {{ quorum = 1 }}\n");
+    let e = err(&shared);
+    assert_eq!(
+        e.key.as_deref(),
+        Some("cluster[0].outlier_detection.shared"),
+        "{e}"
+    );
+    assert!(e.message.contains("[etcd]"), "{e}");
+    let e = err(&format!("{ETCD}{shared}"));
+    assert!(e.message.contains("`name`"), "{e}");
+    let c = ProxyConfig::from_toml_str(&format!("name = \"keel-1\"\n{ETCD}{shared}"), "ok.toml")
+        .unwrap();
+    let od = c.clusters[0].outlier_detection.as_ref().unwrap();
+    assert_eq!(od.shared, Some(keel_balance::SharedEvidence { quorum: 1 }));
+    let e = err(&format!("name = \"a/b\"\n{ETCD}{shared}"));
+    assert_eq!(e.key.as_deref(), Some("name"), "{e}");
+    let e = err(&format!(
+        "name = \"k\"\n{ETCD}{}",
+        shared.replace("quorum = 1", "quorum = 9")
+    ));
+    assert_eq!(
+        e.key.as_deref(),
+        Some("cluster[0].outlier_detection.shared.quorum"),
+        "{e}"
+    );
+}

@@ -49,7 +49,20 @@ impl ProxyConfig {
             let at = FieldPath::key("cluster").at(i);
             crate::tls::check_upstream(c).map_err(|e| e.under(at.clone()))?;
             if let Some(d) = &c.discovery {
-                crate::control::discovery::check(d).map_err(|e| e.under(at.then("discovery")))?;
+                crate::control::discovery::check(d)
+                    .map_err(|e| e.under(at.clone().then("discovery")))?;
+            }
+            let shared = c
+                .outlier_detection
+                .as_ref()
+                .is_some_and(|o| o.shared.is_some());
+            if shared && !cfg!(feature = "etcd") {
+                return Err(InvalidField::new(
+                    at.then("outlier_detection").then("shared"),
+                    keel_balance::Problem::NotApplicable(
+                        "this keel was built without etcd (cargo feature `etcd`)".into(),
+                    ),
+                ));
             }
         }
         Ok(())

@@ -141,6 +141,7 @@ impl Shared {
         // In force before the tasks start: a set they find is applied only to the current
         // source (and it is recorded once, so one found too early would be lost).
         *self.discovery.lock().unwrap_or_else(|e| e.into_inner()) = discovered.clone();
+        let etcd = self.config.load().etcd.clone();
         for (name, d) in discovered {
             let me = self.me.clone();
             tasks.push(self.runtime.spawn(crate::control::discovery::run(
@@ -151,6 +152,7 @@ impl Shared {
                         shared.apply_discovered(cluster, d, set);
                     }
                 },
+                etcd.clone(),
             )));
         }
     }
@@ -349,6 +351,7 @@ impl Shared {
         self.listeners.store(Arc::new(now_live));
         self.config.store(Arc::new(config));
         self.restart_discovery(discovered);
+        self.restart_evidence();
         let drain = self.config.load().drain_timeout;
         for (k, slot) in live.iter().enumerate() {
             if !taken[k] {

@@ -2,6 +2,10 @@
 //! touches atomics; the registry (a map behind a mutex) is used when clusters are built and when
 //! `/metrics` is scraped, so counters survive a configuration reload.
 
+// Without etcd nothing publishes or exchanges evidence.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+pub(crate) mod evidence;
+
 use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering::Relaxed};
@@ -129,6 +133,8 @@ pub struct EndpointMetrics {
     pub health_checks_passed: AtomicU64,
     /// Active health checks that failed.
     pub health_checks_failed: AtomicU64,
+    /// Outcomes not yet published to the fleet (shared outlier evidence only).
+    pub evidence: evidence::Pending,
 }
 
 /// Metrics by cluster name and endpoint address, kept across reloads.

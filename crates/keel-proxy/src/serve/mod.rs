@@ -129,6 +129,8 @@ pub async fn start_with(config: ProxyConfig, options: StartOptions) -> anyhow::R
         health_tasks: Mutex::new(Vec::new()),
         discovery: Mutex::new(HashMap::new()),
         discovery_tasks: Mutex::new(Vec::new()),
+        evidence: Mutex::new(HashMap::new()),
+        evidence_tasks: Mutex::new(Vec::new()),
         me: me.clone(),
         reload_lock: Mutex::new(()),
         reloads: AtomicU64::new(0),
@@ -171,6 +173,7 @@ pub async fn start_with(config: ProxyConfig, options: StartOptions) -> anyhow::R
     shared.restart_health_checks(&routing);
     shared.routing.store(Arc::new(routing));
     shared.restart_discovery(discovered);
+    shared.restart_evidence();
 
     let (shutdown, shutdown_rx) = watch::channel(None);
     let mut worker_tasks = Vec::new();
@@ -387,6 +390,17 @@ impl ProxyHandle {
             let mut tasks = self
                 .shared
                 .discovery_tasks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            for t in tasks.drain(..) {
+                t.abort();
+            }
+        }
+        {
+            // Its lease expires within its TTL, and its evidence key with it.
+            let mut tasks = self
+                .shared
+                .evidence_tasks
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
             for t in tasks.drain(..) {

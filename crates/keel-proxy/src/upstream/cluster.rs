@@ -64,6 +64,8 @@ pub struct Cluster {
     pub uses_load_reports: bool,
     /// The strategy or zone routing balances on ORCA reports (`endpoint-load-metrics`).
     pub uses_utilization: bool,
+    /// Outcomes are published to the fleet (`[cluster.outlier_detection] shared`).
+    pub shares_evidence: bool,
     /// Load probes under way (bounded by [`MAX_PROBES_IN_FLIGHT`]).
     pub(crate) probes_in_flight: std::sync::atomic::AtomicUsize,
     /// Worker threads serving connections (`rate_limit.per_worker` divides by it).
@@ -174,6 +176,10 @@ impl Cluster {
             log_budget: crate::metrics::log_budget::LogBudget::new(10, epoch),
             uses_load_reports: balancer.uses_load_reports(),
             uses_utilization: balancer.uses_utilization(),
+            shares_evidence: config
+                .outlier_detection
+                .as_ref()
+                .is_some_and(|o| o.shared.is_some()),
             probes_in_flight: std::sync::atomic::AtomicUsize::new(0),
             workers: workers.max(1),
             rate_limit,
@@ -255,6 +261,9 @@ impl Cluster {
             e.metrics.latency.observe(now.saturating_sub(picked_at));
             if let Some(k) = kind {
                 e.metrics.errors[k as usize].fetch_add(1, Relaxed);
+            }
+            if self.shares_evidence {
+                e.metrics.evidence.record(outcome == Outcome::Failure);
             }
         }
         if self.balancer.finish(pick, outcome, now) {

@@ -7,6 +7,8 @@ pub mod distribute;
 pub mod lab;
 pub mod manual;
 pub mod proxy;
+#[cfg(feature = "etcd")]
+pub mod register;
 pub mod simulate;
 mod upgrade;
 

@@ -12,8 +12,12 @@
 //!
 //! Each kind of source is a [`source::Source`] of its own file: [`dns`], [`srv`], [`file`].
 //! Adding one is a file here, a variant of `config::DiscoveryConfig`, and an arm in [`run`].
+//! etcd (`etcd`, with the `etcd` feature) pushes its changes: it has a task of its own shape
+//! (read, then watch) in its file rather than a `Source`.
 
 mod dns;
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd;
 mod file;
 mod source;
 mod srv;
@@ -38,16 +42,27 @@ pub(crate) fn check(config: &DiscoveryConfig) -> Result<(), InvalidField> {
             .map(drop)
             .map_err(|m| InvalidField::at("file", Problem::Invalid(m))),
         DiscoveryConfig::Dns { .. } | DiscoveryConfig::Srv { .. } => Ok(()),
+        #[cfg(feature = "etcd")]
+        DiscoveryConfig::Etcd { .. } => Ok(()),
+        #[cfg(not(feature = "etcd"))]
+        DiscoveryConfig::Etcd { .. } => Err(InvalidField::at(
+            "etcd",
+            Problem::NotApplicable(
+                "this keel was built without etcd (cargo feature `etcd`)".into(),
+            ),
+        )),
     }
 }
 
 pub(crate) use crate::upstream::discovered::Discovered;
 
-/// Follows one cluster's source until aborted: each new set goes to `apply`.
+/// Follows one cluster's source until aborted: each new set goes to `apply`. `etcd`: the
+/// top-level `[etcd]`, for an etcd source.
 pub(crate) async fn run(
     cluster: String,
     discovered: Arc<Discovered>,
     apply: impl Fn(&str, &Arc<Discovered>, Vec<EndpointSpec>),
+    etcd: Option<crate::config::EtcdConfig>,
 ) {
     let config = &discovered.config;
     let every = config.refresh();
@@ -82,6 +97,23 @@ pub(crate) async fn run(
         DiscoveryConfig::File { path } => {
             let file = File::new(path.clone());
             follow(&cluster, &discovered, &apply, file).await
+        }
+        DiscoveryConfig::Etcd { prefix } => {
+            #[cfg(feature = "etcd")]
+            match &etcd {
+                Some(e) => etcd::follow(&cluster, &discovered, &apply, e, prefix).await,
+                None => {
+                    discovered.record(&cluster, Err("no [etcd] section".into()));
+                }
+            }
+            #[cfg(not(feature = "etcd"))]
+            {
+                let _ = (prefix, etcd);
+                discovered.record(
+                    &cluster,
+                    Err("this keel was built without etcd (cargo feature `etcd`)".into()),
+                );
+            }
         }
     }
 }

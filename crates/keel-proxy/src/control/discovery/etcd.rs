@@ -1,0 +1,254 @@
+//! The etcd source: every key under a prefix is one endpoint, its value JSON
+//! `{"address": "host:port", "weight": 1, "zone": "a", "priority": 0}`.
+//!
+//! etcd pushes changes, so this source is not a [`super::source::Source`] that is asked every
+//! so often: it reads the prefix, then watches it from the revision after that read (no event
+//! is missed between the two), and applies each batch of events as it arrives. When the watch
+//! cannot go on (etcd compacted past it, the stream ended, a member stopped answering, or the
+//! periodic linearizable check failed: no leader) it connects and reads the whole prefix again.
+//! While etcd cannot be reached the last set stays ([`Discovered::record`] with an error:
+//! logged, counted, shown in `/status`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{EventType, GetOptions, KeyValue, WatchOptions};
+use keel_balance::EndpointSpec;
+use serde::Deserialize;
+
+use crate::config::EtcdConfig;
+use crate::control::etcd::{connect, prefix_read, within, EtcdError};
+use crate::upstream::discovered::Discovered;
+
+/// Time between two checks that etcd still has a leader and answers (a watch on a member cut
+/// off from the others would otherwise stay silent).
+const CHECK_EVERY: Duration = Duration::from_secs(2);
+
+/// Time between two tries to reach etcd again after a failure.
+const RETRY_EVERY: Duration = Duration::from_millis(500);
+
+/// One key's value. Unknown fields are ignored (a registrar may add its own).
+#[derive(Deserialize)]
+struct Value {
+    address: String,
+    #[serde(default = "one")]
+    weight: u32,
+    #[serde(default)]
+    zone: Option<String>,
+    #[serde(default)]
+    priority: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A key's value as an endpoint, or why it is not one.
+pub(crate) fn parse_value(value: &[u8]) -> Result<EndpointSpec, String> {
+    let v: Value = serde_json::from_slice(value).map_err(|e| {
+        format!("expected {{\"address\": \"host:port\", \"weight\": 1, \"zone\": \"a\", \"priority\": 0}}: {e}")
+    })?;
+    let ok = v
+        .address
+        .parse::<hyper::http::uri::Authority>()
+        .ok()
+        .filter(|a| a.port_u16().is_some() && !a.host().is_empty());
+    if ok.is_none() {
+        return Err(format!(
+            "`{}` is not an address; expected host:port",
+            v.address
+        ));
+    }
+    if v.weight == 0 {
+        return Err(format!("`{}` has weight 0; at least 1", v.address));
+    }
+    Ok(EndpointSpec {
+        address: v.address,
+        weight: v.weight,
+        priority: v.priority,
+        zone: v.zone,
+    })
+}
+
+/// The endpoints the source holds now, by key.
+#[derive(Default)]
+struct Keys(BTreeMap<Vec<u8>, EndpointSpec>);
+
+impl Keys {
+    /// Puts one key's value; a bad value is logged with its key and the key dropped (the rest
+    /// stays).
+    fn put(&mut self, cluster: &str, kv: &KeyValue) {
+        match parse_value(kv.value()) {
+            Ok(e) => {
+                self.0.insert(kv.key().to_vec(), e);
+            }
+            Err(m) => {
+                self.0.remove(kv.key());
+                tracing::warn!(
+                    cluster,
+                    key = %String::from_utf8_lossy(kv.key()),
+                    "etcd discovery: value skipped: {m}"
+                );
+            }
+        }
+    }
+
+    /// The set: one endpoint per address (the first key's, by key order).
+    fn set(&self, cluster: &str) -> Vec<EndpointSpec> {
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::with_capacity(self.0.len());
+        for (k, e) in &self.0 {
+            if seen.insert(e.address.as_str()) {
+                out.push(e.clone());
+            } else {
+                tracing::warn!(
+                    cluster,
+                    key = %String::from_utf8_lossy(k),
+                    address = %e.address,
+                    "etcd discovery: address already registered under another key; skipped"
+                );
+            }
+        }
+        out
+    }
+}
+
+/// Follows `prefix` until aborted: each new set goes to `apply`.
+pub(crate) async fn follow(
+    cluster: &str,
+    discovered: &Arc<Discovered>,
+    apply: &impl Fn(&str, &Arc<Discovered>, Vec<EndpointSpec>),
+    etcd: &EtcdConfig,
+    prefix: &str,
+) {
+    loop {
+        let err = session(cluster, discovered, apply, etcd, prefix).await;
+        if let Some(set) = discovered.record(cluster, Err(err.to_string())) {
+            apply(cluster, discovered, set);
+        }
+        tokio::time::sleep(RETRY_EVERY).await;
+    }
+}
+
+/// Records `set` and applies it when it changed.
+fn publish(
+    cluster: &str,
+    discovered: &Arc<Discovered>,
+    apply: &impl Fn(&str, &Arc<Discovered>, Vec<EndpointSpec>),
+    set: Vec<EndpointSpec>,
+) {
+    if let Some(set) = discovered.record(cluster, Ok(set)) {
+        tracing::info!(
+            cluster = %cluster,
+            source = %discovered.config.describe(),
+            endpoints = set.len(),
+            "discovery: new endpoints"
+        );
+        apply(cluster, discovered, set);
+    }
+}
+
+/// One connection: read, then watch, until something fails; returns why.
+async fn session(
+    cluster: &str,
+    discovered: &Arc<Discovered>,
+    apply: &impl Fn(&str, &Arc<Discovered>, Vec<EndpointSpec>),
+    etcd: &EtcdConfig,
+    prefix: &str,
+) -> EtcdError {
+    let mut client = match connect(etcd).await {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let t = etcd.dial_timeout;
+    // Read, then watch from the next revision; again after a compaction outran the watch.
+    loop {
+        let read = match within(t, client.get(prefix, Some(prefix_read()))).await {
+            Ok(r) => r,
+            Err(e) => return e,
+        };
+        let revision = read.header().map_or(0, |h| h.revision());
+        let mut keys = Keys::default();
+        for kv in read.kvs() {
+            keys.put(cluster, kv);
+        }
+        publish(cluster, discovered, apply, keys.set(cluster));
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revision + 1);
+        let mut watch = match within(t, client.watch(prefix, Some(options))).await {
+            Ok(w) => w,
+            Err(e) => return e,
+        };
+        let mut check = tokio::time::interval(CHECK_EVERY);
+        check.tick().await;
+        loop {
+            tokio::select! {
+                m = watch.message() => {
+                    let m = match m {
+                        Ok(Some(m)) => m,
+                        Ok(None) => return EtcdError::WatchEnded("closed by etcd".into()),
+                        Err(e) => return e.into(),
+                    };
+                    if m.compact_revision() > 0 {
+                        tracing::info!(cluster, prefix, compacted = m.compact_revision(), "etcd discovery: the watch fell behind a compaction; reading the prefix again");
+                        break;
+                    }
+                    if m.canceled() {
+                        return EtcdError::WatchEnded(m.cancel_reason().to_string());
+                    }
+                    if m.events().is_empty() {
+                        continue;
+                    }
+                    for ev in m.events() {
+                        let Some(kv) = ev.kv() else { continue };
+                        match ev.event_type() {
+                            EventType::Put => keys.put(cluster, kv),
+                            EventType::Delete => {
+                                keys.0.remove(kv.key());
+                            }
+                        }
+                    }
+                    publish(cluster, discovered, apply, keys.set(cluster));
+                }
+                _ = check.tick() => {
+                    // Linearizable: fails without a leader, and proves the watch's member alive
+                    // only as far as the client's keep-alive does; enough to say "unreachable".
+                    let probe = client.get(prefix, Some(GetOptions::new().with_prefix().with_count_only()));
+                    if let Err(e) = within(t, probe).await {
+                        return e;
+                    }
+                    if discovered.state().last_error.is_some() {
+                        // Reachable again after an error that did not break the watch.
+                        publish(cluster, discovered, apply, keys.set(cluster));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_need_an_address_and_take_the_rest_or_defaults() {
+        let e = parse_value(br#"{"address":"10.0.0.1:80"}"#).unwrap();
+        assert_eq!((e.weight, e.priority, e.zone), (1, 0, None));
+        let e = parse_value(br#"{"address":"a.test:81","weight":3,"zone":"b","priority":1,"x":0}"#)
+            .unwrap();
+        assert_eq!((e.weight, e.priority, e.zone.as_deref()), (3, 1, Some("b")));
+        assert!(parse_value(b"{").is_err());
+        assert!(parse_value(br#"{"weight":1}"#)
+            .unwrap_err()
+            .contains("address"));
+        assert!(parse_value(br#"{"address":"10.0.0.1"}"#)
+            .unwrap_err()
+            .contains("host:port"));
+        assert!(parse_value(br#"{"address":"10.0.0.1:80","weight":0}"#)
+            .unwrap_err()
+            .contains("weight 0"));
+    }
+}

@@ -1,0 +1,167 @@
+//! The etcd client of `[etcd]` (discovery, shared evidence) and `keel register`: how keel
+//! connects, and the errors it reports.
+
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, GetOptions, PutOptions};
+
+use crate::config::EtcdConfig;
+
+/// Why talking to etcd failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdError {
+    /// A TLS file of `[etcd.tls]` could not be read.
+    #[error("cannot read {path}: {source}")]
+    File {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The client's own error (connection refused, no leader, auth, ...).
+    #[error("etcd: {0}")]
+    Client(#[from] etcd_client::Error),
+    /// No answer within `dial_timeout`.
+    #[error("etcd did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The watch stream ended or was cancelled by etcd.
+    #[error("etcd's watch ended: {0}")]
+    WatchEnded(String),
+    /// A lease keep-alive came back with TTL 0: the lease is gone.
+    #[error("lease {0:x} expired")]
+    LeaseExpired(i64),
+}
+
+/// Runs `f` within `timeout` (the client's own timeouts do not cover a member that accepts the
+/// connection and never answers, e.g. a stopped process).
+pub(crate) async fn within<T>(
+    timeout: Duration,
+    f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, EtcdError> {
+    match tokio::time::timeout(timeout, f).await {
+        Ok(r) => r.map_err(EtcdError::from),
+        Err(_) => Err(EtcdError::Timeout(timeout)),
+    }
+}
+
+/// A client of `config`'s members. HTTP/2 keep-alive pings every 5 s (etcd's default
+/// `--grpc-keepalive-min-time`; more often gets the connection closed) so that a watch on a
+/// member that stopped answering fails instead of waiting forever.
+pub(crate) async fn connect(config: &EtcdConfig) -> Result<Client, EtcdError> {
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(config.dial_timeout)
+        .with_timeout(config.dial_timeout)
+        .with_keep_alive(Duration::from_secs(5), config.dial_timeout)
+        .with_keep_alive_while_idle(true);
+    if let (Some(u), Some(p)) = (&config.user, &config.password) {
+        options = options.with_user(u.clone(), p.clone());
+    }
+    if let Some(t) = &config.tls {
+        let read = |p: &std::path::Path| {
+            std::fs::read(p).map_err(|source| EtcdError::File {
+                path: p.display().to_string(),
+                source,
+            })
+        };
+        let mut tls = etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(read(&t.ca)?));
+        if let (Some(c), Some(k)) = (&t.cert, &t.key) {
+            tls = tls.identity(etcd_client::Identity::from_pem(read(c)?, read(k)?));
+        }
+        options = options.with_tls(tls);
+    }
+    within(
+        config.dial_timeout,
+        Client::connect(&config.endpoints, Some(options)),
+    )
+    .await
+}
+
+/// What `keel register` puts under its key.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Registration {
+    /// `host:port` of the endpoint.
+    pub address: String,
+    /// Relative weight (at least 1).
+    pub weight: u32,
+    /// Zone, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    /// Priority level.
+    pub priority: u32,
+}
+
+/// `keel register`: puts `registration` under `key` with a lease of `ttl`, keeps the lease alive
+/// (every third of `ttl`) until `stop` resolves, then deletes the key and revokes the lease.
+/// Survives etcd's outages: while etcd is unreachable it retries every second, and a lease that
+/// expired meanwhile is replaced (key written again). `on_registered` runs after each write.
+pub async fn register(
+    config: &EtcdConfig,
+    key: &str,
+    registration: &Registration,
+    ttl: Duration,
+    stop: impl std::future::Future<Output = ()>,
+    mut on_registered: impl FnMut(i64),
+) -> Result<(), EtcdError> {
+    let value = serde_json::to_vec(registration).expect("a registration serializes");
+    let ttl_s = ttl.as_secs().max(1) as i64;
+    let every = Duration::from_secs_f64((ttl_s as f64 / 3.0).max(0.5));
+    tokio::pin!(stop);
+    let mut last: Option<(Client, i64)> = None;
+    loop {
+        let session = async {
+            let mut client = connect(config).await?;
+            let lease = within(config.dial_timeout, client.lease_grant(ttl_s, None))
+                .await?
+                .id();
+            // Recorded before the put: a key written then lost to a timeout is still removed
+            // at exit through its lease.
+            last = Some((client.clone(), lease));
+            within(
+                config.dial_timeout,
+                client.put(
+                    key,
+                    value.clone(),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+            )
+            .await?;
+            on_registered(lease);
+            tracing::info!(key, lease = format!("{lease:x}"), "registered");
+            let (mut keeper, mut answers) =
+                within(config.dial_timeout, client.lease_keep_alive(lease)).await?;
+            loop {
+                keeper.keep_alive().await?;
+                match within(config.dial_timeout, answers.message()).await? {
+                    Some(a) if a.ttl() > 0 => {}
+                    Some(_) => return Err(EtcdError::LeaseExpired(lease)),
+                    None => return Err(EtcdError::WatchEnded("keep-alive stream".into())),
+                }
+                tokio::time::sleep(every).await;
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), EtcdError>(())
+        };
+        tokio::select! {
+            r = session => {
+                if let Err(e) = r {
+                    tracing::warn!(key, "registration interrupted, retrying in 1 s: {e}");
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            () = &mut stop => break,
+        }
+    }
+    if let Some((mut client, lease)) = last {
+        // Deleting the key first: watchers see the endpoint go even if the revoke is lost.
+        within(config.dial_timeout, client.delete(key, None)).await?;
+        let _ = within(config.dial_timeout, client.lease_revoke(lease)).await;
+        tracing::info!(key, "deregistered");
+    }
+    Ok(())
+}
+
+/// The options of a read of everything under `prefix`.
+pub(crate) fn prefix_read() -> GetOptions {
+    GetOptions::new().with_prefix()
+}

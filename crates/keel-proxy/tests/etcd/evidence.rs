@@ -1,0 +1,203 @@
+//! Shared outlier evidence: three proxies on a three-member etcd in front of three endpoints, one
+//! failing fast (503 at once). The fleet's failed tries at that endpoint (summed over the
+//! proxies' counts) with `shared = { quorum = 1 }` against local detection, for traffic spread
+//! evenly over the proxies and for traffic that reaches them one after another. The issue's
+//! bound: shared pays at most half of local.
+
+use std::time::Duration;
+
+use keel_model::FailureMode;
+use keel_proxy::ProxyHandle;
+use keel_testbed::etcd::EtcdCluster;
+
+use crate::*;
+
+/// Requests per run, fixed.
+const REQUESTS: usize = 150;
+/// Time between two requests (the whole fleet's), so that evidence has time to travel as it
+/// would under moderate traffic.
+const PACE: Duration = Duration::from_millis(10);
+
+/// How the fleet's requests reach its proxies.
+#[derive(Clone, Copy, Debug)]
+pub enum Arrival {
+    /// Request i goes to proxy i mod N.
+    Spread,
+    /// The first REQUESTS/N go to proxy 0, the next to proxy 1, ...
+    OneAfterAnother,
+}
+
+/// Runs the fleet once; returns the failed tries at the failing endpoint, summed over the proxies.
+pub async fn fleet_failed_tries(
+    etcd: &EtcdCluster,
+    n: usize,
+    shared: bool,
+    arrival: Arrival,
+    requests: usize,
+) -> u64 {
+    let bs = backends(3, Duration::ZERO).await;
+    fault(
+        &bs[0],
+        FailureMode::FailFast {
+            after: Duration::ZERO,
+        },
+    )
+    .await;
+    let eps: Vec<String> = bs
+        .iter()
+        .map(|b| format!("{{ address = \"{}\" }}", b.addr()))
+        .collect();
+    let lines = format!(
+        "strategy = \"round-robin\"\nendpoints = [{}]\n[cluster.outlier_detection]\nconsecutive_failures = 5\nmax_ejection_percent = 34\n{}",
+        eps.join(", "),
+        if shared { "shared = { quorum = 1 }\n" } else { "" }
+    );
+    let mut proxies: Vec<ProxyHandle> = Vec::new();
+    for i in 0..n {
+        proxies.push(
+            keel_proxy::start(config(etcd, &format!("p{i}"), &lines))
+                .await
+                .unwrap(),
+        );
+    }
+    if shared {
+        for p in &proxies {
+            let mut ok = false;
+            for _ in 0..100 {
+                if status(p).await["clusters"][0]["shared_evidence"]["connected"] == true {
+                    ok = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            assert!(ok, "{}", status(p).await);
+        }
+    }
+    let c = client();
+    let urls: Vec<String> = proxies
+        .iter()
+        .map(|p| format!("http://{}/", p.listener_addrs()[0]))
+        .collect();
+    let per = requests.div_ceil(n);
+    let mut tick = tokio::time::interval(PACE);
+    for i in 0..requests {
+        tick.tick().await;
+        let p = match arrival {
+            Arrival::Spread => i % n,
+            Arrival::OneAfterAnother => (i / per).min(n - 1),
+        };
+        let r = send(&c, hyper::Method::GET, &urls[p], &[], b"")
+            .await
+            .unwrap();
+        assert!(r.status == 200 || r.status == 503, "{}", r.status);
+    }
+    let failing = bs[0].addr().to_string();
+    let mut total = 0;
+    for p in &proxies {
+        let s = p.cluster_status("api").unwrap();
+        total += s
+            .iter()
+            .find(|e| e.address == failing)
+            .map_or(0, |e| e.failures);
+    }
+    for p in proxies {
+        p.shutdown(Duration::from_millis(200)).await;
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd-server: run scripts/test-etcd.sh"]
+async fn a_fleet_of_three_sharing_evidence_pays_at_most_half_the_failed_tries_of_local_detection() {
+    let etcd = etcd3();
+    for arrival in [Arrival::Spread, Arrival::OneAfterAnother] {
+        let local = fleet_failed_tries(&etcd, 3, false, arrival, REQUESTS).await;
+        let shared = fleet_failed_tries(&etcd, 3, true, arrival, REQUESTS).await;
+        println!("fleet of 3, {arrival:?}: failed tries local {local}, shared {shared}");
+        // Local: each proxy learns alone, 5 failures each.
+        assert!((13..=17).contains(&local), "{arrival:?}: local {local}");
+        assert!(
+            shared * 2 <= local,
+            "{arrival:?}: shared {shared} > half of local {local}"
+        );
+        assert!(
+            shared >= 5,
+            "{arrival:?}: shared {shared} below the threshold"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd-server: run scripts/test-etcd.sh"]
+async fn without_etcd_shared_evidence_falls_back_to_local_detection_and_says_so() {
+    let mut etcd = etcd3();
+    let bs = backends(3, Duration::ZERO).await;
+    let eps: Vec<String> = bs
+        .iter()
+        .map(|b| format!("{{ address = \"{}\" }}", b.addr()))
+        .collect();
+    let lines = format!(
+        "strategy = \"round-robin\"\nendpoints = [{}]\n[cluster.outlier_detection]\nconsecutive_failures = 5\nmax_ejection_percent = 34\nshared = {{ quorum = 1 }}\n",
+        eps.join(", ")
+    );
+    let proxy = keel_proxy::start(config(&etcd, "p0", &lines))
+        .await
+        .unwrap();
+    let connected =
+        |v: &serde_json::Value| v["clusters"][0]["shared_evidence"]["connected"] == true;
+    let mut ok = false;
+    for _ in 0..100 {
+        if connected(&status(&proxy).await) {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ok);
+    etcd.kill_all();
+    let mut local = false;
+    for _ in 0..100 {
+        let st = status(&proxy).await;
+        if !connected(&st) {
+            let ev = &st["clusters"][0]["shared_evidence"];
+            assert!(ev["last_error"].is_string(), "{ev}");
+            assert!(ev["mode"].as_str().unwrap().contains("local only"), "{ev}");
+            local = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(local, "{}", status(&proxy).await);
+    // Local detection still ejects: 5 failures in a row at b0.
+    fault(
+        &bs[0],
+        FailureMode::FailFast {
+            after: Duration::ZERO,
+        },
+    )
+    .await;
+    let c = client();
+    let url = format!("http://{}/", proxy.listener_addrs()[0]);
+    for _ in 0..60 {
+        send(&c, hyper::Method::GET, &url, &[], b"").await.unwrap();
+    }
+    let s = proxy.cluster_status("api").unwrap();
+    let b0 = s
+        .iter()
+        .find(|e| e.address == bs[0].addr().to_string())
+        .unwrap();
+    assert_eq!(b0.failures, 5, "ejected after its own 5 failures");
+    assert!(b0.ejected_until.is_some());
+    // Back: exchanging again.
+    etcd.restart_all().unwrap();
+    let mut back = false;
+    for _ in 0..150 {
+        if connected(&status(&proxy).await) {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(back, "{}", status(&proxy).await);
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
