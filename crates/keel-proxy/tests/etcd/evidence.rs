@@ -1,7 +1,7 @@
 //! Shared outlier evidence: three proxies on a three-member etcd in front of three endpoints, one
 //! failing fast (503 at once). The fleet's failed tries at that endpoint (summed over the
-//! proxies' counts) with `shared = { quorum = 1 }` against local detection, for traffic spread
-//! evenly over the proxies and for traffic that reaches them one after another. The issue's
+//! proxies' counts) with `shared = { quorum = 1 }` against local detection, for traffic dealt to
+//! the proxies in turn, spread at random, and in blocks (one proxy after another). The issue's
 //! bound: shared pays at most half of local.
 
 use std::time::Duration;
@@ -21,19 +21,37 @@ const PACE: Duration = Duration::from_millis(10);
 /// How the fleet's requests reach its proxies.
 #[derive(Clone, Copy, Debug)]
 pub enum Arrival {
-    /// Request i goes to proxy i mod N.
+    /// Request i goes to proxy i mod N (round-robin DNS, an L4 balancer): keel-model's in turn.
+    InTurn,
+    /// Each request to a proxy drawn at random (seeded): keel-model's spread.
     Spread,
-    /// The first REQUESTS/N go to proxy 0, the next to proxy 1, ...
-    OneAfterAnother,
+    /// The first requests/N go to proxy 0, the next to proxy 1, ...: one proxy after another.
+    Blocks,
 }
 
-/// Runs the fleet once; returns the failed tries at the failing endpoint, summed over the proxies.
+/// Runs the fleet once (round-robin picks, requests PACE apart); returns the failed tries at the
+/// failing endpoint, summed over the proxies.
 pub async fn fleet_failed_tries(
     etcd: &EtcdCluster,
     n: usize,
     shared: bool,
     arrival: Arrival,
     requests: usize,
+) -> u64 {
+    fleet_run(etcd, n, shared, arrival, requests, "round-robin", None).await
+}
+
+/// Runs the fleet once with `strategy`; requests PACE apart, or (with `seed`) exponential gaps
+/// of mean PACE (Poisson arrivals, as keel-model's fleet setting). Returns the failed tries at
+/// the failing endpoint, summed over the proxies.
+pub async fn fleet_run(
+    etcd: &EtcdCluster,
+    n: usize,
+    shared: bool,
+    arrival: Arrival,
+    requests: usize,
+    strategy: &str,
+    seed: Option<u64>,
 ) -> u64 {
     let bs = backends(3, Duration::ZERO).await;
     fault(
@@ -48,7 +66,7 @@ pub async fn fleet_failed_tries(
         .map(|b| format!("{{ address = \"{}\" }}", b.addr()))
         .collect();
     let lines = format!(
-        "strategy = \"round-robin\"\nendpoints = [{}]\n[cluster.outlier_detection]\nconsecutive_failures = 5\nmax_ejection_percent = 34\n{}",
+        "strategy = \"{strategy}\"\nendpoints = [{}]\n[cluster.outlier_detection]\nconsecutive_failures = 5\nmax_ejection_percent = 34\n{}",
         eps.join(", "),
         if shared { "shared = { quorum = 1 }\n" } else { "" }
     );
@@ -80,11 +98,25 @@ pub async fn fleet_failed_tries(
         .collect();
     let per = requests.div_ceil(n);
     let mut tick = tokio::time::interval(PACE);
+    let mut rng = seed.map(<rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64);
+    let mut next = tokio::time::Instant::now();
+    let mut pick =
+        <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(seed.unwrap_or(7) ^ 0x5eed);
     for i in 0..requests {
-        tick.tick().await;
+        match &mut rng {
+            None => {
+                tick.tick().await;
+            }
+            Some(rng) => {
+                let u: f64 = rand::Rng::gen_range(rng, f64::EPSILON..1.0);
+                next += PACE.mul_f64(-u.ln());
+                tokio::time::sleep_until(next).await;
+            }
+        }
         let p = match arrival {
-            Arrival::Spread => i % n,
-            Arrival::OneAfterAnother => (i / per).min(n - 1),
+            Arrival::InTurn => i % n,
+            Arrival::Spread => rand::Rng::gen_range(&mut pick, 0..n),
+            Arrival::Blocks => (i / per).min(n - 1),
         };
         let r = send(&c, hyper::Method::GET, &urls[p], &[], b"")
             .await
@@ -110,7 +142,7 @@ pub async fn fleet_failed_tries(
 #[ignore = "needs etcd-server: run scripts/test-etcd.sh"]
 async fn a_fleet_of_three_sharing_evidence_pays_at_most_half_the_failed_tries_of_local_detection() {
     let etcd = etcd3();
-    for arrival in [Arrival::Spread, Arrival::OneAfterAnother] {
+    for arrival in [Arrival::InTurn, Arrival::Spread, Arrival::Blocks] {
         let local = fleet_failed_tries(&etcd, 3, false, arrival, REQUESTS).await;
         let shared = fleet_failed_tries(&etcd, 3, true, arrival, REQUESTS).await;
         println!("fleet of 3, {arrival:?}: failed tries local {local}, shared {shared}");

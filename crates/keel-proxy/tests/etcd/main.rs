@@ -10,6 +10,7 @@
 mod support;
 
 mod discovery;
+mod e12;
 mod evidence;
 
 use std::time::Duration;

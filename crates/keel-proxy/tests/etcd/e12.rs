@@ -1,0 +1,103 @@
+//! E12, measured: N keel proxies on a three-member etcd in front of three endpoints, one failing
+//! at once (503), random picks, Poisson arrivals of 100 requests/s over the fleet (seeded),
+//! dealt in turn or spread at random. The fleet's failed tries at that endpoint, local against
+//! shared detection, next to keel-model's closed form and simulation of the same setting
+//! (`keel_model::fleet`, n = 3, k = 5, Λ = 100/s, d = 20 ms). Not part of scripts/test-etcd.sh
+//! (about two minutes): `bash scripts/lab-e12.sh`.
+
+use std::time::Duration;
+
+use keel_model::fleet::{run, Detection, FleetSetting};
+use keel_model::sim::Arrivals;
+use keel_model::FailureMode;
+
+use crate::evidence::{fleet_run, Arrival};
+use crate::*;
+
+/// Replications of each measured row.
+const RUNS: u64 = 4;
+/// Requests per run (enough for every proxy to see its k-th failure alone at N = 4).
+const REQUESTS: usize = 240;
+/// Shared evidence's delay in the model: half a 25 ms batch on average, plus a put and a watch
+/// event on loopback.
+const DELAY: Duration = Duration::from_millis(20);
+
+fn setting(n: u32, arrivals: Arrivals, detection: Detection) -> FleetSetting {
+    let mut s = FleetSetting::new(n, FailureMode::FAIL_AT_ONCE, arrivals, detection);
+    s.endpoints = 3;
+    s.rate = 100.0;
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "E12, about two minutes: run scripts/lab-e12.sh"]
+async fn e12_fleet_failed_tries_measured_next_to_the_model() {
+    let etcd = etcd3();
+    println!(
+        "E12 | N | traffic | local measured (runs) | local closed form | local simulated (95 % CI) | shared measured (runs) | shared closed form | shared simulated (95 % CI)"
+    );
+    for n in [1u32, 2, 3, 4] {
+        for (arrival, arrivals) in [
+            (Arrival::InTurn, Arrivals::InTurn),
+            (Arrival::Spread, Arrivals::Random),
+        ] {
+            let mut cells = Vec::new();
+            let mut means = Vec::new();
+            for shared in [false, true] {
+                let mut got = Vec::new();
+                for r in 0..RUNS {
+                    let seed = 1000 * u64::from(n) + 10 * r + u64::from(shared);
+                    got.push(
+                        fleet_run(
+                            &etcd,
+                            n as usize,
+                            shared,
+                            arrival,
+                            REQUESTS,
+                            "random",
+                            Some(seed),
+                        )
+                        .await,
+                    );
+                }
+                let mean = got.iter().sum::<u64>() as f64 / got.len() as f64;
+                means.push(mean);
+                let detection = if shared {
+                    Detection::Shared {
+                        delay: DELAY,
+                        quorum: 1,
+                    }
+                } else {
+                    Detection::Local
+                };
+                let st = setting(n, arrivals, detection);
+                let sim = run(&st, 12, 200).unwrap();
+                cells.push(format!(
+                    "{mean:.1} ({got:?}) | {:.2} | {:.2} ({:.2}-{:.2})",
+                    st.closed_form().unwrap(),
+                    sim.mean,
+                    sim.ci95.0,
+                    sim.ci95.1
+                ));
+            }
+            println!("E12 | {n} | {arrival:?} | {} | {}", cells[0], cells[1]);
+            // Local: every proxy pays the threshold alone.
+            assert!(
+                (means[0] - 5.0 * f64::from(n)).abs() <= 1.0,
+                "N = {n}, {arrival:?}: local {}",
+                means[0]
+            );
+            if n >= 2 {
+                assert!(means[1] < means[0], "N = {n}, {arrival:?}: {means:?}");
+            }
+            if n >= 3 {
+                assert!(
+                    means[1] * 2.0 <= means[0],
+                    "N = {n}, {arrival:?}: shared {} against local {}",
+                    means[1],
+                    means[0]
+                );
+            }
+        }
+    }
+}
