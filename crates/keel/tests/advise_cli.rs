@@ -487,8 +487,53 @@ fn nginx_logs_fit_every_try_count_unreadable_lines_by_number_and_answer_in_nginx
     assert!(config.contains("cannot express"), "{config}");
     assert_ne!(best["protections"], "none", "{best}");
     assert!(v["limits"].to_string().contains("health checks"));
-    // Without the format, or with one that lacks the upstream variables: refused, with why.
+    // The terminal report: within 100 columns up to the paste block (its comments are
+    // configuration); --wide keeps each sentence on one line and the intervals in the table.
     let path = dir.join("nginx.log");
+    let report = |wide: bool| {
+        let mut args = vec![
+            "advise",
+            "--access-log",
+            path.to_str().unwrap(),
+            "--log-format",
+            "nginx",
+            "--nginx-log-format",
+            NGINX_FORMAT,
+            "--quiet",
+            "--requests",
+            "1500",
+            "--replications",
+            "2",
+        ];
+        if wide {
+            args.push("--wide");
+        }
+        let out = keel(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = report(false);
+    let body = text.split("\nto run ").next().unwrap();
+    for line in body.lines() {
+        assert!(
+            line.chars().count() <= 100,
+            "{} columns: {line}",
+            line.chars().count()
+        );
+    }
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("10.0.0.2:80") && l.contains("20.")),
+        "{body}"
+    );
+    let wide = report(true);
+    assert!(wide.lines().any(|l| l.chars().count() > 100), "{wide}");
+    assert!(wide.contains("errors % [95 %]"), "{wide}");
+    // Without the format, or with one that lacks the upstream variables: refused, with why.
     let out = keel(&[
         "advise",
         "--access-log",

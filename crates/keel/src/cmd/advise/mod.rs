@@ -78,6 +78,10 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Terminal output wider than 100 columns: sentences on one line each, and the endpoint
+    /// table with every interval, the KS distance and the capacity.
+    #[arg(long)]
+    pub wide: bool,
     /// Whose log: keel (keel proxy's JSON), nginx (with --nginx-log-format), haproxy (`option
     /// httplog`) or envoy (the default format). The ranking covers that balancer's strategies
     /// and protections, and the recommendation is written in its configuration language.
@@ -223,7 +227,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&advice)?);
     } else {
-        print_table(&advice, n_configs, fitted_in, simulated_in);
+        print_table(&advice, n_configs, fitted_in, simulated_in, args.wide);
     }
     Ok(())
 }
@@ -281,19 +285,35 @@ fn progress_bar(total: u64, quiet: bool) -> ProgressBar {
     bar
 }
 
-fn print_table(a: &Advice, configs: u64, fitted: Duration, simulated: Duration) {
+/// Width of terminal output without `--wide`.
+const COLUMNS: usize = 100;
+
+fn print_table(a: &Advice, configs: u64, fitted: Duration, simulated: Duration, wide: bool) {
     let m = &a.model;
+    // A sentence: one line with --wide, else wrapped to COLUMNS under a hanging indent.
+    let say = |text: &str| {
+        if wide {
+            println!("{text}");
+        } else {
+            for (i, line) in crate::lab::answer::wrap(text, COLUMNS, "  ")
+                .into_iter()
+                .enumerate()
+            {
+                println!("{}", if i == 0 { &line[2..] } else { &line });
+            }
+        }
+    };
     // The answer first; then how it was reached.
     println!("keel advise: cluster `{}`", m.cluster);
-    println!("{}", a.answer);
+    say(&a.answer);
     for w in &a.why {
-        println!("why: {w}");
+        say(&format!("why: {w}"));
     }
     for t in &a.traps {
-        println!("trap: {t}");
+        say(&format!("trap: {t}"));
     }
     println!("(the settings to paste are at the end)\n");
-    println!(
+    say(&format!(
         "fitted from {} requests, {} tries from {} to {} ({:.0} s), {:.1} requests/s (dispersion {:.2}), {} endpoints; fitted in {:.2} s",
         m.requests,
         m.tries,
@@ -304,11 +324,117 @@ fn print_table(a: &Advice, configs: u64, fitted: Duration, simulated: Duration) 
         m.arrival.dispersion,
         m.endpoints.len(),
         fitted.as_secs_f64()
-    );
+    ));
     for n in &m.notes {
-        println!("  note: {n}");
+        say(&format!("  note: {n}"));
     }
     println!();
+    if wide {
+        print_endpoints_wide(m);
+    } else {
+        print_endpoints(m);
+    }
+    println!();
+    say(&format!(
+        "{configs} configurations x {} replications of {} requests simulated in {:.1} s; best first (success; where success intervals overlap the best's, a tie (=): more protection, then p99, then p99.9; 95 % intervals):",
+        a.replications,
+        a.requests_per_replication,
+        simulated.as_secs_f64()
+    ));
+    print_ranking(a, wide);
+    if a.running.is_some() {
+        println!("  * the running configuration (--config)");
+    }
+    if a.tied > 1 {
+        println!("  = tied with the best on success (overlapping 95 % intervals)");
+    }
+    for l in &a.limits {
+        say(&format!("{} cannot express: {l}", a.balancer.name()));
+    }
+    if let Some(best) = a.ranking.first() {
+        if a.balancer == Balancer::Keel {
+            println!(
+                "\nto run {} with {}, replace the cluster's [[cluster]] section with:\n{}",
+                best.strategy, best.protections, best.cluster_toml
+            );
+        } else {
+            println!(
+                "\nto run {} with {} in {}:\n{}",
+                best.strategy,
+                best.protections,
+                a.balancer.name(),
+                best.paste()
+            );
+        }
+    }
+}
+
+/// The fitted endpoints within 100 columns: point values only (`--wide` has the intervals), the
+/// name and the fit as wide as the widest (a name over 21 characters is cut, marked `~`).
+fn print_endpoints(m: &FittedModel) {
+    let name = |n: &str| {
+        if n.len() > 21 {
+            format!("{}~", &n[..20])
+        } else {
+            n.to_string()
+        }
+    };
+    let fit = |l: &fit::LatencyFit| {
+        format!(
+            "{}{}",
+            family(&l.family),
+            if l.pooled { " (p)" } else { "" }
+        )
+    };
+    let ew = m
+        .endpoints
+        .iter()
+        .map(|e| name(&e.name).len())
+        .max()
+        .unwrap_or(0)
+        .max(8);
+    let fw = m
+        .endpoints
+        .iter()
+        .map(|e| fit(&e.latency).len())
+        .max()
+        .unwrap_or(0)
+        .max(14);
+    println!(
+        "{:<ew$} {:>6} {:>6} {:>7} {:>7}  {:<fw$}  {:>6} {:>6} {:>6}",
+        "endpoint",
+        "tries",
+        "share",
+        "p50 ms",
+        "p99 ms",
+        "fitted latency",
+        "err %",
+        "tmo %",
+        "rst %"
+    );
+    let pct = |r: &fit::Rate| format!("{:.2}", r.share * 100.0);
+    for e in &m.endpoints {
+        let l = &e.latency;
+        println!(
+            "{:<ew$} {:>6} {:>5.1}% {:>7.2} {:>7.2}  {:<fw$}  {:>6} {:>6} {:>6}",
+            name(&e.name),
+            e.tries,
+            e.share * 100.0,
+            l.p50_ms,
+            l.p99_ms,
+            fit(l),
+            pct(&e.failures.error),
+            pct(&e.failures.timeout),
+            pct(&e.failures.reset),
+        );
+    }
+    if m.endpoints.iter().any(|e| e.latency.pooled) {
+        println!("  (p): too few successes for its own fit; the cluster's pooled fit stands in");
+    }
+}
+
+/// The fitted endpoints with every interval, the KS distance and the capacity (`--wide`).
+fn print_endpoints_wide(m: &FittedModel) {
     println!(
         "{:<22} {:>7} {:>6} {:>8} {:>8}  {:<30} {:>6}  {:<20} {:<20} {:<20} {:>8}",
         "endpoint",
@@ -346,20 +472,48 @@ fn print_table(a: &Advice, configs: u64, fitted: Duration, simulated: Duration) 
                 .map_or("-".into(), |c| c.concurrency.to_string())
         );
     }
-    println!();
+}
+
+/// The ranking; with `--wide` in fixed columns, else each column as wide as its widest cell
+/// (the success to 2 decimals): within 100 columns for every balancer's names.
+fn print_ranking(a: &Advice, wide: bool) {
+    let success = |r: &advise::Ranked| {
+        let [m, lo, hi] = r.success.map(|x| x * 100.0);
+        if wide {
+            format!("{m:.3} [{lo:.3}, {hi:.3}]")
+        } else {
+            format!("{m:.2} [{lo:.2}, {hi:.2}]")
+        }
+    };
+    let p99 = |r: &advise::Ranked| {
+        format!(
+            "{:.1} [{:.1}, {:.1}]",
+            r.p99_ms[0], r.p99_ms[1], r.p99_ms[2]
+        )
+    };
+    let width = |f: &dyn Fn(&advise::Ranked) -> String, head: &str, fixed: usize| {
+        if wide {
+            fixed
+        } else {
+            a.ranking
+                .iter()
+                .map(|r| f(r).len())
+                .max()
+                .unwrap_or(0)
+                .max(head.len())
+        }
+    };
+    let sw = width(&|r| r.strategy.clone(), "strategy", 22);
+    let pw = width(&|r| r.protections.clone(), "protections", 33);
+    let cw = width(&success, "success % [95 %]", 26);
+    let qw = width(&p99, "p99 ms [95 %]", 24);
     println!(
-        "{configs} configurations x {} replications of {} requests simulated in {:.1} s; best first (success; where success intervals overlap the best's, a tie (=): more protection, then p99, then p99.9; 95 % intervals):",
-        a.replications,
-        a.requests_per_replication,
-        simulated.as_secs_f64()
-    );
-    println!(
-        "{:>4}  {:<22} {:<33} {:<26} {:<24} {:>10}",
-        "rank", "strategy", "protections", "success % [95 %]", "p99 ms [95 %]", "p99.9 ms"
+        "{:>4} {:<sw$} {:<pw$} {:<cw$} {:<qw$} {:>7}",
+        "rank", "strategy", "protections", "success % [95 %]", "p99 ms [95 %]", "p99.9"
     );
     for (i, r) in a.ranking.iter().enumerate() {
         println!(
-            "{:>3}{}{:<22} {:<33} {:<26} {:<24} {:>10.1}",
+            "{:>3}{}{:<sw$} {:<pw$} {:<cw$} {:<qw$} {:>7.1}",
             i + 1,
             match (r.running, r.tier == 0 && a.tied > 1) {
                 (true, true) => "*=",
@@ -369,42 +523,9 @@ fn print_table(a: &Advice, configs: u64, fitted: Duration, simulated: Duration) 
             },
             r.strategy,
             r.protections,
-            format!(
-                "{:.3} [{:.3}, {:.3}]",
-                r.success[0] * 100.0,
-                r.success[1] * 100.0,
-                r.success[2] * 100.0
-            ),
-            format!(
-                "{:.1} [{:.1}, {:.1}]",
-                r.p99_ms[0], r.p99_ms[1], r.p99_ms[2]
-            ),
+            success(r),
+            p99(r),
             r.p999_ms[0]
         );
-    }
-    if a.running.is_some() {
-        println!("  * the running configuration (--config)");
-    }
-    if a.tied > 1 {
-        println!("  = tied with the best on success (overlapping 95 % intervals)");
-    }
-    for l in &a.limits {
-        println!("{} cannot express: {l}", a.balancer.name());
-    }
-    if let Some(best) = a.ranking.first() {
-        if a.balancer == Balancer::Keel {
-            println!(
-                "\nto run {} with {}, replace the cluster's [[cluster]] section with:\n{}",
-                best.strategy, best.protections, best.cluster_toml
-            );
-        } else {
-            println!(
-                "\nto run {} with {} in {}:\n{}",
-                best.strategy,
-                best.protections,
-                a.balancer.name(),
-                best.paste()
-            );
-        }
     }
 }
