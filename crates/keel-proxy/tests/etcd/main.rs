@@ -12,6 +12,7 @@ mod support;
 mod discovery;
 mod e12;
 mod evidence;
+mod faults;
 
 use std::time::Duration;
 
