@@ -72,7 +72,7 @@ pub(crate) async fn forward<B: RequestBody>(
             return Answer::Own(forbidden(cluster, refused, ip));
         }
         if let Some(rw) = &policy.rewrites {
-            let vars = rw.vars(head.view(), &client.ip, &policy.route);
+            let vars = rw.vars(head.view(), client, &policy.route);
             if let Some((status, location)) = &rw.redirect {
                 let mut value = Vec::new();
                 location.expand(&vars, &mut value);

@@ -230,6 +230,7 @@ impl ListenerCtx {
             trust_forwarded: self.settings.trusts(ip),
             worker,
             error_detail: self.settings.error_detail,
+            client_cert: None,
         }
     }
 }

@@ -32,6 +32,9 @@ use crate::config::listener::{ClientAuth, ListenerTlsConfig, TlsVersion};
 
 pub use crate::config::cluster::{ALPN_H2, ALPN_HTTP11};
 
+mod client_cert;
+pub use client_cert::ClientCert;
+
 /// The `ring` crypto provider, built once.
 pub fn provider() -> Arc<CryptoProvider> {
     static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();

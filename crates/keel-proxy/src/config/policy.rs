@@ -198,7 +198,14 @@ const PROTECTED: &[&str] = &[
 ];
 
 /// The variables a header value may hold.
-pub const HEADER_VARIABLES: &[&str] = &["$client_ip", "$request_id", "$route"];
+pub const HEADER_VARIABLES: &[&str] = &[
+    "$client_ip",
+    "$client_cert_subject",
+    "$client_cert_san",
+    "$client_cert_fingerprint",
+    "$request_id",
+    "$route",
+];
 /// The variables a redirect's location may hold.
 pub const LOCATION_VARIABLES: &[&str] = &["$client_ip", "$request_id", "$route", "$host", "$path"];
 

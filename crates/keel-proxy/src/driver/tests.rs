@@ -172,6 +172,7 @@ fn client() -> Client {
         trust_forwarded: false,
         worker: 0,
         error_detail: ErrorDetail::Brief,
+        client_cert: None,
     }
 }
 

@@ -32,6 +32,9 @@ pub(crate) struct Client {
     pub worker: usize,
     /// How much of a failure's cause keel's own answers show.
     pub error_detail: ErrorDetail,
+    /// The certificate the client presented, verified against the listener's `client_ca`
+    /// (read once at the handshake; `None` without one).
+    pub client_cert: Option<std::sync::Arc<crate::tls::ClientCert>>,
 }
 
 /// A request body as a leg sends it.

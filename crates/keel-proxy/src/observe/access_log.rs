@@ -36,6 +36,9 @@ const FLUSH_EVERY: Duration = Duration::from_millis(100);
 pub(crate) struct Entry<'a> {
     /// The client's IP.
     pub client: &'a str,
+    /// The subject of the client's verified certificate (JSON's `client_cert_subject`, only
+    /// when there is one).
+    pub client_cert_subject: Option<&'a str>,
     /// The request's method, target and headers, as sent upstream (or as keel read them).
     pub request: RequestLine<'a>,
     /// `HTTP/1.0`, `HTTP/1.1` or `HTTP/2.0`.
@@ -475,6 +478,10 @@ fn json(out: &mut Vec<u8>, e: &Entry<'_>, now: SystemTime) {
     push_rfc3339(out, now);
     out.extend_from_slice(b"\",\"client\":");
     push_json_str(out, e.client.as_bytes());
+    if let Some(subject) = e.client_cert_subject {
+        out.extend_from_slice(b",\"client_cert_subject\":");
+        push_json_str(out, subject.as_bytes());
+    }
     out.extend_from_slice(b",\"method\":");
     push_json_opt(out, r.method);
     out.extend_from_slice(b",\"host\":");
@@ -618,6 +625,7 @@ mod tests {
     fn entry(head: &[u8]) -> Entry<'_> {
         Entry {
             client: "10.0.0.1",
+            client_cert_subject: None,
             request: RequestLine::parse(head),
             protocol: "HTTP/1.1",
             status: 502,

@@ -97,6 +97,7 @@ impl Record<'_> {
             self.client.worker,
             &Entry {
                 client: &self.client.ip,
+                client_cert_subject: self.client.client_cert.as_deref().map(|c| &*c.subject),
                 request: RequestLine::of(self.request),
                 protocol: self.protocol,
                 status: self.status,

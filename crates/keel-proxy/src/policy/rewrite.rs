@@ -21,6 +21,10 @@ enum Piece {
     Route,
     Host,
     Path,
+    /// The verified client certificate's subject, SAN and SHA-256 (empty without one).
+    CertSubject,
+    CertSan,
+    CertFingerprint,
 }
 
 /// A configured value, its variables found once at load time.
@@ -30,8 +34,11 @@ pub(crate) struct Template(Box<[Piece]>);
 impl Template {
     /// Compiles a value (validated: every `$` starts a known variable or is `$$`).
     pub fn new(text: &str) -> Self {
-        let vars: [(&str, Piece); 5] = [
+        let vars: [(&str, Piece); 8] = [
             ("$client_ip", Piece::ClientIp),
+            ("$client_cert_subject", Piece::CertSubject),
+            ("$client_cert_san", Piece::CertSan),
+            ("$client_cert_fingerprint", Piece::CertFingerprint),
             ("$request_id", Piece::RequestId),
             ("$route", Piece::Route),
             ("$host", Piece::Host),
@@ -83,6 +90,15 @@ impl Template {
                 Piece::Route => out.extend_from_slice(vars.route),
                 Piece::Host => out.extend_from_slice(&vars.host),
                 Piece::Path => out.extend_from_slice(&vars.path),
+                Piece::CertSubject | Piece::CertSan | Piece::CertFingerprint => {
+                    if let Some(c) = vars.client_cert {
+                        out.extend_from_slice(match p {
+                            Piece::CertSubject => c.subject.as_bytes(),
+                            Piece::CertSan => c.san.as_bytes(),
+                            _ => c.fingerprint.as_bytes(),
+                        });
+                    }
+                }
             }
         }
     }
@@ -91,6 +107,8 @@ impl Template {
 /// The values a request's variables take.
 pub(crate) struct Vars<'a> {
     pub client_ip: &'a str,
+    /// The connection's verified client certificate, if any.
+    pub client_cert: Option<&'a crate::tls::ClientCert>,
     /// The route's index in its listener (empty for the listener's `cluster`).
     pub route: &'a [u8],
     /// The request's host as the client sent it (only when a rewrite uses it).
@@ -252,9 +270,15 @@ impl Rewrites {
     }
 
     /// The request's variables, read from its head (before any rewrite).
-    pub fn vars<'a>(&self, head: HeadView<'_>, client_ip: &'a str, route: &'a [u8]) -> Vars<'a> {
+    pub fn vars<'a>(
+        &self,
+        head: HeadView<'_>,
+        client: &'a crate::exchange::request::Client,
+        route: &'a [u8],
+    ) -> Vars<'a> {
         let mut v = Vars {
-            client_ip,
+            client_ip: &client.ip,
+            client_cert: client.client_cert.as_deref(),
             route,
             host: Vec::new(),
             path: Vec::new(),
@@ -437,6 +461,7 @@ mod tests {
     fn vars() -> Vars<'static> {
         Vars {
             client_ip: "10.0.0.9",
+            client_cert: None,
             route: b"3",
             host: b"app.example".to_vec(),
             path: b"/a?b".to_vec(),
@@ -454,6 +479,23 @@ mod tests {
             String::from_utf8(out).unwrap(),
             "ip=10.0.0.9 r=3 id=xxxx $5 https://app.example/a?b $nope"
         );
+        // The client certificate's variables: empty without one.
+        let t = Template::new("[$client_cert_subject|$client_cert_san|$client_cert_fingerprint]");
+        let mut out = Vec::new();
+        t.expand(&vars(), &mut out);
+        assert_eq!(out, b"[||]");
+        let cert = crate::tls::ClientCert {
+            subject: "CN=a,O=b".into(),
+            san: "a.test".into(),
+            fingerprint: "00ff".into(),
+        };
+        let with = Vars {
+            client_cert: Some(&cert),
+            ..vars()
+        };
+        let mut out = Vec::new();
+        t.expand(&with, &mut out);
+        assert_eq!(out, b"[CN=a,O=b|a.test|00ff]");
     }
 
     #[test]

@@ -33,7 +33,7 @@ pub(crate) async fn serve_accepted(
 ) {
     let index = ctx.index;
     let settings = &ctx.settings;
-    let client = ctx.client(peer, worker);
+    let mut client = ctx.client(peer, worker);
     let tcp = settings.protocol == crate::config::ListenerProtocol::Tcp;
     let local = stream.local_addr().unwrap_or(peer);
     if let Some(access) = &ctx.tcp_access {
@@ -84,6 +84,15 @@ pub(crate) async fn serve_accepted(
             return;
         }
         Ok(Ok(tls_stream)) => {
+            // Only a listener with `client_ca` asks for one; rustls has verified it.
+            if let Some(leaf) = tls_stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+            {
+                client.client_cert = crate::tls::ClientCert::of(leaf).map(Arc::new);
+            }
             let h2 = tls_stream.get_ref().1.alpn_protocol() == Some(crate::tls::ALPN_H2);
             if h2 {
                 mark_connection(ConnKind::Http2);

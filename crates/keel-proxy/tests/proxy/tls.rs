@@ -848,3 +848,199 @@ fn tls_options_are_checked_and_their_errors_located() {
         }
     }
 }
+
+/// A backend that answers each request with the values of `x-client-dn`, `x-client-san` and
+/// `x-client-fp` it received, one a line (empty when absent).
+async fn echo_cert_headers() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(|req: Request<hyper::body::Incoming>| {
+                    let value = |n: &str| {
+                        let all: Vec<&str> = req
+                            .headers()
+                            .get_all(n)
+                            .iter()
+                            .map(|v| v.to_str().unwrap())
+                            .collect();
+                        all.join("|")
+                    };
+                    let body = format!(
+                        "{}\n{}\n{}",
+                        value("x-client-dn"),
+                        value("x-client-san"),
+                        value("x-client-fp")
+                    );
+                    async move {
+                        Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(
+                            body,
+                        ))))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// `GET /` over TLS offering `alpn` (`h2` or `http/1.1`) and presenting `cert` (files
+/// `NAME.pem`, `NAME.key`) when given; the answer's body. `spoof`: a header the client sends
+/// to pass for someone else.
+async fn get_as(
+    pki: &Pki,
+    addr: SocketAddr,
+    cert: Option<&str>,
+    alpn: &[u8],
+    spoof: Option<&str>,
+) -> String {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in pki.certs("ca.pem") {
+        roots.add(c).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(keel_proxy::tls::provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let mut config = match cert {
+        Some(name) => builder
+            .with_client_auth_cert(
+                pki.certs(&format!("{name}.pem")),
+                PrivateKeyDer::from_pem_file(pki.path(&format!("{name}.key"))).unwrap(),
+            )
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![alpn.to_vec()];
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let stream = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(alpn));
+    let mut req = Request::get("https://localhost/");
+    if alpn == b"http/1.1" {
+        req = req.header("host", "localhost");
+    }
+    if let Some(dn) = spoof {
+        req = req.header("x-client-dn", dn);
+    }
+    let req = req.body(Empty::<Bytes>::new()).unwrap();
+    let resp = if alpn == b"h2" {
+        let (mut sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        sender.send_request(req).await.unwrap()
+    } else {
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        sender.send_request(req).await.unwrap()
+    };
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(body.to_vec()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_certificate_reaches_header_variables_and_the_access_log_over_http1_and_http2() {
+    let pki = Pki::generate("client-subject");
+    // alice's certificate, from a client CA of this test: a subject with a comma to escape,
+    // a DNS name and a URI.
+    let (client_ca, client_ca_key) = make_ca("client CA");
+    std::fs::write(pki.path("client-ca.pem"), client_ca.pem()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(vec!["alice.test".to_string()]).unwrap();
+    params.subject_alt_names.push(rcgen::SanType::URI(
+        "spiffe://example.test/alice".try_into().unwrap(),
+    ));
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(DnType::OrganizationName, "Example, Inc.");
+    params.distinguished_name.push(DnType::CommonName, "alice");
+    let alice = params.signed_by(&key, &client_ca, &client_ca_key).unwrap();
+    std::fs::write(pki.path("alice.pem"), alice.pem()).unwrap();
+    std::fs::write(pki.path("alice.key"), key.serialize_pem()).unwrap();
+    let fingerprint: String = ring::digest::digest(&ring::digest::SHA256, alice.der())
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+
+    let backend = echo_cert_headers().await;
+    let log = pki.path("access.log");
+    let text = format!(
+        "[access_log]\npath = {:?}\nformat = \"json\"\n\n\
+         [[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n\
+         [listener.tls]\ncert = {}\nkey = {}\nclient_ca = {}\nclient_auth = \"request\"\n\n\
+         [[cluster]]\nname = \"app\"\nendpoints = [{{ address = \"{backend}\" }}]\n\
+         request_headers = {{ set = {{ x-client-dn = \"$client_cert_subject\", \
+         x-client-san = \"$client_cert_san\", x-client-fp = \"$client_cert_fingerprint\" }} }}\n",
+        log.display().to_string(),
+        pki.toml("server.pem"),
+        pki.toml("server.key"),
+        pki.toml("client-ca.pem"),
+    );
+    let config = ProxyConfig::from_toml_str(&text, "client-subject.toml")
+        .unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let proxy = keel_proxy::start(config).await.unwrap();
+    let addr = proxy.listener_addrs()[0];
+
+    let expected = format!(
+        "CN=alice,O=Example\\, Inc.\nalice.test,spiffe://example.test/alice\n{fingerprint}"
+    );
+    for alpn in [&b"http/1.1"[..], b"h2"] {
+        let seen = get_as(&pki, addr, Some("alice"), alpn, None).await;
+        assert_eq!(seen, expected, "{}", String::from_utf8_lossy(alpn));
+        // Without a certificate the variables are empty, and `set` replaces what the client
+        // sent in their name.
+        let seen = get_as(&pki, addr, None, alpn, Some("CN=admin")).await;
+        assert_eq!(seen, "\n\n", "{}", String::from_utf8_lossy(alpn));
+    }
+
+    // The access log names the subject on the requests that had one, and only on those.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let lines = loop {
+        let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        if lines.len() == 4 || Instant::now() > deadline {
+            break lines;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    let subjects: Vec<(&str, Option<&str>)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["protocol"].as_str().unwrap(),
+                l.get("client_cert_subject").map(|s| s.as_str().unwrap()),
+            )
+        })
+        .collect();
+    for protocol in ["HTTP/1.1", "HTTP/2.0"] {
+        let of: Vec<Option<&str>> = subjects
+            .iter()
+            .filter(|(p, _)| *p == protocol)
+            .map(|(_, s)| *s)
+            .collect();
+        assert_eq!(of.len(), 2, "{subjects:?}");
+        assert!(
+            of.contains(&Some("CN=alice,O=Example\\, Inc.")),
+            "{subjects:?}"
+        );
+        assert!(of.contains(&None), "{subjects:?}");
+    }
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
