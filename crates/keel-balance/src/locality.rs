@@ -622,6 +622,34 @@ mod tests {
         }
     }
 
+    #[test]
+    fn strict_backup_needs_a_factor_of_the_levels_size() {
+        // NGINX's and HAProxy's `backup`: two primaries and a backup, one primary down. With
+        // Envoy's 1.4 the primaries' level is 1.4 x 1/2 = 0.7 healthy and the backup takes the
+        // other 0.3; with a factor of at least the level's size (2) it takes nothing until every
+        // primary is down.
+        let specs: Vec<EndpointSpec> = (0..3)
+            .map(|i| EndpointSpec::new(format!("10.0.0.{i}:80")).with_priority(u32::from(i == 2)))
+            .collect();
+        let now = Duration::from_secs(1);
+        for (factor, want_backup) in [(1.4, 0.3), (2.0, 0.0), (1000.0, 0.0)] {
+            let mut c = config(StrategyKind::RoundRobin);
+            c.overprovisioning_factor = factor;
+            let lb = Balancer::new(c, &specs).unwrap();
+            lb.set_healthy(lb.endpoints()[0].id(), false, now);
+            let n = 20_000;
+            let backup = (0..n)
+                .filter(|_| lb.pick(&PickContext::new(now)).unwrap().index() == 2)
+                .count();
+            let got = backup as f64 / n as f64;
+            // Binomial standard deviation at most 0.0033 at 0.3: 0.015 is four and a half.
+            assert!((got - want_backup).abs() < 0.015, "factor {factor}: {got}");
+            // Every primary down: the backup takes everything, whatever the factor.
+            lb.set_healthy(lb.endpoints()[1].id(), false, now);
+            assert_eq!(lb.pick(&PickContext::new(now)).unwrap().index(), 2);
+        }
+    }
+
     fn zoned(mode: ZoneMode, local: &str, sizes: &[(&str, usize)]) -> Balancer {
         let mut specs = Vec::new();
         for (z, n) in sizes {
