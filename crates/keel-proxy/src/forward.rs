@@ -10,7 +10,7 @@ use std::time::Instant;
 use tokio::time::Sleep;
 
 use crate::config::HashOn;
-use crate::driver::answer::{Answer, Upstream};
+use crate::driver::answer::{Answer, OwnAnswer, Upstream};
 use crate::driver::{drive, Driven};
 use crate::exchange::error::Cause;
 use crate::exchange::head::RequestHeaders;
@@ -61,6 +61,12 @@ pub(crate) async fn forward<B: RequestBody>(
     // remove the cookie).
     let pin = cluster.sticky.as_ref().map(|s| s.token(req.head.view()));
     let mut head = req.head;
+    // The trace context first (`[tracing]`): keel's own answers below are in the trace too.
+    let trace = cluster.tracing.as_deref().map(|t| t.begin(&mut head));
+    let traced = |mut own: OwnAnswer| {
+        own.tries.trace = trace;
+        Answer::Own(own)
+    };
     // A route's or cluster's policy, in this order: a redirect, the rate limits, the
     // request's rewrites (the response's follow the answer).
     let mut meta = req.meta;
@@ -69,19 +75,19 @@ pub(crate) async fn forward<B: RequestBody>(
     if let Some(policy) = req.policy {
         // `allow`/`deny` first: a refused client gets nothing else of the route.
         if let Err((refused, ip)) = policy.access(client, head.view()) {
-            return Answer::Own(forbidden(cluster, refused, ip));
+            return traced(forbidden(cluster, refused, ip));
         }
         if let Some(rw) = &policy.rewrites {
             let vars = rw.vars(head.view(), client, &policy.route);
             if let Some((status, location)) = &rw.redirect {
                 let mut value = Vec::new();
                 location.expand(&vars, &mut value);
-                return Answer::Own(crate::driver::answer::redirect(*status, &value));
+                return traced(crate::driver::answer::redirect(*status, &value));
             }
             rewrites = Some((rw, vars));
         }
         if let Err((limit, limited)) = policy.limit(client, head.view(), req.start) {
-            return Answer::Own(rate_limited(cluster, client, limit, limited));
+            return traced(rate_limited(cluster, client, limit, limited));
         }
         if let Some((rw, vars)) = &rewrites {
             rw.request(&mut head, vars);
@@ -112,6 +118,7 @@ pub(crate) async fn forward<B: RequestBody>(
         timer,
         req.body_progress,
         pin.flatten(),
+        trace,
     )
     .await
     {

@@ -28,6 +28,8 @@ pub(crate) struct Routing {
     pub listeners: Vec<Arc<ListenerRoutes>>,
     /// All clusters, in configuration order.
     pub clusters: Vec<Arc<Cluster>>,
+    /// `[tracing]`, which every cluster holds too; kept by a reload that does not change it.
+    pub tracing: Option<Arc<crate::exchange::trace::Tracing>>,
 }
 
 /// Why a reload from the configuration file did not happen.

@@ -44,7 +44,7 @@ pub use listener::{
     TlsVersion, MIN_HEADER_BYTES,
 };
 pub use locate::ConfigError;
-pub use observe::{AccessLogConfig, AccessLogFormat, AdminConfig};
+pub use observe::{AccessLogConfig, AccessLogFormat, AdminConfig, TracingConfig};
 pub use policy::{
     HashOn, HeaderEdits, RateKey, RateLimitConfig, RedirectConfig, ReplacePrefix, ResponseHeaders,
     StickyConfig,
@@ -76,6 +76,10 @@ pub struct ProxyConfig {
     /// The access log (`[access_log]`); none unless the table is present.
     #[serde(default)]
     pub access_log: Option<AccessLogConfig>,
+    /// W3C Trace Context (`[tracing]`); none unless the table is present (`traceparent`
+    /// then passes as any other header).
+    #[serde(default)]
+    pub tracing: Option<TracingConfig>,
     /// The zone this proxy runs in, for clusters with `[cluster.zone_routing]`.
     #[serde(default)]
     pub zone: Option<String>,
@@ -232,6 +236,10 @@ impl ProxyConfig {
                     )),
                 ));
             }
+        }
+        if let Some(t) = &self.tracing {
+            t.validate()
+                .map_err(|e| e.under(FieldPath::key("tracing")))?;
         }
         let names: Vec<&str> = self.clusters.iter().map(|c| c.name.as_str()).collect();
         for (i, l) in self.listeners.iter().enumerate() {
@@ -391,6 +399,7 @@ impl ProxyConfig {
             listeners,
             clusters,
             access_log: None,
+            tracing: None,
             zone: None,
             name: None,
             etcd: None,

@@ -1,4 +1,4 @@
-//! `[admin]` and `[access_log]`: the sections about watching the proxy.
+//! `[admin]`, `[access_log]` and `[tracing]`: the sections about watching the proxy.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -105,6 +105,46 @@ impl AccessLogConfig {
                     "`{}` is not a file path; expected e.g. \"access.log\", or \"-\" for standard output",
                     self.path.display()
                 )),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `[tracing]`: W3C Trace Context on every HTTP request. A client's valid `traceparent` is
+/// continued, any other request starts a trace; each try sends the endpoint a `traceparent`
+/// of its own span, and the access log records `trace_id`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TracingConfig {
+    /// The share of new traces sampled, within 0..=1 (default 0.01). A continued trace keeps
+    /// its caller's sampled flag (parent-based sampling).
+    #[serde(default = "default_sample")]
+    pub sample: f64,
+}
+
+fn default_sample() -> f64 {
+    0.01
+}
+
+impl Default for TracingConfig {
+    fn default() -> Self {
+        Self {
+            sample: default_sample(),
+        }
+    }
+}
+
+impl TracingConfig {
+    /// Checks the ratio.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if !(0.0..=1.0).contains(&self.sample) {
+            return Err(InvalidField::at(
+                "sample",
+                Problem::out_of_range(
+                    "within 0..=1 (a ratio: 0.01 samples 1 % of new traces)",
+                    self.sample,
+                ),
             ));
         }
         Ok(())

@@ -355,6 +355,7 @@ fn every_option_is_documented() {
         format!("{HEAD}[cluster.tls]\nnonsense = 1\n"),
         format!("{HEAD}[cluster.hedge]\ndelay = \"p95\"\nnonsense = 1\n"),
         format!("[access_log]\npath = \"a.log\"\nnonsense = 1\n{HEAD}"),
+        format!("[tracing]\nnonsense = 1\n{HEAD}"),
         HEAD.replace(
             "endpoints = [{ address = \"127.0.0.1:9001\" }]",
             "discovery = { dns = \"a.test\", port = 80, nonsense = 1 }",

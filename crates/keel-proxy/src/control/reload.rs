@@ -13,6 +13,7 @@ use keel_balance::EndpointSpec;
 use tokio::net::TcpListener;
 
 use crate::config::{ClusterConfig, ProxyConfig};
+use crate::exchange::trace::Tracing;
 use crate::route::ListenerRoutes;
 use crate::state::{ListenerCtx, ListenerSlot, ReloadError, Routing, Shared};
 use crate::upstream::cluster::Cluster;
@@ -25,10 +26,12 @@ impl Shared {
         &self,
         config: ClusterConfig,
         old: Option<&Cluster>,
+        tracing: Option<Arc<Tracing>>,
     ) -> anyhow::Result<Arc<Cluster>> {
         let name = config.name.clone();
-        let cluster = Cluster::build(config, old, &self.registry, self.epoch, self.workers)
+        let mut cluster = Cluster::build(config, old, &self.registry, self.epoch, self.workers)
             .with_context(|| format!("cluster `{name}`"))?;
+        cluster.tracing = tracing;
         if cluster.config.health_check.is_none() {
             // Without checks nothing would ever mark an endpoint up again.
             for e in &cluster.endpoints {
@@ -90,6 +93,11 @@ impl Shared {
         discovered: &HashMap<String, Arc<Discovered>>,
         indexes: &[usize],
     ) -> anyhow::Result<Routing> {
+        let tracing = match (&config.tracing, previous.and_then(|p| p.tracing.as_ref())) {
+            (Some(t), Some(old)) if old.config == *t => Some(old.clone()),
+            (Some(t), _) => Some(Arc::new(Tracing::new(t))),
+            (None, _) => None,
+        };
         let mut clusters = Vec::with_capacity(config.clusters.len());
         for c in &config.clusters {
             let old = previous.and_then(|r| r.clusters.iter().find(|o| o.name() == c.name));
@@ -97,12 +105,13 @@ impl Shared {
             if let Some(d) = discovered.get(&c.name) {
                 c.endpoints = d.endpoints();
             }
-            clusters.push(self.build_cluster(c, old.map(|o| &**o))?);
+            clusters.push(self.build_cluster(c, old.map(|o| &**o), tracing.clone())?);
         }
         let listeners = self.build_listeners(config, &clusters, indexes, previous)?;
         Ok(Routing {
             listeners,
             clusters,
+            tracing,
         })
     }
 
@@ -185,16 +194,20 @@ impl Shared {
         let old = &routing.clusters[pos];
         let mut cc = old.config.clone();
         cc.endpoints = set;
-        let applied = self.build_cluster(cc, Some(old)).and_then(|cluster| {
-            let mut clusters = routing.clusters.clone();
-            clusters[pos] = cluster;
-            let listeners =
-                self.build_listeners(&config, &clusters, &self.live_indexes(), Some(&routing))?;
-            Ok(Routing {
-                listeners,
-                clusters,
-            })
-        });
+        let tracing = routing.tracing.clone();
+        let applied = self
+            .build_cluster(cc, Some(old), tracing.clone())
+            .and_then(|cluster| {
+                let mut clusters = routing.clusters.clone();
+                clusters[pos] = cluster;
+                let listeners =
+                    self.build_listeners(&config, &clusters, &self.live_indexes(), Some(&routing))?;
+                Ok(Routing {
+                    listeners,
+                    clusters,
+                    tracing,
+                })
+            });
         match applied {
             Ok(next) => {
                 self.restart_health_checks_of(&next.clusters[pos]);

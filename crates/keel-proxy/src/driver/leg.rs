@@ -12,6 +12,7 @@ use tokio::time::Sleep;
 use crate::driver::account::{failed, timed_out};
 use crate::exchange::error::TryFailure;
 use crate::exchange::request::Client;
+use crate::exchange::trace::{Trace, TraceParent};
 use crate::route::Limits;
 use crate::upstream::cluster::{Cluster, EndpointEntry};
 
@@ -19,12 +20,14 @@ use crate::upstream::cluster::{Cluster, EndpointEntry};
 pub(crate) trait Leg {
     /// What a try yields when the endpoint answers.
     type Won;
-    /// One try on the endpoint `entry` of `cluster`, from worker `worker`.
+    /// One try on the endpoint `entry` of `cluster`, from worker `worker`; `trace`: the
+    /// `traceparent` this try sends (its own span), when the request is traced.
     async fn try_once(
         &mut self,
         cluster: &Cluster,
         entry: &EndpointEntry,
         worker: usize,
+        trace: Option<&TraceParent>,
     ) -> Result<Self::Won, TryFailure<Self::Won>>;
     /// Prepares the request to go again (to another endpoint); false if it cannot.
     fn rewind(&mut self) -> bool;
@@ -49,7 +52,8 @@ pub(crate) trait Leg {
         try_deadline: Instant,
     ) -> (TryResult<Self::Won>, Tried, Option<EndpointId>) {
         let entry = &race.cluster.endpoints[first.pick.index()];
-        let one = self.try_once(race.cluster, entry, race.client.worker);
+        let trace = race.traceparent(false);
+        let one = self.try_once(race.cluster, entry, race.client.worker, trace.as_ref());
         (
             crate::io::until(timer, try_deadline, one).await,
             first,
@@ -77,12 +81,19 @@ pub(crate) struct Race<'a> {
     pub(crate) delay: Duration,
     /// Endpoints tried so far (the hedge avoids them).
     pub(crate) tried: &'a [EndpointId],
+    /// The request's trace, if it is traced.
+    pub(crate) trace: Option<&'a Trace>,
 }
 
 /// A try's result: `None` when it ran out of time.
 pub(crate) type TryResult<W> = Option<Result<W, TryFailure<W>>>;
 
 impl Race<'_> {
+    /// The `traceparent` of the first try (a race is the first attempt's) or of its hedge.
+    pub(crate) fn traceparent(&self, hedge: bool) -> Option<TraceParent> {
+        self.trace.map(|t| t.traceparent(0, hedge))
+    }
+
     /// Runs the first try (on `a`) alone for `delay`; if it has not answered by then and the
     /// budget allows, sends a hedge (on `b`) to another endpoint, and the first good answer
     /// wins. The loser's pick is dropped (cancelled, not failed); a try that fails while the
@@ -101,7 +112,8 @@ impl Race<'_> {
         let cluster = self.cluster;
         let worker = self.client.worker;
         let entry_a = &cluster.endpoints[first.pick.index()];
-        let leg_a = a.try_once(cluster, entry_a, worker);
+        let (trace_a, trace_b) = (self.traceparent(false), self.traceparent(true));
+        let leg_a = a.try_once(cluster, entry_a, worker, trace_a.as_ref());
         tokio::pin!(leg_a);
         let hedge_at = first.wall + delay;
         let alone = crate::io::until(timer, try_deadline.min(hedge_at), &mut leg_a).await;
@@ -136,7 +148,7 @@ impl Race<'_> {
         cluster.metrics.hedges.fetch_add(1, Relaxed);
         let hedged_id = second.pick.id();
         let entry_b = &cluster.endpoints[second.pick.index()];
-        let leg_b = b.try_once(cluster, entry_b, worker);
+        let leg_b = b.try_once(cluster, entry_b, worker, trace_b.as_ref());
         tokio::pin!(leg_b);
         let deadline_b = self.deadline.min(second.wall + self.limits.per_try_timeout);
         let (mut a, mut b) = (Some(first), Some(second));

@@ -34,6 +34,7 @@ use crate::driver::leg::{Leg, Race, Tried};
 use crate::driver::tries::{Tries, TryOutcome};
 use crate::exchange::error::{Cause, ErrorKind, TryFailure};
 use crate::exchange::request::{Client, Reject};
+use crate::exchange::trace::Trace;
 use crate::route::Limits;
 use crate::upstream::cluster::Cluster;
 
@@ -50,6 +51,8 @@ pub(crate) enum Driven<W> {
 /// hash key if any) and tries on `leg` within the per-try and request deadlines, finishing
 /// each failed try's pick and retrying while it is safe and the budget allows. `pin`: the
 /// endpoint token of a sticky session, tried first while its endpoint may take the call.
+/// `trace`: the request's trace (`[tracing]`), whose span each try's `traceparent` is a child
+/// of, with a span id of its own.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn drive<L: Leg>(
     cluster: &Arc<Cluster>,
@@ -61,6 +64,7 @@ pub(crate) async fn drive<L: Leg>(
     timer: &mut Pin<Box<Sleep>>,
     body_progress: Option<&crate::io::BodyProgress>,
     pin: Option<u64>,
+    trace: Option<Trace>,
 ) -> Driven<L::Won> {
     let Some(guard) =
         DownstreamGuard::try_new(&cluster.metrics, start, cluster.config.max_in_flight)
@@ -69,7 +73,9 @@ pub(crate) async fn drive<L: Leg>(
         let cause = Cause::Overloaded {
             limit: cluster.config.max_in_flight,
         };
-        return Driven::Own(own(cluster, client, 503, &cause, None, None, 0));
+        let mut answer = own(cluster, client, 503, &cause, None, None, 0);
+        answer.tries.trace = trace;
+        return Driven::Own(answer);
     };
     let deadline = start + limits.request_timeout;
     // The first try's clock readings are `start`'s; later ones read the clock again.
@@ -85,7 +91,7 @@ pub(crate) async fn drive<L: Leg>(
         h.record_call(start_on_clock);
     }
     // What the access log says of each try.
-    let mut log = Tries::default();
+    let mut log = Tries::traced(trace);
     let mut attempt = 0;
     loop {
         let (now, wall) = if attempt == 0 {
@@ -153,6 +159,7 @@ pub(crate) async fn drive<L: Leg>(
                     hedger,
                     delay,
                     tried: &tried[..n_tried],
+                    trace: log.trace.as_ref(),
                 };
                 // Boxed: a race holds two tries, and unboxed it would make every request's
                 // future (hedged or not) that much larger to move.
@@ -166,7 +173,8 @@ pub(crate) async fn drive<L: Leg>(
             }
             None => {
                 let entry = &cluster.endpoints[first.pick.index()];
-                let one = leg.try_once(cluster, entry, client.worker);
+                let traceparent = log.trace.map(|t| t.traceparent(attempt as u8, false));
+                let one = leg.try_once(cluster, entry, client.worker, traceparent.as_ref());
                 let progress = body_progress.map(|p| (p, start, limits.per_try_timeout));
                 let result = crate::io::until_sent(timer, try_deadline, progress, one).await;
                 if let Some(h) = hedger.filter(|_| attempt == 0) {
@@ -177,7 +185,9 @@ pub(crate) async fn drive<L: Leg>(
         };
         let index = pick.index();
         let entry = &cluster.endpoints[index];
-        let in_flight = if pick.id() == first_id {
+        // A hedge's answer (not the first try's) goes on.
+        let hedge_won = pick.id() != first_id;
+        let in_flight = if !hedge_won {
             first_in_flight
         } else {
             // A hedge won: its endpoint's count now, this call not counted.
@@ -198,7 +208,15 @@ pub(crate) async fn drive<L: Leg>(
         };
         let failure = match tried_once {
             Some(Ok(won)) => {
-                log.push(index, TryOutcome::Ok, try_start, None, in_flight);
+                log.push(
+                    index,
+                    TryOutcome::Ok,
+                    try_start,
+                    None,
+                    in_flight,
+                    attempt,
+                    hedge_won,
+                );
                 return Driven::Won(won, tail(Some((pick, now)), guard, log));
             }
             Some(Err(f)) => f,
@@ -213,6 +231,8 @@ pub(crate) async fn drive<L: Leg>(
             try_start,
             Some(crate::io::since(try_wall)),
             in_flight,
+            attempt,
+            hedge_won,
         );
         let may_have_acted = match &failure {
             TryFailure::Client(reject) => {

@@ -20,6 +20,7 @@ use crate::driver::leg::{Leg, Race, Tried, TryResult};
 use crate::driver::{drive, Driven};
 use crate::exchange::error::{Cause, ErrorKind, TryError, TryFailure};
 use crate::exchange::request::{Client, Reject};
+use crate::exchange::trace::{parse_traceparent, Trace, TraceParent};
 use crate::metrics::Registry;
 use crate::route::Limits;
 use crate::upstream::cluster::{Cluster, EndpointEntry};
@@ -68,6 +69,8 @@ const RESET_AFTER_SENDING: End = End::Fail {
 struct FakeLeg {
     script: Rc<RefCell<VecDeque<Step>>>,
     tries: Rc<RefCell<Vec<usize>>>,
+    /// The `traceparent` each try was handed, in the order the tries started.
+    traces: Rc<RefCell<Vec<Option<TraceParent>>>>,
     idempotent: bool,
     hedge: bool,
 }
@@ -77,6 +80,7 @@ impl FakeLeg {
         FakeLeg {
             script: Rc::new(RefCell::new(steps.iter().copied().collect())),
             tries: Rc::default(),
+            traces: Rc::default(),
             idempotent: true,
             hedge: false,
         }
@@ -95,7 +99,9 @@ impl Leg for FakeLeg {
         cluster: &Cluster,
         entry: &EndpointEntry,
         _worker: usize,
+        trace: Option<&TraceParent>,
     ) -> Result<usize, TryFailure<usize>> {
+        self.traces.borrow_mut().push(trace.copied());
         let index = cluster
             .endpoints
             .iter()
@@ -183,6 +189,10 @@ struct Outcome {
 }
 
 async fn run(cluster: &Arc<Cluster>, leg: &mut FakeLeg) -> Outcome {
+    run_traced(cluster, leg, None).await
+}
+
+async fn run_traced(cluster: &Arc<Cluster>, leg: &mut FakeLeg, trace: Option<Trace>) -> Outcome {
     let limits = Limits::new(&cluster.config, None, None);
     let start = crate::io::now();
     let mut timer = crate::io::idle_timer();
@@ -196,6 +206,7 @@ async fn run(cluster: &Arc<Cluster>, leg: &mut FakeLeg) -> Outcome {
         &mut timer,
         None,
         None,
+        trace,
     )
     .await;
     Outcome {
@@ -431,4 +442,58 @@ async fn a_500_in_retry_on_status_is_retried_on_another_endpoint() {
     assert_ne!(tries[0], tries[1]);
     assert_eq!(won(&o), (tries[1], 2));
     assert_eq!(counted(&c, tries[0]), (0, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_try_hedge_and_retry_sends_a_span_of_its_own_in_the_requests_trace() {
+    let c = hedging();
+    // The first try is hedged at 100 ms; both fail; the retry answers.
+    let mut leg = FakeLeg::new(&[
+        step(150, CONNECT_FAILS),
+        step(200, CONNECT_FAILS),
+        step(10, End::Answer),
+    ]);
+    leg.hedge = true;
+    let trace = Trace {
+        trace_id: [7; 16],
+        parent: [9; 8],
+        span: [3; 8],
+        flags: 1,
+    };
+    let o = run_traced(&c, &mut leg, Some(trace)).await;
+    won(&o);
+    let sent: Vec<_> = leg
+        .traces
+        .borrow()
+        .iter()
+        .map(|t| parse_traceparent(&t.expect("every try is traced").0).unwrap())
+        .collect();
+    assert_eq!(sent.len(), 3);
+    let mut spans: Vec<[u8; 8]> = sent.iter().map(|p| p.parent).collect();
+    assert_eq!(
+        spans,
+        [
+            trace.try_span(0, false),
+            trace.try_span(0, true),
+            trace.try_span(1, false)
+        ]
+    );
+    assert!(sent
+        .iter()
+        .all(|p| p.trace_id == trace.trace_id && p.flags == 1));
+    spans.extend([trace.span, trace.parent]);
+    spans.sort();
+    spans.dedup();
+    assert_eq!(spans.len(), 5, "each try's span is its own");
+    // The answer's record keeps the trace, and which try was the hedge and the retry.
+    let Driven::Won(_, tail) = &o.driven else {
+        unreachable!()
+    };
+    assert_eq!(tail.tries.trace, Some(trace));
+    let last = tail.tries.as_slice().last().unwrap();
+    assert_eq!((last.attempt, last.hedge), (1, false));
+    // Untraced: no traceparent at all.
+    let mut leg = FakeLeg::new(&[step(1, End::Answer)]);
+    run(&c, &mut leg).await;
+    assert_eq!(*leg.traces.borrow(), [None]);
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::config::MAX_RETRY_ATTEMPTS;
 use crate::exchange::error::{Cause, TryFailure};
+use crate::exchange::trace::Trace;
 
 /// What one try came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -107,6 +108,10 @@ pub(crate) struct TryRecord {
     pub duration_us: Option<u32>,
     /// The endpoint's calls in flight when it was picked (this one not counted).
     pub in_flight: u32,
+    /// The driver's attempt: 0 for the first try (and its hedge), then each retry's number.
+    pub attempt: u8,
+    /// The try was the first try's hedge.
+    pub hedge: bool,
 }
 
 /// Most tries a request makes: the first, its retries, and a hedge.
@@ -118,6 +123,8 @@ const MAX_TRIES: usize = MAX_RETRY_ATTEMPTS as usize + 2;
 /// 340 bytes, copied at each move.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct Tries {
+    /// The request's trace (`[tracing]`): each try's span id is made from it.
+    pub trace: Option<Trace>,
     len: u8,
     first: TryRecord,
     /// All the tries, the first included, once there is more than one.
@@ -129,8 +136,17 @@ fn micros(d: Duration) -> u32 {
 }
 
 impl Tries {
+    /// No try yet, in `trace` if any.
+    pub fn traced(trace: Option<Trace>) -> Self {
+        Tries {
+            trace,
+            ..Tries::default()
+        }
+    }
+
     /// Records a try that started `start` after the request and ended after `took` (`None`:
-    /// it goes on with the response).
+    /// it goes on with the response); `attempt` and `hedge` as [`TryRecord`] has them.
+    #[allow(clippy::too_many_arguments)]
     pub fn push(
         &mut self,
         endpoint: usize,
@@ -138,6 +154,8 @@ impl Tries {
         start: Duration,
         took: Option<Duration>,
         in_flight: u32,
+        attempt: usize,
+        hedge: bool,
     ) {
         let record = TryRecord {
             endpoint: endpoint as u32,
@@ -145,6 +163,8 @@ impl Tries {
             start_us: micros(start),
             duration_us: took.map(micros),
             in_flight,
+            attempt: attempt.min(usize::from(u8::MAX)) as u8,
+            hedge,
         };
         match self.len as usize {
             0 => self.first = record,

@@ -177,11 +177,13 @@ pub(crate) fn set_uri(p: &mut Parts, mut uri: hyper::http::uri::Parts) {
 
 /// Removes the header lines of an HTTP/1.1 head whose name `drop` picks.
 fn remove_lines(head: &mut Vec<u8>, drop: impl Fn(&[u8]) -> bool) {
-    let gone: Vec<std::ops::Range<usize>> = header_lines(head)
-        .filter(|(n, _, _)| drop(n))
-        .map(|(_, _, range)| range)
-        .collect();
-    for range in gone.into_iter().rev() {
+    // One line at a time, from the first again: no list of lines to allocate (the trace
+    // context removes a `traceparent` from every request).
+    loop {
+        let found = header_lines(head)
+            .find(|(n, _, _)| drop(n))
+            .map(|(_, _, r)| r);
+        let Some(range) = found else { return };
         head.drain(range);
     }
 }

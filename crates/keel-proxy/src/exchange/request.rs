@@ -370,10 +370,9 @@ impl UpgradeTo {
 /// Longest client `x-request-id` passed on; a longer or non-printable one is replaced.
 pub(crate) const MAX_REQUEST_ID: usize = 64;
 
-/// A new request id: 128 random-looking bits in UUID version 4 form. Unique, not secret:
-/// each thread steps its own SplitMix64 sequence from a random start. The one generator of
-/// request ids (the `x-request-id` keel adds, and `$request_id` in rewrites).
-pub(crate) fn new_request_id() -> [u8; 36] {
+/// 64 random-looking bits: unique, not secret. Each thread steps its own SplitMix64 sequence
+/// from a random start. The one generator of request ids and trace ids.
+pub(crate) fn random_u64() -> u64 {
     use std::cell::Cell;
     use std::hash::{BuildHasher, Hasher};
     thread_local! {
@@ -381,18 +380,27 @@ pub(crate) fn new_request_id() -> [u8; 36] {
             std::collections::hash_map::RandomState::new().build_hasher().finish(),
         );
     }
-    fn next() -> u64 {
-        STATE.with(|s| {
-            let x = s.get().wrapping_add(0x9e37_79b9_7f4a_7c15);
-            s.set(x);
-            let mut z = x;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        })
-    }
-    let hi = (next() & !0xf000) | 0x4000; // version 4
-    let lo = (next() & !(0b11 << 62)) | (0b10 << 62); // RFC 4122 variant
+    STATE.with(|s| {
+        let x = s.get().wrapping_add(0x9e37_79b9_7f4a_7c15);
+        s.set(x);
+        mix64(x)
+    })
+}
+
+/// SplitMix64's output function: a bijection of 64 bits that spreads every input bit.
+pub(crate) fn mix64(x: u64) -> u64 {
+    let mut z = x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A new request id: 128 random-looking bits ([`random_u64`]) in UUID version 4 form. The
+/// one generator of request ids (the `x-request-id` keel adds, and `$request_id` in
+/// rewrites).
+pub(crate) fn new_request_id() -> [u8; 36] {
+    let hi = (random_u64() & !0xf000) | 0x4000; // version 4
+    let lo = (random_u64() & !(0b11 << 62)) | (0b10 << 62); // RFC 4122 variant
     let (h, l) = (hex16(hi), hex16(lo));
     // 8-4-4-4-12.
     let mut id = [b'-'; 36];
@@ -406,7 +414,7 @@ pub(crate) fn new_request_id() -> [u8; 36] {
 
 /// `x` as 16 lowercase hex digits, most significant first, a byte lane per digit (no loop:
 /// this runs for every request).
-fn hex16(x: u64) -> [u8; 16] {
+pub(crate) fn hex16(x: u64) -> [u8; 16] {
     // Each half's 8 nibbles spread to the low nibbles of 8 bytes, the first digit highest.
     fn spread(x: u32) -> u64 {
         let x = u64::from(x);

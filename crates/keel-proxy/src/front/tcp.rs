@@ -53,6 +53,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         &mut timer,
         None,
         None,
+        None,
     );
     match driven.await {
         // Counted and logged (TCP has no access-log line); a TCP client only sees the close.

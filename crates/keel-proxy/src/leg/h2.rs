@@ -31,9 +31,12 @@ use crate::exchange::error::{BodyEnd, Cause, TryError, TryFailure};
 use crate::exchange::head::HeadView;
 use crate::exchange::request::RequestBody;
 use crate::exchange::request::{BodyFraming, Reject, RequestHead};
+use crate::exchange::trace::TraceParent;
 use crate::metrics::{class_index, ErrorKind};
 use crate::upstream::cluster::{Cluster, EndpointEntry};
 use crate::upstream::h2_conns::StreamSlot;
+
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// An endpoint's HTTP/2 response: its head, its body and trailers to come, and the request's
 /// own stream when the client is still sending (full duplex).
@@ -262,6 +265,7 @@ fn h2_request_of(
     entry: &EndpointEntry,
     tls: bool,
     grpc: bool,
+    trace: Option<&TraceParent>,
 ) -> Option<Request<()>> {
     let mut uri = hyper::http::uri::Parts::default();
     uri.scheme = Some(if tls {
@@ -288,6 +292,12 @@ fn h2_request_of(
     if grpc {
         r.headers_mut()
             .insert(hyper::header::TE, HeaderValue::from_static("trailers"));
+    }
+    if let Some(t) = trace {
+        let mut v = HeaderValue::from_bytes(&t.0).ok()?;
+        // New on every try: a literal, not an HPACK table entry (as `x-request-id`).
+        v.set_sensitive(true);
+        r.headers_mut().insert(TRACEPARENT, v);
     }
     Some(r)
 }
@@ -317,7 +327,9 @@ fn h2_request(head: &[u8], tls: bool, grpc: bool) -> Option<Request<()>> {
             let mut v = value(h.value)?;
             // A value new on every request never repeats: HPACK would search its table for
             // it and then insert it, evicting entries that do repeat. Sent as a literal.
-            if h.name.eq_ignore_ascii_case("x-request-id") {
+            if h.name.eq_ignore_ascii_case("x-request-id")
+                || h.name.eq_ignore_ascii_case("traceparent")
+            {
                 v.set_sensitive(true);
             }
             headers.append(HeaderName::from_bytes(h.name.as_bytes()).ok()?, v);
@@ -412,6 +424,7 @@ pub(crate) async fn try_once<B: RequestBody>(
     head: HeadView<'_>,
     meta: &RequestHead,
     body: &mut B,
+    trace: Option<&TraceParent>,
 ) -> Result<Box<H2Response>, TryFailure<Box<H2Response>>> {
     let tls = cluster.config.protocol == UpstreamProtocol::H2;
     // The head came from a request keel parsed: it converts, unless the client sent
@@ -419,7 +432,7 @@ pub(crate) async fn try_once<B: RequestBody>(
     let h2_head = || {
         match head {
             HeadView::Lines(text) => h2_request(text, tls, meta.grpc),
-            HeadView::Map(parts) => h2_request_of(parts, entry, tls, meta.grpc),
+            HeadView::Map(parts) => h2_request_of(parts, entry, tls, meta.grpc, trace),
         }
         .ok_or(TryFailure::Client(Reject::Malformed))
     };

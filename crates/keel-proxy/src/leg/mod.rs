@@ -21,6 +21,7 @@ use crate::exchange::error::TryFailure;
 use crate::exchange::head::{HeadView, RequestHeaders};
 use crate::exchange::request::{BodyFraming, RequestBody, RequestHead};
 use crate::exchange::response::ResponseHeaders;
+use crate::exchange::trace::TraceParent;
 use crate::leg::h1::body::H1Body;
 use crate::leg::h1::upstream::H1Response;
 use crate::leg::h2::H2Response;
@@ -221,6 +222,7 @@ fn text_for<'a>(
     common_len: &mut usize,
     meta: &RequestHead,
     entry: &EndpointEntry,
+    trace: Option<&TraceParent>,
 ) -> &'a mut Vec<u8> {
     let text = match head {
         RequestHeaders::Lines(head) => head,
@@ -234,7 +236,7 @@ fn text_for<'a>(
         }
     };
     text.truncate(*common_len);
-    end_head(text, meta, entry);
+    end_head(text, meta, entry, trace);
     text
 }
 
@@ -246,10 +248,11 @@ impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
         cluster: &Cluster,
         entry: &EndpointEntry,
         worker: usize,
+        trace: Option<&TraceParent>,
     ) -> Result<UpstreamResponse, TryFailure<UpstreamResponse>> {
         if self.http1 {
             let (text, len) = (&mut self.text, &mut self.common_len);
-            let head = text_for(&mut self.head, text, len, self.meta, entry);
+            let head = text_for(&mut self.head, text, len, self.meta, entry, trace);
             return crate::leg::h1::upstream::try_once(
                 entry,
                 cluster,
@@ -266,12 +269,12 @@ impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
         let head = match &mut self.head {
             RequestHeaders::Lines(head) => {
                 head.truncate(self.common_len);
-                end_head(head, self.meta, entry);
+                end_head(head, self.meta, entry, trace);
                 HeadView::Lines(head)
             }
             RequestHeaders::Map(parts) => HeadView::Map(parts),
         };
-        crate::leg::h2::try_once(entry, cluster, worker, head, self.meta, self.body)
+        crate::leg::h2::try_once(entry, cluster, worker, head, self.meta, self.body, trace)
             .await
             .map(UpstreamResponse::H2)
             .map_err(h2_failure)
@@ -333,7 +336,8 @@ impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
         // a buffer of its own; the winner's becomes `out` once both tries are gone.
         let entry = &race.cluster.endpoints[first.pick.index()];
         let (text, len) = (&mut self.text, &mut self.common_len);
-        let head = text_for(&mut self.head, text, len, self.meta, entry);
+        let trace = race.traceparent(false);
+        let head = text_for(&mut self.head, text, len, self.meta, entry, trace.as_ref());
         let mut out_b = Vec::new();
         let mut a = H1Try {
             head: &head[..],
@@ -389,6 +393,7 @@ impl Leg for H1Try<'_> {
         cluster: &Cluster,
         entry: &EndpointEntry,
         worker: usize,
+        trace: Option<&TraceParent>,
     ) -> Result<H1Response, TryFailure<H1Response>> {
         let H1Try {
             head,
@@ -403,7 +408,7 @@ impl Leg for H1Try<'_> {
         } else {
             own.clear();
             own.extend_from_slice(head);
-            end_head(own, meta, entry);
+            end_head(own, meta, entry, trace);
             own
         };
         let mut body: &[u8] = body;
@@ -456,18 +461,19 @@ impl Leg for H2Try<'_> {
         cluster: &Cluster,
         entry: &EndpointEntry,
         worker: usize,
+        trace: Option<&TraceParent>,
     ) -> Result<Box<H2Response>, TryFailure<Box<H2Response>>> {
         let head = match self.common {
             HeadView::Lines(common) => {
                 self.own.clear();
                 self.own.extend_from_slice(common);
-                end_head(&mut self.own, self.meta, entry);
+                end_head(&mut self.own, self.meta, entry, trace);
                 HeadView::Lines(&self.own)
             }
             map => map,
         };
         let mut body: &[u8] = self.body;
-        crate::leg::h2::try_once(entry, cluster, worker, head, self.meta, &mut body).await
+        crate::leg::h2::try_once(entry, cluster, worker, head, self.meta, &mut body, trace).await
     }
 
     fn rewind(&mut self) -> bool {
@@ -503,11 +509,19 @@ fn h2_failure(f: TryFailure<Box<H2Response>>) -> TryFailure<UpstreamResponse> {
     }
 }
 
-/// The per-try end of a request head: `Host` (the endpoint's) if the client sent none, and the
-/// blank line.
-fn end_head(head: &mut Vec<u8>, meta: &RequestHead, entry: &EndpointEntry) {
+/// The per-try end of a request head: `Host` (the endpoint's) if the client sent none, the
+/// try's `traceparent` when the request is traced, and the blank line.
+fn end_head(
+    head: &mut Vec<u8>,
+    meta: &RequestHead,
+    entry: &EndpointEntry,
+    trace: Option<&TraceParent>,
+) {
     if !meta.has_host {
         crate::codec::push_header(head, b"host", entry.header.as_bytes());
+    }
+    if let Some(t) = trace {
+        crate::codec::push_header(head, b"traceparent", &t.0);
     }
     head.extend_from_slice(b"\r\n");
 }

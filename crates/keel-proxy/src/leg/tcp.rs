@@ -30,6 +30,7 @@ impl Leg for TcpLeg {
         cluster: &Cluster,
         entry: &EndpointEntry,
         _worker: usize,
+        _trace: Option<&crate::exchange::trace::TraceParent>,
     ) -> Result<RawConn, TryFailure<RawConn>> {
         let mut conn = entry.pool.connect().await.map_err(|e| {
             let cause = Cause::from(e);

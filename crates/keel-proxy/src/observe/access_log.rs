@@ -64,6 +64,8 @@ pub(crate) struct Entry<'a> {
     pub cause: Option<&'a str>,
     /// Every try (JSON's `tries`); `None`: none was made.
     pub tries: Option<TryLog<'a>>,
+    /// The W3C trace id (`[tracing]`), as 32 hex digits.
+    pub trace_id: Option<[u8; 32]>,
 }
 
 /// A request's tries with the endpoints of the cluster they index.
@@ -511,6 +513,8 @@ fn json(out: &mut Vec<u8>, e: &Entry<'_>, now: SystemTime) {
     push_json_opt(out, e.cause.map(str::as_bytes));
     out.extend_from_slice(b",\"request_id\":");
     push_json_opt(out, r.request_id);
+    out.extend_from_slice(b",\"trace_id\":");
+    push_json_opt(out, e.trace_id.as_ref().map(|t| &t[..]));
     out.extend_from_slice(b",\"user_agent\":");
     push_json_opt(out, r.user_agent);
     out.extend_from_slice(b",\"referer\":");
@@ -638,6 +642,7 @@ mod tests {
             route: Some(3),
             cause: Some("cannot connect to upstream 10.0.0.7:9000: \"refused\""),
             tries: None,
+            trace_id: Some(*b"4bf92f3577b34da6a3ce929d0e0e4736"),
         }
     }
 
@@ -666,6 +671,7 @@ mod tests {
         assert_eq!(v["user_agent"], "x\u{ff}y");
         assert_eq!(v["referer"], "https://r.test/");
         assert_eq!(v["request_id"], "5f0c");
+        assert_eq!(v["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
         let none = Entry {
             client: "::1",
             protocol: "HTTP/2.0",
@@ -684,6 +690,7 @@ mod tests {
             "route",
             "cause",
             "request_id",
+            "trace_id",
             "user_agent",
             "referer",
         ] {

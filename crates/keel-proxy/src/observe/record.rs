@@ -116,6 +116,7 @@ impl Record<'_> {
                     }),
                     _ => None,
                 },
+                trace_id: self.tries.and_then(|t| t.trace).map(|t| t.trace_id_hex()),
             },
         );
     }

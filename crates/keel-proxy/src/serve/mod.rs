@@ -118,6 +118,7 @@ pub async fn start_with(config: ProxyConfig, options: StartOptions) -> anyhow::R
     let empty = Routing {
         listeners: Vec::new(),
         clusters: Vec::new(),
+        tracing: None,
     };
     let shared = Arc::new_cyclic(|me| Shared {
         epoch: Instant::now(),

@@ -75,6 +75,8 @@ pub struct Cluster {
     pub(crate) rate_limit: Option<Arc<RateLimiter>>,
     /// Sticky sessions (`sticky`): cookie values of the endpoints, by balancer index.
     pub(crate) sticky: Option<Sticky>,
+    /// W3C Trace Context (`[tracing]`, the proxy's, shared by its clusters); `None`: off.
+    pub(crate) tracing: Option<Arc<crate::exchange::trace::Tracing>>,
     epoch: Instant,
 }
 
@@ -192,6 +194,7 @@ impl Cluster {
             budget,
             hedger,
             endpoints,
+            tracing: None,
             epoch,
         })
     }

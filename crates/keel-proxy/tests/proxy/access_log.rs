@@ -180,6 +180,7 @@ async fn one_json_line_per_request_answered_with_every_field() {
         "route",
         "cause",
         "request_id",
+        "trace_id",
         "user_agent",
         "referer",
         "tries",

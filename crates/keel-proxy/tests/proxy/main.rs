@@ -36,4 +36,6 @@ mod slow_uploads;
 mod sticky;
 mod timeouts;
 mod tls;
+mod trace_context;
+
 mod zones;
