@@ -562,7 +562,18 @@ fn zone_priority_and_orca_keys_reach_the_balancer() {
     assert!(err.contains("orca-wrr needs ORCA reports"), "{err}");
 }
 
+/// A keel built without the `etcd` feature refuses etcd discovery at its key, saying why.
+#[cfg(not(feature = "etcd"))]
+#[test]
+fn etcd_discovery_without_the_feature_is_refused_at_its_key() {
+    let disc = "[etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n\n[[cluster]]\nname = \"app\"\ndiscovery = { etcd = \"/keel/clusters/app/\" }\n";
+    let e = err(disc);
+    assert_eq!(e.key.as_deref(), Some("cluster[0].discovery.etcd"), "{e}");
+    assert!(e.message.contains("built without etcd"), "{e}");
+}
+
 /// `[etcd]`, etcd discovery and shared evidence: what each needs, refused at the key's path.
+#[cfg(feature = "etcd")]
 #[test]
 fn etcd_discovery_and_shared_evidence_need_etcd_and_a_name() {
     const ETCD: &str = "[etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\n";
