@@ -182,9 +182,12 @@ impl<'a> View<'a> {
     #[inline]
     pub fn allowed(&self, i: usize) -> bool {
         let e = &self.eps[i];
-        (self.ignore_health || e.is_available(self.now))
-            && !e.is_draining()
-            && (self.avoid.is_empty() || !self.avoid.contains(&e.id()))
+        // A drain holds in panic mode too; `is_available` already covers it otherwise.
+        (if self.ignore_health {
+            !e.is_draining()
+        } else {
+            e.is_available(self.now)
+        }) && (self.avoid.is_empty() || !self.avoid.contains(&e.id()))
             && !(self.half_open && e.on_trial() && e.in_flight() > 0)
             && !(self.back_off && e.backed_off(self.now))
     }

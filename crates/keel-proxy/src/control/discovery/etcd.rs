@@ -18,6 +18,7 @@ use keel_balance::EndpointSpec;
 use serde::Deserialize;
 
 use crate::config::EtcdConfig;
+use crate::control::discovery::file::check_endpoint;
 use crate::control::etcd::{connect, prefix_read, within, EtcdError};
 use crate::upstream::discovered::Discovered;
 
@@ -49,26 +50,14 @@ pub(crate) fn parse_value(value: &[u8]) -> Result<EndpointSpec, String> {
     let v: Value = serde_json::from_slice(value).map_err(|e| {
         format!("expected {{\"address\": \"host:port\", \"weight\": 1, \"zone\": \"a\", \"priority\": 0}}: {e}")
     })?;
-    let ok = v
-        .address
-        .parse::<hyper::http::uri::Authority>()
-        .ok()
-        .filter(|a| a.port_u16().is_some() && !a.host().is_empty());
-    if ok.is_none() {
-        return Err(format!(
-            "`{}` is not an address; expected host:port",
-            v.address
-        ));
-    }
-    if v.weight == 0 {
-        return Err(format!("`{}` has weight 0; at least 1", v.address));
-    }
-    Ok(EndpointSpec {
+    let e = EndpointSpec {
         address: v.address,
         weight: v.weight,
         priority: v.priority,
         zone: v.zone,
-    })
+    };
+    check_endpoint(&e)?;
+    Ok(e)
 }
 
 /// The endpoints the source holds now, by key.

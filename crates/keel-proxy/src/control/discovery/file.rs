@@ -75,24 +75,30 @@ pub(crate) fn read_file(path: &Path) -> Result<Vec<EndpointSpec>, String> {
     Ok(file.endpoints)
 }
 
-/// Addresses `host:port`, weights at least 1, each address once.
+/// An address `host:port` and a weight of at least 1: what every discovered endpoint needs.
+pub(crate) fn check_endpoint(e: &EndpointSpec) -> Result<(), String> {
+    let ok = e
+        .address
+        .parse::<hyper::http::uri::Authority>()
+        .ok()
+        .filter(|a| a.port_u16().is_some() && !a.host().is_empty());
+    if ok.is_none() {
+        return Err(format!(
+            "`{}` is not an address; expected host:port",
+            e.address
+        ));
+    }
+    if e.weight == 0 {
+        return Err(format!("`{}` has weight 0; at least 1", e.address));
+    }
+    Ok(())
+}
+
+/// Each endpoint checked ([`check_endpoint`]), each address once.
 fn check_endpoints(endpoints: &[EndpointSpec]) -> Result<(), String> {
     let mut seen = std::collections::HashSet::new();
     for e in endpoints {
-        let ok = e
-            .address
-            .parse::<hyper::http::uri::Authority>()
-            .ok()
-            .filter(|a| a.port_u16().is_some() && !a.host().is_empty());
-        if ok.is_none() {
-            return Err(format!(
-                "`{}` is not an address; expected host:port",
-                e.address
-            ));
-        }
-        if e.weight == 0 {
-            return Err(format!("`{}` has weight 0; at least 1", e.address));
-        }
+        check_endpoint(e)?;
         if !seen.insert(e.address.as_str()) {
             return Err(format!("`{}` is listed twice", e.address));
         }
