@@ -485,6 +485,14 @@ fn nginx_logs_fit_every_try_count_unreadable_lines_by_number_and_answer_in_nginx
         "{config}"
     );
     assert!(config.contains("cannot express"), "{config}");
+    // The paste block's comments are wrapped like the report: every line within 100 columns.
+    for l in config.lines() {
+        assert!(
+            l.chars().count() <= 100,
+            "{} columns: {l}",
+            l.chars().count()
+        );
+    }
     assert_ne!(best["protections"], "none", "{best}");
     assert!(v["limits"].to_string().contains("health checks"));
     // The terminal report: within 100 columns up to the paste block (its comments are

@@ -358,7 +358,24 @@ pub fn config_text(
         }
     }
     for l in balancer.limits().iter().take(2) {
-        let _ = writeln!(t, "# cannot express: {l}");
+        comment(&mut t, &format!("cannot express: {l}"));
     }
     t
+}
+
+/// `text` as configuration comment lines of at most 100 columns (`# `, then `#   ` on the
+/// lines it continues on).
+fn comment(t: &mut String, text: &str) {
+    let mut line = String::from("#");
+    for word in text.split_whitespace() {
+        if line.len() > 4 && line.len() + 1 + word.len() > 100 {
+            t.push_str(&line);
+            t.push('\n');
+            line = String::from("#  ");
+        }
+        line.push(' ');
+        line.push_str(word);
+    }
+    t.push_str(&line);
+    t.push('\n');
 }

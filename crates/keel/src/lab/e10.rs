@@ -305,57 +305,92 @@ pub fn run(
     Ok(report)
 }
 
-/// The table.
-pub fn print(r: &E10Report) {
-    println!(
-        "E10: keel advise on {} logged requests (round-robin, no protections; one backend fails fast {:.0} % of the time, one is 3x slower with 2 slots), then measured:",
-        r.logged_requests,
-        r.down_share * 100.0
+/// The table's lines: at most 100 columns (z and p99 only with `wide`).
+fn table(r: &E10Report, wide: bool) -> Vec<String> {
+    let columns = crate::lab::report::COLUMNS;
+    let mut out = answer::wrap(
+        &format!(
+            "E10: keel advise on {} logged requests (round-robin, no protections; one backend \
+             fails fast {:.0} % of the time, one is 3x slower with 2 slots), then measured:",
+            r.logged_requests,
+            r.down_share * 100.0
+        ),
+        columns,
+        "",
     );
-    println!(
-        "{:>4}  {:<18} {:<33} {:<26} {:<26} {:>7} {:>9} {:>9}  verdict",
-        "rank",
-        "strategy",
-        "protections",
-        "predicted % [95 %]",
-        "measured % [95 %]",
-        "z",
-        "p99 pred",
-        "p99 meas"
-    );
-    for row in &r.rows {
-        let pct = |x: &[f64; 3]| {
-            format!(
-                "{:.2} [{:.2}, {:.2}]",
-                x[0] * 100.0,
-                x[1] * 100.0,
-                x[2] * 100.0
-            )
-        };
-        println!(
-            "{:>3}{} {:<18} {:<33} {:<26} {:<26} {:>7.2} {:>9.1} {:>9.1}  {}",
-            row.rank,
-            if row.running { "*" } else { " " },
-            row.strategy,
-            row.protections,
-            pct(&row.predicted),
-            pct(&row.measured),
-            row.z,
-            row.predicted_p99_ms[0],
-            row.measured_p99_ms,
-            if row.agrees { "agrees" } else { "differs" }
-        );
-    }
-    println!(
-        "{} of {} rows agree (|z| <= 1.96); the recommended configuration {} (* the running one)",
-        r.agreeing,
-        r.rows.len(),
-        if r.recommended_holds {
-            "was measured best or within its interval of the best"
-        } else {
-            "was NOT measured best, nor within its interval of the best"
+    let pct = |x: &[f64; 3]| {
+        format!(
+            "{:.2} [{:.2}, {:.2}]",
+            x[0] * 100.0,
+            x[1] * 100.0,
+            x[2] * 100.0
+        )
+    };
+    let mark = |row: &E10Row| if row.running { "*" } else { " " };
+    let verdict = |row: &E10Row| if row.agrees { "agrees" } else { "differs" };
+    if wide {
+        out.push(format!(
+            "{:>4}  {:<18} {:<33} {:<26} {:<26} {:>7} {:>9} {:>9}  verdict",
+            "rank",
+            "strategy",
+            "protections",
+            "predicted % [95 %]",
+            "measured % [95 %]",
+            "z",
+            "p99 pred",
+            "p99 meas"
+        ));
+        for row in &r.rows {
+            out.push(format!(
+                "{:>3}{} {:<18} {:<33} {:<26} {:<26} {:>7.2} {:>9.1} {:>9.1}  {}",
+                row.rank,
+                mark(row),
+                row.strategy,
+                row.protections,
+                pct(&row.predicted),
+                pct(&row.measured),
+                row.z,
+                row.predicted_p99_ms[0],
+                row.measured_p99_ms,
+                verdict(row)
+            ));
         }
-    );
+    } else {
+        // 4 + 1 + 16 + 1 + 24 + 1 + 22 + 1 + 22 + 1 + 7 = 100 columns.
+        out.push(format!(
+            "{:>4} {:<16} {:<24} {:<22} {:<22} verdict",
+            "rank", "strategy", "protections", "predicted % [95 %]", "measured % [95 %]"
+        ));
+        for row in &r.rows {
+            out.push(format!(
+                "{:>3}{} {:<16} {:<24} {:<22} {:<22} {}",
+                row.rank,
+                mark(row),
+                crate::lab::report::fit(&row.strategy, 16),
+                crate::lab::report::fit(&row.protections, 24),
+                pct(&row.predicted),
+                pct(&row.measured),
+                verdict(row)
+            ));
+        }
+    }
+    out.extend(answer::wrap(
+        &format!(
+            "{} of {} rows agree (|z| <= 1.96); the recommended configuration {} (* the running \
+             one{})",
+            r.agreeing,
+            r.rows.len(),
+            if r.recommended_holds {
+                "was measured best or within its interval of the best"
+            } else {
+                "was NOT measured best, nor within its interval of the best"
+            },
+            if wide { "" } else { "; z and p99 with --wide" }
+        ),
+        columns,
+        "",
+    ));
+    out
 }
 
 /// E10 as a lab experiment: run only when named.
@@ -426,9 +461,11 @@ impl Experiment for E10 {
         report.e10.as_ref().map(html).unwrap_or_default()
     }
 
-    fn print(&self, report: &LabReport, _wide: bool) {
+    fn print(&self, report: &LabReport, wide: bool) {
         if let Some(r) = &report.e10 {
-            print(r);
+            for line in table(r, wide) {
+                println!("{line}");
+            }
             println!(
                 "E10: {} (log, advice.json, fitted.toml, e10.json)",
                 self.out.join("e10").display()
@@ -568,4 +605,59 @@ fn html(r: &E10Report) -> String {
         }
     );
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(rank: usize, strategy: &str, protections: &str, running: bool) -> E10Row {
+        E10Row {
+            rank,
+            strategy: strategy.into(),
+            protections: protections.into(),
+            running,
+            predicted: [0.9995, 0.9990, 0.9999],
+            measured: [0.9987, 0.9975, 0.9993],
+            requests: 3000,
+            predicted_p99_ms: [41.2, 39.0, 44.1],
+            measured_p99_ms: 43.7,
+            z: -1.21,
+            agrees: true,
+        }
+    }
+
+    /// The terminal table fits 100 columns with the longest names advise ranks; `--wide` keeps
+    /// z and p99.
+    #[test]
+    fn table_fits_100_columns_unless_wide() {
+        let r = E10Report {
+            rows: vec![
+                row(1, "least-connections", "outlier+retry+health+budget", false),
+                row(2, "peak-ewma", "outlier+retry+health", false),
+                row(3, "prequal", "retry", false),
+                row(12, "round-robin", "none", true),
+            ],
+            logged_requests: 3000,
+            down_share: 0.25,
+            agreeing: 4,
+            recommended_holds: true,
+            why: Vec::new(),
+        };
+        let narrow = table(&r, false);
+        for l in &narrow {
+            assert!(
+                l.chars().count() <= 100,
+                "{} columns: {l}",
+                l.chars().count()
+            );
+        }
+        assert!(narrow.iter().any(|l| l.starts_with(" 12* round-robin")));
+        assert!(narrow
+            .iter()
+            .any(|l| l.starts_with("rank") && !l.contains("p99")));
+        let wide = table(&r, true);
+        assert!(wide.iter().any(|l| l.contains("p99 meas")));
+        assert!(wide.iter().any(|l| l.chars().count() > 100));
+    }
 }

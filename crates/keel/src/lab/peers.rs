@@ -35,7 +35,7 @@ use crate::lab::experiment::{Experiment, Lab, Planned};
 use crate::lab::measure;
 use crate::lab::{LabOptions, LabReport};
 
-use render::{html, print_table};
+use render::{finding, html, print_table};
 
 /// A balancer measured next to keel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -634,9 +634,14 @@ impl Experiment for Peers {
         report.peers = self.report.take();
     }
 
-    /// None in the run's answer: the peers' own answer opens their section.
-    fn answer(&self, _: &LabReport) -> Vec<Finding> {
-        Vec::new()
+    /// The peers' answer joins the run's (it also opens their section).
+    fn answer(&self, report: &LabReport) -> Vec<Finding> {
+        report
+            .peers
+            .as_ref()
+            .and_then(finding)
+            .into_iter()
+            .collect()
     }
 
     fn html(&self, report: &LabReport) -> String {

@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 
 use keel_model::analytic;
 
+use crate::lab::answer::Finding;
+
 use super::{Peer, PeerCase, PeerRow, PeerStrategy, PeersReport, Setting};
 
 /// Mean index (1-based) of the failing call among failed requests: a request stops at its
@@ -300,9 +302,67 @@ pub(crate) fn answer(report: &PeersReport) -> String {
     s
 }
 
+/// The peers' finding for the run's answer: the balancer whose worst row, as operators
+/// configure it (3 calls a request), is highest, against the next one; the text is [`answer`].
+pub(crate) fn finding(report: &PeersReport) -> Option<Finding> {
+    let mut worst: Vec<&PeerRow> = balancers(report)
+        .into_iter()
+        .filter_map(|b| {
+            report
+                .rows
+                .iter()
+                .filter(|r| r.balancer == b && r.setting == "operators" && r.k == 3)
+                .min_by(|a, b| a.measured.total_cmp(&b.measured))
+        })
+        .collect();
+    worst.sort_by(|a, b| b.measured.total_cmp(&a.measured));
+    let best = *worst.first()?;
+    let mut f = Finding {
+        experiment: "peers".into(),
+        question: "Which balancer, as operators configure it, holds up best when one server of \
+                   five fails?"
+            .into(),
+        strategy: format!("{} ({})", best.balancer, best.native_strategy),
+        protections: "as operators configure it".into(),
+        value: best.measured,
+        ci95: Some(best.measured_ci95),
+        versus: None,
+        versus_value: None,
+        margin: None,
+        margin_ci95: None,
+        tie: false,
+        formula: None,
+        text: answer(report),
+    };
+    if let Some(next) = worst.get(1) {
+        let ci = crate::lab::answer::difference_ci(
+            best.measured,
+            best.measured_ci95,
+            next.measured,
+            next.measured_ci95,
+        );
+        f.against(
+            format!(
+                "{}'s worst row ({} on {})",
+                next.balancer, next.native_strategy, next.failure_mode
+            ),
+            next.measured,
+            best.measured - next.measured,
+            Some(ci),
+            ci[0] <= 0.0,
+        );
+    }
+    Some(f)
+}
+
 /// The peers' table for a terminal (under 100 columns), then each departure's mechanism.
 pub(crate) fn print_table(report: &PeersReport) {
-    println!("{}", answer(report));
+    let say = |text: &str, indent: &str| {
+        for line in crate::lab::answer::wrap(text, crate::lab::report::COLUMNS, indent) {
+            println!("{line}");
+        }
+    };
+    say(&answer(report), "");
     let bs = balancers(report);
     let mut head = format!(
         "{:<9} {:<17} {:<9} {:>1} {:>6}",
@@ -332,23 +392,26 @@ pub(crate) fn print_table(report: &PeersReport) {
     println!("* outside the 95 % interval of the closed form, mechanism below; ! not explained");
     for r in &report.rows {
         if let Some(m) = &r.mechanism {
-            println!(
-                "  {} {} {} {} k={}: {:.3} [{:.3}, {:.3}]: {m}",
-                r.balancer,
-                r.setting,
-                r.strategy,
-                r.failure_mode,
-                r.k,
-                r.measured,
-                r.measured_ci95[0],
-                r.measured_ci95[1]
+            say(
+                &format!(
+                    "{} {} {} {} k={}: {:.3} [{:.3}, {:.3}]: {m}",
+                    r.balancer,
+                    r.setting,
+                    r.strategy,
+                    r.failure_mode,
+                    r.k,
+                    r.measured,
+                    r.measured_ci95[0],
+                    r.measured_ci95[1]
+                ),
+                "  ",
             );
         }
     }
     for s in &report.skipped {
-        println!("skipped {}: {}", s.balancer, s.reason);
+        say(&format!("skipped {}: {}", s.balancer, s.reason), "");
     }
-    println!("{}", report.method);
+    say(&report.method, "");
 }
 
 fn esc(s: &str) -> String {
