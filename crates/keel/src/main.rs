@@ -48,12 +48,13 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // The proxy logs what it does (`--log`, default info; `--log-format`); the other
-    // subcommands print their results and log only their own warnings, as text.
+    // subcommands print their results and log only their own warnings, as text: the proxies the
+    // lab runs in-process answer 504s and 503s on purpose, so theirs are errors only.
     let (format, filter) = match &cli.command {
         Command::Proxy(args) => (args.log_format, args.log.as_str()),
         #[cfg(feature = "etcd")]
         Command::Register(args) => (logging::LogFormat::Text, args.log.as_str()),
-        _ => (logging::LogFormat::Text, "keel=warn"),
+        _ => (logging::LogFormat::Text, "keel=warn,keel_proxy=error"),
     };
     if let Err(e) = logging::init(format, filter) {
         return cmd::exit(Err(e));

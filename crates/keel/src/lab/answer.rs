@@ -134,16 +134,32 @@ fn formula(r: &Row) -> Option<String> {
         _ if r.protections != "none" => {
             let m = r.measured_attempts.len() as u64;
             let failed = (r.p * m as f64).round() as u64;
-            let retries = if r.protections == "keel defaults" {
+            // A 500 is not in the default `retry_on_status`: such a row's closed form has no
+            // retry (what outlier detection adds is not in it).
+            let not_retried = r.failure_mode == "server-error";
+            let retries = if not_retried {
+                0
+            } else if r.protections == "keel defaults" {
                 crate::lab::cases::DEFAULT_RETRIES
             } else {
                 crate::lab::cases::PROTECTIONS.retries
             };
             format!(
-                "with {retries} {} on distinct servers a call fails with C({failed}, {r1}) / \
-                 C({m}, {r1}) = {:.4}, so (1 - that)^{k} = {a:.4}",
+                "{}with {retries} {} on distinct servers a call fails with C({failed}, {r1}) / \
+                 C({m}, {r1}) = {:.4}, so (1 - that)^{k} = {a:.4}{}",
+                if not_retried {
+                    "a 500 is not retried (retry_on_status 502, 503, 504): "
+                } else {
+                    ""
+                },
                 if retries == 1 { "retry" } else { "retries" },
                 analytic::retry_call_failure(m, failed, u64::from(retries)),
+                if not_retried {
+                    "; outlier detection, which takes the server out after its first failures, \
+                     is what lifts the measurement above it"
+                } else {
+                    ""
+                },
                 r1 = retries + 1
             )
         }

@@ -570,7 +570,8 @@ fn html(report: &LabReport, experiments: &[Box<dyn Experiment>]) -> String {
         report.rows.len()
             + report.tail_rows.len()
             + report.reaction_rows.len()
-            + report.e10.as_ref().map_or(0, |e| e.rows.len()),
+            + report.e10.as_ref().map_or(0, |e| e.rows.len())
+            + report.peers.as_ref().map_or(0, |p| p.rows.len()),
         report.wall_seconds,
         if report.quick { " (quick mode: fewer experiments and requests)" } else { "" }
     );

@@ -267,6 +267,8 @@ pub(crate) enum Mechanism {
     SlowerErrors,
     /// A closed loop's calls of one request are not independent.
     NotIndependent,
+    /// Outlier detection takes out a server whose failure is not retried (a 500).
+    Ejection,
 }
 
 /// Which comparison a mechanism explains.
@@ -277,13 +279,14 @@ enum Against {
 }
 
 impl Mechanism {
-    const ALL: [Mechanism; 6] = [
+    const ALL: [Mechanism; 7] = [
         Mechanism::LowConcurrency,
         Mechanism::RandomSample,
         Mechanism::InFlight,
         Mechanism::Contention,
         Mechanism::SlowerErrors,
         Mechanism::NotIndependent,
+        Mechanism::Ejection,
     ];
 
     /// Its name, as the rows cite it.
@@ -295,6 +298,7 @@ impl Mechanism {
             Mechanism::Contention => "Contention",
             Mechanism::SlowerErrors => "Slower errors",
             Mechanism::NotIndependent => "Correlated calls",
+            Mechanism::Ejection => "Ejection",
         }
     }
 
@@ -349,6 +353,15 @@ impl Mechanism {
                  calls where (1 - share)^k is outside the measured interval and the simulation, \
                  which runs the same closed loop, departs from the model the same way."
             }
+            Mechanism::Ejection => {
+                "Ejection: keel does not retry a 500 (it is not in the default retry_on_status), \
+                 so the closed form of such a row counts no retry; but a 500 is still the \
+                 server's failure, and outlier detection takes the server out after its first \
+                 consecutive failures, which the closed form leaves out. Applies to protected \
+                 rows whose failure is not retried, whose failed server took under half of p's \
+                 share of the calls, that succeeded more than the closed form, and whose \
+                 simulation (which ejects the same way) agrees."
+            }
         }
     }
 
@@ -390,6 +403,14 @@ impl Mechanism {
                 lc && q < 1.0
                     && predicted_share.is_some_and(|s| share < s)
                     && r.measured > predicted
+            }
+            Mechanism::Ejection => {
+                against == Against::Model
+                    && r.protections != "none"
+                    && r.failure_mode == "server-error"
+                    && share < r.p / 2.0
+                    && r.measured > predicted
+                    && r.simulation.agrees
             }
             Mechanism::NotIndependent => {
                 let Some(a) = r.analytic else { return false };

@@ -355,14 +355,14 @@ pub(crate) fn finding(report: &PeersReport) -> Option<Finding> {
     Some(f)
 }
 
-/// The peers' table for a terminal (under 100 columns), then each departure's mechanism.
+/// The peers' table for a terminal (under 100 columns), then each departure's mechanism (their
+/// answer opens the run's, above it).
 pub(crate) fn print_table(report: &PeersReport) {
     let say = |text: &str, indent: &str| {
         for line in crate::lab::answer::wrap(text, crate::lab::report::COLUMNS, indent) {
             println!("{line}");
         }
     };
-    say(&answer(report), "");
     let bs = balancers(report);
     let mut head = format!(
         "{:<9} {:<17} {:<9} {:>1} {:>6}",
