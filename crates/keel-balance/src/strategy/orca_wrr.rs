@@ -7,10 +7,18 @@
 //! endpoint has reported for `blackout_period` (10 s: a fresh endpoint's first reports are
 //! noisy), and expires `weight_expiration_period` (3 min) after its last report (the blackout
 //! then starts over). Weights are recomputed every `weight_update_period` (1 s); endpoints
-//! without a weight get the mean of the others', and every weight is kept within 0.1 to 10
-//! times the mean (gRPC's scheduler does the same, so that one report cannot starve or flood
-//! an endpoint). Until any endpoint has a weight, the configured weights are used (with the
-//! default weight 1 that is A58's round-robin).
+//! without a weight get the mean of the others', and every weight is kept within 0.1 to 2
+//! times the **median** reported weight. (gRPC's scheduler keeps weights within 0.1 to 10 times
+//! the mean; but the mean moves with the very report it bounds, so one endpoint reporting a
+//! huge qps or a near-zero utilisation took 61 % of the picks. The median does not
+//! move with one report: among N >= 3 endpoints reporting alike, one that lies gets at most
+//! twice the others' weight, a share of at most 2 / (N + 1), under twice its fair share. With
+//! two endpoints the upper median is the larger weight, and nothing tells the liar from a
+//! truly faster endpoint: no bound. A zero utilisation is no report at all (A58), so it
+//! leaves the weight as it was. The price: an endpoint truly more than twice the median's
+//! capacity is held at twice.) Until any
+//! endpoint has a weight, the configured weights are used (with the default weight 1 that is
+//! A58's round-robin).
 //!
 //! Picks are earliest-deadline-first over those weights, as `weighted-round-robin`'s: exact
 //! shares per cycle, O(log n) per pick under one short lock; the recomputation reuses its
@@ -29,9 +37,10 @@ use crate::time::nanos;
 /// Deadlines advance by `TURN / weight` (weights scaled to a mean of 1000).
 const TURN: u64 = 1 << 40;
 
-/// Weights are kept within these multiples of the mean (gRPC's `kMinRatio`, `kMaxRatio`).
+/// Weights are kept within these multiples of the median reported weight (gRPC's
+/// `kMinRatio`; its `kMaxRatio` is 10 times the mean, which one report can move).
 const MIN_RATIO: f64 = 0.1;
-const MAX_RATIO: f64 = 10.0;
+const MAX_RATIO: f64 = 2.0;
 
 /// Turns passed over before a pick falls back to a draw over the allowed endpoints.
 const EDF_TRIES: usize = 16;
@@ -50,6 +59,8 @@ struct Scheduler {
     weights: Vec<f64>,
     /// When the weights are next recomputed.
     next_update: u64,
+    /// Scratch for the median (kept: no allocation per recomputation).
+    sorted: Vec<f64>,
 }
 
 pub(crate) struct OrcaWrr {
@@ -73,6 +84,7 @@ impl OrcaWrr {
                 heap: (0..n as u32).map(|i| Reverse((0, i))).collect(),
                 weights: vec![0.0; n],
                 next_update: 0,
+                sorted: Vec::with_capacity(n),
             }),
         }
     }
@@ -121,14 +133,11 @@ impl OrcaWrr {
     /// Recomputes the scheduler's weights at `now` (in place).
     fn reweigh(&self, v: &View<'_>, s: &mut Scheduler) {
         let n = s.weights.len().min(v.eps.len());
-        let (mut sum, mut count) = (0.0, 0usize);
+        let mut count = 0usize;
         for i in 0..n {
             let w = self.weight_at(i, v.now);
             s.weights[i] = w;
-            if w > 0.0 {
-                sum += w;
-                count += 1;
-            }
+            count += usize::from(w > 0.0);
         }
         if count == 0 {
             // Nothing reported yet: the configured weights.
@@ -141,10 +150,30 @@ impl OrcaWrr {
             }
             return;
         }
-        let mean = sum / count as f64;
+        // The median of the reported weights (upper median), in a kept buffer: no allocation.
+        s.sorted.clear();
+        s.sorted
+            .extend(s.weights[..n].iter().copied().filter(|w| *w > 0.0));
+        let mid = s.sorted.len() / 2;
+        let median = *s.sorted.select_nth_unstable_by(mid, f64::total_cmp).1;
+        let (lo, hi) = (median * MIN_RATIO, median * MAX_RATIO);
+        let (mut sum, mut count) = (0.0, 0usize);
         for w in &mut s.weights[..n] {
-            let x = if *w > 0.0 { *w } else { mean };
-            *w = x.clamp(mean * MIN_RATIO, mean * MAX_RATIO) * 1000.0 / mean;
+            if *w > 0.0 {
+                *w = w.clamp(lo, hi);
+                sum += *w;
+                count += 1;
+            }
+        }
+        let reported_mean = sum / count as f64;
+        for w in &mut s.weights[..n] {
+            if *w <= 0.0 {
+                *w = reported_mean;
+            }
+        }
+        let mean = s.weights[..n].iter().sum::<f64>() / n as f64;
+        for w in &mut s.weights[..n] {
+            *w *= 1000.0 / mean;
         }
     }
 
@@ -279,22 +308,51 @@ mod tests {
     }
 
     #[test]
-    fn weights_are_kept_within_a_tenth_and_ten_times_the_mean() {
-        let b = Bench::new(&[1, 1, 1]);
+    fn weights_are_kept_within_a_tenth_and_twice_the_median() {
+        let b = Bench::new(&[1, 1, 1, 1]);
         let s = OrcaWrr::new(
             &StrategyOptions {
                 blackout_period: std::time::Duration::ZERO,
                 ..StrategyOptions::default()
             },
-            3,
+            4,
         );
+        // Weights 1, 1000, 1000 and a liar's 1,000,000 (qps a thousand times its peers').
         report(&s, &b, 0, util(1.0, 1.0, 0.0, 0.0), S);
         report(&s, &b, 1, util(1000.0, 1.0, 0.0, 0.0), S);
         report(&s, &b, 2, util(1000.0, 1.0, 0.0, 0.0), S);
+        report(&s, &b, 3, util(1e6, 1.0, 0.0, 0.0), S);
         let w = s.weights(&b.view(2 * S));
-        let mean = 2001.0 / 3.0;
-        assert!((w[0] - 0.1 * 1000.0).abs() < 1e-9, "{w:?}");
-        assert!((w[1] - 1000.0 * 1000.0 / mean).abs() < 1e-9, "{w:?}");
+        // Median 1000: the low one raised to 100, the liar cut to 2000; scaled to a mean of
+        // 1000 (the four sum to 4100).
+        let want = [100.0, 1000.0, 1000.0, 2000.0].map(|x| x * 4000.0 / 4100.0);
+        for (g, w) in w.iter().zip(want) {
+            assert!((g - w).abs() < 1e-9, "{g} vs {w}");
+        }
+    }
+
+    /// One endpoint among ten reports what no peer does (a near-zero utilisation, or a huge
+    /// qps): it gets at most twice its fair share of the picks (2 / 11 of them), where with
+    /// the mean-based bound it got most of them.
+    #[test]
+    fn a_lying_report_gets_at_most_twice_the_fair_share() {
+        let n = 10;
+        for liar in [util(100.0, 1e-9, 0.0, 0.0), util(1e12, 0.5, 0.0, 0.0)] {
+            let b = Bench::new(&[1; 10]);
+            let s = strategy(n);
+            for i in 0..n - 1 {
+                report(&s, &b, i, util(100.0, 0.5, 0.0, 0.0), S);
+            }
+            report(&s, &b, n - 1, liar, S);
+            let mut counts = vec![0usize; n];
+            let picks = 110_000;
+            for _ in 0..picks {
+                counts[s.pick(&b.view(12 * S), None).unwrap()] += 1;
+            }
+            let share = counts[n - 1] as f64 / picks as f64;
+            assert!(share <= 2.0 / 11.0 + 0.002, "{liar:?}: {share} {counts:?}");
+            assert!(share <= 2.0 / n as f64, "{liar:?}: {share}");
+        }
     }
 
     #[test]
