@@ -17,9 +17,10 @@ pub struct Args {
     quick: bool,
     /// Experiments to run, comma-separated: e1..e6, e6b; e8 (tail latency under open-loop
     /// load, about 25 s per strategy) and e9 (reaction to a server slowed 5x and back, about
-    /// 22 s per strategy), which run only when named; and e10 (keel advise on a logged run, its
-    /// top three configurations and the running one measured). Default: e1..e6b (quick:
-    /// e1,e2,e6,e6b).
+    /// 22 s per strategy), which run only when named; e10 (keel advise on a logged run, its
+    /// top three configurations and the running one measured) and e12 (a fleet of keel proxies
+    /// on a three-member etcd, local against shared outlier evidence; needs `etcd` on PATH,
+    /// about 3 minutes, quick 1), also only when named. Default: e1..e6b (quick: e1,e2,e6,e6b).
     #[arg(long, value_delimiter = ',')]
     experiments: Vec<String>,
     /// Only these strategies, comma-separated.
@@ -80,6 +81,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Box::new(lab::TailRun::new(&opts)),
         Box::new(lab::Peers::new(&opts)?),
         Box::new(lab::E10::new(&opts)),
+        Box::new(lab::Fleet::new(&opts)),
     ];
     let report = lab::run(&opts, &mut experiments)?;
     if args.json {

@@ -6,7 +6,8 @@
 //!
 //! An experiment is one family of cases that share a row type and a report section: E1-E6B
 //! (reliability.rs) are one value because their rows share one table, its charts and the run's
-//! headline; E8 and E9 (tail_run.rs) one; E10 (e10.rs) one; the peers' rows (peers.rs) one.
+//! headline; E8 and E9 (tail_run.rs) one; E10 (e10.rs) one; the peers' rows (peers.rs) one;
+//! E12, the fleet on etcd (fleet.rs), one.
 
 use std::cell::Cell;
 use std::path::Path;

@@ -10,8 +10,9 @@
 //! E8 and E9 (tail.rs, only when named: `--experiments e8,e9`) are latency experiments under
 //! open-loop load: percentiles with their intervals, measured against the simulation of what
 //! the backends actually served and, for random placement, against queueing theory. E10
-//! (e10.rs, only when named) checks `keel advise` against real traffic; `--peers` puts NGINX,
-//! HAProxy and Envoy next to keel (peers.rs).
+//! (e10.rs, only when named) checks `keel advise` against real traffic; E12 (fleet.rs, only when
+//! named) measures a fleet of keel proxies on etcd; `--peers` puts NGINX, HAProxy and Envoy next
+//! to keel (peers.rs).
 //!
 //! Every experiment has one shape, [`Experiment`] (experiment.rs): `keel lab` lists them
 //! (cmd/lab.rs) and [`run`] drives each through the same loop.
@@ -21,6 +22,7 @@ mod cases;
 mod compare;
 pub mod e10;
 mod experiment;
+mod fleet;
 mod measure;
 mod peers;
 pub mod queueing;
@@ -43,6 +45,7 @@ use keel_balance::StrategyKind;
 pub use cases::Timing;
 pub use e10::E10;
 pub use experiment::{Experiment, Lab, Planned};
+pub use fleet::Fleet;
 pub use peers::Peers;
 pub use reliability::Reliability;
 pub use rows::Row;
@@ -53,7 +56,7 @@ pub use tail_run::TailRun;
 pub struct LabOptions {
     /// Fewer experiments and requests: a first look in under 20 s.
     pub quick: bool,
-    /// Experiments to run (e1..e6b, e8, e9, e10); empty: the default set (e1..e6b; quick: e1, e2,
+    /// Experiments to run (e1..e6b, e8, e9, e10, e12); empty: the default set (e1..e6b; quick: e1, e2,
     /// e6, e6b).
     pub experiments: Vec<String>,
     /// Only these strategies; empty: all of each experiment.
@@ -97,6 +100,9 @@ pub struct LabReport {
     /// E10: keel advise's top three configurations and the running one, predicted and measured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub e10: Option<e10::E10Report>,
+    /// E12: a fleet of keel proxies on etcd, local against shared evidence.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<fleet::FleetReport>,
 }
 
 /// Runs the lab: every experiment with a non-empty plan run in turn on one runtime and one
@@ -181,6 +187,7 @@ pub fn run(
         machine: report::Machine::detect(),
         peers: None,
         e10: None,
+        fleet: None,
     };
     for e in experiments.iter_mut() {
         e.rows(&mut report);

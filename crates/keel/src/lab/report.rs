@@ -214,6 +214,21 @@ fn load_average() -> [f64; 3] {
     out
 }
 
+/// Rows of every experiment: the report's own row lists, and each experiment part's `rows`
+/// (E10, the peers, E12: whatever a new experiment adds under its field).
+fn row_count(report: &LabReport) -> usize {
+    let v = serde_json::to_value(report).expect("a lab report serializes");
+    let len = |x: &serde_json::Value| x.as_array().map_or(0, Vec::len);
+    let own = ["rows", "tail_rows", "reaction_rows"];
+    let parts = v.as_object().map_or(0, |o| {
+        o.iter()
+            .filter(|(k, _)| !own.contains(&k.as_str()))
+            .map(|(_, part)| len(&part["rows"]))
+            .sum()
+    });
+    own.iter().map(|k| len(&v[*k])).sum::<usize>() + parts
+}
+
 /// `{"rows": [...], ...}`.
 pub fn results_json(report: &LabReport) -> serde_json::Value {
     let mut v = serde_json::to_value(report).expect("a lab report serializes");
@@ -567,11 +582,7 @@ fn html(report: &LabReport, experiments: &[Box<dyn Experiment>]) -> String {
          comes from an article on common load-balancing strategies and their reliability analysis (the source; \
          <code>docs/reliability.md</code> in keel's repository states the model and the experiments E1-E6 in full; \
          <code>docs/tail-latency.md</code> E8 and E9). {} rows in {:.1} s{}.</p>",
-        report.rows.len()
-            + report.tail_rows.len()
-            + report.reaction_rows.len()
-            + report.e10.as_ref().map_or(0, |e| e.rows.len())
-            + report.peers.as_ref().map_or(0, |p| p.rows.len()),
+        row_count(report),
         report.wall_seconds,
         if report.quick { " (quick mode: fewer experiments and requests)" } else { "" }
     );
