@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # E12, measured: N = 1-4 keel proxies on a three-member etcd (loopback), one endpoint of three
 # failing at once; the fleet's failed tries with local detection and with shared evidence
-# (quorum 1), next to keel-model's closed form and simulation of the same setting. About two
+# (quorum 1), next to keel-model's closed form and simulation of the same setting. About seven
 # minutes. Needs etcd-server and protoc (scripts/test-etcd.sh installs them). Prints one
 # `E12 | ...` line per row. `bash scripts/lab-e12.sh faults_` runs etcd's faults instead.
 set -euo pipefail

@@ -18,9 +18,15 @@ pub enum EtcdError {
         /// Why.
         source: std::io::Error,
     },
-    /// The client's own error (connection refused, no leader, auth, ...).
+    /// The client's own error (connection refused, no leader, ...).
     #[error("etcd: {0}")]
     Client(#[from] etcd_client::Error),
+    /// etcd refused keel's TLS client (no certificate, or one its CA did not sign): the alert.
+    #[error("etcd refused the TLS handshake ({0}): with --client-cert-auth, etcd needs [etcd.tls] cert and key, signed by a CA of its --trusted-ca-file")]
+    TlsRefused(&'static str),
+    /// etcd refused the credentials, their absence, or what they may do: etcd's own words.
+    #[error("etcd refused access: {0} (check [etcd] user and password, and the user's roles)")]
+    Refused(String),
     /// No answer within `dial_timeout`.
     #[error("etcd did not answer within {0:?}")]
     Timeout(Duration),
@@ -39,9 +45,35 @@ pub(crate) async fn within<T>(
     f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
 ) -> Result<T, EtcdError> {
     match tokio::time::timeout(timeout, f).await {
-        Ok(r) => r.map_err(EtcdError::from),
+        Ok(r) => r.map_err(explain),
         Err(_) => Err(EtcdError::Timeout(timeout)),
     }
+}
+
+/// The client's error, said plainly when etcd refused access (a wrong password, a user missing
+/// while etcd requires one, or a role without permission on the key) instead of as a gRPC
+/// status dump.
+pub(crate) fn explain(e: etcd_client::Error) -> EtcdError {
+    if let etcd_client::Error::GRpcStatus(s) = &e {
+        let m = s.message();
+        const REFUSALS: [&str; 4] = [
+            "authentication failed",
+            "user name is empty",
+            "permission denied",
+            "invalid auth token",
+        ];
+        if REFUSALS.iter().any(|r| m.contains(r)) {
+            return EtcdError::Refused(m.to_string());
+        }
+    }
+    // The TLS alert is deep in the transport error's sources; its text names it.
+    let text = e.to_string();
+    for alert in ["CertificateRequired", "BadCertificate", "UnknownCA"] {
+        if text.contains(alert) {
+            return EtcdError::TlsRefused(alert);
+        }
+    }
+    EtcdError::Client(e)
 }
 
 /// A client of `config`'s members. HTTP/2 keep-alive pings every 5 s (etcd's default

@@ -4,11 +4,11 @@
 //! threshold in failed tries instead of the threshold times the number of proxies.
 //!
 //! Key layout: `/keel/evidence/<cluster>/<proxy name>`, bound to a lease of this proxy (TTL
-//! [`LEASE_TTL`], kept alive): a proxy that dies takes its key with it. Its value, rewritten every
-//! batch ([`BATCH_EVERY`]) in which something failed (and once after, to carry the success that
-//! ends a run): `{"e": {"host:port": [f, s, t], ...}}`, per endpoint the failures before the
-//! batch's last success, the successes, and the failures after it (the run still going). The
-//! others watch the prefix and replay each batch in that order. While etcd cannot be reached, the
+//! [`LEASE_TTL`], kept alive): a proxy that dies takes its key with it. Its value, rewritten as
+//! soon as something failed (at most once per [`BATCH_EVERY`], one put at a time; and once
+//! after, to carry the success that ends a run it published): `{"e": {"host:port": [f, s, t], ...}}`, per
+//! endpoint the failures before the batch's last success, the successes, and the failures after
+//! it (the run still going). The others watch the prefix and replay each batch in that order. While etcd cannot be reached, the
 //! proxy judges on its own outcomes only (as without `shared`), and says so in `/status` and its
 //! log; the outcomes of that time are not published later.
 
@@ -21,12 +21,13 @@ use etcd_client::{EventType, PutOptions, WatchOptions};
 use keel_balance::Outcome;
 
 use crate::config::EtcdConfig;
-use crate::control::etcd::{connect, within, EtcdError};
-use crate::metrics::evidence::Batch;
+use crate::control::etcd::{connect, explain, within, EtcdError};
+use crate::metrics::evidence::{Batch, FAILED};
 use crate::state::Shared;
 use crate::upstream::evidence::Evidence;
 
-/// Time between two batches.
+/// Time between two publications of a proxy (a failure leaves at once if the last left at least
+/// this long ago), and between two looks for successes to publish.
 pub(crate) const BATCH_EVERY: Duration = Duration::from_millis(25);
 
 /// The lease of a proxy's evidence key, in seconds: a dead proxy's evidence goes within this.
@@ -128,7 +129,9 @@ fn drain(shared: &Shared, cluster: &str) {
     }
 }
 
-/// One connection: lease, watch, then batches out and in until something fails.
+/// One connection: lease, watch, then evidence out and in until something fails. Publishing,
+/// receiving and the lease's keep-alive run side by side, so that a put waiting for etcd's
+/// quorum never holds back the replay of what the others published.
 async fn session(
     me: &Weak<Shared>,
     cluster: &str,
@@ -145,13 +148,13 @@ async fn session(
         Ok(l) => l.id(),
         Err(e) => return e,
     };
-    let (mut keeper, mut kept) = match within(t, client.lease_keep_alive(lease)).await {
+    let (keeper, kept) = match within(t, client.lease_keep_alive(lease)).await {
         Ok(k) => k,
         Err(e) => return e,
     };
     let prefix = prefix(cluster);
     let key = format!("{prefix}{name}");
-    let mut watch = match within(
+    let watch = match within(
         t,
         client.watch(prefix.as_str(), Some(WatchOptions::new().with_prefix())),
     )
@@ -171,80 +174,164 @@ async fn session(
         s.peers = 0;
     });
     tracing::info!(cluster, key, "shared evidence: publishing and watching");
-    let mut peers = std::collections::HashSet::new();
-    let mut batch = tokio::time::interval(BATCH_EVERY);
-    batch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut keep = tokio::time::interval(Duration::from_secs((LEASE_TTL as u64 / 3).max(1)));
-    let mut failed_last = false;
     let options = PutOptions::new().with_lease(lease);
+    tokio::select! {
+        e = publish(me, cluster, &key, client, options, t, st) => e,
+        e = receive(me, cluster, name, &prefix, watch, st) => e,
+        e = keep_alive(lease, keeper, kept) => e,
+    }
+}
+
+/// Publishes this proxy's outcomes until a put fails. A failure leaves at once (woken by
+/// [`FAILED`]), unless the last put began less than [`BATCH_EVERY`] ago: then at that mark,
+/// with whatever else failed meanwhile. Successes wait for the next [`BATCH_EVERY`] tick and
+/// leave alone only to end a run of failures this proxy published. One put at a time (awaited here), so a proxy never
+/// writes more than once per [`BATCH_EVERY`] nor faster than etcd answers: at most what
+/// batching alone wrote, and a failure no longer waits for the batch.
+async fn publish(
+    me: &Weak<Shared>,
+    cluster: &str,
+    key: &str,
+    mut client: etcd_client::Client,
+    options: PutOptions,
+    t: Duration,
+    st: &Evidence,
+) -> EtcdError {
+    let mut tick = tokio::time::interval(BATCH_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Endpoints whose run of failures this proxy published and no published success ended yet.
+    let mut open: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut last_put: Option<tokio::time::Instant> = None;
+    loop {
+        // Registered before looking at the counters: a failure recorded after the look still
+        // wakes this future (a `Notified` made before `notify_waiters` completes).
+        let woken = FAILED.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        {
+            let Some(shared) = me.upgrade() else {
+                return EtcdError::WatchEnded("proxy stopped".into());
+            };
+            if !has_failures(&shared, cluster) {
+                drop(shared);
+                tokio::select! {
+                    _ = &mut woken => {}
+                    _ = tick.tick() => {}
+                }
+            }
+        }
+        if let Some(at) = last_put {
+            tokio::time::sleep_until(at + BATCH_EVERY).await;
+        }
+        let Some(shared) = me.upgrade() else {
+            return EtcdError::WatchEnded("proxy stopped".into());
+        };
+        let Some(out) = collect(&shared, cluster) else {
+            continue;
+        };
+        drop(shared);
+        let failed = out.e.values().any(|b| b[0] + b[2] > 0);
+        // Successes alone matter only to end a run this proxy published: the others count the
+        // rest of an endpoint's runs from their own outcomes.
+        let ends_a_run = out.e.iter().any(|(a, b)| b[1] > 0 && open.contains(a));
+        if !(failed || ends_a_run) {
+            continue;
+        }
+        let value = serde_json::to_vec(&out).expect("a batch serializes");
+        last_put = Some(tokio::time::Instant::now());
+        if let Err(e) = within(t, client.put(key, value, Some(options.clone()))).await {
+            return e;
+        }
+        st.published.fetch_add(1, Relaxed);
+        for (a, b) in &out.e {
+            if b[2] > 0 {
+                open.insert(a.clone());
+            } else if b[1] > 0 {
+                open.remove(a);
+            }
+        }
+    }
+}
+
+/// Keeps the evidence key's lease alive (every third of its TTL) until that fails.
+async fn keep_alive(
+    lease: i64,
+    mut keeper: etcd_client::LeaseKeeper,
+    mut kept: etcd_client::LeaseKeepAliveStream,
+) -> EtcdError {
+    let mut keep = tokio::time::interval(Duration::from_secs((LEASE_TTL as u64 / 3).max(1)));
     loop {
         tokio::select! {
-            _ = batch.tick() => {
-                let Some(shared) = me.upgrade() else {
-                    return EtcdError::WatchEnded("proxy stopped".into());
-                };
-                let Some(out) = collect(&shared, cluster) else { continue };
-                drop(shared);
-                let failed = out.e.values().any(|b| b[0] + b[2] > 0);
-                let succeeded = out.e.values().any(|b| b[1] > 0);
-                // Successes alone matter only to end a run the fleet saw: publish them once.
-                let publish = failed || (succeeded && failed_last);
-                if !publish {
-                    continue;
-                }
-                failed_last = failed;
-                let value = serde_json::to_vec(&out).expect("a batch serializes");
-                if let Err(e) = within(t, client.put(key.as_str(), value, Some(options.clone()))).await {
-                    return e;
-                }
-                st.published.fetch_add(1, Relaxed);
-            }
             _ = keep.tick() => {
                 if let Err(e) = keeper.keep_alive().await {
-                    return e.into();
+                    return explain(e);
                 }
             }
             a = kept.message() => match a {
                 Ok(Some(a)) if a.ttl() > 0 => {}
                 Ok(Some(_)) => return EtcdError::LeaseExpired(lease),
                 Ok(None) => return EtcdError::WatchEnded("keep-alive stream".into()),
-                Err(e) => return e.into(),
+                Err(e) => return explain(e),
             },
-            m = watch.message() => {
-                let m = match m {
-                    Ok(Some(m)) => m,
-                    Ok(None) => return EtcdError::WatchEnded("closed by etcd".into()),
-                    Err(e) => return e.into(),
-                };
-                if m.canceled() {
-                    return EtcdError::WatchEnded(m.cancel_reason().to_string());
-                }
-                let Some(shared) = me.upgrade() else {
-                    return EtcdError::WatchEnded("proxy stopped".into());
-                };
-                for ev in m.events() {
-                    let Some(kv) = ev.kv() else { continue };
-                    if ev.event_type() != EventType::Put {
-                        continue;
-                    }
-                    let Some(peer) = kv.key().strip_prefix(prefix.as_bytes()) else { continue };
-                    if peer == name.as_bytes() {
-                        continue;
-                    }
-                    let Ok(batch) = serde_json::from_slice::<Published>(kv.value()) else {
-                        tracing::warn!(cluster, key = %String::from_utf8_lossy(kv.key()), "shared evidence: value skipped (not a batch)");
-                        continue;
-                    };
-                    let peer = String::from_utf8_lossy(peer).into_owned();
-                    replay(&shared, cluster, &peer, &batch, st);
-                    if peers.insert(peer) {
-                        st.update(|s| s.peers = peers.len());
-                    }
-                    st.received.fetch_add(1, Relaxed);
-                }
-            }
         }
     }
+}
+
+/// Replays the others' batches as the watch delivers them, until the watch fails.
+async fn receive(
+    me: &Weak<Shared>,
+    cluster: &str,
+    name: &str,
+    prefix: &str,
+    mut watch: etcd_client::WatchStream,
+    st: &Evidence,
+) -> EtcdError {
+    let mut peers = std::collections::HashSet::new();
+    loop {
+        let m = match watch.message().await {
+            Ok(Some(m)) => m,
+            Ok(None) => return EtcdError::WatchEnded("closed by etcd".into()),
+            Err(e) => return explain(e),
+        };
+        if m.canceled() {
+            return EtcdError::WatchEnded(m.cancel_reason().to_string());
+        }
+        let Some(shared) = me.upgrade() else {
+            return EtcdError::WatchEnded("proxy stopped".into());
+        };
+        for ev in m.events() {
+            let Some(kv) = ev.kv() else { continue };
+            if ev.event_type() != EventType::Put {
+                continue;
+            }
+            let Some(peer) = kv.key().strip_prefix(prefix.as_bytes()) else {
+                continue;
+            };
+            if peer == name.as_bytes() {
+                continue;
+            }
+            let Ok(batch) = serde_json::from_slice::<Published>(kv.value()) else {
+                tracing::warn!(cluster, key = %String::from_utf8_lossy(kv.key()), "shared evidence: value skipped (not a batch)");
+                continue;
+            };
+            let peer = String::from_utf8_lossy(peer).into_owned();
+            replay(&shared, cluster, &peer, &batch, st);
+            if peers.insert(peer) {
+                st.update(|s| s.peers = peers.len());
+            }
+            st.received.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+/// True when an endpoint of the cluster has a failure not yet published.
+fn has_failures(shared: &Shared, cluster: &str) -> bool {
+    let routing = shared.routing.load();
+    routing
+        .clusters
+        .iter()
+        .find(|c| c.name() == cluster)
+        .is_some_and(|c| c.endpoints.iter().any(|e| e.metrics.evidence.failed()))
 }
 
 /// The cluster's pending outcomes, taken; `None` when nothing happened.

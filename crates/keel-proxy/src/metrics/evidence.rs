@@ -1,8 +1,18 @@
 //! The outcomes of an endpoint a proxy observed since it last published them to its fleet
 //! (`[cluster.outlier_detection] shared`): three counters per endpoint, taken whole by the
-//! publisher every batch. Recording is three relaxed atomic operations at most, no allocation.
+//! publisher. Recording is three relaxed atomic operations at most, no allocation; the first
+//! failure since the last take also wakes the publishers ([`FAILED`]), so that a failure leaves
+//! for the fleet at once instead of at the next batch.
 
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+
+use tokio::sync::Notify;
+
+/// Woken by the first failure an endpoint records since its outcomes were last taken. One for
+/// the process (an endpoint does not know its cluster's publisher): every publisher wakes and
+/// looks; one that finds no failure of its own goes back to sleep. A wake costs a lock of this
+/// `Notify` once per endpoint and publication, not per failure.
+pub(crate) static FAILED: Notify = Notify::const_new();
 
 /// Outcomes not yet published.
 #[derive(Debug, Default)]
@@ -33,16 +43,31 @@ impl Batch {
 }
 
 impl Pending {
-    /// Counts one outcome.
+    /// Counts one outcome; the first failure since the last take wakes the publishers.
     #[inline]
     pub fn record(&self, failed: bool) {
+        if self.count(failed) {
+            FAILED.notify_waiters();
+        }
+    }
+
+    /// Counts one outcome; true for the first failure since the last take.
+    #[inline]
+    fn count(&self, failed: bool) -> bool {
         if failed {
-            self.failures.fetch_add(1, Relaxed);
+            let first = self.failures.fetch_add(1, Relaxed) == 0;
             self.tail.fetch_add(1, Relaxed);
+            first
         } else {
             self.successes.fetch_add(1, Relaxed);
             self.tail.store(0, Relaxed);
+            false
         }
+    }
+
+    /// True when a failure was counted since the last take.
+    pub fn failed(&self) -> bool {
+        self.failures.load(Relaxed) > 0
     }
 
     /// Takes what was counted since the last take. Counters are taken one by one, so an outcome
@@ -74,5 +99,26 @@ mod tests {
         assert!(p.take().is_empty());
         p.record(true);
         assert_eq!(p.take(), Batch { f: 0, s: 0, t: 1 });
+    }
+
+    #[test]
+    fn only_the_first_failure_since_a_take_wakes() {
+        let p = Pending::default();
+        assert!(!p.count(false), "a success does not wake");
+        assert!(p.count(true));
+        assert!(!p.count(true), "coalesced into the pending publication");
+        assert_eq!(p.take(), Batch { f: 0, s: 1, t: 2 });
+        assert!(p.count(true), "the next publication's first");
+    }
+
+    #[tokio::test]
+    async fn a_failure_wakes_a_waiting_publisher() {
+        let woken = FAILED.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        Pending::default().record(true);
+        tokio::time::timeout(std::time::Duration::from_secs(1), woken)
+            .await
+            .expect("woken by the failure");
     }
 }

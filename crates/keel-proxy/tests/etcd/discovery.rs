@@ -3,6 +3,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use etcd_client::Client;
 use keel_proxy::etcd::{register, Registration};
 use keel_proxy::ProxyHandle;
 
@@ -197,7 +198,7 @@ async fn with_etcd_down_the_last_set_serves_and_status_says_so_then_changes_foll
     assert_eq!(serve(&proxy, 40).await.len(), 2, "the last set serves");
     assert_eq!(endpoints(&proxy, "api").len(), 2);
 
-    // Back: the proxy reads the prefix again and follows changes.
+    // Back: the proxy resumes its watch after the last revision it applied and follows changes.
     etcd.restart_all().unwrap();
     let mut c = client_of(&etcd).await;
     put(&mut c, &format!("{PREFIX}b2"), &value(addr(2)), None).await;
@@ -217,6 +218,127 @@ async fn with_etcd_down_the_last_set_serves_and_status_says_so_then_changes_foll
         metric_value(&metrics().await, "keel_discovery_stale{cluster=\"api\"}"),
         0.0
     );
+    assert_eq!(serve(&proxy, 20).await.len(), 2);
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd-server: run scripts/test-etcd.sh"]
+async fn a_watch_compacted_away_reads_the_prefix_again_and_converges() {
+    let mut etcd = etcd3();
+    let bs = backends(3, Duration::ZERO).await;
+    let addr = |i: usize| bs[i].addr();
+    let before = {
+        let mut c = client_of(&etcd).await;
+        put(&mut c, &format!("{PREFIX}b0"), &value(addr(0)), None).await;
+        c.put(format!("{PREFIX}b1"), value(addr(1)), None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision()
+    };
+    // The proxy reaches member 0 only: stopping it cuts the proxy's watch off while the other
+    // two members go on writing.
+    let proxy = keel_proxy::start(config_of(&etcd.endpoints()[..1], "p0", LINE))
+        .await
+        .unwrap();
+    follows(&proxy, "api", &[addr(0), addr(1)], Duration::from_secs(5)).await;
+    etcd.stop(0);
+    let mut stale = false;
+    for _ in 0..100 {
+        if status(&proxy).await["clusters"][0]["discovery"]["stale"] == true {
+            stale = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(stale, "{}", status(&proxy).await);
+
+    // Meanwhile: b2 added, b0 removed, 300 other revisions, and everything up to now compacted
+    // (retried while members 1 and 2 elect a leader, if member 0 led).
+    let mut c = Client::connect(&etcd.endpoints()[1..], None).await.unwrap();
+    let mut last = 0;
+    for i in 0..302 {
+        let mut tries = 0;
+        last = loop {
+            let op = async {
+                let r = match i {
+                    0 => c
+                        .put(format!("{PREFIX}b2"), value(addr(2)), None)
+                        .await?
+                        .header()
+                        .cloned(),
+                    1 => c
+                        .delete(format!("{PREFIX}b0"), None)
+                        .await?
+                        .header()
+                        .cloned(),
+                    _ => c
+                        .put("/elsewhere/noise", format!("{i}"), None)
+                        .await?
+                        .header()
+                        .cloned(),
+                };
+                Ok::<_, etcd_client::Error>(r.map_or(0, |h| h.revision()))
+            };
+            match tokio::time::timeout(Duration::from_secs(2), op).await {
+                Ok(Ok(r)) => break r,
+                other => {
+                    tries += 1;
+                    assert!(tries < 20, "write {i}: {other:?}");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            }
+        };
+    }
+    c.compact(
+        last,
+        Some(etcd_client::CompactionOptions::new().with_physical()),
+    )
+    .await
+    .unwrap();
+    etcd.resume(0);
+
+    let took = follows(&proxy, "api", &[addr(1), addr(2)], Duration::from_secs(15)).await;
+    println!("etcd discovery: converged {took:?} after the member came back past a compaction");
+    // The premise: a watch from after the proxy's last revision is refused as compacted.
+    let mut m0 = Client::connect(&etcd.endpoints()[..1], None).await.unwrap();
+    let mut w = m0
+        .watch(
+            PREFIX,
+            Some(
+                etcd_client::WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(before + 1),
+            ),
+        )
+        .await
+        .unwrap();
+    let mut compacted = 0;
+    for _ in 0..3 {
+        match tokio::time::timeout(Duration::from_secs(2), w.message()).await {
+            Ok(Ok(Some(m))) if m.compact_revision() > 0 => {
+                compacted = m.compact_revision();
+                break;
+            }
+            Ok(Ok(Some(_))) => continue,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(
+        compacted > before,
+        "compacted at {compacted}, proxy's last {before}"
+    );
+    let mut fresh = false;
+    for _ in 0..50 {
+        if status(&proxy).await["clusters"][0]["discovery"]["stale"] == false {
+            fresh = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(fresh, "{}", status(&proxy).await);
     assert_eq!(serve(&proxy, 20).await.len(), 2);
     proxy.shutdown(Duration::from_secs(1)).await;
 }

@@ -38,12 +38,22 @@ pub async fn fleet_failed_tries(
     arrival: Arrival,
     requests: usize,
 ) -> u64 {
-    fleet_run(etcd, n, shared, arrival, requests, "round-robin", None).await
+    fleet_run(etcd, n, shared, arrival, requests, "round-robin", None)
+        .await
+        .failed
+}
+
+/// What one fleet run paid and wrote.
+pub struct FleetRun {
+    /// Failed tries at the failing endpoint, summed over the proxies.
+    pub failed: u64,
+    /// Evidence puts, summed over the proxies (0 without sharing).
+    pub published: u64,
 }
 
 /// Runs the fleet once with `strategy`; requests PACE apart, or (with `seed`) exponential gaps
 /// of mean PACE (Poisson arrivals, as keel-model's fleet setting). Returns the failed tries at
-/// the failing endpoint, summed over the proxies.
+/// the failing endpoint and the evidence puts, summed over the proxies.
 pub async fn fleet_run(
     etcd: &EtcdCluster,
     n: usize,
@@ -52,7 +62,7 @@ pub async fn fleet_run(
     requests: usize,
     strategy: &str,
     seed: Option<u64>,
-) -> u64 {
+) -> FleetRun {
     let bs = backends(3, Duration::ZERO).await;
     fault(
         &bs[0],
@@ -123,19 +133,27 @@ pub async fn fleet_run(
             .unwrap();
         assert!(r.status == 200 || r.status == 503, "{}", r.status);
     }
+    // Evidence still on its way when the last request ended (at most a put and a batch).
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let failing = bs[0].addr().to_string();
-    let mut total = 0;
+    let mut run = FleetRun {
+        failed: 0,
+        published: 0,
+    };
     for p in &proxies {
         let s = p.cluster_status("api").unwrap();
-        total += s
+        run.failed += s
             .iter()
             .find(|e| e.address == failing)
             .map_or(0, |e| e.failures);
+        run.published += status(p).await["clusters"][0]["shared_evidence"]["published"]
+            .as_u64()
+            .unwrap_or(0);
     }
     for p in proxies {
         p.shutdown(Duration::from_millis(200)).await;
     }
-    total
+    run
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -232,4 +250,116 @@ async fn without_etcd_shared_evidence_falls_back_to_local_detection_and_says_so(
     }
     assert!(back, "{}", status(&proxy).await);
     proxy.shutdown(Duration::from_secs(1)).await;
+}
+
+/// Sends requests through `proxy` until `n` more of them failed at `failing` (round robin over
+/// three endpoints: every third); returns the proxy's failures there.
+async fn fail_through(proxy: &ProxyHandle, failing: &str, n: u64) -> u64 {
+    let failures = || {
+        proxy
+            .cluster_status("api")
+            .unwrap()
+            .iter()
+            .find(|e| e.address == failing)
+            .map_or(0, |e| e.failures)
+    };
+    let want = failures() + n;
+    let c = client();
+    let url = format!("http://{}/", proxy.listener_addrs()[0]);
+    for _ in 0..3 * n + 3 {
+        if failures() >= want {
+            break;
+        }
+        send(&c, hyper::Method::GET, &url, &[], b"").await.unwrap();
+    }
+    failures()
+}
+
+/// True when `proxy` has ejected `failing`.
+fn ejected(proxy: &ProxyHandle, failing: &str) -> bool {
+    proxy
+        .cluster_status("api")
+        .unwrap()
+        .iter()
+        .find(|e| e.address == failing)
+        .is_some_and(|e| e.ejected_until.is_some())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd-server: run scripts/test-etcd.sh"]
+async fn with_quorum_two_one_proxys_evidence_alone_does_not_eject_two_proxies_do() {
+    let etcd = etcd3();
+    let bs = backends(3, Duration::ZERO).await;
+    fault(
+        &bs[0],
+        FailureMode::FailFast {
+            after: Duration::ZERO,
+        },
+    )
+    .await;
+    let failing = bs[0].addr().to_string();
+    let eps: Vec<String> = bs
+        .iter()
+        .map(|b| format!("{{ address = \"{}\" }}", b.addr()))
+        .collect();
+    let lines = format!(
+        "strategy = \"round-robin\"\nendpoints = [{}]\n[cluster.outlier_detection]\nconsecutive_failures = 5\nmax_ejection_percent = 34\nshared = {{ quorum = 2 }}\n",
+        eps.join(", ")
+    );
+    let mut proxies = Vec::new();
+    for i in 0..3 {
+        proxies.push(
+            keel_proxy::start(config(&etcd, &format!("p{i}"), &lines))
+                .await
+                .unwrap(),
+        );
+    }
+    for p in &proxies {
+        assert!(wait_connected(p).await, "{}", status(p).await);
+    }
+    // Ten failures in a row, all seen by p0: twice the threshold, one source.
+    assert_eq!(fail_through(&proxies[0], &failing, 10).await, 10);
+    for p in &proxies[1..] {
+        let mut got = false;
+        for _ in 0..50 {
+            let st = status(p).await;
+            if st["clusters"][0]["shared_evidence"]["received"].as_u64() > Some(0) {
+                got = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(got, "p0's evidence reached the others: {}", status(p).await);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for (i, p) in proxies.iter().enumerate() {
+        assert!(
+            !ejected(p, &failing),
+            "p{i} ejected on one proxy's evidence alone"
+        );
+    }
+    // One failure at p1: a second source in the same run, and every proxy ejects.
+    assert_eq!(fail_through(&proxies[1], &failing, 1).await, 1);
+    for (i, p) in proxies.iter().enumerate() {
+        let ok = eventually(Duration::from_secs(3), || ejected(p, &failing)).await;
+        assert!(
+            ok,
+            "p{i} did not eject on two proxies' evidence: {}",
+            status(p).await
+        );
+    }
+    for p in proxies {
+        p.shutdown(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits (at most 5 s) until `proxy` exchanges evidence through etcd.
+async fn wait_connected(proxy: &ProxyHandle) -> bool {
+    for _ in 0..100 {
+        if status(proxy).await["clusters"][0]["shared_evidence"]["connected"] == true {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
 }

@@ -13,6 +13,8 @@ mod discovery;
 mod e12;
 mod evidence;
 mod faults;
+mod scale;
+mod security;
 
 use std::time::Duration;
 
@@ -86,11 +88,12 @@ pub async fn status(proxy: &ProxyHandle) -> serde_json::Value {
 /// A proxy configuration: admin and listener on ephemeral ports, `[etcd]` over `etcd`, top-level
 /// `name`, one cluster `api` with `cluster_lines`.
 pub fn config(etcd: &EtcdCluster, name: &str, cluster_lines: &str) -> ProxyConfig {
-    let members: Vec<String> = etcd
-        .endpoints()
-        .iter()
-        .map(|e| format!("\"{e}\""))
-        .collect();
+    config_of(&etcd.endpoints(), name, cluster_lines)
+}
+
+/// As [`config`], with `[etcd]` naming only `members` (client URLs).
+pub fn config_of(members: &[String], name: &str, cluster_lines: &str) -> ProxyConfig {
+    let members: Vec<String> = members.iter().map(|e| format!("\"{e}\"")).collect();
     let text = format!(
         "name = \"{name}\"\n\n[etcd]\nendpoints = [{}]\ndial_timeout = \"1s\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"api\"\n\n[[cluster]]\nname = \"api\"\nresponse_headers = {{ endpoint = true }}\n{cluster_lines}\n",
         members.join(", ")

@@ -4,8 +4,9 @@
 //! etcd pushes changes, so this source is not a [`super::source::Source`] that is asked every
 //! so often: it reads the prefix, then watches it from the revision after that read (no event
 //! is missed between the two), and applies each batch of events as it arrives. When the watch
-//! cannot go on (etcd compacted past it, the stream ended, a member stopped answering, or the
-//! periodic linearizable check failed: no leader) it connects and reads the whole prefix again.
+//! cannot go on (the stream ended, a member stopped answering, or the periodic linearizable
+//! check failed: no leader) it connects again and resumes the watch after the last revision it
+//! applied; when etcd compacted past that revision, it reads the whole prefix again.
 //! While etcd cannot be reached the last set stays ([`Discovered::record`] with an error:
 //! logged, counted, shown in `/status`).
 
@@ -19,7 +20,7 @@ use serde::Deserialize;
 
 use crate::config::EtcdConfig;
 use crate::control::discovery::file::check_endpoint;
-use crate::control::etcd::{connect, prefix_read, within, EtcdError};
+use crate::control::etcd::{connect, explain, prefix_read, within, EtcdError};
 use crate::upstream::discovered::Discovered;
 
 /// Time between two checks that etcd still has a leader and answers (a watch on a member cut
@@ -111,8 +112,22 @@ pub(crate) async fn follow(
     etcd: &EtcdConfig,
     prefix: &str,
 ) {
+    // Kept across connections: after an outage the watch resumes from the last revision
+    // applied (a fleet reconnecting at once does not read every prefix again), unless etcd
+    // compacted past it.
+    let mut keys = Keys::default();
+    let mut applied: Option<i64> = None;
     loop {
-        let err = session(cluster, discovered, apply, etcd, prefix).await;
+        let err = session(
+            cluster,
+            discovered,
+            apply,
+            etcd,
+            prefix,
+            &mut keys,
+            &mut applied,
+        )
+        .await;
         if let Some(set) = discovered.record(cluster, Err(err.to_string())) {
             apply(cluster, discovered, set);
         }
@@ -138,13 +153,16 @@ fn publish(
     }
 }
 
-/// One connection: read, then watch, until something fails; returns why.
+/// One connection: read (unless a watch can resume after `applied`), then watch, until
+/// something fails; returns why. `keys` and `applied` hold the set and the revision it is at.
 async fn session(
     cluster: &str,
     discovered: &Arc<Discovered>,
     apply: &impl Fn(&str, &Arc<Discovered>, Vec<EndpointSpec>),
     etcd: &EtcdConfig,
     prefix: &str,
+    keys: &mut Keys,
+    applied: &mut Option<i64>,
 ) -> EtcdError {
     let mut client = match connect(etcd).await {
         Ok(c) => c,
@@ -153,16 +171,24 @@ async fn session(
     let t = etcd.dial_timeout;
     // Read, then watch from the next revision; again after a compaction outran the watch.
     loop {
-        let read = match within(t, client.get(prefix, Some(prefix_read()))).await {
-            Ok(r) => r,
-            Err(e) => return e,
+        let resumed = applied.is_some();
+        let revision = match *applied {
+            Some(r) => r,
+            None => {
+                let read = match within(t, client.get(prefix, Some(prefix_read()))).await {
+                    Ok(r) => r,
+                    Err(e) => return e,
+                };
+                let revision = read.header().map_or(0, |h| h.revision());
+                *keys = Keys::default();
+                for kv in read.kvs() {
+                    keys.put(cluster, kv);
+                }
+                *applied = Some(revision);
+                publish(cluster, discovered, apply, keys.set(cluster));
+                revision
+            }
         };
-        let revision = read.header().map_or(0, |h| h.revision());
-        let mut keys = Keys::default();
-        for kv in read.kvs() {
-            keys.put(cluster, kv);
-        }
-        publish(cluster, discovered, apply, keys.set(cluster));
         let options = WatchOptions::new()
             .with_prefix()
             .with_start_revision(revision + 1);
@@ -171,17 +197,22 @@ async fn session(
             Err(e) => return e,
         };
         let mut check = tokio::time::interval(CHECK_EVERY);
-        check.tick().await;
+        if !resumed {
+            // Just read: the first check is due a period from now. A resumed watch checks at
+            // once, so that /status says fresh again as soon as etcd answers.
+            check.tick().await;
+        }
         loop {
             tokio::select! {
                 m = watch.message() => {
                     let m = match m {
                         Ok(Some(m)) => m,
                         Ok(None) => return EtcdError::WatchEnded("closed by etcd".into()),
-                        Err(e) => return e.into(),
+                        Err(e) => return explain(e),
                     };
                     if m.compact_revision() > 0 {
                         tracing::info!(cluster, prefix, compacted = m.compact_revision(), "etcd discovery: the watch fell behind a compaction; reading the prefix again");
+                        *applied = None;
                         break;
                     }
                     if m.canceled() {
@@ -198,6 +229,8 @@ async fn session(
                                 keys.0.remove(kv.key());
                             }
                         }
+                        // A delete's kv carries the revision of the delete.
+                        *applied = Some(applied.unwrap_or(0).max(kv.mod_revision()));
                     }
                     publish(cluster, discovered, apply, keys.set(cluster));
                 }
@@ -209,7 +242,8 @@ async fn session(
                         return e;
                     }
                     if discovered.state().last_error.is_some() {
-                        // Reachable again after an error that did not break the watch.
+                        // Reachable again after an error (an outage the watch resumed after, or
+                        // one that did not break it).
                         publish(cluster, discovered, apply, keys.set(cluster));
                     }
                 }
