@@ -1,7 +1,7 @@
 //! etcd's faults under steady traffic through three proxies (issue 34, item 4), measured: the
 //! leader killed, a member stopped (SIGSTOP), every member down for 30 s, an endpoint's lease
 //! expiring, 200 endpoints registered at once. For each: the requests that failed (goal: none
-//! caused by etcd) and how long until every proxy agrees on the new set. Not part of
+//! caused by etcd), how long until every proxy agrees on the new set, and what `/status` said. Not part of
 //! scripts/test-etcd.sh (about a minute and a half): `bash scripts/lab-e12.sh` runs it too.
 
 use std::net::SocketAddr;
@@ -79,6 +79,65 @@ async fn agree(proxies: &[ProxyHandle], want: usize, limit: Duration) -> Option<
     None
 }
 
+/// What the proxies' `/status` said during a fault: polled every 100 ms, per proxy the time its
+/// discovery showed `stale = true`, and the last error shown.
+#[derive(Default)]
+struct Seen {
+    stale_polls: Vec<u64>,
+    error: Option<String>,
+}
+
+/// Polls `/status` of `admins` every 100 ms into `seen` until `stop`.
+fn watch_status(
+    admins: Vec<SocketAddr>,
+    seen: Arc<std::sync::Mutex<Seen>>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        seen.lock().unwrap().stale_polls = vec![0; admins.len()];
+        while !stop.load(Relaxed) {
+            for (i, a) in admins.iter().enumerate() {
+                let Ok(g) = get(&format!("http://{a}/status")).await else {
+                    continue;
+                };
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(&g.text()) else {
+                    continue;
+                };
+                let d = &v["clusters"][0]["discovery"];
+                if d["stale"] == true {
+                    let mut s = seen.lock().unwrap();
+                    s.stale_polls[i] += 1;
+                    if let Some(e) = d["last_error"].as_str() {
+                        s.error = Some(e.to_string());
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+}
+
+/// The `/status` part of a row, and a fresh `Seen` for the next fault.
+fn said(seen: &std::sync::Mutex<Seen>) -> String {
+    let mut s = seen.lock().unwrap();
+    let stale: Vec<String> = s
+        .stale_polls
+        .iter()
+        .map(|n| format!("{:.1} s", *n as f64 / 10.0))
+        .collect();
+    let out = format!(
+        "/status discovery.stale per proxy for about {} | last_error {}",
+        stale.join(", "),
+        s.error.as_deref().unwrap_or("none")
+    );
+    let n = s.stale_polls.len();
+    *s = Seen {
+        stale_polls: vec![0; n],
+        error: None,
+    };
+    out
+}
+
 async fn register_one(c: &mut etcd_client::Client, b: &BackendHandle, lease: Option<i64>) {
     put(c, &format!("{PREFIX}{}", b.addr()), &value(b.addr()), lease).await;
 }
@@ -103,19 +162,27 @@ async fn faults_etcd_trouble_under_steady_traffic_measured() {
     }
     assert!(agree(&proxies, 3, Duration::from_secs(5)).await.is_some());
     let traffic = Traffic::start(&proxies);
+    let seen = Arc::new(std::sync::Mutex::new(Seen::default()));
+    let poller = watch_status(
+        proxies.iter().map(|p| p.admin_addr().unwrap()).collect(),
+        seen.clone(),
+        traffic.stop.clone(),
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
+    said(&seen);
     let mut rows = Vec::new();
     let mut mark = traffic.counts();
     let mut row = |name: &str, took: Option<Duration>, t: &Traffic| {
         let now = t.counts();
         rows.push(format!(
-            "faults | {name} | requests {} | failed {} | every proxy agreed after {}",
+            "faults | {name} | requests {} | failed {} | every proxy agreed after {} | {}",
             now.0 - mark.0,
             now.1 - mark.1,
             took.map_or("never (within the limit)".into(), |d| format!(
                 "{:.0} ms",
                 d.as_secs_f64() * 1000.0
-            ))
+            )),
+            said(&seen)
         ));
         mark = now;
     };
@@ -234,6 +301,7 @@ async fn faults_etcd_trouble_under_steady_traffic_measured() {
 
     traffic.stop.store(true, Relaxed);
     let _ = traffic.task.await;
+    let _ = poller.await;
     for r in &rows {
         println!("{r}");
     }
