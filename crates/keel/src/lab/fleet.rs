@@ -32,9 +32,6 @@ const RATE: f64 = 100.0;
 const THRESHOLD: u32 = 5;
 /// Backends; the first fails.
 const ENDPOINTS: u32 = 3;
-/// Shared evidence's propagation delay in the model: a failure is written at once, then a put
-/// and a watch event on loopback (measured 5-20 ms on a loaded two-core machine).
-const DELAY: Duration = Duration::from_millis(20);
 /// Simulated replications per row.
 const REPLICATIONS: u32 = 200;
 
@@ -71,6 +68,10 @@ pub struct FleetReport {
     /// Why E12 did not run (etcd missing), when it did not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub skipped: Option<String>,
+    /// The model's evidence delay d: etcd's put-to-watch-event time measured before the runs
+    /// (mean of 60 puts), milliseconds. A failure is published at once, so keel's own part is
+    /// microseconds.
+    pub evidence_delay_ms: f64,
     /// Wall time, seconds.
     pub seconds: f64,
 }
@@ -104,7 +105,7 @@ impl Fleet {
         if self.quick {
             3
         } else {
-            4
+            8
         }
     }
 }
@@ -132,12 +133,15 @@ impl Traffic {
     }
 }
 
-fn setting(n: u32, traffic: Traffic, shared: bool, healthy: Duration) -> FleetSetting {
+fn setting(
+    n: u32,
+    traffic: Traffic,
+    shared: bool,
+    healthy: Duration,
+    delay: Duration,
+) -> FleetSetting {
     let detection = if shared {
-        Detection::Shared {
-            delay: DELAY,
-            quorum: 1,
-        }
+        Detection::Shared { delay, quorum: 1 }
     } else {
         Detection::Local
     };
@@ -185,12 +189,17 @@ impl Experiment for Fleet {
                 self.report = Some(FleetReport {
                     rows: Vec::new(),
                     skipped: Some(e.to_string()),
+                    evidence_delay_ms: 0.0,
                     seconds: started.elapsed().as_secs_f64(),
                 });
                 lab.advance(self.plan().iter().map(|p| p.requests).sum());
                 return Ok(());
             }
         };
+        let delay = lab
+            .runtime
+            .block_on(evidence_delay(&etcd))
+            .context("E12: timing etcd's put-to-watch delay")?;
         let mut rows = Vec::new();
         for &n in self.sizes() {
             for traffic in [Traffic::InTurn, Traffic::Spread] {
@@ -227,7 +236,7 @@ impl Experiment for Fleet {
                         runs.push(got);
                         lab.done.set(lab.done.get() + REQUESTS);
                     }
-                    let st = setting(n, traffic, shared, lab.timing.healthy);
+                    let st = setting(n, traffic, shared, lab.timing.healthy, delay);
                     let sim = fleet::run(&st, lab.seed, REPLICATIONS)
                         .map_err(|e| anyhow::anyhow!("E12 simulation: {e}"))?;
                     rows.push(row(n, traffic, shared, runs, st.closed_form(), &sim));
@@ -237,6 +246,7 @@ impl Experiment for Fleet {
         self.report = Some(FleetReport {
             rows,
             skipped: None,
+            evidence_delay_ms: delay.as_secs_f64() * 1e3,
             seconds: started.elapsed().as_secs_f64(),
         });
         Ok(())
@@ -278,9 +288,13 @@ fn row(
 ) -> FleetRow {
     let xs: Vec<f64> = runs.iter().map(|&x| x as f64).collect();
     let measured = xs.iter().sum::<f64>() / xs.len().max(1) as f64;
-    // A count is never negative: the interval of a few runs is cut at 0.
+    // A count is never negative: the interval of a few runs is cut at 0. Runs that all paid the
+    // same count give a zero-width t interval; a mean of R integer counts is known to 1/R, so
+    // the interval is never narrower than half of that each side.
     let (lo, hi) = keel_model::stats::student_t95(&xs).unwrap_or((measured, measured));
-    let lo = lo.max(0.0);
+    let resolution = 0.5 / xs.len().max(1) as f64;
+    let lo = lo.min(measured - resolution).max(0.0);
+    let hi = hi.max(measured + resolution);
     let inside = |v: f64| (lo..=hi).contains(&v);
     let overlaps = lo <= sim.ci95.1 && sim.ci95.0 <= hi;
     FleetRow {
@@ -295,6 +309,40 @@ fn row(
         simulated_ci95: [sim.ci95.0, sim.ci95.1],
         agrees: closed_form.is_some_and(inside) || overlaps,
     }
+}
+
+/// etcd's part of the evidence's delay: 60 puts, each timed from before the put to the watch
+/// event at another client (the path a published failure takes); their mean.
+#[cfg(feature = "etcd")]
+async fn evidence_delay(etcd: &EtcdCluster) -> anyhow::Result<Duration> {
+    let key = "/keel/lab/e12/delay";
+    let mut writer = etcd_client::Client::connect(etcd.endpoints(), None).await?;
+    let mut reader = etcd_client::Client::connect(etcd.endpoints(), None).await?;
+    let mut watch = reader.watch(key, None).await?;
+    let mut took = Duration::ZERO;
+    const PUTS: u32 = 60;
+    for i in 0..PUTS {
+        let start = Instant::now();
+        writer.put(key, i.to_string(), None).await?;
+        loop {
+            let m = tokio::time::timeout(Duration::from_secs(5), watch.message())
+                .await
+                .context("no watch event within 5 s")??
+                .context("the watch ended")?;
+            if !m.events().is_empty() {
+                break;
+            }
+        }
+        took += start.elapsed();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(took / PUTS)
+}
+
+/// Without etcd support there is no proxy to measure (E12's configuration needs `[etcd]`).
+#[cfg(not(feature = "etcd"))]
+async fn evidence_delay(_: &EtcdCluster) -> anyhow::Result<Duration> {
+    anyhow::bail!("this keel was built without the `etcd` feature")
 }
 
 /// One run: `n` proxies started on `etcd`, 3 backends (the first failing at once), REQUESTS
@@ -473,8 +521,8 @@ fn finding(r: &FleetReport) -> Option<Finding> {
         formula: shared.closed_form.map(|c| {
             format!(
                 "shared, quorum 1: k + (N - 1) E[min(X, k)] + Λ p t_fail, X ~ Poisson(Λ p d / N), \
-                 at N = {n}, k = {THRESHOLD}, Λ = {RATE}/s, p = 1/{ENDPOINTS}, d = {} ms: {c:.2}",
-                DELAY.as_millis()
+                 at N = {n}, k = {THRESHOLD}, Λ = {RATE}/s, p = 1/{ENDPOINTS}, d = {:.1} ms: {c:.2}",
+                r.evidence_delay_ms
             )
         }),
         text: String::new(),
@@ -557,10 +605,10 @@ fn table(r: &FleetReport) -> Vec<String> {
         &format!(
             "{} rows in {:.0} s: {REQUESTS} requests a run at {RATE} requests/s (Poisson), random \
              picks over {ENDPOINTS} backends, consecutive_failures = {THRESHOLD}; the model's \
-             evidence delay d = {} ms.",
+             evidence delay d = {:.1} ms (etcd's put-to-watch time, measured first).",
             r.rows.len(),
             r.seconds,
-            DELAY.as_millis()
+            r.evidence_delay_ms
         ),
         crate::lab::report::COLUMNS,
         "",
@@ -615,9 +663,9 @@ fn html(r: &FleetReport) -> String {
          over {ENDPOINTS} backends, the first answering 503 at once; consecutive_failures = \
          {THRESHOLD}; failed tries summed over the proxies' own counts. The closed form and the \
          simulation (keel-model's fleet, {REPLICATIONS} replications) take the evidence's delay \
-         d = {} ms. {:.0} s.</small></p>",
-        DELAY.as_millis(),
-        r.seconds
+         d = {:.1} ms, etcd's put-to-watch time measured before the runs (a failure is published \
+         at once). {:.0} s.</small></p>",
+        r.evidence_delay_ms, r.seconds
     );
     h
 }
