@@ -15,6 +15,7 @@ use crate::driver::{drive, Driven};
 use crate::exchange::error::Cause;
 use crate::exchange::head::RequestHeaders;
 use crate::exchange::request::{Client, RequestBody, RequestHead};
+use crate::exchange::trace::Trace;
 use crate::leg::{HttpAnswer, HttpLeg};
 use crate::policy::rate::{Limited, RateLimiter};
 use crate::policy::rewrite::HostRewrite;
@@ -62,11 +63,11 @@ pub(crate) async fn forward<B: RequestBody>(
     let pin = cluster.sticky.as_ref().map(|s| s.token(req.head.view()));
     let mut head = req.head;
     // The trace context first (`[tracing]`): keel's own answers below are in the trace too.
-    let trace = cluster.tracing.as_deref().map(|t| t.begin(&mut head));
-    let traced = |mut own: OwnAnswer| {
-        own.tries.trace = trace;
-        Answer::Own(own)
-    };
+    // Boxed: only a traced request moves it with its answer.
+    let trace = cluster
+        .tracing
+        .as_deref()
+        .map(|t| Box::new(t.begin(&mut head)));
     // A route's or cluster's policy, in this order: a redirect, the rate limits, the
     // request's rewrites (the response's follow the answer).
     let mut meta = req.meta;
@@ -75,19 +76,19 @@ pub(crate) async fn forward<B: RequestBody>(
     if let Some(policy) = req.policy {
         // `allow`/`deny` first: a refused client gets nothing else of the route.
         if let Err((refused, ip)) = policy.access(client, head.view()) {
-            return traced(forbidden(cluster, refused, ip));
+            return traced(forbidden(cluster, refused, ip), trace);
         }
         if let Some(rw) = &policy.rewrites {
-            let vars = rw.vars(head.view(), client, &policy.route);
+            let vars = rw.vars(head.view(), client, &policy.route, trace.as_deref());
             if let Some((status, location)) = &rw.redirect {
                 let mut value = Vec::new();
                 location.expand(&vars, &mut value);
-                return traced(crate::driver::answer::redirect(*status, &value));
+                return traced(crate::driver::answer::redirect(*status, &value), trace);
             }
             rewrites = Some((rw, vars));
         }
         if let Err((limit, limited)) = policy.limit(client, head.view(), req.start) {
-            return traced(rate_limited(cluster, client, limit, limited));
+            return traced(rate_limited(cluster, client, limit, limited), trace);
         }
         if let Some((rw, vars)) = &rewrites {
             rw.request(&mut head, vars);
@@ -143,6 +144,12 @@ pub(crate) async fn forward<B: RequestBody>(
         }
         Driven::Own(own) => Answer::Own(own),
     }
+}
+
+/// keel's own answer to a request, in its trace if it has one.
+fn traced(mut own: OwnAnswer, trace: Option<Box<Trace>>) -> HttpAnswer {
+    own.tries.trace = trace;
+    Answer::Own(own)
 }
 
 /// keel's `429 Too Many Requests` for a request a rate limit refused: counted, and with

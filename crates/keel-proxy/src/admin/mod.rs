@@ -242,6 +242,9 @@ fn metrics_text(shared: &Shared) -> String {
         shared.reload_failures.load(Relaxed),
     );
     metrics::render_process(&mut out);
+    if routing.tracing.as_ref().is_some_and(|t| t.export.is_some()) {
+        metrics::render_trace_spans(&mut out, &shared.registry.trace_spans);
+    }
     {
         use std::fmt::Write as _;
         let discovery = shared.discovery.lock().unwrap_or_else(|e| e.into_inner());

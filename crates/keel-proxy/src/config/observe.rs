@@ -113,7 +113,8 @@ impl AccessLogConfig {
 
 /// `[tracing]`: W3C Trace Context on every HTTP request. A client's valid `traceparent` is
 /// continued, any other request starts a trace; each try sends the endpoint a `traceparent`
-/// of its own span, and the access log records `trace_id`.
+/// of its own span, and the access log records `trace_id`. With `otlp`, the spans of sampled
+/// requests (the request's and one per try) are exported over OTLP/gRPC.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TracingConfig {
@@ -121,22 +122,44 @@ pub struct TracingConfig {
     /// its caller's sampled flag (parent-based sampling).
     #[serde(default = "default_sample")]
     pub sample: f64,
+    /// The OTLP/gRPC collector sampled spans go to (`http://host:4317`); none: no export.
+    #[serde(default)]
+    pub otlp: Option<String>,
+    /// The resource's `service.name` on exported spans (default `keel`).
+    #[serde(default = "default_service_name")]
+    pub service_name: String,
+    /// Finished requests waiting for export (each a request span and its try spans; default
+    /// 2048). A full queue drops a request's spans and counts them
+    /// (`keel_trace_spans_dropped_total`): the request path never waits for the collector.
+    #[serde(default = "default_queue")]
+    pub queue: usize,
 }
 
 fn default_sample() -> f64 {
     0.01
 }
 
+fn default_service_name() -> String {
+    "keel".into()
+}
+
+fn default_queue() -> usize {
+    2048
+}
+
 impl Default for TracingConfig {
     fn default() -> Self {
         Self {
             sample: default_sample(),
+            otlp: None,
+            service_name: default_service_name(),
+            queue: default_queue(),
         }
     }
 }
 
 impl TracingConfig {
-    /// Checks the ratio.
+    /// Checks the ratio, the collector's address and the queue's size.
     pub fn validate(&self) -> Result<(), InvalidField> {
         if !(0.0..=1.0).contains(&self.sample) {
             return Err(InvalidField::at(
@@ -145,6 +168,35 @@ impl TracingConfig {
                     "within 0..=1 (a ratio: 0.01 samples 1 % of new traces)",
                     self.sample,
                 ),
+            ));
+        }
+        if let Some(url) = &self.otlp {
+            if !cfg!(feature = "otlp") {
+                return Err(InvalidField::at(
+                    "otlp",
+                    Problem::Invalid(
+                        "this keel was built without OTLP export (cargo feature `otlp`)".into(),
+                    ),
+                ));
+            }
+            let authority = url
+                .parse::<hyper::Uri>()
+                .ok()
+                .filter(|u| u.scheme_str() == Some("http"))
+                .and_then(|u| u.authority().map(|a| a.port_u16().is_some()));
+            if authority != Some(true) {
+                return Err(InvalidField::at(
+                    "otlp",
+                    Problem::Invalid(format!(
+                        "`{url}`: an OTLP/gRPC collector as http://HOST:PORT (e.g. http://127.0.0.1:4317; https is not supported)"
+                    )),
+                ));
+            }
+        }
+        if !(1..=1_000_000).contains(&self.queue) {
+            return Err(InvalidField::at(
+                "queue",
+                Problem::out_of_range("within 1..=1000000 finished requests", self.queue),
             ));
         }
         Ok(())

@@ -101,7 +101,7 @@ impl RateLimitConfig {
 
 /// `request_headers` / `response_headers = { add, set, remove }`: headers removed (every line
 /// of these names), set (every line of the name replaced by one) and added (one more line),
-/// in that order. Values may hold variables: `$client_ip`, `$request_id`, `$route`.
+/// in that order. Values may hold variables: `$client_ip`, `$request_id`, `$trace_id`, `$route`.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HeaderEdits {
@@ -164,7 +164,7 @@ pub struct RedirectConfig {
     #[serde(default = "default_redirect_status")]
     pub status: u16,
     /// The `Location`; may hold `$host` and `$path` (the request's, path with its query),
-    /// `$client_ip`, `$request_id`, `$route`.
+    /// `$client_ip`, `$request_id`, `$trace_id`, `$route`.
     pub location: String,
 }
 
@@ -204,10 +204,18 @@ pub const HEADER_VARIABLES: &[&str] = &[
     "$client_cert_san",
     "$client_cert_fingerprint",
     "$request_id",
+    "$trace_id",
     "$route",
 ];
 /// The variables a redirect's location may hold.
-pub const LOCATION_VARIABLES: &[&str] = &["$client_ip", "$request_id", "$route", "$host", "$path"];
+pub const LOCATION_VARIABLES: &[&str] = &[
+    "$client_ip",
+    "$request_id",
+    "$trace_id",
+    "$route",
+    "$host",
+    "$path",
+];
 
 /// Checks that every `$` in `value` starts one of `allowed` (`$$` is a `$`).
 pub(crate) fn check_variables(value: &str, allowed: &[&str]) -> Result<(), String> {

@@ -95,7 +95,7 @@ impl Shared {
     ) -> anyhow::Result<Routing> {
         let tracing = match (&config.tracing, previous.and_then(|p| p.tracing.as_ref())) {
             (Some(t), Some(old)) if old.config == *t => Some(old.clone()),
-            (Some(t), _) => Some(Arc::new(Tracing::new(t))),
+            (Some(t), _) => Some(Arc::new(crate::observe::tracing(t, &self.registry)?)),
             (None, _) => None,
         };
         let mut clusters = Vec::with_capacity(config.clusters.len());

@@ -3,7 +3,7 @@
 
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use keel_balance::{EndpointId, Pick, PickContext};
@@ -13,6 +13,7 @@ use crate::driver::account::{failed, timed_out};
 use crate::exchange::error::TryFailure;
 use crate::exchange::request::Client;
 use crate::exchange::trace::{Trace, TraceParent};
+use crate::exchange::tries::TryOutcome;
 use crate::route::Limits;
 use crate::upstream::cluster::{Cluster, EndpointEntry};
 
@@ -83,12 +84,40 @@ pub(crate) struct Race<'a> {
     pub(crate) tried: &'a [EndpointId],
     /// The request's trace, if it is traced.
     pub(crate) trace: Option<&'a Trace>,
+    /// The try that lost the race, if one did (set by [`Race::run`]): a span of the trace.
+    /// A race has two tries: at most one loses.
+    pub(crate) lost: OnceLock<Lost>,
+}
+
+/// A hedge race's losing try: cancelled when the other answered, or failed while the other
+/// went on.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Lost {
+    /// Its endpoint's index in the cluster.
+    pub(crate) index: usize,
+    pub(crate) outcome: TryOutcome,
+    /// When it started, and how long it ran.
+    pub(crate) wall: Instant,
+    pub(crate) took: Duration,
+    /// It was the hedge (not the first try).
+    pub(crate) hedge: bool,
 }
 
 /// A try's result: `None` when it ran out of time.
 pub(crate) type TryResult<W> = Option<Result<W, TryFailure<W>>>;
 
 impl Race<'_> {
+    /// Notes the try of `tried` as the race's loser (`hedge`: the hedge's).
+    fn lose(&self, tried: &Tried, outcome: TryOutcome, hedge: bool) {
+        let _ = self.lost.set(Lost {
+            index: tried.pick.index(),
+            outcome,
+            wall: tried.wall,
+            took: crate::io::since(tried.wall),
+            hedge,
+        });
+    }
+
     /// The `traceparent` of the first try (a race is the first attempt's) or of its hedge.
     pub(crate) fn traceparent(&self, hedge: bool) -> Option<TraceParent> {
         self.trace.map(|t| t.traceparent(0, hedge))
@@ -162,9 +191,17 @@ impl Race<'_> {
                         None => Err(timed_out(&self.limits, try_deadline, self.deadline)),
                     };
                     match r {
-                        Ok(won) => return (Some(Ok(won)), first, Some(hedged_id), false),
+                        Ok(won) => {
+                            if let Some(second) = &b {
+                                self.lose(second, TryOutcome::Cancelled, true);
+                            }
+                            return (Some(Ok(won)), first, Some(hedged_id), false);
+                        }
                         Err(f) if b.is_none() => return (Some(Err(f)), first, Some(hedged_id), false),
-                        Err(f) => failed(cluster, entry_a, &f, first.pick, first.at),
+                        Err(f) => {
+                            self.lose(&first, TryOutcome::of_failure(&f), false);
+                            failed(cluster, entry_a, &f, first.pick, first.at);
+                        }
                     }
                 }
                 r = tokio::time::timeout_at(deadline_b.into(), &mut leg_b), if b.is_some() => {
@@ -179,11 +216,15 @@ impl Race<'_> {
                             if let Some(first) = &a {
                                 // It would have taken at least this long.
                                 hedger.observe(crate::io::since(first.wall));
+                                self.lose(first, TryOutcome::Cancelled, false);
                             }
                             return (Some(Ok(won)), second, Some(hedged_id), true);
                         }
                         Err(f) if a.is_none() => return (Some(Err(f)), second, Some(hedged_id), true),
-                        Err(f) => failed(cluster, entry_b, &f, second.pick, second.at),
+                        Err(f) => {
+                            self.lose(&second, TryOutcome::of_failure(&f), true);
+                            failed(cluster, entry_b, &f, second.pick, second.at);
+                        }
                     }
                 }
             }

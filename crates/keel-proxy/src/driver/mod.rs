@@ -64,7 +64,7 @@ pub(crate) async fn drive<L: Leg>(
     timer: &mut Pin<Box<Sleep>>,
     body_progress: Option<&crate::io::BodyProgress>,
     pin: Option<u64>,
-    trace: Option<Trace>,
+    trace: Option<Box<Trace>>,
 ) -> Driven<L::Won> {
     let Some(guard) =
         DownstreamGuard::try_new(&cluster.metrics, start, cluster.config.max_in_flight)
@@ -159,12 +159,18 @@ pub(crate) async fn drive<L: Leg>(
                     hedger,
                     delay,
                     tried: &tried[..n_tried],
-                    trace: log.trace.as_ref(),
+                    trace: log.trace.as_deref(),
+                    lost: Default::default(),
                 };
                 // Boxed: a race holds two tries, and unboxed it would make every request's
                 // future (hedged or not) that much larger to move.
                 let (result, winner, hedged) =
                     Box::pin(leg.hedged(&race, first, timer, try_deadline)).await;
+                // The loser is a span of a sampled trace (the access log leaves it out).
+                if let Some(l) = race.lost.get().filter(|_| log.sampled()) {
+                    let at = l.wall.saturating_duration_since(start);
+                    log.push_lost(l.index, l.outcome, at, l.took, l.hedge);
+                }
                 if let Some(id) = hedged {
                     tried[n_tried] = id;
                     n_tried += 1;
@@ -173,7 +179,10 @@ pub(crate) async fn drive<L: Leg>(
             }
             None => {
                 let entry = &cluster.endpoints[first.pick.index()];
-                let traceparent = log.trace.map(|t| t.traceparent(attempt as u8, false));
+                let traceparent = log
+                    .trace
+                    .as_ref()
+                    .map(|t| t.traceparent(attempt as u8, false));
                 let one = leg.try_once(cluster, entry, client.worker, traceparent.as_ref());
                 let progress = body_progress.map(|p| (p, start, limits.per_try_timeout));
                 let result = crate::io::until_sent(timer, try_deadline, progress, one).await;

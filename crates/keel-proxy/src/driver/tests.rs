@@ -21,6 +21,7 @@ use crate::driver::{drive, Driven};
 use crate::exchange::error::{Cause, ErrorKind, TryError, TryFailure};
 use crate::exchange::request::{Client, Reject};
 use crate::exchange::trace::{parse_traceparent, Trace, TraceParent};
+use crate::exchange::tries::TryOutcome;
 use crate::metrics::Registry;
 use crate::route::Limits;
 use crate::upstream::cluster::{Cluster, EndpointEntry};
@@ -206,7 +207,7 @@ async fn run_traced(cluster: &Arc<Cluster>, leg: &mut FakeLeg, trace: Option<Tra
         &mut timer,
         None,
         None,
-        trace,
+        trace.map(Box::new),
     )
     .await;
     Outcome {
@@ -489,11 +490,75 @@ async fn each_try_hedge_and_retry_sends_a_span_of_its_own_in_the_requests_trace(
     let Driven::Won(_, tail) = &o.driven else {
         unreachable!()
     };
-    assert_eq!(tail.tries.trace, Some(trace));
+    assert_eq!(tail.tries.trace.as_deref(), Some(&trace));
     let last = tail.tries.as_slice().last().unwrap();
     assert_eq!((last.attempt, last.hedge), (1, false));
+    // The first try failed while its hedge ran: a span of the trace (lost), not a line of the
+    // access log, which shows the hedge and the retry.
+    let all: Vec<_> = tail
+        .tries
+        .as_slice()
+        .iter()
+        .map(|r| (r.attempt, r.hedge, r.lost, r.outcome))
+        .collect();
+    assert_eq!(
+        all,
+        [
+            (0, false, true, TryOutcome::Reset),
+            (0, true, false, TryOutcome::Reset),
+            (1, false, false, TryOutcome::Ok)
+        ]
+    );
+    assert_eq!(tail.tries.logged().count(), 2);
     // Untraced: no traceparent at all.
     let mut leg = FakeLeg::new(&[step(1, End::Answer)]);
     run(&c, &mut leg).await;
     assert_eq!(*leg.traces.borrow(), [None]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hedge_race_loser_is_recorded_cancelled_in_a_sampled_trace_only() {
+    let trace = Trace {
+        trace_id: [7; 16],
+        parent: [0; 8],
+        span: [3; 8],
+        flags: 1,
+    };
+    for (sampled, flags) in [(true, 1), (false, 0)] {
+        let c = hedging();
+        // The first try would answer at 500 ms; its hedge (sent at 100 ms) answers at 110 ms.
+        let mut leg = FakeLeg::new(&[step(500, End::Answer), step(10, End::Answer)]);
+        leg.hedge = true;
+        let o = run_traced(&c, &mut leg, Some(Trace { flags, ..trace })).await;
+        let tries = leg.tries();
+        let Driven::Won(_, tail) = &o.driven else {
+            unreachable!()
+        };
+        let all: Vec<_> = tail
+            .tries
+            .as_slice()
+            .iter()
+            .map(|r| {
+                (
+                    r.endpoint as usize,
+                    r.hedge,
+                    r.lost,
+                    r.outcome,
+                    r.duration_us,
+                )
+            })
+            .collect();
+        if sampled {
+            assert_eq!(
+                all,
+                [
+                    (tries[0], false, true, TryOutcome::Cancelled, Some(110_000)),
+                    (tries[1], true, false, TryOutcome::Ok, None)
+                ]
+            );
+        } else {
+            assert_eq!(all, [(tries[1], true, false, TryOutcome::Ok, None)]);
+        }
+        assert_eq!(tail.tries.logged().count(), 1);
+    }
 }

@@ -1,120 +1,16 @@
 //! Every try of one request, as the access log's `tries` records them (what `keel advise`
 //! fits endpoints from): the endpoint, what the try came to, when it started and how long it
-//! took, and the endpoint's calls in flight when it was picked. Kept inline in the request's
-//! answer: no allocation.
+//! took, and the endpoint's calls in flight when it was picked; and a hedge race's loser,
+//! which only the span export (`[tracing] otlp`) shows. Kept inline in the request's answer:
+//! no allocation for a request of one try.
 
 use std::time::Duration;
 
 use crate::config::MAX_RETRY_ATTEMPTS;
-use crate::exchange::error::{Cause, TryFailure};
 use crate::exchange::trace::Trace;
+pub(crate) use crate::exchange::tries::{TryOutcome, TryRecord};
 
-/// What one try came to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) enum TryOutcome {
-    /// The endpoint answered (the last try of a request the endpoint answered).
-    #[default]
-    Ok,
-    /// A status that counts as the endpoint's failure (a 5xx but 501 and 505, or one in
-    /// `retry_on_status`), retried or not.
-    Status(u16),
-    /// A gRPC status that counts as the endpoint's failure.
-    GrpcStatus(u32),
-    /// The connection was refused.
-    ConnectRefused,
-    /// Another connect or TLS handshake failure.
-    ConnectError,
-    /// The connect did not finish within `connect_timeout`.
-    ConnectTimeout,
-    /// No answer within the per-try (or request) timeout.
-    Timeout,
-    /// The connection closed or reset before the whole answer.
-    Reset,
-    /// The answer was not valid HTTP.
-    InvalidResponse,
-    /// The client's fault (its body broke or timed out): not the endpoint's.
-    Client,
-}
-
-impl TryOutcome {
-    /// The outcome of a failed try.
-    pub fn of_failure<W>(f: &TryFailure<W>) -> Self {
-        match f {
-            TryFailure::Status(_, Cause::GrpcStatus(c)) => TryOutcome::GrpcStatus(*c),
-            TryFailure::Status(_, Cause::Status(s)) => TryOutcome::Status(*s),
-            TryFailure::Status(..) => TryOutcome::InvalidResponse,
-            TryFailure::Client(_) => TryOutcome::Client,
-            TryFailure::Upstream(e) => match &e.cause {
-                Cause::Connect(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
-                    TryOutcome::ConnectRefused
-                }
-                Cause::Connect(_) => TryOutcome::ConnectError,
-                Cause::ConnectTimeout(_) => TryOutcome::ConnectTimeout,
-                Cause::TryTimeout(_) | Cause::RequestTimeout(_) => TryOutcome::Timeout,
-                Cause::InvalidResponse(_) => TryOutcome::InvalidResponse,
-                Cause::Status(s) => TryOutcome::Status(*s),
-                Cause::GrpcStatus(c) => TryOutcome::GrpcStatus(*c),
-                Cause::Client(_) => TryOutcome::Client,
-                Cause::Write(_)
-                | Cause::Read(_)
-                | Cause::ClosedEarly
-                | Cause::BodyFailed(_)
-                | Cause::Overloaded { .. }
-                | Cause::RateLimited { .. }
-                | Cause::NoEndpoint => TryOutcome::Reset,
-            },
-        }
-    }
-
-    /// The text the access log writes: `ok`, `status 503`, `grpc-status 14`, `connect
-    /// refused`, `connect error`, `connect timeout`, `timeout`, `reset`, `invalid response`,
-    /// `client`.
-    pub fn push_text(&self, out: &mut Vec<u8>) {
-        let fixed: &[u8] = match self {
-            TryOutcome::Ok => b"ok",
-            TryOutcome::Status(s) => {
-                out.extend_from_slice(b"status ");
-                crate::codec::push_u64(out, u64::from(*s));
-                return;
-            }
-            TryOutcome::GrpcStatus(c) => {
-                out.extend_from_slice(b"grpc-status ");
-                crate::codec::push_u64(out, u64::from(*c));
-                return;
-            }
-            TryOutcome::ConnectRefused => b"connect refused",
-            TryOutcome::ConnectError => b"connect error",
-            TryOutcome::ConnectTimeout => b"connect timeout",
-            TryOutcome::Timeout => b"timeout",
-            TryOutcome::Reset => b"reset",
-            TryOutcome::InvalidResponse => b"invalid response",
-            TryOutcome::Client => b"client",
-        };
-        out.extend_from_slice(fixed);
-    }
-}
-
-/// One try.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct TryRecord {
-    /// The endpoint's index in its cluster's `endpoints`.
-    pub endpoint: u32,
-    /// What it came to.
-    pub outcome: TryOutcome,
-    /// When it started, since the request arrived, in microseconds.
-    pub start_us: u32,
-    /// How long it took, in microseconds; `None` for the try whose response went to the
-    /// client: it lasts until the response's end.
-    pub duration_us: Option<u32>,
-    /// The endpoint's calls in flight when it was picked (this one not counted).
-    pub in_flight: u32,
-    /// The driver's attempt: 0 for the first try (and its hedge), then each retry's number.
-    pub attempt: u8,
-    /// The try was the first try's hedge.
-    pub hedge: bool,
-}
-
-/// Most tries a request makes: the first, its retries, and a hedge.
+/// Most tries a request makes: the first, its retries, and a hedge (or a hedge race's loser).
 const MAX_TRIES: usize = MAX_RETRY_ATTEMPTS as usize + 2;
 
 /// Every try of one request, in order. The first is held inline and the others (retries,
@@ -123,8 +19,10 @@ const MAX_TRIES: usize = MAX_RETRY_ATTEMPTS as usize + 2;
 /// 340 bytes, copied at each move.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct Tries {
-    /// The request's trace (`[tracing]`): each try's span id is made from it.
-    pub trace: Option<Trace>,
+    /// The request's trace (`[tracing]`): each try's span id is made from it. Boxed: the
+    /// record moves with the answer through every future on the way, and untraced requests
+    /// (no `[tracing]`) should not move a trace's 33 bytes with it.
+    pub trace: Option<Box<Trace>>,
     len: u8,
     first: TryRecord,
     /// All the tries, the first included, once there is more than one.
@@ -137,11 +35,16 @@ fn micros(d: Duration) -> u32 {
 
 impl Tries {
     /// No try yet, in `trace` if any.
-    pub fn traced(trace: Option<Trace>) -> Self {
+    pub fn traced(trace: Option<Box<Trace>>) -> Self {
         Tries {
             trace,
             ..Tries::default()
         }
+    }
+
+    /// The request's trace is sampled (its spans are exported).
+    pub fn sampled(&self) -> bool {
+        self.trace.as_ref().is_some_and(|t| t.sampled())
     }
 
     /// Records a try that started `start` after the request and ended after `took` (`None`:
@@ -165,7 +68,34 @@ impl Tries {
             in_flight,
             attempt: attempt.min(usize::from(u8::MAX)) as u8,
             hedge,
+            lost: false,
         };
+        self.add(record);
+    }
+
+    /// Records a hedge race's losing try (`lost`: cancelled, or failed while the other went
+    /// on): a span of the trace, not a line of the access log.
+    pub fn push_lost(
+        &mut self,
+        endpoint: usize,
+        outcome: TryOutcome,
+        start: Duration,
+        took: Duration,
+        hedge: bool,
+    ) {
+        self.add(TryRecord {
+            endpoint: endpoint as u32,
+            outcome,
+            start_us: micros(start),
+            duration_us: Some(micros(took)),
+            in_flight: 0,
+            attempt: 0,
+            hedge,
+            lost: true,
+        });
+    }
+
+    fn add(&mut self, record: TryRecord) {
         match self.len as usize {
             0 => self.first = record,
             n if n < MAX_TRIES => {
@@ -180,7 +110,12 @@ impl Tries {
         self.len += 1;
     }
 
-    /// The tries, first first.
+    /// The tries the access log shows (a hedge race's loser left out), first first.
+    pub fn logged(&self) -> impl Iterator<Item = &TryRecord> {
+        self.as_slice().iter().filter(|r| !r.lost)
+    }
+
+    /// Every try, a hedge race's loser included, first first.
     pub fn as_slice(&self) -> &[TryRecord] {
         match self.len {
             0 => &[],

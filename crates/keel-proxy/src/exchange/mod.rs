@@ -11,3 +11,4 @@ pub(crate) mod request;
 pub(crate) mod response;
 pub(crate) mod rewrite;
 pub(crate) mod trace;
+pub(crate) mod tries;

@@ -5,11 +5,24 @@
 //! one is sampled at `[tracing] sample`). Each try then carries its own span id
 //! ([`Trace::traceparent`]): the endpoint's parent is keel's try, not keel's request.
 //!
+//! A sampled request's spans leave through a [`SpanQueue`] as one [`Finished`], copied out
+//! at its end; the exporter (`crate::observe::otlp`, `[tracing] otlp`) drains the queue on a
+//! thread of its own.
+//!
 //! Nothing here allocates: ids are byte arrays, written as text into fixed arrays.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use hyper::header::HeaderValue;
 
 use crate::config::TracingConfig;
 use crate::exchange::head::RequestHeaders;
 use crate::exchange::request::{hex16, mix64, random_u64};
+use crate::exchange::tries::TryRecord;
+use crate::metrics::SpanCounters;
 
 /// A `traceparent` value's length (version `00`).
 pub(crate) const TRACEPARENT_LEN: usize = 55;
@@ -30,6 +43,8 @@ pub(crate) struct Tracing {
     pub config: TracingConfig,
     /// A new trace is sampled when a random `u64` is below this; `None`: always.
     threshold: Option<u64>,
+    /// Where sampled requests' spans go (`[tracing] otlp`); `None`: nowhere.
+    pub export: Option<SpanQueue>,
 }
 
 impl Tracing {
@@ -45,6 +60,7 @@ impl Tracing {
         Tracing {
             config: config.clone(),
             threshold,
+            export: None,
         }
     }
 
@@ -111,12 +127,106 @@ pub(crate) struct Trace {
     pub flags: u8,
 }
 
+/// Finished requests on their way to the exporter: a bounded queue that never blocks. A full
+/// queue (the collector slow or gone) drops a request's spans and counts them.
+#[derive(Debug)]
+pub(crate) struct SpanQueue {
+    tx: SyncSender<Finished>,
+    counters: Arc<SpanCounters>,
+}
+
+impl SpanQueue {
+    /// A queue of `capacity` finished requests, and its receiving end (the exporter's).
+    #[cfg_attr(not(feature = "otlp"), allow(dead_code))]
+    pub fn new(capacity: usize, counters: Arc<SpanCounters>) -> (Self, Receiver<Finished>) {
+        let (tx, rx) = std::sync::mpsc::sync_channel(capacity);
+        (SpanQueue { tx, counters }, rx)
+    }
+
+    /// Queues a finished request's spans, or drops and counts them when the queue is full.
+    pub fn push(&self, finished: Finished) {
+        if let Err(TrySendError::Full(f) | TrySendError::Disconnected(f)) =
+            self.tx.try_send(finished)
+        {
+            self.counters.dropped.fetch_add(f.spans(), Relaxed);
+        }
+    }
+}
+
+/// Bytes of text of at most `N` bytes, in place (a longer text is cut).
+#[derive(Clone, Copy)]
+pub(crate) struct Text<const N: usize> {
+    len: u16,
+    bytes: [u8; N],
+}
+
+impl<const N: usize> Text<N> {
+    pub fn new(text: &[u8]) -> Self {
+        let len = text.len().min(N);
+        let mut bytes = [0; N];
+        bytes[..len].copy_from_slice(&text[..len]);
+        Text {
+            len: len as u16,
+            bytes,
+        }
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+}
+
+impl<const N: usize> std::fmt::Debug for Text<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(self.as_bytes()))
+    }
+}
+
+/// One try of a finished request: its record and its endpoint's address.
+#[derive(Debug)]
+pub(crate) struct TrySpan {
+    pub record: TryRecord,
+    pub endpoint: HeaderValue,
+}
+
+/// A sampled request as its spans are exported: the request's (server) span and one (client)
+/// span per try, a hedge race's loser included. Fixed fields: a request of one try is
+/// queued without an allocation.
+#[derive(Debug)]
+pub(crate) struct Finished {
+    pub trace: Trace,
+    /// When the request arrived, on the wall clock, and how long until its answer ended.
+    pub start: SystemTime,
+    pub duration: Duration,
+    pub status: u16,
+    /// `HTTP/1.1`, `HTTP/2.0`, ...
+    pub protocol: &'static str,
+    pub method: Text<16>,
+    /// The target as sent upstream (cut at 128 bytes).
+    pub target: Text<128>,
+    pub cluster: Text<64>,
+    pub client: Text<48>,
+    /// The first try, and the others (retries, a hedge: on the heap, as in the access log).
+    pub first: Option<TrySpan>,
+    pub more: Vec<TrySpan>,
+}
+
+impl Finished {
+    /// Its spans: the request's and one per try.
+    pub fn spans(&self) -> u64 {
+        1 + u64::from(self.first.is_some()) + self.more.len() as u64
+    }
+
+    /// Every try, first first.
+    pub fn tries(&self) -> impl Iterator<Item = &TrySpan> {
+        self.first.iter().chain(&self.more)
+    }
+}
+
 /// A `traceparent` value, written into a fixed array.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct TraceParent(pub [u8; TRACEPARENT_LEN]);
 
-// `sampled` and `continued` are the span export's (a later step) and the tests'.
-#[allow(dead_code)]
 impl Trace {
     /// The trace is sampled (its spans are exported).
     pub fn sampled(&self) -> bool {
@@ -124,6 +234,7 @@ impl Trace {
     }
 
     /// keel continued a caller's trace.
+    #[cfg_attr(not(feature = "otlp"), allow(dead_code))]
     pub fn continued(&self) -> bool {
         self.parent != [0; 8]
     }
@@ -241,7 +352,10 @@ mod tests {
     use super::*;
 
     fn tracing(sample: f64) -> Tracing {
-        Tracing::new(&TracingConfig { sample })
+        Tracing::new(&TracingConfig {
+            sample,
+            ..TracingConfig::default()
+        })
     }
 
     const VALID: &[u8] = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";

@@ -141,6 +141,19 @@ pub struct EndpointMetrics {
 #[derive(Debug, Default)]
 pub struct Registry {
     clusters: Mutex<HashMap<String, ClusterEntry>>,
+    /// The span export's (`[tracing] otlp`), whatever exporter a reload starts.
+    pub(crate) trace_spans: Arc<SpanCounters>,
+}
+
+/// Spans of sampled requests, by what became of them (`[tracing] otlp`).
+#[derive(Debug, Default)]
+pub struct SpanCounters {
+    /// Dropped at a full queue (`keel_trace_spans_dropped_total`).
+    pub dropped: AtomicU64,
+    /// Accepted by the collector.
+    pub exported: AtomicU64,
+    /// Sent but refused, or not sent (the collector unreachable or slow).
+    pub failed: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -165,6 +178,30 @@ impl Registry {
             .entry(address.to_string())
             .or_default()
             .clone()
+    }
+}
+
+/// The span export's counters (`[tracing] otlp`), in Prometheus text.
+pub(crate) fn render_trace_spans(out: &mut String, c: &SpanCounters) {
+    for (name, help, v) in [
+        (
+            "keel_trace_spans_dropped_total",
+            "Spans of sampled requests dropped because the export queue was full (the collector slow or unreachable); requests never wait for it.",
+            &c.dropped,
+        ),
+        (
+            "keel_trace_spans_exported_total",
+            "Spans the OTLP collector accepted.",
+            &c.exported,
+        ),
+        (
+            "keel_trace_spans_failed_total",
+            "Spans sent to the OTLP collector that it refused or that could not be sent (error or timeout).",
+            &c.failed,
+        ),
+    ] {
+        header(out, name, "counter", help);
+        let _ = writeln!(out, "{name} {}", v.load(Relaxed));
     }
 }
 

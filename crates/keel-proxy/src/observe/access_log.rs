@@ -79,7 +79,7 @@ pub(crate) struct TryLog<'a> {
 
 impl std::fmt::Debug for TryLog<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.tries.as_slice()).finish()
+        f.debug_list().entries(self.tries.logged()).finish()
     }
 }
 
@@ -521,7 +521,7 @@ fn json(out: &mut Vec<u8>, e: &Entry<'_>, now: SystemTime) {
     push_json_opt(out, r.referer);
     out.extend_from_slice(b",\"tries\":[");
     if let Some(t) = &e.tries {
-        for (i, r) in t.tries.as_slice().iter().enumerate() {
+        for (i, r) in t.tries.logged().enumerate() {
             if i > 0 {
                 out.push(b',');
             }

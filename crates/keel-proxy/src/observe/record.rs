@@ -2,18 +2,20 @@
 //! done: sent or cut (an endpoint's response when its body ends; keel's own answer over
 //! HTTP/2 when it is handed to hyper, its body being in memory), and [`Record::write`] writes
 //! everything keel keeps of the request from it, in one place: the response counted by status
-//! class (`keel_requests_total`), the warning line of a 5xx keel answered itself, and the
-//! access-log line.
+//! class (`keel_requests_total`), the warning line of a 5xx keel answered itself, the
+//! access-log line, and a sampled request's spans for export (`[tracing] otlp`).
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use crate::driver::tries::Tries;
 use crate::exchange::head::HeadView;
 use crate::exchange::request::Client;
+use crate::exchange::trace::{Finished, SpanQueue, Text, TrySpan};
 use crate::metrics::class_index;
 use crate::observe::access_log::{AccessLog, Entry, RequestLine, TryLog};
 use crate::upstream::cluster::Cluster;
+use hyper::header::HeaderValue;
 
 /// A request as keel answered it.
 pub(crate) struct Record<'a> {
@@ -79,6 +81,15 @@ impl Record<'_> {
     /// Writes the request's counter, warning and access-log line (`log`: the access log, when
     /// one is configured). Called once per request.
     pub fn write(&self, log: Option<&AccessLog>) {
+        // A sampled trace's spans, when they are exported.
+        if let Some(tries) = self.tries.filter(|t| t.sampled()) {
+            let export = self
+                .cluster
+                .and_then(|c| Some((c, c.tracing.as_ref()?.export.as_ref()?)));
+            if let Some((cluster, queue)) = export {
+                self.export(cluster, tries, queue);
+            }
+        }
         if let Some(cluster) = self.cluster {
             cluster.metrics.responses[class_index(self.status)].fetch_add(1, Relaxed);
             if self.own && self.status >= 500 && cluster.log_budget.allow() {
@@ -116,8 +127,44 @@ impl Record<'_> {
                     }),
                     _ => None,
                 },
-                trace_id: self.tries.and_then(|t| t.trace).map(|t| t.trace_id_hex()),
+                trace_id: self
+                    .tries
+                    .and_then(|t| t.trace.as_deref())
+                    .map(|t| t.trace_id_hex()),
             },
         );
+    }
+
+    /// Queues the request's spans: its own and one per try.
+    fn export(&self, cluster: &Cluster, tries: &Tries, queue: &SpanQueue) {
+        let Some(trace) = tries.trace.as_deref() else {
+            return;
+        };
+        let line = RequestLine::of(self.request);
+        let duration = self.started.elapsed();
+        let try_span = |r: &crate::exchange::tries::TryRecord| TrySpan {
+            record: *r,
+            endpoint: cluster
+                .endpoints
+                .get(r.endpoint as usize)
+                .map_or_else(|| HeaderValue::from_static(""), |e| e.header.clone()),
+        };
+        let (first, rest) = match tries.as_slice().split_first() {
+            Some((f, rest)) => (Some(try_span(f)), rest),
+            None => (None, &[][..]),
+        };
+        queue.push(Finished {
+            trace: *trace,
+            start: SystemTime::now() - duration,
+            duration,
+            status: self.status,
+            protocol: self.protocol,
+            method: Text::new(line.method.unwrap_or_default()),
+            target: Text::new(line.path.unwrap_or_default()),
+            cluster: Text::new(cluster.name().as_bytes()),
+            client: Text::new(self.client.ip.as_bytes()),
+            first,
+            more: rest.iter().map(try_span).collect(),
+        });
     }
 }

@@ -25,6 +25,8 @@ enum Piece {
     CertSubject,
     CertSan,
     CertFingerprint,
+    /// The request's W3C trace id (`[tracing]`; empty without it).
+    TraceId,
 }
 
 /// A configured value, its variables found once at load time.
@@ -34,12 +36,13 @@ pub(crate) struct Template(Box<[Piece]>);
 impl Template {
     /// Compiles a value (validated: every `$` starts a known variable or is `$$`).
     pub fn new(text: &str) -> Self {
-        let vars: [(&str, Piece); 8] = [
+        let vars: [(&str, Piece); 9] = [
             ("$client_ip", Piece::ClientIp),
             ("$client_cert_subject", Piece::CertSubject),
             ("$client_cert_san", Piece::CertSan),
             ("$client_cert_fingerprint", Piece::CertFingerprint),
             ("$request_id", Piece::RequestId),
+            ("$trace_id", Piece::TraceId),
             ("$route", Piece::Route),
             ("$host", Piece::Host),
             ("$path", Piece::Path),
@@ -90,6 +93,11 @@ impl Template {
                 Piece::Route => out.extend_from_slice(vars.route),
                 Piece::Host => out.extend_from_slice(&vars.host),
                 Piece::Path => out.extend_from_slice(&vars.path),
+                Piece::TraceId => {
+                    if let Some(id) = &vars.trace_id {
+                        out.extend_from_slice(id);
+                    }
+                }
                 Piece::CertSubject | Piece::CertSan | Piece::CertFingerprint => {
                     if let Some(c) = vars.client_cert {
                         out.extend_from_slice(match p {
@@ -119,6 +127,8 @@ pub(crate) struct Vars<'a> {
     /// `generate_request_id`), else made up (only when used).
     pub id: [u8; 64],
     pub id_len: usize,
+    /// The trace id as 32 hex digits (only when used, and the request is traced).
+    pub trace_id: Option<[u8; 32]>,
 }
 
 impl Vars<'_> {
@@ -206,8 +216,9 @@ pub(crate) struct Rewrites {
     pub redirect: Option<(u16, Template)>,
     /// `Location`/`Refresh` back to the client-facing host.
     pub rewrite_location: bool,
-    /// Some value uses `$request_id`, `$host`, `$path`.
+    /// Some value uses `$request_id`, `$host`, `$path`, `$trace_id`.
     uses_id: bool,
+    uses_trace_id: bool,
     uses_host: bool,
     uses_path: bool,
 }
@@ -260,6 +271,7 @@ impl Rewrites {
         r.uses_id = uses_id;
         r.uses_host = uses_host || r.rewrite_location;
         r.uses_path = uses_path;
+        r.uses_trace_id = templates().any(|t| t.uses(|p| matches!(p, Piece::TraceId)));
         let nothing = r.paths.is_empty()
             && r.host.is_none()
             && r.request.is_empty()
@@ -269,12 +281,13 @@ impl Rewrites {
         (!nothing).then_some(r)
     }
 
-    /// The request's variables, read from its head (before any rewrite).
+    /// The request's variables, read from its head (before any rewrite) and its trace.
     pub fn vars<'a>(
         &self,
         head: HeadView<'_>,
         client: &'a crate::exchange::request::Client,
         route: &'a [u8],
+        trace: Option<&crate::exchange::trace::Trace>,
     ) -> Vars<'a> {
         let mut v = Vars {
             client_ip: &client.ip,
@@ -284,7 +297,11 @@ impl Rewrites {
             path: Vec::new(),
             id: [0; 64],
             id_len: 0,
+            trace_id: None,
         };
+        if self.uses_trace_id {
+            v.trace_id = trace.map(|t| t.trace_id_hex());
+        }
         if self.uses_host {
             v.host = head.value("host").unwrap_or_default().to_vec();
         }
@@ -467,6 +484,7 @@ mod tests {
             path: b"/a?b".to_vec(),
             id: [b'x'; 64],
             id_len: 4,
+            trace_id: None,
         }
     }
 
@@ -496,6 +514,18 @@ mod tests {
         let mut out = Vec::new();
         t.expand(&with, &mut out);
         assert_eq!(out, b"[CN=a,O=b|a.test|00ff]");
+        // The trace id: empty when the request is not traced.
+        let t = Template::new("<$trace_id>");
+        let mut out = Vec::new();
+        t.expand(&vars(), &mut out);
+        assert_eq!(out, b"<>");
+        let traced = Vars {
+            trace_id: Some(*b"4bf92f3577b34da6a3ce929d0e0e4736"),
+            ..vars()
+        };
+        let mut out = Vec::new();
+        t.expand(&traced, &mut out);
+        assert_eq!(out, b"<4bf92f3577b34da6a3ce929d0e0e4736>");
     }
 
     #[test]

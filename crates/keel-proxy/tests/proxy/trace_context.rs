@@ -313,3 +313,79 @@ async fn without_tracing_a_traceparent_passes_untouched() {
     assert!(lines.iter().all(|l| l["trace_id"].is_null()));
     proxy.shutdown(Duration::from_secs(1)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_id_is_a_header_variable() {
+    let edits = "request_headers = { set = { \"x-trace\" = \"t=$trace_id\" } }\n\
+                 response_headers = { set = { \"x-trace-id\" = \"$trace_id\" } }\n";
+    for tracing in [Some("sample = 0.0"), None] {
+        let d = dir(&format!("var-{}", tracing.is_some()));
+        let (ep, _) = recording_endpoint().await;
+        let log = d.join("access.log");
+        let proxy = keel_proxy::start(config(&[ep], edits, tracing, &log))
+            .await
+            .unwrap();
+        let url = format!("http://{}/x", proxy.listener_addrs()[0]);
+        let c = client();
+        let incoming = format!("00-{TRACE}-{PARENT}-01");
+        let continued = send(&c, Method::GET, &url, &[("traceparent", &incoming)], b"")
+            .await
+            .unwrap();
+        let started = send(&c, Method::GET, &url, &[], b"").await.unwrap();
+        let id = |g: &Got| g.headers["x-trace-id"].to_str().unwrap().to_string();
+        if tracing.is_some() {
+            // The continued trace's id, and a new trace's: the access log's `trace_id`.
+            assert_eq!(id(&continued), TRACE);
+            let lines = log_lines(&log, 2).await;
+            assert_eq!(lines[1]["trace_id"], id(&started).as_str());
+            assert_eq!(id(&started).len(), 32);
+            assert_ne!(id(&started), TRACE);
+        } else {
+            // Without `[tracing]` there is no trace: the variable is empty.
+            assert_eq!(id(&continued), "");
+            assert_eq!(id(&started), "");
+        }
+        proxy.shutdown(Duration::from_secs(1)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_endpoint_gets_trace_id_as_a_header() {
+    // An endpoint that echoes the `x-trace` it got as its answer's body.
+    let listener = tokio::net::TcpListener::bind(any_port()).await.unwrap();
+    let ep = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(|req: Request<hyper::body::Incoming>| {
+                    let v = req.headers().get("x-trace").cloned();
+                    async move {
+                        let body = v.map_or(Bytes::new(), |v| Bytes::copy_from_slice(v.as_bytes()));
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(body)))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    let d = dir("var-endpoint");
+    let edits = "request_headers = { set = { \"x-trace\" = \"t=$trace_id\" } }\n";
+    let proxy = keel_proxy::start(config(&[ep], edits, Some("sample = 0.0"), &d.join("a.log")))
+        .await
+        .unwrap();
+    let url = format!("http://{}/x", proxy.listener_addrs()[0]);
+    let incoming = format!("00-{TRACE}-{PARENT}-01");
+    let got = send(
+        &client(),
+        Method::GET,
+        &url,
+        &[("traceparent", &incoming)],
+        b"",
+    )
+    .await
+    .unwrap();
+    assert_eq!(got.text(), format!("t={TRACE}"));
+    proxy.shutdown(Duration::from_secs(1)).await;
+}

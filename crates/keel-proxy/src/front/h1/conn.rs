@@ -513,8 +513,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 };
                 (status, attempts) = (up.response.status(), up.tail.attempts);
                 endpoint = up.tail.endpoint;
-                // Copied only for the access log.
-                tries = scope.log.map(|_| up.tail.tries.clone());
+                // Copied only for the access log, or a sampled trace's spans.
+                tries =
+                    (scope.log.is_some() || up.tail.tries.sampled()).then(|| up.tail.tries.clone());
                 forwarding = self.forward(up, keep, req);
             }
             let kept = forwarding.await;
