@@ -183,6 +183,7 @@ impl<const N: usize> std::fmt::Debug for Text<N> {
 }
 
 /// One try of a finished request: its record and its endpoint's address.
+#[cfg_attr(not(feature = "otlp"), allow(dead_code))] // read by the exporter only
 #[derive(Debug)]
 pub(crate) struct TrySpan {
     pub record: TryRecord,
@@ -192,6 +193,7 @@ pub(crate) struct TrySpan {
 /// A sampled request as its spans are exported: the request's (server) span and one (client)
 /// span per try, a hedge race's loser included. Fixed fields: a request of one try is
 /// queued without an allocation.
+#[cfg_attr(not(feature = "otlp"), allow(dead_code))] // read by the exporter only
 #[derive(Debug)]
 pub(crate) struct Finished {
     pub trace: Trace,
@@ -218,6 +220,7 @@ impl Finished {
     }
 
     /// Every try, first first.
+    #[cfg_attr(not(feature = "otlp"), allow(dead_code))]
     pub fn tries(&self) -> impl Iterator<Item = &TrySpan> {
         self.first.iter().chain(&self.more)
     }

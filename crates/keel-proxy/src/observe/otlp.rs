@@ -296,7 +296,6 @@ fn kv(key: &str, value: Value) -> KeyValue {
     KeyValue {
         key: key.into(),
         value: Some(AnyValue { value: Some(value) }),
-        ..Default::default()
     }
 }
 
