@@ -344,23 +344,6 @@ fn excess_agrees(runs: &[u64], k: u32, model: f64) -> bool {
     below >= 0.025 && above >= 0.025
 }
 
-#[cfg(test)]
-mod tests {
-    use super::excess_agrees;
-
-    #[test]
-    fn a_few_extra_tries_are_judged_as_a_poisson_count() {
-        // Eight runs of exactly 5 against 5.09: P(no extra try) = e^-0.72 = 0.49.
-        assert!(excess_agrees(&[5; 8], 5, 5.09));
-        // Against 6.0 (8 extra tries expected), none at all is a departure (e^-8).
-        assert!(!excess_agrees(&[5; 8], 5, 6.0));
-        // 8 extra tries over 8 runs against 5.09 (0.72 expected) is a departure too.
-        assert!(!excess_agrees(&[6; 8], 5, 5.09));
-        // A run below the threshold is not this count.
-        assert!(!excess_agrees(&[4, 5], 5, 5.0));
-    }
-}
-
 /// etcd's part of the evidence's delay: 60 puts, each timed from before the put to the watch
 /// event at another client (the path a published failure takes); their mean.
 #[cfg(feature = "etcd")]
@@ -718,4 +701,21 @@ fn html(r: &FleetReport) -> String {
         r.evidence_delay_ms, r.seconds
     );
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::excess_agrees;
+
+    #[test]
+    fn a_few_extra_tries_are_judged_as_a_poisson_count() {
+        // Eight runs of exactly 5 against 5.09: P(no extra try) = e^-0.72 = 0.49.
+        assert!(excess_agrees(&[5; 8], 5, 5.09));
+        // Against 6.0 (8 extra tries expected), none at all is a departure (e^-8).
+        assert!(!excess_agrees(&[5; 8], 5, 6.0));
+        // 8 extra tries over 8 runs against 5.09 (0.72 expected) is a departure too.
+        assert!(!excess_agrees(&[6; 8], 5, 5.09));
+        // A run below the threshold is not this count.
+        assert!(!excess_agrees(&[4, 5], 5, 5.0));
+    }
 }
