@@ -24,6 +24,11 @@ pub enum EtcdError {
     /// etcd refused keel's TLS client (no certificate, or one its CA did not sign): the alert.
     #[error("etcd refused the TLS handshake ({0}): with --client-cert-auth, etcd needs [etcd.tls] cert and key, signed by a CA of its --trusted-ca-file")]
     TlsRefused(&'static str),
+    /// The connection closed under a request. Over TLS 1.3 this is how a member with
+    /// `--client-cert-auth` refuses a client without a certificate when its alert loses the
+    /// race with the client's first request.
+    #[error("etcd closed the connection ({0}): over TLS, a member with --client-cert-auth does this to a client without [etcd.tls] cert and key")]
+    Closed(etcd_client::Error),
     /// etcd refused the credentials, their absence, or what they may do: etcd's own words.
     #[error("etcd refused access: {0} (check [etcd] user and password, and the user's roles)")]
     Refused(String),
@@ -72,6 +77,9 @@ pub(crate) fn explain(e: etcd_client::Error) -> EtcdError {
         if text.contains(alert) {
             return EtcdError::TlsRefused(alert);
         }
+    }
+    if text.contains("connection closed") {
+        return EtcdError::Closed(e);
     }
     EtcdError::Client(e)
 }
