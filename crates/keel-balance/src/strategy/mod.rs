@@ -178,16 +178,24 @@ impl<'a> View<'a> {
         }
     }
 
+    /// Whether endpoint `i` takes calls at all: available, or in panic mode (health ignored) not
+    /// draining (a drain holds in panic mode too; `is_available` covers it otherwise).
+    #[inline]
+    pub fn serving(&self, i: usize) -> bool {
+        let e = &self.eps[i];
+        if self.ignore_health {
+            !e.is_draining()
+        } else {
+            e.is_available(self.now)
+        }
+    }
+
     /// May this pick choose endpoint `i`?
     #[inline]
     pub fn allowed(&self, i: usize) -> bool {
         let e = &self.eps[i];
-        // A drain holds in panic mode too; `is_available` already covers it otherwise.
-        (if self.ignore_health {
-            !e.is_draining()
-        } else {
-            e.is_available(self.now)
-        }) && (self.avoid.is_empty() || !self.avoid.contains(&e.id()))
+        self.serving(i)
+            && (self.avoid.is_empty() || !self.avoid.contains(&e.id()))
             && !(self.half_open && e.on_trial() && e.in_flight() > 0)
             && !(self.back_off && e.backed_off(self.now))
     }

@@ -399,8 +399,7 @@ impl Prequal {
         sh.scratch.clear();
         let mut available = 0;
         for i in 0..n {
-            let e = &v.eps[i];
-            if (v.ignore_health && !e.is_draining()) || e.is_available(v.now) {
+            if v.serving(i) {
                 available += 1;
                 if let Some(o) = self.observed(i, v.now) {
                     sh.scratch.push(o);

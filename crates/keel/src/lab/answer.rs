@@ -50,19 +50,41 @@ impl Finding {
     /// A finding whose best is `best`, measured by its success, not yet compared with anything
     /// (no margin) and without its text.
     fn of(experiment: &str, question: &str, strategy: String, best: &Row) -> Finding {
+        let mut f = Finding::new(
+            experiment,
+            question,
+            strategy,
+            best.protections.clone(),
+            best.measured,
+            Some(best.measured_ci95),
+        );
+        f.formula = formula(best);
+        f
+    }
+
+    /// A finding whose best measured `value` (with its interval), not yet compared with
+    /// anything, without a formula or text.
+    pub(crate) fn new(
+        experiment: &str,
+        question: &str,
+        strategy: String,
+        protections: String,
+        value: f64,
+        ci95: Option<[f64; 2]>,
+    ) -> Finding {
         Finding {
             experiment: experiment.into(),
             question: question.into(),
             strategy,
-            protections: best.protections.clone(),
-            value: best.measured,
-            ci95: Some(best.measured_ci95),
+            protections,
+            value,
+            ci95,
             versus: None,
             versus_value: None,
             margin: None,
             margin_ci95: None,
             tie: false,
-            formula: formula(best),
+            formula: None,
             text: String::new(),
         }
     }

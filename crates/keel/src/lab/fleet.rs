@@ -536,30 +536,22 @@ fn finding(r: &FleetReport) -> Option<Finding> {
     let ci = [margin - h, margin + h];
     let tie = ci[0] <= 0.0 && ci[1] >= 0.0;
     let agreeing = r.rows.iter().filter(|x| x.agrees).count();
-    let mut f = Finding {
-        experiment: "e12".into(),
-        question: "How many failed tries does a fleet of keel proxies pay before every proxy \
-                   stops sending to a failed endpoint, each learning alone or sharing evidence \
-                   on etcd?"
-            .into(),
-        strategy: "random".into(),
-        protections: "outlier detection, shared evidence (quorum 1)".into(),
-        value: shared.measured,
-        ci95: Some(shared.measured_ci95),
-        versus: None,
-        versus_value: None,
-        margin: None,
-        margin_ci95: None,
-        tie: false,
-        formula: shared.closed_form.map(|c| {
+    let mut f = Finding::new(
+        "e12",
+        "How many failed tries does a fleet of keel proxies pay before every proxy stops sending \
+         to a failed endpoint, each learning alone or sharing evidence on etcd?",
+        "random".into(),
+        "outlier detection, shared evidence (quorum 1)".into(),
+        shared.measured,
+        Some(shared.measured_ci95),
+    );
+    f.formula = shared.closed_form.map(|c| {
             format!(
                 "shared, quorum 1: k + (N - 1) E[min(X, k)] + Λ p t_fail, X ~ Poisson(Λ p d / N), \
                  at N = {n}, k = {THRESHOLD}, Λ = {RATE}/s, p = 1/{ENDPOINTS}, d = {:.1} ms: {c:.2}",
                 r.evidence_delay_ms
             )
-        }),
-        text: String::new(),
-    };
+        });
     f.against(
         format!("local detection at N = {n}"),
         local.measured,

@@ -317,23 +317,15 @@ pub(crate) fn finding(report: &PeersReport) -> Option<Finding> {
         .collect();
     worst.sort_by(|a, b| b.measured.total_cmp(&a.measured));
     let best = *worst.first()?;
-    let mut f = Finding {
-        experiment: "peers".into(),
-        question: "Which balancer, as operators configure it, holds up best when one server of \
-                   five fails?"
-            .into(),
-        strategy: format!("{} ({})", best.balancer, best.native_strategy),
-        protections: "as operators configure it".into(),
-        value: best.measured,
-        ci95: Some(best.measured_ci95),
-        versus: None,
-        versus_value: None,
-        margin: None,
-        margin_ci95: None,
-        tie: false,
-        formula: None,
-        text: answer(report),
-    };
+    let mut f = Finding::new(
+        "peers",
+        "Which balancer, as operators configure it, holds up best when one server of five fails?",
+        format!("{} ({})", best.balancer, best.native_strategy),
+        "as operators configure it".into(),
+        best.measured,
+        Some(best.measured_ci95),
+    );
+    f.text = answer(report);
     if let Some(next) = worst.get(1) {
         let ci = crate::lab::answer::difference_ci(
             best.measured,
