@@ -78,7 +78,13 @@ pub(crate) fn explain(e: etcd_client::Error) -> EtcdError {
             return EtcdError::TlsRefused(alert);
         }
     }
-    if text.contains("connection closed") {
+    // How the closing reaches the client depends on the race: "connection closed" when the
+    // read sees it, "broken pipe" or "connection reset" when the write does (CI saw all three).
+    let lower = text.to_ascii_lowercase();
+    if ["connection closed", "broken pipe", "connection reset"]
+        .iter()
+        .any(|c| lower.contains(c))
+    {
         return EtcdError::Closed(e);
     }
     EtcdError::Client(e)
@@ -204,4 +210,26 @@ pub async fn register(
 /// The options of a read of everything under `prefix`.
 pub(crate) fn prefix_read() -> GetOptions {
     GetOptions::new().with_prefix()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_closing_is_said_as_one_whichever_side_of_the_race_saw_it() {
+        let io = |kind, text: &str| etcd_client::Error::IoError(std::io::Error::new(kind, text));
+        use std::io::ErrorKind::*;
+        for e in [
+            io(BrokenPipe, "stream closed because of a broken pipe"),
+            io(ConnectionReset, "Connection reset by peer (os error 104)"),
+            io(UnexpectedEof, "connection closed before message completed"),
+        ] {
+            let said = explain(e).to_string();
+            assert!(said.starts_with("etcd closed the connection"), "{said}");
+            assert!(said.contains("[etcd.tls] cert and key"), "{said}");
+        }
+        let refused = explain(io(ConnectionRefused, "Connection refused (os error 111)"));
+        assert!(matches!(refused, EtcdError::Client(_)), "{refused}");
+    }
 }
