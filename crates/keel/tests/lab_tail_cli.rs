@@ -42,12 +42,14 @@ fn quick_e8_e9_measure_what_was_served() {
     };
     // A machine that stalls (other work on shared cores) stalls the backends' timers and the
     // load generator alike, and the run says so: its send lag. What depends on the machine's
-    // speed is checked only when no stall of more than 20 ms hit 1 % of the arrivals.
+    // speed is checked only when no arrival at all was held up 20 ms: a stall that hits fewer
+    // than 1 % of the arrivals still lands on every call then in service (a CI run had its
+    // served mean outside 9.5-11 ms with the p99 lag under 20 ms).
     let calm = |r: &serde_json::Value| {
-        let lag = f(r, &["send_lag_p99_ms"]);
+        let lag = f(r, &["send_lag_max_ms"]);
         if lag >= 20.0 {
             eprintln!(
-                "{}: send lag p99 {lag:.1} ms, speed checks skipped",
+                "{}: send lag max {lag:.1} ms, speed checks skipped",
                 r["strategy"]
             );
         }
