@@ -38,31 +38,6 @@ pub async fn fleet_failed_tries(
     arrival: Arrival,
     requests: usize,
 ) -> u64 {
-    fleet_run(etcd, n, shared, arrival, requests, "round-robin", None)
-        .await
-        .failed
-}
-
-/// What one fleet run paid and wrote.
-pub struct FleetRun {
-    /// Failed tries at the failing endpoint, summed over the proxies.
-    pub failed: u64,
-    /// Evidence puts, summed over the proxies (0 without sharing).
-    pub published: u64,
-}
-
-/// Runs the fleet once with `strategy`; requests PACE apart, or (with `seed`) exponential gaps
-/// of mean PACE (Poisson arrivals, as keel-model's fleet setting). Returns the failed tries at
-/// the failing endpoint and the evidence puts, summed over the proxies.
-pub async fn fleet_run(
-    etcd: &EtcdCluster,
-    n: usize,
-    shared: bool,
-    arrival: Arrival,
-    requests: usize,
-    strategy: &str,
-    seed: Option<u64>,
-) -> FleetRun {
     let bs = backends(3, Duration::ZERO).await;
     fault(
         &bs[0],
@@ -76,7 +51,7 @@ pub async fn fleet_run(
         .map(|b| format!("{{ address = \"{}\" }}", b.addr()))
         .collect();
     let lines = format!(
-        "strategy = \"{strategy}\"\nendpoints = [{}]\n[cluster.outlier_detection]\nconsecutive_failures = 5\nmax_ejection_percent = 34\n{}",
+        "strategy = \"round-robin\"\nendpoints = [{}]\n[cluster.outlier_detection]\nconsecutive_failures = 5\nmax_ejection_percent = 34\n{}",
         eps.join(", "),
         if shared { "shared = { quorum = 1 }\n" } else { "" }
     );
@@ -108,21 +83,9 @@ pub async fn fleet_run(
         .collect();
     let per = requests.div_ceil(n);
     let mut tick = tokio::time::interval(PACE);
-    let mut rng = seed.map(<rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64);
-    let mut next = tokio::time::Instant::now();
-    let mut pick =
-        <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(seed.unwrap_or(7) ^ 0x5eed);
+    let mut pick = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(7 ^ 0x5eed);
     for i in 0..requests {
-        match &mut rng {
-            None => {
-                tick.tick().await;
-            }
-            Some(rng) => {
-                let u: f64 = rand::Rng::gen_range(rng, f64::EPSILON..1.0);
-                next += PACE.mul_f64(-u.ln());
-                tokio::time::sleep_until(next).await;
-            }
-        }
+        tick.tick().await;
         let p = match arrival {
             Arrival::InTurn => i % n,
             Arrival::Spread => rand::Rng::gen_range(&mut pick, 0..n),
@@ -136,24 +99,18 @@ pub async fn fleet_run(
     // Evidence still on its way when the last request ended (at most a put and a batch).
     tokio::time::sleep(Duration::from_millis(200)).await;
     let failing = bs[0].addr().to_string();
-    let mut run = FleetRun {
-        failed: 0,
-        published: 0,
-    };
+    let mut failed = 0;
     for p in &proxies {
         let s = p.cluster_status("api").unwrap();
-        run.failed += s
+        failed += s
             .iter()
             .find(|e| e.address == failing)
             .map_or(0, |e| e.failures);
-        run.published += status(p).await["clusters"][0]["shared_evidence"]["published"]
-            .as_u64()
-            .unwrap_or(0);
     }
     for p in proxies {
         p.shutdown(Duration::from_millis(200)).await;
     }
-    run
+    failed
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

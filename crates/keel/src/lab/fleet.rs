@@ -60,6 +60,10 @@ pub struct FleetRow {
     /// overlap, or the runs' tries beyond the threshold are a likely Poisson count at the
     /// closed form's mean.
     pub agrees: bool,
+    /// Shared detection: evidence records the proxies wrote to etcd per failed try, over all
+    /// runs (each failure is published at once, so about 1; what a fleet costs etcd).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub writes_per_failed_try: Option<f64>,
 }
 
 /// E12's result.
@@ -214,6 +218,7 @@ impl Experiment for Fleet {
                         ));
                     }
                     let mut runs = Vec::new();
+                    let mut writes = 0;
                     for r in 0..self.runs() {
                         let seed = lab
                             .seed
@@ -235,13 +240,19 @@ impl Experiment for Fleet {
                                 },
                             ))
                             .with_context(|| format!("E12: {n} proxies, run {r}"))?;
-                        runs.push(got);
+                        runs.push(got.failed);
+                        writes += got.published;
                         lab.done.set(lab.done.get() + REQUESTS);
                     }
                     let st = setting(n, traffic, shared, lab.timing.healthy, delay);
                     let sim = fleet::run(&st, lab.seed, REPLICATIONS)
                         .map_err(|e| anyhow::anyhow!("E12 simulation: {e}"))?;
-                    rows.push(row(n, traffic, shared, runs, st.closed_form(), &sim));
+                    let failed: u64 = runs.iter().sum();
+                    let mut x = row(n, traffic, shared, runs, st.closed_form(), &sim);
+                    if shared {
+                        x.writes_per_failed_try = Some(writes as f64 / failed.max(1) as f64);
+                    }
+                    rows.push(x);
                 }
             }
         }
@@ -311,6 +322,7 @@ fn row(
         simulated: sim.mean,
         simulated_ci95: [sim.ci95.0, sim.ci95.1],
         agrees: closed_form.is_some_and(inside) || overlaps || counted,
+        writes_per_failed_try: None,
     }
 }
 
@@ -378,9 +390,16 @@ async fn evidence_delay(_: &EtcdCluster) -> anyhow::Result<Duration> {
     anyhow::bail!("this keel was built without the `etcd` feature")
 }
 
+/// What one run counted, summed over the proxies.
+struct RunCount {
+    /// Failed tries at the failing backend (each proxy's own count).
+    failed: u64,
+    /// Evidence records written to etcd (`shared_evidence.published` of `/status`).
+    published: u64,
+}
+
 /// One run: `n` proxies started on `etcd`, 3 backends (the first failing at once), REQUESTS
-/// Poisson arrivals at RATE dealt by `traffic`; the failed tries at the failing backend, summed
-/// over the proxies.
+/// Poisson arrivals at RATE dealt by `traffic`; what it counted.
 async fn fleet_run(
     etcd: &EtcdCluster,
     n: usize,
@@ -389,7 +408,7 @@ async fn fleet_run(
     seed: u64,
     healthy: Duration,
     sent: &dyn Fn(),
-) -> anyhow::Result<u64> {
+) -> anyhow::Result<RunCount> {
     let timing = crate::lab::cases::Timing {
         healthy,
         ..crate::lab::cases::Timing::default()
@@ -473,9 +492,20 @@ async fn fleet_run(
         sent();
     }
     let failing = backends[0].addr().to_string();
-    let mut total = 0;
+    let mut count = RunCount {
+        failed: 0,
+        published: 0,
+    };
     for p in &proxies {
-        total += p
+        if shared {
+            let admin = p.admin_addr().context("E12: a proxy without its admin")?;
+            let (_, body) = get(admin, "/status").await?;
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            count.published += v["clusters"][0]["shared_evidence"]["published"]
+                .as_u64()
+                .context("E12: /status without shared_evidence.published")?;
+        }
+        count.failed += p
             .cluster_status("e12")
             .unwrap_or_default()
             .iter()
@@ -488,7 +518,7 @@ async fn fleet_run(
     for b in backends {
         b.shutdown().await;
     }
-    Ok(total)
+    Ok(count)
 }
 
 /// One GET on a connection of its own: the status and the body. HTTP/1.0, so that the body
@@ -638,7 +668,29 @@ fn table(r: &FleetReport) -> Vec<String> {
         crate::lab::report::COLUMNS,
         "",
     ));
+    if let Some(w) = writes(r) {
+        out.extend(answer::wrap(
+            &format!("What sharing costs etcd: {w}."),
+            crate::lab::report::COLUMNS,
+            "",
+        ));
+    }
     out
+}
+
+/// The shared rows' evidence writes per failed try, as their range.
+fn writes(r: &FleetReport) -> Option<String> {
+    let w: Vec<f64> = r
+        .rows
+        .iter()
+        .filter_map(|x| x.writes_per_failed_try)
+        .collect();
+    let lo = w.iter().copied().reduce(f64::min)?;
+    let hi = w.iter().copied().reduce(f64::max)?;
+    Some(format!(
+        "{lo:.2}-{hi:.2} evidence records written per failed try (each failure is published at \
+         once, and the success that ends a run)"
+    ))
 }
 
 /// E12's section of the HTML report.
@@ -689,8 +741,10 @@ fn html(r: &FleetReport) -> String {
          {THRESHOLD}; failed tries summed over the proxies' own counts. The closed form and the \
          simulation (keel-model's fleet, {REPLICATIONS} replications) take the evidence's delay \
          d = {:.1} ms, etcd's put-to-watch time measured before the runs (a failure is published \
-         at once). {:.0} s.</small></p>",
-        r.evidence_delay_ms, r.seconds
+         at once). {:.0} s.{}</small></p>",
+        r.evidence_delay_ms,
+        r.seconds,
+        writes(r).map_or(String::new(), |w| format!(" What sharing costs etcd: {w}."))
     );
     h
 }
