@@ -117,7 +117,7 @@ impl Ticket {
 /// Within the band, each remembered latency is scaled by (in flight now + 1) / (in flight it
 /// arrived to + 1), as on a server that works through its requests one after another: a band
 /// spans up to 2x (8-15), and its plain median said the same for 8 and 15 in flight, so a
-/// balancer ranking reports by latency could not tell a server at 15 from one at 8 (issue 23:
+/// balancer ranking reports by latency could not tell a server at 15 from one at 8 (measured:
 /// prequal lost to least-request on 10 servers). The same scaling carries a neighbouring
 /// band's latencies over when the server's own band has none.
 ///

@@ -736,7 +736,7 @@ pub fn herd_row(strategy: StrategyKind, balancers: u32, load: f64) -> Scenario {
     sc
 }
 
-/// The herd (issue 23): N = 1, 2, 3, 4, 8, 16 proxies, each with its own balancer and its own
+/// The herd: N = 1, 2, 3, 4, 8, 16 proxies, each with its own balancer and its own
 /// random share of the traffic, in front of the same 10 FIFO servers (one call at a time,
 /// exponential 10 ms) at load 0.8 and 0.9, for least-request, peak-EWMA and prequal; random
 /// (which does not depend on N) at N = 1 as the reference a balancer that knows nothing gives.

@@ -326,7 +326,7 @@ impl Sweep {
         s
     }
 
-    /// The acceptance checks of issue 23.
+    /// The herd's acceptance checks (see `herd` in presets).
     pub fn verdict(&self) -> Verdict {
         let mut v = Verdict::default();
         for cell in self.grid.cells() {

@@ -1,4 +1,4 @@
-//! Route matching with 1,000 routes (issue 15: at most 1 µs a request, no allocation).
+//! Route matching with 1,000 routes (goal: at most 1 µs a request, no allocation).
 //!
 //! `cargo bench -p keel-proxy --bench route`. Four tables of 1,000 routes each:
 //! - `hosts`: 100 exact hosts x 10 path prefixes; the request takes the last route;

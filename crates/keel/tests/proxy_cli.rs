@@ -501,7 +501,7 @@ fn sigusr2_replaces_the_binary_under_load_without_a_failed_request() {
 }
 
 /// With `ulimit -n 256` and 400 idle client connections open, the data listener sheds what it
-/// cannot take and the admin listener still answers (issue 21: at the fd limit the admin was
+/// cannot take and the admin listener still answers (at the fd limit the admin was once
 /// unreachable); once the clients are gone, the data listener serves again.
 #[test]
 fn the_admin_answers_at_the_open_file_limit() {

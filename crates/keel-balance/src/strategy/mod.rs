@@ -81,7 +81,7 @@ pub(crate) trait Strategy: Send + Sync {
     /// True for the strategies that shut an endpoint out on its estimate and let it back in
     /// when the estimate recovers (least-time, peak-EWMA, prequal): the balancer then gives an
     /// endpoint whose last call failed one call at a time until one succeeds, instead of a
-    /// whole timeout's worth of picks (issue 21: about 800 calls to a hung server per
+    /// whole timeout's worth of picks (before this: about 800 calls to a hung server per
     /// re-admission at 1,667 requests/s and a 1 s timeout).
     fn half_open(&self) -> bool {
         false

@@ -570,7 +570,7 @@ mod tests {
         assert_eq!(h.pick(0.01, |i| i == 0, |_| 0, |_| false), Some(0));
     }
 
-    /// The fix of issue 23: a report serves one pick. With the paper's reuse budget (3 for a
+    /// Why a report serves one pick: With the paper's reuse budget (3 for a
     /// pool of 16 on 40 endpoints) the best report kept its latency and won again: three picks
     /// in a row went to endpoint 0 however much the first two had queued there.
     #[test]

@@ -397,7 +397,7 @@ fn every_option_is_documented() {
 
 #[test]
 fn protocols_load_as_written_and_mismatches_are_refused() {
-    // The TCP listener of issue 16, verbatim.
+    // The TCP listener as the docs first wrote it, verbatim.
     let tcp = "[[listener]]\nlisten = \"127.0.0.1:7000\"\nprotocol = \"tcp\"       # default \"http\"\ncluster = \"db\"\n\n[[cluster]]\nname = \"db\"\nendpoints = [{ address = \"127.0.0.1:5432\" }]\nproxy_protocol = \"v2\"\n[cluster.health_check]\nkind = \"tcp\"\n";
     let c = ProxyConfig::from_toml_str(tcp, "tcp.toml").unwrap();
     assert_eq!(c.listeners[0].protocol, ListenerProtocol::Tcp);

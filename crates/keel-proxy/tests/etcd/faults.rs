@@ -1,4 +1,4 @@
-//! etcd's faults under steady traffic through three proxies (issue 34, item 4), measured: the
+//! etcd's faults under steady traffic through three proxies, measured: the
 //! leader killed, a member stopped (SIGSTOP), every member down for 30 s, an endpoint's lease
 //! expiring, 200 endpoints registered at once. For each: the requests that failed (goal: none
 //! caused by etcd), how long until every proxy agrees on the new set, and what `/status` said. Not part of

@@ -1,4 +1,4 @@
-//! keel on a real three-member etcd cluster on loopback (issue 34): discovery from a key prefix
+//! keel on a real three-member etcd cluster on loopback: discovery from a key prefix
 //! (adds, removals, lease expiry, a bad value skipped, `register`'s lease), the last set kept and
 //! said while every member is down, followed again once they are back; and shared outlier
 //! evidence across three proxies.
@@ -10,7 +10,6 @@
 mod support;
 
 mod discovery;
-mod e12;
 mod evidence;
 mod faults;
 mod scale;

@@ -395,7 +395,7 @@ async fn an_http2_client_that_opens_no_window_is_cut_and_frees_its_slots() {
 
 /// With every timeout at its default (a config of one listener and one endpoint), an event
 /// stream longer than the default `request_timeout` (15 s) and a 1 MB upload at about
-/// 100 KB/s (10 s, longer than a per-try share of it) both succeed, side by side (issue 21).
+/// 100 KB/s (10 s, longer than a per-try share of it) both succeed, side by side.
 /// `KEEL_LONG_STREAM_SECS=60` runs the issue's full-length stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_timeouts_carry_a_long_event_stream_and_a_slow_upload() {
