@@ -14,45 +14,53 @@
 //! host a request that reached no endpoint, `UO` / `RL` / `UAEX` / `LR` the proxy's own;
 //! otherwise the status, with keel's rule ([`super::TryClass::of_status`]).
 
-use super::log::{parse_rfc3339, ParsedRequest, ParsedTry};
+use super::log::{parse_rfc3339, LineError, ParsedRequest, ParsedTry};
 use super::TryClass;
 
 /// Reads one line.
-pub fn read(line: &str) -> Result<Option<ParsedRequest>, String> {
+pub fn read(line: &str) -> Result<Option<ParsedRequest>, LineError> {
     let line = line.trim_end();
     let rest = line
         .strip_prefix('[')
-        .ok_or("does not start with [%START_TIME%]")?;
-    let (time, rest) = rest.split_once(']').ok_or("[%START_TIME% without its ]")?;
+        .ok_or_else(|| LineError::shape("does not start with [%START_TIME%]"))?;
+    let (time, rest) = rest
+        .split_once(']')
+        .ok_or_else(|| LineError::shape("[%START_TIME% without its ]"))?;
     let start =
-        parse_rfc3339(time).ok_or_else(|| format!("START_TIME {time:?} is not RFC 3339"))?;
+        parse_rfc3339(time).ok_or_else(|| LineError::not_a("START_TIME", time, "RFC 3339"))?;
     // The request line is quoted; the numbers follow it.
     let rest = rest.trim_start();
-    let rest = rest.strip_prefix('"').ok_or("no quoted request line")?;
-    let (_request, rest) = rest.split_once('"').ok_or("unclosed request line")?;
+    let rest = rest
+        .strip_prefix('"')
+        .ok_or(LineError::Missing("quoted request line"))?;
+    let (_request, rest) = rest
+        .split_once('"')
+        .ok_or_else(|| LineError::shape("unclosed request line"))?;
     let mut f = rest.split_whitespace();
-    let mut next = |what: &str| f.next().ok_or_else(|| format!("no {what}"));
-    let status: u16 = next("RESPONSE_CODE")?
+    let mut next = |what: &'static str| f.next().ok_or(LineError::Missing(what));
+    let status = next("RESPONSE_CODE")?;
+    let status: u16 = status
         .parse()
-        .map_err(|_| "RESPONSE_CODE is not a number")?;
+        .map_err(|_| LineError::not_a("RESPONSE_CODE", status, "a number"))?;
     let flags = next("RESPONSE_FLAGS")?.to_string();
     let _rx = next("BYTES_RECEIVED")?;
     let _tx = next("BYTES_SENT")?;
     let d = next("DURATION")?;
     let duration_ms: f64 = d
         .parse()
-        .map_err(|_| format!("DURATION {d:?} is not a number of ms"))?;
+        .map_err(|_| LineError::not_a("DURATION", d, "a number of ms"))?;
     // The upstream host is the last quoted field.
     let host = line
         .strip_suffix('"')
         .and_then(|l| l.rsplit_once('"'))
         .map(|(_, h)| h)
-        .ok_or("no quoted %UPSTREAM_HOST% at the end")?;
+        .ok_or(LineError::Missing("quoted %UPSTREAM_HOST% at the end"))?;
     if line.matches('"').count() < 12 {
-        return Err(format!(
-            "{} quotes, not the default format's 12 (six quoted fields)",
-            line.matches('"').count()
-        ));
+        return Err(LineError::Count {
+            found: line.matches('"').count(),
+            what: "quotes",
+            expected: "the default format's 12 (six quoted fields)",
+        });
     }
     let has = |f: &str| flags.split(',').any(|x| x == f);
     let mut r = ParsedRequest {
@@ -141,8 +149,8 @@ mod tests {
     fn what_cannot_be_read_says_why() {
         assert!(read("GET / 200").is_err());
         let e = read(&DOC.replace(" 226 ", " x ")).unwrap_err();
-        assert!(e.contains("DURATION"), "{e}");
+        assert_eq!(e, LineError::not_a("DURATION", "x", "a number of ms"));
         let e = read(&DOC.replace("[2016-04-15T20:17:00.310Z]", "[yesterday]")).unwrap_err();
-        assert!(e.contains("RFC 3339"), "{e}");
+        assert_eq!(e.to_string(), r#"START_TIME "yesterday" is not RFC 3339"#);
     }
 }

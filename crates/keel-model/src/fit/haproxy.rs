@@ -17,68 +17,79 @@
 //! proxy's own (left out); a normal end (`-`) by the status, with keel's rule
 //! ([`super::TryClass::of_status`]).
 
-use super::log::{parse_clf_time, ParsedRequest, ParsedTry};
+use super::log::{parse_clf_time, LineError, ParsedRequest, ParsedTry};
 use super::TryClass;
 
-fn timer(s: &str) -> Result<i64, String> {
+fn timer(s: &str) -> Result<i64, LineError> {
     s.trim_start_matches('+')
         .parse::<i64>()
-        .map_err(|_| format!("timer {s:?} is not a number of ms"))
+        .map_err(|_| LineError::not_a("timer", s, "a number of ms"))
 }
 
 /// Reads one line.
-pub fn read(line: &str) -> Result<Option<ParsedRequest>, String> {
+pub fn read(line: &str) -> Result<Option<ParsedRequest>, LineError> {
     // The accept date: the first `[...]` that reads as one (the syslog tag's `[pid]` does not).
     let mut from = 0;
     let (start, rest) = loop {
         let Some(open) = line[from..].find('[').map(|i| i + from) else {
-            return Err("no [accept date] (dd/Mon/yyyy:hh:mm:ss.mmm)".into());
+            return Err(LineError::Missing(
+                "[accept date] (dd/Mon/yyyy:hh:mm:ss.mmm)",
+            ));
         };
         let close = line[open..]
             .find(']')
             .map(|i| i + open)
-            .ok_or("a [ without its ]")?;
+            .ok_or_else(|| LineError::shape("a [ without its ]"))?;
         if let Some(t) = parse_clf_time(&line[open + 1..close]) {
             break (t, &line[close + 1..]);
         }
         from = close;
     };
     let mut f = rest.split_whitespace();
-    let mut next = |what: &str| f.next().ok_or_else(|| format!("no {what}"));
+    let mut next = |what: &'static str| f.next().ok_or(LineError::Missing(what));
     let _frontend = next("frontend")?;
     let (backend, server) = next("backend/server")?
         .split_once('/')
-        .ok_or("backend/server without a /")?;
+        .ok_or_else(|| LineError::shape("backend/server without a /"))?;
     let timers: Vec<&str> = next("timers TR/Tw/Tc/Tr/Ta")?.split('/').collect();
     let [tr, tw, tc, _tresp, ta] = timers.as_slice() else {
-        return Err(format!("{} timers, not 5 (TR/Tw/Tc/Tr/Ta)", timers.len()));
+        return Err(LineError::Count {
+            found: timers.len(),
+            what: "timers",
+            expected: "5 (TR/Tw/Tc/Tr/Ta)",
+        });
     };
     let (tr, tw, tc, ta) = (timer(tr)?, timer(tw)?, timer(tc)?, timer(ta)?);
-    let status: i32 = next("status")?
+    let status = next("status")?;
+    let status: i32 = status
         .parse()
-        .map_err(|_| "the status is not a number")?;
+        .map_err(|_| LineError::not_a("status", status, "a number"))?;
     let _bytes = next("bytes")?;
     let _cookie_req = next("captured request cookie")?;
     let _cookie_resp = next("captured response cookie")?;
     let term = next("termination state")?;
     if term.len() < 2 {
-        return Err(format!(
+        return Err(LineError::shape(format!(
             "termination state {term:?} is shorter than 2 characters"
-        ));
+        )));
     }
     let conns: Vec<&str> = next("actconn/feconn/beconn/srv_conn/retries")?
         .split('/')
         .collect();
     let [_, _, _, _, retries] = conns.as_slice() else {
-        return Err("not 5 connection counts (actconn/feconn/beconn/srv_conn/retries)".into());
+        return Err(LineError::Count {
+            found: conns.len(),
+            what: "connection counts",
+            expected: "5 (actconn/feconn/beconn/srv_conn/retries)",
+        });
     };
     let retries: u32 = retries
         .trim_start_matches('+')
         .parse()
-        .map_err(|_| format!("retries {retries:?} is not a number"))?;
+        .map_err(|_| LineError::not_a("retries", retries, "a number"))?;
     let _queues = next("srv_queue/backend_queue")?;
     if ta < 0 {
-        return Err("no total time (Ta is -1)".into());
+        return Err(LineError::Missing("total time (Ta is -1)"));
     }
     let duration_ms = ta as f64;
     let mut r = ParsedRequest {
@@ -108,7 +119,12 @@ pub fn read(line: &str) -> Result<Option<ParsedRequest>, String> {
             r.proxy_side = true;
             return Ok(Some(r));
         }
-        (other, _) => return Err(format!("unknown termination cause {other:?}")),
+        (other, _) => {
+            return Err(LineError::Unknown {
+                what: "termination cause",
+                value: other.to_string(),
+            })
+        }
     };
     // The server's part: the whole time less the request's arrival and the queue.
     let try_ms = (ta - tr.max(0) - tw.max(0)).max(0) as f64;
@@ -194,8 +210,20 @@ mod tests {
     fn what_cannot_be_read_says_why() {
         assert!(read("Feb  6 12:14:14 localhost kernel: eth0 up").is_err());
         let e = read(&DOC.replace("10/0/30/69/109", "10/0/30")).unwrap_err();
-        assert!(e.contains("3 timers"), "{e}");
+        assert!(
+            matches!(
+                e,
+                LineError::Count {
+                    found: 3,
+                    what: "timers",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().starts_with("3 timers, not 5"), "{e}");
         let e = read(&DOC.replace("1/1/1/1/0", "1/1/1/1/x")).unwrap_err();
-        assert!(e.contains("retries"), "{e}");
+        assert_eq!(e, LineError::not_a("retries", "x", "a number"));
+        assert_eq!(e.to_string(), r#"retries "x" is not a number"#);
     }
 }

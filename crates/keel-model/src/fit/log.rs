@@ -154,6 +154,63 @@ impl Log {
     }
 }
 
+/// Why a line of another balancer's log is not read: which field, and what is wrong with it.
+/// Counted in [`Log::skipped`]; the report turns it into text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LineError {
+    /// A field the format has is not on the line.
+    #[error("no {0}")]
+    Missing(&'static str),
+    /// A field's value does not read as what it must be.
+    #[error("{field} {value:?} is not {expected}")]
+    NotA {
+        /// The field, in the format's own words (`$msec`, `DURATION`, `timer`).
+        field: &'static str,
+        /// Its value on the line.
+        value: String,
+        /// What it must be (`seconds`, `a number of ms`).
+        expected: &'static str,
+    },
+    /// A field holds the wrong number of parts.
+    #[error("{found} {what}, not {expected}")]
+    Count {
+        /// How many the line has.
+        found: usize,
+        /// Of what (`timers`, `quotes`).
+        what: &'static str,
+        /// How many the format has, in words.
+        expected: &'static str,
+    },
+    /// A value the reader does not know (a termination cause).
+    #[error("unknown {what} {value:?}")]
+    Unknown {
+        /// The field.
+        what: &'static str,
+        /// Its value.
+        value: String,
+    },
+    /// The line departs from the format's shape elsewhere, in words (a bracket without its
+    /// pair, text left after the format's end).
+    #[error("{0}")]
+    Shape(String),
+}
+
+impl LineError {
+    /// [`LineError::NotA`].
+    pub fn not_a(field: &'static str, value: &str, expected: &'static str) -> Self {
+        LineError::NotA {
+            field,
+            value: value.to_string(),
+            expected,
+        }
+    }
+
+    /// [`LineError::Shape`].
+    pub fn shape(why: impl Into<String>) -> Self {
+        LineError::Shape(why.into())
+    }
+}
+
 /// One try as another balancer's log tells it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParsedTry {
@@ -190,7 +247,7 @@ pub struct ParsedRequest {
 pub fn read_lines(
     mut input: impl BufRead,
     format: &'static str,
-    mut parse: impl FnMut(&str) -> Result<Option<ParsedRequest>, String>,
+    mut parse: impl FnMut(&str) -> Result<Option<ParsedRequest>, LineError>,
 ) -> Result<Log, FitError> {
     let mut log = Log {
         format,
@@ -204,7 +261,7 @@ pub fn read_lines(
             Ok(Some(r)) => r,
             Ok(None) => return Ok(()),
             Err(why) => {
-                log.skip(number, why);
+                log.skip(number, why.to_string());
                 return Ok(());
             }
         };

@@ -24,7 +24,7 @@ use serde::Serialize;
 
 use crate::stats::wilson95;
 use crate::vocab::{Latency, LatencyDist};
-pub use log::{read_log, Log, RequestRecord, TryClass, TryRecord};
+pub use log::{read_log, LineError, Log, RequestRecord, TryClass, TryRecord};
 
 /// Fewest requests (in the chosen cluster and window) a fit accepts by default.
 pub const MIN_REQUESTS: u64 = 100;

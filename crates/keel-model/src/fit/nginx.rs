@@ -11,7 +11,7 @@
 //! 5xx but 501 and 505 an error, anything else the application's answer. A try without a status (`-`) is the client's doing when the request's
 //! `$status` is 499 (the client closed the connection); otherwise the line is unreadable.
 
-use super::log::{parse_clf_time, parse_rfc3339, ParsedRequest, ParsedTry};
+use super::log::{parse_clf_time, parse_rfc3339, LineError, ParsedRequest, ParsedTry};
 use super::TryClass;
 
 /// A piece of a `log_format` string.
@@ -110,14 +110,17 @@ impl Format {
     }
 
     /// Splits a line into its variables' values, or says where it departs from the format.
-    fn fields<'a>(&self, line: &'a str) -> Result<Vec<(&str, &'a str)>, String> {
+    fn fields<'a>(&self, line: &'a str) -> Result<Vec<(&str, &'a str)>, LineError> {
         let mut out = Vec::new();
         let mut pos = 0;
         for (k, part) in self.parts.iter().enumerate() {
             match part {
                 Part::Literal(l) => {
                     if !line[pos..].starts_with(l.as_str()) {
-                        return Err(format!("expected {l:?} at column {}", pos + 1));
+                        return Err(LineError::shape(format!(
+                            "expected {l:?} at column {}",
+                            pos + 1
+                        )));
                     }
                     pos += l.len();
                 }
@@ -135,7 +138,10 @@ impl Format {
                     } else {
                         match next {
                             Some(l) => rest.find(l).ok_or_else(|| {
-                                format!("no {l:?} after ${v} (column {})", pos + 1)
+                                LineError::shape(format!(
+                                    "no {l:?} after ${v} (column {})",
+                                    pos + 1
+                                ))
                             })?,
                             None => rest.len(),
                         }
@@ -146,33 +152,33 @@ impl Format {
             }
         }
         if pos != line.len() {
-            return Err(format!(
+            return Err(LineError::shape(format!(
                 "{} characters left after the format's end (column {})",
                 line.len() - pos,
                 pos + 1
-            ));
+            )));
         }
         Ok(out)
     }
 
     /// Reads one line.
-    pub fn read(&self, line: &str) -> Result<Option<ParsedRequest>, String> {
+    pub fn read(&self, line: &str) -> Result<Option<ParsedRequest>, LineError> {
         let fields = self.fields(line)?;
         let get = |name: &str| fields.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
         let end = if let Some(m) = get("msec") {
             m.parse::<f64>()
-                .map_err(|_| format!("$msec {m:?} is not seconds"))?
+                .map_err(|_| LineError::not_a("$msec", m, "seconds"))?
         } else if let Some(t) = get("time_iso8601") {
-            parse_rfc3339(t).ok_or_else(|| format!("$time_iso8601 {t:?} is not ISO 8601"))?
+            parse_rfc3339(t).ok_or_else(|| LineError::not_a("$time_iso8601", t, "ISO 8601"))?
         } else {
             let t = get("time_local").expect("the format has a time");
             parse_clf_time(t)
-                .ok_or_else(|| format!("$time_local {t:?} is not dd/Mon/yyyy:hh:mm:ss +zone"))?
+                .ok_or_else(|| LineError::not_a("$time_local", t, "dd/Mon/yyyy:hh:mm:ss +zone"))?
         };
         let status = match get("status") {
             Some(s) => Some(
                 s.parse::<u16>()
-                    .map_err(|_| format!("$status {s:?} is not a status"))?,
+                    .map_err(|_| LineError::not_a("$status", s, "a status"))?,
             ),
             None => None,
         };
@@ -185,12 +191,12 @@ impl Format {
             return Ok(None);
         }
         if statuses.len() != addrs.len() || times.len() != addrs.len() {
-            return Err(format!(
+            return Err(LineError::shape(format!(
                 "$upstream_addr has {} tries, $upstream_status {} and $upstream_response_time {}",
                 addrs.len(),
                 statuses.len(),
                 times.len()
-            ));
+            )));
         }
         let mut tries = Vec::with_capacity(addrs.len());
         for ((addr, st), t) in addrs.iter().zip(&statuses).zip(&times) {
@@ -202,20 +208,20 @@ impl Format {
                 "-" => 0.0,
                 t => {
                     t.parse::<f64>()
-                        .map_err(|_| format!("$upstream_response_time {t:?} is not seconds"))?
+                        .map_err(|_| LineError::not_a("$upstream_response_time", t, "seconds"))?
                         * 1e3
                 }
             };
             let class = match *st {
                 "-" if status == Some(499) => None,
                 "-" => {
-                    return Err(format!(
+                    return Err(LineError::shape(format!(
                     "no $upstream_status for the try of {addr} and the request's status is not 499"
-                ))
+                )))
                 }
                 s => match s.parse::<u16>() {
                     Ok(s) => Some(TryClass::of_status(s)),
-                    Err(_) => return Err(format!("$upstream_status {s:?} is not a status")),
+                    Err(_) => return Err(LineError::not_a("$upstream_status", s, "a status")),
                 },
             };
             tries.push(ParsedTry {
@@ -228,7 +234,7 @@ impl Format {
         let duration_ms = match get("request_time") {
             Some(r) => {
                 r.parse::<f64>()
-                    .map_err(|_| format!("$request_time {r:?} is not seconds"))?
+                    .map_err(|_| LineError::not_a("$request_time", r, "seconds"))?
                     * 1e3
             }
             None => tries_ms,
@@ -342,7 +348,7 @@ mod tests {
         let combined = r#"127.0.0.1 - - [02/Dec/2026:09:26:06 +0000] "GET / HTTP/1.1" 200 12 "-" "curl/8.5.0""#;
         assert!(f.read(combined).is_err());
         let uneven = r#"127.0.0.1 - - [02/Dec/2026:09:26:06 +0000] "GET /a HTTP/1.1" 200 12 "-" "curl" 1764667566.250 0.031 backend "10.0.0.2:80, 10.0.0.1:80" "200" "0.001, 0.010""#;
-        let e = f.read(uneven).unwrap_err();
+        let e = f.read(uneven).unwrap_err().to_string();
         assert!(
             e.contains("2 tries") && e.contains("$upstream_status 1"),
             "{e}"
