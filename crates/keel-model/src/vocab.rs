@@ -24,6 +24,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use keel_balance::{FieldPath, InvalidField, Problem};
 use rand::Rng;
 use rand_distr::{Exp1, StandardNormal};
 use serde::{Deserialize, Serialize};
@@ -81,10 +82,14 @@ impl Latency {
     }
 
     /// Checks the shape's parameter (any mean is allowed here: a backend may answer at once).
-    pub fn validate(&self) -> Result<(), String> {
+    /// The field is relative to the latency (`sigma`).
+    pub fn validate(&self) -> Result<(), InvalidField> {
         if let LatencyDist::LogNormal { sigma } = self.dist {
             if !(sigma.is_finite() && sigma >= 0.0) {
-                return Err(format!("sigma must be a number >= 0, got {sigma}"));
+                return Err(InvalidField {
+                    field: FieldPath::key("sigma"),
+                    problem: Problem::out_of_range("a number >= 0", sigma),
+                });
             }
         }
         Ok(())
@@ -174,14 +179,27 @@ fn default_mean() -> Duration {
     Latency::default().mean
 }
 
+/// A latency table that gives `sigma` with a `dist` other than `lognormal`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("`sigma` applies to dist = \"lognormal\" only, not dist = \"{dist}\"")]
+pub struct SigmaNotApplicable {
+    /// The table's `dist`.
+    pub dist: &'static str,
+}
+
 impl TryFrom<LatencyTable> for Latency {
-    type Error = String;
-    fn try_from(t: LatencyTable) -> Result<Self, String> {
+    type Error = SigmaNotApplicable;
+    fn try_from(t: LatencyTable) -> Result<Self, SigmaNotApplicable> {
         let dist = match (t.dist, t.sigma) {
             (DistName::Lognormal, sigma) => LatencyDist::LogNormal {
                 sigma: sigma.unwrap_or(DEFAULT_SIGMA),
             },
-            (_, Some(_)) => return Err("`sigma` applies to dist = \"lognormal\" only".into()),
+            (DistName::Fixed, Some(_)) => return Err(SigmaNotApplicable { dist: "fixed" }),
+            (DistName::Exponential, Some(_)) => {
+                return Err(SigmaNotApplicable {
+                    dist: "exponential",
+                })
+            }
             (DistName::Fixed, None) => LatencyDist::Fixed,
             (DistName::Exponential, None) => LatencyDist::Exponential,
         };
@@ -304,20 +322,29 @@ impl FailureMode {
         }
     }
 
-    /// Checks the mode's parameters; the message names the one out of range.
-    pub fn validate(&self) -> Result<(), String> {
-        match self {
+    /// Checks the mode's parameters; the error names the one out of range (relative to the
+    /// mode: `factor`, `probability`, `up`, `down`).
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        let (key, problem) = match self {
             FailureMode::Slow { factor } if !(factor.is_finite() && *factor >= 1.0) => {
-                Err(format!("factor must be 1 or more, got {factor}"))
+                ("factor", Problem::out_of_range("1 or more", factor))
             }
-            FailureMode::Error { probability } if !(0.0..=1.0).contains(probability) => Err(
-                format!("probability must be within 0..=1, got {probability}"),
+            FailureMode::Error { probability } if !(0.0..=1.0).contains(probability) => (
+                "probability",
+                Problem::out_of_range("within 0..=1", probability),
             ),
-            FailureMode::Flap { up, down, .. } if up.is_zero() || down.is_zero() => {
-                Err("up and down must both be greater than zero".into())
+            FailureMode::Flap { up, .. } if up.is_zero() => {
+                ("up", Problem::out_of_range("greater than zero", "0s"))
             }
-            _ => Ok(()),
-        }
+            FailureMode::Flap { down, .. } if down.is_zero() => {
+                ("down", Problem::out_of_range("greater than zero", "0s"))
+            }
+            _ => return Ok(()),
+        };
+        Err(InvalidField {
+            field: FieldPath::key(key),
+            problem,
+        })
     }
 
     /// How long a call to a failed server holds its caller before the caller sees the failure,
@@ -493,25 +520,27 @@ mod tests {
 
     #[test]
     fn validation_names_the_parameter() {
-        assert!(FailureMode::Slow { factor: 0.5 }
-            .validate()
-            .unwrap_err()
-            .starts_with("factor"));
-        assert!(FailureMode::Error { probability: 1.5 }
-            .validate()
-            .unwrap_err()
-            .starts_with("probability"));
-        assert!(FailureMode::Flap {
-            up: Duration::ZERO,
-            down: Duration::from_secs(1),
-            down_fails_after: None
-        }
-        .validate()
-        .is_err());
+        let field = |m: FailureMode| m.validate().unwrap_err().field.to_string();
+        assert_eq!(field(FailureMode::Slow { factor: 0.5 }), "factor");
+        assert_eq!(
+            FailureMode::Error { probability: 1.5 }
+                .validate()
+                .unwrap_err()
+                .to_string(),
+            "probability: must be within 0..=1, got 1.5"
+        );
+        let flap = |up, down| FailureMode::Flap {
+            up: Duration::from_secs(up),
+            down: Duration::from_secs(down),
+            down_fails_after: None,
+        };
+        assert_eq!(field(flap(0, 1)), "up");
+        assert_eq!(field(flap(1, 0)), "down");
+        assert!(flap(1, 1).validate().is_ok());
         let bad = Latency {
             mean: Duration::from_millis(1),
             dist: LatencyDist::LogNormal { sigma: -1.0 },
         };
-        assert!(bad.validate().unwrap_err().starts_with("sigma"));
+        assert_eq!(bad.validate().unwrap_err().field.to_string(), "sigma");
     }
 }

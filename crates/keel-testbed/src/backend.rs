@@ -346,14 +346,15 @@ async fn spawn_inner(
 
 fn validate(cfg: &BackendConfig) -> io::Result<()> {
     if cfg.concurrency == Some(0) {
-        return Err(invalid("concurrency must be at least 1".into()));
+        return Err(invalid("concurrency must be at least 1"));
     }
     cfg.latency.validate().map_err(invalid)?;
     cfg.fault.validate().map_err(invalid)
 }
 
-fn invalid(message: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidInput, message)
+/// An `InvalidInput` error carrying `e` (a typed one stays reachable by downcasting).
+fn invalid(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, e)
 }
 
 /// Binds with `SO_REUSEADDR`, so that a port given up by `Refuse` can be bound again while old

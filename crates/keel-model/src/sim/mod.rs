@@ -43,9 +43,10 @@ pub use engine::{
     replication_seed, run_replication, run_replication_with, RepStats, RunOptions, REACTION_BIN,
 };
 pub use scenario::{
-    AntagonistConfig, Arrivals, CapacityConfig, ClusterConfig, Discipline, EndpointConfig,
-    FailedPosition, FailureShare, FleetConfig, HealthCheckConfig, HedgeConfig, HedgeDelay, Load,
-    Placement, RetryConfig, Scenario, SharedEvidenceConfig, SlowdownConfig,
+    AntagonistConfig, Arrivals, CapacityConfig, ClusterConfig, ClusterRef, Discipline,
+    EndpointConfig, FailedPosition, FailureShare, FleetConfig, HealthCheckConfig, HedgeConfig,
+    HedgeDelay, Load, Placement, RetryConfig, Scenario, ScenarioError, ScenarioProblem,
+    SharedEvidenceConfig, SlowdownConfig,
 };
 pub use stats::LatencyHistogram;
 

@@ -2,9 +2,12 @@
 //! protections. Every type deserializes from TOML (see `scenarios/*.toml` for documented
 //! examples) with defaults and `deny_unknown_fields`; durations are humantime strings ("10ms").
 
+use std::fmt;
 use std::time::Duration;
 
-use keel_balance::{BalancerConfig, RetryBudgetConfig, StrategyKind};
+use keel_balance::{
+    BalancerConfig, FieldPath, InvalidField, Problem, RetryBudgetConfig, StrategyKind,
+};
 use serde::{Deserialize, Serialize};
 
 use super::SimError;
@@ -469,73 +472,175 @@ pub const MAX_RETRIES: u32 = 7;
 /// Most calls a server serves at once.
 pub const MAX_CONCURRENCY: u32 = 1 << 20;
 
+/// A scenario that is refused: where (the scenario itself or one of its clusters) and what is
+/// wrong. The edge (the CLI, [`Scenario::from_toml_str`]) turns it into text.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{}{problem}", .cluster.as_ref().map(|c| format!("{c}: ")).unwrap_or_default())]
+pub struct ScenarioError {
+    /// The cluster the key is in; `None` for the scenario's own keys.
+    pub cluster: Option<ClusterRef>,
+    /// What is wrong.
+    pub problem: ScenarioProblem,
+}
+
+/// One of a scenario's clusters, as messages name it: by name, or by index when unnamed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterRef {
+    /// Its index in `clusters`.
+    pub index: usize,
+    /// Its name (`""`: none).
+    pub name: String,
+}
+
+impl fmt::Display for ClusterRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.name.is_empty() {
+            write!(f, "clusters[{}]", self.index)
+        } else {
+            write!(f, "cluster `{}`", self.name)
+        }
+    }
+}
+
+/// What is wrong with a scenario.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ScenarioProblem {
+    /// A key's value (its path relative to the scenario or the cluster), e.g. `servers must be
+    /// within 1..=4096, got 0`.
+    #[error("{}", field_text(.0))]
+    Field(InvalidField),
+    /// The cluster's balancer configuration is refused.
+    #[error("balancer: {0}")]
+    Balancer(#[source] InvalidField),
+    /// The retry budget is refused.
+    #[error("retry.budget: {0}")]
+    RetryBudget(#[source] InvalidField),
+    /// A product of keys is over its limit (`what` names the keys).
+    #[error("{what} must be at most {max}")]
+    TooMany {
+        /// The keys multiplied, e.g. `load.clients x load.in_flight`.
+        what: &'static str,
+        /// The limit.
+        max: u64,
+    },
+    /// A request makes more calls over all clusters than [`MAX_STAGES`].
+    #[error("a request makes {calls} calls in all; at most {max}")]
+    TooManyStages {
+        /// Calls per request over all clusters.
+        calls: u32,
+        /// The limit.
+        max: u32,
+    },
+    /// Settings that do not go together, or one that needs another, in words.
+    #[error("{0}")]
+    Conflict(String),
+}
+
+/// `{field} {problem}` (`{field}: {why}` for a problem in words).
+fn field_text(e: &InvalidField) -> String {
+    match &e.problem {
+        Problem::Invalid(why) => format!("{}: {why}", e.field),
+        p => format!("{} {p}", e.field),
+    }
+}
+
+/// [`ScenarioProblem::Field`] of `field`.
+fn refuse(field: FieldPath, problem: Problem) -> ScenarioProblem {
+    ScenarioProblem::Field(InvalidField { field, problem })
+}
+
+/// `a.b.c` as a path.
+fn path(keys: &[&'static str]) -> FieldPath {
+    keys.iter().fold(FieldPath::root(), |p, k| p.then(k))
+}
+
+/// A nested value's own [`InvalidField`] under `prefix`.
+fn nested(prefix: FieldPath, e: InvalidField) -> ScenarioProblem {
+    refuse(e.field.under(prefix), e.problem)
+}
+
 /// Checks a cluster's `endpoints`: one per server, each in range.
-fn validate_endpoints(c: &ClusterConfig, at: &str, round_trip: bool) -> Result<(), String> {
+fn validate_endpoints(c: &ClusterConfig, round_trip: bool) -> Result<(), ScenarioProblem> {
     if c.endpoints.is_empty() {
         return Ok(());
     }
     if c.endpoints.len() != c.servers as usize {
-        return Err(format!(
-            "{at}: endpoints has {} entries for {} servers; give one per server",
+        return Err(ScenarioProblem::Conflict(format!(
+            "endpoints has {} entries for {} servers; give one per server",
             c.endpoints.len(),
             c.servers
-        ));
+        )));
     }
     if c.failed != 0 {
-        return Err(format!(
-            "{at}: failed must be 0 when endpoints are given (each says how it fails in `failures`)"
+        return Err(ScenarioProblem::Conflict(
+            "failed must be 0 when endpoints are given (each says how it fails in `failures`)"
+                .into(),
         ));
     }
     for (i, e) in c.endpoints.iter().enumerate() {
-        let at = format!("{at}: endpoints[{i}]");
+        let at = FieldPath::key("endpoints").at(i);
         if e.weight == 0 {
-            return Err(format!("{at}.weight must be at least 1"));
+            return Err(refuse(
+                at.then("weight"),
+                Problem::out_of_range("at least 1", 0),
+            ));
         }
         if let Some(l) = &e.latency {
             if l.mean.is_zero() {
-                return Err(format!("{at}.latency.mean must be greater than zero"));
+                return Err(refuse(
+                    at.then("latency").then("mean"),
+                    Problem::out_of_range("greater than zero", "0s"),
+                ));
             }
-            l.validate().map_err(|m| format!("{at}.latency.{m}"))?;
+            l.validate()
+                .map_err(|m| nested(at.clone().then("latency"), m))?;
         }
         if let Some(cap) = &e.capacity {
             if round_trip {
-                return Err(format!(
+                return Err(ScenarioProblem::Conflict(format!(
                     "{at}: round_trip is not modelled for servers with a capacity; set it to 0s"
-                ));
+                )));
             }
             if cap.concurrency == 0 || cap.concurrency > MAX_CONCURRENCY {
-                return Err(format!(
-                    "{at}.capacity.concurrency must be within 1..={MAX_CONCURRENCY}, got {}",
-                    cap.concurrency
+                return Err(refuse(
+                    at.then("capacity").then("concurrency"),
+                    Problem::out_of_range(format!("within 1..={MAX_CONCURRENCY}"), cap.concurrency),
                 ));
             }
         }
         if e.failures.len() > MAX_FAILURE_MIX {
-            return Err(format!(
-                "{at}.failures: at most {MAX_FAILURE_MIX} modes, got {}",
-                e.failures.len()
+            return Err(refuse(
+                at.then("failures"),
+                Problem::out_of_range(format!("at most {MAX_FAILURE_MIX} modes"), e.failures.len()),
             ));
         }
         let mut total = 0.0;
         for (j, f) in e.failures.iter().enumerate() {
-            let at = format!("{at}.failures[{j}]");
+            let at = at.clone().then("failures").at(j);
             if !(0.0..=1.0).contains(&f.share) {
-                return Err(format!("{at}.share must be within 0..=1, got {}", f.share));
+                return Err(refuse(
+                    at.then("share"),
+                    Problem::out_of_range("within 0..=1", f.share),
+                ));
             }
             total += f.share;
             if matches!(f.failure, FailureMode::None | FailureMode::Flap { .. }) {
-                return Err(format!(
-                    "{at}.failure: `{}` cannot be a share of calls (use hang, fail-fast, refuse, reset, slow or error)",
-                    f.failure.name()
+                return Err(refuse(
+                    at.then("failure"),
+                    Problem::Invalid(format!(
+                        "`{}` cannot be a share of calls (use hang, fail-fast, refuse, reset, slow or error)",
+                        f.failure.name()
+                    )),
                 ));
             }
             f.failure
                 .validate()
-                .map_err(|m| format!("{at}.failure.{m}"))?;
+                .map_err(|m| nested(at.then("failure"), m))?;
         }
         if total > 1.0 + 1e-9 {
-            return Err(format!(
-                "{at}.failures: shares add up to {total}, more than 1"
+            return Err(refuse(
+                at.then("failures"),
+                Problem::Invalid(format!("shares add up to {total}, more than 1")),
             ));
         }
     }
@@ -552,37 +657,86 @@ impl Scenario {
         Ok(sc)
     }
 
-    /// Checks every range; the message names the key.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks every range; the error names the key (and the cluster it is in).
+    pub fn validate(&self) -> Result<(), ScenarioError> {
+        self.validate_own().map_err(|problem| ScenarioError {
+            cluster: None,
+            problem,
+        })?;
+        let mut stages = 0u32;
+        for (index, c) in self.clusters.iter().enumerate() {
+            stages = stages.saturating_add(c.calls);
+            self.validate_cluster(c).map_err(|problem| ScenarioError {
+                cluster: Some(ClusterRef {
+                    index,
+                    name: c.name.clone(),
+                }),
+                problem,
+            })?;
+        }
+        if stages > MAX_STAGES {
+            return Err(ScenarioError {
+                cluster: None,
+                problem: ScenarioProblem::TooManyStages {
+                    calls: stages,
+                    max: MAX_STAGES,
+                },
+            });
+        }
+        Ok(())
+    }
+
+    /// The scenario's own keys (not its clusters').
+    fn validate_own(&self) -> Result<(), ScenarioProblem> {
         if self.requests == 0 {
-            return Err("requests must be at least 1".into());
+            return Err(refuse(
+                FieldPath::key("requests"),
+                Problem::out_of_range("at least 1", 0),
+            ));
         }
         if self.replications == 0 || self.replications > 10_000 {
-            return Err(format!(
-                "replications must be within 1..=10000, got {}",
-                self.replications
+            return Err(refuse(
+                FieldPath::key("replications"),
+                Problem::out_of_range("within 1..=10000", self.replications),
             ));
         }
         if self.timeout.is_zero() {
-            return Err("timeout must be greater than zero".into());
+            return Err(refuse(
+                FieldPath::key("timeout"),
+                Problem::out_of_range("greater than zero", "0s"),
+            ));
         }
         match &self.load {
             Load::Closed {
                 clients, in_flight, ..
             } => {
-                if *clients == 0 || *in_flight == 0 {
-                    return Err("load.clients and load.in_flight must be at least 1".into());
+                for (key, n) in [("clients", clients), ("in_flight", in_flight)] {
+                    if *n == 0 {
+                        return Err(refuse(
+                            path(&["load", key]),
+                            Problem::out_of_range("at least 1", 0),
+                        ));
+                    }
                 }
                 if u64::from(*clients) * u64::from(*in_flight) > 10_000_000 {
-                    return Err("load.clients x load.in_flight must be at most 10000000".into());
+                    return Err(ScenarioProblem::TooMany {
+                        what: "load.clients x load.in_flight",
+                        max: 10_000_000,
+                    });
                 }
             }
             Load::Open { rate, clients } => {
                 if !(rate.is_finite() && *rate > 0.0) {
-                    return Err(format!("load.rate must be a positive number, got {rate}"));
+                    return Err(refuse(
+                        path(&["load", "rate"]),
+                        Problem::out_of_range("a positive number", rate),
+                    ));
                 }
                 if *clients == 0 {
-                    return Err("load.clients must be at least 1".into());
+                    return Err(refuse(
+                        path(&["load", "clients"]),
+                        Problem::out_of_range("at least 1", 0),
+                    ));
                 }
             }
         }
@@ -593,156 +747,177 @@ impl Scenario {
         if self.placement == Placement::PerConnection
             && (self.retry.is_some() || self.hedge.is_some())
         {
-            return Err(
+            return Err(ScenarioProblem::Conflict(
                 "placement = \"per-connection\": a call cannot move off its connection, so no \
                  retry and no hedge"
                     .into(),
-            );
+            ));
         }
         if balancers * self.clusters.len() as u64 > 1_000_000 {
-            return Err("client-side: clients x clusters must be at most 1000000".into());
+            return Err(ScenarioProblem::TooMany {
+                what: "client-side: clients x clusters",
+                max: 1_000_000,
+            });
         }
         if let Some(r) = &self.retry {
             if r.max_retries > MAX_RETRIES {
-                return Err(format!(
-                    "retry.max_retries must be at most {MAX_RETRIES}, got {}",
-                    r.max_retries
+                return Err(refuse(
+                    path(&["retry", "max_retries"]),
+                    Problem::out_of_range(format!("at most {MAX_RETRIES}"), r.max_retries),
                 ));
             }
-            r.budget
-                .validate()
-                .map_err(|e| format!("retry.budget: {e}"))?;
+            r.budget.validate().map_err(ScenarioProblem::RetryBudget)?;
         }
         if let Some(h) = &self.health_check {
             if h.interval.is_zero() {
-                return Err("health_check.interval must be greater than zero".into());
+                return Err(refuse(
+                    path(&["health_check", "interval"]),
+                    Problem::out_of_range("greater than zero", "0s"),
+                ));
             }
-            if h.unhealthy_threshold == 0 || h.healthy_threshold == 0 {
-                return Err("health_check thresholds must be at least 1".into());
+            for (key, n) in [
+                ("unhealthy_threshold", h.unhealthy_threshold),
+                ("healthy_threshold", h.healthy_threshold),
+            ] {
+                if n == 0 {
+                    return Err(refuse(
+                        path(&["health_check", key]),
+                        Problem::out_of_range("at least 1", 0),
+                    ));
+                }
             }
         }
         if let Some(e) = self.hedge.as_ref().and_then(|h| h.validate().err()) {
-            return Err(format!("hedge.{} {}", e.field, e.problem));
+            return Err(nested(FieldPath::key("hedge"), e));
         }
         if self.clusters.is_empty() {
-            return Err("at least one [[clusters]] entry is needed".into());
-        }
-        let mut stages = 0u32;
-        for (i, c) in self.clusters.iter().enumerate() {
-            let at = if c.name.is_empty() {
-                format!("clusters[{i}]")
-            } else {
-                format!("cluster `{}`", c.name)
-            };
-            if c.servers == 0 || c.servers > MAX_SERVERS {
-                return Err(format!(
-                    "{at}: servers must be within 1..={MAX_SERVERS}, got {}",
-                    c.servers
-                ));
-            }
-            if c.failed > c.servers {
-                return Err(format!(
-                    "{at}: failed ({}) is more than servers ({})",
-                    c.failed, c.servers
-                ));
-            }
-            if c.calls == 0 {
-                return Err(format!("{at}: calls must be at least 1"));
-            }
-            if let Some(f) = &c.fleet {
-                if self.placement != Placement::ClientSide
-                    || !matches!(self.load, Load::Open { .. })
-                {
-                    return Err(format!(
-                        "{at}: fleet needs placement = \"client-side\" and an open load (each client is a proxy)"
-                    ));
-                }
-                if self.clusters.iter().filter(|c| c.fleet.is_some()).count() > 1 {
-                    return Err(format!("{at}: fleet may be given for one cluster only"));
-                }
-                if let Some(sh) = &f.shared {
-                    if !(1..=keel_balance::MAX_QUORUM).contains(&sh.quorum) {
-                        return Err(format!(
-                            "{at}: fleet.shared.quorum must be within 1..={}, got {}",
-                            keel_balance::MAX_QUORUM,
-                            sh.quorum
-                        ));
-                    }
-                    if c.balancer.outlier_detection.is_none() {
-                        return Err(format!(
-                            "{at}: fleet.shared needs balancer.outlier_detection (the evidence feeds it)"
-                        ));
-                    }
-                }
-            }
-            stages = stages.saturating_add(c.calls);
-            if c.latency.mean.is_zero() {
-                return Err(format!("{at}: latency.mean must be greater than zero"));
-            }
-            c.latency
-                .validate()
-                .map_err(|e| format!("{at}: latency.{e}"))?;
-            c.failure
-                .validate()
-                .map_err(|e| format!("{at}: failure.{e}"))?;
-            if let Some(cap) = &c.capacity {
-                if !self.round_trip.is_zero() {
-                    return Err(format!(
-                        "{at}: round_trip is not modelled for servers with a capacity; set it to 0s"
-                    ));
-                }
-                if cap.concurrency == 0 || cap.concurrency > MAX_CONCURRENCY {
-                    return Err(format!(
-                        "{at}: capacity.concurrency must be within 1..={MAX_CONCURRENCY}, got {}",
-                        cap.concurrency
-                    ));
-                }
-            }
-            if let Some(a) = &c.antagonist {
-                if a.servers > c.servers {
-                    return Err(format!(
-                        "{at}: antagonist.servers ({}) is more than servers ({})",
-                        a.servers, c.servers
-                    ));
-                }
-                if !(a.factor.is_finite() && a.factor >= 1.0) {
-                    return Err(format!(
-                        "{at}: antagonist.factor must be 1 or more, got {}",
-                        a.factor
-                    ));
-                }
-                if a.period.is_zero() {
-                    return Err(format!("{at}: antagonist.period must be greater than zero"));
-                }
-            }
-            if let Some(sd) = &c.slowdown {
-                if sd.servers == 0 || sd.servers > c.servers {
-                    return Err(format!(
-                        "{at}: slowdown.servers must be within 1..={}, got {}",
-                        c.servers, sd.servers
-                    ));
-                }
-                if !(sd.factor.is_finite() && sd.factor >= 1.0) {
-                    return Err(format!(
-                        "{at}: slowdown.factor must be 1 or more, got {}",
-                        sd.factor
-                    ));
-                }
-                if sd.end <= sd.start {
-                    return Err(format!("{at}: slowdown.end must be after slowdown.start"));
-                }
-            }
-            c.balancer
-                .validate()
-                .map_err(|e| format!("{at}: balancer: {e}"))?;
-            validate_endpoints(c, &at, !self.round_trip.is_zero())?;
-        }
-        if stages > MAX_STAGES {
-            return Err(format!(
-                "a request makes {stages} calls in all; at most {MAX_STAGES}"
+            return Err(ScenarioProblem::Conflict(
+                "at least one [[clusters]] entry is needed".into(),
             ));
         }
         Ok(())
+    }
+
+    /// One cluster's keys; paths are relative to the cluster.
+    fn validate_cluster(&self, c: &ClusterConfig) -> Result<(), ScenarioProblem> {
+        if c.servers == 0 || c.servers > MAX_SERVERS {
+            return Err(refuse(
+                FieldPath::key("servers"),
+                Problem::out_of_range(format!("within 1..={MAX_SERVERS}"), c.servers),
+            ));
+        }
+        if c.failed > c.servers {
+            return Err(refuse(
+                FieldPath::key("failed"),
+                Problem::out_of_range(format!("at most servers ({})", c.servers), c.failed),
+            ));
+        }
+        if c.calls == 0 {
+            return Err(refuse(
+                FieldPath::key("calls"),
+                Problem::out_of_range("at least 1", 0),
+            ));
+        }
+        if let Some(f) = &c.fleet {
+            if self.placement != Placement::ClientSide || !matches!(self.load, Load::Open { .. }) {
+                return Err(ScenarioProblem::Conflict(
+                    "fleet needs placement = \"client-side\" and an open load (each client is a proxy)"
+                        .into(),
+                ));
+            }
+            if self.clusters.iter().filter(|c| c.fleet.is_some()).count() > 1 {
+                return Err(ScenarioProblem::Conflict(
+                    "fleet may be given for one cluster only".into(),
+                ));
+            }
+            if let Some(sh) = &f.shared {
+                if !(1..=keel_balance::MAX_QUORUM).contains(&sh.quorum) {
+                    return Err(refuse(
+                        path(&["fleet", "shared", "quorum"]),
+                        Problem::out_of_range(
+                            format!("within 1..={}", keel_balance::MAX_QUORUM),
+                            sh.quorum,
+                        ),
+                    ));
+                }
+                if c.balancer.outlier_detection.is_none() {
+                    return Err(ScenarioProblem::Conflict(
+                        "fleet.shared needs balancer.outlier_detection (the evidence feeds it)"
+                            .into(),
+                    ));
+                }
+            }
+        }
+        if c.latency.mean.is_zero() {
+            return Err(refuse(
+                path(&["latency", "mean"]),
+                Problem::out_of_range("greater than zero", "0s"),
+            ));
+        }
+        c.latency
+            .validate()
+            .map_err(|e| nested(FieldPath::key("latency"), e))?;
+        c.failure
+            .validate()
+            .map_err(|e| nested(FieldPath::key("failure"), e))?;
+        if let Some(cap) = &c.capacity {
+            if !self.round_trip.is_zero() {
+                return Err(ScenarioProblem::Conflict(
+                    "round_trip is not modelled for servers with a capacity; set it to 0s".into(),
+                ));
+            }
+            if cap.concurrency == 0 || cap.concurrency > MAX_CONCURRENCY {
+                return Err(refuse(
+                    path(&["capacity", "concurrency"]),
+                    Problem::out_of_range(format!("within 1..={MAX_CONCURRENCY}"), cap.concurrency),
+                ));
+            }
+        }
+        if let Some(a) = &c.antagonist {
+            if a.servers > c.servers {
+                return Err(refuse(
+                    path(&["antagonist", "servers"]),
+                    Problem::out_of_range(format!("at most servers ({})", c.servers), a.servers),
+                ));
+            }
+            if !(a.factor.is_finite() && a.factor >= 1.0) {
+                return Err(refuse(
+                    path(&["antagonist", "factor"]),
+                    Problem::out_of_range("1 or more", a.factor),
+                ));
+            }
+            if a.period.is_zero() {
+                return Err(refuse(
+                    path(&["antagonist", "period"]),
+                    Problem::out_of_range("greater than zero", "0s"),
+                ));
+            }
+        }
+        if let Some(sd) = &c.slowdown {
+            if sd.servers == 0 || sd.servers > c.servers {
+                return Err(refuse(
+                    path(&["slowdown", "servers"]),
+                    Problem::out_of_range(format!("within 1..={}", c.servers), sd.servers),
+                ));
+            }
+            if !(sd.factor.is_finite() && sd.factor >= 1.0) {
+                return Err(refuse(
+                    path(&["slowdown", "factor"]),
+                    Problem::out_of_range("1 or more", sd.factor),
+                ));
+            }
+            if sd.end <= sd.start {
+                return Err(refuse(
+                    path(&["slowdown", "end"]),
+                    Problem::out_of_range(
+                        "after slowdown.start",
+                        humantime::format_duration(sd.end),
+                    ),
+                ));
+            }
+        }
+        c.balancer.validate().map_err(ScenarioProblem::Balancer)?;
+        validate_endpoints(c, !self.round_trip.is_zero())
     }
 
     /// The cluster the report is about: the first with failed servers, else the first.

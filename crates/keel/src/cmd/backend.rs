@@ -152,12 +152,14 @@ fn fault(args: &Args) -> anyhow::Result<FailureMode> {
     };
     // The vocabulary names the parameter; the flag is the mode's flag for it.
     if let Err(e) = mode.validate() {
-        let flag = match mode {
-            FailureMode::Slow { .. } => "--slow-factor",
-            FailureMode::Error { .. } => "--error-probability",
-            _ => "--flap-up and --flap-down",
+        let flag = match e.field.to_string().as_str() {
+            "factor" => "--slow-factor",
+            "probability" => "--error-probability",
+            "up" => "--flap-up",
+            "down" => "--flap-down",
+            _ => "--failure",
         };
-        return usage(format!("{flag}: {e}"));
+        return usage(format!("{flag}: {}", e.problem));
     }
     Ok(mode)
 }

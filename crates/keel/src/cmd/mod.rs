@@ -47,7 +47,8 @@ pub fn latency_flags(mean: &str, dist: &str, sigma: f64) -> anyhow::Result<keel_
     let latency = Latency { mean, dist };
     match latency.validate() {
         Ok(()) => Ok(latency),
-        Err(e) => usage(format!("--{e}")),
+        // The field is `sigma`, the flag's name.
+        Err(e) => usage(format!("--{} {}", e.field, e.problem)),
     }
 }
 
