@@ -211,7 +211,7 @@ fn discovery_json(shared: &Shared, cluster: &str) -> serde_json::Value {
         "last_change": st.last_change.map(rfc3339),
         // The source's last answer failed and the endpoints are those it gave before.
         "stale": st.last_error.is_some(),
-        "last_error": st.last_error,
+        "last_error": st.last_error.map(|e| e.to_string()),
         "errors": d.errors.load(Relaxed),
     })
 }

@@ -128,7 +128,12 @@ impl Shared {
                 _ => {
                     let e = Arc::new(Discovered::new(d.clone()));
                     if let crate::config::DiscoveryConfig::File { path } = d {
-                        e.record(&c.name, crate::control::discovery::read_file(path));
+                        e.record(
+                            &c.name,
+                            crate::control::discovery::read_file(path).map_err(|e| {
+                                crate::control::discovery::DiscoveryError::from(e).shared()
+                            }),
+                        );
                     }
                     e
                 }

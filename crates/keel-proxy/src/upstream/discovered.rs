@@ -3,12 +3,21 @@
 //! the admin.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use keel_balance::EndpointSpec;
 
 use crate::config::discovery::DiscoveryConfig;
+
+/// Why a refresh failed, shared with the admin: the source's own error
+/// (`control::discovery`'s `DiscoveryError`) or [`NoEndpoint`].
+pub(crate) type RefreshError = Arc<dyn std::error::Error + Send + Sync>;
+
+/// A source that answered with no endpoint at all (kept as a failure: the last set stays).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the answer has no endpoint")]
+pub(crate) struct NoEndpoint;
 
 /// What discovery knows of one cluster: its source, the last set found, and how the last
 /// refreshes went. Kept across reloads while the cluster's source stays the same.
@@ -31,7 +40,7 @@ pub(crate) struct State {
     /// When the set last changed.
     pub last_change: Option<SystemTime>,
     /// The last failure, if the last refresh failed.
-    pub last_error: Option<String>,
+    pub last_error: Option<RefreshError>,
 }
 
 impl Discovered {
@@ -71,12 +80,12 @@ impl Discovered {
     pub fn record(
         &self,
         cluster: &str,
-        result: Result<Vec<EndpointSpec>, String>,
+        result: Result<Vec<EndpointSpec>, RefreshError>,
     ) -> Option<Vec<EndpointSpec>> {
         let now = SystemTime::now();
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let found = match result {
-            Ok(v) if v.is_empty() => Err("the answer has no endpoint".to_string()),
+            Ok(v) if v.is_empty() => Err(Arc::new(NoEndpoint) as RefreshError),
             other => other,
         };
         match found {
@@ -132,12 +141,13 @@ mod tests {
         let applied = d.record("c", Ok(set)).unwrap();
         assert_eq!(applied[0].address, "10.0.0.1:80", "sorted");
         assert!(d.record("c", Ok(applied.clone())).is_none(), "unchanged");
-        assert!(d.record("c", Err("timeout".into())).is_none());
+        let timeout: Box<dyn std::error::Error + Send + Sync> = "timeout".into();
+        assert!(d.record("c", Err(timeout.into())).is_none());
         assert!(d.record("c", Ok(Vec::new())).is_none());
         assert_eq!(d.errors.load(Relaxed), 2);
         assert_eq!(d.endpoints(), applied);
         assert_eq!(
-            d.state().last_error.as_deref(),
+            d.state().last_error.map(|e| e.to_string()).as_deref(),
             Some("the answer has no endpoint")
         );
     }

@@ -10,6 +10,7 @@ use hickory_resolver::proto::xfer::Protocol;
 use hickory_resolver::{ResolveError, TokioResolver};
 use keel_balance::EndpointSpec;
 
+use crate::control::discovery::error::DiscoveryError;
 use crate::control::discovery::source::Source;
 
 /// `{ dns = "NAME", port = N }`: each address of the name with `port`, weight 1.
@@ -26,10 +27,13 @@ impl Source for Dns {
         self.every
     }
 
-    async fn look(&mut self, _last_failed: bool) -> Option<Result<Vec<EndpointSpec>, String>> {
+    async fn look(
+        &mut self,
+        _last_failed: bool,
+    ) -> Option<Result<Vec<EndpointSpec>, DiscoveryError>> {
         let ips = match self.resolver.lookup_ip(self.name.as_str()).await {
             Ok(ips) => ips,
-            Err(e) => return Some(Err(e.to_string())),
+            Err(e) => return Some(Err(DiscoveryError::Lookup(e))),
         };
         let mut set: Vec<EndpointSpec> = ips
             .iter()

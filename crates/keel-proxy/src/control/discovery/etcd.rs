@@ -19,6 +19,7 @@ use keel_balance::EndpointSpec;
 use serde::Deserialize;
 
 use crate::config::EtcdConfig;
+use crate::control::discovery::error::{DiscoveryError, EndpointError};
 use crate::control::discovery::file::check_endpoint;
 use crate::control::etcd::{connect, explain, prefix_read, within, EtcdError};
 use crate::upstream::discovered::Discovered;
@@ -46,11 +47,20 @@ fn one() -> u32 {
     1
 }
 
+/// Why a key's value is not an endpoint.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ValueError {
+    /// Not the JSON object of an endpoint.
+    #[error("expected {{\"address\": \"host:port\", \"weight\": 1, \"zone\": \"a\", \"priority\": 0}}: {0}")]
+    Json(#[source] serde_json::Error),
+    /// An endpoint that is refused.
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+}
+
 /// A key's value as an endpoint, or why it is not one.
-pub(crate) fn parse_value(value: &[u8]) -> Result<EndpointSpec, String> {
-    let v: Value = serde_json::from_slice(value).map_err(|e| {
-        format!("expected {{\"address\": \"host:port\", \"weight\": 1, \"zone\": \"a\", \"priority\": 0}}: {e}")
-    })?;
+pub(crate) fn parse_value(value: &[u8]) -> Result<EndpointSpec, ValueError> {
+    let v: Value = serde_json::from_slice(value).map_err(ValueError::Json)?;
     let e = EndpointSpec {
         address: v.address,
         weight: v.weight,
@@ -128,7 +138,7 @@ pub(crate) async fn follow(
             &mut applied,
         )
         .await;
-        if let Some(set) = discovered.record(cluster, Err(err.to_string())) {
+        if let Some(set) = discovered.record(cluster, Err(DiscoveryError::from(err).shared())) {
             apply(cluster, discovered, set);
         }
         tokio::time::sleep(RETRY_EVERY).await;
@@ -264,14 +274,16 @@ mod tests {
             .unwrap();
         assert_eq!((e.weight, e.priority, e.zone.as_deref()), (3, 1, Some("b")));
         assert!(parse_value(b"{").is_err());
-        assert!(parse_value(br#"{"weight":1}"#)
-            .unwrap_err()
-            .contains("address"));
-        assert!(parse_value(br#"{"address":"10.0.0.1"}"#)
-            .unwrap_err()
-            .contains("host:port"));
-        assert!(parse_value(br#"{"address":"10.0.0.1:80","weight":0}"#)
-            .unwrap_err()
-            .contains("weight 0"));
+        let e = parse_value(br#"{"weight":1}"#).unwrap_err();
+        assert!(matches!(e, ValueError::Json(_)), "{e:?}");
+        assert!(e.to_string().contains("address"), "{e}");
+        let e = parse_value(br#"{"address":"10.0.0.1"}"#).unwrap_err();
+        assert!(
+            matches!(e, ValueError::Endpoint(EndpointError::NotAnAddress { .. })),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("host:port"), "{e}");
+        let e = parse_value(br#"{"address":"10.0.0.1:80","weight":0}"#).unwrap_err();
+        assert!(e.to_string().contains("weight 0"), "{e}");
     }
 }

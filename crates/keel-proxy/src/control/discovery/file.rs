@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 use keel_balance::EndpointSpec;
 use serde::Deserialize;
 
+use crate::control::discovery::error::{DiscoveryError, EndpointError, FileSourceError};
 use crate::control::discovery::source::Source;
 
 /// How often a file source is looked at.
@@ -31,7 +32,10 @@ impl Source for File {
         FILE_POLL
     }
 
-    async fn look(&mut self, last_failed: bool) -> Option<Result<Vec<EndpointSpec>, String>> {
+    async fn look(
+        &mut self,
+        last_failed: bool,
+    ) -> Option<Result<Vec<EndpointSpec>, DiscoveryError>> {
         // Read again only when it changed (or could not be read last time).
         let now = file_stamp(&self.path);
         if now.is_some() && now == self.stamp && !last_failed {
@@ -40,9 +44,10 @@ impl Source for File {
         self.stamp = now;
         let path = self.path.clone();
         Some(
-            tokio::task::spawn_blocking(move || read_file(&path))
-                .await
-                .unwrap_or_else(|e| Err(e.to_string())),
+            match tokio::task::spawn_blocking(move || read_file(&path)).await {
+                Ok(read) => read.map_err(DiscoveryError::from),
+                Err(e) => Err(DiscoveryError::from(e)),
+            },
         )
     }
 }
@@ -61,46 +66,52 @@ struct EndpointsFile {
 }
 
 /// Reads a file source and checks its endpoints as a cluster's are checked.
-pub(crate) fn read_file(path: &Path) -> Result<Vec<EndpointSpec>, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let file: EndpointsFile = toml::from_str(&text).map_err(|e| {
-        format!(
-            "{}: expected `endpoints = [{{ address = \"host:port\" }}, ...]`: {}",
-            path.display(),
-            e.message().trim()
-        )
+pub(crate) fn read_file(path: &Path) -> Result<Vec<EndpointSpec>, FileSourceError> {
+    let text = std::fs::read_to_string(path).map_err(|source| FileSourceError::Read {
+        path: path.to_path_buf(),
+        source,
     })?;
-    check_endpoints(&file.endpoints).map_err(|m| format!("{}: {m}", path.display()))?;
+    let file: EndpointsFile = toml::from_str(&text).map_err(|source| FileSourceError::Syntax {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    check_endpoints(&file.endpoints).map_err(|source| FileSourceError::Endpoint {
+        path: path.to_path_buf(),
+        source,
+    })?;
     Ok(file.endpoints)
 }
 
 /// An address `host:port` and a weight of at least 1: what every discovered endpoint needs.
-pub(crate) fn check_endpoint(e: &EndpointSpec) -> Result<(), String> {
-    let ok = e
+pub(crate) fn check_endpoint(e: &EndpointSpec) -> Result<(), EndpointError> {
+    let not_an_address = |source| EndpointError::NotAnAddress {
+        address: e.address.clone(),
+        source,
+    };
+    let authority = e
         .address
         .parse::<hyper::http::uri::Authority>()
-        .ok()
-        .filter(|a| a.port_u16().is_some() && !a.host().is_empty());
-    if ok.is_none() {
-        return Err(format!(
-            "`{}` is not an address; expected host:port",
-            e.address
-        ));
+        .map_err(|err| not_an_address(Some(err)))?;
+    if authority.port_u16().is_none() || authority.host().is_empty() {
+        return Err(not_an_address(None));
     }
     if e.weight == 0 {
-        return Err(format!("`{}` has weight 0; at least 1", e.address));
+        return Err(EndpointError::ZeroWeight {
+            address: e.address.clone(),
+        });
     }
     Ok(())
 }
 
 /// Each endpoint checked ([`check_endpoint`]), each address once.
-fn check_endpoints(endpoints: &[EndpointSpec]) -> Result<(), String> {
+fn check_endpoints(endpoints: &[EndpointSpec]) -> Result<(), EndpointError> {
     let mut seen = std::collections::HashSet::new();
     for e in endpoints {
         check_endpoint(e)?;
         if !seen.insert(e.address.as_str()) {
-            return Err(format!("`{}` is listed twice", e.address));
+            return Err(EndpointError::Duplicate {
+                address: e.address.clone(),
+            });
         }
     }
     Ok(())

@@ -16,6 +16,7 @@
 //! (read, then watch) in its file rather than a `Source`.
 
 mod dns;
+mod error;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 mod file;
@@ -28,6 +29,7 @@ use keel_balance::{EndpointSpec, InvalidField, Problem};
 
 use crate::config::discovery::DiscoveryConfig;
 use crate::control::discovery::dns::{absolute, resolver, Dns};
+pub(crate) use crate::control::discovery::error::DiscoveryError;
 pub(crate) use crate::control::discovery::file::read_file;
 use crate::control::discovery::file::File;
 use crate::control::discovery::source::Source;
@@ -40,7 +42,7 @@ pub(crate) fn check(config: &DiscoveryConfig) -> Result<(), InvalidField> {
     match config {
         DiscoveryConfig::File { path } => read_file(path)
             .map(drop)
-            .map_err(|m| InvalidField::at("file", Problem::Invalid(m))),
+            .map_err(|e| InvalidField::at("file", Problem::Invalid(e.to_string()))),
         DiscoveryConfig::Dns { .. } | DiscoveryConfig::Srv { .. } => Ok(()),
         #[cfg(feature = "etcd")]
         DiscoveryConfig::Etcd { .. } => Ok(()),
@@ -70,7 +72,7 @@ pub(crate) async fn run(
         Ok(r) => Some(r),
         Err(e) => {
             // Only a system resolver without a usable /etc/resolv.conf gets here.
-            discovered.record(&cluster, Err(format!("cannot make a resolver: {e}")));
+            discovered.record(&cluster, Err(DiscoveryError::Resolver(e).shared()));
             None
         }
     };
@@ -103,16 +105,13 @@ pub(crate) async fn run(
             match &etcd {
                 Some(e) => etcd::follow(&cluster, &discovered, &apply, e, prefix).await,
                 None => {
-                    discovered.record(&cluster, Err("no [etcd] section".into()));
+                    discovered.record(&cluster, Err(DiscoveryError::NoEtcdSection.shared()));
                 }
             }
             #[cfg(not(feature = "etcd"))]
             {
                 let _ = (prefix, etcd);
-                discovered.record(
-                    &cluster,
-                    Err("this keel was built without etcd (cargo feature `etcd`)".into()),
-                );
+                discovered.record(&cluster, Err(DiscoveryError::NoEtcdFeature.shared()));
             }
         }
     }
@@ -135,7 +134,7 @@ async fn follow<S: Source>(
             discovered.unchanged();
             continue;
         };
-        if let Some(set) = discovered.record(cluster, result) {
+        if let Some(set) = discovered.record(cluster, result.map_err(DiscoveryError::shared)) {
             tracing::info!(
                 cluster = %cluster,
                 source = %discovered.config.describe(),

@@ -9,6 +9,7 @@ use hickory_resolver::TokioResolver;
 use keel_balance::EndpointSpec;
 
 use crate::control::discovery::dns::no_records;
+use crate::control::discovery::error::DiscoveryError;
 use crate::control::discovery::source::Source;
 
 /// `{ srv = "_service._proto.name" }`.
@@ -24,18 +25,21 @@ impl Source for Srv {
         self.every
     }
 
-    async fn look(&mut self, _last_failed: bool) -> Option<Result<Vec<EndpointSpec>, String>> {
+    async fn look(
+        &mut self,
+        _last_failed: bool,
+    ) -> Option<Result<Vec<EndpointSpec>, DiscoveryError>> {
         Some(self.resolve().await)
     }
 }
 
 impl Srv {
-    async fn resolve(&self) -> Result<Vec<EndpointSpec>, String> {
+    async fn resolve(&self) -> Result<Vec<EndpointSpec>, DiscoveryError> {
         let resolver = &self.resolver;
         let srv = resolver
             .srv_lookup(self.name.as_str())
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(DiscoveryError::Lookup)?;
         // RFC 2782: only the lowest priority value in use.
         let Some(lowest) = srv.iter().map(|r| r.priority()).min() else {
             return Ok(Vec::new());
@@ -48,7 +52,12 @@ impl Srv {
                 // A target without an address is left out; any other failure fails the
                 // refresh (the last set stays).
                 Err(e) if no_records(&e) => continue,
-                Err(e) => return Err(format!("target {}: {e}", r.target())),
+                Err(source) => {
+                    return Err(DiscoveryError::Target {
+                        target: r.target().to_string(),
+                        source,
+                    })
+                }
             };
             for ip in ips.iter() {
                 // keel's weights start at 1: a weight of 0 counts as 1.
