@@ -6,7 +6,7 @@
 //! process-wide default provider being installed (or on which one).
 
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
@@ -44,27 +44,121 @@ pub fn provider() -> Arc<CryptoProvider> {
 }
 
 /// A TLS setting that cannot be used: the key of its `tls` table and what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("`{key}`: {message}")]
+#[derive(Debug, thiserror::Error)]
+#[error("`{key}`: {problem}")]
 pub struct TlsSettingError {
     /// The key in the `tls` table (`cert`, `key`, `ca`, `server_name`).
     pub key: &'static str,
     /// What is wrong.
-    pub message: String,
+    pub problem: TlsProblem,
+}
+
+/// What is wrong with a TLS setting.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsProblem {
+    /// Its PEM file cannot be read or holds nothing usable.
+    #[error(transparent)]
+    File(#[from] PemFileError),
+    /// Its name is neither a DNS name nor an IP address.
+    #[error(transparent)]
+    ServerName(#[from] InvalidServerName),
+    /// One entry of a list (`certificates`) is refused.
+    #[error("[{index}]: {source}")]
+    Entry {
+        /// The entry's index.
+        index: usize,
+        /// What is wrong with it.
+        #[source]
+        source: Box<TlsProblem>,
+    },
+    /// Anything else (a key that does not match its certificate, an unknown cipher suite), in
+    /// words.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl From<String> for TlsProblem {
+    fn from(why: String) -> Self {
+        TlsProblem::Invalid(why)
+    }
 }
 
 impl TlsSettingError {
-    fn new(key: &'static str, message: impl Into<String>) -> Self {
+    fn new(key: &'static str, problem: impl Into<TlsProblem>) -> Self {
         Self {
             key,
-            message: message.into(),
+            problem: problem.into(),
         }
     }
 
     /// The error at its key, relative to the `tls` table.
     fn into_field(self) -> InvalidField {
-        InvalidField::at(self.key, Problem::Invalid(self.message))
+        InvalidField::at(self.key, Problem::Invalid(self.problem.to_string()))
     }
+}
+
+/// A PEM file (certificate, key, CA bundle) that cannot be used: which file, and why.
+#[derive(Debug, thiserror::Error)]
+pub enum PemFileError {
+    /// The file cannot be read.
+    #[error("cannot read `{}`: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// Not a regular file (a device would be read forever, a FIFO would block the load).
+    #[error("cannot read `{}`: not a regular file", path.display())]
+    NotAFile {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Larger than [`MAX_PEM_BYTES`].
+    #[error("cannot read `{}`: larger than {MAX_PEM_BYTES} bytes", path.display())]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The PEM does not parse.
+    #[error("`{}` is not valid PEM: {source}", path.display())]
+    Pem {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+    /// No certificate in the file.
+    #[error(
+        "no certificate in `{}` (expected PEM blocks `-----BEGIN CERTIFICATE-----`)",
+        path.display()
+    )]
+    NoCertificate {
+        /// The file.
+        path: PathBuf,
+    },
+    /// No private key in the file.
+    #[error(
+        "no private key in `{}` (expected a PEM block `PRIVATE KEY`, `RSA PRIVATE KEY` or `EC PRIVATE KEY`)",
+        path.display()
+    )]
+    NoPrivateKey {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
+/// A host that cannot be verified against a certificate: neither a DNS name nor an IP address.
+#[derive(Debug, thiserror::Error)]
+#[error("`{host}` is neither a DNS name nor an IP address")]
+pub struct InvalidServerName {
+    /// The host (without an IPv6 address's brackets).
+    pub host: String,
+    /// rustls's refusal.
+    #[source]
+    pub source: rustls::pki_types::InvalidDnsNameError,
 }
 
 /// Largest PEM file read: certificate chains and CA bundles are kilobytes (a full public CA
@@ -73,47 +167,58 @@ const MAX_PEM_BYTES: u64 = 1 << 20;
 
 /// Reads a PEM file: a regular file (a device such as `/dev/zero` would be read forever and a
 /// FIFO would block the load) of at most [`MAX_PEM_BYTES`].
-fn read_file(path: &Path) -> Result<Vec<u8>, String> {
+fn read_file(path: &Path) -> Result<Vec<u8>, PemFileError> {
     use std::io::Read as _;
-    let cannot = |e: &dyn std::fmt::Display| format!("cannot read `{}`: {e}", path.display());
-    let meta = std::fs::metadata(path).map_err(|e| cannot(&e))?;
+    let cannot = |source| PemFileError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(cannot)?;
     if !meta.is_file() {
-        return Err(cannot(&"not a regular file"));
+        return Err(PemFileError::NotAFile {
+            path: path.to_path_buf(),
+        });
     }
     let mut data = Vec::new();
     std::fs::File::open(path)
         .and_then(|f| f.take(MAX_PEM_BYTES + 1).read_to_end(&mut data))
-        .map_err(|e| cannot(&e))?;
+        .map_err(cannot)?;
     if data.len() as u64 > MAX_PEM_BYTES {
-        return Err(cannot(&format!("larger than {MAX_PEM_BYTES} bytes")));
+        return Err(PemFileError::TooLarge {
+            path: path.to_path_buf(),
+        });
     }
     Ok(data)
 }
 
 /// Every certificate of a PEM file, in file order.
-pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, PemFileError> {
     let pem = read_file(path)?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("`{}` is not valid PEM: {e}", path.display()))?;
+        .map_err(|source| PemFileError::Pem {
+            path: path.to_path_buf(),
+            source,
+        })?;
     if certs.is_empty() {
-        return Err(format!(
-            "no certificate in `{}` (expected PEM blocks `-----BEGIN CERTIFICATE-----`)",
-            path.display()
-        ));
+        return Err(PemFileError::NoCertificate {
+            path: path.to_path_buf(),
+        });
     }
     Ok(certs)
 }
 
 /// The first private key of a PEM file (PKCS#8, PKCS#1 RSA or SEC1 EC).
-pub fn load_private_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+pub fn load_private_key(path: &Path) -> Result<PrivateKeyDer<'static>, PemFileError> {
     let pem = read_file(path)?;
     PrivateKeyDer::from_pem_slice(&pem).map_err(|e| match e {
-        rustls::pki_types::pem::Error::NoItemsFound => format!(
-            "no private key in `{}` (expected a PEM block `PRIVATE KEY`, `RSA PRIVATE KEY` or `EC PRIVATE KEY`)",
-            path.display()
-        ),
-        e => format!("`{}` is not valid PEM: {e}", path.display()),
+        rustls::pki_types::pem::Error::NoItemsFound => PemFileError::NoPrivateKey {
+            path: path.to_path_buf(),
+        },
+        source => PemFileError::Pem {
+            path: path.to_path_buf(),
+            source,
+        },
     })
 }
 
@@ -269,7 +374,15 @@ pub fn server_config(c: &ListenerTlsConfig) -> Result<Arc<ServerConfig>, TlsSett
             &files.key,
             ("certificates", "certificates"),
         )
-        .map_err(|e| TlsSettingError::new("certificates", format!("[{i}]: {}", e.message)))?;
+        .map_err(|e| {
+            TlsSettingError::new(
+                "certificates",
+                TlsProblem::Entry {
+                    index: i,
+                    source: Box::new(e.problem),
+                },
+            )
+        })?;
         sni.add(&key);
     }
     let mut config = builder.with_cert_resolver(Arc::new(sni));
@@ -355,14 +468,16 @@ pub fn client_config(
 
 /// The name to verify an endpoint's certificate against (and send as SNI): an IP address is
 /// matched against the certificate's IP SANs, anything else against its DNS names.
-pub fn server_name(host: &str) -> Result<ServerName<'static>, String> {
+pub fn server_name(host: &str) -> Result<ServerName<'static>, InvalidServerName> {
     // URIs write IPv6 hosts in brackets.
     let host = host
         .strip_prefix('[')
         .and_then(|h| h.strip_suffix(']'))
         .unwrap_or(host);
-    ServerName::try_from(host.to_string())
-        .map_err(|_| format!("`{host}` is neither a DNS name nor an IP address"))
+    ServerName::try_from(host.to_string()).map_err(|source| InvalidServerName {
+        host: host.to_string(),
+        source,
+    })
 }
 
 /// The check of `[listener.tls]`: loads the certificate and key as a start would (so that
@@ -546,12 +661,14 @@ mod tests {
     fn only_regular_files_of_bounded_size_are_read() {
         // A device would be read forever (found by the config fuzzer).
         let e = load_certs(Path::new("/dev/zero")).unwrap_err();
-        assert!(e.contains("not a regular file"), "{e}");
+        assert!(matches!(e, PemFileError::NotAFile { .. }), "{e:?}");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
         let big = std::env::temp_dir().join(format!("keel-tls-big-{}.pem", std::process::id()));
         std::fs::write(&big, vec![b'a'; (MAX_PEM_BYTES + 1) as usize]).unwrap();
         let e = load_certs(&big).unwrap_err();
         let _ = std::fs::remove_file(&big);
-        assert!(e.contains("larger than"), "{e}");
+        assert!(matches!(e, PemFileError::TooLarge { .. }), "{e:?}");
+        assert!(e.to_string().contains("larger than"), "{e}");
     }
 
     #[test]
@@ -568,12 +685,21 @@ mod tests {
             server_name("backend.internal").unwrap(),
             ServerName::DnsName(_)
         ));
-        assert!(server_name("not a name").is_err());
+        let e = server_name("not a name").unwrap_err();
+        assert_eq!(e.host, "not a name");
     }
 
     #[test]
     fn missing_and_empty_files_are_explained() {
         let e = load_certs(Path::new("/nonexistent/keel/cert.pem")).unwrap_err();
+        match &e {
+            PemFileError::Read { path, source } => {
+                assert_eq!(path, Path::new("/nonexistent/keel/cert.pem"));
+                assert_eq!(source.kind(), io::ErrorKind::NotFound);
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = e.to_string();
         assert!(
             e.contains("cannot read") && e.contains("/nonexistent/keel/cert.pem"),
             "{e}"
@@ -582,9 +708,9 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let empty = dir.join("empty.pem");
         std::fs::write(&empty, "just text\n").unwrap();
-        let e = load_certs(&empty).unwrap_err();
+        let e = load_certs(&empty).unwrap_err().to_string();
         assert!(e.contains("no certificate"), "{e}");
-        let e = load_private_key(&empty).unwrap_err();
+        let e = load_private_key(&empty).unwrap_err().to_string();
         assert!(e.contains("no private key"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
