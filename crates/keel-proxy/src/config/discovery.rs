@@ -146,8 +146,8 @@ impl DiscoveryConfig {
                 refresh,
                 ..
             } => {
-                if let Err(m) = check_name(name, false) {
-                    return Err(InvalidField::at("dns", Problem::Invalid(m)));
+                if let Err(e) = check_name(name, false) {
+                    return Err(InvalidField::at("dns", Problem::Invalid(e.to_string())));
                 }
                 if *port == 0 {
                     return Err(InvalidField::at(
@@ -158,15 +158,15 @@ impl DiscoveryConfig {
                 refresh
             }
             DiscoveryConfig::Srv { name, refresh, .. } => {
-                if let Err(m) = check_name(name, true) {
-                    return Err(InvalidField::at("srv", Problem::Invalid(m)));
+                if let Err(e) = check_name(name, true) {
+                    return Err(InvalidField::at("srv", Problem::Invalid(e.to_string())));
                 }
                 refresh
             }
             DiscoveryConfig::File { .. } => &None,
             DiscoveryConfig::Etcd { prefix } => {
                 crate::config::etcd::check_prefix(prefix)
-                    .map_err(|m| InvalidField::at("etcd", Problem::Invalid(m)))?;
+                    .map_err(|e| InvalidField::at("etcd", Problem::Invalid(e.to_string())))?;
                 &None
             }
         };
@@ -194,20 +194,27 @@ pub(crate) fn is_dns_name(name: &str) -> bool {
     name.len() <= 253 && name.split('.').all(label_ok)
 }
 
+/// A discovery name that is refused, and which name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum NameError {
+    /// Not a host name of DNS labels.
+    #[error("`{0}` is not a DNS name; expected e.g. \"api.internal.test\"")]
+    NotDns(String),
+    /// A DNS name, but not `_service._proto.name`.
+    #[error("`{0}` is not an SRV name; expected _service._proto.name, e.g. \"_http._tcp.api.internal.test\" (RFC 2782)")]
+    NotSrv(String),
+}
+
 /// Checks a DNS name (an SRV name: `_service._proto.name`) without resolving it.
-pub(crate) fn check_name(name: &str, srv: bool) -> Result<(), String> {
+pub(crate) fn check_name(name: &str, srv: bool) -> Result<(), NameError> {
     let trimmed = name.strip_suffix('.').unwrap_or(name);
     if !is_dns_name(trimmed) {
-        return Err(format!(
-            "`{name}` is not a DNS name; expected e.g. \"api.internal.test\""
-        ));
+        return Err(NameError::NotDns(name.to_string()));
     }
     if srv {
         let labels: Vec<&str> = trimmed.split('.').collect();
         if labels.len() < 3 || !labels[0].starts_with('_') || !labels[1].starts_with('_') {
-            return Err(format!(
-                "`{name}` is not an SRV name; expected _service._proto.name, e.g. \"_http._tcp.api.internal.test\" (RFC 2782)"
-            ));
+            return Err(NameError::NotSrv(name.to_string()));
         }
     }
     Ok(())
@@ -425,12 +432,15 @@ mod tests {
         assert!(check_name("api.internal.test", false).is_ok());
         assert!(check_name("api.internal.test.", false).is_ok());
         assert!(check_name("_http._tcp.api.internal.test", true).is_ok());
-        assert!(check_name("api..test", false).is_err());
+        assert_eq!(
+            check_name("api..test", false),
+            Err(NameError::NotDns("api..test".into()))
+        );
         assert!(check_name("api.test:53", false).is_err());
         assert!(check_name("", false).is_err());
-        assert!(check_name("api.internal.test", true)
-            .unwrap_err()
-            .contains("RFC 2782"));
+        let e = check_name("api.internal.test", true).unwrap_err();
+        assert_eq!(e, NameError::NotSrv("api.internal.test".into()));
+        assert!(e.to_string().contains("RFC 2782"), "{e}");
     }
 
     /// The keys of one kind are refused with another, in either order, at a key of theirs.

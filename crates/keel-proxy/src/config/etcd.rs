@@ -148,13 +148,21 @@ impl EtcdConfig {
 
 /// Checks an etcd key prefix (a discovery source's or evidence's): not empty, ends with `/`, so
 /// that `/keel/app/` does not also hold `/keel/app2/...`.
-pub(crate) fn check_prefix(prefix: &str) -> Result<(), String> {
+pub(crate) fn check_prefix(prefix: &str) -> Result<(), NotAKeyPrefix> {
     if prefix.is_empty() || !prefix.ends_with('/') {
-        return Err(format!(
-            "`{prefix}` is not a key prefix; expected one ending in `/`, e.g. \"/keel/clusters/app/\" (every key under it is one endpoint)"
-        ));
+        return Err(NotAKeyPrefix {
+            prefix: prefix.to_string(),
+        });
     }
     Ok(())
+}
+
+/// An etcd key prefix that is empty or does not end in `/`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{prefix}` is not a key prefix; expected one ending in `/`, e.g. \"/keel/clusters/app/\" (every key under it is one endpoint)")]
+pub(crate) struct NotAKeyPrefix {
+    /// The prefix given.
+    pub prefix: String,
 }
 
 #[cfg(test)]
@@ -174,7 +182,12 @@ mod tests {
         c.user = Some("keel".into());
         assert_eq!(c.validate().unwrap_err().field.to_string(), "password");
         assert!(check_prefix("/keel/app/").is_ok());
-        assert!(check_prefix("/keel/app").is_err());
+        assert_eq!(
+            check_prefix("/keel/app"),
+            Err(NotAKeyPrefix {
+                prefix: "/keel/app".into()
+            })
+        );
         assert!(!format!(
             "{:?}",
             EtcdConfig {

@@ -46,8 +46,8 @@ pub use listener::{
 pub use locate::ConfigError;
 pub use observe::{AccessLogConfig, AccessLogFormat, AdminConfig, TracingConfig};
 pub use policy::{
-    HashOn, HeaderEdits, RateKey, RateLimitConfig, RedirectConfig, ReplacePrefix, ResponseHeaders,
-    StickyConfig,
+    HashOn, HashOnError, HeaderEdits, RateKey, RateLimitConfig, RedirectConfig, ReplacePrefix,
+    ResponseHeaders, StickyConfig,
 };
 pub use route::RouteConfig;
 pub(crate) use route::{HostPattern, PathPattern};

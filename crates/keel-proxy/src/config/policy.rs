@@ -217,8 +217,21 @@ pub const LOCATION_VARIABLES: &[&str] = &[
     "$path",
 ];
 
+/// A `$` in a header value or a location that starts none of the variables allowed there.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown variable `{word}`; allowed: {} (`$$` for a `$`)", allowed.join(", "))]
+pub(crate) struct UnknownVariable {
+    /// The `$` and the word after it.
+    pub word: String,
+    /// The variables allowed there.
+    pub allowed: &'static [&'static str],
+}
+
 /// Checks that every `$` in `value` starts one of `allowed` (`$$` is a `$`).
-pub(crate) fn check_variables(value: &str, allowed: &[&str]) -> Result<(), String> {
+pub(crate) fn check_variables(
+    value: &str,
+    allowed: &'static [&'static str],
+) -> Result<(), UnknownVariable> {
     let mut rest = value;
     while let Some(i) = rest.find('$') {
         rest = &rest[i..];
@@ -238,10 +251,7 @@ pub(crate) fn check_variables(value: &str, allowed: &[&str]) -> Result<(), Strin
                             .take_while(|c| c.is_ascii_alphanumeric() || *c == '_'),
                     )
                     .collect();
-                return Err(format!(
-                    "unknown variable `{word}`; allowed: {} (`$$` for a `$`)",
-                    allowed.join(", ")
-                ));
+                return Err(UnknownVariable { word, allowed });
             }
         }
     }
@@ -296,7 +306,7 @@ fn check_edits(
     for (sub, (name, value)) in pairs {
         name_ok(sub, name)?;
         check_variables(value, HEADER_VARIABLES)
-            .map_err(|m| InvalidField::new(at(sub), Problem::Invalid(format!("`{name}`: {m}"))))?;
+            .map_err(|e| InvalidField::new(at(sub), Problem::Invalid(format!("`{name}`: {e}"))))?;
         if hyper::header::HeaderValue::from_str(value).is_err() {
             return Err(InvalidField::new(
                 at(sub),
@@ -348,7 +358,7 @@ impl RewriteKeys<'_> {
                 ));
             }
             check_variables(&r.location, LOCATION_VARIABLES)
-                .map_err(|m| InvalidField::new(at("location"), Problem::Invalid(m)))?;
+                .map_err(|e| InvalidField::new(at("location"), Problem::Invalid(e.to_string())))?;
             if r.location.is_empty() || hyper::header::HeaderValue::from_str(&r.location).is_err() {
                 return Err(InvalidField::new(
                     at("location"),
@@ -386,9 +396,29 @@ pub(crate) fn is_cookie_name(name: &str) -> bool {
             .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b))
 }
 
+/// A `hash_on` that is refused, and the text given.
+#[derive(Debug, thiserror::Error)]
+pub enum HashOnError {
+    /// `cookie:NAME` with a NAME that is not an RFC 6265 token.
+    #[error("`{0}` is not a cookie name")]
+    CookieName(String),
+    /// `header:NAME` with a NAME that is not a header name.
+    #[error("`{name}` is not a valid header name")]
+    HeaderName {
+        /// The name given.
+        name: String,
+        /// Why.
+        #[source]
+        source: hyper::header::InvalidHeaderName,
+    },
+    /// None of the forms.
+    #[error("unknown hash_on `{0}`; allowed: {allowed}", allowed = HashOn::ALLOWED)]
+    Unknown(String),
+}
+
 impl std::str::FromStr for HashOn {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = HashOnError;
+    fn from_str(s: &str) -> Result<Self, HashOnError> {
         match s {
             "path" => Ok(HashOn::Path),
             "client-ip" => Ok(HashOn::ClientIp),
@@ -396,16 +426,16 @@ impl std::str::FromStr for HashOn {
                 if let Some(name) = s.strip_prefix("cookie:") {
                     is_cookie_name(name)
                         .then(|| HashOn::Cookie(name.to_string()))
-                        .ok_or_else(|| format!("`{name}` is not a cookie name"))
+                        .ok_or_else(|| HashOnError::CookieName(name.to_string()))
                 } else if let Some(name) = s.strip_prefix("header:") {
                     hyper::header::HeaderName::from_bytes(name.trim().as_bytes())
                         .map(HashOn::Header)
-                        .map_err(|_| format!("`{name}` is not a valid header name"))
+                        .map_err(|source| HashOnError::HeaderName {
+                            name: name.to_string(),
+                            source,
+                        })
                 } else {
-                    Err(format!(
-                        "unknown hash_on `{s}`; allowed: {}",
-                        HashOn::ALLOWED
-                    ))
+                    Err(HashOnError::Unknown(s.to_string()))
                 }
             }
         }

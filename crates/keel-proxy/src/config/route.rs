@@ -85,24 +85,49 @@ pub struct RouteConfig {
 #[serde(try_from = "String")]
 pub struct Cidr(pub ipnet::IpNet);
 
-impl TryFrom<String> for Cidr {
-    type Error = String;
+/// An `allow` or `deny` entry that is refused, and the text given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CidrError {
+    /// Neither an IP address nor a CIDR block.
+    #[error("{text:?} is not an IP address or a CIDR block (write e.g. \"10.0.0.0/8\", \"192.0.2.7\" or \"2001:db8::/32\")")]
+    Syntax {
+        /// The entry.
+        text: String,
+        /// Why it is not a CIDR block.
+        #[source]
+        source: ipnet::AddrParseError,
+    },
+    /// A block with bits set past its prefix (`10.0.0.1/8`).
+    #[error(
+        "{text:?} has bits set past its /{} prefix: write {:?} for the block, or {:?} for the one address",
+        net.prefix_len(),
+        net.trunc().to_string(),
+        ipnet::IpNet::from(net.addr()).to_string()
+    )]
+    HostBits {
+        /// The entry.
+        text: String,
+        /// The block as written.
+        net: ipnet::IpNet,
+    },
+}
 
-    fn try_from(s: String) -> Result<Self, String> {
+impl TryFrom<String> for Cidr {
+    type Error = CidrError;
+
+    fn try_from(s: String) -> Result<Self, CidrError> {
         let text = s.trim();
         if let Ok(ip) = text.parse::<std::net::IpAddr>() {
             return Ok(Cidr(ipnet::IpNet::from(ip)));
         }
-        let net = text.parse::<ipnet::IpNet>().map_err(|_| {
-            format!("{s:?} is not an IP address or a CIDR block (write e.g. \"10.0.0.0/8\", \"192.0.2.7\" or \"2001:db8::/32\")")
-        })?;
+        let net = text
+            .parse::<ipnet::IpNet>()
+            .map_err(|source| CidrError::Syntax {
+                text: s.clone(),
+                source,
+            })?;
         if net.trunc() != net {
-            return Err(format!(
-                "{s:?} has bits set past its /{} prefix: write {:?} for the block, or {:?} for the one address",
-                net.prefix_len(),
-                net.trunc().to_string(),
-                ipnet::IpNet::from(net.addr()).to_string()
-            ));
+            return Err(CidrError::HostBits { text: s, net });
         }
         Ok(Cidr(net))
     }

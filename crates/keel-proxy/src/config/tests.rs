@@ -513,10 +513,16 @@ fn hash_on_parses() {
         "header:X-User".parse::<HashOn>().unwrap().to_string(),
         "header:x-user"
     );
-    assert!("cookie"
-        .parse::<HashOn>()
-        .unwrap_err()
-        .contains("client-ip"));
+    let e = "cookie".parse::<HashOn>().unwrap_err();
+    assert!(
+        matches!(&e, HashOnError::Unknown(s) if s == "cookie"),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("client-ip"), "{e}");
+    assert!(matches!(
+        "header:a b".parse::<HashOn>(),
+        Err(HashOnError::HeaderName { .. })
+    ));
 }
 
 #[test]

@@ -158,10 +158,19 @@ mod tests {
         );
         let e = Cidr::try_from("10.0.0.1/8".to_string()).unwrap_err();
         assert!(
+            matches!(e, crate::config::route::CidrError::HostBits { .. }),
+            "{e:?}"
+        );
+        let e = e.to_string();
+        assert!(
             e.contains("\"10.0.0.0/8\"") && e.contains("\"10.0.0.1/32\""),
             "{e}"
         );
         let e = Cidr::try_from("10.0.0.300".to_string()).unwrap_err();
-        assert!(e.contains("not an IP address"), "{e}");
+        assert!(
+            matches!(e, crate::config::route::CidrError::Syntax { .. }),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("not an IP address"), "{e}");
     }
 }
