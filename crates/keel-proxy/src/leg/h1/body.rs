@@ -12,9 +12,23 @@ use bytes::{Buf, BufMut, Bytes};
 use hyper::body::SizeHint;
 use tokio::io::{AsyncRead, ReadBuf};
 
-use crate::codec::chunked::ChunkedDecoder;
+use crate::codec::chunked::{ChunkError, ChunkedDecoder};
 use crate::codec::response::{Framing, ResponseHead};
 use crate::upstream::pool::RawConn;
+
+/// Why an HTTP/1.1 response body could not be read to its end.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum H1BodyError {
+    /// The chunked framing is malformed.
+    #[error("{0}")]
+    Chunked(#[source] ChunkError),
+    /// The endpoint closed the connection before the body's end (a length or the last chunk).
+    #[error("connection closed in the middle of the body")]
+    Cut,
+    /// Reading the connection failed.
+    #[error("{0}")]
+    Read(#[source] io::Error),
+}
 
 /// The body of a response read from an endpoint's HTTP/1.1 connection.
 pub(crate) struct H1Body {
@@ -47,7 +61,7 @@ impl H1Body {
     pub(crate) fn poll_data(
         &mut self,
         cx: &mut Context<'_>,
-    ) -> Poll<Result<Option<Bytes>, String>> {
+    ) -> Poll<Result<Option<Bytes>, H1BodyError>> {
         let Some(conn) = self.conn.as_mut() else {
             return Poll::Ready(Ok(None));
         };
@@ -62,7 +76,7 @@ impl H1Body {
                 }
                 Framing::Chunked if self.decoder.is_done() => return Poll::Ready(Ok(None)),
                 Framing::Chunked if !conn.buf.is_empty() => {
-                    let step = self.decoder.step(&conn.buf).map_err(|e| e.to_string())?;
+                    let step = self.decoder.step(&conn.buf).map_err(H1BodyError::Chunked)?;
                     conn.buf.advance(step.framing);
                     if step.data > 0 {
                         let data = conn.buf.split_to(step.data).freeze();
@@ -89,11 +103,9 @@ impl H1Body {
                     self.keep_alive = false;
                     return Poll::Ready(Ok(None));
                 }
-                Poll::Ready(Ok(0)) => {
-                    return Poll::Ready(Err("connection closed in the middle of the body".into()))
-                }
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(H1BodyError::Cut)),
                 Poll::Ready(Ok(_)) => {}
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.to_string())),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(H1BodyError::Read(e))),
             }
         }
     }
