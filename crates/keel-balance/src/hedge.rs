@@ -78,22 +78,57 @@ impl std::fmt::Display for HedgeDelay {
     }
 }
 
+/// A hedge `delay` that is refused, and the text given.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum HedgeDelayError {
+    /// `p` followed by something that is not a number.
+    #[error("`{text}`: a quantile is written p50, p95, p99.9")]
+    Quantile {
+        /// The delay given.
+        text: String,
+        /// Why the number does not parse.
+        #[source]
+        source: std::num::ParseFloatError,
+    },
+    /// A quantile outside (0, 100).
+    #[error("`{text}`: the quantile must be within (0, 100)")]
+    QuantileRange {
+        /// The delay given.
+        text: String,
+    },
+    /// Neither a quantile nor a duration.
+    #[error("`{text}`: neither a quantile (p95) nor a duration: {source}")]
+    Neither {
+        /// The delay given.
+        text: String,
+        /// Why it is not a duration.
+        #[source]
+        source: humantime::DurationError,
+    },
+}
+
 impl std::str::FromStr for HedgeDelay {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = HedgeDelayError;
+    fn from_str(s: &str) -> Result<Self, HedgeDelayError> {
         let s = s.trim();
         if let Some(rest) = s.strip_prefix('p') {
-            let pct: f64 = rest
-                .parse()
-                .map_err(|_| format!("`{s}`: a quantile is written p50, p95, p99.9"))?;
+            let pct: f64 = rest.parse().map_err(|source| HedgeDelayError::Quantile {
+                text: s.to_string(),
+                source,
+            })?;
             if !(pct > 0.0 && pct < 100.0) {
-                return Err(format!("`{s}`: the quantile must be within (0, 100)"));
+                return Err(HedgeDelayError::QuantileRange {
+                    text: s.to_string(),
+                });
             }
             return Ok(HedgeDelay::Quantile(pct / 100.0));
         }
         humantime::parse_duration(s)
             .map(HedgeDelay::Fixed)
-            .map_err(|e| format!("`{s}`: neither a quantile (p95) nor a duration: {e}"))
+            .map_err(|source| HedgeDelayError::Neither {
+                text: s.to_string(),
+                source,
+            })
     }
 }
 
@@ -353,6 +388,22 @@ mod tests {
         let c: HedgeConfig = toml::from_str("delay = \"15ms\"\nmax = 2").unwrap();
         assert_eq!(c.validate().unwrap_err().field.to_string(), "max");
         assert!(toml::from_str::<HedgeConfig>("delay = \"p100\"").is_err());
+        assert_eq!(
+            "p100".parse::<HedgeDelay>(),
+            Err(HedgeDelayError::QuantileRange {
+                text: "p100".into()
+            })
+        );
+        assert!(matches!(
+            "pxx".parse::<HedgeDelay>(),
+            Err(HedgeDelayError::Quantile { .. })
+        ));
+        let e = "soon".parse::<HedgeDelay>().unwrap_err();
+        assert!(matches!(e, HedgeDelayError::Neither { .. }), "{e:?}");
+        assert!(
+            e.to_string().starts_with("`soon`: neither a quantile"),
+            "{e}"
+        );
         assert!(toml::from_str::<HedgeConfig>("delay = \"soon\"").is_err());
         let c: HedgeConfig = toml::from_str("delay = \"5ms\"\nbudget_percent = -1").unwrap();
         assert_eq!(

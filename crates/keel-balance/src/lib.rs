@@ -52,7 +52,7 @@ pub use config::{
 pub use endpoint::{Endpoint, EndpointId, EndpointSpec, EndpointStatus};
 pub use field::{FieldPath, InvalidField, PathSegment, Problem};
 pub use hash::hash_key;
-pub use hedge::{HedgeConfig, HedgeDelay, Hedger};
+pub use hedge::{HedgeConfig, HedgeDelay, HedgeDelayError, Hedger};
 pub use load::{
     LoadReport, ServerLoad, Ticket, Utilization, LATENCY_HEADER, LOAD_PATH, RIF_HEADER,
     SERVER_WINDOW,
