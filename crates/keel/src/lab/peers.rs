@@ -115,13 +115,29 @@ impl Peer {
     }
 }
 
+/// A `--peers` name that is none of the peers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownPeer(pub String);
+
+impl std::fmt::Display for UnknownPeer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "unknown peer `{}`; allowed: nginx, haproxy, envoy",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for UnknownPeer {}
+
 impl std::str::FromStr for Peer {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownPeer;
+    fn from_str(s: &str) -> Result<Self, UnknownPeer> {
         Peer::ALL
             .into_iter()
             .find(|p| p.name() == s.trim().to_ascii_lowercase())
-            .ok_or_else(|| format!("unknown peer `{s}`; allowed: nginx, haproxy, envoy"))
+            .ok_or_else(|| UnknownPeer(s.to_string()))
     }
 }
 
@@ -435,7 +451,7 @@ pub struct PeersReport {
 }
 
 /// Parses `--peers`.
-pub(crate) fn parse(names: &[String]) -> Result<Vec<Peer>, String> {
+pub(crate) fn parse(names: &[String]) -> Result<Vec<Peer>, UnknownPeer> {
     let mut out = Vec::new();
     for n in names {
         let p: Peer = n.parse()?;
@@ -580,7 +596,7 @@ impl Peers {
     /// The peers named by `--peers` (none: nothing to run); an unknown name is a usage error.
     pub fn new(opts: &LabOptions) -> Result<Self, crate::usage::UsageError> {
         Ok(Peers {
-            peers: parse(&opts.peers).map_err(crate::usage::UsageError)?,
+            peers: parse(&opts.peers).map_err(|e| crate::usage::UsageError(e.to_string()))?,
             quick: opts.quick,
             only: opts.strategies.clone(),
             report: None,

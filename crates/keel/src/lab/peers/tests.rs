@@ -89,6 +89,8 @@ fn envoy_operators_adds_retries_and_outlier_detection() {
 #[test]
 fn an_unknown_peer_is_a_usage_error_naming_the_allowed_ones() {
     let e = parse(&["nginx".into(), "traefik".into()]).unwrap_err();
+    assert_eq!(e, UnknownPeer("traefik".into()));
+    let e = e.to_string();
     assert!(
         e.contains("traefik") && e.contains("nginx, haproxy, envoy"),
         "{e}"
