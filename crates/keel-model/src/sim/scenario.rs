@@ -1040,3 +1040,65 @@ impl Scenario {
         self.clusters[self.focus()].balancer.strategy
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scenario(extra: &str) -> Scenario {
+        toml::from_str(&format!(
+            "requests = 10\n[load]\nkind = \"open\"\nrate = 100.0\n[[clusters]]\nname = \"api\"\nservers = 2\n{extra}"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn errors_name_the_cluster_and_the_field() {
+        assert_eq!(scenario("").validate(), Ok(()));
+        let e = scenario("[[clusters.endpoints]]\nweight = 0\n[[clusters.endpoints]]\n")
+            .validate()
+            .unwrap_err();
+        assert_eq!(
+            e.cluster,
+            Some(ClusterRef {
+                index: 0,
+                name: "api".into()
+            })
+        );
+        let ScenarioProblem::Field(f) = &e.problem else {
+            panic!("{e:?}")
+        };
+        assert_eq!(f.field.to_string(), "endpoints[0].weight");
+        assert_eq!(
+            e.to_string(),
+            "cluster `api`: endpoints[0].weight must be at least 1, got 0"
+        );
+        // A nested value's field is under its key, as the old messages had it.
+        let e = scenario("latency = { dist = \"lognormal\", mean = \"10ms\", sigma = -1.0 }\n")
+            .validate()
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "cluster `api`: latency.sigma must be a number >= 0, got -1"
+        );
+        // The scenario's own keys have no cluster.
+        let mut sc = scenario("");
+        sc.requests = 0;
+        let e = sc.validate().unwrap_err();
+        assert_eq!(e.cluster, None);
+        assert_eq!(e.to_string(), "requests must be at least 1, got 0");
+    }
+
+    #[test]
+    fn sigma_applies_to_lognormal_only() {
+        let e = toml::from_str::<Scenario>(
+            "requests = 10\n[load]\nkind = \"open\"\nrate = 100.0\n[[clusters]]\nservers = 2\nlatency = { dist = \"fixed\", sigma = 1.0 }\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("`sigma` applies to dist = \"lognormal\" only, not dist = \"fixed\""),
+            "{e}"
+        );
+    }
+}

@@ -116,3 +116,70 @@ fn check_endpoints(endpoints: &[EndpointSpec]) -> Result<(), EndpointError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_errors_keep_the_path_and_their_source() {
+        let dir = std::env::temp_dir().join(format!("keel-discovery-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let missing = dir.join("missing.toml");
+        match read_file(&missing).unwrap_err() {
+            FileSourceError::Read { path, source } => {
+                assert_eq!(path, missing);
+                assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+            }
+            other => panic!("{other:?}"),
+        }
+        let twice = dir.join("twice.toml");
+        std::fs::write(
+            &twice,
+            "endpoints = [{ address = \"10.0.0.1:80\" }, { address = \"10.0.0.1:80\" }]\n",
+        )
+        .unwrap();
+        let e = read_file(&twice).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                FileSourceError::Endpoint {
+                    source: EndpointError::Duplicate { address },
+                    ..
+                } if address == "10.0.0.1:80"
+            ),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!("{}: `10.0.0.1:80` is listed twice", twice.display())
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_address_needs_a_host_and_a_port() {
+        let e = check_endpoint(&EndpointSpec::new("10.0.0.1")).unwrap_err();
+        assert!(
+            matches!(e, EndpointError::NotAnAddress { source: None, .. }),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "`10.0.0.1` is not an address; expected host:port"
+        );
+        let e = check_endpoint(&EndpointSpec::new("a b:80")).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                EndpointError::NotAnAddress {
+                    source: Some(_),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let e = check_endpoint(&EndpointSpec::new("10.0.0.1:80").with_weight(0)).unwrap_err();
+        assert!(matches!(e, EndpointError::ZeroWeight { .. }), "{e:?}");
+    }
+}
