@@ -53,7 +53,7 @@ pub(crate) async fn forward<B: RequestBody>(
     out: &mut Vec<u8>,
     timer: &mut Pin<Box<Sleep>>,
 ) -> HttpAnswer {
-    let hash = match &cluster.config.hash_on {
+    let hash = match &cluster.config.balance.hash_on {
         Some(HashOn::ClientIp) => Some(crate::upstream::cluster::client_ip_key(client.peer)),
         Some(HashOn::Cookie(name)) => cookie(req.head.view(), name).map(keel_balance::hash_key),
         _ => req.meta.hash,

@@ -41,11 +41,11 @@ impl Limits {
         request_timeout: Option<Duration>,
         retry_attempts: Option<u32>,
     ) -> Self {
-        let request_timeout = request_timeout.unwrap_or(cluster.request_timeout);
+        let request_timeout = request_timeout.unwrap_or(cluster.timeouts.request);
         let retry_attempts = retry_attempts
-            .unwrap_or(cluster.retry.attempts)
+            .unwrap_or(cluster.protections.retry.attempts)
             .min(MAX_RETRY_ATTEMPTS);
-        let per_try_timeout = match cluster.retry.per_try_timeout {
+        let per_try_timeout = match cluster.protections.retry.per_try_timeout {
             Some(t) => t.min(request_timeout),
             None => request_timeout / (retry_attempts + 1),
         };

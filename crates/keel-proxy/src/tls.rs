@@ -495,7 +495,7 @@ pub(crate) fn check_upstream(c: &ClusterConfig) -> Result<(), InvalidField> {
     let Some(t) = &c.tls else {
         return Ok(());
     };
-    if let Err(e) = UpstreamTls::new(t, c.connect_timeout, c.alpn()) {
+    if let Err(e) = UpstreamTls::new(t, c.timeouts.connect, c.alpn()) {
         return Err(e.into_field().under(FieldPath::key("tls")));
     }
     if t.server_name.is_none() {

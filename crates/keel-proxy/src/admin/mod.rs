@@ -80,15 +80,15 @@ pub(crate) fn status_json(shared: &Shared, recent: &Recent) -> serde_json::Value
             let m = &c.metrics;
             json!({
                 "name": c.name(),
-                "strategy": c.config.strategy.name(),
+                "strategy": c.config.balance.strategy.name(),
                 "panicking": c.balancer.is_panicking(c.now()),
                 "in_flight": m.in_flight.load(Relaxed),
                 "requests": m.latency.count(),
                 "retries": m.retries.load(Relaxed),
                 "retry_budget_refusals": m.budget_refusals.load(Relaxed),
                 "retry_budget_window": { "requests": requests, "retries": retries },
-                "health_check": c.config.health_check.is_some(),
-                "outlier_detection": c.config.outlier_detection.is_some(),
+                "health_check": c.config.protections.health_check.is_some(),
+                "outlier_detection": c.config.protections.outlier_detection.is_some(),
                 "discovery": discovery_json(shared, c.name()),
                 "shared_evidence": evidence_json(shared, c.name()),
                 "last_minute": recent.cluster_json(c.name()),

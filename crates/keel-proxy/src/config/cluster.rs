@@ -1,6 +1,6 @@
 //! `[[cluster]]` and its tables: `[cluster.retry]`, `[cluster.health_check]`, `[cluster.probe]`,
 //! `[cluster.tls]` and `[cluster.hedge]` (keel-balance's `HedgeConfig`), with the balancer's
-//! options flattened into the cluster's table.
+//! options, timeouts and protections side by side in the cluster's table (grouped in the type).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -14,9 +14,8 @@ use serde::Deserialize;
 
 use crate::config::health::{HealthCheckConfig, HealthCheckKind, ProbeConfig};
 
-use crate::config::policy::{
-    HashOn, HeaderEdits, RateLimitConfig, ReplacePrefix, ResponseHeaders, RewriteKeys, StickyConfig,
-};
+use crate::config::group::{group, KeySeed, Seen};
+use crate::config::policy::{HashOn, RequestPolicy, StickyConfig};
 
 use crate::config::discovery::DiscoveryConfig;
 use crate::config::locate::{none, zero};
@@ -102,269 +101,270 @@ impl UpstreamTlsConfig {
     }
 }
 
-/// `[[cluster]]`: a set of endpoints, its balancer and how requests to it are made.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// `[[cluster]]`: a set of endpoints, its balancer and how requests to it are made. The TOML
+/// table is flat; its keys are held here in groups: [`BalanceConfig`] (the balancer's
+/// options), [`TimeoutsConfig`], [`ProtectionsConfig`] and [`RequestPolicy`] (shared with
+/// routes), besides the cluster's own keys.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ClusterConfig {
     /// Unique name, referenced by listeners.
     pub name: String,
-    /// keel-balance strategy. Default `round-robin`.
-    #[serde(default = "default_strategy")]
-    pub strategy: StrategyKind,
     /// The endpoints: `{ address = "host:port", weight = 1 }`. Required unless `discovery`
     /// finds them.
-    #[serde(default)]
     pub endpoints: Vec<EndpointSpec>,
     /// Where the endpoints come from when they are not listed: DNS (A/AAAA or SRV records)
     /// or a file, refreshed while the proxy runs.
-    #[serde(default)]
     pub discovery: Option<DiscoveryConfig>,
     /// How keel speaks to the endpoints: `"http1"` (default), `"h2c"` (HTTP/2 with prior
     /// knowledge) or `"h2"` (HTTP/2 over `[cluster.tls]`, ALPN `h2`). Either way one pick per
     /// request.
-    #[serde(default)]
     pub protocol: UpstreamProtocol,
     /// PROXY protocol header (`"v1"` or `"v2"`) at the start of each connection a TCP
     /// listener opens to an endpoint. Unset: none.
-    #[serde(default)]
     pub proxy_protocol: Option<ProxyProtocol>,
-
-    /// least-connections, least-time: tie-break (`random` or `lowest-index`). Default `random`.
-    #[serde(default)]
-    pub tie_break: TieBreak,
-    /// least-request, peak-ewma: candidates compared per pick. Default 2.
-    #[serde(default = "default_choices")]
-    pub choices: u32,
-    /// least-time, peak-ewma: EWMA time constant. Default 10 s.
-    #[serde(default = "default_decay", with = "keel_balance::duration_serde")]
-    pub decay: Duration,
-    /// peak-ewma: latency assumed before the first sample. Default 30 ms.
-    #[serde(default = "default_rtt", with = "keel_balance::duration_serde")]
-    pub default_rtt: Duration,
-    /// peak-ewma: a failure counts as at least this latency. Default 1 s.
-    #[serde(
-        default = "default_failure_penalty",
-        with = "keel_balance::duration_serde"
-    )]
-    pub failure_penalty: Duration,
-    /// ring-hash: virtual nodes per endpoint of mean weight. Default 160.
-    #[serde(default = "default_vnodes")]
-    pub vnodes: u32,
-    /// maglev: lookup table size (a prime). Default 65537.
-    #[serde(default = "default_table_size")]
-    pub table_size: u64,
-    /// Hash strategies: bounded load factor (e.g. 1.25); off unless set.
-    #[serde(default)]
-    pub bounded_load: Option<f64>,
-    /// Panic threshold in percent of available endpoints (0 = off). Default 50.
-    #[serde(default = "default_panic_threshold")]
-    pub panic_threshold: f64,
-    /// Seed of the balancer's random choices. Default keel-balance's fixed seed.
-    #[serde(default)]
-    pub seed: Option<u64>,
-    /// Passive outlier detection (`[cluster.outlier_detection]`): on by default with
-    /// keel-balance's defaults (5 failures in a row eject for 30 s, at most 10 % of the
-    /// endpoints and at least one); `outlier_detection = false` turns it off.
-    #[serde(
-        default = "default_outlier_detection",
-        deserialize_with = "outlier_toggle"
-    )]
-    pub outlier_detection: Option<OutlierConfig>,
-    /// Slow start (`[cluster.slow_start]`); off unless present.
-    #[serde(default)]
-    pub slow_start: Option<SlowStartConfig>,
-    /// orca-wrr: a weight counts after this long of ORCA reports (gRFC A58). Default 10 s.
-    #[serde(
-        default = "default_blackout_period",
-        with = "keel_balance::duration_serde"
-    )]
-    pub blackout_period: Duration,
-    /// orca-wrr: a weight expires this long after its last report. Default 3 min.
-    #[serde(
-        default = "default_weight_expiration_period",
-        with = "keel_balance::duration_serde"
-    )]
-    pub weight_expiration_period: Duration,
-    /// orca-wrr: how often weights are recomputed. Default 1 s.
-    #[serde(
-        default = "default_weight_update_period",
-        with = "keel_balance::duration_serde"
-    )]
-    pub weight_update_period: Duration,
-    /// orca-wrr: multiplier of `eps / qps` in the weight. Default 1.
-    #[serde(default = "default_error_utilization_penalty")]
-    pub error_utilization_penalty: f64,
-    /// Priority levels: Envoy's overprovisioning factor. Default 1.4.
-    #[serde(default = "default_overprovisioning_factor")]
-    pub overprovisioning_factor: f64,
-    /// Zone-aware routing (`[cluster.zone_routing]`, keel-balance's `ZoneRouting`); needs the
-    /// proxy's top-level `zone`. Off unless present.
-    #[serde(default)]
-    pub zone_routing: Option<ZoneRouting>,
-    /// The proxy's own zone (the top-level `zone`), copied in when the file is read.
-    #[serde(skip)]
-    pub zone: Option<String>,
-    /// Where hash strategies take the request's key: `"header:NAME"`, `"path"` or
-    /// `"client-ip"`. Unset: a random key per request (no affinity).
-    #[serde(default)]
-    pub hash_on: Option<HashOn>,
-
-    /// Time allowed to open a TCP connection to an endpoint. Default 1 s.
-    #[serde(
-        default = "default_connect_timeout",
-        with = "keel_balance::duration_serde"
-    )]
-    pub connect_timeout: Duration,
-    /// Time allowed until the response head, all tries included (time to first byte); the
-    /// body then streams under `upstream_idle_timeout` (and `max_duration`). Default 15 s.
-    #[serde(
-        default = "default_request_timeout",
-        with = "keel_balance::duration_serde"
-    )]
-    pub request_timeout: Duration,
-    /// Once the response head arrived, the body may go this long without a byte from the
-    /// endpoint before it is cut (a server-sent event stream must send at least that often).
-    /// Default 60 s.
-    #[serde(
-        default = "default_upstream_idle_timeout",
-        with = "keel_balance::duration_serde"
-    )]
-    pub upstream_idle_timeout: Duration,
-    /// Longest a request may last in all, from its arrival to the response's last byte;
-    /// unset (the default): no limit beyond the idle timeouts.
-    #[serde(default, with = "keel_balance::duration_serde::option")]
-    pub max_duration: Option<Duration>,
+    /// TLS to the endpoints (`[cluster.tls]`); plain TCP unless present.
+    pub tls: Option<UpstreamTlsConfig>,
+    /// Load probes (`[cluster.probe]`) for a strategy that balances on the load endpoints
+    /// report (prequal); other strategies send none.
+    pub probe: ProbeConfig,
     /// Responses whose `Content-Length` is at most this many bytes are read whole before they
     /// are forwarded, so that an endpoint failing mid-body can still be retried; larger or
     /// chunked bodies stream through. 0 streams everything. Default 65536.
-    #[serde(default = "default_max_buffered_response")]
     pub max_buffered_response: u64,
-    /// Idle keep-alive connections to an endpoint are closed after this long. Default 90 s.
-    #[serde(
-        default = "default_pool_idle_timeout",
-        with = "keel_balance::duration_serde"
-    )]
-    pub pool_idle_timeout: Duration,
     /// Most idle keep-alive connections kept per endpoint. Default 256.
-    #[serde(default = "default_pool_max_idle")]
     pub pool_max_idle_per_endpoint: usize,
-    /// Circuit breaker: most client requests served at once by this cluster; beyond it the
-    /// proxy answers `503` at once, without trying an endpoint. Default 10000.
-    #[serde(default = "default_max_in_flight")]
-    pub max_in_flight: usize,
-    /// Retries (`[cluster.retry]`).
-    #[serde(default)]
-    pub retry: RetryConfig,
-    /// Active HTTP health checks (`[cluster.health_check]`); off unless present.
-    #[serde(default)]
-    pub health_check: Option<HealthCheckConfig>,
-    /// TLS to the endpoints (`[cluster.tls]`); plain TCP unless present.
-    #[serde(default)]
-    pub tls: Option<UpstreamTlsConfig>,
-    /// Hedged requests (`[cluster.hedge]`): a second try of a slow idempotent request to
-    /// another endpoint; off unless present.
-    #[serde(default)]
-    pub hedge: Option<keel_balance::HedgeConfig>,
-    /// Load probes (`[cluster.probe]`) for a strategy that balances on the load endpoints
-    /// report (prequal); other strategies send none.
-    #[serde(default)]
-    pub probe: ProbeConfig,
-    /// Most upstream tries one client request may cost (the first try, its hedges and its
-    /// retries, routes' `retry_attempts` included); a configuration whose worst case is more
-    /// is refused. Unset: no limit (the worst case is still printed by `--check`).
-    #[serde(default)]
-    pub max_amplification: Option<u32>,
-    /// A local rate limit on every request to this cluster (see [`RateLimitConfig`]).
-    #[serde(default)]
-    pub rate_limit: Option<RateLimitConfig>,
-    /// Removes this prefix from the path sent to the endpoint (`/echo/status` -> `/status`).
-    #[serde(default)]
-    pub strip_prefix: Option<String>,
-    /// Replaces a path prefix (`{ from = "/v1/", to = "/v2/" }`).
-    #[serde(default)]
-    pub replace_prefix: Option<ReplacePrefix>,
-    /// The `Host` sent to the endpoint: this value, or `"$endpoint"` for the endpoint's address.
-    #[serde(default)]
-    pub host_rewrite: Option<String>,
-    /// Request headers removed, set and added.
-    #[serde(default)]
-    pub request_headers: Option<HeaderEdits>,
-    /// Response headers removed, set and added (and `endpoint`: `x-keel-endpoint`).
-    #[serde(default)]
-    pub response_headers: Option<ResponseHeaders>,
-    /// Rewrites `Location` and `Refresh` naming the endpoint's address to the client-facing
-    /// host (NGINX's `proxy_redirect default`).
-    #[serde(default)]
-    pub rewrite_location: bool,
     /// Sticky sessions: a cookie naming the endpoint (see [`StickyConfig`]).
-    #[serde(default)]
     pub sticky: Option<StickyConfig>,
+    /// The proxy's own zone (the top-level `zone`), copied in when the file is read.
+    pub zone: Option<String>,
+    /// The balancer: strategy and its options.
+    pub balance: BalanceConfig,
+    /// Connect, request, idle and pool timeouts.
+    pub timeouts: TimeoutsConfig,
+    /// Outlier detection, slow start, retries, hedging, health checks and limits.
+    pub protections: ProtectionsConfig,
+    /// Rate limit and rewrites of every request to this cluster.
+    pub policy: RequestPolicy,
 }
 
-fn default_strategy() -> StrategyKind {
-    StrategyKind::RoundRobin
-}
-fn default_choices() -> u32 {
-    StrategyOptions::default().choices
-}
-fn default_decay() -> Duration {
-    StrategyOptions::default().decay
-}
-fn default_rtt() -> Duration {
-    StrategyOptions::default().default_rtt
-}
-fn default_failure_penalty() -> Duration {
-    StrategyOptions::default().failure_penalty
-}
-fn default_vnodes() -> u32 {
-    StrategyOptions::default().vnodes
-}
-fn default_table_size() -> u64 {
-    StrategyOptions::default().table_size
-}
-fn default_blackout_period() -> Duration {
-    StrategyOptions::default().blackout_period
+group! {
+    /// A cluster's balancer: the strategy and keel-balance's options (keys of `[[cluster]]`).
+    pub struct BalanceConfig {
+        /// keel-balance strategy. Default `round-robin`.
+        "strategy" => strategy: StrategyKind = StrategyKind::RoundRobin;
+        /// least-connections, least-time: tie-break (`random` or `lowest-index`). Default
+        /// `random`.
+        "tie_break" => tie_break: TieBreak = TieBreak::default();
+        /// least-request, peak-ewma: candidates compared per pick. Default 2.
+        "choices" => choices: u32 = StrategyOptions::default().choices;
+        /// least-time, peak-ewma: EWMA time constant. Default 10 s.
+        "decay" => decay: Duration = StrategyOptions::default().decay,
+            with keel_balance::duration_serde::deserialize;
+        /// peak-ewma: latency assumed before the first sample. Default 30 ms.
+        "default_rtt" => default_rtt: Duration = StrategyOptions::default().default_rtt,
+            with keel_balance::duration_serde::deserialize;
+        /// peak-ewma: a failure counts as at least this latency. Default 1 s.
+        "failure_penalty" => failure_penalty: Duration = StrategyOptions::default().failure_penalty,
+            with keel_balance::duration_serde::deserialize;
+        /// ring-hash: virtual nodes per endpoint of mean weight. Default 160.
+        "vnodes" => vnodes: u32 = StrategyOptions::default().vnodes;
+        /// maglev: lookup table size (a prime). Default 65537.
+        "table_size" => table_size: u64 = StrategyOptions::default().table_size;
+        /// Hash strategies: bounded load factor (e.g. 1.25); off unless set.
+        "bounded_load" => bounded_load: Option<f64> = None;
+        /// Panic threshold in percent of available endpoints (0 = off). Default 50.
+        "panic_threshold" => panic_threshold: f64 = BalancerConfig::default().panic_threshold;
+        /// Seed of the balancer's random choices. Default keel-balance's fixed seed.
+        "seed" => seed: Option<u64> = None;
+        /// orca-wrr: a weight counts after this long of ORCA reports (gRFC A58). Default 10 s.
+        "blackout_period" => blackout_period: Duration = StrategyOptions::default().blackout_period,
+            with keel_balance::duration_serde::deserialize;
+        /// orca-wrr: a weight expires this long after its last report. Default 3 min.
+        "weight_expiration_period" => weight_expiration_period: Duration =
+            StrategyOptions::default().weight_expiration_period,
+            with keel_balance::duration_serde::deserialize;
+        /// orca-wrr: how often weights are recomputed. Default 1 s.
+        "weight_update_period" => weight_update_period: Duration =
+            StrategyOptions::default().weight_update_period,
+            with keel_balance::duration_serde::deserialize;
+        /// orca-wrr: multiplier of `eps / qps` in the weight. Default 1.
+        "error_utilization_penalty" => error_utilization_penalty: f64 =
+            StrategyOptions::default().error_utilization_penalty;
+        /// Priority levels: Envoy's overprovisioning factor. Default 1.4.
+        "overprovisioning_factor" => overprovisioning_factor: f64 =
+            BalancerConfig::default().overprovisioning_factor;
+        /// Zone-aware routing (`[cluster.zone_routing]`, keel-balance's `ZoneRouting`); needs
+        /// the proxy's top-level `zone`. Off unless present.
+        "zone_routing" => zone_routing: Option<ZoneRouting> = None;
+        /// Where hash strategies take the request's key: `"header:NAME"`, `"path"` or
+        /// `"client-ip"`. Unset: a random key per request (no affinity).
+        "hash_on" => hash_on: Option<HashOn> = None;
+    }
 }
 
-fn default_weight_expiration_period() -> Duration {
-    StrategyOptions::default().weight_expiration_period
+group! {
+    /// A cluster's timeouts (keys of `[[cluster]]`, named `*_timeout` there but for
+    /// `max_duration`).
+    pub struct TimeoutsConfig {
+        /// `connect_timeout`: time allowed to open a TCP connection to an endpoint. Default 1 s.
+        "connect_timeout" => connect: Duration = Duration::from_secs(1),
+            with keel_balance::duration_serde::deserialize;
+        /// `request_timeout`: time allowed until the response head, all tries included (time
+        /// to first byte); the body then streams under `upstream_idle_timeout` (and
+        /// `max_duration`). Default 15 s.
+        "request_timeout" => request: Duration = Duration::from_secs(15),
+            with keel_balance::duration_serde::deserialize;
+        /// `upstream_idle_timeout`: once the response head arrived, the body may go this long
+        /// without a byte from the endpoint before it is cut (a server-sent event stream must
+        /// send at least that often). Default 60 s.
+        "upstream_idle_timeout" => upstream_idle: Duration = Duration::from_secs(60),
+            with keel_balance::duration_serde::deserialize;
+        /// `max_duration`: longest a request may last in all, from its arrival to the
+        /// response's last byte; unset (the default): no limit beyond the idle timeouts.
+        "max_duration" => max_duration: Option<Duration> = None,
+            with keel_balance::duration_serde::option::deserialize;
+        /// `pool_idle_timeout`: idle keep-alive connections to an endpoint are closed after
+        /// this long. Default 90 s.
+        "pool_idle_timeout" => pool_idle: Duration = Duration::from_secs(90),
+            with keel_balance::duration_serde::deserialize;
+    }
 }
 
-fn default_weight_update_period() -> Duration {
-    StrategyOptions::default().weight_update_period
+group! {
+    /// What protects a cluster and its clients (keys and tables of `[[cluster]]`).
+    pub struct ProtectionsConfig {
+        /// Passive outlier detection (`[cluster.outlier_detection]`): on by default with
+        /// keel-balance's defaults (5 failures in a row eject for 30 s, at most 10 % of the
+        /// endpoints and at least one); `outlier_detection = false` turns it off.
+        "outlier_detection" => outlier_detection: Option<OutlierConfig> =
+            Some(OutlierConfig::default()),
+            with outlier_toggle;
+        /// Slow start (`[cluster.slow_start]`); off unless present.
+        "slow_start" => slow_start: Option<SlowStartConfig> = None;
+        /// Retries (`[cluster.retry]`).
+        "retry" => retry: RetryConfig = RetryConfig::default();
+        /// Hedged requests (`[cluster.hedge]`): a second try of a slow idempotent request to
+        /// another endpoint; off unless present.
+        "hedge" => hedge: Option<keel_balance::HedgeConfig> = None;
+        /// Active HTTP health checks (`[cluster.health_check]`); off unless present.
+        "health_check" => health_check: Option<HealthCheckConfig> = None;
+        /// Circuit breaker: most client requests served at once by this cluster; beyond it the
+        /// proxy answers `503` at once, without trying an endpoint. Default 10000.
+        "max_in_flight" => max_in_flight: usize = 10_000;
+        /// Most upstream tries one client request may cost (the first try, its hedges and its
+        /// retries, routes' `retry_attempts` included); a configuration whose worst case is
+        /// more is refused. Unset: no limit (the worst case is still printed by `--check`).
+        "max_amplification" => max_amplification: Option<u32> = None;
+    }
 }
 
-fn default_error_utilization_penalty() -> f64 {
-    StrategyOptions::default().error_utilization_penalty
+/// Every key of `[[cluster]]`, in the order of the "unknown field" error's list.
+pub(crate) const CLUSTER_KEYS: &[&str] = &[
+    "name",
+    "strategy",
+    "endpoints",
+    "discovery",
+    "protocol",
+    "proxy_protocol",
+    "tie_break",
+    "choices",
+    "decay",
+    "default_rtt",
+    "failure_penalty",
+    "vnodes",
+    "table_size",
+    "bounded_load",
+    "panic_threshold",
+    "seed",
+    "outlier_detection",
+    "slow_start",
+    "blackout_period",
+    "weight_expiration_period",
+    "weight_update_period",
+    "error_utilization_penalty",
+    "overprovisioning_factor",
+    "zone_routing",
+    "hash_on",
+    "connect_timeout",
+    "request_timeout",
+    "upstream_idle_timeout",
+    "max_duration",
+    "max_buffered_response",
+    "pool_idle_timeout",
+    "pool_max_idle_per_endpoint",
+    "max_in_flight",
+    "retry",
+    "health_check",
+    "tls",
+    "hedge",
+    "probe",
+    "max_amplification",
+    "rate_limit",
+    "strip_prefix",
+    "replace_prefix",
+    "host_rewrite",
+    "request_headers",
+    "response_headers",
+    "rewrite_location",
+    "sticky",
+];
+
+impl<'de> Deserialize<'de> for ClusterConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Cluster;
+        impl<'de> serde::de::Visitor<'de> for Cluster {
+            type Value = ClusterConfig;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("struct ClusterConfig")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<ClusterConfig, A::Error> {
+                let mut name = None;
+                let mut c = ClusterConfig::new(String::new(), Vec::new());
+                let mut seen = Seen::default();
+                while let Some(key) = map.next_key_seed(KeySeed(CLUSTER_KEYS))? {
+                    seen.first(key)?;
+                    match key {
+                        "name" => name = Some(map.next_value()?),
+                        "endpoints" => c.endpoints = map.next_value()?,
+                        "discovery" => c.discovery = map.next_value()?,
+                        "protocol" => c.protocol = map.next_value()?,
+                        "proxy_protocol" => c.proxy_protocol = map.next_value()?,
+                        "tls" => c.tls = map.next_value()?,
+                        "probe" => c.probe = map.next_value()?,
+                        "max_buffered_response" => c.max_buffered_response = map.next_value()?,
+                        "pool_max_idle_per_endpoint" => {
+                            c.pool_max_idle_per_endpoint = map.next_value()?
+                        }
+                        "sticky" => c.sticky = map.next_value()?,
+                        _ => {
+                            let taken = c.balance.take(key, &mut map)?
+                                || c.timeouts.take(key, &mut map)?
+                                || c.protections.take(key, &mut map)?
+                                || c.policy.take(key, &mut map)?;
+                            if !taken {
+                                // A key of CLUSTER_KEYS that no group owns (a test keeps the
+                                // lists in step).
+                                return Err(serde::de::Error::unknown_field(key, CLUSTER_KEYS));
+                            }
+                        }
+                    }
+                }
+                c.name = name.ok_or_else(|| serde::de::Error::missing_field("name"))?;
+                Ok(c)
+            }
+        }
+        d.deserialize_struct("ClusterConfig", CLUSTER_KEYS, Cluster)
+    }
 }
 
-fn default_overprovisioning_factor() -> f64 {
-    BalancerConfig::default().overprovisioning_factor
-}
-
-fn default_panic_threshold() -> f64 {
-    BalancerConfig::default().panic_threshold
-}
-fn default_connect_timeout() -> Duration {
-    Duration::from_secs(1)
-}
-fn default_request_timeout() -> Duration {
-    Duration::from_secs(15)
-}
-fn default_upstream_idle_timeout() -> Duration {
-    Duration::from_secs(60)
-}
 fn default_max_buffered_response() -> u64 {
     65536
 }
-fn default_pool_idle_timeout() -> Duration {
-    Duration::from_secs(90)
-}
 fn default_pool_max_idle() -> usize {
     256
-}
-fn default_max_in_flight() -> usize {
-    10_000
 }
 
 /// Most retries a request may make (keeps the per-request list of tried endpoints inline).
@@ -401,10 +401,6 @@ pub struct RetryConfig {
         with = "keel_balance::duration_serde"
     )]
     pub budget_window: Duration,
-}
-
-fn default_outlier_detection() -> Option<OutlierConfig> {
-    Some(OutlierConfig::default())
 }
 
 /// `outlier_detection = false | true | { table }`; a table's own errors keep their key and line.
@@ -471,30 +467,31 @@ impl RetryConfig {
 impl ClusterConfig {
     /// The keel-balance configuration of this cluster.
     pub fn balancer_config(&self) -> BalancerConfig {
-        let mut b = BalancerConfig::new(self.strategy);
+        let bal = &self.balance;
+        let mut b = BalancerConfig::new(bal.strategy);
         b.options = StrategyOptions {
-            tie_break: self.tie_break,
-            choices: self.choices,
-            decay: self.decay,
-            default_rtt: self.default_rtt,
-            failure_penalty: self.failure_penalty,
-            vnodes: self.vnodes,
-            table_size: self.table_size,
-            bounded_load: self.bounded_load,
+            tie_break: bal.tie_break,
+            choices: bal.choices,
+            decay: bal.decay,
+            default_rtt: bal.default_rtt,
+            failure_penalty: bal.failure_penalty,
+            vnodes: bal.vnodes,
+            table_size: bal.table_size,
+            bounded_load: bal.bounded_load,
             probes_per_pick: self.probe.probes_per_request.max(1),
-            blackout_period: self.blackout_period,
-            weight_expiration_period: self.weight_expiration_period,
-            weight_update_period: self.weight_update_period,
-            error_utilization_penalty: self.error_utilization_penalty,
+            blackout_period: bal.blackout_period,
+            weight_expiration_period: bal.weight_expiration_period,
+            weight_update_period: bal.weight_update_period,
+            error_utilization_penalty: bal.error_utilization_penalty,
             ..StrategyOptions::default()
         };
-        b.outlier_detection = self.outlier_detection.clone();
-        b.panic_threshold = self.panic_threshold;
-        b.slow_start = self.slow_start.clone();
-        b.overprovisioning_factor = self.overprovisioning_factor;
-        b.zone_routing = self.zone_routing.clone();
+        b.outlier_detection = self.protections.outlier_detection.clone();
+        b.panic_threshold = bal.panic_threshold;
+        b.slow_start = self.protections.slow_start.clone();
+        b.overprovisioning_factor = bal.overprovisioning_factor;
+        b.zone_routing = bal.zone_routing.clone();
         b.zone = self.zone.clone();
-        if let Some(seed) = self.seed {
+        if let Some(seed) = bal.seed {
             b.seed = seed;
         }
         b
@@ -510,9 +507,10 @@ impl ClusterConfig {
 
     /// The per-try timeout in force (explicit, or the request timeout shared by every try).
     pub fn per_try_timeout(&self) -> Duration {
-        self.retry
+        self.protections
+            .retry
             .per_try_timeout
-            .unwrap_or_else(|| self.request_timeout / (self.retry.attempts + 1))
+            .unwrap_or_else(|| self.timeouts.request / (self.protections.retry.attempts + 1))
     }
 }
 
@@ -529,7 +527,7 @@ impl ClusterConfig {
                 Problem::Invalid("a cluster name cannot be empty".into()),
             ));
         }
-        if let Some(r) = &self.rate_limit {
+        if let Some(r) = &self.policy.rate_limit {
             r.validate()
                 .map_err(|e| e.under(FieldPath::key("rate_limit")))?;
         }
@@ -537,15 +535,7 @@ impl ClusterConfig {
             s.validate()
                 .map_err(|e| e.under(FieldPath::key("sticky")))?;
         }
-        RewriteKeys {
-            strip_prefix: self.strip_prefix.as_ref(),
-            replace_prefix: self.replace_prefix.as_ref(),
-            host_rewrite: self.host_rewrite.as_ref(),
-            request_headers: self.request_headers.as_ref(),
-            response_headers: self.response_headers.as_ref(),
-            redirect: None,
-        }
-        .validate()?;
+        self.policy.rewrites(None).validate()?;
         match &self.discovery {
             Some(d) => {
                 if !self.endpoints.is_empty() {
@@ -587,35 +577,39 @@ impl ClusterConfig {
                 ));
             }
         }
-        if self.connect_timeout.is_zero() {
+        if self.timeouts.connect.is_zero() {
             return Err(zero("connect_timeout"));
         }
-        if self.upstream_idle_timeout.is_zero() {
+        if self.timeouts.upstream_idle.is_zero() {
             return Err(zero("upstream_idle_timeout"));
         }
-        if self.max_duration.is_some_and(|d| d < self.request_timeout) {
+        if self
+            .timeouts
+            .max_duration
+            .is_some_and(|d| d < self.timeouts.request)
+        {
             return Err(InvalidField::at(
                 "max_duration",
                 Problem::out_of_range(
                     format!(
                         "at least request_timeout ({})",
-                        humantime::format_duration(self.request_timeout)
+                        humantime::format_duration(self.timeouts.request)
                     ),
-                    humantime::format_duration(self.max_duration.unwrap_or_default()),
+                    humantime::format_duration(self.timeouts.max_duration.unwrap_or_default()),
                 ),
             ));
         }
-        if self.request_timeout < Duration::from_millis(1) {
+        if self.timeouts.request < Duration::from_millis(1) {
             // Shared by the tries, it must leave each of them a usable slice.
             return Err(InvalidField::at(
                 "request_timeout",
                 Problem::out_of_range(
                     "at least 1ms",
-                    humantime::format_duration(self.request_timeout),
+                    humantime::format_duration(self.timeouts.request),
                 ),
             ));
         }
-        if self.max_in_flight == 0 {
+        if self.protections.max_in_flight == 0 {
             return Err(none("max_in_flight"));
         }
         match (self.protocol, self.tls.is_some()) {
@@ -640,7 +634,7 @@ impl ClusterConfig {
         if let Some(t) = &self.tls {
             t.validate().map_err(|e| e.under(FieldPath::key("tls")))?;
         }
-        if let Some(h) = &self.health_check {
+        if let Some(h) = &self.protections.health_check {
             if h.kind == HealthCheckKind::Grpc && self.protocol == UpstreamProtocol::Http1 {
                 return Err(InvalidField::new(
                     FieldPath::key("health_check").then("kind"),
@@ -651,18 +645,18 @@ impl ClusterConfig {
                 ));
             }
         }
-        if self.hash_on.is_some() && !self.strategy.is_hash() {
+        if self.balance.hash_on.is_some() && !self.balance.strategy.is_hash() {
             return Err(InvalidField::at(
                 "hash_on",
                 Problem::NotApplicable(format!(
                     "hash_on applies to the hash strategies (ring-hash, maglev, rendezvous), not {}",
-                    self.strategy
+                    self.balance.strategy
                 )),
             ));
         }
         // Load reports (headers and probes) and hedging live in the HTTP/1.1 leg only: refused
         // elsewhere rather than silently balancing without them.
-        if self.zone_routing.is_some() && self.zone.is_none() {
+        if self.balance.zone_routing.is_some() && self.zone.is_none() {
             return Err(InvalidField::at(
                 "zone_routing",
                 Problem::Invalid(
@@ -672,7 +666,7 @@ impl ClusterConfig {
             ));
         }
         if self.protocol != UpstreamProtocol::Http1 {
-            if self.strategy == StrategyKind::OrcaWrr {
+            if self.balance.strategy == StrategyKind::OrcaWrr {
                 return Err(InvalidField::at(
                     "strategy",
                     Problem::NotApplicable(
@@ -681,7 +675,7 @@ impl ClusterConfig {
                     ),
                 ));
             }
-            if self.strategy == StrategyKind::Prequal {
+            if self.balance.strategy == StrategyKind::Prequal {
                 return Err(InvalidField::at(
                     "strategy",
                     Problem::NotApplicable(
@@ -691,17 +685,18 @@ impl ClusterConfig {
                 ));
             }
         }
-        self.retry
-            .validate(self.request_timeout)
+        self.protections
+            .retry
+            .validate(self.timeouts.request)
             .map_err(|e| e.under(FieldPath::key("retry")))?;
-        self.check_amplification(self.retry.attempts)?;
-        if let Some(h) = &self.hedge {
+        self.check_amplification(self.protections.retry.attempts)?;
+        if let Some(h) = &self.protections.hedge {
             h.validate().map_err(|e| e.under(FieldPath::key("hedge")))?;
         }
         self.probe
             .validate()
             .map_err(|e| e.under(FieldPath::key("probe")))?;
-        if let Some(h) = &self.health_check {
+        if let Some(h) = &self.protections.health_check {
             h.validate()
                 .map_err(|e| e.under(FieldPath::key("health_check")))?;
         }
@@ -777,56 +772,22 @@ impl ClusterConfig {
     /// A round-robin cluster of these endpoints, other options at their defaults (one retry,
     /// no health checks, no outlier detection).
     pub fn new(name: impl Into<String>, endpoints: Vec<EndpointSpec>) -> Self {
-        let options = StrategyOptions::default();
         ClusterConfig {
             name: name.into(),
-            protocol: UpstreamProtocol::default(),
-            proxy_protocol: None,
-            strategy: default_strategy(),
             endpoints,
             discovery: None,
-            tie_break: options.tie_break,
-            choices: options.choices,
-            decay: options.decay,
-            default_rtt: options.default_rtt,
-            failure_penalty: options.failure_penalty,
-            vnodes: options.vnodes,
-            table_size: options.table_size,
-            bounded_load: options.bounded_load,
-            panic_threshold: default_panic_threshold(),
-            seed: None,
-            outlier_detection: default_outlier_detection(),
-            slow_start: None,
-            blackout_period: options.blackout_period,
-            weight_expiration_period: options.weight_expiration_period,
-            weight_update_period: options.weight_update_period,
-            error_utilization_penalty: options.error_utilization_penalty,
-            overprovisioning_factor: default_overprovisioning_factor(),
-            zone_routing: None,
-            zone: None,
-            hash_on: None,
-            connect_timeout: default_connect_timeout(),
-            request_timeout: default_request_timeout(),
-            upstream_idle_timeout: default_upstream_idle_timeout(),
-            max_duration: None,
-            max_buffered_response: default_max_buffered_response(),
-            pool_idle_timeout: default_pool_idle_timeout(),
-            pool_max_idle_per_endpoint: default_pool_max_idle(),
-            max_in_flight: default_max_in_flight(),
-            retry: RetryConfig::default(),
-            health_check: None,
+            protocol: UpstreamProtocol::default(),
+            proxy_protocol: None,
             tls: None,
-            hedge: None,
             probe: ProbeConfig::default(),
-            max_amplification: None,
-            rate_limit: None,
-            strip_prefix: None,
-            replace_prefix: None,
-            host_rewrite: None,
-            request_headers: None,
-            response_headers: None,
-            rewrite_location: false,
+            max_buffered_response: default_max_buffered_response(),
+            pool_max_idle_per_endpoint: default_pool_max_idle(),
             sticky: None,
+            zone: None,
+            balance: BalanceConfig::default(),
+            timeouts: TimeoutsConfig::default(),
+            protections: ProtectionsConfig::default(),
+            policy: RequestPolicy::default(),
         }
     }
 
@@ -834,26 +795,29 @@ impl ClusterConfig {
     /// of [`ClusterConfig::balancer_config`]).
     pub fn with_balancer(mut self, b: &BalancerConfig) -> Self {
         let o = &b.options;
-        self.strategy = b.strategy;
-        self.tie_break = o.tie_break;
-        self.choices = o.choices;
-        self.decay = o.decay;
-        self.default_rtt = o.default_rtt;
-        self.failure_penalty = o.failure_penalty;
-        self.vnodes = o.vnodes;
-        self.table_size = o.table_size;
-        self.bounded_load = o.bounded_load;
+        let bal = &mut self.balance;
+        bal.strategy = b.strategy;
+        bal.tie_break = o.tie_break;
+        bal.choices = o.choices;
+        bal.decay = o.decay;
+        bal.default_rtt = o.default_rtt;
+        bal.failure_penalty = o.failure_penalty;
+        bal.vnodes = o.vnodes;
+        bal.table_size = o.table_size;
+        bal.bounded_load = o.bounded_load;
         self.probe.probes_per_request = o.probes_per_pick;
-        self.panic_threshold = b.panic_threshold;
-        self.seed = Some(b.seed);
-        self.outlier_detection.clone_from(&b.outlier_detection);
-        self.slow_start.clone_from(&b.slow_start);
-        self.blackout_period = o.blackout_period;
-        self.weight_expiration_period = o.weight_expiration_period;
-        self.weight_update_period = o.weight_update_period;
-        self.error_utilization_penalty = o.error_utilization_penalty;
-        self.overprovisioning_factor = b.overprovisioning_factor;
-        self.zone_routing.clone_from(&b.zone_routing);
+        bal.panic_threshold = b.panic_threshold;
+        bal.seed = Some(b.seed);
+        self.protections
+            .outlier_detection
+            .clone_from(&b.outlier_detection);
+        self.protections.slow_start.clone_from(&b.slow_start);
+        bal.blackout_period = o.blackout_period;
+        bal.weight_expiration_period = o.weight_expiration_period;
+        bal.weight_update_period = o.weight_update_period;
+        bal.error_utilization_penalty = o.error_utilization_penalty;
+        bal.overprovisioning_factor = b.overprovisioning_factor;
+        bal.zone_routing.clone_from(&b.zone_routing);
         self.zone.clone_from(&b.zone);
         self
     }
@@ -875,19 +839,20 @@ pub struct Amplification {
 impl ClusterConfig {
     /// Tries per request with `attempts` retries (the cluster's, or a route's override).
     pub fn amplification_with(&self, attempts: u32) -> Amplification {
-        let hedges = self.hedge.as_ref().map_or(0, |h| h.max);
+        let hedges = self.protections.hedge.as_ref().map_or(0, |h| h.max);
         let hedge_share = self
+            .protections
             .hedge
             .as_ref()
             .map_or(0.0, |h| h.budget_percent / 100.0);
         let retry_share = if attempts == 0 {
             0.0
         } else {
-            self.retry.budget_percent / 100.0
+            self.protections.retry.budget_percent / 100.0
         };
         Amplification {
             worst_case: 1 + hedges + attempts,
-            probes_per_try: if self.strategy == StrategyKind::Prequal {
+            probes_per_try: if self.balance.strategy == StrategyKind::Prequal {
                 self.probe.probes_per_request
             } else {
                 0
@@ -898,13 +863,13 @@ impl ClusterConfig {
 
     /// [`Self::amplification_with`] the cluster's own `retry.attempts`.
     pub fn amplification(&self) -> Amplification {
-        self.amplification_with(self.retry.attempts)
+        self.amplification_with(self.protections.retry.attempts)
     }
 
     /// Refuses `attempts` retries (the cluster's, or a route's) if they break
     /// `max_amplification`.
     pub(crate) fn check_amplification(&self, attempts: u32) -> Result<(), InvalidField> {
-        let Some(max) = self.max_amplification else {
+        let Some(max) = self.protections.max_amplification else {
             return Ok(());
         };
         if max == 0 {

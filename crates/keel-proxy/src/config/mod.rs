@@ -23,6 +23,7 @@ use serde::Deserialize;
 pub(crate) mod cluster;
 pub(crate) mod discovery;
 pub(crate) mod etcd;
+pub(crate) mod group;
 pub(crate) mod health;
 pub(crate) mod listener;
 pub(crate) mod locate;
@@ -47,7 +48,7 @@ pub use locate::ConfigError;
 pub use observe::{AccessLogConfig, AccessLogFormat, AdminConfig, TracingConfig};
 pub use policy::{
     HashOn, HashOnError, HeaderEdits, RateKey, RateLimitConfig, RedirectConfig, ReplacePrefix,
-    ResponseHeaders, StickyConfig,
+    RequestPolicy, ResponseHeaders, StickyConfig,
 };
 pub use route::RouteConfig;
 pub(crate) use route::{HostPattern, PathPattern};
@@ -341,7 +342,8 @@ impl ProxyConfig {
                 ));
             }
             c.validate().map_err(|e| e.under(at.clone()))?;
-            if c.outlier_detection
+            if c.protections
+                .outlier_detection
                 .as_ref()
                 .is_some_and(|o| o.shared.is_some())
             {

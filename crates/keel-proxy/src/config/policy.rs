@@ -182,6 +182,45 @@ pub(crate) struct RewriteKeys<'a> {
     pub redirect: Option<&'a RedirectConfig>,
 }
 
+crate::config::group::group! {
+    /// What a route or a cluster does to each request it serves besides choosing an endpoint:
+    /// a local rate limit and the rewrites of the request and its response. The same keys in
+    /// `[[listener.route]]` and `[[cluster]]`, side by side with the table's other keys.
+    pub struct RequestPolicy {
+        /// A local rate limit on every request (see [`RateLimitConfig`]); a route's comes
+        /// before its cluster's.
+        "rate_limit" => rate_limit: Option<RateLimitConfig> = None;
+        /// Removes this prefix from the path sent to the endpoint (`/echo/status` -> `/status`).
+        "strip_prefix" => strip_prefix: Option<String> = None;
+        /// Replaces a path prefix (`{ from = "/v1/", to = "/v2/" }`).
+        "replace_prefix" => replace_prefix: Option<ReplacePrefix> = None;
+        /// The `Host` sent to the endpoint: this value, or `"$endpoint"` for the endpoint's
+        /// address.
+        "host_rewrite" => host_rewrite: Option<String> = None;
+        /// Request headers removed, set and added.
+        "request_headers" => request_headers: Option<HeaderEdits> = None;
+        /// Response headers removed, set and added (and `endpoint`: `x-keel-endpoint`).
+        "response_headers" => response_headers: Option<ResponseHeaders> = None;
+        /// Rewrites `Location` and `Refresh` naming the endpoint's address to the client-facing
+        /// host (NGINX's `proxy_redirect default`).
+        "rewrite_location" => rewrite_location: bool = false;
+    }
+}
+
+impl RequestPolicy {
+    /// The rewrite keys, with a route's `redirect` (a cluster has none).
+    pub(crate) fn rewrites<'a>(&'a self, redirect: Option<&'a RedirectConfig>) -> RewriteKeys<'a> {
+        RewriteKeys {
+            strip_prefix: self.strip_prefix.as_ref(),
+            replace_prefix: self.replace_prefix.as_ref(),
+            host_rewrite: self.host_rewrite.as_ref(),
+            request_headers: self.request_headers.as_ref(),
+            response_headers: self.response_headers.as_ref(),
+            redirect,
+        }
+    }
+}
+
 /// Headers a `request_headers` or `response_headers` edit may not touch: those that frame
 /// the message or belong to one connection (keel sets them), and `Host` (`host_rewrite`).
 const PROTECTED: &[&str] = &[

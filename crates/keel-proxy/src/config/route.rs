@@ -7,75 +7,119 @@ use serde::Deserialize;
 
 use crate::config::cluster::MAX_RETRY_ATTEMPTS;
 use crate::config::discovery::is_dns_name;
-use crate::config::policy::{
-    HeaderEdits, RateLimitConfig, RedirectConfig, ReplacePrefix, ResponseHeaders, RewriteKeys,
-};
+use crate::config::group::{KeySeed, Seen};
+use crate::config::policy::{RedirectConfig, RequestPolicy, RewriteKeys};
 
 /// `[[listener.route]]`: the conditions a request must meet (all of them; none: every request)
 /// and the cluster that then serves it, with optional overrides of the cluster's limits.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct RouteConfig {
     /// The request's host (`Host`, or the absolute target's or HTTP/2's authority, without
     /// its port; case-insensitive): exactly `api.example.test`, or `*.example.test` for one or
     /// more labels in place of `*`.
-    #[serde(default)]
     pub host: Option<String>,
     /// The path (without the query) starts with this.
-    #[serde(default)]
     pub path_prefix: Option<String>,
     /// The path (without the query) is exactly this.
-    #[serde(default)]
     pub path: Option<String>,
     /// The method is one of these (case-sensitive, as methods are).
-    #[serde(default)]
     pub methods: Vec<String>,
     /// Each of these headers is present with exactly this value (names case-insensitive).
-    #[serde(default)]
     pub headers: std::collections::BTreeMap<String, String>,
     /// The cluster that serves the requests of this route. Required, except on a `redirect`
     /// route, which then counts under the listener's `cluster` (empty: not set).
-    #[serde(default)]
     pub cluster: String,
     /// Overrides the cluster's `request_timeout` for this route.
-    #[serde(default, with = "keel_balance::duration_serde::option")]
     pub request_timeout: Option<Duration>,
     /// Overrides the cluster's `retry.attempts` for this route.
-    #[serde(default)]
     pub retry_attempts: Option<u32>,
-    /// A local rate limit on this route's requests, before the cluster's own.
-    #[serde(default)]
-    pub rate_limit: Option<RateLimitConfig>,
-    /// Removes this prefix from the path sent to the endpoint (`/echo/status` -> `/status`).
-    #[serde(default)]
-    pub strip_prefix: Option<String>,
-    /// Replaces a path prefix (`{ from = "/v1/", to = "/v2/" }`).
-    #[serde(default)]
-    pub replace_prefix: Option<ReplacePrefix>,
-    /// The `Host` sent to the endpoint: this value, or `"$endpoint"` for the endpoint's address.
-    #[serde(default)]
-    pub host_rewrite: Option<String>,
-    /// Request headers removed, set and added.
-    #[serde(default)]
-    pub request_headers: Option<HeaderEdits>,
-    /// Response headers removed, set and added (and `endpoint`: `x-keel-endpoint`).
-    #[serde(default)]
-    pub response_headers: Option<ResponseHeaders>,
-    /// Rewrites `Location` and `Refresh` naming the endpoint's address to the client-facing
-    /// host (NGINX's `proxy_redirect default`).
-    #[serde(default)]
-    pub rewrite_location: bool,
+    /// Rate limit and rewrites of this route's requests (the same keys as a cluster's); a
+    /// route's rate limit comes before its cluster's.
+    pub policy: RequestPolicy,
     /// keel answers the route's requests with this redirect; no endpoint is tried.
-    #[serde(default)]
     pub redirect: Option<RedirectConfig>,
     /// Clients (IP addresses or CIDR blocks) this route serves; others get `403` (after the
     /// listener's own `allow`/`deny`). Empty: everyone not denied.
-    #[serde(default)]
     pub allow: Vec<Cidr>,
     /// Clients this route refuses with `403`. Where a client is in both lists, the longer
     /// (more specific) prefix decides; at equal length, `deny`.
-    #[serde(default)]
     pub deny: Vec<Cidr>,
+}
+
+/// Every key of `[[listener.route]]`, in the order of the "unknown field" error's list.
+pub(crate) const ROUTE_KEYS: &[&str] = &[
+    "host",
+    "path_prefix",
+    "path",
+    "methods",
+    "headers",
+    "cluster",
+    "request_timeout",
+    "retry_attempts",
+    "rate_limit",
+    "strip_prefix",
+    "replace_prefix",
+    "host_rewrite",
+    "request_headers",
+    "response_headers",
+    "rewrite_location",
+    "redirect",
+    "allow",
+    "deny",
+];
+
+impl<'de> Deserialize<'de> for RouteConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Route;
+        impl<'de> serde::de::Visitor<'de> for Route {
+            type Value = RouteConfig;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("struct RouteConfig")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<RouteConfig, A::Error> {
+                struct Timeout;
+                impl<'de> serde::de::DeserializeSeed<'de> for Timeout {
+                    type Value = Option<Duration>;
+                    fn deserialize<D: serde::Deserializer<'de>>(
+                        self,
+                        d: D,
+                    ) -> Result<Option<Duration>, D::Error> {
+                        keel_balance::duration_serde::option::deserialize(d)
+                    }
+                }
+                let mut r = RouteConfig::default();
+                let mut seen = Seen::default();
+                while let Some(key) = map.next_key_seed(KeySeed(ROUTE_KEYS))? {
+                    seen.first(key)?;
+                    match key {
+                        "host" => r.host = map.next_value()?,
+                        "path_prefix" => r.path_prefix = map.next_value()?,
+                        "path" => r.path = map.next_value()?,
+                        "methods" => r.methods = map.next_value()?,
+                        "headers" => r.headers = map.next_value()?,
+                        "cluster" => r.cluster = map.next_value()?,
+                        "request_timeout" => r.request_timeout = map.next_value_seed(Timeout)?,
+                        "retry_attempts" => r.retry_attempts = map.next_value()?,
+                        "redirect" => r.redirect = map.next_value()?,
+                        "allow" => r.allow = map.next_value()?,
+                        "deny" => r.deny = map.next_value()?,
+                        _ => {
+                            if !r.policy.take(key, &mut map)? {
+                                // A key of ROUTE_KEYS that nothing reads (a test keeps the
+                                // lists in step).
+                                return Err(serde::de::Error::unknown_field(key, ROUTE_KEYS));
+                            }
+                        }
+                    }
+                }
+                Ok(r)
+            }
+        }
+        d.deserialize_struct("RouteConfig", ROUTE_KEYS, Route)
+    }
 }
 
 /// An IP address or CIDR block of `allow` or `deny`: `"10.0.0.0/8"`, `"2001:db8::/32"`, or a
@@ -173,14 +217,7 @@ impl PathPattern {
 impl RouteConfig {
     /// The route's rewrite keys.
     pub(crate) fn rewrites(&self) -> RewriteKeys<'_> {
-        RewriteKeys {
-            strip_prefix: self.strip_prefix.as_ref(),
-            replace_prefix: self.replace_prefix.as_ref(),
-            host_rewrite: self.host_rewrite.as_ref(),
-            request_headers: self.request_headers.as_ref(),
-            response_headers: self.response_headers.as_ref(),
-            redirect: self.redirect.as_ref(),
-        }
+        self.policy.rewrites(self.redirect.as_ref())
     }
 
     /// The host condition.
@@ -276,7 +313,7 @@ impl RouteConfig {
                 ));
             }
         }
-        if let Some(r) = &self.rate_limit {
+        if let Some(r) = &self.policy.rate_limit {
             r.validate()
                 .map_err(|e| e.under(keel_balance::FieldPath::key("rate_limit")))?;
         }

@@ -15,19 +15,19 @@ fn the_issue_file_loads_with_its_values() {
     assert_eq!(c.admin.as_ref().unwrap().listen.port(), 9901);
     assert_eq!(c.listeners.len(), 1);
     let app = c.cluster("app").unwrap();
-    assert_eq!(app.strategy, StrategyKind::LeastConnections);
+    assert_eq!(app.balance.strategy, StrategyKind::LeastConnections);
     assert_eq!(app.endpoints.len(), 5);
     assert_eq!(app.endpoints[0].weight, 2);
     assert_eq!(app.endpoints[1].weight, 1);
-    assert_eq!(app.connect_timeout, Duration::from_millis(200));
-    assert_eq!(app.request_timeout, Duration::from_secs(1));
-    assert_eq!(app.retry.attempts, 2);
-    assert_eq!(app.retry.budget_percent, 20.0);
+    assert_eq!(app.timeouts.connect, Duration::from_millis(200));
+    assert_eq!(app.timeouts.request, Duration::from_secs(1));
+    assert_eq!(app.protections.retry.attempts, 2);
+    assert_eq!(app.protections.retry.budget_percent, 20.0);
     assert_eq!(app.per_try_timeout(), Duration::from_secs(1) / 3);
-    let hc = app.health_check.as_ref().unwrap();
+    let hc = app.protections.health_check.as_ref().unwrap();
     assert_eq!(hc.interval, Duration::from_millis(500));
     assert_eq!(hc.unhealthy_threshold, 2);
-    let od = app.outlier_detection.as_ref().unwrap();
+    let od = app.protections.outlier_detection.as_ref().unwrap();
     assert_eq!(od.consecutive_failures, 3);
     assert_eq!(od.max_ejection_percent, 50.0);
     assert_eq!(od.max_ejected(5), 2);
@@ -277,7 +277,7 @@ fn built_in_code_equals_parsed() {
     let parsed =
         ProxyConfig::from_toml_str(&format!("{HEAD}[cluster.health_check]\n"), "t.toml").unwrap();
     let mut cluster = ClusterConfig::new("app", vec![EndpointSpec::new("127.0.0.1:9001")]);
-    cluster.health_check = Some(HealthCheckConfig::default());
+    cluster.protections.health_check = Some(HealthCheckConfig::default());
     let built = ProxyConfig::new(
         vec![ListenerConfig::new("127.0.0.1:0".parse().unwrap(), "app")],
         vec![cluster],
@@ -412,7 +412,10 @@ fn protocols_load_as_written_and_mismatches_are_refused() {
     );
     let c = ProxyConfig::from_toml_str(&grpc, "grpc.toml").unwrap();
     assert_eq!(c.clusters[0].protocol, UpstreamProtocol::H2c);
-    assert_eq!(c.clusters[0].retry.retry_on_grpc_status, vec![8]);
+    assert_eq!(
+        c.clusters[0].protections.retry.retry_on_grpc_status,
+        vec![8]
+    );
     let e = err(&format!("{HEAD}protocol = \"h2\"\n"));
     assert_eq!(e.key.as_deref(), Some("cluster[0].protocol"), "{e}");
     assert!(e.message.contains("[cluster.tls]"), "{e}");
@@ -626,4 +629,115 @@ fn etcd_discovery_and_shared_evidence_need_etcd_and_a_name() {
         Some("cluster[0].outlier_detection.shared.quorum"),
         "{e}"
     );
+}
+
+/// `[[cluster]]` and `[[listener.route]]` are flat tables read into groups: every key of the
+/// table's list belongs to exactly one reader (the table's own keys or one group), so that
+/// the "unknown field" list and what is read stay in step.
+#[test]
+fn every_flat_key_has_exactly_one_owner() {
+    use crate::config::cluster::{BalanceConfig, ProtectionsConfig, TimeoutsConfig, CLUSTER_KEYS};
+    use crate::config::route::ROUTE_KEYS;
+    let cluster_own = [
+        "name",
+        "endpoints",
+        "discovery",
+        "protocol",
+        "proxy_protocol",
+        "tls",
+        "probe",
+        "max_buffered_response",
+        "pool_max_idle_per_endpoint",
+        "sticky",
+    ];
+    let route_own = [
+        "host",
+        "path_prefix",
+        "path",
+        "methods",
+        "headers",
+        "cluster",
+        "request_timeout",
+        "retry_attempts",
+        "redirect",
+        "allow",
+        "deny",
+    ];
+    let check = |all: &[&str], owners: &[&[&str]]| {
+        let mut owned: Vec<&str> = owners.iter().flat_map(|o| o.iter().copied()).collect();
+        let n = owned.len();
+        owned.sort_unstable();
+        owned.dedup();
+        assert_eq!(owned.len(), n, "a key has two owners");
+        let mut listed = all.to_vec();
+        listed.sort_unstable();
+        assert_eq!(listed, owned);
+    };
+    check(
+        CLUSTER_KEYS,
+        &[
+            &cluster_own,
+            BalanceConfig::KEYS,
+            TimeoutsConfig::KEYS,
+            ProtectionsConfig::KEYS,
+            RequestPolicy::KEYS,
+        ],
+    );
+    check(ROUTE_KEYS, &[&route_own, RequestPolicy::KEYS]);
+}
+
+/// Each flat key lands in its group; the keys left out keep the defaults of before.
+#[test]
+fn flat_keys_land_in_their_groups() {
+    let text = format!(
+        "{HEAD}connect_timeout = \"2s\"\nrequest_timeout = \"3s\"\nupstream_idle_timeout = \"4s\"\nmax_duration = \"5s\"\npool_idle_timeout = \"6s\"\nstrategy = \"maglev\"\nhash_on = \"path\"\nseed = 9\noutlier_detection = false\nmax_in_flight = 7\nmax_amplification = 4\nrate_limit = {{ rate = 5 }}\nstrip_prefix = \"/a\"\nrewrite_location = true\n[cluster.retry]\nattempts = 2\n"
+    );
+    let c = ProxyConfig::from_toml_str(&text, "ok.toml").unwrap();
+    let c = &c.clusters[0];
+    assert_eq!(c.timeouts.connect, Duration::from_secs(2));
+    assert_eq!(c.timeouts.request, Duration::from_secs(3));
+    assert_eq!(c.timeouts.upstream_idle, Duration::from_secs(4));
+    assert_eq!(c.timeouts.max_duration, Some(Duration::from_secs(5)));
+    assert_eq!(c.timeouts.pool_idle, Duration::from_secs(6));
+    assert_eq!(c.balance.strategy, StrategyKind::Maglev);
+    assert_eq!(c.balance.hash_on, Some(HashOn::Path));
+    assert_eq!(c.balance.seed, Some(9));
+    assert_eq!(c.protections.outlier_detection, None);
+    assert_eq!(c.protections.max_in_flight, 7);
+    assert_eq!(c.protections.max_amplification, Some(4));
+    assert_eq!(c.protections.retry.attempts, 2);
+    assert_eq!(c.policy.rate_limit.as_ref().map(|r| r.rate), Some(5.0));
+    assert_eq!(c.policy.strip_prefix.as_deref(), Some("/a"));
+    assert!(c.policy.rewrite_location);
+    // A cluster without them: the defaults, as a cluster built in code.
+    let plain = ProxyConfig::from_toml_str(HEAD, "ok.toml").unwrap();
+    let defaults = ClusterConfig {
+        name: "app".into(),
+        endpoints: plain.clusters[0].endpoints.clone(),
+        ..ClusterConfig::new("", Vec::new())
+    };
+    assert_eq!(plain.clusters[0], defaults);
+    assert_eq!(
+        defaults.protections.outlier_detection,
+        Some(OutlierConfig::default())
+    );
+    assert_eq!(defaults.timeouts.connect, Duration::from_secs(1));
+    assert_eq!(defaults.timeouts.request, Duration::from_secs(15));
+    assert_eq!(defaults.timeouts.upstream_idle, Duration::from_secs(60));
+    assert_eq!(defaults.timeouts.pool_idle, Duration::from_secs(90));
+    assert_eq!(defaults.protections.max_in_flight, 10_000);
+    assert_eq!(defaults.max_buffered_response, 65536);
+    assert_eq!(defaults.pool_max_idle_per_endpoint, 256);
+    // A route's policy keys land in its policy.
+    let route = HEAD.replace(
+        "cluster = \"app\"\n\n[[cluster]]",
+        "cluster = \"app\"\n\n[[listener.route]]\ncluster = \"app\"\nstrip_prefix = \"/b\"\nrewrite_location = true\nrequest_timeout = \"2s\"\n\n[[cluster]]",
+    );
+    let r = &ProxyConfig::from_toml_str(&route, "ok.toml")
+        .unwrap()
+        .listeners[0]
+        .routes[0];
+    assert_eq!(r.policy.strip_prefix.as_deref(), Some("/b"));
+    assert!(r.policy.rewrite_location);
+    assert_eq!(r.request_timeout, Some(Duration::from_secs(2)));
 }

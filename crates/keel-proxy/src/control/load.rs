@@ -53,6 +53,7 @@ impl ProxyConfig {
                     .map_err(|e| e.under(at.clone().then("discovery")))?;
             }
             let shared = c
+                .protections
                 .outlier_detection
                 .as_ref()
                 .is_some_and(|o| o.shared.is_some());

@@ -32,7 +32,7 @@ impl Shared {
         let mut cluster = Cluster::build(config, old, &self.registry, self.epoch, self.workers)
             .with_context(|| format!("cluster `{name}`"))?;
         cluster.tracing = tracing;
-        if cluster.config.health_check.is_none() {
+        if cluster.config.protections.health_check.is_none() {
             // Without checks nothing would ever mark an endpoint up again.
             for e in &cluster.endpoints {
                 cluster.balancer.set_healthy(e.id, true, cluster.now());

@@ -59,7 +59,7 @@ impl Tail {
     /// The `x-keel-endpoint` value to send, if the cluster shows it
     /// (`response_headers.endpoint`).
     pub fn shown_endpoint(&self) -> Option<&hyper::http::HeaderValue> {
-        let shown = self.cluster.config.response_headers.as_ref();
+        let shown = self.cluster.config.policy.response_headers.as_ref();
         shown
             .is_some_and(|r| r.endpoint)
             .then(|| self.endpoint_header())

@@ -148,6 +148,7 @@ pub(crate) fn own(
         endpoint: entry.map(|e| e.header.clone()),
         show_endpoint: cluster
             .config
+            .policy
             .response_headers
             .as_ref()
             .is_some_and(|r| r.endpoint),

@@ -66,12 +66,14 @@ pub(crate) async fn drive<L: Leg>(
     pin: Option<u64>,
     trace: Option<Box<Trace>>,
 ) -> Driven<L::Won> {
-    let Some(guard) =
-        DownstreamGuard::try_new(&cluster.metrics, start, cluster.config.max_in_flight)
-    else {
+    let Some(guard) = DownstreamGuard::try_new(
+        &cluster.metrics,
+        start,
+        cluster.config.protections.max_in_flight,
+    ) else {
         cluster.metrics.overloaded.fetch_add(1, Relaxed);
         let cause = Cause::Overloaded {
-            limit: cluster.config.max_in_flight,
+            limit: cluster.config.protections.max_in_flight,
         };
         let mut answer = own(cluster, client, 503, &cause, None, None, 0);
         answer.tries.trace = trace;
@@ -209,8 +211,8 @@ pub(crate) async fn drive<L: Leg>(
             worker: client.worker,
             pick,
             guard,
-            upstream_idle: cluster.config.upstream_idle_timeout,
-            max_end: cluster.config.max_duration.map(|d| start + d),
+            upstream_idle: cluster.config.timeouts.upstream_idle,
+            max_end: cluster.config.timeouts.max_duration.map(|d| start + d),
             request_timeout: limits.request_timeout,
             attempts: attempt as u32 + 1,
             tries,

@@ -234,7 +234,7 @@ fn own(o: &Outcome) -> (u16, u32, &str) {
 
 #[tokio::test(start_paused = true)]
 async fn a_try_that_fails_before_sending_is_retried_on_another_endpoint() {
-    let c = cluster(|c| c.retry.attempts = 2);
+    let c = cluster(|c| c.protections.retry.attempts = 2);
     let mut leg = FakeLeg::new(&[step(5, CONNECT_FAILS), step(5, End::Answer)]);
     leg.idempotent = false;
     let o = run(&c, &mut leg).await;
@@ -251,7 +251,7 @@ async fn a_try_that_fails_before_sending_is_retried_on_another_endpoint() {
 #[tokio::test(start_paused = true)]
 async fn a_request_the_endpoint_may_have_acted_on_is_retried_only_when_idempotent() {
     // POST: a reset after the request left is not retried (the endpoint may have acted).
-    let c = cluster(|c| c.retry.attempts = 2);
+    let c = cluster(|c| c.protections.retry.attempts = 2);
     let mut post = FakeLeg::new(&[step(5, RESET_AFTER_SENDING)]);
     post.idempotent = false;
     let o = run(&c, &mut post).await;
@@ -269,16 +269,16 @@ async fn a_request_the_endpoint_may_have_acted_on_is_retried_only_when_idempoten
 #[tokio::test(start_paused = true)]
 async fn retries_stop_at_the_attempts_and_at_an_empty_budget() {
     // Every try fails: 1 + attempts tries, then 502.
-    let c = cluster(|c| c.retry.attempts = 2);
+    let c = cluster(|c| c.protections.retry.attempts = 2);
     let mut leg = FakeLeg::new(&[step(1, CONNECT_FAILS); 3]);
     let o = run(&c, &mut leg).await;
     assert_eq!(own(&o), (502, 3, "502 Bad Gateway: the endpoint failed\n"));
     assert_eq!(c.metrics.retries.load(Relaxed), 2);
     // A budget that allows no retry: one try, the refusal counted.
     let c = cluster(|c| {
-        c.retry.attempts = 2;
-        c.retry.budget_percent = 0.0;
-        c.retry.min_retries_per_second = 0.0;
+        c.protections.retry.attempts = 2;
+        c.protections.retry.budget_percent = 0.0;
+        c.protections.retry.min_retries_per_second = 0.0;
     });
     let mut leg = FakeLeg::new(&[step(1, CONNECT_FAILS)]);
     let o = run(&c, &mut leg).await;
@@ -289,7 +289,7 @@ async fn retries_stop_at_the_attempts_and_at_an_empty_budget() {
 
 #[tokio::test(start_paused = true)]
 async fn the_client_s_fault_is_answered_at_once_and_never_retried() {
-    let c = cluster(|c| c.retry.attempts = 2);
+    let c = cluster(|c| c.protections.retry.attempts = 2);
     let mut leg = FakeLeg::new(&[step(1, End::Client)]);
     let o = run(&c, &mut leg).await;
     assert_eq!(own(&o).0, Reject::InvalidBody.status());
@@ -301,8 +301,8 @@ async fn the_client_s_fault_is_answered_at_once_and_never_retried() {
 async fn slow_tries_time_out_per_try_and_the_request_ends_at_its_deadline() {
     // 900 ms for the request, 2 retries: 300 ms a try. Every try would take 10 s.
     let c = cluster(|c| {
-        c.request_timeout = Duration::from_millis(900);
-        c.retry.attempts = 2;
+        c.timeouts.request = Duration::from_millis(900);
+        c.protections.retry.attempts = 2;
     });
     let mut leg = FakeLeg::new(&[step(10_000, End::Answer); 3]);
     let o = run(&c, &mut leg).await;
@@ -313,9 +313,9 @@ async fn slow_tries_time_out_per_try_and_the_request_ends_at_its_deadline() {
     // A per-try timeout as long as the request's: the first try meets the request's deadline,
     // and no retry follows (none would fit).
     let c = cluster(|c| {
-        c.request_timeout = Duration::from_millis(900);
-        c.retry.attempts = 2;
-        c.retry.per_try_timeout = Some(Duration::from_millis(900));
+        c.timeouts.request = Duration::from_millis(900);
+        c.protections.retry.attempts = 2;
+        c.protections.retry.per_try_timeout = Some(Duration::from_millis(900));
     });
     let mut leg = FakeLeg::new(&[step(10_000, End::Answer)]);
     let o = run(&c, &mut leg).await;
@@ -327,7 +327,7 @@ async fn slow_tries_time_out_per_try_and_the_request_ends_at_its_deadline() {
 
 #[tokio::test(start_paused = true)]
 async fn a_full_cluster_answers_503_without_trying() {
-    let c = cluster(|c| c.max_in_flight = 1);
+    let c = cluster(|c| c.protections.max_in_flight = 1);
     let held = DownstreamGuard::try_new(&c.metrics, crate::io::now(), 1);
     assert!(held.is_some());
     let mut leg = FakeLeg::new(&[]);
@@ -345,7 +345,7 @@ async fn a_full_cluster_answers_503_without_trying() {
 /// A cluster that hedges a first try still running after 100 ms (every call may be hedged).
 fn hedging() -> Arc<Cluster> {
     cluster(|c| {
-        c.hedge = Some(HedgeConfig {
+        c.protections.hedge = Some(HedgeConfig {
             delay: "100ms".parse().unwrap(),
             max: 1,
             budget_percent: 100.0,
@@ -399,7 +399,7 @@ fn counted(c: &Cluster, index: usize) -> (u64, u64) {
 async fn a_500_that_is_not_retried_finishes_its_pick_as_the_endpoint_s_failure() {
     // The defaults: 500 is not in `retry_on_status`. The endpoint's 500 goes to the client,
     // untried elsewhere, and its pick is finished as a failure already (the tail has none).
-    let c = cluster(|c| c.retry.attempts = 2);
+    let c = cluster(|c| c.protections.retry.attempts = 2);
     let mut leg = FakeLeg::new(&[step(1, End::Status(500))]);
     let o = run(&c, &mut leg).await;
     let Driven::Won(index, tail) = &o.driven else {
@@ -434,8 +434,8 @@ async fn a_500_that_is_not_retried_finishes_its_pick_as_the_endpoint_s_failure()
 #[tokio::test(start_paused = true)]
 async fn a_500_in_retry_on_status_is_retried_on_another_endpoint() {
     let c = cluster(|c| {
-        c.retry.attempts = 1;
-        c.retry.retry_on_status.push(500);
+        c.protections.retry.attempts = 1;
+        c.protections.retry.retry_on_status.push(500);
     });
     let mut leg = FakeLeg::new(&[step(1, End::Status(500)), step(1, End::Answer)]);
     let o = run(&c, &mut leg).await;

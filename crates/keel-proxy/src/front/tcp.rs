@@ -32,7 +32,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         return;
     };
     let cluster = target.cluster;
-    let hash = match cluster.config.hash_on {
+    let hash = match cluster.config.balance.hash_on {
         Some(HashOn::ClientIp) => Some(crate::upstream::cluster::client_ip_key(client.peer)),
         // No request to take a header or a path from.
         _ => None,

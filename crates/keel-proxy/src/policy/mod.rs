@@ -50,7 +50,7 @@ impl Policy {
         );
         let mut limits = Vec::new();
         if let Some((i, r)) = route {
-            if let Some(l) = &r.rate_limit {
+            if let Some(l) = &r.policy.rate_limit {
                 limits.push(Arc::new(RateLimiter::new(l, format!("route {i}"), workers)));
             }
         }
@@ -58,22 +58,22 @@ impl Policy {
         let c = cluster;
         let rewrites = Rewrites::new(
             route.map(|(_, r)| RewriteSource {
-                strip_prefix: r.strip_prefix.as_ref(),
-                replace_prefix: r.replace_prefix.as_ref(),
-                host_rewrite: r.host_rewrite.as_ref(),
-                request_headers: r.request_headers.as_ref(),
-                response_headers: r.response_headers.as_ref().map(|h| h.edits()),
+                strip_prefix: r.policy.strip_prefix.as_ref(),
+                replace_prefix: r.policy.replace_prefix.as_ref(),
+                host_rewrite: r.policy.host_rewrite.as_ref(),
+                request_headers: r.policy.request_headers.as_ref(),
+                response_headers: r.policy.response_headers.as_ref().map(|h| h.edits()),
                 redirect: r.redirect.as_ref(),
-                rewrite_location: r.rewrite_location,
+                rewrite_location: r.policy.rewrite_location,
             }),
             RewriteSource {
-                strip_prefix: c.strip_prefix.as_ref(),
-                replace_prefix: c.replace_prefix.as_ref(),
-                host_rewrite: c.host_rewrite.as_ref(),
-                request_headers: c.request_headers.as_ref(),
-                response_headers: c.response_headers.as_ref().map(|h| h.edits()),
+                strip_prefix: c.policy.strip_prefix.as_ref(),
+                replace_prefix: c.policy.replace_prefix.as_ref(),
+                host_rewrite: c.policy.host_rewrite.as_ref(),
+                request_headers: c.policy.request_headers.as_ref(),
+                response_headers: c.policy.response_headers.as_ref().map(|h| h.edits()),
                 redirect: None,
-                rewrite_location: c.rewrite_location,
+                rewrite_location: c.policy.rewrite_location,
             },
         );
         if limits.is_empty() && rewrites.is_none() && access.is_none() {

@@ -82,9 +82,9 @@ pub struct Cluster {
 
 /// True if endpoints that stay can keep their pools (and idle connections).
 fn same_client_settings(a: &ClusterConfig, b: &ClusterConfig) -> bool {
-    a.connect_timeout == b.connect_timeout
+    a.timeouts.connect == b.timeouts.connect
         && a.protocol == b.protocol
-        && a.pool_idle_timeout == b.pool_idle_timeout
+        && a.timeouts.pool_idle == b.timeouts.pool_idle
         && a.pool_max_idle_per_endpoint == b.pool_max_idle_per_endpoint
         && a.tls == b.tls
 }
@@ -106,20 +106,18 @@ impl Cluster {
             Some(old) => old.balancer.rebuild(bc, &config.endpoints, now)?,
             None => Balancer::new(bc, &config.endpoints)?,
         };
-        let budget_config = config.retry.budget();
+        let budget_config = config.protections.retry.budget();
         let budget = match previous {
             Some(old) if *old.budget.config() == budget_config => old.budget.clone(),
             _ => Arc::new(RetryBudget::new(budget_config)),
         };
-        let hedger =
-            config
-                .hedge
-                .as_ref()
-                .map(|h| match previous.and_then(|o| o.hedger.as_ref()) {
-                    Some(old) if old.config() == h => old.clone(),
-                    _ => Arc::new(keel_balance::Hedger::new(h)),
-                });
-        let rate_limit = config.rate_limit.as_ref().map(|r| {
+        let hedger = config.protections.hedge.as_ref().map(|h| {
+            match previous.and_then(|o| o.hedger.as_ref()) {
+                Some(old) if old.config() == h => old.clone(),
+                _ => Arc::new(keel_balance::Hedger::new(h)),
+            }
+        });
+        let rate_limit = config.policy.rate_limit.as_ref().map(|r| {
             match previous.and_then(|o| o.rate_limit.as_ref()) {
                 Some(old) if old.config == *r && o_workers(previous) == workers.max(1) => {
                     old.clone()
@@ -135,11 +133,11 @@ impl Cluster {
         let tls = config
             .tls
             .as_ref()
-            .map(|t| UpstreamTls::new(t, config.connect_timeout, config.alpn()))
+            .map(|t| UpstreamTls::new(t, config.timeouts.connect, config.alpn()))
             .transpose()?;
         let pool_settings = PoolSettings {
-            connect_timeout: config.connect_timeout,
-            idle_timeout: config.pool_idle_timeout,
+            connect_timeout: config.timeouts.connect,
+            idle_timeout: config.timeouts.pool_idle,
             max_idle: config.pool_max_idle_per_endpoint,
             workers: workers.max(1),
         };
@@ -179,6 +177,7 @@ impl Cluster {
             uses_load_reports: balancer.uses_load_reports(),
             uses_utilization: balancer.uses_utilization(),
             shares_evidence: config
+                .protections
                 .outlier_detection
                 .as_ref()
                 .is_some_and(|o| o.shared.is_some()),
@@ -229,7 +228,11 @@ impl Cluster {
     /// True if a failure status is tried again on another endpoint (`retry_on_status`).
     #[inline]
     pub fn retries_status(&self, status: u16) -> bool {
-        self.config.retry.retry_on_status.contains(&status)
+        self.config
+            .protections
+            .retry
+            .retry_on_status
+            .contains(&status)
     }
 
     /// True if a gRPC call's `grpc-status` counts as the endpoint's failure, retried or not:
@@ -245,7 +248,12 @@ impl Cluster {
     #[inline]
     pub fn retries_grpc_status(&self, code: u32) -> bool {
         code == crate::exchange::grpc::UNAVAILABLE
-            || self.config.retry.retry_on_grpc_status.contains(&code)
+            || self
+                .config
+                .protections
+                .retry
+                .retry_on_grpc_status
+                .contains(&code)
     }
 
     /// Finishes a pick made at `picked_at` with its outcome, counting the try's latency, the

@@ -20,11 +20,11 @@ use crate::upstream::health_error::CheckFailed;
 /// with outlier detection a task that logs ejections as they end.
 pub fn spawn(cluster: &Arc<Cluster>, rt: &tokio::runtime::Handle) -> Vec<JoinHandle<()>> {
     let mut tasks = Vec::new();
-    if cluster.config.health_check.is_some() {
+    if cluster.config.protections.health_check.is_some() {
         tasks
             .extend((0..cluster.endpoints.len()).map(|i| rt.spawn(check_loop(cluster.clone(), i))));
     }
-    if cluster.config.outlier_detection.is_some() {
+    if cluster.config.protections.outlier_detection.is_some() {
         tasks.push(rt.spawn(watch_ejections(cluster.clone())));
     }
     tasks
@@ -81,6 +81,7 @@ async fn probe(
 async fn check_loop(cluster: Arc<Cluster>, index: usize) {
     let hc = cluster
         .config
+        .protections
         .health_check
         .clone()
         .expect("checked by spawn");

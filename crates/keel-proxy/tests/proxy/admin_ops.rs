@@ -241,7 +241,7 @@ async fn a_drain_survives_a_reload_that_keeps_the_endpoint() {
     .unwrap();
     assert_eq!(r.status, 200);
     let mut config = (*proxy.config()).clone();
-    config.clusters[0].retry.attempts = 1;
+    config.clusters[0].protections.retry.attempts = 1;
     proxy.reload(config).unwrap();
     let st = proxy.cluster_status("app").unwrap();
     assert!(st[0].draining && !st[1].draining, "{st:?}");

@@ -797,7 +797,7 @@ fn assert_round_trip(spec: &ConfigSpec, c: &ProxyConfig) {
     assert_eq!(c.clusters.len(), spec.clusters.len());
     for (i, (c, s)) in c.clusters.iter().zip(&spec.clusters).enumerate() {
         assert_eq!(c.name, s.name);
-        assert_eq!(c.strategy, s.strategy);
+        assert_eq!(c.balance.strategy, s.strategy);
         let eps: Vec<(String, u32)> = c
             .endpoints
             .iter()
@@ -843,33 +843,33 @@ fn assert_round_trip(spec: &ConfigSpec, c: &ProxyConfig) {
         } else {
             TieBreak::Random
         };
-        assert_eq!(c.tie_break, tie);
-        assert_eq!(c.choices, s.choices);
-        assert_eq!(c.decay, d(s.decay_ms));
-        assert_eq!(c.default_rtt, d(s.default_rtt_ms));
-        assert_eq!(c.failure_penalty, d(s.failure_penalty_ms));
-        assert_eq!(c.vnodes, s.vnodes);
-        assert_eq!(c.table_size, s.table_size);
+        assert_eq!(c.balance.tie_break, tie);
+        assert_eq!(c.balance.choices, s.choices);
+        assert_eq!(c.balance.decay, d(s.decay_ms));
+        assert_eq!(c.balance.default_rtt, d(s.default_rtt_ms));
+        assert_eq!(c.balance.failure_penalty, d(s.failure_penalty_ms));
+        assert_eq!(c.balance.vnodes, s.vnodes);
+        assert_eq!(c.balance.table_size, s.table_size);
         assert_eq!(
-            c.bounded_load,
+            c.balance.bounded_load,
             s.bounded_load_cents.map(|b| 1.0 + b as f64 / 100.0)
         );
-        assert_eq!(c.panic_threshold, s.panic_threshold as f64);
-        assert_eq!(c.seed, s.seed);
+        assert_eq!(c.balance.panic_threshold, s.panic_threshold as f64);
+        assert_eq!(c.balance.seed, s.seed);
         let hash_on = s.hash_on.map(|h| match h {
             0 => HashOn::Path,
             1 => HashOn::ClientIp,
             _ => "header:x-session".parse().unwrap(),
         });
-        assert_eq!(c.hash_on, hash_on);
-        assert_eq!(c.connect_timeout, d(s.connect_timeout_ms));
-        assert_eq!(c.request_timeout, d(s.request_timeout_ms));
+        assert_eq!(c.balance.hash_on, hash_on);
+        assert_eq!(c.timeouts.connect, d(s.connect_timeout_ms));
+        assert_eq!(c.timeouts.request, d(s.request_timeout_ms));
         assert_eq!(c.max_buffered_response, s.max_buffered_response);
-        assert_eq!(c.pool_idle_timeout, d(s.pool_idle_timeout_ms));
+        assert_eq!(c.timeouts.pool_idle, d(s.pool_idle_timeout_ms));
         assert_eq!(c.pool_max_idle_per_endpoint, s.pool_max_idle_per_endpoint);
-        assert_eq!(c.max_in_flight, s.max_in_flight);
+        assert_eq!(c.protections.max_in_flight, s.max_in_flight);
 
-        let r = &c.retry;
+        let r = &c.protections.retry;
         assert_eq!(r.attempts, s.retry.attempts);
         assert_eq!(
             r.per_try_timeout,
@@ -886,9 +886,9 @@ fn assert_round_trip(spec: &ConfigSpec, c: &ProxyConfig) {
         );
         assert_eq!(r.budget_window, d(s.retry.budget_window_ms));
         let per_try = c.per_try_timeout();
-        assert!(!per_try.is_zero() && per_try <= c.request_timeout);
+        assert!(!per_try.is_zero() && per_try <= c.timeouts.request);
 
-        match (&c.health_check, &s.health_check) {
+        match (&c.protections.health_check, &s.health_check) {
             (None, None) => {}
             (Some(h), Some(w)) => {
                 assert_eq!(h.path, w.path);
@@ -899,7 +899,7 @@ fn assert_round_trip(spec: &ConfigSpec, c: &ProxyConfig) {
             }
             (got, want) => panic!("health_check {got:?}, wrote {want:?}"),
         }
-        match (&c.outlier_detection, &s.outlier) {
+        match (&c.protections.outlier_detection, &s.outlier) {
             // No table: on, with keel-balance's defaults.
             (Some(o), None) => assert_eq!(*o, keel_balance::OutlierConfig::default()),
             (Some(o), Some(w)) => {
@@ -919,7 +919,7 @@ fn assert_round_trip(spec: &ConfigSpec, c: &ProxyConfig) {
             }
             (got, want) => panic!("outlier_detection {got:?}, wrote {want:?}"),
         }
-        match (&c.slow_start, &s.slow_start) {
+        match (&c.protections.slow_start, &s.slow_start) {
             (None, None) => {}
             (Some(ss), Some(w)) => {
                 assert_eq!(ss.window, d(w.window_ms));

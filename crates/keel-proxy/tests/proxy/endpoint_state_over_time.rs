@@ -237,7 +237,7 @@ async fn reload_keeps_endpoint_state_and_refuses_bad_files() {
     let admin = format!("http://{}/reload", proxy.admin_addr().unwrap());
     let r = send(&c, Method::POST, &admin, &[], b"").await.unwrap();
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-    assert_eq!(proxy.config().clusters[0].strategy.name(), "random");
+    assert_eq!(proxy.config().clusters[0].balance.strategy.name(), "random");
     let st = proxy.cluster_status("app").unwrap();
     assert_eq!(st[0].id, id, "same endpoint identity");
     assert!(
@@ -260,7 +260,7 @@ async fn reload_keeps_endpoint_state_and_refuses_bad_files() {
         "names file and line: {}",
         r.text()
     );
-    assert_eq!(proxy.config().clusters[0].strategy.name(), "random");
+    assert_eq!(proxy.config().clusters[0].balance.strategy.name(), "random");
     assert_eq!(
         send(&c, Method::GET, &url, &[], b"").await.unwrap().status,
         StatusCode::OK

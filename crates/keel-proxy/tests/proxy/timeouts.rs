@@ -261,8 +261,11 @@ fn timeouts_are_checked() {
         "{e}"
     );
     let c = ProxyConfig::from_toml_str(&text("", ""), "t.toml").unwrap();
-    assert_eq!(c.clusters[0].upstream_idle_timeout, Duration::from_secs(60));
-    assert_eq!(c.clusters[0].max_duration, None);
+    assert_eq!(
+        c.clusters[0].timeouts.upstream_idle,
+        Duration::from_secs(60)
+    );
+    assert_eq!(c.clusters[0].timeouts.max_duration, None);
     assert_eq!(c.listeners[0].client_idle_timeout, Duration::from_secs(10));
 }
 

@@ -236,8 +236,11 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     .await
             }
             BodyFraming::Chunked => {
-                let bounds =
-                    UploadBounds::of(settings, target.cluster.config.max_duration, started);
+                let bounds = UploadBounds::of(
+                    settings,
+                    target.cluster.config.timeouts.max_duration,
+                    started,
+                );
                 match conn
                     .read_small_chunked(bounds, started, max_body, req.expect_continue)
                     .await
@@ -296,8 +299,11 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     }
                 }
                 // Read whole, within the body's bounds.
-                let bounds =
-                    UploadBounds::of(settings, target.cluster.config.max_duration, started);
+                let bounds = UploadBounds::of(
+                    settings,
+                    target.cluster.config.timeouts.max_duration,
+                    started,
+                );
                 while conn.rbuf.len() < n {
                     conn.rbuf.reserve(n - conn.rbuf.len());
                     let received = conn.rbuf.len() as u64;
@@ -444,7 +450,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         // The body's reads within its bounds (a slow or stalled upload is the client's 408,
         // whose cause names the bound); the try's clock stands still meanwhile (see
         // BodyProgress).
-        let bounds = UploadBounds::of(settings, target.cluster.config.max_duration, start);
+        let bounds = UploadBounds::of(settings, target.cluster.config.timeouts.max_duration, start);
         let upload = Upload::new(bounds, start).with_progress(&progress, start);
         let mut body = ClientBody::new(
             &mut self.stream,

@@ -80,7 +80,7 @@ fn parse_request_in<'b>(
             route = routes.choose(method, path, authority, fields);
             let hash_on = routes
                 .target(route)
-                .and_then(|t| t.cluster.config.hash_on.as_ref());
+                .and_then(|t| t.cluster.config.balance.hash_on.as_ref());
             let (hash_header, hash_path) = hash_rule(hash_on);
             routed = RequestRules {
                 hash_header,

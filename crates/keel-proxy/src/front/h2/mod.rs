@@ -211,7 +211,7 @@ async fn handle(
         request_id: settings.generate_request_id,
         ..RequestRules::new(
             client,
-            target.cluster.config.hash_on.as_ref(),
+            target.cluster.config.balance.hash_on.as_ref(),
             usize::MAX,
             max_body,
         )
@@ -307,7 +307,7 @@ async fn handle(
         _ => {
             // The body's reads within its bounds; the try's clock stands still while they
             // wait on the client (the HTTP/1.1 front end's upload model).
-            let bounds = UploadBounds::of(settings, cluster.config.max_duration, start);
+            let bounds = UploadBounds::of(settings, cluster.config.timeouts.max_duration, start);
             let upload = Upload::new(bounds, start).with_progress(&progress, start);
             let streamed = streamed.insert(ClientBody::new(body, max_body, upload));
             let request = Request {
