@@ -616,7 +616,11 @@ fn etcd_discovery_and_shared_evidence_need_etcd_and_a_name() {
     assert!(e.message.contains("`name`"), "{e}");
     let c = ProxyConfig::from_toml_str(&format!("name = \"keel-1\"\n{ETCD}{shared}"), "ok.toml")
         .unwrap();
-    let od = c.clusters[0].outlier_detection.as_ref().unwrap();
+    let od = c.clusters[0]
+        .protections
+        .outlier_detection
+        .as_ref()
+        .unwrap();
     assert_eq!(od.shared, Some(keel_balance::SharedEvidence { quorum: 1 }));
     let e = err(&format!("name = \"a/b\"\n{ETCD}{shared}"));
     assert_eq!(e.key.as_deref(), Some("name"), "{e}");

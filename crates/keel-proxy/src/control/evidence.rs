@@ -67,6 +67,7 @@ impl Shared {
         };
         for c in &config.clusters {
             let shares = c
+                .protections
                 .outlier_detection
                 .as_ref()
                 .is_some_and(|o| o.shared.is_some());

@@ -71,14 +71,14 @@ fn summary(config: &ProxyConfig) -> String {
         s.push_str(&format!(
             "  cluster {}: {} over {over}; retries {}, health check {}, outlier detection {}\n",
             c.name,
-            c.strategy,
-            c.retry.attempts,
-            if c.health_check.is_some() {
+            c.balance.strategy,
+            c.protections.retry.attempts,
+            if c.protections.health_check.is_some() {
                 "on"
             } else {
                 "off"
             },
-            if c.outlier_detection.is_some() {
+            if c.protections.outlier_detection.is_some() {
                 "on"
             } else {
                 "off"
@@ -88,7 +88,7 @@ fn summary(config: &ProxyConfig) -> String {
             "    upstream tries per request: at most {}{probes}{routes}; in the long run at most {:.2} (retry and hedge budgets){}\n",
             a.worst_case,
             a.long_run,
-            c.max_amplification
+            c.protections.max_amplification
                 .map_or(String::new(), |m| format!("; max_amplification = {m}"))
         ));
     }

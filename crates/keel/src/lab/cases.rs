@@ -253,16 +253,16 @@ impl Case {
             .map(|a| EndpointSpec::new(a.to_string()))
             .collect();
         let mut c = ClusterConfig::new("lab", specs).with_balancer(&self.balancer(seed));
-        c.connect_timeout = Duration::from_millis(100);
+        c.timeouts.connect = Duration::from_millis(100);
         if self.protections == Protection::Defaults {
             // Every retry setting at its default; only the timeout is scaled.
-            c.request_timeout = t.timeout * (DEFAULT_RETRIES + 1);
+            c.timeouts.request = t.timeout * (DEFAULT_RETRIES + 1);
         } else if self.protections == Protection::Lab {
             let p = &PROTECTIONS;
             // The whole request may use every try; each try has the case's timeout.
-            c.request_timeout = t.timeout * (p.retries + 1);
+            c.timeouts.request = t.timeout * (p.retries + 1);
             let budget = p.budget();
-            c.retry = keel_proxy::config::RetryConfig {
+            c.protections.retry = keel_proxy::config::RetryConfig {
                 attempts: p.retries,
                 per_try_timeout: Some(t.timeout),
                 budget_percent: budget.budget_percent,
@@ -270,7 +270,7 @@ impl Case {
                 budget_window: budget.window,
                 ..Default::default()
             };
-            c.health_check = Some(HealthCheckConfig {
+            c.protections.health_check = Some(HealthCheckConfig {
                 interval: p.health_interval,
                 timeout: p.health_interval,
                 unhealthy_threshold: p.health_threshold,
@@ -278,8 +278,8 @@ impl Case {
                 ..HealthCheckConfig::default()
             });
         } else {
-            c.request_timeout = t.timeout;
-            c.retry.attempts = 0;
+            c.timeouts.request = t.timeout;
+            c.protections.retry.attempts = 0;
         }
         let listen = SocketAddr::from(([127, 0, 0, 1], 0));
         ProxyConfig::new(vec![ListenerConfig::new(listen, "lab")], vec![c])

@@ -247,8 +247,8 @@ pub fn run(
     let c = &config.clusters[0];
     let running_cfg = RunningConfig {
         balancer: c.balancer_config(),
-        retry_attempts: c.retry.attempts,
-        retry_budget: c.retry.budget(),
+        retry_attempts: c.protections.retry.attempts,
+        retry_budget: c.protections.retry.budget(),
         health_check: None,
         per_try_timeout: c.per_try_timeout(),
         weights: Vec::new(),

@@ -249,15 +249,17 @@ fn running_config(
         );
     };
     let request_timeout = c
+        .protections
         .retry
         .per_try_timeout
         .is_none()
-        .then_some(c.request_timeout);
+        .then_some(c.timeouts.request);
     let running = RunningConfig {
         balancer: c.balancer_config(),
-        retry_attempts: c.retry.attempts,
-        retry_budget: c.retry.budget(),
+        retry_attempts: c.protections.retry.attempts,
+        retry_budget: c.protections.retry.budget(),
         health_check: c
+            .protections
             .health_check
             .as_ref()
             .map(|h| (h.interval, h.unhealthy_threshold, h.healthy_threshold)),
