@@ -9,7 +9,8 @@
 //! (rate limits, rewrites, sticky sessions, `hash_on`), [`discovery`] and [`observe`]
 //! (admin, access log). This file holds the whole ([`ProxyConfig`]), the order in which the
 //! sections are checked and the checks across sections; [`locate`] turns a failed check into
-//! a `file:line:col: key: message` error. Nothing here reads a file the configuration names:
+//! a `file:line:col: key: message` error, and [`group`] reads a flat table (`[[cluster]]`,
+//! `[[listener.route]]`) into its type's groups, key by key. Nothing here reads a file the configuration names:
 //! the components that use them check them (`tls::check_*`, `discovery::check`), and
 //! `ProxyConfig::from_file` (in `control::load`) runs those checks after this room's.
 
