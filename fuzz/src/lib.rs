@@ -76,19 +76,19 @@ fn check_accepted(config: &ProxyConfig) {
         let _ = lb.status(now);
         let per_try = c.per_try_timeout();
         assert!(
-            per_try <= c.request_timeout,
+            per_try <= c.timeouts.request,
             "per-try timeout {per_try:?} above the request timeout {:?}",
-            c.request_timeout
+            c.timeouts.request
         );
         // Found by this fuzzer (request_timeout = "1ns" gave a per-try timeout of 0); fixed:
         // request_timeout must be at least 1ms.
         assert!(
             !per_try.is_zero(),
             "per-try timeout 0 (request_timeout {:?}, attempts {})",
-            c.request_timeout,
-            c.retry.attempts
+            c.timeouts.request,
+            c.protections.retry.attempts
         );
-        let budget = RetryBudget::new(c.retry.budget());
+        let budget = RetryBudget::new(c.protections.retry.budget());
         budget.record_request(now);
         let _ = budget.try_retry(now);
     }
