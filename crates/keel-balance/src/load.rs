@@ -354,7 +354,7 @@ mod tests {
         assert_eq!(s.in_flight(), 0);
     }
 
-    /// Issue 23: a band's plain median said the same for 8 and 15 in flight. Ten requests
+    /// A band's plain median said the same for 8 and 15 in flight. Ten requests
     /// that arrived to 8 in flight took 90 ms (10 ms each, one after another); at 15 in flight
     /// the estimate is 90 x 16 / 9 = 160 ms, at 8 it is 90 ms. Before, both said 90 ms.
     #[test]

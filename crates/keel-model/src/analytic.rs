@@ -191,7 +191,7 @@ mod tests {
         assert!((h_counts - 400.0 / 401.0).abs() < EPS, "{h_counts}");
         let f = success(StrategyKind::LeastConnections, 0.2, 100.0, 3).unwrap();
         assert!((f - (400.0f64 / 401.0).powi(3)).abs() < EPS);
-        // 0.99253734..., not the "0.99252..." quoted in issue 3 (a typo there)
+        // 0.99253734..., not the "0.99252..." once quoted for it (a typo)
         assert!((f - 0.992_537_344).abs() < 1e-9, "{f}");
         let share = failed_share(StrategyKind::LeastConnections, 0.2, 100.0).unwrap();
         assert!((share - 1.0 / 401.0).abs() < EPS, "{share}");

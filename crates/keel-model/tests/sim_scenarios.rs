@@ -134,7 +134,7 @@ fn open_loop_client_side_health_checks_and_retries_run() {
     assert_eq!(r.protections, "health-check+retry");
 }
 
-/// The issue's own words: a cluster of 100 servers with `capacity = { concurrency = 1 }`, and
+/// As users first write it: a cluster of 100 servers with `capacity = { concurrency = 1 }`, and
 /// the optional processor-sharing discipline, load as written.
 #[test]
 fn capacity_keys_load_as_documented() {

@@ -141,7 +141,7 @@ fn e9_least_request_and_prequal_react_least_time_is_sluggish_round_robin_never()
     assert!(pq.share_during < 0.03, "{pq:?}");
 }
 
-/// Issue 23's off-preset case (`scenarios/prequal-off-preset.toml`: 100 clients, 20 FIFO
+/// An off-preset case (`scenarios/prequal-off-preset.toml`: 100 clients, 20 FIFO
 /// servers of which 4 run 3x slower, exponential 10 ms, load 0.85), at a fifth of its size.
 /// With the paper's reuse budget (16 on 20 servers) prequal's p99 was 7.2 s against client-side
 /// least-request's 2.8 s (full run); a report serving one pick gives 0.23 s. The margins are
@@ -239,7 +239,7 @@ fn a_hedge_never_outlasts_the_calls_timeout() {
     );
 }
 
-/// Issue 21 item 3 (`scenarios/hung-readmission.toml`, at a tenth of its size): one hung server
+/// Re-admission (`scenarios/hung-readmission.toml`, at a tenth of its size): one hung server
 /// of five, 1,667 requests/s, 1 s timeout. least-time re-admitted the hung server with a
 /// whole timeout's worth of calls each time its decayed estimate came back within tolerance
 /// (failed-pick share 5.6 % in the full run, against least-connections' 0.40 %); with

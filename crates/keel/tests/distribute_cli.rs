@@ -1,4 +1,4 @@
-//! `keel distribute` end to end: the done-criteria and its errors.
+//! `keel distribute` end to end: what it promises and its errors.
 
 use std::process::Command;
 

@@ -1,5 +1,5 @@
-//! `keel proxy` as a process: `--check`, exit 2 on an invalid file, serving the issue's
-//! configuration with one endpoint failed while SIGHUP reloads it, and SIGTERM draining.
+//! `keel proxy` as a process: `--check`, exit 2 on an invalid file, serving examples/proxy.toml
+//! with one endpoint failed while SIGHUP reloads it, and SIGTERM draining.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

@@ -515,7 +515,7 @@ mod half_open_tests {
 
     use crate::{Balancer, BalancerConfig, EndpointSpec, Outcome, PickContext, StrategyKind};
 
-    /// Issue 21: a hung endpoint re-admitted by least-time took a whole timeout's worth of
+    /// A hung endpoint re-admitted by least-time took a whole timeout's worth of
     /// picks. Now an endpoint whose last call failed takes one call at a time until one
     /// succeeds, for least-time, peak-EWMA and prequal; least-request is not affected.
     #[test]

@@ -600,7 +600,7 @@ mod tests {
         assert_eq!(estimate(40, 3, 7), 80);
     }
 
-    /// Issue 23 on small clusters: a report is a probe's round trip old, the balancer's count
+    /// On small clusters: a report is a probe's round trip old, the balancer's count
     /// of its own calls in flight is live. Endpoint 0's report (idle, 10 ms) beats endpoint
     /// 1's (idle, 11 ms), but the balancer has since sent 0 three calls: 0 has at least 3 in
     /// flight, its 10 ms at 0 scales to 40 ms, and 1 wins. Before the fix this picked

@@ -6,7 +6,7 @@ use keel_balance::{BalancerConfig, EndpointSpec, OutlierConfig, StrategyKind};
 
 use super::*;
 
-/// The configuration file of issue 4, verbatim.
+/// examples/proxy.toml, verbatim.
 pub(crate) const ISSUE_CONFIG: &str = include_str!("../../../../examples/proxy.toml");
 
 #[test]
@@ -364,7 +364,7 @@ fn every_option_is_documented() {
             "cluster = \"app\"\n\n[[cluster]]",
             "cluster = \"app\"\n\n[[listener.route]]\ncluster = \"app\"\nnonsense = 1\n\n[[cluster]]",
         ),
-        // Issue 25's inline tables.
+        // Inline tables.
         format!("{HEAD}rate_limit = {{ rate = 1, nonsense = 1 }}\n"),
         format!("{HEAD}sticky = {{ cookie = \"s\", nonsense = 1 }}\n"),
         format!("{HEAD}request_headers = {{ nonsense = 1 }}\n"),

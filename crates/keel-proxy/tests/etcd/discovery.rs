@@ -9,7 +9,7 @@ use keel_proxy::ProxyHandle;
 
 use crate::*;
 
-/// The issue's discovery line.
+/// The discovery line docs/configuration.md shows.
 const LINE: &str = r#"discovery = { etcd = "/keel/clusters/api/" }"#;
 const PREFIX: &str = "/keel/clusters/api/";
 

@@ -1,7 +1,7 @@
 //! Shared outlier evidence: three proxies on a three-member etcd in front of three endpoints, one
 //! failing fast (503 at once). The fleet's failed tries at that endpoint (summed over the
 //! proxies' counts) with `shared = { quorum = 1 }` against local detection, for traffic dealt to
-//! the proxies in turn, spread at random, and in blocks (one proxy after another). The issue's
+//! the proxies in turn, spread at random, and in blocks (one proxy after another). The
 //! bound: shared pays at most half of local.
 
 use std::time::Duration;

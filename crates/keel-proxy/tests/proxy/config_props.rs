@@ -1,4 +1,4 @@
-//! Property tests of configuration loading (issue 7, item 5).
+//! Property tests of configuration loading.
 //!
 //! 1. Random configurations with every option inside its documented range always load, and
 //!    the loaded values are the ones written.

@@ -160,7 +160,7 @@ fn refusing() -> SocketAddr {
 }
 
 fn tcp_config(endpoints: &[SocketAddr], strategy: &str, extra: &str) -> keel_proxy::ProxyConfig {
-    // The listener, verbatim but for the port.
+    // A listener as users write it, verbatim but for the port.
     let eps: Vec<String> = endpoints
         .iter()
         .map(|a| format!("{{ address = \"{a}\" }}"))

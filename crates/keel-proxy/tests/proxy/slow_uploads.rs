@@ -22,7 +22,7 @@ fn config(endpoint: SocketAddr, cluster_extra: &str, listener_extra: &str) -> Pr
     ProxyConfig::from_toml_str(&text, "t.toml").unwrap()
 }
 
-/// The slow uploader: a declared 1 MB body sent a byte every `gap`; the answer read
+/// A slow uploader: a declared 1 MB body sent a byte every `gap`; the answer read
 /// until the connection closes (or `limit` passes).
 async fn trickle(addr: SocketAddr, gap: Duration, limit: Duration) -> String {
     let mut s = TcpStream::connect(addr).await.unwrap();
@@ -58,7 +58,7 @@ async fn status_of_get(addr: SocketAddr) -> String {
     text.lines().next().unwrap_or("").to_string()
 }
 
-/// The attack: 100 connections each trickling a byte every 200 ms of a declared 1 MB
+/// The attack: 100 connections each trickling a byte every 200 ms of a declared 1 MB
 /// body take all of `max_in_flight = 100`. Each is cut with `408` once its body is slower than
 /// `request_body_timeout` and the minimum rate allow (1 s here, the default being 60 s), the
 /// endpoint is not blamed, and a normal client is served again at once.

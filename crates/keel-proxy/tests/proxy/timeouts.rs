@@ -331,7 +331,7 @@ async fn a_slow_upload_outlasts_the_per_try_and_request_timeouts_and_a_stalled_o
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_client_that_opens_no_window_is_cut_and_frees_its_slots() {
-    // The attack: connections with SETTINGS_INITIAL_WINDOW_SIZE = 0 that never send a
+    // The attack: connections with SETTINGS_INITIAL_WINDOW_SIZE = 0 that never send a
     // WINDOW_UPDATE, each with many streams, against max_in_flight.
     let up = event_stream(1, Duration::ZERO, false).await;
     let proxy = keel_proxy::start(config(
@@ -344,7 +344,7 @@ async fn an_http2_client_that_opens_no_window_is_cut_and_frees_its_slots() {
     let addr = proxy.listener_addrs()[0];
     let mut conns = Vec::new();
     let mut responses = Vec::new();
-    // The bound: reset within client_idle_timeout + 1 s of the stall's start.
+    // The bound: reset within client_idle_timeout + 1 s of the stall's start.
     let stall_start = Instant::now();
     for _ in 0..2 {
         let tcp = TcpStream::connect(addr).await.unwrap();
@@ -399,7 +399,7 @@ async fn an_http2_client_that_opens_no_window_is_cut_and_frees_its_slots() {
 /// With every timeout at its default (a config of one listener and one endpoint), an event
 /// stream longer than the default `request_timeout` (15 s) and a 1 MB upload at about
 /// 100 KB/s (10 s, longer than a per-try share of it) both succeed, side by side.
-/// `KEEL_LONG_STREAM_SECS=60` runs the full-length stream.
+/// `KEEL_LONG_STREAM_SECS=60` runs the full-length stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_timeouts_carry_a_long_event_stream_and_a_slow_upload() {
     let secs: usize = std::env::var("KEEL_LONG_STREAM_SECS")
