@@ -6,8 +6,9 @@
 #
 #   bench/proxy/h2-ab.sh OLD_KEEL NEW_KEEL
 #
-# Scenarios: h2c (h2load's HTTP/2 clients -> keel -> two h2c endpoints, h2-backend) and h1
-# (-> one HTTP/1.1 endpoint, NGINX). One keel worker pinned to CPU 0; h2load and the endpoints
+# Scenarios: h2c (h2load's HTTP/2 clients -> keel -> two h2c endpoints, h2-backend), h1
+# (-> one HTTP/1.1 endpoint, NGINX) and h1-h2c (h2load's HTTP/1.1 clients, `--h1`, -> the h2c
+# endpoints: an HTTP/1.1 client's head turned into HTTP/2). One keel worker pinned to CPU 0; h2load and the endpoints
 # on CPU 1. Environment (optional): ROUNDS (3), REQUESTS (200000; 20000 with CALLGRIND),
 # BACKEND_BIN (else built), PORT_BASE (22100: ports +1, +5, +6, +10, +11). Loopback only;
 # none of those may be in use when it starts; everything started here is stopped on exit.
@@ -52,17 +53,24 @@ name = "h1"
 endpoints = [{ address = "127.0.0.1:$NGINX_PORT" }]
 EOF
 
-load() { taskset -c 1 h2load -c 16 -m 10 -n "$2" "http://127.0.0.1:$1/"; }
+SCENARIOS="h2c h1 h1-h2c"
+port_of() { case "$1" in h1) echo "$H1_LISTEN" ;; *) echo "$H2_LISTEN" ;; esac; }
+# HTTP/1.1 clients pipeline nothing: one request at a time on each of 16 connections.
+load() { # scenario requests
+    case "$1" in
+        h1-h2c) taskset -c 1 h2load --h1 -c 16 -m 1 -n "$2" "http://127.0.0.1:$(port_of "$1")/" ;;
+        *) taskset -c 1 h2load -c 16 -m 10 -n "$2" "http://127.0.0.1:$(port_of "$1")/" ;;
+    esac
+}
 
 run_cpu() { # bin label
     taskset -c 0 "$1" proxy --config "$WORK/keel.toml" --workers 1 >"$WORK/keel-$2.log" 2>&1 &
-    local pid=$! s port before after rps
+    local pid=$! s before after rps
     wait_port "$H2_LISTEN" 30
-    for s in h2c h1; do
-        port=$([ "$s" = h2c ] && echo "$H2_LISTEN" || echo "$H1_LISTEN")
-        load "$port" 5000 >/dev/null 2>&1
+    for s in $SCENARIOS; do
+        load "$s" 5000 >/dev/null 2>&1
         before=$(cpu_ticks "$pid")
-        rps=$(load "$port" "$REQUESTS" | awk '/finished in/ {print $4}')
+        rps=$(load "$s" "$REQUESTS" | awk '/finished in/ {print $4}')
         after=$(cpu_ticks "$pid")
         awk -v b="$before" -v a="$after" -v t="$CLK_TCK" -v n="$REQUESTS" -v l="$2" -v s="$s" -v r="$rps" \
             'BEGIN { printf "%s\t%s\t%s\t%.2f\n", l, s, r, (a - b) * 1e6 / t / n }'
@@ -71,17 +79,16 @@ run_cpu() { # bin label
 }
 
 run_callgrind() { # bin label
-    local s port out ir
-    for s in h2c h1; do
-        port=$([ "$s" = h2c ] && echo "$H2_LISTEN" || echo "$H1_LISTEN")
+    local s out ir
+    for s in $SCENARIOS; do
         out="$WORK/cg-$2-$s.out"
         valgrind --tool=callgrind --callgrind-out-file="$out" "$1" proxy --config "$WORK/keel.toml" \
             --workers 1 >"$WORK/keel-$2.log" 2>&1 &
         local pid=$!
-        wait_port "$port" 30
-        load "$port" 2000 >/dev/null 2>&1
+        wait_port "$(port_of "$s")" 30
+        load "$s" 2000 >/dev/null 2>&1
         callgrind_control -z "$pid" >/dev/null 2>&1
-        load "$port" "$REQUESTS" >/dev/null 2>&1
+        load "$s" "$REQUESTS" >/dev/null 2>&1
         callgrind_control -d "$pid" >/dev/null 2>&1
         stop_pid "$pid" 60 # valgrind writes its last dump on the way out
         ir=$(callgrind_annotate "$(ls -t "$out".* | head -1)" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')

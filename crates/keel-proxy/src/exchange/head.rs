@@ -1,8 +1,9 @@
-//! A request's head on its way to an endpoint, in the form its front end read it: an
-//! HTTP/1.1 client's as the text keel rewrote it into (sent as it is by the HTTP/1.1 leg),
-//! an HTTP/2 client's as hyper's parts, edited in place (built into the stream's HEADERS by
-//! the HTTP/2 leg, without text between). The policies and the access log read and edit
-//! either through the same operations, as `exchange::response` does for responses.
+//! A request's head on its way to an endpoint, in the form its leg sends: HTTP/1.1 text (an
+//! HTTP/1.1 client's as keel rewrote it, sent as it is by the HTTP/1.1 leg; an HTTP/2
+//! client's written once at its first HTTP/1.1 try), or hyper's parts (an HTTP/2 client's
+//! edited in place, an HTTP/1.1 client's built from its fields), which the HTTP/2 leg turns
+//! into a stream's HEADERS without text between. The policies and the access log read and
+//! edit either through the same operations, as `exchange::response` does for responses.
 
 use hyper::header::{HeaderName, HeaderValue};
 use hyper::http::request::Parts;
@@ -159,6 +160,44 @@ impl RequestHeaders<'_> {
                     p.headers.append(name.clone(), v);
                 }
             }
+        }
+    }
+}
+
+/// The head an HTTP/1.1 client's request goes upstream with, in the form its leg sends:
+/// text for an HTTP/1.1 endpoint, a map for an HTTP/2 one (`map` set). Kept by the
+/// connection from request to request, so the text's buffer is reused.
+#[derive(Default)]
+pub(crate) struct UpstreamHead {
+    pub text: Vec<u8>,
+    pub map: Option<Parts>,
+}
+
+impl UpstreamHead {
+    /// The head to edit.
+    pub fn headers(&mut self) -> RequestHeaders<'_> {
+        match &mut self.map {
+            Some(p) => RequestHeaders::Map(p),
+            None => RequestHeaders::Lines(&mut self.text),
+        }
+    }
+
+    /// The head to read.
+    pub fn view(&self) -> HeadView<'_> {
+        match &self.map {
+            Some(p) => HeadView::Map(p),
+            None => HeadView::Lines(&self.text),
+        }
+    }
+
+    /// Frames a chunked body read and decoded whole with `Content-Length: n` instead.
+    pub fn reframe_as_length(&mut self, n: u64) {
+        match &mut self.map {
+            Some(p) => {
+                p.headers
+                    .insert(hyper::header::CONTENT_LENGTH, HeaderValue::from(n));
+            }
+            None => crate::exchange::rewrite::reframe_as_length(&mut self.text, n),
         }
     }
 }

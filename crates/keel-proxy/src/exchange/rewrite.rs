@@ -432,6 +432,107 @@ where
     Ok(meta)
 }
 
+/// Checks an HTTP/1.1 client's request bound for an HTTP/2 endpoint and builds the head its
+/// leg sends, by the rules [`rewrite`] writes as text, with no text between: the headers
+/// [`passed_on`] and keel's own in a map, `Host` (or an absolute-form target's authority) as
+/// the target's authority, no transfer coding (the leg frames the body in DATA frames) and no
+/// `Upgrade` (HTTP/2 has none). `raw` is the client's head, which `method`, `path`,
+/// `authority` and the fields are slices of: it is copied once, and every name's value and
+/// the target are slices of that copy. See [`scan`] for the other arguments.
+pub(crate) fn rewrite_to_parts<'h, I>(
+    method: &'h str,
+    path: &'h str,
+    authority: Option<&'h str>,
+    http10: bool,
+    fields: impl Fn() -> I,
+    rules: &RequestRules<'_>,
+    raw: &'h [u8],
+) -> Result<(RequestHead, Parts), Reject>
+where
+    I: Iterator<Item = (&'h str, &'h [u8])>,
+{
+    let normal = normal_path(path)?;
+    let (meta, s) = scan(method, &normal, authority, http10, false, &fields, rules)?;
+    let shared = Bytes::copy_from_slice(raw);
+    // A slice of the copy where `part` is one of `raw` (always, but for a normalised path).
+    let share = |part: &[u8]| {
+        let start = (part.as_ptr() as usize).wrapping_sub(raw.as_ptr() as usize);
+        match start.checked_add(part.len()) {
+            Some(end) if end <= raw.len() => shared.slice(start..end),
+            _ => Bytes::copy_from_slice(part),
+        }
+    };
+    let value = |v: &[u8]| HeaderValue::from_maybe_shared(share(v)).map_err(|_| Reject::Malformed);
+    let named = &s.named[..s.n_named];
+    let mut h = hyper::HeaderMap::with_capacity(16);
+    for (name, v) in fields() {
+        if passed_on(name, named, true, rules) {
+            let mut v = value(v)?;
+            // A value new on every request never repeats: sent as a literal (see `rewrite_h2`).
+            if name.eq_ignore_ascii_case("traceparent") {
+                v.set_sensitive(true);
+            }
+            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| Reject::Malformed)?;
+            h.append(name, v);
+        }
+    }
+    let host = authority.map(str::as_bytes).or(s.host);
+    if s.real_ip && !rules.trust_forwarded {
+        h.insert(X_REAL_IP, rules.client_ip_value.clone());
+    }
+    if rules.request_id {
+        let mut id = match s.request_id {
+            Some(id) => value(id)?,
+            None => HeaderValue::from_bytes(&new_request_id()).map_err(|_| Reject::Malformed)?,
+        };
+        id.set_sensitive(true);
+        h.insert(X_REQUEST_ID, id);
+    }
+    let forwarded_for = if s.forwarded_for && rules.trust_forwarded {
+        let mut chain = Vec::with_capacity(rules.client_ip.len() + 64);
+        for (name, v) in fields() {
+            if name.eq_ignore_ascii_case("x-forwarded-for") {
+                chain.extend_from_slice(v);
+                chain.extend_from_slice(b", ");
+            }
+        }
+        chain.extend_from_slice(rules.client_ip.as_bytes());
+        HeaderValue::from_maybe_shared(Bytes::from(chain)).map_err(|_| Reject::Malformed)?
+    } else {
+        rules.client_ip_value.clone()
+    };
+    h.insert(X_FORWARDED_FOR, forwarded_for);
+    h.insert(X_FORWARDED_PROTO, HeaderValue::from_static(rules.proto));
+    if let Some(host) = host {
+        h.insert(X_FORWARDED_HOST, value(host)?);
+    }
+    match meta.body {
+        BodyFraming::Length(n) => {
+            h.insert(CONTENT_LENGTH, HeaderValue::from(n));
+        }
+        // A `Content-Length: 0` is kept as such (some servers want a length on POST).
+        BodyFraming::None if s.content_length == Some(0) => {
+            h.insert(CONTENT_LENGTH, HeaderValue::from_static("0"));
+        }
+        _ => {}
+    }
+    let mut uri = hyper::http::uri::Parts::default();
+    uri.path_and_query = Some(
+        hyper::http::uri::PathAndQuery::from_maybe_shared(share(normal.as_bytes()))
+            .map_err(|_| Reject::Malformed)?,
+    );
+    if let Some(host) = host {
+        uri.scheme = Some(hyper::http::uri::Scheme::HTTP);
+        uri.authority =
+            Some(Authority::from_maybe_shared(share(host)).map_err(|_| Reject::Malformed)?);
+    }
+    let (mut parts, ()) = hyper::Request::new(()).into_parts();
+    parts.method = hyper::Method::from_bytes(method.as_bytes()).map_err(|_| Reject::Malformed)?;
+    parts.uri = hyper::Uri::from_parts(uri).map_err(|_| Reject::Malformed)?;
+    parts.headers = h;
+    Ok((meta, parts))
+}
+
 /// Turns a head [`rewrite`] framed as chunked into one with `Content-Length: n`, for a chunked
 /// body read and decoded whole.
 pub(crate) fn reframe_as_length(head: &mut Vec<u8>, n: u64) {
@@ -571,6 +672,111 @@ pub(crate) fn rewrite_h2(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rules(trust_forwarded: bool) -> RequestRules<'static> {
+        RequestRules {
+            client_ip: "127.0.0.1",
+            client_ip_value: Box::leak(Box::new(HeaderValue::from_static("127.0.0.1"))),
+            proto: "http",
+            trust_forwarded,
+            hash_header: None,
+            hash_path: false,
+            max_headers: 32,
+            max_body: 1 << 20,
+            request_id: true,
+        }
+    }
+
+    /// One request rewritten both ways: as the text an HTTP/1.1 endpoint gets and as the map
+    /// an HTTP/2 one gets.
+    fn both_ways(raw: &[u8], rules: &RequestRules<'_>) -> (RequestHead, Vec<u8>, Parts) {
+        let mut fields = [httparse::EMPTY_HEADER; 32];
+        let mut req = httparse::Request::new(&mut fields);
+        let n = req.parse(raw).unwrap().unwrap();
+        let (method, target) = (req.method.unwrap(), req.path.unwrap());
+        let (path, authority) = crate::exchange::request::request_target(method, target).unwrap();
+        let http10 = req.version == Some(0);
+        let fields = || req.headers.iter().map(|h| (h.name, h.value));
+        let mut text = Vec::new();
+        let meta = rewrite(
+            method, path, authority, http10, false, fields, rules, &mut text,
+        );
+        let (meta_too, parts) =
+            rewrite_to_parts(method, path, authority, http10, fields, rules, &raw[..n]).unwrap();
+        assert_eq!(meta.unwrap(), meta_too);
+        (meta_too, text, parts)
+    }
+
+    #[test]
+    fn an_http2_endpoint_gets_the_headers_an_http1_endpoint_gets_as_a_map() {
+        let cases: [(&[u8], bool); 9] = [
+            (b"GET /a/./b/../c?q=1 HTTP/1.1\r\nHost: app.example\r\nX-One: 1\r\nx-one: 2\r\nCookie: s=1\r\nX-Request-Id: abc-1\r\n\r\n", true),
+            (b"GET / HTTP/1.1\r\nHost: a\r\nConnection: x-hop, keep-alive\r\nX-Hop: 1\r\nTE: trailers\r\nProxy-Authorization: b\r\nKeep-Alive: 5\r\nX-Request-Id: r2\r\n\r\n", true),
+            (b"GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 10.0.0.1\r\nx-forwarded-for: 10.0.0.2\r\nX-Forwarded-Proto: ftp\r\nX-Real-IP: 1.2.3.4\r\nForwarded: for=x\r\nX-Request-Id: r3\r\n\r\n", true),
+            (b"GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 10.0.0.1\r\nX-Real-IP: 1.2.3.4\r\nForwarded: for=x\r\nX-Request-Id: r4\r\n\r\n", false),
+            (b"GET http://b.example:8080/x?y HTTP/1.1\r\nHost: ignored\r\nX-Request-Id: r5\r\n\r\n", true),
+            (b"POST /u HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nExpect: 100-continue\r\nX-Request-Id: r6\r\n\r\n", true),
+            (b"POST /u HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nX-Request-Id: r7\r\n\r\n", true),
+            (b"POST /u HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nX-Request-Id: r8\r\n\r\n", true),
+            (b"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nTraceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\nX-Request-Id: r9\r\n\r\n", true),
+        ];
+        for (raw, trust) in cases {
+            let (meta, text, parts) = both_ways(raw, &rules(trust));
+            let shown = String::from_utf8_lossy(raw);
+            // The text's header lines, but for what HTTP/2 carries elsewhere or not at all:
+            // `Host` (the authority), the transfer coding (DATA frames), an upgrade's two.
+            let mut lines: Vec<(String, Vec<u8>)> = crate::codec::head::header_lines(&text)
+                .map(|(n, v, _)| (String::from_utf8_lossy(n).to_ascii_lowercase(), v.to_vec()))
+                .collect();
+            let host = lines
+                .iter()
+                .find(|(n, _)| n == "host")
+                .map(|(_, v)| v.clone());
+            lines.retain(|(n, _)| {
+                !["host", "transfer-encoding", "connection", "upgrade"].contains(&n.as_str())
+            });
+            let mut map: Vec<(String, Vec<u8>)> = parts
+                .headers
+                .iter()
+                .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+                .collect();
+            lines.sort();
+            map.sort();
+            assert_eq!(lines, map, "{shown}");
+            assert_eq!(
+                parts
+                    .uri
+                    .authority()
+                    .map(|a| a.as_str().as_bytes().to_vec()),
+                host,
+                "{shown}"
+            );
+            let target = crate::exchange::head::HeadView::Lines(&text).target();
+            assert_eq!(
+                parts.uri.path_and_query().unwrap().as_str().as_bytes(),
+                target
+            );
+            assert_eq!(
+                parts.method.as_str().as_bytes(),
+                &text[..text.iter().position(|b| *b == b' ').unwrap()]
+            );
+            // Values new on every request go as HPACK literals, not table entries.
+            for name in ["x-request-id", "traceparent"] {
+                assert!(
+                    parts.headers.get_all(name).iter().all(|v| v.is_sensitive()),
+                    "{name}"
+                );
+            }
+            if meta.body == BodyFraming::Chunked {
+                assert!(!parts.headers.contains_key(CONTENT_LENGTH), "{shown}");
+            }
+        }
+        // An HTTP/1.0 client may send no `Host`: the target has no authority, and each try
+        // names its endpoint.
+        let (meta, _, parts) = both_ways(b"GET /old HTTP/1.0\r\n\r\n", &rules(true));
+        assert!(!meta.has_host && parts.uri.authority().is_none());
+        assert_eq!(parts.uri.to_string(), "/old");
+    }
 
     #[test]
     fn paths_are_normalised_as_rfc_3986_resolves_dot_segments() {

@@ -14,7 +14,6 @@
 //! a failed try, retried while no byte of it reached the client.
 
 use std::future::poll_fn;
-use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::task::{ready, Context, Poll};
@@ -23,12 +22,10 @@ use bytes::Bytes;
 use h2::{RecvStream, SendStream};
 use hyper::body::{Body, Frame};
 use hyper::http::uri::{Authority, PathAndQuery};
-use hyper::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
+use hyper::http::{HeaderName, HeaderValue, Request, Uri, Version};
 
-use crate::codec::HOP_BY_HOP;
 use crate::config::UpstreamProtocol;
 use crate::exchange::error::{BodyEnd, Cause, TryError, TryFailure};
-use crate::exchange::head::HeadView;
 use crate::exchange::request::RequestBody;
 use crate::exchange::request::{BodyFraming, Reject, RequestHead};
 use crate::exchange::trace::TraceParent;
@@ -257,9 +254,10 @@ impl RequestPump {
     }
 }
 
-/// The HTTP/2 request for an HTTP/2 client's head as the rewrite left it (its authority, or
-/// the endpoint's when it has none), with `te: trailers` for a gRPC call. The header map is
-/// copied: its names and values are shared, not copied, and a retry needs the original.
+/// The HTTP/2 request for a head as the rewrite left it (an HTTP/2 client's, or an HTTP/1.1
+/// client's built as a map): its authority, or the endpoint's when it has none, and
+/// `te: trailers` for a gRPC call. The header map is copied: its names and values are shared,
+/// not copied, and a retry needs the original.
 fn h2_request_of(
     parts: &hyper::http::request::Parts,
     entry: &EndpointEntry,
@@ -299,58 +297,6 @@ fn h2_request_of(
         v.set_sensitive(true);
         r.headers_mut().insert(TRACEPARENT, v);
     }
-    Some(r)
-}
-
-/// The HTTP/2 request for an HTTP/1.1 client's rewritten head: `Host` becomes `:authority`,
-/// connection-specific headers go (RFC 9113 section 8.2.2), and a gRPC call carries
-/// `te: trailers`. Header values are slices of one shared copy of the head, not a copy each.
-fn h2_request(head: &[u8], tls: bool, grpc: bool) -> Option<Request<()>> {
-    // Parsed from the shared copy, so that its slices are slices of it.
-    let shared = Bytes::copy_from_slice(head);
-    let mut fields = [MaybeUninit::<httparse::Header<'_>>::uninit(); 256];
-    let mut req = httparse::Request::new(&mut []);
-    let parsed = httparse::ParserConfig::default()
-        .parse_request_with_uninit_headers(&mut req, &shared, &mut fields)
-        .ok()?;
-    if !parsed.is_complete() {
-        return None;
-    }
-    let value = |v: &[u8]| HeaderValue::from_maybe_shared(shared.slice_ref(v)).ok();
-    let method = Method::from_bytes(req.method?.as_bytes()).ok()?;
-    let mut authority = None;
-    let mut headers = HeaderMap::with_capacity(req.headers.len() + 1);
-    for h in req.headers.iter() {
-        if h.name.eq_ignore_ascii_case("host") {
-            authority = Some(h.value);
-        } else if !HOP_BY_HOP.iter().any(|n| h.name.eq_ignore_ascii_case(n)) {
-            let mut v = value(h.value)?;
-            // A value new on every request never repeats: HPACK would search its table for
-            // it and then insert it, evicting entries that do repeat. Sent as a literal.
-            if h.name.eq_ignore_ascii_case("x-request-id")
-                || h.name.eq_ignore_ascii_case("traceparent")
-            {
-                v.set_sensitive(true);
-            }
-            headers.append(HeaderName::from_bytes(h.name.as_bytes()).ok()?, v);
-        }
-    }
-    if grpc {
-        headers.insert(hyper::header::TE, HeaderValue::from_static("trailers"));
-    }
-    let uri = Uri::builder()
-        .scheme(if tls { "https" } else { "http" })
-        .authority(Authority::from_maybe_shared(shared.slice_ref(authority?)).ok()?)
-        .path_and_query(
-            PathAndQuery::from_maybe_shared(shared.slice_ref(req.path?.as_bytes())).ok()?,
-        )
-        .build()
-        .ok()?;
-    let mut r = Request::new(());
-    *r.method_mut() = method;
-    *r.uri_mut() = uri;
-    *r.version_mut() = Version::HTTP_2;
-    *r.headers_mut() = headers;
     Some(r)
 }
 
@@ -421,7 +367,7 @@ pub(crate) async fn try_once<B: RequestBody>(
     entry: &EndpointEntry,
     cluster: &Cluster,
     worker: usize,
-    head: HeadView<'_>,
+    head: &hyper::http::request::Parts,
     meta: &RequestHead,
     body: &mut B,
     trace: Option<&TraceParent>,
@@ -430,11 +376,8 @@ pub(crate) async fn try_once<B: RequestBody>(
     // The head came from a request keel parsed: it converts, unless the client sent
     // something HTTP/2 cannot carry.
     let h2_head = || {
-        match head {
-            HeadView::Lines(text) => h2_request(text, tls, meta.grpc),
-            HeadView::Map(parts) => h2_request_of(parts, entry, tls, meta.grpc, trace),
-        }
-        .ok_or(TryFailure::Client(Reject::Malformed))
+        h2_request_of(head, entry, tls, meta.grpc, trace)
+            .ok_or(TryFailure::Client(Reject::Malformed))
     };
     let mut request = Some(h2_head()?);
     let no_body = meta.body == BodyFraming::None;

@@ -10,6 +10,7 @@ pub(crate) mod tunnel;
 use std::pin::Pin;
 use std::time::Instant;
 
+use hyper::http::request::Parts;
 use keel_balance::EndpointId;
 use tokio::time::Sleep;
 
@@ -18,8 +19,8 @@ use crate::config::UpstreamProtocol;
 use crate::driver::answer::Answer;
 use crate::driver::leg::{Leg, Race, Tried, TryResult};
 use crate::exchange::error::TryFailure;
-use crate::exchange::head::{HeadView, RequestHeaders};
-use crate::exchange::request::{BodyFraming, RequestBody, RequestHead};
+use crate::exchange::head::RequestHeaders;
+use crate::exchange::request::{BodyFraming, Reject, RequestBody, RequestHead};
 use crate::exchange::response::ResponseHeaders;
 use crate::exchange::trace::TraceParent;
 use crate::leg::h1::body::H1Body;
@@ -266,13 +267,8 @@ impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
             .map(|(conn, head)| UpstreamResponse::H1(conn, head))
             .map_err(h1_failure);
         }
-        let head = match &mut self.head {
-            RequestHeaders::Lines(head) => {
-                head.truncate(self.common_len);
-                end_head(head, self.meta, entry, trace);
-                HeadView::Lines(head)
-            }
-            RequestHeaders::Map(parts) => HeadView::Map(parts),
+        let Some(head) = h2_head(&self.head) else {
+            return Err(TryFailure::Client(Reject::Malformed));
         };
         crate::leg::h2::try_once(entry, cluster, worker, head, self.meta, self.body, trace)
             .await
@@ -316,13 +312,13 @@ impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
             unreachable!("hedgeable: the body is in memory")
         };
         if !self.http1 {
-            // HTTP/2: each try opens its own stream (and ends its own copy of a text head).
-            let common = match &mut self.head {
-                RequestHeaders::Lines(head) => {
-                    head.truncate(self.common_len);
-                    HeadView::Lines(head)
-                }
-                RequestHeaders::Map(parts) => HeadView::Map(parts),
+            // HTTP/2: each try opens its own stream.
+            let Some(common) = h2_head(&self.head) else {
+                return (
+                    Some(Err(TryFailure::Client(Reject::Malformed))),
+                    first,
+                    None,
+                );
             };
             let mut a = H2Try::new(common, self.meta, inline);
             let mut b = H2Try::new(common, self.meta, inline);
@@ -431,21 +427,14 @@ impl Leg for H1Try<'_> {
 /// One HTTP/2 try of a request whose body is in memory: each of a hedge race's two tries is
 /// one, on a stream of its own.
 struct H2Try<'a> {
-    /// The head every try shares; each try ends a copy of a text head for its endpoint.
-    common: HeadView<'a>,
-    own: Vec<u8>,
+    common: &'a Parts,
     meta: &'a RequestHead,
     body: &'a [u8],
 }
 
 impl<'a> H2Try<'a> {
-    fn new(common: HeadView<'a>, meta: &'a RequestHead, body: &'a [u8]) -> Self {
-        Self {
-            common,
-            own: Vec::new(),
-            meta,
-            body,
-        }
+    fn new(common: &'a Parts, meta: &'a RequestHead, body: &'a [u8]) -> Self {
+        Self { common, meta, body }
     }
 }
 
@@ -463,16 +452,8 @@ impl Leg for H2Try<'_> {
         worker: usize,
         trace: Option<&TraceParent>,
     ) -> Result<Box<H2Response>, TryFailure<Box<H2Response>>> {
-        let head = match self.common {
-            HeadView::Lines(common) => {
-                self.own.clear();
-                self.own.extend_from_slice(common);
-                end_head(&mut self.own, self.meta, entry, trace);
-                HeadView::Lines(&self.own)
-            }
-            map => map,
-        };
         let mut body: &[u8] = self.body;
+        let head = self.common;
         crate::leg::h2::try_once(entry, cluster, worker, head, self.meta, &mut body, trace).await
     }
 
@@ -486,6 +467,18 @@ impl Leg for H2Try<'_> {
 
     fn waiting_on_client(&self) -> bool {
         false
+    }
+}
+
+/// The head an HTTP/2 leg sends: every front end builds it as a map for an HTTP/2 endpoint
+/// (text would be parsed back per try); `None` would be a front end's mistake.
+fn h2_head<'a>(head: &'a RequestHeaders<'_>) -> Option<&'a Parts> {
+    match head {
+        RequestHeaders::Map(parts) => Some(parts),
+        RequestHeaders::Lines(_) => {
+            debug_assert!(false, "a text head for an HTTP/2 endpoint");
+            None
+        }
     }
 }
 

@@ -20,7 +20,7 @@ use crate::config::ListenerConfig;
 use crate::driver::answer::{self, OwnAnswer, Upstream};
 use crate::driver::tries::Tries;
 use crate::exchange::error::BodyEnd;
-use crate::exchange::head::{HeadView, RequestHeaders};
+use crate::exchange::head::{HeadView, UpstreamHead};
 use crate::exchange::request::{BodyFraming, Client, Reject, RequestHead, RequestRules};
 use crate::exchange::request::{Upload, UploadBounds};
 use crate::forward::{self, Request};
@@ -53,8 +53,9 @@ struct Conn<S> {
     stream: Counted<S>,
     /// Bytes read from the client not yet consumed: the current request first.
     rbuf: BytesMut,
-    /// The request head for the upstream (its common part, then the per-try end).
-    up_head: Vec<u8>,
+    /// The request head for the upstream, in its leg's form (as text: its common part, then
+    /// the per-try end).
+    up_head: UpstreamHead,
     /// The response head for the client.
     out: Vec<u8>,
     /// Deadlines of reads from the client. (One timer per kind of deadline: each moves only
@@ -114,7 +115,10 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         // Held for the connection's life: 4 KB fits most heads (it grows for others), and
         // 4,000 connections hold 16 MB of it, not 32 (BENCHMARKS.md, 4,000 connections).
         rbuf: BytesMut::with_capacity(4096),
-        up_head: Vec::with_capacity(1024),
+        up_head: UpstreamHead {
+            text: Vec::with_capacity(1024),
+            map: None,
+        },
         out: Vec::with_capacity(1024),
         client_timer: idle_timer(),
         try_timer: idle_timer(),
@@ -250,15 +254,12 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                         let mut whole = req.clone();
                         whole.body = BodyFraming::Length(conn.body.len() as u64);
                         whole.expect_continue = false;
-                        crate::exchange::rewrite::reframe_as_length(
-                            &mut conn.up_head,
-                            conn.body.len() as u64,
-                        );
+                        conn.up_head.reframe_as_length(conn.body.len() as u64);
                         let answer = forward::forward(
                             &target.cluster,
                             client,
                             Request {
-                                head: RequestHeaders::Lines(&mut conn.up_head),
+                                head: conn.up_head.headers(),
                                 meta: &whole,
                                 start: Instant::now(),
                                 limits: target.limits,
@@ -322,7 +323,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     &target.cluster,
                     client,
                     Request {
-                        head: RequestHeaders::Lines(&mut conn.up_head),
+                        head: conn.up_head.headers(),
                         meta: &req,
                         start: Instant::now(),
                         limits: target.limits,
@@ -465,7 +466,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             &target.cluster,
             client,
             Request {
-                head: RequestHeaders::Lines(&mut self.up_head),
+                head: self.up_head.headers(),
                 meta: req,
                 start,
                 limits: target.limits,
@@ -562,7 +563,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             route: scope.route.index(),
             protocol: if req.http10 { "HTTP/1.0" } else { "HTTP/1.1" },
             started: scope.started,
-            request: HeadView::Lines(&self.up_head),
+            request: self.up_head.view(),
             status: a.status,
             endpoint: a.endpoint,
             attempts: a.attempts,

@@ -1,13 +1,15 @@
 //! The HTTP/1.1 front end's request parser: the head parsed in place (`httparse`), routed
-//! with the listener's routes, and rewritten for the upstream
-//! (`crate::exchange::rewrite`).
+//! with the listener's routes, and rewritten for the upstream (`crate::exchange::rewrite`)
+//! in the form its leg sends: text for an HTTP/1.1 endpoint, a map for an HTTP/2 one.
 
 use std::mem::MaybeUninit;
 
+use crate::config::UpstreamProtocol;
+use crate::exchange::head::UpstreamHead;
 use crate::exchange::request::{
     hash_rule, request_target, Reject, RequestHead, RequestRules, RouteRef, STACK_HEADERS,
 };
-use crate::exchange::rewrite::rewrite;
+use crate::exchange::rewrite::{rewrite, rewrite_to_parts};
 use crate::route::ListenerRoutes;
 
 /// The outcome of reading an HTTP/1.1 request head.
@@ -26,13 +28,13 @@ pub(crate) enum RequestParse {
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
 /// Parses the request head at the start of `buf`; when complete, writes into `out` the head
-/// to send upstream, without `Host` when the client sent none and without the final CRLF
-/// (both are per try).
+/// to send upstream: as text without `Host` when the client sent none and without the final
+/// CRLF (both are per try), or as a map when the route's cluster speaks HTTP/2.
 pub(crate) fn parse_request(
     buf: &[u8],
     rules: &RequestRules<'_>,
     routes: Option<&ListenerRoutes>,
-    out: &mut Vec<u8>,
+    out: &mut UpstreamHead,
 ) -> RequestParse {
     if !buf.is_empty() && (buf.starts_with(H2_PREFACE) || H2_PREFACE.starts_with(buf)) {
         return if buf.len() >= H2_PREFACE.len() {
@@ -54,7 +56,7 @@ fn parse_request_in<'b>(
     buf: &'b [u8],
     rules: &RequestRules<'_>,
     routes: Option<&ListenerRoutes>,
-    out: &mut Vec<u8>,
+    out: &mut UpstreamHead,
     headers: &mut [MaybeUninit<httparse::Header<'b>>],
 ) -> RequestParse {
     let mut req = httparse::Request::new(&mut []);
@@ -75,13 +77,14 @@ fn parse_request_in<'b>(
     };
     let fields = || req.headers.iter().map(|h| (h.name, h.value));
     let (route, routed);
+    let mut http2 = false;
     let rules = match routes {
         Some(routes) => {
             route = routes.choose(method, path, authority, fields);
-            let hash_on = routes
-                .target(route)
-                .and_then(|t| t.cluster.config.balance.hash_on.as_ref());
-            let (hash_header, hash_path) = hash_rule(hash_on);
+            let cluster = routes.target(route).map(|t| &t.cluster.config);
+            http2 = cluster.is_some_and(|c| c.protocol != UpstreamProtocol::Http1);
+            let (hash_header, hash_path) =
+                hash_rule(cluster.and_then(|c| c.balance.hash_on.as_ref()));
             routed = RequestRules {
                 hash_header,
                 hash_path,
@@ -94,16 +97,35 @@ fn parse_request_in<'b>(
             rules
         }
     };
-    match rewrite(
-        method,
-        path,
-        authority,
-        version == 0,
-        false,
-        fields,
-        rules,
-        out,
-    ) {
+    let http10 = version == 0;
+    out.map = None;
+    let rewritten = if http2 {
+        rewrite_to_parts(
+            method,
+            path,
+            authority,
+            http10,
+            fields,
+            rules,
+            &buf[..head_len],
+        )
+        .map(|(head, parts)| {
+            out.map = Some(parts);
+            head
+        })
+    } else {
+        rewrite(
+            method,
+            path,
+            authority,
+            http10,
+            false,
+            fields,
+            rules,
+            &mut out.text,
+        )
+    };
+    match rewritten {
         Ok(mut head) => {
             head.head_len = head_len;
             head.route = route;
@@ -135,9 +157,9 @@ mod tests {
     }
 
     fn ready(raw: &[u8], rules: &RequestRules<'_>) -> (RequestHead, String) {
-        let mut out = Vec::new();
+        let mut out = UpstreamHead::default();
         match parse_request(raw, rules, None, &mut out) {
-            RequestParse::Ready(h) => (h, String::from_utf8(out).unwrap()),
+            RequestParse::Ready(h) => (h, String::from_utf8(out.text).unwrap()),
             other => panic!("{other:?} for {:?}", String::from_utf8_lossy(raw)),
         }
     }
@@ -221,8 +243,8 @@ mod tests {
 
     #[test]
     fn bad_requests_are_refused_with_their_status() {
-        let mut out = Vec::new();
-        let r = |raw: &[u8], out: &mut Vec<u8>| parse_request(raw, &rules(), None, out);
+        let mut out = UpstreamHead::default();
+        let r = |raw: &[u8], out: &mut UpstreamHead| parse_request(raw, &rules(), None, out);
         assert_eq!(
             r(b"GET / HTTP/1.1\r\nHost: x\r\n", &mut out),
             RequestParse::Partial
