@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The herd on real traffic (issue 23 item 3), next to the simulator: 10 `keel backend
+# The herd on real traffic, next to the simulator: 10 `keel backend
 # --concurrency 1` processes (exponential 10 ms), 3 `keel proxy` processes each with the same
 # cluster of the 10 backends (one strategy per run), and open-loop Poisson arrivals split at random
 # over the 3 proxies (crates/keel/examples/open_loop.rs, keel-testbed's openloop) at LOAD of the

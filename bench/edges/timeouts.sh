@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Timeouts on three slow inputs (issue 21): keel with its default settings (a config with only
+# Timeouts on three slow inputs: keel with its default settings (a config with only
 # a listener and a cluster's endpoints) and NGINX with its default proxy settings, one after
 # the other, on loopback:
 #

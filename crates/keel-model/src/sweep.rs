@@ -2,7 +2,7 @@
 //! cluster size, number of clients and placement, for random, round-robin, least-request,
 //! peak-EWMA and prequal, each with and without hedging. Every cell is an E8-like scenario
 //! (FIFO servers of one call at a time, exponential 10 ms service, Poisson arrivals, 2 s
-//! timeout); its rows run as one parallel batch. The verdicts the issue asks for are computed
+//! timeout); its rows run as one parallel batch. The verdicts the sweep gives are computed
 //! here ([`Verdict`]), and the heat maps of p99 ratios per strategy pair drawn by [`heat_maps`].
 
 use std::fmt::Write as _;
@@ -709,7 +709,7 @@ mod tests {
     }
 
     #[test]
-    fn the_grid_spans_what_the_issue_asks_and_cells_hit_their_load() {
+    fn the_grid_spans_80_cells_and_cells_hit_their_load() {
         let g = Grid::full();
         assert_eq!(g.cells().len(), 80);
         let cells = g.cells();

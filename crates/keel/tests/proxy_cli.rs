@@ -12,7 +12,7 @@ use keel_testbed::backend::{self, BackendConfig};
 use keel_testbed::loadgen::{self, LoadSpec, Target};
 
 const KEEL: &str = env!("CARGO_BIN_EXE_keel");
-const ISSUE_CONFIG: &str = include_str!("../../../examples/proxy.toml");
+const EXAMPLE_CONFIG: &str = include_str!("../../../examples/proxy.toml");
 
 fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("keel-proxy-cli-{}", std::process::id()));
@@ -52,7 +52,7 @@ fn check_accepts_the_example_file() {
 
 #[test]
 fn an_invalid_file_exits_2_naming_file_line_and_key() {
-    let bad = ISSUE_CONFIG.replace("attempts = 2", "attempts = 2\nbudget = 20");
+    let bad = EXAMPLE_CONFIG.replace("attempts = 2", "attempts = 2\nbudget = 20");
     let path = temp_file("bad.toml", &bad);
     for check in [true, false] {
         let mut cmd = Command::new(KEEL);
@@ -102,7 +102,8 @@ fn signal(pid: u32, sig: &str) {
 }
 
 #[test]
-fn serves_the_issue_config_with_one_endpoint_failed_through_sighup_reloads_and_drains_on_sigterm() {
+fn serves_the_example_config_with_one_endpoint_failed_through_sighup_reloads_and_drains_on_sigterm()
+{
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -120,7 +121,7 @@ fn serves_the_issue_config_with_one_endpoint_failed_through_sighup_reloads_and_d
     }
     rt.block_on(backends[2].apply_fault(FailureMode::FAIL_AT_ONCE))
         .unwrap();
-    let mut text = ISSUE_CONFIG
+    let mut text = EXAMPLE_CONFIG
         .replace("127.0.0.1:9901", "127.0.0.1:0")
         .replace("127.0.0.1:8080", "127.0.0.1:0");
     for (i, b) in backends.iter().enumerate() {

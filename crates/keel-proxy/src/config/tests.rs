@@ -7,11 +7,11 @@ use keel_balance::{BalancerConfig, EndpointSpec, OutlierConfig, StrategyKind};
 use super::*;
 
 /// examples/proxy.toml, verbatim.
-pub(crate) const ISSUE_CONFIG: &str = include_str!("../../../../examples/proxy.toml");
+pub(crate) const EXAMPLE_CONFIG: &str = include_str!("../../../../examples/proxy.toml");
 
 #[test]
-fn the_issue_file_loads_with_its_values() {
-    let c = ProxyConfig::from_toml_str(ISSUE_CONFIG, "proxy.toml").unwrap();
+fn the_example_file_loads_with_its_values() {
+    let c = ProxyConfig::from_toml_str(EXAMPLE_CONFIG, "proxy.toml").unwrap();
     assert_eq!(c.admin.as_ref().unwrap().listen.port(), 9901);
     assert_eq!(c.listeners.len(), 1);
     let app = c.cluster("app").unwrap();

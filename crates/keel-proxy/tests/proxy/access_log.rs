@@ -1,8 +1,8 @@
-//! The access log (issue 15, item 3) on loopback: one line per request answered, keel's own
+//! The access log on loopback: one line per request answered, keel's own
 //! answers included (a `404` for want of a route, a `502` after a retry, a `400` for a
-//! malformed head), over HTTP/1.1 and HTTP/2, with every field the issue names and the bytes
+//! malformed head), over HTTP/1.1 and HTTP/2, with every field the log has and the bytes
 //! the client really got; NGINX's combined format; reopened (as on SIGUSR1) after the file was
-//! moved; the issue's `[access_log]` table as written.
+//! moved; the documented `[access_log]` table as written.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -17,7 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::*;
 
-/// The issue's table, verbatim.
+/// The documented `[access_log]` table, verbatim.
 const ISSUE_ACCESS_LOG: &str = r#"[access_log]
 path = "access.log"   # "-" for stdout; relative to the configuration file
 format = "json"       # or "combined" (NGINX's combined format)
@@ -373,7 +373,7 @@ fn access_log_settings_load_and_bad_ones_are_located() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
-/// The `tries` field (issue 24): a try that timed out and its retry, with their durations, and
+/// The `tries` field: a try that timed out and its retry, with their durations, and
 /// the in-flight count each endpoint had when it was picked, over real sockets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tries_record_every_try_its_outcome_time_and_in_flight() {

@@ -1,4 +1,4 @@
-//! `/status`'s last minute (issue 15, item 4): request rate, error rate and p50/p99 latency per
+//! `/status`'s last minute: request rate, error rate and p50/p99 latency per
 //! cluster and per endpoint, with their per-second series, from real traffic on loopback; and
 //! the admin page that draws them.
 

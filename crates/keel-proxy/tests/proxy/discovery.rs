@@ -1,9 +1,9 @@
-//! Service discovery (issue 15, item 2) against a DNS server on loopback whose records the
+//! Service discovery against a DNS server on loopback whose records the
 //! tests change: A and AAAA records followed within `refresh` + 1 s, SRV records with only the
 //! lowest priority in use and the records' weights, the last set kept (and the failures
 //! counted) while the server does not answer, a proxy that starts while the first resolution
 //! fails (503 until endpoints arrive), a file source following its edits, and endpoints that
-//! stay keeping their state. The discovery lines of the issue are used as written (addresses
+//! stay keeping their state. The discovery lines docs/configuration.md shows are used as written (addresses
 //! and ports replaced by the test's).
 
 use std::collections::HashMap;
@@ -22,12 +22,12 @@ use keel_testbed::backend::{self, BackendConfig, BackendHandle};
 
 use crate::support::*;
 
-/// The issue's three discovery lines, verbatim.
-const ISSUE_DNS: &str = r#"discovery = { dns = "api.internal.test", port = 9000, resolver = "127.0.0.1:5353", refresh = "1s" }"#;
-const ISSUE_SRV: &str = r#"discovery = { srv = "_http._tcp.api.internal.test", resolver = "127.0.0.1:5353", refresh = "1s" }"#;
-const ISSUE_FILE: &str = r#"discovery = { file = "api-endpoints.toml" }   # holds `endpoints = [...]` as in the config; re-read when it changes"#;
+/// The three discovery lines of docs/configuration.md, verbatim.
+const DNS_DISCOVERY: &str = r#"discovery = { dns = "api.internal.test", port = 9000, resolver = "127.0.0.1:5353", refresh = "1s" }"#;
+const SRV_DISCOVERY: &str = r#"discovery = { srv = "_http._tcp.api.internal.test", resolver = "127.0.0.1:5353", refresh = "1s" }"#;
+const FILE_DISCOVERY: &str = r#"discovery = { file = "api-endpoints.toml" }   # holds `endpoints = [...]` as in the config; re-read when it changes"#;
 
-/// The issue's bound: a record change is followed within `refresh` + 1 s.
+/// The documented bound: a record change is followed within `refresh` + 1 s.
 const FOLLOW_WITHIN: Duration = Duration::from_secs(2);
 
 /// Records by (name, type), as the test DNS server answers them.
@@ -230,7 +230,7 @@ async fn dns_a_and_aaaa_records_are_followed_and_the_last_set_kept_while_the_ser
     let (port, _bs) = backends_on(&[ip("127.0.0.2"), ip("127.0.0.3"), ip("::1")]).await;
     let dns = Dns::start().await;
     dns.a("api.internal.test", &["127.0.0.2".parse().unwrap()]);
-    let proxy = keel_proxy::start(config(ISSUE_DNS, dns.addr, port))
+    let proxy = keel_proxy::start(config(DNS_DISCOVERY, dns.addr, port))
         .await
         .unwrap();
     follows(&proxy, "api", &[at(ip("127.0.0.2"), port)]).await;
@@ -358,7 +358,7 @@ async fn srv_records_lowest_priority_only_with_their_weights() {
             (20, 5, port(2), "c.internal.test"),
         ],
     );
-    let proxy = keel_proxy::start(config(ISSUE_SRV, dns.addr, 0))
+    let proxy = keel_proxy::start(config(SRV_DISCOVERY, dns.addr, 0))
         .await
         .unwrap();
     let ep = |i: usize, w: u32| (bs[i].addr().to_string(), w);
@@ -409,7 +409,7 @@ async fn the_proxy_starts_when_the_first_resolution_fails_and_answers_503_until_
     let dns = Dns::start().await;
     dns.down.store(true, Relaxed);
     dns.a("api.internal.test", &[Ipv4Addr::LOCALHOST]);
-    let proxy = keel_proxy::start(config(ISSUE_DNS, dns.addr, bs[0].addr().port()))
+    let proxy = keel_proxy::start(config(DNS_DISCOVERY, dns.addr, bs[0].addr().port()))
         .await
         .unwrap();
     let url = format!("http://{}/", proxy.listener_addrs()[0]);
@@ -447,7 +447,7 @@ async fn a_file_source_follows_its_edits() {
     let file = dir.join("api-endpoints.toml");
     std::fs::write(&file, endpoints_file(&[&bs[0]])).unwrap();
     let text = format!(
-        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"api\"\n\n[[cluster]]\nresponse_headers = {{ endpoint = true }}\nname = \"api\"\n{ISSUE_FILE}\n"
+        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"api\"\n\n[[cluster]]\nresponse_headers = {{ endpoint = true }}\nname = \"api\"\n{FILE_DISCOVERY}\n"
     );
     std::fs::write(dir.join("keel.toml"), &text).unwrap();
     let config = ProxyConfig::from_file(&dir.join("keel.toml")).unwrap();
@@ -493,14 +493,14 @@ fn discovery_settings_are_checked_without_resolving() {
     };
     // No server answers at this address: validation does not ask it.
     let started = Instant::now();
-    let c = load(ISSUE_DNS).unwrap();
+    let c = load(DNS_DISCOVERY).unwrap();
     let d = c.clusters[0].discovery.as_ref().unwrap();
     assert_eq!(d.refresh(), Duration::from_secs(1));
     assert!(
         matches!(d, DiscoveryConfig::Dns { port: 9000, .. }),
         "{d:?}"
     );
-    load(ISSUE_SRV).unwrap();
+    load(SRV_DISCOVERY).unwrap();
     let c = load("discovery = { dns = \"api.internal.test\", port = 80 }").unwrap();
     assert_eq!(
         c.clusters[0].discovery.as_ref().unwrap().refresh(),
@@ -512,7 +512,7 @@ fn discovery_settings_are_checked_without_resolving() {
         "endpoints = [{ address = \"127.0.0.1:9001\", weight = 2 }]\n",
     )
     .unwrap();
-    let c = load(ISSUE_FILE).unwrap();
+    let c = load(FILE_DISCOVERY).unwrap();
     let Some(DiscoveryConfig::File { path: file }) = c.clusters[0].discovery.clone() else {
         panic!("a file source: {:?}", c.clusters[0].discovery);
     };
@@ -542,7 +542,7 @@ fn discovery_settings_are_checked_without_resolving() {
         "endpoints = [{ address = \"a:1\" }, { address = \"a:1\" }]\n",
     )
     .unwrap();
-    let e = load(ISSUE_FILE).unwrap_err();
+    let e = load(FILE_DISCOVERY).unwrap_err();
     assert!(e.message.contains("twice"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }

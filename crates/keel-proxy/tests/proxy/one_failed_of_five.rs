@@ -25,7 +25,9 @@ async fn one_mode(fault_mode: FailureMode, edit: fn(String) -> String) -> loadge
     let bs = backends(5, Duration::from_millis(1)).await;
     let addrs: Vec<_> = bs.iter().map(|b| b.addr()).collect();
     fault(&bs[0], fault_mode).await;
-    let proxy = keel_proxy::start(issue_config(&addrs, edit)).await.unwrap();
+    let proxy = keel_proxy::start(example_config(&addrs, edit))
+        .await
+        .unwrap();
     let url = format!("http://{}/work", proxy.listener_addrs()[0]);
     let report = run_through_proxy(url).await;
     let admin = proxy.admin_addr().unwrap();
@@ -60,7 +62,7 @@ fn faults() -> Vec<FailureMode> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn issue_config_keeps_999_per_mille_with_one_endpoint_failed_in_each_mode() {
+async fn the_example_config_keeps_999_per_mille_with_one_endpoint_failed_in_each_mode() {
     for f in faults() {
         let r = one_mode(f, |t| t).await;
         assert_eq!(r.requests, REQUESTS);

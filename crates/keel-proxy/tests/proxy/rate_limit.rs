@@ -1,4 +1,4 @@
-//! Local rate limits (issue 25 item 5) on loopback: a cluster's bucket lets its burst through
+//! Local rate limits on loopback: a cluster's bucket lets its burst through
 //! and answers the rest `429` with `Retry-After`, over HTTP/1.1 and HTTP/2 alike; a route's
 //! limit keyed by a header keeps one bucket per value and leaves requests without it alone;
 //! a limit keyed by client IP; refusals counted in `/metrics` and in the access log; config

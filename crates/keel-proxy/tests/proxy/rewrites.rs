@@ -1,4 +1,4 @@
-//! Rewrites (issue 25 item 1) on loopback, over HTTP/1.1 and HTTP/2 clients alike: a route's
+//! Rewrites on loopback, over HTTP/1.1 and HTTP/2 clients alike: a route's
 //! prefix stripped and replaced, `Host` rewritten to a value or to the endpoint's address,
 //! request and response headers removed, set and added with variables, a redirect route
 //! answered by keel, `Location`/`Refresh` naming the endpoint turned back to the client's host,
@@ -307,8 +307,9 @@ fn forwarding_lines(body: &str) -> Vec<String> {
     lines
 }
 
-/// An HTTP/2 client's head is edited in place and an HTTP/1.1 client's written as text; both
-/// forms must give an endpoint the same headers, through the same policies, whichever
+/// An HTTP/2 client's head is edited in place, an HTTP/1.1 client's written as text for an
+/// HTTP/1.1 endpoint and built as a map for an HTTP/2 one; every form must give an endpoint
+/// the same headers, through the same policies, whichever
 /// protocol it speaks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http1_and_http2_clients_forward_the_same_headers_to_either_endpoint() {

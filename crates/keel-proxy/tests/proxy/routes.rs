@@ -1,4 +1,4 @@
-//! Routes (issue 15, item 1) on loopback: the issue's route as written, each kind of condition
+//! Routes on loopback: the documented route as written, each kind of condition
 //! chosen (exact and wildcard hosts, exact and prefix paths, methods, headers; the first match
 //! wins), the `404` when nothing matches and the listener has no cluster, the per-route
 //! `request_timeout` and `retry_attempts` reaching the attempt driver, routes over HTTP/2 and
@@ -16,8 +16,8 @@ use keel_proxy::ProxyConfig;
 
 use crate::support::*;
 
-/// The issue's listener and route, verbatim.
-const ISSUE_ROUTE: &str = r#"[[listener]]
+/// The listener and route docs/proxy.md shows, verbatim.
+const DOCUMENTED_ROUTE: &str = r#"[[listener]]
 listen = "127.0.0.1:8080"
 cluster = "web"              # optional once routes exist: used when no route matches
 
@@ -58,12 +58,12 @@ async fn served_by(url: &str, method: Method, headers: &[(&str, &str)]) -> Strin
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_issues_route_loads_and_works_as_written() {
+async fn the_documented_route_loads_and_works_as_written() {
     let bs = backends(2, Duration::ZERO).await;
     let (web, api) = (bs[0].addr().to_string(), bs[1].addr().to_string());
     let text = format!(
         "{}{}{}",
-        ISSUE_ROUTE.replace("127.0.0.1:8080", "127.0.0.1:0"),
+        DOCUMENTED_ROUTE.replace("127.0.0.1:8080", "127.0.0.1:0"),
         cluster("web", &[bs[0].addr()], ""),
         cluster(
             "api",

@@ -173,7 +173,7 @@ async fn h2_upload(addr: SocketAddr, pieces: usize, piece: usize, gap: Duration)
     (status, String::from_utf8_lossy(&text).into_owned())
 }
 
-/// The HTTP/2 case: an upload longer than a try's timeout (300 KB over 3 s behind a
+/// The HTTP/2 case: an upload longer than a try's timeout (300 KB over 3 s behind a
 /// 500 ms per-try timeout) is `200`, as over HTTP/1.1: time waiting on the client's body does
 /// not count against the try. A stalled one is the client's `408`, and the endpoint is not
 /// blamed.

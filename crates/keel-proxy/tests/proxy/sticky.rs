@@ -1,4 +1,4 @@
-//! Sticky sessions (issue 25 item 2, the proxy's side) on loopback: the cookie keel inserts on
+//! Sticky sessions (the proxy's side) on loopback: the cookie keel inserts on
 //! a session's first answer (opaque: no address in it) and honours over HTTP/1.1 and HTTP/2;
 //! a session whose endpoint refuses connections moves once to the endpoint that answered, and
 //! stays there when the first one comes back; a session whose endpoint was removed by a reload

@@ -1,4 +1,4 @@
-//! W3C Trace Context (issue 35, item 4) on loopback: a client's valid `traceparent` is
+//! W3C Trace Context on loopback: a client's valid `traceparent` is
 //! continued (same trace id at the endpoint, keel's try span as the parent, the sampled flag
 //! kept), an absent or malformed one starts a new trace, each retry sends its own span id in
 //! the same trace, `tracestate` passes unchanged, and the access log's `trace_id` is the trace

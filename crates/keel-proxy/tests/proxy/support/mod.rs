@@ -1,5 +1,5 @@
 //! Helpers shared by the proxy's loopback tests: backends on ephemeral ports, configurations
-//! derived from the issue's example file, and a small HTTP client.
+//! derived from examples/proxy.toml, and a small HTTP client.
 
 #![allow(dead_code)]
 
@@ -17,8 +17,8 @@ use keel_model::{FailureMode, Latency};
 use keel_proxy::ProxyConfig;
 use keel_testbed::backend::{self, BackendConfig, BackendHandle};
 
-/// The issue's configuration file, verbatim.
-pub const ISSUE_CONFIG: &str = include_str!("../../../../../examples/proxy.toml");
+/// examples/proxy.toml, verbatim.
+pub const EXAMPLE_CONFIG: &str = include_str!("../../../../../examples/proxy.toml");
 
 /// Loopback, any port.
 pub fn any_port() -> SocketAddr {
@@ -39,11 +39,11 @@ pub async fn backends(n: usize, latency: Duration) -> Vec<BackendHandle> {
     v
 }
 
-/// The issue's file with listener and admin on ephemeral ports and the five endpoints replaced
+/// examples/proxy.toml with listener and admin on ephemeral ports and the five endpoints replaced
 /// by `addrs` (the first keeps weight 2), then `edit` applied to the text.
-pub fn issue_config(addrs: &[SocketAddr], edit: impl Fn(String) -> String) -> ProxyConfig {
+pub fn example_config(addrs: &[SocketAddr], edit: impl Fn(String) -> String) -> ProxyConfig {
     assert_eq!(addrs.len(), 5);
-    let mut text = ISSUE_CONFIG
+    let mut text = EXAMPLE_CONFIG
         .replace("127.0.0.1:9901", "127.0.0.1:0")
         .replace("127.0.0.1:8080", "127.0.0.1:0");
     for (i, a) in addrs.iter().enumerate() {
