@@ -16,7 +16,7 @@ use keel_proxy::ProxyConfig;
 
 use crate::support::*;
 
-/// The listener and route docs/proxy.md shows, verbatim.
+/// The listener and route docs/configuration.md shows, verbatim.
 const DOCUMENTED_ROUTE: &str = r#"[[listener]]
 listen = "127.0.0.1:8080"
 cluster = "web"              # optional once routes exist: used when no route matches
