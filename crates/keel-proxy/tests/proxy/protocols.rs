@@ -776,3 +776,101 @@ async fn a_burst_at_start_waits_for_one_connection_per_endpoint_instead_of_openi
     assert_eq!(conns.load(Ordering::SeqCst), 1);
     proxy.shutdown(Duration::from_secs(1)).await;
 }
+
+/// An h2c endpoint that answers with what it got: the target (with its authority), the
+/// `content-length` header if any, and the body's length.
+async fn h2c_body_echo() -> SocketAddr {
+    use hyper::service::service_fn;
+    let listener = TcpListener::bind(any_port()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let svc = service_fn(|req: Request<hyper::body::Incoming>| async move {
+                    let (parts, body) = req.into_parts();
+                    let n = body.collect().await.map(|b| b.to_bytes().len());
+                    let length = parts.headers.get("content-length");
+                    let text = format!(
+                        "target={} version={:?} content-length={:?} body={:?}\n",
+                        parts.uri, parts.version, length, n
+                    );
+                    Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                        http_body_util::Full::new(Bytes::from(text)),
+                    ))
+                });
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// Sends `raw` on a new connection and reads until keel closes it (every request here says
+/// `Connection: close` or is HTTP/1.0).
+async fn raw_exchange(proxy: SocketAddr, raw: &[u8]) -> String {
+    let mut s = TcpStream::connect(proxy).await.unwrap();
+    s.write_all(raw).await.unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut got))
+        .await
+        .expect("keel answers and closes")
+        .unwrap();
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http1_clients_request_reaches_an_http2_endpoint_framed_and_addressed() {
+    // The head an HTTP/1.1 client's request becomes for an HTTP/2 endpoint is built as a map
+    // (no text between): its body framing and its authority must come out as HTTP/2 wants.
+    let e = h2c_body_echo().await;
+    let proxy = keel_proxy::start(simple_config(&[e], "round-robin", "protocol = \"h2c\"\n"))
+        .await
+        .unwrap();
+    let at = proxy.listener_addrs()[0];
+    // A small chunked body is read whole and sent with its length.
+    let got = raw_exchange(
+        at,
+        b"POST /up?x=1 HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    assert!(
+        got.contains("target=http://app.test/up?x=1 version=HTTP/2.0 content-length=Some(\"11\") body=Ok(11)"),
+        "{got}"
+    );
+    // A large chunked body streams in DATA frames, with no length and no transfer coding.
+    let chunk = vec![b'a'; 16 * 1024];
+    let mut raw = b"POST /big HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    for _ in 0..8 {
+        raw.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        raw.extend_from_slice(&chunk);
+        raw.extend_from_slice(b"\r\n");
+    }
+    raw.extend_from_slice(b"0\r\n\r\n");
+    let got = raw_exchange(at, &raw).await;
+    assert!(
+        got.contains(
+            "target=http://app.test/big version=HTTP/2.0 content-length=None body=Ok(131072)"
+        ),
+        "{got}"
+    );
+    // An HTTP/1.0 client without `Host`: the endpoint's address is the authority.
+    let got = raw_exchange(at, b"GET /old HTTP/1.0\r\n\r\n").await;
+    assert!(
+        got.contains(&format!("target=http://{e}/old version=HTTP/2.0")),
+        "{got}"
+    );
+    // An absolute-form target's authority wins over `Host`, and `..` is resolved first.
+    let got = raw_exchange(
+        at,
+        b"GET http://other.test:8080/a/../b HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(
+        got.contains("target=http://other.test:8080/b version"),
+        "{got}"
+    );
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
