@@ -185,7 +185,14 @@ pub(crate) async fn drive<L: Leg>(
                     .trace
                     .as_ref()
                     .map(|t| t.traceparent(attempt as u8, false));
-                let one = leg.try_once(cluster, entry, client.worker, traceparent.as_ref());
+                // Pinned where it is made: moved into `until_sent`, the try's future (its
+                // leg's whole state) would be copied once more on every try.
+                let one = std::pin::pin!(leg.try_once(
+                    cluster,
+                    entry,
+                    client.worker,
+                    traceparent.as_ref()
+                ));
                 let progress = body_progress.map(|p| (p, start, limits.per_try_timeout));
                 let result = crate::io::until_sent(timer, try_deadline, progress, one).await;
                 if let Some(h) = hedger.filter(|_| attempt == 0) {
