@@ -10,7 +10,7 @@ use hyper::http::request::Parts;
 use hyper::http::uri::{Authority, PathAndQuery};
 
 use crate::codec::head::{header_lines, header_value};
-use crate::codec::push_header;
+use crate::codec::{push_content_length, push_header};
 
 /// A request head to read: the policies' lookups, the access log's fields.
 #[derive(Clone, Copy)]
@@ -197,7 +197,15 @@ impl UpstreamHead {
                 p.headers
                     .insert(hyper::header::CONTENT_LENGTH, HeaderValue::from(n));
             }
-            None => crate::exchange::rewrite::reframe_as_length(&mut self.text, n),
+            None => {
+                // `rewrite` writes the framing last.
+                const CHUNKED: &[u8] = b"transfer-encoding: chunked\r\n";
+                debug_assert!(self.text.ends_with(CHUNKED));
+                if self.text.ends_with(CHUNKED) {
+                    self.text.truncate(self.text.len() - CHUNKED.len());
+                    push_content_length(&mut self.text, n);
+                }
+            }
         }
     }
 }

@@ -533,17 +533,6 @@ where
     Ok((meta, parts))
 }
 
-/// Turns a head [`rewrite`] framed as chunked into one with `Content-Length: n`, for a chunked
-/// body read and decoded whole.
-pub(crate) fn reframe_as_length(head: &mut Vec<u8>, n: u64) {
-    const CHUNKED: &[u8] = b"transfer-encoding: chunked\r\n";
-    debug_assert!(head.ends_with(CHUNKED), "rewrite writes the framing last");
-    if head.ends_with(CHUNKED) {
-        head.truncate(head.len() - CHUNKED.len());
-        push_content_length(head, n);
-    }
-}
-
 /// True if an `Upgrade` value lists `h2c`.
 fn names_h2c(protocols: &[u8]) -> bool {
     protocols.split(|b| *b == b',').any(|p| {
