@@ -493,7 +493,8 @@ const HOST_BYTE: [bool; 256] = {
 /// Checked before a request is routed or rewritten, so that nothing invalid is forwarded or
 /// reflected into a redirect.
 pub(crate) fn valid_authority(v: &[u8]) -> bool {
-    let (host, port) = if v.first() == Some(&b'[') {
+    // The host (checked here), then what follows it: nothing, or `:` and the port.
+    let rest = if v.first() == Some(&b'[') {
         let Some(close) = v.iter().position(|b| *b == b']') else {
             return false;
         };
@@ -505,28 +506,30 @@ pub(crate) fn valid_authority(v: &[u8]) -> bool {
         {
             return false;
         }
-        match &v[close + 1..] {
-            [] => return true,
-            [b':', port @ ..] => (&v[..=close], Some(port)),
-            _ => return false,
-        }
+        &v[close + 1..]
     } else {
-        match v.iter().position(|b| *b == b':') {
-            Some(colon) => (&v[..colon], Some(&v[colon + 1..])),
-            None => (v, None),
+        // One pass: `:` is not a host byte, so the host ends at the port's colon.
+        let host = v
+            .iter()
+            .position(|b| !HOST_BYTE[usize::from(*b)])
+            .unwrap_or(v.len());
+        if host == 0 {
+            return false;
         }
+        &v[host..]
     };
-    if host.is_empty() || (host[0] != b'[' && !host.iter().all(|b| HOST_BYTE[usize::from(*b)])) {
-        return false;
-    }
-    match port {
-        None => true,
-        Some(p) => {
-            !p.is_empty()
-                && p.len() <= 5
-                && p.iter().all(u8::is_ascii_digit)
-                && p.iter().fold(0u32, |n, d| n * 10 + u32::from(d - b'0')) <= 65535
+    match rest {
+        [] => true,
+        [b':', port @ ..] => {
+            port.len() <= 5
+                && port
+                    .iter()
+                    .try_fold(0u32, |n, d| {
+                        d.is_ascii_digit().then(|| n * 10 + u32::from(d - b'0'))
+                    })
+                    .is_some_and(|n| !port.is_empty() && n <= 65535)
         }
+        _ => false,
     }
 }
 
