@@ -674,6 +674,84 @@ mod tests {
         }
     }
 
+    /// `valid_authority` against a plain reading of its rule (split at the first `:` outside
+    /// brackets, check each part on its own) on every string of up to 5 bytes from an
+    /// alphabet of the bytes that matter.
+    #[test]
+    fn hosts_agree_with_the_rule_read_plainly() {
+        fn plain(v: &[u8]) -> bool {
+            let (host, port) = if v.first() == Some(&b'[') {
+                let Some(close) = v.iter().position(|b| *b == b']') else {
+                    return false;
+                };
+                let inside = &v[1..close];
+                if inside.len() < 2
+                    || !inside
+                        .iter()
+                        .all(|b| b.is_ascii_hexdigit() || b":.".contains(b))
+                {
+                    return false;
+                }
+                match &v[close + 1..] {
+                    [] => return true,
+                    [b':', port @ ..] => (&v[..=close], Some(port)),
+                    _ => return false,
+                }
+            } else {
+                match v.iter().position(|b| *b == b':') {
+                    Some(colon) => (&v[..colon], Some(&v[colon + 1..])),
+                    None => (v, None),
+                }
+            };
+            let host_ok = host.first() == Some(&b'[')
+                || (!host.is_empty()
+                    && host
+                        .iter()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-._~".contains(b)));
+            host_ok
+                && port.is_none_or(|p| {
+                    !p.is_empty()
+                        && p.len() <= 5
+                        && p.iter().all(u8::is_ascii_digit)
+                        && std::str::from_utf8(p).unwrap().parse::<u32>().unwrap() <= 65535
+                })
+        }
+        let alphabet = b"a9:[]. /@\x00";
+        let mut checked = 0;
+        let mut stack = vec![Vec::new()];
+        while let Some(v) = stack.pop() {
+            assert_eq!(
+                valid_authority(&v),
+                plain(&v),
+                "{:?}",
+                String::from_utf8_lossy(&v)
+            );
+            checked += 1;
+            if v.len() < 5 {
+                for b in alphabet {
+                    let mut w = v.clone();
+                    w.push(*b);
+                    stack.push(w);
+                }
+            }
+        }
+        assert!(checked > 100_000, "{checked}");
+        for edge in [
+            "h:65535",
+            "h:65536",
+            "h:99999",
+            "h:00080",
+            "h:000080",
+            "[::1]:65535",
+        ] {
+            assert_eq!(
+                valid_authority(edge.as_bytes()),
+                plain(edge.as_bytes()),
+                "{edge}"
+            );
+        }
+    }
+
     #[test]
     fn targets_are_origin_form_options_star_or_absolute_http() {
         assert_eq!(request_target("GET", "/a?b"), Ok(("/a?b", None)));
