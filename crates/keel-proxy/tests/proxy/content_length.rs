@@ -10,16 +10,6 @@ use crate::support::*;
 use hyper::{Method, StatusCode};
 use keel_proxy::ProxyConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-
-/// Writes `bytes` on a new connection and reads until the proxy closes it (at most 5 s).
-async fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    let _ = s.write_all(bytes).await;
-    let mut got = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got)).await;
-    String::from_utf8_lossy(&got).into_owned()
-}
 
 /// An endpoint that answers every request with `script` and closes.
 async fn scripted(script: &'static [u8]) -> SocketAddr {
@@ -52,7 +42,7 @@ async fn two_equal_content_lengths_from_a_client_are_refused_over_http1_and_http
         .unwrap();
     let addr = proxy.listener_addrs()[0];
 
-    let h1 = raw(
+    let h1 = raw_exchange(
         addr,
         b"POST /twice HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nContent-Length: 4\r\n\r\nabcd",
     )
@@ -60,7 +50,7 @@ async fn two_equal_content_lengths_from_a_client_are_refused_over_http1_and_http
     assert!(h1.starts_with("HTTP/1.1 400 "), "HTTP/1.1: {h1:?}");
     assert!(h1.contains("repeated Content-Length"), "HTTP/1.1: {h1:?}");
     // One Content-Length still goes through.
-    let once = raw(
+    let once = raw_exchange(
         addr,
         b"POST /once HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 4\r\n\r\nabcd",
     )
@@ -101,7 +91,7 @@ async fn two_equal_content_lengths_from_an_endpoint_are_a_bad_gateway() {
         .await
         .unwrap();
     let addr = proxy.listener_addrs()[0];
-    let got = raw(
+    let got = raw_exchange(
         addr,
         b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     )

@@ -807,19 +807,6 @@ async fn h2c_body_echo() -> SocketAddr {
     addr
 }
 
-/// Sends `raw` on a new connection and reads until keel closes it (every request here says
-/// `Connection: close` or is HTTP/1.0).
-async fn raw_exchange(proxy: SocketAddr, raw: &[u8]) -> String {
-    let mut s = TcpStream::connect(proxy).await.unwrap();
-    s.write_all(raw).await.unwrap();
-    let mut got = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut got))
-        .await
-        .expect("keel answers and closes")
-        .unwrap();
-    String::from_utf8_lossy(&got).into_owned()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http1_clients_request_reaches_an_http2_endpoint_framed_and_addressed() {
     // The head an HTTP/1.1 client's request becomes for an HTTP/2 endpoint is built as a map

@@ -258,3 +258,14 @@ pub async fn metric(admin: SocketAddr, line_start: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(line_start)?.trim().parse().ok())
 }
+
+/// Sends `bytes` on a new connection and reads what comes back until the proxy closes it (or
+/// 5 s pass): for requests no HTTP client library would send as written.
+pub async fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let _ = s.write_all(bytes).await;
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got)).await;
+    String::from_utf8_lossy(&got).into_owned()
+}
