@@ -432,6 +432,78 @@ where
     Ok(meta)
 }
 
+/// A trusted proxy's `X-Forwarded-For` chain (`values`, the client's headers, read only for a
+/// trusted client) with the client appended; from anyone else, or with no chain, the client
+/// alone. `None` if the chain is no header value.
+fn forwarded_for<'v>(
+    values: impl Iterator<Item = &'v [u8]>,
+    rules: &RequestRules<'_>,
+) -> Option<HeaderValue> {
+    if !rules.trust_forwarded {
+        return Some(rules.client_ip_value.clone());
+    }
+    let mut chain = Vec::with_capacity(rules.client_ip.len() + 64);
+    for v in values {
+        chain.extend_from_slice(v);
+        chain.extend_from_slice(b", ");
+    }
+    if chain.is_empty() {
+        return Some(rules.client_ip_value.clone());
+    }
+    chain.extend_from_slice(rules.client_ip.as_bytes());
+    HeaderValue::from_maybe_shared(Bytes::from(chain)).ok()
+}
+
+/// The headers keel sets on a head sent as a map ([`rewrite_to_parts`], [`rewrite_h2`]), as
+/// [`rewrite`] writes them as text.
+struct OwnHeaders {
+    /// The client sent `X-Real-IP` (replaced when the client is not trusted).
+    real_ip: bool,
+    /// The client's valid `x-request-id`; a new one is made when it has none.
+    request_id: Option<HeaderValue>,
+    forwarded_for: Option<HeaderValue>,
+    forwarded_host: Option<HeaderValue>,
+    body: BodyFraming,
+    /// The client sent `Content-Length: 0`.
+    length_zero: bool,
+}
+
+impl OwnHeaders {
+    fn insert(self, h: &mut hyper::HeaderMap, rules: &RequestRules<'_>) {
+        if self.real_ip && !rules.trust_forwarded {
+            h.insert(X_REAL_IP, rules.client_ip_value.clone());
+        }
+        if rules.request_id {
+            let id = self
+                .request_id
+                .or_else(|| HeaderValue::from_bytes(&new_request_id()).ok());
+            if let Some(mut id) = id {
+                // A value new on every request never repeats: HPACK would search its table for
+                // it and then insert it, evicting entries that do repeat. Sent as a literal.
+                id.set_sensitive(true);
+                h.insert(X_REQUEST_ID, id);
+            }
+        }
+        if let Some(v) = self.forwarded_for {
+            h.insert(X_FORWARDED_FOR, v);
+        }
+        h.insert(X_FORWARDED_PROTO, HeaderValue::from_static(rules.proto));
+        if let Some(v) = self.forwarded_host {
+            h.insert(X_FORWARDED_HOST, v);
+        }
+        match self.body {
+            BodyFraming::Length(n) => {
+                h.insert(CONTENT_LENGTH, HeaderValue::from(n));
+            }
+            // A `content-length: 0` is kept as such (some servers want a length on POST).
+            BodyFraming::None if self.length_zero => {
+                h.insert(CONTENT_LENGTH, HeaderValue::from_static("0"));
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Checks an HTTP/1.1 client's request bound for an HTTP/2 endpoint and builds the head its
 /// leg sends, by the rules [`rewrite`] writes as text, with no text between: the headers
 /// [`passed_on`] and keel's own in a map, `Host` (or an absolute-form target's authority) as
@@ -477,45 +549,21 @@ where
         }
     }
     let host = authority.map(str::as_bytes).or(s.host);
-    if s.real_ip && !rules.trust_forwarded {
-        h.insert(X_REAL_IP, rules.client_ip_value.clone());
-    }
-    if rules.request_id {
-        let mut id = match s.request_id {
-            Some(id) => value(id)?,
-            None => HeaderValue::from_bytes(&new_request_id()).map_err(|_| Reject::Malformed)?,
-        };
-        id.set_sensitive(true);
-        h.insert(X_REQUEST_ID, id);
-    }
-    let forwarded_for = if s.forwarded_for && rules.trust_forwarded {
-        let mut chain = Vec::with_capacity(rules.client_ip.len() + 64);
-        for (name, v) in fields() {
-            if name.eq_ignore_ascii_case("x-forwarded-for") {
-                chain.extend_from_slice(v);
-                chain.extend_from_slice(b", ");
-            }
-        }
-        chain.extend_from_slice(rules.client_ip.as_bytes());
-        HeaderValue::from_maybe_shared(Bytes::from(chain)).map_err(|_| Reject::Malformed)?
-    } else {
-        rules.client_ip_value.clone()
+    let request_id = match s.request_id {
+        Some(id) if rules.request_id => Some(value(id)?),
+        _ => None,
     };
-    h.insert(X_FORWARDED_FOR, forwarded_for);
-    h.insert(X_FORWARDED_PROTO, HeaderValue::from_static(rules.proto));
-    if let Some(host) = host {
-        h.insert(X_FORWARDED_HOST, value(host)?);
-    }
-    match meta.body {
-        BodyFraming::Length(n) => {
-            h.insert(CONTENT_LENGTH, HeaderValue::from(n));
-        }
-        // A `Content-Length: 0` is kept as such (some servers want a length on POST).
-        BodyFraming::None if s.content_length == Some(0) => {
-            h.insert(CONTENT_LENGTH, HeaderValue::from_static("0"));
-        }
-        _ => {}
-    }
+    let xff = fields().filter(|(n, _)| n.eq_ignore_ascii_case("x-forwarded-for"));
+    let forwarded_for = forwarded_for(xff.map(|(_, v)| v), rules);
+    let own = OwnHeaders {
+        real_ip: s.real_ip,
+        request_id,
+        forwarded_for: Some(forwarded_for.ok_or(Reject::Malformed)?),
+        forwarded_host: host.map(value).transpose()?,
+        body: meta.body,
+        length_zero: s.content_length == Some(0),
+    };
+    own.insert(&mut h, rules);
     let mut uri = hyper::http::uri::Parts::default();
     uri.path_and_query = Some(
         hyper::http::uri::PathAndQuery::from_maybe_shared(share(normal.as_bytes()))
@@ -584,28 +632,25 @@ pub(crate) fn rewrite_h2(
         .map(str::as_bytes)
         .or(s.host)
         .and_then(|h| HeaderValue::from_bytes(h).ok());
-    // A trusted proxy's chain, with the client appended; from anyone else, the client alone.
-    let forwarded_for = if s.forwarded_for && rules.trust_forwarded {
-        let mut chain = Vec::with_capacity(rules.client_ip.len() + 64);
-        for v in headers.get_all(&X_FORWARDED_FOR) {
-            chain.extend_from_slice(v.as_bytes());
-            chain.extend_from_slice(b", ");
-        }
-        chain.extend_from_slice(rules.client_ip.as_bytes());
-        HeaderValue::from_maybe_shared(Bytes::from(chain)).ok()
-    } else {
-        Some(rules.client_ip_value.clone())
+    let xff = headers
+        .get_all(&X_FORWARDED_FOR)
+        .iter()
+        .map(|v| v.as_bytes());
+    let own = OwnHeaders {
+        real_ip: s.real_ip,
+        request_id: match s.request_id {
+            Some(_) if rules.request_id => headers
+                .get_all(&X_REQUEST_ID)
+                .iter()
+                .find(|v| valid_request_id(v.as_bytes()))
+                .cloned(),
+            _ => None,
+        },
+        forwarded_for: forwarded_for(xff, rules),
+        forwarded_host,
+        body: meta.body,
+        length_zero: s.content_length == Some(0),
     };
-    let request_id = match s.request_id {
-        Some(_) if rules.request_id => headers
-            .get_all(&X_REQUEST_ID)
-            .iter()
-            .find(|v| valid_request_id(v.as_bytes()))
-            .cloned(),
-        _ => None,
-    };
-    let real_ip = s.real_ip && !rules.trust_forwarded;
-    let length_zero = s.content_length == Some(0);
     let drops = headers
         .keys()
         .any(|n| !passed_on(n.as_str(), &[], true, rules));
@@ -621,35 +666,7 @@ pub(crate) fn rewrite_h2(
             h.remove(&name);
         }
     }
-    if real_ip {
-        h.insert(X_REAL_IP, rules.client_ip_value.clone());
-    }
-    if rules.request_id {
-        let id = request_id.or_else(|| HeaderValue::from_bytes(&new_request_id()).ok());
-        if let Some(mut id) = id {
-            // A value new on every request never repeats: HPACK would search its table for it
-            // and then insert it, evicting entries that do repeat. Sent as a literal.
-            id.set_sensitive(true);
-            h.insert(X_REQUEST_ID, id);
-        }
-    }
-    if let Some(v) = forwarded_for {
-        h.insert(X_FORWARDED_FOR, v);
-    }
-    h.insert(X_FORWARDED_PROTO, HeaderValue::from_static(rules.proto));
-    if let Some(v) = forwarded_host {
-        h.insert(X_FORWARDED_HOST, v);
-    }
-    match meta.body {
-        BodyFraming::Length(n) => {
-            h.insert(CONTENT_LENGTH, HeaderValue::from(n));
-        }
-        // A `content-length: 0` is kept as such (some servers want a length on POST).
-        BodyFraming::None if length_zero => {
-            h.insert(CONTENT_LENGTH, HeaderValue::from_static("0"));
-        }
-        _ => {}
-    }
+    own.insert(h, rules);
     if let Some(a) = moved_host {
         let mut uri = parts.uri.clone().into_parts();
         uri.authority = Some(a);
