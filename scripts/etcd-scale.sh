@@ -5,7 +5,7 @@
 # CPU per change, and the time until every proxy follows a change; then the etcd CPU of a lease
 # keep-alive (1,000 leases kept alive each second). About three minutes; prints `scale | ...`
 # lines (docs/configuration.md's fleet section has the results and the arithmetic beyond).
-# Needs etcd-server and protoc (scripts/test-etcd.sh installs them).
+# Needs etcd-server (scripts/test-etcd.sh installs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v etcd >/dev/null || { echo "etcd-scale: etcd missing: apt-get install etcd-server (or run scripts/test-etcd.sh once)" >&2; exit 1; }

@@ -5,7 +5,7 @@
 # failed try costs etcd. This is `keel lab --experiments e12` (about six minutes; `--quick` for
 # two sizes and three runs a cell), writing its page to lab-e12/. `bash scripts/lab-e12.sh
 # faults_` runs etcd's faults under traffic instead (`faults | ...` lines). Needs etcd-server
-# and protoc (scripts/test-etcd.sh installs them).
+# (scripts/test-etcd.sh installs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v etcd >/dev/null || { echo "lab-e12: etcd missing: apt-get install etcd-server (or run scripts/test-etcd.sh once)" >&2; exit 1; }

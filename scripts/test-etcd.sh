@@ -2,13 +2,12 @@
 # keel's etcd tests: a real three-member etcd cluster on loopback (discovery from a key prefix,
 # outages, leases, shared outlier evidence between three proxies). A plain `cargo test` skips
 # them as ignored (they need Debian's etcd-server); this script installs etcd-server when `etcd`
-# is not on PATH, and protobuf-compiler (etcd-client's build needs `protoc`), then runs them.
+# is not on PATH, then runs them.
 # Usage: bash scripts/test-etcd.sh [extra cargo test arguments]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
 command -v etcd >/dev/null || need+=(etcd-server)
-command -v protoc >/dev/null || need+=(protobuf-compiler)
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "test-etcd: ${need[*]} missing; run as root or: sudo apt-get install -y ${need[*]}" >&2

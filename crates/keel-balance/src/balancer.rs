@@ -93,6 +93,9 @@ pub struct PickContext<'a> {
     pub hash_key: Option<u64>,
     /// Endpoints not to pick (the ones a retry already tried), unless no other is left.
     pub avoid: &'a [EndpointId],
+    /// The prompt's block names for `prefix-affinity` ([`crate::prefix::PrefixHasher::blocks`]),
+    /// first block first; empty when the request has no prompt (the pick is then by load).
+    pub prefix: &'a [u64],
 }
 
 impl<'a> PickContext<'a> {
@@ -102,6 +105,7 @@ impl<'a> PickContext<'a> {
             now,
             hash_key: None,
             avoid: &[],
+            prefix: &[],
         }
     }
 
@@ -114,6 +118,12 @@ impl<'a> PickContext<'a> {
     /// The same context, avoiding these endpoints.
     pub fn with_avoid(mut self, avoid: &'a [EndpointId]) -> Self {
         self.avoid = avoid;
+        self
+    }
+
+    /// The same context with the prompt's block names.
+    pub fn with_prefix(mut self, blocks: &'a [u64]) -> Self {
+        self.prefix = blocks;
         self
     }
 }

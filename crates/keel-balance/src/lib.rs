@@ -38,6 +38,7 @@ mod load;
 mod locality;
 pub mod orca;
 mod outlier;
+pub mod prefix;
 mod retry_budget;
 mod rng;
 mod slow_start;

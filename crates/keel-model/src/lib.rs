@@ -14,6 +14,7 @@ pub mod advise;
 pub mod analytic;
 pub mod fit;
 pub mod fleet;
+pub mod inference;
 pub mod multiplex;
 pub mod plot;
 pub mod presets;

@@ -1,0 +1,1 @@
+//! The inference pool in virtual time: engines of [`super::engine`] behind keel-balance's own balancers.
