@@ -7,7 +7,8 @@
 //! every engine; affinity partitions the groups (largest first onto the least loaded engine),
 //! optionally capped at `bound / N` of the requests per engine with the excess spread over the
 //! others. Each engine is then an LRU cache of blocks fed by its own mix, solved by Che's
-//! approximation, and a single server (M/G/1) whose service time is the request served alone.
+//! approximation, and a server of continuous batching whose mean step and TTFT solve Little's
+//! law (see [`pool`]).
 
 use keel_balance::prefix::MAX_BLOCK_TOKENS;
 
@@ -250,7 +251,7 @@ pub struct EngineLoad {
     pub lru_blocks: f64,
     /// Mean service time alone (prefill of the uncached tokens + the decode steps), seconds.
     pub service: f64,
-    /// Mean time to first token (M/G/1 wait + prefill + one step), seconds; infinite when
+    /// Mean time to first token (continuous batching, see [`pool`]), seconds; infinite when
     /// the engine is overloaded.
     pub ttft: f64,
 }
@@ -279,8 +280,11 @@ impl PoolLoad {
 /// How the pool's requests arrive.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Arrivals {
-    /// Open loop (Poisson) at this load per engine under balancing, with the balanced
-    /// routing's own hit ratio (see [`pool`]).
+    /// Open loop (Poisson) at this offered load per engine under balancing: arrivals per
+    /// engine x the mean service time of a request served alone (prefill of its uncached
+    /// tokens + its decode steps at one sequence), with the balanced routing's own hit ratio
+    /// (see [`pool`]). Continuous batching serves several at once, so an engine keeps up
+    /// past 1.
     Load(f64),
     /// Closed loop: this many clients, each with one request in flight.
     Clients(usize),
@@ -293,6 +297,76 @@ fn service_alone(spec: &EngineSpec, w: &Workload, uncached: f64) -> f64 {
 
 fn step_alone(spec: &EngineSpec) -> f64 {
     (spec.step_ms + spec.step_per_seq_ms) / 1000.0
+}
+
+/// An engine under continuous batching, solved for its mean step and TTFT.
+struct Batching {
+    /// Mean TTFT, seconds (infinite when the engine cannot keep up).
+    ttft: f64,
+    /// Requests in the engine (Little's law).
+    in_flight: f64,
+    /// Requests per second.
+    rate: f64,
+}
+
+/// Continuous batching at `lambda` requests per second (open loop), or with `n` requests always
+/// in the engine (closed loop, `lambda = None`), with a mean prefill of `prefill` seconds per
+/// request. Steps run back to back while there is work: a step takes `s0 + s1 n` plus the
+/// prefill of the requests that arrived during the previous one, so its mean is
+/// `D = (s0 + s1 n) / (1 - lambda prefill)`; a request waits for the step under way (half of
+/// one, when the engine is busy: probability `1 - e^{-n}`), then its own step:
+/// `TTFT = (1 - e^{-n}) D / 2 + D + s1 + prefill`; and it stays for `output - 1` more steps:
+/// `n = lambda (TTFT + (output - 1) D)`. Fixed point by damped iteration.
+fn batching(
+    spec: &EngineSpec,
+    w: &Workload,
+    lambda: Option<f64>,
+    n: f64,
+    prefill: f64,
+) -> Batching {
+    let (s0, s1) = (spec.step_ms / 1000.0, spec.step_per_seq_ms / 1000.0);
+    let more = w.output_tokens.saturating_sub(1) as f64;
+    let (mut n, mut rate) = (n.max(0.0), lambda.unwrap_or(0.0));
+    let mut ttft = f64::INFINITY;
+    for _ in 0..500 {
+        let load = rate * prefill;
+        if load >= 1.0 || n > 1e7 {
+            return Batching {
+                ttft: f64::INFINITY,
+                in_flight: f64::INFINITY,
+                rate,
+            };
+        }
+        let d = (s0 + s1 * n) / (1.0 - load);
+        let busy = if lambda.is_none() && n >= 1.0 {
+            1.0
+        } else {
+            -(-n).exp_m1()
+        };
+        ttft = busy * d / 2.0 + d + s1 + prefill;
+        let stay = ttft + more * d;
+        match lambda {
+            Some(l) => {
+                let next = l * stay;
+                if (next - n).abs() < 1e-10 * (1.0 + n) {
+                    break;
+                }
+                n = 0.5 * (n + next);
+            }
+            None => {
+                let next = n / stay;
+                if (next - rate).abs() < 1e-10 * (1.0 + rate) {
+                    break;
+                }
+                rate = 0.5 * (rate + next);
+            }
+        }
+    }
+    Batching {
+        ttft,
+        in_flight: n,
+        rate,
+    }
 }
 
 /// The pool under `routing`. `rate` is the arrival rate in requests per second for the whole
@@ -310,7 +384,6 @@ fn pool_at(
     let prompt = w.prompt_tokens().max(1) as f64;
     let own = w.own_blocks(spec) as f64;
     let one_time = w.one_time_blocks(spec) as f64;
-    let step = step_alone(spec);
     let mut engines = Vec::with_capacity(mix.len());
     for row in mix {
         let share: f64 = row.iter().sum();
@@ -330,7 +403,7 @@ fn pool_at(
                 .collect();
             let t = che_time(&items, one_time, lru, in_flight);
             // Hits and first-use misses per group.
-            let (mut hit_tokens, mut reqs, mut s1, mut s2) = (0.0, 0.0, 0.0, 0.0);
+            let (mut hit_tokens, mut reqs, mut s1) = (0.0, 0.0, 0.0);
             for &(q, _) in &items {
                 if q <= 0.0 {
                     continue;
@@ -354,7 +427,6 @@ fn pool_at(
                 let s_hit = service_alone(spec, w, prompt - shared);
                 let s_miss = service_alone(spec, w, prompt);
                 s1 += q * (h * s_hit + (1.0 - h) * s_miss);
-                s2 += q * (h * s_hit * s_hit + (1.0 - h) * s_miss * s_miss);
             }
             if reqs <= 0.0 {
                 out = Some(EngineLoad {
@@ -369,32 +441,20 @@ fn pool_at(
                 break;
             }
             let cached = hit_tokens / (reqs * prompt);
-            let uncached = prompt * (1.0 - cached);
-            let prefill = uncached / spec.prefill_tps;
-            let (util, wait) = match lambda {
-                Some(l) => {
-                    let rho = l * s1;
-                    let wait = if rho < 1.0 {
-                        l * s2 / (2.0 * (1.0 - rho))
-                    } else {
-                        f64::INFINITY
-                    };
-                    (rho, wait)
-                }
-                None => (f64::NAN, 0.0),
-            };
+            let prefill = prompt * (1.0 - cached) / spec.prefill_tps;
+            let b = batching(spec, w, lambda, in_flight, prefill);
             let next = match lambda {
-                Some(l) => (l * (wait + s1)).min(spec.max_running as f64),
+                Some(_) => b.in_flight.min(spec.max_running as f64),
                 None => in_flight,
             };
             let e = EngineLoad {
                 share,
                 cached,
-                utilization: util,
+                utilization: b.rate * s1,
                 in_flight,
                 lru_blocks: lru,
                 service: s1,
-                ttft: wait + prefill + step,
+                ttft: b.ttft,
             };
             let done = (next - in_flight).abs() < 1e-9 || !next.is_finite();
             out = Some(e);
@@ -424,6 +484,15 @@ fn pool_at(
 /// arrival rate is the one that loads each engine to `rho` under [`Routing::Balanced`]
 /// (`rho = lambda / N x` the balanced mean service time), whatever `routing` is, so that two
 /// routings compare at the same traffic.
+///
+/// Per engine: the hit ratio by Che's approximation on its own mix with the blocks pinned by
+/// the requests in flight taken out, and the TTFT of continuous batching: steps run back to
+/// back while there is work; a step takes `s0 + s1 n` plus the prefill of the requests that
+/// arrived during the previous one, so its mean is `D = (s0 + s1 n) / (1 - lambda a)` (`a`
+/// the mean prefill time, `n` the requests in the engine); a request waits for the step under
+/// way (half of one when the engine is busy, probability `1 - e^{-n}`), then runs its own:
+/// `TTFT = (1 - e^{-n}) D / 2 + D + s1 + a`; it stays `output - 1` more steps, so
+/// `n = lambda (TTFT + (output - 1) D)`. The cache, `n` and `TTFT` are solved together.
 pub fn pool(
     spec: &EngineSpec,
     w: &Workload,
@@ -487,7 +556,8 @@ pub struct Comparison {
     /// First order (the hot engine as M/M/1 against a balanced one): affinity wins where
     /// `r < 1 / (1 + (k - 1) rho)`.
     pub first_order_wins: bool,
-    /// M/G/1 per engine, mean TTFT over requests: affinity wins where its mean is lower.
+    /// Continuous batching per engine (see [`pool`]), mean TTFT over requests: affinity wins
+    /// where its mean is lower.
     pub wins: bool,
 }
 
@@ -542,32 +612,28 @@ pub fn compare(
     }
 }
 
-/// The loads in (0, 1) where affinity's mean TTFT is below balancing's, as the highest load
-/// of the first run of wins from low load, scanning in steps of `step`: `None` when affinity
-/// does not win even at the lowest load; `Some(1.0)` when it wins up to saturation.
+/// The load below which affinity's mean TTFT is below balancing's: the highest load of the
+/// first run of wins from low load, on a grid of 0.01 up to 1 and 0.1 up to 10 (`load` is
+/// offered load, see [`Arrivals::Load`]: a batching engine takes more than 1). `None` when
+/// affinity does not win even at 0.01; infinite when it wins over the whole grid.
 pub fn affinity_limit(
     spec: &EngineSpec,
     w: &Workload,
     engines: usize,
     bound: Option<f64>,
-    step: f64,
 ) -> Option<f64> {
-    let step = step.clamp(1e-4, 0.5);
+    let grid = (1..=100)
+        .map(|i| i as f64 / 100.0)
+        .chain((11..=100).map(|i| i as f64 / 10.0));
     let mut last_win = None;
-    let mut i = 1;
-    loop {
-        // Whole multiples of the step, so that 0.91 prints as 0.91.
-        let rho = ((i as f64 * step) * 1e9).round() / 1e9;
-        if rho >= 1.0 {
-            return last_win.map(|_| 1.0);
-        }
+    for rho in grid {
         if compare(spec, w, engines, bound, rho).wins {
             last_win = Some(rho);
         } else {
             return last_win;
         }
-        i += 1;
     }
+    last_win.map(|_| f64::INFINITY)
 }
 
 #[cfg(test)]
@@ -750,11 +816,15 @@ mod tests {
         let mut w = workload(3, 0.0);
         w.popularity = Popularity::Hot(0.8);
         let s = spec(60); // 75 blocks of prefixes do not fit in 60
-        let lim = affinity_limit(&s, &w, 3, None, 0.01).expect("wins at low load");
-        assert!(lim > 0.01 && lim < 0.6, "limit {lim}");
+        let lim = affinity_limit(&s, &w, 3, None).expect("wins at low load");
+        assert!(lim > 0.01 && lim.is_finite(), "limit {lim}");
+        assert!(compare(&s, &w, 3, None, 0.05).wins);
+        assert!(!compare(&s, &w, 3, None, lim + 0.1).wins);
+        // The first-order rule is stricter: the hot engine as M/M/1 at k = 2.4.
         let c = compare(&s, &w, 3, None, 0.05);
+        assert!((c.k - 2.4).abs() < 1e-9, "{}", c.k);
         let first = first_order_limit(c.r, c.k);
-        assert!(first > 0.0 && first < 1.0, "{first}");
+        assert!(first > 0.0 && first < lim, "{first}");
     }
 
     #[test]
