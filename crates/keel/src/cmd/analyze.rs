@@ -930,7 +930,7 @@ fn run_inference(a: &InferenceArgs, json: bool) -> anyhow::Result<()> {
         return usage("the prompt and the answer need at least one token each");
     }
     let popularity_text = match popularity {
-        Popularity::Zipf(s) if s == 0.0 => "uniform".to_string(),
+        Popularity::Zipf(0.0) => "uniform".to_string(),
         Popularity::Zipf(s) => format!("Zipf {s}"),
         Popularity::Hot(h) => format!("hot share {h}"),
     };
