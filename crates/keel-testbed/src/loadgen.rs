@@ -8,8 +8,14 @@
 //!
 //! A *request* is `calls_per_request` calls made one after another, as a service that calls a
 //! cluster k times per request (the reliability model's k). It succeeds only if every call gets
-//! a 2xx; it stops at its first failed call, as a real request would, so `calls` may be less
-//! than `requests * calls_per_request`.
+//! a 2xx. Which [`Client`] makes it decides what happens after a failed call: an application
+//! stops there and returns the error (the default, so `calls` may be less than
+//! `requests * calls_per_request`); the reliability model's client makes all k calls, which is
+//! what lets a closed loop's placement of the calls after a failure show.
+//!
+//! With [`LoadOptions::request_key`], every call of a request carries that header with one value
+//! per request (`r<index>`), so a balancer that hashes the header sends a request's calls to one
+//! endpoint; a client-side balancer hashes the same value with [`keel_balance::hash_key`].
 //!
 //! [`Target::ClientSide`] runs a keel [`Balancer`] in the load generator itself, as a client-side
 //! load balancer does: each call picks an endpoint, calls it directly and finishes the pick with
@@ -143,9 +149,40 @@ impl LoadSpec {
     }
 }
 
+/// What a client does after a failed call of a request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Client {
+    /// Stops at the first failed call and returns the error, as applications do.
+    #[default]
+    StopsAtFirstFailure,
+    /// Makes all k calls whatever their outcome (the reliability model's client).
+    AllCalls,
+}
+
+impl Client {
+    /// Its name in reports: `stops at first failure` or `all calls`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Client::StopsAtFirstFailure => "stops at first failure",
+            Client::AllCalls => "all calls",
+        }
+    }
+}
+
+/// The value of [`LoadOptions::request_key`] for request `index` (0-based, in the order requests
+/// start): what a balancer hashing that header hashes.
+pub fn request_key_value(index: u64) -> String {
+    format!("r{index}")
+}
+
 /// Extra controls of a run.
 #[derive(Clone, Debug, Default)]
 pub struct LoadOptions {
+    /// What a request does after a failed call.
+    pub client: Client,
+    /// The name of a header set on every call of a request to one value per request
+    /// ([`request_key_value`]); none by default. A name that is not a header name fails the run.
+    pub request_key: Option<String>,
     /// Stop starting requests after this long, and cut calls still running then (counted as
     /// timeouts). Default: [`LoadSpec::worst_case_duration`] plus 5 s, which a run reaches
     /// only if something is wrong with the timer.
@@ -189,6 +226,9 @@ pub struct LoadReport {
     pub per_endpoint: BTreeMap<String, u64>,
     /// Client-side calls by the address the balancer picked, whatever their outcome.
     pub picks: BTreeMap<String, u64>,
+    /// Requests by their number of failed calls (index 0: none failed). With
+    /// [`Client::StopsAtFirstFailure`] no request has more than one.
+    pub failed_calls_per_request: Vec<u64>,
     /// Median request latency (all requests, failed ones included).
     pub latency_p50: Duration,
     /// 90th percentile request latency.
@@ -330,6 +370,8 @@ pub async fn try_run(spec: LoadSpec, options: LoadOptions) -> Result<LoadReport,
 struct Plan {
     requests: u64,
     calls_per_request: u32,
+    client: Client,
+    request_key: Option<hyper::header::HeaderName>,
     timeout: Duration,
     deadline: Instant,
     next: AtomicU64,
@@ -359,12 +401,21 @@ impl Plan {
                 (None, path, endpoints.clone())
             }
         };
+        let request_key = match &options.request_key {
+            Some(name) => Some(
+                hyper::header::HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|e| LoadError(format!("request key header {name:?}: {e}")))?,
+            ),
+            None => None,
+        };
         let deadline = options
             .deadline
             .unwrap_or_else(|| spec.worst_case_duration() + Duration::from_secs(5));
         Ok(Plan {
             requests: spec.requests,
             calls_per_request: spec.calls_per_request,
+            client: options.client,
+            request_key,
             timeout: spec.timeout,
             deadline: Instant::now() + deadline,
             next: AtomicU64::new(0),
@@ -415,6 +466,7 @@ struct WorkerStats {
     no_endpoint: u64,
     per_endpoint: BTreeMap<String, u64>,
     picks: BTreeMap<String, u64>,
+    failed_calls_per_request: Vec<u64>,
     latencies: Vec<Duration>,
     deadline_hit: bool,
 }
@@ -436,6 +488,13 @@ impl WorkerStats {
         }
         for (k, v) in o.picks {
             *self.picks.entry(k).or_default() += v;
+        }
+        if self.failed_calls_per_request.len() < o.failed_calls_per_request.len() {
+            self.failed_calls_per_request
+                .resize(o.failed_calls_per_request.len(), 0);
+        }
+        for (i, v) in o.failed_calls_per_request.into_iter().enumerate() {
+            self.failed_calls_per_request[i] += v;
         }
         self.latencies.extend(o.latencies);
         self.deadline_hit |= o.deadline_hit;
@@ -486,6 +545,7 @@ impl WorkerStats {
             no_endpoint: self.no_endpoint,
             per_endpoint: self.per_endpoint,
             picks: self.picks,
+            failed_calls_per_request: self.failed_calls_per_request,
             latency_p50: pct(0.50),
             latency_p90: pct(0.90),
             latency_p99: pct(0.99),
@@ -535,28 +595,45 @@ async fn worker(plan: Arc<Plan>, balancer: Option<Arc<Balancer>>, epoch: Instant
             stats.deadline_hit = plan.next.load(Ordering::Relaxed) < plan.requests;
             break;
         }
-        if plan.next.fetch_add(1, Ordering::Relaxed) >= plan.requests {
+        let index = plan.next.fetch_add(1, Ordering::Relaxed);
+        if index >= plan.requests {
             break;
         }
         let started = Instant::now();
-        let mut ok = true;
+        let key = plan.request_key.as_ref().map(|name| {
+            let value = request_key_value(index);
+            let hash = keel_balance::hash_key(value.as_bytes());
+            let value = HeaderValue::from_str(&value).expect("r<digits> is a header value");
+            (name, value, hash)
+        });
+        let mut failed = 0usize;
         for _ in 0..plan.calls_per_request {
+            let extra = key.as_ref().map(|(n, v, _)| (*n, v));
             let result = match &balancer {
                 None => {
                     let (addr, host) = plan.url_addr.clone().expect("a URL target");
-                    call(&plan, &mut conns, addr, host).await
+                    call(&plan, &mut conns, addr, host, extra).await
                 }
-                Some(lb) => client_side_call(&plan, lb, &mut conns, epoch, &mut stats).await,
+                Some(lb) => {
+                    let hash = key.as_ref().map(|k| k.2);
+                    client_side_call(&plan, lb, &mut conns, epoch, &mut stats, extra, hash).await
+                }
             };
             if !stats.record(&result) {
-                ok = false;
-                break;
+                failed += 1;
+                if plan.client == Client::StopsAtFirstFailure {
+                    break;
+                }
             }
         }
         stats.requests += 1;
-        if ok {
+        if failed == 0 {
             stats.succeeded += 1;
         }
+        if stats.failed_calls_per_request.len() <= failed {
+            stats.failed_calls_per_request.resize(failed + 1, 0);
+        }
+        stats.failed_calls_per_request[failed] += 1;
         stats.latencies.push(started.elapsed());
         if let Some(p) = &plan.progress {
             p.fetch_add(1, Ordering::Relaxed);
@@ -571,8 +648,14 @@ async fn client_side_call(
     conns: &mut HashMap<SocketAddr, Conn>,
     epoch: Instant,
     stats: &mut WorkerStats,
+    extra: Option<(&hyper::header::HeaderName, &HeaderValue)>,
+    hash: Option<u64>,
 ) -> CallResult {
-    let Some(pick) = lb.pick(&PickContext::new(epoch.elapsed())) else {
+    let mut ctx = PickContext::new(epoch.elapsed());
+    if let Some(h) = hash {
+        ctx = ctx.with_hash_key(h);
+    }
+    let Some(pick) = lb.pick(&ctx) else {
         return CallResult::NoEndpoint;
     };
     *stats.picks.entry(pick.address().to_string()).or_default() += 1;
@@ -588,7 +671,7 @@ async fn client_side_call(
         },
     };
     let host = HeaderValue::from_str(&addr.to_string()).expect("an address is a header value");
-    let result = call(plan, conns, addr, host).await;
+    let result = call(plan, conns, addr, host, extra).await;
     let outcome = match &result {
         CallResult::Response { status, .. } if *status < 500 => Outcome::Success,
         _ => Outcome::Failure,
@@ -603,11 +686,12 @@ async fn call(
     conns: &mut HashMap<SocketAddr, Conn>,
     addr: SocketAddr,
     host: HeaderValue,
+    extra: Option<(&hyper::header::HeaderName, &HeaderValue)>,
 ) -> CallResult {
     let left = plan.deadline.saturating_duration_since(Instant::now());
     let limit = plan.timeout.min(left);
     let mut conn = conns.remove(&addr);
-    match tokio::time::timeout(limit, call_on(&mut conn, addr, host, &plan.path)).await {
+    match tokio::time::timeout(limit, call_on(&mut conn, addr, host, &plan.path, extra)).await {
         Ok(result) => {
             if let Some(c) = conn {
                 conns.insert(addr, c);
@@ -626,6 +710,7 @@ async fn call_on(
     addr: SocketAddr,
     host: HeaderValue,
     path: &Uri,
+    extra: Option<(&hyper::header::HeaderName, &HeaderValue)>,
 ) -> CallResult {
     if !matches!(slot, Some(c) if !c.sender.is_closed()) {
         *slot = None;
@@ -639,8 +724,11 @@ async fn call_on(
         *slot = None;
         return CallResult::Transport { timed_out: false };
     }
-    let req = Request::get(path.clone())
-        .header(HOST, host)
+    let mut req = Request::get(path.clone()).header(HOST, host);
+    if let Some((name, value)) = extra {
+        req = req.header(name, value);
+    }
+    let req = req
         .body(Empty::<Bytes>::new())
         .expect("a GET with a valid path is a valid request");
     let resp = match conn.sender.send_request(req).await {

@@ -797,7 +797,11 @@ impl Sim<'_> {
         let pick = match connection {
             Some(_) => None,
             None => {
-                let ctx = PickContext::new(dur(now)).with_avoid(&slot.avoid[..slot.n_avoid]);
+                let mut ctx = PickContext::new(dur(now)).with_avoid(&slot.avoid[..slot.n_avoid]);
+                if self.sc.clusters[c].hash_key_per_request {
+                    ctx =
+                        ctx.with_hash_key(mix64(slot.request.wrapping_add(1).wrapping_mul(GOLDEN)));
+                }
                 self.balancers[b].pick_mut(&ctx)
             }
         };

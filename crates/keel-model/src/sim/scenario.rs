@@ -260,6 +260,11 @@ pub struct ClusterConfig {
     /// Absent: arrivals go to clients at random, each balancer judges on its own calls.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleet: Option<FleetConfig>,
+    /// A hash strategy hashes one key per request (a header the client sets once for all its
+    /// calls), so a request's calls go to one server; false: a new key every call, as a
+    /// proxy with no `hash_on` has it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hash_key_per_request: bool,
 }
 
 /// A fleet of proxies in front of one cluster: each client is a proxy with its own balancer.
@@ -353,6 +358,7 @@ impl Default for ClusterConfig {
             slowdown: None,
             endpoints: Vec::new(),
             fleet: None,
+            hash_key_per_request: false,
         }
     }
 }

@@ -11,8 +11,9 @@ use keel_balance::{
 };
 use keel_model::sim::{self, FailedPosition, Load, Placement, RetryConfig, Scenario};
 use keel_model::{FailureMode, Latency};
-use keel_proxy::config::{ClusterConfig, HealthCheckConfig, ListenerConfig};
+use keel_proxy::config::{ClusterConfig, HashOn, HealthCheckConfig, ListenerConfig};
 use keel_proxy::ProxyConfig;
+use keel_testbed::loadgen::Client;
 use serde::Serialize;
 
 use super::LabOptions;
@@ -147,7 +148,13 @@ pub struct Case {
     pub concurrency: usize,
     /// Requests measured.
     pub requests: u64,
+    /// What a request does after a failed call: stop there (applications) or make all k calls
+    /// (the model's client).
+    pub client: Client,
 }
+
+/// The header a hash row's client sets, one value per request, and its proxy hashes.
+pub const REQUEST_KEY: &str = "x-lab-key";
 
 impl Case {
     fn new(
@@ -169,7 +176,14 @@ impl Case {
             client_side: false,
             concurrency: 24,
             requests,
+            client: Client::StopsAtFirstFailure,
         }
+    }
+
+    /// Hash rows hash one key per request ([`REQUEST_KEY`]), so a request's calls go to one
+    /// server, as a hash strategy is used.
+    pub fn request_key(&self) -> bool {
+        self.strategy.is_hash()
     }
 
     /// Failed share of servers.
@@ -213,6 +227,9 @@ impl Case {
             self.p(),
             self.protections_name()
         );
+        if self.client == Client::AllCalls {
+            s.push_str(" all-calls");
+        }
         if self.client_side {
             s.push_str(&format!(
                 " client-side tie-break={} failed={}",
@@ -253,6 +270,12 @@ impl Case {
             .map(|a| EndpointSpec::new(a.to_string()))
             .collect();
         let mut c = ClusterConfig::new("lab", specs).with_balancer(&self.balancer(seed));
+        if self.request_key() {
+            let on: HashOn = format!("header:{REQUEST_KEY}")
+                .parse()
+                .expect("a literal header name");
+            c.balance.hash_on = Some(on);
+        }
         c.timeouts.connect = Duration::from_millis(100);
         if self.protections == Protection::Defaults {
             // Every retry setting at its default; only the timeout is scaled.
@@ -297,7 +320,7 @@ impl Case {
             warmup: Duration::ZERO,
             timeout: t.timeout,
             round_trip: t.round_trip,
-            abort_on_failure: true,
+            abort_on_failure: self.client == Client::StopsAtFirstFailure,
             call_gap: Duration::ZERO,
             placement: if self.client_side {
                 Placement::ClientSide
@@ -339,6 +362,7 @@ impl Case {
                 latency: t.latency(),
                 failure: self.failure,
                 balancer: self.balancer(seed),
+                hash_key_per_request: self.request_key(),
                 ..sim::ClusterConfig::default()
             }],
             ..Scenario::default()
@@ -381,6 +405,22 @@ pub fn plan(opts: &LabOptions) -> Vec<Case> {
                 cases.push(Case::new("e1", s, failure, n(5000, 3000)));
             }
         }
+        // The model's client, which makes all k calls: round-robin's rotation sends the call
+        // after a fast failure to the next, healthy server, which an application's client
+        // (stopping at the failure) never shows; random's picks do not depend on the last one.
+        for s in [RoundRobin, Random] {
+            let mut c = Case::new("e1", s, FailureMode::FAIL_AT_ONCE, n(5000, 3000));
+            c.client = Client::AllCalls;
+            cases.push(c);
+        }
+        // A hash strategy with one key per request: a request's calls land on one server, so
+        // it fails exactly when its key is on the failed server's part of the ring.
+        cases.push(Case::new(
+            "e1",
+            RingHash,
+            FailureMode::FAIL_AT_ONCE,
+            n(3000, 1500),
+        ));
     }
     if selected("e2") {
         cases.push(Case::new(

@@ -165,7 +165,7 @@ async fn measure(
     };
     let options = LoadOptions {
         deadline: Some(Duration::from_secs(120)),
-        progress: None,
+        ..LoadOptions::default()
     };
     let load = loadgen::try_run(spec, options)
         .await

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use keel_balance::{Balancer, EndpointSpec};
+use keel_balance::{Balancer, EndpointSpec, PickContext};
 use keel_model::FailureMode;
 use keel_testbed::backend::{self, BackendConfig, BackendHandle};
 use keel_testbed::loadgen::{self, LoadOptions, LoadReport, LoadSpec, Target};
@@ -25,6 +25,37 @@ pub struct Measured {
     pub max_share: f64,
     /// Attempts per endpoint, in endpoint order.
     pub attempts: Vec<u64>,
+    /// Hash rows: the failed servers' share of request keys on the balancer's own ring.
+    pub key_share: Option<f64>,
+}
+
+/// Keys [`key_share`] picks over: its standard error is at most 0.5 / sqrt(100,000) = 0.0016.
+const KEY_SAMPLE: u64 = 100_000;
+
+/// The failed servers' share of request keys: a balancer built as the case's (same strategy,
+/// seed and endpoint addresses, so the same ring) picks once for each of [`KEY_SAMPLE`] keys
+/// made as the load generator makes them.
+pub(crate) fn key_share(case: &Case, addrs: &[SocketAddr], seed: u64) -> anyhow::Result<f64> {
+    let specs: Vec<EndpointSpec> = addrs
+        .iter()
+        .map(|a| EndpointSpec::new(a.to_string()))
+        .collect();
+    let mut cfg = case.balancer(seed);
+    // Only the ring matters here: nothing is finished, nothing ejected.
+    cfg.outlier_detection = None;
+    let lb = Balancer::new(cfg, &specs).context("the ring's balancer")?;
+    let mut on_failed = 0u64;
+    for i in 0..KEY_SAMPLE {
+        let key = keel_balance::hash_key(loadgen::request_key_value(i).as_bytes());
+        let pick = lb
+            .pick(&PickContext::new(Duration::ZERO).with_hash_key(key))
+            .context("the ring gave no endpoint")?;
+        if case.is_failed(pick.index() as u32) {
+            on_failed += 1;
+        }
+        lb.finish(pick, keel_balance::Outcome::Success, Duration::ZERO);
+    }
+    Ok(on_failed as f64 / KEY_SAMPLE as f64)
 }
 
 /// `servers` backends on loopback, named `server-{i}`, each answering in `t`'s healthy time;
@@ -109,6 +140,15 @@ pub async fn measure(
     let options = LoadOptions {
         deadline: Some(Duration::from_secs(120)),
         progress: Some(progress),
+        client: case.client,
+        request_key: case
+            .request_key()
+            .then(|| crate::lab::cases::REQUEST_KEY.to_string()),
+    };
+    let key_share = if case.request_key() {
+        Some(key_share(case, &addrs, seed)?)
+    } else {
+        None
     };
     let load = loadgen::try_run(spec, options)
         .await
@@ -156,5 +196,6 @@ pub async fn measure(
         failed_share,
         max_share,
         attempts,
+        key_share,
     })
 }

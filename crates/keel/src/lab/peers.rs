@@ -307,6 +307,7 @@ impl PeerCase {
             client_side: false,
             concurrency: self.concurrency,
             requests: self.requests,
+            client: keel_testbed::loadgen::Client::StopsAtFirstFailure,
         })
     }
 
@@ -917,7 +918,7 @@ async fn measure_peer(
     };
     let options = LoadOptions {
         deadline: Some(Duration::from_secs(120)),
-        progress: None,
+        ..LoadOptions::default()
     };
     let load = loadgen::try_run(spec, options)
         .await

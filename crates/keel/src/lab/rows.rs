@@ -13,6 +13,7 @@ use crate::lab::cases::{tie_name, Case, Protection, Timing};
 use crate::lab::compare::{side_se, z_score, Comparison};
 use crate::lab::measure::Measured;
 use crate::lab::style::{fmt_q, pct, se_text};
+use keel_testbed::loadgen::Client;
 
 /// One row: a case, three ways.
 #[derive(Debug, Clone, Serialize)]
@@ -40,6 +41,15 @@ pub struct Row {
     pub q: Option<f64>,
     /// Calls per request.
     pub k: u32,
+    /// What a request does after a failed call: `stops at first failure` (applications) or
+    /// `all calls` (the model's client).
+    pub client: String,
+    /// Hash rows (one key per request): the failed server's share of request keys on the
+    /// balancer's own ring; the closed form without protections is 1 minus it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_share: Option<f64>,
+    /// Measured requests by their number of failed calls (index 0: none failed).
+    pub failed_calls_per_request: Vec<u64>,
     /// Requests in flight.
     pub concurrency: usize,
     /// The closed form (with the retry formula when retries are on); null without one.
@@ -94,7 +104,14 @@ impl Row {
     pub(crate) fn new(case: &Case, m: Measured, sim: SimResult, t: &Timing) -> Row {
         let q = sim.q;
         let p = case.p();
-        let analytic = q.and_then(|q| {
+        // A hash of one key per request sends all k calls to one server: the request fails
+        // exactly when its key is on the failed server's part of the ring, whatever k.
+        let hashed = m
+            .key_share
+            .filter(|_| case.protections == Protection::None)
+            .map(|share| 1.0 - share);
+        let analytic = hashed.or_else(|| {
+            let q = q?;
             if case.protections != Protection::None {
                 analytic::retry_success(
                     case.strategy,
@@ -141,6 +158,9 @@ impl Row {
             p,
             q,
             k: case.calls,
+            client: case.client.name().to_string(),
+            key_share: m.key_share,
+            failed_calls_per_request: m.load.failed_calls_per_request.clone(),
             concurrency: case.concurrency,
             analytic,
             simulated: sim.success,
@@ -148,11 +168,16 @@ impl Row {
             measured,
             measured_ci95,
             requests: m.load.requests,
-            analytic_failed_share: q.and_then(|q| analytic::failed_share(case.strategy, p, q)),
+            analytic_failed_share: match m.key_share {
+                Some(share) => Some(share),
+                None => q.and_then(|q| analytic::failed_share(case.strategy, p, q)),
+            },
             simulated_failed_share: sim.failed_pick_share,
             measured_failed_share: m.failed_share,
-            implied_by_measured_share: (case.protections == Protection::None)
-                .then(|| (1.0 - m.failed_share).powi(case.calls as i32)),
+            // Not for a hash of one key per request: its calls are all on one server.
+            implied_by_measured_share: (case.protections == Protection::None
+                && m.key_share.is_none())
+            .then(|| (1.0 - m.failed_share).powi(case.calls as i32)),
             measured_max_server_share: m.max_share,
             measured_attempts: m.attempts.clone(),
             measured_p50_ms: m.load.latency_p50.as_secs_f64() * 1e3,
@@ -171,6 +196,38 @@ impl Row {
     /// Attempts measured in all (retries included).
     fn attempts(&self) -> u64 {
         self.measured_attempts.iter().sum()
+    }
+
+    /// The simulation's failed calls per failed request for an all-calls client without
+    /// protections: k s / (1 - success), s its share of calls on failed servers.
+    pub(crate) fn simulated_repeat_failures(&self) -> Option<f64> {
+        (self.client == Client::AllCalls.name()
+            && self.protections == "none"
+            && self.simulated < 1.0)
+            .then(|| f64::from(self.k) * self.simulated_failed_share / (1.0 - self.simulated))
+    }
+
+    /// An all-calls client's failed calls per failed request: (measured, what independent
+    /// calls with the row's share of failed calls give). None for another client or without a
+    /// failed request.
+    pub(crate) fn repeat_failures(&self) -> Option<(f64, f64)> {
+        if self.client != Client::AllCalls.name() {
+            return None;
+        }
+        let h = &self.failed_calls_per_request;
+        let requests: u64 = h.iter().sum();
+        let failed_requests: u64 = h.iter().skip(1).sum();
+        if failed_requests == 0 {
+            return None;
+        }
+        let failed_calls: u64 = h.iter().enumerate().map(|(i, n)| i as u64 * n).sum();
+        let measured = failed_calls as f64 / failed_requests as f64;
+        // Independent calls, each failing with the row's share s: E[F | F > 0] = k s / (1 -
+        // (1 - s)^k).
+        let k = f64::from(self.k);
+        let s = failed_calls as f64 / (k * requests as f64);
+        let independent = k * s / (1.0 - (1.0 - s).powf(k));
+        Some((measured, independent))
     }
 
     /// The table's verdict: a CSS class and the words. `explained` (neutral): every departure
@@ -269,6 +326,11 @@ pub(crate) enum Mechanism {
     NotIndependent,
     /// Outlier detection takes out a server whose failure is not retried (a 500).
     Ejection,
+    /// Round-robin's rotation sends the call after a fast failure to the next, healthy server:
+    /// a request's failures rarely repeat (a client that makes all k calls shows it).
+    Rotation,
+    /// Other clients' picks come between a failed call and its request's next call.
+    Interleaving,
 }
 
 /// Which comparison a mechanism explains.
@@ -279,7 +341,7 @@ enum Against {
 }
 
 impl Mechanism {
-    const ALL: [Mechanism; 7] = [
+    const ALL: [Mechanism; 9] = [
         Mechanism::LowConcurrency,
         Mechanism::RandomSample,
         Mechanism::InFlight,
@@ -287,6 +349,8 @@ impl Mechanism {
         Mechanism::SlowerErrors,
         Mechanism::NotIndependent,
         Mechanism::Ejection,
+        Mechanism::Rotation,
+        Mechanism::Interleaving,
     ];
 
     /// Its name, as the rows cite it.
@@ -299,6 +363,8 @@ impl Mechanism {
             Mechanism::SlowerErrors => "Slower errors",
             Mechanism::NotIndependent => "Correlated calls",
             Mechanism::Ejection => "Ejection",
+            Mechanism::Rotation => "Rotation",
+            Mechanism::Interleaving => "Interleaving",
         }
     }
 
@@ -362,6 +428,29 @@ impl Mechanism {
                  share of the calls, that succeeded more than the closed form, and whose \
                  simulation (which ejects the same way) agrees."
             }
+            Mechanism::Rotation => {
+                "Rotation: a failed server that fails fast frees its caller at once, and \
+                 round-robin gives that caller's next call the next position of the rotation, a \
+                 healthy server; so a request whose call failed rarely fails again, its failures \
+                 spread over more requests, and a client that makes all k calls succeeds less \
+                 than (1 - p)^k (at most 1 - k p when no request fails twice). Success is then \
+                 1 - k s / m exactly (s: share of calls failed, m: failed calls per failed \
+                 request); the row gives its m against independent calls' m. Applies to \
+                 round-robin rows of an all-calls client whose failed requests failed more than \
+                 once less often than independent calls would, and that succeeded less than \
+                 the closed form."
+            }
+            Mechanism::Interleaving => {
+                "Interleaving: in the simulation a call takes exactly its time, so a caller \
+                 freed by a fast failure picks again before any other client and gets the next, \
+                 healthy server (its failed requests fail about once: m near 1, success near \
+                 1 - k p); over real sockets on shared cores other clients' picks come between, \
+                 and the call after a failure lands anywhere in the rotation, as an independent \
+                 call would. The row gives m measured, simulated (k s / (1 - success)) and for \
+                 independent calls. Applies to round-robin rows of an all-calls client that \
+                 succeeded more than the simulation and whose measured m is above the \
+                 simulated one."
+            }
         }
     }
 
@@ -411,6 +500,23 @@ impl Mechanism {
                     && share < r.p / 2.0
                     && r.measured > predicted
                     && r.simulation.agrees
+            }
+            Mechanism::Rotation => {
+                against == Against::Model
+                    && r.strategy == StrategyKind::RoundRobin.name()
+                    && r.client == Client::AllCalls.name()
+                    && r.k > 1
+                    && r.measured < predicted
+                    && r.repeat_failures()
+                        .is_some_and(|(measured, independent)| measured < independent)
+            }
+            Mechanism::Interleaving => {
+                against == Against::Simulation
+                    && r.strategy == StrategyKind::RoundRobin.name()
+                    && r.measured > predicted
+                    && r.repeat_failures()
+                        .zip(r.simulated_repeat_failures())
+                        .is_some_and(|((measured, _), simulated)| measured > simulated)
             }
             Mechanism::NotIndependent => {
                 let Some(a) = r.analytic else { return false };
@@ -495,6 +601,46 @@ fn explain(r: &Row, case: &Case, t: &Timing) -> (String, Vec<String>, Option<boo
         _ => s.push_str(", no closed form."),
     }
     let share = r.measured_failed_share;
+    if let Some(key_share) = r.key_share {
+        let _ = write!(
+            s,
+            " One key per request: its {} calls go to one server, and the ring gives the failed \
+             server {key_share:.4} of the keys",
+            r.k
+        );
+        if case.protections == Protection::None {
+            let _ = write!(
+                s,
+                " (closed form 1 - {key_share:.4} = {:.4}).",
+                1.0 - key_share
+            );
+        } else {
+            s.push('.');
+        }
+    }
+    if let Some((m, independent)) = r.repeat_failures() {
+        let h = &r.failed_calls_per_request;
+        let failed: u64 = h.iter().skip(1).sum();
+        let twice: u64 = h.iter().skip(2).sum();
+        let calls_failed = m * failed as f64 / (f64::from(r.k) * r.requests.max(1) as f64);
+        let _ = write!(
+            s,
+            " All {} calls made: {twice} of {failed} failed requests failed more than once, {m:.3} \
+             failed calls per failed request (independent calls: {independent:.3}); with {} of \
+             calls failed, 1 - {} x {calls_failed:.4} / {m:.3} = {:.4}.",
+            r.k,
+            pct(calls_failed),
+            r.k,
+            1.0 - f64::from(r.k) * calls_failed / m
+        );
+        if let Some(sim_m) = r.simulated_repeat_failures() {
+            let _ = write!(
+                s,
+                " The simulation's failed requests failed {sim_m:.3} times each (perfect \
+                 rotation: 1)."
+            );
+        }
+    }
     if case.protections != Protection::None {
         let _ = write!(
             s,
@@ -663,6 +809,9 @@ mod tests {
             p: 0.2,
             q: Some(0.024),
             k: 3,
+            client: Client::StopsAtFirstFailure.name().into(),
+            key_share: None,
+            failed_calls_per_request: Vec::new(),
             concurrency: 24,
             analytic: Some(model),
             simulated: measured,
