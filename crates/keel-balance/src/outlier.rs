@@ -13,6 +13,10 @@
 //!   ejected at once (a cluster of 5 at 50 % may lose 2, not 3); `0` disables ejection;
 //! - **return**: an endpoint is back in service as soon as its ejection time has passed, and a
 //!   configured slow start then ramps its weight up again;
+//! - **half-open**: a returned endpoint is on probation until its first success: its first
+//!   failure ejects it again at once (for the next, longer ejection time), so an endpoint that
+//!   keeps failing costs one failed call per ejection, not `consecutive_failures`; with a
+//!   quorum, that failure's run must still have the quorum's sources;
 //! - **shared evidence**: outcomes other balancers of a fleet observed
 //!   ([`crate::Balancer::record_remote`]) count toward the same rules as the balancer's own, in
 //!   the order they reach it; with a [`SharedEvidence`] quorum, the failures that eject must come
@@ -214,6 +218,8 @@ pub(crate) struct OutlierState {
     pub(crate) ejections_total: u64,
     /// When the last ejection ended (or will end).
     last_ejection_end: u64,
+    /// Ejected since its last success: once back, its first failure ejects it again.
+    probation: bool,
 }
 
 impl OutlierState {
@@ -245,7 +251,15 @@ impl OutlierState {
         } else {
             self.consecutive = 0;
             self.run_sources = Sources::default();
+            // A success after the ejection ended: back to the ordinary rules. (A call that was
+            // in flight when the endpoint was ejected may still end during the ejection.)
+            if now >= self.last_ejection_end {
+                self.probation = false;
+            }
         }
+        let by_probation = self.probation
+            && now >= self.last_ejection_end
+            && (quorum <= 1 || self.run_sources.count() >= quorum);
         let by_consecutive = cfg.consecutive_failures > 0
             && self.consecutive >= cfg.consecutive_failures
             && (quorum <= 1 || self.run_sources.count() >= quorum);
@@ -255,7 +269,7 @@ impl OutlierState {
                     >= fr.threshold_percent * self.window_requests as f64
                 && (quorum <= 1 || self.window_sources.count() >= quorum)
         });
-        failed && (by_consecutive || by_rate)
+        failed && (by_probation || by_consecutive || by_rate)
     }
 
     /// Starts an ejection at `now`; returns the instant it ends.
@@ -279,6 +293,7 @@ impl OutlierState {
         self.window_requests = 0;
         self.window_failures = 0;
         self.last_ejection_end = now.saturating_add(duration);
+        self.probation = true;
         self.last_ejection_end
     }
 }
@@ -330,6 +345,28 @@ mod tests {
         // Back at 56 s; 50 s in service (five intervals) take the multiplier back to zero.
         assert_eq!(st.eject(&cfg, 106 * S), 116 * S);
         assert_eq!((st.ejections, st.ejections_total), (1, 4));
+    }
+
+    #[test]
+    fn a_returned_endpoint_is_ejected_again_by_its_first_failure_until_a_success() {
+        let cfg = config();
+        let mut st = OutlierState::default();
+        for _ in 0..2 {
+            assert!(!st.record(&cfg, true, L, S));
+        }
+        assert!(st.record(&cfg, true, L, S));
+        let back = st.eject(&cfg, S);
+        // A call in flight at the ejection that fails during it does not eject again.
+        assert!(!st.record(&cfg, true, L, back - 1));
+        // Back: one failure is enough, and the next ejection is twice as long.
+        assert!(st.record(&cfg, true, L, back));
+        assert_eq!(st.eject(&cfg, back), back + 20 * S);
+        // After a success back in service, three failures in a row again.
+        let back = back + 20 * S;
+        assert!(!st.record(&cfg, false, L, back));
+        assert!(!st.record(&cfg, true, L, back));
+        assert!(!st.record(&cfg, true, L, back));
+        assert!(st.record(&cfg, true, L, back));
     }
 
     #[test]

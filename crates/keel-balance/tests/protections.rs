@@ -59,14 +59,47 @@ fn consecutive_failures_eject_for_base_times_count_then_return() {
     assert_eq!(bad.ejected_until(s(1)), Some(s(11)), "base 10 s x 1");
     assert_eq!(drive(&b, s(5), 100, &[2]), 0, "ejected: no traffic");
 
-    // Back at expiry; three more failures: second ejection lasts 2 x base.
+    // Back at expiry, on probation: its first failure ejects it again, for 2 x base.
     assert_eq!(bad.ejected_until(s(11)), None);
-    assert_eq!(drive(&b, s(11), 15, &[2]), 3);
+    assert_eq!(drive(&b, s(11), 15, &[2]), 1);
     assert_eq!(bad.ejected_until(s(11)), Some(s(31)));
     // Third in a row: capped at max_ejection_time (25 s, not 30 s).
     drive(&b, s(31), 15, &[2]);
     assert_eq!(bad.ejected_until(s(31)), Some(s(56)));
     assert_eq!(b.status(s(31))[2].ejections, 3);
+}
+
+/// One endpoint of five answering with a failure forever, under steady traffic (100 calls a
+/// second, round-robin, keel's default outlier detection: 5 failures in a row, 30 s doubling
+/// up to 300 s, 10 s interval): the failed calls it costs in each of the first two hours.
+fn failures_per_hour_of_an_endpoint_failing_forever() -> (usize, usize) {
+    let mut cfg = BalancerConfig::new(StrategyKind::RoundRobin);
+    cfg.outlier_detection = Some(OutlierConfig::default());
+    let b = Balancer::new(cfg, &specs(5)).unwrap();
+    let mut hours = [0usize; 2];
+    for tick in 0..2 * 3600 * 100u64 {
+        let now = Duration::from_millis(tick * 10);
+        let p = b.pick(&PickContext::new(now)).unwrap();
+        let failed = p.index() == 4;
+        hours[(tick / (3600 * 100)) as usize] += failed as usize;
+        let outcome = if failed {
+            Outcome::Failure
+        } else {
+            Outcome::Success
+        };
+        b.finish(p, outcome, now + Duration::from_millis(4));
+    }
+    (hours[0], hours[1])
+}
+
+#[test]
+fn an_endpoint_failing_forever_costs_one_call_per_ejection() {
+    // Ejections of 30, 60, ..., 300 s end at 30, 90, ..., 1,650 s, then every 300 s (1,950 to
+    // 3,450 s); each return costs one failed call, the first ejection five in a row:
+    // 5 + 10 + 6 = 21 in the first hour, 12 an hour after. Without the half-open return every
+    // ejection cost five: 85 and 60. A fixed clock and round-robin: exact counts.
+    let (first, second) = failures_per_hour_of_an_endpoint_failing_forever();
+    assert_eq!((first, second), (21, 12));
 }
 
 #[test]
