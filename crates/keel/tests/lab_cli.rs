@@ -27,15 +27,72 @@ fn quick_lab_reproduces_e1_e2_e6_over_real_sockets() {
     let of = |e: &str| -> Vec<&serde_json::Value> {
         rows.iter().filter(|r| r["experiment"] == e).collect()
     };
-    // E1: round-robin and random, failing fast with a 503 and with a 500 (`server-error`).
+    // E1: round-robin and random, failing fast with a 503 and with a 500 (`server-error`),
+    // their requests stopping at the first failed call as applications' do; the same two with
+    // a client that makes all 3 calls; ring-hash with one key per request.
     let e1 = of("e1");
-    assert_eq!(e1.len(), 4);
-    for r in e1 {
+    assert_eq!(e1.len(), 7);
+    let app: Vec<_> = e1
+        .iter()
+        .filter(|r| r["client"] == "stops at first failure" && r["key_share"].is_null())
+        .collect();
+    assert_eq!(app.len(), 4);
+    // 0.03 is 3.3 standard errors of 3,000 requests at 0.512 (0.0091), and random's rows move
+    // with the failed server's drawn share (about 1 standard error of it more).
+    for r in app {
         let m = r["measured"].as_f64().unwrap();
         assert!((m - 0.512).abs() <= 0.03, "E1 {}: {m}", r["strategy"]);
         assert!((r["analytic"].as_f64().unwrap() - 0.512).abs() < 1e-12);
         let ci = r["measured_ci95"].as_array().unwrap();
         assert!(ci[0].as_f64().unwrap() <= m && m <= ci[1].as_f64().unwrap());
+    }
+    for r in e1.iter().filter(|r| r["client"] == "all calls") {
+        // Success is 1 - k s / m of the row's own histogram of failed calls per request (an
+        // identity, to rounding), between 1 - k p = 0.4 (no request fails twice) and
+        // independent calls' 0.512, with 3.3 standard errors (0.03) either side.
+        let h: Vec<u64> = r["failed_calls_per_request"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_u64().unwrap())
+            .collect();
+        let requests: u64 = h.iter().sum();
+        let failed: u64 = h.iter().skip(1).sum();
+        assert_eq!(requests, r["requests"].as_u64().unwrap());
+        let m = r["measured"].as_f64().unwrap();
+        assert!((m - (1.0 - failed as f64 / requests as f64)).abs() < 1e-12);
+        assert!(
+            (0.37..=0.542).contains(&m),
+            "E1 all calls {}: {m}",
+            r["strategy"]
+        );
+        if r["strategy"] == "round-robin" {
+            assert!(
+                r["explanation"]
+                    .as_str()
+                    .unwrap()
+                    .contains("failed calls per failed request"),
+                "{r}"
+            );
+        }
+    }
+    let hashed: Vec<_> = e1.iter().filter(|r| !r["key_share"].is_null()).collect();
+    assert_eq!(hashed.len(), 1);
+    for r in hashed {
+        // One key per request: success is 1 minus the failed server's share of the keys. The
+        // run's 1,500 keys are a sample of the key space the share is measured over (100,000
+        // keys): their share moves by sqrt(0.2 x 0.8 / 1500) = 0.010, and 0.04 is 4 of those.
+        let share = r["key_share"].as_f64().unwrap();
+        let m = r["measured"].as_f64().unwrap();
+        assert!((r["analytic"].as_f64().unwrap() - (1.0 - share)).abs() < 1e-12);
+        assert!(
+            (m - (1.0 - share)).abs() <= 0.04,
+            "ring-hash {m} vs 1 - {share}"
+        );
+        assert!(
+            (0.1..=0.3).contains(&share),
+            "a ring of 5 gives about 1/5: {share}"
+        );
     }
     let e2 = of("e2");
     assert_eq!(e2.len(), 1);

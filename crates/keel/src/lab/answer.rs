@@ -9,6 +9,7 @@
 
 use keel_balance::StrategyKind;
 use keel_model::analytic;
+use keel_testbed::loadgen::Client;
 use serde::Serialize;
 
 use crate::lab::rows::Row;
@@ -449,15 +450,24 @@ fn headline_without_protections(bare: &[&Row]) -> Option<Finding> {
 }
 
 /// The findings of E1-E6B: the run's answer first, then one per experiment.
-pub fn reliability(rows: &[Row]) -> Vec<Finding> {
+pub fn reliability(all_rows: &[Row]) -> Vec<Finding> {
+    // Rankings and the headline compare what applications see: requests that stop at their
+    // first failed call. The all-calls rows (the model's client) have a finding of their own.
+    let app: Vec<Row> = all_rows
+        .iter()
+        .filter(|r| r.client == Client::StopsAtFirstFailure.name())
+        .cloned()
+        .collect();
+    let rows = &app[..];
     let mut out: Vec<Finding> = headline(rows).into_iter().collect();
     let of = |e: &str| -> Vec<&Row> { rows.iter().filter(|r| r.experiment == e).collect() };
     out.extend(ranked(
         "e1",
-        "Round-robin or random when a server fails?",
+        "Which strategy without protections when a server fails?",
         &of("e1"),
         "E1: ",
     ));
+    out.extend(clients(all_rows));
     out.extend(e2(rows));
     out.extend(e3(&of("e3")));
     out.extend(ranked(
@@ -469,7 +479,129 @@ pub fn reliability(rows: &[Row]) -> Vec<Finding> {
     out.extend(e5(&of("e5")));
     out.extend(protected("e6", &of("e6"), rows));
     out.extend(protected("e6b", &of("e6b"), rows));
+    if !of("e6b").is_empty() {
+        out.push(failing_forever());
+    }
     out
+}
+
+/// Round-robin's rows with one failing fast, made by both clients: what the rotation does to a
+/// client that makes all k calls, against one that stops at its first failure.
+fn clients(rows: &[Row]) -> Option<Finding> {
+    let all = rows.iter().find(|r| {
+        r.client == Client::AllCalls.name()
+            && r.strategy == "round-robin"
+            && r.protections == "none"
+    })?;
+    let stops = rows.iter().find(|r| {
+        r.client == Client::StopsAtFirstFailure.name()
+            && r.experiment == all.experiment
+            && r.strategy == all.strategy
+            && r.failure_mode == all.failure_mode
+            && r.protections == "none"
+    })?;
+    let mut f = Finding::of(
+        &all.experiment,
+        "Does the client that makes all k calls measure what the application's client does?",
+        all.strategy.clone(),
+        all,
+    );
+    let (ci, m, tie) = compare(all, stops);
+    f.against(
+        format!("{} stopping at the first failure", who(stops)),
+        stops.measured,
+        m,
+        Some(ci),
+        tie,
+    );
+    let mut text = format!(
+        "Clients: {} with all {} calls made measured {:.4} {}, stopping at the first failure \
+         {:.4} {} ({}{}).",
+        who(all),
+        all.k,
+        all.measured,
+        ci_text(all.measured_ci95),
+        stops.measured,
+        ci_text(stops.measured_ci95),
+        margin_text(m, ci),
+        if tie { ", a tie" } else { "" }
+    );
+    if let Some((measured, independent)) = all.repeat_failures() {
+        text.push_str(&format!(
+            " A failed request of the all-calls client failed {measured:.3} times on average \
+             against {independent:.3} for independent calls"
+        ));
+        if let Some(sim) = all.simulated_repeat_failures() {
+            text.push_str(&format!(
+                " and {sim:.3} in the simulation, where the rotation sends the call after a fast \
+                 failure to the next, healthy server (simulated {:.4})",
+                all.simulated
+            ));
+        }
+        text.push_str(
+            ": the further from independent, the more of the rotation's effect the real loop \
+             keeps.",
+        );
+    }
+    f.formula = Some(format!(
+        "stopping at the first failure, (1 - p)^k = {:.4}; all calls, 1 - k s / m (s: share of \
+         calls failed, m: failed calls per failed request), at least 1 - k p = {:.4}",
+        (1.0 - all.p).powi(all.k as i32),
+        1.0 - f64::from(all.k) * all.p
+    ));
+    f.text = text;
+    Some(f)
+}
+
+/// One endpoint of five answering with a failure forever under steady traffic, through keel's
+/// balancer with the default outlier detection on a virtual clock (100 calls a second,
+/// round-robin, two hours): the failed calls it costs in the first hour and in the second.
+pub(crate) fn failures_per_hour() -> (u64, u64) {
+    use keel_balance::PickContext;
+    use keel_balance::{Balancer, BalancerConfig, EndpointSpec, Outcome, OutlierConfig};
+    use std::time::Duration;
+    let mut cfg = BalancerConfig::new(StrategyKind::RoundRobin);
+    cfg.outlier_detection = Some(OutlierConfig::default());
+    let specs: Vec<EndpointSpec> = (0..5)
+        .map(|i| EndpointSpec::new(format!("127.0.0.1:{}", 9001 + i)))
+        .collect();
+    let b = Balancer::new(cfg, &specs).expect("a valid balancer");
+    let mut hours = [0u64; 2];
+    for tick in 0..2 * 3600 * 100u64 {
+        let now = Duration::from_millis(tick * 10);
+        let Some(p) = b.pick(&PickContext::new(now)) else {
+            continue;
+        };
+        let failed = p.index() == 4;
+        hours[(tick / (3600 * 100)) as usize] += u64::from(failed);
+        let outcome = if failed {
+            Outcome::Failure
+        } else {
+            Outcome::Success
+        };
+        b.finish(p, outcome, now + Duration::from_millis(4));
+    }
+    (hours[0], hours[1])
+}
+
+/// The finding of [`failures_per_hour`].
+fn failing_forever() -> Finding {
+    let (first, second) = failures_per_hour();
+    let mut f = Finding::new(
+        "e6b",
+        "What does an endpoint that answers 500 forever cost in an hour?",
+        "round-robin".into(),
+        "keel defaults".into(),
+        second as f64,
+        None,
+    );
+    f.text = format!(
+        "E6B over hours: one endpoint of five failing forever, 100 calls a second, keel's \
+         default outlier detection (keel-balance on a virtual clock): {first} failed calls in the \
+         first hour, {second} an hour after. Each return is half-open, so one failure ejects it \
+         again, for 30 s x ejections up to 300 s: 5 for the first ejection, then one per return."
+    );
+    f
 }
 
 /// The findings of E8 and E9.

@@ -54,7 +54,7 @@ pub use tail_run::TailRun;
 /// What to run and where to write the report.
 #[derive(Debug, Clone)]
 pub struct LabOptions {
-    /// Fewer experiments and requests: a first look in under 20 s.
+    /// Fewer experiments and requests: a first look in about a minute on 2 shared cores.
     pub quick: bool,
     /// Experiments to run (e1..e6b, e8, e9, e10, e12); empty: the default set (e1..e6b; quick: e1, e2,
     /// e6, e6b).

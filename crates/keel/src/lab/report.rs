@@ -325,6 +325,10 @@ fn print_narrow_table(report: &LabReport) {
                 short_strategy(&r.strategy),
                 t.split('-').next().unwrap_or(t)
             ),
+            _ if r.client == keel_testbed::loadgen::Client::AllCalls.name() => {
+                format!("{} (all calls)", r.strategy)
+            }
+            _ if r.key_share.is_some() => format!("{} (key/request)", r.strategy),
             _ => r.strategy.clone(),
         };
         let protections = match r.protections.as_str() {
@@ -383,6 +387,10 @@ fn print_wide_table(report: &LabReport) {
     for r in &report.rows {
         let strategy = match (&r.tie_break, &r.failed_position) {
             (Some(t), Some(pos)) => format!("{} ({t}, failed {pos})", short_strategy(&r.strategy)),
+            _ if r.client == keel_testbed::loadgen::Client::AllCalls.name() => {
+                format!("{} (all calls)", r.strategy)
+            }
+            _ if r.key_share.is_some() => format!("{} (key per request)", r.strategy),
             _ => r.strategy.clone(),
         };
         println!(

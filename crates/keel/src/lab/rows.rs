@@ -331,6 +331,8 @@ pub(crate) enum Mechanism {
     Rotation,
     /// Other clients' picks come between a failed call and its request's next call.
     Interleaving,
+    /// The simulated servers' ring is not the backends' ring.
+    OtherRing,
 }
 
 /// Which comparison a mechanism explains.
@@ -341,7 +343,7 @@ enum Against {
 }
 
 impl Mechanism {
-    const ALL: [Mechanism; 9] = [
+    const ALL: [Mechanism; 10] = [
         Mechanism::LowConcurrency,
         Mechanism::RandomSample,
         Mechanism::InFlight,
@@ -351,6 +353,7 @@ impl Mechanism {
         Mechanism::Ejection,
         Mechanism::Rotation,
         Mechanism::Interleaving,
+        Mechanism::OtherRing,
     ];
 
     /// Its name, as the rows cite it.
@@ -365,6 +368,7 @@ impl Mechanism {
             Mechanism::Ejection => "Ejection",
             Mechanism::Rotation => "Rotation",
             Mechanism::Interleaving => "Interleaving",
+            Mechanism::OtherRing => "Another ring",
         }
     }
 
@@ -451,6 +455,15 @@ impl Mechanism {
                  succeeded more than the simulation and whose measured m is above the \
                  simulated one."
             }
+            Mechanism::OtherRing => {
+                "Another ring: a hash row's closed form is 1 minus the failed server's share of \
+                 the keys on the balancer's ring, which is placed by the endpoints' addresses; \
+                 the simulated servers have other names than the backends' loopback ports, so \
+                 the simulation hashes onto another ring whose failed server holds another \
+                 share (1 - simulated success, without protections). The row gives both shares. \
+                 Applies to hash rows without protections whose measurement agrees with the \
+                 closed form of its own ring."
+            }
         }
     }
 
@@ -517,6 +530,12 @@ impl Mechanism {
                     && r.repeat_failures()
                         .zip(r.simulated_repeat_failures())
                         .is_some_and(|((measured, _), simulated)| measured > simulated)
+            }
+            Mechanism::OtherRing => {
+                against == Against::Simulation
+                    && r.key_share.is_some()
+                    && r.protections == "none"
+                    && r.model.is_some_and(|m| m.agrees)
             }
             Mechanism::NotIndependent => {
                 let Some(a) = r.analytic else { return false };
@@ -611,8 +630,10 @@ fn explain(r: &Row, case: &Case, t: &Timing) -> (String, Vec<String>, Option<boo
         if case.protections == Protection::None {
             let _ = write!(
                 s,
-                " (closed form 1 - {key_share:.4} = {:.4}).",
-                1.0 - key_share
+                " (closed form 1 - {key_share:.4} = {:.4}); the simulation's ring gives it \
+                 {:.4}.",
+                1.0 - key_share,
+                1.0 - r.simulated
             );
         } else {
             s.push('.');
@@ -855,6 +876,32 @@ mod tests {
         let far = random_row(0.17);
         assert!(far.model.is_some_and(|m| !m.agrees));
         assert!(mechanisms(&far, &t).0.is_empty(), "too far for a draw");
+    }
+
+    #[test]
+    fn rotation_explains_an_all_calls_round_robin_row_whose_failures_do_not_repeat() {
+        let t = Timing::default();
+        // 3,000 requests of 3 calls: 1,650 failed once, none twice (m = 1), 0.45 measured.
+        let mut r = random_row(0.2);
+        r.strategy = "round-robin".into();
+        r.client = Client::AllCalls.name().into();
+        r.requests = 3000;
+        r.failed_calls_per_request = vec![1350, 1650];
+        r.measured = 0.45;
+        r.measured_ci95 = [0.432, 0.468];
+        r.model = Some(Comparison {
+            agrees: false,
+            z: z_score(0.45, 0.512, side_se(0.45, r.measured_ci95, 0.512)),
+        });
+        let (m, independent) = r.repeat_failures().unwrap();
+        assert_eq!(m, 1.0);
+        // s = 1650 / 9000: independent calls fail 3 s / (1 - (1 - s)^3) = 1.21 times.
+        assert!((independent - 1.208).abs() < 0.001, "{independent}");
+        assert_eq!(mechanisms(&r, &t).0, vec![Mechanism::Rotation]);
+        // The application's client never shows it.
+        r.client = Client::StopsAtFirstFailure.name().into();
+        assert!(r.repeat_failures().is_none());
+        assert!(mechanisms(&r, &t).0.is_empty());
     }
 
     #[test]
