@@ -357,3 +357,67 @@ async fn direct_path_performance() {
     println!("{r}");
     assert_eq!(r.succeeded, r.requests, "{r}");
 }
+
+#[tokio::test]
+async fn the_client_decides_whether_a_failed_call_ends_its_request() {
+    let bs = backends(1, BackendConfig::default()).await;
+    bs[0].apply_fault(FailureMode::FAIL_AT_ONCE).await.unwrap();
+    let spec = LoadSpec {
+        target: url(&bs[0]),
+        requests: 10,
+        concurrency: 2,
+        timeout: Duration::from_secs(1),
+        calls_per_request: 3,
+    };
+    let run = |client| {
+        let spec = spec.clone();
+        async move {
+            let options = LoadOptions {
+                client,
+                ..Default::default()
+            };
+            loadgen::try_run(spec, options).await.unwrap()
+        }
+    };
+    let stops = run(loadgen::Client::StopsAtFirstFailure).await;
+    assert_eq!((stops.calls, stops.succeeded), (10, 0), "{stops}");
+    assert_eq!(stops.failed_calls_per_request, vec![0, 10]);
+    let all = run(loadgen::Client::AllCalls).await;
+    assert_eq!((all.calls, all.succeeded), (30, 0), "{all}");
+    assert_eq!(all.failed_calls_per_request, vec![0, 0, 0, 10]);
+}
+
+#[tokio::test]
+async fn one_key_per_request_sends_a_requests_calls_to_one_endpoint() {
+    // Ring-hash in the client, one of five failing at once, every call made: with one key per
+    // request a failed request failed all 3 of its calls; with a new key each call (no request
+    // key), 200 requests would have some with 1 or 2.
+    let bs = backends(5, BackendConfig::default()).await;
+    bs[4].apply_fault(FailureMode::FAIL_AT_ONCE).await.unwrap();
+    let endpoints: Vec<SocketAddr> = bs.iter().map(|b| b.addr()).collect();
+    let balancer = Arc::new(
+        Balancer::new(BalancerConfig::new(StrategyKind::RingHash), &specs(&bs)).unwrap(),
+    );
+    let spec = LoadSpec {
+        target: Target::ClientSide {
+            endpoints,
+            balancer,
+            path: "/".into(),
+        },
+        requests: 200,
+        concurrency: 4,
+        timeout: Duration::from_secs(1),
+        calls_per_request: 3,
+    };
+    let options = LoadOptions {
+        client: loadgen::Client::AllCalls,
+        request_key: Some("x-key".into()),
+        ..Default::default()
+    };
+    let r = loadgen::try_run(spec, options).await.unwrap();
+    let h = &r.failed_calls_per_request;
+    assert_eq!(h.len(), 4, "{h:?}");
+    assert_eq!((h[1], h[2]), (0, 0), "{h:?}");
+    assert!(h[3] > 0 && h[0] > 0, "{h:?}");
+    assert_eq!(r.requests, 200);
+}
