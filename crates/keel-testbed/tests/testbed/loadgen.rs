@@ -395,9 +395,8 @@ async fn one_key_per_request_sends_a_requests_calls_to_one_endpoint() {
     let bs = backends(5, BackendConfig::default()).await;
     bs[4].apply_fault(FailureMode::FAIL_AT_ONCE).await.unwrap();
     let endpoints: Vec<SocketAddr> = bs.iter().map(|b| b.addr()).collect();
-    let balancer = Arc::new(
-        Balancer::new(BalancerConfig::new(StrategyKind::RingHash), &specs(&bs)).unwrap(),
-    );
+    let balancer =
+        Arc::new(Balancer::new(BalancerConfig::new(StrategyKind::RingHash), &specs(&bs)).unwrap());
     let spec = LoadSpec {
         target: Target::ClientSide {
             endpoints,
