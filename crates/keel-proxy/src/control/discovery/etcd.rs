@@ -134,7 +134,7 @@ pub(crate) async fn follow(
     // After a session lost its member: the member that answered instead, watched alone.
     let mut member: Option<EtcdConfig> = None;
     loop {
-        let mut reached = false;
+        at.reached = false;
         let err = session(
             cluster,
             discovered,
@@ -143,7 +143,6 @@ pub(crate) async fn follow(
             prefix,
             &mut keys,
             &mut at,
-            &mut reached,
         )
         .await
         .for_config(etcd);
@@ -151,7 +150,7 @@ pub(crate) async fn follow(
         // another member answers with a leader, etcd is there, and the next session watches
         // through that member at once; the set is stale only when no member answers.
         member = answering_member(etcd, prefix).await;
-        if reached && member.is_some() {
+        if at.reached && member.is_some() {
             tracing::info!(
                 cluster,
                 prefix,
@@ -172,6 +171,8 @@ pub(crate) async fn follow(
 struct At {
     applied: Option<i64>,
     cluster_id: Option<u64>,
+    /// The current session reached etcd with a leader (a read, or a check, answered).
+    reached: bool,
 }
 
 impl At {
@@ -252,7 +253,6 @@ async fn session(
     prefix: &str,
     keys: &mut Keys,
     at: &mut At,
-    reached: &mut bool,
 ) -> EtcdError {
     let mut client = match connect(etcd).await {
         Ok(c) => c,
@@ -290,7 +290,7 @@ async fn session(
         let mut check = tokio::time::interval(CHECK_EVERY);
         if !resumed {
             // The read was linearizable: etcd answered with a leader.
-            *reached = true;
+            at.reached = true;
             // Just read: the first check is due a period from now. A resumed watch checks at
             // once, so that /status says fresh again as soon as etcd answers.
             check.tick().await;
@@ -346,7 +346,7 @@ async fn session(
                         at.applied = None;
                         break;
                     }
-                    *reached = true;
+                    at.reached = true;
                     // Recorded as a contact (`last_refresh`), and as fresh again after an
                     // error (an outage the watch resumed after, or one that did not break it).
                     publish(cluster, discovered, apply, keys.set(cluster));
