@@ -731,7 +731,8 @@ impl Balancer {
         }
         pick.endpoint.back_off(until);
         self.backed_off_until.fetch_max(until, Ordering::Relaxed);
-        Some(Duration::from_nanos(until))
+        // A longer back-off it already had stands.
+        pick.endpoint.backed_off_until(now)
     }
 
     /// True when a pick at `ctx.now` has an endpoint outside `ctx.avoid` that may take the
