@@ -282,6 +282,9 @@ pub struct Balancer {
     /// The latest end of any endpoint's back-off (nanoseconds; 0: none ever): until then,
     /// picks look at each endpoint's, and after it they skip that check.
     backed_off_until: AtomicU64,
+    /// Held while a back-off is checked against `max_backed_off_percent` and set, so that two
+    /// at once cannot both pass the cap (taken only when an endpoint asks to be backed off).
+    back_off_lock: std::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Balancer {
@@ -314,6 +317,7 @@ impl Balancer {
             snapshot: ArcSwap::new(snapshot),
             generation: AtomicU64::new(0),
             backed_off_until: AtomicU64::new(0),
+            back_off_lock: std::sync::Mutex::new(()),
         }
     }
 
@@ -695,16 +699,40 @@ impl Balancer {
         self.pick(ctx)
     }
 
-    /// Backs the picked endpoint off until `until`, because it asked (an HTTP `Retry-After`,
-    /// a gRPC pushback): every pick passes it over while another endpoint may take the call
-    /// (health, ejection and the retry's avoid list respected), and takes it again when none
-    /// else may, so that a back-off never leaves a cluster without an endpoint. It is not an
-    /// ejection and does not count toward one: the failure the answer was is recorded by
-    /// [`Self::finish`] as any other, outlier detection included. The caller bounds `until`.
-    pub fn back_off(&self, pick: &Pick, until: Duration) {
-        let until = nanos(until);
+    /// Backs the picked endpoint off for `asked` from `now`, because it asked (an HTTP
+    /// `Retry-After`, a gRPC pushback): every pick passes it over while another endpoint may
+    /// take the call (health, ejection and the retry's avoid list respected), and takes it
+    /// again when none else may, so that a back-off never leaves a cluster without an endpoint.
+    /// What an answer can do is bounded: at most `max_back_off` long, and at most
+    /// `max_backed_off_percent` of the endpoints backed off at once (counted as
+    /// `max_ejection_percent` counts ejections); past that share the back-off is refused. It is
+    /// not an ejection and does not count toward one: the failure the answer was is recorded
+    /// by [`Self::finish`] as any other, outlier detection included. Returns the end of the
+    /// endpoint's back-off, or `None` when it was refused (or `asked` is zero).
+    pub fn back_off(&self, pick: &Pick, now: Duration, asked: Duration) -> Option<Duration> {
+        let asked = asked.min(self.config.max_back_off);
+        if asked.is_zero() {
+            return None;
+        }
+        let (now_ns, until) = (nanos(now), nanos(now + asked));
+        let _one_at_a_time = self.back_off_lock.lock().unwrap_or_else(|p| p.into_inner());
+        if !pick.endpoint.backed_off(now_ns) {
+            let snap = self.snapshot.load();
+            let cap =
+                crate::outlier::share_of(snap.endpoints.len(), self.config.max_backed_off_percent);
+            let out = snap
+                .endpoints
+                .iter()
+                .filter(|e| e.backed_off(now_ns))
+                .count();
+            if out >= cap {
+                return None;
+            }
+        }
         pick.endpoint.back_off(until);
         self.backed_off_until.fetch_max(until, Ordering::Relaxed);
+        // A longer back-off it already had stands.
+        pick.endpoint.backed_off_until(now)
     }
 
     /// True when a pick at `ctx.now` has an endpoint outside `ctx.avoid` that may take the
@@ -1235,6 +1263,52 @@ mod tests {
         assert!(lb.pick(&PickContext::new(now)).is_none());
     }
 
+    /// One answer's back-off is bounded: at most `max_backed_off_percent` of the endpoints
+    /// backed off at once (the share `max_ejection_percent` would eject), for at most
+    /// `max_back_off`; a longer back-off of an endpoint already backed off is not refused.
+    #[test]
+    fn back_offs_are_capped_in_share_and_in_time() {
+        let s = Duration::from_secs;
+        let b = Balancer::new(BalancerConfig::new(StrategyKind::RoundRobin), &specs(3)).unwrap();
+        let picks: Vec<_> = (0..3)
+            .map(|_| b.pick(&PickContext::new(s(1))).unwrap())
+            .collect();
+        assert_eq!(
+            b.back_off(&picks[0], s(1), s(30)),
+            Some(s(11)),
+            "capped at 10 s"
+        );
+        assert_eq!(b.back_off(&picks[1], s(1), s(30)), None, "1 of 3 at 10 %");
+        assert_eq!(
+            b.back_off(&picks[0], s(2), s(5)),
+            Some(s(11)),
+            "kept, not shortened"
+        );
+        assert_eq!(
+            b.back_off(&picks[1], s(12), s(1)),
+            Some(s(13)),
+            "room again"
+        );
+        let wide = BalancerConfig {
+            max_backed_off_percent: 70.0,
+            max_back_off: s(60),
+            ..BalancerConfig::new(StrategyKind::RoundRobin)
+        };
+        let b = Balancer::new(wide, &specs(3)).unwrap();
+        let picks: Vec<_> = (0..3)
+            .map(|_| b.pick(&PickContext::new(s(1))).unwrap())
+            .collect();
+        let got: Vec<_> = picks.iter().map(|p| b.back_off(p, s(1), s(30))).collect();
+        assert_eq!(got, [Some(s(31)), Some(s(31)), None], "2 of 3 at 70 %");
+        let off = BalancerConfig {
+            max_backed_off_percent: 0.0,
+            ..BalancerConfig::new(StrategyKind::RoundRobin)
+        };
+        let b = Balancer::new(off, &specs(3)).unwrap();
+        let p = b.pick(&PickContext::new(s(1))).unwrap();
+        assert_eq!(b.back_off(&p, s(1), s(5)), None, "0 %: never");
+    }
+
     /// The drain lives with the endpoint: an update that keeps it keeps the drain.
     #[test]
     fn a_drain_survives_an_update_that_keeps_the_endpoint() {
@@ -1275,7 +1349,7 @@ mod tests {
                 b.finish(first, Outcome::Success, s(1));
                 first = b.pick(&ctx).unwrap();
             }
-            b.back_off(&first, s(10));
+            b.back_off(&first, s(1), s(9));
             assert!(!b.finish(first, Outcome::Failure, s(1)), "{kind:?}");
             for _ in 0..200 {
                 let p = b.pick(&PickContext::new(s(5)).with_hash_key(3)).unwrap();

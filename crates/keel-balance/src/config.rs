@@ -264,6 +264,14 @@ pub struct BalancerConfig {
     /// share of traffic it keeps (Envoy's overprovisioning factor: a level takes everything
     /// while at least 1 / 1.4 = 71.4 % of its endpoints are healthy). At least 1. Default 1.4.
     pub overprovisioning_factor: f64,
+    /// Cap on endpoints backed off at once because they asked (`Retry-After`, a gRPC
+    /// pushback), as `max_ejection_percent` caps ejections: `max(1, floor(n x percent / 100))`
+    /// of the n endpoints; a back-off beyond it is refused (`0`: none is ever backed off).
+    /// One answer must not be able to move every request to the endpoints left. Default 10.
+    pub max_backed_off_percent: f64,
+    /// Longest one back-off lasts, whatever the endpoint asked. Default 10 s.
+    #[serde(with = "crate::duration_serde")]
+    pub max_back_off: Duration,
 }
 
 impl Default for BalancerConfig {
@@ -285,6 +293,8 @@ impl BalancerConfig {
             zone: None,
             zone_routing: None,
             overprovisioning_factor: 1.4,
+            max_backed_off_percent: 10.0,
+            max_back_off: Duration::from_secs(10),
         }
     }
 
@@ -396,6 +406,12 @@ impl BalancerConfig {
         if let Some(ss) = &self.slow_start {
             ss.validate()
                 .map_err(|e| e.under(FieldPath::key("slow_start")))?;
+        }
+        if !(0.0..=100.0).contains(&self.max_backed_off_percent) {
+            return bad(
+                "max_backed_off_percent",
+                Problem::out_of_range("within 0..=100", self.max_backed_off_percent),
+            );
         }
         let f = self.overprovisioning_factor;
         if !(f.is_finite() && f >= 1.0) {

@@ -167,10 +167,7 @@ impl OutlierConfig {
 
     /// How many of `n` endpoints may be ejected at once.
     pub fn max_ejected(&self, n: usize) -> usize {
-        if self.max_ejection_percent <= 0.0 || n == 0 {
-            return 0;
-        }
-        ((n as f64 * self.max_ejection_percent / 100.0).floor() as usize).max(1)
+        share_of(n, self.max_ejection_percent)
     }
 
     /// The quorum of distinct sources an ejection needs (1 without shared evidence).
@@ -296,6 +293,16 @@ impl OutlierState {
         self.probation = true;
         self.last_ejection_end
     }
+}
+
+/// How many of `n` endpoints a cap of `percent` lets out at once: `max(1, floor(n x percent /
+/// 100))`, rounded down but at least one; none when `percent` is 0 (or `n` is). Ejections
+/// (`max_ejection_percent`) and back-offs (`max_backed_off_percent`) are capped alike.
+pub(crate) fn share_of(n: usize, percent: f64) -> usize {
+    if percent <= 0.0 || n == 0 {
+        return 0;
+    }
+    ((n as f64 * percent / 100.0).floor() as usize).max(1)
 }
 
 #[cfg(test)]

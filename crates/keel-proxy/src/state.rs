@@ -95,6 +95,9 @@ pub(crate) struct Shared {
     pub(crate) dispatch: Option<Arc<Dispatch>>,
     /// Set once by shutdown: listeners added after it would never drain.
     pub(crate) stopping: AtomicBool,
+    /// Set once when a stop is asked for ([`crate::ProxyHandle::terminate`]): `/ready` fails
+    /// from then on, while the listeners go on serving for `drain_delay` before `stopping`.
+    pub(crate) leaving: AtomicBool,
     /// Listening sockets handed over by the process this one replaces (binary upgrade), by
     /// configured address; taken by the first bind of that address.
     pub(crate) inherited: Mutex<Vec<(SocketAddr, std::net::TcpListener)>>,
@@ -345,4 +348,69 @@ pub(crate) fn log_drained(what: &str, slots: &[Arc<ListenerSlot>]) {
         .collect::<Vec<_>>()
         .join(", ");
     tracing::warn!("{what}: drain timeout cut {total} connection(s) still busy ({kinds})");
+}
+
+impl Shared {
+    /// The addresses this process listens on: its listeners (those in force) and its admin.
+    pub(crate) fn own_addrs(&self) -> Vec<SocketAddr> {
+        let mut own: Vec<SocketAddr> = self.listeners.load().iter().map(|l| l.addr).collect();
+        if let Some(a) = &*self.admin.lock().unwrap_or_else(|e| e.into_inner()) {
+            own.push(a.addr);
+        }
+        own
+    }
+}
+
+/// True if an endpoint's `host:port` is one of `own` (this process's listening sockets): the
+/// same address, or the same port on a loopback or unspecified address (or `localhost`) when
+/// the socket listens on every address or on loopback.
+pub(crate) fn is_own(endpoint: &str, own: &[SocketAddr]) -> bool {
+    let (ip, port) = match endpoint.parse::<SocketAddr>() {
+        Ok(a) => (Some(a.ip()), a.port()),
+        Err(_) => match endpoint.rsplit_once(':') {
+            Some((host, port)) if host.eq_ignore_ascii_case("localhost") => {
+                let Ok(port) = port.parse::<u16>() else {
+                    return false;
+                };
+                (None, port)
+            }
+            _ => return false,
+        },
+    };
+    // `None`: localhost, a loopback address.
+    let local = ip.is_none_or(|ip| ip.is_loopback() || ip.is_unspecified());
+    own.iter().any(|o| {
+        o.port() == port
+            && (ip == Some(o.ip()) || (local && (o.ip().is_loopback() || o.ip().is_unspecified())))
+    })
+}
+
+#[cfg(test)]
+mod own_tests {
+    use super::is_own;
+
+    #[test]
+    fn an_endpoint_at_one_of_the_proxys_own_sockets_is_recognised() {
+        let own = [
+            "127.0.0.1:8080".parse().unwrap(),
+            "0.0.0.0:9901".parse().unwrap(),
+        ];
+        for e in [
+            "127.0.0.1:8080",
+            "localhost:8080",
+            "127.0.0.1:9901",
+            "[::1]:9901",
+            "0.0.0.0:9901",
+        ] {
+            assert!(is_own(e, &own), "{e}");
+        }
+        for e in [
+            "127.0.0.1:8081",
+            "10.0.0.1:8080",
+            "backend.test:8080",
+            "[::1]:8080x",
+        ] {
+            assert!(!is_own(e, &own), "{e}");
+        }
+    }
 }

@@ -144,7 +144,7 @@ pub(crate) fn status_json(shared: &Shared, recent: &Recent) -> serde_json::Value
     });
     json!({
         "uptime_s": now.as_secs_f64(),
-        "ready": !shared.stopping.load(Relaxed),
+        "ready": not_ready(shared).is_none(),
         "access_log": access_log,
         "config_file": config.source.as_ref().map(|p| p.display().to_string()),
         "reloads": shared.reloads.load(Relaxed),
@@ -418,6 +418,25 @@ fn admin_host(host: &str, names: &[String]) -> bool {
         || names.iter().any(|n| n.eq_ignore_ascii_case(name))
 }
 
+/// True if a POST's `Origin` authority is the admin's own site: the `Host` it was sent to
+/// (the admin's own page), a loopback name (`localhost`, `127.0.0.0/8`, `::1`), or one of
+/// `[admin] hosts`. Any other IP address is another site: a page on `http://10.0.0.5` must
+/// not post to the admin.
+fn same_site(origin: &str, host: Option<&str>, names: &[String]) -> bool {
+    if host.is_some_and(|h| h.eq_ignore_ascii_case(origin)) {
+        return true;
+    }
+    let name = match origin.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => origin.rsplit_once(':').map_or(origin, |(h, _)| h),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+        || names.iter().any(|n| n.eq_ignore_ascii_case(name))
+}
+
 /// Why a request is refused before it is routed: without a token, `Host` not the admin's (with
 /// one, a rebinding page has no token to send); for `POST /reload`, a request a browser could
 /// send cross-site (a form, or one whose `Origin` or `Sec-Fetch-Site` says it came from another
@@ -439,7 +458,12 @@ fn refuse(req: &Request<Incoming>, names: &[String], token: bool) -> Option<&'st
     }
     if let Some(origin) = text(header::ORIGIN) {
         let authority = origin.split_once("://").map_or(origin, |(_, a)| a);
-        if origin == "null" || !admin_host(authority, names) {
+        let host = req
+            .uri()
+            .authority()
+            .map(|a| a.as_str())
+            .or(text(header::HOST));
+        if origin == "null" || !same_site(authority, host, names) {
             return Some("403 Forbidden: cross-site POST refused (Origin is another site)\n");
         }
     }
@@ -555,26 +579,43 @@ fn drain_endpoint(shared: &Shared, req: &Request<Incoming>) -> Option<Response<F
 }
 
 /// `/live`: 200 while the process runs (the admin answers). `/ready`: 200 while it takes new
-/// work, 503 from the moment a drain begins (shutdown, upgrade) until it stops, so that a
-/// load balancer in front takes this instance out while its requests in flight finish.
+/// work: 503 until every discovery source delivered its first set of endpoints (before that,
+/// its cluster answers every request 503), and from the moment a stop is asked for (SIGTERM:
+/// `drain_delay` before the listeners stop accepting; shutdown, upgrade) until it stops, so
+/// that a load balancer in front takes this instance out while its requests in flight finish.
 fn probe(shared: &Shared, req: &Request<Incoming>) -> Option<Response<Full<Bytes>>> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return None;
     }
+    let text = "text/plain; charset=utf-8";
     match req.uri().path() {
-        "/live" => Some(reply(StatusCode::OK, "text/plain; charset=utf-8", "live\n")),
-        "/ready" if shared.stopping.load(Relaxed) => Some(reply(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "text/plain; charset=utf-8",
-            "draining\n",
-        )),
-        "/ready" => Some(reply(
-            StatusCode::OK,
-            "text/plain; charset=utf-8",
-            "ready\n",
-        )),
+        "/live" => Some(reply(StatusCode::OK, text, "live\n")),
+        "/ready" => Some(match not_ready(shared) {
+            Some(why) => reply(StatusCode::SERVICE_UNAVAILABLE, text, why),
+            None => reply(StatusCode::OK, text, "ready\n"),
+        }),
         _ => None,
     }
+}
+
+/// Why `/ready` fails now, if it does.
+fn not_ready(shared: &Shared) -> Option<String> {
+    if shared.stopping.load(Relaxed) || shared.leaving.load(Relaxed) {
+        return Some("draining\n".into());
+    }
+    let discovery = shared.discovery.lock().unwrap_or_else(|e| e.into_inner());
+    let mut waiting: Vec<&str> = discovery
+        .iter()
+        .filter(|(_, d)| d.state().endpoints.is_none())
+        .map(|(cluster, _)| cluster.as_str())
+        .collect();
+    waiting.sort_unstable();
+    (!waiting.is_empty()).then(|| {
+        format!(
+            "waiting for the first endpoints of discovery: cluster {}\n",
+            waiting.join(", ")
+        )
+    })
 }
 
 fn route(

@@ -193,6 +193,13 @@ group! {
         /// Priority levels: Envoy's overprovisioning factor. Default 1.4.
         "overprovisioning_factor" => overprovisioning_factor: f64 =
             BalancerConfig::default().overprovisioning_factor;
+        /// Cap on endpoints backed off at once for their `Retry-After` or gRPC pushback, in
+        /// percent, counted as `max_ejection_percent` (0 = none). Default 10.
+        "max_backed_off_percent" => max_backed_off_percent: f64 =
+            BalancerConfig::default().max_backed_off_percent;
+        /// Longest one back-off lasts, whatever the endpoint asked. Default 10 s.
+        "max_back_off" => max_back_off: Duration = BalancerConfig::default().max_back_off,
+            with keel_balance::duration_serde::deserialize;
         /// Zone-aware routing (`[cluster.zone_routing]`, keel-balance's `ZoneRouting`); needs
         /// the proxy's top-level `zone`. Off unless present.
         "zone_routing" => zone_routing: Option<ZoneRouting> = None;
@@ -283,6 +290,8 @@ pub(crate) const CLUSTER_KEYS: &[&str] = &[
     "weight_update_period",
     "error_utilization_penalty",
     "overprovisioning_factor",
+    "max_backed_off_percent",
+    "max_back_off",
     "zone_routing",
     "hash_on",
     "connect_timeout",
@@ -489,6 +498,8 @@ impl ClusterConfig {
         b.panic_threshold = bal.panic_threshold;
         b.slow_start = self.protections.slow_start.clone();
         b.overprovisioning_factor = bal.overprovisioning_factor;
+        b.max_backed_off_percent = bal.max_backed_off_percent;
+        b.max_back_off = bal.max_back_off;
         b.zone_routing = bal.zone_routing.clone();
         b.zone = self.zone.clone();
         if let Some(seed) = bal.seed {
@@ -817,6 +828,8 @@ impl ClusterConfig {
         bal.weight_update_period = o.weight_update_period;
         bal.error_utilization_penalty = o.error_utilization_penalty;
         bal.overprovisioning_factor = b.overprovisioning_factor;
+        bal.max_backed_off_percent = b.max_backed_off_percent;
+        bal.max_back_off = b.max_back_off;
         bal.zone_routing.clone_from(&b.zone_routing);
         self.zone.clone_from(&b.zone);
         self

@@ -65,6 +65,11 @@ pub struct ProxyConfig {
         with = "keel_balance::duration_serde"
     )]
     pub drain_timeout: Duration,
+    /// On SIGTERM (and SIGINT), how long `/ready` answers 503 while the listeners still
+    /// accept and serve, before the drain (`drain_timeout`) begins: the time a load balancer
+    /// in front needs to see the failing probe and stop sending. Default 5 s.
+    #[serde(default = "default_drain_delay", with = "keel_balance::duration_serde")]
+    pub drain_delay: Duration,
     /// The admin listener (`/metrics`, `/status`, `/`, `POST /reload`); none unless the
     /// `[admin]` table is present.
     #[serde(default)]
@@ -99,6 +104,10 @@ pub struct ProxyConfig {
 
 fn default_drain_timeout() -> Duration {
     Duration::from_secs(10)
+}
+
+fn default_drain_delay() -> Duration {
+    Duration::from_secs(5)
 }
 
 /// True if two listening addresses would take the same port: the same port (not 0) on the
@@ -398,6 +407,7 @@ impl ProxyConfig {
     pub fn new(listeners: Vec<ListenerConfig>, clusters: Vec<ClusterConfig>) -> Self {
         ProxyConfig {
             drain_timeout: default_drain_timeout(),
+            drain_delay: default_drain_delay(),
             admin: None,
             listeners,
             clusters,

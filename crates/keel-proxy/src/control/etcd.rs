@@ -6,6 +6,7 @@ use std::time::Duration;
 use etcd_client::{Client, ConnectOptions, GetOptions, PutOptions};
 
 use crate::config::EtcdConfig;
+pub(crate) use crate::control::escape::escaped;
 
 /// Why talking to etcd failed.
 #[derive(Debug, thiserror::Error)]
@@ -24,11 +25,15 @@ pub enum EtcdError {
     /// etcd refused keel's TLS client (no certificate, or one its CA did not sign): the alert.
     #[error("etcd refused the TLS handshake ({0}): with --client-cert-auth, etcd needs [etcd.tls] cert and key, signed by a CA of its --trusted-ca-file")]
     TlsRefused(&'static str),
-    /// The connection closed under a request. Over TLS 1.3 this is how a member with
-    /// `--client-cert-auth` refuses a client without a certificate when its alert loses the
-    /// race with the client's first request.
-    #[error("etcd closed the connection ({0}): over TLS, a member with --client-cert-auth does this to a client without [etcd.tls] cert and key")]
+    /// The connection closed under a request: a member stopped, restarted or dropped it.
+    #[error("etcd closed the connection ({0})")]
     Closed(etcd_client::Error),
+    /// [`EtcdError::Closed`] on a TLS connection without a client certificate
+    /// ([`EtcdError::for_config`]): over TLS 1.3 this is how a member with
+    /// `--client-cert-auth` refuses such a client when its alert loses the race with the
+    /// client's first request.
+    #[error("etcd closed the connection ({0}): over TLS, a member with --client-cert-auth does this to a client without [etcd.tls] cert and key")]
+    ClosedOverTls(etcd_client::Error),
     /// etcd refused the credentials, their absence, or what they may do: etcd's own words.
     #[error("etcd refused access: {0} (check [etcd] user and password, and the user's roles)")]
     Refused(String),
@@ -41,6 +46,20 @@ pub enum EtcdError {
     /// A lease keep-alive came back with TTL 0: the lease is gone.
     #[error("lease {0:x} expired")]
     LeaseExpired(i64),
+}
+
+impl EtcdError {
+    /// The error as said to the operator of `config`: a closed connection hints at a missing
+    /// client certificate only when keel talks TLS to etcd without one (a plain-HTTP member
+    /// that dies is just that).
+    pub(crate) fn for_config(self, config: &EtcdConfig) -> Self {
+        match self {
+            EtcdError::Closed(e) if config.tls.as_ref().is_some_and(|t| t.cert.is_none()) => {
+                EtcdError::ClosedOverTls(e)
+            }
+            other => other,
+        }
+    }
 }
 
 /// Runs `f` within `timeout` (the client's own timeouts do not cover a member that accepts the
@@ -191,6 +210,7 @@ pub async fn register(
         tokio::select! {
             r = session => {
                 if let Err(e) = r {
+                    let e = e.for_config(config);
                     tracing::warn!(key, "registration interrupted, retrying in 1 s: {e}");
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
@@ -225,8 +245,29 @@ mod tests {
             io(ConnectionReset, "Connection reset by peer (os error 104)"),
             io(UnexpectedEof, "connection closed before message completed"),
         ] {
+            let plain = EtcdConfig {
+                endpoints: vec!["http://127.0.0.1:2379".into()],
+                dial_timeout: Duration::from_secs(1),
+                user: None,
+                password: None,
+                tls: None,
+            };
             let said = explain(e).to_string();
             assert!(said.starts_with("etcd closed the connection"), "{said}");
+            assert!(!said.contains("TLS"), "no TLS, no TLS hint: {said}");
+            let e = io(UnexpectedEof, "connection closed before message completed");
+            let said = explain(e).for_config(&plain).to_string();
+            assert!(!said.contains("TLS"), "plain HTTP: {said}");
+            let tls = EtcdConfig {
+                tls: Some(crate::config::EtcdTlsConfig {
+                    ca: "ca.pem".into(),
+                    cert: None,
+                    key: None,
+                }),
+                ..plain
+            };
+            let e = io(BrokenPipe, "stream closed because of a broken pipe");
+            let said = explain(e).for_config(&tls).to_string();
             assert!(said.contains("[etcd.tls] cert and key"), "{said}");
         }
         let refused = explain(io(ConnectionRefused, "Connection refused (os error 111)"));

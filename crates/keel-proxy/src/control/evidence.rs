@@ -4,7 +4,11 @@
 //! threshold in failed tries instead of the threshold times the number of proxies.
 //!
 //! Key layout: `/keel/evidence/<cluster>/<proxy name>`, bound to a lease of this proxy (TTL
-//! [`LEASE_TTL`], kept alive): a proxy that dies takes its key with it. Its value, rewritten as
+//! [`LEASE_TTL`], kept alive): a proxy that dies takes its key with it. A key without a lease,
+//! or on a lease that already carries another name's key, is no proxy's and is not counted:
+//! a quorum is of proxies that hold a live lease each. Whoever may write under the prefix
+//! with a lease of its own can still speak as a proxy: etcd's authentication (a role per
+//! proxy, TLS client certificates) is the boundary (docs/configuration.md). Its value, rewritten as
 //! soon as something failed (at most once per [`BATCH_EVERY`], one put at a time; and once
 //! after, to carry the success that ends a run it published): `{"e": {"host:port": [f, s, t], ...}}`, per
 //! endpoint the failures before the batch's last success, the successes, and the failures after
@@ -21,7 +25,7 @@ use etcd_client::{EventType, PutOptions, WatchOptions};
 use keel_balance::Outcome;
 
 use crate::config::EtcdConfig;
-use crate::control::etcd::{connect, explain, within, EtcdError};
+use crate::control::etcd::{connect, escaped, explain, within, EtcdError};
 use crate::metrics::evidence::{Batch, FAILED};
 use crate::state::Shared;
 use crate::upstream::evidence::Evidence;
@@ -96,7 +100,9 @@ fn source_of(name: &str) -> u64 {
 /// Exchanges evidence for `cluster` until aborted, reconnecting after each failure.
 async fn run(me: Weak<Shared>, cluster: String, name: String, etcd: EtcdConfig, st: Arc<Evidence>) {
     loop {
-        let e = session(&me, &cluster, &name, &etcd, &st).await;
+        let e = session(&me, &cluster, &name, &etcd, &st)
+            .await
+            .for_config(&etcd);
         let was = st.state().connected;
         st.update(|s| {
             s.connected = false;
@@ -288,6 +294,9 @@ async fn receive(
     st: &Evidence,
 ) -> EtcdError {
     let mut peers = std::collections::HashSet::new();
+    // The lease each peer's key was attached to, by lease: one lease speaks for one proxy name
+    // (two names written under one lease, in one transaction or not, are one writer).
+    let mut names: std::collections::HashMap<i64, Vec<u8>> = std::collections::HashMap::new();
     loop {
         let m = match watch.message().await {
             Ok(Some(m)) => m,
@@ -311,11 +320,25 @@ async fn receive(
             if peer == name.as_bytes() {
                 continue;
             }
+            // A proxy's evidence key lives on its lease (kept alive, gone with the proxy): a
+            // key written without one, or under a lease that already speaks for another name,
+            // is no proxy's, and its outcomes do not count toward any quorum.
+            let lease = kv.lease();
+            let owner = names.entry(lease).or_insert_with(|| peer.to_vec());
+            if lease == 0 || owner.as_slice() != peer {
+                tracing::warn!(
+                    cluster,
+                    key = %escaped(kv.key()),
+                    lease = format!("{lease:x}"),
+                    "shared evidence: value skipped (its key is not on a lease of its own: not a proxy's)"
+                );
+                continue;
+            }
             let Ok(batch) = serde_json::from_slice::<Published>(kv.value()) else {
-                tracing::warn!(cluster, key = %String::from_utf8_lossy(kv.key()), "shared evidence: value skipped (not a batch)");
+                tracing::warn!(cluster, key = %escaped(kv.key()), "shared evidence: value skipped (not a batch)");
                 continue;
             };
-            let peer = String::from_utf8_lossy(peer).into_owned();
+            let peer = escaped(peer).to_string();
             replay(&shared, cluster, &peer, &batch, st);
             if peers.insert(peer) {
                 st.update(|s| s.peers = peers.len());

@@ -4,6 +4,7 @@
 //! that discovery, shared evidence and `keel register` use.
 
 pub(crate) mod discovery;
+pub(crate) mod escape;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 #[cfg(feature = "etcd")]

@@ -198,7 +198,23 @@ impl Shared {
         };
         let old = &routing.clusters[pos];
         let mut cc = old.config.clone();
-        cc.endpoints = set;
+        // An endpoint at one of this process's own sockets would send keel's requests back to
+        // keel, each one again, until the connections ran out.
+        let own = self.own_addrs();
+        cc.endpoints = set
+            .into_iter()
+            .filter(|e| {
+                let loops = crate::state::is_own(&e.address, &own);
+                if loops {
+                    tracing::warn!(
+                        cluster = name,
+                        endpoint = %crate::control::escape::escaped(&e.address),
+                        "discovery: endpoint skipped: it is this proxy's own listener or admin address"
+                    );
+                }
+                !loops
+            })
+            .collect();
         let tracing = routing.tracing.clone();
         let applied = self
             .build_cluster(cc, Some(old), tracing.clone())

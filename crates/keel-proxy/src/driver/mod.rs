@@ -226,6 +226,11 @@ pub(crate) async fn drive<L: Leg>(
         };
         let failure = match tried_once {
             Some(Ok(won)) => {
+                // An answer that is not a failure may still ask to be backed off (a `429`
+                // with `Retry-After`): it goes to the client, and picks pass the endpoint over.
+                if let Some(Pushback(d)) = L::pushback(&won) {
+                    cluster.balancer.back_off(&pick, cluster.now(), d);
+                }
                 log.push(
                     index,
                     TryOutcome::Ok,
@@ -294,7 +299,10 @@ pub(crate) async fn drive<L: Leg>(
         let wait = match pushback {
             Some(Pushback(d)) if !d.is_zero() => {
                 let at = cluster.now();
-                cluster.balancer.back_off(&pick, at + d);
+                // Bounded by the balancer (`max_back_off`, `max_backed_off_percent`): refused,
+                // the endpoint takes picks as before, and the retry still goes elsewhere.
+                let d = d.min(cluster.balancer.config().max_back_off);
+                cluster.balancer.back_off(&pick, at, d);
                 let this = [pick.id()];
                 if cluster
                     .balancer

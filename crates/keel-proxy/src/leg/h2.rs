@@ -40,6 +40,10 @@ const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 impl H2Response {
     /// When the endpoint asks to be retried (`Retry-After`, `grpc-retry-pushback-ms`).
     pub(crate) fn pushback(&self) -> Option<crate::codec::pushback::Pushback> {
+        // A success (no gRPC status in its head) asks nothing: its headers are not scanned.
+        if self.head.status.as_u16() < 400 && self.grpc_status.is_none() {
+            return None;
+        }
         let headers = self.head.headers.iter();
         crate::codec::pushback::of_headers(
             self.head.status.as_u16(),

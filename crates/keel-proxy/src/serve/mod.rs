@@ -143,6 +143,7 @@ pub async fn start_with(config: ProxyConfig, options: StartOptions) -> anyhow::R
         worker_connections,
         dispatch,
         stopping: AtomicBool::new(false),
+        leaving: AtomicBool::new(false),
         inherited: Mutex::new(options.inherited),
         fd_shed_log: crate::metrics::log_budget::LogBudget::new(1, Instant::now()),
     });
@@ -328,6 +329,20 @@ impl ProxyHandle {
     /// True from the moment a shutdown begins (what the admin's `/ready` answers 503 to).
     pub fn is_draining(&self) -> bool {
         self.shared.stopping.load(Relaxed)
+    }
+
+    /// The stop SIGTERM asks for (fail, then drain): `/ready` answers 503 at once while the
+    /// listeners go on accepting and serving for the configuration's `drain_delay`, so that a
+    /// load balancer in front sees the failing probe and stops sending before any connection
+    /// is refused; then [`Self::shutdown`] with its `drain_timeout`.
+    pub async fn terminate(self) -> Drained {
+        self.shared.leaving.store(true, Relaxed);
+        let (delay, drain) = {
+            let c = self.shared.config.load();
+            (c.drain_delay, c.drain_timeout)
+        };
+        tokio::time::sleep(delay).await;
+        self.shutdown(drain).await
     }
 
     /// Stops accepting on every listener at once; idle connections close at once (HTTP/1.1

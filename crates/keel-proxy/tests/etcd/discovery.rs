@@ -342,3 +342,189 @@ async fn a_watch_compacted_away_reads_the_prefix_again_and_converges() {
     assert_eq!(serve(&proxy, 20).await.len(), 2);
     proxy.shutdown(Duration::from_secs(1)).await;
 }
+
+/// Runs `etcdctl` with `args`; panics with its output when it fails.
+fn etcdctl(args: &[&str]) {
+    let out = std::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(args)
+        .output()
+        .expect("etcdctl (Debian's etcd-client) runs");
+    assert!(
+        out.status.success(),
+        "etcdctl {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd-server: run scripts/test-etcd.sh"]
+async fn a_store_restored_from_a_snapshot_is_followed_without_a_restart() {
+    let mut etcd = etcd3();
+    let bs = backends(4, Duration::ZERO).await;
+    let addr = |i: usize| bs[i].addr();
+    let mut c = client_of(&etcd).await;
+    put(&mut c, &format!("{PREFIX}b0"), &value(addr(0)), None).await;
+    put(&mut c, &format!("{PREFIX}b1"), &value(addr(1)), None).await;
+    let proxy = keel_proxy::start(config(&etcd, "p0", LINE)).await.unwrap();
+    follows(&proxy, "api", &[addr(0), addr(1)], Duration::from_secs(5)).await;
+    let snap = etcd.dir().join("snap.db");
+    let first = etcd.endpoints()[0].clone();
+    etcdctl(&[
+        "--endpoints",
+        &first,
+        "snapshot",
+        "save",
+        snap.to_str().unwrap(),
+    ]);
+    // More writes after the snapshot: the proxy's revision moves past the snapshot's.
+    for i in 0..20 {
+        put(&mut c, &format!("{PREFIX}churn"), &value(addr(3)), None).await;
+        if i % 2 == 1 {
+            c.delete(format!("{PREFIX}churn"), None).await.unwrap();
+        }
+    }
+    c.delete(format!("{PREFIX}churn"), None).await.unwrap();
+    put(&mut c, &format!("{PREFIX}b2"), &value(addr(2)), None).await;
+    c.delete(format!("{PREFIX}b0"), None).await.unwrap();
+    follows(&proxy, "api", &[addr(1), addr(2)], FOLLOW_WITHIN).await;
+    let members = c.member_list().await.unwrap();
+    let initial: Vec<String> = members
+        .members()
+        .iter()
+        .map(|m| format!("{}={}", m.name(), m.peer_urls()[0]))
+        .collect();
+    drop(c);
+    // Every member stopped, its data replaced by the snapshot, started on the same ports.
+    etcd.kill_all();
+    for m in members.members() {
+        let dir = etcd.dir().join(m.name());
+        std::fs::remove_dir_all(&dir).unwrap();
+        etcdctl(&[
+            "snapshot",
+            "restore",
+            snap.to_str().unwrap(),
+            "--name",
+            m.name(),
+            "--data-dir",
+            dir.to_str().unwrap(),
+            "--initial-cluster",
+            &initial.join(","),
+            "--initial-cluster-token",
+            "keel-test",
+            "--initial-advertise-peer-urls",
+            &m.peer_urls()[0],
+        ]);
+    }
+    etcd.restart_all().unwrap();
+    let back = std::time::Instant::now();
+    let took = follows(&proxy, "api", &[addr(0), addr(1)], Duration::from_secs(6)).await;
+    println!("etcd discovery: the restored store followed {took:?} after its members answered");
+    // And the writes after the restore (revisions the proxy had seen before) are followed.
+    let mut c = client_of(&etcd).await;
+    put(&mut c, &format!("{PREFIX}b3"), &value(addr(3)), None).await;
+    follows(&proxy, "api", &[addr(0), addr(1), addr(3)], FOLLOW_WITHIN).await;
+    assert!(back.elapsed() < Duration::from_secs(10));
+    let st = status(&proxy).await;
+    assert_eq!(st["clusters"][0]["discovery"]["stale"], false, "{st}");
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd-server: run scripts/test-etcd.sh"]
+async fn one_member_restarted_at_a_time_never_makes_the_set_stale() {
+    let mut etcd = etcd3();
+    let bs = backends(1, Duration::ZERO).await;
+    {
+        let mut c = client_of(&etcd).await;
+        put(&mut c, &format!("{PREFIX}b0"), &value(bs[0].addr()), None).await;
+    }
+    let proxy = keel_proxy::start(config(&etcd, "p0", LINE)).await.unwrap();
+    follows(&proxy, "api", &[bs[0].addr()], Duration::from_secs(5)).await;
+    // Each follower in turn (one of them is the proxy's, it watches through one member):
+    // killed for 3 s, then started again. The two others keep the leader and quorum
+    // throughout, so etcd answers all along: the set is never stale.
+    let leader = etcd.leader().expect("a leader");
+    let stale = || async { status(&proxy).await["clusters"][0]["discovery"]["stale"] == true };
+    let mut stale_polls = Vec::new();
+    for i in (0..etcd.len()).filter(|i| *i != leader) {
+        etcd.kill(i);
+        let mut n = 0;
+        for _ in 0..30 {
+            n += u32::from(stale().await);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        etcd.restart_all().unwrap();
+        for _ in 0..10 {
+            n += u32::from(stale().await);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        stale_polls.push(n);
+    }
+    println!("each follower restarted: /status said stale in {stale_polls:?} of 40 polls each");
+    assert!(
+        stale_polls.iter().all(|n| *n == 0),
+        "{stale_polls:?}: {}",
+        status(&proxy).await
+    );
+    // The watch still follows.
+    let mut c = client_of(&etcd).await;
+    c.delete(format!("{PREFIX}b0"), None).await.unwrap();
+    let b1 = backends(1, Duration::ZERO).await;
+    put(&mut c, &format!("{PREFIX}b1"), &value(b1[0].addr()), None).await;
+    follows(&proxy, "api", &[b1[0].addr()], FOLLOW_WITHIN).await;
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd-server: run scripts/test-etcd.sh"]
+async fn ready_waits_for_discoverys_first_endpoints_and_own_addresses_are_skipped() {
+    let etcd = etcd3();
+    let bs = backends(1, Duration::ZERO).await;
+    let proxy = keel_proxy::start(config(&etcd, "p0", LINE)).await.unwrap();
+    let admin = proxy.admin_addr().unwrap();
+    let ready = || async move { get(&format!("http://{admin}/ready")).await.unwrap() };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r = ready().await;
+    assert_eq!(
+        r.status,
+        503,
+        "ready with no endpoint discovered: {}",
+        r.text()
+    );
+    assert!(r.text().contains("api"), "{}", r.text());
+    // Endpoints at the proxy's own listener and admin: skipped (a loop), with a real one.
+    let mut c = client_of(&etcd).await;
+    let own = proxy.listener_addrs()[0];
+    put(&mut c, &format!("{PREFIX}self"), &value(own), None).await;
+    put(&mut c, &format!("{PREFIX}admin"), &value(admin), None).await;
+    put(&mut c, &format!("{PREFIX}b0"), &value(bs[0].addr()), None).await;
+    follows(&proxy, "api", &[bs[0].addr()], Duration::from_secs(3)).await;
+    let ok = {
+        let mut ok = false;
+        for _ in 0..30 {
+            if ready().await.status == 200 {
+                ok = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        ok
+    };
+    assert!(
+        ok,
+        "not ready once endpoints arrived: {}",
+        ready().await.text()
+    );
+    assert_eq!(serve(&proxy, 10).await.len(), 1);
+    // No change for 3 s: `last_refresh` is the last contact (the 2 s check), `last_change`
+    // the last change.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let st = status(&proxy).await;
+    let d = &st["clusters"][0]["discovery"];
+    let refreshed = d["last_refresh_ago_s"].as_f64().unwrap();
+    assert!(refreshed <= 2.5, "last_refresh is the last contact: {d}");
+    assert_ne!(d["last_change"], d["last_refresh"], "{d}");
+    proxy.shutdown(Duration::from_secs(1)).await;
+}

@@ -320,3 +320,59 @@ async fn wait_connected(proxy: &ProxyHandle) -> bool {
     }
     false
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd-server: run scripts/test-etcd.sh"]
+async fn evidence_under_invented_names_without_a_lease_of_their_own_ejects_nothing() {
+    let etcd = etcd3();
+    let bs = backends(3, Duration::ZERO).await;
+    let healthy = bs[0].addr().to_string();
+    let eps: Vec<String> = bs
+        .iter()
+        .map(|b| format!("{{ address = \"{}\" }}", b.addr()))
+        .collect();
+    let lines = format!(
+        "strategy = \"round-robin\"\nendpoints = [{}]\n[cluster.outlier_detection]\nconsecutive_failures = 5\nmax_ejection_percent = 34\nshared = {{ quorum = 2 }}\n",
+        eps.join(", ")
+    );
+    let proxy = keel_proxy::start(config(&etcd, "p0", &lines))
+        .await
+        .unwrap();
+    assert!(wait_connected(&proxy).await, "{}", status(&proxy).await);
+    let batch = format!("{{\"e\":{{\"{healthy}\":[0,0,10]}}}}");
+    let mut c = client_of(&etcd).await;
+    use etcd_client::{Txn, TxnOp};
+    // Two invented proxies in one write, no lease: no proxy's.
+    let key = |n: &str| format!("/keel/evidence/api/{n}");
+    let forged = Txn::new().and_then([
+        TxnOp::put(key("x1"), batch.clone(), None),
+        TxnOp::put(key("x2"), batch.clone(), None),
+    ]);
+    c.txn(forged).await.unwrap();
+    // Two names on one lease: one writer, not two proxies.
+    let lease = c.lease_grant(30, None).await.unwrap().id();
+    let on_one = etcd_client::PutOptions::new().with_lease(lease);
+    let forged = Txn::new().and_then([
+        TxnOp::put(key("y1"), batch.clone(), Some(on_one.clone())),
+        TxnOp::put(key("y2"), batch.clone(), Some(on_one)),
+    ]);
+    c.txn(forged).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let st = status(&proxy).await;
+    assert!(
+        !ejected(&proxy, &healthy),
+        "a healthy endpoint ejected on forged evidence: {st}"
+    );
+    // y1, the first name on its lease, counts as one proxy: one more name on a lease of its
+    // own makes the two that quorum 2 needs.
+    let own = c.lease_grant(30, None).await.unwrap().id();
+    let opts = etcd_client::PutOptions::new().with_lease(own);
+    c.put(key("z1"), batch, Some(opts)).await.unwrap();
+    let ok = eventually(Duration::from_secs(3), || ejected(&proxy, &healthy)).await;
+    assert!(
+        ok,
+        "two leased names are two proxies: {}",
+        status(&proxy).await
+    );
+    proxy.shutdown(Duration::from_millis(200)).await;
+}

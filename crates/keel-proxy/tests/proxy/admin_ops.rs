@@ -80,6 +80,59 @@ async fn ready_fails_as_soon_as_a_drain_starts_while_requests_in_flight_finish()
     assert_eq!(status_code(&format!("http://{admin}/live")).await, None);
 }
 
+/// The stop SIGTERM asks for fails `/ready` first: for `drain_delay` the listeners still
+/// accept new connections and serve them, so that a load balancer in front sees the probe fail
+/// before any connection is refused; then the drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminate_fails_ready_while_the_listeners_still_serve_for_drain_delay() {
+    let bs = backends(1, Duration::ZERO).await;
+    let mut config = simple_config(&[bs[0].addr()], "round-robin", "");
+    config.drain_delay = Duration::from_millis(1500);
+    config.drain_timeout = Duration::from_secs(1);
+    let proxy = keel_proxy::start(config).await.unwrap();
+    let admin = proxy.admin_addr().unwrap();
+    let url = format!("http://{}/", proxy.listener_addrs()[0]);
+    let listener = proxy.listener_addrs()[0];
+    assert_eq!(
+        status_code(&format!("http://{admin}/ready")).await,
+        Some(200)
+    );
+    let started = Instant::now();
+    let stop = tokio::spawn(proxy.terminate());
+    let mut seen = None;
+    while started.elapsed() < Duration::from_millis(300) {
+        seen = status_code(&format!("http://{admin}/ready")).await;
+        if seen == Some(503) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(seen, Some(503), "/ready fails at once");
+    // Still serving, on new connections, for the delay.
+    let mut served = 0;
+    while started.elapsed() < Duration::from_millis(1200) {
+        let c = client();
+        let r = send(&c, Method::GET, &url, &[], b"")
+            .await
+            .expect("served during the delay");
+        assert_eq!(r.status, 200);
+        served += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(served >= 5, "{served}");
+    let drained = stop.await.unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(drained.total(), 0);
+    assert!(
+        tokio::net::TcpStream::connect(listener).await.is_err(),
+        "the listener is closed after the drain"
+    );
+}
+
 /// `/live` and `/ready` answer probes without the admin token (they tell nothing else); every
 /// other path, the drain included, still needs it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

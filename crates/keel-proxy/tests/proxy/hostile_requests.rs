@@ -442,6 +442,9 @@ async fn the_admin_refuses_foreign_hosts_and_cross_site_posts() {
     for headers in [
         "Origin: http://evil.example\r\n",
         "Origin: null\r\n",
+        // Another site on an IP address (a device's page on the LAN) is another site too.
+        "Origin: http://10.0.0.5:8080\r\n",
+        "Origin: http://[2001:db8::1]\r\n",
         "Sec-Fetch-Site: cross-site\r\n",
         "Content-Type: application/x-www-form-urlencoded\r\n",
         "Content-Type: text/plain;charset=UTF-8\r\n",
@@ -455,6 +458,7 @@ async fn the_admin_refuses_foreign_hosts_and_cross_site_posts() {
     for headers in [
         "",
         &format!("Origin: http://{a}\r\nSec-Fetch-Site: same-origin\r\n"),
+        &format!("Origin: http://localhost:{}\r\n", a.port()),
     ] {
         let (status, text) = admin(a, &post(headers)).await;
         assert_ne!(status, 403, "{headers}: {text}");

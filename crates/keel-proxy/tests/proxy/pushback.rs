@@ -20,6 +20,16 @@ async fn pushing_backend(
     fails: fn(u64) -> bool,
     delay: Duration,
 ) -> (SocketAddr, Arc<AtomicU64>) {
+    backend_answering(503, retry_after, fails, delay).await
+}
+
+/// [`pushing_backend`] answering `status` instead of `503`.
+async fn backend_answering(
+    status: u16,
+    retry_after: &'static str,
+    fails: fn(u64) -> bool,
+    delay: Duration,
+) -> (SocketAddr, Arc<AtomicU64>) {
     use hyper::service::service_fn;
     use hyper_util::rt::TokioIo;
     let listener = tokio::net::TcpListener::bind(any_port()).await.unwrap();
@@ -36,7 +46,7 @@ async fn pushing_backend(
                         tokio::time::sleep(delay).await;
                         let b = hyper::Response::builder();
                         let resp = if fails(n) {
-                            b.status(503).header("retry-after", retry_after)
+                            b.status(status).header("retry-after", retry_after)
                         } else {
                             b.status(200)
                         };
@@ -190,6 +200,109 @@ async fn with_no_other_endpoint_the_retry_waits_as_the_endpoint_asked() {
     assert_eq!(
         metric(admin, "keel_retry_pushbacks_total{cluster=\"app\"}").await,
         Some(1.0)
+    );
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
+
+/// Sends GETs one after the other until `done` holds (at most 50); the statuses seen.
+async fn until(addr: SocketAddr, done: impl Fn() -> bool) -> Vec<u16> {
+    let mut seen = Vec::new();
+    while !done() {
+        assert!(seen.len() < 50, "never got there: {seen:?}");
+        seen.push(sequential(addr, 1).await[0].0.as_u16());
+    }
+    seen
+}
+
+/// How many of `answers` each of `addrs` gave.
+fn shares(answers: &[(StatusCode, String, Duration)], addrs: &[SocketAddr]) -> Vec<usize> {
+    let by = |a: &SocketAddr| answers.iter().filter(|x| x.1 == a.to_string()).count();
+    addrs.iter().map(by).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_of_three_endpoints_asking_30_s_back_off_only_the_share_max_backed_off_percent_allows()
+{
+    // Two endpoints answer their first request `503 Retry-After: 30`, then 200s; the third
+    // is healthy. At the default 10 % only one of three may be backed off at once: the
+    // other 503 is retried but not obeyed, and the next requests share two endpoints, not one.
+    let (a, got_a) = pushing_backend("30", |n| n == 1, Duration::ZERO).await;
+    let (b, got_b) = pushing_backend("30", |n| n == 1, Duration::ZERO).await;
+    let healthy = backends(1, Duration::ZERO).await;
+    let addrs = [a, b, healthy[0].addr()];
+    let config = simple_config(&addrs, "round-robin", "[cluster.retry]\nattempts = 2\n");
+    let proxy = keel_proxy::start(config).await.unwrap();
+    let addr = proxy.listener_addrs()[0];
+    let before = until(addr, || {
+        got_a.load(Relaxed) >= 1 && got_b.load(Relaxed) >= 1
+    })
+    .await;
+    assert!(before.iter().all(|s| *s == 200), "{before:?}");
+    let answers = sequential(addr, 30).await;
+    assert!(answers.iter().all(|a| a.0 == StatusCode::OK), "{answers:?}");
+    let [on_a, on_b, on_c] = shares(&answers, &addrs)[..] else {
+        unreachable!()
+    };
+    println!("30 GETs after two 503 Retry-After: 30 of three endpoints: {on_a} / {on_b} / {on_c}");
+    assert_eq!(
+        on_a.min(on_b),
+        0,
+        "one of the two is backed off: {on_a} / {on_b} / {on_c}"
+    );
+    assert!(
+        on_a.max(on_b) >= 10 && on_c <= 20,
+        "the other two share the load: {on_a} / {on_b} / {on_c}"
+    );
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_with_retry_after_backs_its_endpoint_off() {
+    // A 429 is not the endpoint's failure and is not retried: it goes to the client. Its
+    // Retry-After still backs the endpoint off, as it says.
+    let (pushing, got) = backend_answering(429, "5", |n| n == 1, Duration::ZERO).await;
+    let healthy = backends(1, Duration::ZERO).await;
+    let proxy = keel_proxy::start(simple_config(
+        &[pushing, healthy[0].addr()],
+        "round-robin",
+        "",
+    ))
+    .await
+    .unwrap();
+    let addr = proxy.listener_addrs()[0];
+    let before = until(addr, || got.load(Relaxed) >= 1).await;
+    assert_eq!(before.last(), Some(&429), "{before:?}");
+    let answers = sequential(addr, 20).await;
+    assert!(answers.iter().all(|a| a.0 == StatusCode::OK), "{answers:?}");
+    assert_eq!(
+        got.load(Relaxed),
+        1,
+        "the endpoint that said 429 Retry-After: 5 was picked again"
+    );
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_back_off_lasts_at_most_max_back_off() {
+    let (pushing, got) = pushing_backend("30", |n| n == 1, Duration::ZERO).await;
+    let healthy = backends(1, Duration::ZERO).await;
+    let addrs = [pushing, healthy[0].addr()];
+    let proxy = keel_proxy::start(simple_config(
+        &addrs,
+        "round-robin",
+        "max_back_off = \"1s\"",
+    ))
+    .await
+    .unwrap();
+    let addr = proxy.listener_addrs()[0];
+    until(addr, || got.load(Relaxed) >= 1).await;
+    let during = shares(&sequential(addr, 6).await, &addrs);
+    assert_eq!(during[0], 0, "backed off: {during:?}");
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let after = shares(&sequential(addr, 10).await, &addrs);
+    assert!(
+        after[0] >= 4,
+        "Retry-After: 30 outlasted max_back_off = 1s: {after:?}"
     );
     proxy.shutdown(Duration::from_secs(1)).await;
 }

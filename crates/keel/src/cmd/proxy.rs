@@ -200,6 +200,8 @@ async fn serve(
     let mut usr2 = signal(SignalKind::user_defined2())?;
 
     let drain = config.drain_timeout;
+    let delay = config.drain_delay;
+    let mut upgraded = false;
     let access_log_on_stdout = config
         .access_log
         .as_ref()
@@ -235,6 +237,7 @@ async fn serve(
                         tracing::info!("upgrade: PID {pid} serves; this process drains and exits");
                         // The new process answers the admin socket (its `/ready` is 200).
                         proxy.stop_admin();
+                        upgraded = true;
                         break;
                     }
                     Err(e) => tracing::error!("upgrade failed: {e:#}"),
@@ -242,12 +245,27 @@ async fn serve(
             }
         }
     }
+    // After an upgrade the new process serves the same sockets: this one drains at once.
+    // Otherwise `/ready` fails first while the listeners still serve (`drain_delay`).
+    let delay = if upgraded {
+        std::time::Duration::ZERO
+    } else {
+        delay
+    };
     tracing::info!(
-        "shutting down: no new connections, draining requests in flight for up to {}",
+        "shutting down: /ready fails now, no new connections in {}, then draining requests in flight for up to {}",
+        humantime::format_duration(delay),
         humantime::format_duration(drain)
     );
+    let stop = async {
+        if upgraded {
+            proxy.shutdown(drain).await
+        } else {
+            proxy.terminate().await
+        }
+    };
     tokio::select! {
-        drained = proxy.shutdown(drain) => tracing::info!(cut = drained.total(), "stopped"),
+        drained = stop => tracing::info!(cut = drained.total(), "stopped"),
         _ = term.recv() => tracing::warn!("second signal: stopping at once"),
         _ = int.recv() => tracing::warn!("second signal: stopping at once"),
     }

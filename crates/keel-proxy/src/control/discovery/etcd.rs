@@ -6,7 +6,10 @@
 //! is missed between the two), and applies each batch of events as it arrives. When the watch
 //! cannot go on (the stream ended, a member stopped answering, or the periodic linearizable
 //! check failed: no leader) it connects again and resumes the watch after the last revision it
-//! applied; when etcd compacted past that revision, it reads the whole prefix again.
+//! applied; when etcd compacted past that revision, cancelled the watch, or is no longer the
+//! store the set was read from (its revision went back below the one applied, as after a
+//! restore from a snapshot, or its cluster id changed), it reads the whole prefix again. A
+//! session that worked and lost its member is not an outage while another member answers.
 //! While etcd cannot be reached the last set stays ([`Discovered::record`] with an error:
 //! logged, counted, shown in `/status`).
 
@@ -21,7 +24,7 @@ use serde::Deserialize;
 use crate::config::EtcdConfig;
 use crate::control::discovery::error::{DiscoveryError, EndpointError};
 use crate::control::discovery::file::check_endpoint;
-use crate::control::etcd::{connect, explain, prefix_read, within, EtcdError};
+use crate::control::etcd::{connect, escaped, explain, prefix_read, within, EtcdError};
 use crate::upstream::discovered::Discovered;
 
 /// Time between two checks that etcd still has a leader and answers (a watch on a member cut
@@ -87,8 +90,9 @@ impl Keys {
                 self.0.remove(kv.key());
                 tracing::warn!(
                     cluster,
-                    key = %String::from_utf8_lossy(kv.key()),
-                    "etcd discovery: value skipped: {m}"
+                    key = %escaped(kv.key()),
+                    "etcd discovery: value skipped: {}",
+                    escaped(&m.to_string())
                 );
             }
         }
@@ -104,8 +108,8 @@ impl Keys {
             } else {
                 tracing::warn!(
                     cluster,
-                    key = %String::from_utf8_lossy(k),
-                    address = %e.address,
+                    key = %escaped(k),
+                    address = %escaped(&e.address),
                     "etcd discovery: address already registered under another key; skipped"
                 );
             }
@@ -126,23 +130,99 @@ pub(crate) async fn follow(
     // applied (a fleet reconnecting at once does not read every prefix again), unless etcd
     // compacted past it.
     let mut keys = Keys::default();
-    let mut applied: Option<i64> = None;
+    let mut at = At::default();
+    // After a session lost its member: the member that answered instead, watched alone.
+    let mut member: Option<EtcdConfig> = None;
     loop {
+        at.reached = false;
         let err = session(
             cluster,
             discovered,
             apply,
-            etcd,
+            member.as_ref().unwrap_or(etcd),
             prefix,
             &mut keys,
-            &mut applied,
+            &mut at,
         )
-        .await;
+        .await
+        .for_config(etcd);
+        // A session that worked until now lost its member (one restarted, say): while
+        // another member answers with a leader, etcd is there, and the next session watches
+        // through that member at once; the set is stale only when no member answers.
+        member = answering_member(etcd, prefix).await;
+        if at.reached && member.is_some() {
+            tracing::info!(
+                cluster,
+                prefix,
+                "etcd discovery: the watch ended ({err}); watching again through another member"
+            );
+            continue;
+        }
         if let Some(set) = discovered.record(cluster, Err(DiscoveryError::from(err).shared())) {
             apply(cluster, discovered, set);
         }
         tokio::time::sleep(RETRY_EVERY).await;
     }
+}
+
+/// Where the source's set is in etcd's history: the revision it applied last (`None`: read the
+/// prefix again), and the cluster it was read from.
+#[derive(Default)]
+struct At {
+    applied: Option<i64>,
+    cluster_id: Option<u64>,
+    /// The current session reached etcd with a leader (a read, or a check, answered).
+    reached: bool,
+}
+
+impl At {
+    /// Why the store an answer of header `h` came from is not the one the set was read from
+    /// (restored from a snapshot: its revision went back below what was applied; or another
+    /// cluster, by its id); `None` when it is the same.
+    fn moved(&self, h: Option<&etcd_client::ResponseHeader>) -> Option<String> {
+        let h = h?;
+        if let Some(applied) = self.applied.filter(|a| h.revision() < *a) {
+            return Some(format!(
+                "etcd's revision went back from {applied} to {} (a restore?)",
+                h.revision()
+            ));
+        }
+        match self.cluster_id {
+            Some(id) if id != h.cluster_id() => Some(format!(
+                "etcd's cluster id changed from {id:x} to {:x}",
+                h.cluster_id()
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// The first member of `etcd` that, asked alone, answers a linearizable read (it has a
+/// leader), as a configuration of that member only; `None` when none answers.
+async fn answering_member(etcd: &EtcdConfig, prefix: &str) -> Option<EtcdConfig> {
+    let mut asks = tokio::task::JoinSet::new();
+    for e in &etcd.endpoints {
+        let one = EtcdConfig {
+            endpoints: vec![e.clone()],
+            ..etcd.clone()
+        };
+        let prefix = prefix.to_string();
+        asks.spawn(async move {
+            let mut c = connect(&one).await.ok()?;
+            let probe = c.get(
+                prefix,
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            );
+            within(one.dial_timeout, probe).await.ok().map(|_| one)
+        });
+    }
+    // The first member that answers will do; the others' asks are dropped with the set.
+    while let Some(answered) = asks.join_next().await {
+        if let Ok(Some(one)) = answered {
+            return Some(one);
+        }
+    }
+    None
 }
 
 /// Records `set` and applies it when it changed.
@@ -172,7 +252,7 @@ async fn session(
     etcd: &EtcdConfig,
     prefix: &str,
     keys: &mut Keys,
-    applied: &mut Option<i64>,
+    at: &mut At,
 ) -> EtcdError {
     let mut client = match connect(etcd).await {
         Ok(c) => c,
@@ -181,8 +261,8 @@ async fn session(
     let t = etcd.dial_timeout;
     // Read, then watch from the next revision; again after a compaction outran the watch.
     loop {
-        let resumed = applied.is_some();
-        let revision = match *applied {
+        let resumed = at.applied.is_some();
+        let revision = match at.applied {
             Some(r) => r,
             None => {
                 let read = match within(t, client.get(prefix, Some(prefix_read()))).await {
@@ -194,7 +274,8 @@ async fn session(
                 for kv in read.kvs() {
                     keys.put(cluster, kv);
                 }
-                *applied = Some(revision);
+                at.applied = Some(revision);
+                at.cluster_id = read.header().map(|h| h.cluster_id());
                 publish(cluster, discovered, apply, keys.set(cluster));
                 revision
             }
@@ -208,6 +289,8 @@ async fn session(
         };
         let mut check = tokio::time::interval(CHECK_EVERY);
         if !resumed {
+            // The read was linearizable: etcd answered with a leader.
+            at.reached = true;
             // Just read: the first check is due a period from now. A resumed watch checks at
             // once, so that /status says fresh again as soon as etcd answers.
             check.tick().await;
@@ -222,11 +305,15 @@ async fn session(
                     };
                     if m.compact_revision() > 0 {
                         tracing::info!(cluster, prefix, compacted = m.compact_revision(), "etcd discovery: the watch fell behind a compaction; reading the prefix again");
-                        *applied = None;
+                        at.applied = None;
                         break;
                     }
                     if m.canceled() {
-                        return EtcdError::WatchEnded(m.cancel_reason().to_string());
+                        // Whatever the reason (a future revision, say), what the watch would
+                        // have said is unknown: read the prefix again (a refusal fails the read).
+                        tracing::info!(cluster, prefix, reason = %escaped(m.cancel_reason()), "etcd discovery: etcd cancelled the watch; reading the prefix again");
+                        at.applied = None;
+                        break;
                     }
                     if m.events().is_empty() {
                         continue;
@@ -240,7 +327,7 @@ async fn session(
                             }
                         }
                         // A delete's kv carries the revision of the delete.
-                        *applied = Some(applied.unwrap_or(0).max(kv.mod_revision()));
+                        at.applied = Some(at.applied.unwrap_or(0).max(kv.mod_revision()));
                     }
                     publish(cluster, discovered, apply, keys.set(cluster));
                 }
@@ -248,14 +335,21 @@ async fn session(
                     // Linearizable: fails without a leader, and proves the watch's member alive
                     // only as far as the client's keep-alive does; enough to say "unreachable".
                     let probe = client.get(prefix, Some(GetOptions::new().with_prefix().with_count_only()));
-                    if let Err(e) = within(t, probe).await {
-                        return e;
+                    let answer = match within(t, probe).await {
+                        Ok(a) => a,
+                        Err(e) => return e,
+                    };
+                    // A store restored from a snapshot answers, and a watch from a revision of
+                    // its future stays silent: seen here, the prefix is read again.
+                    if let Some(why) = at.moved(answer.header()) {
+                        tracing::warn!(cluster, prefix, "etcd discovery: {why}; reading the prefix again");
+                        at.applied = None;
+                        break;
                     }
-                    if discovered.state().last_error.is_some() {
-                        // Reachable again after an error (an outage the watch resumed after, or
-                        // one that did not break it).
-                        publish(cluster, discovered, apply, keys.set(cluster));
-                    }
+                    at.reached = true;
+                    // Recorded as a contact (`last_refresh`), and as fresh again after an
+                    // error (an outage the watch resumed after, or one that did not break it).
+                    publish(cluster, discovered, apply, keys.set(cluster));
                 }
             }
         }
