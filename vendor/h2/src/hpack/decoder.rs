@@ -151,7 +151,7 @@ struct Table {
 /// (keel) A dynamic table entry: a field, or one whose name or value HTTP forbids (an
 /// uppercase name; CR, LF or NUL in a value). The invalid one is kept by its size, so that
 /// the indexes of later entries stay right; a field that refers to it is invalid too.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 enum Entry {
     Valid(Header),
     Invalid { name_len: usize, len: usize },
