@@ -415,7 +415,7 @@ where
     let named = &s.named[..s.n_named];
     let mut cookies_sent = false;
     for (name, value) in fields() {
-        if s.cookies > 1 && name.eq_ignore_ascii_case("cookie") {
+        if s.cookies > 1 && rules.join_cookies && name.eq_ignore_ascii_case("cookie") {
             // Several `cookie` fields go to an HTTP/1.1 endpoint as one line, joined by "; "
             // (RFC 9113 section 8.2.3), in their order, where the first one was.
             if !cookies_sent {
@@ -744,6 +744,7 @@ mod tests {
             max_headers: 32,
             max_body: 1 << 20,
             request_id: true,
+            join_cookies: false,
         }
     }
 

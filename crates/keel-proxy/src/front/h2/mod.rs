@@ -235,6 +235,7 @@ async fn handle(
     let max_body = settings.max_request_body_bytes.unwrap_or(u64::MAX);
     let rules = RequestRules {
         request_id: settings.generate_request_id,
+        join_cookies: true,
         ..RequestRules::new(
             client,
             target.cluster.config.balance.hash_on.as_ref(),
