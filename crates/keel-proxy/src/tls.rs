@@ -19,7 +19,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
-use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls::{CipherSuite, ClientConfig, RootCertStore, ServerConfig};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
@@ -234,9 +234,13 @@ fn listener_provider(names: &[String]) -> Result<Arc<CryptoProvider>, TlsSetting
         let found = base
             .cipher_suites
             .iter()
-            .find(|s| suite_name(s).eq_ignore_ascii_case(name))
+            .find(|s| suite_names(s.suite()).any(|n| n.eq_ignore_ascii_case(name)))
             .ok_or_else(|| {
-                let known: Vec<String> = base.cipher_suites.iter().map(suite_name).collect();
+                let known: Vec<String> = base
+                    .cipher_suites
+                    .iter()
+                    .map(|s| suite_names(s.suite()).collect::<Vec<_>>().join(" or "))
+                    .collect();
                 TlsSettingError::new(
                     "cipher_suites",
                     format!("unknown cipher suite `{name}`; known: {}", known.join(", ")),
@@ -250,8 +254,72 @@ fn listener_provider(names: &[String]) -> Result<Arc<CryptoProvider>, TlsSetting
     }))
 }
 
-fn suite_name(s: &rustls::SupportedCipherSuite) -> String {
-    format!("{:?}", s.suite())
+/// The names a cipher suite goes by: IANA's (the registry's, e.g. `TLS_AES_128_GCM_SHA256`,
+/// `TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256`), OpenSSL's where it differs
+/// (`ECDHE-RSA-AES128-GCM-SHA256`), and rustls's where that differs (`TLS13_AES_128_GCM_SHA256`).
+fn suite_names(suite: CipherSuite) -> impl Iterator<Item = String> {
+    const OTHER: [(CipherSuite, &str, &str); 9] = [
+        (
+            CipherSuite::TLS13_AES_128_GCM_SHA256,
+            "TLS_AES_128_GCM_SHA256",
+            "",
+        ),
+        (
+            CipherSuite::TLS13_AES_256_GCM_SHA384,
+            "TLS_AES_256_GCM_SHA384",
+            "",
+        ),
+        (
+            CipherSuite::TLS13_CHACHA20_POLY1305_SHA256,
+            "TLS_CHACHA20_POLY1305_SHA256",
+            "",
+        ),
+        (
+            CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+            "",
+            "ECDHE-ECDSA-AES128-GCM-SHA256",
+        ),
+        (
+            CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+            "",
+            "ECDHE-ECDSA-AES256-GCM-SHA384",
+        ),
+        (
+            CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+            "",
+            "ECDHE-ECDSA-CHACHA20-POLY1305",
+        ),
+        (
+            CipherSuite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+            "",
+            "ECDHE-RSA-AES128-GCM-SHA256",
+        ),
+        (
+            CipherSuite::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+            "",
+            "ECDHE-RSA-AES256-GCM-SHA384",
+        ),
+        (
+            CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+            "",
+            "ECDHE-RSA-CHACHA20-POLY1305",
+        ),
+    ];
+    let rustls = format!("{suite:?}");
+    let (iana, openssl) = OTHER
+        .iter()
+        .find(|(s, _, _)| *s == suite)
+        .map_or(("", ""), |(_, i, o)| (*i, *o));
+    // IANA's name first: rustls's is IANA's for TLS 1.2.
+    let iana = if iana.is_empty() {
+        rustls.clone()
+    } else {
+        iana.to_string()
+    };
+    let rustls = (rustls != iana).then_some(rustls);
+    std::iter::once(iana)
+        .chain((!openssl.is_empty()).then(|| openssl.to_string()))
+        .chain(rustls)
 }
 
 /// A certificate chain and its key, loaded and checked to match.

@@ -77,6 +77,101 @@ fn an_invalid_file_exits_2_naming_file_line_and_key() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// `--check` opens the access log as the start would: a path it cannot open for appending is
+/// an error at its line and key (exit 2); one it can leaves no file behind and an existing
+/// file untouched.
+#[test]
+fn check_refuses_an_access_log_it_cannot_open() {
+    let config = |path: &str| {
+        format!(
+            "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n\n[[cluster]]\nname = \"app\"\nendpoints = [{{ address = \"127.0.0.1:9\" }}]\n\n[access_log]\npath = \"{path}\"\n"
+        )
+    };
+    let check = |file: &std::path::Path| {
+        Command::new(KEEL)
+            .args(["proxy", "--check", "--config"])
+            .arg(file)
+            .output()
+            .unwrap()
+    };
+    let bad = temp_file("log-bad.toml", &config("no-such-dir/access.log"));
+    let out = check(&bad);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("log-bad.toml:10:"),
+        "file and line: {stderr}"
+    );
+    assert!(stderr.contains("access_log.path"), "key: {stderr}");
+    assert!(
+        stderr.contains("no-such-dir/access.log"),
+        "the path: {stderr}"
+    );
+
+    let good = temp_file("log-good.toml", &config("check-access.log"));
+    let log = good.with_file_name("check-access.log");
+    let _ = std::fs::remove_file(&log);
+    let out = check(&good);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!log.exists(), "--check left a new access log behind");
+    std::fs::write(&log, "kept\n").unwrap();
+    assert!(check(&good).status.success());
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "kept\n");
+    let _ = std::fs::remove_file(&log);
+}
+
+/// deploy/keel.service's `ExecReload=` commands, run as systemd runs them (in order, the
+/// first failure fails the reload and skips the rest): a file `--check` refuses fails
+/// `systemctl reload` and signals nothing; a valid one signals the main process.
+#[test]
+fn the_units_reload_fails_on_a_refused_file_and_signals_nothing() {
+    let unit = include_str!("../../../deploy/keel.service");
+    let reload: Vec<&str> = unit
+        .lines()
+        .filter_map(|l| l.strip_prefix("ExecReload="))
+        .collect();
+    assert!(reload.len() >= 2, "{reload:?}");
+    let run_reload = |config: &std::path::Path, main_pid: u32| {
+        reload.iter().all(|line| {
+            let line = line
+                .replace("/usr/local/bin/keel", KEEL)
+                .replace("/etc/keel/keel.toml", config.to_str().unwrap())
+                .replace("$MAINPID", &main_pid.to_string());
+            let mut words = line.split_whitespace();
+            let program = words.next().unwrap();
+            Command::new(program)
+                .args(words)
+                .stderr(Stdio::null())
+                .status()
+                .unwrap()
+                .success()
+        })
+    };
+    // The main process: anything SIGHUP ends.
+    let mut main = Command::new("sleep").arg("30").spawn().unwrap();
+    let bad = temp_file(
+        "reload-bad.toml",
+        &EXAMPLE_CONFIG.replace("attempts = 2", "attempts = 2\nbudget = 20"),
+    );
+    assert!(
+        !run_reload(&bad, main.id()),
+        "systemctl reload succeeded on a refused file"
+    );
+    assert!(
+        main.try_wait().unwrap().is_none(),
+        "the main process was signalled"
+    );
+    let good = temp_file("reload-good.toml", EXAMPLE_CONFIG);
+    assert!(run_reload(&good, main.id()));
+    let status = main.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(1), "SIGHUP sent: {status:?}");
+}
+
 /// A GET on a fresh connection; the whole response as text.
 fn get(addr: &str, path: &str) -> String {
     use std::io::{Read, Write};

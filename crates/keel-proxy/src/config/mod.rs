@@ -131,6 +131,16 @@ impl ProxyConfig {
             .fold(cluster.amplification().worst_case, u32::max)
     }
 
+    /// A failed check of the configuration file `text` (read from `origin`) at its key's
+    /// line and column, as [`ProxyConfig::from_file`] reports its own: for checks made by
+    /// the caller (`keel proxy --check` opening the access log).
+    pub fn locate(text: &str, origin: &str, e: &InvalidField) -> ConfigError {
+        match locate::Document::parse(text, origin) {
+            Ok(doc) => doc.error(e),
+            Err(parse) => parse,
+        }
+    }
+
     /// Parses and validates TOML without reading the files it names; `origin` (a file
     /// name) appears in error messages. Relative paths are made relative to `base` when
     /// given. Returns the located document too, so that a later check of those files

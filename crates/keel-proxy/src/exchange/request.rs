@@ -243,6 +243,9 @@ pub(crate) struct RequestRules<'a> {
     pub max_body: u64,
     /// Make an `x-request-id` when the client sent none (`generate_request_id`).
     pub request_id: bool,
+    /// Send several `cookie` fields to an HTTP/1.1 endpoint as one line (an HTTP/2 client's:
+    /// RFC 9113 section 8.2.3); an HTTP/1.1 client's repeated lines pass as sent.
+    pub join_cookies: bool,
 }
 
 impl<'a> RequestRules<'a> {
@@ -264,6 +267,7 @@ impl<'a> RequestRules<'a> {
             max_headers,
             max_body,
             request_id: true,
+            join_cookies: false,
         }
     }
 }

@@ -44,6 +44,8 @@ struct Scan<'h> {
     grpc: bool,
     /// The `Upgrade` value passed on, when the request is an upgrade keel forwards.
     upgrade_to: Option<&'h [u8]>,
+    /// `cookie` fields: an HTTP/2 client may send one per cookie (RFC 9113 section 8.2.3).
+    cookies: u8,
 }
 
 /// Headers a `Connection` header cannot name for removal: `Host` and those keel writes
@@ -99,6 +101,7 @@ where
         request_id: None,
         grpc: false,
         upgrade_to: None,
+        cookies: 0,
     };
     for (name, value) in fields() {
         if name.eq_ignore_ascii_case("connection") {
@@ -155,6 +158,8 @@ where
             }
         } else if name.eq_ignore_ascii_case("content-type") {
             s.grpc = value.len() >= 16 && value[..16].eq_ignore_ascii_case(b"application/grpc");
+        } else if name.eq_ignore_ascii_case("cookie") {
+            s.cookies = s.cookies.saturating_add(1);
         }
         if s.hash.is_none()
             && rules
@@ -260,14 +265,20 @@ fn valid_request_id(value: &[u8]) -> bool {
     !value.is_empty() && value.len() <= MAX_REQUEST_ID && value.iter().all(|b| b.is_ascii_graphic())
 }
 
-/// A request target's path (query kept, untouched) with its dot segments resolved (RFC 3986
-/// section 5.2.4, `%2e` read as the `.` it stands for: RFC 3986 section 6.2.2.2) and empty
-/// segments merged (`//` -> `/`), as NGINX does before it matches a location; `Err` when `..`
-/// climbs above the root (NGINX answers 400 too). Routing and the prefix rewrites then see the
-/// path the endpoint gets, so `/public/../admin` is `/admin` everywhere. The common path (no
-/// `%2e`, no `//`, no `.` or `..` segment) is one pass over its bytes and is borrowed, not
-/// copied. Other percent-escapes (`%2f` included) are left as sent, as Envoy's default does.
+/// A request target's path (query kept, untouched) in the normal form of RFC 3986 section 6:
+/// percent-escapes of unreserved characters (ALPHA DIGIT `-` `.` `_` `~`) decoded (6.2.2.2:
+/// `/%61dmin` is `/admin`, `%2e` is a `.`), the hex digits of the other escapes in capitals
+/// (6.2.2.1: `%2f` is `%2F`; `/`, `?`, `#`, `%` and every other reserved or non-ASCII byte
+/// stay encoded), dot segments resolved (5.2.4), and empty segments merged (`//` -> `/`), as
+/// NGINX does before it matches a location; `Err` when `..` climbs above the root (NGINX
+/// answers 400 too). Routing, access lists and the prefix rewrites then see the path the
+/// endpoint gets, so `/public/../admin` and `/%61dmin` are `/admin` everywhere. The common
+/// path (no escape to change, no `//`, no `.` or `..` segment) is one pass over its bytes
+/// and is borrowed, not copied. A `#fragment` is dropped.
 pub(crate) fn normal_path(target: &str) -> Result<std::borrow::Cow<'_, str>, Reject> {
+    // A fragment is the client's own business and no part of a request target (RFC 9112
+    // section 3.2): it is dropped, as NGINX does.
+    let target = target.split_once('#').map_or(target, |(t, _)| t);
     let bytes = target.as_bytes();
     let end = bytes.iter().position(|b| *b == b'?').unwrap_or(bytes.len());
     if bytes.first() != Some(&b'/') || is_normal(&bytes[..end]) {
@@ -284,12 +295,20 @@ pub(crate) fn normal_path(target: &str) -> Result<std::borrow::Cow<'_, str>, Rej
         while let Some(at) = rest.find('%') {
             let (before, after) = rest.split_at(at);
             segment.push_str(before);
-            if after.len() >= 3 && after[1..3].eq_ignore_ascii_case("2e") {
-                segment.push('.');
-                rest = &after[3..];
-            } else {
-                segment.push('%');
-                rest = &after[1..];
+            match escaped(after.as_bytes()) {
+                Some(b) if is_unreserved(b) => {
+                    segment.push(b as char);
+                    rest = &after[3..];
+                }
+                Some(_) => {
+                    segment.push('%');
+                    segment.push_str(&after[1..3].to_ascii_uppercase());
+                    rest = &after[3..];
+                }
+                None => {
+                    segment.push('%');
+                    rest = &after[1..];
+                }
             }
         }
         segment.push_str(rest);
@@ -317,15 +336,34 @@ pub(crate) fn normal_path(target: &str) -> Result<std::borrow::Cow<'_, str>, Rej
     Ok(std::borrow::Cow::Owned(out))
 }
 
-/// True when `path` (no query) has nothing for [`normal_path`] to do: no `%2e`, no `//`, no
-/// `.` or `..` segment.
+/// The byte a percent-escape at the start of `s` stands for (`None`: not `%` and two hex
+/// digits).
+fn escaped(s: &[u8]) -> Option<u8> {
+    let hex = |c: u8| (c as char).to_digit(16);
+    match s {
+        [b'%', h, l, ..] => Some((hex(*h)? * 16 + hex(*l)?) as u8),
+        _ => None,
+    }
+}
+
+/// RFC 3986 section 2.3: an escape of one of these means the character itself.
+fn is_unreserved(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
+}
+
+/// True when `path` (no query) has nothing for [`normal_path`] to do: no escape of an
+/// unreserved character, no escape in small hex letters, no `//`, no `.` or `..` segment.
 #[inline]
 fn is_normal(path: &[u8]) -> bool {
     let mut i = 0;
     while i < path.len() {
         match path[i] {
-            b'%' if path.len() > i + 2 && path[i + 1] == b'2' && path[i + 2] | 0x20 == b'e' => {
-                return false
+            b'%' => {
+                if let Some(b) = escaped(&path[i..]) {
+                    if is_unreserved(b) || path[i + 1..i + 3].iter().any(u8::is_ascii_lowercase) {
+                        return false;
+                    }
+                }
             }
             b'/' => match &path[i + 1..] {
                 [b'/', ..] | [b'.'] | [b'.', b'/', ..] | [b'.', b'.'] | [b'.', b'.', b'/', ..] => {
@@ -375,8 +413,24 @@ where
     out.extend_from_slice(path.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let named = &s.named[..s.n_named];
+    let mut cookies_sent = false;
     for (name, value) in fields() {
-        if passed_on(name, named, authority.is_some(), rules) {
+        if s.cookies > 1 && rules.join_cookies && name.eq_ignore_ascii_case("cookie") {
+            // Several `cookie` fields go to an HTTP/1.1 endpoint as one line, joined by "; "
+            // (RFC 9113 section 8.2.3), in their order, where the first one was.
+            if !cookies_sent {
+                cookies_sent = true;
+                out.extend_from_slice(b"cookie: ");
+                let all = fields().filter(|(n, _)| n.eq_ignore_ascii_case("cookie"));
+                for (i, (_, v)) in all.enumerate() {
+                    if i > 0 {
+                        out.extend_from_slice(b"; ");
+                    }
+                    out.extend_from_slice(v);
+                }
+                out.extend_from_slice(b"\r\n");
+            }
+        } else if passed_on(name, named, authority.is_some(), rules) {
             push_header(out, name.as_bytes(), value);
         }
     }
@@ -690,6 +744,7 @@ mod tests {
             max_headers: 32,
             max_body: 1 << 20,
             request_id: true,
+            join_cookies: false,
         }
     }
 
@@ -794,7 +849,8 @@ mod tests {
             "/a/b/",
             "/.well-known/x",
             "/a..b/c.",
-            "/a%2fb",
+            "/a%2Fb",
+            "/caf%C3%A9",
             "*",
             "/a?x=/../",
         ] {
@@ -815,6 +871,14 @@ mod tests {
             ("/v1/.%2e/x?q=/../..", "/x?q=/../.."),
             ("/a%2eb/./c", "/a.b/c"),
             ("/public/../admin", "/admin"),
+            ("/%61dmin", "/admin"),
+            ("/%41%7a%30%2D%5f%7E", "/Az0-_~"),
+            ("/a%2fb%3f%23%25/c", "/a%2Fb%3F%23%25/c"),
+            ("/caf%c3%a9?x=%61", "/caf%C3%A9?x=%61"),
+            ("/a%zz%4", "/a%zz%4"),
+            ("/a/b#frag/../x", "/a/b"),
+            ("/a/../b?q=1#f", "/b?q=1"),
+            ("/%2e%2E%2f", "/..%2F"),
         ];
         for (p, want) in cases {
             assert_eq!(n(p).as_deref(), Ok(want), "{p}");

@@ -106,7 +106,8 @@ impl Policy {
         let ip = match forwarded {
             Some(text) => std::str::from_utf8(text)
                 .ok()
-                .and_then(|t| t.parse::<std::net::IpAddr>().ok()),
+                .and_then(|t| t.parse::<std::net::IpAddr>().ok())
+                .map(|ip| ip.to_canonical()),
             None => Some(client.peer.ip()),
         };
         access.check(ip).map_err(|r| (r, ip))

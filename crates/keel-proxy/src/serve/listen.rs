@@ -269,7 +269,10 @@ pub(crate) async fn accept_loop(
                 let (slot, accepted) = accepted;
                 let Ok(slot) = slot else { continue };
                 let (stream, peer) = match accepted {
-                    Ok(x) => x,
+                    // An IPv4 client of a dual-stack (`[::]`) listener arrives as
+                    // `::ffff:a.b.c.d`: it is that IPv4 address for every use (allow/deny,
+                    // trusted_proxies, X-Forwarded-For, hashing, the access log).
+                    Ok((stream, peer)) => (stream, SocketAddr::new(peer.ip().to_canonical(), peer.port())),
                     Err(e) => {
                         // Out of file descriptors and the like: back off instead of spinning.
                         tracing::warn!("accept failed: {e}");

@@ -35,7 +35,10 @@ pub(crate) async fn serve_accepted(
     let settings = &ctx.settings;
     let mut client = ctx.client(peer, worker);
     let tcp = settings.protocol == crate::config::ListenerProtocol::Tcp;
-    let local = stream.local_addr().unwrap_or(peer);
+    // Of the peer's family (see the accept loop), for a PROXY protocol header.
+    let local = stream
+        .local_addr()
+        .map_or(peer, |a| SocketAddr::new(a.ip().to_canonical(), a.port()));
     if let Some(access) = &ctx.tcp_access {
         if !access.permits(peer.ip()) {
             // A TCP listener has no request to answer 403 to: the connection is closed.

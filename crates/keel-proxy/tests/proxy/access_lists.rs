@@ -102,6 +102,75 @@ async fn a_route_deny_refuses_that_route_only() {
     p.shutdown(Duration::from_secs(1)).await;
 }
 
+/// A route's list meets every spelling of its path: percent-escapes of unreserved characters
+/// are decoded before routing (`/%61dmin` is `/admin`), over HTTP/1.1 and HTTP/2; an escaped
+/// `/` stays a different path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_escaped_path_meets_its_routes_access_list() {
+    let (p, addr, _bs) = proxy(
+        "\n[[listener.route]]\npath_prefix = \"/admin\"\ncluster = \"app\"\nallow = [\"192.0.2.0/24\"]\n",
+    )
+    .await;
+    let mut h2 = h2_connect(addr).await;
+    for path in [
+        "/admin",
+        "/%61dmin",
+        "/%61%64%6D%69%6E/x",
+        "/x/%2e%2E/%61dmin",
+    ] {
+        assert_eq!(status_of(addr, path, &[]).await, 403, "HTTP/1.1 {path}");
+        let got = h2_send(&mut h2, Method::GET, &format!("http://{addr}{path}"), &[]).await;
+        assert_eq!(got.status, 403, "HTTP/2 {path}");
+    }
+    assert_eq!(status_of(addr, "/%2Fadmin", &[]).await, 200);
+    assert!(served_is(&p, 1).await);
+    p.shutdown(Duration::from_secs(1)).await;
+}
+
+/// On a dual-stack listener (`[::]`) an IPv4 client is its IPv4 address, not
+/// `::ffff:127.0.0.1`: an IPv4 `allow` admits it, `trusted_proxies` trusts it (so the address
+/// it forwards is the one `deny` judges), and the endpoint's `X-Forwarded-For` names it so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv4_client_of_a_dual_stack_listener_is_its_ipv4_address() {
+    let (echo, _task) = echo_server().await;
+    let text = format!(
+        "[[listener]]\nlisten = \"[::]:0\"\ncluster = \"app\"\ntrusted_proxies = [\"127.0.0.1/32\"]\ndeny = [\"203.0.113.0/24\"]\n\n[[listener.route]]\npath_prefix = \"/office\"\ncluster = \"app\"\nallow = [\"127.0.0.1\"]\n\n[[cluster]]\nname = \"app\"\nendpoints = [{{ address = \"{echo}\" }}]\n"
+    );
+    let p = keel_proxy::start(ProxyConfig::from_toml_str(&text, "t.toml").unwrap())
+        .await
+        .unwrap();
+    let port = p.listener_addrs()[0].port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    assert_eq!(
+        status_of(addr, "/office/x", &[]).await,
+        200,
+        "allow = [\"127.0.0.1\"]"
+    );
+    let xff = [("x-forwarded-for", "203.0.113.9")];
+    assert_eq!(
+        status_of(addr, "/x", &xff).await,
+        403,
+        "trusted, so the forwarded address is denied"
+    );
+    let got = send(
+        &client(),
+        Method::GET,
+        &format!("http://{addr}/x"),
+        &[],
+        b"",
+    )
+    .await
+    .unwrap();
+    assert!(
+        got.text()
+            .to_ascii_lowercase()
+            .contains("x-forwarded-for: 127.0.0.1\n"),
+        "{}",
+        got.text()
+    );
+    p.shutdown(Duration::from_secs(1)).await;
+}
+
 /// Behind a trusted proxy the address it forwarded decides, for a listener's list and a
 /// route's; from an untrusted client `X-Forwarded-For` changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,6 +18,7 @@ mod discovery;
 mod endpoint_state_over_time;
 mod failure_evidence;
 mod h1_path;
+mod h2_frames;
 mod hedging;
 mod hostile_requests;
 mod load_reports;

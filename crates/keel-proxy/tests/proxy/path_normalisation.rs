@@ -109,7 +109,7 @@ endpoints = [{{ address = "{admin}" }}]
         .unwrap();
     let addr = proxy.listener_addrs()[0];
     // (target sent, what answers: status and "endpoint target-it-got")
-    let cases: [(&str, u16, &str); 11] = [
+    let cases: [(&str, u16, &str); 12] = [
         ("/v1/users", 200, "api /internal/v2/users"),
         ("/v1//x/./y/../z", 200, "api /internal/v2/x/z"),
         ("/v1/../../admin", 400, ""),
@@ -119,11 +119,14 @@ endpoints = [{{ address = "{admin}" }}]
         ("/public/%2e%2e/admin/x", 200, "admin /admin/x"),
         ("//public//a/", 200, "public /a/"),
         ("/public/./a?q=/../b", 200, "public /a?q=/../b"),
+        // An escaped `/` stays escaped, its hex in capitals (RFC 3986 section 6.2.2.1).
         (
             "/public/.well-known/a%2fb",
             200,
-            "public /.well-known/a%2fb",
+            "public /.well-known/a%2Fb",
         ),
+        // Escaped unreserved characters are the characters (section 6.2.2.2).
+        ("/%70ublic/%7Ea%2d%5F", 200, "public /~a-_"),
         ("/admin/x/../../public/y", 200, "public /y"),
     ];
     for (target, status, body) in cases {

@@ -48,7 +48,13 @@ async fn endpoint() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
                         .find_map(|l| l.strip_prefix("host: ").or(l.strip_prefix("Host: ")))
                         .unwrap_or("-")
                         .to_string();
-                    log.lock().unwrap().push(format!("{line} | {host}"));
+                    let mut seen = format!("{line} | {host}");
+                    for l in head.lines() {
+                        if l.to_ascii_lowercase().starts_with("cookie:") {
+                            seen.push_str(&format!(" | {l}"));
+                        }
+                    }
+                    log.lock().unwrap().push(seen);
                     let answer: &[u8] = if tunnel {
                         b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\n\r\ntunnel"
                     } else if line.starts_with("CONNECT ") {
@@ -307,5 +313,58 @@ async fn invalid_host_and_authority_are_refused_on_both_front_ends() {
             .unwrap();
         assert_eq!(h2_ask(&mut h2, req).await, (200, "normal".into()), "{host}");
     }
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
+
+/// A `#fragment` is no part of a request target (RFC 9112 section 3.2): keel drops it, for
+/// routing and for the endpoint, over HTTP/1.1 and HTTP/2 (a raw `:path` with one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fragment_in_the_target_is_dropped() {
+    use crate::h2_frames::{frame, get_block, open, END_HEADERS, END_STREAM, HEADERS};
+    let (up, seen) = endpoint().await;
+    let proxy = keel_proxy::start(config(up)).await.unwrap();
+    let addr = proxy.listener_addrs()[0];
+    let text = h1_raw(
+        addr,
+        "GET /a/b?q=1#frag/../x HTTP/1.1\r\nHost: app\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(text.ends_with("normal"), "{text}");
+    let mut s = open(addr).await;
+    s.write_all(&frame(
+        HEADERS,
+        END_HEADERS | END_STREAM,
+        1,
+        &get_block("/c#frag", &[]),
+    ))
+    .await
+    .unwrap();
+    assert!(eventually(Duration::from_secs(3), || seen.lock().unwrap().len() == 2).await);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        ["GET /a/b?q=1 HTTP/1.1 | app", "GET /c HTTP/1.1 | x"]
+    );
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
+
+/// RFC 9113 section 8.2.3: an HTTP/2 client's `cookie` fields reach an HTTP/1.1 endpoint as
+/// one line, joined with "; " in their order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_cookie_fields_reach_an_http1_endpoint_as_one_line() {
+    let (up, seen) = endpoint().await;
+    let proxy = keel_proxy::start(config(up)).await.unwrap();
+    let addr = proxy.listener_addrs()[0];
+    let mut client = h2_client(addr).await;
+    let req = hyper::Request::get("http://app/p")
+        .header("cookie", "a=1")
+        .header("x-other", "o")
+        .header("cookie", "b=2; c=3")
+        .body(())
+        .unwrap();
+    assert_eq!(h2_ask(&mut client, req).await, (200, "normal".to_string()));
+    assert_eq!(
+        *seen.lock().unwrap(),
+        ["GET /p HTTP/1.1 | app | cookie: a=1; b=2; c=3"]
+    );
     proxy.shutdown(Duration::from_secs(1)).await;
 }

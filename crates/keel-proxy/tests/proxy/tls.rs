@@ -793,11 +793,15 @@ fn tls_options_are_checked_and_their_errors_located() {
     let listener = |extra: &str| {
         format!("{FILE_HEAD}[listener.tls]\ncert = \"server.pem\"\nkey = \"server.key\"\n{extra}\n{FILE_CLUSTER}")
     };
-    load_file(
-        &pki,
-        &listener("cipher_suites = [\"TLS13_AES_128_GCM_SHA256\"]"),
-    )
-    .unwrap();
+    // IANA's names, OpenSSL's, and rustls's own.
+    for names in [
+        "\"TLS_AES_128_GCM_SHA256\", \"TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256\"",
+        "\"ECDHE-RSA-AES128-GCM-SHA256\", \"ecdhe-ecdsa-chacha20-poly1305\"",
+        "\"TLS13_AES_128_GCM_SHA256\"",
+    ] {
+        load_file(&pki, &listener(&format!("cipher_suites = [{names}]")))
+            .unwrap_or_else(|e| panic!("{names}: {e}"));
+    }
     let e = load_file(&pki, &listener("cipher_suites = [\"RC4_MD5\"]")).unwrap_err();
     assert_eq!(
         e.key.as_deref(),
@@ -805,7 +809,8 @@ fn tls_options_are_checked_and_their_errors_located() {
         "{e}"
     );
     assert!(
-        e.message.contains("TLS13_AES_256_GCM_SHA384"),
+        e.message.contains("TLS_AES_256_GCM_SHA384")
+            && e.message.contains("ECDHE-RSA-AES128-GCM-SHA256"),
         "names the known ones: {e}"
     );
     let e = load_file(&pki, &listener("min_version = \"1.1\"")).unwrap_err();

@@ -98,6 +98,35 @@ fn summary(config: &ProxyConfig) -> String {
     s
 }
 
+/// Whether the access log's file can be opened for appending, as the start will open it. An
+/// existing file is opened without writing to it; a missing one is created and removed again,
+/// so that a check leaves nothing behind.
+fn check_access_log(config: &ProxyConfig) -> Result<(), keel_balance::InvalidField> {
+    use std::fs::OpenOptions;
+    let Some(path) = config.access_log.as_ref().and_then(|a| a.file()) else {
+        return Ok(());
+    };
+    let opened = match OpenOptions::new().append(true).open(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => OpenOptions::new()
+            .append(true)
+            .create_new(true)
+            .open(&path)
+            .map(|_| {
+                let _ = std::fs::remove_file(&path);
+            }),
+        other => other.map(drop),
+    };
+    opened.map_err(|e| {
+        keel_balance::InvalidField::new(
+            keel_balance::FieldPath::key("access_log").then("path"),
+            keel_balance::Problem::Invalid(format!(
+                "cannot open `{}` for appending: {e}",
+                path.display()
+            )),
+        )
+    })
+}
+
 /// Runs `keel proxy`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let config = match ProxyConfig::from_file(&args.config) {
@@ -105,6 +134,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Err(e) => return crate::cmd::usage(format!("invalid configuration: {e}")),
     };
     if args.check {
+        if let Err(e) = check_access_log(&config) {
+            let text = std::fs::read_to_string(&args.config).unwrap_or_default();
+            let origin = args.config.display().to_string();
+            let located = ProxyConfig::locate(&text, &origin, &e);
+            return crate::cmd::usage(format!("invalid configuration: {located}"));
+        }
         print!("{}: ok\n{}", args.config.display(), summary(&config));
         return Ok(());
     }

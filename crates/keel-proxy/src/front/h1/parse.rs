@@ -153,6 +153,7 @@ mod tests {
             max_headers: 20,
             max_body: 1024,
             request_id: true,
+            join_cookies: false,
         }
     }
 

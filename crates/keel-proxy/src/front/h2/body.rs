@@ -371,11 +371,16 @@ impl ConnActivity {
         self.progress_nanos.store(now, Ordering::Release);
     }
 
-    /// Resolves once the connection has had no request in flight for `idle`.
-    pub(crate) async fn idle_for(&self, idle: Duration) {
+    /// Resolves once the connection has had no request in flight for `first` since `since`
+    /// (no request has ended yet) or for `idle` since the last one ended.
+    pub(crate) async fn idle_for(&self, first: Duration, idle: Duration, since: Instant) {
         loop {
             let last = self.last_end_nanos.load(Ordering::Relaxed);
-            let deadline = self.base + Duration::from_nanos(last) + idle;
+            let deadline = if last == 0 {
+                since + first
+            } else {
+                (self.base + Duration::from_nanos(last)).max(since) + idle
+            };
             tokio::time::sleep_until(deadline.into()).await;
             if self.active.load(Ordering::Acquire) > 0 {
                 // Busy: look again one idle period later.

@@ -37,6 +37,7 @@ use crate::observe::record::Record;
 use crate::state::Shared;
 use crate::upstream::cluster::Cluster;
 
+mod blocks;
 pub(crate) mod body;
 mod log;
 mod send;
@@ -46,6 +47,13 @@ use log::{H2Answered, H2Scope, LoggedHead};
 
 /// Serves an HTTP/2 connection (TLS with ALPN `h2`, or plain with prior knowledge) until it
 /// ends, stays idle too long, or the proxy shuts down (then it finishes its requests).
+/// Only requests count as activity: a connection with none in flight is idle, whatever
+/// other frames (PING, SETTINGS, WINDOW_UPDATE, a header block not finished) it sends. Until
+/// its first request it may stay idle for `header_read_timeout` at most (the wait an
+/// HTTP/1.1 connection has for its first byte), then `idle_timeout` between requests; a
+/// header block left open is cut at `header_read_timeout` ([`blocks`]). After its GOAWAY, a
+/// connection with no request in flight is closed `header_read_timeout` later, whether or
+/// not the client answered the GOAWAY's PING or closed its side.
 pub(crate) async fn serve<I>(
     shared: Arc<Shared>,
     index: usize,
@@ -58,10 +66,12 @@ pub(crate) async fn serve<I>(
 {
     let activity = Arc::new(ConnActivity::new());
     let peer = client.peer;
-    let idle = activity.idle_for(settings.idle_timeout);
+    let first = settings.header_read_timeout.min(settings.idle_timeout);
+    let idle = activity.idle_for(first, settings.idle_timeout, Instant::now());
     let stalled = activity.stalled_for(settings.client_idle_timeout);
     let shutdown = crate::state::wait_shutdown(&mut stop);
     tokio::pin!(idle, stalled, shutdown);
+    let io = blocks::HeaderBlocks::new(io, settings.header_read_timeout);
     let handshake = builder(&settings).handshake::<_, Bytes>(io);
     let mut conn = tokio::select! {
         biased;
@@ -88,7 +98,7 @@ pub(crate) async fn serve<I>(
             },
             _ = &mut shutdown => break,
             _ = &mut idle => {
-                tracing::debug!(%peer, "closing a connection idle for {}", humantime::format_duration(settings.idle_timeout));
+                tracing::debug!(%peer, "closing an idle HTTP/2 connection (idle_timeout, or header_read_timeout before its first request)");
                 break;
             }
             _ = &mut stalled => {
@@ -99,10 +109,26 @@ pub(crate) async fn serve<I>(
             }
         }
     }
-    // GOAWAY; the streams the client opened before it saw it are still served.
+    // GOAWAY; the streams the client opened before it saw it are still served. `h2` sends
+    // the last GOAWAY once the client answers its PING, then closes when no stream is left;
+    // a client that never answers would keep the connection, so it is closed once it has had
+    // no request in flight for `header_read_timeout` since the GOAWAY.
     conn.graceful_shutdown();
-    while let Some(Ok((req, reply))) = conn.accept().await {
-        spawn_stream(&shared, index, &settings, &client, &activity, req, reply);
+    let grace = settings.header_read_timeout;
+    let quiet = activity.idle_for(grace, grace, Instant::now());
+    tokio::pin!(quiet);
+    loop {
+        tokio::select! {
+            biased;
+            next = conn.accept() => match next {
+                Some(Ok((req, reply))) => spawn_stream(&shared, index, &settings, &client, &activity, req, reply),
+                _ => return,
+            },
+            _ = &mut quiet => {
+                tracing::debug!(%peer, "closing an HTTP/2 connection {} after its GOAWAY", humantime::format_duration(grace));
+                return;
+            }
+        }
     }
 }
 
@@ -209,6 +235,7 @@ async fn handle(
     let max_body = settings.max_request_body_bytes.unwrap_or(u64::MAX);
     let rules = RequestRules {
         request_id: settings.generate_request_id,
+        join_cookies: true,
         ..RequestRules::new(
             client,
             target.cluster.config.balance.hash_on.as_ref(),
