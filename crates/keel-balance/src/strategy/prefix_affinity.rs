@@ -298,9 +298,9 @@ mod tests {
             .collect();
         let mut home = [usize::MAX; 6];
         for u in 0..10 {
-            for g in 0..6 {
+            for (g, prompts) in groups.iter().enumerate() {
                 // One call at a time: the bound never binds, affinity decides alone.
-                let i = start(&b, &s, with(&groups[g][u]));
+                let i = start(&b, &s, with(&prompts[u]));
                 end(&b, i);
                 if u == 0 {
                     home[g] = i;
@@ -310,7 +310,7 @@ mod tests {
             }
         }
         // With no match anywhere the first of each group went to the least loaded, at random
-        // among idle endpoints: every endpoint got some group.
+        // among idle endpoints: the groups spread.
         let mut used = home.to_vec();
         used.sort_unstable();
         used.dedup();

@@ -18,9 +18,10 @@ use keel_balance::prefix::{PrefixHasher, BYTES_PER_TOKEN};
 use crate::exchange::request::{Reject, RequestBody};
 
 /// Feeds the prompt of the OpenAI request whose body starts with `body` (all of it, or its
-/// first bytes) to `h`: `prompt` (a string; of an array, its first string), or `messages` in
-/// order, each as `role: content\n` (content a string, or an array of parts whose `text`
-/// parts are joined by `\n`, as vLLM joins them). Stops at the first byte that is not the JSON
+/// first bytes) to `h`: `prompt` (a string; of an array, its first string; an array of token
+/// ids, each id's 4 bytes), or `messages` in order, each as `role: content\n` (content a
+/// string, or an array of parts whose `text` strings are joined as they are), as
+/// `keel backend --llm` renders them. Stops at the first byte that is not the JSON
 /// it expects, or at the end of the bytes, keeping what it fed.
 pub(crate) fn scan(body: &[u8], h: &mut PrefixHasher) {
     let mut c = Cur { b: body, i: 0 };
@@ -160,7 +161,7 @@ impl<'a> Cur<'a> {
     }
 
     /// `prompt`: a string, or the first string of an array (a batch: its first prompt
-    /// stands for it; an array of token ids names no block).
+    /// stands for it), or token ids (each one's 4 bytes, as `prefix::token_id` reads them).
     fn prompt(&mut self, h: &mut PrefixHasher) -> Option<()> {
         match self.peek()? {
             b'"' => push_json(h, self.string()?.raw),
@@ -168,6 +169,20 @@ impl<'a> Cur<'a> {
                 self.i += 1;
                 if self.peek()? == b'"' {
                     push_json(h, self.string()?.raw);
+                    return Some(());
+                }
+                loop {
+                    let start = self.i;
+                    self.skip()?;
+                    let id: u32 = std::str::from_utf8(&self.b[start..self.i])
+                        .ok()?
+                        .trim()
+                        .parse()
+                        .ok()?;
+                    h.push(&id.to_le_bytes());
+                    if !self.next_member(b']')? {
+                        return Some(());
+                    }
                 }
             }
             _ => {}
@@ -243,17 +258,16 @@ enum Content<'a> {
     Parts(&'a [u8]),
 }
 
-/// A content array's `text` parts (`{"type": "text", "text": ...}`), joined by `\n`.
+/// A content array's parts' `text` strings (`{"type": "text", "text": ...}`), joined as they
+/// are.
 fn parts(bytes: &[u8], h: &mut PrefixHasher) {
     let mut c = Cur { b: bytes, i: 0 };
-    let mut first = true;
     let _ = (|| {
         c.eat(b'[')?;
         if c.peek()? == b']' {
             return Some(());
         }
         loop {
-            let mut kind: Option<&[u8]> = None;
             let mut text: Option<Str<'_>> = None;
             let whole = (|| {
                 c.eat(b'{')?;
@@ -265,7 +279,6 @@ fn parts(bytes: &[u8], h: &mut PrefixHasher) {
                     let key = c.string()?;
                     c.eat(b':')?;
                     match (key.raw, c.peek()?) {
-                        (b"type", b'"') => kind = Some(c.string()?.raw),
                         (b"text", b'"') => text = Some(c.string()?),
                         _ => c.skip()?,
                     }
@@ -274,11 +287,7 @@ fn parts(bytes: &[u8], h: &mut PrefixHasher) {
                     }
                 }
             })();
-            if let Some(t) = text.filter(|_| kind.is_none_or(|k| k == b"text")) {
-                if !first {
-                    h.push(b"\n");
-                }
-                first = false;
+            if let Some(t) = text {
                 push_json(h, t.raw);
             }
             whole?;
@@ -538,8 +547,11 @@ mod tests {
         assert_eq!(blocks_of(body), want);
         let body = br#"{"prompt": ["Once upon a time, \"quoted\"\n\u00e9\ud83d\ude00", "other"]}"#;
         assert_eq!(blocks_of(body), want);
-        // Token ids name nothing.
-        assert!(blocks_of(br#"{"prompt":[1,2,3,4,5,6,7,8]}"#).is_empty());
+        // Token ids: each one's 4 bytes.
+        let ids: Vec<u8> = [1u32, 2, 70000, 4].iter().flat_map(|i| i.to_le_bytes()).collect();
+        let mut h = PrefixHasher::new(1);
+        h.push(&ids);
+        assert_eq!(blocks_of(br#"{"prompt":[1, 2,70000 ,4]}"#), h.blocks());
     }
 
     #[test]
@@ -547,7 +559,7 @@ mod tests {
         let mut h = PrefixHasher::new(1);
         h.push_message("system", "Be terse.");
         h.push_message("user", "Hi there\nfriend");
-        h.push_message("user", "a\nb");
+        h.push_message("user", "ab");
         let want = h.blocks().to_vec();
         let body = br#"{"messages":[{"role":"system","content":"Be terse."},
             {"content":"Hi there\nfriend","role":"user","name":"x"},
