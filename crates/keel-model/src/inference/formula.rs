@@ -87,10 +87,11 @@ impl Workload {
         total - self.shared_blocks(spec)
     }
 
-    /// Full blocks a finished request leaves in the cache that no other request will ask for
-    /// (its suffix and answer): they take LRU room and are never hit.
+    /// Blocks a finished request leaves in the engine's free queue that no other request will
+    /// ask for (its suffix, answer and partial blocks, named or not): they take LRU room, as
+    /// the engine evicts the least recently freed block whatever it holds.
     pub fn one_time_blocks(&self, spec: &EngineSpec) -> usize {
-        (self.prompt_tokens() + self.output_tokens) / block_tokens(spec) - self.shared_blocks(spec)
+        self.own_blocks(spec)
     }
 }
 
@@ -172,22 +173,28 @@ fn cap(m: &mut [Vec<f64>], cap: f64) {
 }
 
 /// Che's characteristic time of an LRU cache of `capacity` blocks: the `t` with
-/// `sum_i blocks_i (1 - e^{-q_i t}) + one_time t = capacity + one_time`, where item `i` is
-/// `blocks_i` blocks asked for by a share `q_i` of requests, and each request also leaves
-/// `one_time` blocks asked for never again. Time counts requests at this cache. The
-/// `+ one_time` on the right: a request's own one-time blocks are freed before its prefix
-/// (tail first), so they sit below it and do not push it out; without it Che's form is up to
-/// 0.06 low against an exact LRU, with it within 0.03 (the test `che_against_an_exact_lru`).
+/// `sum_i blocks_i (1 - e^{-q_i (t + held)}) + one_time t = capacity + one_time`, where item `i`
+/// is `blocks_i` blocks asked for by a share `q_i` of requests, and each request also leaves
+/// `one_time` blocks asked for never again. Time counts requests at this cache.
+///
+/// Two terms go beyond Che's form, both checked against the engine: `held`, the requests that
+/// arrive while one runs (Little's law: the requests in flight), because a running request
+/// references its prefix and a referenced block cannot be evicted, so an item is lost only
+/// after `t` requests *since its last request finished*; and `+ one_time` on the right, because
+/// a request's own one-time blocks are freed before its prefix (tail first), so they sit below
+/// it and do not push it out (without it Che's form is up to 0.06 low against an exact LRU,
+/// with it within 0.03: the test `che_against_an_exact_lru`).
 /// Infinite when everything fits; 0 when the cache has no room.
-pub fn che_time(items: &[(f64, f64)], one_time: f64, capacity: f64) -> f64 {
+pub fn che_time(items: &[(f64, f64)], one_time: f64, capacity: f64, held: f64) -> f64 {
     if capacity <= 0.0 {
         return 0.0;
     }
     let capacity = capacity + one_time.max(0.0);
+    let held = held.max(0.0);
     let occupied = |t: f64| -> f64 {
         items
             .iter()
-            .map(|&(q, b)| b * -(-q * t).exp_m1())
+            .map(|&(q, b)| b * -(-q * (t + held)).exp_m1())
             .sum::<f64>()
             + one_time * t
     };
@@ -214,7 +221,8 @@ pub fn che_time(items: &[(f64, f64)], one_time: f64, capacity: f64) -> f64 {
     0.5 * (lo + hi)
 }
 
-/// Che's hit ratio of an item asked for by a share `q` of requests: `1 - e^{-q t}`.
+/// Che's hit ratio of an item asked for by a share `q` of requests: `1 - e^{-q t}` (pass
+/// `t + held` for an item held by running requests, see [`che_time`]).
 pub fn che_hit(q: f64, t: f64) -> f64 {
     if t.is_infinite() {
         if q > 0.0 {
@@ -320,14 +328,14 @@ fn pool_at(
                 .iter()
                 .map(|&x| (if share > 0.0 { x / share } else { 0.0 }, b))
                 .collect();
-            let t = che_time(&items, one_time, lru);
+            let t = che_time(&items, one_time, lru, in_flight);
             // Hits and first-use misses per group.
             let (mut hit_tokens, mut reqs, mut s1, mut s2) = (0.0, 0.0, 0.0, 0.0);
             for &(q, _) in &items {
                 if q <= 0.0 {
                     continue;
                 }
-                let h = che_hit(q, t);
+                let h = che_hit(q, t + in_flight);
                 let h = match w.requests {
                     // Of the group's n requests here, the first always misses.
                     Some(r) => {
@@ -424,19 +432,30 @@ pub fn pool(
     arrivals: Arrivals,
 ) -> PoolLoad {
     let shares = w.popularity.shares(w.groups);
-    let m = mix(&shares, engines, routing);
+    pool_with_mix(spec, w, &mix(&shares, engines, routing), arrivals)
+}
+
+/// The pool with a given mix (`mix[j][g]`: the share of all requests of group `g` on engine
+/// `j`), e.g. the one a simulated or measured run made.
+pub fn pool_with_mix(
+    spec: &EngineSpec,
+    w: &Workload,
+    mix: &[Vec<f64>],
+    arrivals: Arrivals,
+) -> PoolLoad {
     match arrivals {
-        Arrivals::Clients(c) => pool_at(spec, w, &m, None, c),
+        Arrivals::Clients(c) => pool_at(spec, w, mix, None, c),
         Arrivals::Load(rho) => {
-            let rate = balanced_rate(spec, w, engines, rho);
-            pool_at(spec, w, &m, Some(rate), 0)
+            let rate = rate_at_load(spec, w, mix.len(), rho);
+            pool_at(spec, w, mix, Some(rate), 0)
         }
     }
 }
 
-/// The pool's arrival rate that loads each engine to `rho` under balancing (the balanced
-/// service time depends on the rate through the pinned blocks: solved by iteration).
-fn balanced_rate(spec: &EngineSpec, w: &Workload, engines: usize, rho: f64) -> f64 {
+/// The pool's arrival rate (requests per second) that loads each engine to `rho` under
+/// balancing (the balanced service time depends on the rate through the pinned blocks: solved
+/// by iteration).
+pub fn rate_at_load(spec: &EngineSpec, w: &Workload, engines: usize, rho: f64) -> f64 {
     let shares = w.popularity.shares(w.groups);
     let m = mix(&shares, engines, Routing::Balanced);
     let n = engines.max(1) as f64;
@@ -604,15 +623,15 @@ mod tests {
     fn che_by_hand() {
         // Two items of 10 blocks, equal shares, no one-timers, room for 10: each half cached,
         // 20 (1 - e^{-t/2}) = 10, t = 2 ln 2.
-        let t = che_time(&[(0.5, 10.0), (0.5, 10.0)], 0.0, 10.0);
+        let t = che_time(&[(0.5, 10.0), (0.5, 10.0)], 0.0, 10.0, 0.0);
         assert!((t - 2.0 * 2f64.ln()).abs() < 1e-9, "{t}");
         assert!((che_hit(0.5, t) - 0.5).abs() < 1e-9);
         // Everything fits: infinite; no room: zero.
-        assert!(che_time(&[(1.0, 5.0)], 0.0, 5.0).is_infinite());
-        assert_eq!(che_time(&[(1.0, 5.0)], 1.0, 0.0), 0.0);
+        assert!(che_time(&[(1.0, 5.0)], 0.0, 5.0, 0.0).is_infinite());
+        assert_eq!(che_time(&[(1.0, 5.0)], 1.0, 0.0, 0.0), 0.0);
         // Uniform items under LRU hit C / n (IRM): here 30 of 60.
         let items = vec![(1.0 / 6.0, 10.0); 6];
-        let t = che_time(&items, 0.0, 30.0);
+        let t = che_time(&items, 0.0, 30.0, 0.0);
         assert!((che_hit(1.0 / 6.0, t) - 0.5).abs() < 1e-9);
     }
 
@@ -811,7 +830,7 @@ mod tests {
                         let exact = lru_hit_ratio(&shares, b, u, cap, 6000, 7);
                         let items: Vec<(f64, f64)> =
                             shares.iter().map(|&q| (q, b as f64)).collect();
-                        let t = che_time(&items, u as f64, cap as f64);
+                        let t = che_time(&items, u as f64, cap as f64, 0.0);
                         let che: f64 = shares.iter().map(|&q| q * che_hit(q, t)).sum();
                         let err = (che - exact).abs();
                         worst = worst.max(err);
