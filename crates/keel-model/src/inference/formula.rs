@@ -553,17 +553,21 @@ pub fn affinity_limit(
     step: f64,
 ) -> Option<f64> {
     let step = step.clamp(1e-4, 0.5);
-    let mut rho = step;
     let mut last_win = None;
-    while rho < 1.0 {
+    let mut i = 1;
+    loop {
+        // Whole multiples of the step, so that 0.91 prints as 0.91.
+        let rho = ((i as f64 * step) * 1e9).round() / 1e9;
+        if rho >= 1.0 {
+            return last_win.map(|_| 1.0);
+        }
         if compare(spec, w, engines, bound, rho).wins {
             last_win = Some(rho);
         } else {
             return last_win;
         }
-        rho += step;
+        i += 1;
     }
-    last_win.map(|_| 1.0)
 }
 
 #[cfg(test)]
