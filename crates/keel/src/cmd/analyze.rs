@@ -741,14 +741,22 @@ struct InferenceArgs {
     #[arg(long, help_heading = "Inference pools (--inference)")]
     output_tokens: Option<usize>,
     /// Load per engine under load balancing, in (0, 1) (open loop). Default 0.5.
-    #[arg(long, help_heading = "Inference pools (--inference)", conflicts_with = "clients")]
+    #[arg(
+        long,
+        help_heading = "Inference pools (--inference)",
+        conflicts_with = "clients"
+    )]
     load: Option<f64>,
     /// Closed loop instead: this many clients with one request each in flight (hit ratios
     /// only; the boundary needs --load).
     #[arg(long, help_heading = "Inference pools (--inference)")]
     clients: Option<usize>,
     /// Zipf exponent of the groups' popularity (0 = uniform). Default 0.
-    #[arg(long, help_heading = "Inference pools (--inference)", conflicts_with = "hot_share")]
+    #[arg(
+        long,
+        help_heading = "Inference pools (--inference)",
+        conflicts_with = "hot_share"
+    )]
     skew: Option<f64>,
     /// Instead of --skew: the first group's share of requests, the rest split evenly.
     #[arg(long, help_heading = "Inference pools (--inference)")]
@@ -892,7 +900,9 @@ fn run_inference(a: &InferenceArgs, json: bool) -> anyhow::Result<()> {
     }
     let popularity = match (a.skew, a.hot_share) {
         (_, Some(h)) if !(0.0..=1.0).contains(&h) => {
-            return usage(format!("--hot-share is a share of requests in [0, 1], got {h}"))
+            return usage(format!(
+                "--hot-share is a share of requests in [0, 1], got {h}"
+            ))
         }
         (_, Some(h)) => Popularity::Hot(h),
         (Some(s), None) if !(s.is_finite() && s >= 0.0) => {
@@ -1082,8 +1092,9 @@ fn describe_inference(a: &InferenceAnalysis) -> String {
         a.prefix_tokens,
         a.unique_tokens,
         a.output_tokens,
-        a.bound
-            .map_or(String::new(), |b| format!("; affinity bounded at {b}x the mean share"))
+        a.bound.map_or(String::new(), |b| format!(
+            "; affinity bounded at {b}x the mean share"
+        ))
     );
     for (name, p) in [("prefix-affinity", aff), ("load-balancing", lb)] {
         let _ = writeln!(
