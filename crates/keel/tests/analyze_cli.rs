@@ -357,3 +357,39 @@ fn overlay_draws_simulated_points_and_compares_them() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("sim.jsonl:1"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn inference_answers_the_measured_workload() {
+    // 150 requests, 6 at a time, 6 groups of 400 + 40 tokens: affinity misses each group once,
+    // (150 - 6) x 400 / (150 x 440) = 0.8727 (the measured 0.873).
+    let v = json(&[
+        "--inference",
+        "--groups",
+        "6",
+        "--clients",
+        "6",
+        "--requests",
+        "150",
+        "--json",
+    ]);
+    assert_eq!(v["use"], "prefix-affinity");
+    let aff = num(&v["affinity"], "cached");
+    assert!((aff - 144.0 * 400.0 / 66000.0).abs() < 1e-3, "{v}");
+    assert!(num(&v["balanced"], "cached") < 0.7, "{v}");
+    // One shared prefix: affinity sends everything to one engine for no cache gain.
+    let v = json(&["--inference", "--groups", "1", "--load", "0.3", "--json"]);
+    assert_eq!(v["use"], "load-balancing");
+    assert!((num(&v, "k") - 3.0).abs() < 1e-12, "{v}");
+    assert_eq!(v["limit"], 0.0);
+    // The text puts the answer first.
+    let out = keel(&["--inference", "--groups", "6", "--load", "0.5"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.starts_with("use prefix-affinity: 0.909 of prompt tokens from cache against"),
+        "{text}"
+    );
+    // Pool flags without --inference are a usage error.
+    let out = keel(&["--groups", "6"]);
+    assert_eq!(out.status.code(), Some(2));
+}

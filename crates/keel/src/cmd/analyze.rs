@@ -1,5 +1,6 @@
 //! `keel analyze`: the closed forms of the reliability model for one setting, or a sweep of
-//! f(p) over q and k written as a CSV table and SVG charts. See docs/reliability.md.
+//! f(p) over q and k written as a CSV table and SVG charts (docs/reliability.md); with
+//! `--inference`, whether prefix affinity pays in an inference pool (docs/inference.md).
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -19,11 +20,12 @@ use crate::cmd::usage;
 #[command(after_help = "Examples:\n  \
     keel analyze --strategy least-connections --servers 5 --failed 1 --q 100 --calls 3\n  \
     keel analyze --strategy random --p 0.2 --calls 3 --json\n  \
-    keel analyze --sweep --q 0.1,0.5,1,10,100 --calls 1,3,5 --out docs/img")]
+    keel analyze --sweep --q 0.1,0.5,1,10,100 --calls 1,3,5 --out docs/img\n  \
+    keel analyze --inference --engines 3 --groups 6 --prefix-tokens 400 --unique-tokens 40 --load 0.5")]
 pub struct Args {
     /// Strategy with a closed form: round-robin, weighted-round-robin, random, weighted-random
     /// (equal weights), least-connections. The others need `keel simulate`.
-    #[arg(long, conflicts_with = "sweep")]
+    #[arg(long, conflicts_with_all = ["sweep", "inference"])]
     strategy: Option<String>,
     /// Servers in the cluster (m). Give with --failed, or give --p instead.
     #[arg(long, requires = "failed", conflicts_with_all = ["p", "sweep"])]
@@ -49,8 +51,14 @@ pub struct Args {
     #[arg(long, conflicts_with = "sweep")]
     retries: Option<u64>,
     /// Sweep p over [0, 1] for each q and k: writes f_p.csv and SVG charts into --out.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "inference")]
     sweep: bool,
+    /// Inference pools: does routing by prompt prefix (prefix-affinity) beat load balancing
+    /// (round-robin, least-request) for this workload and load? See docs/inference.md.
+    #[arg(long)]
+    inference: bool,
+    #[command(flatten)]
+    pool: InferenceArgs,
     /// Directory for the sweep's files (created if missing).
     /// Default: ./keel-analyze.
     #[arg(long)]
@@ -78,7 +86,11 @@ fn emit(text: &str) -> anyhow::Result<()> {
 
 /// Runs `keel analyze`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if args.sweep {
+    if args.inference {
+        run_inference(&args.pool, args.json)
+    } else if args.pool.given() {
+        usage("--engines, --groups and the other pool flags belong to --inference")
+    } else if args.sweep {
         run_sweep(&args)
     } else {
         run_single(&args)
@@ -708,4 +720,426 @@ fn write_overlay_charts(
         )?;
     }
     Ok(written)
+}
+
+/// The pool and workload of `keel analyze --inference` (defaults: the measured pool).
+#[derive(clap::Args)]
+struct InferenceArgs {
+    /// Engines in the pool (N). Default 3.
+    #[arg(long, help_heading = "Inference pools (--inference)")]
+    engines: Option<usize>,
+    /// Prefix groups: requests of a group share its prefix. Default 6.
+    #[arg(long, help_heading = "Inference pools (--inference)")]
+    groups: Option<usize>,
+    /// Tokens of a group's prefix. Default 400.
+    #[arg(long, help_heading = "Inference pools (--inference)")]
+    prefix_tokens: Option<usize>,
+    /// Tokens of each request's own suffix. Default 40.
+    #[arg(long, help_heading = "Inference pools (--inference)")]
+    unique_tokens: Option<usize>,
+    /// Tokens of each answer. Default 24.
+    #[arg(long, help_heading = "Inference pools (--inference)")]
+    output_tokens: Option<usize>,
+    /// Load per engine under load balancing, in (0, 1) (open loop). Default 0.5.
+    #[arg(
+        long,
+        help_heading = "Inference pools (--inference)",
+        conflicts_with = "clients"
+    )]
+    load: Option<f64>,
+    /// Closed loop instead: this many clients with one request each in flight (hit ratios
+    /// only; the boundary needs --load).
+    #[arg(long, help_heading = "Inference pools (--inference)")]
+    clients: Option<usize>,
+    /// Zipf exponent of the groups' popularity (0 = uniform). Default 0.
+    #[arg(
+        long,
+        help_heading = "Inference pools (--inference)",
+        conflicts_with = "hot_share"
+    )]
+    skew: Option<f64>,
+    /// Instead of --skew: the first group's share of requests, the rest split evenly.
+    #[arg(long, help_heading = "Inference pools (--inference)")]
+    hot_share: Option<f64>,
+    /// Affinity's cap on an engine's share of requests, as a multiple of the mean (>= 1);
+    /// the excess goes to the other engines. Default: none.
+    #[arg(long, help_heading = "Inference pools (--inference)")]
+    bound: Option<f64>,
+    /// Count a finite run of this many requests (each group's first request on an engine
+    /// misses). Default: the steady state.
+    #[arg(long, help_heading = "Inference pools (--inference)")]
+    requests: Option<u64>,
+    /// KV cache blocks per engine. Default 120.
+    #[arg(long, help_heading = "Inference pools (--inference)")]
+    kv_blocks: Option<usize>,
+    /// Tokens per KV block. Default 16.
+    #[arg(long, help_heading = "Inference pools (--inference)")]
+    block_tokens: Option<usize>,
+    /// Prefill speed, prompt tokens per second. Default 4000.
+    #[arg(long, help_heading = "Inference pools (--inference)")]
+    prefill_tps: Option<f64>,
+    /// Fixed cost of a step, milliseconds. Default 6.
+    #[arg(long, help_heading = "Inference pools (--inference)")]
+    step_ms: Option<f64>,
+    /// Added cost per running sequence in a step, milliseconds. Default 0.3.
+    #[arg(long, help_heading = "Inference pools (--inference)")]
+    step_per_seq_ms: Option<f64>,
+}
+
+impl InferenceArgs {
+    fn given(&self) -> bool {
+        self.engines.is_some()
+            || self.groups.is_some()
+            || self.prefix_tokens.is_some()
+            || self.unique_tokens.is_some()
+            || self.output_tokens.is_some()
+            || self.load.is_some()
+            || self.clients.is_some()
+            || self.skew.is_some()
+            || self.hot_share.is_some()
+            || self.bound.is_some()
+            || self.requests.is_some()
+            || self.kv_blocks.is_some()
+            || self.block_tokens.is_some()
+            || self.prefill_tps.is_some()
+            || self.step_ms.is_some()
+            || self.step_per_seq_ms.is_some()
+    }
+}
+
+/// The JSON of `keel analyze --inference`.
+#[derive(Serialize)]
+struct InferenceAnalysis {
+    /// "prefix-affinity" or "load-balancing".
+    #[serde(rename = "use")]
+    use_: &'static str,
+    engines: usize,
+    groups: usize,
+    prefix_tokens: usize,
+    unique_tokens: usize,
+    output_tokens: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    load: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    clients: Option<usize>,
+    popularity: String,
+    bound: Option<f64>,
+    engine: keel_model::inference::EngineSpec,
+    affinity: PoolJson,
+    balanced: PoolJson,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    r: Option<f64>,
+    k: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first_order_wins: Option<bool>,
+    /// First-order load above which affinity stops paying (null: never below saturation).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first_order_limit: Option<Option<f64>>,
+    /// M/G/1 load above which affinity's mean TTFT exceeds balancing's (null: it never does
+    /// below 1; absent with --clients).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit: Option<Option<f64>>,
+    /// Above `limit` the two tie (under balancing too every prefix stays held by a running
+    /// request) rather than affinity losing.
+    ties_above: bool,
+}
+
+#[derive(Serialize)]
+struct PoolJson {
+    cached: f64,
+    /// Mean TTFT, seconds (M/G/1; the service alone with --clients).
+    ttft: f64,
+    hot_spot: f64,
+    shares: Vec<f64>,
+    cached_per_engine: Vec<f64>,
+    utilization: Vec<f64>,
+}
+
+impl PoolJson {
+    fn of(p: &keel_model::inference::formula::PoolLoad) -> Self {
+        PoolJson {
+            cached: p.cached,
+            ttft: p.ttft,
+            hot_spot: p.hot_spot(),
+            shares: p.engines.iter().map(|e| e.share).collect(),
+            cached_per_engine: p.engines.iter().map(|e| e.cached).collect(),
+            utilization: p.engines.iter().map(|e| e.utilization).collect(),
+        }
+    }
+}
+
+fn run_inference(a: &InferenceArgs, json: bool) -> anyhow::Result<()> {
+    use keel_model::inference::formula::{self, Arrivals, Popularity, Routing, Workload};
+    use keel_model::inference::EngineSpec;
+
+    let d = EngineSpec::default();
+    let spec = EngineSpec {
+        kv_blocks: a.kv_blocks.unwrap_or(d.kv_blocks),
+        block_tokens: a.block_tokens.unwrap_or(d.block_tokens),
+        prefill_tps: a.prefill_tps.unwrap_or(d.prefill_tps),
+        step_ms: a.step_ms.unwrap_or(d.step_ms),
+        step_per_seq_ms: a.step_per_seq_ms.unwrap_or(d.step_per_seq_ms),
+        ..d
+    };
+    let engines = a.engines.unwrap_or(3);
+    if engines == 0 {
+        return usage("--engines must be at least 1");
+    }
+    let groups = a.groups.unwrap_or(6);
+    if groups == 0 {
+        return usage("--groups must be at least 1");
+    }
+    if spec.kv_blocks == 0 || spec.block_tokens == 0 {
+        return usage("--kv-blocks and --block-tokens must be at least 1");
+    }
+    if !(spec.prefill_tps.is_finite() && spec.prefill_tps > 0.0) {
+        return usage("--prefill-tps must be a finite number > 0");
+    }
+    if !(spec.step_ms >= 0.0 && spec.step_per_seq_ms >= 0.0) {
+        return usage("--step-ms and --step-per-seq-ms must be >= 0");
+    }
+    let popularity = match (a.skew, a.hot_share) {
+        (_, Some(h)) if !(0.0..=1.0).contains(&h) => {
+            return usage(format!(
+                "--hot-share is a share of requests in [0, 1], got {h}"
+            ))
+        }
+        (_, Some(h)) => Popularity::Hot(h),
+        (Some(s), None) if !(s.is_finite() && s >= 0.0) => {
+            return usage(format!("--skew is a Zipf exponent >= 0, got {s}"))
+        }
+        (s, None) => Popularity::Zipf(s.unwrap_or(0.0)),
+    };
+    if let Some(b) = a.bound {
+        if !(b.is_finite() && b >= 1.0) {
+            return usage(format!(
+                "--bound is a multiple of the mean share, >= 1, got {b}"
+            ));
+        }
+    }
+    let w = Workload {
+        groups,
+        prefix_tokens: a.prefix_tokens.unwrap_or(400),
+        unique_tokens: a.unique_tokens.unwrap_or(40),
+        output_tokens: a.output_tokens.unwrap_or(24),
+        popularity,
+        requests: a.requests,
+    };
+    if w.prompt_tokens() == 0 || w.output_tokens == 0 {
+        return usage("the prompt and the answer need at least one token each");
+    }
+    let popularity_text = match popularity {
+        Popularity::Zipf(s) if s == 0.0 => "uniform".to_string(),
+        Popularity::Zipf(s) => format!("Zipf {s}"),
+        Popularity::Hot(h) => format!("hot share {h}"),
+    };
+    let affinity_routing = Routing::Affinity { bound: a.bound };
+
+    let out = match a.clients {
+        Some(0) => return usage("--clients must be at least 1"),
+        Some(c) => {
+            let aff = formula::pool(&spec, &w, engines, affinity_routing, Arrivals::Clients(c));
+            let lb = formula::pool(&spec, &w, engines, Routing::Balanced, Arrivals::Clients(c));
+            let k = aff.hot_spot();
+            InferenceAnalysis {
+                use_: if aff.cached > lb.cached + 1e-9 {
+                    "prefix-affinity"
+                } else {
+                    "load-balancing"
+                },
+                engines,
+                groups,
+                prefix_tokens: w.prefix_tokens,
+                unique_tokens: w.unique_tokens,
+                output_tokens: w.output_tokens,
+                load: None,
+                clients: Some(c),
+                popularity: popularity_text,
+                bound: a.bound,
+                engine: spec,
+                affinity: PoolJson::of(&aff),
+                balanced: PoolJson::of(&lb),
+                r: None,
+                k,
+                first_order_wins: None,
+                first_order_limit: None,
+                limit: None,
+                ties_above: false,
+            }
+        }
+        None => {
+            let rho = a.load.unwrap_or(0.5);
+            if !(rho > 0.0 && rho < 1.0) {
+                return usage(format!("--load is a utilization in (0, 1), got {rho}"));
+            }
+            let c = formula::compare(&spec, &w, engines, a.bound, rho);
+            let first = formula::first_order_limit(c.r, c.k);
+            let limit = formula::affinity_limit(&spec, &w, engines, a.bound, 0.01);
+            // Past the limit affinity either loses or ties (every prefix held by a running
+            // request under balancing too): say which.
+            let ties_above = limit.filter(|&l| l < 0.99).is_some_and(|l| {
+                let next = formula::compare(&spec, &w, engines, a.bound, l + 0.01);
+                next.affinity.ttft <= next.balanced.ttft * 1.001
+            });
+            InferenceAnalysis {
+                use_: if c.wins {
+                    "prefix-affinity"
+                } else {
+                    "load-balancing"
+                },
+                engines,
+                groups,
+                prefix_tokens: w.prefix_tokens,
+                unique_tokens: w.unique_tokens,
+                output_tokens: w.output_tokens,
+                load: Some(rho),
+                clients: None,
+                popularity: popularity_text,
+                bound: a.bound,
+                engine: spec,
+                affinity: PoolJson::of(&c.affinity),
+                balanced: PoolJson::of(&c.balanced),
+                r: Some(c.r),
+                k: c.k,
+                first_order_wins: Some(c.first_order_wins),
+                first_order_limit: Some(first.is_finite().then_some(first)),
+                // None from the scan: no win even at the lowest load: the limit is 0.
+                limit: Some(match limit {
+                    Some(l) if l >= 1.0 => None,
+                    Some(l) => Some(l),
+                    None => Some(0.0),
+                }),
+                ties_above,
+            }
+        }
+    };
+    if json {
+        emit(&format!("{}\n", serde_json::to_string(&out)?))?;
+    } else {
+        emit(&describe_inference(&out))?;
+    }
+    Ok(())
+}
+
+fn share(x: f64) -> String {
+    format!("{x:.3}")
+}
+
+fn ms(seconds: f64) -> String {
+    if seconds.is_finite() {
+        format!("{:.1} ms", seconds * 1000.0)
+    } else {
+        "unbounded (overloaded)".to_string()
+    }
+}
+
+/// The readable form: the answer first, then the numbers, then the method.
+fn describe_inference(a: &InferenceAnalysis) -> String {
+    let mut t = String::new();
+    let (aff, lb) = (&a.affinity, &a.balanced);
+    match a.load {
+        Some(rho) => {
+            let stops = match a.limit.flatten() {
+                None => "affinity pays up to saturation at this skew".to_string(),
+                Some(l) if l <= 0.0 => "affinity does not pay at any load at this skew".to_string(),
+                Some(l) if a.ties_above => format!(
+                    "affinity stops paying above load {l:.2} at this skew (the two tie there: \
+                     under balancing too, running requests keep every prefix cached)"
+                ),
+                Some(l) => format!("affinity stops paying above load {l:.2} at this skew"),
+            };
+            let _ = writeln!(
+                t,
+                "use {}: {} of prompt tokens from cache against {}; mean TTFT {} against {} at \
+                 load {rho}; {stops}",
+                a.use_,
+                share(aff.cached),
+                share(lb.cached),
+                ms(aff.ttft),
+                ms(lb.ttft),
+            );
+        }
+        None => {
+            let _ = writeln!(
+                t,
+                "use {}: {} of prompt tokens from cache against {} with {} clients; busiest \
+                 engine {:.2}x the mean under affinity (give --load for the TTFT boundary)",
+                a.use_,
+                share(aff.cached),
+                share(lb.cached),
+                a.clients.unwrap_or(0),
+                aff.hot_spot,
+            );
+        }
+    }
+    let _ = writeln!(t);
+    let _ = writeln!(
+        t,
+        "pool: {} engines of {} KV blocks x {} tokens, prefill {} tokens/s, step {} ms + {} ms \
+         per sequence",
+        a.engines,
+        a.engine.kv_blocks,
+        a.engine.block_tokens,
+        a.engine.prefill_tps,
+        a.engine.step_ms,
+        a.engine.step_per_seq_ms
+    );
+    let _ = writeln!(
+        t,
+        "workload: {} groups ({}) of {} prefix tokens + {} own + {} output{}",
+        a.groups,
+        a.popularity,
+        a.prefix_tokens,
+        a.unique_tokens,
+        a.output_tokens,
+        a.bound.map_or(String::new(), |b| format!(
+            "; affinity bounded at {b}x the mean share"
+        ))
+    );
+    for (name, p) in [("prefix-affinity", aff), ("load-balancing", lb)] {
+        let _ = writeln!(
+            t,
+            "{name:>16}: cached {}  mean TTFT {}  shares {}  cached per engine {}{}",
+            share(p.cached),
+            ms(p.ttft),
+            list(&p.shares),
+            list(&p.cached_per_engine),
+            if a.load.is_some() {
+                format!("  utilization {}", list(&p.utilization))
+            } else {
+                String::new()
+            }
+        );
+    }
+    if let (Some(r), Some(rho)) = (a.r, a.load) {
+        let first = match a.first_order_limit.flatten() {
+            Some(l) => format!("wins below load {l:.2}"),
+            None if r < 1.0 => "wins at every load".to_string(),
+            None => "never wins".to_string(),
+        };
+        let _ = writeln!(
+            t,
+            "first order: r = {r:.3} (hot engine's service time / balanced), k = {:.2}; affinity \
+             wins where r < 1/(1 + (k-1) rho) = {:.3} at rho = {rho}: {} ({first})",
+            a.k,
+            1.0 / (1.0 + (a.k - 1.0) * rho),
+            if a.first_order_wins == Some(true) {
+                "yes"
+            } else {
+                "no"
+            },
+        );
+    }
+    let _ = writeln!(
+        t,
+        "method: affinity partitions the groups (largest first onto the least loaded engine); \
+         each engine's LRU cache by Che's approximation on its own mix, less the blocks pinned \
+         by requests in flight (Little's law); TTFT by M/G/1 per engine (docs/inference.md)"
+    );
+    t
+}
+
+fn list(xs: &[f64]) -> String {
+    let items: Vec<String> = xs.iter().map(|x| format!("{x:.2}")).collect();
+    format!("[{}]", items.join(", "))
 }
