@@ -156,10 +156,10 @@ impl Default for BackendConfig {
 
 /// The fault in force and since when (a flap's phases count from there).
 #[derive(Clone, Debug)]
-struct Control {
-    fault: FailureMode,
-    since: Instant,
-    shutdown: bool,
+pub(crate) struct Control {
+    pub(crate) fault: FailureMode,
+    pub(crate) since: Instant,
+    pub(crate) shutdown: bool,
 }
 
 /// State shared by the listener task, the connections and the handle.
@@ -359,7 +359,7 @@ fn invalid(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> io::Error 
 
 /// Binds with `SO_REUSEADDR`, so that a port given up by `Refuse` can be bound again while old
 /// connections sit in TIME_WAIT.
-fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+pub(crate) fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()?
     } else {
@@ -617,7 +617,7 @@ impl Drop for OpenConnection {
 
 /// The body of a response: whole, or half of it then an error that makes hyper drop the
 /// connection (which [`ResettableStream`] turns into a reset).
-enum ResponseBody {
+pub(crate) enum ResponseBody {
     Whole(Option<Bytes>),
     Reset {
         first: Option<Bytes>,
@@ -628,7 +628,7 @@ enum ResponseBody {
 }
 
 impl ResponseBody {
-    fn whole(bytes: Bytes) -> Self {
+    pub(crate) fn whole(bytes: Bytes) -> Self {
         ResponseBody::Whole(Some(bytes))
     }
 }
@@ -772,7 +772,7 @@ fn server_error(shared: &Shared) -> Response<ResponseBody> {
 }
 
 /// Whether a flap that started at `since` is in its up phase at `now`.
-fn flap_is_up(since: Instant, now: Instant, up: Duration, down: Duration) -> bool {
+pub(crate) fn flap_is_up(since: Instant, now: Instant, up: Duration, down: Duration) -> bool {
     let period = (up + down).as_nanos();
     let into = now.saturating_duration_since(since).as_nanos() % period;
     into < up.as_nanos()
@@ -957,9 +957,9 @@ impl RngCore for Draws<'_> {
 
 /// A TCP stream that closes with a reset (RST) instead of a FIN once `reset` is set, which is
 /// how the `Reset` fault cuts a response in the middle of its body.
-struct ResettableStream {
-    inner: TcpStream,
-    reset: Arc<AtomicBool>,
+pub(crate) struct ResettableStream {
+    pub(crate) inner: TcpStream,
+    pub(crate) reset: Arc<AtomicBool>,
 }
 
 impl Drop for ResettableStream {

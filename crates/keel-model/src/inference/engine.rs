@@ -174,6 +174,32 @@ impl Seq {
     }
 }
 
+/// Whether an engine of `spec` takes a request of `prompt_tokens` and `max_tokens` (what
+/// [`Engine::submit`] checks first; a server checks it before it answers).
+pub fn validate(
+    spec: &EngineSpec,
+    prompt_tokens: usize,
+    max_tokens: usize,
+) -> Result<(), SubmitError> {
+    if prompt_tokens == 0 {
+        return Err(SubmitError::EmptyPrompt);
+    }
+    if max_tokens == 0 {
+        return Err(SubmitError::NoOutput);
+    }
+    let requested = prompt_tokens.saturating_add(max_tokens);
+    let max_model_len = spec.kv_blocks.max(1) * spec.block_tokens.max(1);
+    if requested > max_model_len {
+        return Err(SubmitError::TooLong {
+            requested,
+            prompt_tokens,
+            max_tokens,
+            max_model_len,
+        });
+    }
+    Ok(())
+}
+
 /// The engine: a KV cache of named blocks, a queue, and a batch.
 #[derive(Debug)]
 pub struct Engine {
@@ -236,21 +262,7 @@ impl Engine {
 
     /// Queues a request submitted at `now`; it is admitted by a later [`Engine::step`].
     pub fn submit(&mut self, request: Request, now: Duration) -> Result<(), SubmitError> {
-        if request.prompt_tokens == 0 {
-            return Err(SubmitError::EmptyPrompt);
-        }
-        if request.max_tokens == 0 {
-            return Err(SubmitError::NoOutput);
-        }
-        let requested = request.prompt_tokens.saturating_add(request.max_tokens);
-        if requested > self.max_model_len() {
-            return Err(SubmitError::TooLong {
-                requested,
-                prompt_tokens: request.prompt_tokens,
-                max_tokens: request.max_tokens,
-                max_model_len: self.max_model_len(),
-            });
-        }
+        validate(&self.spec, request.prompt_tokens, request.max_tokens)?;
         self.waiting.push_back(Seq {
             id: request.id,
             arrival: now,

@@ -2,5 +2,6 @@
 
 mod backend;
 mod capacity;
+mod llm;
 mod loadgen;
 mod openloop;

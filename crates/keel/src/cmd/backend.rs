@@ -9,8 +9,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use keel_model::inference::EngineSpec;
 use keel_model::vocab::{FailureMode, Latency};
 use keel_testbed::backend::{self, BackendConfig};
+use keel_testbed::llm::{self, LlmConfig};
 
 use crate::cmd::usage;
 
@@ -40,7 +42,15 @@ Examples:\n  \
     keel backend --listen 127.0.0.1:9001 --listen 127.0.0.1:9002 --latency 10ms --latency-dist exponential\n  \
     keel backend --listen 127.0.0.1:9005 --fault hang\n  \
     keel backend --listen 127.0.0.1:9005 --fault error --error-probability 0.1\n  \
-    keel backend --listen 127.0.0.1:9005 --fault flap --flap-up 2s --flap-down 1s --fail-after 0ms")]
+    keel backend --listen 127.0.0.1:9005 --fault flap --flap-up 2s --flap-down 1s --fail-after 0ms\n\n\
+With --llm it is a fake vLLM engine instead (docs/inference.md): keel-model's inference engine\n\
+(continuous batching over a KV cache that keeps prompt prefixes) behind vLLM's OpenAI API:\n\
+POST /v1/completions and /v1/chat/completions (streamed or whole, usage with cached_tokens),\n\
+/tokenize, /v1/completions/render, /v1/chat/completions/render; GET /v1/models, /health and\n\
+/metrics (vLLM's names); vLLM's ORCA header when asked (endpoint-load-metrics-format). The\n\
+failure modes apply (slow stretches every engine step).\n  \
+    keel backend --llm --listen 127.0.0.1:8001 --listen 127.0.0.1:8002 --listen 127.0.0.1:8003\n  \
+    keel backend --llm --listen 127.0.0.1:8001 --kv-blocks 120 --prefill-tps 4000 --step-ms 6")]
 pub struct Args {
     /// Address to listen on (port 0: any free port). Repeat for several backends in one process.
     #[arg(long, required = true, value_name = "ADDR")]
@@ -93,6 +103,35 @@ pub struct Args {
     /// in flight over --concurrency (1 without) as cpu_utilization.
     #[arg(long, value_name = "FORM", value_parser = ["text", "json"])]
     orca: Option<String>,
+    /// Serve a fake vLLM engine (see below) instead of the plain backend.
+    #[arg(long, conflicts_with_all = ["latency", "latency_dist", "sigma", "body_bytes", "concurrency", "orca"])]
+    llm: bool,
+    /// --llm: KV cache size in blocks.
+    #[arg(long, requires = "llm", value_name = "N", default_value_t = EngineSpec::default().kv_blocks)]
+    kv_blocks: usize,
+    /// --llm: tokens per KV block (a token is 4 bytes of prompt).
+    #[arg(long, requires = "llm", value_name = "N", default_value_t = EngineSpec::default().block_tokens)]
+    block_tokens: usize,
+    /// --llm: prefill speed, prompt tokens per second.
+    #[arg(long, requires = "llm", allow_negative_numbers = true, value_name = "TPS", default_value_t = EngineSpec::default().prefill_tps)]
+    prefill_tps: f64,
+    /// --llm: fixed cost of an engine step, milliseconds.
+    #[arg(long, requires = "llm", allow_negative_numbers = true, value_name = "MS", default_value_t = EngineSpec::default().step_ms)]
+    step_ms: f64,
+    /// --llm: added cost of a step per running sequence, milliseconds.
+    #[arg(long, requires = "llm", allow_negative_numbers = true, value_name = "MS", default_value_t = EngineSpec::default().step_per_seq_ms)]
+    step_per_seq_ms: f64,
+    /// --llm: most prompt tokens prefilled in one step (chunked prefill).
+    #[arg(long, requires = "llm", value_name = "N", default_value_t = EngineSpec::default().max_batch_tokens)]
+    max_batch_tokens: usize,
+    /// --llm: the model name served.
+    #[arg(
+        long,
+        requires = "llm",
+        value_name = "NAME",
+        default_value = "keel-llm"
+    )]
+    model: String,
 }
 
 fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
@@ -198,14 +237,117 @@ fn parse(args: &Args) -> anyhow::Result<(Vec<SocketAddr>, BackendConfig)> {
     Ok((addrs, cfg))
 }
 
+/// The engine of `--llm`, its flags checked.
+fn engine_spec(args: &Args) -> anyhow::Result<EngineSpec> {
+    let spec = EngineSpec {
+        kv_blocks: args.kv_blocks,
+        block_tokens: args.block_tokens,
+        prefill_tps: args.prefill_tps,
+        step_ms: args.step_ms,
+        step_per_seq_ms: args.step_per_seq_ms,
+        max_batch_tokens: args.max_batch_tokens,
+        ..EngineSpec::default()
+    };
+    if spec.kv_blocks == 0 {
+        return usage("--kv-blocks must be at least 1");
+    }
+    if !(1..=keel_balance::prefix::MAX_BLOCK_TOKENS).contains(&spec.block_tokens) {
+        return usage(format!(
+            "--block-tokens must be 1 to {}",
+            keel_balance::prefix::MAX_BLOCK_TOKENS
+        ));
+    }
+    if !(spec.prefill_tps.is_finite() && spec.prefill_tps > 0.0) {
+        return usage("--prefill-tps must be a positive number");
+    }
+    for (flag, v) in [
+        ("--step-ms", spec.step_ms),
+        ("--step-per-seq-ms", spec.step_per_seq_ms),
+    ] {
+        if !(v.is_finite() && v >= 0.0) {
+            return usage(format!("{flag} must be 0 or more"));
+        }
+    }
+    if spec.max_batch_tokens == 0 {
+        return usage("--max-batch-tokens must be at least 1");
+    }
+    if args.model.is_empty() {
+        return usage("--model must not be empty");
+    }
+    Ok(spec)
+}
+
 /// Runs `keel backend` until Ctrl-C (or SIGTERM).
 pub fn run(args: Args) -> anyhow::Result<()> {
     let (addrs, cfg) = parse(&args)?;
+    let spec = if args.llm {
+        Some(engine_spec(&args)?)
+    } else {
+        None
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(serve(args, addrs, cfg))
+    match spec {
+        Some(spec) => runtime.block_on(serve_llm(args, addrs, cfg.fault, spec)),
+        None => runtime.block_on(serve(args, addrs, cfg)),
+    }
+}
+
+async fn serve_llm(
+    args: Args,
+    addrs: Vec<SocketAddr>,
+    fault: FailureMode,
+    spec: EngineSpec,
+) -> anyhow::Result<()> {
+    let several = addrs.len() > 1;
+    let mut handles = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        let name = match (&args.name, several) {
+            (Some(n), true) => format!("{n}-{}", i + 1),
+            (Some(n), false) => n.clone(),
+            (None, _) => String::new(),
+        };
+        let cfg = LlmConfig {
+            spec,
+            model: args.model.clone(),
+            // Distinct engines write distinct words from one seed.
+            seed: args.seed.unwrap_or(0).wrapping_add(i as u64),
+            fault,
+            name,
+        };
+        let handle = match llm::spawn(*addr, cfg).await {
+            Ok(h) => h,
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => return usage(format!("{e}")),
+            Err(e) => return Err(e).with_context(|| format!("cannot listen on {addr}")),
+        };
+        println!(
+            "keel backend --llm {} listening on {} (model {}, {} KV blocks of {} tokens, prefill {} tokens/s, step {} ms + {} ms per sequence, {} tokens per step, failure {})",
+            handle.name(),
+            handle.addr(),
+            handle.model(),
+            spec.kv_blocks,
+            spec.block_tokens,
+            spec.prefill_tps,
+            spec.step_ms,
+            spec.step_per_seq_ms,
+            spec.max_batch_tokens,
+            fault
+        );
+        handles.push(handle);
+    }
+    println!("Ctrl-C to stop");
+    wait_for_stop().await?;
+    for h in handles {
+        println!(
+            "keel backend --llm {}: {} generation requests",
+            h.name(),
+            h.requests()
+        );
+        h.shutdown().await;
+    }
+    Ok(())
 }
 
 async fn serve(args: Args, addrs: Vec<SocketAddr>, cfg: BackendConfig) -> anyhow::Result<()> {
@@ -398,5 +540,62 @@ mod tests {
             assert!(is_usage(parse_cli(&argv)), "{argv:?}");
         }
         assert!(is_usage(parse_cli(&["--listen", "localhost"])));
+    }
+
+    #[test]
+    fn llm_flags_build_the_engine() {
+        let cli = |argv: &[&str]| {
+            Cli::try_parse_from(std::iter::once("backend").chain(argv.iter().copied()))
+                .map(|c| c.args)
+        };
+        let args = cli(&["--listen", "127.0.0.1:0", "--llm"]).unwrap();
+        assert_eq!(engine_spec(&args).unwrap(), EngineSpec::default());
+        assert_eq!(args.model, "keel-llm");
+        let args = cli(&[
+            "--listen",
+            "127.0.0.1:0",
+            "--llm",
+            "--kv-blocks",
+            "64",
+            "--block-tokens",
+            "8",
+            "--prefill-tps",
+            "1000",
+            "--step-ms",
+            "5",
+            "--step-per-seq-ms",
+            "0.5",
+            "--max-batch-tokens",
+            "512",
+            "--model",
+            "m",
+        ])
+        .unwrap();
+        let spec = engine_spec(&args).unwrap();
+        assert_eq!(
+            (spec.kv_blocks, spec.block_tokens, spec.max_batch_tokens),
+            (64, 8, 512)
+        );
+        assert_eq!(
+            (spec.prefill_tps, spec.step_ms, spec.step_per_seq_ms),
+            (1000.0, 5.0, 0.5)
+        );
+        // Engine flags need --llm; the plain backend's own flags do not go with it.
+        assert!(cli(&["--listen", "127.0.0.1:0", "--kv-blocks", "64"]).is_err());
+        assert!(cli(&["--listen", "127.0.0.1:0", "--llm", "--latency", "5ms"]).is_err());
+        for bad in [
+            &["--kv-blocks", "0"][..],
+            &["--block-tokens", "0"],
+            &["--prefill-tps", "0"],
+            &["--step-ms", "-1"],
+            &["--max-batch-tokens", "0"],
+        ] {
+            let mut argv = vec!["--listen", "127.0.0.1:0", "--llm"];
+            argv.extend_from_slice(bad);
+            let args = cli(&argv).unwrap();
+            assert!(engine_spec(&args)
+                .err()
+                .is_some_and(|e| e.downcast_ref::<crate::cmd::UsageError>().is_some()));
+        }
     }
 }
