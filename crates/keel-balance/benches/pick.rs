@@ -5,6 +5,8 @@
 //! - `pick_finish_2t/<strategy>/<n>`: two threads doing pick + finish on one shared balancer;
 //!   the time is per op of one thread while the other contends (equal to the 1-thread number
 //!   under perfect scaling, larger with contention).
+//! - `pick_finish_prompts/prefix-affinity/<n>`: prefix-affinity with a prompt of 30 blocks per
+//!   pick (12 shared prefixes of 24 blocks, unique tails, estimates full: evictions every pick).
 //! - `build/<strategy>/<n>`: `Balancer::new` (every strategy's tables built from scratch).
 //! - `update_remove_one/<strategy>/<n>`: `Balancer::update` with one endpoint removed.
 //!
@@ -146,6 +148,37 @@ fn bench_pick_finish(c: &mut Criterion<BenchClock>) {
     two.finish();
 }
 
+/// prefix-affinity with prompts: the estimates' lookups and updates on top of the pick.
+fn bench_prompts(c: &mut Criterion<BenchClock>) {
+    let prompts: Vec<Vec<u64>> = (0..600u64)
+        .map(|r| {
+            (0..30u64)
+                .map(|k| mix64(if k < 24 { r % 12 } else { 1_000 + r } << 32 | k))
+                .collect()
+        })
+        .collect();
+    let mut group = c.benchmark_group("pick_finish_prompts");
+    for &n in &sizes() {
+        let cfg = BalancerConfig::new(StrategyKind::PrefixAffinity);
+        let lb = Balancer::new(cfg, &endpoints(n)).expect("valid config");
+        let mut i = 0u64;
+        group.bench_with_input(BenchmarkId::new("prefix-affinity", n), &n, |b, _| {
+            b.iter(|| {
+                i += 1;
+                let now = Duration::from_nanos(i * 2_000);
+                let ctx = PickContext::new(now).with_prefix(&prompts[i as usize % prompts.len()]);
+                let pick = lb.pick(&ctx).expect("an endpoint");
+                lb.finish(
+                    black_box(pick),
+                    Outcome::Success,
+                    now + Duration::from_nanos(700),
+                );
+            })
+        });
+    }
+    group.finish();
+}
+
 fn bench_tables(c: &mut Criterion<BenchClock>) {
     let mut build = c.benchmark_group("build");
     for (name, cfg) in configs() {
@@ -195,6 +228,6 @@ fn config() -> Criterion<BenchClock> {
 criterion_group! {
     name = benches;
     config = config();
-    targets = bench_pick_finish, bench_tables
+    targets = bench_pick_finish, bench_prompts, bench_tables
 }
 criterion_main!(benches);

@@ -89,7 +89,8 @@ pub struct PickContext<'a> {
     /// The current time on the driver's clock (monotonic, any epoch).
     pub now: Duration,
     /// The request's key for the hash strategies (see [`crate::hash_key`]); without one they
-    /// use a random key.
+    /// use a random key. For `prefix-affinity`, a session's key: its calls go to one endpoint
+    /// among those that match the prompt equally well.
     pub hash_key: Option<u64>,
     /// Endpoints not to pick (the ones a retry already tried), unless no other is left.
     pub avoid: &'a [EndpointId],
@@ -125,6 +126,15 @@ impl<'a> PickContext<'a> {
     pub fn with_prefix(mut self, blocks: &'a [u64]) -> Self {
         self.prefix = blocks;
         self
+    }
+
+    /// What the strategy reads of the request.
+    #[inline]
+    fn call(&self) -> strategy::Call<'a> {
+        strategy::Call {
+            key: self.hash_key,
+            prefix: self.prefix,
+        }
     }
 }
 
@@ -564,19 +574,19 @@ impl Balancer {
             // One group holding every endpoint in order (no priorities, no zones): the
             // strategy's index is the endpoint's, and no group is chosen.
             let s = &snap.strategies[0];
-            let mut index = s.pick(&view, ctx.hash_key);
+            let mut index = s.pick(&view, ctx.call());
             if index.is_none() && view.back_off {
                 // Every endpoint left asked to be backed off: better one of them than none.
                 view.back_off = false;
-                index = s.pick(&view, ctx.hash_key);
+                index = s.pick(&view, ctx.call());
             }
             if index.is_none() && !ctx.avoid.is_empty() {
                 view.avoid = &[];
-                index = s.pick(&view, ctx.hash_key);
+                index = s.pick(&view, ctx.call());
             }
             if index.is_none() && view.half_open {
                 view.half_open = false;
-                index = s.pick(&view, ctx.hash_key);
+                index = s.pick(&view, ctx.call());
             }
             let i = index?;
             return Some(self.start(snap, &view, 0, i, i, now));
@@ -595,23 +605,23 @@ impl Balancer {
     ) -> Option<Pick> {
         let now = view.now;
         let first = snap.layout.choose(now, panic, &self.rng, ctx.hash_key);
-        let (g, local) = Self::pick_from(snap, &view, first, ctx.hash_key).or_else(|| {
+        let (g, local) = Self::pick_from(snap, &view, first, ctx.call()).or_else(|| {
             let mut found = None;
             if view.back_off {
                 // Every endpoint left asked to be backed off: better one of them than none.
                 view.back_off = false;
-                found = Self::pick_from(snap, &view, first, ctx.hash_key);
+                found = Self::pick_from(snap, &view, first, ctx.call());
             }
             if found.is_none() && !ctx.avoid.is_empty() {
                 // Nothing else left: a retry may go back to an endpoint it already tried.
                 view.avoid = &[];
-                found = Self::pick_from(snap, &view, first, ctx.hash_key);
+                found = Self::pick_from(snap, &view, first, ctx.call());
             }
             if found.is_none() && view.half_open {
                 // Every endpoint left is on trial with its trial call in flight: better a
                 // second call there than none at all.
                 view.half_open = false;
-                found = Self::pick_from(snap, &view, first, ctx.hash_key);
+                found = Self::pick_from(snap, &view, first, ctx.call());
             }
             found
         })?;
@@ -624,12 +634,12 @@ impl Balancer {
         snap: &Snapshot,
         view: &View<'_>,
         first: usize,
-        key: Option<u64>,
+        call: strategy::Call<'_>,
     ) -> Option<(usize, usize)> {
         let n = snap.strategies.len();
         let order = std::iter::once(first).chain((0..n).filter(move |&g| g != first));
         for g in order {
-            if let Some(local) = snap.strategies[g].pick(&snap.in_group(view, g), key) {
+            if let Some(local) = snap.strategies[g].pick(&snap.in_group(view, g), call) {
                 return Some((g, local));
             }
         }

@@ -45,11 +45,15 @@ pub enum StrategyKind {
     /// Weighted round-robin on weights from the endpoints' ORCA reports (gRFC A58):
     /// `qps / (utilization + eps / qps x error_utilization_penalty)`.
     OrcaWrr,
+    /// Inference pools: a prompt goes to the endpoint whose prefix cache likely holds most of
+    /// its leading blocks (keel's estimate of each endpoint's cache), within bounded loads; a
+    /// request without a prompt goes to the least loaded.
+    PrefixAffinity,
 }
 
 impl StrategyKind {
     /// All strategies, in documentation order.
-    pub const ALL: [StrategyKind; 13] = [
+    pub const ALL: [StrategyKind; 14] = [
         StrategyKind::RoundRobin,
         StrategyKind::WeightedRoundRobin,
         StrategyKind::Random,
@@ -63,6 +67,7 @@ impl StrategyKind {
         StrategyKind::Rendezvous,
         StrategyKind::Prequal,
         StrategyKind::OrcaWrr,
+        StrategyKind::PrefixAffinity,
     ];
 
     /// The kebab-case name.
@@ -81,6 +86,7 @@ impl StrategyKind {
             StrategyKind::Rendezvous => "rendezvous",
             StrategyKind::Prequal => "prequal",
             StrategyKind::OrcaWrr => "orca-wrr",
+            StrategyKind::PrefixAffinity => "prefix-affinity",
         }
     }
 
@@ -166,10 +172,18 @@ pub struct StrategyOptions {
     /// maglev: lookup table size, a prime larger than the endpoint count, at most
     /// 5000011. Default 65537.
     pub table_size: u64,
-    /// Hash strategies: bounded loads; no endpoint takes more than ceil(c x mean load) calls in
-    /// flight (Mirrokni et al.), overflow walks on to the next endpoint. Off unless set; 1.25 is
-    /// the usual value.
+    /// Hash strategies and prefix-affinity: bounded loads; no endpoint takes more than
+    /// ceil(c x mean load) calls in flight (Mirrokni et al.), overflow walks on to the next
+    /// endpoint. Hash strategies: off unless set; 1.25 is the usual value. prefix-affinity:
+    /// always on, [`DEFAULT_AFFINITY_BOUND`] unless set.
     pub bounded_load: Option<f64>,
+    /// prefix-affinity: the blocks keel's estimate of one endpoint's prefix cache holds (an
+    /// LRU of block names), 1 to [`MAX_CACHE_BLOCKS`]. Default 96: the engine's 120 blocks of
+    /// 16 tokens (`EngineSpec`'s default) x 0.8, because the engine spends blocks the estimate
+    /// never sees (the running sequences' decoded tokens), and an estimate larger than the
+    /// cache sends prompts to endpoints that evicted their prefix. Set it to the engine's
+    /// block count (vLLM logs it as `# GPU blocks`) x 0.8.
+    pub cache_blocks: u32,
     /// prequal: endpoints probed after each pick (the paper's r_probe), 1 to 16. Default 3.
     pub probes_per_pick: u32,
     /// prequal: load reports kept (the paper's pool size), 1 to 64. Default 16.
@@ -219,9 +233,18 @@ impl Default for StrategyOptions {
             weight_expiration_period: Duration::from_secs(180),
             weight_update_period: Duration::from_secs(1),
             error_utilization_penalty: 1.0,
+            cache_blocks: 96,
         }
     }
 }
+
+/// prefix-affinity's load bound when `bounded_load` is not set: an endpoint takes at most
+/// ceil(1.25 x (calls in flight + 1) x its weight share).
+pub const DEFAULT_AFFINITY_BOUND: f64 = 1.25;
+
+/// Largest prefix-affinity `cache_blocks` (the estimate keeps about 40 bytes per block per
+/// endpoint).
+pub const MAX_CACHE_BLOCKS: u32 = 1 << 20;
 
 /// Largest `vnodes`: the ring holds about `vnodes x endpoints` points (8 bytes each), so an
 /// unbounded value could ask for more memory than there is (4 billion vnodes: 32 GiB per
@@ -322,15 +345,22 @@ impl BalancerConfig {
             if c.is_nan() || c < 1.0 || !c.is_finite() {
                 return bad("bounded_load", Problem::out_of_range("1.0 or more", c));
             }
-            if !self.strategy.is_hash() {
+            if !self.strategy.is_hash() && self.strategy != StrategyKind::PrefixAffinity {
                 return bad(
                     "bounded_load",
                     Problem::NotApplicable(format!(
-                        "it is for the hash strategies (ring-hash, maglev, rendezvous), not {}",
+                        "it is for the hash strategies (ring-hash, maglev, rendezvous) and \
+                         prefix-affinity, not {}",
                         self.strategy
                     )),
                 );
             }
+        }
+        if o.cache_blocks == 0 || o.cache_blocks > MAX_CACHE_BLOCKS {
+            return bad(
+                "cache_blocks",
+                Problem::out_of_range(format!("within 1..={MAX_CACHE_BLOCKS}"), o.cache_blocks),
+            );
         }
         let per_pick = MAX_PER_PICK;
         if o.probes_per_pick == 0 || o.probes_per_pick > per_pick {
@@ -557,6 +587,7 @@ mod tests {
                 c.options.max_probe_age = Duration::ZERO
             }),
             ("removes_per_pick", |c| c.options.removes_per_pick = 17),
+            ("cache_blocks", |c| c.options.cache_blocks = 0),
             ("q_rif", |c| c.options.q_rif = 0.0),
             ("weight_update_period", |c| {
                 c.options.weight_update_period = Duration::from_millis(50)

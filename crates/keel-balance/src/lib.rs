@@ -48,7 +48,7 @@ mod time;
 pub use balancer::{Balancer, BuildError, Outcome, Pick, PickContext};
 pub use config::{
     BalancerConfig, StrategyKind, StrategyOptions, TieBreak, UnknownStrategy, ZoneMode,
-    ZoneRouting, ZoneSignal,
+    ZoneRouting, ZoneSignal, DEFAULT_AFFINITY_BOUND, MAX_CACHE_BLOCKS,
 };
 pub use endpoint::{Endpoint, EndpointId, EndpointSpec, EndpointStatus};
 pub use field::{FieldPath, InvalidField, PathSegment, Problem};

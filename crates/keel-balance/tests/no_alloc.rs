@@ -113,3 +113,52 @@ fn picks_allocate_nothing() {
         );
     }
 }
+
+/// prefix-affinity in steady state: prompts of 30 blocks from 12 shared prefixes with unique
+/// tails, more blocks than the estimates hold (evictions on every pick), some held open.
+#[test]
+fn prefix_affinity_picks_allocate_nothing_once_its_estimates_are_full() {
+    COUNTED.with(|c| c.set(true));
+    let mut config = BalancerConfig::new(StrategyKind::PrefixAffinity);
+    config.options.cache_blocks = 96;
+    let eps: Vec<EndpointSpec> = (0..3)
+        .map(|i| EndpointSpec::new(format!("10.1.0.{i}:80")))
+        .collect();
+    let lb = Balancer::new(config, &eps).unwrap();
+    // Block names made once, outside the count: the proxy names them per request.
+    let prompts: Vec<Vec<u64>> = (0..600u64)
+        .map(|r| {
+            let group = r % 12;
+            (0..30u64)
+                .map(|k| {
+                    let owner = if k < 24 { group } else { 1_000 + r };
+                    keel_balance::mix64(owner << 32 | k)
+                })
+                .collect()
+        })
+        .collect();
+    let mut t = Duration::from_secs(1);
+    let mut held = Vec::with_capacity(8);
+    let mut run = |n: usize, t: &mut Duration| {
+        for i in 0..n {
+            *t += Duration::from_micros(50);
+            let ctx = PickContext::new(*t).with_prefix(&prompts[i % prompts.len()]);
+            let p = lb.pick(&ctx).unwrap();
+            if i % 4 == 0 && held.len() < held.capacity() {
+                held.push(p);
+            } else {
+                lb.finish(p, Outcome::Success, *t + Duration::from_micros(20));
+            }
+            if held.len() == held.capacity() {
+                for p in held.drain(..) {
+                    lb.finish(p, Outcome::Success, *t);
+                }
+            }
+        }
+    };
+    run(3_000, &mut t);
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    run(3_000, &mut t);
+    let allocated = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    assert_eq!(allocated, 0, "{allocated} allocations in 3,000 picks");
+}

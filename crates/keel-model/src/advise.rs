@@ -306,10 +306,11 @@ pub fn candidates_in(model: &FittedModel, opts: &ScenarioOptions, ctx: &Context)
     let mut out = Vec::new();
     let mut matched = false;
     // orca-wrr is left out: the simulated servers send no ORCA reports, so it would be
-    // weighted round-robin under another name.
+    // weighted round-robin under another name; prefix-affinity too: the simulated requests
+    // carry no prompt, so it would be least-connections under another name.
     for strategy in StrategyKind::ALL
         .into_iter()
-        .filter(|s| *s != StrategyKind::OrcaWrr)
+        .filter(|s| !matches!(s, StrategyKind::OrcaWrr | StrategyKind::PrefixAffinity))
     {
         for p in [
             Protections::None,

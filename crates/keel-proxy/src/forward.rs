@@ -108,13 +108,19 @@ pub(crate) async fn forward<B: RequestBody>(
             }
         }
     }
-    let mut leg = HttpLeg::new(cluster, head, meta, body, out);
+    // A `prefix-affinity` cluster reads the prompt before the pick (within its bound).
+    let has_body = meta.body != crate::exchange::request::BodyFraming::None;
+    let (prompt, mut body) =
+        crate::policy::inference::read_prompt(&cluster.config.balance, has_body, body).await;
+    let prefix = prompt.as_deref().map_or(&[][..], |h| h.blocks());
+    let mut leg = HttpLeg::new(cluster, head, meta, &mut body, out);
     match drive(
         cluster,
         client,
         req.start,
         req.limits,
         hash,
+        prefix,
         &mut leg,
         timer,
         req.body_progress,

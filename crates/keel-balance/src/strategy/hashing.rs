@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{LoadKey, Strategy, View};
+use super::{Call, LoadKey, Strategy, View};
 use crate::config::{StrategyKind, StrategyOptions, TieBreak};
 use crate::endpoint::Endpoint;
 use crate::hash::{rendezvous_score, Maglev, Ring};
@@ -45,12 +45,12 @@ impl Hashed {
 }
 
 impl Strategy for Hashed {
-    fn pick(&self, v: &View<'_>, key: Option<u64>) -> Option<usize> {
+    fn pick(&self, v: &View<'_>, call: Call<'_>) -> Option<usize> {
         let n = v.eps.len();
         if n == 0 {
             return None;
         }
-        let key = key.unwrap_or_else(|| v.rng.next_u64());
+        let key = call.key.unwrap_or_else(|| v.rng.next_u64());
         let cap = Cap::new(v, self.bound, self.total_weight);
         let accept = |i| v.allowed(i) && cap.admits(v, i);
         let found = match &self.table {
@@ -79,13 +79,13 @@ impl Strategy for Hashed {
 
 /// Bounded loads: endpoint i may take one more call while it has fewer than
 /// ceil(c x (group in flight + 1) x w_i / W) in flight. The per-pick part is computed once.
-struct Cap {
+pub(crate) struct Cap {
     /// c x (group in flight + 1) / W; `None`: no bound.
     per_weight: Option<f64>,
 }
 
 impl Cap {
-    fn new(v: &View<'_>, bound: Option<f64>, total_weight: u64) -> Self {
+    pub(crate) fn new(v: &View<'_>, bound: Option<f64>, total_weight: u64) -> Self {
         Self {
             per_weight: bound
                 .map(|c| c * (v.group_in_flight() + 1) as f64 / total_weight.max(1) as f64),
@@ -93,7 +93,7 @@ impl Cap {
     }
 
     #[inline]
-    fn admits(&self, v: &View<'_>, i: usize) -> bool {
+    pub(crate) fn admits(&self, v: &View<'_>, i: usize) -> bool {
         let Some(per_weight) = self.per_weight else {
             return true;
         };
@@ -138,14 +138,14 @@ mod tests {
         ] {
             let b = Bench::new(&[1; 10]);
             let s = Hashed::new(kind, &StrategyOptions::default(), &b.eps);
-            let owner = s.pick(&b.view(0), Some(42)).unwrap();
+            let owner = s.pick(&b.view(0), Call::key(42)).unwrap();
             for _ in 0..5 {
-                assert_eq!(s.pick(&b.view(0), Some(42)), Some(owner), "{kind}");
+                assert_eq!(s.pick(&b.view(0), Call::key(42)), Some(owner), "{kind}");
             }
             b.eps[owner].eject(u64::MAX);
-            let second = s.pick(&b.view(0), Some(42)).unwrap();
+            let second = s.pick(&b.view(0), Call::key(42)).unwrap();
             assert_ne!(second, owner, "{kind}");
-            assert_eq!(s.pick(&b.view(0), Some(42)), Some(second), "{kind}");
+            assert_eq!(s.pick(&b.view(0), Call::key(42)), Some(second), "{kind}");
         }
     }
 
@@ -158,7 +158,7 @@ mod tests {
         };
         let s = Hashed::new(StrategyKind::Rendezvous, &o, &b.eps);
         for total in 1..=40u64 {
-            let i = s.pick(&b.view(0), Some(7)).unwrap();
+            let i = s.pick(&b.view(0), Call::key(7)).unwrap();
             b.eps[i].begin_call();
             b.group.store(total, std::sync::atomic::Ordering::Relaxed);
             let cap = (1.25 * total as f64 / 4.0).ceil() as u32;

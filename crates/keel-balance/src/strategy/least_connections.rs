@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::{LoadKey, Strategy, View};
+use super::{Call, LoadKey, Strategy, View};
 use crate::config::TieBreak;
 use crate::endpoint::Endpoint;
 
@@ -58,7 +58,7 @@ fn leaf(v: &View<'_>, i: usize, extra: u32) -> Leaf {
 }
 
 impl Strategy for LeastConnections {
-    fn pick(&self, v: &View<'_>, _key: Option<u64>) -> Option<usize> {
+    fn pick(&self, v: &View<'_>, _call: Call<'_>) -> Option<usize> {
         if v.ignore_health || v.eps.is_empty() {
             return v.min_by(self.tie, |i| LoadKey(v, i));
         }

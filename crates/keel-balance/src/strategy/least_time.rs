@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::{Observation, Strategy, View, RANDOM_TRIES};
+use super::{Call, Observation, Strategy, View, RANDOM_TRIES};
 use crate::config::{StrategyOptions, TieBreak};
 use crate::endpoint::Endpoint;
 use crate::rng::{below, mix64};
@@ -95,7 +95,7 @@ impl LeastTime {
 }
 
 impl Strategy for LeastTime {
-    fn pick(&self, v: &View<'_>, _key: Option<u64>) -> Option<usize> {
+    fn pick(&self, v: &View<'_>, _call: Call<'_>) -> Option<usize> {
         if self.tie == TieBreak::LowestIndex || v.ignore_health || v.eps.is_empty() {
             return self.scan(v);
         }

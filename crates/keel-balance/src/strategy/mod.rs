@@ -7,7 +7,9 @@
 //! - [`two_choices`]: least-request and peak-EWMA (power of two choices, by load or by cost);
 //! - [`hashing`]: ring-hash, Maglev, rendezvous, with or without bounded loads;
 //! - [`prequal`]: the hot-cold rule over the load reports endpoints send back;
-//! - [`orca_wrr`]: weighted round-robin on weights from the endpoints' ORCA reports.
+//! - [`orca_wrr`]: weighted round-robin on weights from the endpoints' ORCA reports;
+//! - [`prefix_affinity`]: an inference prompt to the endpoint that likely caches its prefix,
+//!   within a bound on load.
 //!
 //! Each reads endpoint state through a [`View`] that already knows which endpoints this pick
 //! may choose (health, ejection, panic mode, retry avoidance) and what time it is.
@@ -26,6 +28,7 @@ mod hashing;
 mod least_connections;
 mod least_time;
 mod orca_wrr;
+mod prefix_affinity;
 pub(crate) mod prequal;
 mod random;
 mod rotation;
@@ -46,8 +49,8 @@ pub(crate) const RANDOM_TRIES: usize = 8;
 /// `observe` too, as another kind of [`Observation`].
 pub(crate) trait Strategy: Send + Sync {
     /// The index of the endpoint for this call, among those `v` allows; `None` if none is.
-    /// `key` is the request's hash key, if it has one.
-    fn pick(&self, v: &View<'_>, key: Option<u64>) -> Option<usize>;
+    /// `call` is what the request says of itself (its hash key, its prompt's blocks).
+    fn pick(&self, v: &View<'_>, call: Call<'_>) -> Option<usize>;
 
     /// True if the strategy wants [`Strategy::started`] and [`Strategy::observe`] for every
     /// call (the others let `finish` skip the snapshot entirely).
@@ -100,6 +103,34 @@ pub(crate) trait Strategy: Send + Sync {
     fn probe_targets(&self, _v: &View<'_>, _out: &mut Vec<EndpointId>) {}
 }
 
+/// What a pick knows of its request besides the endpoints' state ([`crate::PickContext`]'s
+/// request fields): the strategies that read none of it ignore it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Call<'a> {
+    /// The request's hash key, if it has one.
+    pub key: Option<u64>,
+    /// The prompt's block names, first block first (`prefix-affinity`).
+    pub prefix: &'a [u64],
+}
+
+impl Call<'_> {
+    /// A call with no key and no prompt.
+    #[cfg(test)]
+    pub const NONE: Call<'static> = Call {
+        key: None,
+        prefix: &[],
+    };
+
+    /// A call with only a hash key.
+    #[cfg(test)]
+    pub fn key(key: u64) -> Call<'static> {
+        Call {
+            key: Some(key),
+            prefix: &[],
+        }
+    }
+}
+
 /// Something the balancer learned about one endpoint.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Observation {
@@ -139,6 +170,7 @@ pub(crate) fn build(
         }
         StrategyKind::Prequal => Box::new(prequal::Prequal::new(o, eps.len())),
         StrategyKind::OrcaWrr => Box::new(orca_wrr::OrcaWrr::new(o, eps.len())),
+        StrategyKind::PrefixAffinity => Box::new(prefix_affinity::PrefixAffinity::new(o, eps)),
     }
 }
 
@@ -323,7 +355,7 @@ pub(crate) mod testing {
     use std::sync::atomic::AtomicU64;
     use std::sync::Arc;
 
-    use super::{Observation, Strategy, View};
+    use super::{Call, Observation, Strategy, View};
     use crate::endpoint::{Endpoint, EndpointSpec};
     use crate::rng::SharedRng;
     use crate::Outcome;
@@ -375,7 +407,7 @@ pub(crate) mod testing {
         /// Picks at `now` and counts the call in flight, as the balancer does.
         pub fn start(&self, s: &dyn Strategy, now: u64) -> usize {
             let v = self.view(now);
-            let i = s.pick(&v, None).expect("an endpoint");
+            let i = s.pick(&v, Call::NONE).expect("an endpoint");
             self.eps[i].begin_call();
             if s.follows_calls() {
                 s.started(&v, i);

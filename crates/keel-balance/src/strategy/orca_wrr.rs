@@ -29,7 +29,7 @@ use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use super::{Observation, Strategy, View};
+use super::{Call, Observation, Strategy, View};
 use crate::config::StrategyOptions;
 use crate::load::Utilization;
 use crate::time::nanos;
@@ -186,7 +186,7 @@ impl OrcaWrr {
 }
 
 impl Strategy for OrcaWrr {
-    fn pick(&self, v: &View<'_>, _key: Option<u64>) -> Option<usize> {
+    fn pick(&self, v: &View<'_>, _call: Call<'_>) -> Option<usize> {
         let mut guard = self.sched.lock().unwrap_or_else(|e| e.into_inner());
         let s = &mut *guard;
         if v.now >= s.next_update {
@@ -347,7 +347,7 @@ mod tests {
             let mut counts = vec![0usize; n];
             let picks = 110_000;
             for _ in 0..picks {
-                counts[s.pick(&b.view(12 * S), None).unwrap()] += 1;
+                counts[s.pick(&b.view(12 * S), Call::NONE).unwrap()] += 1;
             }
             let share = counts[n - 1] as f64 / picks as f64;
             assert!(share <= 2.0 / 11.0 + 0.002, "{liar:?}: {share} {counts:?}");
@@ -367,7 +367,7 @@ mod tests {
         let mut counts = [0usize; 3];
         let now = 12 * S;
         for _ in 0..60_000 {
-            counts[s.pick(&b.view(now), None).unwrap()] += 1;
+            counts[s.pick(&b.view(now), Call::NONE).unwrap()] += 1;
         }
         for (c, w) in counts.iter().zip([1.0, 2.0, 3.0]) {
             assert!((*c as f64 / 60_000.0 - w / 6.0).abs() < 0.002, "{counts:?}");

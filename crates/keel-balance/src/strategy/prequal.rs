@@ -30,7 +30,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use super::{Observation, Strategy, View, RANDOM_TRIES};
+use super::{Call, Observation, Strategy, View, RANDOM_TRIES};
 use crate::config::{StrategyOptions, MAX_POOL};
 use crate::endpoint::EndpointId;
 use crate::load::LoadReport;
@@ -470,7 +470,7 @@ impl Prequal {
 }
 
 impl Strategy for Prequal {
-    fn pick(&self, v: &View<'_>, _key: Option<u64>) -> Option<usize> {
+    fn pick(&self, v: &View<'_>, _call: Call<'_>) -> Option<usize> {
         self.pick_pooled(v).or_else(|| {
             // No usable report: a random endpoint, one that has not just failed if it can.
             let n = v.eps.len();
@@ -584,7 +584,7 @@ mod tests {
         for (i, lat) in [(0, 10), (1, 20), (2, 30)] {
             p.observe(&b.view(0), i, &Observation::Load(rep(0, lat)));
         }
-        let picks: Vec<_> = (1..=3).map(|t| p.pick(&b.view(t), None)).collect();
+        let picks: Vec<_> = (1..=3).map(|t| p.pick(&b.view(t), Call::NONE)).collect();
         assert_eq!(
             picks,
             [Some(0), Some(1), Some(2)],
@@ -619,7 +619,7 @@ mod tests {
         for _ in 0..3 {
             b.eps[0].begin_call();
         }
-        assert_eq!(p.pick(&b.view(1), None), Some(1));
+        assert_eq!(p.pick(&b.view(1), Call::NONE), Some(1));
         // Exact ties (no estimate: 0 ms) are broken at random, not by pool order.
         let mut counts = [0usize; 2];
         for _ in 0..2000 {
@@ -689,7 +689,7 @@ mod tests {
         };
         load(0, rep(0, 1), 0);
         load(1, rep(5, 50), 0);
-        assert_eq!(p.pick(&b.view(10), None), Some(0));
+        assert_eq!(p.pick(&b.view(10), Call::NONE), Some(0));
         p.observe(
             &b.view(10),
             0,
@@ -699,7 +699,11 @@ mod tests {
             },
         );
         load(0, rep(0, 1), 20);
-        assert_eq!(p.pick(&b.view(20), None), Some(1), "0 penalised until 1010");
+        assert_eq!(
+            p.pick(&b.view(20), Call::NONE),
+            Some(1),
+            "0 penalised until 1010"
+        );
         let mut targets = Vec::new();
         p.probe_targets(&b.view(20), &mut targets);
         assert!(
@@ -708,7 +712,7 @@ mod tests {
         );
         assert_eq!(targets.len(), 2);
         load(0, rep(0, 1), 1011);
-        assert_eq!(p.pick(&b.view(1011), None), Some(0));
+        assert_eq!(p.pick(&b.view(1011), Call::NONE), Some(0));
     }
 
     #[test]
@@ -717,7 +721,7 @@ mod tests {
         let p = Prequal::new(&StrategyOptions::default(), 4);
         let mut counts = [0usize; 4];
         for _ in 0..4000 {
-            counts[p.pick(&b.view(1), None).unwrap()] += 1;
+            counts[p.pick(&b.view(1), Call::NONE).unwrap()] += 1;
         }
         crate::strategy::testing::assert_shares(&counts, &[1, 1, 1, 1], 0.03);
     }

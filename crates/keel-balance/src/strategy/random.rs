@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::weights::WeightLine;
-use super::{Strategy, View, RANDOM_TRIES};
+use super::{Call, Strategy, View, RANDOM_TRIES};
 use crate::endpoint::Endpoint;
 use crate::rng::{below, mix64};
 
@@ -11,7 +11,7 @@ use crate::rng::{below, mix64};
 pub(crate) struct Random;
 
 impl Strategy for Random {
-    fn pick(&self, v: &View<'_>, _key: Option<u64>) -> Option<usize> {
+    fn pick(&self, v: &View<'_>, _call: Call<'_>) -> Option<usize> {
         v.random_allowed()
     }
 }
@@ -30,7 +30,7 @@ impl WeightedRandom {
 }
 
 impl Strategy for WeightedRandom {
-    fn pick(&self, v: &View<'_>, _key: Option<u64>) -> Option<usize> {
+    fn pick(&self, v: &View<'_>, _call: Call<'_>) -> Option<usize> {
         if self.line.total() == 0 {
             return None;
         }

@@ -5,7 +5,7 @@ use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::{Strategy, View};
+use super::{Call, Strategy, View};
 use crate::endpoint::Endpoint;
 
 /// Each endpoint in turn; weights ignored.
@@ -22,7 +22,7 @@ impl RoundRobin {
 }
 
 impl Strategy for RoundRobin {
-    fn pick(&self, v: &View<'_>, _key: Option<u64>) -> Option<usize> {
+    fn pick(&self, v: &View<'_>, _call: Call<'_>) -> Option<usize> {
         let n = v.eps.len();
         // An unavailable endpoint's turn goes to the next value of the counter, not to its
         // neighbour in the list, so that the others keep equal shares (walking to the neighbour
@@ -80,7 +80,7 @@ fn step(weight_milli: u64) -> u64 {
 }
 
 impl Strategy for WeightedRoundRobin {
-    fn pick(&self, v: &View<'_>, _key: Option<u64>) -> Option<usize> {
+    fn pick(&self, v: &View<'_>, _call: Call<'_>) -> Option<usize> {
         let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
         for _ in 0..EDF_TRIES {
             let mut top = heap.peek_mut()?;
@@ -117,7 +117,9 @@ mod tests {
     fn round_robin_visits_each_in_turn_and_skips_the_unavailable() {
         let b = Bench::new(&[1, 1, 1, 1]);
         let s = RoundRobin::new();
-        let order: Vec<usize> = (0..8).map(|_| s.pick(&b.view(0), None).unwrap()).collect();
+        let order: Vec<usize> = (0..8)
+            .map(|_| s.pick(&b.view(0), Call::NONE).unwrap())
+            .collect();
         assert_eq!(order, [0, 1, 2, 3, 0, 1, 2, 3]);
         b.eps[2].eject(u64::MAX);
         let counts = b.sequential(&s, 3_000, 0);
@@ -129,7 +131,7 @@ mod tests {
         let b = Bench::new(&[5, 1, 1]);
         let s = WeightedRoundRobin::new(&b.eps);
         let seq: String = (0..14)
-            .map(|_| (b'a' + s.pick(&b.view(0), None).unwrap() as u8) as char)
+            .map(|_| (b'a' + s.pick(&b.view(0), Call::NONE).unwrap() as u8) as char)
             .collect();
         assert_eq!(seq, "aaabcaaaaabcaa");
         // Weights 1-4 on 13 endpoints: after every pick each endpoint is within one pick of
@@ -140,7 +142,7 @@ mod tests {
         let s = WeightedRoundRobin::new(&b.eps);
         let mut counts = vec![0u32; weights.len()];
         for t in 1..=(3 * total) {
-            counts[s.pick(&b.view(0), None).unwrap()] += 1;
+            counts[s.pick(&b.view(0), Call::NONE).unwrap()] += 1;
             for (c, w) in counts.iter().zip(&weights) {
                 let share = f64::from(t) * f64::from(*w) / f64::from(total);
                 assert!((f64::from(*c) - share).abs() <= 1.0, "pick {t}: {counts:?}");
@@ -161,6 +163,6 @@ mod tests {
         b.eps[0].eject(u64::MAX);
         b.eps[2].eject(u64::MAX);
         b.eps[3].eject(u64::MAX);
-        assert_eq!(s.pick(&b.view(0), None), None);
+        assert_eq!(s.pick(&b.view(0), Call::NONE), None);
     }
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::weights::WeightLine;
-use super::{Observation, Strategy, View, RANDOM_TRIES};
+use super::{Call, Observation, Strategy, View, RANDOM_TRIES};
 use crate::config::StrategyOptions;
 use crate::endpoint::{Endpoint, LatencyEstimate};
 use crate::rng::mix64;
@@ -112,7 +112,7 @@ impl TwoChoices {
 }
 
 impl Strategy for TwoChoices {
-    fn pick(&self, v: &View<'_>, _key: Option<u64>) -> Option<usize> {
+    fn pick(&self, v: &View<'_>, _call: Call<'_>) -> Option<usize> {
         let mut c = [0; MAX_CHOICES];
         let count = self.candidates(v, &mut c);
         let mut best = *c[..count].first()?;

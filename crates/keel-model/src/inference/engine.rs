@@ -33,6 +33,29 @@
 //! - **Counters** as vLLM's metrics count them: running, waiting, KV usage (referenced blocks /
 //!   all), prefix-cache queries and hits in tokens (counted once per request, at its first
 //!   admission), prompt and generation tokens, preemptions.
+//!
+//! A driver in virtual time (the real-time one sleeps `duration` instead):
+//!
+//! ```
+//! use std::time::Duration;
+//! use keel_model::inference::{engine::{Engine, Event, Request}, EngineSpec};
+//!
+//! let mut engine = Engine::new(EngineSpec::default());
+//! let prompt = |id| Request { id, blocks: vec![1, 2, 3], prompt_tokens: 50, max_tokens: 4 };
+//! engine.submit(prompt(1), Duration::ZERO).unwrap();
+//! engine.submit(prompt(2), Duration::ZERO).unwrap();
+//! let (mut now, mut events, mut cached) = (Duration::ZERO, Vec::new(), Vec::new());
+//! while let Some(step) = engine.step(now, &mut events) {
+//!     now += step.duration; // the step's events happen at its end
+//!     for e in events.drain(..) {
+//!         if let Event::Finished { usage, .. } = e {
+//!             cached.push(usage.cached_tokens);
+//!         }
+//!     }
+//! }
+//! // Admitted in the same step: the second finds the first's 3 blocks (3 x 16 tokens) named.
+//! assert_eq!(cached, [0, 48]);
+//! ```
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;

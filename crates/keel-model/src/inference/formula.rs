@@ -7,7 +7,12 @@
 //! every engine; affinity partitions the groups (largest first onto the least loaded engine),
 //! optionally capped at `bound / N` of the requests per engine with the excess spread over the
 //! others. Each engine is then an LRU cache of blocks fed by its own mix, solved by Che's
+<<<<<<< HEAD
 //! approximation, and a single server (M/G/1) whose service time is the request served alone.
+=======
+//! approximation, and a server of continuous batching whose mean step and TTFT solve Little's
+//! law (see [`pool`]).
+>>>>>>> h3-affinity
 
 use keel_balance::prefix::MAX_BLOCK_TOKENS;
 
@@ -250,7 +255,11 @@ pub struct EngineLoad {
     pub lru_blocks: f64,
     /// Mean service time alone (prefill of the uncached tokens + the decode steps), seconds.
     pub service: f64,
+<<<<<<< HEAD
     /// Mean time to first token (M/G/1 wait + prefill + one step), seconds; infinite when
+=======
+    /// Mean time to first token (continuous batching, see [`pool`]), seconds; infinite when
+>>>>>>> h3-affinity
     /// the engine is overloaded.
     pub ttft: f64,
 }
@@ -279,8 +288,16 @@ impl PoolLoad {
 /// How the pool's requests arrive.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Arrivals {
+<<<<<<< HEAD
     /// Open loop (Poisson) at this load per engine under balancing, with the balanced
     /// routing's own hit ratio (see [`pool`]).
+=======
+    /// Open loop (Poisson) at this offered load per engine under balancing: arrivals per
+    /// engine x the mean service time of a request served alone (prefill of its uncached
+    /// tokens + its decode steps at one sequence), with the balanced routing's own hit ratio
+    /// (see [`pool`]). Continuous batching serves several at once, so an engine keeps up
+    /// past 1.
+>>>>>>> h3-affinity
     Load(f64),
     /// Closed loop: this many clients, each with one request in flight.
     Clients(usize),
@@ -295,6 +312,79 @@ fn step_alone(spec: &EngineSpec) -> f64 {
     (spec.step_ms + spec.step_per_seq_ms) / 1000.0
 }
 
+<<<<<<< HEAD
+=======
+/// An engine under continuous batching, solved for its mean step and TTFT.
+struct Batching {
+    /// Mean TTFT, seconds (infinite when the engine cannot keep up).
+    ttft: f64,
+    /// Requests in the engine (Little's law).
+    in_flight: f64,
+    /// Requests per second.
+    rate: f64,
+}
+
+/// Continuous batching at `lambda` requests per second (open loop), or with `n` requests always
+/// in the engine (closed loop, `lambda = None`), with a mean prefill of `prefill` seconds per
+/// request. Steps run back to back while there is work: a step takes `s0 + s1 n` plus the
+/// prefill of the requests that arrived during the previous one, so its mean is
+/// `D = (s0 + s1 n) / (1 - lambda prefill)`; a request waits for the step under way (half of
+/// one, when the engine is busy: probability `1 - e^{-n}`), then its own step:
+/// `TTFT = (1 - e^{-n}) D / 2 + D + s1 + prefill`; and it stays for `output - 1` more steps:
+/// `n = lambda (TTFT + (output - 1) D)`. Fixed point by damped iteration.
+fn batching(
+    spec: &EngineSpec,
+    w: &Workload,
+    lambda: Option<f64>,
+    n: f64,
+    prefill: f64,
+) -> Batching {
+    let (s0, s1) = (spec.step_ms / 1000.0, spec.step_per_seq_ms / 1000.0);
+    let more = w.output_tokens.saturating_sub(1) as f64;
+    let (mut n, mut rate) = (n.max(0.0), lambda.unwrap_or(0.0));
+    let mut ttft = f64::INFINITY;
+    for _ in 0..500 {
+        let load = rate * prefill;
+        if load >= 1.0 || n > 1e7 {
+            return Batching {
+                ttft: f64::INFINITY,
+                in_flight: f64::INFINITY,
+                rate,
+            };
+        }
+        let d = (s0 + s1 * n) / (1.0 - load);
+        let busy = if lambda.is_none() && n >= 1.0 {
+            1.0
+        } else {
+            -(-n).exp_m1()
+        };
+        ttft = busy * d / 2.0 + d + s1 + prefill;
+        let stay = ttft + more * d;
+        match lambda {
+            Some(l) => {
+                let next = l * stay;
+                if (next - n).abs() < 1e-10 * (1.0 + n) {
+                    break;
+                }
+                n = 0.5 * (n + next);
+            }
+            None => {
+                let next = n / stay;
+                if (next - rate).abs() < 1e-10 * (1.0 + rate) {
+                    break;
+                }
+                rate = 0.5 * (rate + next);
+            }
+        }
+    }
+    Batching {
+        ttft,
+        in_flight: n,
+        rate,
+    }
+}
+
+>>>>>>> h3-affinity
 /// The pool under `routing`. `rate` is the arrival rate in requests per second for the whole
 /// pool (open loop), or `None` with `clients` in flight (closed loop; waits are not modelled
 /// then and the TTFT is the service's).
@@ -310,7 +400,10 @@ fn pool_at(
     let prompt = w.prompt_tokens().max(1) as f64;
     let own = w.own_blocks(spec) as f64;
     let one_time = w.one_time_blocks(spec) as f64;
+<<<<<<< HEAD
     let step = step_alone(spec);
+=======
+>>>>>>> h3-affinity
     let mut engines = Vec::with_capacity(mix.len());
     for row in mix {
         let share: f64 = row.iter().sum();
@@ -330,7 +423,11 @@ fn pool_at(
                 .collect();
             let t = che_time(&items, one_time, lru, in_flight);
             // Hits and first-use misses per group.
+<<<<<<< HEAD
             let (mut hit_tokens, mut reqs, mut s1, mut s2) = (0.0, 0.0, 0.0, 0.0);
+=======
+            let (mut hit_tokens, mut reqs, mut s1) = (0.0, 0.0, 0.0);
+>>>>>>> h3-affinity
             for &(q, _) in &items {
                 if q <= 0.0 {
                     continue;
@@ -354,7 +451,10 @@ fn pool_at(
                 let s_hit = service_alone(spec, w, prompt - shared);
                 let s_miss = service_alone(spec, w, prompt);
                 s1 += q * (h * s_hit + (1.0 - h) * s_miss);
+<<<<<<< HEAD
                 s2 += q * (h * s_hit * s_hit + (1.0 - h) * s_miss * s_miss);
+=======
+>>>>>>> h3-affinity
             }
             if reqs <= 0.0 {
                 out = Some(EngineLoad {
@@ -369,6 +469,7 @@ fn pool_at(
                 break;
             }
             let cached = hit_tokens / (reqs * prompt);
+<<<<<<< HEAD
             let uncached = prompt * (1.0 - cached);
             let prefill = uncached / spec.prefill_tps;
             let (util, wait) = match lambda {
@@ -385,16 +486,30 @@ fn pool_at(
             };
             let next = match lambda {
                 Some(l) => (l * (wait + s1)).min(spec.max_running as f64),
+=======
+            let prefill = prompt * (1.0 - cached) / spec.prefill_tps;
+            let b = batching(spec, w, lambda, in_flight, prefill);
+            let next = match lambda {
+                Some(_) => b.in_flight.min(spec.max_running as f64),
+>>>>>>> h3-affinity
                 None => in_flight,
             };
             let e = EngineLoad {
                 share,
                 cached,
+<<<<<<< HEAD
                 utilization: util,
                 in_flight,
                 lru_blocks: lru,
                 service: s1,
                 ttft: wait + prefill + step,
+=======
+                utilization: b.rate * s1,
+                in_flight,
+                lru_blocks: lru,
+                service: s1,
+                ttft: b.ttft,
+>>>>>>> h3-affinity
             };
             let done = (next - in_flight).abs() < 1e-9 || !next.is_finite();
             out = Some(e);
@@ -424,6 +539,18 @@ fn pool_at(
 /// arrival rate is the one that loads each engine to `rho` under [`Routing::Balanced`]
 /// (`rho = lambda / N x` the balanced mean service time), whatever `routing` is, so that two
 /// routings compare at the same traffic.
+<<<<<<< HEAD
+=======
+///
+/// Per engine: the hit ratio by Che's approximation on its own mix with the blocks pinned by
+/// the requests in flight taken out, and the TTFT of continuous batching: steps run back to
+/// back while there is work; a step takes `s0 + s1 n` plus the prefill of the requests that
+/// arrived during the previous one, so its mean is `D = (s0 + s1 n) / (1 - lambda a)` (`a`
+/// the mean prefill time, `n` the requests in the engine); a request waits for the step under
+/// way (half of one when the engine is busy, probability `1 - e^{-n}`), then runs its own:
+/// `TTFT = (1 - e^{-n}) D / 2 + D + s1 + a`; it stays `output - 1` more steps, so
+/// `n = lambda (TTFT + (output - 1) D)`. The cache, `n` and `TTFT` are solved together.
+>>>>>>> h3-affinity
 pub fn pool(
     spec: &EngineSpec,
     w: &Workload,
@@ -487,7 +614,12 @@ pub struct Comparison {
     /// First order (the hot engine as M/M/1 against a balanced one): affinity wins where
     /// `r < 1 / (1 + (k - 1) rho)`.
     pub first_order_wins: bool,
+<<<<<<< HEAD
     /// M/G/1 per engine, mean TTFT over requests: affinity wins where its mean is lower.
+=======
+    /// Continuous batching per engine (see [`pool`]), mean TTFT over requests: affinity wins
+    /// where its mean is lower.
+>>>>>>> h3-affinity
     pub wins: bool,
 }
 
@@ -542,14 +674,22 @@ pub fn compare(
     }
 }
 
+<<<<<<< HEAD
 /// The loads in (0, 1) where affinity's mean TTFT is below balancing's, as the highest load
 /// of the first run of wins from low load, scanning in steps of `step`: `None` when affinity
 /// does not win even at the lowest load; `Some(1.0)` when it wins up to saturation.
+=======
+/// The load below which affinity's mean TTFT is below balancing's: the highest load of the
+/// first run of wins from low load, on a grid of 0.01 up to 1 and 0.1 up to 10 (`load` is
+/// offered load, see [`Arrivals::Load`]: a batching engine takes more than 1). `None` when
+/// affinity does not win even at 0.01; infinite when it wins over the whole grid.
+>>>>>>> h3-affinity
 pub fn affinity_limit(
     spec: &EngineSpec,
     w: &Workload,
     engines: usize,
     bound: Option<f64>,
+<<<<<<< HEAD
     step: f64,
 ) -> Option<f64> {
     let step = step.clamp(1e-4, 0.5);
@@ -561,13 +701,26 @@ pub fn affinity_limit(
         if rho >= 1.0 {
             return last_win.map(|_| 1.0);
         }
+=======
+) -> Option<f64> {
+    let grid = (1..=100)
+        .map(|i| i as f64 / 100.0)
+        .chain((11..=100).map(|i| i as f64 / 10.0));
+    let mut last_win = None;
+    for rho in grid {
+>>>>>>> h3-affinity
         if compare(spec, w, engines, bound, rho).wins {
             last_win = Some(rho);
         } else {
             return last_win;
         }
+<<<<<<< HEAD
         i += 1;
     }
+=======
+    }
+    last_win.map(|_| f64::INFINITY)
+>>>>>>> h3-affinity
 }
 
 #[cfg(test)]
@@ -750,11 +903,23 @@ mod tests {
         let mut w = workload(3, 0.0);
         w.popularity = Popularity::Hot(0.8);
         let s = spec(60); // 75 blocks of prefixes do not fit in 60
+<<<<<<< HEAD
         let lim = affinity_limit(&s, &w, 3, None, 0.01).expect("wins at low load");
         assert!(lim > 0.01 && lim < 0.6, "limit {lim}");
         let c = compare(&s, &w, 3, None, 0.05);
         let first = first_order_limit(c.r, c.k);
         assert!(first > 0.0 && first < 1.0, "{first}");
+=======
+        let lim = affinity_limit(&s, &w, 3, None).expect("wins at low load");
+        assert!(lim > 0.01 && lim.is_finite(), "limit {lim}");
+        assert!(compare(&s, &w, 3, None, 0.05).wins);
+        assert!(!compare(&s, &w, 3, None, lim + 0.1).wins);
+        // The first-order rule is stricter: the hot engine as M/M/1 at k = 2.4.
+        let c = compare(&s, &w, 3, None, 0.05);
+        assert!((c.k - 2.4).abs() < 1e-9, "{}", c.k);
+        let first = first_order_limit(c.r, c.k);
+        assert!(first > 0.0 && first < lim, "{first}");
+>>>>>>> h3-affinity
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use keel_balance::prefix::MAX_BLOCK_TOKENS;
 use keel_balance::{
     BalancerConfig, EndpointSpec, FieldPath, InvalidField, OutlierConfig, Problem, SlowStartConfig,
     StrategyKind, StrategyOptions, TieBreak, ZoneRouting,
@@ -170,8 +171,18 @@ group! {
         "vnodes" => vnodes: u32 = StrategyOptions::default().vnodes;
         /// maglev: lookup table size (a prime). Default 65537.
         "table_size" => table_size: u64 = StrategyOptions::default().table_size;
-        /// Hash strategies: bounded load factor (e.g. 1.25); off unless set.
+        /// Hash strategies: bounded load factor (e.g. 1.25); off unless set. prefix-affinity:
+        /// its load bound, 1.25 unless set.
         "bounded_load" => bounded_load: Option<f64> = None;
+        /// prefix-affinity: blocks in keel's estimate of each endpoint's prefix cache.
+        /// Default 96 (see docs/configuration.md).
+        "cache_blocks" => cache_blocks: u32 = StrategyOptions::default().cache_blocks;
+        /// prefix-affinity: tokens per block, as the engines cache them (vLLM's
+        /// `--block-size`). Default 16.
+        "block_tokens" => block_tokens: u32 = DEFAULT_BLOCK_TOKENS;
+        /// prefix-affinity: most bytes of a request body read for its prompt before the pick.
+        /// Default 262144 (256 KiB).
+        "prompt_read_limit" => prompt_read_limit: u64 = DEFAULT_PROMPT_READ_LIMIT;
         /// Panic threshold in percent of available endpoints (0 = off). Default 50.
         "panic_threshold" => panic_threshold: f64 = BalancerConfig::default().panic_threshold;
         /// Seed of the balancer's random choices. Default keel-balance's fixed seed.
@@ -197,7 +208,8 @@ group! {
         /// the proxy's top-level `zone`. Off unless present.
         "zone_routing" => zone_routing: Option<ZoneRouting> = None;
         /// Where hash strategies take the request's key: `"header:NAME"`, `"path"` or
-        /// `"client-ip"`. Unset: a random key per request (no affinity).
+        /// `"client-ip"`. Unset: a random key per request (no affinity). prefix-affinity: a
+        /// session's key (its requests stay on one endpoint among equal matches).
         "hash_on" => hash_on: Option<HashOn> = None;
     }
 }
@@ -258,6 +270,15 @@ group! {
     }
 }
 
+/// prefix-affinity's `block_tokens` default: vLLM's default block size.
+pub const DEFAULT_BLOCK_TOKENS: u32 = 16;
+
+/// prefix-affinity's `prompt_read_limit` default: 256 KiB, a prompt of about 64k tokens.
+pub const DEFAULT_PROMPT_READ_LIMIT: u64 = 256 * 1024;
+
+/// Largest `prompt_read_limit`: what one request may hold in memory for its pick.
+pub const MAX_PROMPT_READ_LIMIT: u64 = 16 * 1024 * 1024;
+
 /// Every key of `[[cluster]]`, in the order of the "unknown field" error's list.
 pub(crate) const CLUSTER_KEYS: &[&str] = &[
     "name",
@@ -274,6 +295,9 @@ pub(crate) const CLUSTER_KEYS: &[&str] = &[
     "vnodes",
     "table_size",
     "bounded_load",
+    "cache_blocks",
+    "block_tokens",
+    "prompt_read_limit",
     "panic_threshold",
     "seed",
     "outlier_detection",
@@ -478,6 +502,7 @@ impl ClusterConfig {
             vnodes: bal.vnodes,
             table_size: bal.table_size,
             bounded_load: bal.bounded_load,
+            cache_blocks: bal.cache_blocks,
             probes_per_pick: self.probe.probes_per_request.max(1),
             blackout_period: bal.blackout_period,
             weight_expiration_period: bal.weight_expiration_period,
@@ -645,11 +670,31 @@ impl ClusterConfig {
                 ));
             }
         }
-        if self.balance.hash_on.is_some() && !self.balance.strategy.is_hash() {
+        let bal = &self.balance;
+        if !(1..=MAX_BLOCK_TOKENS as u32).contains(&bal.block_tokens) {
+            return Err(InvalidField::at(
+                "block_tokens",
+                Problem::out_of_range(format!("within 1..={MAX_BLOCK_TOKENS}"), bal.block_tokens),
+            ));
+        }
+        if bal.prompt_read_limit > MAX_PROMPT_READ_LIMIT {
+            return Err(InvalidField::at(
+                "prompt_read_limit",
+                Problem::out_of_range(
+                    format!("at most {MAX_PROMPT_READ_LIMIT}"),
+                    bal.prompt_read_limit,
+                ),
+            ));
+        }
+        if self.balance.hash_on.is_some()
+            && !self.balance.strategy.is_hash()
+            && self.balance.strategy != StrategyKind::PrefixAffinity
+        {
             return Err(InvalidField::at(
                 "hash_on",
                 Problem::NotApplicable(format!(
-                    "hash_on applies to the hash strategies (ring-hash, maglev, rendezvous), not {}",
+                    "hash_on applies to the hash strategies (ring-hash, maglev, rendezvous) and \
+                     prefix-affinity, not {}",
                     self.balance.strategy
                 )),
             ));

@@ -75,6 +75,8 @@ pub(crate) struct Race<'a> {
     pub(crate) cluster: &'a Arc<Cluster>,
     pub(crate) client: &'a Client,
     pub(crate) hash: Option<u64>,
+    /// The prompt's block names (a `prefix-affinity` cluster).
+    pub(crate) prefix: &'a [u64],
     pub(crate) deadline: Instant,
     pub(crate) limits: Limits,
     pub(crate) hedger: &'a keel_balance::Hedger,
@@ -153,7 +155,9 @@ impl Race<'_> {
         // No answer yet: a hedge, if the budget allows and another endpoint is there.
         let second = if hedger.try_hedge(cluster.now()) {
             let now = cluster.now();
-            let mut ctx = PickContext::new(now).with_avoid(tried);
+            let mut ctx = PickContext::new(now)
+                .with_avoid(tried)
+                .with_prefix(self.prefix);
             if let Some(k) = self.hash {
                 ctx = ctx.with_hash_key(k);
             }

@@ -51,6 +51,7 @@ pub(crate) enum Driven<W> {
 /// hash key if any) and tries on `leg` within the per-try and request deadlines, finishing
 /// each failed try's pick and retrying while it is safe and the budget allows. `pin`: the
 /// endpoint token of a sticky session, tried first while its endpoint may take the call.
+/// `prefix`: the prompt's block names (a `prefix-affinity` cluster), for every pick.
 /// `trace`: the request's trace (`[tracing]`), whose span each try's `traceparent` is a child
 /// of, with a span id of its own.
 #[allow(clippy::too_many_arguments)]
@@ -60,6 +61,7 @@ pub(crate) async fn drive<L: Leg>(
     start: Instant,
     limits: Limits,
     hash: Option<u64>,
+    prefix: &[u64],
     leg: &mut L,
     timer: &mut Pin<Box<Sleep>>,
     body_progress: Option<&crate::io::BodyProgress>,
@@ -101,7 +103,9 @@ pub(crate) async fn drive<L: Leg>(
         } else {
             (cluster.now(), crate::io::now())
         };
-        let mut ctx = PickContext::new(now).with_avoid(&tried[..n_tried]);
+        let mut ctx = PickContext::new(now)
+            .with_avoid(&tried[..n_tried])
+            .with_prefix(prefix);
         if let Some(k) = hash {
             ctx = ctx.with_hash_key(k);
         }
@@ -156,6 +160,7 @@ pub(crate) async fn drive<L: Leg>(
                     cluster,
                     client,
                     hash,
+                    prefix,
                     deadline,
                     limits,
                     hedger,

@@ -203,6 +203,7 @@ async fn run_traced(cluster: &Arc<Cluster>, leg: &mut FakeLeg, trace: Option<Tra
         start,
         limits,
         None,
+        &[],
         leg,
         &mut timer,
         None,

@@ -49,6 +49,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         started,
         target.limits,
         hash,
+        &[],
         &mut leg,
         &mut timer,
         None,

@@ -6,6 +6,7 @@
 //! the head already rewritten for the endpoint (HTTP/1.1 text for both front ends).
 
 pub(crate) mod access;
+pub(crate) mod inference;
 pub(crate) mod rate;
 pub(crate) mod rewrite;
 pub(crate) mod sticky;

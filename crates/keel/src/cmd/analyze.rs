@@ -740,7 +740,8 @@ struct InferenceArgs {
     /// Tokens of each answer. Default 24.
     #[arg(long, help_heading = "Inference pools (--inference)")]
     output_tokens: Option<usize>,
-    /// Load per engine under load balancing, in (0, 1) (open loop). Default 0.5.
+    /// Offered load per engine under load balancing (open loop): arrivals x the service time
+    /// of a request served alone; batching engines keep up past 1. Default 0.5.
     #[arg(
         long,
         help_heading = "Inference pools (--inference)",
@@ -835,8 +836,8 @@ struct InferenceAnalysis {
     /// First-order load above which affinity stops paying (null: never below saturation).
     #[serde(skip_serializing_if = "Option::is_none")]
     first_order_limit: Option<Option<f64>>,
-    /// M/G/1 load above which affinity's mean TTFT exceeds balancing's (null: it never does
-    /// below 1; absent with --clients).
+    /// Load above which affinity's mean TTFT is no longer below balancing's (null: it is up to
+    /// load 10; absent with --clients).
     #[serde(skip_serializing_if = "Option::is_none")]
     limit: Option<Option<f64>>,
     /// Above `limit` the two tie (under balancing too every prefix stays held by a running
@@ -847,7 +848,7 @@ struct InferenceAnalysis {
 #[derive(Serialize)]
 struct PoolJson {
     cached: f64,
-    /// Mean TTFT, seconds (M/G/1; the service alone with --clients).
+    /// Mean TTFT, seconds (continuous batching).
     ttft: f64,
     hot_spot: f64,
     shares: Vec<f64>,
@@ -929,7 +930,7 @@ fn run_inference(a: &InferenceArgs, json: bool) -> anyhow::Result<()> {
         return usage("the prompt and the answer need at least one token each");
     }
     let popularity_text = match popularity {
-        Popularity::Zipf(s) if s == 0.0 => "uniform".to_string(),
+        Popularity::Zipf(0.0) => "uniform".to_string(),
         Popularity::Zipf(s) => format!("Zipf {s}"),
         Popularity::Hot(h) => format!("hot share {h}"),
     };
@@ -969,15 +970,15 @@ fn run_inference(a: &InferenceArgs, json: bool) -> anyhow::Result<()> {
         }
         None => {
             let rho = a.load.unwrap_or(0.5);
-            if !(rho > 0.0 && rho < 1.0) {
-                return usage(format!("--load is a utilization in (0, 1), got {rho}"));
+            if !(rho.is_finite() && rho > 0.0) {
+                return usage(format!("--load is an offered load > 0, got {rho}"));
             }
             let c = formula::compare(&spec, &w, engines, a.bound, rho);
             let first = formula::first_order_limit(c.r, c.k);
-            let limit = formula::affinity_limit(&spec, &w, engines, a.bound, 0.01);
+            let limit = formula::affinity_limit(&spec, &w, engines, a.bound);
             // Past the limit affinity either loses or ties (every prefix held by a running
             // request under balancing too): say which.
-            let ties_above = limit.filter(|&l| l < 0.99).is_some_and(|l| {
+            let ties_above = limit.filter(|l| l.is_finite()).is_some_and(|l| {
                 let next = formula::compare(&spec, &w, engines, a.bound, l + 0.01);
                 next.affinity.ttft <= next.balanced.ttft * 1.001
             });
@@ -1005,7 +1006,7 @@ fn run_inference(a: &InferenceArgs, json: bool) -> anyhow::Result<()> {
                 first_order_limit: Some(first.is_finite().then_some(first)),
                 // None from the scan: no win even at the lowest load: the limit is 0.
                 limit: Some(match limit {
-                    Some(l) if l >= 1.0 => None,
+                    Some(l) if l.is_infinite() => None,
                     Some(l) => Some(l),
                     None => Some(0.0),
                 }),
@@ -1040,7 +1041,7 @@ fn describe_inference(a: &InferenceAnalysis) -> String {
     match a.load {
         Some(rho) => {
             let stops = match a.limit.flatten() {
-                None => "affinity pays up to saturation at this skew".to_string(),
+                None => "affinity pays at every load up to 10 at this skew".to_string(),
                 Some(l) if l <= 0.0 => "affinity does not pay at any load at this skew".to_string(),
                 Some(l) if a.ties_above => format!(
                     "affinity stops paying above load {l:.2} at this skew (the two tie there: \
@@ -1063,12 +1064,15 @@ fn describe_inference(a: &InferenceAnalysis) -> String {
             let _ = writeln!(
                 t,
                 "use {}: {} of prompt tokens from cache against {} with {} clients; busiest \
-                 engine {:.2}x the mean under affinity (give --load for the TTFT boundary)",
+                 engine {:.2}x the mean under affinity; mean TTFT {} against {} (give --load \
+                 for the boundary)",
                 a.use_,
                 share(aff.cached),
                 share(lb.cached),
                 a.clients.unwrap_or(0),
                 aff.hot_spot,
+                ms(aff.ttft),
+                ms(lb.ttft),
             );
         }
     }
@@ -1134,7 +1138,8 @@ fn describe_inference(a: &InferenceAnalysis) -> String {
         t,
         "method: affinity partitions the groups (largest first onto the least loaded engine); \
          each engine's LRU cache by Che's approximation on its own mix, less the blocks pinned \
-         by requests in flight (Little's law); TTFT by M/G/1 per engine (docs/inference.md)"
+         by requests in flight (Little's law); TTFT of continuous batching per engine; load = \
+         arrivals x service time alone (docs/inference.md)"
     );
     t
 }

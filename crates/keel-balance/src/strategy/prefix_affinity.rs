@@ -1,0 +1,431 @@
+//! prefix-affinity: an inference prompt goes to the endpoint whose prefix cache likely holds
+//! the most of its leading blocks, within bounded loads.
+//!
+//! keel keeps, per endpoint, an estimate of the blocks its engine caches: an LRU of block
+//! names ([`crate::prefix`]) of `cache_blocks` entries, updated at each pick with the prompt's
+//! blocks (the engine will cache them). An endpoint's match is the number of the prompt's
+//! leading blocks its estimate holds. Among the endpoints under the load bound (the hash
+//! strategies' bounded loads: fewer than ceil(c x (calls in flight + 1) x weight share) in
+//! flight, `bounded_load`, default 1.25), the longest match wins; equal matches go to the
+//! session key's endpoint (rendezvous on `PickContext::hash_key`) when there is one, else to
+//! the least loaded, then at random. A prompt matched nowhere, or none at all, is thus
+//! placed by load. The bound is relative to the mean and holds at any load, so one hot prefix
+//! spills to the next best endpoint as soon as its own is full, where a switch to balancing
+//! that fires only above an absolute imbalance (64 calls) lets a pool of three serve 150/0/0.
+//!
+//! The estimates sit behind one lock per strategy, taken once per pick (the match of each
+//! endpoint, then the chosen endpoint's update: about a microsecond for a prompt of a few
+//! dozen blocks on three endpoints). The proxy shares one balancer per cluster between its
+//! workers (one per core), so at most that many picks wait on it, each for that long.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::hashing::Cap;
+use super::{Call, LoadKey, Strategy, View};
+use crate::config::{StrategyOptions, TieBreak, DEFAULT_AFFINITY_BOUND};
+use crate::endpoint::Endpoint;
+use crate::hash::rendezvous_score;
+use crate::rng::{below, mix64};
+
+/// The strategy: the load bound and the per-endpoint estimates.
+pub(crate) struct PrefixAffinity {
+    bound: f64,
+    total_weight: u64,
+    /// Every weight equal (rendezvous skips its logarithm).
+    uniform: bool,
+    caches: Mutex<Vec<BlockLru>>,
+}
+
+impl PrefixAffinity {
+    pub(crate) fn new(o: &StrategyOptions, eps: &[Arc<Endpoint>]) -> Self {
+        Self {
+            bound: o.bounded_load.unwrap_or(DEFAULT_AFFINITY_BOUND),
+            total_weight: eps.iter().map(|e| u64::from(e.weight())).sum(),
+            uniform: eps.windows(2).all(|w| w[0].weight() == w[1].weight()),
+            caches: Mutex::new(
+                (0..eps.len())
+                    .map(|_| BlockLru::new(o.cache_blocks))
+                    .collect(),
+            ),
+        }
+    }
+}
+
+impl Strategy for PrefixAffinity {
+    fn pick(&self, v: &View<'_>, call: Call<'_>) -> Option<usize> {
+        if call.prefix.is_empty() && call.key.is_none() {
+            // Nothing to be near: the least loaded (no lock taken).
+            return v.min_by(TieBreak::Random, |i| LoadKey(v, i));
+        }
+        let cap = Cap::new(v, Some(self.bound), self.total_weight);
+        let mut caches = self.caches.lock().unwrap_or_else(PoisonError::into_inner);
+        // (index, match, session score); ties in all three drawn uniformly (reservoir).
+        let mut best: Option<(usize, usize, f64)> = None;
+        let mut tied = 0usize;
+        let mut bits = v.rng.next_u64();
+        for (i, cache) in caches.iter().enumerate().take(v.eps.len()) {
+            if !v.allowed(i) || !cap.admits(v, i) {
+                continue;
+            }
+            let m = cache.leading(call.prefix);
+            let s = call.key.map_or(0.0, |k| {
+                let e = &v.eps[i];
+                rendezvous_score(k, e.hash(), e.weight(), self.uniform)
+            });
+            let order = match best {
+                None => std::cmp::Ordering::Greater,
+                Some((b, bm, bs)) => m
+                    .cmp(&bm)
+                    .then(s.partial_cmp(&bs).unwrap_or(std::cmp::Ordering::Equal))
+                    .then_with(|| v.lighter(b, i)),
+            };
+            match order {
+                std::cmp::Ordering::Greater => {
+                    best = Some((i, m, s));
+                    tied = 1;
+                }
+                std::cmp::Ordering::Equal => {
+                    tied += 1;
+                    bits = mix64(bits);
+                    if below(bits, tied) == 0 {
+                        best = Some((i, m, s));
+                    }
+                }
+                std::cmp::Ordering::Less => {}
+            }
+        }
+        // Every allowed endpoint at its bound (only when some are unavailable): the least
+        // loaded rather than none.
+        let i = match best {
+            Some((i, _, _)) => i,
+            None => v.min_by(TieBreak::LowestIndex, |i| LoadKey(v, i))?,
+        };
+        if let Some(cache) = caches.get_mut(i) {
+            cache.touch(call.prefix);
+        }
+        Some(i)
+    }
+
+    fn uses_group_load(&self) -> bool {
+        true
+    }
+}
+
+/// Hashes a block name to itself: names are xxh3 hashes already, uniform in every bit.
+#[derive(Default)]
+struct BlockName(u64);
+
+impl Hasher for BlockName {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used (keys are u64); fold anything else in anyway.
+        for &b in bytes {
+            self.0 = mix64(self.0 ^ u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+const NIL: u32 = u32::MAX;
+
+/// One endpoint's estimate: the `cap` most recently used block names, in a list threaded
+/// through `slots` (no allocation once full: the least recent slot is reused).
+struct BlockLru {
+    index: HashMap<u64, u32, BuildHasherDefault<BlockName>>,
+    slots: Vec<Slot>,
+    /// Most recent.
+    head: u32,
+    /// Least recent: the next evicted.
+    tail: u32,
+    cap: usize,
+}
+
+struct Slot {
+    name: u64,
+    prev: u32,
+    next: u32,
+}
+
+impl BlockLru {
+    fn new(cap: u32) -> Self {
+        Self {
+            index: HashMap::with_capacity_and_hasher(2 * cap.max(1) as usize, Default::default()),
+            slots: Vec::with_capacity(cap.max(1) as usize),
+            head: NIL,
+            tail: NIL,
+            cap: cap.max(1) as usize,
+        }
+    }
+
+    /// How many of `prefix`'s first blocks are held.
+    fn leading(&self, prefix: &[u64]) -> usize {
+        if self.index.is_empty() {
+            return 0;
+        }
+        prefix
+            .iter()
+            .take_while(|b| self.index.contains_key(b))
+            .count()
+    }
+
+    /// Marks the prompt's blocks (at most `cap` of its first) as just used, deepest first, so
+    /// that its first block is the most recent: the LRU then evicts a prefix from its end, as
+    /// vLLM's free-block queue does, and what it holds of a prompt stays a prefix of it.
+    fn touch(&mut self, prefix: &[u64]) {
+        let n = prefix.len().min(self.cap);
+        for &name in prefix[..n].iter().rev() {
+            self.touch_one(name);
+        }
+    }
+
+    fn touch_one(&mut self, name: u64) {
+        if let Some(&s) = self.index.get(&name) {
+            if s != self.head {
+                self.unlink(s);
+                self.push_front(s);
+            }
+            return;
+        }
+        let s = if self.slots.len() < self.cap {
+            self.slots.push(Slot {
+                name,
+                prev: NIL,
+                next: NIL,
+            });
+            (self.slots.len() - 1) as u32
+        } else {
+            let s = self.tail;
+            self.unlink(s);
+            let old = self.slots[s as usize].name;
+            self.index.remove(&old);
+            self.slots[s as usize].name = name;
+            s
+        };
+        self.index.insert(name, s);
+        self.push_front(s);
+    }
+
+    fn unlink(&mut self, s: u32) {
+        let (prev, next) = {
+            let slot = &self.slots[s as usize];
+            (slot.prev, slot.next)
+        };
+        match prev {
+            NIL => self.head = next,
+            p => self.slots[p as usize].next = next,
+        }
+        match next {
+            NIL => self.tail = prev,
+            n => self.slots[n as usize].prev = prev,
+        }
+    }
+
+    fn push_front(&mut self, s: u32) {
+        let old = self.head;
+        {
+            let slot = &mut self.slots[s as usize];
+            slot.prev = NIL;
+            slot.next = old;
+        }
+        match old {
+            NIL => self.tail = s,
+            o => self.slots[o as usize].prev = s,
+        }
+        self.head = s;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::strategy::testing::Bench;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    fn strategy(b: &Bench, cache_blocks: u32) -> PrefixAffinity {
+        let o = StrategyOptions {
+            cache_blocks,
+            ..StrategyOptions::default()
+        };
+        PrefixAffinity::new(&o, &b.eps)
+    }
+
+    /// A prompt of `n` blocks whose first `shared` are group `g`'s and the rest unique to `u`.
+    fn prompt(g: u64, shared: usize, u: u64, n: usize) -> Vec<u64> {
+        let mut names = Vec::with_capacity(n);
+        let mut prev = None;
+        for k in 0..n {
+            let seed = if k < shared { g } else { 1_000_000 + u };
+            let name = crate::prefix::chain(
+                prev,
+                &[seed.to_le_bytes(), (k as u64).to_le_bytes()].concat(),
+            );
+            names.push(name);
+            prev = Some(name);
+        }
+        names
+    }
+
+    /// Picks with `call`, counting the call in flight as the balancer does.
+    fn start(b: &Bench, s: &PrefixAffinity, call: Call<'_>) -> usize {
+        let i = s.pick(&b.view(0), call).expect("an endpoint");
+        b.eps[i].begin_call();
+        b.group.fetch_add(1, Relaxed);
+        i
+    }
+
+    fn end(b: &Bench, i: usize) {
+        b.eps[i].end_call();
+        b.group.fetch_sub(1, Relaxed);
+    }
+
+    fn with(prefix: &[u64]) -> Call<'_> {
+        Call { key: None, prefix }
+    }
+
+    #[test]
+    fn a_shared_prefix_goes_where_it_is_cached() {
+        let b = Bench::new(&[1; 3]);
+        let s = strategy(&b, 96);
+        // Six groups of 25 blocks, each request with 2 unique blocks after its group's.
+        let groups: Vec<Vec<Vec<u64>>> = (0..6)
+            .map(|g| (0..10).map(|u| prompt(g, 25, g * 100 + u, 27)).collect())
+            .collect();
+        let mut home = [usize::MAX; 6];
+        for u in 0..10 {
+            for (g, prompts) in groups.iter().enumerate() {
+                // One call at a time: the bound never binds, affinity decides alone.
+                let i = start(&b, &s, with(&prompts[u]));
+                end(&b, i);
+                if u == 0 {
+                    home[g] = i;
+                } else {
+                    assert_eq!(i, home[g], "group {g} moved at request {u}");
+                }
+            }
+        }
+        // With no match anywhere the first of each group went to the least loaded, at random
+        // among idle endpoints: the groups spread.
+        let mut used = home.to_vec();
+        used.sort_unstable();
+        used.dedup();
+        assert!(used.len() >= 2, "{home:?}");
+    }
+
+    #[test]
+    fn requests_without_a_prompt_go_by_load() {
+        let b = Bench::new(&[1; 3]);
+        let s = strategy(&b, 96);
+        b.eps[0].begin_call();
+        b.eps[0].begin_call();
+        b.eps[1].begin_call();
+        for _ in 0..20 {
+            assert_eq!(s.pick(&b.view(0), with(&[])), Some(2));
+        }
+    }
+
+    #[test]
+    fn eviction_forgets_the_least_recent_prompt_from_its_end() {
+        let mut lru = BlockLru::new(8);
+        let a = prompt(1, 6, 0, 6);
+        let c = prompt(2, 6, 0, 6);
+        lru.touch(&a);
+        assert_eq!(lru.leading(&a), 6);
+        lru.touch(&c);
+        // 12 blocks into 8: a's last four went first, its first two stay.
+        assert_eq!(lru.leading(&c), 6);
+        assert_eq!(lru.leading(&a), 2);
+        assert_eq!(lru.index.len(), 8);
+        // Touching a again brings it back whole and pushes c's end out.
+        lru.touch(&a);
+        assert_eq!(lru.leading(&a), 6);
+        assert_eq!(lru.leading(&c), 2);
+        // A prompt longer than the cache: its first `cap` blocks are kept.
+        let long = prompt(3, 20, 0, 20);
+        lru.touch(&long);
+        assert_eq!(lru.leading(&long), 8);
+    }
+
+    #[test]
+    fn a_session_key_keeps_a_conversation_on_one_endpoint() {
+        let b = Bench::new(&[1; 4]);
+        let s = strategy(&b, 96);
+        for key in 0..20u64 {
+            let first = s
+                .pick(
+                    &b.view(0),
+                    Call {
+                        key: Some(key),
+                        prefix: &[],
+                    },
+                )
+                .unwrap();
+            // The same key, a growing conversation: always the same endpoint.
+            for turn in 1..5 {
+                let p = prompt(500 + key, turn * 3, key, turn * 3);
+                let i = s
+                    .pick(
+                        &b.view(0),
+                        Call {
+                            key: Some(key),
+                            prefix: &p,
+                        },
+                    )
+                    .unwrap();
+                assert_eq!(i, first, "session {key} turn {turn}");
+            }
+        }
+    }
+
+    #[test]
+    fn one_hot_prefix_spills_at_the_bound() {
+        let b = Bench::new(&[1; 3]);
+        let s = strategy(&b, 96);
+        let hot = prompt(9, 25, 0, 25);
+        let mut picked = Vec::new();
+        for total in 1..=60u64 {
+            picked.push(start(&b, &s, with(&hot)));
+            let cap = (1.25 * total as f64 / 3.0).ceil() as u32;
+            assert!(
+                b.eps.iter().all(|e| e.in_flight() <= cap.max(1)),
+                "at {total}"
+            );
+        }
+        assert!(b.eps.iter().all(|e| e.in_flight() >= 10), "spread");
+        for i in picked {
+            end(&b, i);
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever the order of picks and finishes, one hot prefix never puts more than
+        /// ceil(1.25 x (in flight + 1) / n) calls on an endpoint (counted when picked).
+        #[test]
+        fn the_bound_holds_under_a_single_hot_prefix(
+            n in 2usize..6,
+            ops in proptest::collection::vec(0u8..4, 1..400),
+        ) {
+            let b = Bench::new(&vec![1; n]);
+            let s = strategy(&b, 96);
+            let hot = prompt(7, 25, 0, 25);
+            let mut open: Vec<usize> = Vec::new();
+            for (k, op) in ops.into_iter().enumerate() {
+                if op == 0 && !open.is_empty() {
+                    let i = open.swap_remove(k % open.len());
+                    end(&b, i);
+                    continue;
+                }
+                let before = b.group.load(Relaxed);
+                let i = start(&b, &s, with(&hot));
+                let cap = (1.25 * (before + 1) as f64 / n as f64).ceil() as u32;
+                proptest::prop_assert!(b.eps[i].in_flight() <= cap.max(1));
+                open.push(i);
+            }
+        }
+    }
+}
