@@ -7,12 +7,8 @@
 //! every engine; affinity partitions the groups (largest first onto the least loaded engine),
 //! optionally capped at `bound / N` of the requests per engine with the excess spread over the
 //! others. Each engine is then an LRU cache of blocks fed by its own mix, solved by Che's
-<<<<<<< HEAD
-//! approximation, and a single server (M/G/1) whose service time is the request served alone.
-=======
 //! approximation, and a server of continuous batching whose mean step and TTFT solve Little's
 //! law (see [`pool`]).
->>>>>>> h3-affinity
 
 use keel_balance::prefix::MAX_BLOCK_TOKENS;
 
@@ -255,11 +251,7 @@ pub struct EngineLoad {
     pub lru_blocks: f64,
     /// Mean service time alone (prefill of the uncached tokens + the decode steps), seconds.
     pub service: f64,
-<<<<<<< HEAD
-    /// Mean time to first token (M/G/1 wait + prefill + one step), seconds; infinite when
-=======
     /// Mean time to first token (continuous batching, see [`pool`]), seconds; infinite when
->>>>>>> h3-affinity
     /// the engine is overloaded.
     pub ttft: f64,
 }
@@ -288,16 +280,11 @@ impl PoolLoad {
 /// How the pool's requests arrive.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Arrivals {
-<<<<<<< HEAD
-    /// Open loop (Poisson) at this load per engine under balancing, with the balanced
-    /// routing's own hit ratio (see [`pool`]).
-=======
     /// Open loop (Poisson) at this offered load per engine under balancing: arrivals per
     /// engine x the mean service time of a request served alone (prefill of its uncached
     /// tokens + its decode steps at one sequence), with the balanced routing's own hit ratio
     /// (see [`pool`]). Continuous batching serves several at once, so an engine keeps up
     /// past 1.
->>>>>>> h3-affinity
     Load(f64),
     /// Closed loop: this many clients, each with one request in flight.
     Clients(usize),
@@ -312,8 +299,6 @@ fn step_alone(spec: &EngineSpec) -> f64 {
     (spec.step_ms + spec.step_per_seq_ms) / 1000.0
 }
 
-<<<<<<< HEAD
-=======
 /// An engine under continuous batching, solved for its mean step and TTFT.
 struct Batching {
     /// Mean TTFT, seconds (infinite when the engine cannot keep up).
@@ -384,7 +369,6 @@ fn batching(
     }
 }
 
->>>>>>> h3-affinity
 /// The pool under `routing`. `rate` is the arrival rate in requests per second for the whole
 /// pool (open loop), or `None` with `clients` in flight (closed loop; waits are not modelled
 /// then and the TTFT is the service's).
@@ -400,10 +384,6 @@ fn pool_at(
     let prompt = w.prompt_tokens().max(1) as f64;
     let own = w.own_blocks(spec) as f64;
     let one_time = w.one_time_blocks(spec) as f64;
-<<<<<<< HEAD
-    let step = step_alone(spec);
-=======
->>>>>>> h3-affinity
     let mut engines = Vec::with_capacity(mix.len());
     for row in mix {
         let share: f64 = row.iter().sum();
@@ -423,11 +403,7 @@ fn pool_at(
                 .collect();
             let t = che_time(&items, one_time, lru, in_flight);
             // Hits and first-use misses per group.
-<<<<<<< HEAD
-            let (mut hit_tokens, mut reqs, mut s1, mut s2) = (0.0, 0.0, 0.0, 0.0);
-=======
             let (mut hit_tokens, mut reqs, mut s1) = (0.0, 0.0, 0.0);
->>>>>>> h3-affinity
             for &(q, _) in &items {
                 if q <= 0.0 {
                     continue;
@@ -451,10 +427,6 @@ fn pool_at(
                 let s_hit = service_alone(spec, w, prompt - shared);
                 let s_miss = service_alone(spec, w, prompt);
                 s1 += q * (h * s_hit + (1.0 - h) * s_miss);
-<<<<<<< HEAD
-                s2 += q * (h * s_hit * s_hit + (1.0 - h) * s_miss * s_miss);
-=======
->>>>>>> h3-affinity
             }
             if reqs <= 0.0 {
                 out = Some(EngineLoad {
@@ -469,47 +441,20 @@ fn pool_at(
                 break;
             }
             let cached = hit_tokens / (reqs * prompt);
-<<<<<<< HEAD
-            let uncached = prompt * (1.0 - cached);
-            let prefill = uncached / spec.prefill_tps;
-            let (util, wait) = match lambda {
-                Some(l) => {
-                    let rho = l * s1;
-                    let wait = if rho < 1.0 {
-                        l * s2 / (2.0 * (1.0 - rho))
-                    } else {
-                        f64::INFINITY
-                    };
-                    (rho, wait)
-                }
-                None => (f64::NAN, 0.0),
-            };
-            let next = match lambda {
-                Some(l) => (l * (wait + s1)).min(spec.max_running as f64),
-=======
             let prefill = prompt * (1.0 - cached) / spec.prefill_tps;
             let b = batching(spec, w, lambda, in_flight, prefill);
             let next = match lambda {
                 Some(_) => b.in_flight.min(spec.max_running as f64),
->>>>>>> h3-affinity
                 None => in_flight,
             };
             let e = EngineLoad {
                 share,
                 cached,
-<<<<<<< HEAD
-                utilization: util,
-                in_flight,
-                lru_blocks: lru,
-                service: s1,
-                ttft: wait + prefill + step,
-=======
                 utilization: b.rate * s1,
                 in_flight,
                 lru_blocks: lru,
                 service: s1,
                 ttft: b.ttft,
->>>>>>> h3-affinity
             };
             let done = (next - in_flight).abs() < 1e-9 || !next.is_finite();
             out = Some(e);
@@ -539,8 +484,6 @@ fn pool_at(
 /// arrival rate is the one that loads each engine to `rho` under [`Routing::Balanced`]
 /// (`rho = lambda / N x` the balanced mean service time), whatever `routing` is, so that two
 /// routings compare at the same traffic.
-<<<<<<< HEAD
-=======
 ///
 /// Per engine: the hit ratio by Che's approximation on its own mix with the blocks pinned by
 /// the requests in flight taken out, and the TTFT of continuous batching: steps run back to
@@ -550,7 +493,6 @@ fn pool_at(
 /// way (half of one when the engine is busy, probability `1 - e^{-n}`), then runs its own:
 /// `TTFT = (1 - e^{-n}) D / 2 + D + s1 + a`; it stays `output - 1` more steps, so
 /// `n = lambda (TTFT + (output - 1) D)`. The cache, `n` and `TTFT` are solved together.
->>>>>>> h3-affinity
 pub fn pool(
     spec: &EngineSpec,
     w: &Workload,
@@ -614,12 +556,8 @@ pub struct Comparison {
     /// First order (the hot engine as M/M/1 against a balanced one): affinity wins where
     /// `r < 1 / (1 + (k - 1) rho)`.
     pub first_order_wins: bool,
-<<<<<<< HEAD
-    /// M/G/1 per engine, mean TTFT over requests: affinity wins where its mean is lower.
-=======
     /// Continuous batching per engine (see [`pool`]), mean TTFT over requests: affinity wins
     /// where its mean is lower.
->>>>>>> h3-affinity
     pub wins: bool,
 }
 
@@ -674,53 +612,28 @@ pub fn compare(
     }
 }
 
-<<<<<<< HEAD
-/// The loads in (0, 1) where affinity's mean TTFT is below balancing's, as the highest load
-/// of the first run of wins from low load, scanning in steps of `step`: `None` when affinity
-/// does not win even at the lowest load; `Some(1.0)` when it wins up to saturation.
-=======
 /// The load below which affinity's mean TTFT is below balancing's: the highest load of the
 /// first run of wins from low load, on a grid of 0.01 up to 1 and 0.1 up to 10 (`load` is
 /// offered load, see [`Arrivals::Load`]: a batching engine takes more than 1). `None` when
 /// affinity does not win even at 0.01; infinite when it wins over the whole grid.
->>>>>>> h3-affinity
 pub fn affinity_limit(
     spec: &EngineSpec,
     w: &Workload,
     engines: usize,
     bound: Option<f64>,
-<<<<<<< HEAD
-    step: f64,
-) -> Option<f64> {
-    let step = step.clamp(1e-4, 0.5);
-    let mut last_win = None;
-    let mut i = 1;
-    loop {
-        // Whole multiples of the step, so that 0.91 prints as 0.91.
-        let rho = ((i as f64 * step) * 1e9).round() / 1e9;
-        if rho >= 1.0 {
-            return last_win.map(|_| 1.0);
-        }
-=======
 ) -> Option<f64> {
     let grid = (1..=100)
         .map(|i| i as f64 / 100.0)
         .chain((11..=100).map(|i| i as f64 / 10.0));
     let mut last_win = None;
     for rho in grid {
->>>>>>> h3-affinity
         if compare(spec, w, engines, bound, rho).wins {
             last_win = Some(rho);
         } else {
             return last_win;
         }
-<<<<<<< HEAD
-        i += 1;
-    }
-=======
     }
     last_win.map(|_| f64::INFINITY)
->>>>>>> h3-affinity
 }
 
 #[cfg(test)]
@@ -903,13 +816,6 @@ mod tests {
         let mut w = workload(3, 0.0);
         w.popularity = Popularity::Hot(0.8);
         let s = spec(60); // 75 blocks of prefixes do not fit in 60
-<<<<<<< HEAD
-        let lim = affinity_limit(&s, &w, 3, None, 0.01).expect("wins at low load");
-        assert!(lim > 0.01 && lim < 0.6, "limit {lim}");
-        let c = compare(&s, &w, 3, None, 0.05);
-        let first = first_order_limit(c.r, c.k);
-        assert!(first > 0.0 && first < 1.0, "{first}");
-=======
         let lim = affinity_limit(&s, &w, 3, None).expect("wins at low load");
         assert!(lim > 0.01 && lim.is_finite(), "limit {lim}");
         assert!(compare(&s, &w, 3, None, 0.05).wins);
@@ -919,7 +825,6 @@ mod tests {
         assert!((c.k - 2.4).abs() < 1e-9, "{}", c.k);
         let first = first_order_limit(c.r, c.k);
         assert!(first > 0.0 && first < lim, "{first}");
->>>>>>> h3-affinity
     }
 
     #[test]

@@ -429,8 +429,6 @@ mod tests {
         }
         eprintln!("largest |formula - sim|: {worst:.3}");
     }
-<<<<<<< HEAD
-=======
 
     #[test]
     fn poisson_runs_are_seeded_too() {
@@ -525,5 +523,4 @@ mod tests {
             }
         }
     }
->>>>>>> h3-affinity
 }
