@@ -548,7 +548,10 @@ mod tests {
         let body = br#"{"prompt": ["Once upon a time, \"quoted\"\n\u00e9\ud83d\ude00", "other"]}"#;
         assert_eq!(blocks_of(body), want);
         // Token ids: each one's 4 bytes.
-        let ids: Vec<u8> = [1u32, 2, 70000, 4].iter().flat_map(|i| i.to_le_bytes()).collect();
+        let ids: Vec<u8> = [1u32, 2, 70000, 4]
+            .iter()
+            .flat_map(|i| i.to_le_bytes())
+            .collect();
         let mut h = PrefixHasher::new(1);
         h.push(&ids);
         assert_eq!(blocks_of(br#"{"prompt":[1, 2,70000 ,4]}"#), h.blocks());

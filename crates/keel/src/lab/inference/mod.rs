@@ -209,6 +209,8 @@ impl Keel {
             Keel::Affinity(bound) => {
                 let b = bound.map_or(String::new(), |c| format!("bounded_load = {c}\n"));
                 if affinity_kind().1 {
+                    // prefix-affinity is always bounded: a bound no pool of this size reaches.
+                    let b = bound.map_or("bounded_load = 1000000.0\n".into(), |_| b);
                     format!("strategy = \"prefix-affinity\"\n{b}")
                 } else {
                     format!(
@@ -308,7 +310,7 @@ impl Inference {
                 Keel::Affinity(None),
             ]
         } else {
-            vec![Keel::RoundRobin, Keel::Affinity(None)]
+            vec![Keel::RoundRobin, Keel::Affinity(Some(BOUND))]
         }
     }
 }
@@ -457,8 +459,12 @@ fn keel_row(lab: &Lab<'_>, c: &Case, k: Keel) -> anyhow::Result<InferenceRow> {
     let f = formula::pool(&c.spec, &c.w, ENGINES, k.routing(), fa);
     // The simulator has no bound: it runs the unbounded strategy, and the bounded row keeps
     // the closed form and the traffic.
+    // The simulator runs the strategy with its defaults: prefix-affinity's bound is 1.25, the
+    // stand-in's none; the other affinity row keeps the closed form and the traffic.
+    let built_in = affinity_kind().1;
     let simmed = match k {
-        Keel::Affinity(Some(_)) => None,
+        Keel::Affinity(None) if built_in => None,
+        Keel::Affinity(Some(_)) if !built_in => None,
         _ => Some(simulate(c, k.strategy(), lab.seed)?),
     };
     let seed = lab.seed;
@@ -699,14 +705,13 @@ fn crossovers(quick: bool, seed: u64) -> Vec<CrossoverRow> {
         .collect()
 }
 
-/// "affinity stops paying above load X", or that it does not below saturation.
+/// "affinity stops paying above load X" (offered load per engine, the closed form's grid up
+/// to 10: batching engines keep up past 1).
 fn stops_text(x: Option<f64>) -> String {
     match x {
-        None => "affinity does not pay even at load 0.2 per engine".into(),
-        Some(v) if v >= 1.0 => {
-            "affinity stops paying only at saturation (it wins at every load per engine up to \
-             0.9)"
-                .into()
+        None => "affinity does not pay even at load 0.01 per engine".into(),
+        Some(v) if v.is_infinite() => {
+            "affinity does not stop paying up to offered load 10 per engine".into()
         }
         Some(v) => format!("affinity stops paying above load {v:.2} per engine"),
     }
@@ -740,15 +745,12 @@ fn answer_text(r: &InferenceReport) -> String {
             .unwrap_or(f64::INFINITY)
             .total_cmp(&b.traffic_ttft_ms.unwrap_or(f64::INFINITY))
     });
-    let limit = r.crossover.first().map(|x| x.formula).unwrap_or_else(|| {
-        formula::affinity_limit(
-            &table_spec(),
-            &workload(6, Popularity::Zipf(0.0), 150),
-            ENGINES,
-            None,
-            0.05,
-        )
-    });
+    let limit = formula::affinity_limit(
+        &table_spec(),
+        &workload(6, Popularity::Zipf(0.0), 150),
+        ENGINES,
+        Some(BOUND),
+    );
     match best {
         Some(b) => format!(
             "For this pool, use keel's {}; {} (closed form, uniform groups). Measured on \

@@ -113,8 +113,14 @@ pub async fn start(
     };
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        if let Ok(200) = status(running.addr, "/health").await {
-            return Ok(running);
+        // Healthy, and serving the engines' model (SMG answers 404 model_not_found until it
+        // has asked its workers).
+        if let Ok((200, _)) = get(running.addr, "/health").await {
+            if let Ok((200, body)) = get(running.addr, "/v1/models").await {
+                if body.contains("keel-llm") {
+                    return Ok(running);
+                }
+            }
         }
         anyhow::ensure!(
             Instant::now() < deadline,
@@ -127,7 +133,7 @@ pub async fn start(
     }
 }
 
-async fn status(addr: SocketAddr, path: &str) -> anyhow::Result<u16> {
+async fn get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
     let exchange = async {
         let mut s = tokio::net::TcpStream::connect(addr).await?;
         s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
@@ -138,8 +144,13 @@ async fn status(addr: SocketAddr, path: &str) -> anyhow::Result<u16> {
     };
     let buf = tokio::time::timeout(Duration::from_secs(2), exchange).await??;
     let text = String::from_utf8_lossy(&buf);
-    text.split(' ')
+    let status = text
+        .split(' ')
         .nth(1)
         .and_then(|s| s.parse().ok())
-        .context("no status")
+        .context("no status")?;
+    Ok((
+        status,
+        text.split_once("\r\n\r\n").map_or("", |x| x.1).to_string(),
+    ))
 }
