@@ -79,9 +79,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut experiments: Vec<Box<dyn Experiment>> = vec![
         Box::new(lab::Reliability::new(&opts)),
         Box::new(lab::TailRun::new(&opts)),
-        Box::new(lab::Peers::new(&opts)?),
+        Box::new(lab::Peers::new(&lab::inference::others(&opts))?),
         Box::new(lab::E10::new(&opts)),
         Box::new(lab::Fleet::new(&opts)),
+        Box::new(lab::Inference::new(&opts)),
     ];
     let report = lab::run(&opts, &mut experiments)?;
     if args.json {

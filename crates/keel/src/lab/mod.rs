@@ -23,6 +23,7 @@ mod compare;
 pub mod e10;
 mod experiment;
 mod fleet;
+pub mod inference;
 mod measure;
 mod peers;
 pub mod queueing;
@@ -46,6 +47,7 @@ pub use cases::Timing;
 pub use e10::E10;
 pub use experiment::{Experiment, Lab, Planned};
 pub use fleet::Fleet;
+pub use inference::Inference;
 pub use peers::Peers;
 pub use reliability::Reliability;
 pub use rows::Row;
@@ -103,6 +105,9 @@ pub struct LabReport {
     /// E12: a fleet of keel proxies on etcd, local against shared evidence.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fleet: Option<fleet::FleetReport>,
+    /// E13-E15: prefix-cache affinity in an inference pool, and vLLM Router and SMG.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inference: Option<inference::InferenceReport>,
 }
 
 /// Runs the lab: every experiment with a non-empty plan run in turn on one runtime and one
@@ -188,6 +193,7 @@ pub fn run(
         peers: None,
         e10: None,
         fleet: None,
+        inference: None,
     };
     for e in experiments.iter_mut() {
         e.rows(&mut report);
