@@ -3,7 +3,6 @@
 //! warm-up, counting the allocations of the picking thread.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use keel_balance::{
@@ -13,17 +12,22 @@ use keel_balance::{
 
 struct Counting;
 
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
 thread_local! {
-    /// Counted on the test's thread only (the harness's own thread allocates meanwhile).
+    /// Counted on the test's thread only, and per thread: the harness's own thread allocates
+    /// meanwhile, and the tests run at once on threads of their own.
     static COUNTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static ALLOCATIONS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Allocations made so far on this thread while it counted.
+fn allocations() -> usize {
+    ALLOCATIONS.with(|c| c.get())
 }
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if COUNTED.with(|c| c.get()) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+            ALLOCATIONS.with(|c| c.set(c.get() + 1));
         }
         // SAFETY: forwarded as given.
         unsafe { System.alloc(layout) }
@@ -102,11 +106,11 @@ fn picks_allocate_nothing() {
             }
         };
         run(200, &mut t);
-        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        let before = allocations();
         // The counter counts: building a balancer allocated.
         assert!(before > 0);
         run(2_000, &mut t);
-        let allocated = ALLOCATIONS.load(Ordering::Relaxed) - before;
+        let allocated = allocations() - before;
         assert_eq!(
             allocated, 0,
             "{name}: {allocated} allocations in 2,000 picks"
@@ -157,8 +161,8 @@ fn prefix_affinity_picks_allocate_nothing_once_its_estimates_are_full() {
         }
     };
     run(3_000, &mut t);
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = allocations();
     run(3_000, &mut t);
-    let allocated = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    let allocated = allocations() - before;
     assert_eq!(allocated, 0, "{allocated} allocations in 3,000 picks");
 }
