@@ -1195,8 +1195,8 @@ fn mutate(
         }
         29 => set(&mut doc, &cp, "max_in_flight", "0".into()),
         30 => {
-            // A hash-only option on a non-hash strategy, or vice versa a bad hash_on.
-            if c.strategy.is_hash() {
+            // A hash-only option on a strategy without it, or vice versa a bad hash_on.
+            if takes_hash_options(c.strategy) {
                 set(
                     &mut doc,
                     &cp,
@@ -1208,7 +1208,7 @@ fn mutate(
             }
         }
         31 => {
-            if c.strategy.is_hash() {
+            if takes_hash_options(c.strategy) {
                 set(
                     &mut doc,
                     &cp,
@@ -1518,6 +1518,12 @@ fn endpoint_list(c: &ClusterSpec, ci: usize) -> Vec<(String, String)> {
         .enumerate()
         .map(|(j, (port, w))| (q(&endpoint_address(ci, j, *port)), w.to_string()))
         .collect()
+}
+
+/// The strategies that take `hash_on` and `bounded_load`: the hash strategies, and
+/// prefix-affinity (its session key and its load bound).
+fn takes_hash_options(s: StrategyKind) -> bool {
+    s.is_hash() || s == StrategyKind::PrefixAffinity
 }
 
 fn load(text: &str) -> Result<ProxyConfig, ConfigError> {
