@@ -584,13 +584,21 @@ impl Balancer {
                 view.back_off = false;
                 index = s.pick(&view, ctx.call());
             }
-            if index.is_none() && !ctx.avoid.is_empty() {
-                view.avoid = &[];
-                index = s.pick(&view, ctx.call());
-            }
-            if index.is_none() && view.half_open {
+            // Then a second call on an endpoint on trial, and only then a retry back to an
+            // endpoint it tried (the one this request just failed on is the worse choice).
+            let half_open = view.half_open;
+            if index.is_none() && half_open {
                 view.half_open = false;
                 index = s.pick(&view, ctx.call());
+            }
+            if index.is_none() && !ctx.avoid.is_empty() {
+                view.avoid = &[];
+                view.half_open = half_open;
+                index = s.pick(&view, ctx.call());
+                if index.is_none() && half_open {
+                    view.half_open = false;
+                    index = s.pick(&view, ctx.call());
+                }
             }
             let i = index?;
             return Some(self.start(snap, &view, 0, i, i, now));
@@ -616,16 +624,22 @@ impl Balancer {
                 view.back_off = false;
                 found = Self::pick_from(snap, &view, first, ctx.call());
             }
+            // Every endpoint left is on trial with its trial call in flight: better a second
+            // call there than a retry back to the endpoint this request just failed on.
+            let half_open = view.half_open;
+            if found.is_none() && half_open {
+                view.half_open = false;
+                found = Self::pick_from(snap, &view, first, ctx.call());
+            }
             if found.is_none() && !ctx.avoid.is_empty() {
                 // Nothing else left: a retry may go back to an endpoint it already tried.
                 view.avoid = &[];
+                view.half_open = half_open;
                 found = Self::pick_from(snap, &view, first, ctx.call());
-            }
-            if found.is_none() && view.half_open {
-                // Every endpoint left is on trial with its trial call in flight: better a
-                // second call there than none at all.
-                view.half_open = false;
-                found = Self::pick_from(snap, &view, first, ctx.call());
+                if found.is_none() && half_open {
+                    view.half_open = false;
+                    found = Self::pick_from(snap, &view, first, ctx.call());
+                }
             }
             found
         })?;

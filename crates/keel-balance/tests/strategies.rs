@@ -464,3 +464,40 @@ fn orca_wrr_sends_less_to_the_busier_endpoint_after_the_blackout() {
     let got = share_of_first(T0 + Duration::from_secs(12));
     assert!((got - 0.25).abs() < 0.002, "{got}");
 }
+
+/// A retry goes to an endpoint not tried yet even when that one is on half-open trial with a
+/// call in flight (peak-ewma, least-time and prequal hold such an endpoint to one call at a
+/// time): the endpoint that just failed this very request is the worse of the two. Before, the
+/// pick gave up the avoid list first and sent the retry back to the endpoint that had failed.
+#[test]
+fn a_retry_prefers_an_untried_endpoint_on_trial_to_the_one_that_failed() {
+    for kind in [
+        StrategyKind::PeakEwma,
+        StrategyKind::LeastTime,
+        StrategyKind::Prequal,
+    ] {
+        let b = lb(kind, &specs(2));
+        let (e0, e1) = (b.endpoints()[0].id(), b.endpoints()[1].id());
+        // e1's last call failed (on trial) and a call is in flight on it.
+        let mut p = b.pick(&PickContext::new(T0)).unwrap();
+        while p.id() != e1 {
+            b.finish(p, Outcome::Success, T0);
+            p = b.pick(&PickContext::new(T0)).unwrap();
+        }
+        b.finish(p, Outcome::Failure, T0);
+        let in_flight = b
+            .pick(&PickContext::new(T0).with_avoid(&[e0]))
+            .expect("e1 takes one call on trial");
+        assert_eq!(in_flight.id(), e1, "{kind}");
+        // A request failed on e0: its retry avoids e0.
+        let avoid = [e0];
+        let retry = b.pick(&PickContext::new(T0).with_avoid(&avoid)).unwrap();
+        assert_eq!(
+            retry.id(),
+            e1,
+            "{kind}: the retry went back to the endpoint that failed"
+        );
+        b.finish(retry, Outcome::Success, T0);
+        b.finish(in_flight, Outcome::Success, T0);
+    }
+}
