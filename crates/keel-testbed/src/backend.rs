@@ -336,7 +336,15 @@ async fn spawn_inner(
     });
     // A backend that starts refusing keeps its port reserved only by knowing the number.
     let first = if refusing { None } else { Some(listener) };
-    let task = tokio::spawn(listen_loop(shared.clone(), first, addr));
+    let task = {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let serve = |stream| {
+                tokio::spawn(serve_connection(shared.clone(), stream));
+            };
+            listen_loop(&shared.control, &shared.listening, first, addr, serve).await;
+        })
+    };
     Ok(BackendHandle {
         addr,
         shared,
@@ -514,9 +522,18 @@ impl std::fmt::Debug for BackendHandle {
 }
 
 /// Accepts connections while the fault is not `Refuse`; closes and re-binds the listener as the
-/// fault changes; ends at shutdown.
-async fn listen_loop(shared: Arc<Shared>, mut listener: Option<TcpListener>, addr: SocketAddr) {
-    let mut rx = shared.control.subscribe();
+/// fault changes; ends at shutdown. `serve` takes each accepted connection (this backend's and
+/// the fake inference engine's servers share the loop).
+pub(crate) async fn listen_loop<F>(
+    control: &watch::Sender<Control>,
+    listening: &watch::Sender<bool>,
+    mut listener: Option<TcpListener>,
+    addr: SocketAddr,
+    serve: F,
+) where
+    F: Fn(TcpStream),
+{
+    let mut rx = control.subscribe();
     loop {
         let (refuse, shutdown) = {
             let c = rx.borrow_and_update();
@@ -529,7 +546,7 @@ async fn listen_loop(shared: Arc<Shared>, mut listener: Option<TcpListener>, add
             if listener.take().is_some() {
                 tracing::debug!(backend = %addr, "listener closed (refuse)");
             }
-            shared.listening.send_replace(false);
+            listening.send_replace(false);
         } else if listener.is_none() {
             match bind(addr) {
                 Ok(l) => {
@@ -544,14 +561,14 @@ async fn listen_loop(shared: Arc<Shared>, mut listener: Option<TcpListener>, add
             }
         }
         if listener.is_some() {
-            shared.listening.send_replace(true);
+            listening.send_replace(true);
         }
         match &listener {
             Some(l) => {
                 tokio::select! {
                     accepted = l.accept() => match accepted {
                         Ok((stream, _)) => {
-                            tokio::spawn(serve_connection(shared.clone(), stream));
+                            serve(stream);
                         }
                         Err(e) => {
                             // Out of file descriptors and the like: back off instead of spinning.
@@ -570,7 +587,7 @@ async fn listen_loop(shared: Arc<Shared>, mut listener: Option<TcpListener>, add
         }
     }
     drop(listener);
-    shared.listening.send_replace(false);
+    listening.send_replace(false);
 }
 
 /// Serves one connection until the client closes it, a reset fault ends it, or the backend

@@ -38,7 +38,7 @@ use hyper_util::rt::TokioIo;
 use keel_balance::{mix64, SharedRng, ORCA_HEADER};
 use keel_model::inference::{engine, EngineSpec};
 use keel_model::vocab::{FailureMode, RESET_CUT};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::backend::{self, Control, ResettableStream, ResponseBody};
@@ -144,7 +144,15 @@ pub async fn spawn(listen: SocketAddr, cfg: LlmConfig) -> io::Result<LlmHandle> 
         listening: watch::channel(!refusing).0,
     });
     let first = if refusing { None } else { Some(listener) };
-    let task = tokio::spawn(listen_loop(shared.clone(), first, addr));
+    let task = {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let serve = |stream| {
+                tokio::spawn(serve_connection(shared.clone(), stream));
+            };
+            backend::listen_loop(&shared.control, &shared.listening, first, addr, serve).await;
+        })
+    };
     Ok(LlmHandle {
         addr,
         shared,
@@ -212,57 +220,6 @@ impl std::fmt::Debug for LlmHandle {
             .field("model", &self.shared.model)
             .finish_non_exhaustive()
     }
-}
-
-/// Accepts connections while the fault is not `refuse`; closes and binds the listener again as
-/// the fault changes (the testbed backend's listener, for this server's connections).
-async fn listen_loop(shared: Arc<Shared>, mut listener: Option<TcpListener>, addr: SocketAddr) {
-    let mut rx = shared.control.subscribe();
-    loop {
-        let (refuse, shutdown) = {
-            let c = rx.borrow_and_update();
-            (c.fault == FailureMode::Refuse, c.shutdown)
-        };
-        if shutdown {
-            break;
-        }
-        if refuse {
-            listener = None;
-        } else if listener.is_none() {
-            match backend::bind(addr) {
-                Ok(l) => listener = Some(l),
-                Err(e) => {
-                    tracing::warn!(backend = %addr, "cannot bind again: {e}; retrying");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            }
-        }
-        shared.listening.send_replace(listener.is_some());
-        match &listener {
-            Some(l) => {
-                tokio::select! {
-                    accepted = l.accept() => match accepted {
-                        Ok((stream, _)) => {
-                            tokio::spawn(serve_connection(shared.clone(), stream));
-                        }
-                        Err(e) => {
-                            tracing::warn!(backend = %addr, "accept failed: {e}");
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
-                    },
-                    changed = rx.changed() => if changed.is_err() { break },
-                }
-            }
-            None => {
-                if rx.changed().await.is_err() {
-                    break;
-                }
-            }
-        }
-    }
-    drop(listener);
-    shared.listening.send_replace(false);
 }
 
 async fn serve_connection(shared: Arc<Shared>, stream: TcpStream) {
