@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{Call, LoadKey, Strategy, View};
+use super::api::{Call, LoadKey, Strategy, View};
 use crate::config::{StrategyKind, StrategyOptions, TieBreak};
 use crate::endpoint::Endpoint;
 use crate::hash::{rendezvous_score, Maglev, Ring};

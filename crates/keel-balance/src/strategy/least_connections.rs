@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::{Call, LoadKey, Strategy, View};
+use super::api::{Call, LoadKey, Observation, Strategy, View};
 use crate::config::TieBreak;
 use crate::endpoint::Endpoint;
 
@@ -104,7 +104,7 @@ impl Strategy for LeastConnections {
         true
     }
 
-    fn observe(&self, v: &View<'_>, i: usize, _what: &super::Observation) {
+    fn observe(&self, v: &View<'_>, i: usize, _what: &Observation) {
         self.tree().set(i, leaf(v, i, 0));
     }
 

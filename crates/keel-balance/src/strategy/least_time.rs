@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::{Call, Observation, Strategy, View, RANDOM_TRIES};
+use super::api::{Call, Observation, Strategy, View, RANDOM_TRIES};
 use crate::config::{StrategyOptions, TieBreak};
 use crate::endpoint::Endpoint;
 use crate::rng::{below, mix64};

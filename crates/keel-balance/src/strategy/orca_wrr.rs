@@ -29,7 +29,7 @@ use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use super::{Call, Observation, Strategy, View};
+use super::api::{Call, Observation, Strategy, View};
 use crate::config::StrategyOptions;
 use crate::load::Utilization;
 use crate::time::nanos;

@@ -22,8 +22,8 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use super::api::{Call, LoadKey, Strategy, View};
 use super::hashing::Cap;
-use super::{Call, LoadKey, Strategy, View};
 use crate::config::{StrategyOptions, TieBreak, DEFAULT_AFFINITY_BOUND};
 use crate::endpoint::Endpoint;
 use crate::hash::rendezvous_score;

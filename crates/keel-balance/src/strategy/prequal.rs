@@ -30,7 +30,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use super::{Call, Observation, Strategy, View, RANDOM_TRIES};
+use super::api::{Call, Observation, Strategy, View, RANDOM_TRIES};
 use crate::config::{StrategyOptions, MAX_POOL};
 use crate::endpoint::EndpointId;
 use crate::load::LoadReport;

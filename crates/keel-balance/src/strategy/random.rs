@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
+use super::api::{Call, Strategy, View, RANDOM_TRIES};
 use super::weights::WeightLine;
-use super::{Call, Strategy, View, RANDOM_TRIES};
 use crate::endpoint::Endpoint;
 use crate::rng::{below, mix64};
 

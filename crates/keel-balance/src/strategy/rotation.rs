@@ -5,7 +5,7 @@ use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::{Call, Strategy, View};
+use super::api::{Call, Strategy, View};
 use crate::endpoint::Endpoint;
 
 /// Each endpoint in turn; weights ignored.

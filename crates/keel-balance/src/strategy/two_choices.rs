@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
+use super::api::{Call, Observation, Strategy, View, RANDOM_TRIES};
 use super::weights::WeightLine;
-use super::{Call, Observation, Strategy, View, RANDOM_TRIES};
 use crate::config::StrategyOptions;
 use crate::endpoint::{Endpoint, LatencyEstimate};
 use crate::rng::mix64;
