@@ -25,10 +25,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp};
 
+use super::scenario::SimError;
 use super::scenario::{Arrivals, FailedPosition, Load, Placement, Scenario, MAX_RETRIES};
 use super::server::{ns, ps_rate, Demand, Job, Mix, Server, Station};
 use super::stats::LatencyHistogram;
-use super::SimError;
 use crate::vocab::FailureMode;
 use keel_balance::Hedger;
 

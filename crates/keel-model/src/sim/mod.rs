@@ -46,19 +46,11 @@ pub use scenario::{
     AntagonistConfig, Arrivals, CapacityConfig, ClusterConfig, ClusterRef, Discipline,
     EndpointConfig, FailedPosition, FailureShare, FleetConfig, HealthCheckConfig, HedgeConfig,
     HedgeDelay, Load, Placement, RetryConfig, Scenario, ScenarioError, ScenarioProblem,
-    SharedEvidenceConfig, SlowdownConfig,
+    SharedEvidenceConfig, SimError, SlowdownConfig,
 };
 pub use stats::LatencyHistogram;
 
 use crate::stats::{student_t95, wilson95};
-
-/// A scenario that cannot run.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum SimError {
-    /// Out of range or unparsable input; the message names the key.
-    #[error("{0}")]
-    Invalid(String),
-}
 
 /// One scenario's results over all its replications.
 #[derive(Debug, Clone, PartialEq, Serialize)]

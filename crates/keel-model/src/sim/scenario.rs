@@ -10,8 +10,15 @@ use keel_balance::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::SimError;
 use crate::vocab::{FailureMode, Latency};
+
+/// A scenario that cannot run.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SimError {
+    /// Out of range or unparsable input; the message names the key.
+    #[error("{0}")]
+    Invalid(String),
+}
 
 /// One simulated setup: the unit that produces one row of results.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]

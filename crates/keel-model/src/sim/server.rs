@@ -13,7 +13,7 @@ use super::scenario::{Discipline, FailureShare, MAX_FAILURE_MIX};
 use crate::vocab::{FailureMode, LatencySampler, RESET_CUT};
 
 /// What a call asks of a server.
-pub(super) enum Demand {
+pub(crate) enum Demand {
     /// Work the server does (queued behind others when it has a capacity): service time in
     /// nanoseconds at full speed, and whether the answer is good.
     Work(u64, bool),
@@ -25,7 +25,7 @@ pub(super) enum Demand {
 /// One server: its healthy service time and how it fails (`FailureMode::None` when healthy),
 /// as keel-model's vocabulary defines them.
 #[derive(Clone, Copy)]
-pub(super) struct Server {
+pub(crate) struct Server {
     pub latency: LatencySampler,
     pub failure: FailureMode,
     /// A flapping server's phase: where in its up/down period virtual time 0 falls.
@@ -43,7 +43,7 @@ pub(super) struct Server {
 /// fails in the first mode whose cumulative share is above it. Compact (no flap, which is a
 /// state of the server, not a share of calls) so that copying a server stays cheap.
 #[derive(Clone, Copy, Default)]
-pub(super) struct Mix {
+pub(crate) struct Mix {
     len: u8,
     /// Cumulative share up to and including each mode.
     upto: [f64; MAX_FAILURE_MIX],
@@ -63,7 +63,7 @@ enum MixMode {
 
 impl Mix {
     /// The mix of `shares` (validated: at most [`MAX_FAILURE_MIX`], none `none` or `flap`).
-    pub(super) fn new(shares: &[FailureShare]) -> Self {
+    pub(crate) fn new(shares: &[FailureShare]) -> Self {
         let mut m = Mix::default();
         let mut upto = 0.0;
         for f in shares.iter().take(MAX_FAILURE_MIX) {
@@ -97,7 +97,7 @@ impl Mix {
 }
 
 impl Server {
-    pub(super) fn new(latency: LatencySampler, failure: FailureMode, flap_offset: u64) -> Self {
+    pub(crate) fn new(latency: LatencySampler, failure: FailureMode, flap_offset: u64) -> Self {
         Self {
             latency,
             failure,
@@ -135,13 +135,13 @@ impl Server {
 
     /// How many times slower than normal the server works right now.
     #[inline]
-    pub(super) fn factor(&self) -> f64 {
+    pub(crate) fn factor(&self) -> f64 {
         self.antagonist * self.slowdown
     }
 
     /// True while the server is failing (for a flapping one: while down).
     #[inline]
-    pub(super) fn failing(&self, now: u64) -> bool {
+    pub(crate) fn failing(&self, now: u64) -> bool {
         match self.failure {
             FailureMode::None => false,
             FailureMode::Flap { up, down, .. } => {
@@ -155,7 +155,7 @@ impl Server {
     /// What a call arriving now asks of the server; `never` is what "no answer" costs the
     /// caller (its timeout).
     #[inline]
-    pub(super) fn demand<R: Rng + ?Sized>(&self, now: u64, never: u64, rng: &mut R) -> Demand {
+    pub(crate) fn demand<R: Rng + ?Sized>(&self, now: u64, never: u64, rng: &mut R) -> Demand {
         if self.mix.len > 0 {
             return self.mixed_demand(never, rng);
         }
@@ -189,7 +189,7 @@ impl Server {
 
     /// Whether a load probe gets an answer now (a server that hangs or refuses connections
     /// gives none).
-    pub(super) fn answers_probes(&self, now: u64) -> bool {
+    pub(crate) fn answers_probes(&self, now: u64) -> bool {
         match self.failure {
             FailureMode::Hang | FailureMode::Refuse => false,
             FailureMode::Flap {
@@ -200,7 +200,7 @@ impl Server {
     }
 
     /// An active health probe's verdict (probes take no place in the server's queue).
-    pub(super) fn probe(&self, now: u64, timeout: u64, rng: &mut StdRng) -> bool {
+    pub(crate) fn probe(&self, now: u64, timeout: u64, rng: &mut StdRng) -> bool {
         if self.mix.len > 0 {
             // A probe is one more call: it fails as often as the calls do.
             return match self.mixed_demand(timeout, rng) {
@@ -222,13 +222,13 @@ impl Server {
 
 /// Nanoseconds of a duration, capped far below u64's range so that sums cannot overflow.
 #[inline]
-pub(super) fn ns(d: Duration) -> u64 {
+pub(crate) fn ns(d: Duration) -> u64 {
     d.as_nanos().min(u64::MAX as u128 / 4) as u64
 }
 
 /// One call's work at a server with a capacity.
 #[derive(Clone, Copy)]
-pub(super) struct Job {
+pub(crate) struct Job {
     /// The server (global position).
     pub server: u32,
     /// The request slot and which of its tries this is.
@@ -247,7 +247,7 @@ pub(super) struct Job {
 }
 
 /// Where calls wait and are served at one server.
-pub(super) enum Station {
+pub(crate) enum Station {
     /// No capacity limit: every call is served at once.
     Unlimited,
     /// At most `concurrency` in service, the rest in FIFO order. Abandoned calls stay in
@@ -271,7 +271,7 @@ pub(super) enum Station {
 }
 
 impl Station {
-    pub(super) fn new(capacity: Option<(u32, Discipline)>) -> Self {
+    pub(crate) fn new(capacity: Option<(u32, Discipline)>) -> Self {
         match capacity {
             None => Station::Unlimited,
             Some((concurrency, Discipline::Fifo)) => Station::Fifo {
@@ -293,7 +293,7 @@ impl Station {
 /// Processor sharing's speed per call with `n` calls present on a server `factor` times slower
 /// than normal.
 #[inline]
-pub(super) fn ps_rate(concurrency: u32, n: usize, factor: f64) -> f64 {
+pub(crate) fn ps_rate(concurrency: u32, n: usize, factor: f64) -> f64 {
     if n == 0 {
         return 0.0;
     }

@@ -22,7 +22,7 @@ use super::body::H2Body;
 /// the connection ends: then the request is dropped, which cancels its attempt), then the
 /// answer. A hand-written future: tokio copies a task's future three times per stream, and
 /// an `async fn` would hold the response, the body and its sending each in a slot of its own.
-pub(super) struct Respond<F> {
+pub(crate) struct Respond<F> {
     reply: SendResponse<Bytes>,
     state: State<F>,
 }
@@ -42,7 +42,7 @@ struct Pipe {
 }
 
 impl<F> Respond<F> {
-    pub(super) fn new(handled: Pin<Box<F>>, reply: SendResponse<Bytes>) -> Self {
+    pub(crate) fn new(handled: Pin<Box<F>>, reply: SendResponse<Bytes>) -> Self {
         Self {
             reply,
             state: State::Serving(handled),
