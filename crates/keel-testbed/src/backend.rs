@@ -595,20 +595,38 @@ pub(crate) async fn listen_loop<F>(
 async fn serve_connection(shared: Arc<Shared>, stream: TcpStream) {
     shared.connections.fetch_add(1, Ordering::Relaxed);
     let _open = OpenConnection(shared.clone());
+    let svc = shared.clone();
+    serve_http1(&shared.control, stream, move |req, reset| {
+        handle(svc.clone(), req, reset)
+    })
+    .await;
+}
+
+/// One HTTP/1.1 connection of a testbed server (this backend's, the fake inference engine's):
+/// `handle` answers each request (with the connection's reset switch for a `reset` fault),
+/// until the client closes, or the server starts refusing or shuts down.
+pub(crate) async fn serve_http1<H, F, B>(
+    control: &watch::Sender<Control>,
+    stream: TcpStream,
+    handle: H,
+) where
+    H: Fn(Request<Incoming>, Arc<AtomicBool>) -> F + Send + 'static,
+    F: std::future::Future<Output = Result<Response<B>, io::Error>> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let _ = stream.set_nodelay(true);
     let reset = Arc::new(AtomicBool::new(false));
     let io = TokioIo::new(ResettableStream {
         inner: stream,
         reset: reset.clone(),
     });
-    let svc_shared = shared.clone();
-    let service =
-        hyper::service::service_fn(move |req| handle(svc_shared.clone(), req, reset.clone()));
+    let service = hyper::service::service_fn(move |req| handle(req, reset.clone()));
     let conn = hyper::server::conn::http1::Builder::new()
         .keep_alive(true)
         .serve_connection(io, service);
     tokio::pin!(conn);
-    let mut rx = shared.control.subscribe();
+    let mut rx = control.subscribe();
     loop {
         {
             let c = rx.borrow_and_update();

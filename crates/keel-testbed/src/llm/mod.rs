@@ -34,14 +34,13 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use keel_balance::{mix64, SharedRng, ORCA_HEADER};
 use keel_model::inference::{engine, EngineSpec};
 use keel_model::vocab::{FailureMode, RESET_CUT};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use crate::backend::{self, Control, ResettableStream, ResponseBody};
+use crate::backend::{self, Control, ResponseBody};
 use api::{Api, ApiError, Head, Piece};
 use runner::{EngineHandle, Generation, Out};
 
@@ -223,31 +222,11 @@ impl std::fmt::Debug for LlmHandle {
 }
 
 async fn serve_connection(shared: Arc<Shared>, stream: TcpStream) {
-    let _ = stream.set_nodelay(true);
-    let reset = Arc::new(AtomicBool::new(false));
-    let io = TokioIo::new(ResettableStream {
-        inner: stream,
-        reset: reset.clone(),
-    });
     let svc = shared.clone();
-    let service = hyper::service::service_fn(move |req| handle(svc.clone(), req, reset.clone()));
-    let conn = hyper::server::conn::http1::Builder::new()
-        .keep_alive(true)
-        .serve_connection(io, service);
-    tokio::pin!(conn);
-    let mut rx = shared.control.subscribe();
-    loop {
-        {
-            let c = rx.borrow_and_update();
-            if c.shutdown || c.fault == FailureMode::Refuse {
-                return;
-            }
-        }
-        tokio::select! {
-            _ = &mut conn => return,
-            changed = rx.changed() => if changed.is_err() { return },
-        }
-    }
+    backend::serve_http1(&shared.control, stream, move |req, reset| {
+        handle(svc.clone(), req, reset)
+    })
+    .await;
 }
 
 /// An answer's body: whole (or cut by `reset`), or a stream of server-sent events.

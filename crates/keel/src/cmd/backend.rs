@@ -295,6 +295,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
+/// The `i`th server's name: `--name` itself for one listener, `NAME-1`, `NAME-2`, ... for several.
+fn server_name(name: Option<&str>, several: bool, i: usize) -> String {
+    match (name, several) {
+        (Some(n), true) => format!("{n}-{}", i + 1),
+        (Some(n), false) => n.to_string(),
+        (None, _) => String::new(),
+    }
+}
+
 async fn serve_llm(
     args: Args,
     addrs: Vec<SocketAddr>,
@@ -304,11 +313,7 @@ async fn serve_llm(
     let several = addrs.len() > 1;
     let mut handles = Vec::new();
     for (i, addr) in addrs.iter().enumerate() {
-        let name = match (&args.name, several) {
-            (Some(n), true) => format!("{n}-{}", i + 1),
-            (Some(n), false) => n.clone(),
-            (None, _) => String::new(),
-        };
+        let name = server_name(args.name.as_deref(), several, i);
         let cfg = LlmConfig {
             spec,
             model: args.model.clone(),
@@ -354,11 +359,7 @@ async fn serve(args: Args, addrs: Vec<SocketAddr>, cfg: BackendConfig) -> anyhow
     let several = addrs.len() > 1;
     let mut handles = Vec::new();
     for (i, addr) in addrs.iter().enumerate() {
-        let name = match (&args.name, several) {
-            (Some(n), true) => format!("{n}-{}", i + 1),
-            (Some(n), false) => n.clone(),
-            (None, _) => String::new(),
-        };
+        let name = server_name(args.name.as_deref(), several, i);
         let cfg = BackendConfig {
             name,
             ..cfg.clone()
