@@ -66,13 +66,11 @@ fn an_absent_peer_is_named_and_skipped_and_keels_rows_still_run() {
     }
 }
 
-/// Opt-in: needs NGINX (scripts/install-peers.sh) and KEEL_PEER_TESTS=1.
+/// Needs NGINX: ignored (and so reported as not run, never as passed) unless asked for with
+/// `--include-ignored` after scripts/install-peers.sh.
 #[test]
+#[ignore = "needs NGINX: run scripts/install-peers.sh, then --include-ignored"]
 fn nginx_round_robin_rows_next_to_the_closed_form() {
-    if std::env::var("KEEL_PEER_TESTS").as_deref() != Ok("1") {
-        eprintln!("skipping: set KEEL_PEER_TESTS=1 (and run scripts/install-peers.sh) to run it");
-        return;
-    }
     let (v, stderr) = lab(&["--peers", "nginx", "--strategies", "round-robin"], &[]);
     assert!(
         v["peers"]["skipped"].as_array().unwrap().is_empty(),

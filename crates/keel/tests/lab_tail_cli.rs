@@ -7,9 +7,8 @@ use std::process::Command;
 /// measured and is what the simulation and the closed form are fed, random's closed form
 /// (M/G/1 per server) is held to the measured run, least-request moves calls off a server
 /// slowed 5x and back, and the report draws both.
-#[test]
-fn quick_e8_e9_measure_what_was_served() {
-    let out_dir = std::env::temp_dir().join(format!("keel-lab-e8-test-{}", std::process::id()));
+/// Runs the quick E8 and E9 into `out_dir`; returns the JSON document.
+fn run_lab(out_dir: &std::path::Path) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_keel"))
         .args([
             "lab",
@@ -20,12 +19,49 @@ fn quick_e8_e9_measure_what_was_served() {
             "e8,e9",
         ])
         .args(["--strategies", "random,least-request", "--out"])
-        .arg(&out_dir)
+        .arg(out_dir)
         .output()
         .expect("run keel lab");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "keel lab failed: {stderr}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    serde_json::from_slice(&out.stdout).expect("one JSON document")
+}
+
+/// Send lag under which a row's speed checks run (see `calm` below).
+const CALM_LAG_MS: f64 = 20.0;
+
+/// True when at least one E8 or E9 row ran calm enough for its speed checks.
+fn any_calm(v: &serde_json::Value) -> bool {
+    ["tail_rows", "reaction_rows"].iter().any(|k| {
+        v[*k].as_array().is_some_and(|rows| {
+            rows.iter().any(|r| {
+                r["send_lag_max_ms"]
+                    .as_f64()
+                    .is_some_and(|l| l < CALM_LAG_MS)
+            })
+        })
+    })
+}
+
+#[test]
+fn quick_e8_e9_measure_what_was_served() {
+    let out_dir = std::env::temp_dir().join(format!("keel-lab-e8-test-{}", std::process::id()));
+    let mut v = run_lab(&out_dir);
+    if !any_calm(&v) {
+        eprintln!("every E8/E9 row stalled (send lag >= {CALM_LAG_MS} ms): running once more");
+        v = run_lab(&out_dir);
+    }
+    // A skipped check is said, never passed in silence; in CI (KEEL_CI set by .ci/run) a run
+    // whose every speed check was skipped twice fails.
+    if !any_calm(&v) {
+        eprintln!(
+            "SKIPPED, not passed: every speed check of E8 and E9 (twice): the machine stalled"
+        );
+        assert!(
+            std::env::var_os("KEEL_CI").is_none(),
+            "every E8/E9 speed check was skipped in two runs: the machine stalled"
+        );
+    }
     assert_eq!(
         v["rows"].as_array().unwrap().len(),
         0,
@@ -47,13 +83,13 @@ fn quick_e8_e9_measure_what_was_served() {
     // served mean outside 9.5-11 ms with the p99 lag under 20 ms).
     let calm = |r: &serde_json::Value| {
         let lag = f(r, &["send_lag_max_ms"]);
-        if lag >= 20.0 {
+        if lag >= CALM_LAG_MS {
             eprintln!(
                 "{}: send lag max {lag:.1} ms, speed checks skipped",
                 r["strategy"]
             );
         }
-        lag < 20.0
+        lag < CALM_LAG_MS
     };
     for r in tail {
         let served = f(r, &["served_ms", "mean"]);

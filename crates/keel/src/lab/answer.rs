@@ -289,6 +289,27 @@ fn headline(rows: &[Row]) -> Option<Finding> {
         }
     }
     worst_per_strategy.sort_by(by_success);
+    // The recommendation's claims are about its own protection set only: rows of another set
+    // (E6's explicit outlier+retry+health beside E6B's defaults) are stated apart, each with
+    // the failure modes and strategies it measured.
+    let set = worst_per_strategy[0].protections.clone();
+    let others = other_sets(&protected, &set);
+    let protected: Vec<&Row> = protected
+        .into_iter()
+        .filter(|r| r.protections == set)
+        .collect();
+    worst_per_strategy.retain(|r| r.protections == set);
+    for r in &protected {
+        if let Some(w) = worst_per_strategy
+            .iter_mut()
+            .find(|w| w.strategy == r.strategy)
+        {
+            if r.measured < w.measured {
+                *w = r;
+            }
+        }
+    }
+    worst_per_strategy.sort_by(by_success);
     let best = worst_per_strategy[0];
     let lowest = protected
         .iter()
@@ -319,7 +340,7 @@ fn headline(rows: &[Row]) -> Option<Finding> {
         .is_some_and(|next| compare(best, next).2);
     let mut text = format!(
         "Use {} with {}: with one of 5 servers failed and {} calls per request, {} kept success \
-         at {:.4} or more (lowest 95% bound {:.4}) in all {} failure modes ({}).",
+         at {:.4} or more (lowest 95% bound {:.4}) in {} failure mode{} measured with them ({}).",
         best.protections,
         if strategies.len() < 2 {
             best.strategy.clone()
@@ -337,6 +358,7 @@ fn headline(rows: &[Row]) -> Option<Finding> {
         lowest.measured,
         lowest_bound,
         modes.len(),
+        if modes.len() == 1 { "" } else { "s" },
         modes.join(", "),
     );
     // The margin over going without: in the failure mode where the best unprotected strategy
@@ -393,8 +415,46 @@ fn headline(rows: &[Row]) -> Option<Finding> {
     if let Some(fm) = &f.formula {
         text.push_str(&format!(" Closed form: {fm}."));
     }
+    text.push_str(&others);
     f.text = text;
     Some(f)
+}
+
+/// One sentence for each protection set other than `set`: what it kept, in which failure
+/// modes, with which strategies (as measured, nothing more).
+fn other_sets(protected: &[&Row], set: &str) -> String {
+    let mut sets: Vec<&str> = Vec::new();
+    for r in protected {
+        if r.protections != set && !sets.contains(&r.protections.as_str()) {
+            sets.push(&r.protections);
+        }
+    }
+    let mut out = String::new();
+    for s in sets {
+        let rows: Vec<&&Row> = protected.iter().filter(|r| r.protections == s).collect();
+        let mut modes: Vec<&str> = Vec::new();
+        let mut strategies: Vec<&str> = Vec::new();
+        for r in &rows {
+            if !modes.contains(&r.failure_mode.as_str()) {
+                modes.push(&r.failure_mode);
+            }
+            if !strategies.contains(&r.strategy.as_str()) {
+                strategies.push(&r.strategy);
+            }
+        }
+        let lowest = rows
+            .iter()
+            .map(|r| r.measured)
+            .fold(f64::INFINITY, f64::min);
+        out.push_str(&format!(
+            " With {s}: {} kept success at {lowest:.4} or more in {} failure mode{} ({}).",
+            strategies.join(", "),
+            modes.len(),
+            if modes.len() == 1 { "" } else { "s" },
+            modes.join(", "),
+        ));
+    }
+    out
 }
 
 fn mode_words(mode: &str) -> String {
