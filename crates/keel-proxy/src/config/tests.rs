@@ -650,6 +650,7 @@ fn every_flat_key_has_exactly_one_owner() {
         "proxy_protocol",
         "tls",
         "probe",
+        "engine_signals",
         "max_buffered_response",
         "pool_max_idle_per_endpoint",
         "sticky",
