@@ -149,12 +149,26 @@ async fn keels_view_follows_the_engines_orca_reports_one_by_one() {
         .await,
         Some(0.0)
     );
+    // A client that asks for the JSON form gets it (keel does not ask again), and keel reads
+    // it too.
+    let got = send(
+        &client(),
+        Method::POST,
+        &url,
+        &[("endpoint-load-metrics-format", "json")],
+        completion(2, false),
+    )
+    .await
+    .unwrap();
+    let header = got.header("endpoint-load-metrics").unwrap_or_default();
+    assert!(header.starts_with("JSON "), "{header}");
+    assert_eq!(engine_view(admin, 0).await["reports"], 7);
     // A stream carries no report (vLLM's rule): the view keeps the last one.
     let got = send(&client(), Method::POST, &url, &[], completion(3, true))
         .await
         .unwrap();
     assert!(got.text().contains("data: [DONE]"));
-    assert_eq!(engine_view(admin, 0).await["reports"], 6);
+    assert_eq!(engine_view(admin, 0).await["reports"], 7);
     proxy.shutdown(Duration::from_secs(1)).await;
 }
 

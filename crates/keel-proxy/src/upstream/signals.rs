@@ -25,7 +25,10 @@ use crate::upstream::cluster::{Cluster, EndpointEntry};
 use crate::upstream::h1_client::{read_at_least, MAX_RESPONSE_HEAD};
 use crate::upstream::pool::RawConn;
 
-/// The request header that asks vLLM for its ORCA report, and the form asked for.
+/// The request header that asks vLLM for its ORCA report.
+pub(crate) const ORCA_FORMAT: &[u8] = b"endpoint-load-metrics-format";
+
+/// That header, asking for the text form.
 pub(crate) const ORCA_ASK: &[u8] = b"endpoint-load-metrics-format: text\r\n";
 
 /// Most bytes of a metrics page read (vLLM's is tens of KB with its histograms).

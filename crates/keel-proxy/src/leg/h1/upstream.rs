@@ -20,7 +20,7 @@ use crate::metrics::{class_index, ErrorKind};
 use crate::upstream::cluster::{Cluster, EndpointEntry};
 use crate::upstream::h1_client::{read_at_least, MAX_RESPONSE_HEAD};
 use crate::upstream::pool::RawConn;
-use crate::upstream::signals::ORCA_ASK;
+use crate::upstream::signals::{ORCA_ASK, ORCA_FORMAT};
 
 /// What the HTTP/1.1 leg yields: the connection (what was read of the body in its buffer)
 /// and the response head.
@@ -60,7 +60,8 @@ pub(crate) async fn try_once<B: RequestBody>(
                     _ => false,
                 }
         };
-        let ask = cluster.asks_orca;
+        // A client that asked itself gets the form it asked for (keel reads both).
+        let ask = cluster.asks_orca && head_value(head, ORCA_FORMAT).is_none();
         if let Err(f) = send_request(&mut conn, head, ask, req, body).await {
             if stale(&f, body.started()) {
                 continue;
