@@ -43,6 +43,30 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// An engine's load as keel sees it (`[cluster.engine_signals]`): the last report while it
+/// is fresh (`null` fields otherwise), and the reports by what became of them; `null` for a
+/// cluster without engine signals.
+fn engine_json(
+    c: &crate::upstream::cluster::Cluster,
+    e: &crate::metrics::engine::EngineSignals,
+) -> serde_json::Value {
+    let Some(cfg) = &c.config.engine_signals else {
+        return serde_json::Value::Null;
+    };
+    let view = e.view(c.now(), cfg.max_age);
+    let field = |v: Option<f32>| v.filter(|v| v.is_finite()).map(f64::from);
+    json!({
+        "waiting": field(view.map(|(l, _)| l.waiting)),
+        "running": field(view.map(|(l, _)| l.running)),
+        "kv_cache_usage": field(view.map(|(l, _)| l.kv_cache)),
+        "age_ms": view.map(|(_, age)| ms(age)),
+        "reports": e.reports.load(Relaxed),
+        "malformed": e.malformed.load(Relaxed),
+        "stale": e.stale.load(Relaxed),
+        "failed": e.failed.load(Relaxed),
+    })
+}
+
 /// The `/status` document; `recent`: the last minute's samples.
 pub(crate) fn status_json(shared: &Shared, recent: &Recent) -> serde_json::Value {
     let routing = shared.routing.load();
@@ -74,6 +98,7 @@ pub(crate) fn status_json(shared: &Shared, recent: &Recent) -> serde_json::Value
                         "successes": s.successes,
                         "failures": s.failures,
                         "last_minute": recent.endpoint_json(c.name(), &s.address),
+                        "engine": engine_json(c, &e.metrics.engine),
                     })
                 })
                 .collect();
@@ -227,6 +252,11 @@ fn metrics_text(shared: &Shared) -> String {
             metrics: &c.metrics,
             panicking: c.balancer.is_panicking(c.now()),
             max_amplification: config.worst_amplification(&c.config),
+            engine_signals: c
+                .config
+                .engine_signals
+                .as_ref()
+                .map(|s| (c.now(), s.max_age)),
             endpoints: c
                 .balancer
                 .status(c.now())

@@ -10,6 +10,7 @@
 //! upstream exchange runs in its client connection's task with reusable timers.
 
 pub(crate) mod chunked;
+pub(crate) mod engine;
 pub(crate) mod head;
 pub(crate) mod pushback;
 pub(crate) mod response;

@@ -6,6 +6,7 @@ use std::mem::MaybeUninit;
 
 use keel_balance::{LoadReport, OrcaReport, Utilization, LATENCY_HEADER, ORCA_HEADER, RIF_HEADER};
 
+use crate::codec::engine::EngineReport;
 use crate::codec::parse_content_length;
 use crate::codec::push_header;
 
@@ -44,6 +45,9 @@ pub(crate) struct ResponseHead {
     /// The utilisation the endpoint reported in ORCA (`endpoint-load-metrics`, TEXT or JSON
     /// form), if the header is there and valid (a malformed one is ignored).
     pub orca: Option<Utilization>,
+    /// The engine's own load in the same ORCA header (vLLM's named metrics), or that the
+    /// header could not be read: `None` without the header.
+    pub engine: Option<EngineReport>,
     /// When the endpoint asks to be retried (`Retry-After`, `grpc-retry-pushback-ms`).
     pub pushback: Option<crate::codec::pushback::Pushback>,
     /// The headers to send on as a map, when the client speaks HTTP/2 (then nothing is
@@ -238,6 +242,7 @@ pub(crate) fn parse_response(
             None => push_header(out, name.as_bytes(), h.value),
         }
     }
+    let orca_read = orca.map(EngineReport::of_orca);
     Ok(Some(ResponseHead {
         head_len,
         status,
@@ -246,9 +251,11 @@ pub(crate) fn parse_response(
         has_date,
         load: LoadReport::from_headers(rif, latency_us),
         // Parsed only when present: most endpoints send none.
-        orca: orca
-            .and_then(|v| OrcaReport::parse(v).ok())
-            .map(|r| r.utilization()),
+        orca: orca_read
+            .as_ref()
+            .and_then(|(r, _)| r.as_ref())
+            .map(OrcaReport::utilization),
+        engine: orca_read.map(|(_, e)| e),
         pushback: if status >= 400 {
             crate::codec::pushback::of_headers(
                 status,

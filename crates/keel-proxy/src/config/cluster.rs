@@ -1,5 +1,6 @@
 //! `[[cluster]]` and its tables: `[cluster.retry]`, `[cluster.health_check]`, `[cluster.probe]`,
-//! `[cluster.tls]` and `[cluster.hedge]` (keel-balance's `HedgeConfig`), with the balancer's
+//! `[cluster.tls]`, `[cluster.hedge]` (keel-balance's `HedgeConfig`) and
+//! `[cluster.engine_signals]`, with the balancer's
 //! options, timeouts and protections side by side in the cluster's table (grouped in the type).
 
 use std::fmt;
@@ -128,6 +129,10 @@ pub struct ClusterConfig {
     /// Load probes (`[cluster.probe]`) for a strategy that balances on the load endpoints
     /// report (prequal); other strategies send none.
     pub probe: ProbeConfig,
+    /// What inference engines say about their own load (`[cluster.engine_signals]`): their
+    /// ORCA header, asked for on every request, or their `/metrics`, scraped. Off unless
+    /// present.
+    pub engine_signals: Option<EngineSignalsConfig>,
     /// Responses whose `Content-Length` is at most this many bytes are read whole before they
     /// are forwarded, so that an endpoint failing mid-body can still be retried; larger or
     /// chunked bodies stream through. 0 streams everything. Default 65536.
@@ -331,6 +336,7 @@ pub(crate) const CLUSTER_KEYS: &[&str] = &[
     "tls",
     "hedge",
     "probe",
+    "engine_signals",
     "max_amplification",
     "rate_limit",
     "strip_prefix",
@@ -367,6 +373,7 @@ impl<'de> Deserialize<'de> for ClusterConfig {
                         "proxy_protocol" => c.proxy_protocol = map.next_value()?,
                         "tls" => c.tls = map.next_value()?,
                         "probe" => c.probe = map.next_value()?,
+                        "engine_signals" => c.engine_signals = Some(map.next_value()?),
                         "max_buffered_response" => c.max_buffered_response = map.next_value()?,
                         "pool_max_idle_per_endpoint" => {
                             c.pool_max_idle_per_endpoint = map.next_value()?
@@ -398,6 +405,124 @@ fn default_max_buffered_response() -> u64 {
 }
 fn default_pool_max_idle() -> usize {
     256
+}
+
+/// Where an engine's load comes from (`[cluster.engine_signals] source`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SignalSource {
+    /// Every request asks for the engine's ORCA header (`endpoint-load-metrics-format:
+    /// text`); each answer's report counts when it arrives. vLLM answers on whole responses,
+    /// not on streams.
+    Orca,
+    /// Each endpoint's Prometheus text (`metrics_path`) is read every `interval`.
+    Metrics,
+}
+
+/// `[cluster.engine_signals]`: what inference engines (vLLM) say about their own load, its
+/// queue depth (`num_requests_waiting`) and KV-cache use (`kv_cache_usage_perc`), read as
+/// the engine gives it. A report is ignored and counted when it is malformed (no queue depth,
+/// a value out of range) or older than `max_age` when it arrives; the load view forgets a
+/// report once it is older than `max_age`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineSignalsConfig {
+    /// `"orca"` (the answers' header; default) or `"metrics"` (a scrape).
+    #[serde(default = "default_signal_source")]
+    pub source: SignalSource,
+    /// `"metrics"`: time between two reads of an endpoint's metrics (GIE's
+    /// `--refresh-metrics-interval`). Default 50 ms.
+    #[serde(
+        default = "default_signal_interval",
+        with = "keel_balance::duration_serde"
+    )]
+    pub interval: Duration,
+    /// A report older than this is ignored: on arrival (a scrape answered late), and by the
+    /// load view afterwards (GIE's `--metrics-staleness-threshold`). Default 2 s.
+    #[serde(
+        default = "default_signal_max_age",
+        with = "keel_balance::duration_serde"
+    )]
+    pub max_age: Duration,
+    /// `"metrics"`: the path read. Default `/metrics`.
+    #[serde(default = "default_metrics_path")]
+    pub metrics_path: String,
+}
+
+fn default_signal_source() -> SignalSource {
+    SignalSource::Orca
+}
+fn default_signal_interval() -> Duration {
+    Duration::from_millis(50)
+}
+fn default_signal_max_age() -> Duration {
+    Duration::from_secs(2)
+}
+fn default_metrics_path() -> String {
+    "/metrics".into()
+}
+
+impl Default for EngineSignalsConfig {
+    /// ORCA, a report counting for 2 s.
+    fn default() -> Self {
+        Self {
+            source: default_signal_source(),
+            interval: default_signal_interval(),
+            max_age: default_signal_max_age(),
+            metrics_path: default_metrics_path(),
+        }
+    }
+}
+
+impl EngineSignalsConfig {
+    /// Checks the table; paths are relative to `[cluster.engine_signals]`.
+    pub fn validate(&self, protocol: UpstreamProtocol) -> Result<(), InvalidField> {
+        if self.source == SignalSource::Orca && protocol != UpstreamProtocol::Http1 {
+            return Err(InvalidField::at(
+                "source",
+                Problem::NotApplicable(
+                    "ORCA reports are read from HTTP/1.1 endpoints only (vLLM serves HTTP/1.1): use protocol = \"http1\" or source = \"metrics\""
+                        .into(),
+                ),
+            ));
+        }
+        if self.interval < Duration::from_millis(1) || self.interval > Duration::from_secs(3600) {
+            return Err(InvalidField::at(
+                "interval",
+                Problem::out_of_range("within 1ms..=1h", humantime::format_duration(self.interval)),
+            ));
+        }
+        if self.max_age.is_zero() {
+            return Err(InvalidField::at(
+                "max_age",
+                Problem::out_of_range("greater than zero", "0s"),
+            ));
+        }
+        if self.source == SignalSource::Metrics && self.max_age < self.interval {
+            return Err(InvalidField::at(
+                "max_age",
+                Problem::out_of_range(
+                    format!(
+                        "at least interval ({}): every report would be stale",
+                        humantime::format_duration(self.interval)
+                    ),
+                    humantime::format_duration(self.max_age),
+                ),
+            ));
+        }
+        if !self.metrics_path.starts_with('/')
+            || self.metrics_path.bytes().any(|b| b <= b' ' || b == 0x7f)
+        {
+            return Err(InvalidField::at(
+                "metrics_path",
+                Problem::Invalid(format!(
+                    "{:?} is not an absolute path of visible characters",
+                    self.metrics_path
+                )),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Most retries a request may make (keeps the per-request list of tried endpoints inline).
@@ -752,6 +877,10 @@ impl ClusterConfig {
         self.probe
             .validate()
             .map_err(|e| e.under(FieldPath::key("probe")))?;
+        if let Some(s) = &self.engine_signals {
+            s.validate(self.protocol)
+                .map_err(|e| e.under(FieldPath::key("engine_signals")))?;
+        }
         if let Some(h) = &self.protections.health_check {
             h.validate()
                 .map_err(|e| e.under(FieldPath::key("health_check")))?;
@@ -836,6 +965,7 @@ impl ClusterConfig {
             proxy_protocol: None,
             tls: None,
             probe: ProbeConfig::default(),
+            engine_signals: None,
             max_buffered_response: default_max_buffered_response(),
             pool_max_idle_per_endpoint: default_pool_max_idle(),
             sticky: None,

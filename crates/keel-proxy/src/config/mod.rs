@@ -35,8 +35,8 @@ pub(crate) mod route;
 mod tests;
 
 pub use cluster::{
-    Amplification, ClusterConfig, ProxyProtocol, RetryConfig, UpstreamProtocol, UpstreamTlsConfig,
-    MAX_RETRY_ATTEMPTS,
+    Amplification, ClusterConfig, EngineSignalsConfig, ProxyProtocol, RetryConfig, SignalSource,
+    UpstreamProtocol, UpstreamTlsConfig, MAX_RETRY_ATTEMPTS,
 };
 pub use discovery::{DiscoveryConfig, DiscoveryKind, DEFAULT_DISCOVERY_REFRESH};
 pub use etcd::{EtcdConfig, EtcdTlsConfig};

@@ -343,6 +343,7 @@ fn every_option_is_documented() {
         HEAD.replace("cluster = \"app\"", "cluster = \"app\"\nnonsense = 1"),
         format!("{HEAD}nonsense = 1\n"),
         format!("{HEAD}[cluster.retry]\nnonsense = 1\n"),
+        format!("{HEAD}[cluster.engine_signals]\nnonsense = 1\n"),
         format!("{HEAD}[cluster.health_check]\nnonsense = 1\n"),
         format!("{HEAD}[cluster.outlier_detection]\nnonsense = 1\n"),
         format!("{HEAD}[cluster.outlier_detection.failure_rate]\nnonsense = 1\n"),
@@ -427,6 +428,47 @@ fn protocols_load_as_written_and_mismatches_are_refused() {
     );
     let e = err(&format!("{HEAD}protocol = \"http3\"\n"));
     assert!(e.message.contains("h2c"), "{e}");
+}
+
+/// `[cluster.engine_signals]` loads as written and its errors are at their keys.
+#[test]
+fn engine_signals_load_and_their_errors_are_at_their_keys() {
+    let c = ProxyConfig::from_toml_str(
+        &format!("{HEAD}[cluster.engine_signals]\nsource = \"metrics\"\ninterval = \"20ms\"\n"),
+        "ok.toml",
+    )
+    .unwrap();
+    let s = c.clusters[0].engine_signals.as_ref().unwrap();
+    assert_eq!(s.source, crate::config::SignalSource::Metrics);
+    assert_eq!(
+        (s.interval, s.max_age, s.metrics_path.as_str()),
+        (
+            Duration::from_millis(20),
+            Duration::from_secs(2),
+            "/metrics"
+        )
+    );
+    for (text, key) in [
+        (
+            "protocol = \"h2c\"\n[cluster.engine_signals]\nsource = \"orca\"\n",
+            "cluster[0].engine_signals.source",
+        ),
+        (
+            "[cluster.engine_signals]\nsource = \"metrics\"\ninterval = \"1s\"\nmax_age = \"500ms\"\n",
+            "cluster[0].engine_signals.max_age",
+        ),
+        (
+            "[cluster.engine_signals]\nmax_age = \"0s\"\n",
+            "cluster[0].engine_signals.max_age",
+        ),
+        (
+            "[cluster.engine_signals]\nmetrics_path = \"metrics\"\n",
+            "cluster[0].engine_signals.metrics_path",
+        ),
+    ] {
+        let e = err(&format!("{HEAD}{text}"));
+        assert_eq!(e.key.as_deref(), Some(key), "{e}");
+    }
 }
 
 /// Every error of the protocol keys, at the exact key and its line.
@@ -650,6 +692,7 @@ fn every_flat_key_has_exactly_one_owner() {
         "proxy_protocol",
         "tls",
         "probe",
+        "engine_signals",
         "max_buffered_response",
         "pool_max_idle_per_endpoint",
         "sticky",

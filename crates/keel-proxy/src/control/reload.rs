@@ -250,7 +250,11 @@ impl Shared {
             t.abort();
         }
         for c in &routing.clusters {
-            for t in crate::upstream::health::spawn(c, &self.runtime) {
+            let engine = crate::upstream::signals::spawn(c, &self.runtime);
+            for t in crate::upstream::health::spawn(c, &self.runtime)
+                .into_iter()
+                .chain(engine)
+            {
                 tasks.push((c.name().to_string(), t));
             }
         }
@@ -266,7 +270,11 @@ impl Shared {
             }
             other
         });
-        for t in crate::upstream::health::spawn(cluster, &self.runtime) {
+        let engine = crate::upstream::signals::spawn(cluster, &self.runtime);
+        for t in crate::upstream::health::spawn(cluster, &self.runtime)
+            .into_iter()
+            .chain(engine)
+        {
             tasks.push((cluster.name().to_string(), t));
         }
     }

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+pub(crate) mod engine;
 pub(crate) mod log_budget;
 
 /// Upper bounds of the latency histogram buckets, in seconds.
@@ -135,6 +136,9 @@ pub struct EndpointMetrics {
     pub health_checks_failed: AtomicU64,
     /// Outcomes not yet published to the fleet (shared outlier evidence only).
     pub evidence: evidence::Pending,
+    /// What the endpoint, an inference engine, last said about its load
+    /// (`[cluster.engine_signals]`).
+    pub engine: engine::EngineSignals,
 }
 
 /// Metrics by cluster name and endpoint address, kept across reloads.
@@ -224,6 +228,8 @@ pub struct ClusterView<'a> {
     pub endpoints: Vec<(keel_balance::EndpointStatus, Arc<EndpointMetrics>)>,
     /// Most upstream tries one request may cost (the configuration's worst case).
     pub max_amplification: u32,
+    /// With `[cluster.engine_signals]`: the cluster's clock now and the reports' `max_age`.
+    pub engine_signals: Option<(Duration, Duration)>,
 }
 
 /// One series per cluster: `name{cluster="..."} value`, under its HELP and TYPE lines.
@@ -519,6 +525,7 @@ pub fn render(clusters: &[ClusterView<'_>], reloads: u64, reload_failures: u64) 
             );
         }
     }
+    render_engine_signals(&mut out, clusters);
     header(
         &mut out,
         "keel_config_reloads_total",
@@ -531,6 +538,81 @@ pub fn render(clusters: &[ClusterView<'_>], reloads: u64, reload_failures: u64) 
         "keel_config_reloads_total{{result=\"refused\"}} {reload_failures}"
     );
     out
+}
+
+/// The engines' load as keel sees it (`[cluster.engine_signals]` clusters only): gauges of
+/// the last report while it is fresh (absent otherwise), and the reports by what became of
+/// them.
+fn render_engine_signals(out: &mut String, clusters: &[ClusterView<'_>]) {
+    let with: Vec<_> = clusters
+        .iter()
+        .filter_map(|c| c.engine_signals.map(|s| (c, s)))
+        .collect();
+    if with.is_empty() {
+        return;
+    }
+    type Value = fn(&engine::EngineLoadView) -> f32;
+    let gauges: [(&str, &str, Value); 3] = [
+        (
+            "keel_engine_requests_waiting",
+            "Requests waiting in the engine's queue, as its last fresh report said (vLLM num_requests_waiting).",
+            |l| l.waiting,
+        ),
+        (
+            "keel_engine_requests_running",
+            "Requests running on the engine, as its last fresh metrics said (vLLM num_requests_running; ORCA has none).",
+            |l| l.running,
+        ),
+        (
+            "keel_engine_kv_cache_usage_ratio",
+            "Share of the engine's KV cache in use, 0 to 1, as its last fresh report said (vLLM kv_cache_usage_perc).",
+            |l| l.kv_cache,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        header(out, name, "gauge", help);
+        for (c, (now, max_age)) in &with {
+            for (s, m) in &c.endpoints {
+                let Some((load, _)) = m.engine.view(*now, *max_age) else {
+                    continue;
+                };
+                let v = value(&load);
+                if v.is_finite() {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{cluster=\"{}\",endpoint=\"{}\"}} {v}",
+                        label(c.name),
+                        label(&s.address)
+                    );
+                }
+            }
+        }
+    }
+    header(
+        out,
+        "keel_engine_reports_total",
+        "counter",
+        "Engine load reports, by result: taken, malformed (ignored), stale (older than max_age on arrival, ignored), failed (a scrape with no answer).",
+    );
+    for (c, _) in &with {
+        for (s, m) in &c.endpoints {
+            let e = &m.engine;
+            for (result, n) in [
+                ("taken", &e.reports),
+                ("malformed", &e.malformed),
+                ("stale", &e.stale),
+                ("failed", &e.failed),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "keel_engine_reports_total{{cluster=\"{}\",endpoint=\"{}\",result=\"{result}\"}} {}",
+                    label(c.name),
+                    label(&s.address),
+                    n.load(Relaxed)
+                );
+            }
+        }
+    }
 }
 
 /// The kind of connection a task serves, so that a drain can count what it cut by kind.

@@ -66,6 +66,9 @@ pub struct Cluster {
     pub uses_utilization: bool,
     /// Outcomes are published to the fleet (`[cluster.outlier_detection] shared`).
     pub shares_evidence: bool,
+    /// Requests ask the engines for their ORCA report (`[cluster.engine_signals]`, `source =
+    /// "orca"`).
+    pub(crate) asks_orca: bool,
     /// Load probes under way (bounded by [`MAX_PROBES_IN_FLIGHT`]).
     pub(crate) probes_in_flight: std::sync::atomic::AtomicUsize,
     /// Worker threads serving connections (`rate_limit.per_worker` divides by it).
@@ -181,6 +184,10 @@ impl Cluster {
                 .outlier_detection
                 .as_ref()
                 .is_some_and(|o| o.shared.is_some()),
+            asks_orca: config
+                .engine_signals
+                .as_ref()
+                .is_some_and(|s| s.source == crate::config::SignalSource::Orca),
             probes_in_flight: std::sync::atomic::AtomicUsize::new(0),
             workers: workers.max(1),
             rate_limit,

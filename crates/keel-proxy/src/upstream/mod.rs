@@ -17,3 +17,4 @@ pub(crate) mod health;
 pub(crate) mod health_error;
 pub(crate) mod pool;
 pub(crate) mod probe;
+pub(crate) mod signals;

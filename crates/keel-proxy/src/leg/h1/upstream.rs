@@ -6,6 +6,8 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
+use std::io::IoSlice;
+
 use bytes::Buf;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -18,6 +20,7 @@ use crate::metrics::{class_index, ErrorKind};
 use crate::upstream::cluster::{Cluster, EndpointEntry};
 use crate::upstream::h1_client::{read_at_least, MAX_RESPONSE_HEAD};
 use crate::upstream::pool::RawConn;
+use crate::upstream::signals::{ORCA_ASK, ORCA_FORMAT};
 
 /// What the HTTP/1.1 leg yields: the connection (what was read of the body in its buffer)
 /// and the response head.
@@ -57,7 +60,9 @@ pub(crate) async fn try_once<B: RequestBody>(
                     _ => false,
                 }
         };
-        if let Err(f) = send_request(&mut conn, head, req, body).await {
+        // A client that asked itself gets the form it asked for (keel reads both).
+        let ask = cluster.asks_orca && head_value(head, ORCA_FORMAT).is_none();
+        if let Err(f) = send_request(&mut conn, head, ask, req, body).await {
             if stale(&f, body.started()) {
                 continue;
             }
@@ -88,20 +93,36 @@ fn never_pooled_after_tunnel(head: &[u8], mut resp: ResponseHead) -> ResponseHea
 
 /// Writes the request: an inline body with the head in one write; a streamed one after it,
 /// piece by piece, chunked when its length is unknown.
+/// With `ask_orca`, the head gets one more line asking an inference engine for its ORCA
+/// report (written beside the head, not copied into it).
 async fn send_request<B: RequestBody>(
     conn: &mut RawConn,
     head: &[u8],
+    ask_orca: bool,
     req: &RequestHead,
     body: &mut B,
 ) -> Result<(), TryFailure<H1Response>> {
     let upstream =
         |e| TryFailure::Upstream(TryError::after_sending(ErrorKind::Reset, Cause::Write(e)));
-    if let Some(inline) = body.inline() {
-        return crate::io::write_all_2(&mut conn.io, head, inline)
-            .await
-            .map_err(upstream);
+    // The head ends with an empty line: the asking line goes before it.
+    let (lines, end) = match head.len().checked_sub(2) {
+        Some(n) if ask_orca && head.ends_with(b"\r\n\r\n") => head.split_at(n),
+        _ => (head, &[][..]),
+    };
+    let ask: &[u8] = if end.is_empty() { &[] } else { ORCA_ASK };
+    let inline = body.inline();
+    let mut slices = [
+        IoSlice::new(lines),
+        IoSlice::new(ask),
+        IoSlice::new(end),
+        IoSlice::new(inline.unwrap_or(&[])),
+    ];
+    write_all_vectored(&mut conn.io, &mut slices)
+        .await
+        .map_err(upstream)?;
+    if inline.is_some() {
+        return conn.io.flush().await.map_err(upstream);
     }
-    conn.io.write_all(head).await.map_err(upstream)?;
     let chunked = req.body == BodyFraming::Chunked;
     let mut line = [0u8; 18];
     loop {
@@ -169,6 +190,11 @@ async fn read_response(
                     if cluster.uses_load_reports {
                         cluster.balancer.report_load(entry.id, load, cluster.now());
                     }
+                }
+                // The engine's own load, when the cluster asked for it.
+                if let Some(report) = resp.engine.filter(|_| cluster.asks_orca) {
+                    let now = cluster.now();
+                    crate::upstream::signals::take(cluster, entry, report, now, now);
                 }
                 // ORCA's utilisation, for orca-wrr and zone routing.
                 if let Some(u) = resp.orca {

@@ -1,0 +1,209 @@
+//! Engine signals (`[cluster.engine_signals]`): what inference engines say about their own
+//! load reaches the endpoint's view ([`crate::metrics::engine::EngineSignals`], shown in
+//! `/status` and `/metrics`) and the balancer, through the load-report interface every
+//! driver uses (`Balancer::report_load`, the queue depth as the requests the engine holds).
+//!
+//! Two sources: the ORCA header of each answer (the HTTP/1.1 leg asks for it and hands the
+//! report to [`take`]), or a scrape of each endpoint's Prometheus text every `interval`
+//! ([`spawn`]), on a keep-alive connection of its own. A malformed report, or one older than
+//! `max_age` when it arrives, is counted and changes nothing.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Buf;
+use keel_balance::LoadReport;
+use tokio::io::AsyncReadExt;
+use tokio::task::JoinHandle;
+
+use crate::codec::chunked::ChunkedDecoder;
+use crate::codec::engine::EngineReport;
+use crate::codec::response::{parse_response, Framing};
+use crate::config::SignalSource;
+use crate::upstream::cluster::{Cluster, EndpointEntry};
+use crate::upstream::h1_client::{read_at_least, MAX_RESPONSE_HEAD};
+use crate::upstream::pool::RawConn;
+
+/// The request header that asks vLLM for its ORCA report.
+pub(crate) const ORCA_FORMAT: &[u8] = b"endpoint-load-metrics-format";
+
+/// That header, asking for the text form.
+pub(crate) const ORCA_ASK: &[u8] = b"endpoint-load-metrics-format: text\r\n";
+
+/// Most bytes of a metrics page read (vLLM's is tens of KB with its histograms).
+const MAX_METRICS_BODY: usize = 4 << 20;
+
+/// Takes `report`, made when keel asked at `asked_at` and arrived at `now`, for endpoint
+/// `entry` of `cluster`.
+pub(crate) fn take(
+    cluster: &Cluster,
+    entry: &EndpointEntry,
+    report: EngineReport,
+    asked_at: Duration,
+    now: Duration,
+) {
+    let Some(cfg) = &cluster.config.engine_signals else {
+        return;
+    };
+    let view = &entry.metrics.engine;
+    match report {
+        EngineReport::Malformed => {
+            view.malformed.fetch_add(1, Relaxed);
+        }
+        EngineReport::Load(_) if now.saturating_sub(asked_at) > cfg.max_age => {
+            view.stale.fetch_add(1, Relaxed);
+        }
+        EngineReport::Load(load) => {
+            view.take(load, now);
+            let queue = LoadReport {
+                in_flight: load.waiting.round() as u32,
+                latency: Duration::ZERO,
+            };
+            cluster.balancer.report_load(entry.id, queue, now);
+        }
+    }
+}
+
+/// Starts the scrapes of a `source = "metrics"` cluster, one task per endpoint.
+pub(crate) fn spawn(cluster: &Arc<Cluster>, rt: &tokio::runtime::Handle) -> Vec<JoinHandle<()>> {
+    match &cluster.config.engine_signals {
+        Some(s) if s.source == SignalSource::Metrics => (0..cluster.endpoints.len())
+            .map(|i| rt.spawn(scrape_loop(cluster.clone(), i)))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Why a scrape brought no report.
+#[derive(Debug)]
+enum Missed {
+    /// No connection, no answer in time, or an answer that is not HTTP.
+    Failed,
+    /// An answer that is not 2xx.
+    Status,
+}
+
+async fn scrape_loop(cluster: Arc<Cluster>, index: usize) {
+    let Some(cfg) = cluster.config.engine_signals.clone() else {
+        return;
+    };
+    let entry = &cluster.endpoints[index];
+    let head = format!(
+        "GET {} HTTP/1.1\r\nhost: {}\r\nuser-agent: keel-engine-signals\r\naccept: text/plain\r\n\r\n",
+        cfg.metrics_path, entry.authority
+    );
+    let mut ticker = tokio::time::interval(cfg.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut conn: Option<RawConn> = None;
+    // A late answer past max_age still arrives, so that it is counted as stale, within a bound.
+    let timeout = cfg.max_age * 2 + cfg.interval;
+    let mut body = Vec::new();
+    loop {
+        ticker.tick().await;
+        let asked_at = cluster.now();
+        let got = tokio::time::timeout(
+            timeout,
+            scrape(entry, &mut conn, head.as_bytes(), &mut body),
+        )
+        .await
+        .unwrap_or(Err(Missed::Failed));
+        match got {
+            Ok(()) => {
+                let report = EngineReport::of_prometheus(&body);
+                take(&cluster, entry, report, asked_at, cluster.now());
+            }
+            Err(why) => {
+                conn = None;
+                entry.metrics.engine.failed.fetch_add(1, Relaxed);
+                tracing::debug!(cluster = cluster.name(), endpoint = %entry.authority, ?why, "engine metrics not read");
+            }
+        }
+    }
+}
+
+/// One read of the metrics page into `body`, on the kept connection or a new one.
+async fn scrape(
+    entry: &EndpointEntry,
+    conn: &mut Option<RawConn>,
+    head: &[u8],
+    body: &mut Vec<u8>,
+) -> Result<(), Missed> {
+    let c = match conn {
+        Some(c) => c,
+        None => conn.insert(entry.pool.connect().await.map_err(|_| Missed::Failed)?),
+    };
+    crate::io::write_all_2(&mut c.io, head, &[])
+        .await
+        .map_err(|_| Missed::Failed)?;
+    let mut out = Vec::new();
+    let resp = loop {
+        match parse_response(&c.buf, false, &mut out, false) {
+            Ok(Some(r)) if r.status < 200 => c.buf.advance(r.head_len),
+            Ok(Some(r)) => {
+                c.buf.advance(r.head_len);
+                break r;
+            }
+            Ok(None) if c.buf.len() <= MAX_RESPONSE_HEAD => fill(c).await?,
+            _ => return Err(Missed::Failed),
+        }
+    };
+    body.clear();
+    match resp.framing {
+        Framing::Empty => {}
+        Framing::Length(n) => {
+            let n = usize::try_from(n).map_err(|_| Missed::Failed)?;
+            if n > MAX_METRICS_BODY {
+                return Err(Missed::Failed);
+            }
+            read_at_least(c, n).await.map_err(|_| Missed::Failed)?;
+            body.extend_from_slice(&c.buf[..n]);
+            c.buf.advance(n);
+        }
+        Framing::Chunked => {
+            let mut decoder = ChunkedDecoder::default();
+            loop {
+                let step = decoder.step(&c.buf).map_err(|_| Missed::Failed)?;
+                body.extend_from_slice(&c.buf[step.framing..step.framing + step.data]);
+                c.buf.advance(step.framing + step.data);
+                if step.done {
+                    break;
+                }
+                if body.len() > MAX_METRICS_BODY {
+                    return Err(Missed::Failed);
+                }
+                if c.buf.is_empty() {
+                    fill(c).await?;
+                }
+            }
+        }
+        Framing::Close => loop {
+            body.extend_from_slice(&c.buf);
+            c.buf.clear();
+            if body.len() > MAX_METRICS_BODY {
+                return Err(Missed::Failed);
+            }
+            c.buf.reserve(4096);
+            match c.io.read_buf(&mut c.buf).await {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(_) => return Err(Missed::Failed),
+            }
+        },
+    }
+    if !resp.keep_alive {
+        *conn = None;
+    }
+    if resp.status / 100 != 2 {
+        return Err(Missed::Status);
+    }
+    Ok(())
+}
+
+async fn fill(c: &mut RawConn) -> Result<(), Missed> {
+    c.buf.reserve(4096);
+    match c.io.read_buf(&mut c.buf).await {
+        Ok(n) if n > 0 => Ok(()),
+        _ => Err(Missed::Failed),
+    }
+}
