@@ -27,6 +27,7 @@ mod no_request_lost;
 mod one_failed_of_five;
 mod path_normalisation;
 mod protocols;
+mod proxy_protocol;
 mod proxy_behaviour;
 mod pushback;
 mod rate_limit;
