@@ -44,7 +44,9 @@ mod upstream;
 
 pub use config::{ConfigError, ProxyConfig};
 pub use route::RouteMatcher;
-pub use serve::{start, start_with, start_with_workers, Drained, ProxyHandle, StartOptions};
+pub use serve::{
+    start, start_with, start_with_workers, Drained, ProxyHandle, ProxyRefusals, StartOptions,
+};
 pub use state::ReloadError;
 
 /// etcd (feature `etcd`): `keel register`'s registration, and the client's errors.

@@ -129,12 +129,20 @@ pub(crate) struct ListenerSlot {
     pub(crate) cut: [AtomicU64; ConnKind::COUNT],
     /// TLS handshakes that failed or timed out.
     pub tls_handshake_failures: AtomicU64,
+    /// Connections a `proxy_protocol` listener closed for their PROXY header, by reason (in
+    /// the order of [`PROXY_REFUSALS`]), and whether each reason was logged yet (once each).
+    pub(crate) proxy_refused: [AtomicU64; PROXY_REFUSALS.len()],
+    pub(crate) proxy_refusal_logged: [std::sync::atomic::AtomicBool; PROXY_REFUSALS.len()],
     /// Requests that no route matched and no listener cluster took (`404`).
     pub not_found: AtomicU64,
     /// The socket's descriptor while its accept loop runs (handed to a new binary on upgrade).
     pub(crate) fd: std::os::fd::RawFd,
     pub(crate) task: Mutex<Option<JoinHandle<()>>>,
 }
+
+/// Why a `proxy_protocol` listener closed a connection: the peer is not a trusted proxy, its
+/// header is not one, or it was not whole within `header_read_timeout`.
+pub(crate) const PROXY_REFUSALS: [&str; 3] = ["untrusted", "malformed", "timeout"];
 
 /// The admin listener in force.
 pub(crate) struct AdminSlot {
@@ -233,6 +241,7 @@ impl ListenerCtx {
             ip: text,
             proto: if self.tls.is_some() { "https" } else { "http" },
             trust_forwarded: self.settings.trusts(ip),
+            trusted_hops: self.settings.trusted_hops,
             worker,
             error_detail: self.settings.error_detail,
             client_cert: None,

@@ -381,6 +381,27 @@ fn metrics_text(shared: &Shared) -> String {
             );
         }
     }
+    let proxied: Vec<_> = config
+        .listeners
+        .iter()
+        .zip(live.iter())
+        .filter(|(c, _)| c.proxy_protocol)
+        .map(|(_, l)| l)
+        .collect();
+    if !proxied.is_empty() {
+        use std::fmt::Write as _;
+        out.push_str("# HELP keel_proxy_protocol_refused_total Connections a proxy_protocol listener closed for their PROXY header, by listener and reason (untrusted peer, malformed, timeout).\n# TYPE keel_proxy_protocol_refused_total counter\n");
+        for l in proxied {
+            for (k, reason) in crate::state::PROXY_REFUSALS.iter().enumerate() {
+                let _ = writeln!(
+                    out,
+                    "keel_proxy_protocol_refused_total{{listener=\"{}\",reason=\"{reason}\"}} {}",
+                    l.addr,
+                    l.proxy_refused[k].load(Relaxed)
+                );
+            }
+        }
+    }
     out
 }
 

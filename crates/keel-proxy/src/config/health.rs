@@ -79,9 +79,9 @@ impl ProbeConfig {
     }
 }
 
-/// `[cluster.health_check]`: a periodic probe of every endpoint: `GET path` (a 2xx answer
-/// within the timeout passes), a TCP connect, or gRPC's `grpc.health.v1.Health/Check`
-/// (`SERVING` passes).
+/// `[cluster.health_check]`: a periodic probe of every endpoint: `GET path` (an answer in
+/// `expected_statuses`, 2xx by default, within the timeout passes), a TCP connect, or gRPC's
+/// `grpc.health.v1.Health/Check` (`SERVING` passes).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HealthCheckConfig {
@@ -106,6 +106,100 @@ pub struct HealthCheckConfig {
     /// Passed checks in a row that mark an unhealthy endpoint healthy again. Default 2.
     #[serde(default = "default_threshold")]
     pub healthy_threshold: u32,
+    /// HTTP: the statuses that pass, each a code or an inclusive range (`["200-399"]`, `[204]`;
+    /// HAProxy `http-check expect status 200-399`, Envoy `expected_statuses`). Default
+    /// `["200-299"]`.
+    #[serde(default = "default_expected_statuses")]
+    pub expected_statuses: Vec<StatusRange>,
+    /// HTTP: text the answer's body must contain (its first 64 KiB are searched; HAProxy
+    /// `http-check expect string`). Default: any body.
+    #[serde(default)]
+    pub expected_body: Option<String>,
+    /// HTTP: the `Host` header sent (Envoy `host`, HAProxy `http-check send hdr Host`), for an
+    /// endpoint that serves several names. Default: the endpoint's `address`.
+    #[serde(default)]
+    pub host: Option<String>,
+    /// HTTP: the request's method (`"GET"`, `"HEAD"`, ...; HAProxy `http-check send meth`,
+    /// Envoy `method`). Default `"GET"`.
+    #[serde(default = "default_hc_method")]
+    pub method: String,
+    /// HTTP and TCP: check this port of each endpoint's host instead of its own (HAProxy
+    /// `port`, Envoy `port_value`), e.g. a separate management port. Default: the endpoint's.
+    #[serde(default)]
+    pub port: Option<u16>,
+}
+
+/// A status that passes a health check, or an inclusive range of them: `"200-399"`,
+/// `"204"` or `204`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatusRange {
+    /// The first status that passes.
+    pub first: u16,
+    /// The last one (equal to `first` for a single status).
+    pub last: u16,
+}
+
+impl StatusRange {
+    /// True if `status` is in the range.
+    pub fn contains(&self, status: u16) -> bool {
+        (self.first..=self.last).contains(&status)
+    }
+}
+
+impl std::str::FromStr for StatusRange {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let status = |t: &str| {
+            t.trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|s| (100..=599).contains(s))
+                .ok_or_else(|| {
+                    format!(
+                        "`{text}` is not a status (100 to 599) or a range of them (\"200-399\")"
+                    )
+                })
+        };
+        let (first, last) = match text.split_once('-') {
+            Some((a, b)) => (status(a)?, status(b)?),
+            None => (status(text)?, status(text)?),
+        };
+        if first > last {
+            return Err(format!(
+                "`{text}`: the range's first status is above its last"
+            ));
+        }
+        Ok(StatusRange { first, last })
+    }
+}
+
+impl<'de> Deserialize<'de> for StatusRange {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Code(i64),
+            Text(String),
+        }
+        let text = match Written::deserialize(d).map_err(|_| {
+            serde::de::Error::custom("expected a status or a range of them, e.g. \"200-399\"")
+        })? {
+            Written::Code(c) => c.to_string(),
+            Written::Text(t) => t,
+        };
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl std::fmt::Display for StatusRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.first == self.last {
+            write!(f, "{}", self.first)
+        } else {
+            write!(f, "{}-{}", self.first, self.last)
+        }
+    }
 }
 
 /// `kind` of a health check.
@@ -132,6 +226,15 @@ fn default_hc_timeout() -> Duration {
 }
 fn default_threshold() -> u32 {
     2
+}
+fn default_expected_statuses() -> Vec<StatusRange> {
+    vec![StatusRange {
+        first: 200,
+        last: 299,
+    }]
+}
+fn default_hc_method() -> String {
+    "GET".into()
 }
 
 impl HealthCheckConfig {
@@ -160,6 +263,65 @@ impl HealthCheckConfig {
         if self.timeout.is_zero() {
             return Err(zero("timeout"));
         }
+        let http_only = |key: &'static str| {
+            InvalidField::at(
+                key,
+                Problem::NotApplicable(format!("`{key}` is for kind = \"http\"")),
+            )
+        };
+        if self.kind != HealthCheckKind::Http {
+            if self.expected_statuses != default_expected_statuses() {
+                return Err(http_only("expected_statuses"));
+            }
+            if self.expected_body.is_some() {
+                return Err(http_only("expected_body"));
+            }
+            if self.host.is_some() {
+                return Err(http_only("host"));
+            }
+            if self.method != default_hc_method() {
+                return Err(http_only("method"));
+            }
+        }
+        if self.kind == HealthCheckKind::Grpc && self.port.is_some() {
+            return Err(InvalidField::at(
+                "port",
+                Problem::NotApplicable("`port` is for kind = \"http\" or \"tcp\"".into()),
+            ));
+        }
+        if self.port == Some(0) {
+            return Err(InvalidField::at(
+                "port",
+                Problem::out_of_range("within 1..=65535", 0),
+            ));
+        }
+        if self.expected_statuses.is_empty() {
+            return Err(none("expected_statuses"));
+        }
+        if self.expected_body.as_deref() == Some("") {
+            return Err(InvalidField::at(
+                "expected_body",
+                Problem::Invalid("empty: leave it out to accept any body".into()),
+            ));
+        }
+        if let Some(host) = &self.host {
+            if host.parse::<hyper::http::uri::Authority>().is_err() {
+                return Err(InvalidField::at(
+                    "host",
+                    Problem::Invalid(format!(
+                        "`{host}` is not a host name (with an optional `:port`)"
+                    )),
+                ));
+            }
+        }
+        // Methods are case-sensitive: `get` would be another method than `GET`.
+        let token = |b: u8| b.is_ascii_uppercase() || b == b'-' || b == b'_';
+        if self.method.is_empty() || !self.method.bytes().all(token) {
+            return Err(InvalidField::at(
+                "method",
+                Problem::Invalid(format!("`{}` is not an HTTP method", self.method)),
+            ));
+        }
         if self.unhealthy_threshold == 0 {
             return Err(none("unhealthy_threshold"));
         }
@@ -181,6 +343,11 @@ impl Default for HealthCheckConfig {
             timeout: default_hc_timeout(),
             unhealthy_threshold: default_threshold(),
             healthy_threshold: default_threshold(),
+            expected_statuses: default_expected_statuses(),
+            expected_body: None,
+            host: None,
+            method: default_hc_method(),
+            port: None,
         }
     }
 }

@@ -66,6 +66,19 @@ pub struct ListenerConfig {
     /// by the client's address, so a client cannot pass itself off as another. Default: none.
     #[serde(default)]
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Proxies in front of keel whose `X-Forwarded-For` entries are believed, the nearest (a
+    /// peer in `trusted_proxies`) counted first: the client is the entry this many from the
+    /// right of the header keel receives (the leftmost if it has fewer). With two proxies in
+    /// front, `2`: of `a, b, c` from the nearest, `b` is the client. Default 1.
+    #[serde(default = "one_hop")]
+    pub trusted_hops: u8,
+    /// Every connection starts with a PROXY protocol header (version 1 or 2, as HAProxy's
+    /// `send-proxy`/`send-proxy-v2` sends), whose source address is the client's from then on:
+    /// allow/deny, rate limits, `X-Forwarded-For`, the access log; before TLS on a TLS
+    /// listener. Only peers in `trusted_proxies` may connect; others, and headers that are
+    /// malformed or not whole within `header_read_timeout`, are closed. Default false.
+    #[serde(default)]
+    pub proxy_protocol: bool,
     /// Clients (IP addresses or CIDR blocks; behind `trusted_proxies`, the address they
     /// forward) this listener serves; others get `403` (a TCP listener closes their
     /// connection). Empty: everyone not denied.
@@ -119,6 +132,13 @@ pub struct ListenerConfig {
 fn yes() -> bool {
     true
 }
+
+fn one_hop() -> u8 {
+    1
+}
+
+/// Most `trusted_hops`.
+pub const MAX_TRUSTED_HOPS: u8 = 16;
 
 /// `protocol` of a listener.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -279,6 +299,25 @@ impl ListenerConfig {
         if self.request_body_timeout.is_zero() {
             return Err(zero("request_body_timeout"));
         }
+        if self.trusted_hops == 0 || self.trusted_hops > MAX_TRUSTED_HOPS {
+            return Err(InvalidField::at(
+                "trusted_hops",
+                Problem::out_of_range(
+                    format!(
+                        "within 1..={MAX_TRUSTED_HOPS} (to believe no `X-Forwarded-For`, leave `trusted_proxies` empty)"
+                    ),
+                    self.trusted_hops,
+                ),
+            ));
+        }
+        if self.proxy_protocol && self.trusted_proxies.is_empty() {
+            return Err(InvalidField::at(
+                "proxy_protocol",
+                Problem::Invalid(
+                    "a PROXY protocol header is accepted only from `trusted_proxies`: list the proxies that send it".into(),
+                ),
+            ));
+        }
         if self.protocol == ListenerProtocol::Tcp {
             if !self.routes.is_empty() {
                 return Err(InvalidField::at(
@@ -330,6 +369,8 @@ impl ListenerConfig {
             max_request_body_bytes: None,
             tls: None,
             trusted_proxies: Vec::new(),
+            trusted_hops: one_hop(),
+            proxy_protocol: false,
             allow: Vec::new(),
             deny: Vec::new(),
             error_detail: ErrorDetail::default(),

@@ -40,7 +40,7 @@ pub use cluster::{
 };
 pub use discovery::{DiscoveryConfig, DiscoveryKind, DEFAULT_DISCOVERY_REFRESH};
 pub use etcd::{EtcdConfig, EtcdTlsConfig};
-pub use health::{HealthCheckConfig, HealthCheckKind, ProbeConfig};
+pub use health::{HealthCheckConfig, HealthCheckKind, ProbeConfig, StatusRange};
 pub use listener::{
     CertificateFiles, ClientAuth, ErrorDetail, ListenerConfig, ListenerProtocol, ListenerTlsConfig,
     TlsVersion, MIN_HEADER_BYTES,

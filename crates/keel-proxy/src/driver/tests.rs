@@ -177,6 +177,7 @@ fn client() -> Client {
         ip_value: hyper::header::HeaderValue::from_static("127.0.0.1"),
         proto: "http",
         trust_forwarded: false,
+        trusted_hops: 1,
         worker: 0,
         error_detail: ErrorDetail::Brief,
         client_cert: None,

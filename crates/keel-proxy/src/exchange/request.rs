@@ -28,6 +28,9 @@ pub(crate) struct Client {
     pub proto: &'static str,
     /// The client is one of the listener's `trusted_proxies`.
     pub trust_forwarded: bool,
+    /// Then the listener's `trusted_hops`: the client is the `X-Forwarded-For` entry this
+    /// many from the right of the header as received.
+    pub trusted_hops: u8,
     /// The worker thread serving the connection (its stack in every endpoint's pool).
     pub worker: usize,
     /// How much of a failure's cause keel's own answers show.

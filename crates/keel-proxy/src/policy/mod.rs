@@ -102,7 +102,10 @@ impl Policy {
         };
         let forwarded = client
             .trust_forwarded
-            .then(|| head.value("x-forwarded-for").and_then(proxied_client))
+            .then(|| {
+                head.value("x-forwarded-for")
+                    .and_then(|v| proxied_client(v, client.trusted_hops))
+            })
             .flatten();
         let ip = match forwarded {
             Some(text) => std::str::from_utf8(text)
@@ -127,10 +130,14 @@ impl Policy {
             let key = if l.by_client_ip() {
                 ip = ip_bytes(client);
                 // Behind a trusted proxy, the client is the address that proxy added to
-                // `X-Forwarded-For` (the one before keel's own entry, the proxy's).
+                // `X-Forwarded-For` (the one before keel's own entry, the proxy's), or with
+                // `trusted_hops` the one the farthest trusted proxy added.
                 let forwarded = client
                     .trust_forwarded
-                    .then(|| head.value("x-forwarded-for").and_then(proxied_client))
+                    .then(|| {
+                        head.value("x-forwarded-for")
+                            .and_then(|v| proxied_client(v, client.trusted_hops))
+                    })
                     .flatten();
                 forwarded.or(Some(&ip.0[..ip.1]))
             } else {
@@ -142,12 +149,16 @@ impl Policy {
     }
 }
 
-/// The next-to-last entry of an `X-Forwarded-For` value (the last is keel's own: the peer).
-fn proxied_client(xff: &[u8]) -> Option<&[u8]> {
+/// The client in an `X-Forwarded-For` value whose last entry is keel's own (the peer): the
+/// entry `hops` before it, as `hops` trusted proxies in a row wrote them, the nearest last;
+/// the leftmost when there are fewer (all of them were written by trusted proxies). `None`
+/// when keel's is the only entry, or the one chosen is empty.
+fn proxied_client(xff: &[u8], hops: u8) -> Option<&[u8]> {
     let mut entries = xff.rsplit(|b| *b == b',');
     entries.next()?;
     entries
-        .next()
+        .take(usize::from(hops.max(1)))
+        .last()
         .map(<[u8]>::trim_ascii)
         .filter(|e| !e.is_empty())
 }
@@ -171,10 +182,26 @@ mod tests {
     #[test]
     fn a_trusted_proxy_names_the_client_before_keels_entry() {
         assert_eq!(
-            proxied_client(b"6.6.6.6, 1.2.3.4, 10.0.0.1"),
+            proxied_client(b"6.6.6.6, 1.2.3.4, 10.0.0.1", 1),
             Some(&b"1.2.3.4"[..])
         );
-        assert_eq!(proxied_client(b"10.0.0.1"), None);
-        assert_eq!(proxied_client(b" , 10.0.0.1"), None);
+        assert_eq!(proxied_client(b"10.0.0.1", 1), None);
+        assert_eq!(proxied_client(b" , 10.0.0.1", 1), None);
+    }
+
+    #[test]
+    fn trusted_hops_count_proxies_from_the_nearest() {
+        // A client's made-up entry, the client as the far proxy saw it, the far proxy as the
+        // near one saw it; then keel's own entry, the near proxy.
+        let xff = b"6.6.6.6, 203.0.113.9, 10.0.0.2, 10.0.0.1";
+        assert_eq!(proxied_client(xff, 1), Some(&b"10.0.0.2"[..]));
+        assert_eq!(proxied_client(xff, 2), Some(&b"203.0.113.9"[..]));
+        assert_eq!(proxied_client(xff, 3), Some(&b"6.6.6.6"[..]));
+        assert_eq!(
+            proxied_client(xff, 9),
+            Some(&b"6.6.6.6"[..]),
+            "fewer entries than hops: the leftmost"
+        );
+        assert_eq!(proxied_client(b"10.0.0.1", 2), None);
     }
 }

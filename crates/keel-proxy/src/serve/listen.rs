@@ -64,6 +64,8 @@ impl Shared {
             open: AtomicUsize::new(0),
             cut: Default::default(),
             tls_handshake_failures: AtomicU64::new(0),
+            proxy_refused: Default::default(),
+            proxy_refusal_logged: Default::default(),
             not_found: AtomicU64::new(0),
             fd: std::os::fd::AsRawFd::as_raw_fd(&listener),
             task: Mutex::new(None),

@@ -6,6 +6,7 @@
 //! shared state in `crate::state`, and reload in `crate::control::reload`.
 
 pub(crate) mod listen;
+pub(crate) mod proxy_header;
 pub(crate) mod sniff;
 
 use std::collections::HashMap;
@@ -283,6 +284,23 @@ impl ProxyHandle {
             .map_or(0, |l| l.tls_handshake_failures.load(Relaxed))
     }
 
+    /// Connections a `proxy_protocol` listener (by configuration index) closed for their PROXY
+    /// header: from a peer not in `trusted_proxies`, malformed, not whole in time.
+    pub fn proxy_header_refusals(&self, listener: usize) -> ProxyRefusals {
+        let n = |k: usize| {
+            self.shared
+                .listeners
+                .load()
+                .get(listener)
+                .map_or(0, |l| l.proxy_refused[k].load(Relaxed))
+        };
+        ProxyRefusals {
+            untrusted: n(proxy_header::Refusal::Untrusted as usize),
+            malformed: n(proxy_header::Refusal::Malformed as usize),
+            timeout: n(proxy_header::Refusal::Timeout as usize),
+        }
+    }
+
     /// Client connections open on each worker thread (empty without workers).
     pub fn worker_connections(&self) -> Vec<usize> {
         self.shared
@@ -429,6 +447,17 @@ impl ProxyHandle {
         }
         Drained::of(&slots)
     }
+}
+
+/// Connections closed for their PROXY protocol header, by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProxyRefusals {
+    /// From a peer not in the listener's `trusted_proxies`.
+    pub untrusted: u64,
+    /// Not a PROXY header (or none).
+    pub malformed: u64,
+    /// Not whole within `header_read_timeout`.
+    pub timeout: u64,
 }
 
 /// Connections a drain cut because they were still busy at the drain timeout (everything else

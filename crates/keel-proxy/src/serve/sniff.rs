@@ -33,12 +33,32 @@ pub(crate) async fn serve_accepted(
 ) {
     let index = ctx.index;
     let settings = &ctx.settings;
-    let mut client = ctx.client(peer, worker);
-    let tcp = settings.protocol == crate::config::ListenerProtocol::Tcp;
+    let mut stream = stream;
     // Of the peer's family (see the accept loop), for a PROXY protocol header.
     let local = stream
         .local_addr()
         .map_or(peer, |a| SocketAddr::new(a.ip().to_canonical(), a.port()));
+    // Behind a proxy that sends a PROXY header, the client is the one it names, for every
+    // use below (allow/deny, rate limits, X-Forwarded-For, the access log, a PROXY header
+    // sent on); it comes before anything else, TLS included.
+    let (peer, local) = if settings.proxy_protocol {
+        match Box::pin(crate::serve::proxy_header::accept(
+            &mut stream,
+            peer,
+            local,
+            settings,
+            listener,
+        ))
+        .await
+        {
+            Some(addresses) => addresses,
+            None => return,
+        }
+    } else {
+        (peer, local)
+    };
+    let mut client = ctx.client(peer, worker);
+    let tcp = settings.protocol == crate::config::ListenerProtocol::Tcp;
     if let Some(access) = &ctx.tcp_access {
         if !access.permits(peer.ip()) {
             // A TCP listener has no request to answer 403 to: the connection is closed.

@@ -65,9 +65,10 @@ pub(crate) async fn read_at_least(conn: &mut RawConn, n: usize) -> Result<(), Cl
     Ok(())
 }
 
-/// A plain exchange on `conn` (health checks, tests): writes `head` (a whole request without
+/// A plain exchange on `conn` (tests): writes `head` (a whole request without
 /// a body), reads the response and its body to their end; returns the status and whether the
 /// endpoint keeps the connection open.
+#[cfg(test)]
 pub(crate) async fn exchange(conn: &mut RawConn, head: &[u8]) -> Result<(u16, bool), ClientError> {
     exchange_head(conn, head)
         .await
@@ -79,27 +80,39 @@ pub(crate) async fn exchange_head(
     conn: &mut RawConn,
     head: &[u8],
 ) -> Result<ResponseHead, ClientError> {
+    exchange_into(conn, head, false, None).await
+}
+
+/// [`exchange_head`] for a request of any method (`HEAD`'s answer has no body) keeping the
+/// first `body.1` bytes of the body in `body.0` (health checks that look for text in it).
+pub(crate) async fn exchange_into(
+    conn: &mut RawConn,
+    head: &[u8],
+    request_is_head: bool,
+    mut body: Option<(&mut Vec<u8>, usize)>,
+) -> Result<ResponseHead, ClientError> {
     crate::io::write_all_2(&mut conn.io, head, &[])
         .await
         .map_err(ClientError::Send)?;
     let mut out = Vec::new();
     loop {
-        match parse_response(&conn.buf, false, &mut out, false) {
+        match parse_response(&conn.buf, request_is_head, &mut out, false) {
             Ok(Some(resp)) if resp.status < 200 => {
                 conn.buf.advance(resp.head_len);
                 continue;
             }
             Ok(Some(resp)) => {
                 conn.buf.advance(resp.head_len);
-                let body = match resp.framing {
+                let read = match resp.framing {
                     Framing::Empty => Ok(()),
-                    Framing::Length(n) => read_at_least(conn, n as usize)
-                        .await
-                        .map(|()| conn.buf.advance(n as usize)),
-                    Framing::Chunked => read_chunked(conn).await,
-                    Framing::Close => read_to_end(conn).await,
+                    Framing::Length(n) => read_at_least(conn, n as usize).await.map(|()| {
+                        keep(&mut body, &conn.buf[..n as usize]);
+                        conn.buf.advance(n as usize)
+                    }),
+                    Framing::Chunked => read_chunked(conn, &mut body).await,
+                    Framing::Close => read_to_end(conn, &mut body).await,
                 };
-                body.map_err(|e| ClientError::Body {
+                read.map_err(|e| ClientError::Body {
                     status: resp.status,
                     source: Box::new(e),
                 })?;
@@ -120,10 +133,35 @@ pub(crate) async fn exchange_head(
     }
 }
 
-async fn read_chunked(conn: &mut RawConn) -> Result<(), ClientError> {
+/// Adds `data` to the kept body, up to its limit.
+fn keep(body: &mut Option<(&mut Vec<u8>, usize)>, data: &[u8]) {
+    if let Some((kept, limit)) = body {
+        let room = limit.saturating_sub(kept.len());
+        kept.extend_from_slice(&data[..data.len().min(room)]);
+    }
+}
+
+async fn read_chunked(
+    conn: &mut RawConn,
+    body: &mut Option<(&mut Vec<u8>, usize)>,
+) -> Result<(), ClientError> {
     let mut decoder = crate::codec::chunked::ChunkedDecoder::default();
     loop {
-        let used = decoder.skip(&conn.buf).map_err(ClientError::Chunked)?;
+        let used = if body.is_some() {
+            // Each chunk's data is kept; the framing around it is not.
+            let mut used = 0;
+            while used < conn.buf.len() && !decoder.is_done() {
+                let step = decoder
+                    .step(&conn.buf[used..])
+                    .map_err(ClientError::Chunked)?;
+                let data = used + step.framing;
+                keep(body, &conn.buf[data..data + step.data]);
+                used = data + step.data;
+            }
+            used
+        } else {
+            decoder.skip(&conn.buf).map_err(ClientError::Chunked)?
+        };
         conn.buf.advance(used);
         if decoder.is_done() {
             return Ok(());
@@ -137,8 +175,12 @@ async fn read_chunked(conn: &mut RawConn) -> Result<(), ClientError> {
     }
 }
 
-async fn read_to_end(conn: &mut RawConn) -> Result<(), ClientError> {
+async fn read_to_end(
+    conn: &mut RawConn,
+    body: &mut Option<(&mut Vec<u8>, usize)>,
+) -> Result<(), ClientError> {
     loop {
+        keep(body, &conn.buf);
         conn.buf.clear();
         conn.buf.reserve(4096);
         match conn.io.read_buf(&mut conn.buf).await {

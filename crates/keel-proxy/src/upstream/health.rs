@@ -1,4 +1,4 @@
-//! Active health checks: every `interval`, a probe of each endpoint (`GET path`, a TCP
+//! Active health checks: every `interval`, a probe of each endpoint (`GET path` by default, a TCP
 //! connect, or gRPC's `grpc.health.v1.Health/Check`, by `kind`); `unhealthy_threshold`
 //! failures in a row mark it down and `healthy_threshold` passes mark it up again, through
 //! keel-balance's `set_healthy` (which starts a slow start on the way back up).
@@ -50,8 +50,12 @@ async fn watch_ejections(cluster: Arc<Cluster>) {
     }
 }
 
+/// Most bytes of an answer's body searched for `expected_body`.
+const BODY_SEARCHED: usize = 64 * 1024;
+
 /// One probe on a new connection (TCP, then TLS for a `[cluster.tls]`) made as the request
-/// path makes them: `Ok` for a 2xx answer whose body arrives whole within the timeout.
+/// path makes them, to the check's `port` if it has one: `Ok` for an answer whose status is
+/// one of `expected_statuses` and whose body (whole within the timeout) has `expected_body`.
 async fn probe(
     entry: &EndpointEntry,
     hc: &HealthCheckConfig,
@@ -63,19 +67,49 @@ async fn probe(
         if hc.kind == HealthCheckKind::Grpc {
             return crate::upstream::grpc_health::probe(entry, tls, &hc.service).await;
         }
-        let mut conn = entry.pool.connect().await.map_err(CheckFailed::Connect)?;
+        let mut conn = entry
+            .pool
+            .connect_on(hc.port)
+            .await
+            .map_err(CheckFailed::Connect)?;
         if hc.kind == HealthCheckKind::Tcp {
             return Ok(());
         }
-        match crate::upstream::h1_client::exchange(&mut conn, head).await? {
-            (status, _) if (200..300).contains(&status) => Ok(()),
-            (status, _) => Err(CheckFailed::Status(status)),
+        let mut body = Vec::new();
+        let keep = hc
+            .expected_body
+            .as_ref()
+            .map(|_| (&mut body, BODY_SEARCHED));
+        let is_head = hc.method == "HEAD";
+        let resp =
+            crate::upstream::h1_client::exchange_into(&mut conn, head, is_head, keep).await?;
+        if !hc.expected_statuses.iter().any(|r| r.contains(resp.status)) {
+            return Err(CheckFailed::Status(resp.status));
+        }
+        match &hc.expected_body {
+            Some(text) if !contains(&body, text.as_bytes()) => Err(CheckFailed::Body),
+            _ => Ok(()),
         }
     };
     match tokio::time::timeout(timeout, work).await {
         Ok(r) => r,
         Err(_) => Err(CheckFailed::Timeout(timeout)),
     }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The request a check sends: its method and path, its `Host` (the check's `host`, else the
+/// endpoint's address).
+fn request_head(hc: &HealthCheckConfig, authority: &str) -> String {
+    format!(
+        "{} {} HTTP/1.1\r\nhost: {}\r\nuser-agent: keel-health-check\r\nconnection: close\r\n\r\n",
+        hc.method,
+        hc.path,
+        hc.host.as_deref().unwrap_or(authority)
+    )
 }
 
 async fn check_loop(cluster: Arc<Cluster>, index: usize) {
@@ -86,10 +120,7 @@ async fn check_loop(cluster: Arc<Cluster>, index: usize) {
         .clone()
         .expect("checked by spawn");
     let entry = &cluster.endpoints[index];
-    let head = format!(
-        "GET {} HTTP/1.1\r\nhost: {}\r\nuser-agent: keel-health-check\r\nconnection: close\r\n\r\n",
-        hc.path, entry.authority
-    );
+    let head = request_head(&hc, entry.authority.as_str());
     let mut ticker = tokio::time::interval(hc.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut passes = 0u32;

@@ -12,9 +12,12 @@ pub(crate) enum CheckFailed {
     /// The HTTP/1.1 exchange failed.
     #[error(transparent)]
     Exchange(#[from] ClientError),
-    /// The answer's status was not 2xx (HTTP/1.1) or 200 (gRPC).
+    /// The answer's status was not one of `expected_statuses` (HTTP/1.1) or 200 (gRPC).
     #[error("status {0}")]
     Status(u16),
+    /// The answer's body did not have `expected_body` (in its first 64 KiB).
+    #[error("the body lacks the expected text")]
+    Body,
     /// No whole answer within the check's `timeout`.
     #[error("no answer within {}", humantime::format_duration(*.0))]
     Timeout(std::time::Duration),

@@ -189,8 +189,14 @@ impl EndpointPool {
 
     /// A new connection, never pooled before.
     pub async fn connect(&self) -> Result<RawConn, ConnectError> {
+        self.connect_on(None).await
+    }
+
+    /// A new connection to the endpoint's host on `port` instead of its own (a health check's
+    /// `port`), as [`Self::connect`] makes them otherwise; never pooled.
+    pub async fn connect_on(&self, port: Option<u16>) -> Result<RawConn, ConnectError> {
         Ok(RawConn {
-            io: self.connect_stream().await?,
+            io: self.connect_stream(port).await?,
             // A response head fits; a body's reads grow it (as the client side's, see
             // `front::h1::conn`).
             buf: bytes::BytesMut::with_capacity(4096),
@@ -218,12 +224,14 @@ impl EndpointPool {
     }
 
     /// A new TCP (or TLS) connection to the endpoint, within the connect timeout.
-    async fn connect_stream(&self) -> Result<UpstreamStream, ConnectError> {
+    async fn connect_stream(&self, port: Option<u16>) -> Result<UpstreamStream, ConnectError> {
         let timeout = self.settings.connect_timeout;
         let connect = async {
-            let stream = match self.addr {
-                Some(a) => TcpStream::connect(a).await?,
-                None => TcpStream::connect(self.authority.as_str()).await?,
+            let stream = match (self.addr, port) {
+                (Some(a), None) => TcpStream::connect(a).await?,
+                (Some(a), Some(p)) => TcpStream::connect(SocketAddr::new(a.ip(), p)).await?,
+                (None, None) => TcpStream::connect(self.authority.as_str()).await?,
+                (None, Some(p)) => TcpStream::connect((self.host.as_str(), p)).await?,
             };
             stream.set_nodelay(true)?;
             Ok::<_, std::io::Error>(stream)
