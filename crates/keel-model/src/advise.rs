@@ -627,6 +627,8 @@ fn summarise(
         }
     }
     let total: u64 = picks.iter().sum();
+    let mean_ms =
+        reps.iter().map(|r| r.latency_sum_ns).sum::<u128>() as f64 / requests.max(1) as f64 / 1e6;
     Ranked {
         strategy: c.native.clone(),
         protections: c.label.clone(),
@@ -640,15 +642,13 @@ fn summarise(
         },
         config: match ctx.balancer {
             Balancer::Keel => String::new(),
-            b => peers::config_text(b, model, &c.native, c.protections, &c.scenario),
+            b => peers::config_text(b, model, &c.native, c.protections, &c.scenario, mean_ms),
         },
         simulated: c.strategy.name().to_string(),
         success: [success, lo, hi],
         p99_ms: interval(&q(0.99)),
         p999_ms: interval(&q(0.999)),
-        mean_ms: reps.iter().map(|r| r.latency_sum_ns).sum::<u128>() as f64
-            / requests.max(1) as f64
-            / 1e6,
+        mean_ms,
         pick_shares: picks
             .iter()
             .map(|&p| p as f64 / total.max(1) as f64)
@@ -950,22 +950,14 @@ fn explain(
     let baseline = running
         .map(|i| (&rows[i], "the running configuration"))
         .or_else(|| {
-            // The balancer's own defaults, as near as the simulated sets come: keel's, NGINX's
-            // (max_fails=1, proxy_next_upstream error timeout) and HAProxy's (retries 3) retry
-            // and eject; Envoy's do neither.
-            let p = match balancer {
-                Balancer::Envoy => Protections::None,
-                _ => Protections::Defaults,
-            };
+            // The balancer's real defaults (round-robin, and what it does with no protection
+            // written), by their name; for NGINX, HAProxy and Envoy a failure status gets
+            // none, so they are the `none` row, not a protected set.
+            let (p, name) = balancer.real_defaults();
             let label = balancer.label(p);
             rows.iter()
                 .find(|r| r.simulated == "round-robin" && r.protections == label)
-                .map(|r| {
-                    (
-                        r,
-                        "the balancer's default configuration (nearest simulated)",
-                    )
-                })
+                .map(|r| (r, name))
         });
     let mut s = format!(
         "Best: {} with {}: success {}, p99 {:.1} ms [{:.1}, {:.1}], p99.9 {:.1} ms.",

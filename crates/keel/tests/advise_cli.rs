@@ -388,6 +388,65 @@ fn peer_log(
     out
 }
 
+/// [`peer_log`] as NGINX writes it in [`NGINX_FORMAT`] (upstream group `app`).
+fn nginx_log(requests: usize, bad: &[(usize, &str)]) -> String {
+    let addr = |e: usize| format!("10.0.0.{}:80", e + 1);
+    peer_log(requests, bad, |start, tries| {
+        let total: f64 = tries.iter().map(|t| t.2).sum();
+        let end = start + total / 1e3;
+        let list = |f: &dyn Fn(&(usize, u16, f64)) -> String| {
+            tries.iter().map(f).collect::<Vec<_>>().join(", ")
+        };
+        format!(
+            "127.0.0.1 - - [02/Dec/2026:09:26:06 +0000] \"GET / HTTP/1.1\" {} 12 \"-\" \"test\" {end:.3} {:.3} app \"{}\" \"{}\" \"{}\"",
+            tries.last().unwrap().1,
+            total / 1e3,
+            list(&|t| addr(t.0)),
+            list(&|t| t.1.to_string()),
+            list(&|t| format!("{:.3}", t.2 / 1e3)),
+        )
+    })
+}
+
+/// [`peer_log`] as HAProxy's `option httplog` writes it: one line per request, the last
+/// server by name; a retried request (retries 1, redispatched: "+1") names only its last.
+fn haproxy_log(requests: usize, bad: &[(usize, &str)]) -> String {
+    peer_log(requests, bad, |start, tries| {
+        let secs = start.rem_euclid(60.0);
+        let (e, status, ms) = *tries.last().unwrap();
+        let retries = if tries.len() > 1 { "+1" } else { "0" };
+        format!(
+            "Dec  2 09:26:06 localhost haproxy[1]: 10.0.1.2:33317 [02/Dec/2026:09:26:{secs:06.3}] http-in app/srv{} 0/0/0/{ms:.0}/{ms:.0} {status} 120 - - ---- 1/1/1/1/{retries} 0/0 \"GET / HTTP/1.1\"",
+            e + 1
+        )
+    })
+}
+
+/// [`peer_log`] in Envoy's default format: the last try's host; a failed first try is not in
+/// the line.
+fn envoy_log(requests: usize, bad: &[(usize, &str)]) -> String {
+    peer_log(requests, bad, |start, tries| {
+        let (e, status, ms) = *tries.last().unwrap();
+        let time = keel_model::fit::log::format_rfc3339(start);
+        format!(
+            "[{time}] \"GET / HTTP/1.1\" {status} - 0 12 {ms:.0} {ms:.0} \"-\" \"test\" \"id\" \"app\" \"10.0.0.{}:80\"",
+            e + 1
+        )
+    })
+}
+
+/// [`peer_log`] in Istio's default format (a sidecar's outbound log to `reviews`).
+fn istio_log(requests: usize) -> String {
+    peer_log(requests, &[], |start, tries| {
+        let (e, status, ms) = *tries.last().unwrap();
+        let time = keel_model::fit::log::format_rfc3339(start);
+        format!(
+            "[{time}] \"GET /reviews/0 HTTP/1.1\" {status} - via_upstream - \"-\" 0 358 {ms:.0} {ms:.0} \"-\" \"Mozilla/5.0 (X11; Linux x86_64)\" \"8fcedd10-23a4\" \"reviews:9080\" \"10.0.0.{}:9080\" outbound|9080||reviews.default.svc.cluster.local 10.0.9.9:41234 10.96.0.7:9080 10.0.9.9:51000 - default",
+            e + 1
+        )
+    })
+}
+
 const NGINX_FORMAT: &str = "$remote_addr - $remote_user [$time_local] \"$request\" $status $body_bytes_sent \"$http_referer\" \"$http_user_agent\" $msec $request_time $proxy_host \"$upstream_addr\" \"$upstream_status\" \"$upstream_response_time\"";
 
 fn advise_peer(dir: &std::path::Path, name: &str, log: &str, extra: &[&str]) -> serde_json::Value {
@@ -422,8 +481,7 @@ fn notes(v: &serde_json::Value) -> String {
 fn nginx_logs_fit_every_try_count_unreadable_lines_by_number_and_answer_in_nginx_terms() {
     let dir = std::env::temp_dir().join(format!("keel-advise-nginx-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let addr = |e: usize| format!("10.0.0.{}:80", e + 1);
-    let log = peer_log(
+    let log = nginx_log(
         900,
         &[
             (57, "this is not an access-log line"),
@@ -432,21 +490,6 @@ fn nginx_logs_fit_every_try_count_unreadable_lines_by_number_and_answer_in_nginx
                 r#"127.0.0.1 - - [02/Dec/2026:09:26:06 +0000] "GET / HTTP/1.1" 200"#,
             ),
         ],
-        |start, tries| {
-            let total: f64 = tries.iter().map(|t| t.2).sum();
-            let end = start + total / 1e3;
-            let list = |f: &dyn Fn(&(usize, u16, f64)) -> String| {
-                tries.iter().map(f).collect::<Vec<_>>().join(", ")
-            };
-            format!(
-                "127.0.0.1 - - [02/Dec/2026:09:26:06 +0000] \"GET / HTTP/1.1\" {} 12 \"-\" \"test\" {end:.3} {:.3} app \"{}\" \"{}\" \"{}\"",
-                tries.last().unwrap().1,
-                total / 1e3,
-                list(&|t| addr(t.0)),
-                list(&|t| t.1.to_string()),
-                list(&|t| format!("{:.3}", t.2 / 1e3)),
-            )
-        },
     );
     let v = advise_peer(
         &dir,
@@ -571,21 +614,12 @@ fn haproxy_and_envoy_logs_answer_in_their_own_configuration() {
     std::fs::create_dir_all(&dir).unwrap();
     // HAProxy: one line per request, the last server by name; a retried request (retries 1,
     // redispatched: "+1") names only its last server.
-    let haproxy = peer_log(
+    let haproxy = haproxy_log(
         600,
         &[(
             10,
             "Dec  2 09:26:06 localhost haproxy[1]: truncated 10.0.1.2:33317",
         )],
-        |start, tries| {
-            let secs = start.rem_euclid(60.0);
-            let (e, status, ms) = *tries.last().unwrap();
-            let retries = if tries.len() > 1 { "+1" } else { "0" };
-            format!(
-            "Dec  2 09:26:06 localhost haproxy[1]: 10.0.1.2:33317 [02/Dec/2026:09:26:{secs:06.3}] http-in app/srv{} 0/0/0/{ms:.0}/{ms:.0} {status} 120 - - ---- 1/1/1/1/{retries} 0/0 \"GET / HTTP/1.1\"",
-            e + 1
-        )
-        },
     );
     let v = advise_peer(&dir, "haproxy.log", &haproxy, &["--log-format", "haproxy"]);
     assert_eq!(v["balancer"], "haproxy");
@@ -594,24 +628,35 @@ fn haproxy_and_envoy_logs_answer_in_their_own_configuration() {
     assert!(
         config.contains("backend app")
             && config.contains("balance ")
-            && config.contains("server srv1 <address of srv1>"),
+            && config.contains("srv1, srv2, srv3")
+            && config.contains("keep your `timeout server`"),
         "{config}"
     );
+    // HAProxy's `random` is two draws (least-request's rule); `random(1)` the uniform pick.
+    let sim = |name: &str| {
+        v["ranking"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["strategy"] == name)
+            .map(|r| r["simulated"].as_str().unwrap().to_string())
+            .unwrap()
+    };
+    assert_eq!(sim("random"), "least-request");
+    assert_eq!(sim("random(1)"), "random");
+    // The real defaults are named as such, with their own prediction, not a protected set's.
+    let why = v["why"][0].as_str().unwrap();
+    assert!(
+        why.contains("HAProxy's defaults") && why.contains("roundrobin with none"),
+        "{why}"
+    );
     // Envoy: the last try's host; a failed first try is not in the line.
-    let envoy = peer_log(
+    let envoy = envoy_log(
         600,
         &[(
             33,
             "[2026-12-02T09:26:06.000Z] \"GET / HTTP/1.1\" 200 - 0 12 x",
         )],
-        |start, tries| {
-            let (e, status, ms) = *tries.last().unwrap();
-            let time = keel_model::fit::log::format_rfc3339(start);
-            format!(
-            "[{time}] \"GET / HTTP/1.1\" {status} - 0 12 {ms:.0} {ms:.0} \"-\" \"test\" \"id\" \"app\" \"10.0.0.{}:80\"",
-            e + 1
-        )
-        },
     );
     let v = advise_peer(&dir, "envoy.log", &envoy, &["--log-format", "envoy"]);
     assert_eq!(v["balancer"], "envoy");
@@ -621,5 +666,205 @@ fn haproxy_and_envoy_logs_answer_in_their_own_configuration() {
         config.contains("lb_policy: ") && config.contains("port_value: 80"),
         "{config}"
     );
+    // Envoy rounds its ejection cap down: 10 % of 3 hosts ejects none unless the block says
+    // always_eject_one_host; retries come with a circuit breaker above Envoy's default 3 where
+    // the load needs it, and previous_hosts with its typed_config (Envoy 1.40 needs it).
+    for r in v["ranking"].as_array().unwrap() {
+        let c = r["config"].as_str().unwrap();
+        if c.contains("outlier_detection:") {
+            assert!(
+                c.contains("always_eject_one_host: true  # 10 % of 3 hosts alone ejects 0"),
+                "{c}"
+            );
+        }
+        if c.contains("retry_policy:") {
+            assert!(
+                c.contains("max_retries: ") && c.contains("PreviousHostsPredicate"),
+                "{c}"
+            );
+        }
+    }
+    let why = v["why"][0].as_str().unwrap();
+    assert!(
+        why.contains("Envoy's defaults") && why.contains("ROUND_ROBIN with none"),
+        "{why}"
+    );
+    // Istio's default format: given by name, the cluster is Istio's; without it, refused with
+    // a message that says how to give it.
+    let path = dir.join("istio.log");
+    std::fs::write(&path, istio_log(600)).unwrap();
+    let v = advise_peer(
+        &dir,
+        "istio.log",
+        &istio_log(600),
+        &["--log-format", "envoy", "--envoy-log-format", "istio"],
+    );
+    assert_eq!(
+        v["model"]["cluster"],
+        "outbound|9080||reviews.default.svc.cluster.local"
+    );
+    let out = keel(&[
+        "advise",
+        "--access-log",
+        path.to_str().unwrap(),
+        "--log-format",
+        "envoy",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--envoy-log-format istio"), "{err}");
+    // A format string without the host: refused, naming the missing field.
+    let out = keel(&[
+        "advise",
+        "--access-log",
+        path.to_str().unwrap(),
+        "--log-format",
+        "envoy",
+        "--envoy-log-format",
+        "[%START_TIME%] %RESPONSE_CODE% %DURATION%",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("lacks %UPSTREAM_HOST%"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A peer's validator: `$KEEL_<NAME>` (the script sets it), else on PATH, else where
+/// scripts/install-peers.sh and scripts/advise-validate.sh put it.
+fn validator(name: &str) -> PathBuf {
+    if let Ok(p) = std::env::var(format!("KEEL_{}", name.to_uppercase())) {
+        return PathBuf::from(p);
+    }
+    let home = std::env::var("HOME").unwrap_or_default();
+    let path = std::env::var("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/sbin".into()])
+        .chain([PathBuf::from(home).join(".cache/keel/peers/bin")])
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!("{name} not found: run scripts/advise-validate.sh (it installs the peers)")
+        })
+}
+
+fn validate(tool: &str, args: &[&str], config: &std::path::Path, block: &str) {
+    let out = Command::new(validator(tool))
+        .args(args)
+        .arg(config)
+        .output()
+        .unwrap_or_else(|e| panic!("{tool}: {e}"));
+    assert!(
+        out.status.success(),
+        "{tool} refuses the paste block:\n{block}\n--- {}:\n{}\n{}",
+        config.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Every paste block of every ranked row (not only the best's), for NGINX, HAProxy and Envoy
+/// (its default and Istio's log format), put where an operator pastes it in a minimal
+/// configuration of that peer, passes the peer's own validator: `nginx -t`, `haproxy -c`,
+/// `envoy --mode validate`. The blocks name servers HAProxy's log has no address for: the
+/// server lines (the operator's own, which the block keeps) are added on loopback.
+#[test]
+#[ignore = "needs nginx, haproxy and envoy: scripts/advise-validate.sh installs them and runs it"]
+fn every_peer_paste_block_passes_the_peers_own_validator() {
+    let dir = std::env::temp_dir().join(format!("keel-advise-validate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let blocks = |v: &serde_json::Value| -> Vec<String> {
+        let mut out: Vec<String> = v["ranking"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["config"].as_str().unwrap().to_string())
+            .collect();
+        out.sort();
+        out.dedup();
+        assert!(out.len() >= 10, "{} distinct blocks", out.len());
+        out
+    };
+    let mut checked = 0;
+
+    let v = advise_peer(
+        &dir,
+        "nginx.log",
+        &nginx_log(900, &[]),
+        &["--log-format", "nginx", "--nginx-log-format", NGINX_FORMAT],
+    );
+    for (i, b) in blocks(&v).iter().enumerate() {
+        let (upstream, location) = b
+            .split_once("# in each location with proxy_pass http://app;")
+            .expect("the block says where its location part goes");
+        let d = dir.join(format!("nginx-{i}"));
+        std::fs::create_dir_all(&d).unwrap();
+        let p = d.display();
+        let conf = format!(
+            "pid {p}/nginx.pid;\nerror_log {p}/error.log;\nevents {{}}\nhttp {{\n    access_log off;\n    client_body_temp_path {p}/b;\n    proxy_temp_path {p}/p;\n    fastcgi_temp_path {p}/f;\n    uwsgi_temp_path {p}/u;\n    scgi_temp_path {p}/s;\n{upstream}\n    server {{\n        listen 127.0.0.1:18080;\n        location / {{\n            proxy_pass http://app;\n{location}\n        }}\n    }}\n}}\n"
+        );
+        let f = d.join("nginx.conf");
+        std::fs::write(&f, conf).unwrap();
+        validate("nginx", &["-q", "-t", "-p", &p.to_string(), "-c"], &f, b);
+        checked += 1;
+    }
+
+    let v = advise_peer(
+        &dir,
+        "haproxy.log",
+        &haproxy_log(600, &[]),
+        &["--log-format", "haproxy"],
+    );
+    for (i, b) in blocks(&v).iter().enumerate() {
+        let servers: String = (1..=3)
+            .map(|k| format!("    server srv{k} 127.0.0.1:{}\n", 18080 + k))
+            .collect();
+        let conf = format!(
+            "global\n    maxconn 100\ndefaults\n    mode http\n    timeout connect 1s\n    timeout client 5s\n    timeout server 1s\nfrontend in\n    bind 127.0.0.1:18080\n    default_backend app\n{b}{servers}"
+        );
+        let f = dir.join(format!("haproxy-{i}.cfg"));
+        std::fs::write(&f, conf).unwrap();
+        validate("haproxy", &["-q", "-c", "-f"], &f, b);
+        checked += 1;
+    }
+
+    let envoy_logs = [
+        ("envoy.log", envoy_log(600, &[]), vec![]),
+        (
+            "istio.log",
+            istio_log(600),
+            vec!["--envoy-log-format", "istio"],
+        ),
+    ];
+    for (name, log, extra) in envoy_logs {
+        let mut args = vec!["--log-format", "envoy"];
+        args.extend(extra);
+        let v = advise_peer(&dir, name, &log, &args);
+        let cluster = match v["model"]["cluster"].as_str().unwrap() {
+            "" => "app",
+            c => c,
+        }
+        .to_string();
+        for (i, b) in blocks(&v).iter().enumerate() {
+            let (cl, route) = b
+                .split_once("# --- in the route that sends to it")
+                .expect("the block says where its route part goes");
+            let indent = |text: &str, n: usize| -> String {
+                text.lines()
+                    .map(|l| format!("{}{l}\n", " ".repeat(n)))
+                    .collect()
+            };
+            let route = route.split_once('\n').map_or("", |(_, r)| r);
+            let conf = format!(
+                "static_resources:\n  listeners:\n  - name: in\n    address: {{socket_address: {{address: 127.0.0.1, port_value: 18080}}}}\n    filter_chains:\n    - filters:\n      - name: envoy.filters.network.http_connection_manager\n        typed_config:\n          \"@type\": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager\n          stat_prefix: in\n          http_filters:\n          - name: envoy.filters.http.router\n            typed_config: {{\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}\n          route_config:\n            virtual_hosts:\n            - name: all\n              domains: [\"*\"]\n              routes:\n              - match: {{prefix: \"/\"}}\n                route:\n                  cluster: \"{cluster}\"\n{}  clusters:\n  -\n{}",
+                indent(route, 18),
+                indent(cl, 4)
+            );
+            let f = dir.join(format!("{name}-{i}.yaml"));
+            std::fs::write(&f, conf).unwrap();
+            validate("envoy", &["--mode", "validate", "-l", "error", "-c"], &f, b);
+            checked += 1;
+        }
+    }
+    println!("advise-validate: {checked} paste blocks pass nginx -t, haproxy -c and envoy --mode validate");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -269,8 +269,8 @@ pub enum LogFormat {
     Nginx(nginx::Format),
     /// HAProxy's `option httplog` default format.
     Haproxy,
-    /// Envoy's default access-log format.
-    Envoy,
+    /// Envoy, in its default format or the one given.
+    Envoy(envoy::Format),
 }
 
 /// Reads a log of any [`LogFormat`] into the shared records, one line at a time.
@@ -279,7 +279,7 @@ pub fn read_log_as(input: impl std::io::BufRead, format: &LogFormat) -> Result<L
         LogFormat::Keel => read_log(input),
         LogFormat::Nginx(f) => log::read_lines(input, "NGINX log_format", |l| f.read(l)),
         LogFormat::Haproxy => log::read_lines(input, "HAProxy httplog", haproxy::read),
-        LogFormat::Envoy => log::read_lines(input, "Envoy default-format", envoy::read),
+        LogFormat::Envoy(f) => log::read_lines(input, "Envoy", |l| f.read(l)),
     }
 }
 
@@ -300,6 +300,7 @@ pub fn fit_log(log: &Log, opts: &FitOptions) -> Result<FittedModel, FitError> {
             format: log.format,
             hint: match log.format {
                 "keel proxy's JSON" => "keel advise reads the proxy's `format = \"json\"` log by default; --log-format names another balancer's",
+                "Envoy" => "check --log-format, and --envoy-log-format: without it the log must be in Envoy's default format; Istio's default is --envoy-log-format istio, any other the format string your access logger was given",
                 _ => "check --log-format (and for NGINX, that --nginx-log-format is the log_format the file was written with)",
             },
             lines: log.lines,

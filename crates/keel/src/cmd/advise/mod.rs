@@ -92,6 +92,11 @@ pub struct Args {
     /// a time: $msec, $time_iso8601 or $time_local).
     #[arg(long, value_name = "STRING")]
     pub nginx_log_format: Option<String>,
+    /// With --log-format envoy: the access logger's format string the log was written with
+    /// (`istio` for Istio's default; without it, Envoy's default format). It must have
+    /// %START_TIME%, %RESPONSE_CODE%, %DURATION% and %UPSTREAM_HOST%.
+    #[arg(long, value_name = "STRING")]
+    pub envoy_log_format: Option<String>,
 }
 
 /// `--log-format`.
@@ -103,7 +108,7 @@ pub enum LogFormatArg {
     Nginx,
     /// HAProxy's `option httplog` default format.
     Haproxy,
-    /// Envoy's default access-log format.
+    /// Envoy's access log, in its default format or the --envoy-log-format given.
     Envoy,
 }
 
@@ -138,8 +143,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         }
         LogFormatArg::Haproxy => (LogFormat::Haproxy, Balancer::Haproxy),
-        LogFormatArg::Envoy => (LogFormat::Envoy, Balancer::Envoy),
+        LogFormatArg::Envoy => match &args.envoy_log_format {
+            None => (
+                LogFormat::Envoy(fit::envoy::Format::default()),
+                Balancer::Envoy,
+            ),
+            Some(f) => match fit::envoy::Format::parse(f) {
+                Ok(f) => (LogFormat::Envoy(f), Balancer::Envoy),
+                Err(e) => return usage(format!("--envoy-log-format: {e}")),
+            },
+        },
     };
+    if args.envoy_log_format.is_some() && balancer != Balancer::Envoy {
+        return usage("--envoy-log-format goes with --log-format envoy");
+    }
     if args.nginx_log_format.is_some() && balancer != Balancer::Nginx {
         return usage("--nginx-log-format goes with --log-format nginx");
     }
