@@ -4,14 +4,19 @@
 //! keel keeps, per endpoint, an estimate of the blocks its engine caches: an LRU of block
 //! names ([`crate::prefix`]) of `cache_blocks` entries, updated at each pick with the prompt's
 //! blocks (the engine will cache them). An endpoint's match is the number of the prompt's
-//! leading blocks its estimate holds. Among the endpoints under the load bound (the hash
-//! strategies' bounded loads: fewer than ceil(c x (calls in flight + 1) x weight share) in
-//! flight, `bounded_load`, default 1.25), the longest match wins; equal matches go to the
-//! session key's endpoint (rendezvous on `PickContext::hash_key`) when there is one, else to
-//! the least loaded, then at random. A prompt matched nowhere, or none at all, is thus
-//! placed by load. The bound is relative to the mean and holds at any load, so one hot prefix
-//! spills to the next best endpoint as soon as its own is full, where a switch to balancing
-//! that fires only above an absolute imbalance (64 calls) lets a pool of three serve 150/0/0.
+//! leading blocks its estimate holds. Among the endpoints that are not full, the longest match
+//! wins; equal matches go to the session key's endpoint (rendezvous on `PickContext::hash_key`)
+//! when there is one, then, for a prompt matched nowhere, to the endpoint holding the fewest
+//! prompts' first blocks (a new prefix gets the most room: the prefixes spread evenly), then
+//! to the least loaded, then at random. A prompt with no blocks at all goes by load.
+//!
+//! An endpoint is full when it holds at least ceil(c x (calls in flight + 1) x weight share)
+//! calls (the hash strategies' bounded loads, c = `bounded_load`, default 1.25) **and** at
+//! least [`SLACK`] (5) more than the least loaded endpoint the call may take. Both are relative
+//! to the pool's state and hold at any load, so one hot prefix spills to the next best endpoint
+//! once its own is that far ahead, where a switch to balancing that fires only above an
+//! absolute imbalance of 64 calls lets a pool of three serve 150/0/0; the slack keeps the
+//! chance imbalance of a few calls in flight from spilling prefixes onto engines that lack them.
 //!
 //! The estimates sit behind one lock per strategy, taken once per pick (the match of each
 //! endpoint, then the chosen endpoint's update: about a microsecond for a prompt of a few
@@ -28,6 +33,20 @@ use crate::config::{StrategyOptions, TieBreak, DEFAULT_AFFINITY_BOUND};
 use crate::endpoint::Endpoint;
 use crate::hash::rendezvous_score;
 use crate::rng::{below, mix64};
+
+/// Calls an endpoint may hold ahead of the least loaded one before the relative bound applies.
+///
+/// A relative bound alone is coarse at a few calls in flight: with 6 in flight on 3 endpoints
+/// its cap is 3, and a placement that gives each endpoint its share of the prefixes still puts
+/// a fourth call on one of them about one pick in five, by chance. Spilling that call costs
+/// the whole shared prefix's prefill on an engine that lacks it (400 tokens: 100 ms at 4,000
+/// tokens/s, and every call batched with it waits) and makes that engine a second home for
+/// the prefix, which crowds the caches; the calls ahead of it on its own engine cost it only a
+/// share of their steps. One hot prefix reaches 5 ahead at once (every call on one endpoint);
+/// a balanced placement at 6 in flight about one pick in 250 (the 5 others all on the new
+/// call's endpoint). At larger loads the relative bound is the larger and decides. SMG's
+/// `cache_aware` has the same two terms (64 calls, 1.5 x the idlest).
+const SLACK: u32 = 5;
 
 /// The strategy: the load bound and the per-endpoint estimates.
 pub(crate) struct PrefixAffinity {
@@ -60,13 +79,20 @@ impl Strategy for PrefixAffinity {
             return v.min_by(TieBreak::Random, |i| LoadKey(v, i));
         }
         let cap = Cap::new(v, Some(self.bound), self.total_weight);
+        let idlest = (0..v.eps.len())
+            .filter(|&i| v.allowed(i))
+            .map(|i| v.eps[i].in_flight())
+            .min()
+            .unwrap_or(0);
+        // Full: at the relative bound and SLACK calls ahead of the least loaded.
+        let admits = |i: usize| cap.admits(v, i) || v.eps[i].in_flight() < idlest + SLACK;
         let mut caches = self.caches.lock().unwrap_or_else(PoisonError::into_inner);
         // (index, match, session score); ties in all three drawn uniformly (reservoir).
         let mut best: Option<(usize, usize, f64)> = None;
         let mut tied = 0usize;
         let mut bits = v.rng.next_u64();
         for (i, cache) in caches.iter().enumerate().take(v.eps.len()) {
-            if !v.allowed(i) || !cap.admits(v, i) {
+            if !v.allowed(i) || !admits(i) {
                 continue;
             }
             let m = cache.leading(call.prefix);
@@ -79,6 +105,12 @@ impl Strategy for PrefixAffinity {
                 Some((b, bm, bs)) => m
                     .cmp(&bm)
                     .then(s.partial_cmp(&bs).unwrap_or(std::cmp::Ordering::Equal))
+                    // A prompt matched nowhere starts a new home: the endpoint holding the
+                    // fewest prompts' first blocks (the most room for it, SMG's smallest tree).
+                    .then_with(|| match m {
+                        0 => caches[b].heads.cmp(&cache.heads),
+                        _ => std::cmp::Ordering::Equal,
+                    })
                     .then_with(|| v.lighter(b, i)),
             };
             match order {
@@ -96,8 +128,8 @@ impl Strategy for PrefixAffinity {
                 std::cmp::Ordering::Less => {}
             }
         }
-        // Every allowed endpoint at its bound (only when some are unavailable): the least
-        // loaded rather than none.
+        // Every allowed endpoint full (only when some are unavailable): the least loaded
+        // rather than none.
         let i = match best {
             Some((i, _, _)) => i,
             None => v.min_by(TieBreak::LowestIndex, |i| LoadKey(v, i))?,
@@ -144,10 +176,13 @@ struct BlockLru {
     /// Least recent: the next evicted.
     tail: u32,
     cap: usize,
+    /// Slots holding the first block of a prompt.
+    heads: usize,
 }
 
 struct Slot {
     name: u64,
+    head: bool,
     prev: u32,
     next: u32,
 }
@@ -160,6 +195,7 @@ impl BlockLru {
             head: NIL,
             tail: NIL,
             cap: cap.max(1) as usize,
+            heads: 0,
         }
     }
 
@@ -179,22 +215,27 @@ impl BlockLru {
     /// vLLM's free-block queue does, and what it holds of a prompt stays a prefix of it.
     fn touch(&mut self, prefix: &[u64]) {
         let n = prefix.len().min(self.cap);
-        for &name in prefix[..n].iter().rev() {
-            self.touch_one(name);
+        for (k, &name) in prefix[..n].iter().enumerate().rev() {
+            self.touch_one(name, k == 0);
         }
     }
 
-    fn touch_one(&mut self, name: u64) {
+    fn touch_one(&mut self, name: u64, first: bool) {
         if let Some(&s) = self.index.get(&name) {
             if s != self.head {
                 self.unlink(s);
                 self.push_front(s);
+            }
+            if first && !self.slots[s as usize].head {
+                self.slots[s as usize].head = true;
+                self.heads += 1;
             }
             return;
         }
         let s = if self.slots.len() < self.cap {
             self.slots.push(Slot {
                 name,
+                head: false,
                 prev: NIL,
                 next: NIL,
             });
@@ -204,9 +245,17 @@ impl BlockLru {
             self.unlink(s);
             let old = self.slots[s as usize].name;
             self.index.remove(&old);
+            if self.slots[s as usize].head {
+                self.heads -= 1;
+            }
             self.slots[s as usize].name = name;
+            self.slots[s as usize].head = false;
             s
         };
+        if first {
+            self.slots[s as usize].head = true;
+            self.heads += 1;
+        }
         self.index.insert(name, s);
         self.push_front(s);
     }
@@ -382,29 +431,108 @@ mod tests {
         }
     }
 
+    /// The most an endpoint may hold after a pick: under the relative bound, or under the
+    /// least loaded + SLACK (both counted before the pick).
+    fn limit(b: &Bench, before: u64) -> u32 {
+        let n = b.eps.len() as f64;
+        let cap = ((1.25 * (before + 1) as f64 / n).ceil() as u32).max(1);
+        let idlest = b.eps.iter().map(|e| e.in_flight()).min().unwrap_or(0);
+        cap.max(idlest + SLACK)
+    }
+
     #[test]
     fn one_hot_prefix_spills_at_the_bound() {
         let b = Bench::new(&[1; 3]);
         let s = strategy(&b, 96);
         let hot = prompt(9, 25, 0, 25);
         let mut picked = Vec::new();
-        for total in 1..=60u64 {
-            picked.push(start(&b, &s, with(&hot)));
-            let cap = (1.25 * total as f64 / 3.0).ceil() as u32;
+        for _ in 1..=60u64 {
+            let limit = limit(&b, b.group.load(Relaxed));
+            let i = start(&b, &s, with(&hot));
             assert!(
-                b.eps.iter().all(|e| e.in_flight() <= cap.max(1)),
-                "at {total}"
+                b.eps[i].in_flight() <= limit,
+                "{} > {limit}",
+                b.eps[i].in_flight()
             );
+            picked.push(i);
         }
+        // 60 in flight: the relative cap of ceil(1.25 x 60 / 3) = 25 binds, not the slack.
+        assert!(b.eps.iter().all(|e| e.in_flight() <= 25), "bounded");
         assert!(b.eps.iter().all(|e| e.in_flight() >= 10), "spread");
         for i in picked {
             end(&b, i);
         }
     }
 
+    /// 12 calls of one prefix on 3 endpoints: the first endpoint takes 5 (SLACK ahead of the
+    /// idle ones), the next 5, and the third the rest: every endpoint caches the prefix and
+    /// then shares it by load.
+    #[test]
+    fn one_hot_prefix_reaches_every_endpoint_at_twelve_in_flight() {
+        let b = Bench::new(&[1; 3]);
+        let s = strategy(&b, 96);
+        let hot = prompt(9, 25, 0, 27);
+        let picked: Vec<usize> = (0..12).map(|_| start(&b, &s, with(&hot))).collect();
+        let mut loads: Vec<u32> = b.eps.iter().map(|e| e.in_flight()).collect();
+        loads.sort_unstable();
+        assert_eq!(loads, vec![2, 5, 5], "{picked:?}");
+        // Finish and resend one at a time: equal matches go by load, to the idlest.
+        for (k, i) in picked.into_iter().enumerate() {
+            end(&b, i);
+            start(&b, &s, with(&hot));
+            if k >= 6 {
+                let most = b.eps.iter().map(|e| e.in_flight()).max().unwrap();
+                assert!(most <= 5, "resend {k}");
+            }
+        }
+        let least = b.eps.iter().map(|e| e.in_flight()).min().unwrap();
+        assert!(least >= 3, "the third endpoint shares the prefix");
+    }
+
+    /// Six prefixes, one call of each at a time in a burst of 6 and then 5 more on the busiest
+    /// endpoint's prefixes: a placement by the fewest held prefixes puts two on each endpoint,
+    /// and calls of a prefix stay on its endpoint while it is up to 5 ahead of the idlest (the
+    /// relative cap at 6 in flight, 3, would spill the fourth).
+    #[test]
+    fn new_prefixes_spread_and_a_few_extra_calls_do_not_spill() {
+        let b = Bench::new(&[1; 3]);
+        let s = strategy(&b, 96);
+        let groups: Vec<Vec<u64>> = (0..6).map(|g| prompt(g, 25, g, 27)).collect();
+        // Placed one after another, finishing each: load says nothing, held prefixes decide.
+        let mut home = [0usize; 6];
+        for (g, p) in groups.iter().enumerate() {
+            home[g] = start(&b, &s, with(p));
+            end(&b, home[g]);
+        }
+        let mut per = [0; 3];
+        for &h in &home {
+            per[h] += 1;
+        }
+        assert_eq!(per, [2, 2, 2], "{home:?}");
+        // Calls of the two prefixes homed on endpoint home[0]: 5 land there, and more
+        // spill only when it is 5 ahead of an idle endpoint.
+        let mine: Vec<usize> = (0..6).filter(|&g| home[g] == home[0]).collect();
+        let mut open = Vec::new();
+        for k in 0..5 {
+            let i = start(&b, &s, with(&groups[mine[k % 2]]));
+            assert_eq!(i, home[0], "call {k}");
+            open.push(i);
+        }
+        let i = start(&b, &s, with(&groups[mine[0]]));
+        assert_ne!(
+            i, home[0],
+            "the sixth is 5 ahead of the idle endpoints: it spills"
+        );
+        open.push(i);
+        for i in open {
+            end(&b, i);
+        }
+    }
+
     proptest::proptest! {
         /// Whatever the order of picks and finishes, one hot prefix never puts more than
-        /// ceil(1.25 x (in flight + 1) / n) calls on an endpoint (counted when picked).
+        /// max(ceil(1.25 x (in flight + 1) / n), least loaded + SLACK) calls on an endpoint
+        /// (counted when picked; in flight and the least loaded before the pick).
         #[test]
         fn the_bound_holds_under_a_single_hot_prefix(
             n in 2usize..6,
@@ -420,10 +548,9 @@ mod tests {
                     end(&b, i);
                     continue;
                 }
-                let before = b.group.load(Relaxed);
+                let limit = limit(&b, b.group.load(Relaxed));
                 let i = start(&b, &s, with(&hot));
-                let cap = (1.25 * (before + 1) as f64 / n as f64).ceil() as u32;
-                proptest::prop_assert!(b.eps[i].in_flight() <= cap.max(1));
+                proptest::prop_assert!(b.eps[i].in_flight() <= limit);
                 open.push(i);
             }
         }

@@ -438,6 +438,7 @@ fn simulate(c: &Case, strategy: StrategyKind, seed: u64) -> anyhow::Result<(f64,
     for s in 0..SIM_SEEDS {
         let r = sim::run(&SimConfig {
             engines: ENGINES,
+            bounded_load: None,
             spec: c.spec,
             strategy,
             workload: c.w,
@@ -642,6 +643,7 @@ fn crossovers(quick: bool, seed: u64) -> Vec<CrossoverRow> {
             let mid = formula::rate_at_load(&spec, &w, ENGINES, 0.5);
             let mix = sim::run(&SimConfig {
                 engines: ENGINES,
+                bounded_load: None,
                 spec,
                 strategy: kind,
                 workload: Workload {
@@ -673,6 +675,7 @@ fn crossovers(quick: bool, seed: u64) -> Vec<CrossoverRow> {
                     let run = |strategy| {
                         sim::run(&SimConfig {
                             engines: ENGINES,
+                            bounded_load: None,
                             spec,
                             strategy,
                             workload: Workload {
