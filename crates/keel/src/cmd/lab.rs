@@ -20,7 +20,12 @@ pub struct Args {
     /// 22 s per strategy), which run only when named; e10 (keel advise on a logged run, its
     /// top three configurations and the running one measured) and e12 (a fleet of keel proxies
     /// on a three-member etcd, local against shared outlier evidence; needs `etcd` on PATH,
-    /// about 7 minutes, quick 1), also only when named. Default: e1..e6b (quick: e1,e2,e6,e6b).
+    /// about 7 minutes, quick 1), also only when named; e13 (prompt tokens from cache against
+    /// cache pressure), e14 (the load above which prefix affinity stops paying: closed form
+    /// and simulator only) and e15 (bounded affinity on the two inference workloads, with the
+    /// routers of --peers vllm-router,smg), fake vLLM engines on loopback, only when named
+    /// (e15 also when --peers names an inference router). Default: e1..e6b (quick:
+    /// e1,e2,e6,e6b).
     #[arg(long, value_delimiter = ',')]
     experiments: Vec<String>,
     /// Only these strategies, comma-separated.

@@ -325,6 +325,20 @@ impl Prompts {
     }
 }
 
+/// How the lab's client offers its requests.
+#[derive(Debug, Clone, Copy)]
+pub enum Offered {
+    /// Closed loop: this many at a time, each sending the next when its answer ends.
+    Clients(usize),
+    /// Open loop: Poisson arrivals at `rate` per second to the router (seeded).
+    Poisson {
+        /// Requests per second.
+        rate: f64,
+        /// The arrivals' seed.
+        seed: u64,
+    },
+}
+
 /// What one run of traffic measured.
 #[derive(Debug, Clone, Default)]
 pub struct Measured {
@@ -370,7 +384,7 @@ pub async fn drive(
     prompts: &Prompts,
     groups: usize,
     output_tokens: usize,
-    clients: usize,
+    offered: Offered,
     sent: &dyn Fn(),
 ) -> anyhow::Result<Measured> {
     let started = Instant::now();
@@ -378,12 +392,9 @@ pub async fn drive(
     let next = std::sync::atomic::AtomicUsize::new(0);
     let total = prompts.groups.len();
     let answers: Mutex<Vec<(usize, Answer)>> = Mutex::new(Vec::with_capacity(total));
-    let client = || async {
-        loop {
-            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if i >= total {
-                return Ok::<(), anyhow::Error>(());
-            }
+    let one = |i: usize| {
+        let answers = &answers;
+        async move {
             let body = prompts.body(i, output_tokens);
             let header = &prompts.first_blocks[prompts.groups[i]];
             let a = complete(router, &body, header)
@@ -391,14 +402,43 @@ pub async fn drive(
                 .with_context(|| format!("request {i} through {router}"))?;
             answers.lock().expect("answers").push((i, a));
             sent();
+            Ok::<(), anyhow::Error>(())
         }
     };
-    let mut all = Vec::new();
-    for _ in 0..clients.max(1) {
-        all.push(client());
-    }
-    for r in futures_join(all).await {
-        r?;
+    match offered {
+        Offered::Clients(clients) => {
+            let client = || async {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= total {
+                        return Ok::<(), anyhow::Error>(());
+                    }
+                    one(i).await?;
+                }
+            };
+            let all: Vec<_> = (0..clients.max(1)).map(|_| client()).collect();
+            for r in futures_join(all).await {
+                r?;
+            }
+        }
+        Offered::Poisson { rate, seed } => {
+            // Each request at its own arrival time, whatever the ones before it do.
+            let mut rng = StdRng::seed_from_u64(seed ^ 0x0a11);
+            let mut at = 0.0;
+            let mut all = Vec::with_capacity(total);
+            for i in 0..total {
+                let due = tokio::time::Instant::from_std(started + Duration::from_secs_f64(at));
+                at += -(1.0 - rng.gen::<f64>()).ln() / rate.max(1e-9);
+                let request = one(i);
+                all.push(async move {
+                    tokio::time::sleep_until(due).await;
+                    request.await
+                });
+            }
+            for r in futures_join(all).await {
+                r?;
+            }
+        }
     }
     let n = pool.addrs().len();
     let mut m = Measured {
