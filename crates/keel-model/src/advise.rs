@@ -18,52 +18,13 @@ use crate::sim::{run_replication, HealthCheckConfig, RepStats, RetryConfig, Scen
 use crate::stats::{student_t95, wilson95};
 
 mod peers;
+mod terms;
 pub use peers::Balancer;
-
-/// A duration in humantime form, rounded to three significant digits (`333ms`, not
-/// `333ms 333us 333ns`), as a configuration file should say it.
-pub fn human(d: Duration) -> String {
-    let ns = d.as_nanos();
-    let digits = ns.checked_ilog10().unwrap_or(0);
-    let step = if digits > 2 {
-        10u128.pow(digits - 2)
-    } else {
-        1
-    };
-    let rounded = (ns + step / 2) / step * step;
-    humantime::format_duration(Duration::from_nanos(rounded as u64)).to_string()
-}
+pub use terms::{human, Protections};
 
 /// Success rates are compared at this resolution before latency decides (0.01 %): closer than
 /// that, two configurations are as reliable as the simulation can tell at its sizes.
 pub const SUCCESS_RESOLUTION: f64 = 1e-4;
-
-/// A set of protections.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Protections {
-    /// No retry, no outlier detection, no health checks (`[cluster.retry] attempts = 0`).
-    None,
-    /// What keel proxy does with no protection table: outlier detection with keel-balance's
-    /// defaults and one retry within the budget.
-    Defaults,
-    /// Outlier detection (keel-balance's defaults), two retries, health checks every 5 s.
-    Protected,
-    /// The running configuration's own, when it is none of the above.
-    Running,
-}
-
-impl Protections {
-    /// The label shown in reports.
-    pub fn label(self) -> &'static str {
-        match self {
-            Protections::None => "none",
-            Protections::Defaults => "keel defaults (outlier, retry 1)",
-            Protections::Protected => "outlier + retry 2 + health",
-            Protections::Running => "as configured",
-        }
-    }
-}
 
 /// The configuration a cluster runs, as read from the proxy's TOML by the caller.
 #[derive(Debug, Clone, PartialEq)]

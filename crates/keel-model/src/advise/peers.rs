@@ -9,7 +9,7 @@ use std::time::Duration;
 use keel_balance::{OutlierConfig, RetryBudgetConfig, StrategyKind};
 use serde::Serialize;
 
-use super::{human, Protections};
+use super::terms::{human, Protections};
 use crate::fit::FittedModel;
 use crate::sim::{HealthCheckConfig, RetryConfig, Scenario};
 

@@ -18,10 +18,10 @@
 //! docs say so). The try's class comes from the response flags: `UT` a timeout, `UF` an error
 //! (connection failure), `UC`, `UR`, `UPE` a reset, `DC` the client's doing, `UH` / `NR` / no
 //! host a request that reached no endpoint, `UO` / `RL` / `UAEX` / `LR` the proxy's own;
-//! otherwise the status, with keel's rule ([`super::TryClass::of_status`]).
+//! otherwise the status, with keel's rule ([`TryClass::of_status`]).
 
+use super::log::TryClass;
 use super::log::{parse_rfc3339, LineError, ParsedRequest, ParsedTry};
-use super::TryClass;
 
 /// Envoy's default access-log format.
 pub const DEFAULT: &str = "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%\" %RESPONSE_CODE% %RESPONSE_FLAGS% %BYTES_RECEIVED% %BYTES_SENT% %DURATION% %RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% \"%REQ(X-FORWARDED-FOR)%\" \"%REQ(USER-AGENT)%\" \"%REQ(X-REQUEST-ID)%\" \"%REQ(:AUTHORITY)%\" \"%UPSTREAM_HOST%\"\n";

@@ -15,10 +15,10 @@
 //! (refused or failed connection) an error; `SH` / `SD` (the server closed or reset before the
 //! whole answer) a reset; `C`/`c` the client's doing; `P`, `R`, `I`, `D`, `K`, `U`, `L` the
 //! proxy's own (left out); a normal end (`-`) by the status, with keel's rule
-//! ([`super::TryClass::of_status`]).
+//! ([`TryClass::of_status`]).
 
+use super::log::TryClass;
 use super::log::{parse_clf_time, LineError, ParsedRequest, ParsedTry};
-use super::TryClass;
 
 fn timer(s: &str) -> Result<i64, LineError> {
     s.trim_start_matches('+')

@@ -24,7 +24,7 @@ use serde::Serialize;
 
 use crate::stats::wilson95;
 use crate::vocab::{Latency, LatencyDist};
-pub use log::{read_log, LineError, Log, RequestRecord, TryClass, TryRecord};
+pub use log::{read_log, FitError, LineError, Log, RequestRecord, TryClass, TryRecord};
 
 /// Fewest requests (in the chosen cluster and window) a fit accepts by default.
 pub const MIN_REQUESTS: u64 = 100;
@@ -36,71 +36,6 @@ const MIN_LEVEL_SAMPLES: u64 = 30;
 /// Latency at the highest in-flight level must be this many times the unloaded latency before
 /// a capacity is inferred.
 const CAPACITY_RISE: f64 = 1.25;
-
-/// What cannot be fitted, and why. The edge (the CLI) turns it into text.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum FitError {
-    /// The input could not be read.
-    #[error("cannot read the access log: {0}")]
-    Read(String),
-    /// More than 65,536 distinct names.
-    #[error("more than 65536 distinct {0} in the log")]
-    TooManyNames(&'static str),
-    /// Not an access log: most lines are not JSON objects of it.
-    #[error("{skipped} of {lines} lines are not {format} access-log lines (first: line {first}: {why}); {hint}")]
-    Unparsable {
-        /// The format read.
-        format: &'static str,
-        /// What to check.
-        hint: &'static str,
-        /// Lines read.
-        lines: u64,
-        /// Lines skipped.
-        skipped: u64,
-        /// The first skipped line.
-        first: u64,
-        /// Why it was skipped.
-        why: String,
-    },
-    /// No line has a `time`, so neither the arrival rate nor `--since` can be worked out.
-    #[error("no line has a `time`: the arrival rate cannot be fitted")]
-    NoTimes,
-    /// Several clusters in the window and none chosen.
-    #[error("the log mixes {} clusters ({}); choose one with --cluster", clusters.len(), clusters.iter().map(|(c, n)| format!("`{c}`: {n} requests")).collect::<Vec<_>>().join(", "))]
-    MixedClusters {
-        /// Each cluster with its request count.
-        clusters: Vec<(String, u64)>,
-    },
-    /// The chosen cluster is not in the window.
-    #[error("no request of cluster `{name}` in the log{}; clusters seen: {}", if *.since { " within --since" } else { "" }, if known.is_empty() { "none".to_string() } else { known.join(", ") })]
-    UnknownCluster {
-        /// The cluster asked for.
-        name: String,
-        /// Whether `--since` narrowed the window.
-        since: bool,
-        /// The clusters present.
-        known: Vec<String>,
-    },
-    /// Too few requests to fit anything honest.
-    #[error("cluster `{cluster}` has {have} requests in the window; at least {need} are needed for a fit")]
-    TooFewLines {
-        /// The cluster.
-        cluster: String,
-        /// Requests found.
-        have: u64,
-        /// Requests needed.
-        need: u64,
-    },
-    /// No try names an endpoint (no `endpoint` or `tries`, or only multi-try lines of today's
-    /// form, whose earlier tries are unknown).
-    #[error("no request of cluster `{cluster}` says which endpoint served it ({multi_try} lines with several tries name only the last); log with the proxy's JSON format, whose `tries` records every try")]
-    NoEndpoints {
-        /// The cluster.
-        cluster: String,
-        /// Lines left out for having several tries.
-        multi_try: u64,
-    },
-}
 
 /// What to fit.
 #[derive(Debug, Clone, Default)]

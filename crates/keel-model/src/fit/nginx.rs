@@ -11,8 +11,8 @@
 //! 5xx but 501 and 505 an error, anything else the application's answer. A try without a status (`-`) is the client's doing when the request's
 //! `$status` is 499 (the client closed the connection); otherwise the line is unreadable.
 
+use super::log::TryClass;
 use super::log::{parse_clf_time, parse_rfc3339, LineError, ParsedRequest, ParsedTry};
-use super::TryClass;
 
 /// A piece of a `log_format` string.
 #[derive(Debug, Clone, PartialEq, Eq)]
