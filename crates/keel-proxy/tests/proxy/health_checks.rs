@@ -80,6 +80,16 @@ async fn settles_healthy(p: &ProxyHandle) -> bool {
     healthy(p)
 }
 
+/// After a proxy's shutdown: a check already on the wire may reach the server just after (CI
+/// saw one land after the list was cleared), so let it land; then no check may come, since the
+/// checks stop with the proxy.
+async fn no_more_checks(seen: &std::sync::Mutex<Vec<String>>) {
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let settled = seen.lock().unwrap().len();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(seen.lock().unwrap().len(), settled, "checks after shutdown");
+}
+
 /// The name-based endpoint is healthy only when the check sends its `Host`: without it every
 /// check gets 404 and the endpoint is marked down; with `host = "app.example"` it stays up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -88,6 +98,7 @@ async fn a_name_based_endpoint_is_healthy_only_with_its_host() {
     let p = checked(server, "path = \"/\"").await;
     assert!(!settles_healthy(&p).await, "404 without the Host");
     p.shutdown(Duration::from_secs(1)).await;
+    no_more_checks(&seen).await;
     assert!(seen
         .lock()
         .unwrap()
@@ -147,6 +158,7 @@ async fn statuses_body_method_and_port_are_the_checks_own() {
     assert!(!settles_healthy(&p).await, "the body lacks the text");
     p.shutdown(Duration::from_secs(1)).await;
 
+    no_more_checks(&seen).await;
     seen.lock().unwrap().clear();
     let p = checked(server, "host = \"app.example\"\nmethod = \"HEAD\"").await;
     assert!(settles_healthy(&p).await, "HEAD, answered without a body");
