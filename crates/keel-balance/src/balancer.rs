@@ -578,28 +578,9 @@ impl Balancer {
             // One group holding every endpoint in order (no priorities, no zones): the
             // strategy's index is the endpoint's, and no group is chosen.
             let s = &snap.strategies[0];
-            let mut index = s.pick(&view, ctx.call());
-            if index.is_none() && view.back_off {
-                // Every endpoint left asked to be backed off: better one of them than none.
-                view.back_off = false;
-                index = s.pick(&view, ctx.call());
-            }
-            // Then a second call on an endpoint on trial, and only then a retry back to an
-            // endpoint it tried (the one this request just failed on is the worse choice).
-            let half_open = view.half_open;
-            if index.is_none() && half_open {
-                view.half_open = false;
-                index = s.pick(&view, ctx.call());
-            }
-            if index.is_none() && !ctx.avoid.is_empty() {
-                view.avoid = &[];
-                view.half_open = half_open;
-                index = s.pick(&view, ctx.call());
-                if index.is_none() && half_open {
-                    view.half_open = false;
-                    index = s.pick(&view, ctx.call());
-                }
-            }
+            let index = s
+                .pick(&view, ctx.call())
+                .or_else(|| relaxed(&mut view, ctx, |v| s.pick(v, ctx.call())));
             let i = index?;
             return Some(self.start(snap, &view, 0, i, i, now));
         }
@@ -618,30 +599,9 @@ impl Balancer {
         let now = view.now;
         let first = snap.layout.choose(now, panic, &self.rng, ctx.hash_key);
         let (g, local) = Self::pick_from(snap, &view, first, ctx.call()).or_else(|| {
-            let mut found = None;
-            if view.back_off {
-                // Every endpoint left asked to be backed off: better one of them than none.
-                view.back_off = false;
-                found = Self::pick_from(snap, &view, first, ctx.call());
-            }
-            // Every endpoint left is on trial with its trial call in flight: better a second
-            // call there than a retry back to the endpoint this request just failed on.
-            let half_open = view.half_open;
-            if found.is_none() && half_open {
-                view.half_open = false;
-                found = Self::pick_from(snap, &view, first, ctx.call());
-            }
-            if found.is_none() && !ctx.avoid.is_empty() {
-                // Nothing else left: a retry may go back to an endpoint it already tried.
-                view.avoid = &[];
-                view.half_open = half_open;
-                found = Self::pick_from(snap, &view, first, ctx.call());
-                if found.is_none() && half_open {
-                    view.half_open = false;
-                    found = Self::pick_from(snap, &view, first, ctx.call());
-                }
-            }
-            found
+            relaxed(&mut view, ctx, |v| {
+                Self::pick_from(snap, v, first, ctx.call())
+            })
         })?;
         let index = snap.layout.groups[g].members[local];
         Some(self.start(snap, &view, g, local, index, now))
@@ -1094,6 +1054,44 @@ impl Balancer {
             })
             .collect()
     }
+}
+
+/// When a pick found nothing, the same pick with its limits relaxed one at a time, least
+/// important first: an endpoint that asked to be backed off (better one of them than none),
+/// then a second call on an endpoint on half-open trial, and only then a retry back to an
+/// endpoint it already tried (the one this request just failed on is the worse choice), with
+/// the trial limit again and then without it. `view` ends as the pick that found one saw it.
+fn relaxed<T>(
+    view: &mut View<'_>,
+    ctx: &PickContext<'_>,
+    mut pick: impl FnMut(&View<'_>) -> Option<T>,
+) -> Option<T> {
+    if view.back_off {
+        view.back_off = false;
+        if let Some(found) = pick(view) {
+            return Some(found);
+        }
+    }
+    let half_open = view.half_open;
+    if half_open {
+        view.half_open = false;
+        if let Some(found) = pick(view) {
+            return Some(found);
+        }
+    }
+    if ctx.avoid.is_empty() {
+        return None;
+    }
+    view.avoid = &[];
+    view.half_open = half_open;
+    if let Some(found) = pick(view) {
+        return Some(found);
+    }
+    if half_open {
+        view.half_open = false;
+        return pick(view);
+    }
+    None
 }
 
 #[cfg(test)]
