@@ -1061,6 +1061,7 @@ impl Balancer {
 /// then a second call on an endpoint on half-open trial, and only then a retry back to an
 /// endpoint it already tried (the one this request just failed on is the worse choice), with
 /// the trial limit again and then without it. `view` ends as the pick that found one saw it.
+#[cold]
 fn relaxed<T>(
     view: &mut View<'_>,
     ctx: &PickContext<'_>,
