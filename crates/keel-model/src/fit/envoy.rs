@@ -22,6 +22,7 @@
 
 use super::log::TryClass;
 use super::log::{parse_rfc3339, LineError, ParsedRequest, ParsedTry};
+use super::template::Template;
 
 /// Envoy's default access-log format.
 pub const DEFAULT: &str = "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%\" %RESPONSE_CODE% %RESPONSE_FLAGS% %BYTES_RECEIVED% %BYTES_SENT% %DURATION% %RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% \"%REQ(X-FORWARDED-FOR)%\" \"%REQ(USER-AGENT)%\" \"%REQ(X-REQUEST-ID)%\" \"%REQ(:AUTHORITY)%\" \"%UPSTREAM_HOST%\"\n";
@@ -31,14 +32,6 @@ pub const ISTIO: &str = "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-P
 
 /// The fields a format must have.
 const REQUIRED: [&str; 4] = ["START_TIME", "RESPONSE_CODE", "DURATION", "UPSTREAM_HOST"];
-
-/// A piece of a format string: text, or a command (`START_TIME`, `REQ(:METHOD)`, its length
-/// limit dropped).
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Part {
-    Literal(String),
-    Command(String),
-}
 
 /// What is wrong with a format string.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -59,7 +52,7 @@ pub enum FormatError {
 /// A parsed Envoy format string.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Format {
-    parts: Vec<Part>,
+    template: Template,
 }
 
 impl Default for Format {
@@ -79,14 +72,13 @@ impl Format {
         };
         let s = s.trim_end_matches(['\n', '\r']);
         let s = s.strip_suffix("\\n").unwrap_or(s);
-        let mut parts = Vec::new();
-        let mut lit = String::new();
+        let mut template = Template::default();
         let b = s.as_bytes();
         let mut i = 0;
         while i < b.len() {
             if b[i] != b'%' {
                 let c = s[i..].chars().next().expect("in bounds");
-                lit.push(c);
+                template.literal(c);
                 i += c.len_utf8();
                 continue;
             }
@@ -102,72 +94,33 @@ impl Format {
             if b.get(j) == Some(&b'(') {
                 j += s[j..].find(')').ok_or(FormatError::Unclosed(i))? + 1;
             }
-            let command = s[i + 1..j].to_string();
+            let command = &s[i + 1..j];
             if b.get(j) == Some(&b':') {
                 j += 1 + s[j + 1..].bytes().take_while(u8::is_ascii_digit).count();
             }
             if b.get(j) != Some(&b'%') {
                 return Err(FormatError::Unclosed(i));
             }
-            if !lit.is_empty() {
-                parts.push(Part::Literal(std::mem::take(&mut lit)));
-            }
-            if let Some(Part::Command(prev)) = parts.last() {
-                return Err(FormatError::Adjacent(prev.clone(), command));
-            }
-            parts.push(Part::Command(command));
+            template
+                .field(command)
+                .map_err(|(prev, next)| FormatError::Adjacent(prev, next))?;
             i = j + 1;
         }
-        if !lit.is_empty() {
-            parts.push(Part::Literal(lit));
-        }
+        let template = template.finish();
         let missing: Vec<String> = REQUIRED
             .into_iter()
-            .filter(|r| !parts.iter().any(|p| *p == Part::Command(r.to_string())))
+            .filter(|r| !template.has(r))
             .map(|r| format!("%{r}%"))
             .collect();
         if !missing.is_empty() {
             return Err(FormatError::Missing(missing));
         }
-        Ok(Format { parts })
+        Ok(Format { template })
     }
 
     /// Splits a line into its commands' values, or says where it departs from the format.
     fn fields<'a>(&'a self, line: &'a str) -> Result<Vec<(&'a str, &'a str)>, LineError> {
-        let mut out = Vec::new();
-        let mut pos = 0;
-        for (k, part) in self.parts.iter().enumerate() {
-            match part {
-                Part::Literal(l) => {
-                    if !line[pos..].starts_with(l.as_str()) {
-                        return Err(LineError::shape(format!(
-                            "expected {l:?} at column {}",
-                            pos + 1
-                        )));
-                    }
-                    pos += l.len();
-                }
-                Part::Command(c) => {
-                    let rest = &line[pos..];
-                    let len = match self.parts.get(k + 1) {
-                        Some(Part::Literal(l)) => rest.find(l.as_str()).ok_or_else(|| {
-                            LineError::shape(format!("no {l:?} after %{c}% (column {})", pos + 1))
-                        })?,
-                        _ => rest.len(),
-                    };
-                    out.push((c.as_str(), &rest[..len]));
-                    pos += len;
-                }
-            }
-        }
-        if pos != line.len() {
-            return Err(LineError::shape(format!(
-                "{} characters left after the format's end (column {})",
-                line.len() - pos,
-                pos + 1
-            )));
-        }
-        Ok(out)
+        self.template.split(line, |c| format!("%{c}%"), |_, _| None)
     }
 
     /// Reads one line.

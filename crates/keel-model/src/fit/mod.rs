@@ -15,6 +15,7 @@ pub mod log;
 pub mod nginx;
 pub mod scenario;
 pub mod synth;
+mod template;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

@@ -13,13 +13,7 @@
 
 use super::log::TryClass;
 use super::log::{parse_clf_time, parse_rfc3339, LineError, ParsedRequest, ParsedTry};
-
-/// A piece of a `log_format` string.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Part {
-    Literal(String),
-    Variable(String),
-}
+use super::template::Template;
 
 /// What is wrong with a `log_format` string.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -40,7 +34,7 @@ pub enum FormatError {
 /// A parsed `log_format`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Format {
-    parts: Vec<Part>,
+    template: Template,
 }
 
 /// The format docs/advise.md recommends: NGINX's `combined` plus what the fit reads.
@@ -55,8 +49,7 @@ impl Format {
     /// Reads a `log_format` string (the part between the quotes in nginx.conf; several quoted
     /// pieces must be joined first).
     pub fn parse(s: &str) -> Result<Format, FormatError> {
-        let mut parts = Vec::new();
-        let mut lit = String::new();
+        let mut template = Template::default();
         let b = s.as_bytes();
         let mut i = 0;
         while i < b.len() {
@@ -72,28 +65,22 @@ impl Format {
                     (&s[i + 1..i + 1 + len], i + 1 + len)
                 };
                 if name.is_empty() {
-                    lit.push('$');
+                    template.literal('$');
                     i += 1;
                     continue;
                 }
-                if !lit.is_empty() {
-                    parts.push(Part::Literal(std::mem::take(&mut lit)));
-                }
-                if let Some(Part::Variable(prev)) = parts.last() {
-                    return Err(FormatError::Adjacent(prev.clone(), name.to_string()));
-                }
-                parts.push(Part::Variable(name.to_string()));
+                template
+                    .field(name)
+                    .map_err(|(prev, next)| FormatError::Adjacent(prev, next))?;
                 i = next;
             } else {
                 let c = s[i..].chars().next().expect("in bounds");
-                lit.push(c);
+                template.literal(c);
                 i += c.len_utf8();
             }
         }
-        if !lit.is_empty() {
-            parts.push(Part::Literal(lit));
-        }
-        let has = |v: &str| parts.iter().any(|p| *p == Part::Variable(v.to_string()));
+        let template = template.finish();
+        let has = |v: &str| template.has(v);
         let mut missing: Vec<String> =
             ["upstream_addr", "upstream_status", "upstream_response_time"]
                 .into_iter()
@@ -106,59 +93,25 @@ impl Format {
         if !missing.is_empty() {
             return Err(FormatError::Missing(missing));
         }
-        Ok(Format { parts })
+        Ok(Format { template })
     }
 
     /// Splits a line into its variables' values, or says where it departs from the format.
-    fn fields<'a>(&self, line: &'a str) -> Result<Vec<(&str, &'a str)>, LineError> {
-        let mut out = Vec::new();
-        let mut pos = 0;
-        for (k, part) in self.parts.iter().enumerate() {
-            match part {
-                Part::Literal(l) => {
-                    if !line[pos..].starts_with(l.as_str()) {
-                        return Err(LineError::shape(format!(
-                            "expected {l:?} at column {}",
-                            pos + 1
-                        )));
-                    }
-                    pos += l.len();
+    fn fields<'a>(&'a self, line: &'a str) -> Result<Vec<(&'a str, &'a str)>, LineError> {
+        self.template.split(
+            line,
+            |v| format!("${v}"),
+            |v, rest| {
+                if is_list(v) {
+                    Some(list_len(rest))
+                } else if v == "time_local" {
+                    // `02/Dec/2026:09:26:06 +0000`: its own space is not a separator.
+                    Some(26)
+                } else {
+                    None
                 }
-                Part::Variable(v) => {
-                    let rest = &line[pos..];
-                    let next = match self.parts.get(k + 1) {
-                        Some(Part::Literal(l)) => Some(l.as_str()),
-                        _ => None,
-                    };
-                    let len = if is_list(v) {
-                        list_len(rest)
-                    } else if v == "time_local" {
-                        // `02/Dec/2026:09:26:06 +0000`: its own space is not a separator.
-                        rest.len().min(26)
-                    } else {
-                        match next {
-                            Some(l) => rest.find(l).ok_or_else(|| {
-                                LineError::shape(format!(
-                                    "no {l:?} after ${v} (column {})",
-                                    pos + 1
-                                ))
-                            })?,
-                            None => rest.len(),
-                        }
-                    };
-                    out.push((v.as_str(), &rest[..len]));
-                    pos += len;
-                }
-            }
-        }
-        if pos != line.len() {
-            return Err(LineError::shape(format!(
-                "{} characters left after the format's end (column {})",
-                line.len() - pos,
-                pos + 1
-            )));
-        }
-        Ok(out)
+            },
+        )
     }
 
     /// Reads one line.
