@@ -32,4 +32,5 @@ export KEEL_NGINX KEEL_HAPROXY KEEL_ENVOY
 log "nginx: $KEEL_NGINX ($("$KEEL_NGINX" -v 2>&1 | head -1))"
 log "haproxy: $KEEL_HAPROXY ($("$KEEL_HAPROXY" -v | head -1))"
 log "envoy: $KEEL_ENVOY ($("$KEEL_ENVOY" --version | grep -o 'version: [^ ]*' | head -1))"
-cargo test --release -p keel --test advise_cli every_peer_paste_block -- --include-ignored --nocapture
+# --workspace: the test step's feature set, so that its build is reused.
+cargo test --release --workspace --test advise_cli every_peer_paste_block -- --include-ignored --nocapture

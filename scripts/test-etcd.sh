@@ -20,4 +20,6 @@ etcd --version | sed -n 1p  # sed reads it all: head would leave etcd a SIGPIPE,
 # One at a time: each test starts its own three members, and the fleet test measures. E12's
 # measurement and the faults' (three minutes) are scripts/lab-e12.sh's; the cost at scale is
 # scripts/etcd-scale.sh's.
-cargo test --release -p keel-proxy --features etcd,otlp --test etcd "$@" -- --include-ignored --test-threads=1 --skip e12_ --skip faults_ --skip scale_
+# --workspace: the test step's feature set (keel turns on etcd and otlp; every crate's dev
+# dependencies), so that its build is reused rather than made again.
+cargo test --release --workspace --test etcd "$@" -- --include-ignored --test-threads=1 --skip e12_ --skip faults_ --skip scale_

@@ -12,5 +12,5 @@ command -v haproxy >/dev/null || bash scripts/install-peers.sh haproxy >&2
 command -v haproxy >/dev/null || { echo "test-haproxy: no haproxy (scripts/install-peers.sh haproxy failed)" >&2; exit 1; }
 haproxy -v | sed -n 1p  # sed reads it all: head would leave haproxy a SIGPIPE under pipefail
 # The workspace's feature set (as test-etcd.sh), so that the test step's build is reused.
-KEEL_HAPROXY="$(command -v haproxy)" cargo test --release -p keel-proxy --features etcd,otlp --test proxy "$@" \
+KEEL_HAPROXY="$(command -v haproxy)" cargo test --release --workspace --test proxy "$@" \
     proxy_protocol::behind_haproxy -- --include-ignored --test-threads=1
