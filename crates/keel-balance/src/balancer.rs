@@ -295,6 +295,8 @@ pub struct Balancer {
     /// Held while a back-off is checked against `max_backed_off_percent` and set, so that two
     /// at once cannot both pass the cap (taken only when an endpoint asks to be backed off).
     back_off_lock: std::sync::Mutex<()>,
+    /// `config.queue_max_age` in nanoseconds (0: reported queues are not read), for the views.
+    queue_max_age_ns: u64,
 }
 
 impl std::fmt::Debug for Balancer {
@@ -320,6 +322,7 @@ impl Balancer {
         let snapshot = Arc::new(snapshot);
         Self {
             rng: SharedRng::new(config.seed),
+            queue_max_age_ns: config.queue_max_age.map_or(0, |a| nanos(a).max(1)),
             config,
             group,
             follows_calls: snapshot.strategies[0].follows_calls(),
@@ -528,6 +531,7 @@ impl Balancer {
             group: &self.group,
             half_open: false,
             back_off: false,
+            queue_max_age: self.queue_max_age_ns,
         }
     }
 
@@ -573,6 +577,7 @@ impl Balancer {
             group: &self.group,
             half_open: snap.strategies[0].half_open(),
             back_off: self.backing_off(now),
+            queue_max_age: self.queue_max_age_ns,
         };
         if snap.layout.is_trivial() {
             // One group holding every endpoint in order (no priorities, no zones): the
@@ -673,6 +678,7 @@ impl Balancer {
                 group: &self.group,
                 half_open: false,
                 back_off: self.backing_off(now),
+                queue_max_age: self.queue_max_age_ns,
             };
             if view.allowed(i) {
                 let (g, local) = snap.layout.place[i];
@@ -917,6 +923,7 @@ impl Balancer {
             group: &self.group,
             half_open: false,
             back_off: false,
+            queue_max_age: self.queue_max_age_ns,
         };
         for (g, s) in snap.strategies.iter().enumerate() {
             s.probe_targets(&snap.in_group(&view, g), out);
@@ -961,10 +968,26 @@ impl Balancer {
                 group: &self.group,
                 half_open: false,
                 back_off: false,
+                queue_max_age: self.queue_max_age_ns,
             };
             snap.observe(&view, index, &Observation::Load(report));
         }
         true
+    }
+
+    /// What endpoint `id` says is waiting in its own queue (an inference engine's
+    /// `num_requests_waiting`), received at `now`. With `queue_max_age` set, least-request and
+    /// the bounded loads count it in the endpoint's load until it is that old; otherwise it is
+    /// kept and not read. Returns false if no endpoint has that id.
+    pub fn report_queue(&self, id: EndpointId, waiting: u32, now: Duration) -> bool {
+        let snap = self.snapshot.load();
+        match snap.endpoints.iter().find(|e| e.id() == id) {
+            Some(e) => {
+                e.set_reported_queue(waiting, nanos(now));
+                true
+            }
+            None => false,
+        }
     }
 
     /// What endpoint `id` says about its utilisation (an ORCA report: the

@@ -295,6 +295,13 @@ pub struct BalancerConfig {
     /// Longest one back-off lasts, whatever the endpoint asked. Default 10 s.
     #[serde(with = "crate::duration_serde")]
     pub max_back_off: Duration,
+    /// Count what each endpoint reports waiting in its own queue
+    /// ([`crate::Balancer::report_queue`]) in its load, while the report is at most this old:
+    /// least-request and the bounded loads (prefix-affinity's spill, bounded hashing) then see a
+    /// queue that other clients of the endpoint built. Off (`None`) unless the driver reads the
+    /// endpoints' own signals (the proxy's `[cluster.engine_signals]` sets it to its `max_age`).
+    #[serde(skip)]
+    pub queue_max_age: Option<Duration>,
 }
 
 impl Default for BalancerConfig {
@@ -318,6 +325,7 @@ impl BalancerConfig {
             overprovisioning_factor: 1.4,
             max_backed_off_percent: 10.0,
             max_back_off: Duration::from_secs(10),
+            queue_max_age: None,
         }
     }
 

@@ -115,6 +115,10 @@ pub struct Endpoint {
 struct Reported {
     rif: AtomicU32,
     rif_at: AtomicU64,
+    /// Requests waiting in the endpoint's own queue (an inference engine's
+    /// `num_requests_waiting`), and when that was said.
+    queue: AtomicU32,
+    queue_at: AtomicU64,
     util: AtomicU64,
     util_at: AtomicU64,
 }
@@ -152,6 +156,23 @@ impl Endpoint {
     pub(crate) fn set_reported_rif(&self, rif: u32, now: u64) {
         self.reported.rif.store(rif, Ordering::Relaxed);
         self.reported.rif_at.store(now.max(1), Ordering::Relaxed);
+    }
+
+    /// Records the requests waiting in its own queue that the endpoint reported at `now`.
+    pub(crate) fn set_reported_queue(&self, waiting: u32, now: u64) {
+        self.reported.queue.store(waiting, Ordering::Relaxed);
+        self.reported.queue_at.store(now.max(1), Ordering::Relaxed);
+    }
+
+    /// The queue it reported no longer than `max_age` before `now`; 0 without such a report.
+    #[inline]
+    pub(crate) fn reported_queue(&self, now: u64, max_age: u64) -> u32 {
+        let at = self.reported.queue_at.load(Ordering::Relaxed);
+        if at != 0 && now.saturating_sub(at) <= max_age {
+            self.reported.queue.load(Ordering::Relaxed)
+        } else {
+            0
+        }
     }
 
     /// Records the utilisation the endpoint reported at `now`.

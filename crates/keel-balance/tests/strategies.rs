@@ -501,3 +501,57 @@ fn a_retry_prefers_an_untried_endpoint_on_trial_to_the_one_that_failed() {
         b.finish(in_flight, Outcome::Success, T0);
     }
 }
+
+/// An endpoint's reported queue (an inference engine's `num_requests_waiting`, which other
+/// proxies of a fleet may have built) counts in least-request's and prefix-affinity's load
+/// while fresh, is ignored once older than `queue_max_age`, and is never read without it.
+#[test]
+fn a_reported_queue_is_load_while_fresh_and_only_when_asked_for() {
+    let at = |s: f64| T0 + Duration::from_secs_f64(s);
+    let prompt: Vec<u64> = (1..=8).collect();
+    for kind in [StrategyKind::LeastRequest, StrategyKind::PrefixAffinity] {
+        for reads in [true, false] {
+            let mut c = BalancerConfig::new(kind);
+            c.queue_max_age = reads.then_some(Duration::from_secs(2));
+            let b = Balancer::new(c, &specs(3)).unwrap();
+            let busy = b.endpoints()[0].id();
+            // Six calls held open: without the report they spread two per endpoint (and the
+            // prompt's home, whichever it is, takes its share).
+            let mut held = Vec::new();
+            let mut on = [0usize; 3];
+            assert!(b.report_queue(busy, 20, at(0.0)));
+            for _ in 0..6 {
+                let mut ctx = PickContext::new(at(0.5));
+                ctx.prefix = &prompt;
+                let p = b.pick(&ctx).unwrap();
+                on[p.index()] += 1;
+                held.push(p);
+            }
+            if reads {
+                assert_eq!(on[0], 0, "{kind:?}: a queue of 20 takes nothing: {on:?}");
+            } else {
+                assert!(
+                    on[0] >= 1,
+                    "{kind:?}: not read, the endpoint takes calls: {on:?}"
+                );
+            }
+            for p in held.drain(..) {
+                b.finish(p, Outcome::Success, at(0.6));
+            }
+            // Stale (3 s > 2 s): the endpoint is back in the least-loaded rotation.
+            let mut on = [0usize; 3];
+            for _ in 0..6 {
+                let p = b.pick(&PickContext::new(at(3.0))).unwrap();
+                on[p.index()] += 1;
+                held.push(p);
+            }
+            assert!(
+                on[0] >= 1,
+                "{kind:?} reads={reads}: a stale queue is ignored: {on:?}"
+            );
+            for p in held.drain(..) {
+                b.finish(p, Outcome::Success, at(3.1));
+            }
+        }
+    }
+}

@@ -390,3 +390,79 @@ async fn a_stale_scrape_changes_nothing_and_is_counted() {
     );
     proxy.shutdown(Duration::from_secs(1)).await;
 }
+
+/// A queue that keel did not build (eight requests sent straight to engine A, as another proxy
+/// of a fleet would) moves least-request's picks to engine B once keel reads the engines'
+/// signals; without `[cluster.engine_signals]` keel sees only its own requests and sends A some.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_request_counts_the_queue_an_engine_reports() {
+    for reads in [true, false] {
+        let (a, b) = (one_at_a_time().await, one_at_a_time().await);
+        let extra = if reads {
+            "[cluster.engine_signals]\nsource = \"metrics\"\ninterval = \"20ms\"\nmax_age = \"1s\"\n"
+        } else {
+            ""
+        };
+        let config = simple_config(&[a.addr(), b.addr()], "least-request", extra);
+        let proxy = keel_proxy::start(config).await.unwrap();
+        let listen = proxy.listener_addrs()[0];
+        let admin = proxy.admin_addr().unwrap();
+        let direct = format!("http://{}/v1/completions", a.addr());
+        let mut load = Vec::new();
+        for _ in 0..8 {
+            let url = direct.clone();
+            load.push(tokio::spawn(async move {
+                send(&client(), Method::POST, &url, &[], completion(20, false))
+                    .await
+                    .unwrap()
+            }));
+        }
+        let until = Instant::now() + Duration::from_secs(3);
+        while engine_waiting(a.addr()).await < 5.0 {
+            assert!(Instant::now() < until, "engine A's queue never grew");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        if reads {
+            let until = Instant::now() + Duration::from_secs(3);
+            while engine_view(admin, 0).await["waiting"]
+                .as_f64()
+                .unwrap_or(0.0)
+                < 4.0
+            {
+                assert!(Instant::now() < until, "keel never read A's queue");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        // Four requests through keel at once.
+        let url = format!("http://{listen}/v1/completions");
+        let mut through = Vec::new();
+        for _ in 0..4 {
+            let url = url.clone();
+            through.push(tokio::spawn(async move {
+                send(&client(), Method::POST, &url, &[], completion(5, false))
+                    .await
+                    .unwrap()
+            }));
+        }
+        let mut on_a = 0;
+        for t in through {
+            let r = t.await.unwrap();
+            assert_eq!(r.status, 200);
+            on_a += usize::from(r.header("x-keel-endpoint") == Some(&*a.addr().to_string()));
+        }
+        if reads {
+            assert_eq!(on_a, 0, "a queue of 5 or more on A: all four to B");
+        } else {
+            // keel's own count alone: A is as idle as B for the first pick (and holds the
+            // requests it takes, stuck behind its queue, while B's finish).
+            assert!(
+                on_a >= 1,
+                "without the signal A takes its turn: {on_a} of 4"
+            );
+        }
+        for t in load {
+            assert_eq!(t.await.unwrap().status, 200);
+        }
+        proxy.shutdown(Duration::from_secs(1)).await;
+    }
+}

@@ -141,6 +141,8 @@ pub(crate) struct View<'a> {
     pub half_open: bool,
     /// Pass over endpoints that asked to be backed off (set only while one may be).
     pub back_off: bool,
+    /// Nanoseconds a reported queue counts in [`View::load`]; 0: reported queues are not read.
+    pub queue_max_age: u64,
 }
 
 impl<'a> View<'a> {
@@ -156,6 +158,7 @@ impl<'a> View<'a> {
             rng: self.rng,
             group: self.group,
             half_open: self.half_open,
+            queue_max_age: self.queue_max_age,
             back_off: self.back_off,
         }
     }
@@ -211,14 +214,27 @@ impl<'a> View<'a> {
         ((w as f64 * self.ramp(i)) as u64).max(1)
     }
 
-    /// Compares the calls in flight per unit of weight of `a` with those of `b` (`Less`: `a`
+    /// Endpoint `i`'s load: the calls this balancer has in flight on it, plus the queue it
+    /// last reported, while that report is fresh (only with `queue_max_age`). A request of
+    /// ours that waits there counts twice, which weighs a queue above a running batch; a queue
+    /// other clients built (another proxy of a fleet) counts at all.
+    #[inline]
+    pub fn load(&self, i: usize) -> u32 {
+        let own = self.eps[i].in_flight();
+        if self.queue_max_age == 0 {
+            return own;
+        }
+        own.saturating_add(self.eps[i].reported_queue(self.now, self.queue_max_age))
+    }
+
+    /// Compares the load per unit of weight of `a` with that of `b` (`Less`: `a`
     /// is lighter). Idle endpoints tie whatever their weights, so that the tie-break, not the
     /// weight, decides among them (with `(in_flight + 1) / weight` the heaviest idle endpoint
     /// would win every pick at low load).
     #[inline]
     pub fn lighter(&self, a: usize, b: usize) -> std::cmp::Ordering {
-        let la = u128::from(self.eps[a].in_flight()) * u128::from(self.weight_milli(b));
-        let lb = u128::from(self.eps[b].in_flight()) * u128::from(self.weight_milli(a));
+        let la = u128::from(self.load(a)) * u128::from(self.weight_milli(b));
+        let lb = u128::from(self.load(b)) * u128::from(self.weight_milli(a));
         la.cmp(&lb)
     }
 
@@ -283,7 +299,7 @@ impl<'a> View<'a> {
     }
 }
 
-/// Orders endpoints by calls in flight per unit of weight (for [`View::min_by`]).
+/// Orders endpoints by load ([`View::load`]) per unit of weight (for [`View::min_by`]).
 pub(crate) struct LoadKey<'a, 'b>(pub &'a View<'b>, pub usize);
 
 impl PartialEq for LoadKey<'_, '_> {

@@ -98,7 +98,7 @@ impl Cap {
             return true;
         };
         let cap = (per_weight * f64::from(v.eps[i].weight())).ceil() as u64;
-        u64::from(v.eps[i].in_flight()) < cap.max(1)
+        u64::from(v.load(i)) < cap.max(1)
     }
 }
 

@@ -81,11 +81,11 @@ impl Strategy for PrefixAffinity {
         let cap = Cap::new(v, Some(self.bound), self.total_weight);
         let idlest = (0..v.eps.len())
             .filter(|&i| v.allowed(i))
-            .map(|i| v.eps[i].in_flight())
+            .map(|i| v.load(i))
             .min()
             .unwrap_or(0);
         // Full: at the relative bound and SLACK calls ahead of the least loaded.
-        let admits = |i: usize| cap.admits(v, i) || v.eps[i].in_flight() < idlest + SLACK;
+        let admits = |i: usize| cap.admits(v, i) || v.load(i) < idlest + SLACK;
         let mut caches = self.caches.lock().unwrap_or_else(PoisonError::into_inner);
         // (index, match, session score); ties in all three drawn uniformly (reservoir).
         let mut best: Option<(usize, usize, f64)> = None;

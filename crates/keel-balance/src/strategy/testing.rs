@@ -49,6 +49,7 @@ impl Bench {
             group: &self.group,
             half_open: true,
             back_off: false,
+            queue_max_age: 0,
         }
     }
 

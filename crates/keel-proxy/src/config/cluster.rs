@@ -652,6 +652,7 @@ impl ClusterConfig {
         b.max_back_off = bal.max_back_off;
         b.zone_routing = bal.zone_routing.clone();
         b.zone = self.zone.clone();
+        b.queue_max_age = self.engine_signals.as_ref().map(|s| s.max_age);
         if let Some(seed) = bal.seed {
             b.seed = seed;
         }

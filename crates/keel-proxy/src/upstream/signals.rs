@@ -1,7 +1,8 @@
 //! Engine signals (`[cluster.engine_signals]`): what inference engines say about their own
 //! load reaches the endpoint's view ([`crate::metrics::engine::EngineSignals`], shown in
-//! `/status` and `/metrics`) and the balancer, through the load-report interface every
-//! driver uses (`Balancer::report_load`, the queue depth as the requests the engine holds).
+//! `/status` and `/metrics`) and the balancer (`Balancer::report_queue`: the engine's waiting
+//! requests, which least-request and the bounded loads of prefix-affinity count in its load
+//! until `max_age` old).
 //!
 //! Two sources: the ORCA header of each answer (the HTTP/1.1 leg asks for it and hands the
 //! report to [`take`]), or a scrape of each endpoint's Prometheus text every `interval`
@@ -13,7 +14,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Buf;
-use keel_balance::LoadReport;
 use tokio::io::AsyncReadExt;
 use tokio::task::JoinHandle;
 
@@ -56,11 +56,8 @@ pub(crate) fn take(
         }
         EngineReport::Load(load) => {
             view.take(load, now);
-            let queue = LoadReport {
-                in_flight: load.waiting.round() as u32,
-                latency: Duration::ZERO,
-            };
-            cluster.balancer.report_load(entry.id, queue, now);
+            let waiting = load.waiting.round().max(0.0) as u32;
+            cluster.balancer.report_queue(entry.id, waiting, now);
         }
     }
 }
