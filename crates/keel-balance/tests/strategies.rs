@@ -555,3 +555,52 @@ fn a_reported_queue_is_load_while_fresh_and_only_when_asked_for() {
         }
     }
 }
+
+/// The engine that holds a prefix fails one call: that prefix, and every other prefix it held,
+/// goes to a next-best engine at once (one failed try in all, not one per outlier detector's
+/// count); once an engine has failed, new prefixes are not sent to it while it is passed over,
+/// and after that it takes new prefixes again.
+#[test]
+fn a_failed_affine_engine_loses_its_prefixes_after_one_failed_try() {
+    let at = |s: f64| T0 + Duration::from_secs_f64(s);
+    let b = lb(StrategyKind::PrefixAffinity, &specs(3));
+    let prompts: Vec<Vec<u64>> = (0..6u64)
+        .map(|g| (0..20).map(|k| g * 1000 + k).collect())
+        .collect();
+    let go = |p: &[u64], t: f64, outcome: Outcome| {
+        let mut ctx = PickContext::new(at(t));
+        ctx.prefix = p;
+        let pick = b.pick(&ctx).unwrap();
+        let i = pick.index();
+        b.finish(pick, outcome, at(t));
+        i
+    };
+    let homes: Vec<usize> = prompts
+        .iter()
+        .map(|p| go(p, 0.0, Outcome::Success))
+        .collect();
+    for (p, &h) in prompts.iter().zip(&homes) {
+        assert_eq!(go(p, 0.1, Outcome::Success), h, "affinity holds");
+    }
+    let failed = homes[0];
+    assert_eq!(go(&prompts[0], 0.2, Outcome::Failure), failed);
+    // No further try lands on the failed engine, for its prefixes or anyone's.
+    let mut moved = vec![usize::MAX; 6];
+    for (g, p) in prompts.iter().enumerate() {
+        let i = go(p, 0.3, Outcome::Success);
+        assert_ne!(i, failed, "prefix {g} (home {}) went back", homes[g]);
+        moved[g] = i;
+    }
+    for (g, p) in prompts.iter().enumerate() {
+        assert_eq!(
+            go(p, 0.4, Outcome::Success),
+            moved[g],
+            "prefix {g} stays moved"
+        );
+    }
+    let fresh: Vec<u64> = (0..20).map(|k| 77_000 + k).collect();
+    assert_ne!(go(&fresh, 1.0, Outcome::Success), failed, "passed over");
+    // After the pass-over period its emptied estimate takes the next new prefix.
+    let newer: Vec<u64> = (0..20).map(|k| 88_000 + k).collect();
+    assert_eq!(go(&newer, 6.0, Outcome::Success), failed, "back after 5 s");
+}

@@ -18,6 +18,14 @@
 //! absolute imbalance of 64 calls lets a pool of three serve 150/0/0; the slack keeps the
 //! chance imbalance of a few calls in flight from spilling prefixes onto engines that lack them.
 //!
+//! A failed call (refused, reset, timed out, a 5xx: the driver's `Outcome::Failure`; never a
+//! 4xx) drops the endpoint's estimate (a restarted engine has lost its cache) and passes the
+//! endpoint over for [`FAILED_PASS_OVER`] unless every other endpoint is full or unavailable,
+//! or until one of its calls succeeds: the prefix moves to its next-best endpoint after one
+//! failed try, not after the ten an outlier detector may need. After that the emptied estimate
+//! takes new prefixes first, so a still-failing engine costs each new prefix at most one
+//! failed try per period.
+//!
 //! The estimates sit behind one lock per strategy, taken once per pick (the match of each
 //! endpoint, then the chosen endpoint's update: about a microsecond for a prompt of a few
 //! dozen blocks on three endpoints). The proxy shares one balancer per cluster between its
@@ -25,10 +33,12 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::api::{Call, LoadKey, Strategy, View};
+use super::api::{Call, LoadKey, Observation, Strategy, View};
 use super::hashing::Cap;
+use crate::balancer::Outcome;
 use crate::config::{StrategyOptions, TieBreak, DEFAULT_AFFINITY_BOUND};
 use crate::endpoint::Endpoint;
 use crate::hash::rendezvous_score;
@@ -48,6 +58,11 @@ use crate::rng::{below, mix64};
 /// `cache_aware` has the same two terms (64 calls, 1.5 x the idlest).
 const SLACK: u32 = 5;
 
+/// How long an endpoint whose call failed is passed over (nanoseconds): long enough for its
+/// prefixes to settle on their next-best endpoints, short enough that a recovered engine
+/// soon takes its share again.
+pub(crate) const FAILED_PASS_OVER: u64 = 5_000_000_000;
+
 /// The strategy: the load bound and the per-endpoint estimates.
 pub(crate) struct PrefixAffinity {
     bound: f64,
@@ -55,6 +70,9 @@ pub(crate) struct PrefixAffinity {
     /// Every weight equal (rendezvous skips its logarithm).
     uniform: bool,
     caches: Mutex<Vec<BlockLru>>,
+    /// Per endpoint: when its last call failed (view nanoseconds, at least 1), or 0 after a
+    /// success.
+    failed_at: Box<[AtomicU64]>,
 }
 
 impl PrefixAffinity {
@@ -68,7 +86,19 @@ impl PrefixAffinity {
                     .map(|_| BlockLru::new(o.cache_blocks))
                     .collect(),
             ),
+            failed_at: eps.iter().map(|_| AtomicU64::new(0)).collect(),
         }
+    }
+
+    /// Endpoint `i` failed a call less than [`FAILED_PASS_OVER`] ago and has not succeeded
+    /// since.
+    #[inline]
+    fn passed_over(&self, v: &View<'_>, i: usize) -> bool {
+        let at = self
+            .failed_at
+            .get(i)
+            .map_or(0, |a| a.load(Ordering::Relaxed));
+        at != 0 && v.now.saturating_sub(at) < FAILED_PASS_OVER
     }
 }
 
@@ -102,8 +132,10 @@ impl Strategy for PrefixAffinity {
             });
             let order = match best {
                 None => std::cmp::Ordering::Greater,
-                Some((b, bm, bs)) => m
-                    .cmp(&bm)
+                Some((b, bm, bs)) => self
+                    .passed_over(v, b)
+                    .cmp(&self.passed_over(v, i))
+                    .then(m.cmp(&bm))
                     .then(s.partial_cmp(&bs).unwrap_or(std::cmp::Ordering::Equal))
                     // A prompt matched nowhere starts a new home: the endpoint holding the
                     // fewest prompts' first blocks (the most room for it, SMG's smallest tree).
@@ -142,6 +174,33 @@ impl Strategy for PrefixAffinity {
 
     fn uses_group_load(&self) -> bool {
         true
+    }
+
+    fn follows_calls(&self) -> bool {
+        true
+    }
+
+    fn observe(&self, v: &View<'_>, i: usize, what: &Observation) {
+        let Observation::CallEnded { outcome, .. } = what else {
+            return;
+        };
+        let Some(at) = self.failed_at.get(i) else {
+            return;
+        };
+        match outcome {
+            Outcome::Success => {
+                if at.load(Ordering::Relaxed) != 0 {
+                    at.store(0, Ordering::Relaxed);
+                }
+            }
+            Outcome::Failure => {
+                at.store(v.now.max(1), Ordering::Relaxed);
+                let mut caches = self.caches.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some(cache) = caches.get_mut(i) {
+                    cache.clear();
+                }
+            }
+        }
     }
 }
 
@@ -197,6 +256,13 @@ impl BlockLru {
             cap: cap.max(1) as usize,
             heads: 0,
         }
+    }
+
+    /// Forgets every block (keeping the allocations).
+    fn clear(&mut self) {
+        self.index.clear();
+        self.slots.clear();
+        (self.head, self.tail, self.heads) = (NIL, NIL, 0);
     }
 
     /// How many of `prefix`'s first blocks are held.
