@@ -585,7 +585,7 @@ fn a_failed_affine_engine_loses_its_prefixes_after_one_failed_try() {
     let failed = homes[0];
     assert_eq!(go(&prompts[0], 0.2, Outcome::Failure), failed);
     // No further try lands on the failed engine, for its prefixes or anyone's.
-    let mut moved = vec![usize::MAX; 6];
+    let mut moved = [usize::MAX; 6];
     for (g, p) in prompts.iter().enumerate() {
         let i = go(p, 0.3, Outcome::Success);
         assert_ne!(i, failed, "prefix {g} (home {}) went back", homes[g]);
