@@ -55,8 +55,6 @@ pub(crate) trait Strategy: Send + Sync {
         None
     }
 
-    /// True if the strategy balances on load reports ([`Observation::Load`]); the balancer
-    /// drops reports for the others without a lookup.
     /// True for the strategies that shut an endpoint out on its estimate and let it back in
     /// when the estimate recovers (least-time, peak-EWMA, prequal): the balancer then gives an
     /// endpoint whose last call failed one call at a time until one succeeds, instead of a
@@ -66,6 +64,8 @@ pub(crate) trait Strategy: Send + Sync {
         false
     }
 
+    /// True if the strategy balances on load reports ([`Observation::Load`]); the balancer
+    /// drops reports for the others without a lookup.
     fn uses_load_reports(&self) -> bool {
         false
     }
