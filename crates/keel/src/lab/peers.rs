@@ -7,9 +7,10 @@
 //! HAProxy `retries 3`, `option redispatch`, `observe layer7`; Envoy retries on
 //! `5xx,connect-failure`, consecutive-5xx outlier detection), for each of its strategies with a
 //! closed form. A row's configuration is generated (peers/{nginx,haproxy,envoy}.rs) into a
-//! temporary directory, the peer started on a free loopback port with one worker (one set of
-//! balancer counters, as the closed forms assume), driven by the lab's load generator and
-//! stopped. A peer that is not installed is named and skipped.
+//! temporary directory, the peer started on a free loopback port as operators run it (two
+//! workers: NGINX's master and 2 worker processes sharing an upstream `zone`, HAProxy
+//! `nbthread 2`, Envoy `--concurrency 2`), driven by the lab's load generator and stopped. A
+//! peer that is not installed is named and skipped.
 
 mod envoy;
 mod haproxy;
@@ -26,16 +27,19 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use keel_balance::{StrategyKind, TieBreak};
 use keel_model::{analytic, FailureMode};
-use keel_testbed::loadgen::{self, LoadOptions, LoadReport, LoadSpec, Target};
+use keel_testbed::loadgen::{self, Client, LoadOptions, LoadReport, LoadSpec, Target};
 use serde::Serialize;
 
 use crate::lab::answer::Finding;
-use crate::lab::cases::{Case, Protection, Timing};
+use crate::lab::cases::{Case, Protection, Timing, REQUEST_KEY};
 use crate::lab::experiment::{Experiment, Lab, Planned};
 use crate::lab::measure;
 use crate::lab::{LabOptions, LabReport};
 
 use render::{finding, html, print_table};
+
+/// Workers (processes or threads) every peer runs with, as operators run them.
+pub(crate) const WORKERS: u32 = 2;
 
 /// A balancer measured next to keel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,7 +174,7 @@ pub(crate) enum PeerStrategy {
     RoundRobin,
     Random,
     LeastConnections,
-    /// Consistent hashing on a key that is new for every call.
+    /// Consistent hashing on a key the client sets, one per request (its calls hash alike).
     Hash,
 }
 
@@ -198,34 +202,35 @@ impl PeerStrategy {
             (None, RoundRobin) => "round-robin",
             (None, Random) => "random",
             (None, LeastConnections) => "least-connections",
-            (None, Hash) => "-",
+            (None, Hash) => "ring-hash on x-lab-key",
             (Some(Peer::Nginx), RoundRobin) => "(default)",
             (Some(Peer::Nginx), Random) => "random",
             (Some(Peer::Nginx), LeastConnections) => "least_conn",
-            (Some(Peer::Nginx), Hash) => "hash $request_id consistent",
+            (Some(Peer::Nginx), Hash) => "hash $http_x_lab_key consistent",
             (Some(Peer::Haproxy), RoundRobin) => "balance roundrobin",
-            (Some(Peer::Haproxy), Random) => "balance random(1)",
+            (Some(Peer::Haproxy), Random) => "balance random (2 draws)",
             (Some(Peer::Haproxy), LeastConnections) => "balance leastconn",
-            (Some(Peer::Haproxy), Hash) => "balance hash rand(), hash-type consistent",
+            (Some(Peer::Haproxy), Hash) => "balance hdr(x-lab-key), hash-type consistent",
             (Some(Peer::Envoy), RoundRobin) => "ROUND_ROBIN",
             (Some(Peer::Envoy), Random) => "RANDOM",
             (Some(Peer::Envoy), LeastConnections) => "LEAST_REQUEST",
-            (Some(Peer::Envoy), Hash) => "RING_HASH on x-request-id",
+            (Some(Peer::Envoy), Hash) => "RING_HASH on header x-lab-key",
         }
     }
 
-    /// keel's strategy for the same row (none for hash: keel's hash keys come from the
-    /// request, and the load generator's requests are all alike).
-    fn keel(self) -> Option<StrategyKind> {
+    /// keel's strategy for the same row.
+    fn keel(self) -> StrategyKind {
         match self {
-            PeerStrategy::RoundRobin => Some(StrategyKind::RoundRobin),
-            PeerStrategy::Random => Some(StrategyKind::Random),
-            PeerStrategy::LeastConnections => Some(StrategyKind::LeastConnections),
-            PeerStrategy::Hash => None,
+            PeerStrategy::RoundRobin => StrategyKind::RoundRobin,
+            PeerStrategy::Random => StrategyKind::Random,
+            PeerStrategy::LeastConnections => StrategyKind::LeastConnections,
+            PeerStrategy::Hash => StrategyKind::RingHash,
         }
     }
 
-    /// The closed form that covers it: a hash of a key new for every call is a uniform pick.
+    /// The closed form that covers it (hash rows: 1 minus the failed server's key share,
+    /// measured on the balancer's own ring, see [`PeerRow::key_share`]; the uniform pick's
+    /// share stands in for the failed share of calls when no key share is measured).
     fn model(self) -> StrategyKind {
         match self {
             PeerStrategy::RoundRobin => StrategyKind::RoundRobin,
@@ -270,6 +275,8 @@ pub(crate) struct PeerCase {
     pub failed: u32,
     pub concurrency: usize,
     pub requests: u64,
+    /// What a request does after a failed call.
+    pub client: Client,
 }
 
 impl PeerCase {
@@ -290,10 +297,10 @@ impl PeerCase {
 
     /// The same row through keel's proxy: bare is no protection at all, operators is keel's
     /// defaults.
-    fn keel_case(&self) -> Option<Case> {
-        Some(Case {
+    fn keel_case(&self) -> Case {
+        Case {
             experiment: "peers",
-            strategy: self.strategy.keel()?,
+            strategy: self.strategy.keel(),
             tie_break: TieBreak::Random,
             failed_first: false,
             protections: match self.setting {
@@ -307,17 +314,21 @@ impl PeerCase {
             client_side: false,
             concurrency: self.concurrency,
             requests: self.requests,
-            client: keel_testbed::loadgen::Client::StopsAtFirstFailure,
-        })
+            client: self.client,
+        }
     }
 
     fn describe(&self) -> String {
         format!(
-            "{} {} {} k={}",
+            "{} {} {} k={}{}",
             self.setting.name(),
             self.strategy.name(),
             self.failure.name(),
-            self.calls
+            self.calls,
+            match self.client {
+                Client::StopsAtFirstFailure => "",
+                Client::AllCalls => " all calls",
+            }
         )
     }
 }
@@ -332,21 +343,16 @@ pub(crate) fn requests_per_row(quick: bool) -> u64 {
 }
 
 /// The rows: both settings, every strategy (or those of `only`: keel's names, ring-hash for
-/// hash), a hang and a fast 503, 1 and 3 calls.
+/// hash), a hang and a fast 503, 1 and 3 calls, from a client that stops at a request's first
+/// failed call; and bare round-robin's 3-call rows again from a client that makes all 3.
 pub(crate) fn plan(quick: bool, only: &[StrategyKind]) -> Vec<PeerCase> {
     let mut out = Vec::new();
-    let wanted = |s: PeerStrategy| {
-        only.is_empty()
-            || only.iter().any(|k| match s.keel() {
-                Some(kind) => kind == *k,
-                None => *k == StrategyKind::RingHash,
-            })
-    };
+    let wanted = |s: PeerStrategy| only.is_empty() || only.contains(&s.keel());
     for setting in [Setting::Bare, Setting::Operators] {
         for strategy in PeerStrategy::ALL.into_iter().filter(|s| wanted(*s)) {
             for failure in [FailureMode::Hang, FailureMode::FAIL_AT_ONCE] {
                 for calls in [1, 3] {
-                    out.push(PeerCase {
+                    let case = PeerCase {
                         strategy,
                         setting,
                         failure,
@@ -355,7 +361,17 @@ pub(crate) fn plan(quick: bool, only: &[StrategyKind]) -> Vec<PeerCase> {
                         failed: 1,
                         concurrency: 24,
                         requests: requests_per_row(quick),
-                    });
+                        client: Client::StopsAtFirstFailure,
+                    };
+                    let all_calls = (setting == Setting::Bare
+                        && strategy == PeerStrategy::RoundRobin
+                        && calls > 1)
+                        .then(|| PeerCase {
+                            client: Client::AllCalls,
+                            ..case.clone()
+                        });
+                    out.push(case);
+                    out.extend(all_calls);
                 }
             }
         }
@@ -371,10 +387,14 @@ pub struct PeerRow {
     /// `bare` (no retries, no passive health) or `operators` (as usually configured; keel: its
     /// defaults).
     pub setting: String,
-    /// keel's name of the strategy (hash: a consistent hash of a key new for every call).
+    /// keel's name of the strategy (hash: a consistent hash of the request's key header).
     pub strategy: String,
     /// The balancer's own spelling.
     pub native_strategy: String,
+    /// How the balancer ran: its workers and what they share.
+    pub run_as: String,
+    /// What a request does after a failed call: `stops at first failure` or `all calls`.
+    pub client: String,
     /// hang or fail-fast (a 503 at once).
     pub failure_mode: String,
     /// Failed share of servers.
@@ -391,7 +411,13 @@ pub struct PeerRow {
     pub succeeded: u64,
     /// Calls made (a request stops at its first failed call).
     pub calls: u64,
-    /// The closed form (without retries or health: the bare setting's model).
+    /// Hash rows: the failed server's share of the row's request keys on this balancer's own
+    /// ring, counted by sending each key once through it with every server healthy (keel:
+    /// its ring's picks).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_share: Option<f64>,
+    /// The closed form (without retries or health: the bare setting's model; hash rows: 1
+    /// minus `key_share`, one server per request whatever k).
     pub analytic: Option<f64>,
     /// Measured success.
     pub measured: f64,
@@ -411,6 +437,16 @@ pub struct PeerRow {
     pub by_status: std::collections::BTreeMap<u16, u64>,
     /// Calls without a complete answer.
     pub transport_errors: u64,
+    /// Requests by their number of failed calls (index 0: none).
+    pub failed_calls_per_request: Vec<u64>,
+    /// A first-failure-stops client's failed requests: the mean index (1-based) of the call
+    /// that failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mean_failing_call: Option<f64>,
+    /// An all-calls client: failed calls per failed request, measured and what independent
+    /// calls at the row's share of failed calls give.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repeat_failures: Option<[f64; 2]>,
     /// Median and 99th percentile request latency, ms.
     pub p50_ms: f64,
     /// See `p50_ms`.
@@ -421,10 +457,29 @@ pub struct PeerRow {
     /// ones only).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub peer_stats: std::collections::BTreeMap<String, u64>,
-    /// What moves the measurement away from the closed form, when it is outside the interval.
+    /// What moves the measurement away from the closed form, when it is outside the interval;
+    /// for an all-calls round-robin row, whether the rotation showed (either way).
     pub mechanism: Option<String>,
-    /// False when the row departs and no mechanism is named for it.
+    /// The numbers of this row the mechanism cites, each by its place in the row (a JSON
+    /// pointer into it, e.g. `/peer_stats/upstream_rq_retry_overflow`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub evidence: Vec<Evidence>,
+    /// False when the row departs and no mechanism with a number of its own is named for it.
     pub explained: bool,
+    /// Other balancers' rows of the same case that measure the same behaviour (bare
+    /// round-robin, and random where the balancer draws once) and whose intervals do not
+    /// overlap this one's.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub disagrees_with: Vec<String>,
+}
+
+/// A number of a row that its mechanism cites.
+#[derive(Debug, Clone, Serialize)]
+pub struct Evidence {
+    /// Where it is in the row: a JSON pointer (`/measured_failed_share`, `/attempts/4`).
+    pub field: String,
+    /// Its value.
+    pub value: f64,
 }
 
 /// A peer that was asked for and could not be measured.
@@ -532,25 +587,28 @@ pub(crate) fn run(
     }
     let mut rows = Vec::new();
     for case in plan(quick, only) {
-        if let Some(kc) = case.keel_case() {
+        {
+            let kc = case.keel_case();
             progress(&format!("keel {}", case.describe()), 0);
             let m = runtime
                 .block_on(measure::measure(&kc, t, seed, Arc::new(AtomicU64::new(0))))
                 .with_context(|| format!("measuring keel {}", case.describe()))?;
-            rows.push(row(None, &case, t, m.load, m.attempts));
+            rows.push(row(None, &case, t, m.load, m.attempts, m.key_share, None));
             progress("", case.requests);
         }
         let mut broken = Vec::new();
         for (peer, bin) in &found {
             progress(&format!("{} {}", peer.name(), case.describe()), 0);
             match runtime.block_on(measure_peer(*peer, bin, &case, t, seed)) {
-                Ok(run) => {
-                    let mut r = row(Some(*peer), &case, t, run.load, run.attempts);
-                    r.peer_stats = run.stats;
-                    r.mechanism = render::mechanism(Some(*peer), &case, &r);
-                    r.explained = r.agrees != Some(false) || r.mechanism.is_some();
-                    rows.push(r);
-                }
+                Ok(run) => rows.push(row(
+                    Some(*peer),
+                    &case,
+                    t,
+                    run.load,
+                    run.attempts,
+                    run.key_share,
+                    Some(run.stats),
+                )),
                 // A peer that cannot run a row is named and left out of the rest, not hidden.
                 Err(e) => {
                     let reason = format!("failed on {}: {e:#}", case.describe());
@@ -566,6 +624,7 @@ pub(crate) fn run(
         }
         found.retain(|(p, _)| !broken.contains(p));
     }
+    render::flag_disagreements(&mut rows);
     Ok(PeersReport {
         rows,
         skipped,
@@ -573,9 +632,14 @@ pub(crate) fn run(
         method: format!(
             "5 servers on loopback, the last one failed (a hang: no answer, the balancer's {} ms \
              timeout; or fail-fast: a 503 at once); healthy ones answer in {} ms; {} requests a \
-             row from {} closed-loop clients, 1 or 3 sequential calls a request. Each peer runs \
-             with one worker (NGINX master_process off, HAProxy nbthread 1, Envoy --concurrency \
-             1), so that its balancer keeps one set of counters, as the closed forms assume.",
+             row from {} closed-loop clients, 1 or 3 sequential calls a request (a request stops \
+             at its first failed call; bare round-robin's 3-call rows also from a client that \
+             makes all 3). Each peer runs as operators run it, with {WORKERS} workers: NGINX a \
+             master and {WORKERS} worker processes whose upstream `zone` shares the servers' \
+             counters, HAProxy nbthread {WORKERS}, Envoy --concurrency {WORKERS} (a load \
+             balancer per worker thread; circuit breakers and outlier detection per cluster). \
+             Hash rows hash the request's {REQUEST_KEY} header (one value per request); the \
+             failed server's key share is counted on each balancer's own ring.",
             ms(t.timeout),
             ms(t.healthy),
             requests_per_row(quick),
@@ -621,7 +685,7 @@ impl Experiment for Peers {
             .iter()
             .map(|c| Planned {
                 what: c.describe(),
-                requests: c.requests * (found + u64::from(c.strategy.keel().is_some())),
+                requests: c.requests * (found + 1),
             })
             .collect()
     }
@@ -678,10 +742,16 @@ fn row(
     t: &Timing,
     load: LoadReport,
     attempts: Vec<u64>,
+    key_share: Option<f64>,
+    peer_stats: Option<std::collections::BTreeMap<String, u64>>,
 ) -> PeerRow {
     let p = case.p();
     let q = case.q(t);
-    let analytic = q.and_then(|q| analytic::success(case.strategy.model(), p, q, case.calls));
+    let analytic = match key_share {
+        // One key per request: its calls all go to one server, failed or not.
+        Some(share) => Some(1.0 - share),
+        None => q.and_then(|q| analytic::success(case.strategy.model(), p, q, case.calls)),
+    };
     let (lo, hi) = load.ci95();
     let measured = load.success_rate();
     let total = attempts.iter().sum::<u64>().max(1) as f64;
@@ -694,19 +764,31 @@ fn row(
     let share = failed as f64 / total;
     let agrees = analytic.map(|a| (lo..=hi).contains(&a));
     let z = analytic.map(|a| {
-        let half = if a >= measured {
-            hi - measured
-        } else {
-            measured - lo
-        };
-        let se = half.max(1e-9) / keel_model::stats::Z95;
-        (measured - a) / se
+        let se = crate::lab::compare::side_se(measured, [lo, hi], a);
+        crate::lab::compare::z_score(measured, a, se)
     });
+    let mean_failing_call = match case.client {
+        Client::StopsAtFirstFailure => load.requests.checked_sub(load.succeeded).and_then(|n| {
+            (n > 0).then(|| {
+                (load.calls as f64 - f64::from(case.calls) * load.succeeded as f64) / n as f64
+            })
+        }),
+        Client::AllCalls => None,
+    };
+    let repeat_failures = match case.client {
+        Client::AllCalls => {
+            crate::lab::rows::repeat_failures(&load.failed_calls_per_request, case.calls)
+                .map(|(m, i)| [m, i])
+        }
+        Client::StopsAtFirstFailure => None,
+    };
     let mut r = PeerRow {
         balancer: peer.map(Peer::name).unwrap_or("keel").to_string(),
         setting: case.setting.name().into(),
         strategy: case.strategy.name().into(),
         native_strategy: case.strategy.native(peer).into(),
+        run_as: run_as(peer),
+        client: case.client.name().into(),
         failure_mode: case.failure.name().into(),
         p,
         q,
@@ -715,6 +797,7 @@ fn row(
         requests: load.requests,
         succeeded: load.succeeded,
         calls: load.calls,
+        key_share,
         analytic,
         measured,
         measured_ci95: [lo, hi],
@@ -725,16 +808,42 @@ fn row(
         attempts,
         by_status: load.by_status.clone(),
         transport_errors: load.transport_errors,
+        failed_calls_per_request: load.failed_calls_per_request.clone(),
+        mean_failing_call,
+        repeat_failures,
         p50_ms: load.latency_p50.as_secs_f64() * 1e3,
         p99_ms: load.latency_p99.as_secs_f64() * 1e3,
         seconds: load.elapsed.as_secs_f64(),
-        peer_stats: Default::default(),
+        peer_stats: peer_stats.unwrap_or_default(),
         mechanism: None,
+        evidence: Vec::new(),
         explained: true,
+        disagrees_with: Vec::new(),
     };
-    r.mechanism = render::mechanism(peer, case, &r);
-    r.explained = r.agrees != Some(false) || r.mechanism.is_some();
+    if let Some((text, evidence)) = render::mechanism(peer, case, &r) {
+        r.mechanism = Some(text);
+        r.evidence = evidence;
+    }
+    r.explained = r.agrees != Some(false) || (r.mechanism.is_some() && !r.evidence.is_empty());
     r
+}
+
+/// How a balancer ran, as the page says it.
+fn run_as(peer: Option<Peer>) -> String {
+    match peer {
+        None => "keel's proxy: one balancer shared by its tokio workers".into(),
+        Some(Peer::Nginx) => format!(
+            "as operators run it: a master and {WORKERS} worker processes, the upstream in a \
+             shared zone (one set of max_fails counters and weights)"
+        ),
+        Some(Peer::Haproxy) => format!(
+            "as operators run it: nbthread {WORKERS} (the threads share the servers' counters)"
+        ),
+        Some(Peer::Envoy) => format!(
+            "as operators run it: --concurrency {WORKERS} (a load balancer per worker thread; \
+             circuit breakers and outlier detection per cluster)"
+        ),
+    }
 }
 
 /// A free loopback port (bound and released: the peer binds it a moment later).
@@ -750,7 +859,22 @@ struct Running {
 }
 
 impl Drop for Running {
+    /// SIGTERM first: NGINX's master stops its worker processes on it (SIGKILL would leave them
+    /// serving); SIGKILL after 3 s.
     fn drop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            // SAFETY: kill(2) on our own child's pid, which is not reaped until wait below.
+            unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -881,7 +1005,9 @@ async fn envoy_stats(admin: u16) -> std::collections::BTreeMap<String, u64> {
 }
 
 /// One row through `peer`: the backends, the peer in front of them, the load; then all of it
-/// stopped. Returns the load's report and each backend's request count.
+/// stopped. Returns the load's report and each backend's request count. Hash rows first send
+/// each of the row's request keys once with every server healthy and count where each lands
+/// (the failed server's key share on the peer's own ring), then fail the server.
 async fn measure_peer(
     peer: Peer,
     bin: &Path,
@@ -889,8 +1015,15 @@ async fn measure_peer(
     t: &Timing,
     seed: u64,
 ) -> anyhow::Result<PeerRun> {
-    let backends =
-        measure::backends(case.servers, case.failure, |i| case.is_failed(i), t, seed).await?;
+    let hashed = case.strategy == PeerStrategy::Hash;
+    let backends = measure::backends(
+        case.servers,
+        case.failure,
+        |i| !hashed && case.is_failed(i),
+        t,
+        seed,
+    )
+    .await?;
     let addrs: Vec<SocketAddr> = backends.iter().map(|b| b.addr()).collect();
     let dir = work_dir(peer)?;
     let (listen, admin) = (free_port()?, free_port()?);
@@ -908,8 +1041,48 @@ async fn measure_peer(
         },
     )?;
     let running = start(peer, bin, dir, &conf, listen, admin).await?;
+    let url = format!("http://127.0.0.1:{listen}/");
+    let key = hashed.then(|| REQUEST_KEY.to_string());
+    let counts = |bs: &[keel_testbed::backend::BackendHandle]| -> Vec<u64> {
+        bs.iter().map(|b| b.requests()).collect()
+    };
+    let mut key_share = None;
+    if hashed {
+        let probe = LoadSpec {
+            target: Target::Url(url.clone()),
+            requests: case.requests,
+            concurrency: case.concurrency,
+            timeout: Duration::from_secs(3),
+            calls_per_request: 1,
+        };
+        let options = LoadOptions {
+            deadline: Some(Duration::from_secs(60)),
+            request_key: key.clone(),
+            ..LoadOptions::default()
+        };
+        loadgen::try_run(probe, options)
+            .await
+            .map_err(|e| anyhow::anyhow!("counting the ring's keys: {e}"))?;
+        let landed = counts(&backends);
+        let total = landed.iter().sum::<u64>().max(1) as f64;
+        let on_failed: u64 = landed
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| case.is_failed(*i as u32))
+            .map(|(_, n)| *n)
+            .sum();
+        key_share = Some(on_failed as f64 / total);
+        for (i, b) in backends.iter().enumerate() {
+            if case.is_failed(i as u32) {
+                b.apply_fault(case.failure)
+                    .await
+                    .context("failing the server after the key count")?;
+            }
+        }
+    }
+    let before = counts(&backends);
     let spec = LoadSpec {
-        target: Target::Url(format!("http://127.0.0.1:{listen}/")),
+        target: Target::Url(url),
         requests: case.requests,
         concurrency: case.concurrency,
         // Every peer answers within its own timeouts; this one only guards the lab.
@@ -918,6 +1091,8 @@ async fn measure_peer(
     };
     let options = LoadOptions {
         deadline: Some(Duration::from_secs(120)),
+        client: case.client,
+        request_key: key,
         ..LoadOptions::default()
     };
     let load = loadgen::try_run(spec, options)
@@ -928,13 +1103,18 @@ async fn measure_peer(
         _ => Default::default(),
     };
     drop(running);
-    let attempts = backends.iter().map(|b| b.requests()).collect();
+    let attempts = counts(&backends)
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| a - b)
+        .collect();
     for b in backends {
         b.shutdown().await;
     }
     Ok(PeerRun {
         load: load?,
         attempts,
+        key_share,
         stats,
     })
 }
@@ -944,6 +1124,8 @@ struct PeerRun {
     load: LoadReport,
     /// Requests each backend received.
     attempts: Vec<u64>,
+    /// Hash rows: the failed server's share of the row's keys on the peer's ring.
+    key_share: Option<f64>,
     /// The peer's own counters (Envoy's retry and ejection stats).
     stats: std::collections::BTreeMap<String, u64>,
 }

@@ -214,20 +214,7 @@ impl Row {
         if self.client != Client::AllCalls.name() {
             return None;
         }
-        let h = &self.failed_calls_per_request;
-        let requests: u64 = h.iter().sum();
-        let failed_requests: u64 = h.iter().skip(1).sum();
-        if failed_requests == 0 {
-            return None;
-        }
-        let failed_calls: u64 = h.iter().enumerate().map(|(i, n)| i as u64 * n).sum();
-        let measured = failed_calls as f64 / failed_requests as f64;
-        // Independent calls, each failing with the row's share s: E[F | F > 0] = k s / (1 -
-        // (1 - s)^k).
-        let k = f64::from(self.k);
-        let s = failed_calls as f64 / (k * requests as f64);
-        let independent = k * s / (1.0 - (1.0 - s).powf(k));
-        Some((measured, independent))
+        repeat_failures(&self.failed_calls_per_request, self.k)
     }
 
     /// The table's verdict: a CSS class and the words. `explained` (neutral): every departure
@@ -304,6 +291,25 @@ impl Row {
 fn q_for_share(p: f64, share: f64) -> Option<f64> {
     (share > 0.0 && share < 1.0 && p > 0.0 && p < 1.0)
         .then(|| p * (1.0 - share) / (share * (1.0 - p)))
+}
+
+/// An all-calls client's failed calls per failed request, from its requests counted by their
+/// failed calls (`h[i]`: requests with i failed calls): (measured, what independent calls
+/// with the same share of failed calls give). None without a failed request.
+pub(crate) fn repeat_failures(h: &[u64], k: u32) -> Option<(f64, f64)> {
+    let requests: u64 = h.iter().sum();
+    let failed_requests: u64 = h.iter().skip(1).sum();
+    if failed_requests == 0 {
+        return None;
+    }
+    let failed_calls: u64 = h.iter().enumerate().map(|(i, n)| i as u64 * n).sum();
+    let measured = failed_calls as f64 / failed_requests as f64;
+    // Independent calls, each failing with the row's share s: E[F | F > 0] = k s / (1 -
+    // (1 - s)^k).
+    let k = f64::from(k);
+    let s = failed_calls as f64 / (k * requests as f64);
+    let independent = k * s / (1.0 - (1.0 - s).powf(k));
+    Some((measured, independent))
 }
 
 /// A mechanism that moves a measurement away from the model or the simulation, as

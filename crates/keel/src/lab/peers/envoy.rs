@@ -1,13 +1,13 @@
-//! Envoy's configuration for a peer row: a static listener and cluster (YAML, API v3), run with
-//! `--concurrency 1` (one worker thread, one set of load-balancer counters, as the closed forms
-//! assume); the admin port answers `/ready` once the listener serves.
+//! Envoy's configuration for a peer row: a static listener and cluster (YAML, API v3), run as
+//! operators run it, with `--concurrency 2` (two worker threads, each with its own load
+//! balancer); the admin port answers `/ready` once the listener serves.
 
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use super::{PeerConfig, PeerStrategy, Setting};
+use super::{PeerConfig, PeerStrategy, Setting, WORKERS};
 
 /// A protobuf Duration in YAML: seconds with an `s`.
 fn secs(d: Duration) -> String {
@@ -42,11 +42,13 @@ pub(super) fn config(c: &PeerConfig<'_>) -> String {
         }
     }
     if c.strategy == PeerStrategy::Hash {
-        // The connection manager sets x-request-id (random) before routing: a key per call.
-        route.push_str(
+        // The header the client sets, one value per request: a request's calls hash alike.
+        let _ = writeln!(
+            route,
             "                  hash_policy:\n                  \
              - header:\n                      \
-             header_name: x-request-id\n",
+             header_name: {}",
+            crate::lab::cases::REQUEST_KEY
         );
     }
     let lb_policy = match c.strategy {
@@ -117,12 +119,14 @@ pub(super) fn config(c: &PeerConfig<'_>) -> String {
     s
 }
 
-/// Runs Envoy in the foreground on `conf` with one worker thread.
+/// Runs Envoy in the foreground on `conf` with two worker threads.
 pub(super) fn command(bin: &Path, dir: &Path, conf: &Path) -> Command {
     let mut cmd = Command::new(bin);
     cmd.arg("-c")
         .arg(conf)
-        .args(["--concurrency", "1", "--disable-hot-restart", "-l", "error"])
+        .arg("--concurrency")
+        .arg(WORKERS.to_string())
+        .args(["--disable-hot-restart", "-l", "error"])
         .arg("--log-path")
         .arg(dir.join("envoy.log"));
     cmd

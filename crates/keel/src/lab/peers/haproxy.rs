@@ -1,11 +1,11 @@
-//! HAProxy's configuration for a peer row: one thread (`nbthread 1`, one set of counters, as
-//! the closed forms assume), one backend of the row's servers.
+//! HAProxy's configuration for a peer row, as operators run it: two threads (`nbthread 2`,
+//! which share the servers' counters), one backend of the row's servers.
 
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
 
-use super::{ms, PeerConfig, PeerStrategy, Setting};
+use super::{ms, PeerConfig, PeerStrategy, Setting, WORKERS};
 
 /// `haproxy.cfg` for the row.
 pub(super) fn config(c: &PeerConfig<'_>) -> String {
@@ -14,7 +14,7 @@ pub(super) fn config(c: &PeerConfig<'_>) -> String {
         s,
         "# keel lab --peers: {} / {}\n\
          global\n    \
-         nbthread 1\n    \
+         nbthread {WORKERS}\n    \
          maxconn 4096\n\
          defaults\n    \
          mode http\n    \
@@ -40,15 +40,18 @@ pub(super) fn config(c: &PeerConfig<'_>) -> String {
          backend lab\n",
         c.listen
     );
-    s.push_str(match c.strategy {
-        PeerStrategy::RoundRobin => "    balance roundrobin\n",
-        // One draw: a uniform pick. HAProxy's default for `balance random` is two draws, the
-        // less loaded of two (P2C).
-        PeerStrategy::Random => "    balance random(1)\n",
-        PeerStrategy::LeastConnections => "    balance leastconn\n",
-        // A random key per call, as NGINX's $request_id and Envoy's x-request-id are.
-        PeerStrategy::Hash => "    balance hash rand(1000000000)\n    hash-type consistent\n",
-    });
+    let balance = match c.strategy {
+        PeerStrategy::RoundRobin => "roundrobin".to_string(),
+        // HAProxy's default: two draws, the less loaded of the two (P2C), as operators write it.
+        PeerStrategy::Random => "random".into(),
+        PeerStrategy::LeastConnections => "leastconn".into(),
+        // The header the client sets, one value per request: a request's calls hash alike.
+        PeerStrategy::Hash => format!(
+            "hdr({})\n    hash-type consistent",
+            crate::lab::cases::REQUEST_KEY
+        ),
+    };
+    let _ = writeln!(s, "    balance {balance}");
     if c.setting == Setting::Operators {
         // observe needs checks: a TCP connect every second brings a marked-down server back
         // after two in a row.

@@ -1,12 +1,17 @@
-//! NGINX's configuration for a peer row: one process (`master_process off`, so one worker and
-//! one set of upstream counters, as the closed forms assume), one upstream of the row's
-//! backends.
+//! NGINX's configuration for a peer row, as operators run it: a master process and two
+//! workers, one upstream of the row's backends in a shared `zone` (so the workers share the
+//! servers' max_fails counters and the rotation's weights).
 
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
 
-use super::{ms, PeerConfig, PeerStrategy, Setting};
+use super::{ms, PeerConfig, PeerStrategy, Setting, WORKERS};
+
+/// NGINX's variable for the request-key header (`$http_` and the name with `_` for `-`).
+pub(super) fn header_variable() -> String {
+    format!("$http_{}", crate::lab::cases::REQUEST_KEY.replace('-', "_"))
+}
 
 /// `nginx.conf` for the row.
 pub(super) fn config(c: &PeerConfig<'_>) -> String {
@@ -16,8 +21,8 @@ pub(super) fn config(c: &PeerConfig<'_>) -> String {
         s,
         "# keel lab --peers: {} / {}\n\
          daemon off;\n\
-         master_process off;\n\
-         worker_processes 1;\n\
+         master_process on;\n\
+         worker_processes {WORKERS};\n\
          pid {dir}/nginx.pid;\n\
          error_log {dir}/error.log warn;\n\
          events {{ worker_connections 4096; }}\n\
@@ -28,7 +33,8 @@ pub(super) fn config(c: &PeerConfig<'_>) -> String {
          fastcgi_temp_path {dir}/fastcgi;\n    \
          uwsgi_temp_path {dir}/uwsgi;\n    \
          scgi_temp_path {dir}/scgi;\n    \
-         upstream lab {{",
+         upstream lab {{\n        \
+         zone lab 64k;",
         c.strategy.name(),
         c.setting.name()
     );
@@ -36,8 +42,10 @@ pub(super) fn config(c: &PeerConfig<'_>) -> String {
         PeerStrategy::RoundRobin => {}
         PeerStrategy::Random => s.push_str("        random;\n"),
         PeerStrategy::LeastConnections => s.push_str("        least_conn;\n"),
-        // $request_id is new for every request: a key per call, as random picks are.
-        PeerStrategy::Hash => s.push_str("        hash $request_id consistent;\n"),
+        // The header the client sets, one value per request: a request's calls hash alike.
+        PeerStrategy::Hash => {
+            let _ = writeln!(s, "        hash {} consistent;", header_variable());
+        }
     }
     // NGINX's own default is max_fails=1 fail_timeout=10s even when nothing is written: bare
     // turns it off.

@@ -32,7 +32,9 @@ fn nginx_bare_turns_off_retries_and_its_default_max_fails() {
     let bare = generate(Peer::Nginx, PeerStrategy::RoundRobin, Setting::Bare, dir);
     assert!(bare.contains("proxy_next_upstream off;"), "{bare}");
     assert_eq!(bare.matches("max_fails=0;").count(), 5, "{bare}");
-    assert!(bare.contains("master_process off;"));
+    // As operators run it: a master, two workers, the upstream's counters in a shared zone.
+    assert!(bare.contains("master_process on;") && bare.contains("worker_processes 2;"));
+    assert!(bare.contains("zone lab 64k;"), "{bare}");
     assert!(bare.contains("proxy_read_timeout 400ms;"));
     let ops = generate(
         Peer::Nginx,
@@ -44,7 +46,7 @@ fn nginx_bare_turns_off_retries_and_its_default_max_fails() {
     assert_eq!(ops.matches("max_fails=1 fail_timeout=10s;").count(), 5);
     assert!(ops.contains("least_conn;"));
     let hash = generate(Peer::Nginx, PeerStrategy::Hash, Setting::Bare, dir);
-    assert!(hash.contains("hash $request_id consistent;"));
+    assert!(hash.contains("hash $http_x_lab_key consistent;"), "{hash}");
 }
 
 #[test]
@@ -53,8 +55,11 @@ fn haproxy_settings_differ_in_retries_and_observe_only() {
     let bare = generate(Peer::Haproxy, PeerStrategy::Random, Setting::Bare, dir);
     assert!(bare.contains("retries 0"), "{bare}");
     assert!(!bare.contains("observe") && !bare.contains("redispatch"));
-    assert!(bare.contains("balance random(1)"));
-    assert!(bare.contains("nbthread 1"));
+    assert!(
+        bare.contains("balance random\n"),
+        "HAProxy's default two draws: {bare}"
+    );
+    assert!(bare.contains("nbthread 2"));
     assert!(bare.contains("timeout server 400ms"));
     let ops = generate(Peer::Haproxy, PeerStrategy::Hash, Setting::Operators, dir);
     assert!(
@@ -62,7 +67,10 @@ fn haproxy_settings_differ_in_retries_and_observe_only() {
         "{ops}"
     );
     assert!(ops.contains("observe layer7 error-limit 10 on-error mark-down"));
-    assert!(ops.contains("hash-type consistent"));
+    assert!(
+        ops.contains("balance hdr(x-lab-key)\n    hash-type consistent"),
+        "{ops}"
+    );
     assert_eq!(ops.matches("\n    server s").count(), 5);
 }
 
@@ -82,7 +90,16 @@ fn envoy_operators_adds_retries_and_outlier_detection() {
     assert!(ops.contains("retry_on: \"5xx,connect-failure\""), "{ops}");
     assert!(ops.contains("per_try_timeout: 0.4s") && ops.contains("timeout: 1.2s"));
     assert!(ops.contains("consecutive_5xx: 5"));
-    assert!(ops.contains("lb_policy: RING_HASH") && ops.contains("header_name: x-request-id"));
+    assert!(ops.contains("lb_policy: RING_HASH") && ops.contains("header_name: x-lab-key"));
+    let cmd = Peer::Envoy.command(Path::new("envoy"), dir, Path::new("envoy.yaml"));
+    let args: Vec<_> = cmd
+        .get_args()
+        .map(|a| a.to_string_lossy().to_string())
+        .collect();
+    assert!(
+        args.windows(2).any(|w| w == ["--concurrency", "2"]),
+        "{args:?}"
+    );
     assert_eq!(ops.matches("- endpoint:").count(), 5);
 }
 
