@@ -44,6 +44,9 @@ pub struct SimConfig {
     /// Its bound on an endpoint's load as a multiple of the mean (`bounded_load`): `None`
     /// keeps the strategy's default (prefix-affinity 1.25, the hash strategies none).
     pub bounded_load: Option<f64>,
+    /// prefix-affinity's estimate of each engine's cache, in blocks (`cache_blocks`): `None`
+    /// keeps the strategy's default (96, 0.8 x the default engine's 120).
+    pub cache_blocks: Option<u32>,
     /// The prompts; `workload.requests` is how many to send (default 1,000).
     pub workload: Workload,
     /// How they arrive.
@@ -157,6 +160,9 @@ pub fn run(c: &SimConfig) -> Result<SimReport, SimError> {
     };
     if c.bounded_load.is_some() {
         config.options.bounded_load = c.bounded_load;
+    }
+    if let Some(b) = c.cache_blocks {
+        config.options.cache_blocks = b;
     }
     let lb = Balancer::new(config, &specs)?;
     let mut engines: Vec<Engine> = (0..c.engines).map(|_| Engine::new(c.spec)).collect();
@@ -376,6 +382,7 @@ mod tests {
             },
             strategy,
             bounded_load: None,
+            cache_blocks: None,
             workload: Workload {
                 groups,
                 prefix_tokens: 400,
@@ -437,6 +444,90 @@ mod tests {
             }
         }
         eprintln!("largest |formula - sim|: {worst:.3}");
+    }
+
+    /// The closed form's share of prompt tokens from cache against the simulator's off the
+    /// lab's presets, each routing with its own mix (round-robin: every group everywhere;
+    /// prefix-affinity: [`formula::affinity_mix`], its estimate sized 0.8 x the engine as
+    /// docs/configuration.md advises): 2 to 4 engines, 1 to 48 uniform groups, caches of 120,
+    /// 400 and 2,400 blocks, runs of 60, 150 and 600 requests from cold caches, 2 requests in
+    /// flight per engine, mean of 1,500 requests' worth of seeds. Tolerance 0.05 (the lab's).
+    #[test]
+    fn hit_ratio_holds_off_the_presets() {
+        let spec = EngineSpec {
+            step_per_seq_ms: 0.1,
+            ..EngineSpec::default()
+        };
+        let (mut worst, mut at, mut cases) = (0.0f64, String::new(), 0);
+        let mut fails = Vec::new();
+        for engines in [2usize, 3, 4] {
+            for groups in [1usize, 2, 3, 5, 8, 12, 20, 32, 48] {
+                for kv in [120usize, 400, 2400] {
+                    for requests in [60u64, 150, 600] {
+                        for strategy in [StrategyKind::RoundRobin, StrategyKind::PrefixAffinity] {
+                            let clients = 2 * engines;
+                            let mut c = config(groups, kv, strategy);
+                            c.engines = engines;
+                            c.spec = EngineSpec {
+                                kv_blocks: kv,
+                                ..spec
+                            };
+                            c.cache_blocks = Some((kv * 4 / 5) as u32);
+                            c.arrivals = Arrivals::Clients(clients);
+                            c.workload.requests = Some(requests);
+                            // A run of 60 requests moves by 0.04 from seed to seed (one
+                            // first miss more or less is 0.015): about 1,500 requests a case.
+                            let seeds = (1500 / requests).max(3);
+                            let mut sim = 0.0;
+                            for seed in 0..seeds {
+                                c.seed = seed;
+                                sim += run(&c).unwrap().cached / seeds as f64;
+                            }
+                            let shares = c.workload.popularity.shares(groups);
+                            let mix = match strategy {
+                                StrategyKind::RoundRobin => {
+                                    formula::mix(&shares, engines, Routing::Balanced)
+                                }
+                                _ => formula::affinity_mix(
+                                    &shares,
+                                    engines,
+                                    1.25,
+                                    5.0,
+                                    clients as f64,
+                                ),
+                            };
+                            let f = formula::pool_with_mix(
+                                &c.spec,
+                                &c.workload,
+                                &mix,
+                                formula::Arrivals::Clients(clients),
+                            )
+                            .cached;
+                            let err = (f - sim).abs();
+                            cases += 1;
+                            let what = format!(
+                                "{engines} engines, {groups} groups, kv {kv}, {requests} requests, \
+                                 {strategy}: formula {f:.3} simulator {sim:.3}"
+                            );
+                            if err > worst {
+                                worst = err;
+                                at = what.clone();
+                            }
+                            if err > 0.05 {
+                                fails.push(what);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        eprintln!("{cases} cases; largest |formula - simulator| {worst:.3} at {at}");
+        assert!(
+            fails.is_empty(),
+            "{} over 0.05:\n{}",
+            fails.len(),
+            fails.join("\n")
+        );
     }
 
     #[test]

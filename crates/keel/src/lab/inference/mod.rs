@@ -462,6 +462,7 @@ fn simulate(
         let r = sim::run(&SimConfig {
             engines: ENGINES,
             bounded_load,
+            cache_blocks: None,
             spec: c.spec,
             strategy,
             workload: c.w,
@@ -695,6 +696,7 @@ fn crossovers(lab: &Lab<'_>, quick: bool) -> anyhow::Result<Vec<CrossoverRow>> {
             let mix = sim::run(&SimConfig {
                 engines: ENGINES,
                 bounded_load: None,
+                cache_blocks: None,
                 spec,
                 strategy: kind,
                 workload: Workload {
@@ -727,6 +729,7 @@ fn crossovers(lab: &Lab<'_>, quick: bool) -> anyhow::Result<Vec<CrossoverRow>> {
                         sim::run(&SimConfig {
                             engines: ENGINES,
                             bounded_load: None,
+                            cache_blocks: None,
                             spec,
                             strategy,
                             workload: Workload {
