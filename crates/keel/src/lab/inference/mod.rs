@@ -49,6 +49,20 @@ const ABS_THRESHOLD: u32 = 64;
 const NOISE: f64 = 0.2;
 /// Simulator seeds averaged per row.
 const SIM_SEEDS: u64 = 5;
+/// How far the closed form's share of prompt tokens from cache may be from the simulator's
+/// and the traffic's on an E13 row (keel-model's `hit_ratio_holds_off_the_presets` holds it
+/// over 486 settings, largest gap 0.030).
+pub const HIT_TOLERANCE: f64 = 0.05;
+/// prefix-affinity's slack: an endpoint is full only this many calls ahead of the least
+/// loaded (keel-balance's `SLACK`), here for the closed form's [`formula::affinity_mix`].
+const SLACK: f64 = 5.0;
+
+/// prefix-affinity's estimate of an engine's cache, as docs/configuration.md advises: 0.8 x
+/// its KV blocks (the strategy's default, 96, is that for 120 blocks; against engines of
+/// 2,400 it forgets most of 48 groups and spreads them, 0.41 from cache against 0.63).
+fn estimate_blocks(spec: &EngineSpec) -> u32 {
+    (spec.kv_blocks * 4 / 5).max(1) as u32
+}
 
 /// The engines of the measurement table: 120 blocks of 16 tokens, 4,000 prompt tokens/s, a
 /// step of 6 ms + 0.1 ms per running sequence.
@@ -99,6 +113,9 @@ pub struct InferenceRow {
     pub formula_on_sim_mix: Option<f64>,
     /// Closed form given the mix the traffic made.
     pub formula_on_traffic_mix: Option<f64>,
+    /// The closed form (its own routing's mix) within [`HIT_TOLERANCE`] of the simulator and
+    /// of the traffic (keel's rows).
+    pub formula_holds: Option<bool>,
     /// Mean TTFT, ms: closed form (service time, closed loop), simulator, traffic.
     pub formula_ttft_ms: Option<f64>,
     /// Simulator's mean TTFT, ms.
@@ -131,7 +148,8 @@ pub struct CrossoverRow {
     pub sim: Option<f64>,
     /// Formula and simulator within 0.1.
     pub agrees: bool,
-    /// Real traffic (full runs only): the load per engine it was offered at, Poisson.
+    /// Real traffic (the quick form: uniform groups only): the load per engine it was offered
+    /// at, Poisson.
     pub traffic_load: Option<f64>,
     /// keel's prefix-affinity's mean TTFT there, ms.
     pub traffic_affinity_ttft_ms: Option<f64>,
@@ -201,10 +219,19 @@ impl Keel {
         }
     }
 
-    fn routing(self) -> Routing {
+    /// The closed form's mix of this routing at `clients` in flight: round-robin spreads
+    /// every group; prefix-affinity partitions them, full at its bound and [`SLACK`] ahead.
+    fn mix(self, w: &Workload, clients: usize) -> Vec<Vec<f64>> {
+        let shares = w.popularity.shares(w.groups);
         match self {
-            Keel::RoundRobin => Routing::Balanced,
-            Keel::Affinity(bound) => Routing::Affinity { bound },
+            Keel::RoundRobin => formula::mix(&shares, ENGINES, Routing::Balanced),
+            Keel::Affinity(bound) => formula::affinity_mix(
+                &shares,
+                ENGINES,
+                bound.unwrap_or(UNBOUNDED),
+                SLACK,
+                clients as f64,
+            ),
         }
     }
 
@@ -215,8 +242,8 @@ impl Keel {
         }
     }
 
-    /// The cluster's strategy lines of the proxy's configuration.
-    fn toml(self) -> String {
+    /// The cluster's strategy lines of the proxy's configuration, for engines of `spec`.
+    fn toml(self, spec: &EngineSpec) -> String {
         match self {
             Keel::RoundRobin => "strategy = \"round-robin\"\n".into(),
             Keel::Affinity(bound) => {
@@ -224,7 +251,10 @@ impl Keel {
                 if affinity_kind().1 {
                     // prefix-affinity is always bounded: a bound no pool of this size reaches.
                     let b = bound.map_or(format!("bounded_load = {UNBOUNDED:.1}\n"), |_| b);
-                    format!("strategy = \"prefix-affinity\"\n{b}")
+                    format!(
+                        "strategy = \"prefix-affinity\"\n{b}cache_blocks = {}\n",
+                        estimate_blocks(spec)
+                    )
                 } else {
                     format!(
                         "strategy = \"rendezvous\"\nhash_on = \"header:{}\"\n{b}",
@@ -352,7 +382,7 @@ impl Experiment for Inference {
                 what: "e14 crossover load per skew (formula, simulator, traffic at one load)"
                     .into(),
                 requests: if self.quick {
-                    0
+                    2 * QUICK_TRAFFIC_REQUESTS as u64
                 } else {
                     (2 * TRAFFIC_REQUESTS * skews().len()) as u64
                 },
@@ -416,7 +446,7 @@ impl Experiment for Inference {
             skipped,
             seconds: started.elapsed().as_secs_f64(),
         };
-        report.answer = answer_text(&report);
+        report.answer = answer_text(&report) + &crossover_answer(&report);
         self.report = Some(report);
         Ok(())
     }
@@ -462,7 +492,7 @@ fn simulate(
         let r = sim::run(&SimConfig {
             engines: ENGINES,
             bounded_load,
-            cache_blocks: None,
+            cache_blocks: Some(estimate_blocks(&c.spec)),
             spec: c.spec,
             strategy,
             workload: c.w,
@@ -472,7 +502,7 @@ fn simulate(
         .map_err(|e| anyhow::anyhow!("simulating {}: {e}", c.label))?;
         cached += r.cached;
         ttft += r.ttft_mean;
-        on_mix += formula::pool_with_mix(&c.spec, &c.w, &r.mix, fa).cached;
+        on_mix += formula::pool_of_run(&c.spec, &c.w, &r.mix, fa).cached;
     }
     let n = SIM_SEEDS as f64;
     Ok((cached / n, ttft / n, on_mix / n))
@@ -481,7 +511,7 @@ fn simulate(
 fn keel_row(lab: &Lab<'_>, c: &Case, k: Keel) -> anyhow::Result<InferenceRow> {
     let requests = c.w.requests.unwrap_or(150);
     let fa = formula::Arrivals::Clients(c.clients);
-    let f = formula::pool(&c.spec, &c.w, ENGINES, k.routing(), fa);
+    let f = formula::pool_with_mix(&c.spec, &c.w, &k.mix(&c.w, c.clients), fa);
     // The simulator runs the strategy the proxy runs, bound and all (the stand-in
     // rendezvous's bounded row only with the proxy: its key is the lab client's header).
     let built_in = affinity_kind().1;
@@ -505,7 +535,7 @@ fn keel_row(lab: &Lab<'_>, c: &Case, k: Keel) -> anyhow::Result<InferenceRow> {
         traffic::Offered::Clients(c.clients),
     )?;
     lab.done.set(lab.done.get() + requests);
-    let on = |mix: &[Vec<f64>]| formula::pool_with_mix(&c.spec, &c.w, mix, fa).cached;
+    let on = |mix: &[Vec<f64>]| formula::pool_of_run(&c.spec, &c.w, mix, fa).cached;
     Ok(row(
         c,
         "keel",
@@ -527,7 +557,7 @@ fn keel_traffic(
     offered: traffic::Offered,
 ) -> anyhow::Result<traffic::Measured> {
     let seed = lab.seed;
-    let text = k.toml();
+    let text = k.toml(&spec);
     lab.runtime.block_on(async {
         let pool = traffic::Pool::start(ENGINES, spec, seed).await?;
         let endpoints: Vec<String> = pool
@@ -602,7 +632,7 @@ fn peer_row(
     })?;
     lab.done.set(lab.done.get() + requests);
     let fa = formula::Arrivals::Clients(c.clients);
-    let on = formula::pool_with_mix(&c.spec, &c.w, &m.mix, fa).cached;
+    let on = formula::pool_of_run(&c.spec, &c.w, &m.mix, fa).cached;
     Ok(row(c, r.name(), policy, None, None, &m, Some(on)))
 }
 
@@ -631,6 +661,10 @@ fn row(
         traffic_cached: Some(m.cached()),
         formula_on_sim_mix: sim.map(|s| s.2),
         formula_on_traffic_mix,
+        formula_holds: formula.map(|f| {
+            let near = |x: Option<f64>| x.map_or(true, |x| (f.0 - x).abs() <= HIT_TOLERANCE);
+            near(sim.map(|s| s.0)) && near(Some(m.cached()))
+        }),
         formula_ttft_ms: formula.map(|f| f.1 * 1e3),
         sim_ttft_ms: sim.map(|s| s.1 * 1e3),
         traffic_ttft_ms: Some(m.ttft_mean * 1e3),
@@ -679,8 +713,11 @@ fn first_run(wins: &[bool]) -> Option<f64> {
 
 /// Load per engine of E14's real traffic.
 const TRAFFIC_LOAD: f64 = 0.5;
-/// Requests per routing and skew in E14's real traffic (full runs only).
+/// Requests per routing and skew in E14's real traffic (full runs).
 const TRAFFIC_REQUESTS: usize = 90;
+/// The quick form's: uniform groups only, where the two routings' TTFTs differ most (25 against
+/// 62 ms in a full run), so that a few requests give the verdict.
+const QUICK_TRAFFIC_REQUESTS: usize = 30;
 
 fn crossovers(lab: &Lab<'_>, quick: bool) -> anyhow::Result<Vec<CrossoverRow>> {
     let seed = lab.seed;
@@ -696,7 +733,7 @@ fn crossovers(lab: &Lab<'_>, quick: bool) -> anyhow::Result<Vec<CrossoverRow>> {
             let mix = sim::run(&SimConfig {
                 engines: ENGINES,
                 bounded_load: None,
-                cache_blocks: None,
+                cache_blocks: Some(estimate_blocks(&spec)),
                 spec,
                 strategy: kind,
                 workload: Workload {
@@ -729,7 +766,7 @@ fn crossovers(lab: &Lab<'_>, quick: bool) -> anyhow::Result<Vec<CrossoverRow>> {
                         sim::run(&SimConfig {
                             engines: ENGINES,
                             bounded_load: None,
-                            cache_blocks: None,
+                            cache_blocks: Some(estimate_blocks(&spec)),
                             spec,
                             strategy,
                             workload: Workload {
@@ -752,11 +789,16 @@ fn crossovers(lab: &Lab<'_>, quick: bool) -> anyhow::Result<Vec<CrossoverRow>> {
                 (Some(a), None) | (None, Some(a)) => a <= 0.2 + 1e-9,
             };
             // Real traffic at one load: does it side with the closed form there?
-            let traffic = if quick {
+            let n = if quick {
+                QUICK_TRAFFIC_REQUESTS
+            } else {
+                TRAFFIC_REQUESTS
+            };
+            let traffic = if quick && w.popularity != Popularity::Zipf(0.0) {
                 None
             } else {
                 let rate = formula::rate_at_load(&spec, &w, ENGINES, TRAFFIC_LOAD);
-                let prompts = traffic::Prompts::new(&w, &spec, TRAFFIC_REQUESTS, seed);
+                let prompts = traffic::Prompts::new(&w, &spec, n, seed);
                 let offered = traffic::Offered::Poisson { rate, seed };
                 let aff = keel_traffic(
                     lab,
@@ -767,7 +809,7 @@ fn crossovers(lab: &Lab<'_>, quick: bool) -> anyhow::Result<Vec<CrossoverRow>> {
                     offered,
                 )?;
                 let rr = keel_traffic(lab, spec, Keel::RoundRobin, &prompts, &w, offered)?;
-                lab.done.set(lab.done.get() + 2 * TRAFFIC_REQUESTS as u64);
+                lab.done.set(lab.done.get() + 2 * n as u64);
                 Some((aff.ttft_mean * 1e3, rr.ttft_mean * 1e3))
             };
             let form_wins = formula::compare(&spec, &w, ENGINES, None, TRAFFIC_LOAD).wins;
@@ -847,6 +889,38 @@ fn answer_text(r: &InferenceReport) -> String {
             stops_text(limit)
         ),
     }
+}
+
+/// E14's part of the answer: per skew, the load above which affinity stops paying, as the
+/// simulator found it (and whether the closed form agrees).
+fn crossover_answer(r: &InferenceReport) -> String {
+    if r.crossover.is_empty() {
+        return String::new();
+    }
+    let each: Vec<String> = r
+        .crossover
+        .iter()
+        .map(|x| {
+            let at = match x.sim {
+                None => "at no load from 0.2".to_string(),
+                Some(v) if v >= 1.0 => "at every load up to 0.9".to_string(),
+                Some(v) => format!("up to load {v:.1}"),
+            };
+            format!(
+                "{} {at}{}",
+                x.skew,
+                if x.agrees {
+                    ""
+                } else {
+                    " (the closed form differs)"
+                }
+            )
+        })
+        .collect();
+    format!(
+        " Against round-robin on 6 groups (E14, simulator, Poisson arrivals), affinity pays: {}.",
+        each.join("; ")
+    )
 }
 
 /// The answer from E15's keel rows: each policy's mean TTFT over round-robin's on every
@@ -945,6 +1019,35 @@ fn finding(r: &InferenceReport) -> Option<Finding> {
     Some(f)
 }
 
+/// A row's "f ok" cell.
+fn holds_text(x: Option<bool>) -> &'static str {
+    match x {
+        Some(true) => "yes",
+        Some(false) => "NO",
+        None => "-",
+    }
+}
+
+/// "6 of 6 rows", and the largest gap of the closed form (its own mix) to a run.
+fn holds_summary(r: &InferenceReport) -> String {
+    let keel: Vec<&InferenceRow> = r
+        .rows
+        .iter()
+        .filter(|x| x.formula_holds.is_some())
+        .collect();
+    let held = keel
+        .iter()
+        .filter(|x| x.formula_holds == Some(true))
+        .count();
+    let gap = keel
+        .iter()
+        .flat_map(|x| [x.sim_cached, x.traffic_cached].map(|y| x.formula_cached.zip(y)))
+        .flatten()
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    format!("{held} of {} rows, largest gap {gap:.3}", keel.len())
+}
+
 fn opt(x: Option<f64>, digits: usize) -> String {
     x.map_or("-".into(), |v| format!("{v:.digits$}"))
 }
@@ -972,7 +1075,7 @@ fn table(r: &InferenceReport, wide: bool) -> Vec<String> {
         "E13-E15: prompt tokens from cache and mean TTFT, {ENGINES} fake vLLM engines"
     )];
     out.push(format!(
-        "{:<4} {:>3} {:>5} {:>3} {:<12} {:<26} {:>5} {:>5} {:>5} {:>5} {:>5} {:>5} {:>5}",
+        "{:<4} {:>3} {:>5} {:>3} {:<12} {:<26} {:>5} {:>5} {:>5} {:>4} {:>5} {:>5} {:>5} {:>5}",
         "exp",
         "grp",
         "kv",
@@ -982,6 +1085,7 @@ fn table(r: &InferenceReport, wide: bool) -> Vec<String> {
         "f.hit",
         "s.hit",
         "t.hit",
+        "f ok",
         "f.ttf",
         "s.ttf",
         "t.ttf",
@@ -989,7 +1093,7 @@ fn table(r: &InferenceReport, wide: bool) -> Vec<String> {
     ));
     for x in &r.rows {
         let mut line = format!(
-            "{:<4} {:>3} {:>5} {:>3} {:<12} {:<26} {:>5} {:>5} {:>5} {:>5} {:>5} {:>5} {:>5}",
+            "{:<4} {:>3} {:>5} {:>3} {:<12} {:<26} {:>5} {:>5} {:>5} {:>4} {:>5} {:>5} {:>5} {:>5}",
             x.experiment,
             x.groups,
             x.kv_blocks,
@@ -999,6 +1103,7 @@ fn table(r: &InferenceReport, wide: bool) -> Vec<String> {
             opt(x.formula_cached, 2),
             opt(x.sim_cached, 2),
             opt(x.traffic_cached, 2),
+            holds_text(x.formula_holds),
             opt(x.formula_ttft_ms, 0),
             opt(x.sim_ttft_ms, 0),
             opt(x.traffic_ttft_ms, 0),
@@ -1012,10 +1117,12 @@ fn table(r: &InferenceReport, wide: bool) -> Vec<String> {
     }
     out.extend(answer::wrap(
         &format!(
-            "Hit: share of prompt tokens from cache (f formula, s simulator, t traffic); ttf: mean \
-             time to first token, ms (the formula's is the service time: no queueing in a closed \
+            "Hit: share of prompt tokens from cache (f formula, s simulator, t traffic); f ok: the \
+             formula within {HIT_TOLERANCE} of both ({}); ttf: mean time to first token, ms \
+             (the formula's is the service time: no queueing in a closed \
              loop); extra: calls to the engines per request besides it. Largest gap between the \
              closed form given a run's own mix and that run: {:.3}. keel's affinity: {}.",
+            holds_summary(r),
             worst_gap(r),
             r.affinity
         ),
@@ -1025,7 +1132,7 @@ fn table(r: &InferenceReport, wide: bool) -> Vec<String> {
     if !r.crossover.is_empty() {
         out.push(
             "E14: the load per engine above which affinity's mean TTFT passes round-robin's; \
-             traffic: both at one load (quick: none)"
+             traffic: both at one load (quick: uniform groups only)"
                 .into(),
         );
         for x in &r.crossover {
@@ -1074,7 +1181,8 @@ fn html(r: &InferenceReport) -> String {
     h.push_str(
         "<table><tr><th class=\"l\">exp.</th><th class=\"l\">workload</th><th>KV blocks</th>\
          <th class=\"l\">router</th><th class=\"l\">policy</th><th>cached, formula</th>\
-         <th>simulator</th><th>traffic</th><th>TTFT ms, formula</th><th>simulator</th>\
+         <th>simulator</th><th>traffic</th><th>formula within 0.05</th>\
+         <th>TTFT ms, formula</th><th>simulator</th>\
          <th>traffic</th><th class=\"l\">per engine</th><th>extra calls / request</th></tr>",
     );
     for x in &r.rows {
@@ -1083,6 +1191,7 @@ fn html(r: &InferenceReport) -> String {
             h,
             "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{}</td><td class=\"l\">{}</td>\
              <td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
+             <td>{}</td>\
              <td>{}</td><td class=\"l\">{}</td><td>{}</td></tr>",
             x.experiment,
             esc(&x.workload),
@@ -1092,6 +1201,7 @@ fn html(r: &InferenceReport) -> String {
             opt(x.formula_cached, 3),
             opt(x.sim_cached, 3),
             opt(x.traffic_cached, 3),
+            holds_text(x.formula_holds),
             opt(x.formula_ttft_ms, 0),
             opt(x.sim_ttft_ms, 0),
             opt(x.traffic_ttft_ms, 0),
@@ -1103,7 +1213,8 @@ fn html(r: &InferenceReport) -> String {
     if !r.crossover.is_empty() {
         h.push_str(
             "<h3>E14: where affinity loses</h3><p>The crossover load is closed form and \
-             simulator (a scan of 8 loads); real traffic (Poisson arrivals, full runs only) \
+             simulator (a scan of 8 loads); real traffic (Poisson arrivals; the quick form: \
+             uniform groups only) \
              checks the verdict at one load.</p><table><tr><th class=\"l\">skew</th>\
              <th>closed form</th><th>closed form, simulator's partition</th><th>simulator</th>\
              <th class=\"l\">verdict</th><th class=\"l\">traffic</th></tr>",
@@ -1128,10 +1239,13 @@ fn html(r: &InferenceReport) -> String {
         "<p><small>{ENGINES} fake vLLM engines (keel backend --llm, in this process) on \
          loopback, each behind a relay counting the calls it gets by path; streaming \
          completions, prompts of 400 prefix tokens + 40 of their own, 24 tokens out. keel's \
-         affinity: {}. Largest gap between the closed form given a run's own mix and that run: \
-         {:.3}. SMG's balance_abs_threshold of {ABS_THRESHOLD} in flight is never reached by \
+         affinity: {}. Closed form within {HIT_TOLERANCE} of simulator and traffic: {}. \
+         Largest gap \
+         between the closed form given a run's own mix and that run: {:.3}. SMG's \
+         balance_abs_threshold of {ABS_THRESHOLD} in flight is never reached by \
          12 requests in flight: there it is plain affinity. {:.0} s.{}</small></p>",
         esc(&r.affinity),
+        holds_summary(r),
         worst_gap(r),
         r.seconds,
         r.skipped
