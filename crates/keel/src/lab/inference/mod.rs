@@ -662,7 +662,7 @@ fn row(
         formula_on_sim_mix: sim.map(|s| s.2),
         formula_on_traffic_mix,
         formula_holds: formula.map(|f| {
-            let near = |x: Option<f64>| x.map_or(true, |x| (f.0 - x).abs() <= HIT_TOLERANCE);
+            let near = |x: Option<f64>| x.is_none_or(|x| (f.0 - x).abs() <= HIT_TOLERANCE);
             near(sim.map(|s| s.0)) && near(Some(m.cached()))
         }),
         formula_ttft_ms: formula.map(|f| f.1 * 1e3),
