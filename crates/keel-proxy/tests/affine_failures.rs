@@ -106,10 +106,10 @@ async fn a_failed_affine_engine_costs_each_prefix_at_most_one_failed_try() {
         let before = failed.requests();
         let mut failures = vec![0usize; GROUPS];
         for round in 2..6 {
-            for g in 0..GROUPS {
+            for (g, failed_here) in failures.iter_mut().enumerate() {
                 let (status, ep) = ask(listen, h2, completion(g, round)).await;
                 if status != 200 {
-                    failures[g] += 1;
+                    *failed_here += 1;
                 } else {
                     assert_ne!(ep, failed_addr, "group {g} answered by the failed engine");
                 }
