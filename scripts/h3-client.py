@@ -160,8 +160,15 @@ def answer_ok(conn):
                 conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-backend: flaky\r\n\r\nok")
 
 
+class EchoServer(ThreadingHTTPServer):
+    # keel opens a connection per request in flight: socketserver's backlog of 5 would drop
+    # their SYNs under load.
+    request_queue_size = 1024
+    daemon_threads = True
+
+
 def backends(echo_file, flaky_file):
-    echo = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    echo = EchoServer(("127.0.0.1", 0), Echo)
     flaky = socket.socket()
     flaky.bind(("127.0.0.1", 0))
     flaky.listen(64)

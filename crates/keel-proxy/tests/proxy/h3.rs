@@ -467,3 +467,44 @@ async fn h3_cuts_a_response_the_client_does_not_read_and_drains_with_goaway() {
     let after = h3_request(&mut send, "GET", &url, &[], b"").await;
     assert!(after.is_err());
 }
+
+#[test]
+fn h3_needs_a_tls_listener_without_proxy_protocol() {
+    let pki = Pki::generate("config");
+    let listener = |keys: &str, tls: bool| {
+        let tls = if tls {
+            format!(
+                "[listener.tls]\ncert = {}\nkey = {}\n",
+                pki.toml("server.pem"),
+                pki.toml("server.key")
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n{keys}\n{tls}\n[[cluster]]\nname = \"app\"\nendpoints = [{{ address = \"127.0.0.1:1\" }}]\n"
+        )
+    };
+    let err = |text: String| {
+        ProxyConfig::from_toml_str(&text, "keel.toml")
+            .unwrap_err()
+            .to_string()
+    };
+    let e = err(listener("h3 = true", false));
+    assert!(e.contains("h3") && e.contains("needs TLS"), "{e}");
+    let e = err(listener("protocol = \"h3\"", false));
+    assert!(e.contains("protocol") && e.contains("needs TLS"), "{e}");
+    let e = err(listener(
+        "h3 = true\nproxy_protocol = true\ntrusted_proxies = [\"127.0.0.1/32\"]",
+        true,
+    ));
+    assert!(e.contains("PROXY protocol"), "{e}");
+    let e = err(listener("h3 = true\nprotocol = \"tcp\"", true));
+    assert!(e.contains("not `protocol = \"tcp\"`"), "{e}");
+    for keys in ["h3 = true", "protocol = \"h3\""] {
+        let c = ProxyConfig::from_toml_str(&listener(keys, true), "keel.toml").unwrap();
+        assert!(c.listeners[0].serves_h3(), "{keys}");
+    }
+    let c = ProxyConfig::from_toml_str(&listener("", true), "keel.toml").unwrap();
+    assert!(!c.listeners[0].serves_h3());
+}
