@@ -28,7 +28,7 @@ PROXY_FLOORS = [
     ["state"],                   # what the running proxy shares
     ["control"],                 # reloads, discovery, loading a configuration file
     ["admin"],                   # the admin listener
-    ["front"],                   # HTTP/1.1, HTTP/2, TCP front ends
+    ["front"],                   # HTTP/1.1, HTTP/2, HTTP/3, TCP front ends
     ["serve"],                   # sockets, workers, lifecycle
 ]
 

@@ -7,6 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
+use hyper::header::ALT_SVC;
 use tokio::time::Sleep;
 
 use crate::config::HashOn;
@@ -44,8 +45,27 @@ pub(crate) struct Request<'a> {
 
 /// Forwards a request to `cluster`: picks, tries, retries, and returns the answer to send.
 /// `out` receives the endpoint's HTTP/1.1 response head; `timer` is the connection's
-/// reusable per-try timer.
+/// reusable per-try timer. A listener that serves HTTP/3 too announces it on every answer
+/// to its TCP clients (`Alt-Svc`).
 pub(crate) async fn forward<B: RequestBody>(
+    cluster: &Arc<Cluster>,
+    client: &Client,
+    req: Request<'_>,
+    body: &mut B,
+    out: &mut Vec<u8>,
+    timer: &mut Pin<Box<Sleep>>,
+) -> HttpAnswer {
+    let mut answer = forward_once(cluster, client, req, body, out, timer).await;
+    if let Some(v) = &client.alt_svc {
+        match &mut answer {
+            Answer::Upstream(up) => up.response.headers_mut(out).append(&ALT_SVC, v.as_bytes()),
+            Answer::Own(own) => own.headers.push((ALT_SVC, v.clone())),
+        }
+    }
+    answer
+}
+
+async fn forward_once<B: RequestBody>(
     cluster: &Arc<Cluster>,
     client: &Client,
     req: Request<'_>,

@@ -135,6 +135,8 @@ pub(crate) struct ListenerSlot {
     pub(crate) proxy_refusal_logged: [std::sync::atomic::AtomicBool; PROXY_REFUSALS.len()],
     /// Requests that no route matched and no listener cluster took (`404`).
     pub not_found: AtomicU64,
+    /// quinn's endpoint on the listener's UDP socket, when it serves HTTP/3.
+    pub(crate) quic: std::sync::OnceLock<quinn::Endpoint>,
     /// The socket's descriptor while its accept loop runs (handed to a new binary on upgrade).
     pub(crate) fd: std::os::fd::RawFd,
     pub(crate) task: Mutex<Option<JoinHandle<()>>>,
@@ -168,6 +170,14 @@ impl Shared {
 impl ListenerSlot {
     /// New settings and certificate for the connections accepted from now on.
     pub(crate) fn set_ctx(&self, ctx: ListenerCtx) {
+        let ctx = ctx.bound_at(self.addr.port());
+        if let Some(endpoint) = self.quic.get() {
+            // New QUIC handshakes take the new certificate and limits; without `h3` now,
+            // new QUIC connections are refused.
+            endpoint.set_server_config(ctx.quic.clone());
+        } else if ctx.quic.is_some() {
+            tracing::warn!(listener = %self.addr, "`h3` takes effect on a listener added by a reload, not on one already listening: HTTP/3 not served here until a restart");
+        }
         let max = ctx.settings.max_connections;
         let was = self.max_connections.swap(max, Relaxed);
         if max > was {
@@ -203,6 +213,10 @@ pub(crate) struct ListenerCtx {
     pub(crate) index: usize,
     pub(crate) settings: Arc<crate::config::ListenerConfig>,
     pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,
+    /// The QUIC side's TLS, when the listener serves HTTP/3 (`h3`).
+    pub(crate) quic: Option<quinn::ServerConfig>,
+    /// `Alt-Svc: h3=":PORT"`, which its HTTP/1.1 and HTTP/2 answers carry when it serves HTTP/3.
+    pub(crate) alt_svc: Option<hyper::header::HeaderValue>,
     /// A TCP listener's `allow`/`deny`, checked when a connection opens (an HTTP listener's
     /// are checked per request, by the route targets' policies).
     pub(crate) tcp_access: Option<crate::policy::access::AccessList>,
@@ -217,8 +231,15 @@ impl ListenerCtx {
         let tls = settings
             .tls
             .as_ref()
-            .map(|t| crate::tls::server_config(t).map(tokio_rustls::TlsAcceptor::from))
+            .map(crate::tls::server_config)
             .transpose()?;
+        let quic = match &tls {
+            Some(tls) if settings.serves_h3() => {
+                Some(crate::tls::quic_server_config(tls, settings)?)
+            }
+            _ => None,
+        };
+        let tls = tls.map(tokio_rustls::TlsAcceptor::from);
         let tcp_access = (settings.protocol == crate::config::ListenerProtocol::Tcp)
             .then(|| crate::policy::access::AccessList::new(&settings.allow, &settings.deny))
             .flatten();
@@ -226,8 +247,20 @@ impl ListenerCtx {
             index,
             settings: Arc::new(settings.clone()),
             tls,
+            quic,
+            alt_svc: None,
             tcp_access,
         })
+    }
+
+    /// The context of a listener bound at `port`: when it serves HTTP/3, its TCP answers
+    /// announce it there (`Alt-Svc`, kept a day as Envoy's and NGINX's examples have it).
+    pub(crate) fn bound_at(mut self, port: u16) -> Self {
+        if self.quic.is_some() {
+            self.alt_svc =
+                hyper::header::HeaderValue::try_from(format!("h3=\":{port}\"; ma=86400")).ok();
+        }
+        self
     }
 
     /// What the attempt driver needs to know of a client connection.
@@ -245,6 +278,7 @@ impl ListenerCtx {
             worker,
             error_detail: self.settings.error_detail,
             client_cert: None,
+            alt_svc: self.alt_svc.clone(),
         }
     }
 }

@@ -458,6 +458,44 @@ pub fn server_config(c: &ListenerTlsConfig) -> Result<Arc<ServerConfig>, TlsSett
     Ok(Arc::new(config))
 }
 
+/// ALPN of HTTP/3.
+pub const ALPN_H3: &[u8] = b"h3";
+
+/// The QUIC side of a TLS listener that serves HTTP/3: its TCP side's TLS configuration (the
+/// same certificates, client certificates and cipher suites; QUIC speaks TLS 1.3 only, whatever
+/// `min_version` allows) with ALPN `h3` and no early data (0-RTT is not accepted), and the
+/// listener's limits: HTTP/2's 200 request streams and 1 MiB windows (a stream's and the
+/// connection's, each way: what a client that stops reading can hold in keel's memory), and
+/// `idle_timeout` as QUIC's idle timeout (a client that vanished without a word).
+pub fn quic_server_config(
+    tcp: &ServerConfig,
+    settings: &crate::config::ListenerConfig,
+) -> Result<quinn::ServerConfig, TlsSettingError> {
+    const WINDOW: u32 = 1 << 20;
+    let mut config = tcp.clone();
+    config.alpn_protocols = vec![ALPN_H3.to_vec()];
+    config.max_early_data_size = 0;
+    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(config).map_err(|_| {
+        TlsSettingError::new(
+            "cipher_suites",
+            "HTTP/3 needs TLS13_AES_128_GCM_SHA256 (QUIC's initial packets use it): add it to `cipher_suites`".to_string(),
+        )
+    })?;
+    let mut transport = quinn::TransportConfig::default();
+    transport
+        .max_concurrent_bidi_streams(MAX_H3_STREAMS.into())
+        .stream_receive_window(WINDOW.into())
+        .receive_window(WINDOW.into())
+        .send_window(u64::from(WINDOW))
+        .max_idle_timeout(quinn::IdleTimeout::try_from(settings.idle_timeout).ok());
+    let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    server.transport_config(Arc::new(transport));
+    Ok(server)
+}
+
+/// Request streams an HTTP/3 client may have open at once (HTTP/2's `max_concurrent_streams`).
+pub const MAX_H3_STREAMS: u32 = 200;
+
 /// The CA certificates of a PEM file, as trust roots; `key` names the setting in errors.
 fn root_store(path: &Path, key: &'static str) -> Result<RootCertStore, TlsSettingError> {
     let certs = load_certs(path).map_err(|m| TlsSettingError::new(key, m))?;

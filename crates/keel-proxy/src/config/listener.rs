@@ -17,10 +17,16 @@ use crate::config::route::RouteConfig;
 pub struct ListenerConfig {
     /// Address to listen on (port 0 = an ephemeral port).
     pub listen: SocketAddr,
-    /// What clients speak: `"http"` (default: HTTP/1.1 and HTTP/2) or `"tcp"` (bytes: each
-    /// connection goes to one endpoint, picked when it opens and finished when it closes).
+    /// What clients speak: `"http"` (default: HTTP/1.1 and HTTP/2), `"h3"` (the same, plus
+    /// HTTP/3: as `h3 = true`) or `"tcp"` (bytes: each connection goes to one endpoint, picked
+    /// when it opens and finished when it closes).
     #[serde(default)]
     pub protocol: ListenerProtocol,
+    /// A TLS listener also serves HTTP/3 over QUIC, on the same port number (UDP), with the
+    /// same certificates, and announces it on its HTTP/1.1 and HTTP/2 answers with
+    /// `Alt-Svc: h3=":PORT"`. Default false.
+    #[serde(default)]
+    pub h3: bool,
     /// Name of the cluster that serves the requests no route matches. Required without
     /// routes; without it, a request no route matches gets `404`.
     #[serde(default)]
@@ -147,6 +153,8 @@ pub enum ListenerProtocol {
     /// HTTP/1.1 and HTTP/2 (by ALPN or prior knowledge).
     #[default]
     Http,
+    /// HTTP/1.1 and HTTP/2, and HTTP/3 over QUIC (as `h3 = true`).
+    H3,
     /// TCP: bytes both ways between the client and one endpoint.
     Tcp,
 }
@@ -163,6 +171,11 @@ pub enum ErrorDetail {
 }
 
 impl ListenerConfig {
+    /// True if the listener serves HTTP/3 too (`h3 = true` or `protocol = "h3"`).
+    pub fn serves_h3(&self) -> bool {
+        self.h3 || self.protocol == ListenerProtocol::H3
+    }
+
     /// True if `ip` is one of `trusted_proxies`.
     pub fn trusts(&self, ip: std::net::IpAddr) -> bool {
         self.trusted_proxies.iter().any(|net| net.contains(&ip))
@@ -318,6 +331,21 @@ impl ListenerConfig {
                 ),
             ));
         }
+        if self.serves_h3() {
+            let key = if self.h3 { "h3" } else { "protocol" };
+            let why = if self.protocol == ListenerProtocol::Tcp {
+                Some("HTTP/3 is served by HTTP listeners, not `protocol = \"tcp\"`")
+            } else if self.tls.is_none() {
+                Some("HTTP/3 runs over QUIC, which needs TLS: give the listener `[listener.tls]`")
+            } else if self.proxy_protocol {
+                Some("QUIC datagrams carry no PROXY protocol header: HTTP/3 cannot be served on a `proxy_protocol` listener")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(InvalidField::at(key, Problem::Invalid(why.into())));
+            }
+        }
         if self.protocol == ListenerProtocol::Tcp {
             if !self.routes.is_empty() {
                 return Err(InvalidField::at(
@@ -356,6 +384,7 @@ impl ListenerConfig {
             cluster: Some(cluster.into()),
             routes: Vec::new(),
             protocol: ListenerProtocol::default(),
+            h3: false,
             tunnel_idle_timeout: default_tunnel_idle_timeout(),
             client_idle_timeout: default_client_idle_timeout(),
             request_body_timeout: default_request_body_timeout(),

@@ -390,7 +390,7 @@ impl ProxyConfig {
             // Only TCP listeners send the PROXY header: an endpoint expecting one would refuse
             // keel's HTTP connections.
             let http_user = self.listeners.iter().find(|l| {
-                l.protocol == ListenerProtocol::Http
+                l.protocol != ListenerProtocol::Tcp
                     && (l.cluster.as_deref() == Some(c.name.as_str())
                         || l.routes.iter().any(|r| r.cluster == c.name))
             });

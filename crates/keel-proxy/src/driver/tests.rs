@@ -181,6 +181,7 @@ fn client() -> Client {
         worker: 0,
         error_detail: ErrorDetail::Brief,
         client_cert: None,
+        alt_svc: None,
     }
 }
 

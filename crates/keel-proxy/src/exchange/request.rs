@@ -38,6 +38,8 @@ pub(crate) struct Client {
     /// The certificate the client presented, verified against the listener's `client_ca`
     /// (read once at the handshake; `None` without one).
     pub client_cert: Option<std::sync::Arc<crate::tls::ClientCert>>,
+    /// `Alt-Svc` for the answers (a TLS listener that serves HTTP/3 too, to its TCP clients).
+    pub alt_svc: Option<hyper::header::HeaderValue>,
 }
 
 /// A request body as a leg sends it.

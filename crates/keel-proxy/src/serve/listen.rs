@@ -12,6 +12,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::serve::quic;
 use crate::serve::sniff::serve_accepted;
 use crate::state::{
     log_drained, wait_shutdown, Accepted, AdminSlot, ConnKind, Connection, Dispatch, ListenerCtx,
@@ -51,6 +52,7 @@ impl Shared {
         ctx: ListenerCtx,
     ) -> Arc<ListenerSlot> {
         let addr = listener.local_addr().unwrap_or(ctx.settings.listen);
+        let ctx = ctx.bound_at(addr.port());
         let max = ctx.settings.max_connections;
         let (stop, _) = watch::channel(None);
         let slot = Arc::new(ListenerSlot {
@@ -68,6 +70,7 @@ impl Shared {
             proxy_refusal_logged: Default::default(),
             not_found: AtomicU64::new(0),
             fd: std::os::fd::AsRawFd::as_raw_fd(&listener),
+            quic: std::sync::OnceLock::new(),
             task: Mutex::new(None),
         });
         let mut all = Vec::clone(&self.all_listeners.load());
@@ -82,14 +85,35 @@ impl Shared {
             .me
             .upgrade()
             .expect("the proxy is alive while it opens listeners");
-        let task = self.runtime.spawn(accept_loop(
-            me,
-            slot.clone(),
-            listener,
-            self.dispatch.clone(),
-        ));
+        let tcp = accept_loop(me.clone(), slot.clone(), listener, self.dispatch.clone());
+        let quic = self
+            .open_quic(&slot)
+            .map(|e| quic::accept_loop(me, slot.clone(), e));
+        let task = self.runtime.spawn(async move {
+            match quic {
+                Some(quic) => drop(tokio::join!(tcp, quic)),
+                None => tcp.await,
+            }
+        });
         *slot.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
         slot
+    }
+
+    /// The QUIC endpoint of a listener that serves HTTP/3, on its bound address; `None` (and
+    /// an error in the log) if the UDP port cannot be had.
+    fn open_quic(&self, slot: &ListenerSlot) -> Option<quinn::Endpoint> {
+        let config = slot.ctx.load().quic.clone()?;
+        let _rt = self.runtime.enter();
+        match quic::endpoint(slot.addr, config) {
+            Ok(endpoint) => {
+                let _ = slot.quic.set(endpoint.clone());
+                Some(endpoint)
+            }
+            Err(e) => {
+                tracing::error!(listener = %slot.addr, "cannot serve HTTP/3: UDP {}: {e}", slot.addr);
+                None
+            }
+        }
     }
 
     pub(crate) fn open_admin(&self, listener: TcpListener) {

@@ -7,6 +7,7 @@
 
 pub(crate) mod listen;
 pub(crate) mod proxy_header;
+pub(crate) mod quic;
 pub(crate) mod sniff;
 
 use std::collections::HashMap;

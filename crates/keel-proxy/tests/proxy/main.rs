@@ -19,6 +19,7 @@ mod endpoint_state_over_time;
 mod failure_evidence;
 mod h1_path;
 mod h2_frames;
+mod h3;
 mod health_checks;
 mod hedging;
 mod hostile_requests;

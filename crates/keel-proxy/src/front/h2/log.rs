@@ -1,4 +1,4 @@
-//! What an HTTP/2 request's [`Record`] takes from its stream, owned: an endpoint's response
+//! What an HTTP/2 (or HTTP/3) request's [`Record`] takes from its stream, owned: an endpoint's response
 //! body carries it until the body ends, when the record is written.
 
 use std::sync::Arc;
@@ -21,6 +21,8 @@ pub(crate) struct H2Scope {
     /// The request's head, as rewritten for the upstream (what the log shows of it), when
     /// it is logged.
     pub(crate) request: LoggedHead,
+    /// As the log names it: `HTTP/2.0`, or `HTTP/3.0` (the HTTP/3 front end's).
+    pub(crate) protocol: &'static str,
 }
 
 impl H2Scope {
@@ -30,7 +32,7 @@ impl H2Scope {
             client: &self.client,
             cluster,
             route: self.route,
-            protocol: "HTTP/2.0",
+            protocol: self.protocol,
             started: self.started,
             request: match &self.request {
                 LoggedHead::None => HeadView::Lines(b""),

@@ -39,7 +39,7 @@ use crate::upstream::cluster::Cluster;
 
 mod blocks;
 pub(crate) mod body;
-mod log;
+pub(crate) mod log;
 mod send;
 
 use body::{ActiveRequest, ClientBody, ConnActivity, H2Body, UpstreamBody, MAX_INLINE_BODY};
@@ -181,6 +181,7 @@ async fn handle(
         started,
         route: None,
         request: LoggedHead::None,
+        protocol: "HTTP/2.0",
     };
     let (mut parts, body) = req.into_parts();
     let body = RecvBody::new(body);
@@ -373,14 +374,14 @@ async fn handle(
 }
 
 /// True for a gRPC call.
-fn is_grpc(headers: &hyper::HeaderMap) -> bool {
+pub(crate) fn is_grpc(headers: &hyper::HeaderMap) -> bool {
     headers
         .get(CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
 /// keel's answer to a request refused before it reached the driver.
-fn refused(
+pub(crate) fn refused(
     reject: Reject,
     active: ActiveRequest,
     scope: H2Scope,
@@ -411,7 +412,7 @@ fn record_own(scope: &H2Scope, cluster: Option<&Cluster>, own: &OwnAnswer, sent:
 
 /// keel's own answer to a gRPC call: HTTP 200, trailers-only, its status as `grpc-status`
 /// (14 UNAVAILABLE for 502/503, 4 DEADLINE_EXCEEDED for 504) and its text as `grpc-message`.
-fn grpc_own_response(
+pub(crate) fn grpc_own_response(
     own: OwnAnswer,
     active: ActiveRequest,
     scope: H2Scope,
@@ -443,7 +444,7 @@ fn grpc_own_response(
 /// An endpoint's response, whichever leg read it: its head (with `x-keel-endpoint`) and its
 /// body frame by frame; a body already at its end (a gRPC trailers-only answer) finishes the
 /// pick at once.
-fn upstream_response(
+pub(crate) fn upstream_response(
     mut head: hyper::http::response::Parts,
     body: ResponseBody,
     tail: Tail,
@@ -478,7 +479,7 @@ fn upstream_response(
     Response::from_parts(head, H2Body::Upstream(Box::new(body)))
 }
 
-fn own_response(
+pub(crate) fn own_response(
     own: OwnAnswer,
     active: ActiveRequest,
     scope: H2Scope,
