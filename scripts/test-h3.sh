@@ -20,6 +20,13 @@ if ! "$venv/bin/python" -c 'import aioquic, httpx, h2' 2>/dev/null; then
     }
     "$venv/bin/pip" install --quiet --disable-pip-version-check aioquic 'httpx[http2]'
 fi
+need=()
+command -v openssl >/dev/null || need+=(openssl)
+command -v curl >/dev/null || need+=(curl)
+if [ ${#need[@]} -gt 0 ]; then
+    log "installing ${need[*]} (apt)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+fi
 py="$venv/bin/python"
 log "aioquic $("$py" -c 'import aioquic; print(aioquic.__version__)')"
 cargo build --release -p keel >&2
