@@ -271,6 +271,30 @@ fn metrics_text(shared: &Shared) -> String {
         shared.reloads.load(Relaxed),
         shared.reload_failures.load(Relaxed),
     );
+    // A listener is labelled by its bound address (a port 0 is the one it got), from its slot:
+    // the route tables are by slot index.
+    let slots = shared.all_listeners.load();
+    let bound: Vec<String> = (0..routing.listeners.len())
+        .map(|i| {
+            slots
+                .get(i)
+                .map_or_else(String::new, |s| s.addr.to_string())
+        })
+        .collect();
+    let routes: Vec<metrics::RouteView<'_>> = routing
+        .listeners
+        .iter()
+        .zip(&bound)
+        .flat_map(|(l, addr)| l.targets().map(move |t| (addr, t)))
+        .map(|(addr, t)| metrics::RouteView {
+            listener: addr,
+            route: &t.route.label,
+            cluster: t.cluster.name(),
+            metrics: &t.route.metrics,
+            mirrors: t.route.mirror.is_some(),
+        })
+        .collect();
+    metrics::render_routes(&mut out, &routes);
     metrics::render_process(&mut out);
     if routing.tracing.as_ref().is_some_and(|t| t.export.is_some()) {
         metrics::render_trace_spans(&mut out, &shared.registry.trace_spans);

@@ -21,6 +21,10 @@ pub(crate) struct H2Scope {
     /// The request's head, as rewritten for the upstream (what the log shows of it), when
     /// it is logged.
     pub(crate) request: LoggedHead,
+    /// The route's counters for its cluster, once routed.
+    pub(crate) metrics: Option<Arc<crate::metrics::RouteMetrics>>,
+    /// Bytes of the request's body, when its length was announced.
+    pub(crate) received: u64,
 }
 
 impl H2Scope {
@@ -45,6 +49,8 @@ impl H2Scope {
             own: false,
             bytes_sent: 0,
             body_bytes_sent: 0,
+            route_metrics: self.metrics.as_deref(),
+            bytes_received: self.received,
         }
     }
 

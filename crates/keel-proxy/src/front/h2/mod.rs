@@ -181,6 +181,8 @@ async fn handle(
         started,
         route: None,
         request: LoggedHead::None,
+        metrics: None,
+        received: 0,
     };
     let (mut parts, body) = req.into_parts();
     let body = RecvBody::new(body);
@@ -231,6 +233,7 @@ async fn handle(
         return own_response(answer::not_found(), active, scope, None);
     };
     scope.route = route.index();
+    scope.metrics = Some(target.route.metrics.clone());
     let cluster = &*target.cluster;
     let max_body = settings.max_request_body_bytes.unwrap_or(u64::MAX);
     let rules = RequestRules {
@@ -272,6 +275,9 @@ async fn handle(
         }
     };
     let grpc = meta.grpc;
+    if let BodyFraming::Length(n) = meta.body {
+        scope.received = n;
+    }
     // Where an HTTP/1.1 leg writes a response head as text: never, for an HTTP/2 client (it
     // reads the head into a map), so not allocated.
     let mut out = Vec::new();
@@ -288,6 +294,7 @@ async fn handle(
         limits: target.limits,
         policy: target.policy.as_deref(),
         body_progress: None,
+        route: &target.route,
     };
     let progress = crate::io::BodyProgress::default();
     let mut streamed = None;
