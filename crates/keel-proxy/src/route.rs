@@ -345,28 +345,86 @@ type Map<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<KeyHasher>>;
 /// header condition is longer are kept with the routes it does not narrow.
 const MAX_HEADER_KEY: usize = 256;
 
-/// Routes in configuration order, those with a header condition by their first one's name
-/// and value.
+/// Routes in configuration order, those with a header or query condition that a request's
+/// fields can look up filed under it.
 #[derive(Default)]
 struct Bucket {
-    /// Routes without an exact header condition (or with one too long to index).
+    /// Routes without such a condition (or with one too long to index).
     plain: Vec<u16>,
-    /// Routes by their first exact header condition: `lower-case name \0 value`.
-    by_header: Map<Box<[u8]>, Vec<u16>>,
+    /// Routes by their first indexable condition, in this order: an exact header value
+    /// (`h` lower-case name `\0` value), a header's presence (`p` lower-case name), an exact
+    /// query parameter (`q` name `\0` value).
+    by_key: Map<Box<[u8]>, Vec<u16>>,
+    /// Which kinds of key `by_key` holds ([`KEY_HEADER`] ...), so a request looks up only those.
+    kinds: u8,
+}
+
+const KEY_HEADER: u8 = 1;
+const KEY_PRESENT: u8 = 2;
+const KEY_QUERY: u8 = 4;
+
+/// Writes an index key (`kind name [\0 value]`) into `key`; its length, or `None` if it is too
+/// long to be in the index.
+fn index_key(
+    key: &mut [u8; MAX_HEADER_KEY],
+    kind: u8,
+    name: &[u8],
+    value: Option<&[u8]>,
+    lower: bool,
+) -> Option<usize> {
+    let len = 1 + name.len() + value.map_or(0, |v| 1 + v.len());
+    if len > MAX_HEADER_KEY {
+        return None;
+    }
+    key[0] = match kind {
+        KEY_HEADER => b'h',
+        KEY_PRESENT => b'p',
+        _ => b'q',
+    };
+    for (k, b) in key[1..].iter_mut().zip(name) {
+        *k = if lower { b.to_ascii_lowercase() } else { *b };
+    }
+    if let Some(v) = value {
+        key[1 + name.len()] = 0;
+        key[2 + name.len()..len].copy_from_slice(v);
+    }
+    Some(len)
 }
 
 impl Bucket {
-    fn add(&mut self, headers: &[Condition], index: u16) {
-        let first = headers.iter().find_map(|c| Some((&c.name, c.exact()?)));
-        match first {
-            Some((name, value)) if name.len() + 1 + value.len() <= MAX_HEADER_KEY => {
-                let mut key = Vec::with_capacity(name.len() + 1 + value.len());
-                key.extend_from_slice(name.as_bytes());
-                key.push(0);
-                key.extend_from_slice(value);
-                self.by_header.entry(key.into()).or_default().push(index);
+    fn add(&mut self, route: &Route, index: u16) {
+        let header = || {
+            let c = route.headers.iter().find(|c| c.exact().is_some())?;
+            Some((KEY_HEADER, &c.name, c.exact()))
+        };
+        let present = || {
+            let c = route
+                .headers
+                .iter()
+                .find(|c| matches!(c.test, Test::Present) && !c.not)?;
+            Some((KEY_PRESENT, &c.name, None))
+        };
+        let query = || {
+            let c = route.query.iter().find(|c| c.exact().is_some())?;
+            Some((KEY_QUERY, &c.name, c.exact()))
+        };
+        let mut key = [0u8; MAX_HEADER_KEY];
+        let filed = header()
+            .or_else(present)
+            .or_else(query)
+            .and_then(|(kind, name, value)| {
+                let len = index_key(&mut key, kind, name.as_bytes(), value, false)?;
+                Some((kind, len))
+            });
+        match filed {
+            Some((kind, len)) => {
+                self.kinds |= kind;
+                self.by_key
+                    .entry(key[..len].into())
+                    .or_default()
+                    .push(index);
             }
-            _ => self.plain.push(index),
+            None => self.plain.push(index),
         }
     }
 }
@@ -381,12 +439,16 @@ struct Group {
 }
 
 impl Group {
-    fn add(&mut self, route: &Route, index: u16) {
-        let bucket = match route.path.first_segment() {
+    fn add(&mut self, route: &Route, index: u16, regex: Option<&str>) {
+        let segment = route
+            .path
+            .first_segment()
+            .or_else(|| regex.and_then(regex_segment));
+        let bucket = match segment {
             Some(seg) => self.by_segment.entry(seg.into()).or_default(),
             None => &mut self.rest,
         };
-        bucket.add(&route.headers, index);
+        bucket.add(route, index);
     }
 }
 
@@ -429,7 +491,7 @@ impl ListenerRoutes {
             |name: &str| cluster(name).ok_or_else(|| anyhow::anyhow!("no cluster named `{name}`"));
         let state = |label: &str, cluster: &Cluster, mirror: Option<Arc<Mirror>>| {
             Arc::new(RouteState {
-                metrics: registry.route(&listen, label, cluster.name()),
+                metrics: registry.route(listen, label, cluster.name()),
                 mirror,
                 label: label.into(),
             })
@@ -530,7 +592,7 @@ impl ListenerRoutes {
                 targets,
                 split,
             };
-            group.add(&route, index);
+            group.add(&route, index, r.path_regex.as_deref());
             table.routes.push(route);
         }
         Ok(table)
@@ -581,24 +643,28 @@ impl ListenerRoutes {
         let mut best: Option<u16> = None;
         let routes = &self.routes[..];
         let consider_bucket = |bucket: &Bucket, best: &mut Option<u16>| {
-            first_match(routes, &bucket.plain, (method, path, query), &fields, best);
-            if bucket.by_header.is_empty() {
+            let at = (method, path, query);
+            first_match(routes, &bucket.plain, at, &fields, best);
+            if bucket.kinds == 0 {
                 return;
             }
             let mut key = [0u8; MAX_HEADER_KEY];
+            let mut look = |kind, name: &[u8], value, lower| {
+                if bucket.kinds & kind == 0 {
+                    return;
+                }
+                if let Some(len) = index_key(&mut key, kind, name, value, lower) {
+                    if let Some(list) = bucket.by_key.get(&key[..len]) {
+                        first_match(routes, list, at, &fields, best);
+                    }
+                }
+            };
             for (name, value) in fields() {
-                let len = name.len() + 1 + value.len();
-                if len > MAX_HEADER_KEY {
-                    continue;
-                }
-                for (k, b) in key.iter_mut().zip(name.bytes()) {
-                    *k = b.to_ascii_lowercase();
-                }
-                key[name.len()] = 0;
-                key[name.len() + 1..len].copy_from_slice(value);
-                if let Some(list) = bucket.by_header.get(&key[..len]) {
-                    first_match(routes, list, (method, path, query), &fields, best);
-                }
+                look(KEY_HEADER, name.as_bytes(), Some(value), true);
+                look(KEY_PRESENT, name.as_bytes(), None, true);
+            }
+            for (name, value) in query_pairs(query) {
+                look(KEY_QUERY, name, Some(value), false);
             }
         };
         let mut consider = |group: &Group| {
@@ -736,6 +802,26 @@ fn first_match<'h, I>(
     }
 }
 
+/// The first path segment of every path a `path_regex` matches, when the expression starts
+/// with `^/` and a literal that goes past that segment (`^/users/[0-9]+$` -> `users`), so
+/// that the index narrows such routes as it does prefixes. `None` when unsure: an alternation
+/// anywhere, flags, or a quantifier on the literal's last character.
+fn regex_segment(pattern: &str) -> Option<&str> {
+    if pattern.contains('|') {
+        return None;
+    }
+    let rest = pattern.strip_prefix("^/")?;
+    let end = rest
+        .find(|c: char| !(c.is_ascii_alphanumeric() || "-_~/:@!&=,;".contains(c)))
+        .unwrap_or(rest.len());
+    let mut literal = &rest[..end];
+    if rest[end..].starts_with(['*', '+', '?', '{']) {
+        // The quantifier applies to the literal's last character.
+        literal = &literal[..literal.len().saturating_sub(1)];
+    }
+    literal.split_once('/').map(|(seg, _)| seg)
+}
+
 /// The first segment of a request path (`/v1/users` -> `v1`); `None` for `*`.
 fn request_segment(path: &str) -> Option<&str> {
     let rest = path.strip_prefix('/')?;
@@ -786,5 +872,19 @@ mod tests {
         assert_eq!(request_segment("/v1"), Some("v1"));
         assert_eq!(request_segment("/"), Some(""));
         assert_eq!(request_segment("*"), None);
+    }
+
+    #[test]
+    fn anchored_regexes_with_a_literal_segment_are_indexed() {
+        assert_eq!(regex_segment("^/users/[0-9]+$"), Some("users"));
+        assert_eq!(regex_segment("^/api/v[0-9]+/"), Some("api"));
+        assert_eq!(regex_segment("^/a/b?"), Some("a"));
+        assert_eq!(regex_segment("^/ab?/"), None);
+        assert_eq!(regex_segment("^/ab*/x"), None);
+        assert_eq!(regex_segment("^/users$"), None);
+        assert_eq!(regex_segment("/users/[0-9]+"), None);
+        assert_eq!(regex_segment("^/a/x|^/b/y"), None);
+        assert_eq!(regex_segment("(?i)^/a/"), None);
+        assert_eq!(regex_segment("^/a.b/"), None);
     }
 }
