@@ -128,6 +128,13 @@ pub(crate) fn status_json(shared: &Shared, recent: &Recent) -> serde_json::Value
         .zip(live.iter())
         .map(|(l, slot)| {
             let (a, not_found) = (slot.addr, &slot.not_found);
+            // Conditions as text (`v`, `~ regex`, `present`, `not ...`): an exact value shows as
+            // written.
+            let shown = |m: &std::collections::BTreeMap<String, crate::config::ValueMatch>| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), v.to_string()))
+                    .collect::<std::collections::BTreeMap<_, _>>()
+            };
             let routes: Vec<_> = l
                 .routes
                 .iter()
@@ -139,7 +146,13 @@ pub(crate) fn status_json(shared: &Shared, recent: &Recent) -> serde_json::Value
                         "path": r.path,
                         "path_prefix": r.path_prefix,
                         "methods": r.methods,
-                        "headers": r.headers,
+                        "headers": shown(&r.headers),
+                        "path_regex": r.path_regex,
+                        "query": shown(&r.query),
+                        "name": r.name,
+                        "split": r.split,
+                        "split_by": r.split_by,
+                        "mirror": r.mirror,
                         "cluster": r.cluster,
                         "request_timeout_ms": r.request_timeout.map(ms),
                         "retry_attempts": r.retry_attempts,

@@ -260,6 +260,21 @@ impl ValueMatch {
     }
 }
 
+/// As `/status` and the admin page show it: the exact value as written, `~ REGEX`,
+/// `present`, each after `not ` when inverted (`not present` is `absent`).
+impl std::fmt::Display for ValueMatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.not {
+            f.write_str("not ")?;
+        }
+        match &self.test {
+            ValueTest::Exact(v) => f.write_str(v),
+            ValueTest::Regex(r) => write!(f, "~ {r}"),
+            ValueTest::Present => f.write_str("present"),
+        }
+    }
+}
+
 impl<'de> Deserialize<'de> for ValueMatch {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
