@@ -6,9 +6,18 @@
 //! - `prefixes`: one host, 1,000 path prefixes; the request takes the last;
 //! - `miss`: the `hosts` table and a request that no route matches (every candidate looked at);
 //! - `headers`: 1,000 routes on a header alone (`x-tenant = "tN"`); the request takes the last.
+//! - `regex`: 1,000 routes on an anchored `path_regex` alone (`^/rN/[0-9]+$`): the index
+//!   files each under its literal first segment, one expression runs;
+//! - `regex-unindexed`: 1,000 unanchored ones (`/rN/[0-9]+$`): nothing narrows them, so the
+//!   request that takes the last runs 1,000 expressions (the worst case);
+//! - `query`: 1,000 routes on an exact query parameter alone (`tenant = "tN"`);
+//! - `present`: 1,000 routes on a header's presence alone (`x-tN = { present = true }`);
+//! - `split`: the `prefixes` table whose last route is a 90/10 `split` by a header.
 //!
 //! Before measuring, the bench counts heap allocations (a counting global allocator) over
-//! 10,000 matches of each case and fails if there is any.
+//! 10,000 matches of each case and fails if there is any. The first match of each case runs
+//! before the count: a regular expression's first match on a thread allocates its scratch
+//! space (the `regex` crate keeps it for that thread), once.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -119,12 +128,71 @@ fn cases() -> Vec<Case> {
             headers: headers("api.example.test", ("x-tenant", b"t999")),
             want: Some(999),
         },
+        Case {
+            name: "regex",
+            table: table((0..1000).map(|i| format!("path_regex = '^/r{i}/[0-9]+$'\n"))),
+            method: "GET",
+            path: "/r999/42",
+            headers: headers("api.example.test", ("x-tenant", b"t1")),
+            want: Some(999),
+        },
+        Case {
+            name: "regex-unindexed",
+            table: table((0..1000).map(|i| format!("path_regex = '/r{i}/[0-9]+$'\n"))),
+            method: "GET",
+            path: "/r999/42",
+            headers: headers("api.example.test", ("x-tenant", b"t1")),
+            want: Some(999),
+        },
+        Case {
+            name: "query",
+            table: table((0..1000).map(|i| format!("query = {{ tenant = \"t{i}\" }}\n"))),
+            method: "GET",
+            path: "/items?page=3&tenant=t999",
+            headers: headers("api.example.test", ("x-tenant", b"t1")),
+            want: Some(999),
+        },
+        Case {
+            name: "present",
+            table: table((0..1000).map(|i| format!("headers = {{ x-t{i} = {{ present = true }} }}\n"))),
+            method: "GET",
+            path: "/",
+            headers: headers("api.example.test", ("x-t999", b"1")),
+            want: Some(999),
+        },
+        Case {
+            name: "split",
+            table: split_table(),
+            method: "POST",
+            path: "/p999/orders",
+            headers: headers("api.example.test", ("x-user", b"u-12345")),
+            want: Some(999),
+        },
     ]
+}
+
+/// The `prefixes` table, its last route a 90/10 `split` by `x-user`.
+fn split_table() -> RouteMatcher {
+    let mut text = String::from("[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"a\"\n");
+    for i in 0..1000 {
+        text.push_str(&format!("\n[[listener.route]]\nhost = \"api.example.test\"\npath_prefix = \"/p{i}/\"\nmethods = [\"GET\", \"POST\"]\n"));
+        if i == 999 {
+            text.push_str("split_by = \"header:x-user\"\nsplit = [{ cluster = \"a\", weight = 90 }, { cluster = \"b\", weight = 10 }]\n");
+        } else {
+            text.push_str("cluster = \"b\"\n");
+        }
+    }
+    text.push_str(CLUSTERS);
+    let config = ProxyConfig::from_toml_str(&text, "bench.toml").unwrap();
+    RouteMatcher::new(&config, 0).unwrap()
 }
 
 fn bench(c: &mut Criterion) {
     let cases = cases();
     for case in &cases {
+        // Each thread's first match of an expression allocates its scratch space, once.
+        case.table
+            .choose(case.method, case.path, None, &case.headers);
         let before = ALLOCATIONS.load(Relaxed);
         for _ in 0..10_000 {
             let got = case

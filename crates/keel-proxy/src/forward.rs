@@ -1,7 +1,8 @@
 //! The one entry every HTTP front end hands a request to: the policy phases of its route and
 //! cluster (a redirect, the rate limits, the request's rewrites, the sticky session's pin),
 //! then the attempt driver over the cluster's leg, then the response phase (the response's
-//! rewrites, the sticky cookie).
+//! rewrites, the sticky cookie). A route's `mirror` gets its copy here too, once the
+//! request's rewrites are done: the same for every front end.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -18,11 +19,12 @@ use crate::exchange::head::RequestHeaders;
 use crate::exchange::request::{Client, RequestBody, RequestHead};
 use crate::exchange::trace::Trace;
 use crate::leg::{HttpAnswer, HttpLeg};
+use crate::metrics::{MirrorResult, RouteMetrics};
 use crate::policy::rate::{Limited, RateLimiter};
 use crate::policy::rewrite::HostRewrite;
 use crate::policy::sticky::cookie;
 use crate::policy::Policy;
-use crate::route::Limits;
+use crate::route::{Limits, Mirror, RouteState};
 use crate::upstream::cluster::Cluster;
 
 /// What the driver needs to forward one request.
@@ -41,6 +43,8 @@ pub(crate) struct Request<'a> {
     pub policy: Option<&'a Policy>,
     /// Where its body is, when it streams from the client.
     pub body_progress: Option<&'a crate::io::BodyProgress>,
+    /// Its route's counters and mirror.
+    pub route: &'a RouteState,
 }
 
 /// Forwards a request to `cluster`: picks, tries, retries, and returns the answer to send.
@@ -128,6 +132,9 @@ async fn forward_once<B: RequestBody>(
             }
         }
     }
+    if let Some(m) = req.route.mirror.as_ref().filter(|m| m.sample()) {
+        mirror(m, &req.route.metrics, client, &head, meta, body.inline());
+    }
     // A `prefix-affinity` cluster reads the prompt before the pick (within its bound).
     let has_body = meta.body != crate::exchange::request::BodyFraming::None;
     let (prompt, mut body) =
@@ -169,6 +176,136 @@ async fn forward_once<B: RequestBody>(
             Answer::Upstream(Upstream { response, tail })
         }
         Driven::Own(own) => Answer::Own(own),
+    }
+}
+
+/// A request's head, owned by its copy to a mirror.
+enum OwnedHead {
+    Lines(Vec<u8>),
+    Map(Box<hyper::http::request::Parts>),
+}
+
+/// Sends a copy of the request (its head as rewritten for the endpoint, and its body when
+/// it is held whole) to the route's mirror, on a task of its own: the request never waits
+/// for it. At most `max_in_flight` copies are under way; each ends within the mirror
+/// cluster's `request_timeout`, its answer read and dropped.
+fn mirror(
+    m: &Arc<Mirror>,
+    metrics: &Arc<RouteMetrics>,
+    client: &Client,
+    head: &RequestHeaders<'_>,
+    meta: &RequestHead,
+    inline: Option<&[u8]>,
+) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let count = |r: MirrorResult| metrics.mirrored[r as usize].fetch_add(1, Relaxed);
+    let has_body = meta.body != crate::exchange::request::BodyFraming::None;
+    let body = match inline {
+        _ if meta.upgrade => None,
+        Some(b) => Some(b),
+        None if !has_body => Some(&[][..]),
+        None => None,
+    };
+    let Some(body) = body else {
+        count(MirrorResult::Skipped);
+        return;
+    };
+    if m.in_flight.fetch_add(1, Relaxed) >= m.max_in_flight {
+        m.in_flight.fetch_sub(1, Relaxed);
+        count(MirrorResult::Dropped);
+        return;
+    }
+    let owned = match head {
+        RequestHeaders::Lines(text) => OwnedHead::Lines(text.to_vec()),
+        RequestHeaders::Map(p) => {
+            let mut parts = hyper::Request::new(()).into_parts().0;
+            parts.method = p.method.clone();
+            parts.uri = p.uri.clone();
+            parts.version = p.version;
+            parts.headers = p.headers.clone();
+            OwnedHead::Map(Box::new(parts))
+        }
+    };
+    let meta = RequestHead {
+        expect_continue: false,
+        hash: None,
+        ..meta.clone()
+    };
+    let (m, metrics, client, body) = (m.clone(), metrics.clone(), client.clone(), body.to_vec());
+    tokio::spawn(async move {
+        let result = mirror_once(&m, &client, owned, &meta, &body).await;
+        m.in_flight.fetch_sub(1, Relaxed);
+        metrics.mirrored[result as usize].fetch_add(1, Relaxed);
+    });
+}
+
+/// One copy to a mirror: one try, its answer's body read to its end and dropped, all within
+/// the mirror cluster's `request_timeout`.
+async fn mirror_once(
+    m: &Mirror,
+    client: &Client,
+    mut head: OwnedHead,
+    meta: &RequestHead,
+    body: &[u8],
+) -> MirrorResult {
+    use crate::exchange::error::BodyEnd;
+    let start = Instant::now();
+    let deadline = tokio::time::Instant::from_std(start + m.limits.request_timeout);
+    let mut out = Vec::new();
+    let mut timer = crate::io::idle_timer();
+    let mut body = body;
+    let headers = match &mut head {
+        OwnedHead::Lines(text) => RequestHeaders::Lines(text),
+        OwnedHead::Map(parts) => RequestHeaders::Map(parts),
+    };
+    let mut leg = HttpLeg::new(&m.cluster, headers, meta, &mut body, &mut out);
+    let driven = drive(
+        &m.cluster,
+        client,
+        start,
+        m.limits,
+        None,
+        &[],
+        &mut leg,
+        &mut timer,
+        None,
+        None,
+        None,
+    )
+    .await;
+    let (response, tail) = match driven {
+        Driven::Won(response, tail) => (response, tail),
+        Driven::Own(_) => return MirrorResult::Failed,
+    };
+    let Ok((_, mut answer)) = response.into_parts(leg.out()) else {
+        tail.end(BodyEnd::UpstreamFailed, None);
+        return MirrorResult::Failed;
+    };
+    let drained = tokio::time::timeout_at(deadline, async {
+        loop {
+            match std::future::poll_fn(|cx| answer.poll_frame(cx)).await {
+                None => return true,
+                Some(Ok(_)) => {}
+                Some(Err(_)) => return false,
+            }
+        }
+    })
+    .await;
+    match drained {
+        Ok(true) => {
+            let end = answer.end();
+            let conn = answer.reusable();
+            tail.end(end, conn);
+            MirrorResult::Answered
+        }
+        Ok(false) => {
+            tail.end(BodyEnd::UpstreamFailed, None);
+            MirrorResult::Failed
+        }
+        Err(_) => {
+            tail.end(BodyEnd::Timeout, None);
+            MirrorResult::Failed
+        }
     }
 }
 

@@ -10,13 +10,22 @@
 //! first segment, plus the routes whose path condition does not fix one). Each candidate list
 //! is in configuration order, so the first full match of each list is its best, and the
 //! smallest index over the lists is the route (1,000 routes: see `benches/route.rs`).
+//!
+//! A `split` route then chooses its side: by the hash of its `split_by` key when the request
+//! has one (the same key, the same side), else by a per-thread low-discrepancy sequence
+//! (shares exact within a request or two over any run). A `mirror` samples its share the same
+//! way. Neither takes a lock or allocates.
 
+use std::cell::Cell;
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::config::route::{compile_regex, SplitBy, ValueMatch, ValueTest};
 use crate::config::{HostPattern, ListenerConfig, PathPattern, RouteConfig, MAX_RETRY_ATTEMPTS};
 pub(crate) use crate::exchange::request::RouteRef;
+use crate::metrics::{Registry, RouteMetrics};
 use crate::policy::Policy;
 use crate::upstream::cluster::Cluster;
 
@@ -69,6 +78,58 @@ pub(crate) struct Target {
     pub limits: Limits,
     /// What the route and the cluster do besides (rate limits); `None` when nothing.
     pub policy: Option<Arc<Policy>>,
+    /// The route's counters for this cluster, and its mirror.
+    pub route: Arc<RouteState>,
+}
+
+/// What a route keeps for each cluster it sends to, built at reload.
+pub(crate) struct RouteState {
+    /// Counted by each request's record (`keel_route_*`).
+    pub metrics: Arc<RouteMetrics>,
+    /// The route's `mirror` (one for all its sides).
+    pub mirror: Option<Arc<Mirror>>,
+    /// The route's label in metrics.
+    pub label: Box<str>,
+}
+
+/// A route's `mirror`, compiled: where copies go, and how many may be under way.
+pub(crate) struct Mirror {
+    /// The cluster the copies go to.
+    pub cluster: Arc<Cluster>,
+    /// The copy's limits: the mirror cluster's timeouts, no retry.
+    pub limits: Limits,
+    /// A request is copied when its sample is below this (of 2^64); `u64::MAX`: always.
+    threshold: u64,
+    /// The most copies under way.
+    pub max_in_flight: u32,
+    /// Copies under way.
+    pub in_flight: AtomicU32,
+}
+
+impl Mirror {
+    /// True if this request is to be copied: its share, on the thread's own sequence.
+    pub fn sample(&self) -> bool {
+        self.threshold == u64::MAX || weyl(&MIRROR_SEQ) < self.threshold
+    }
+}
+
+thread_local! {
+    /// Each thread's position in the sequence that places a `split` request without a key.
+    static SPLIT_SEQ: Cell<u64> = const { Cell::new(0) };
+    /// Each thread's position in the sequence that samples a `mirror`'s share.
+    static MIRROR_SEQ: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The next point of a thread's Weyl sequence `n * 2^64 / phi (mod 2^64)`: consecutive
+/// points spread evenly over `0..2^64` (the fraction of any run that falls below `t` is within
+/// a few requests of `t / 2^64`), with no lock and no shared counter.
+fn weyl(seq: &'static std::thread::LocalKey<Cell<u64>>) -> u64 {
+    const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+    seq.with(|n| {
+        let v = n.get().wrapping_add(GOLDEN);
+        n.set(v);
+        v
+    })
 }
 
 impl Target {
@@ -76,6 +137,7 @@ impl Target {
         cluster: Arc<Cluster>,
         route: Option<(usize, &RouteConfig)>,
         listener: &ListenerConfig,
+        state: Arc<RouteState>,
     ) -> Self {
         let limits = Limits::new(
             &cluster.config,
@@ -93,24 +155,141 @@ impl Target {
             cluster,
             limits,
             policy,
+            route: state,
         }
     }
 }
 
-/// A header condition: (lower-case name, exact value).
-type HeaderCondition = (Box<str>, Box<[u8]>);
+/// A condition on a header's or a query parameter's value, compiled.
+struct Condition {
+    /// The header's name in lower case, or the query parameter's as written.
+    name: Box<str>,
+    test: Test,
+    /// The condition holds when the test fails.
+    not: bool,
+}
+
+enum Test {
+    Exact(Box<[u8]>),
+    Regex(regex::bytes::Regex),
+    Present,
+}
+
+impl Condition {
+    fn new(name: &str, m: &ValueMatch, lower: bool) -> anyhow::Result<Self> {
+        let test = match &m.test {
+            ValueTest::Exact(v) => Test::Exact(v.as_bytes().into()),
+            ValueTest::Regex(r) => Test::Regex(compile_regex(r).map_err(anyhow::Error::msg)?),
+            ValueTest::Present => Test::Present,
+        };
+        let name = if lower {
+            name.to_ascii_lowercase()
+        } else {
+            name.to_string()
+        };
+        Ok(Condition {
+            name: name.into(),
+            test,
+            not: m.not,
+        })
+    }
+
+    fn test(&self, value: &[u8]) -> bool {
+        match &self.test {
+            Test::Exact(v) => value == &**v,
+            Test::Regex(r) => r.is_match(value),
+            Test::Present => true,
+        }
+    }
+
+    /// The exact value an index may file the route under (a condition without `not`).
+    fn exact(&self) -> Option<&[u8]> {
+        match &self.test {
+            Test::Exact(v) if !self.not => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// The parameters of a query (`a=1&b&c=3`): name and value as sent (no value: empty).
+fn query_pairs(query: &str) -> impl Iterator<Item = (&[u8], &[u8])> {
+    query
+        .as_bytes()
+        .split(|b| *b == b'&')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.iter().position(|b| *b == b'=') {
+            Some(eq) => (&p[..eq], &p[eq + 1..]),
+            None => (p, &b""[..]),
+        })
+}
+
+/// The value of cookie `name` in a `Cookie` header's value.
+fn cookie_in<'v>(value: &'v [u8], name: &str) -> Option<&'v [u8]> {
+    value.split(|b| *b == b';').find_map(|pair| {
+        let pair = pair.trim_ascii();
+        let eq = pair.iter().position(|b| *b == b'=')?;
+        (pair[..eq].trim_ascii() == name.as_bytes()).then(|| {
+            let v = pair[eq + 1..].trim_ascii();
+            v.strip_prefix(b"\"")
+                .and_then(|v| v.strip_suffix(b"\""))
+                .unwrap_or(v)
+        })
+    })
+}
+
+/// A route's `split`, compiled: each side's upper bound on a point of `0..total`.
+struct Split {
+    bounds: Box<[u32]>,
+    total: u32,
+    by: Option<SplitBy>,
+}
+
+impl Split {
+    /// The side of a request: by the hash of its key when it has one, else by the thread's
+    /// sequence.
+    fn side<'h, I>(&self, fields: &impl Fn() -> I) -> u8
+    where
+        I: Iterator<Item = (&'h str, &'h [u8])>,
+    {
+        let key = match &self.by {
+            Some(SplitBy::Header(name)) => fields()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v),
+            Some(SplitBy::Cookie(name)) => fields()
+                .filter(|(n, _)| n.eq_ignore_ascii_case("cookie"))
+                .find_map(|(_, v)| cookie_in(v, name)),
+            None => None,
+        };
+        let x = match key {
+            Some(k) => keel_balance::hash_key(k),
+            None => weyl(&SPLIT_SEQ),
+        };
+        let point = ((u128::from(x) * u128::from(self.total)) >> 64) as u32;
+        self.bounds.iter().position(|b| point < *b).unwrap_or(0) as u8
+    }
+}
 
 /// One compiled route.
 struct Route {
     path: PathPattern,
+    path_regex: Option<regex::bytes::Regex>,
     methods: Box<[Box<str>]>,
-    headers: Box<[HeaderCondition]>,
-    target: Target,
+    headers: Box<[Condition]>,
+    query: Box<[Condition]>,
+    /// Its cluster's target, or one per side of its `split`.
+    targets: Box<[Target]>,
+    split: Option<Split>,
 }
 
 impl Route {
-    /// Path, methods and headers (the host was matched by the index).
-    fn matches_rest<'h, I>(&self, method: &str, path: &str, fields: &impl Fn() -> I) -> bool
+    /// Path, methods, headers and query (the host was matched by the index).
+    fn matches_rest<'h, I>(
+        &self,
+        method: &str,
+        path: &str,
+        query: &str,
+        fields: &impl Fn() -> I,
+    ) -> bool
     where
         I: Iterator<Item = (&'h str, &'h [u8])>,
     {
@@ -121,8 +300,17 @@ impl Route {
         };
         ok_path
             && (self.methods.is_empty() || self.methods.iter().any(|m| &**m == method))
-            && self.headers.iter().all(|(name, value)| {
-                fields().any(|(n, v)| n.eq_ignore_ascii_case(name) && v == &**value)
+            && self
+                .path_regex
+                .as_ref()
+                .is_none_or(|r| r.is_match(path.as_bytes()))
+            && self.headers.iter().all(|c| {
+                let hit = fields().any(|(n, v)| n.eq_ignore_ascii_case(&c.name) && c.test(v));
+                hit != c.not
+            })
+            && self.query.iter().all(|c| {
+                let hit = query_pairs(query).any(|(n, v)| n == c.name.as_bytes() && c.test(v));
+                hit != c.not
             })
     }
 }
@@ -157,27 +345,86 @@ type Map<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<KeyHasher>>;
 /// header condition is longer are kept with the routes it does not narrow.
 const MAX_HEADER_KEY: usize = 256;
 
-/// Routes in configuration order, those with a header condition by their first one's name
-/// and value.
+/// Routes in configuration order, those with a header or query condition that a request's
+/// fields can look up filed under it.
 #[derive(Default)]
 struct Bucket {
-    /// Routes without a header condition (or with one too long to index).
+    /// Routes without such a condition (or with one too long to index).
     plain: Vec<u16>,
-    /// Routes by their first header condition: `lower-case name \0 value`.
-    by_header: Map<Box<[u8]>, Vec<u16>>,
+    /// Routes by their first indexable condition, in this order: an exact header value
+    /// (`h` lower-case name `\0` value), a header's presence (`p` lower-case name), an exact
+    /// query parameter (`q` name `\0` value).
+    by_key: Map<Box<[u8]>, Vec<u16>>,
+    /// Which kinds of key `by_key` holds ([`KEY_HEADER`] ...), so a request looks up only those.
+    kinds: u8,
+}
+
+const KEY_HEADER: u8 = 1;
+const KEY_PRESENT: u8 = 2;
+const KEY_QUERY: u8 = 4;
+
+/// Writes an index key (`kind name [\0 value]`) into `key`; its length, or `None` if it is too
+/// long to be in the index.
+fn index_key(
+    key: &mut [u8; MAX_HEADER_KEY],
+    kind: u8,
+    name: &[u8],
+    value: Option<&[u8]>,
+    lower: bool,
+) -> Option<usize> {
+    let len = 1 + name.len() + value.map_or(0, |v| 1 + v.len());
+    if len > MAX_HEADER_KEY {
+        return None;
+    }
+    key[0] = match kind {
+        KEY_HEADER => b'h',
+        KEY_PRESENT => b'p',
+        _ => b'q',
+    };
+    for (k, b) in key[1..].iter_mut().zip(name) {
+        *k = if lower { b.to_ascii_lowercase() } else { *b };
+    }
+    if let Some(v) = value {
+        key[1 + name.len()] = 0;
+        key[2 + name.len()..len].copy_from_slice(v);
+    }
+    Some(len)
 }
 
 impl Bucket {
-    fn add(&mut self, headers: &[HeaderCondition], index: u16) {
-        match headers.first() {
-            Some((name, value)) if name.len() + 1 + value.len() <= MAX_HEADER_KEY => {
-                let mut key = Vec::with_capacity(name.len() + 1 + value.len());
-                key.extend_from_slice(name.as_bytes());
-                key.push(0);
-                key.extend_from_slice(value);
-                self.by_header.entry(key.into()).or_default().push(index);
+    fn add(&mut self, route: &Route, index: u16) {
+        let header = || {
+            let c = route.headers.iter().find(|c| c.exact().is_some())?;
+            Some((KEY_HEADER, &c.name, c.exact()))
+        };
+        let present = || {
+            let c = route
+                .headers
+                .iter()
+                .find(|c| matches!(c.test, Test::Present) && !c.not)?;
+            Some((KEY_PRESENT, &c.name, None))
+        };
+        let query = || {
+            let c = route.query.iter().find(|c| c.exact().is_some())?;
+            Some((KEY_QUERY, &c.name, c.exact()))
+        };
+        let mut key = [0u8; MAX_HEADER_KEY];
+        let filed = header()
+            .or_else(present)
+            .or_else(query)
+            .and_then(|(kind, name, value)| {
+                let len = index_key(&mut key, kind, name.as_bytes(), value, false)?;
+                Some((kind, len))
+            });
+        match filed {
+            Some((kind, len)) => {
+                self.kinds |= kind;
+                self.by_key
+                    .entry(key[..len].into())
+                    .or_default()
+                    .push(index);
             }
-            _ => self.plain.push(index),
+            None => self.plain.push(index),
         }
     }
 }
@@ -192,12 +439,16 @@ struct Group {
 }
 
 impl Group {
-    fn add(&mut self, route: &Route, index: u16) {
-        let bucket = match route.path.first_segment() {
+    fn add(&mut self, route: &Route, index: u16, regex: Option<&str>) {
+        let segment = route
+            .path
+            .first_segment()
+            .or_else(|| regex.and_then(regex_segment));
+        let bucket = match segment {
             Some(seg) => self.by_segment.entry(seg.into()).or_default(),
             None => &mut self.rest,
         };
-        bucket.add(&route.headers, index);
+        bucket.add(route, index);
     }
 }
 
@@ -227,13 +478,24 @@ impl ListenerRoutes {
     }
 
     /// Compiles a listener's routes; `cluster` finds a cluster by name (the configuration was
-    /// validated: every name exists).
+    /// validated: every name exists). Their counters come from `registry` (kept across
+    /// reloads), under `listen` (the listener's configured address, which a reload that keeps
+    /// the listener keeps).
     pub fn build(
         config: &ListenerConfig,
         cluster: impl Fn(&str) -> Option<Arc<Cluster>>,
+        registry: &Registry,
+        listen: &str,
     ) -> anyhow::Result<Self> {
         let find =
             |name: &str| cluster(name).ok_or_else(|| anyhow::anyhow!("no cluster named `{name}`"));
+        let state = |label: &str, cluster: &Cluster, mirror: Option<Arc<Mirror>>| {
+            Arc::new(RouteState {
+                metrics: registry.route(listen, label, cluster.name()),
+                mirror,
+                label: label.into(),
+            })
+        };
         let mut table = ListenerRoutes {
             routes: Vec::with_capacity(config.routes.len()),
             exact: Map::default(),
@@ -242,7 +504,12 @@ impl ListenerRoutes {
             listener: config
                 .cluster
                 .as_deref()
-                .map(|name| find(name).map(|c| Target::new(c, None, config)))
+                .map(|name| {
+                    find(name).map(|c| {
+                        let s = state("default", &c, None);
+                        Target::new(c, None, config, s)
+                    })
+                })
                 .transpose()?,
         };
         for (i, r) in config.routes.iter().enumerate() {
@@ -255,28 +522,87 @@ impl ListenerRoutes {
                 HostPattern::Exact(h) => table.exact.entry(h.as_bytes().into()).or_default(),
                 HostPattern::Wildcard(d) => table.wildcard.entry(d.as_bytes().into()).or_default(),
             };
+            let label = r.name.clone().unwrap_or_else(|| i.to_string());
+            let mirror = match &r.mirror {
+                None => None,
+                Some(m) => {
+                    let cluster = find(&m.cluster)?;
+                    let share = m.percent / 100.0;
+                    Some(Arc::new(Mirror {
+                        limits: Limits::new(&cluster.config, None, Some(0)),
+                        cluster,
+                        threshold: if share >= 1.0 {
+                            u64::MAX
+                        } else {
+                            (share * 18_446_744_073_709_551_616.0) as u64
+                        },
+                        max_in_flight: m.max_in_flight,
+                        in_flight: AtomicU32::new(0),
+                    }))
+                }
+            };
+            // A redirect route without a cluster counts under the listener's (validated).
+            let names: Vec<&str> = if r.split.is_empty() {
+                vec![match (r.cluster.as_str(), &config.cluster) {
+                    ("", Some(listener)) => listener,
+                    (name, _) => name,
+                }]
+            } else {
+                r.split.iter().map(|a| a.cluster.as_str()).collect()
+            };
+            let targets = names
+                .into_iter()
+                .map(|name| {
+                    let c = find(name)?;
+                    let s = state(&label, &c, mirror.clone());
+                    Ok(Target::new(c, Some((i, r)), config, s))
+                })
+                .collect::<anyhow::Result<Box<[Target]>>>()?;
+            let split = (!r.split.is_empty()).then(|| {
+                let mut sum = 0;
+                Split {
+                    bounds: r
+                        .split
+                        .iter()
+                        .map(|a| {
+                            sum += a.weight;
+                            sum
+                        })
+                        .collect(),
+                    total: r.split.iter().map(|a| a.weight).sum(),
+                    by: r.split_by.clone(),
+                }
+            });
+            let conditions = |map: &std::collections::BTreeMap<String, ValueMatch>, lower| {
+                map.iter()
+                    .map(|(k, v)| Condition::new(k, v, lower))
+                    .collect::<anyhow::Result<Box<[Condition]>>>()
+            };
             let route = Route {
                 path,
+                path_regex: r
+                    .path_regex
+                    .as_deref()
+                    .map(compile_regex)
+                    .transpose()
+                    .map_err(anyhow::Error::msg)?,
                 methods: r.methods.iter().map(|m| m.as_str().into()).collect(),
-                headers: r
-                    .headers
-                    .iter()
-                    .map(|(k, v)| (k.to_ascii_lowercase().into(), v.as_bytes().into()))
-                    .collect(),
-                // A redirect route without a cluster counts under the listener's (validated).
-                target: Target::new(
-                    find(match (r.cluster.as_str(), &config.cluster) {
-                        ("", Some(listener)) => listener,
-                        (name, _) => name,
-                    })?,
-                    Some((i, r)),
-                    config,
-                ),
+                headers: conditions(&r.headers, true)?,
+                query: conditions(&r.query, false)?,
+                targets,
+                split,
             };
-            group.add(&route, index);
+            group.add(&route, index, r.path_regex.as_deref());
             table.routes.push(route);
         }
         Ok(table)
+    }
+
+    /// Every target (its route's labels and counters are its `route`), for `/metrics`.
+    pub fn targets(&self) -> impl Iterator<Item = &Target> {
+        self.listener
+            .iter()
+            .chain(self.routes.iter().flat_map(|r| r.targets.iter()))
     }
 
     /// The target of a route choice (`None` for [`RouteRef::NotFound`]).
@@ -284,12 +610,15 @@ impl ListenerRoutes {
         match r {
             RouteRef::NotFound => None,
             RouteRef::Listener => self.listener.as_ref(),
-            RouteRef::Route(i) => self.routes.get(usize::from(i)).map(|r| &r.target),
+            RouteRef::Route(i, side) => self
+                .routes
+                .get(usize::from(i))
+                .and_then(|r| r.targets.get(usize::from(side))),
         }
     }
 
-    /// Chooses the route of a request. `path` is the target in origin form (a query is not
-    /// part of the match); `authority` is an absolute-form target's or HTTP/2's `:authority`,
+    /// Chooses the route of a request, and the side of its `split`. `path` is the target in
+    /// origin form (its query is matched by `query` conditions only); `authority` is an absolute-form target's or HTTP/2's `:authority`,
     /// which wins over the `Host` header among `fields` (RFC 9112 section 3.2.2).
     pub fn choose<'h, I>(
         &self,
@@ -304,7 +633,7 @@ impl ListenerRoutes {
         if self.routes.is_empty() {
             return self.fallback();
         }
-        let path = path.split_once('?').map_or(path, |(p, _)| p);
+        let (path, query) = path.split_once('?').unwrap_or((path, ""));
         // Matched as the endpoint will get it: dot segments resolved, `//` merged (borrowed
         // unless there is any). A path climbing above the root is matched as sent; the
         // request's rewrite refuses it.
@@ -314,24 +643,28 @@ impl ListenerRoutes {
         let mut best: Option<u16> = None;
         let routes = &self.routes[..];
         let consider_bucket = |bucket: &Bucket, best: &mut Option<u16>| {
-            first_match(routes, &bucket.plain, method, path, &fields, best);
-            if bucket.by_header.is_empty() {
+            let at = (method, path, query);
+            first_match(routes, &bucket.plain, at, &fields, best);
+            if bucket.kinds == 0 {
                 return;
             }
             let mut key = [0u8; MAX_HEADER_KEY];
+            let mut look = |kind, name: &[u8], value, lower| {
+                if bucket.kinds & kind == 0 {
+                    return;
+                }
+                if let Some(len) = index_key(&mut key, kind, name, value, lower) {
+                    if let Some(list) = bucket.by_key.get(&key[..len]) {
+                        first_match(routes, list, at, &fields, best);
+                    }
+                }
+            };
             for (name, value) in fields() {
-                let len = name.len() + 1 + value.len();
-                if len > MAX_HEADER_KEY {
-                    continue;
-                }
-                for (k, b) in key.iter_mut().zip(name.bytes()) {
-                    *k = b.to_ascii_lowercase();
-                }
-                key[name.len()] = 0;
-                key[name.len() + 1..len].copy_from_slice(value);
-                if let Some(list) = bucket.by_header.get(&key[..len]) {
-                    first_match(routes, list, method, path, &fields, best);
-                }
+                look(KEY_HEADER, name.as_bytes(), Some(value), true);
+                look(KEY_PRESENT, name.as_bytes(), None, true);
+            }
+            for (name, value) in query_pairs(query) {
+                look(KEY_QUERY, name, Some(value), false);
             }
         };
         let mut consider = |group: &Group| {
@@ -363,7 +696,13 @@ impl ListenerRoutes {
         }
         consider(&self.any_host);
         match best {
-            Some(i) => RouteRef::Route(i),
+            Some(i) => {
+                let side = self.routes[usize::from(i)]
+                    .split
+                    .as_ref()
+                    .map_or(0, |s| s.side(&fields));
+                RouteRef::Route(i, side)
+            }
             None => self.fallback(),
         }
     }
@@ -387,7 +726,7 @@ impl RouteMatcher {
     /// The routes of listener `listener` of a validated configuration (its clusters are built
     /// as a proxy builds them).
     pub fn new(config: &crate::ProxyConfig, listener: usize) -> anyhow::Result<Self> {
-        let registry = crate::metrics::Registry::default();
+        let registry = Registry::default();
         let epoch = std::time::Instant::now();
         let clusters = config
             .clusters
@@ -398,9 +737,12 @@ impl RouteMatcher {
             .listeners
             .get(listener)
             .ok_or_else(|| anyhow::anyhow!("no listener[{listener}]"))?;
-        let routes = ListenerRoutes::build(l, |name| {
-            clusters.iter().find(|c| c.name() == name).cloned()
-        })?;
+        let routes = ListenerRoutes::build(
+            l,
+            |name| clusters.iter().find(|c| c.name() == name).cloned(),
+            &registry,
+            &l.listen.to_string(),
+        )?;
         Ok(Self { routes })
     }
 
@@ -417,9 +759,24 @@ impl RouteMatcher {
             .routes
             .choose(method, path, authority, || headers.iter().copied())
         {
-            RouteRef::Route(i) => Some(usize::from(i)),
+            RouteRef::Route(i, _) => Some(usize::from(i)),
             _ => None,
         }
+    }
+
+    /// The route a request takes and the cluster that serves it (the side of a `split`).
+    pub fn choose_cluster(
+        &self,
+        method: &str,
+        path: &str,
+        authority: Option<&str>,
+        headers: &[(&str, &[u8])],
+    ) -> Option<(Option<usize>, &str)> {
+        let r = self
+            .routes
+            .choose(method, path, authority, || headers.iter().copied());
+        let t = self.routes.target(r)?;
+        Some((r.index().map(usize::from), t.cluster.name()))
     }
 }
 
@@ -428,8 +785,7 @@ impl RouteMatcher {
 fn first_match<'h, I>(
     routes: &[Route],
     list: &[u16],
-    method: &str,
-    path: &str,
+    (method, path, query): (&str, &str, &str),
     fields: &impl Fn() -> I,
     best: &mut Option<u16>,
 ) where
@@ -439,11 +795,31 @@ fn first_match<'h, I>(
         if best.is_some_and(|b| b <= i) {
             return;
         }
-        if routes[usize::from(i)].matches_rest(method, path, fields) {
+        if routes[usize::from(i)].matches_rest(method, path, query, fields) {
             *best = Some(i);
             return;
         }
     }
+}
+
+/// The first path segment of every path a `path_regex` matches, when the expression starts
+/// with `^/` and a literal that goes past that segment (`^/users/[0-9]+$` -> `users`), so
+/// that the index narrows such routes as it does prefixes. `None` when unsure: an alternation
+/// anywhere, flags, or a quantifier on the literal's last character.
+fn regex_segment(pattern: &str) -> Option<&str> {
+    if pattern.contains('|') {
+        return None;
+    }
+    let rest = pattern.strip_prefix("^/")?;
+    let end = rest
+        .find(|c: char| !(c.is_ascii_alphanumeric() || "-_~/:@!&=,;".contains(c)))
+        .unwrap_or(rest.len());
+    let mut literal = &rest[..end];
+    if rest[end..].starts_with(['*', '+', '?', '{']) {
+        // The quantifier applies to the literal's last character.
+        literal = &literal[..literal.len().saturating_sub(1)];
+    }
+    literal.split_once('/').map(|(seg, _)| seg)
 }
 
 /// The first segment of a request path (`/v1/users` -> `v1`); `None` for `*`.
@@ -496,5 +872,19 @@ mod tests {
         assert_eq!(request_segment("/v1"), Some("v1"));
         assert_eq!(request_segment("/"), Some(""));
         assert_eq!(request_segment("*"), None);
+    }
+
+    #[test]
+    fn anchored_regexes_with_a_literal_segment_are_indexed() {
+        assert_eq!(regex_segment("^/users/[0-9]+$"), Some("users"));
+        assert_eq!(regex_segment("^/api/v[0-9]+/"), Some("api"));
+        assert_eq!(regex_segment("^/a/b?"), Some("a"));
+        assert_eq!(regex_segment("^/ab?/"), None);
+        assert_eq!(regex_segment("^/ab*/x"), None);
+        assert_eq!(regex_segment("^/users$"), None);
+        assert_eq!(regex_segment("/users/[0-9]+"), None);
+        assert_eq!(regex_segment("^/a/x|^/b/y"), None);
+        assert_eq!(regex_segment("(?i)^/a/"), None);
+        assert_eq!(regex_segment("^/a.b/"), None);
     }
 }

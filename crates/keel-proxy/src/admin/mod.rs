@@ -128,6 +128,13 @@ pub(crate) fn status_json(shared: &Shared, recent: &Recent) -> serde_json::Value
         .zip(live.iter())
         .map(|(l, slot)| {
             let (a, not_found) = (slot.addr, &slot.not_found);
+            // Conditions as text (`v`, `~ regex`, `present`, `not ...`): an exact value shows as
+            // written.
+            let shown = |m: &std::collections::BTreeMap<String, crate::config::ValueMatch>| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), v.to_string()))
+                    .collect::<std::collections::BTreeMap<_, _>>()
+            };
             let routes: Vec<_> = l
                 .routes
                 .iter()
@@ -139,7 +146,13 @@ pub(crate) fn status_json(shared: &Shared, recent: &Recent) -> serde_json::Value
                         "path": r.path,
                         "path_prefix": r.path_prefix,
                         "methods": r.methods,
-                        "headers": r.headers,
+                        "headers": shown(&r.headers),
+                        "path_regex": r.path_regex,
+                        "query": shown(&r.query),
+                        "name": r.name,
+                        "split": r.split,
+                        "split_by": r.split_by,
+                        "mirror": r.mirror,
                         "cluster": r.cluster,
                         "request_timeout_ms": r.request_timeout.map(ms),
                         "retry_attempts": r.retry_attempts,
@@ -271,6 +284,30 @@ fn metrics_text(shared: &Shared) -> String {
         shared.reloads.load(Relaxed),
         shared.reload_failures.load(Relaxed),
     );
+    // A listener is labelled by its bound address (a port 0 is the one it got), from its slot:
+    // the route tables are by slot index.
+    let slots = shared.all_listeners.load();
+    let bound: Vec<String> = (0..routing.listeners.len())
+        .map(|i| {
+            slots
+                .get(i)
+                .map_or_else(String::new, |s| s.addr.to_string())
+        })
+        .collect();
+    let routes: Vec<metrics::RouteView<'_>> = routing
+        .listeners
+        .iter()
+        .zip(&bound)
+        .flat_map(|(l, addr)| l.targets().map(move |t| (addr, t)))
+        .map(|(addr, t)| metrics::RouteView {
+            listener: addr,
+            route: &t.route.label,
+            cluster: t.cluster.name(),
+            metrics: &t.route.metrics,
+            mirrors: t.route.mirror.is_some(),
+        })
+        .collect();
+    metrics::render_routes(&mut out, &routes);
     metrics::render_process(&mut out);
     if routing.tracing.as_ref().is_some_and(|t| t.export.is_some()) {
         metrics::render_trace_spans(&mut out, &shared.registry.trace_spans);

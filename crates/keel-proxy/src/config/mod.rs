@@ -51,8 +51,8 @@ pub use policy::{
     HashOn, HashOnError, HeaderEdits, RateKey, RateLimitConfig, RedirectConfig, ReplacePrefix,
     RequestPolicy, ResponseHeaders, StickyConfig,
 };
-pub use route::RouteConfig;
 pub(crate) use route::{HostPattern, PathPattern};
+pub use route::{MirrorConfig, RouteConfig, SplitArm, SplitBy, ValueMatch, ValueTest};
 
 /// The whole proxy configuration (one TOML file).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -125,7 +125,7 @@ impl ProxyConfig {
         self.listeners
             .iter()
             .flat_map(|l| &l.routes)
-            .filter(|r| r.cluster == cluster.name)
+            .filter(|r| r.clusters().any(|c| c == cluster.name))
             .filter_map(|r| r.retry_attempts)
             .map(|n| cluster.amplification_with(n).worst_case)
             .fold(cluster.amplification().worst_case, u32::max)
@@ -301,6 +301,57 @@ impl ProxyConfig {
             }
             for (j, r) in l.routes.iter().enumerate() {
                 let route = at.clone().then("route").at(j);
+                if let Some(name) = r.name.as_deref() {
+                    if l.routes[..j]
+                        .iter()
+                        .any(|o| o.name.as_deref() == Some(name))
+                    {
+                        return Err(InvalidField::new(
+                            route.then("name"),
+                            Problem::Invalid(format!(
+                                "route `{name}` is named twice in this listener"
+                            )),
+                        ));
+                    }
+                }
+                for (k, arm) in r.split.iter().enumerate() {
+                    if !self.clusters.iter().any(|c| c.name == arm.cluster) {
+                        return Err(InvalidField::new(
+                            route.then("split").at(k).then("cluster"),
+                            unknown(&arm.cluster),
+                        ));
+                    }
+                }
+                if let Some(m) = &r.mirror {
+                    let Some(mc) = self.clusters.iter().find(|c| c.name == m.cluster) else {
+                        return Err(InvalidField::new(
+                            route.then("mirror").then("cluster"),
+                            unknown(&m.cluster),
+                        ));
+                    };
+                    // The copy is the head written for the route's own endpoints, in their
+                    // protocol's form.
+                    let mut own: Vec<&str> = r.clusters().collect();
+                    if own.is_empty() {
+                        own.extend(l.cluster.as_deref());
+                    }
+                    if let Some(other) = own
+                        .into_iter()
+                        .filter_map(|n| self.clusters.iter().find(|c| c.name == n))
+                        .find(|c| c.protocol != mc.protocol)
+                    {
+                        return Err(InvalidField::new(
+                            route.then("mirror").then("cluster"),
+                            Problem::Invalid(format!(
+                                "cluster `{}` speaks another protocol than the route's cluster `{}`: a mirror gets the head written for the route's endpoints",
+                                mc.name, other.name
+                            )),
+                        ));
+                    }
+                }
+                if !r.split.is_empty() {
+                    continue;
+                }
                 if r.cluster.is_empty() {
                     let problem = match (&r.redirect, &l.cluster) {
                         (Some(_), Some(_)) => continue,
@@ -392,7 +443,7 @@ impl ProxyConfig {
             let http_user = self.listeners.iter().find(|l| {
                 l.protocol != ListenerProtocol::Tcp
                     && (l.cluster.as_deref() == Some(c.name.as_str())
-                        || l.routes.iter().any(|r| r.cluster == c.name))
+                        || l.routes.iter().any(|r| r.clusters().any(|n| n == c.name)))
             });
             if let (Some(_), Some(l)) = (c.proxy_protocol, http_user) {
                 return Err(InvalidField::new(

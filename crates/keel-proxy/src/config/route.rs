@@ -24,11 +24,31 @@ pub struct RouteConfig {
     pub path: Option<String>,
     /// The method is one of these (case-sensitive, as methods are).
     pub methods: Vec<String>,
-    /// Each of these headers is present with exactly this value (names case-insensitive).
-    pub headers: std::collections::BTreeMap<String, String>,
+    /// Each of these headers meets its condition (names case-insensitive): a string is the
+    /// exact value; a table says `exact`, `regex`, `present` or `absent`, and `not = true`
+    /// inverts it.
+    pub headers: std::collections::BTreeMap<String, ValueMatch>,
+    /// The path (without the query, dot segments resolved) matches this regular expression
+    /// (unanchored: write `^...$` for the whole path).
+    pub path_regex: Option<String>,
+    /// Each of these query parameters meets its condition, as `headers` (names and values as
+    /// sent, not percent-decoded).
+    pub query: std::collections::BTreeMap<String, ValueMatch>,
+    /// The route's label in metrics (`route="..."`); unnamed routes are labelled by their
+    /// index in the listener's list (`"0"`, `"1"`, ...).
+    pub name: Option<String>,
     /// The cluster that serves the requests of this route. Required, except on a `redirect`
-    /// route, which then counts under the listener's `cluster` (empty: not set).
+    /// route, which then counts under the listener's `cluster`, and on a `split` route
+    /// (empty: not set).
     pub cluster: String,
+    /// Weighted shares of the route's requests to several clusters (instead of `cluster`).
+    pub split: Vec<SplitArm>,
+    /// What keeps a client on one side of a `split`: `header:NAME` or `cookie:NAME` (a
+    /// request without it is placed by the share alone). Unset: requests are spread by share.
+    pub split_by: Option<SplitBy>,
+    /// A copy of a share of the route's requests goes to another cluster; its answer is
+    /// read and dropped, never waited for.
+    pub mirror: Option<MirrorConfig>,
     /// Overrides the cluster's `request_timeout` for this route.
     pub request_timeout: Option<Duration>,
     /// Overrides the cluster's `retry.attempts` for this route.
@@ -53,7 +73,13 @@ pub(crate) const ROUTE_KEYS: &[&str] = &[
     "path",
     "methods",
     "headers",
+    "path_regex",
+    "query",
+    "name",
     "cluster",
+    "split",
+    "split_by",
+    "mirror",
     "request_timeout",
     "retry_attempts",
     "rate_limit",
@@ -101,6 +127,12 @@ impl<'de> Deserialize<'de> for RouteConfig {
                         "methods" => r.methods = map.next_value()?,
                         "headers" => r.headers = map.next_value()?,
                         "cluster" => r.cluster = map.next_value()?,
+                        "path_regex" => r.path_regex = map.next_value()?,
+                        "query" => r.query = map.next_value()?,
+                        "name" => r.name = map.next_value()?,
+                        "split" => r.split = map.next_value()?,
+                        "split_by" => r.split_by = map.next_value()?,
+                        "mirror" => r.mirror = map.next_value()?,
                         "request_timeout" => r.request_timeout = map.next_value_seed(Timeout)?,
                         "retry_attempts" => r.retry_attempts = map.next_value()?,
                         "redirect" => r.redirect = map.next_value()?,
@@ -177,6 +209,208 @@ impl TryFrom<String> for Cidr {
     }
 }
 
+/// The most bytes a route's regular expression may compile to (the `regex` crate's
+/// `size_limit`): matching stays linear in the input, and this bounds its memory.
+pub(crate) const MAX_REGEX_BYTES: usize = 256 * 1024;
+
+/// Compiles a route's regular expression with keel's bound on its size.
+pub(crate) fn compile_regex(pattern: &str) -> Result<regex::bytes::Regex, String> {
+    regex::bytes::RegexBuilder::new(pattern)
+        .size_limit(MAX_REGEX_BYTES)
+        .build()
+        .map_err(|e| match e {
+            regex::Error::CompiledTooBig(n) => format!(
+                "`{pattern}` compiles to more than {n} bytes; simplify it (e.g. fewer repetitions of large classes)"
+            ),
+            e => format!("`{pattern}` is not a regular expression: {e}"),
+        })
+}
+
+/// A condition on a header's or a query parameter's value. In TOML: a string (exactly this
+/// value), or a table with one of `exact`, `regex` (unanchored), `present = true`,
+/// `absent = true`, and optionally `not = true`, which inverts the condition (`{ exact = "a",
+/// not = true }` holds for any other value and for no value at all).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ValueMatch {
+    /// What is tested.
+    pub test: ValueTest,
+    /// The condition holds when the test fails.
+    pub not: bool,
+}
+
+/// What a [`ValueMatch`] tests.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ValueTest {
+    /// A value equal to this.
+    Exact(String),
+    /// A value this regular expression matches.
+    Regex(String),
+    /// Any value (the name is there).
+    Present,
+}
+
+impl ValueMatch {
+    /// Exactly `value`.
+    pub fn exact(value: impl Into<String>) -> Self {
+        ValueMatch {
+            test: ValueTest::Exact(value.into()),
+            not: false,
+        }
+    }
+}
+
+/// As `/status` and the admin page show it: the exact value as written, `~ REGEX`,
+/// `present`, each after `not ` when inverted (`not present` is `absent`).
+impl std::fmt::Display for ValueMatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.not {
+            f.write_str("not ")?;
+        }
+        match &self.test {
+            ValueTest::Exact(v) => f.write_str(v),
+            ValueTest::Regex(r) => write!(f, "~ {r}"),
+            ValueTest::Present => f.write_str("present"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ValueMatch {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Table {
+            exact: Option<String>,
+            regex: Option<String>,
+            present: Option<bool>,
+            absent: Option<bool>,
+            #[serde(default)]
+            not: bool,
+        }
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Exact(String),
+            Table(Table),
+        }
+        use serde::de::Error;
+        match Either::deserialize(d).map_err(|_| {
+            D::Error::custom("expected a value (\"v\") or a table with one of `exact`, `regex`, `present = true`, `absent = true`, and optionally `not = true`")
+        })? {
+            Either::Exact(v) => Ok(ValueMatch::exact(v)),
+            Either::Table(t) => {
+                let mut tests = Vec::new();
+                if let Some(v) = t.exact {
+                    tests.push((ValueTest::Exact(v), false));
+                }
+                if let Some(v) = t.regex {
+                    tests.push((ValueTest::Regex(v), false));
+                }
+                if let Some(p) = t.present {
+                    tests.push((ValueTest::Present, !p));
+                }
+                if let Some(a) = t.absent {
+                    tests.push((ValueTest::Present, a));
+                }
+                match tests.pop() {
+                    Some((test, not)) if tests.is_empty() => Ok(ValueMatch {
+                        test,
+                        not: not != t.not,
+                    }),
+                    _ => Err(D::Error::custom(
+                        "give exactly one of `exact`, `regex`, `present` and `absent`",
+                    )),
+                }
+            }
+        }
+    }
+}
+
+/// One side of a route's `split`: `{ cluster = "a", weight = 90 }`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitArm {
+    /// The cluster.
+    pub cluster: String,
+    /// Its share: `weight` over the sum of the route's weights.
+    pub weight: u32,
+}
+
+/// The most sides a `split` may have.
+pub const MAX_SPLIT_ARMS: usize = 64;
+
+/// The largest sum of a `split`'s weights.
+pub const MAX_SPLIT_WEIGHT: u32 = 1_000_000;
+
+/// What keeps a client on one side of a `split` (`split_by`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum SplitBy {
+    /// `header:NAME`: the value of this header (lower case).
+    Header(String),
+    /// `cookie:NAME`: the value of this cookie.
+    Cookie(String),
+}
+
+impl TryFrom<String> for SplitBy {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        let bad = || format!("`{s}`: write \"header:NAME\" or \"cookie:NAME\"");
+        match s.split_once(':') {
+            Some(("header", name))
+                if hyper::header::HeaderName::from_bytes(name.as_bytes()).is_ok() =>
+            {
+                Ok(SplitBy::Header(name.to_ascii_lowercase()))
+            }
+            Some(("cookie", name))
+                if !name.is_empty()
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_graphic() && !b"=;,\"".contains(&b)) =>
+            {
+                Ok(SplitBy::Cookie(name.to_string()))
+            }
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl From<SplitBy> for String {
+    fn from(s: SplitBy) -> String {
+        match s {
+            SplitBy::Header(n) => format!("header:{n}"),
+            SplitBy::Cookie(n) => format!("cookie:{n}"),
+        }
+    }
+}
+
+/// `mirror = { cluster = "m", percent = 10 }`: a copy of this share of the route's requests
+/// goes to `cluster`, whose answer is read and dropped. The client's request never waits for
+/// it; at most `max_in_flight` copies are under way (more are dropped, and counted); a
+/// request whose body is streamed (over 64 KiB, or of unknown length past that) is not
+/// copied.
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MirrorConfig {
+    /// The cluster the copies go to.
+    pub cluster: String,
+    /// The share of requests copied, 0 to 100 (default 100).
+    #[serde(default = "hundred")]
+    pub percent: f64,
+    /// The most copies under way at once (default 64).
+    #[serde(default = "default_mirror_in_flight")]
+    pub max_in_flight: u32,
+}
+
+fn hundred() -> f64 {
+    100.0
+}
+
+fn default_mirror_in_flight() -> u32 {
+    64
+}
+
 /// A route's host condition, compiled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum HostPattern {
@@ -231,6 +465,13 @@ impl RouteConfig {
         }
     }
 
+    /// The clusters the route's requests go to: its `cluster`, or its `split`'s.
+    pub fn clusters(&self) -> impl Iterator<Item = &str> {
+        let own = (!self.cluster.is_empty()).then_some(self.cluster.as_str());
+        own.into_iter()
+            .chain(self.split.iter().map(|a| a.cluster.as_str()))
+    }
+
     /// The path condition.
     pub(crate) fn path_pattern(&self) -> PathPattern {
         match (&self.path, &self.path_prefix) {
@@ -283,17 +524,117 @@ impl RouteConfig {
                 Problem::Invalid(format!("`{m}` is not a method, e.g. \"GET\"")),
             ));
         }
-        for (name, value) in &self.headers {
+        for (name, m) in &self.headers {
             if hyper::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
                 return Err(InvalidField::at(
                     "headers",
                     Problem::Invalid(format!("`{name}` is not a header name")),
                 ));
             }
-            if hyper::header::HeaderValue::from_str(value).is_err() {
+            match &m.test {
+                ValueTest::Exact(value) if hyper::header::HeaderValue::from_str(value).is_err() => {
+                    return Err(InvalidField::at(
+                        "headers",
+                        Problem::Invalid(format!("the value of `{name}` is not a header value")),
+                    ));
+                }
+                ValueTest::Regex(r) => {
+                    compile_regex(r)
+                        .map_err(|e| InvalidField::at("headers", Problem::Invalid(e)))?;
+                }
+                _ => {}
+            }
+        }
+        for (name, m) in &self.query {
+            if name.is_empty() || name.bytes().any(|b| b <= b' ' || b"&=#".contains(&b)) {
                 return Err(InvalidField::at(
-                    "headers",
-                    Problem::Invalid(format!("the value of `{name}` is not a header value")),
+                    "query",
+                    Problem::Invalid(format!("`{name}` is not a query parameter name")),
+                ));
+            }
+            if let ValueTest::Regex(r) = &m.test {
+                compile_regex(r).map_err(|e| InvalidField::at("query", Problem::Invalid(e)))?;
+            }
+        }
+        if let Some(r) = &self.path_regex {
+            if self.path.is_some() {
+                return Err(InvalidField::at(
+                    "path_regex",
+                    Problem::Invalid("set `path` (exact) or `path_regex`, not both".into()),
+                ));
+            }
+            compile_regex(r).map_err(|e| InvalidField::at("path_regex", Problem::Invalid(e)))?;
+        }
+        if let Some(n) = &self.name {
+            if n.is_empty()
+                || n.bytes().all(|b| b.is_ascii_digit())
+                || !n
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-.:/".contains(&b))
+            {
+                return Err(InvalidField::at(
+                    "name",
+                    Problem::Invalid(format!("`{n}`: a route's name is letters, digits and `_-.:/`, not digits alone (those label unnamed routes)")),
+                ));
+            }
+        }
+        if !self.split.is_empty() {
+            if !self.cluster.is_empty() || self.redirect.is_some() {
+                return Err(InvalidField::at(
+                    "split",
+                    Problem::Invalid(
+                        "a `split` route chooses its cluster: leave out `cluster` and `redirect`"
+                            .into(),
+                    ),
+                ));
+            }
+            if self.split.len() > MAX_SPLIT_ARMS {
+                return Err(InvalidField::at(
+                    "split",
+                    Problem::out_of_range(
+                        format!("at most {MAX_SPLIT_ARMS} sides"),
+                        self.split.len(),
+                    ),
+                ));
+            }
+            if let Some((k, a)) = self
+                .split
+                .iter()
+                .enumerate()
+                .find(|(k, a)| self.split[..*k].iter().any(|o| o.cluster == a.cluster))
+            {
+                return Err(InvalidField::new(
+                    keel_balance::FieldPath::key("split").at(k).then("cluster"),
+                    Problem::Invalid(format!("cluster `{}` is a side of this split twice: give it one side with the sum of the weights", a.cluster)),
+                ));
+            }
+            let total: u64 = self.split.iter().map(|a| u64::from(a.weight)).sum();
+            if self.split.iter().any(|a| a.weight == 0) || total > u64::from(MAX_SPLIT_WEIGHT) {
+                return Err(InvalidField::at(
+                    "split",
+                    Problem::out_of_range(
+                        format!("weights of at least 1, summing to at most {MAX_SPLIT_WEIGHT}"),
+                        total,
+                    ),
+                ));
+            }
+        } else if self.split_by.is_some() {
+            return Err(InvalidField::at(
+                "split_by",
+                Problem::NotApplicable("only a `split` route has sides to keep a client on".into()),
+            ));
+        }
+        if let Some(m) = &self.mirror {
+            if !(0.0..=100.0).contains(&m.percent) {
+                return Err(InvalidField::new(
+                    keel_balance::FieldPath::key("mirror").then("percent"),
+                    Problem::out_of_range("within 0..=100", m.percent),
+                ));
+            }
+            if m.max_in_flight == 0 {
+                return Err(InvalidField::new(
+                    keel_balance::FieldPath::key("mirror").then("max_in_flight"),
+                    Problem::out_of_range("at least 1", 0),
                 ));
             }
         }

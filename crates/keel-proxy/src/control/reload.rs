@@ -70,9 +70,12 @@ impl Shared {
             })
             .collect();
         for (i, l) in config.listeners.iter().enumerate() {
-            let table = ListenerRoutes::build(l, |name| {
-                clusters.iter().find(|c| c.name() == name).cloned()
-            })
+            let table = ListenerRoutes::build(
+                l,
+                |name| clusters.iter().find(|c| c.name() == name).cloned(),
+                &self.registry,
+                &l.listen.to_string(),
+            )
             .with_context(|| format!("listener[{i}]"))?;
             out[indexes[i]] = Arc::new(table);
         }

@@ -97,15 +97,16 @@ pub(crate) enum RouteRef {
     NotFound,
     /// No route matched: the listener's `cluster`.
     Listener,
-    /// This route (its index in the listener's `route` list).
-    Route(u16),
+    /// This route (its index in the listener's `route` list), and the side of its `split`
+    /// chosen (0 without one).
+    Route(u16, u8),
 }
 
 impl RouteRef {
     /// The route's index, if a route matched.
     pub fn index(self) -> Option<u16> {
         match self {
-            RouteRef::Route(i) => Some(i),
+            RouteRef::Route(i, _) => Some(i),
             _ => None,
         }
     }

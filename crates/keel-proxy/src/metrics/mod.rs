@@ -141,10 +141,121 @@ pub struct EndpointMetrics {
     pub engine: engine::EngineSignals,
 }
 
-/// Metrics by cluster name and endpoint address, kept across reloads.
+/// What a listener's route answered, per cluster it sends to (a `split` route has several):
+/// counted by each request's record, through the route's target (no lookup per request).
+#[derive(Debug, Default)]
+pub struct RouteMetrics {
+    /// Responses to clients by status class.
+    pub responses: [AtomicU64; 5],
+    /// Bytes received of requests: over HTTP/1.1 the head and the body, over HTTP/2 the body.
+    pub request_bytes: AtomicU64,
+    /// Bytes sent of responses: over HTTP/1.1 the head and the body, over HTTP/2 the body.
+    pub response_bytes: AtomicU64,
+    /// Copies to the route's `mirror` by [`MirrorResult`].
+    pub mirrored: [AtomicU64; 4],
+}
+
+/// What became of a request's copy to a route's `mirror`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MirrorResult {
+    /// Sent, and its answer read (whatever its status).
+    Answered = 0,
+    /// Not sent: `max_in_flight` copies were under way.
+    Dropped = 1,
+    /// Not sent: the request's body was streamed, not held whole.
+    Skipped = 2,
+    /// Sent, but no answer came within the mirror cluster's `request_timeout`, or the try
+    /// failed.
+    Failed = 3,
+}
+
+const MIRROR_RESULTS: [&str; 4] = ["answered", "dropped", "skipped", "failed"];
+
+/// A route's figures for the text rendering.
+pub struct RouteView<'a> {
+    /// The listener's address.
+    pub listener: &'a str,
+    /// The route's `name`, else its index in the listener's list; `default` for the
+    /// listener's own `cluster`.
+    pub route: &'a str,
+    /// The cluster the requests went to.
+    pub cluster: &'a str,
+    /// Its counters.
+    pub metrics: &'a RouteMetrics,
+    /// True if the route mirrors (its `mirrored` counters are rendered).
+    pub mirrors: bool,
+}
+
+/// Renders the counters by listener and route.
+pub fn render_routes(out: &mut String, routes: &[RouteView<'_>]) {
+    let labels = |r: &RouteView<'_>| {
+        format!(
+            "listener=\"{}\",route=\"{}\",cluster=\"{}\"",
+            label(r.listener),
+            label(r.route),
+            label(r.cluster)
+        )
+    };
+    header(
+        out,
+        "keel_route_requests_total",
+        "counter",
+        "Responses sent to clients, by listener, route (its name, else its index; default: the listener's cluster), cluster and status class.",
+    );
+    for r in routes {
+        let l = labels(r);
+        for (i, class) in CLASSES.iter().enumerate() {
+            let v = r.metrics.responses[i].load(Relaxed);
+            let _ = writeln!(
+                out,
+                "keel_route_requests_total{{{l},class=\"{class}\"}} {v}"
+            );
+        }
+    }
+    for (name, help, value) in [
+        (
+            "keel_route_request_bytes_total",
+            "Bytes received of requests (HTTP/1.1: head and body; HTTP/2: body), by listener, route and cluster.",
+            (|m: &RouteMetrics| m.request_bytes.load(Relaxed)) as fn(&RouteMetrics) -> u64,
+        ),
+        (
+            "keel_route_response_bytes_total",
+            "Bytes sent of responses (HTTP/1.1: head and body; HTTP/2: body), by listener, route and cluster.",
+            |m: &RouteMetrics| m.response_bytes.load(Relaxed),
+        ),
+    ] {
+        header(out, name, "counter", help);
+        for r in routes {
+            let _ = writeln!(out, "{name}{{{}}} {}", labels(r), value(r.metrics));
+        }
+    }
+    if routes.iter().any(|r| r.mirrors) {
+        header(
+            out,
+            "keel_route_mirrored_total",
+            "counter",
+            "Copies of a route's requests to its mirror, by result: answered, dropped (max_in_flight copies under way), skipped (a streamed body), failed (no answer in time, or the try failed).",
+        );
+        for r in routes.iter().filter(|r| r.mirrors) {
+            let l = labels(r);
+            for (i, result) in MIRROR_RESULTS.iter().enumerate() {
+                let v = r.metrics.mirrored[i].load(Relaxed);
+                let _ = writeln!(
+                    out,
+                    "keel_route_mirrored_total{{{l},result=\"{result}\"}} {v}"
+                );
+            }
+        }
+    }
+}
+
+/// Metrics by cluster name and endpoint address, and by listener and route, kept across
+/// reloads.
 #[derive(Debug, Default)]
 pub struct Registry {
     clusters: Mutex<HashMap<String, ClusterEntry>>,
+    /// By (listener, route label, cluster).
+    routes: Mutex<HashMap<(String, String, String), Arc<RouteMetrics>>>,
     /// The span export's (`[tracing] otlp`), whatever exporter a reload starts.
     pub(crate) trace_spans: Arc<SpanCounters>,
 }
@@ -171,6 +282,14 @@ impl Registry {
     pub fn cluster(&self, name: &str) -> Arc<ClusterMetrics> {
         let mut map = self.clusters.lock().unwrap_or_else(|e| e.into_inner());
         map.entry(name.to_string()).or_default().metrics.clone()
+    }
+
+    /// The metrics of a listener's route to a cluster, created on first use.
+    pub fn route(&self, listener: &str, route: &str, cluster: &str) -> Arc<RouteMetrics> {
+        let mut map = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry((listener.to_string(), route.to_string(), cluster.to_string()))
+            .or_default()
+            .clone()
     }
 
     /// The metrics of an endpoint of a cluster, created on first use.

@@ -2,7 +2,7 @@
 //! done: sent or cut (an endpoint's response when its body ends; keel's own answer over
 //! HTTP/2 when it is handed to hyper, its body being in memory), and [`Record::write`] writes
 //! everything keel keeps of the request from it, in one place: the response counted by status
-//! class (`keel_requests_total`), the warning line of a 5xx keel answered itself, the
+//! class (`keel_requests_total`, and by route `keel_route_*` with its bytes), the warning line of a 5xx keel answered itself, the
 //! access-log line, and a sampled request's spans for export (`[tracing] otlp`).
 
 use std::sync::atomic::Ordering::Relaxed;
@@ -47,6 +47,12 @@ pub(crate) struct Record<'a> {
     pub bytes_sent: u64,
     /// Bytes of its body written to the client.
     pub body_bytes_sent: u64,
+    /// The counters of its route to its cluster (`keel_route_*`); `None` before a route
+    /// chose one.
+    pub route_metrics: Option<&'a crate::metrics::RouteMetrics>,
+    /// Bytes of the request received: head and body over HTTP/1.1, the body over HTTP/2
+    /// (a body's when its length was announced).
+    pub bytes_received: u64,
 }
 
 impl Record<'_> {
@@ -75,6 +81,8 @@ impl Record<'_> {
             own: true,
             bytes_sent: 0,
             body_bytes_sent: 0,
+            route_metrics: None,
+            bytes_received: 0,
         }
     }
 
@@ -89,6 +97,11 @@ impl Record<'_> {
             if let Some((cluster, queue)) = export {
                 self.export(cluster, tries, queue);
             }
+        }
+        if let Some(m) = self.route_metrics {
+            m.responses[class_index(self.status)].fetch_add(1, Relaxed);
+            m.request_bytes.fetch_add(self.bytes_received, Relaxed);
+            m.response_bytes.fetch_add(self.bytes_sent, Relaxed);
         }
         if let Some(cluster) = self.cluster {
             cluster.metrics.responses[class_index(self.status)].fetch_add(1, Relaxed);

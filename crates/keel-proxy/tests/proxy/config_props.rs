@@ -775,7 +775,12 @@ fn assert_round_trip(spec: &ConfigSpec, c: &ProxyConfig) {
             assert_eq!(r.path, exact(true));
             assert_eq!(r.path_prefix, exact(false));
             assert_eq!(r.methods, w.methods);
-            assert_eq!(r.headers, w.headers);
+            let want_headers: BTreeMap<String, keel_proxy::config::ValueMatch> = w
+                .headers
+                .iter()
+                .map(|(k, v)| (k.clone(), keel_proxy::config::ValueMatch::exact(v.clone())))
+                .collect();
+            assert_eq!(r.headers, want_headers);
             assert_eq!(r.cluster, spec.clusters[w.cluster].name);
             assert_eq!(r.request_timeout, w.request_timeout_ms.map(d));
             assert_eq!(r.retry_attempts, w.retry_attempts);

@@ -35,6 +35,7 @@ mod pushback;
 mod rate_limit;
 mod request_targets;
 mod rewrites;
+mod route_split;
 mod routes;
 mod slow_uploads;
 mod sticky;

@@ -215,6 +215,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 client,
                 cluster: None,
                 route: req.route,
+                metrics: None,
                 started,
             };
             conn.record_own(&scope, &req, &own);
@@ -232,6 +233,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             client,
             cluster: Some(&target.cluster),
             route: req.route,
+            metrics: Some(&target.route.metrics),
             started,
         };
         let keep = match req.body {
@@ -265,6 +267,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                                 limits: target.limits,
                                 policy: target.policy.as_deref(),
                                 body_progress: None,
+                                route: &target.route,
                             },
                             &mut &conn.body[..],
                             &mut conn.out,
@@ -329,6 +332,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                         limits: target.limits,
                         policy: target.policy.as_deref(),
                         body_progress: None,
+                        route: &target.route,
                     },
                     &mut &conn.rbuf[..n],
                     &mut conn.out,
@@ -472,6 +476,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 limits: target.limits,
                 policy: target.policy.as_deref(),
                 body_progress: Some(&progress),
+                route: &target.route,
             },
             &mut body,
             &mut self.out,
@@ -572,6 +577,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             own: a.own,
             bytes_sent: sent,
             body_bytes_sent: sent.saturating_sub(self.out.len() as u64),
+            route_metrics: scope.metrics,
+            bytes_received: req.head_len as u64
+                + match req.body {
+                    BodyFraming::Length(n) => n,
+                    _ => 0,
+                },
         }
         .write(scope.log);
     }
@@ -826,6 +837,8 @@ struct Scope<'a> {
     client: &'a Client,
     cluster: Option<&'a Cluster>,
     route: RouteRef,
+    /// The route's counters for its cluster.
+    metrics: Option<&'a crate::metrics::RouteMetrics>,
     started: Instant,
 }
 

@@ -23,6 +23,10 @@ pub(crate) struct H2Scope {
     pub(crate) request: LoggedHead,
     /// As the log names it: `HTTP/2.0`, or `HTTP/3.0` (the HTTP/3 front end's).
     pub(crate) protocol: &'static str,
+    /// The route's counters for its cluster, once routed.
+    pub(crate) metrics: Option<Arc<crate::metrics::RouteMetrics>>,
+    /// Bytes of the request's body, when its length was announced.
+    pub(crate) received: u64,
 }
 
 impl H2Scope {
@@ -47,6 +51,8 @@ impl H2Scope {
             own: false,
             bytes_sent: 0,
             body_bytes_sent: 0,
+            route_metrics: self.metrics.as_deref(),
+            bytes_received: self.received,
         }
     }
 

@@ -182,6 +182,8 @@ async fn handle(
         route: None,
         request: LoggedHead::None,
         protocol: "HTTP/2.0",
+        metrics: None,
+        received: 0,
     };
     let (mut parts, body) = req.into_parts();
     let body = RecvBody::new(body);
@@ -232,6 +234,7 @@ async fn handle(
         return own_response(answer::not_found(), active, scope, None);
     };
     scope.route = route.index();
+    scope.metrics = Some(target.route.metrics.clone());
     let cluster = &*target.cluster;
     let max_body = settings.max_request_body_bytes.unwrap_or(u64::MAX);
     let rules = RequestRules {
@@ -273,6 +276,9 @@ async fn handle(
         }
     };
     let grpc = meta.grpc;
+    if let BodyFraming::Length(n) = meta.body {
+        scope.received = n;
+    }
     // Where an HTTP/1.1 leg writes a response head as text: never, for an HTTP/2 client (it
     // reads the head into a map), so not allocated.
     let mut out = Vec::new();
@@ -289,6 +295,7 @@ async fn handle(
         limits: target.limits,
         policy: target.policy.as_deref(),
         body_progress: None,
+        route: &target.route,
     };
     let progress = crate::io::BodyProgress::default();
     let mut streamed = None;

@@ -177,6 +177,8 @@ async fn handle(
         route: None,
         request: LoggedHead::None,
         protocol: "HTTP/3.0",
+        metrics: None,
+        received: 0,
     };
     let (mut parts, ()) = req.into_parts();
     // The method, the target and the authority, checked as for HTTP/2 (no CONNECT).
@@ -239,6 +241,7 @@ async fn handle(
         return own_response(answer::not_found(), active, scope, None);
     };
     scope.route = route.index();
+    scope.metrics = Some(target.route.metrics.clone());
     let cluster = &*target.cluster;
     let max_body = settings.max_request_body_bytes.unwrap_or(u64::MAX);
     let rules = RequestRules {
@@ -277,6 +280,9 @@ async fn handle(
         }
     };
     let grpc = meta.grpc;
+    if let BodyFraming::Length(n) = meta.body {
+        scope.received = n;
+    }
     let mut out = Vec::new();
     let mut timer = crate::io::idle_timer();
     let start = Instant::now();
@@ -291,6 +297,7 @@ async fn handle(
         limits: target.limits,
         policy: target.policy.as_deref(),
         body_progress: None,
+        route: &target.route,
     };
     let progress = crate::io::BodyProgress::default();
     let answer = match meta.body {
