@@ -33,7 +33,7 @@ fi
 
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-KEEL_METRICS_OUT="$out" cargo test --release --quiet -p keel-proxy --test proxy \
+KEEL_METRICS_OUT="$out" cargo test --release --quiet --workspace --test proxy \
     route_split::metrics_by_listener_and_route_are_well_formed_text -- --exact
 [ -s "$out" ] || { log "the test wrote no /metrics text"; exit 1; }
 grep -q '^keel_route_requests_total{' "$out" || { log "no keel_route_requests_total in /metrics"; exit 1; }
