@@ -46,7 +46,10 @@ pub use listener::{
     TlsVersion, MIN_HEADER_BYTES,
 };
 pub use locate::ConfigError;
-pub use observe::{AccessLogConfig, AccessLogFormat, AdminConfig, TracingConfig};
+pub use observe::{
+    parse_json_fields, parse_log_line, AccessLogConfig, AccessLogFormat, AdminConfig, LinePiece,
+    LogField, TracingConfig, DEFAULT_JSON_FIELDS, LOG_NAMES,
+};
 pub use policy::{
     HashOn, HashOnError, HeaderEdits, RateKey, RateLimitConfig, RedirectConfig, ReplacePrefix,
     RequestPolicy, ResponseHeaders, StickyConfig,
