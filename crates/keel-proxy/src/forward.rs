@@ -1,7 +1,7 @@
 //! The one entry every HTTP front end hands a request to: the policy phases of its route and
 //! cluster (a redirect, the rate limits, the request's rewrites, the sticky session's pin),
 //! then the attempt driver over the cluster's leg, then the response phase (the response's
-//! rewrites, the sticky cookie).
+//! rewrites, the sticky cookie, compression).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -91,6 +91,12 @@ async fn forward_once<B: RequestBody>(
     // A route's or cluster's policy, in this order: a redirect, the rate limits, the
     // request's rewrites (the response's follow the answer).
     let mut meta = req.meta;
+    // The coding the client takes, read before any rewrite (which may remove the
+    // `Accept-Encoding` an endpoint gets, so that keel compresses instead).
+    let compression = req
+        .policy
+        .and_then(|p| p.compression.as_ref())
+        .map(|c| (c, c.offer(head.view(), meta)));
     let own_meta;
     let mut rewrites = None;
     if let Some(policy) = req.policy {
@@ -165,6 +171,9 @@ async fn forward_once<B: RequestBody>(
                         headers.append(&hyper::header::SET_COOKIE, v.as_bytes());
                     }
                 }
+            }
+            if let Some((c, offer)) = compression {
+                response = response.compress(leg.out(), c, offer);
             }
             Answer::Upstream(Upstream { response, tail })
         }
