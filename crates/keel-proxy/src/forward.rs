@@ -1,8 +1,8 @@
 //! The one entry every HTTP front end hands a request to: the policy phases of its route and
 //! cluster (a redirect, the rate limits, the request's rewrites, the sticky session's pin),
 //! then the attempt driver over the cluster's leg, then the response phase (the response's
-//! rewrites, the sticky cookie). A route's `mirror` gets its copy here too, once the
-//! request's rewrites are done: the same for every front end.
+//! rewrites, the sticky cookie, compression). A route's `mirror` gets its copy here too, once
+//! the request's rewrites are done: the same for every front end.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -95,6 +95,12 @@ async fn forward_once<B: RequestBody>(
     // A route's or cluster's policy, in this order: a redirect, the rate limits, the
     // request's rewrites (the response's follow the answer).
     let mut meta = req.meta;
+    // The coding the client takes, read before any rewrite (which may remove the
+    // `Accept-Encoding` an endpoint gets, so that keel compresses instead).
+    let compression = req
+        .policy
+        .and_then(|p| p.compression.as_ref())
+        .map(|c| (c, c.offer(head.view(), meta)));
     let own_meta;
     let mut rewrites = None;
     if let Some(policy) = req.policy {
@@ -172,6 +178,9 @@ async fn forward_once<B: RequestBody>(
                         headers.append(&hyper::header::SET_COOKIE, v.as_bytes());
                     }
                 }
+            }
+            if let Some((c, offer)) = compression {
+                response = response.compress(leg.out(), c, offer);
             }
             Answer::Upstream(Upstream { response, tail })
         }

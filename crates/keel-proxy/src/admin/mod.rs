@@ -175,6 +175,7 @@ pub(crate) fn status_json(shared: &Shared, recent: &Recent) -> serde_json::Value
             "format": match log.format {
                 crate::config::AccessLogFormat::Json => "json",
                 crate::config::AccessLogFormat::Combined => "combined",
+                crate::config::AccessLogFormat::Line(_) => "line",
             },
             "lines": log.written(),
             "dropped": log.dropped(),

@@ -345,6 +345,7 @@ pub(crate) const CLUSTER_KEYS: &[&str] = &[
     "request_headers",
     "response_headers",
     "rewrite_location",
+    "compression",
     "sticky",
 ];
 
@@ -698,6 +699,10 @@ impl ClusterConfig {
                 .map_err(|e| e.under(FieldPath::key("sticky")))?;
         }
         self.policy.rewrites(None).validate()?;
+        self.policy
+            .compression
+            .as_ref()
+            .map_or(Ok(()), |c| c.validate())?;
         match &self.discovery {
             Some(d) => {
                 if !self.endpoints.is_empty() {

@@ -22,6 +22,7 @@ use keel_balance::{FieldPath, InvalidField, Problem};
 use serde::Deserialize;
 
 pub(crate) mod cluster;
+pub(crate) mod compress;
 pub(crate) mod discovery;
 pub(crate) mod etcd;
 pub(crate) mod group;
@@ -38,6 +39,7 @@ pub use cluster::{
     Amplification, ClusterConfig, EngineSignalsConfig, ProxyProtocol, RetryConfig, SignalSource,
     UpstreamProtocol, UpstreamTlsConfig, MAX_RETRY_ATTEMPTS,
 };
+pub use compress::{Coding, CompressionConfig};
 pub use discovery::{DiscoveryConfig, DiscoveryKind, DEFAULT_DISCOVERY_REFRESH};
 pub use etcd::{EtcdConfig, EtcdTlsConfig};
 pub use health::{HealthCheckConfig, HealthCheckKind, ProbeConfig, StatusRange};
@@ -46,7 +48,10 @@ pub use listener::{
     TlsVersion, MIN_HEADER_BYTES,
 };
 pub use locate::ConfigError;
-pub use observe::{AccessLogConfig, AccessLogFormat, AdminConfig, TracingConfig};
+pub use observe::{
+    parse_json_fields, parse_log_line, AccessLogConfig, AccessLogFormat, AdminConfig, LinePiece,
+    LogField, TracingConfig, DEFAULT_JSON_FIELDS, LOG_NAMES,
+};
 pub use policy::{
     HashOn, HashOnError, HeaderEdits, RateKey, RateLimitConfig, RedirectConfig, ReplacePrefix,
     RequestPolicy, ResponseHeaders, StickyConfig,

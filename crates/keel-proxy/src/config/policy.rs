@@ -204,6 +204,8 @@ crate::config::group::group! {
         /// Rewrites `Location` and `Refresh` naming the endpoint's address to the client-facing
         /// host (NGINX's `proxy_redirect default`).
         "rewrite_location" => rewrite_location: bool = false;
+        /// Compresses responses for clients that accept it (`true`, or a table of settings).
+        "compression" => compression: Option<crate::config::CompressionConfig> = None;
     }
 }
 

@@ -89,6 +89,7 @@ pub(crate) const ROUTE_KEYS: &[&str] = &[
     "request_headers",
     "response_headers",
     "rewrite_location",
+    "compression",
     "redirect",
     "allow",
     "deny",
@@ -659,6 +660,10 @@ impl RouteConfig {
                 .map_err(|e| e.under(keel_balance::FieldPath::key("rate_limit")))?;
         }
         self.rewrites().validate()?;
+        self.policy
+            .compression
+            .as_ref()
+            .map_or(Ok(()), |c| c.validate())?;
         Ok(())
     }
 }

@@ -369,6 +369,7 @@ fn every_option_is_documented() {
         format!("{HEAD}rate_limit = {{ rate = 1, nonsense = 1 }}\n"),
         format!("{HEAD}sticky = {{ cookie = \"s\", nonsense = 1 }}\n"),
         format!("{HEAD}request_headers = {{ nonsense = 1 }}\n"),
+        format!("{HEAD}compression = {{ nonsense = 1 }}\n"),
         format!("{HEAD}response_headers = {{ nonsense = 1 }}\n"),
         format!("{HEAD}replace_prefix = {{ from = \"/a\", to = \"/b\", nonsense = 1 }}\n"),
         HEAD.replace(

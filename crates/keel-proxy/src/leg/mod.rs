@@ -14,18 +14,20 @@ use hyper::http::request::Parts;
 use keel_balance::EndpointId;
 use tokio::time::Sleep;
 
-use crate::codec::response::ResponseHead;
+use crate::codec::head::header_value;
+use crate::codec::response::{Framing, ResponseHead};
 use crate::config::UpstreamProtocol;
 use crate::driver::answer::Answer;
 use crate::driver::leg::{Leg, Race, Tried, TryResult};
 use crate::exchange::error::TryFailure;
 use crate::exchange::head::RequestHeaders;
 use crate::exchange::request::{BodyFraming, Reject, RequestBody, RequestHead};
-use crate::exchange::response::ResponseHeaders;
+use crate::exchange::response::{Edit, ResponseHeaders};
 use crate::exchange::trace::TraceParent;
 use crate::leg::h1::body::H1Body;
 use crate::leg::h1::upstream::H1Response;
 use crate::leg::h2::H2Response;
+use crate::policy::compress::{weak_etag, Compressing, Compression, Offer, Vary};
 use crate::upstream::cluster::{Cluster, EndpointEntry};
 use crate::upstream::pool::RawConn;
 
@@ -41,7 +43,12 @@ pub(crate) enum UpstreamResponse {
     H1(RawConn, ResponseHead),
     /// HTTP/2: the head, the body stream (trailers included) and the request's stream.
     H2(Box<H2Response>),
+    /// Either of the above as status, headers and a transformed body (compressed, say).
+    Transformed(Box<(ResponseParts, ResponseBody)>),
 }
+
+/// A response's status and headers.
+type ResponseParts = hyper::http::response::Parts;
 
 impl UpstreamResponse {
     /// The response's status code.
@@ -49,7 +56,87 @@ impl UpstreamResponse {
         match self {
             UpstreamResponse::H1(_, head) => head.status,
             UpstreamResponse::H2(r) => r.head.status.as_u16(),
+            UpstreamResponse::Transformed(t) => t.0.status.as_u16(),
         }
+    }
+
+    /// The response phase of `compression`: a response it applies to gets `Vary:
+    /// Accept-Encoding`, and when the request's `offer` names a coding, its body compressed
+    /// as it streams (for both front ends alike), `Content-Length` and `Accept-Ranges`
+    /// dropped, its `ETag` weakened. `out`: an HTTP/1.1 endpoint's head, as [`Self::headers_mut`].
+    pub fn compress(self, out: &mut Vec<u8>, c: &Compression, offer: Offer) -> Self {
+        let applies = match &self {
+            UpstreamResponse::H1(_, head) => {
+                let length = match head.framing {
+                    Framing::Length(n) => Some(n),
+                    Framing::Empty => Some(0),
+                    Framing::Chunked | Framing::Close => None,
+                };
+                match head.headers.as_deref() {
+                    Some(map) => c.applies(head.status, length, |n| {
+                        map.get(n).map(|v| v.as_bytes().trim_ascii())
+                    }),
+                    None => c.applies(head.status, length, |n| header_value(out, n)),
+                }
+            }
+            UpstreamResponse::H2(r) => {
+                let length = r.content_length().or(r.is_end_stream().then_some(0));
+                c.applies(r.head.status.as_u16(), length, |n| {
+                    r.head.headers.get(n).map(|v| v.as_bytes().trim_ascii())
+                })
+            }
+            UpstreamResponse::Transformed(_) => false,
+        };
+        if !applies {
+            return self;
+        }
+        let Some(coding) = offer.coding else {
+            let mut this = self;
+            let mut headers = this.headers_mut(out);
+            add_vary(&mut headers);
+            return this;
+        };
+        let (mut head, body) = match self {
+            UpstreamResponse::H1(conn, mut head) => {
+                match crate::codec::response::parts(out, &mut head) {
+                    Ok(parts) => (parts, ResponseBody::H1(H1Body::new(conn, &head))),
+                    // The leg wrote the head: it converts. Should it not, it goes as it is.
+                    Err(()) => return UpstreamResponse::H1(conn, head),
+                }
+            }
+            UpstreamResponse::H2(mut r) => {
+                let empty = hyper::Response::new(()).into_parts().0;
+                (std::mem::replace(&mut r.head, empty), ResponseBody::H2(r))
+            }
+            t @ UpstreamResponse::Transformed(_) => return t,
+        };
+        let encoder = match c.encoder(coding) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!("cannot start a {} encoder: {e}", coding.token());
+                return UpstreamResponse::Transformed(Box::new((head, body)));
+            }
+        };
+        let h = &mut head.headers;
+        h.remove(hyper::header::CONTENT_LENGTH);
+        h.remove(hyper::header::ACCEPT_RANGES);
+        h.insert(
+            hyper::header::CONTENT_ENCODING,
+            hyper::header::HeaderValue::from_static(coding.token()),
+        );
+        if let Some(weak) = h
+            .get(hyper::header::ETAG)
+            .and_then(|v| weak_etag(v.as_bytes()))
+            .and_then(|v| hyper::header::HeaderValue::from_bytes(&v).ok())
+        {
+            h.insert(hyper::header::ETAG, weak);
+        }
+        add_vary(&mut ResponseHeaders::Map(h));
+        let body = ResponseBody::Compressed(Box::new(Compressed {
+            inner: body,
+            stream: Compressing::new(encoder),
+        }));
+        UpstreamResponse::Transformed(Box::new((head, body)))
     }
 
     /// The response's headers to edit (an HTTP/1.1 endpoint's are the head its leg wrote into
@@ -61,6 +148,7 @@ impl UpstreamResponse {
                 None => ResponseHeaders::Lines(out),
             },
             UpstreamResponse::H2(r) => ResponseHeaders::Map(&mut r.head.headers),
+            UpstreamResponse::Transformed(t) => ResponseHeaders::Map(&mut t.0.headers),
         }
     }
 
@@ -72,6 +160,7 @@ impl UpstreamResponse {
         match self {
             UpstreamResponse::H1(..) => None,
             UpstreamResponse::H2(r) => r.rest_of_request.take(),
+            UpstreamResponse::Transformed(t) => t.1.rest_of_request(),
         }
     }
 
@@ -96,8 +185,42 @@ impl UpstreamResponse {
                 let head = std::mem::replace(&mut r.head, empty);
                 Ok((head, ResponseBody::H2(r)))
             }
+            UpstreamResponse::Transformed(t) => Ok(*t),
         }
     }
+}
+
+/// Adds `Accept-Encoding` to a response's `Vary` (merged into its one `Vary` line).
+fn add_vary(headers: &mut ResponseHeaders<'_>) {
+    let vary = match headers {
+        ResponseHeaders::Lines(head) => Vary::of(
+            crate::codec::head::header_lines(head)
+                .filter(|(n, _, _)| n.eq_ignore_ascii_case(b"vary"))
+                .map(|(_, v, _)| v),
+        ),
+        ResponseHeaders::Map(map) => Vary::of(
+            map.get_all(hyper::header::VARY)
+                .iter()
+                .map(|v| v.as_bytes().trim_ascii()),
+        ),
+    };
+    match vary {
+        Vary::Done => {}
+        Vary::Add => headers.append(&hyper::header::VARY, b"Accept-Encoding"),
+        Vary::Replace(v) => headers.edit(|name, _| {
+            if name.eq_ignore_ascii_case(b"vary") {
+                Edit::Replace(v.clone())
+            } else {
+                Edit::Keep
+            }
+        }),
+    }
+}
+
+/// A body compressed on its way: the source's frames through an encoder.
+pub(crate) struct Compressed {
+    inner: ResponseBody,
+    stream: Compressing,
 }
 
 /// An error of a response body, as renderers pass it on.
@@ -110,6 +233,8 @@ pub(crate) enum ResponseBody {
     H1(H1Body),
     /// HTTP/2: the stream's DATA frames and trailers.
     H2(Box<H2Response>),
+    /// Either, compressed (`compression`).
+    Compressed(Box<Compressed>),
 }
 
 impl ResponseBody {
@@ -129,6 +254,10 @@ impl ResponseBody {
                 Poll::Pending => Poll::Pending,
             },
             ResponseBody::H2(r) => r.poll_frame(cx).map(|f| f.map(|f| f.map_err(Into::into))),
+            ResponseBody::Compressed(c) => {
+                let Compressed { inner, stream } = &mut **c;
+                stream.poll_frame(cx, |cx| inner.poll_frame(cx))
+            }
         }
     }
 
@@ -138,6 +267,7 @@ impl ResponseBody {
         match self {
             ResponseBody::H1(b) => b.is_end_stream(),
             ResponseBody::H2(r) => r.is_end_stream(),
+            ResponseBody::Compressed(c) => c.stream.is_end_stream(),
         }
     }
 
@@ -149,6 +279,7 @@ impl ResponseBody {
                 Some(n) if !r.is_end_stream() => hyper::body::SizeHint::with_exact(n),
                 _ => hyper::body::SizeHint::default(),
             },
+            ResponseBody::Compressed(_) => hyper::body::SizeHint::default(),
         }
     }
 
@@ -157,6 +288,7 @@ impl ResponseBody {
         match self {
             ResponseBody::H1(_) => crate::exchange::error::BodyEnd::Done,
             ResponseBody::H2(r) => r.end(),
+            ResponseBody::Compressed(c) => c.inner.end(),
         }
     }
 
@@ -166,6 +298,19 @@ impl ResponseBody {
         match self {
             ResponseBody::H1(b) => b.reusable(),
             ResponseBody::H2(_) => None,
+            ResponseBody::Compressed(c) => c.inner.reusable(),
+        }
+    }
+
+    /// The request's own stream and its unsent piece (see
+    /// [`UpstreamResponse::rest_of_request`]).
+    fn rest_of_request(
+        &mut self,
+    ) -> Option<(::h2::SendStream<bytes::Bytes>, Option<bytes::Bytes>)> {
+        match self {
+            ResponseBody::H1(_) => None,
+            ResponseBody::H2(r) => r.rest_of_request.take(),
+            ResponseBody::Compressed(c) => c.inner.rest_of_request(),
         }
     }
 }
@@ -284,6 +429,7 @@ impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
         match won {
             UpstreamResponse::H1(_, head) => head.pushback,
             UpstreamResponse::H2(r) => r.pushback(),
+            UpstreamResponse::Transformed(_) => None,
         }
     }
 

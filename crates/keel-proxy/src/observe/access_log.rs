@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::codec::push_u64;
-use crate::config::{AccessLogConfig, AccessLogFormat};
+use crate::config::{AccessLogConfig, AccessLogFormat, LinePiece, LogField};
 use crate::driver::tries::Tries;
 use crate::upstream::cluster::EndpointEntry;
 
@@ -156,9 +156,41 @@ struct Shard {
     lines: u64,
 }
 
+/// A format as lines are written in it, compiled at load.
+enum Format {
+    /// JSON, with these keys in this order.
+    Json(Box<[LogField]>),
+    /// NGINX's `combined`.
+    Combined,
+    /// The operator's line.
+    Line(Box<[LinePiece]>),
+}
+
+impl Format {
+    /// The format `config` names (checked by its `validate`: a bad one is JSON's default).
+    fn of(config: &AccessLogConfig) -> Format {
+        match &config.format {
+            AccessLogFormat::Json if config.fields.is_empty() => {
+                Format::Json(crate::config::DEFAULT_JSON_FIELDS.into())
+            }
+            AccessLogFormat::Json => Format::Json(
+                crate::config::parse_json_fields(&config.fields)
+                    .unwrap_or_else(|_| crate::config::DEFAULT_JSON_FIELDS.to_vec())
+                    .into(),
+            ),
+            AccessLogFormat::Combined => Format::Combined,
+            AccessLogFormat::Line(line) => Format::Line(
+                crate::config::parse_log_line(line)
+                    .unwrap_or_default()
+                    .into(),
+            ),
+        }
+    }
+}
+
 /// State shared by the front ends and the writer thread.
 struct Inner {
-    format: AccessLogFormat,
+    format: Format,
     /// Bytes a shard holds before lines are dropped.
     shard_bytes: usize,
     shards: Box<[Mutex<Shard>]>,
@@ -226,7 +258,7 @@ impl AccessLog {
             anyhow::anyhow!("cannot open the access log {}: {e}", config.path.display())
         })?;
         let inner = Arc::new(Inner {
-            format: config.format,
+            format: Format::of(config),
             shard_bytes,
             shards: (0..workers.max(1)).map(|_| Mutex::default()).collect(),
             dropped: AtomicU64::new(0),
@@ -244,7 +276,7 @@ impl AccessLog {
             writer: join.thread().clone(),
             join: Mutex::new(Some(join)),
             path,
-            format: config.format,
+            format: config.format.clone(),
         })
     }
 
@@ -255,9 +287,10 @@ impl AccessLog {
         }
         LINE.with_borrow_mut(|line| {
             line.clear();
-            match self.inner.format {
-                AccessLogFormat::Json => json(line, entry, SystemTime::now()),
-                AccessLogFormat::Combined => combined(line, entry, SystemTime::now()),
+            match &self.inner.format {
+                Format::Json(fields) => json(line, entry, SystemTime::now(), fields),
+                Format::Combined => combined(line, entry, SystemTime::now()),
+                Format::Line(pieces) => operator_line(line, entry, SystemTime::now(), pieces),
             }
             let shards = &self.inner.shards;
             let mut shard = shards[worker % shards.len()]
@@ -440,8 +473,14 @@ fn push_clf_time(out: &mut Vec<u8>, t: SystemTime) {
 
 /// Appends a JSON string of `s`: valid UTF-8 as it is (escaped), other bytes as `\u00XX`.
 fn push_json_str(out: &mut Vec<u8>, s: &[u8]) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push(b'"');
+    push_json_inner(out, s);
+    out.push(b'"');
+}
+
+/// `s` escaped as the inside of a JSON string.
+fn push_json_inner(out: &mut Vec<u8>, s: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let utf8 = std::str::from_utf8(s).is_ok();
     for &b in s {
         match b {
@@ -463,7 +502,6 @@ fn push_json_str(out: &mut Vec<u8>, s: &[u8]) {
             _ => out.push(b),
         }
     }
-    out.push(b'"');
 }
 
 fn push_json_opt(out: &mut Vec<u8>, s: Option<&[u8]>) {
@@ -473,53 +511,75 @@ fn push_json_opt(out: &mut Vec<u8>, s: Option<&[u8]>) {
     }
 }
 
-/// One JSON object and a newline.
-fn json(out: &mut Vec<u8>, e: &Entry<'_>, now: SystemTime) {
+/// One JSON object with `fields` (in order) and a newline; `client_cert_subject` only when
+/// there is one.
+fn json(out: &mut Vec<u8>, e: &Entry<'_>, now: SystemTime, fields: &[LogField]) {
+    out.push(b'{');
+    let mut first = true;
+    for &f in fields {
+        if f == LogField::ClientCertSubject && e.client_cert_subject.is_none() {
+            continue;
+        }
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        out.push(b'"');
+        out.extend_from_slice(f.key().as_bytes());
+        out.extend_from_slice(b"\":");
+        json_value(out, e, now, f);
+    }
+    out.extend_from_slice(b"}\n");
+}
+
+/// A field's value as JSON.
+fn json_value(out: &mut Vec<u8>, e: &Entry<'_>, now: SystemTime, f: LogField) {
     let r = &e.request;
-    out.extend_from_slice(b"{\"time\":\"");
-    push_rfc3339(out, now);
-    out.extend_from_slice(b"\",\"client\":");
-    push_json_str(out, e.client.as_bytes());
-    if let Some(subject) = e.client_cert_subject {
-        out.extend_from_slice(b",\"client_cert_subject\":");
-        push_json_str(out, subject.as_bytes());
+    match f {
+        LogField::Time | LogField::TimeLocal => {
+            out.push(b'"');
+            if f == LogField::Time {
+                push_rfc3339(out, now);
+            } else {
+                push_clf_time(out, now);
+            }
+            out.push(b'"');
+        }
+        LogField::Client => push_json_str(out, e.client.as_bytes()),
+        LogField::ClientCertSubject => push_json_opt(out, e.client_cert_subject.map(str::as_bytes)),
+        LogField::Method => push_json_opt(out, r.method),
+        LogField::Host => push_json_opt(out, r.host),
+        LogField::Path => push_json_opt(out, r.path),
+        LogField::Protocol => push_json_str(out, e.protocol.as_bytes()),
+        LogField::Request => {
+            out.push(b'"');
+            push_request(out, e, push_json_inner);
+            out.push(b'"');
+        }
+        LogField::Status => push_u64(out, u64::from(e.status)),
+        LogField::BytesSent => push_u64(out, e.bytes_sent),
+        LogField::BodyBytesSent => push_u64(out, e.body_bytes_sent),
+        LogField::DurationMs => push_ms(out, e.duration.as_micros() as u64),
+        LogField::RequestTime => push_ms(out, e.duration.as_millis() as u64),
+        LogField::Cluster => push_json_opt(out, e.cluster.map(str::as_bytes)),
+        LogField::Endpoint => push_json_opt(out, e.endpoint),
+        LogField::Attempts => push_u64(out, u64::from(e.attempts)),
+        LogField::Route => match e.route {
+            Some(i) => push_u64(out, u64::from(i)),
+            None => out.extend_from_slice(b"null"),
+        },
+        LogField::Cause => push_json_opt(out, e.cause.map(str::as_bytes)),
+        LogField::RequestId => push_json_opt(out, r.request_id),
+        LogField::TraceId => push_json_opt(out, e.trace_id.as_ref().map(|t| &t[..])),
+        LogField::UserAgent => push_json_opt(out, r.user_agent),
+        LogField::Referer => push_json_opt(out, r.referer),
+        LogField::Tries => push_tries(out, e),
     }
-    out.extend_from_slice(b",\"method\":");
-    push_json_opt(out, r.method);
-    out.extend_from_slice(b",\"host\":");
-    push_json_opt(out, r.host);
-    out.extend_from_slice(b",\"path\":");
-    push_json_opt(out, r.path);
-    out.extend_from_slice(b",\"protocol\":\"");
-    out.extend_from_slice(e.protocol.as_bytes());
-    out.extend_from_slice(b"\",\"status\":");
-    push_u64(out, u64::from(e.status));
-    out.extend_from_slice(b",\"bytes_sent\":");
-    push_u64(out, e.bytes_sent);
-    out.extend_from_slice(b",\"duration_ms\":");
-    push_ms(out, e.duration.as_micros() as u64);
-    out.extend_from_slice(b",\"cluster\":");
-    push_json_opt(out, e.cluster.map(str::as_bytes));
-    out.extend_from_slice(b",\"endpoint\":");
-    push_json_opt(out, e.endpoint);
-    out.extend_from_slice(b",\"attempts\":");
-    push_u64(out, u64::from(e.attempts));
-    out.extend_from_slice(b",\"route\":");
-    match e.route {
-        Some(i) => push_u64(out, u64::from(i)),
-        None => out.extend_from_slice(b"null"),
-    }
-    out.extend_from_slice(b",\"cause\":");
-    push_json_opt(out, e.cause.map(str::as_bytes));
-    out.extend_from_slice(b",\"request_id\":");
-    push_json_opt(out, r.request_id);
-    out.extend_from_slice(b",\"trace_id\":");
-    push_json_opt(out, e.trace_id.as_ref().map(|t| &t[..]));
-    out.extend_from_slice(b",\"user_agent\":");
-    push_json_opt(out, r.user_agent);
-    out.extend_from_slice(b",\"referer\":");
-    push_json_opt(out, r.referer);
-    out.extend_from_slice(b",\"tries\":[");
+}
+
+/// `tries` as a JSON array.
+fn push_tries(out: &mut Vec<u8>, e: &Entry<'_>) {
+    out.push(b'[');
     if let Some(t) = &e.tries {
         for (i, r) in t.tries.logged().enumerate() {
             if i > 0 {
@@ -545,7 +605,73 @@ fn json(out: &mut Vec<u8>, e: &Entry<'_>, now: SystemTime) {
             out.push(b'}');
         }
     }
-    out.extend_from_slice(b"]}\n");
+    out.push(b']');
+}
+
+/// `METHOD PATH PROTOCOL` (nothing when the head had no request line), each part through
+/// `push` (the format's escaping).
+fn push_request(out: &mut Vec<u8>, e: &Entry<'_>, push: impl Fn(&mut Vec<u8>, &[u8])) {
+    if let (Some(m), Some(p)) = (e.request.method, e.request.path) {
+        push(out, m);
+        out.push(b' ');
+        push(out, p);
+        out.push(b' ');
+        out.extend_from_slice(e.protocol.as_bytes());
+    }
+}
+
+/// A line of the operator's: its text, and each variable's value as NGINX writes one (`-`
+/// when absent; `"`, `\` and bytes that are not printable ASCII as `\xXX`), and a newline.
+fn operator_line(out: &mut Vec<u8>, e: &Entry<'_>, now: SystemTime, pieces: &[LinePiece]) {
+    let r = &e.request;
+    for piece in pieces {
+        let f = match piece {
+            LinePiece::Text(t) => {
+                out.extend_from_slice(t.as_bytes());
+                continue;
+            }
+            LinePiece::Field(f) => *f,
+        };
+        match f {
+            LogField::Time => push_rfc3339(out, now),
+            LogField::TimeLocal => push_clf_time(out, now),
+            LogField::Client => push_clf_field(out, Some(e.client.as_bytes())),
+            LogField::ClientCertSubject => {
+                push_clf_field(out, e.client_cert_subject.map(str::as_bytes))
+            }
+            LogField::Method => push_clf_field(out, r.method),
+            LogField::Host => push_clf_field(out, r.host),
+            LogField::Path => push_clf_field(out, r.path),
+            LogField::Protocol => out.extend_from_slice(e.protocol.as_bytes()),
+            LogField::Request => {
+                let at = out.len();
+                push_request(out, e, |out, s| push_clf_field(out, Some(s)));
+                if out.len() == at {
+                    out.push(b'-');
+                }
+            }
+            LogField::Status => push_u64(out, u64::from(e.status)),
+            LogField::BytesSent => push_u64(out, e.bytes_sent),
+            LogField::BodyBytesSent => push_u64(out, e.body_bytes_sent),
+            LogField::DurationMs => push_ms(out, e.duration.as_micros() as u64),
+            LogField::RequestTime => push_ms(out, e.duration.as_millis() as u64),
+            LogField::Cluster => push_clf_field(out, e.cluster.map(str::as_bytes)),
+            LogField::Endpoint => push_clf_field(out, e.endpoint),
+            LogField::Attempts => push_u64(out, u64::from(e.attempts)),
+            LogField::Route => match e.route {
+                Some(i) => push_u64(out, u64::from(i)),
+                None => out.push(b'-'),
+            },
+            LogField::Cause => push_clf_field(out, e.cause.map(str::as_bytes)),
+            LogField::RequestId => push_clf_field(out, r.request_id),
+            LogField::TraceId => push_clf_field(out, e.trace_id.as_ref().map(|t| &t[..])),
+            LogField::UserAgent => push_clf_field(out, r.user_agent),
+            LogField::Referer => push_clf_field(out, r.referer),
+            // Not a line's variable (refused at load).
+            LogField::Tries => out.push(b'-'),
+        }
+    }
+    out.push(b'\n');
 }
 
 /// Milliseconds with three decimals, from microseconds.
@@ -650,7 +776,12 @@ mod tests {
     fn a_json_line_has_every_field_escaped() {
         let head = b"GET /a?b=\"c\" HTTP/1.1\r\nHost: api.test\r\nUser-Agent: x\xffy\r\nReferer: https://r.test/\r\nx-forwarded-for: 1\r\nx-request-id: 5f0c\r\n";
         let mut line = Vec::new();
-        json(&mut line, &entry(head), at(0, 5));
+        json(
+            &mut line,
+            &entry(head),
+            at(0, 5),
+            crate::config::DEFAULT_JSON_FIELDS,
+        );
         let text = String::from_utf8(line).unwrap();
         assert!(text.ends_with('\n'));
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -679,7 +810,12 @@ mod tests {
             ..Entry::default()
         };
         let mut line = Vec::new();
-        json(&mut line, &none, at(0, 0));
+        json(
+            &mut line,
+            &none,
+            at(0, 0),
+            crate::config::DEFAULT_JSON_FIELDS,
+        );
         let v: serde_json::Value = serde_json::from_slice(&line).unwrap();
         for key in [
             "method",
@@ -727,6 +863,7 @@ mod tests {
         let config = AccessLogConfig {
             path: fifo,
             format: AccessLogFormat::Json,
+            fields: Vec::new(),
         };
         let log = AccessLog::start_with(&config, 1, 16 * 1024).unwrap();
         let head = b"GET /some/path HTTP/1.1\r\nhost: example.test\r\n";
@@ -758,6 +895,86 @@ mod tests {
         assert_eq!(
             String::from_utf8(line).unwrap(),
             "10.0.0.1 - - [01/May/2024:12:00:00 +0000] \"GET /a?b=\\x22c\\x22 HTTP/1.1\" 502 40 \"http://r.test/\" \"curl/8\"\n"
+        );
+    }
+
+    #[test]
+    fn an_operators_line_has_each_variable_as_nginx_writes_it() {
+        let head = b"GET /a?b=\"c\" HTTP/1.1\r\nhost: api.test\r\nuser-agent: curl/8\r\n";
+        let line = |format: &str, e: &Entry<'_>| {
+            let pieces = crate::config::parse_log_line(format).unwrap();
+            let mut out = Vec::new();
+            operator_line(&mut out, e, at(1_714_564_800, 7), &pieces);
+            String::from_utf8(out).unwrap()
+        };
+        assert_eq!(
+            line(
+                "$remote_addr [$time_local] \"$request\" $status $body_bytes_sent $request_time ${upstream_addr}x $$ $http_referer",
+                &entry(head)
+            ),
+            "10.0.0.1 [01/May/2024:12:00:00 +0000] \"GET /a?b=\\x22c\\x22 HTTP/1.1\" 502 40 0.012 10.0.0.7:9000x $ -\n"
+        );
+        assert_eq!(
+            line(
+                "$time $duration_ms $cluster $route $attempts $trace_id $host",
+                &entry(head)
+            ),
+            "2024-05-01T12:00:00.007Z 12.345 api 3 2 4bf92f3577b34da6a3ce929d0e0e4736 api.test\n"
+        );
+        let none = Entry {
+            client: "::1",
+            protocol: "HTTP/2.0",
+            status: 404,
+            ..Entry::default()
+        };
+        assert_eq!(
+            line(
+                "$request|$endpoint|$route|$cause|$user_agent|$bytes_sent",
+                &none
+            ),
+            "-|-|-|-|-|0\n"
+        );
+    }
+
+    #[test]
+    fn line_formats_are_parsed_once_and_unknown_variables_named() {
+        use crate::config::{parse_log_line, LinePiece, LogField};
+        assert_eq!(
+            parse_log_line("a $status${status}b $$c").unwrap(),
+            vec![
+                LinePiece::Text("a ".into()),
+                LinePiece::Field(LogField::Status),
+                LinePiece::Field(LogField::Status),
+                LinePiece::Text("b $c".into()),
+            ]
+        );
+        let e = parse_log_line("$status $statuses").unwrap_err();
+        assert_eq!(e.name, "statuses");
+        assert!(e.to_string().contains("$remote_addr"), "{e}");
+        // Every field has its keel name first, so a JSON key names each.
+        for (name, f) in crate::config::LOG_NAMES {
+            assert!(!f.key().is_empty(), "{name}");
+        }
+        assert_eq!(LogField::Client.key(), "client");
+        assert_eq!(LogField::RequestTime.key(), "request_time");
+    }
+
+    #[test]
+    fn a_json_line_has_the_chosen_fields_in_order() {
+        use crate::config::LogField;
+        let head = b"GET /x HTTP/1.1\r\nhost: api.test\r\n";
+        let mut line = Vec::new();
+        let fields = [
+            LogField::Status,
+            LogField::RequestTime,
+            LogField::Request,
+            LogField::ClientCertSubject,
+            LogField::Route,
+        ];
+        json(&mut line, &entry(head), at(0, 0), &fields);
+        assert_eq!(
+            String::from_utf8(line).unwrap(),
+            "{\"status\":502,\"request_time\":0.012,\"request\":\"GET /x HTTP/1.1\",\"route\":3}\n"
         );
     }
 }

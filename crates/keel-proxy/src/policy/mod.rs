@@ -6,6 +6,7 @@
 //! the head already rewritten for the endpoint (HTTP/1.1 text for both front ends).
 
 pub(crate) mod access;
+pub(crate) mod compress;
 pub(crate) mod inference;
 pub(crate) mod rate;
 pub(crate) mod rewrite;
@@ -29,6 +30,8 @@ pub(crate) struct Policy {
     limits: Vec<Arc<RateLimiter>>,
     /// The route's and the cluster's rewrites, if any.
     pub(crate) rewrites: Option<Rewrites>,
+    /// The responses' compression: the route's setting, else the cluster's.
+    pub(crate) compression: Option<compress::Compression>,
     /// `$route`: the route's index in its listener (empty for the listener's `cluster`).
     pub(crate) route: Box<[u8]>,
 }
@@ -77,7 +80,11 @@ impl Policy {
                 rewrite_location: c.policy.rewrite_location,
             },
         );
-        if limits.is_empty() && rewrites.is_none() && access.is_none() {
+        let compression = route
+            .and_then(|(_, r)| r.policy.compression.as_ref())
+            .or(c.policy.compression.as_ref())
+            .and_then(compress::Compression::new);
+        if limits.is_empty() && rewrites.is_none() && access.is_none() && compression.is_none() {
             return None;
         }
         let route = route.map_or_else(Vec::new, |(i, _)| i.to_string().into_bytes());
@@ -85,6 +92,7 @@ impl Policy {
             access,
             limits,
             rewrites,
+            compression,
             route: route.into(),
         }))
     }

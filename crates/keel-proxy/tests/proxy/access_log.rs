@@ -603,3 +603,98 @@ async fn the_counter_and_the_line_of_a_request_come_from_one_record() {
     }
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// A line format of the operator's with five variables (NGINX's names and keel's), and a JSON
+/// line with chosen keys: exactly the expected lines for real requests, answered by an
+/// endpoint and by keel itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_line_format_and_json_fields_give_exactly_the_lines_expected() {
+    let d = dir("line-format");
+    let bs = backends(1, Duration::ZERO).await;
+    let good = bs[0].addr();
+    let routes = format!(
+        "\n[[listener]]\nlisten = \"127.0.0.1:0\"\n\n[[listener.route]]\npath_prefix = \"/app/\"\ncluster = \"app\"\n\n\
+         [[cluster]]\nname = \"app\"\nendpoints = [{{ address = \"{good}\" }}]\n"
+    );
+    let text = format!(
+        "[access_log]\npath = \"line.log\"\nformat = '$remote_addr \"$request\" $status ${{upstream_addr}}/$route ($cause)'\n{routes}"
+    );
+    let proxy = keel_proxy::start(load_from(&d, &text)).await.unwrap();
+    let addr = proxy.listener_addrs()[0];
+    assert_eq!(
+        get(&format!("http://{addr}/app/x?y=1"))
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+    assert_eq!(
+        get(&format!("http://{addr}/none")).await.unwrap().status,
+        404
+    );
+    let log = d.join("line.log");
+    assert!(eventually(Duration::from_secs(2), || lines(&log).len() == 2).await);
+    let got = lines(&log);
+    assert_eq!(
+        got[0],
+        format!("127.0.0.1 \"GET /app/x?y=1 HTTP/1.1\" 200 {good}/0 (-)")
+    );
+    // keel's own 404: no endpoint, no route, and its cause.
+    assert!(
+        got[1].starts_with("127.0.0.1 \"GET /none HTTP/1.1\" 404 -/- ("),
+        "{}",
+        got[1]
+    );
+    proxy.shutdown(Duration::from_secs(1)).await;
+
+    let text = format!(
+        "[access_log]\npath = \"fields.log\"\nformat = \"json\"\nfields = [\"status\", \"endpoint\", \"method\", \"route\"]\n{routes}"
+    );
+    let proxy = keel_proxy::start(load_from(&d, &text)).await.unwrap();
+    let addr = proxy.listener_addrs()[0];
+    assert_eq!(
+        get(&format!("http://{addr}/app/z")).await.unwrap().status,
+        200
+    );
+    let log = d.join("fields.log");
+    assert!(eventually(Duration::from_secs(2), || lines(&log).len() == 1).await);
+    assert_eq!(
+        lines(&log)[0],
+        format!("{{\"status\":200,\"endpoint\":\"{good}\",\"method\":\"GET\",\"route\":0}}")
+    );
+    proxy.shutdown(Duration::from_secs(1)).await;
+
+    // Errors at the key, with the line: an unknown variable named, an unknown JSON key,
+    // `fields` with a line format.
+    let tail = "\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"app\"\n\n[[cluster]]\nname = \"app\"\nendpoints = [{ address = \"127.0.0.1:9001\" }]\n";
+    for (table, key, words) in [
+        (
+            "[access_log]\npath = \"a.log\"\nformat = \"$status $upstream_time\"\n",
+            "access_log.format",
+            "unknown variable `$upstream_time`",
+        ),
+        (
+            "[access_log]\npath = \"a.log\"\nformat = \"$tries\"\n",
+            "access_log.format",
+            "unknown variable `$tries`",
+        ),
+        (
+            "[access_log]\npath = \"a.log\"\nfields = [\"status\", \"remote_addr\"]\n",
+            "access_log.fields",
+            "unknown key `remote_addr`",
+        ),
+        (
+            "[access_log]\npath = \"a.log\"\nfields = [\"status\"]\nformat = \"combined\"\n",
+            "access_log.fields",
+            "json",
+        ),
+    ] {
+        let path = d.join("bad.toml");
+        std::fs::write(&path, format!("{table}{tail}")).unwrap();
+        let e = ProxyConfig::from_file(&path).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some(key), "{table}: {e}");
+        assert!(e.message.contains(words), "{table}: {e}");
+        assert!(e.to_string().contains("bad.toml:3:"), "{table}: {e}");
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -11,6 +11,7 @@ mod access_log;
 mod admin_access;
 mod admin_ops;
 mod admin_status;
+mod compression;
 mod config_props;
 mod connection_limits;
 mod content_length;
