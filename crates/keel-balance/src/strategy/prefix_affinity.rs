@@ -38,11 +38,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::api::{Call, LoadKey, Observation, Strategy, View};
 use super::hashing::Cap;
-use crate::balancer::Outcome;
 use crate::config::{StrategyOptions, TieBreak, DEFAULT_AFFINITY_BOUND};
 use crate::endpoint::Endpoint;
 use crate::hash::rendezvous_score;
 use crate::rng::{below, mix64};
+use crate::Outcome;
 
 /// Calls an endpoint may hold ahead of the least loaded one before the relative bound applies.
 ///

@@ -205,7 +205,7 @@ crate::config::group::group! {
         /// host (NGINX's `proxy_redirect default`).
         "rewrite_location" => rewrite_location: bool = false;
         /// Compresses responses for clients that accept it (`true`, or a table of settings).
-        "compression" => compression: Option<crate::config::CompressionConfig> = None;
+        "compression" => compression: Option<crate::config::compress::CompressionConfig> = None;
     }
 }
 
