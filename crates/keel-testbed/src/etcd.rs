@@ -50,9 +50,24 @@ pub struct EtcdCluster {
     members: Vec<Member>,
 }
 
-/// A free loopback port (bound then released: another process could take it in between, which
-/// a test would see as a failed start).
+/// A free loopback port for a member, below the kernel's ephemeral range: a member restarted
+/// on its old port (a restore, a crash) must find it free, and a port from `bind(:0)` lies in
+/// the range every outgoing connection on the machine draws from, so another test's client
+/// could hold it by then. Bound then released: another process could take it in between,
+/// which a test would see as a failed start.
 fn free_port() -> std::io::Result<SocketAddr> {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    if low > 12_000 {
+        for _ in 0..64 {
+            let port = 10_000 + rand::random::<u16>() % (low - 10_000);
+            if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+                return l.local_addr();
+            }
+        }
+    }
     TcpListener::bind("127.0.0.1:0")?.local_addr()
 }
 

@@ -481,9 +481,13 @@ pub(crate) async fn try_once<B: RequestBody>(
             .filter(|c| cluster.is_failure_grpc_status(*c))
             .map(Cause::GrpcStatus)
     };
+    // A HEAD's answer has no body whatever the endpoint sends (as from an HTTP/1.1 endpoint):
+    // h2 refuses DATA on it as the endpoint's protocol error, which would reset the client's
+    // stream and count against the endpoint.
+    let ended = recv.is_end_stream() || meta.is_head;
     let response = Box::new(H2Response {
-        data_done: recv.is_end_stream(),
-        trailers_done: recv.is_end_stream(),
+        data_done: ended,
+        trailers_done: ended,
         head,
         body: recv,
         grpc_status,

@@ -411,7 +411,8 @@ async fn tries_record_every_try_its_outcome_time_and_in_flight() {
     assert_eq!(tries[0]["endpoint"], hung.to_string());
     assert_eq!(tries[0]["outcome"], "timeout");
     let waited = tries[0]["duration_ms"].as_f64().unwrap();
-    assert!((300.0..1000.0).contains(&waited), "{first}");
+    // The upper bound leaves room for a loaded machine's late timer (CI runs tests side by side).
+    assert!((300.0..2000.0).contains(&waited), "{first}");
     assert_eq!(tries[1]["endpoint"], good.to_string());
     assert_eq!(tries[1]["outcome"], "ok");
     // The retry took the backend's 100 ms, and both tries fit in the request's time.
@@ -420,9 +421,10 @@ async fn tries_record_every_try_its_outcome_time_and_in_flight() {
     let total = first["duration_ms"].as_f64().unwrap();
     assert!(waited + answered <= total + 1.0, "{first}");
 
-    // Three requests at once on one endpoint that takes 500 ms: each finds the ones picked
-    // before it still there (0, 1 and 2 in flight).
-    let slow = backends(1, Duration::from_millis(500)).await;
+    // Three requests at once on one endpoint that takes 1.5 s: each finds the ones picked
+    // before it still there (0, 1 and 2 in flight). The time is long so that on a loaded
+    // machine the third is picked before the first has finished.
+    let slow = backends(1, Duration::from_millis(1500)).await;
     let text = format!(
         "[access_log]\npath = \"slow.log\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncluster = \"one\"\n\n\
          [[cluster]]\nname = \"one\"\nendpoints = [{{ address = \"{}\" }}]\n",

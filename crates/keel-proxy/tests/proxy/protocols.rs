@@ -861,3 +861,44 @@ async fn an_http1_clients_request_reaches_an_http2_endpoint_framed_and_addressed
     );
     proxy.shutdown(Duration::from_secs(1)).await;
 }
+
+/// HEAD from an HTTP/2 client to an h2c endpoint: the head comes back (the endpoint's
+/// headers, no body), never a reset stream, over HTTP/1.1 clients too.
+#[tokio::test]
+async fn a_head_request_to_an_h2c_endpoint_gets_its_head() {
+    let (h2c, _) = h2c_server(100).await;
+    let proxy = keel_proxy::start(simple_config(&[h2c], "round-robin", "protocol = \"h2c\"\n"))
+        .await
+        .unwrap();
+    let url = format!("http://{}/x", proxy.listener_addrs()[0]);
+    let client = h2_client();
+    for _ in 0..3 {
+        let req = Request::head(&url)
+            .body(BodyExt::boxed(Full::new(Bytes::new())))
+            .unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(5), client.request(req))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert!(body.is_empty(), "{body:?}");
+    }
+    let got = send_head(&url).await;
+    assert_eq!(got, 200);
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
+
+async fn send_head(url: &str) -> u16 {
+    let c = Client::builder(TokioExecutor::new()).build_http::<AnyBody>();
+    let req = Request::head(url)
+        .body(BodyExt::boxed(Full::new(Bytes::new())))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(5), c.request(req))
+        .await
+        .unwrap()
+        .unwrap();
+    let status = resp.status().as_u16();
+    resp.into_body().collect().await.unwrap();
+    status
+}
