@@ -170,7 +170,7 @@ impl Shared {
 impl ListenerSlot {
     /// New settings and certificate for the connections accepted from now on.
     pub(crate) fn set_ctx(&self, ctx: ListenerCtx) {
-        let ctx = ctx.bound_at(self.addr.port());
+        let ctx = ctx.bound_at(self.addr.port(), self.quic.get().is_some());
         if let Some(endpoint) = self.quic.get() {
             // New QUIC handshakes take the new certificate and limits; without `h3` now,
             // new QUIC connections are refused.
@@ -253,10 +253,11 @@ impl ListenerCtx {
         })
     }
 
-    /// The context of a listener bound at `port`: when it serves HTTP/3, its TCP answers
-    /// announce it there (`Alt-Svc`, kept a day as Envoy's and NGINX's examples have it).
-    pub(crate) fn bound_at(mut self, port: u16) -> Self {
-        if self.quic.is_some() {
+    /// The context of a listener bound at `port`: when it serves HTTP/3 (`h3` set and its UDP
+    /// port had: `serving`), its TCP answers announce it there (`Alt-Svc`, kept a day as
+    /// Envoy's and NGINX's examples have it).
+    pub(crate) fn bound_at(mut self, port: u16, serving: bool) -> Self {
+        if self.quic.is_some() && serving {
             self.alt_svc =
                 hyper::header::HeaderValue::try_from(format!("h3=\":{port}\"; ma=86400")).ok();
         }

@@ -52,7 +52,9 @@ impl Shared {
         ctx: ListenerCtx,
     ) -> Arc<ListenerSlot> {
         let addr = listener.local_addr().unwrap_or(ctx.settings.listen);
-        let ctx = ctx.bound_at(addr.port());
+        // The UDP port first: TCP answers announce HTTP/3 only if it is served.
+        let endpoint = self.open_quic(addr, &ctx);
+        let ctx = ctx.bound_at(addr.port(), endpoint.is_some());
         let max = ctx.settings.max_connections;
         let (stop, _) = watch::channel(None);
         let slot = Arc::new(ListenerSlot {
@@ -70,7 +72,10 @@ impl Shared {
             proxy_refusal_logged: Default::default(),
             not_found: AtomicU64::new(0),
             fd: std::os::fd::AsRawFd::as_raw_fd(&listener),
-            quic: std::sync::OnceLock::new(),
+            quic: endpoint
+                .clone()
+                .map(std::sync::OnceLock::from)
+                .unwrap_or_default(),
             task: Mutex::new(None),
         });
         let mut all = Vec::clone(&self.all_listeners.load());
@@ -86,9 +91,7 @@ impl Shared {
             .upgrade()
             .expect("the proxy is alive while it opens listeners");
         let tcp = accept_loop(me.clone(), slot.clone(), listener, self.dispatch.clone());
-        let quic = self
-            .open_quic(&slot)
-            .map(|e| quic::accept_loop(me, slot.clone(), e));
+        let quic = endpoint.map(|e| quic::accept_loop(me, slot.clone(), e));
         let task = self.runtime.spawn(async move {
             match quic {
                 Some(quic) => drop(tokio::join!(tcp, quic)),
@@ -101,16 +104,13 @@ impl Shared {
 
     /// The QUIC endpoint of a listener that serves HTTP/3, on its bound address; `None` (and
     /// an error in the log) if the UDP port cannot be had.
-    fn open_quic(&self, slot: &ListenerSlot) -> Option<quinn::Endpoint> {
-        let config = slot.ctx.load().quic.clone()?;
+    fn open_quic(&self, addr: SocketAddr, ctx: &ListenerCtx) -> Option<quinn::Endpoint> {
+        let config = ctx.quic.clone()?;
         let _rt = self.runtime.enter();
-        match quic::endpoint(slot.addr, config) {
-            Ok(endpoint) => {
-                let _ = slot.quic.set(endpoint.clone());
-                Some(endpoint)
-            }
+        match quic::endpoint(addr, config) {
+            Ok(endpoint) => Some(endpoint),
             Err(e) => {
-                tracing::error!(listener = %slot.addr, "cannot serve HTTP/3: UDP {}: {e}", slot.addr);
+                tracing::error!(listener = %addr, "cannot serve HTTP/3 (no Alt-Svc announced): UDP {addr}: {e}");
                 None
             }
         }

@@ -508,3 +508,30 @@ fn h3_needs_a_tls_listener_without_proxy_protocol() {
     let c = ProxyConfig::from_toml_str(&listener("", true), "keel.toml").unwrap();
     assert!(!c.listeners[0].serves_h3());
 }
+
+/// A listener whose UDP port is taken still serves TCP, and announces no HTTP/3 it cannot
+/// serve (a client told `Alt-Svc` would try QUIC there and find another program).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_without_its_udp_port_announces_no_h3() {
+    let pki = Pki::generate("udp-taken");
+    let (echo, _e) = echo_server().await;
+    let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let text = format!(
+        "[[listener]]\nlisten = \"127.0.0.1:{port}\"\ncluster = \"echo\"\nh3 = true\n\
+         [listener.tls]\ncert = {cert}\nkey = {key}\n\n\
+         [[cluster]]\nname = \"echo\"\nendpoints = [{{ address = \"{echo}\" }}]\n",
+        cert = pki.toml("server.pem"),
+        key = pki.toml("server.key"),
+    );
+    let config = ProxyConfig::from_toml_str(&text, "test.toml").unwrap();
+    let proxy = keel_proxy::start(config).await.unwrap();
+    let addr = proxy.listener_addrs()[0];
+    let mut h2 = h2_connect(&pki, addr).await;
+    let url = format!("https://localhost:{port}/echo");
+    let answer = h2_get(&mut h2, &url, &[]).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.header("alt-svc"), None);
+    proxy.shutdown(Duration::from_secs(1)).await;
+    drop(taken);
+}
