@@ -330,7 +330,7 @@ mod tests {
             (b"\r\n", ChunkError::Size),
             (b"-1\r\n", ChunkError::Size),
             (b"3\r\nhello\r\n", ChunkError::Framing),
-            (b"3\nabc\r\n", ChunkError::Framing),
+            (b"3\nabc\r\n", ChunkError::Size),
             (b"3;ext\nabc\r\n", ChunkError::Framing),
             (b"0\r\nT: t\rX", ChunkError::Framing),
             (b"ffffffffffffffff\r\n", ChunkError::SizeTooLarge),
