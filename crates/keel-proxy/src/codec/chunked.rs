@@ -124,17 +124,6 @@ impl ChunkedDecoder {
         }
     }
 
-    /// How many bytes at the start of `input` belong to the body (all of them unless it ends
-    /// inside), checking them: for passing a chunked body through as it is.
-    pub fn skip(&mut self, input: &[u8]) -> Result<usize, ChunkError> {
-        let mut used = 0;
-        while used < input.len() && !self.is_done() {
-            let s = self.step(&input[used..])?;
-            used += s.framing + s.data;
-        }
-        Ok(used)
-    }
-
     fn framing_byte(&mut self, b: u8) -> Result<(), ChunkError> {
         match self.state {
             State::Size => match b {
@@ -286,12 +275,6 @@ mod tests {
             let (a, b) = body.split_at(cut);
             assert_eq!(decode_all(&[a, b]).unwrap(), whole, "cut at {cut}");
         }
-        let mut d = ChunkedDecoder::default();
-        assert_eq!(
-            d.skip(body).unwrap(),
-            body.len() - 4,
-            "skip finds the same end"
-        );
         // After a chunk's data: the end found when all of it is there, and only then.
         for (rest, end) in [
             (&b"\r\n0\r\nX-Trailer: t\r\n\r\nNEXT"[..], Some(21)), // all but NEXT

@@ -1,6 +1,6 @@
-//! Reading the header lines of an HTTP/1.1 head as keel writes them (request or status line,
-//! then `Name: value` lines each ended by CRLF): what the policies look up and edit, and what
-//! an edit of a response head's lines walks (`exchange::response`).
+//! Reading an HTTP/1.1 head as keel writes them (request or status line, then `Name: value`
+//! lines each ended by CRLF): its header lines, what the policies look up and edit, and what an
+//! edit of a response head's lines walks (`exchange::response`); a request line's parts.
 
 /// The value of the first header `name` (any case) of an HTTP/1.1 head (request or status
 /// line first, then `Name: value` lines each ended by CRLF), trimmed.
@@ -34,6 +34,25 @@ pub(crate) fn header_lines(
         };
         return Some((&line[..colon], line[colon + 1..].trim_ascii(), start..at));
     })
+}
+
+/// `METHOD SP target SP version` of a head's first line.
+pub(crate) fn request_line(head: &[u8]) -> (&[u8], &[u8], &[u8]) {
+    let line = &head[..head
+        .windows(2)
+        .position(|w| w == b"\r\n")
+        .unwrap_or(head.len())];
+    let a = line.iter().position(|b| *b == b' ').unwrap_or(line.len());
+    let z = line
+        .iter()
+        .rposition(|b| *b == b' ')
+        .filter(|z| *z > a)
+        .unwrap_or(line.len());
+    (
+        &line[..a],
+        line.get(a + 1..z).unwrap_or_default(),
+        line.get(z + 1..).unwrap_or_default(),
+    )
 }
 
 #[cfg(test)]

@@ -1,18 +1,23 @@
-//! keel's HTTP/1.1 wire helpers, the chunked coding ([`chunked`]) and the reading of a head's
-//! header lines ([`head`]), shared by both front ends, the legs, the policies and the access
-//! log: header lines written straight into the bytes sent.
+//! keel's HTTP/1.1 codec, sans I/O (in the shape of hyper's `proto::h1`): request heads parsed
+//! in place ([`request`]), response heads read and rewritten ([`response`]), the one decoder of
+//! a body by its framing ([`body`], over the chunked coding of [`chunked`]), the head writers
+//! (here, [`response`]'s status line and framing, [`request`]'s head from a map), and the
+//! reading of a written head's lines ([`head`]). It imports nothing of keel-proxy above it: the
+//! front ends, legs and clients do the reads and writes and hand it bytes.
 //!
-//! Why keel has its own HTTP/1.1 codec (front end in `front::h1`, leg in `leg::h1`, request
-//! heads in `exchange::request`): under load, hyper's server and client cost keel about twice
+//! Why keel has its own HTTP/1.1 codec (its I/O in `front::h1`, `leg::h1` and
+//! `upstream::h1_client`): under load, hyper's server and client cost keel about twice
 //! NGINX's CPU per request (a header map and channels per request, a timer per read, two
 //! codecs; see BENCHMARKS.md). Here heads are parsed in place (`httparse`) and rewritten
 //! straight into the bytes sent on, bodies pass through reused buffers, and a request's
 //! upstream exchange runs in its client connection's task with reusable timers.
 
+pub(crate) mod body;
 pub(crate) mod chunked;
 pub(crate) mod engine;
 pub(crate) mod head;
 pub(crate) mod pushback;
+pub(crate) mod request;
 pub(crate) mod response;
 
 /// Response header naming the endpoint that answered (or that the last try went to).

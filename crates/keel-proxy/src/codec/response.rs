@@ -6,25 +6,15 @@ use std::mem::MaybeUninit;
 
 use keel_balance::{LoadReport, OrcaReport, Utilization, LATENCY_HEADER, ORCA_HEADER, RIF_HEADER};
 
+pub(crate) use crate::codec::body::Framing;
 use crate::codec::engine::EngineReport;
-use crate::codec::parse_content_length;
-use crate::codec::push_header;
+use crate::codec::{parse_content_length, push_content_length, push_header};
+
+/// An endpoint's response head larger than this is refused (502).
+pub(crate) const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 
 /// Most header names a `Connection` header of a response may list.
 const MAX_CONNECTION_TOKENS: usize = 16;
-
-/// How a response body ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Framing {
-    /// No body (`HEAD`, 1xx, 204, 304).
-    Empty,
-    /// This many bytes.
-    Length(u64),
-    /// Chunked transfer coding.
-    Chunked,
-    /// Until the endpoint closes the connection.
-    Close,
-}
 
 /// A response head, parsed and rewritten.
 #[derive(Debug, Clone, PartialEq)]
@@ -206,11 +196,7 @@ pub(crate) fn parse_response(
         )));
     } else {
         out.clear();
-        out.extend_from_slice(b"HTTP/1.1 ");
-        push_status(out, status);
-        out.push(b' ');
-        out.extend_from_slice(resp.reason.unwrap_or("").as_bytes());
-        out.extend_from_slice(b"\r\n");
+        push_status_line(out, status, resp.reason.unwrap_or(""));
     }
     let named = &named[..n_named];
     // A body-less answer keeps the length it declares (that of the GET for a HEAD).
@@ -268,12 +254,39 @@ pub(crate) fn parse_response(
     }))
 }
 
-fn push_status(out: &mut Vec<u8>, status: u16) {
+/// Appends the status line `HTTP/1.1 <status> <reason>\r\n` (`status` of three digits).
+#[inline]
+pub(crate) fn push_status_line(out: &mut Vec<u8>, status: u16, reason: &str) {
+    out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(&[
-        b'0' + (status / 100) as u8,
+        b'0' + (status / 100 % 10) as u8,
         b'0' + (status / 10 % 10) as u8,
         b'0' + (status % 10) as u8,
+        b' ',
     ]);
+    out.extend_from_slice(reason.as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Ends a response head written for a client: the framing of a body `framing` delimits (a
+/// length; chunks for one without, unless the client speaks HTTP/1.0: then it ends with the
+/// connection; nothing for no body, whose head keeps what it declared), the connection's
+/// fate (`keep`), and the empty line.
+#[inline]
+pub(crate) fn push_framing(out: &mut Vec<u8>, framing: Framing, http10: bool, keep: bool) {
+    match framing {
+        Framing::Length(n) => push_content_length(out, n),
+        Framing::Chunked | Framing::Close if !http10 => {
+            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+        }
+        _ => {}
+    }
+    if !keep {
+        out.extend_from_slice(b"connection: close\r\n");
+    } else if http10 {
+        out.extend_from_slice(b"connection: keep-alive\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
 }
 
 /// The status and headers of a head [`parse_response`] read, as renderers other than the

@@ -9,7 +9,7 @@ use hyper::header::{HeaderName, HeaderValue};
 use hyper::http::request::Parts;
 use hyper::http::uri::{Authority, PathAndQuery};
 
-use crate::codec::head::{header_lines, header_value};
+use crate::codec::head::{header_lines, header_value, request_line};
 use crate::codec::{push_content_length, push_header};
 
 /// A request head to read: the policies' lookups, the access log's fields.
@@ -235,46 +235,6 @@ fn remove_lines(head: &mut Vec<u8>, drop: impl Fn(&[u8]) -> bool) {
     }
 }
 
-/// `METHOD SP target SP version` of a head's first line.
-fn request_line(head: &[u8]) -> (&[u8], &[u8], &[u8]) {
-    let line = &head[..head
-        .windows(2)
-        .position(|w| w == b"\r\n")
-        .unwrap_or(head.len())];
-    let a = line.iter().position(|b| *b == b' ').unwrap_or(line.len());
-    let z = line
-        .iter()
-        .rposition(|b| *b == b' ')
-        .filter(|z| *z > a)
-        .unwrap_or(line.len());
-    (
-        &line[..a],
-        line.get(a + 1..z).unwrap_or_default(),
-        line.get(z + 1..).unwrap_or_default(),
-    )
-}
-
-/// Writes an HTTP/2 client's head as the HTTP/1.1 head an HTTP/1.1 endpoint gets (no final
-/// CRLF and no `Host` when it has no authority: both are per try). `chunked`: its body is sent
-/// with the chunked coding.
-pub(crate) fn write_h1(p: &Parts, chunked: bool, out: &mut Vec<u8>) {
-    out.clear();
-    out.reserve(128 + 64 * p.headers.len());
-    out.extend_from_slice(p.method.as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(HeadView::Map(p).target());
-    out.extend_from_slice(b" HTTP/1.1\r\n");
-    if let Some(a) = p.uri.authority() {
-        push_header(out, b"host", a.as_str().as_bytes());
-    }
-    for (name, value) in &p.headers {
-        push_header(out, name.as_str().as_bytes(), value.as_bytes());
-    }
-    if chunked {
-        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,7 +278,7 @@ mod tests {
             assert_eq!(head.view().value("x-drop"), None);
         }
         let mut rendered = Vec::new();
-        write_h1(&parts, false, &mut rendered);
+        crate::codec::request::write_request_head(&parts, false, &mut rendered);
         let sorted = |h: &[u8]| {
             let s = String::from_utf8(h.to_vec()).unwrap();
             let mut lines: Vec<String> = s.lines().map(str::to_owned).collect();

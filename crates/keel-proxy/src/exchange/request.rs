@@ -112,9 +112,6 @@ impl RouteRef {
     }
 }
 
-/// Headers parsed on the stack up to this many; beyond, on the heap.
-pub(crate) const STACK_HEADERS: usize = 128;
-
 /// Why a request is refused before it reaches any endpoint. The connection is closed after
 /// the answer (the client may not agree with keel on where the next request starts).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -375,7 +375,7 @@ fn text_for<'a>(
         RequestHeaders::Map(parts) => {
             if text.is_empty() {
                 let chunked = meta.body == BodyFraming::Chunked;
-                crate::exchange::head::write_h1(parts, chunked, text);
+                crate::codec::request::write_request_head(parts, chunked, text);
                 *common_len = text.len();
             }
             text

@@ -1,18 +1,17 @@
 //! keel's HTTP/1.1 client for one exchange on a pooled connection, shared by the HTTP/1.1
 //! leg (a body of a known length), the active health checks and the load probes (a whole
-//! answer read and its connection left ready for the next request): one reading of a
-//! response's framing ([`crate::codec::response::Framing`]) for all of them.
+//! answer read and its connection left ready for the next request), and the engine-signal
+//! scrapes (a page read whole, within a limit): the codec reads the head and follows the
+//! body's framing ([`crate::codec::body::BodyDecoder`]); this does the reads.
 
 use std::io;
 
 use bytes::Buf;
 use tokio::io::AsyncReadExt;
 
-use crate::codec::response::{parse_response, Framing, ResponseHead};
+use crate::codec::body::{BodyDecoder, BodyError};
+use crate::codec::response::{parse_response, ResponseHead, MAX_RESPONSE_HEAD};
 use crate::upstream::pool::RawConn;
-
-/// An endpoint's response head larger than this is refused (502).
-pub(crate) const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 
 /// Why an exchange failed; shown as text only where it is logged or reported.
 #[derive(Debug, thiserror::Error)]
@@ -35,12 +34,9 @@ pub(crate) enum ClientError {
     /// The body ended before its `Content-Length`.
     #[error("response body shorter than its Content-Length")]
     ShortBody,
-    /// The chunked body was malformed.
-    #[error("chunked body: {0}")]
-    Chunked(#[source] crate::codec::chunked::ChunkError),
-    /// The chunked body ended before its last chunk.
-    #[error("chunked body cut short")]
-    ChunkedCut,
+    /// The body was malformed, cut, or over the reader's limit.
+    #[error("{0}")]
+    Framing(#[source] BodyError),
     /// The head arrived, the body failed.
     #[error("status {status}, then {source}")]
     Body {
@@ -89,7 +85,30 @@ pub(crate) async fn exchange_into(
     conn: &mut RawConn,
     head: &[u8],
     request_is_head: bool,
+    body: Option<(&mut Vec<u8>, usize)>,
+) -> Result<ResponseHead, ClientError> {
+    exchange_within(conn, head, request_is_head, body, u64::MAX).await
+}
+
+/// [`exchange_head`] keeping the whole body in `body`; a body over `max` bytes fails the
+/// exchange (a scrape of a page that should be small).
+pub(crate) async fn exchange_body(
+    conn: &mut RawConn,
+    head: &[u8],
+    body: &mut Vec<u8>,
+    max: u64,
+) -> Result<ResponseHead, ClientError> {
+    body.clear();
+    let keep = usize::try_from(max).unwrap_or(usize::MAX);
+    exchange_within(conn, head, false, Some((body, keep)), max).await
+}
+
+async fn exchange_within(
+    conn: &mut RawConn,
+    head: &[u8],
+    request_is_head: bool,
     mut body: Option<(&mut Vec<u8>, usize)>,
+    max: u64,
 ) -> Result<ResponseHead, ClientError> {
     crate::io::write_all_2(&mut conn.io, head, &[])
         .await
@@ -103,19 +122,13 @@ pub(crate) async fn exchange_into(
             }
             Ok(Some(resp)) => {
                 conn.buf.advance(resp.head_len);
-                let read = match resp.framing {
-                    Framing::Empty => Ok(()),
-                    Framing::Length(n) => read_at_least(conn, n as usize).await.map(|()| {
-                        keep(&mut body, &conn.buf[..n as usize]);
-                        conn.buf.advance(n as usize)
-                    }),
-                    Framing::Chunked => read_chunked(conn, &mut body).await,
-                    Framing::Close => read_to_end(conn, &mut body).await,
-                };
-                read.map_err(|e| ClientError::Body {
-                    status: resp.status,
-                    source: Box::new(e),
-                })?;
+                let decoder = BodyDecoder::new(resp.framing, max);
+                read_body(conn, decoder, &mut body)
+                    .await
+                    .map_err(|e| ClientError::Body {
+                        status: resp.status,
+                        source: Box::new(e),
+                    })?;
                 return Ok(resp);
             }
             Ok(None) => {}
@@ -141,50 +154,33 @@ fn keep(body: &mut Option<(&mut Vec<u8>, usize)>, data: &[u8]) {
     }
 }
 
-async fn read_chunked(
+/// Reads a body to its end, keeping its data in `body` up to that one's limit.
+async fn read_body(
     conn: &mut RawConn,
+    mut decoder: BodyDecoder,
     body: &mut Option<(&mut Vec<u8>, usize)>,
 ) -> Result<(), ClientError> {
-    let mut decoder = crate::codec::chunked::ChunkedDecoder::default();
     loop {
-        let used = if body.is_some() {
-            // Each chunk's data is kept; the framing around it is not.
-            let mut used = 0;
-            while used < conn.buf.len() && !decoder.is_done() {
-                let step = decoder
-                    .step(&conn.buf[used..])
-                    .map_err(ClientError::Chunked)?;
-                let data = used + step.framing;
-                keep(body, &conn.buf[data..data + step.data]);
-                used = data + step.data;
-            }
-            used
-        } else {
-            decoder.skip(&conn.buf).map_err(ClientError::Chunked)?
-        };
+        let mut used = 0;
+        while used < conn.buf.len() && !decoder.is_done() {
+            let step = decoder
+                .step(&conn.buf[used..])
+                .map_err(ClientError::Framing)?;
+            let data = used + step.framing;
+            keep(body, &conn.buf[data..data + step.data]);
+            used = data + step.data;
+        }
         conn.buf.advance(used);
         if decoder.is_done() {
             return Ok(());
         }
-        conn.buf.reserve(4096);
+        // A length still to come is read in as few reads as it can be.
+        let want = decoder
+            .remaining()
+            .map_or(4096, |n| n.clamp(4096, 1 << 20) as usize);
+        conn.buf.reserve(want);
         match conn.io.read_buf(&mut conn.buf).await {
-            Ok(0) => return Err(ClientError::ChunkedCut),
-            Ok(_) => {}
-            Err(e) => return Err(ClientError::Read(e)),
-        }
-    }
-}
-
-async fn read_to_end(
-    conn: &mut RawConn,
-    body: &mut Option<(&mut Vec<u8>, usize)>,
-) -> Result<(), ClientError> {
-    loop {
-        keep(body, &conn.buf);
-        conn.buf.clear();
-        conn.buf.reserve(4096);
-        match conn.io.read_buf(&mut conn.buf).await {
-            Ok(0) => return Ok(()),
+            Ok(0) => return decoder.at_eof().map_err(ClientError::Framing),
             Ok(_) => {}
             Err(e) => return Err(ClientError::Read(e)),
         }

@@ -13,16 +13,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Buf;
-use tokio::io::AsyncReadExt;
 use tokio::task::JoinHandle;
 
-use crate::codec::chunked::ChunkedDecoder;
 use crate::codec::engine::EngineReport;
-use crate::codec::response::{parse_response, Framing};
 use crate::config::SignalSource;
 use crate::upstream::cluster::{Cluster, EndpointEntry};
-use crate::upstream::h1_client::{read_at_least, MAX_RESPONSE_HEAD};
 use crate::upstream::pool::RawConn;
 
 /// The request header that asks vLLM for its ORCA report.
@@ -130,64 +125,9 @@ async fn scrape(
         Some(c) => c,
         None => conn.insert(entry.pool.connect().await.map_err(|_| Missed::Failed)?),
     };
-    crate::io::write_all_2(&mut c.io, head, &[])
+    let resp = crate::upstream::h1_client::exchange_body(c, head, body, MAX_METRICS_BODY as u64)
         .await
         .map_err(|_| Missed::Failed)?;
-    let mut out = Vec::new();
-    let resp = loop {
-        match parse_response(&c.buf, false, &mut out, false) {
-            Ok(Some(r)) if r.status < 200 => c.buf.advance(r.head_len),
-            Ok(Some(r)) => {
-                c.buf.advance(r.head_len);
-                break r;
-            }
-            Ok(None) if c.buf.len() <= MAX_RESPONSE_HEAD => fill(c).await?,
-            _ => return Err(Missed::Failed),
-        }
-    };
-    body.clear();
-    match resp.framing {
-        Framing::Empty => {}
-        Framing::Length(n) => {
-            let n = usize::try_from(n).map_err(|_| Missed::Failed)?;
-            if n > MAX_METRICS_BODY {
-                return Err(Missed::Failed);
-            }
-            read_at_least(c, n).await.map_err(|_| Missed::Failed)?;
-            body.extend_from_slice(&c.buf[..n]);
-            c.buf.advance(n);
-        }
-        Framing::Chunked => {
-            let mut decoder = ChunkedDecoder::default();
-            loop {
-                let step = decoder.step(&c.buf).map_err(|_| Missed::Failed)?;
-                body.extend_from_slice(&c.buf[step.framing..step.framing + step.data]);
-                c.buf.advance(step.framing + step.data);
-                if step.done {
-                    break;
-                }
-                if body.len() > MAX_METRICS_BODY {
-                    return Err(Missed::Failed);
-                }
-                if c.buf.is_empty() {
-                    fill(c).await?;
-                }
-            }
-        }
-        Framing::Close => loop {
-            body.extend_from_slice(&c.buf);
-            c.buf.clear();
-            if body.len() > MAX_METRICS_BODY {
-                return Err(Missed::Failed);
-            }
-            c.buf.reserve(4096);
-            match c.io.read_buf(&mut c.buf).await {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(_) => return Err(Missed::Failed),
-            }
-        },
-    }
     if !resp.keep_alive {
         *conn = None;
     }
@@ -195,12 +135,4 @@ async fn scrape(
         return Err(Missed::Status);
     }
     Ok(())
-}
-
-async fn fill(c: &mut RawConn) -> Result<(), Missed> {
-    c.buf.reserve(4096);
-    match c.io.read_buf(&mut c.buf).await {
-        Ok(n) if n > 0 => Ok(()),
-        _ => Err(Missed::Failed),
-    }
 }

@@ -14,7 +14,8 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::watch;
 
-use crate::codec::response::Framing;
+use crate::codec::body::{BodyDecoder, BodyError, Framing};
+use crate::codec::response::{push_framing, push_status_line};
 use crate::codec::{push_content_length, push_date, push_header};
 use crate::config::ListenerConfig;
 use crate::driver::answer::{self, OwnAnswer, Upstream};
@@ -391,22 +392,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         max_body: u64,
         expect_continue: bool,
     ) -> SmallChunked {
-        let mut decoder = crate::codec::chunked::ChunkedDecoder::default();
+        let mut decoder = BodyDecoder::new(Framing::Chunked, max_body);
         let mut pos = 0;
         let mut continued = false;
         self.body.clear();
         loop {
             while pos < self.rbuf.len() {
-                let Ok(step) = decoder.step(&self.rbuf[pos..]) else {
-                    return SmallChunked::Refused(Reject::InvalidBody);
+                let step = match decoder.step(&self.rbuf[pos..]) {
+                    Ok(step) => step,
+                    Err(BodyError::TooLarge(_)) => {
+                        return SmallChunked::Refused(Reject::BodyTooLarge)
+                    }
+                    Err(_) => return SmallChunked::Refused(Reject::InvalidBody),
                 };
                 let data = pos + step.framing;
                 self.body
                     .extend_from_slice(&self.rbuf[data..data + step.data]);
                 pos = data + step.data;
-                if self.body.len() as u64 > max_body {
-                    return SmallChunked::Refused(Reject::BodyTooLarge);
-                }
                 if step.done {
                     return SmallChunked::Whole(pos);
                 }
@@ -674,20 +676,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             if !head.has_date {
                 push_date(&mut self.out);
             }
-            match head.framing {
-                Framing::Length(n) => push_content_length(&mut self.out, n),
-                Framing::Chunked | Framing::Close if !req.http10 => {
-                    self.out
-                        .extend_from_slice(b"transfer-encoding: chunked\r\n");
-                }
-                _ => {}
-            }
-            if !keep {
-                self.out.extend_from_slice(b"connection: close\r\n");
-            } else if req.http10 {
-                self.out.extend_from_slice(b"connection: keep-alive\r\n");
-            }
-            self.out.extend_from_slice(b"\r\n");
+            push_framing(&mut self.out, head.framing, req.http10, keep);
             let idle = BodyIdle {
                 upstream: up.tail.upstream_idle,
                 client: self.client_idle,
@@ -738,13 +727,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     /// Writes keel's own answer; returns whether the connection stays open.
     async fn answer(&mut self, own: &OwnAnswer, keep: bool, req: &RequestHead) -> bool {
         self.out.clear();
-        self.out.extend_from_slice(b"HTTP/1.1 ");
-        self.out
-            .extend_from_slice(itoa_status(own.status).as_slice());
-        self.out.push(b' ');
-        self.out
-            .extend_from_slice(answer::reason(own.status).as_bytes());
-        self.out.extend_from_slice(b"\r\n");
+        push_status_line(&mut self.out, own.status, answer::reason(own.status));
         push_header(&mut self.out, b"content-type", b"text/plain; charset=utf-8");
         push_content_length(&mut self.out, own.text.len() as u64);
         push_date(&mut self.out);
@@ -908,15 +891,6 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
-}
-
-/// A status code's three digits.
-fn itoa_status(status: u16) -> [u8; 3] {
-    [
-        b'0' + (status / 100 % 10) as u8,
-        b'0' + (status / 10 % 10) as u8,
-        b'0' + (status % 10) as u8,
-    ]
 }
 
 #[cfg(test)]

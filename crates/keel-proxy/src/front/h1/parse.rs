@@ -1,13 +1,13 @@
-//! The HTTP/1.1 front end's request parser: the head parsed in place (`httparse`), routed
-//! with the listener's routes, and rewritten for the upstream (`crate::exchange::rewrite`)
-//! in the form its leg sends: text for an HTTP/1.1 endpoint, a map for an HTTP/2 one.
+//! The HTTP/1.1 front end's request: the head as the codec parsed it in place
+//! (`crate::codec::request`), routed with the listener's routes, and rewritten for the upstream
+//! (`crate::exchange::rewrite`) in the form its leg sends: text for an HTTP/1.1 endpoint, a
+//! map for an HTTP/2 one.
 
-use std::mem::MaybeUninit;
-
+use crate::codec::request::{parse_request as parse_head, HeadError, ParsedRequest, Unparsed};
 use crate::config::UpstreamProtocol;
 use crate::exchange::head::UpstreamHead;
 use crate::exchange::request::{
-    hash_rule, request_target, Reject, RequestHead, RequestRules, RouteRef, STACK_HEADERS,
+    hash_rule, request_target, Reject, RequestHead, RequestRules, RouteRef,
 };
 use crate::exchange::rewrite::{rewrite, rewrite_to_parts};
 use crate::route::ListenerRoutes;
@@ -25,8 +25,6 @@ pub(crate) enum RequestParse {
     Reject(Reject),
 }
 
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
-
 /// Parses the request head at the start of `buf`; when complete, writes into `out` the head
 /// to send upstream: as text without `Host` when the client sent none and without the final
 /// CRLF (both are per try), or as a map when the route's cluster speaks HTTP/2.
@@ -36,46 +34,31 @@ pub(crate) fn parse_request(
     routes: Option<&ListenerRoutes>,
     out: &mut UpstreamHead,
 ) -> RequestParse {
-    if !buf.is_empty() && (buf.starts_with(H2_PREFACE) || H2_PREFACE.starts_with(buf)) {
-        return if buf.len() >= H2_PREFACE.len() {
-            RequestParse::Http2Preface
-        } else {
-            RequestParse::Partial
-        };
-    }
-    if rules.max_headers <= STACK_HEADERS {
-        let mut headers = [MaybeUninit::<httparse::Header<'_>>::uninit(); STACK_HEADERS];
-        parse_request_in(buf, rules, routes, out, &mut headers[..rules.max_headers])
-    } else {
-        let mut headers = vec![MaybeUninit::<httparse::Header<'_>>::uninit(); rules.max_headers];
-        parse_request_in(buf, rules, routes, out, &mut headers)
-    }
+    parse_head(buf, rules.max_headers, |head| match head {
+        Ok(req) => route_and_rewrite(req, buf, rules, routes, out),
+        Err(Unparsed::Partial) => RequestParse::Partial,
+        Err(Unparsed::Http2Preface) => RequestParse::Http2Preface,
+        Err(Unparsed::Invalid(HeadError::TooManyHeaders)) => {
+            RequestParse::Reject(Reject::TooManyHeaders)
+        }
+        Err(Unparsed::Invalid(HeadError::Malformed)) => RequestParse::Reject(Reject::Malformed),
+    })
 }
 
-fn parse_request_in<'b>(
-    buf: &'b [u8],
+#[inline]
+fn route_and_rewrite(
+    req: &ParsedRequest<'_>,
+    buf: &[u8],
     rules: &RequestRules<'_>,
     routes: Option<&ListenerRoutes>,
     out: &mut UpstreamHead,
-    headers: &mut [MaybeUninit<httparse::Header<'b>>],
 ) -> RequestParse {
-    let mut req = httparse::Request::new(&mut []);
-    let head_len = match req.parse_with_uninit_headers(buf, headers) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return RequestParse::Partial,
-        Err(httparse::Error::TooManyHeaders) => {
-            return RequestParse::Reject(Reject::TooManyHeaders)
-        }
-        Err(_) => return RequestParse::Reject(Reject::Malformed),
-    };
-    let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
-        return RequestParse::Reject(Reject::Malformed);
-    };
-    let (path, authority) = match request_target(method, target) {
+    let (method, head_len, http10) = (req.method, req.head_len, req.http10);
+    let (path, authority) = match request_target(method, req.target) {
         Ok(t) => t,
         Err(r) => return RequestParse::Reject(r),
     };
-    let fields = || req.headers.iter().map(|h| (h.name, h.value));
+    let fields = || req.fields();
     let (route, routed);
     let mut http2 = false;
     let rules = match routes {
@@ -97,7 +80,6 @@ fn parse_request_in<'b>(
             rules
         }
     };
-    let http10 = version == 0;
     out.map = None;
     let rewritten = if http2 {
         rewrite_to_parts(

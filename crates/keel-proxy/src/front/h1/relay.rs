@@ -12,13 +12,14 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Sleep;
 
-use crate::codec::chunked::{chunk, ChunkedDecoder, LAST_CHUNK};
-use crate::codec::response::Framing;
-use crate::codec::{push_date, push_header};
+use crate::codec::body::{BodyDecoder, BodyError, Framing};
+use crate::codec::chunked::{chunk, LAST_CHUNK};
+use crate::codec::response::{push_framing, push_status_line};
+use crate::codec::{parse_content_length, push_date, push_header};
 use crate::exchange::error::BodyEnd;
 use crate::exchange::request::RequestHead;
 use crate::exchange::request::Upload;
-use crate::exchange::request::{parse_content_length, BodyFraming, Reject, RequestBody};
+use crate::exchange::request::{BodyFraming, Reject, RequestBody};
 use crate::io::{until, write_all_2, write_all_vectored, BodyIdle};
 use crate::leg::ResponseBody;
 use crate::upstream::pool::RawConn;
@@ -26,23 +27,18 @@ use hyper::header::HeaderValue;
 
 /// A request body streamed from the client as the leg asks for it: a piece at a time from
 /// the connection's read buffer, each read within the body's bounds (`Upload`, shared with
-/// the HTTP/2 front end). Chunked bodies are decoded (the leg frames them again);
+/// the HTTP/2 front end), its framing followed by the codec's decoder. Chunked bodies are
+/// decoded (the leg frames them again);
 /// `100 Continue` goes out before the first read when the client waits for it.
 pub(crate) struct ClientBody<'c, S> {
     pub stream: &'c mut S,
     /// Bytes read from the client; the body (then any pipelined request) at its front.
     pub rbuf: &'c mut BytesMut,
     pub timer: &'c mut Pin<Box<Sleep>>,
-    pub framing: BodyFraming,
-    /// Bytes of a `Length` body not yet handed out.
-    left: u64,
-    decoder: ChunkedDecoder,
+    decoder: BodyDecoder,
     /// Bytes of the last piece, consumed at the next call.
     pending: usize,
     started: bool,
-    finished: bool,
-    received: u64,
-    max: u64,
     expect_continue: bool,
     /// The reads' bounds, and the driver's try clock they report to.
     upload: Upload<'c>,
@@ -59,22 +55,18 @@ impl<'c, S: AsyncRead + AsyncWrite + Unpin> ClientBody<'c, S> {
         max: u64,
         expect_continue: bool,
     ) -> Self {
-        let left = match framing {
-            BodyFraming::Length(n) => n,
-            _ => 0,
+        let wire = match framing {
+            BodyFraming::None => Framing::Empty,
+            BodyFraming::Length(n) => Framing::Length(n),
+            BodyFraming::Chunked => Framing::Chunked,
         };
         Self {
             stream,
             rbuf,
             timer,
-            framing,
-            left,
-            decoder: ChunkedDecoder::default(),
+            decoder: BodyDecoder::new(wire, max),
             pending: 0,
             started: false,
-            finished: framing == BodyFraming::None,
-            received: 0,
-            max,
             expect_continue,
             upload,
         }
@@ -82,7 +74,7 @@ impl<'c, S: AsyncRead + AsyncWrite + Unpin> ClientBody<'c, S> {
 
     /// True once the whole body was read: the connection can carry another request.
     pub fn finished(&self) -> bool {
-        self.finished && self.pending == 0
+        self.decoder.is_done() && self.pending == 0
     }
 
     async fn read_more(&mut self) -> Result<(), Reject> {
@@ -116,44 +108,25 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RequestBody for ClientBody<'_, S> {
     async fn next_piece(&mut self) -> Result<&[u8], Reject> {
         self.started = true;
         self.rbuf.advance(std::mem::take(&mut self.pending));
-        if self.finished {
-            return Ok(&[]);
-        }
         let data = loop {
-            match self.framing {
-                BodyFraming::Length(_) => {
-                    if self.left == 0 {
-                        self.finished = true;
-                        return Ok(&[]);
-                    }
-                    if !self.rbuf.is_empty() {
-                        let n = (self.rbuf.len() as u64).min(self.left) as usize;
-                        self.left -= n as u64;
-                        break n;
-                    }
+            if self.decoder.is_done() {
+                return Ok(&[]);
+            }
+            if !self.rbuf.is_empty() {
+                let step = self.decoder.step(self.rbuf).map_err(|e| match e {
+                    BodyError::TooLarge(_) => Reject::BodyTooLarge,
+                    _ => Reject::InvalidBody,
+                })?;
+                self.rbuf.advance(step.framing);
+                if step.data > 0 {
+                    break step.data;
                 }
-                BodyFraming::Chunked => {
-                    let step = self
-                        .decoder
-                        .step(self.rbuf)
-                        .map_err(|_| Reject::InvalidBody)?;
-                    self.rbuf.advance(step.framing);
-                    if step.data > 0 {
-                        break step.data;
-                    }
-                    if step.done {
-                        self.finished = true;
-                        return Ok(&[]);
-                    }
+                if step.done {
+                    return Ok(&[]);
                 }
-                BodyFraming::None => return Ok(&[]),
             }
             self.read_more().await?;
         };
-        self.received += data as u64;
-        if self.received > self.max {
-            return Err(Reject::BodyTooLarge);
-        }
         self.pending = data;
         Ok(&self.rbuf[..data])
     }
@@ -215,56 +188,31 @@ pub(crate) async fn relay_response<W: AsyncWrite + Unpin>(
     timer: &mut Pin<Box<Sleep>>,
     idle: BodyIdle,
 ) -> Result<(), RelayError> {
+    // The common answer: a small body the leg read whole, sent with its head in one write.
+    if let Some(n) = framing.whole_within(conn.buf.len()) {
+        to_client(timer, idle, write_all_2(client, head, &conn.buf[..n])).await?;
+        conn.buf.advance(n);
+        return Ok(());
+    }
     let mut head = head;
-    match framing {
-        Framing::Empty => to_client(timer, idle, write_all_2(client, head, &[])).await,
-        Framing::Length(n) => {
-            let mut left = n as usize;
+    let mut decoder = BodyDecoder::new(framing, u64::MAX);
+    // Chunks pass through as they are, checked on the way; a body that ends with the
+    // connection is chunked here; any other body goes as its data (an HTTP/1.0 client's then
+    // ends with the connection).
+    let pass_chunks = chunked_to_client && framing == Framing::Chunked;
+    let chunk_here = chunked_to_client && framing == Framing::Close;
+    let mut line = [0u8; 18];
+    loop {
+        if pass_chunks {
+            let used = decoder.skip(&conn.buf).map_err(|e| failed(head, e))?;
+            to_client(timer, idle, write_all_2(client, head, &conn.buf[..used])).await?;
+            conn.buf.advance(used);
+        } else {
             loop {
-                let take = left.min(conn.buf.len());
-                to_client(timer, idle, write_all_2(client, head, &conn.buf[..take])).await?;
-                head = &[];
-                conn.buf.advance(take);
-                left -= take;
-                if left == 0 {
-                    return Ok(());
-                }
-                from_upstream(timer, idle, read_more(conn)).await?;
-            }
-        }
-        Framing::Chunked => {
-            let mut decoder = ChunkedDecoder::default();
-            loop {
-                if chunked_to_client {
-                    // Passed through as the endpoint chunked it, checked on the way.
-                    let used = decoder.skip(&conn.buf).map_err(|e| failed(head, e))?;
-                    to_client(timer, idle, write_all_2(client, head, &conn.buf[..used])).await?;
-                    conn.buf.advance(used);
-                } else {
-                    // HTTP/1.0: the data only, the body ending with the connection.
-                    loop {
-                        let step = decoder.step(&conn.buf).map_err(|e| failed(head, e))?;
-                        let data = &conn.buf[step.framing..step.framing + step.data];
-                        to_client(timer, idle, write_all_2(client, head, data)).await?;
-                        head = &[];
-                        conn.buf.advance(step.framing + step.data);
-                        if step.done || conn.buf.is_empty() {
-                            break;
-                        }
-                    }
-                }
-                head = &[];
-                if decoder.is_done() {
-                    return Ok(());
-                }
-                from_upstream(timer, idle, read_more(conn)).await?;
-            }
-        }
-        Framing::Close => {
-            let mut line = [0u8; 18];
-            loop {
-                if chunked_to_client {
-                    let [size, data, end] = chunk(&conn.buf, &mut line);
+                let step = decoder.step(&conn.buf).map_err(|e| failed(head, e))?;
+                let data = &conn.buf[step.framing..step.framing + step.data];
+                if chunk_here {
+                    let [size, data, end] = chunk(data, &mut line);
                     let mut all = [IoSlice::new(head), size, data, end];
                     to_client(timer, idle, async {
                         write_all_vectored(client, &mut all).await?;
@@ -272,31 +220,25 @@ pub(crate) async fn relay_response<W: AsyncWrite + Unpin>(
                     })
                     .await?;
                 } else {
-                    to_client(timer, idle, write_all_2(client, head, &conn.buf)).await?;
+                    to_client(timer, idle, write_all_2(client, head, data)).await?;
                 }
                 head = &[];
-                conn.buf.clear();
-                conn.buf.reserve(16 * 1024);
-                let mut ended = false;
-                from_upstream(timer, idle, async {
-                    match conn.io.read_buf(&mut conn.buf).await {
-                        Ok(0) => ended = true,
-                        Ok(_) => {}
-                        Err(e) => return Err(RelayError::Upstream(e.to_string())),
-                    }
-                    Ok(())
-                })
-                .await?;
-                if ended {
+                conn.buf.advance(step.framing + step.data);
+                if step.done || conn.buf.is_empty() {
                     break;
                 }
             }
-            if chunked_to_client {
-                to_client(timer, idle, write_all_2(client, LAST_CHUNK, &[])).await?;
-            }
-            Ok(())
         }
+        head = &[];
+        if decoder.is_done() {
+            break;
+        }
+        from_upstream(timer, idle, read_more(conn, &mut decoder)).await?;
     }
+    if chunk_here {
+        to_client(timer, idle, write_all_2(client, LAST_CHUNK, &[])).await?;
+    }
+    Ok(())
 }
 
 /// A malformed body, told apart by whether the head (still in `head`) was sent.
@@ -308,19 +250,21 @@ fn failed(head: &[u8], e: impl std::fmt::Display) -> RelayError {
     }
 }
 
-/// Reads more of a body the endpoint has not finished.
-async fn read_more(conn: &mut RawConn) -> Result<(), RelayError> {
+/// Reads more of a body the endpoint has not finished; its end of stream is the end of a
+/// body that runs until then, else a cut.
+async fn read_more(conn: &mut RawConn, decoder: &mut BodyDecoder) -> Result<(), RelayError> {
     if conn.buf.capacity() - conn.buf.len() < 4096 {
         conn.buf.reserve(16 * 1024);
     }
     match conn.io.read_buf(&mut conn.buf).await {
-        Ok(0) => Err(RelayError::Upstream(
-            "connection closed in the middle of the body".into(),
-        )),
+        Ok(0) => decoder
+            .at_eof()
+            .map_err(|e| RelayError::Upstream(e.to_string())),
         Ok(_) => Ok(()),
         Err(e) => Err(RelayError::Upstream(e.to_string())),
     }
 }
+
 /// Sends a response that is not an HTTP/1.1 endpoint's own (an HTTP/2 endpoint's, say) to
 /// an HTTP/1.1 client: the head rendered as HTTP/1.1 (with `endpoint` as `x-keel-endpoint`,
 /// and the framing), the body's frames as they come (chunked unless its length is known; as
@@ -347,14 +291,16 @@ pub(crate) async fn relay_frames<W: AsyncWrite + Unpin>(
         .get(hyper::header::CONTENT_LENGTH)
         .and_then(|v| parse_content_length(v.as_bytes()));
     let empty = req.is_head || status == 204 || status == 304;
-    let chunked = !empty && length.is_none() && !req.http10;
-    let keep = keep_alive && (empty || length.is_some() || chunked);
+    // A body of unknown length is chunked, or ends with the connection (HTTP/1.0).
+    let framing = match length {
+        _ if empty => Framing::Empty,
+        Some(n) => Framing::Length(n),
+        None => Framing::Chunked,
+    };
+    let chunked = framing == Framing::Chunked && !req.http10;
+    let keep = keep_alive && (chunked || framing != Framing::Chunked);
     out.clear();
-    out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(status.to_string().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(head.status.canonical_reason().unwrap_or("").as_bytes());
-    out.extend_from_slice(b"\r\n");
+    push_status_line(out, status, head.status.canonical_reason().unwrap_or(""));
     for (name, value) in &head.headers {
         if name != hyper::header::CONTENT_LENGTH || empty {
             push_header(out, name.as_str().as_bytes(), value.as_bytes());
@@ -366,17 +312,7 @@ pub(crate) async fn relay_frames<W: AsyncWrite + Unpin>(
     if !head.headers.contains_key(hyper::header::DATE) {
         push_date(out);
     }
-    match length {
-        Some(n) if !empty => crate::codec::push_content_length(out, n),
-        _ if chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
-        _ => {}
-    }
-    if !keep {
-        out.extend_from_slice(b"connection: close\r\n");
-    } else if req.http10 {
-        out.extend_from_slice(b"connection: keep-alive\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
+    push_framing(out, framing, req.http10, keep);
     if !matches!(
         timeout(idle.client, client.write_all(out)).await,
         Ok(Ok(()))

@@ -1,5 +1,5 @@
 //! An HTTP/1.1 endpoint's response body as data frames: its framing (a length, chunks, or the
-//! connection's end) decoded here, once, and the data handed out as slices of the
+//! connection's end) followed by the codec's decoder, and the data handed out as slices of the
 //! connection's buffer (no copy). The HTTP/1.1 front end relays such a body to an HTTP/1.1
 //! client as it is (`front/h1/relay.rs`, no decoding); every other renderer reads it here.
 
@@ -12,19 +12,16 @@ use bytes::{Buf, BufMut, Bytes};
 use hyper::body::SizeHint;
 use tokio::io::{AsyncRead, ReadBuf};
 
-use crate::codec::chunked::{ChunkError, ChunkedDecoder};
-use crate::codec::response::{Framing, ResponseHead};
+use crate::codec::body::{BodyDecoder, BodyError, Framing};
+use crate::codec::response::ResponseHead;
 use crate::upstream::pool::RawConn;
 
 /// Why an HTTP/1.1 response body could not be read to its end.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum H1BodyError {
-    /// The chunked framing is malformed.
+    /// The framing is malformed, or the connection ended before the body's end.
     #[error("{0}")]
-    Chunked(#[source] ChunkError),
-    /// The endpoint closed the connection before the body's end (a length or the last chunk).
-    #[error("connection closed in the middle of the body")]
-    Cut,
+    Framing(#[source] BodyError),
     /// Reading the connection failed.
     #[error("{0}")]
     Read(#[source] io::Error),
@@ -34,9 +31,7 @@ pub(crate) enum H1BodyError {
 pub(crate) struct H1Body {
     conn: Option<RawConn>,
     framing: Framing,
-    /// Bytes of a `Length` body not yet handed out.
-    left: u64,
-    decoder: ChunkedDecoder,
+    decoder: BodyDecoder,
     /// The endpoint keeps the connection open after the body.
     keep_alive: bool,
 }
@@ -48,11 +43,7 @@ impl H1Body {
         Self {
             conn: Some(conn),
             framing: head.framing,
-            left: match head.framing {
-                Framing::Length(n) => n,
-                _ => 0,
-            },
-            decoder: ChunkedDecoder::default(),
+            decoder: BodyDecoder::new(head.framing, u64::MAX),
             keep_alive: head.keep_alive,
         }
     }
@@ -66,44 +57,32 @@ impl H1Body {
             return Poll::Ready(Ok(None));
         };
         loop {
-            match self.framing {
-                Framing::Empty => return Poll::Ready(Ok(None)),
-                Framing::Length(_) if self.left == 0 => return Poll::Ready(Ok(None)),
-                Framing::Length(_) if !conn.buf.is_empty() => {
-                    let n = (conn.buf.len() as u64).min(self.left) as usize;
-                    self.left -= n as u64;
-                    return Poll::Ready(Ok(Some(conn.buf.split_to(n).freeze())));
-                }
-                Framing::Chunked if self.decoder.is_done() => return Poll::Ready(Ok(None)),
-                Framing::Chunked if !conn.buf.is_empty() => {
-                    let step = self.decoder.step(&conn.buf).map_err(H1BodyError::Chunked)?;
-                    conn.buf.advance(step.framing);
-                    if step.data > 0 {
-                        let data = conn.buf.split_to(step.data).freeze();
-                        // The last chunk read with this data: the body ends with this piece.
-                        if let Some(end) = self.decoder.end_within(&conn.buf) {
-                            conn.buf.advance(end);
-                        }
-                        return Poll::Ready(Ok(Some(data)));
+            if self.decoder.is_done() {
+                return Poll::Ready(Ok(None));
+            }
+            if !conn.buf.is_empty() {
+                let step = self.decoder.step(&conn.buf).map_err(H1BodyError::Framing)?;
+                conn.buf.advance(step.framing);
+                if step.data > 0 {
+                    let data = conn.buf.split_to(step.data).freeze();
+                    // The last chunk read with this data: the body ends with this piece.
+                    if let Some(end) = self.decoder.end_within(&conn.buf) {
+                        conn.buf.advance(end);
                     }
-                    if step.done {
-                        return Poll::Ready(Ok(None));
-                    }
-                    continue;
+                    return Poll::Ready(Ok(Some(data)));
                 }
-                Framing::Close if !conn.buf.is_empty() => {
-                    let n = conn.buf.len();
-                    return Poll::Ready(Ok(Some(conn.buf.split_to(n).freeze())));
+                if step.done {
+                    return Poll::Ready(Ok(None));
                 }
-                _ => {}
             }
             match poll_read_buf(conn, cx) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(Ok(0)) if self.framing == Framing::Close => {
+                Poll::Ready(Ok(0)) => {
+                    // The end of a body that runs until then; else a cut.
+                    self.decoder.at_eof().map_err(H1BodyError::Framing)?;
                     self.keep_alive = false;
                     return Poll::Ready(Ok(None));
                 }
-                Poll::Ready(Ok(0)) => return Poll::Ready(Err(H1BodyError::Cut)),
                 Poll::Ready(Ok(_)) => {}
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(H1BodyError::Read(e))),
             }
@@ -115,8 +94,7 @@ impl H1Body {
     /// last piece. A close-delimited body ends only when the connection does.
     pub(crate) fn is_end_stream(&self) -> bool {
         match self.framing {
-            Framing::Length(_) => self.left == 0,
-            Framing::Chunked => self.decoder.is_done(),
+            Framing::Length(_) | Framing::Chunked => self.decoder.is_done(),
             _ => false,
         }
     }
@@ -124,7 +102,7 @@ impl H1Body {
     /// What is known of the body's length.
     pub(crate) fn size_hint(&self) -> SizeHint {
         match self.framing {
-            Framing::Length(_) => SizeHint::with_exact(self.left),
+            Framing::Length(_) => SizeHint::with_exact(self.decoder.remaining().unwrap_or(0)),
             Framing::Empty => SizeHint::with_exact(0),
             _ => SizeHint::default(),
         }

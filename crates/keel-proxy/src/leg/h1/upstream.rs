@@ -12,13 +12,13 @@ use bytes::Buf;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::codec::chunked::{chunk, LAST_CHUNK};
-use crate::codec::response::{parse_response, Framing, ResponseHead};
+use crate::codec::response::{parse_response, Framing, ResponseHead, MAX_RESPONSE_HEAD};
 use crate::exchange::error::{Cause, TryError, TryFailure};
 use crate::exchange::request::{BodyFraming, RequestBody, RequestHead};
 use crate::io::write_all_vectored;
 use crate::metrics::{class_index, ErrorKind};
 use crate::upstream::cluster::{Cluster, EndpointEntry};
-use crate::upstream::h1_client::{read_at_least, MAX_RESPONSE_HEAD};
+use crate::upstream::h1_client::read_at_least;
 use crate::upstream::pool::RawConn;
 use crate::upstream::signals::{ORCA_ASK, ORCA_FORMAT};
 
