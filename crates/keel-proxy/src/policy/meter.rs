@@ -53,6 +53,8 @@ pub(crate) struct StreamMeter {
     pub usage: Usage,
     model: [u8; MAX_MODEL],
     model_len: usize,
+    /// A whole answer's last bytes, once it is longer than [`MAX_EVENT`].
+    tail: Option<Vec<u8>>,
 }
 
 impl StreamMeter {
@@ -70,6 +72,7 @@ impl StreamMeter {
             usage: Usage::default(),
             model: [0; MAX_MODEL],
             model_len: 0,
+            tail: None,
         }
     }
 
@@ -115,15 +118,28 @@ impl StreamMeter {
         }
     }
 
-    /// Reads a whole (non-streamed) JSON answer's first bytes for its `usage` and `model`;
+    /// Reads a whole (non-streamed) JSON answer for its `usage` and `model`: its first and
+    /// its last [`MAX_EVENT`] bytes are kept (vLLM writes `model` first and `usage` last);
     /// `done`: the body ended with these bytes. Its time to first token is the whole answer's.
     pub(crate) fn feed_whole(&mut self, bytes: &[u8], now: Instant, done: bool) {
         let room = MAX_EVENT.saturating_sub(self.event.len());
-        self.event
-            .extend_from_slice(&bytes[..bytes.len().min(room)]);
+        let (head, rest) = bytes.split_at(bytes.len().min(room));
+        self.event.extend_from_slice(head);
+        if !rest.is_empty() {
+            let tail = self
+                .tail
+                .get_or_insert_with(|| Vec::with_capacity(2 * MAX_EVENT));
+            tail.extend_from_slice(rest);
+            if tail.len() > 2 * MAX_EVENT {
+                tail.drain(..tail.len() - MAX_EVENT);
+            }
+        }
         if done {
             let body = std::mem::take(&mut self.event);
             self.read_fields(&body);
+            if let Some(tail) = self.tail.take() {
+                self.read_fields(&tail[tail.len().saturating_sub(MAX_EVENT)..]);
+            }
             self.first.get_or_insert(now);
         }
     }
@@ -556,6 +572,28 @@ mod tests {
         assert_eq!(m.usage.cached_tokens, Some(0));
         assert_eq!(m.ttft(), Some(Duration::from_millis(30)));
         assert_eq!(m.itl(), None);
+        // A long answer: `usage` is in its last bytes, read whatever the pieces.
+        let long = format!(
+            r#"{{"model":"m2","choices":[{{"text":"{}"}}],"usage":{{"completion_tokens":900,"prompt_tokens":7,"prompt_tokens_details":{{"cached_tokens":3}}}}}}"#,
+            "word ".repeat(3000)
+        );
+        for step in [100, 4000, long.len()] {
+            let mut m = StreamMeter::new(t0);
+            for piece in long.as_bytes().chunks(step) {
+                m.feed_whole(piece, t0, false);
+            }
+            m.feed_whole(&[], t0, true);
+            assert_eq!(m.model(), Some("m2"), "step {step}");
+            assert_eq!(
+                (
+                    m.usage.prompt_tokens,
+                    m.usage.completion_tokens,
+                    m.usage.cached_tokens
+                ),
+                (Some(7), Some(900), Some(3)),
+                "step {step}"
+            );
+        }
     }
 
     #[test]
