@@ -151,10 +151,10 @@ impl UpstreamResponse {
     /// it streams (server-sent events, or one JSON body), for both front ends alike; `strip`:
     /// keel asked for the usage the client did not, and takes it out of the events. An answer
     /// in a content coding is not read. `out`: an HTTP/1.1 endpoint's head, as
-    /// [`Self::headers_mut`].
+    /// [`Self::into_parts`].
     pub fn meter(
         self,
-        out: &mut Vec<u8>,
+        out: &[u8],
         started: Instant,
         strip: bool,
         slot: crate::metrics::inference::MeasuredSlot,
