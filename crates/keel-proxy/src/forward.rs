@@ -141,10 +141,27 @@ async fn forward_once<B: RequestBody>(
     if let Some(m) = req.route.mirror.as_ref().filter(|m| m.sample()) {
         mirror(m, &req.route.metrics, client, &head, meta, body.inline());
     }
-    // A `prefix-affinity` cluster reads the prompt before the pick (within its bound).
+    // A `prefix-affinity` cluster reads the prompt before the pick, and an `inference` one
+    // a streamed request's `stream_options` (both within `prompt_read_limit`).
     let has_body = meta.body != crate::exchange::request::BodyFraming::None;
-    let (prompt, mut body) =
-        crate::policy::inference::read_prompt(&cluster.config.balance, has_body, body).await;
+    let read = crate::policy::inference::read_prompt(&cluster.config, has_body, body).await;
+    let (prompt, mut body, usage_added) = (read.prompt, read.body, read.usage_added);
+    let sized_meta;
+    if let Some(n) = usage_added {
+        // The body keel sends is longer than the client's: its length follows.
+        if let crate::exchange::request::BodyFraming::Length(_) = meta.body {
+            use hyper::header::CONTENT_LENGTH;
+            head.remove(|name| name.eq_ignore_ascii_case(CONTENT_LENGTH.as_str().as_bytes()));
+            let mut digits = Vec::with_capacity(20);
+            crate::codec::push_u64(&mut digits, n);
+            head.append(&CONTENT_LENGTH, &digits);
+            sized_meta = RequestHead {
+                body: crate::exchange::request::BodyFraming::Length(n),
+                ..meta.clone()
+            };
+            meta = &sized_meta;
+        }
+    }
     let prefix = prompt.as_deref().map_or(&[][..], |h| h.blocks());
     let mut leg = HttpLeg::new(cluster, head, meta, &mut body, out);
     match drive(
@@ -162,7 +179,7 @@ async fn forward_once<B: RequestBody>(
     )
     .await
     {
-        Driven::Won(mut response, tail) => {
+        Driven::Won(mut response, mut tail) => {
             if let Some((rw, vars)) = &rewrites {
                 let endpoint = cluster.endpoints[tail.endpoint].authority.as_str();
                 let mut headers = response.headers_mut(leg.out());
@@ -178,6 +195,13 @@ async fn forward_once<B: RequestBody>(
                         headers.append(&hyper::header::SET_COOKIE, v.as_bytes());
                     }
                 }
+            }
+            if cluster.config.inference {
+                // Measured before any compression, which reads what the meter hands on.
+                let slot = crate::metrics::inference::MeasuredSlot::default();
+                tail.tries.inference = Some(slot.clone());
+                let (strip, metrics) = (usage_added.is_some(), cluster.metrics.clone());
+                response = response.meter(leg.out(), req.start, strip, slot, metrics);
             }
             if let Some((c, offer)) = compression {
                 response = response.compress(leg.out(), c, offer);

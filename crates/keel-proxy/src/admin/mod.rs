@@ -67,6 +67,34 @@ fn engine_json(
     })
 }
 
+/// An `inference = true` cluster's answers by model (means since the start); `null` for
+/// another cluster.
+fn inference_json(c: &crate::upstream::cluster::Cluster) -> serde_json::Value {
+    if !c.config.inference {
+        return serde_json::Value::Null;
+    }
+    let models: Vec<_> = c
+        .metrics
+        .inference
+        .get()
+        .map(|m| m.view())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|v| {
+            json!({
+                "model": v.model,
+                "answers": v.answers,
+                "prompt_tokens": v.prompt_tokens,
+                "completion_tokens": v.completion_tokens,
+                "cached_tokens": v.cached_tokens,
+                "ttft_mean_ms": v.ttft_ms,
+                "itl_mean_ms": v.itl_ms,
+            })
+        })
+        .collect();
+    json!({ "models": models })
+}
+
 /// The `/status` document; `recent`: the last minute's samples.
 pub(crate) fn status_json(shared: &Shared, recent: &Recent) -> serde_json::Value {
     let routing = shared.routing.load();
@@ -117,6 +145,7 @@ pub(crate) fn status_json(shared: &Shared, recent: &Recent) -> serde_json::Value
                 "discovery": discovery_json(shared, c.name()),
                 "shared_evidence": evidence_json(shared, c.name()),
                 "last_minute": recent.cluster_json(c.name()),
+                "inference": inference_json(c),
                 "endpoints": endpoints,
             })
         })

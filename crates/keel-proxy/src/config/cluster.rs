@@ -133,6 +133,11 @@ pub struct ClusterConfig {
     /// ORCA header, asked for on every request, or their `/metrics`, scraped. Off unless
     /// present.
     pub engine_signals: Option<EngineSignalsConfig>,
+    /// The endpoints are inference engines with an OpenAI API: each answer is measured (time
+    /// to first token, time between tokens, `usage`'s tokens, the model) for the access log,
+    /// `/metrics` and `/status`, and a streamed request that does not ask for `usage` is
+    /// made to (the client does not see it). Default false.
+    pub inference: bool,
     /// Responses whose `Content-Length` is at most this many bytes are read whole before they
     /// are forwarded, so that an endpoint failing mid-body can still be retried; larger or
     /// chunked bodies stream through. 0 streams everything. Default 65536.
@@ -337,6 +342,7 @@ pub(crate) const CLUSTER_KEYS: &[&str] = &[
     "hedge",
     "probe",
     "engine_signals",
+    "inference",
     "max_amplification",
     "rate_limit",
     "strip_prefix",
@@ -375,6 +381,7 @@ impl<'de> Deserialize<'de> for ClusterConfig {
                         "tls" => c.tls = map.next_value()?,
                         "probe" => c.probe = map.next_value()?,
                         "engine_signals" => c.engine_signals = Some(map.next_value()?),
+                        "inference" => c.inference = map.next_value()?,
                         "max_buffered_response" => c.max_buffered_response = map.next_value()?,
                         "pool_max_idle_per_endpoint" => {
                             c.pool_max_idle_per_endpoint = map.next_value()?
@@ -972,6 +979,7 @@ impl ClusterConfig {
             tls: None,
             probe: ProbeConfig::default(),
             engine_signals: None,
+            inference: false,
             max_buffered_response: default_max_buffered_response(),
             pool_max_idle_per_endpoint: default_pool_max_idle(),
             sticky: None,

@@ -136,6 +136,33 @@ pub enum LogField {
     Referer,
     /// Every try (JSON only).
     Tries,
+    /// An inference answer's time to first token, in milliseconds (`inference = true`).
+    TtftMs,
+    /// Its mean time between tokens, in milliseconds.
+    ItlMs,
+    /// `usage.prompt_tokens`.
+    PromptTokens,
+    /// `usage.completion_tokens`.
+    CompletionTokens,
+    /// `usage.prompt_tokens_details.cached_tokens`.
+    CachedTokens,
+    /// The model the answer named.
+    Model,
+}
+
+impl LogField {
+    /// An inference answer's measure: absent from a JSON line of a request not measured.
+    pub fn is_inference(self) -> bool {
+        matches!(
+            self,
+            LogField::TtftMs
+                | LogField::ItlMs
+                | LogField::PromptTokens
+                | LogField::CompletionTokens
+                | LogField::CachedTokens
+                | LogField::Model
+        )
+    }
 }
 
 /// Every name of [`LogField`]: keel's (the JSON keys) first, then NGINX's for the same
@@ -166,6 +193,12 @@ pub const LOG_NAMES: &[(&str, LogField)] = &[
     ("request", LogField::Request),
     ("body_bytes_sent", LogField::BodyBytesSent),
     ("request_time", LogField::RequestTime),
+    ("ttft_ms", LogField::TtftMs),
+    ("itl_ms", LogField::ItlMs),
+    ("prompt_tokens", LogField::PromptTokens),
+    ("completion_tokens", LogField::CompletionTokens),
+    ("cached_tokens", LogField::CachedTokens),
+    ("model", LogField::Model),
     // NGINX's names.
     ("time_iso8601", LogField::Time),
     ("remote_addr", LogField::Client),
@@ -179,9 +212,10 @@ pub const LOG_NAMES: &[(&str, LogField)] = &[
 ];
 
 /// How many of [`LOG_NAMES`] are keel's own (the JSON keys; the rest are NGINX's).
-const KEEL_NAMES: usize = 24;
+const KEEL_NAMES: usize = 30;
 
-/// The JSON line's keys by default, in order (`client_cert_subject` only when there is one).
+/// The JSON line's keys by default, in order (`client_cert_subject` only when there is one,
+/// the inference fields only for an answer measured).
 pub const DEFAULT_JSON_FIELDS: &[LogField] = &[
     LogField::Time,
     LogField::Client,
@@ -203,6 +237,12 @@ pub const DEFAULT_JSON_FIELDS: &[LogField] = &[
     LogField::UserAgent,
     LogField::Referer,
     LogField::Tries,
+    LogField::TtftMs,
+    LogField::ItlMs,
+    LogField::PromptTokens,
+    LogField::CompletionTokens,
+    LogField::CachedTokens,
+    LogField::Model,
 ];
 
 impl LogField {

@@ -694,6 +694,7 @@ fn every_flat_key_has_exactly_one_owner() {
         "tls",
         "probe",
         "engine_signals",
+        "inference",
         "max_buffered_response",
         "pool_max_idle_per_endpoint",
         "sticky",

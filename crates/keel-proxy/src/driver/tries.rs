@@ -23,6 +23,8 @@ pub(crate) struct Tries {
     /// record moves with the answer through every future on the way, and untraced requests
     /// (no `[tracing]`) should not move a trace's 33 bytes with it.
     pub trace: Option<Box<Trace>>,
+    /// What the answer measured (`inference = true`), filled when its body ends.
+    pub inference: Option<crate::metrics::inference::MeasuredSlot>,
     len: u8,
     first: TryRecord,
     /// All the tries, the first included, once there is more than one.

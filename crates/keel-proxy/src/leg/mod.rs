@@ -85,7 +85,15 @@ impl UpstreamResponse {
                     r.head.headers.get(n).map(|v| v.as_bytes().trim_ascii())
                 })
             }
-            UpstreamResponse::Transformed(_) => false,
+            UpstreamResponse::Transformed(t) => {
+                let h = &t.0.headers;
+                let length = h
+                    .get(hyper::header::CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok()?.parse().ok());
+                c.applies(t.0.status.as_u16(), length, |n| {
+                    h.get(n).map(|v| v.as_bytes().trim_ascii())
+                })
+            }
         };
         if !applies {
             return self;
@@ -108,7 +116,7 @@ impl UpstreamResponse {
                 let empty = hyper::Response::new(()).into_parts().0;
                 (std::mem::replace(&mut r.head, empty), ResponseBody::H2(r))
             }
-            t @ UpstreamResponse::Transformed(_) => return t,
+            UpstreamResponse::Transformed(t) => *t,
         };
         let encoder = match c.encoder(coding) {
             Ok(e) => e,
@@ -135,6 +143,61 @@ impl UpstreamResponse {
         let body = ResponseBody::Compressed(Box::new(Compressed {
             inner: body,
             stream: Compressing::new(encoder),
+        }));
+        UpstreamResponse::Transformed(Box::new((head, body)))
+    }
+
+    /// The response phase of an `inference = true` cluster: a 2xx answer's body measured as
+    /// it streams (server-sent events, or one JSON body), for both front ends alike; `strip`:
+    /// keel asked for the usage the client did not, and takes it out of the events. An answer
+    /// in a content coding is not read. `out`: an HTTP/1.1 endpoint's head, as
+    /// [`Self::into_parts`].
+    pub fn meter(
+        self,
+        out: &[u8],
+        started: Instant,
+        strip: bool,
+        slot: crate::metrics::inference::MeasuredSlot,
+        metrics: std::sync::Arc<crate::metrics::ClusterMetrics>,
+    ) -> Self {
+        use crate::policy::meter::{Metering, Shape};
+        if !(200..300).contains(&self.status()) {
+            return self;
+        }
+        let (mut head, body) = match self {
+            UpstreamResponse::H1(conn, mut head) => {
+                match crate::codec::response::parts(out, &mut head) {
+                    Ok(parts) => (parts, ResponseBody::H1(H1Body::new(conn, &head))),
+                    Err(()) => return UpstreamResponse::H1(conn, head),
+                }
+            }
+            UpstreamResponse::H2(mut r) => {
+                let empty = hyper::Response::new(()).into_parts().0;
+                (std::mem::replace(&mut r.head, empty), ResponseBody::H2(r))
+            }
+            UpstreamResponse::Transformed(t) => *t,
+        };
+        let h = &mut head.headers;
+        let coded = h
+            .get(hyper::header::CONTENT_ENCODING)
+            .is_some_and(|v| !v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"identity"));
+        if coded {
+            return UpstreamResponse::Transformed(Box::new((head, body)));
+        }
+        let events = h.get(hyper::header::CONTENT_TYPE).is_some_and(|v| {
+            let v = v.as_bytes().trim_ascii();
+            v.len() >= 17 && v[..17].eq_ignore_ascii_case(b"text/event-stream")
+        });
+        let shape = if events { Shape::Events } else { Shape::Whole };
+        let strip = strip && events;
+        if strip {
+            // The client gets fewer bytes than the engine sent.
+            h.remove(hyper::header::CONTENT_LENGTH);
+        }
+        let body = ResponseBody::Metered(Box::new(Metered {
+            inner: body,
+            metering: Metering::new(started, shape, strip, slot, metrics),
+            strip,
         }));
         UpstreamResponse::Transformed(Box::new((head, body)))
     }
@@ -223,6 +286,14 @@ pub(crate) struct Compressed {
     stream: Compressing,
 }
 
+/// A body measured on its way (`inference = true`).
+pub(crate) struct Metered {
+    inner: ResponseBody,
+    metering: crate::policy::meter::Metering,
+    /// Events are taken out: the body's length is not the source's.
+    strip: bool,
+}
+
 /// An error of a response body, as renderers pass it on.
 pub(crate) type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -235,6 +306,8 @@ pub(crate) enum ResponseBody {
     H2(Box<H2Response>),
     /// Either, compressed (`compression`).
     Compressed(Box<Compressed>),
+    /// Any, measured (`inference`).
+    Metered(Box<Metered>),
 }
 
 impl ResponseBody {
@@ -258,6 +331,15 @@ impl ResponseBody {
                 let Compressed { inner, stream } = &mut **c;
                 stream.poll_frame(cx, |cx| inner.poll_frame(cx))
             }
+            ResponseBody::Metered(m) => {
+                let Metered {
+                    inner, metering, ..
+                } = &mut **m;
+                metering.poll_frame(cx, |cx| {
+                    let polled = inner.poll_frame(cx);
+                    (polled, inner.is_end_stream())
+                })
+            }
         }
     }
 
@@ -268,6 +350,7 @@ impl ResponseBody {
             ResponseBody::H1(b) => b.is_end_stream(),
             ResponseBody::H2(r) => r.is_end_stream(),
             ResponseBody::Compressed(c) => c.stream.is_end_stream(),
+            ResponseBody::Metered(m) => m.metering.is_end_stream(m.inner.is_end_stream()),
         }
     }
 
@@ -280,6 +363,8 @@ impl ResponseBody {
                 _ => hyper::body::SizeHint::default(),
             },
             ResponseBody::Compressed(_) => hyper::body::SizeHint::default(),
+            ResponseBody::Metered(m) if m.strip => hyper::body::SizeHint::default(),
+            ResponseBody::Metered(m) => m.inner.size_hint(),
         }
     }
 
@@ -289,6 +374,7 @@ impl ResponseBody {
             ResponseBody::H1(_) => crate::exchange::error::BodyEnd::Done,
             ResponseBody::H2(r) => r.end(),
             ResponseBody::Compressed(c) => c.inner.end(),
+            ResponseBody::Metered(m) => m.inner.end(),
         }
     }
 
@@ -299,6 +385,7 @@ impl ResponseBody {
             ResponseBody::H1(b) => b.reusable(),
             ResponseBody::H2(_) => None,
             ResponseBody::Compressed(c) => c.inner.reusable(),
+            ResponseBody::Metered(m) => m.inner.reusable(),
         }
     }
 
@@ -311,6 +398,7 @@ impl ResponseBody {
             ResponseBody::H1(_) => None,
             ResponseBody::H2(r) => r.rest_of_request.take(),
             ResponseBody::Compressed(c) => c.inner.rest_of_request(),
+            ResponseBody::Metered(m) => m.inner.rest_of_request(),
         }
     }
 }

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub(crate) mod engine;
+pub(crate) mod inference;
 pub(crate) mod log_budget;
 
 /// Upper bounds of the latency histogram buckets, in seconds.
@@ -117,6 +118,8 @@ pub struct ClusterMetrics {
     pub hedges: AtomicU64,
     /// Requests whose hedge answered first.
     pub hedges_won: AtomicU64,
+    /// Inference answers by model (`inference = true`), made at the first one.
+    pub inference: std::sync::OnceLock<Box<inference::InferenceMetrics>>,
 }
 
 /// What each endpoint answered.
@@ -645,6 +648,11 @@ pub fn render(clusters: &[ClusterView<'_>], reloads: u64, reload_failures: u64) 
         }
     }
     render_engine_signals(&mut out, clusters);
+    let measured: Vec<_> = clusters
+        .iter()
+        .filter_map(|c| Some((c.name, &**c.metrics.inference.get()?)))
+        .collect();
+    inference::render(&mut out, &measured);
     header(
         &mut out,
         "keel_config_reloads_total",

@@ -22,6 +22,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::codec::push_u64;
 use crate::config::{AccessLogConfig, AccessLogFormat, LinePiece, LogField};
 use crate::driver::tries::Tries;
+use crate::metrics::inference::Measured;
 use crate::upstream::cluster::EndpointEntry;
 
 /// Bytes a shard holds before lines are dropped (a little over 2 s of 10,000 lines a second
@@ -66,6 +67,8 @@ pub(crate) struct Entry<'a> {
     pub tries: Option<TryLog<'a>>,
     /// The W3C trace id (`[tracing]`), as 32 hex digits.
     pub trace_id: Option<[u8; 32]>,
+    /// What an inference answer measured (`inference = true`).
+    pub inference: Option<&'a Measured>,
 }
 
 /// A request's tries with the endpoints of the cluster they index.
@@ -520,6 +523,9 @@ fn json(out: &mut Vec<u8>, e: &Entry<'_>, now: SystemTime, fields: &[LogField]) 
         if f == LogField::ClientCertSubject && e.client_cert_subject.is_none() {
             continue;
         }
+        if f.is_inference() && e.inference.is_none() {
+            continue;
+        }
         if !first {
             out.push(b',');
         }
@@ -574,7 +580,37 @@ fn json_value(out: &mut Vec<u8>, e: &Entry<'_>, now: SystemTime, f: LogField) {
         LogField::UserAgent => push_json_opt(out, r.user_agent),
         LogField::Referer => push_json_opt(out, r.referer),
         LogField::Tries => push_tries(out, e),
+        LogField::Model => push_json_opt(out, model(e)),
+        _ => match inference_number(e, f) {
+            Some(Number::Ms(us)) => push_ms(out, us),
+            Some(Number::Count(n)) => push_u64(out, n),
+            None => out.extend_from_slice(b"null"),
+        },
     }
+}
+
+/// An inference field's number.
+enum Number {
+    /// Microseconds, written as milliseconds.
+    Ms(u64),
+    Count(u64),
+}
+
+fn inference_number(e: &Entry<'_>, f: LogField) -> Option<Number> {
+    let m = e.inference?;
+    let us = |d: Option<Duration>| d.map(|d| Number::Ms(d.as_micros() as u64));
+    match f {
+        LogField::TtftMs => us(m.ttft),
+        LogField::ItlMs => us(m.itl),
+        LogField::PromptTokens => m.prompt_tokens.map(Number::Count),
+        LogField::CompletionTokens => m.completion_tokens.map(Number::Count),
+        LogField::CachedTokens => m.cached_tokens.map(Number::Count),
+        _ => None,
+    }
+}
+
+fn model<'a>(e: &Entry<'a>) -> Option<&'a [u8]> {
+    e.inference?.model.as_deref().map(str::as_bytes)
 }
 
 /// `tries` as a JSON array.
@@ -669,6 +705,12 @@ fn operator_line(out: &mut Vec<u8>, e: &Entry<'_>, now: SystemTime, pieces: &[Li
             LogField::Referer => push_clf_field(out, r.referer),
             // Not a line's variable (refused at load).
             LogField::Tries => out.push(b'-'),
+            LogField::Model => push_clf_field(out, model(e)),
+            _ => match inference_number(e, f) {
+                Some(Number::Ms(us)) => push_ms(out, us),
+                Some(Number::Count(n)) => push_u64(out, n),
+                None => out.push(b'-'),
+            },
         }
     }
     out.push(b'\n');
@@ -769,7 +811,55 @@ mod tests {
             cause: Some("cannot connect to upstream 10.0.0.7:9000: \"refused\""),
             tries: None,
             trace_id: Some(*b"4bf92f3577b34da6a3ce929d0e0e4736"),
+            inference: None,
         }
+    }
+
+    #[test]
+    fn an_inference_answer_logs_its_measure_and_others_do_not() {
+        let measured = Measured {
+            ttft: Some(Duration::from_micros(41_250)),
+            itl: Some(Duration::from_micros(9_500)),
+            prompt_tokens: Some(420),
+            completion_tokens: Some(3),
+            cached_tokens: None,
+            model: Some("keel-llm".into()),
+        };
+        let head = b"POST /v1/completions HTTP/1.1\r\nHost: h\r\n";
+        let json_of = |e: &Entry<'_>| {
+            let mut line = Vec::new();
+            json(&mut line, e, at(0, 5), crate::config::DEFAULT_JSON_FIELDS);
+            serde_json::from_slice::<serde_json::Value>(&line).unwrap()
+        };
+        let plain = json_of(&entry(head));
+        for k in [
+            "ttft_ms",
+            "itl_ms",
+            "prompt_tokens",
+            "completion_tokens",
+            "cached_tokens",
+            "model",
+        ] {
+            assert!(plain.get(k).is_none(), "{k} in {plain}");
+        }
+        let e = Entry {
+            inference: Some(&measured),
+            ..entry(head)
+        };
+        let v = json_of(&e);
+        assert_eq!(v["ttft_ms"].as_f64(), Some(41.25));
+        assert_eq!(v["itl_ms"].as_f64(), Some(9.5));
+        assert_eq!(
+            (v["prompt_tokens"].as_u64(), v["completion_tokens"].as_u64()),
+            (Some(420), Some(3))
+        );
+        assert!(v["cached_tokens"].is_null());
+        assert_eq!(v["model"], "keel-llm");
+        let pieces =
+            crate::config::parse_log_line("$model $prompt_tokens $cached_tokens $ttft_ms").unwrap();
+        let mut line = Vec::new();
+        operator_line(&mut line, &e, at(0, 0), &pieces);
+        assert_eq!(line, b"keel-llm 420 - 41.250\n");
     }
 
     #[test]

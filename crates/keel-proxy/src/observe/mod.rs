@@ -6,9 +6,6 @@ pub(crate) mod access_log;
 #[cfg(feature = "otlp")]
 pub(crate) mod otlp;
 pub(crate) mod record;
-// The front ends do not feed it yet: its measures have no reader outside its tests.
-#[cfg_attr(not(test), allow(dead_code))]
-pub(crate) mod stream;
 
 use crate::config::TracingConfig;
 use crate::exchange::trace::Tracing;

@@ -144,6 +144,10 @@ impl Record<'_> {
                     .tries
                     .and_then(|t| t.trace.as_deref())
                     .map(|t| t.trace_id_hex()),
+                inference: self
+                    .tries
+                    .and_then(|t| t.inference.as_deref())
+                    .and_then(|m| m.get()),
             },
         );
     }

@@ -394,6 +394,18 @@ impl<'b, B: RequestBody> PromptBody<'b, B> {
         }
     }
 
+    /// A body read whole, forwarded as `bytes` (`inner`'s other answers, its trailers, stay).
+    fn whole(inner: &'b mut B, bytes: Vec<u8>) -> Self {
+        Self {
+            inner,
+            head: bytes,
+            ended: true,
+            failed: None,
+            head_sent: false,
+            past_head: false,
+        }
+    }
+
     /// The bytes read before the pick.
     pub(crate) fn head(&self) -> &[u8] {
         &self.head
@@ -500,28 +512,189 @@ impl<B: RequestBody> RequestBody for ForwardBody<'_, B> {
     }
 }
 
-/// A `prefix-affinity` cluster's reading of a request: the prompt's block names, and the
-/// body to forward. Others get their body untouched and no blocks.
+/// What was read of a request before its pick.
+pub(crate) struct ReadRequest<'b, B> {
+    /// A `prefix-affinity` cluster's: the prompt's block names.
+    pub prompt: Option<Box<PrefixHasher>>,
+    /// The body to forward.
+    pub body: ForwardBody<'b, B>,
+    /// An `inference = true` cluster's: keel added `stream_options.include_usage` to the
+    /// streamed request's body, now this long (the usage event is keel's, not the client's).
+    pub usage_added: Option<u64>,
+}
+
+/// The reading of a request to a `prefix-affinity` or `inference = true` cluster: its first
+/// `prompt_read_limit` bytes, read before the pick. A `prefix-affinity` cluster names the
+/// prompt's blocks; an `inference` one asks a streamed request's engine for `usage` when the
+/// client did not (only when the body was read whole within the limit: a longer body goes
+/// unchanged, and its answer is measured without token counts). Others get their body
+/// untouched.
 pub(crate) async fn read_prompt<'b, B: RequestBody>(
-    balance: &crate::config::cluster::BalanceConfig,
+    cluster: &crate::config::ClusterConfig,
     has_body: bool,
     body: &'b mut B,
-) -> (Option<Box<PrefixHasher>>, ForwardBody<'b, B>) {
-    if balance.strategy != keel_balance::StrategyKind::PrefixAffinity || !has_body {
-        return (None, ForwardBody::Untouched(body));
+) -> ReadRequest<'b, B> {
+    let balance = &cluster.balance;
+    let affinity = balance.strategy == keel_balance::StrategyKind::PrefixAffinity;
+    if !(affinity || cluster.inference) || !has_body {
+        return ReadRequest {
+            prompt: None,
+            body: ForwardBody::Untouched(body),
+            usage_added: None,
+        };
     }
     let limit = usize::try_from(balance.prompt_read_limit).unwrap_or(usize::MAX);
     let block_tokens = balance.block_tokens as usize;
-    let mut h =
-        Box::new(PrefixHasher::new(block_tokens).with_max_blocks(max_blocks(limit, block_tokens)));
+    let mut prompt = affinity.then(|| {
+        Box::new(PrefixHasher::new(block_tokens).with_max_blocks(max_blocks(limit, block_tokens)))
+    });
     if let Some(whole) = body.inline() {
-        scan(&whole[..whole.len().min(limit)], &mut h);
-        return (Some(h), ForwardBody::Untouched(body));
+        if let Some(h) = &mut prompt {
+            scan(&whole[..whole.len().min(limit)], h);
+        }
+        let added = (cluster.inference && whole.len() <= limit)
+            .then(|| with_usage(whole))
+            .flatten();
+        let Some(added) = added else {
+            return ReadRequest {
+                prompt,
+                body: ForwardBody::Untouched(body),
+                usage_added: None,
+            };
+        };
+        let len = added.len() as u64;
+        return ReadRequest {
+            prompt,
+            body: ForwardBody::Read(Box::new(PromptBody::whole(body, added))),
+            usage_added: Some(len),
+        };
     }
-    let read = PromptBody::read(body, limit).await;
+    let mut read = PromptBody::read(body, limit).await;
     let head = read.head();
-    scan(&head[..head.len().min(limit)], &mut h);
-    (Some(h), ForwardBody::Read(Box::new(read)))
+    if let Some(h) = &mut prompt {
+        scan(&head[..head.len().min(limit)], h);
+    }
+    let mut usage_added = None;
+    if cluster.inference && read.inline().is_some_and(|b| b.len() <= limit) {
+        if let Some(added) = with_usage(&read.head) {
+            usage_added = Some(added.len() as u64);
+            read.head = added;
+        }
+    }
+    ReadRequest {
+        prompt,
+        body: ForwardBody::Read(Box::new(read)),
+        usage_added,
+    }
+}
+
+/// What a request body says of its stream and its usage (top-level members only).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct StreamAsk {
+    /// `"stream": true`.
+    stream: bool,
+    /// Where `stream_options`' object starts (after its `{`), and whether it is empty.
+    options: Option<(usize, bool)>,
+    /// `stream_options.include_usage`'s value and where it starts.
+    include_usage: Option<(bool, usize)>,
+    /// The object was read to its closing brace.
+    complete: bool,
+}
+
+impl Cur<'_> {
+    /// The request object's `stream` and `stream_options`.
+    fn stream_ask(&mut self, ask: &mut StreamAsk) -> Option<()> {
+        self.eat(b'{')?;
+        if self.peek()? == b'}' {
+            ask.complete = true;
+            return Some(());
+        }
+        loop {
+            let key = self.string()?;
+            self.eat(b':')?;
+            match (key.raw, self.peek()?) {
+                (b"stream", b't') => {
+                    ask.stream = self.b[self.i..].starts_with(b"true");
+                    self.skip()?;
+                }
+                (b"stream_options", b'{') => self.options(ask)?,
+                _ => self.skip()?,
+            }
+            if !self.next_member(b'}')? {
+                ask.complete = true;
+                return Some(());
+            }
+        }
+    }
+
+    /// `stream_options`: where its members go, and `include_usage`.
+    fn options(&mut self, ask: &mut StreamAsk) -> Option<()> {
+        self.eat(b'{')?;
+        let inside = self.i;
+        if self.peek()? == b'}' {
+            self.i += 1;
+            ask.options = Some((inside, true));
+            return Some(());
+        }
+        ask.options = Some((inside, false));
+        loop {
+            let key = self.string()?;
+            self.eat(b':')?;
+            let at = {
+                self.ws();
+                self.i
+            };
+            if key.raw == b"include_usage" {
+                let rest = &self.b[at..];
+                if rest.starts_with(b"true") {
+                    ask.include_usage = Some((true, at));
+                } else if rest.starts_with(b"false") {
+                    ask.include_usage = Some((false, at));
+                }
+            }
+            self.skip()?;
+            if !self.next_member(b'}')? {
+                return Some(());
+            }
+        }
+    }
+}
+
+/// A streamed request's body with `stream_options.include_usage` set to true, when the body
+/// (whole, valid to its closing brace as far as the scan reads it) streams and does not ask
+/// for usage already; `None` otherwise.
+fn with_usage(body: &[u8]) -> Option<Vec<u8>> {
+    let mut ask = StreamAsk::default();
+    let _ = Cur { b: body, i: 0 }.stream_ask(&mut ask);
+    if !ask.complete || !ask.stream {
+        return None;
+    }
+    let mut out = Vec::with_capacity(body.len() + 40);
+    match (ask.include_usage, ask.options) {
+        (Some((true, _)), _) => return None,
+        // Same length: `false` becomes `true ` (a blank is valid JSON).
+        (Some((false, at)), _) => {
+            out.extend_from_slice(body);
+            out[at..at + 5].copy_from_slice(b"true ");
+        }
+        (None, Some((inside, empty))) => {
+            out.extend_from_slice(&body[..inside]);
+            out.extend_from_slice(if empty {
+                &b"\"include_usage\":true"[..]
+            } else {
+                b"\"include_usage\":true,"
+            });
+            out.extend_from_slice(&body[inside..]);
+        }
+        (None, None) => {
+            // After the object's `{` (the scan read one; the object has members).
+            let brace = body.iter().position(|b| *b == b'{')? + 1;
+            out.extend_from_slice(&body[..brace]);
+            out.extend_from_slice(b"\"stream_options\":{\"include_usage\":true},");
+            out.extend_from_slice(&body[brace..]);
+        }
+    }
+    Some(out)
 }
 
 #[cfg(test)]
@@ -600,6 +773,44 @@ mod tests {
             br#"{"a":tru"#,
         ] {
             assert!(blocks_of(body).is_empty(), "{body:?}");
+        }
+    }
+
+    fn usage_of(body: &str) -> Option<String> {
+        with_usage(body.as_bytes()).map(|b| String::from_utf8(b).unwrap())
+    }
+
+    #[test]
+    fn a_stream_that_does_not_ask_for_usage_is_made_to() {
+        let want = |s: &str| {
+            let v: serde_json::Value = serde_json::from_str(s).unwrap();
+            assert_eq!(v["stream_options"]["include_usage"], true, "{s}");
+            v
+        };
+        let v = want(&usage_of(r#"{"model":"m","prompt":"hi","stream":true}"#).unwrap());
+        assert_eq!(v["prompt"], "hi");
+        let v = want(
+            &usage_of(
+                r#" { "stream" : true, "stream_options": {"continuous_usage_stats": false}}"#,
+            )
+            .unwrap(),
+        );
+        assert_eq!(v["stream_options"]["continuous_usage_stats"], false);
+        want(&usage_of(r#"{"stream":true,"stream_options":{ }}"#).unwrap());
+        let same = r#"{"stream":true,"stream_options":{"include_usage": false}}"#;
+        let got = usage_of(same).unwrap();
+        assert_eq!(got.len(), same.len());
+        want(&got);
+        // Asked already, not streamed, or not read whole: unchanged.
+        for body in [
+            r#"{"stream":true,"stream_options":{"include_usage":true}}"#,
+            r#"{"stream":false,"prompt":"x"}"#,
+            r#"{"prompt":"x"}"#,
+            r#"{"stream":true,"prompt":"cut sh"#,
+            r#"{"model":{"stream":true}}"#,
+            "not json",
+        ] {
+            assert_eq!(usage_of(body), None, "{body}");
         }
     }
 

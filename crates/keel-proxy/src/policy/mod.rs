@@ -8,6 +8,7 @@
 pub(crate) mod access;
 pub(crate) mod compress;
 pub(crate) mod inference;
+pub(crate) mod meter;
 pub(crate) mod rate;
 pub(crate) mod rewrite;
 pub(crate) mod sticky;
