@@ -65,7 +65,7 @@ pub(crate) async fn forward<B: RequestBody>(
         Some(models) => by_model(models, client, req, body, out, timer).await,
         None => {
             let body = ForwardBody::Untouched(body);
-            forward_once(cluster, client, req, body, out, timer).await
+            forward_once(cluster, client, req, body, out, timer, false).await
         }
     };
     if let Some(v) = &client.alt_svc {
@@ -96,12 +96,14 @@ async fn by_model<'a, B: RequestBody>(
     let has_body = req.meta.body != BodyFraming::None;
     let decide = |field: ModelField<'_>| match field {
         ModelField::Named(name) => match models.choose(Some(&name)) {
-            ModelChoice::Target(t) => Ok(t),
-            _ => Err(crate::driver::answer::model_not_found(&name)),
+            ModelChoice::Target(t) => Ok((t, true)),
+            _ => Err(Box::new(crate::driver::answer::model_not_found(&name))),
         },
         ModelField::Missing | ModelField::Undecided => match models.choose(None) {
-            ModelChoice::Target(t) => Ok(t),
-            _ => Err(crate::driver::answer::model_missing(MODEL_READ_LIMIT)),
+            ModelChoice::Target(t) => Ok((t, false)),
+            _ => Err(Box::new(crate::driver::answer::model_missing(
+                MODEL_READ_LIMIT,
+            ))),
         },
     };
     let (decided, body) = if !has_body {
@@ -118,9 +120,9 @@ async fn by_model<'a, B: RequestBody>(
         let decided = decide(model(read.head(), read.ended()));
         (decided, ForwardBody::Read(read))
     };
-    let target = match decided {
+    let (target, named) = match decided {
         Ok(t) => t,
-        Err(own) => return Answer::Own(own),
+        Err(own) => return Answer::Own(*own),
     };
     let req = Request {
         limits: target.limits,
@@ -128,9 +130,11 @@ async fn by_model<'a, B: RequestBody>(
         route: &target.route,
         ..req
     };
-    forward_once(&target.cluster, client, req, body, out, timer).await
+    forward_once(&target.cluster, client, req, body, out, timer, named).await
 }
 
+/// One request to `cluster`: the policy phases, the prompt's reading, the driver, the
+/// response phase. `named`: a `models` route read the request's model from its body.
 async fn forward_once<B: RequestBody>(
     cluster: &Arc<Cluster>,
     client: &Client,
@@ -138,6 +142,7 @@ async fn forward_once<B: RequestBody>(
     body: ForwardBody<'_, B>,
     out: &mut Vec<u8>,
     timer: &mut Pin<Box<Sleep>>,
+    named: bool,
 ) -> HttpAnswer {
     let hash = match &cluster.config.balance.hash_on {
         Some(HashOn::ClientIp) => Some(crate::upstream::cluster::client_ip_key(client.peer)),
@@ -207,7 +212,9 @@ async fn forward_once<B: RequestBody>(
     let (prompt, mut body) =
         crate::policy::inference::read_prompt(&cluster.config.balance, meta.body, body).await;
     let prefix = prompt.as_deref().map_or(&[][..], |h| h.blocks());
-    let mut leg = HttpLeg::new(cluster, head, meta, &mut body, out);
+    // Read as an OpenAI request: its model named, or its prompt found.
+    let openai = named || !prefix.is_empty();
+    let mut leg = HttpLeg::new(cluster, head, meta, &mut body, out).openai(openai);
     match drive(
         cluster,
         client,

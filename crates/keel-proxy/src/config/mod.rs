@@ -358,7 +358,7 @@ impl ProxyConfig {
                     // Every model's cluster exists, and all speak one protocol: the head is
                     // written for the leg before the body names the model.
                     let mut first: Option<&ClusterConfig> = None;
-                    let default = (!r.cluster.is_empty()).then(|| ("", r.cluster.as_str()));
+                    let default = (!r.cluster.is_empty()).then_some(("", r.cluster.as_str()));
                     for (model, name) in default
                         .into_iter()
                         .chain(r.models.iter().map(|(m, c)| (m.as_str(), c.as_str())))
