@@ -16,15 +16,16 @@ use crate::driver::answer::{Answer, OwnAnswer, Upstream};
 use crate::driver::{drive, Driven};
 use crate::exchange::error::Cause;
 use crate::exchange::head::RequestHeaders;
-use crate::exchange::request::{Client, RequestBody, RequestHead};
+use crate::exchange::request::{BodyFraming, Client, RequestBody, RequestHead};
 use crate::exchange::trace::Trace;
 use crate::leg::{HttpAnswer, HttpLeg};
 use crate::metrics::{MirrorResult, RouteMetrics};
+use crate::policy::inference::ForwardBody;
 use crate::policy::rate::{Limited, RateLimiter};
 use crate::policy::rewrite::HostRewrite;
 use crate::policy::sticky::cookie;
 use crate::policy::Policy;
-use crate::route::{Limits, Mirror, RouteState};
+use crate::route::{Limits, Mirror, ModelChoice, Models, RouteState};
 use crate::upstream::cluster::Cluster;
 
 /// What the driver needs to forward one request.
@@ -59,7 +60,14 @@ pub(crate) async fn forward<B: RequestBody>(
     out: &mut Vec<u8>,
     timer: &mut Pin<Box<Sleep>>,
 ) -> HttpAnswer {
-    let mut answer = forward_once(cluster, client, req, body, out, timer).await;
+    let route = req.route;
+    let mut answer = match route.models.as_deref() {
+        Some(models) => by_model(models, client, req, body, out, timer).await,
+        None => {
+            let body = ForwardBody::Untouched(body);
+            forward_once(cluster, client, req, body, out, timer, false).await
+        }
+    };
     if let Some(v) = &client.alt_svc {
         match &mut answer {
             Answer::Upstream(up) => up.response.headers_mut(out).append(&ALT_SVC, v.as_bytes()),
@@ -69,13 +77,72 @@ pub(crate) async fn forward<B: RequestBody>(
     answer
 }
 
+/// The most bytes of a request's body a `models` route reads to find its `model`.
+pub(crate) const MODEL_READ_LIMIT: usize = 1 << 20;
+
+/// A `models` route's request: its body read until it names its model (or ends, or
+/// [`MODEL_READ_LIMIT`] bytes are in), then forwarded to that model's target, those bytes
+/// first and unchanged; keel answers a model the route does not list with `404`, and a body
+/// naming none with `400` unless the route has a default `cluster`.
+async fn by_model<'a, B: RequestBody>(
+    models: &'a Models,
+    client: &Client,
+    req: Request<'a>,
+    body: &mut B,
+    out: &mut Vec<u8>,
+    timer: &mut Pin<Box<Sleep>>,
+) -> HttpAnswer {
+    use crate::policy::inference::{model, ModelField, PromptBody};
+    let has_body = req.meta.body != BodyFraming::None;
+    let decide = |field: ModelField<'_>| match field {
+        ModelField::Named(name) => match models.choose(Some(&name)) {
+            ModelChoice::Target(t) => Ok((t, true)),
+            _ => Err(Box::new(crate::driver::answer::model_not_found(&name))),
+        },
+        ModelField::Missing | ModelField::Undecided => match models.choose(None) {
+            ModelChoice::Target(t) => Ok((t, false)),
+            _ => Err(Box::new(crate::driver::answer::model_missing(
+                MODEL_READ_LIMIT,
+            ))),
+        },
+    };
+    let (decided, body) = if !has_body {
+        (decide(ModelField::Missing), ForwardBody::Untouched(body))
+    } else if let Some(whole) = body.inline() {
+        (decide(model(whole, true)), ForwardBody::Untouched(body))
+    } else {
+        let sized = matches!(req.meta.body, BodyFraming::Length(_));
+        let mut read = Box::new(PromptBody::new(body, sized));
+        read.fill(MODEL_READ_LIMIT, |head, whole| {
+            model(head, whole) != ModelField::Undecided
+        })
+        .await;
+        let decided = decide(model(read.head(), read.ended()));
+        (decided, ForwardBody::Read(read))
+    };
+    let (target, named) = match decided {
+        Ok(t) => t,
+        Err(own) => return Answer::Own(*own),
+    };
+    let req = Request {
+        limits: target.limits,
+        policy: target.policy.as_deref(),
+        route: &target.route,
+        ..req
+    };
+    forward_once(&target.cluster, client, req, body, out, timer, named).await
+}
+
+/// One request to `cluster`: the policy phases, the prompt's reading, the driver, the
+/// response phase. `named`: a `models` route read the request's model from its body.
 async fn forward_once<B: RequestBody>(
     cluster: &Arc<Cluster>,
     client: &Client,
     req: Request<'_>,
-    body: &mut B,
+    body: ForwardBody<'_, B>,
     out: &mut Vec<u8>,
     timer: &mut Pin<Box<Sleep>>,
+    named: bool,
 ) -> HttpAnswer {
     let hash = match &cluster.config.balance.hash_on {
         Some(HashOn::ClientIp) => Some(crate::upstream::cluster::client_ip_key(client.peer)),
@@ -142,9 +209,9 @@ async fn forward_once<B: RequestBody>(
         mirror(m, &req.route.metrics, client, &head, meta, body.inline());
     }
     // A `prefix-affinity` cluster reads the prompt before the pick, and an `inference` one
-    // a streamed request's `stream_options` (both within `prompt_read_limit`).
-    let has_body = meta.body != crate::exchange::request::BodyFraming::None;
-    let read = crate::policy::inference::read_prompt(&cluster.config, has_body, body).await;
+    // a streamed request's `stream_options` (both within `prompt_read_limit`; a `models`
+    // route's reading goes on from where it stopped).
+    let read = crate::policy::inference::read_prompt(&cluster.config, meta.body, body).await;
     let (prompt, mut body, usage_added) = (read.prompt, read.body, read.usage_added);
     let sized_meta;
     if let Some(n) = usage_added {
@@ -163,7 +230,9 @@ async fn forward_once<B: RequestBody>(
         }
     }
     let prefix = prompt.as_deref().map_or(&[][..], |h| h.blocks());
-    let mut leg = HttpLeg::new(cluster, head, meta, &mut body, out);
+    // Read as an OpenAI request: its model named, or its prompt found.
+    let openai = named || !prefix.is_empty();
+    let mut leg = HttpLeg::new(cluster, head, meta, &mut body, out).openai(openai);
     match drive(
         cluster,
         client,

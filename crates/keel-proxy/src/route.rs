@@ -90,6 +90,50 @@ pub(crate) struct RouteState {
     pub mirror: Option<Arc<Mirror>>,
     /// The route's label in metrics.
     pub label: Box<str>,
+    /// A `models` route's table: the request's model chooses the target (see
+    /// [`crate::forward`]); `None` for every other route.
+    pub models: Option<Arc<Models>>,
+}
+
+/// A `models` route, compiled: each model's target among the route's clusters.
+pub(crate) struct Models {
+    /// One target per cluster of the route (the default's first, when there is one).
+    targets: Box<[Target]>,
+    /// Each model's target, by its name's bytes.
+    by_name: Map<Box<[u8]>, u16>,
+    /// The target of a request whose body names no model (the route's `cluster`).
+    default: Option<u16>,
+    /// The longest name listed: a longer `model` is none of them.
+    longest: usize,
+}
+
+/// What a `models` route does with a request, by the `model` its body names.
+pub(crate) enum ModelChoice<'m> {
+    /// The target of the model named, or the default's of a body without one.
+    Target(&'m Target),
+    /// A model the route does not list.
+    Unknown,
+    /// No model named, and no default.
+    Missing,
+}
+
+impl Models {
+    /// The target of `model` (its JSON string's bytes, escapes decoded), or of a body
+    /// without one (`None`).
+    pub fn choose(&self, model: Option<&[u8]>) -> ModelChoice<'_> {
+        let at = match model {
+            Some(m) if m.len() <= self.longest => self.by_name.get(m).copied(),
+            Some(_) => None,
+            None => match self.default {
+                Some(d) => Some(d),
+                None => return ModelChoice::Missing,
+            },
+        };
+        match at {
+            Some(i) => ModelChoice::Target(&self.targets[usize::from(i)]),
+            None => ModelChoice::Unknown,
+        }
+    }
 }
 
 /// A route's `mirror`, compiled: where copies go, and how many may be under way.
@@ -494,6 +538,7 @@ impl ListenerRoutes {
                 metrics: registry.route(listen, label, cluster.name()),
                 mirror,
                 label: label.into(),
+                models: None,
             })
         };
         let mut table = ListenerRoutes {
@@ -542,7 +587,17 @@ impl ListenerRoutes {
                 }
             };
             // A redirect route without a cluster counts under the listener's (validated).
-            let names: Vec<&str> = if r.split.is_empty() {
+            let names: Vec<&str> = if !r.models.is_empty() {
+                // The default first (the front ends write the head for side 0), then each
+                // model's cluster once.
+                let mut names: Vec<&str> = Vec::new();
+                for n in r.clusters() {
+                    if !names.contains(&n) {
+                        names.push(n);
+                    }
+                }
+                names
+            } else if r.split.is_empty() {
                 vec![match (r.cluster.as_str(), &config.cluster) {
                     ("", Some(listener)) => listener,
                     (name, _) => name,
@@ -558,6 +613,11 @@ impl ListenerRoutes {
                     Ok(Target::new(c, Some((i, r)), config, s))
                 })
                 .collect::<anyhow::Result<Box<[Target]>>>()?;
+            let targets = if r.models.is_empty() {
+                targets
+            } else {
+                models_targets(r, targets)?
+            };
             let split = (!r.split.is_empty()).then(|| {
                 let mut sum = 0;
                 Split {
@@ -714,6 +774,44 @@ impl ListenerRoutes {
             RouteRef::NotFound
         }
     }
+}
+
+/// A `models` route's sides: its first target, whose route state holds the table the
+/// request's model is looked up in, then the others; the table's targets are the plain ones.
+fn models_targets(r: &RouteConfig, plain: Box<[Target]>) -> anyhow::Result<Box<[Target]>> {
+    let index = |name: &str| {
+        plain
+            .iter()
+            .position(|t| t.cluster.name() == name)
+            .and_then(|i| u16::try_from(i).ok())
+            .ok_or_else(|| anyhow::anyhow!("no cluster named `{name}`"))
+    };
+    let mut by_name = Map::default();
+    for (model, cluster) in &r.models {
+        by_name.insert(model.as_bytes().into(), index(cluster)?);
+    }
+    let default = (!r.cluster.is_empty())
+        .then(|| index(&r.cluster))
+        .transpose()?;
+    let models = Models {
+        longest: r.models.keys().map(String::len).max().unwrap_or(0),
+        targets: plain.clone(),
+        by_name,
+        default,
+    };
+    let first = &plain[0];
+    let entry = Target {
+        route: Arc::new(RouteState {
+            metrics: first.route.metrics.clone(),
+            mirror: first.route.mirror.clone(),
+            label: first.route.label.clone(),
+            models: Some(Arc::new(models)),
+        }),
+        ..first.clone()
+    };
+    Ok(std::iter::once(entry)
+        .chain(plain.iter().skip(1).cloned())
+        .collect())
 }
 
 /// A listener's routes built from a configuration outside a running proxy, for benchmarks and

@@ -354,6 +354,45 @@ impl ProxyConfig {
                         ));
                     }
                 }
+                if !r.models.is_empty() {
+                    // Every model's cluster exists, and all speak one protocol: the head is
+                    // written for the leg before the body names the model.
+                    let mut first: Option<&ClusterConfig> = None;
+                    let default = (!r.cluster.is_empty()).then_some(("", r.cluster.as_str()));
+                    for (model, name) in default
+                        .into_iter()
+                        .chain(r.models.iter().map(|(m, c)| (m.as_str(), c.as_str())))
+                    {
+                        let key = if model.is_empty() {
+                            "cluster"
+                        } else {
+                            "models"
+                        };
+                        let Some(c) = self.clusters.iter().find(|c| c.name == name) else {
+                            let problem = match unknown(name) {
+                                Problem::Invalid(text) if !model.is_empty() => {
+                                    Problem::Invalid(format!("model {model:?}: {text}"))
+                                }
+                                p => p,
+                            };
+                            return Err(InvalidField::new(route.then(key), problem));
+                        };
+                        match first {
+                            Some(f) if f.protocol != c.protocol => {
+                                return Err(InvalidField::new(
+                                    route.then(key),
+                                    Problem::Invalid(format!(
+                                        "cluster `{}` speaks another protocol than cluster `{}`: the clusters of a `models` route speak one (the request's head is written before its body names the model)",
+                                        c.name, f.name
+                                    )),
+                                ));
+                            }
+                            None => first = Some(c),
+                            _ => {}
+                        }
+                    }
+                    continue;
+                }
                 if !r.split.is_empty() {
                     continue;
                 }

@@ -43,6 +43,12 @@ pub struct RouteConfig {
     pub cluster: String,
     /// Weighted shares of the route's requests to several clusters (instead of `cluster`).
     pub split: Vec<SplitArm>,
+    /// The cluster of each model an OpenAI request's body names in `model` (several models
+    /// or adapters behind one route, as GIE's InferenceModel `modelName` maps to a pool).
+    /// A model not listed gets `404` in OpenAI's error shape; a request whose body names no
+    /// model (no body, not JSON, no `model`) goes to `cluster` if the route has one, else
+    /// gets `400`. Empty: the route does not read the model.
+    pub models: std::collections::BTreeMap<String, String>,
     /// What keeps a client on one side of a `split`: `header:NAME` or `cookie:NAME` (a
     /// request without it is placed by the share alone). Unset: requests are spread by share.
     pub split_by: Option<SplitBy>,
@@ -78,6 +84,7 @@ pub(crate) const ROUTE_KEYS: &[&str] = &[
     "name",
     "cluster",
     "split",
+    "models",
     "split_by",
     "mirror",
     "request_timeout",
@@ -132,6 +139,7 @@ impl<'de> Deserialize<'de> for RouteConfig {
                         "query" => r.query = map.next_value()?,
                         "name" => r.name = map.next_value()?,
                         "split" => r.split = map.next_value()?,
+                        "models" => r.models = map.next_value()?,
                         "split_by" => r.split_by = map.next_value()?,
                         "mirror" => r.mirror = map.next_value()?,
                         "request_timeout" => r.request_timeout = map.next_value_seed(Timeout)?,
@@ -337,6 +345,12 @@ pub struct SplitArm {
     pub weight: u32,
 }
 
+/// The most models a route's `models` may name.
+pub const MAX_MODELS: usize = 4096;
+
+/// The longest model name a route's `models` may name (a request's longer `model` is not one).
+pub const MAX_MODEL_NAME: usize = 256;
+
 /// The most sides a `split` may have.
 pub const MAX_SPLIT_ARMS: usize = 64;
 
@@ -466,11 +480,12 @@ impl RouteConfig {
         }
     }
 
-    /// The clusters the route's requests go to: its `cluster`, or its `split`'s.
+    /// The clusters the route's requests go to: its `cluster`, its `split`'s, its `models`'.
     pub fn clusters(&self) -> impl Iterator<Item = &str> {
         let own = (!self.cluster.is_empty()).then_some(self.cluster.as_str());
         own.into_iter()
             .chain(self.split.iter().map(|a| a.cluster.as_str()))
+            .chain(self.models.values().map(String::as_str))
     }
 
     /// The path condition.
@@ -625,6 +640,36 @@ impl RouteConfig {
                 Problem::NotApplicable("only a `split` route has sides to keep a client on".into()),
             ));
         }
+        if !self.models.is_empty() {
+            if !self.split.is_empty() || self.redirect.is_some() {
+                return Err(InvalidField::at(
+                    "models",
+                    Problem::Invalid(
+                        "a `models` route chooses its cluster by the request's model: leave out `split` and `redirect` (`cluster` is where requests without a model go)"
+                            .into(),
+                    ),
+                ));
+            }
+            if self.models.len() > MAX_MODELS {
+                return Err(InvalidField::at(
+                    "models",
+                    Problem::out_of_range(
+                        format!("at most {MAX_MODELS} models"),
+                        self.models.len(),
+                    ),
+                ));
+            }
+            if let Some(name) = self.models.keys().find(|m| {
+                m.is_empty() || m.len() > MAX_MODEL_NAME || m.bytes().any(|b| b.is_ascii_control())
+            }) {
+                return Err(InvalidField::at(
+                    "models",
+                    Problem::Invalid(format!(
+                        "{name:?} is not a model name: 1 to {MAX_MODEL_NAME} bytes, no control characters"
+                    )),
+                ));
+            }
+        }
         if let Some(m) = &self.mirror {
             if !(0.0..=100.0).contains(&m.percent) {
                 return Err(InvalidField::new(
@@ -665,5 +710,54 @@ impl RouteConfig {
             .as_ref()
             .map_or(Ok(()), |c| c.validate())?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ProxyConfig;
+
+    const CLUSTERS: &str = "\n[[cluster]]\nname = \"llama\"\nendpoints = [{ address = \"127.0.0.1:9001\" }]\n\n[[cluster]]\nname = \"qwen\"\nprotocol = \"h2c\"\nendpoints = [{ address = \"127.0.0.1:9002\" }]\n";
+
+    fn route(lines: &str) -> String {
+        format!("[[listener]]\nlisten = \"127.0.0.1:0\"\n\n[[listener.route]]\npath_prefix = \"/v1/\"\n{lines}\n{CLUSTERS}")
+    }
+
+    #[test]
+    fn a_models_route_is_checked_at_its_key() {
+        let ok = route("models = { \"llama-3\" = \"llama\", \"llama-3-sql\" = \"llama\" }");
+        let c = ProxyConfig::from_toml_str(&ok, "ok.toml").unwrap();
+        assert_eq!(c.listeners[0].routes[0].models.len(), 2);
+        // Each mistake at `models` (line 6) or `cluster` (line 7), with file, line and column.
+        for (lines, line, says) in [
+            ("models = { \"a\" = \"nope\" }", 6, "model \"a\": "),
+            (
+                "models = { \"a\" = \"llama\", \"b\" = \"qwen\" }",
+                6,
+                "another protocol",
+            ),
+            (
+                "models = { \"a\" = \"llama\" }\ncluster = \"qwen\"",
+                6,
+                "another protocol",
+            ),
+            (
+                "models = { \"a\" = \"llama\" }\ncluster = \"nope\"",
+                7,
+                "nope",
+            ),
+            ("models = { \"\" = \"llama\" }", 6, "not a model name"),
+            (
+                "models = { \"a\" = \"llama\" }\nsplit = [{ cluster = \"llama\", weight = 1 }]",
+                6,
+                "leave out `split`",
+            ),
+        ] {
+            let e = ProxyConfig::from_toml_str(&route(lines), "bad.toml").unwrap_err();
+            let text = e.to_string();
+            assert_eq!(e.line, Some(line), "{lines}: {text}");
+            assert!(text.starts_with(&format!("bad.toml:{line}:1:")), "{text}");
+            assert!(text.contains(says), "{lines}: {text}");
+        }
     }
 }

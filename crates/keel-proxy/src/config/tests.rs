@@ -710,6 +710,7 @@ fn every_flat_key_has_exactly_one_owner() {
         "name",
         "cluster",
         "split",
+        "models",
         "split_by",
         "mirror",
         "request_timeout",

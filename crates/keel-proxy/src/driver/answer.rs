@@ -54,6 +54,57 @@ fn plain(status: u16, cause: &str, attempts: u32) -> OwnAnswer {
     }
 }
 
+/// keel's answer to a request of a `models` route whose body names a model the route does
+/// not list (`model`, cut to 256 bytes in the text): `404` in OpenAI's error shape.
+pub(crate) fn model_not_found(model: &[u8]) -> OwnAnswer {
+    let name = String::from_utf8_lossy(&model[..model.len().min(256)]);
+    let message = format!("The model `{name}` does not exist.");
+    openai_error(
+        404,
+        &message,
+        Some("model_not_found"),
+        format!("no route for model {name:?}"),
+    )
+}
+
+/// keel's answer to a request of a `models` route without a default `cluster` whose body
+/// names no model (none, not a string, not JSON, or not within the bytes read): `400` in
+/// OpenAI's error shape.
+pub(crate) fn model_missing(read_limit: usize) -> OwnAnswer {
+    let message = format!(
+        "You must provide a model parameter (a string `model` in the JSON body's first {} KiB).",
+        read_limit / 1024
+    );
+    openai_error(400, &message, None, "the body names no model".to_string())
+}
+
+/// `{"error":{"message","type":"invalid_request_error","param":"model","code"}}`, as
+/// OpenAI's API and vLLM answer a request's error, with its JSON content type.
+fn openai_error(status: u16, message: &str, code: Option<&str>, cause: String) -> OwnAnswer {
+    let body = serde_json::json!({"error": {
+        "message": message,
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": code,
+    }});
+    let mut text = body.to_string();
+    text.push('\n');
+    OwnAnswer {
+        status,
+        text,
+        endpoint: None,
+        show_endpoint: false,
+        guard: None,
+        attempts: 0,
+        cause,
+        tries: Tries::default(),
+        headers: vec![(
+            hyper::header::CONTENT_TYPE,
+            hyper::http::HeaderValue::from_static("application/json"),
+        )],
+    }
+}
+
 /// keel's answer to a request of a route with `redirect`: the status, and `location` (its
 /// variables expanded) as `Location`.
 pub(crate) fn redirect(status: u16, location: &[u8]) -> OwnAnswer {

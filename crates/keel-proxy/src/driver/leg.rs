@@ -40,6 +40,15 @@ pub(crate) trait Leg {
     fn pushback(_won: &Self::Won) -> Option<crate::codec::pushback::Pushback> {
         None
     }
+    /// A try counts as answered only once its answer's body has begun ([`Leg::first_byte`]):
+    /// until then its failure is the try's, and may be retried.
+    fn awaits_first_byte(&self) -> bool {
+        false
+    }
+    /// Waits for the first byte of `won`'s body; the failure if the endpoint ends first.
+    async fn first_byte(_won: &mut Self::Won) -> Result<(), crate::exchange::error::TryError> {
+        Ok(())
+    }
     /// The first try may be hedged (an idempotent HTTP/1.1 request whose body is in memory).
     fn hedgeable(&self) -> bool {
         false

@@ -206,6 +206,19 @@ pub(crate) async fn drive<L: Leg>(
                 (result, first)
             }
         };
+        // An answer that counts once its body has begun (an OpenAI request's) is waited on
+        // within the same deadline: an engine that sent its head and failed before the first
+        // event failed this try, and the request may go again.
+        let tried_once = match tried_once {
+            Some(Ok(mut won)) if leg.awaits_first_byte() => {
+                match crate::io::until(timer, try_deadline, L::first_byte(&mut won)).await {
+                    Some(Ok(())) => Some(Ok(won)),
+                    Some(Err(e)) => Some(Err(TryFailure::Upstream(e))),
+                    None => None,
+                }
+            }
+            other => other,
+        };
         let index = pick.index();
         let entry = &cluster.endpoints[index];
         // A hedge's answer (not the first try's) goes on.

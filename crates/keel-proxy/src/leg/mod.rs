@@ -19,7 +19,7 @@ use crate::codec::response::{Framing, ResponseHead};
 use crate::config::UpstreamProtocol;
 use crate::driver::answer::Answer;
 use crate::driver::leg::{Leg, Race, Tried, TryResult};
-use crate::exchange::error::TryFailure;
+use crate::exchange::error::{Cause, ErrorKind, TryError, TryFailure};
 use crate::exchange::head::RequestHeaders;
 use crate::exchange::request::{BodyFraming, Reject, RequestBody, RequestHead};
 use crate::exchange::response::{Edit, ResponseHeaders};
@@ -51,6 +51,27 @@ pub(crate) enum UpstreamResponse {
 type ResponseParts = hyper::http::response::Parts;
 
 impl UpstreamResponse {
+    /// Waits until the body has begun: an HTTP/1.1 endpoint's first byte after the head is
+    /// read into the connection's buffer (where the body's reader and the relay take it
+    /// first). A body that cannot have bytes (none, or of length 0) has begun; so has an
+    /// HTTP/2 endpoint's, which is not awaited. The failure if the endpoint closes or fails
+    /// first.
+    pub(crate) async fn first_byte(&mut self) -> Result<(), TryError> {
+        let UpstreamResponse::H1(conn, head) = self else {
+            return Ok(());
+        };
+        if matches!(head.framing, Framing::Empty | Framing::Length(0)) || !conn.buf.is_empty() {
+            return Ok(());
+        }
+        conn.buf.reserve(4096);
+        let failed = |cause| Err(TryError::after_sending(ErrorKind::Reset, cause));
+        match tokio::io::AsyncReadExt::read_buf(&mut conn.io, &mut conn.buf).await {
+            Ok(0) => failed(Cause::ClosedEarly),
+            Ok(_) => Ok(()),
+            Err(e) => failed(Cause::Read(e)),
+        }
+    }
+
     /// The response's status code.
     pub fn status(&self) -> u16 {
         match self {
@@ -415,6 +436,8 @@ pub(crate) struct HttpLeg<'r, 'b, B> {
     meta: &'r RequestHead,
     body: &'b mut B,
     out: &'r mut Vec<u8>,
+    /// An OpenAI request keel read (see [`HttpLeg::openai`]).
+    openai: bool,
 }
 
 impl<'r, 'b, B> HttpLeg<'r, 'b, B> {
@@ -438,7 +461,17 @@ impl<'r, 'b, B> HttpLeg<'r, 'b, B> {
             meta,
             body,
             out,
+            openai: false,
         }
+    }
+
+    /// An OpenAI request keel read (its model named, or its prompt): an engine's generation
+    /// acts on nothing but itself, so it may go again until its answer has begun, and an
+    /// HTTP/1.1 engine's try counts as answered at the first byte of its body (a stream's
+    /// first event), not at its head.
+    pub(crate) fn openai(mut self, openai: bool) -> Self {
+        self.openai = openai;
+        self
     }
 
     /// The buffer that holds an HTTP/1.1 endpoint's response head.
@@ -522,11 +555,19 @@ impl<B: RequestBody> Leg for HttpLeg<'_, '_, B> {
     }
 
     fn idempotent(&self) -> bool {
-        self.meta.idempotent
+        self.meta.idempotent || self.openai
     }
 
     fn waiting_on_client(&self) -> bool {
         self.body.waiting_on_client()
+    }
+
+    fn awaits_first_byte(&self) -> bool {
+        self.openai && self.http1
+    }
+
+    async fn first_byte(won: &mut UpstreamResponse) -> Result<(), TryError> {
+        won.first_byte().await
     }
 
     fn hedgeable(&self) -> bool {

@@ -15,7 +15,7 @@
 
 use keel_balance::prefix::{PrefixHasher, BYTES_PER_TOKEN};
 
-use crate::exchange::request::{Reject, RequestBody};
+use crate::exchange::request::{BodyFraming, Reject, RequestBody};
 
 /// Feeds the prompt of the OpenAI request whose body starts with `body` (all of it, or its
 /// first bytes) to `h`: `prompt` (a string; of an array, its first string; an array of token
@@ -26,6 +26,66 @@ use crate::exchange::request::{Reject, RequestBody};
 pub(crate) fn scan(body: &[u8], h: &mut PrefixHasher) {
     let mut c = Cur { b: body, i: 0 };
     let _ = c.top(h);
+}
+
+/// What a request body's first bytes say of its `model` (a `models` route's choice).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum ModelField<'a> {
+    /// The top-level `model` string: its bytes, JSON escapes decoded (borrowed when it has
+    /// none).
+    Named(std::borrow::Cow<'a, [u8]>),
+    /// None: not a JSON object, no top-level `model`, or one that is not a string.
+    Missing,
+    /// The bytes end before that is known (more of the body may tell).
+    Undecided,
+}
+
+/// The top-level `model` of the JSON object `body` starts with; `whole`: `body` is all of
+/// it (else bytes cut short leave it [`ModelField::Undecided`]). Members before `model` are
+/// skipped as they are (OpenAI's clients often send `messages` first).
+pub(crate) fn model(body: &[u8], whole: bool) -> ModelField<'_> {
+    let mut c = Cur { b: body, i: 0 };
+    let found = (|| {
+        c.eat(b'{')?;
+        if c.peek()? == b'}' {
+            return Some(None);
+        }
+        loop {
+            let key = c.string()?;
+            if !key.whole {
+                return None;
+            }
+            c.eat(b':')?;
+            if key.raw == b"model" {
+                return match c.peek()? {
+                    b'"' => {
+                        let s = c.string()?;
+                        s.whole.then(|| {
+                            if !s.raw.contains(&b'\\') {
+                                return Some(std::borrow::Cow::Borrowed(s.raw));
+                            }
+                            let mut name = Vec::with_capacity(s.raw.len());
+                            decode_json(s.raw, &mut |b| name.extend_from_slice(b));
+                            Some(std::borrow::Cow::Owned(name))
+                        })
+                    }
+                    _ => Some(None),
+                };
+            }
+            c.skip()?;
+            if !c.next_member(b'}')? {
+                return Some(None);
+            }
+        }
+    })();
+    match found {
+        Some(Some(name)) => ModelField::Named(name),
+        Some(None) => ModelField::Missing,
+        // Not an object at all: nothing more can make it one.
+        None if body.trim_ascii_start().first().is_some_and(|b| *b != b'{') => ModelField::Missing,
+        None if whole => ModelField::Missing,
+        None => ModelField::Undecided,
+    }
 }
 
 /// A position in the bytes; every method returns `None` at their end or at bytes that are not
@@ -300,9 +360,16 @@ fn parts(bytes: &[u8], h: &mut PrefixHasher) {
 
 /// Feeds a JSON string's raw bytes, escapes decoded, to `h` (runs without escapes in place);
 /// stops at an escape cut short.
-fn push_json(h: &mut PrefixHasher, mut raw: &[u8]) {
+fn push_json(h: &mut PrefixHasher, raw: &[u8]) {
+    decode_json(raw, &mut |b| h.push(b));
+}
+
+/// Hands a JSON string's raw bytes, escapes decoded, to `push` (runs without escapes in
+/// place); stops at an escape cut short.
+fn decode_json(mut raw: &[u8], push: &mut impl FnMut(&[u8])) {
+    let h = push;
     while let Some(at) = raw.iter().position(|&b| b == b'\\') {
-        h.push(&raw[..at]);
+        h(&raw[..at]);
         let Some(&e) = raw.get(at + 1) else { return };
         raw = &raw[at + 2..];
         let byte = match e {
@@ -329,14 +396,14 @@ fn push_json(h: &mut PrefixHasher, mut raw: &[u8]) {
                 }
                 let ch = char::from_u32(cp).unwrap_or('\u{fffd}');
                 let mut utf8 = [0u8; 4];
-                h.push(ch.encode_utf8(&mut utf8).as_bytes());
+                h(ch.encode_utf8(&mut utf8).as_bytes());
                 continue;
             }
             _ => return,
         };
-        h.push(&[byte]);
+        h(&[byte]);
     }
-    h.push(raw);
+    h(raw);
 }
 
 fn hex4(b: &[u8]) -> Option<u32> {
@@ -359,6 +426,9 @@ pub(crate) struct PromptBody<'b, B> {
     ended: bool,
     /// The client failed while they were read: reported where the body reaches that point.
     failed: Option<Reject>,
+    /// The body is sent with its length (not chunked): read whole, it may go in one write
+    /// with the head.
+    sized: bool,
     /// `head` was handed out in this try.
     head_sent: bool,
     /// A piece past `head` was handed out: the body cannot be sent again.
@@ -367,28 +437,20 @@ pub(crate) struct PromptBody<'b, B> {
 
 impl<'b, B: RequestBody> PromptBody<'b, B> {
     /// Reads `inner` until it ends or `limit` bytes are in (the last read may go past it).
-    pub(crate) async fn read(inner: &'b mut B, limit: usize) -> Self {
-        let mut head = Vec::new();
-        let mut ended = false;
-        let mut failed = None;
-        while head.len() < limit {
-            match inner.next_piece().await {
-                Ok([]) => {
-                    ended = true;
-                    break;
-                }
-                Ok(piece) => head.extend_from_slice(piece),
-                Err(r) => {
-                    failed = Some(r);
-                    break;
-                }
-            }
-        }
+    pub(crate) async fn read(inner: &'b mut B, sized: bool, limit: usize) -> Self {
+        let mut read = Self::new(inner, sized);
+        read.fill(limit, |_, _| false).await;
+        read
+    }
+
+    /// Nothing read yet; `sized`: the body goes with its length (see [`Self::inline`]).
+    pub(crate) fn new(inner: &'b mut B, sized: bool) -> Self {
         Self {
             inner,
-            head,
-            ended,
-            failed,
+            head: Vec::new(),
+            ended: false,
+            failed: None,
+            sized,
             head_sent: false,
             past_head: false,
         }
@@ -401,9 +463,36 @@ impl<'b, B: RequestBody> PromptBody<'b, B> {
             head: bytes,
             ended: true,
             failed: None,
+            sized: true,
             head_sent: false,
             past_head: false,
         }
+    }
+
+    /// Reads on until the body ends, fails, `limit` bytes are in, or `enough` (given the
+    /// bytes so far and whether they are all) says so; `enough` is asked each time the bytes
+    /// have doubled, so that a body is scanned in time linear in its length (the caller
+    /// judges the bytes it ends with).
+    pub(crate) async fn fill(&mut self, limit: usize, mut enough: impl FnMut(&[u8], bool) -> bool) {
+        let mut check_at = 0;
+        while self.head.len() < limit && !self.ended && self.failed.is_none() {
+            if self.head.len() >= check_at && !self.head.is_empty() {
+                if enough(&self.head, false) {
+                    return;
+                }
+                check_at = self.head.len() * 2;
+            }
+            match self.inner.next_piece().await {
+                Ok([]) => self.ended = true,
+                Ok(piece) => self.head.extend_from_slice(piece),
+                Err(r) => self.failed = Some(r),
+            }
+        }
+    }
+
+    /// The body ended within the bytes read.
+    pub(crate) fn ended(&self) -> bool {
+        self.ended && self.failed.is_none()
     }
 
     /// The bytes read before the pick.
@@ -414,8 +503,9 @@ impl<'b, B: RequestBody> PromptBody<'b, B> {
 
 impl<B: RequestBody> RequestBody for PromptBody<'_, B> {
     fn inline(&self) -> Option<&[u8]> {
-        // Read whole: sent in one write, and again by any try (a hedge too).
-        (self.ended && self.failed.is_none()).then_some(&self.head[..])
+        // Read whole: sent in one write, and again by any try (a hedge too). Only with its
+        // length: a chunked body's pieces are framed as they go.
+        (self.sized && self.ended && self.failed.is_none()).then_some(&self.head[..])
     }
 
     async fn next_piece(&mut self) -> Result<&[u8], Reject> {
@@ -526,20 +616,21 @@ pub(crate) struct ReadRequest<'b, B> {
 /// The reading of a request to a `prefix-affinity` or `inference = true` cluster: its first
 /// `prompt_read_limit` bytes, read before the pick. A `prefix-affinity` cluster names the
 /// prompt's blocks; an `inference` one asks a streamed request's engine for `usage` when the
-/// client did not (only when the body was read whole within the limit: a longer body goes
-/// unchanged, and its answer is measured without token counts). Others get their body
-/// untouched.
+/// client did not (only when the body was read whole within the limit and goes with its
+/// length: a longer or chunked body goes unchanged, and its answer is measured without token
+/// counts). Others get their body untouched. A body some of which was read already (a
+/// `models` route's) is read on from there, never twice.
 pub(crate) async fn read_prompt<'b, B: RequestBody>(
     cluster: &crate::config::ClusterConfig,
-    has_body: bool,
-    body: &'b mut B,
+    framing: BodyFraming,
+    body: ForwardBody<'b, B>,
 ) -> ReadRequest<'b, B> {
     let balance = &cluster.balance;
     let affinity = balance.strategy == keel_balance::StrategyKind::PrefixAffinity;
-    if !(affinity || cluster.inference) || !has_body {
+    if !(affinity || cluster.inference) || framing == BodyFraming::None {
         return ReadRequest {
             prompt: None,
-            body: ForwardBody::Untouched(body),
+            body,
             usage_added: None,
         };
     }
@@ -548,30 +639,39 @@ pub(crate) async fn read_prompt<'b, B: RequestBody>(
     let mut prompt = affinity.then(|| {
         Box::new(PrefixHasher::new(block_tokens).with_max_blocks(max_blocks(limit, block_tokens)))
     });
-    if let Some(whole) = body.inline() {
-        if let Some(h) = &mut prompt {
-            scan(&whole[..whole.len().min(limit)], h);
+    let mut read = match body {
+        ForwardBody::Untouched(body) => {
+            if let Some(whole) = body.inline() {
+                if let Some(h) = &mut prompt {
+                    scan(&whole[..whole.len().min(limit)], h);
+                }
+                let added = (cluster.inference && whole.len() <= limit)
+                    .then(|| with_usage(whole))
+                    .flatten();
+                let Some(added) = added else {
+                    return ReadRequest {
+                        prompt,
+                        body: ForwardBody::Untouched(body),
+                        usage_added: None,
+                    };
+                };
+                let len = added.len() as u64;
+                return ReadRequest {
+                    prompt,
+                    body: ForwardBody::Read(Box::new(PromptBody::whole(body, added))),
+                    usage_added: Some(len),
+                };
+            }
+            let sized = matches!(framing, BodyFraming::Length(_));
+            Box::new(PromptBody::read(body, sized, limit).await)
         }
-        let added = (cluster.inference && whole.len() <= limit)
-            .then(|| with_usage(whole))
-            .flatten();
-        let Some(added) = added else {
-            return ReadRequest {
-                prompt,
-                body: ForwardBody::Untouched(body),
-                usage_added: None,
-            };
-        };
-        let len = added.len() as u64;
-        return ReadRequest {
-            prompt,
-            body: ForwardBody::Read(Box::new(PromptBody::whole(body, added))),
-            usage_added: Some(len),
-        };
-    }
-    let mut read = PromptBody::read(body, limit).await;
-    let head = read.head();
+        ForwardBody::Read(mut read) => {
+            read.fill(limit, |_, _| false).await;
+            read
+        }
+    };
     if let Some(h) = &mut prompt {
+        let head = read.head();
         scan(&head[..head.len().min(limit)], h);
     }
     let mut usage_added = None;
@@ -583,7 +683,7 @@ pub(crate) async fn read_prompt<'b, B: RequestBody>(
     }
     ReadRequest {
         prompt,
-        body: ForwardBody::Read(Box::new(read)),
+        body: ForwardBody::Read(read),
         usage_added,
     }
 }
@@ -814,11 +914,63 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_model_is_found_among_the_top_level_members_or_said_missing() {
+        let named = |b: &[u8], whole| match model(b, whole) {
+            ModelField::Named(n) => Some(String::from_utf8(n.into_owned()).unwrap()),
+            _ => None,
+        };
+        let body = br#"{"messages":[{"role":"user","content":"{\"model\":\"no\"}"}],"n":1,"model":"llama-3","stream":true}"#;
+        assert_eq!(named(body, true).as_deref(), Some("llama-3"));
+        assert_eq!(
+            named(br#" { "model" : "q\u0077en" }"#, true).as_deref(),
+            Some("qwen")
+        );
+        assert_eq!(named(br#"{"model":"a\"b"}"#, true).as_deref(), Some("a\"b"));
+        // Cut anywhere before the name's closing quote: more may tell.
+        for cut in 1..body.len() {
+            let at = model(&body[..cut], false);
+            let closed = cut > body.windows(8).position(|w| w == br#"llama-3""#).unwrap() + 7;
+            match at {
+                ModelField::Named(n) => assert!(closed && &n[..] == b"llama-3", "cut {cut}"),
+                ModelField::Undecided => assert!(!closed, "cut {cut}"),
+                ModelField::Missing => panic!("cut {cut}: missing"),
+            }
+        }
+        for (b, whole) in [
+            (&br#"{"prompt":"x"}"#[..], true),
+            (br#"{"model":7,"prompt":"x"}"#, false),
+            (br#"{"model":null}"#, true),
+            (br#"{"nested":{"model":"x"}}"#, true),
+            (b"model=qwen", false),
+            (b"[1,2]", false),
+            (br#"{"prompt":"x""#, true),
+            (b"", true),
+        ] {
+            assert_eq!(
+                model(b, whole),
+                ModelField::Missing,
+                "{:?}",
+                String::from_utf8_lossy(b)
+            );
+        }
+        assert_eq!(model(br#"{"prompt":"x"#, false), ModelField::Undecided);
+        assert_eq!(model(b"", false), ModelField::Undecided);
+    }
+
+    #[tokio::test]
+    async fn a_chunked_prompt_body_is_never_sent_inline() {
+        let data = vec![7u8; 100];
+        let mut whole: &[u8] = &data;
+        let b = PromptBody::read(&mut whole, false, 4096).await;
+        assert!(b.ended() && b.inline().is_none());
+    }
+
     #[tokio::test]
     async fn a_prompt_body_resends_its_head_until_it_streamed_past_it() {
         let data = vec![7u8; 1000];
         let mut whole: &[u8] = &data;
-        let mut b = PromptBody::read(&mut whole, 4096).await;
+        let mut b = PromptBody::read(&mut whole, true, 4096).await;
         assert_eq!(b.inline().map(<[u8]>::len), Some(1000));
         // A streamed body: the test's `&[u8]` hands out everything in one piece, so a limit
         // below it still reads it all; the rewind rule is what is checked here.

@@ -510,7 +510,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             self.stream.sent = 0;
             // The answer moves into the relay in a scope of its own: no binding of it lives
             // across the relay's await (one would keep its room in the future meanwhile).
-            let (status, attempts, endpoint, tries);
+            let (status, attempts, endpoint, tries, served);
             let forwarding;
             {
                 let up = match answer {
@@ -527,17 +527,35 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 };
                 (status, attempts) = (up.response.status(), up.tail.attempts);
                 endpoint = up.tail.endpoint;
+                // A `models` route's answer may come from another cluster than the route's
+                // first (held only then: the common case touches no reference count).
+                served = scope
+                    .cluster
+                    .is_some_and(|c| !std::ptr::eq(c, &*up.tail.cluster))
+                    .then(|| up.tail.cluster.clone());
                 // Copied only for the access log, or a sampled trace's spans.
                 tries =
                     (scope.log.is_some() || up.tail.tries.sampled()).then(|| up.tail.tries.clone());
                 forwarding = self.forward(up, keep, req);
             }
             let kept = forwarding.await;
+            let served_scope;
+            let scope = match &served {
+                Some(c) => {
+                    served_scope = Scope {
+                        cluster: Some(c),
+                        ..*scope
+                    };
+                    &served_scope
+                }
+                None => scope,
+            };
             let answered = Answered {
                 status: self.replaced.unwrap_or(status),
                 endpoint: scope
                     .cluster
-                    .map(|c| c.endpoints[endpoint].header.as_bytes()),
+                    .and_then(|c| c.endpoints.get(endpoint))
+                    .map(|e| e.header.as_bytes()),
                 attempts,
                 cause: self.cut,
                 own: self.replaced.is_some(),
@@ -728,7 +746,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     async fn answer(&mut self, own: &OwnAnswer, keep: bool, req: &RequestHead) -> bool {
         self.out.clear();
         push_status_line(&mut self.out, own.status, answer::reason(own.status));
-        push_header(&mut self.out, b"content-type", b"text/plain; charset=utf-8");
+        // Text, unless the answer says otherwise (an OpenAI-shaped error is JSON).
+        if !own
+            .headers
+            .iter()
+            .any(|(n, _)| n == hyper::header::CONTENT_TYPE)
+        {
+            push_header(&mut self.out, b"content-type", b"text/plain; charset=utf-8");
+        }
         push_content_length(&mut self.out, own.text.len() as u64);
         push_date(&mut self.out);
         if let Some(e) = own.shown_endpoint() {

@@ -508,7 +508,12 @@ pub(crate) fn own_response(
         r.headers_mut().insert(crate::codec::X_KEEL_ENDPOINT, e);
     }
     for (name, value) in own.headers {
-        r.headers_mut().append(name, value);
+        // Its own content type replaces the text one (an OpenAI-shaped error is JSON).
+        if name == CONTENT_TYPE {
+            r.headers_mut().insert(name, value);
+        } else {
+            r.headers_mut().append(name, value);
+        }
     }
     r
 }
