@@ -11,7 +11,8 @@
 //! open-loop load: percentiles with their intervals, measured against the simulation of what
 //! the backends actually served and, for random placement, against queueing theory. E10
 //! (e10.rs, only when named) checks `keel advise` against real traffic; E12 (fleet.rs, only when
-//! named) measures a fleet of keel proxies on etcd; `--peers` puts NGINX, HAProxy and Envoy next
+//! named) measures a fleet of keel proxies on etcd; E13-E15 (inference/) and E17 (e17.rs, an
+//! affine inference engine failing) only when named; `--peers` puts NGINX, HAProxy and Envoy next
 //! to keel (peers.rs).
 //!
 //! Every experiment has one shape, [`Experiment`] (experiment.rs): `keel lab` lists them
@@ -22,6 +23,8 @@ mod cases;
 mod compare;
 pub mod e10;
 mod e10_rows;
+mod e17;
+mod e17_rows;
 mod experiment;
 mod fleet;
 mod fleet_rows;
@@ -47,6 +50,7 @@ use anyhow::Context;
 
 pub use cases::Timing;
 pub use e10::E10;
+pub use e17::E17;
 pub use experiment::{Experiment, Lab, Planned};
 pub use fleet::Fleet;
 pub use inference::Inference;
@@ -140,6 +144,7 @@ pub fn run(
         e10: None,
         fleet: None,
         inference: None,
+        e17: None,
     };
     for e in experiments.iter_mut() {
         e.rows(&mut report);

@@ -20,7 +20,7 @@
 
 mod routers;
 pub(crate) mod rows;
-mod traffic;
+pub(crate) mod traffic;
 
 use std::fmt::Write as _;
 use std::time::Instant;
