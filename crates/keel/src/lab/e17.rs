@@ -353,7 +353,7 @@ async fn measure(
     }
     let attempts = read_attempts(&log)?;
     let shared = w.shared_tokens(spec) as u64;
-    let mut per_group = vec![0u64; GROUPS];
+    let mut per_group = [0u64; GROUPS];
     let mut c = Counted {
         held: held.len() as f64,
         requests_after: after,
