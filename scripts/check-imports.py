@@ -1,11 +1,19 @@
 #!/usr/bin/env python3
 """keel's structure check, run by .ci/run: no import circles between the source files of any
-crate, and keel-proxy's folders are floors (each room imports only rooms on floors below it).
+crate, counted strictly, and keel-proxy's folders are floors (each room imports only rooms on
+floors below it).
 
-Imports are read as text: `crate::a::b` paths and `use crate::{a::b, c}` groups, with comments,
-string literals and `#[cfg(test)]` modules left out (a test may reach anywhere). A path is
-resolved to the longest module path that is a file. Usage: python3 scripts/check-imports.py
-(from the repository root or anywhere); exits 1 and names each circle or upward import."""
+Imports are read as text, with comments, string literals and `#[cfg(test)]` modules left out (a
+test may reach anywhere): `crate::a::b`, `super::a` and `self::a` paths and `use crate::{a::b,
+c}` groups, and, in a module's own file, the bare paths that start with one of its child
+modules (`report::write`, `use rows::Row`). The last rule is what makes the count strict: a
+`mod.rs` that uses its children while they use it is a circle, so a parent holds only
+declarations and the code that runs its children, and what the children share lives in a
+child of its own below them. `mod x;` declarations are not imports, `pub(super)` names the
+parent; re-exports (`pub use`, `pub(crate) use`) are not arrows of a circle (a facade is
+allowed) but still count for the floors. A path is resolved to the longest module path that is
+a file. Usage: python3 scripts/check-imports.py (from the repository root or anywhere); exits 1
+and names each circle or upward import."""
 import os
 import re
 import sys
@@ -40,7 +48,20 @@ def code(path):
         t = t[: m.start()]
     t = re.sub(r"//[^\n]*", "", t)
     t = re.sub(r"/\*.*?\*/", "", t, flags=re.S)
-    return re.sub(r'"(\\.|[^"\\])*"', '""', t)
+    t = re.sub(r'"(\\.|[^"\\])*"', '""', t)
+    # `pub(crate)`, `pub(self)`, `pub(in crate::a)`: who may see an item, not an import.
+    # `pub(super)` stays: an item written for its parent names it (see `paths`).
+    t = re.sub(r"\bpub\s*\((?:crate|self|in\s[^)]*)\)", "pub", t)
+    # `mod x;`: a declaration, not an import.
+    return re.sub(r"(?m)^\s*(?:pub\s+)?mod\s+\w+\s*;", "", t)
+
+
+REEXPORT = re.compile(r"(?m)^\s*pub\s+use\s[^;]*;")
+
+
+def reexports_dropped(text):
+    """`text` without its re-exports (`pub use ...;`, any visibility): a facade, not an arrow."""
+    return REEXPORT.sub("", text)
 
 
 def split_top(s):
@@ -56,9 +77,10 @@ def split_top(s):
     return parts + [cur]
 
 
-def paths(text, module=()):
-    """Every `crate::...` path, with `{...}` groups expanded (nested ones too); `super::...`
-    paths too, made absolute from `module` (the file's module path)."""
+def paths(text, module=(), children=()):
+    """Every `crate::...` path, with `{...}` groups expanded (nested ones too); `super::...` and
+    `self::...` paths made absolute from `module` (the file's module path); and paths that
+    start with one of `children` (the file's child modules), made absolute the same way."""
     out = []
 
     def expand(prefix, rest):
@@ -85,15 +107,28 @@ def paths(text, module=()):
         else:
             out.append(prefix + [name])
 
-    for m in re.finditer(r"\b(crate|(?:super::)+)(?:::)?(?=[\w{])", text):
+    # An item visible only to the parent (`pub(super)`) is written for it: an arrow to the
+    # parent, so a child the parent uses shares nothing with it that way (keel writes
+    # `pub(crate)` for what a folder's files share).
+    if module and re.search(r"\bpub\s*\(\s*super\s*\)", text):
+        out.append(list(module[:-1]))
+    heads = r"crate::|self::|(?:super::)+"
+    if children:
+        heads += "|" + "|".join(re.escape(c) + "::" for c in sorted(children))
+    for m in re.finditer(r"(?<![\w:])(%s)(?=[\w{])" % heads, text):
         i = m.end()
-        if m.group(1) == "crate":
+        head = m.group(1)[:-2]
+        if head == "crate":
             base = []
-        else:
-            up = m.group(1).count("super")
+        elif head == "self":
+            base = list(module)
+        elif head.startswith("super"):
+            up = head.count("super")
             if up > len(module):
                 continue
             base = list(module[: len(module) - up])
+        else:
+            base = list(module) + [head]
         if text[i : i + 1] == "{":
             depth, j = 0, i
             while j < len(text):
@@ -167,19 +202,25 @@ def main():
         graph = {k: set() for k in files}
         uses = {}
         for mod, path in files.items():
-            for p in paths(code(path), mod):
+            text = code(path)
+            children = {k[len(mod)] for k in files if len(k) == len(mod) + 1 and k[: len(mod)] == mod}
+            # Circles: re-exports left out (a facade). Floors: every import, re-exports too.
+            for p, arrow in [(p, True) for p in paths(reexports_dropped(text), mod, children)] + [
+                (p, False) for p in paths(text, mod, children)
+            ]:
                 for n in range(len(p), 0, -1):
                     target = tuple(p[:n])
                     if target in files:
                         if target != mod and target != ():
-                            graph[mod].add(target)
+                            if arrow:
+                                graph[mod].add(target)
                             uses.setdefault((mod, target), "crate::" + "::".join(p))
                         break
         comps = circles(graph)
         for c in comps:
             names = ["/".join(m) or "lib" for m in c]
             errors.append(f"{crate}: import circle of {len(c)} files: {', '.join(names)}")
-        report.append(f"{crate} {len(files)} files, {len(comps)} circles")
+        report.append(f"{crate} {len(files)} files, {len(comps)} strict circles")
         if crate == "keel-proxy":
             floor = {r: i for i, rooms in enumerate(PROXY_FLOORS) for r in rooms}
             rooms = {m[0] for m in files if m}

@@ -21,7 +21,7 @@
 //! A failed call (refused, reset, timed out, a 5xx: the driver's `Outcome::Failure`; never a
 //! 4xx) drops the endpoint's estimate (a restarted engine has lost its cache) and passes the
 //! endpoint over for [`FAILED_PASS_OVER`] unless every other endpoint is full or unavailable,
-//! or until one of its calls succeeds: the prefix moves to its next-best endpoint after one
+//! or until one of its calls picked after the failure succeeds: the prefix moves to its next-best endpoint after one
 //! failed try, not after the ten an outlier detector may need. After that the emptied estimate
 //! takes new prefixes first, so a still-failing engine costs each new prefix at most one
 //! failed try per period.
@@ -181,7 +181,11 @@ impl Strategy for PrefixAffinity {
     }
 
     fn observe(&self, v: &View<'_>, i: usize, what: &Observation) {
-        let Observation::CallEnded { outcome, .. } = what else {
+        let Observation::CallEnded {
+            outcome,
+            latency_ns,
+        } = what
+        else {
             return;
         };
         let Some(at) = self.failed_at.get(i) else {
@@ -189,7 +193,10 @@ impl Strategy for PrefixAffinity {
         };
         match outcome {
             Outcome::Success => {
-                if at.load(Ordering::Relaxed) != 0 {
+                // Only a call picked after the failure clears it: one already running on the
+                // engine when it failed says nothing of it since.
+                let failed = at.load(Ordering::Relaxed);
+                if failed != 0 && v.now.saturating_sub(*latency_ns) >= failed {
                     at.store(0, Ordering::Relaxed);
                 }
             }

@@ -16,7 +16,7 @@ use keel_proxy::ProxyConfig;
 use keel_testbed::loadgen::Client;
 use serde::Serialize;
 
-use super::LabOptions;
+use crate::lab::options::LabOptions;
 
 /// The model's times scaled down (10 ms -> 4 ms, 1 s -> 400 ms), so that a hanging server keeps
 /// q = 100 and a run takes about a minute.
@@ -370,7 +370,7 @@ impl Case {
     }
 }
 
-pub(super) fn tie_name(t: TieBreak) -> &'static str {
+pub(crate) fn tie_name(t: TieBreak) -> &'static str {
     match t {
         TieBreak::Random => "random",
         TieBreak::LowestIndex => "lowest-index",

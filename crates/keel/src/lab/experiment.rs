@@ -14,7 +14,7 @@ use std::path::Path;
 
 use crate::lab::answer::Finding;
 use crate::lab::cases::Timing;
-use crate::lab::LabReport;
+use crate::lab::results::LabReport;
 
 /// One case an experiment will run: for the progress bar and the run's size.
 #[derive(Debug, Clone)]

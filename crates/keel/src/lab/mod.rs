@@ -11,7 +11,8 @@
 //! open-loop load: percentiles with their intervals, measured against the simulation of what
 //! the backends actually served and, for random placement, against queueing theory. E10
 //! (e10.rs, only when named) checks `keel advise` against real traffic; E12 (fleet.rs, only when
-//! named) measures a fleet of keel proxies on etcd; `--peers` puts NGINX, HAProxy and Envoy next
+//! named) measures a fleet of keel proxies on etcd; E13-E15 (inference/) and E17 (e17.rs, an
+//! affine inference engine failing) only when named; `--peers` puts NGINX, HAProxy and Envoy next
 //! to keel (peers.rs).
 //!
 //! Every experiment has one shape, [`Experiment`] (experiment.rs): `keel lab` lists them
@@ -21,15 +22,21 @@ pub mod answer;
 mod cases;
 mod compare;
 pub mod e10;
+mod e10_rows;
+mod e17;
+mod e17_rows;
 mod experiment;
 mod fleet;
+mod fleet_rows;
 pub mod inference;
 mod measure;
+mod options;
 mod peers;
 pub mod queueing;
 mod reliability;
 mod report;
 mod report_tail;
+mod results;
 mod rows;
 mod style;
 pub mod tail;
@@ -37,78 +44,21 @@ pub mod tail_rows;
 mod tail_run;
 
 use std::cell::Cell;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use keel_balance::StrategyKind;
 
 pub use cases::Timing;
 pub use e10::E10;
+pub use e17::E17;
 pub use experiment::{Experiment, Lab, Planned};
 pub use fleet::Fleet;
 pub use inference::Inference;
+pub use options::LabOptions;
 pub use peers::Peers;
 pub use reliability::Reliability;
-pub use rows::Row;
+pub use results::LabReport;
 pub use tail_run::TailRun;
-
-/// What to run and where to write the report.
-#[derive(Debug, Clone)]
-pub struct LabOptions {
-    /// Fewer experiments and requests: a first look in about a minute on 2 shared cores.
-    pub quick: bool,
-    /// Experiments to run (e1..e6b, e8, e9, e10, e12); empty: the default set (e1..e6b; quick: e1, e2,
-    /// e6, e6b).
-    pub experiments: Vec<String>,
-    /// Only these strategies; empty: all of each experiment.
-    pub strategies: Vec<StrategyKind>,
-    /// Report directory.
-    pub out: PathBuf,
-    /// Seed of every balancer, backend and simulation.
-    pub seed: u64,
-    /// Show a progress bar on stderr.
-    pub progress: bool,
-    /// Balancers to measure next to keel (`--peers`); alone, they run instead of E1-E6B.
-    pub peers: Vec<String>,
-}
-
-/// Everything a lab run produced.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct LabReport {
-    /// What the run shows, from its own numbers: the answer first (the best strategy and
-    /// protections, by how much, and the closed form that predicts it), then one finding per
-    /// experiment.
-    pub answer: Vec<answer::Finding>,
-    /// One row per case of E1-E6B.
-    pub rows: Vec<Row>,
-    /// E8: one row per strategy, latency percentiles three ways (two without a closed form).
-    pub tail_rows: Vec<tail_rows::LatencyRow>,
-    /// E9: one row per strategy, the slowed server's share of calls measured and simulated.
-    pub reaction_rows: Vec<tail_rows::ReactionRow>,
-    /// The scaled times used.
-    pub timing: Timing,
-    /// The seed.
-    pub seed: u64,
-    /// Quick mode.
-    pub quick: bool,
-    /// Wall time of the whole run, seconds.
-    pub wall_seconds: f64,
-    /// The machine it ran on.
-    pub machine: report::Machine,
-    /// NGINX, HAProxy and Envoy next to keel (`--peers`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub peers: Option<peers::PeersReport>,
-    /// E10: keel advise's top three configurations and the running one, predicted and measured.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub e10: Option<e10::E10Report>,
-    /// E12: a fleet of keel proxies on etcd, local against shared evidence.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fleet: Option<fleet::FleetReport>,
-    /// E13-E15: prefix-cache affinity in an inference pool, and vLLM Router and SMG.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub inference: Option<inference::InferenceReport>,
-}
 
 /// Runs the lab: every experiment with a non-empty plan run in turn on one runtime and one
 /// progress bar, its rows moved into the report, then the findings of each; writes
@@ -189,11 +139,12 @@ pub fn run(
         seed: opts.seed,
         quick: opts.quick,
         wall_seconds: 0.0,
-        machine: report::Machine::detect(),
+        machine: results::Machine::detect(),
         peers: None,
         e10: None,
         fleet: None,
         inference: None,
+        e17: None,
     };
     for e in experiments.iter_mut() {
         e.rows(&mut report);

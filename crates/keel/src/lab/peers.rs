@@ -15,7 +15,9 @@
 mod envoy;
 mod haproxy;
 mod nginx;
+pub(crate) mod plan;
 mod render;
+pub(crate) mod rows;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -25,77 +27,32 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use keel_balance::{StrategyKind, TieBreak};
-use keel_model::{analytic, FailureMode};
+use keel_balance::StrategyKind;
+use keel_model::analytic;
 use keel_testbed::loadgen::{self, Client, LoadOptions, LoadReport, LoadSpec, Target};
-use serde::Serialize;
 
 use crate::lab::answer::Finding;
-use crate::lab::cases::{Case, Protection, Timing, REQUEST_KEY};
+use crate::lab::cases::{Timing, REQUEST_KEY};
 use crate::lab::experiment::{Experiment, Lab, Planned};
 use crate::lab::measure;
-use crate::lab::{LabOptions, LabReport};
+use crate::lab::options::LabOptions;
+use crate::lab::results::LabReport;
 
+use plan::{
+    ms, requests_per_row, Peer, PeerCase, PeerConfig, PeerStrategy, UnknownPeer, CONNECT_TIMEOUT,
+    WORKERS,
+};
 use render::{finding, html, print_table};
+use rows::{PeerRow, PeersReport, Skipped};
 
-/// Workers (processes or threads) every peer runs with, as operators run them.
-pub(crate) const WORKERS: u32 = 2;
-
-/// A balancer measured next to keel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Peer {
-    Nginx,
-    Haproxy,
-    Envoy,
-}
-
+/// Writing, starting and checking a peer's configuration: here rather than in plan.rs, because
+/// the generators it calls read plan.rs.
 impl Peer {
-    pub(crate) const ALL: [Peer; 3] = [Peer::Nginx, Peer::Haproxy, Peer::Envoy];
-
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Peer::Nginx => "nginx",
-            Peer::Haproxy => "haproxy",
-            Peer::Envoy => "envoy",
-        }
-    }
-
-    /// The environment variable that names the binary, ahead of PATH.
-    fn env_var(self) -> &'static str {
-        match self {
-            Peer::Nginx => "KEEL_NGINX",
-            Peer::Haproxy => "KEEL_HAPROXY",
-            Peer::Envoy => "KEEL_ENVOY",
-        }
-    }
-
-    /// The binary: `$KEEL_<PEER>`, else PATH, else /usr/sbin and /sbin (where Debian puts
-    /// nginx and haproxy).
-    pub(crate) fn find(self) -> Option<PathBuf> {
-        if let Some(p) = std::env::var_os(self.env_var()) {
-            let p = PathBuf::from(p);
-            return is_executable(&p).then_some(p);
-        }
-        let path = std::env::var_os("PATH").unwrap_or_default();
-        std::env::split_paths(&path)
-            .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
-            .map(|d| d.join(self.name()))
-            .find(|p| is_executable(p))
-    }
-
     fn config(self, c: &PeerConfig<'_>) -> String {
         match self {
             Peer::Nginx => nginx::config(c),
             Peer::Haproxy => haproxy::config(c),
             Peer::Envoy => envoy::config(c),
-        }
-    }
-
-    fn file_name(self) -> &'static str {
-        match self {
-            Peer::Nginx => "nginx.conf",
-            Peer::Haproxy => "haproxy.cfg",
-            Peer::Envoy => "envoy.yaml",
         }
     }
 
@@ -117,393 +74,6 @@ impl Peer {
             Peer::Envoy => envoy::check(bin, dir, conf),
         }
     }
-}
-
-/// A `--peers` name that is none of the peers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnknownPeer(pub String);
-
-impl std::fmt::Display for UnknownPeer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "unknown peer `{}`; allowed: nginx, haproxy, envoy",
-            self.0
-        )
-    }
-}
-
-impl std::error::Error for UnknownPeer {}
-
-impl std::str::FromStr for Peer {
-    type Err = UnknownPeer;
-    fn from_str(s: &str) -> Result<Self, UnknownPeer> {
-        Peer::ALL
-            .into_iter()
-            .find(|p| p.name() == s.trim().to_ascii_lowercase())
-            .ok_or_else(|| UnknownPeer(s.to_string()))
-    }
-}
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p)
-        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false)
-}
-
-/// Bare, or as operators usually configure the peer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Setting {
-    Bare,
-    Operators,
-}
-
-impl Setting {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Setting::Bare => "bare",
-            Setting::Operators => "operators",
-        }
-    }
-}
-
-/// The strategies every peer has and the closed forms cover.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PeerStrategy {
-    RoundRobin,
-    Random,
-    LeastConnections,
-    /// Consistent hashing on a key the client sets, one per request (its calls hash alike).
-    Hash,
-}
-
-impl PeerStrategy {
-    pub(crate) const ALL: [PeerStrategy; 4] = [
-        PeerStrategy::RoundRobin,
-        PeerStrategy::Random,
-        PeerStrategy::LeastConnections,
-        PeerStrategy::Hash,
-    ];
-
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            PeerStrategy::RoundRobin => "round-robin",
-            PeerStrategy::Random => "random",
-            PeerStrategy::LeastConnections => "least-connections",
-            PeerStrategy::Hash => "hash",
-        }
-    }
-
-    /// The peer's own spelling of the strategy.
-    pub(crate) fn native(self, peer: Option<Peer>) -> &'static str {
-        use PeerStrategy::*;
-        match (peer, self) {
-            (None, RoundRobin) => "round-robin",
-            (None, Random) => "random",
-            (None, LeastConnections) => "least-connections",
-            (None, Hash) => "ring-hash on x-lab-key",
-            (Some(Peer::Nginx), RoundRobin) => "(default)",
-            (Some(Peer::Nginx), Random) => "random",
-            (Some(Peer::Nginx), LeastConnections) => "least_conn",
-            (Some(Peer::Nginx), Hash) => "hash $http_x_lab_key consistent",
-            (Some(Peer::Haproxy), RoundRobin) => "balance roundrobin",
-            (Some(Peer::Haproxy), Random) => "balance random (2 draws)",
-            (Some(Peer::Haproxy), LeastConnections) => "balance leastconn",
-            (Some(Peer::Haproxy), Hash) => "balance hdr(x-lab-key), hash-type consistent",
-            (Some(Peer::Envoy), RoundRobin) => "ROUND_ROBIN",
-            (Some(Peer::Envoy), Random) => "RANDOM",
-            (Some(Peer::Envoy), LeastConnections) => "LEAST_REQUEST",
-            (Some(Peer::Envoy), Hash) => "RING_HASH on header x-lab-key",
-        }
-    }
-
-    /// keel's strategy for the same row.
-    fn keel(self) -> StrategyKind {
-        match self {
-            PeerStrategy::RoundRobin => StrategyKind::RoundRobin,
-            PeerStrategy::Random => StrategyKind::Random,
-            PeerStrategy::LeastConnections => StrategyKind::LeastConnections,
-            PeerStrategy::Hash => StrategyKind::RingHash,
-        }
-    }
-
-    /// The closed form that covers it (hash rows: 1 minus the failed server's key share,
-    /// measured on the balancer's own ring, see [`PeerRow::key_share`]; the uniform pick's
-    /// share stands in for the failed share of calls when no key share is measured).
-    fn model(self) -> StrategyKind {
-        match self {
-            PeerStrategy::RoundRobin => StrategyKind::RoundRobin,
-            PeerStrategy::Random | PeerStrategy::Hash => StrategyKind::Random,
-            PeerStrategy::LeastConnections => StrategyKind::LeastConnections,
-        }
-    }
-}
-
-/// What a configuration generator needs.
-pub(crate) struct PeerConfig<'a> {
-    /// Port the peer listens on (127.0.0.1).
-    pub listen: u16,
-    /// Envoy's admin port.
-    pub admin: u16,
-    /// The backends, the failed one last.
-    pub backends: &'a [SocketAddr],
-    pub strategy: PeerStrategy,
-    pub setting: Setting,
-    /// One try's time limit (the lab's timeout).
-    pub timeout: Duration,
-    pub connect_timeout: Duration,
-    /// Where the peer writes its pid, logs and temporary files.
-    pub dir: &'a Path,
-}
-
-fn ms(d: Duration) -> u64 {
-    d.as_millis() as u64
-}
-
-/// Connect timeout of every peer (keel's lab proxy uses the same).
-const CONNECT_TIMEOUT: Duration = Duration::from_millis(100);
-
-/// One row of the source's example.
-#[derive(Debug, Clone)]
-pub(crate) struct PeerCase {
-    pub strategy: PeerStrategy,
-    pub setting: Setting,
-    pub failure: FailureMode,
-    pub calls: u32,
-    pub servers: u32,
-    pub failed: u32,
-    pub concurrency: usize,
-    pub requests: u64,
-    /// What a request does after a failed call.
-    pub client: Client,
-}
-
-impl PeerCase {
-    fn p(&self) -> f64 {
-        self.failed as f64 / self.servers as f64
-    }
-
-    /// q = t_fail / t_ok as the lab's simulation has it (round trip added to both).
-    fn q(&self, t: &Timing) -> Option<f64> {
-        let t_fail = self.failure.failure_time(t.timeout, t.healthy)?;
-        let t_fail = (t_fail + t.round_trip).min(t.timeout);
-        Some(t_fail.as_secs_f64() / (t.healthy + t.round_trip).as_secs_f64())
-    }
-
-    fn is_failed(&self, i: u32) -> bool {
-        i >= self.servers - self.failed
-    }
-
-    /// The same row through keel's proxy: bare is no protection at all, operators is keel's
-    /// defaults.
-    fn keel_case(&self) -> Case {
-        Case {
-            experiment: "peers",
-            strategy: self.strategy.keel(),
-            tie_break: TieBreak::Random,
-            failed_first: false,
-            protections: match self.setting {
-                Setting::Bare => Protection::None,
-                Setting::Operators => Protection::Defaults,
-            },
-            failure: self.failure,
-            servers: self.servers,
-            failed: self.failed,
-            calls: self.calls,
-            client_side: false,
-            concurrency: self.concurrency,
-            requests: self.requests,
-            client: self.client,
-        }
-    }
-
-    fn describe(&self) -> String {
-        format!(
-            "{} {} {} k={}{}",
-            self.setting.name(),
-            self.strategy.name(),
-            self.failure.name(),
-            self.calls,
-            match self.client {
-                Client::StopsAtFirstFailure => "",
-                Client::AllCalls => " all calls",
-            }
-        )
-    }
-}
-
-/// Requests per row.
-pub(crate) fn requests_per_row(quick: bool) -> u64 {
-    if quick {
-        600
-    } else {
-        2000
-    }
-}
-
-/// The rows: both settings, every strategy (or those of `only`: keel's names, ring-hash for
-/// hash), a hang and a fast 503, 1 and 3 calls, from a client that stops at a request's first
-/// failed call; and bare round-robin's 3-call rows again from a client that makes all 3.
-pub(crate) fn plan(quick: bool, only: &[StrategyKind]) -> Vec<PeerCase> {
-    let mut out = Vec::new();
-    let wanted = |s: PeerStrategy| only.is_empty() || only.contains(&s.keel());
-    for setting in [Setting::Bare, Setting::Operators] {
-        for strategy in PeerStrategy::ALL.into_iter().filter(|s| wanted(*s)) {
-            for failure in [FailureMode::Hang, FailureMode::FAIL_AT_ONCE] {
-                for calls in [1, 3] {
-                    let case = PeerCase {
-                        strategy,
-                        setting,
-                        failure,
-                        calls,
-                        servers: 5,
-                        failed: 1,
-                        concurrency: 24,
-                        requests: requests_per_row(quick),
-                        client: Client::StopsAtFirstFailure,
-                    };
-                    let all_calls = (setting == Setting::Bare
-                        && strategy == PeerStrategy::RoundRobin
-                        && calls > 1)
-                        .then(|| PeerCase {
-                            client: Client::AllCalls,
-                            ..case.clone()
-                        });
-                    out.push(case);
-                    out.extend(all_calls);
-                }
-            }
-        }
-    }
-    out
-}
-
-/// One measured row: a balancer (a peer or keel) on one case.
-#[derive(Debug, Clone, Serialize)]
-pub struct PeerRow {
-    /// `nginx`, `haproxy`, `envoy` or `keel`.
-    pub balancer: String,
-    /// `bare` (no retries, no passive health) or `operators` (as usually configured; keel: its
-    /// defaults).
-    pub setting: String,
-    /// keel's name of the strategy (hash: a consistent hash of the request's key header).
-    pub strategy: String,
-    /// The balancer's own spelling.
-    pub native_strategy: String,
-    /// How the balancer ran: its workers and what they share.
-    pub run_as: String,
-    /// What a request does after a failed call: `stops at first failure` or `all calls`.
-    pub client: String,
-    /// hang or fail-fast (a 503 at once).
-    pub failure_mode: String,
-    /// Failed share of servers.
-    pub p: f64,
-    /// t_fail / t_ok.
-    pub q: Option<f64>,
-    /// Calls per request.
-    pub k: u32,
-    /// Requests in flight.
-    pub concurrency: usize,
-    /// Requests measured.
-    pub requests: u64,
-    /// Requests whose every call succeeded.
-    pub succeeded: u64,
-    /// Calls made (a request stops at its first failed call).
-    pub calls: u64,
-    /// Hash rows: the failed server's share of the row's request keys on this balancer's own
-    /// ring, counted by sending each key once through it with every server healthy (keel:
-    /// its ring's picks).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub key_share: Option<f64>,
-    /// The closed form (without retries or health: the bare setting's model; hash rows: 1
-    /// minus `key_share`, one server per request whatever k).
-    pub analytic: Option<f64>,
-    /// Measured success.
-    pub measured: f64,
-    /// Its Wilson 95 % interval.
-    pub measured_ci95: [f64; 2],
-    /// Whether the closed form lies inside the interval.
-    pub agrees: Option<bool>,
-    /// Measured minus closed form, in standard errors of the measurement.
-    pub z: Option<f64>,
-    /// Share of the backends' requests that went to the failed one (retries included).
-    pub measured_failed_share: f64,
-    /// (1 - share)^k: what the measured share gives if calls were independent.
-    pub implied_by_measured_share: f64,
-    /// Requests each backend received, in endpoint order (the failed one last).
-    pub attempts: Vec<u64>,
-    /// Calls answered, by status.
-    pub by_status: std::collections::BTreeMap<u16, u64>,
-    /// Calls without a complete answer.
-    pub transport_errors: u64,
-    /// Requests by their number of failed calls (index 0: none).
-    pub failed_calls_per_request: Vec<u64>,
-    /// A first-failure-stops client's failed requests: the mean index (1-based) of the call
-    /// that failed.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mean_failing_call: Option<f64>,
-    /// An all-calls client: failed calls per failed request, measured and what independent
-    /// calls at the row's share of failed calls give.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub repeat_failures: Option<[f64; 2]>,
-    /// Median and 99th percentile request latency, ms.
-    pub p50_ms: f64,
-    /// See `p50_ms`.
-    pub p99_ms: f64,
-    /// Wall time, s.
-    pub seconds: f64,
-    /// The peer's own counters for the row (Envoy: retries, overflows, ejections; non-zero
-    /// ones only).
-    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub peer_stats: std::collections::BTreeMap<String, u64>,
-    /// What moves the measurement away from the closed form, when it is outside the interval;
-    /// for an all-calls round-robin row, whether the rotation showed (either way).
-    pub mechanism: Option<String>,
-    /// The numbers of this row the mechanism cites, each by its place in the row (a JSON
-    /// pointer into it, e.g. `/peer_stats/upstream_rq_retry_overflow`).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub evidence: Vec<Evidence>,
-    /// False when the row departs and no mechanism with a number of its own is named for it.
-    pub explained: bool,
-    /// Other balancers' rows of the same case that measure the same behaviour (bare
-    /// round-robin, and random where the balancer draws once) and whose intervals do not
-    /// overlap this one's.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub disagrees_with: Vec<String>,
-}
-
-/// A number of a row that its mechanism cites.
-#[derive(Debug, Clone, Serialize)]
-pub struct Evidence {
-    /// Where it is in the row: a JSON pointer (`/measured_failed_share`, `/attempts/4`).
-    pub field: String,
-    /// Its value.
-    pub value: f64,
-}
-
-/// A peer that was asked for and could not be measured.
-#[derive(Debug, Clone, Serialize)]
-pub struct Skipped {
-    /// The peer.
-    pub balancer: String,
-    /// Why.
-    pub reason: String,
-}
-
-/// The peers' part of a lab run.
-#[derive(Debug, Clone, Serialize)]
-pub struct PeersReport {
-    /// Every measured row, keel's included (`balancer: "keel"`).
-    pub rows: Vec<PeerRow>,
-    /// Peers named and not measured.
-    pub skipped: Vec<Skipped>,
-    /// Each peer's binary and version.
-    pub versions: Vec<(String, String)>,
-    /// How the peers ran.
-    pub method: String,
-    /// Wall time of the peers' rows, s.
-    pub seconds: f64,
 }
 
 /// Parses `--peers`.
@@ -586,7 +156,7 @@ pub(crate) fn run(
         }
     }
     let mut rows = Vec::new();
-    for case in plan(quick, only) {
+    for case in plan::plan(quick, only) {
         {
             let kc = case.keel_case();
             progress(&format!("keel {}", case.describe()), 0);
@@ -681,7 +251,7 @@ impl Experiment for Peers {
             return Vec::new();
         }
         let found = self.peers.iter().filter(|p| p.find().is_some()).count() as u64;
-        plan(self.quick, &self.only)
+        plan::plan(self.quick, &self.only)
             .iter()
             .map(|c| Planned {
                 what: c.describe(),

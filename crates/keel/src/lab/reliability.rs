@@ -11,9 +11,10 @@ use crate::lab::answer::{self, Finding};
 use crate::lab::cases::{self, Case};
 use crate::lab::experiment::{Experiment, Lab, Planned};
 use crate::lab::measure;
+use crate::lab::options::LabOptions;
 use crate::lab::report;
+use crate::lab::results::LabReport;
 use crate::lab::rows::Row;
-use crate::lab::{LabOptions, LabReport};
 
 /// E1-E6B: the reliability experiments of docs/reliability.md.
 pub struct Reliability {

@@ -15,13 +15,12 @@ use keel_balance::StrategyKind;
 use keel_model::analytic;
 use keel_model::plot::{render_svg, ChartSpec, Series, Style};
 use keel_model::FailureMode;
-use serde::Serialize;
 
 use crate::lab::cases::{Timing, DEFAULT_RETRIES, PROTECTIONS};
 use crate::lab::experiment::Experiment;
+use crate::lab::results::LabReport;
 use crate::lab::rows::Row;
 use crate::lab::style::{esc, fmt_q, pct, strategy_colour, REFERENCE};
-use crate::lab::LabReport;
 
 /// What every row of an experiment shares, said once.
 fn experiment_intro(e: &str, rows: &[&Row], t: &Timing) -> String {
@@ -160,58 +159,6 @@ fn e6_summary(rows: &[&Row]) -> String {
         let _ = write!(s, " Below the goal of 0.999: {}.", below.join(", "));
     }
     s
-}
-
-/// The machine a report was made on.
-#[derive(Debug, Clone, Serialize)]
-pub struct Machine {
-    /// CPUs available to the process.
-    pub cpus: usize,
-    /// CPU model.
-    pub cpu_model: String,
-    /// Operating system and kernel.
-    pub os: String,
-    /// keel's version.
-    pub keel_version: String,
-    /// The load average (1, 5 and 15 minutes) when the report was written: other work on the
-    /// machine moves real-traffic latencies.
-    pub load_average: [f64; 3],
-}
-
-impl Machine {
-    pub(crate) fn detect() -> Machine {
-        let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("model name"))
-                    .and_then(|l| l.split(':').nth(1))
-                    .map(|m| m.trim().to_string())
-            })
-            .unwrap_or_else(|| "unknown".into());
-        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default();
-        Machine {
-            cpus: std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1),
-            cpu_model,
-            os: format!("{} {kernel}", std::env::consts::OS),
-            keel_version: env!("CARGO_PKG_VERSION").to_string(),
-            load_average: load_average(),
-        }
-    }
-}
-
-/// /proc/loadavg's first three fields (zeros where there is none).
-fn load_average() -> [f64; 3] {
-    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let mut out = [0.0; 3];
-    for (o, v) in out.iter_mut().zip(text.split_whitespace()) {
-        *o = v.parse().unwrap_or(0.0);
-    }
-    out
 }
 
 /// Rows of every experiment: the report's own row lists, and each experiment part's `rows`

@@ -5,10 +5,10 @@ use std::fmt::Write as _;
 
 use keel_model::plot::{render_svg, ChartSpec, Series, Style};
 
+use crate::lab::results::LabReport;
 use crate::lab::style::{css, esc, strategy_colour, REFERENCE};
 use crate::lab::tail;
 use crate::lab::tail_rows::{LatencyRow, ReactionRow, QUANTILES};
-use crate::lab::LabReport;
 
 fn chart(spec: &ChartSpec, series: &[Series]) -> Option<String> {
     match render_svg(spec, series) {

@@ -8,10 +8,11 @@ use anyhow::Context;
 
 use crate::lab::answer::{self, Finding};
 use crate::lab::experiment::{Experiment, Lab, Planned};
+use crate::lab::options::LabOptions;
 use crate::lab::report_tail;
+use crate::lab::results::LabReport;
 use crate::lab::tail::{self, TailCase};
 use crate::lab::tail_rows::{self, LatencyRow, ReactionRow};
-use crate::lab::{LabOptions, LabReport};
 
 /// The latency experiments' names: run only when named, never by default.
 pub const NAMES: [&str; 2] = ["e8", "e9"];

@@ -260,7 +260,7 @@ pub struct Prompts {
     /// Each request's own suffix.
     suffixes: Vec<String>,
     /// Each group's first block's name (hex), for [`PREFIX_HEADER`].
-    first_blocks: Vec<String>,
+    pub first_blocks: Vec<String>,
 }
 
 impl Prompts {
@@ -316,7 +316,7 @@ impl Prompts {
         }
     }
 
-    fn body(&self, i: usize, output_tokens: usize) -> String {
+    pub(crate) fn body(&self, i: usize, output_tokens: usize) -> String {
         format!(
             "{{\"model\":\"keel-llm\",\"prompt\":\"{}{}\",\"max_tokens\":{output_tokens},\
              \"stream\":true,\"stream_options\":{{\"include_usage\":true}}}}",
@@ -477,7 +477,7 @@ pub async fn drive(
 }
 
 /// Runs the futures together on this task.
-async fn futures_join<F: std::future::Future>(fs: Vec<F>) -> Vec<F::Output> {
+pub(crate) async fn futures_join<F: std::future::Future>(fs: Vec<F>) -> Vec<F::Output> {
     let mut set = Vec::new();
     for f in fs {
         set.push(Box::pin(f));
@@ -507,13 +507,48 @@ async fn futures_join<F: std::future::Future>(fs: Vec<F>) -> Vec<F::Output> {
 /// chunked and ends with the connection): the time to its first event, the engine that
 /// answered and its usage.
 async fn complete(router: SocketAddr, body: &str, first_block: &str) -> anyhow::Result<Answer> {
+    let r = ask(router, body, first_block, None).await?;
+    anyhow::ensure!(r.status == 200, "status {}: {}", r.status, r.head);
+    Ok(Answer {
+        ttft: r.ttft.context("no event in the stream")?,
+        engine: r.engine,
+        prompt_tokens: r.prompt_tokens.context("no usage in the stream")?,
+        cached_tokens: r.cached_tokens,
+    })
+}
+
+/// What a router answered to one streaming completion, whatever its status.
+pub(crate) struct Reply {
+    /// The status.
+    pub status: u16,
+    /// The start of the answer (for errors).
+    pub head: String,
+    /// Time to the first streamed event.
+    pub ttft: Option<Duration>,
+    /// The engine that answered (its `x-backend` name `engine-J`).
+    pub engine: Option<usize>,
+    /// Prompt tokens in the stream's usage.
+    pub prompt_tokens: Option<u64>,
+    /// Of those, served from cache.
+    pub cached_tokens: u64,
+}
+
+/// Sends one streaming completion (with `x-request-id: request_id` when given) and reads its
+/// answer to the end, on a connection of its own (HTTP/1.0).
+pub(crate) async fn ask(
+    router: SocketAddr,
+    body: &str,
+    first_block: &str,
+    request_id: Option<&str>,
+) -> anyhow::Result<Reply> {
+    let id = request_id.map_or(String::new(), |id| format!("x-request-id: {id}\r\n"));
     let exchange = async {
         let start = Instant::now();
         let mut s = TcpStream::connect(router).await?;
         s.set_nodelay(true)?;
         let req = format!(
             "POST /v1/completions HTTP/1.0\r\nHost: {router}\r\nContent-Type: application/json\r\n\
-             {PREFIX_HEADER}: {first_block}\r\nContent-Length: {}\r\n\r\n{body}",
+             {PREFIX_HEADER}: {first_block}\r\n{id}Content-Length: {}\r\n\r\n{body}",
             body.len()
         );
         s.write_all(req.as_bytes()).await?;
@@ -545,7 +580,6 @@ async fn complete(router: SocketAddr, body: &str, first_block: &str) -> anyhow::
         .nth(1)
         .and_then(|s| s.parse().ok())
         .context("no status line")?;
-    anyhow::ensure!(status == 200, "status {status}: {}", crate_head(&text));
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let engine = head
         .lines()
@@ -560,14 +594,16 @@ async fn complete(router: SocketAddr, body: &str, first_block: &str) -> anyhow::
         .filter_map(|l| l.strip_prefix("data:"))
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l.trim()).ok())
         .filter_map(|v| v.get("usage").filter(|u| !u.is_null()).cloned())
-        .next_back()
-        .context("no usage in the stream")?;
-    Ok(Answer {
-        ttft: first.context("no event in the stream")?,
+        .next_back();
+    Ok(Reply {
+        status,
+        head: crate_head(&text),
+        ttft: first,
         engine,
-        prompt_tokens: usage["prompt_tokens"].as_u64().unwrap_or(0),
-        cached_tokens: usage["prompt_tokens_details"]["cached_tokens"]
-            .as_u64()
+        prompt_tokens: usage.as_ref().and_then(|u| u["prompt_tokens"].as_u64()),
+        cached_tokens: usage
+            .as_ref()
+            .and_then(|u| u["prompt_tokens_details"]["cached_tokens"].as_u64())
             .unwrap_or(0),
     })
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use super::{PeerConfig, PeerStrategy, Setting, WORKERS};
+use super::plan::{PeerConfig, PeerStrategy, Setting, WORKERS};
 
 /// A protobuf Duration in YAML: seconds with an `s`.
 fn secs(d: Duration) -> String {
@@ -21,7 +21,7 @@ const CONSECUTIVE_5XX: u32 = 5;
 const RETRIES: u32 = 2;
 
 /// `envoy.yaml` for the row.
-pub(super) fn config(c: &PeerConfig<'_>) -> String {
+pub(crate) fn config(c: &PeerConfig<'_>) -> String {
     let timeout = secs(c.timeout);
     let mut route = String::new();
     match c.setting {
@@ -120,7 +120,7 @@ pub(super) fn config(c: &PeerConfig<'_>) -> String {
 }
 
 /// Runs Envoy in the foreground on `conf` with two worker threads.
-pub(super) fn command(bin: &Path, dir: &Path, conf: &Path) -> Command {
+pub(crate) fn command(bin: &Path, dir: &Path, conf: &Path) -> Command {
     let mut cmd = Command::new(bin);
     cmd.arg("-c")
         .arg(conf)
@@ -134,7 +134,7 @@ pub(super) fn command(bin: &Path, dir: &Path, conf: &Path) -> Command {
 
 /// `envoy --mode validate`: checks `conf` without serving.
 #[cfg(test)]
-pub(super) fn check(bin: &Path, _dir: &Path, conf: &Path) -> Command {
+pub(crate) fn check(bin: &Path, _dir: &Path, conf: &Path) -> Command {
     let mut cmd = Command::new(bin);
     cmd.args(["--mode", "validate", "-l", "error", "-c"])
         .arg(conf);

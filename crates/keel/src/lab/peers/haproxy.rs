@@ -5,10 +5,10 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
 
-use super::{ms, PeerConfig, PeerStrategy, Setting, WORKERS};
+use super::plan::{ms, PeerConfig, PeerStrategy, Setting, WORKERS};
 
 /// `haproxy.cfg` for the row.
-pub(super) fn config(c: &PeerConfig<'_>) -> String {
+pub(crate) fn config(c: &PeerConfig<'_>) -> String {
     let mut s = String::new();
     let _ = write!(
         s,
@@ -67,7 +67,7 @@ pub(super) fn config(c: &PeerConfig<'_>) -> String {
 }
 
 /// Runs HAProxy in the foreground on `conf`.
-pub(super) fn command(bin: &Path, _dir: &Path, conf: &Path) -> Command {
+pub(crate) fn command(bin: &Path, _dir: &Path, conf: &Path) -> Command {
     let mut cmd = Command::new(bin);
     cmd.arg("-db").arg("-f").arg(conf);
     cmd
@@ -75,7 +75,7 @@ pub(super) fn command(bin: &Path, _dir: &Path, conf: &Path) -> Command {
 
 /// `haproxy -c`: checks `conf` without serving.
 #[cfg(test)]
-pub(super) fn check(bin: &Path, _dir: &Path, conf: &Path) -> Command {
+pub(crate) fn check(bin: &Path, _dir: &Path, conf: &Path) -> Command {
     let mut cmd = Command::new(bin);
     cmd.arg("-c").arg("-q").arg("-f").arg(conf);
     cmd

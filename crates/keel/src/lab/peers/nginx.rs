@@ -6,15 +6,15 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
 
-use super::{ms, PeerConfig, PeerStrategy, Setting, WORKERS};
+use super::plan::{ms, PeerConfig, PeerStrategy, Setting, WORKERS};
 
 /// NGINX's variable for the request-key header (`$http_` and the name with `_` for `-`).
-pub(super) fn header_variable() -> String {
+pub(crate) fn header_variable() -> String {
     format!("$http_{}", crate::lab::cases::REQUEST_KEY.replace('-', "_"))
 }
 
 /// `nginx.conf` for the row.
-pub(super) fn config(c: &PeerConfig<'_>) -> String {
+pub(crate) fn config(c: &PeerConfig<'_>) -> String {
     let dir = c.dir.display();
     let mut s = String::new();
     let _ = writeln!(
@@ -86,7 +86,7 @@ pub(super) fn config(c: &PeerConfig<'_>) -> String {
 }
 
 /// Runs NGINX in the foreground on `conf`.
-pub(super) fn command(bin: &Path, dir: &Path, conf: &Path) -> Command {
+pub(crate) fn command(bin: &Path, dir: &Path, conf: &Path) -> Command {
     let mut cmd = Command::new(bin);
     cmd.arg("-p")
         .arg(dir)
@@ -99,7 +99,7 @@ pub(super) fn command(bin: &Path, dir: &Path, conf: &Path) -> Command {
 
 /// `nginx -t`: checks `conf` without serving.
 #[cfg(test)]
-pub(super) fn check(bin: &Path, dir: &Path, conf: &Path) -> Command {
+pub(crate) fn check(bin: &Path, dir: &Path, conf: &Path) -> Command {
     let mut cmd = command(bin, dir, conf);
     cmd.arg("-t").arg("-q");
     cmd

@@ -7,7 +7,8 @@ use keel_model::analytic;
 
 use crate::lab::answer::Finding;
 
-use super::{Evidence, Peer, PeerCase, PeerRow, PeerStrategy, PeersReport, Setting};
+use super::plan::{Peer, PeerCase, PeerStrategy, Setting};
+use super::rows::{Evidence, PeerRow, PeersReport};
 
 /// The same for independent calls that each fail with probability `f`: E[index | failure].
 fn independent_failing_call(f: f64, k: u32) -> f64 {
@@ -40,7 +41,7 @@ fn failed_index(r: &PeerRow) -> usize {
 /// What moves a row off its closed form, when the closed form is outside its interval (and,
 /// for an all-calls round-robin row, whether the rotation showed, either way): the mechanism's
 /// sentence and the row's numbers it cites.
-pub(super) fn mechanism(
+pub(crate) fn mechanism(
     peer: Option<Peer>,
     case: &PeerCase,
     r: &PeerRow,
@@ -344,7 +345,7 @@ fn same_behaviour(r: &PeerRow) -> bool {
 
 /// Names, on each row, the other balancers' rows of the same case that measure the same
 /// behaviour and whose 95 % intervals do not overlap its own.
-pub(super) fn flag_disagreements(rows: &mut [PeerRow]) {
+pub(crate) fn flag_disagreements(rows: &mut [PeerRow]) {
     let mut flags: Vec<(usize, String)> = Vec::new();
     for (i, a) in rows.iter().enumerate() {
         for b in rows.iter() {
@@ -529,7 +530,7 @@ pub(crate) fn answer(report: &PeersReport) -> String {
     let _ = write!(
         s,
         " Every peer ran as operators run it, with {} workers.",
-        super::WORKERS
+        super::plan::WORKERS
     );
     if !report.skipped.is_empty() {
         let names: Vec<&str> = report.skipped.iter().map(|s| s.balancer.as_str()).collect();

@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use super::plan::{PeerConfig, Setting};
 use super::*;
 
 fn backends() -> Vec<SocketAddr> {
