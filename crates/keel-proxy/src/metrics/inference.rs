@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use super::{header, label, Histogram};
+use super::text::{header, label, Histogram};
 
 /// Models counted under their own name per cluster; the rest are `other`.
 pub const MAX_MODELS: usize = 16;
@@ -147,7 +147,7 @@ impl InferenceMetrics {
     pub fn view(&self) -> Vec<ModelView> {
         let mean_ms = |h: &Histogram| {
             let n = h.count();
-            (n > 0).then(|| h.sum_nanos.load(Relaxed) as f64 / 1e6 / n as f64)
+            (n > 0).then(|| h.sum_nanos() as f64 / 1e6 / n as f64)
         };
         self.seen()
             .map(|(name, s)| ModelView {

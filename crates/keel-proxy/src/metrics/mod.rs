@@ -15,55 +15,10 @@ use std::time::Duration;
 pub(crate) mod engine;
 pub(crate) mod inference;
 pub(crate) mod log_budget;
+pub(crate) mod text;
 
-/// Upper bounds of the latency histogram buckets, in seconds.
-pub const LATENCY_BUCKETS: [f64; 14] = [
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
-
-/// A latency histogram: one atomic per bucket (not cumulative), a count and a sum.
-#[derive(Debug, Default)]
-pub struct Histogram {
-    buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
-    sum_nanos: AtomicU64,
-}
-
-impl Histogram {
-    /// Records one observation.
-    pub fn observe(&self, d: Duration) {
-        let s = d.as_secs_f64();
-        let i = LATENCY_BUCKETS
-            .iter()
-            .position(|b| s <= *b)
-            .unwrap_or(LATENCY_BUCKETS.len());
-        self.buckets[i].fetch_add(1, Relaxed);
-        self.sum_nanos
-            .fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
-    }
-
-    /// Observations so far.
-    pub fn count(&self) -> u64 {
-        self.buckets.iter().map(|b| b.load(Relaxed)).sum()
-    }
-
-    /// Observations per bucket so far (not cumulative; the last one is above every bound).
-    pub(crate) fn buckets(&self) -> [u64; LATENCY_BUCKETS.len() + 1] {
-        std::array::from_fn(|i| self.buckets[i].load(Relaxed))
-    }
-
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let mut cumulative = 0;
-        for (i, le) in LATENCY_BUCKETS.iter().enumerate() {
-            cumulative += self.buckets[i].load(Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
-        }
-        cumulative += self.buckets[LATENCY_BUCKETS.len()].load(Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
-        let sum = self.sum_nanos.load(Relaxed) as f64 / 1e9;
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
-        let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
-    }
-}
+use text::header;
+pub use text::{label, Histogram, LATENCY_BUCKETS};
 
 /// Index of a status class: 0 = 1xx ... 4 = 5xx.
 pub fn class_index(status: u16) -> usize {
@@ -331,13 +286,6 @@ pub(crate) fn render_trace_spans(out: &mut String, c: &SpanCounters) {
     }
 }
 
-/// Escapes a Prometheus label value.
-pub fn label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
 /// One cluster's figures for the text rendering.
 pub struct ClusterView<'a> {
     /// Cluster name.
@@ -365,11 +313,6 @@ fn cluster_series<V: std::fmt::Display>(
     for c in clusters {
         let _ = writeln!(out, "{name}{{cluster=\"{}\"}} {}", label(c.name), value(c));
     }
-}
-
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
 /// Renders the Prometheus text exposition format (version 0.0.4).
