@@ -18,9 +18,9 @@
 //!   `F = 1 + (C - 1) (1 - e^{-h d / S})`. For a failure seen at once (`d -> 0`), `F = 1`: one
 //!   failed try in all, at most one per group. Open loop at `lambda` requests per second:
 //!   `F = 1 + lambda h d`.
-//! - **Who sees them.** A 500 or a hang is the client's failure (a POST is not retried once
-//!   sent); a refused connection is retried at once on the next-best engine (the engine cannot
-//!   have acted), so the client sees none.
+//! - **Who sees them.** A 500 is the client's failure (an answer, not retried); a hang ends at
+//!   the per-try timeout before its answer began and a refused connection at once, and keel
+//!   retries both on the next-best engine, so the client sees none.
 //! - **Hits lost.** Each of the `H` held groups misses its prefix once, on its first request at
 //!   its new engine (the compulsory miss of a cold cache, when the survivors' caches hold the
 //!   moved groups): `L = H` requests, `H x` the prefix's cached tokens. With an even partition

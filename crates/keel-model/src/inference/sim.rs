@@ -104,9 +104,9 @@ pub struct SimReport {
 
 /// An engine that fails during a run: after `after` requests the engine that served group 0's
 /// last request fails, the way keel's proxy meets it. A hung try ends in a failure at the
-/// per-try `timeout`, a 500 (`ServerError`) after its delay, and both reach the client (a POST
-/// is not retried once sent); a refused connection fails at once and the request is picked
-/// again with that engine avoided, as the proxy retries it. Requests already on the engine
+/// per-try `timeout` (its answer never began, so the proxy retries it: the client sees none), a
+/// 500 (`ServerError`) after its delay reaches the client; a refused connection fails at once
+/// and the request is picked again with that engine avoided, as the proxy retries it. Requests already on the engine
 /// finish (the testbed's engine fails new requests only).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Fault {
@@ -397,7 +397,12 @@ pub fn run_with_fault(
             Due::Failed(id) => {
                 let f = flights.remove(&id).expect("a failing try in flight");
                 lb.finish(f.pick, Outcome::Failure, now);
-                if let Some(r) = failed.as_mut() {
+                // A hung try ends at its timeout before its answer began, so the proxy retries
+                // it: no failure for the client. The retry is modelled as the client's next
+                // request (its group drawn again), which leaves failed tries and misses as
+                // they are. A 500 is an answer, and is the client's.
+                let retried = fault.is_some_and(|x| x.mode == FailureMode::Hang);
+                if let (Some(r), false) = (failed.as_mut(), retried) {
                     r.failed_requests += 1;
                 }
                 if let Arrivals::Clients(_) = c.arrivals {
@@ -698,7 +703,7 @@ mod tests {
                 clients: 2,
                 cycle,
                 detection,
-                retried: mode == FailureMode::Refuse,
+                retried: matches!(mode, FailureMode::Refuse | FailureMode::Hang),
             }
             .cost();
             eprintln!(

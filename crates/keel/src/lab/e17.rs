@@ -142,7 +142,7 @@ impl Experiment for E17 {
                 clients: CLIENTS,
                 cycle,
                 detection,
-                retried: mode == FailureMode::Refuse,
+                retried: matches!(mode, FailureMode::Refuse | FailureMode::Hang),
             }
             .cost();
             let s = simulate(&spec, &w, mode, warm, lab.seed)?;
@@ -444,7 +444,8 @@ fn answer_text(r: &E17Report) -> String {
              at most {} for one group), then each of the {:.0} groups it held misses its prefix \
              once while it warms elsewhere ({:.0} measured, {:.1} simulated). A hang costs the \
              tries started before its {:.0} ms timeout: {:.1} measured, {:.1} simulated, \
-             {:.2} by the closed form 1 + (C - 1)(1 - e^(-h d / S)).",
+             {:.2} by the closed form 1 + (C - 1)(1 - e^(-h d / S)); their answers never \
+             began, so keel retried them: the clients saw {:.0} failures.",
             e.failed_tries[2],
             e.failed_tries[1],
             e.failed_tries[0],
@@ -456,6 +457,7 @@ fn answer_text(r: &E17Report) -> String {
             h.failed_tries[2],
             h.failed_tries[1],
             h.failed_tries[0],
+            h.client_failures[2],
         );
     }
     if let Some(x) = row("refuse") {
