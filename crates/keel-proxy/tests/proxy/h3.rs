@@ -515,17 +515,27 @@ fn h3_needs_a_tls_listener_without_proxy_protocol() {
 async fn a_listener_without_its_udp_port_announces_no_h3() {
     let pki = Pki::generate("udp-taken");
     let (echo, _e) = echo_server().await;
-    let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let port = taken.local_addr().unwrap().port();
-    let text = format!(
-        "[[listener]]\nlisten = \"127.0.0.1:{port}\"\ncluster = \"echo\"\nh3 = true\n\
-         [listener.tls]\ncert = {cert}\nkey = {key}\n\n\
-         [[cluster]]\nname = \"echo\"\nendpoints = [{{ address = \"{echo}\" }}]\n",
-        cert = pki.toml("server.pem"),
-        key = pki.toml("server.key"),
-    );
-    let config = ProxyConfig::from_toml_str(&text, "test.toml").unwrap();
-    let proxy = keel_proxy::start(config).await.unwrap();
+    // A UDP port held here, and keel's TCP listener on the same number. Another test may hold
+    // that number in TCP: then try another.
+    let mut tries = 0;
+    let (proxy, port, taken) = loop {
+        tries += 1;
+        let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let text = format!(
+            "[[listener]]\nlisten = \"127.0.0.1:{port}\"\ncluster = \"echo\"\nh3 = true\n\
+             [listener.tls]\ncert = {cert}\nkey = {key}\n\n\
+             [[cluster]]\nname = \"echo\"\nendpoints = [{{ address = \"{echo}\" }}]\n",
+            cert = pki.toml("server.pem"),
+            key = pki.toml("server.key"),
+        );
+        let config = ProxyConfig::from_toml_str(&text, "test.toml").unwrap();
+        match keel_proxy::start(config).await {
+            Ok(proxy) => break (proxy, port, taken),
+            Err(e) if tries < 20 => eprintln!("port {port} taken in TCP ({e}); another"),
+            Err(e) => panic!("no port free in both UDP and TCP after 20 tries: {e}"),
+        }
+    };
     let addr = proxy.listener_addrs()[0];
     let mut h2 = h2_connect(&pki, addr).await;
     let url = format!("https://localhost:{port}/echo");
