@@ -21,8 +21,8 @@
 //! A failed call (refused, reset, timed out, a 5xx: the driver's `Outcome::Failure`; never a
 //! 4xx) drops the endpoint's estimate (a restarted engine has lost its cache) and passes the
 //! endpoint over for [`FAILED_PASS_OVER`] unless every other endpoint is full or unavailable,
-//! or until one of its calls picked after the failure succeeds: the prefix moves to its next-best endpoint after one
-//! failed try, not after the ten an outlier detector may need. After that the emptied estimate
+//! or until one of its calls picked after the failure succeeds: the prefix moves to its
+//! next-best endpoint after one failed try, not after the ten an outlier detector may need. After that the emptied estimate
 //! takes new prefixes first, so a still-failing engine costs each new prefix at most one
 //! failed try per period.
 //!

@@ -125,19 +125,10 @@ impl UpstreamResponse {
             add_vary(&mut headers);
             return this;
         };
-        let (mut head, body) = match self {
-            UpstreamResponse::H1(conn, mut head) => {
-                match crate::codec::response::parts(out, &mut head) {
-                    Ok(parts) => (parts, ResponseBody::H1(H1Body::new(conn, &head))),
-                    // The leg wrote the head: it converts. Should it not, it goes as it is.
-                    Err(()) => return UpstreamResponse::H1(conn, head),
-                }
-            }
-            UpstreamResponse::H2(mut r) => {
-                let empty = hyper::Response::new(()).into_parts().0;
-                (std::mem::replace(&mut r.head, empty), ResponseBody::H2(r))
-            }
-            UpstreamResponse::Transformed(t) => *t,
+        // The leg wrote the head: it converts. Should it not, the answer goes as it is.
+        let (mut head, body) = match self.into_parts(out) {
+            Ok(parts) => parts,
+            Err(this) => return this,
         };
         let encoder = match c.encoder(coding) {
             Ok(e) => e,
@@ -185,18 +176,10 @@ impl UpstreamResponse {
         if !(200..300).contains(&self.status()) {
             return self;
         }
-        let (mut head, body) = match self {
-            UpstreamResponse::H1(conn, mut head) => {
-                match crate::codec::response::parts(out, &mut head) {
-                    Ok(parts) => (parts, ResponseBody::H1(H1Body::new(conn, &head))),
-                    Err(()) => return UpstreamResponse::H1(conn, head),
-                }
-            }
-            UpstreamResponse::H2(mut r) => {
-                let empty = hyper::Response::new(()).into_parts().0;
-                (std::mem::replace(&mut r.head, empty), ResponseBody::H2(r))
-            }
-            UpstreamResponse::Transformed(t) => *t,
+        // The leg wrote the head: it converts. Should it not, the answer goes as it is.
+        let (mut head, body) = match self.into_parts(out) {
+            Ok(parts) => parts,
+            Err(this) => return this,
         };
         let h = &mut head.headers;
         let coded = h
@@ -251,16 +234,18 @@ impl UpstreamResponse {
     /// The response as every renderer but the HTTP/1.1 front end's zero-copy relay takes it:
     /// its head as status and headers (an HTTP/1.1 endpoint's read back from the head the leg
     /// wrote into `out`, its length as `content-length`), and its body as one stream of
-    /// frames. `Err`: an HTTP/1.1 head that does not convert (the leg wrote it, so it does).
+    /// frames. `Err`: an HTTP/1.1 head that does not convert (the leg wrote it, so it does),
+    /// given back as it was (large, but only moved in a case that does not happen).
+    #[allow(clippy::result_large_err)]
     pub fn into_parts(
         self,
         out: &[u8],
-    ) -> Result<(hyper::http::response::Parts, ResponseBody), RawConn> {
+    ) -> Result<(hyper::http::response::Parts, ResponseBody), Self> {
         match self {
             UpstreamResponse::H1(conn, mut head) => {
                 match crate::codec::response::parts(out, &mut head) {
                     Ok(parts) => Ok((parts, ResponseBody::H1(H1Body::new(conn, &head)))),
-                    Err(()) => Err(conn),
+                    Err(()) => Err(UpstreamResponse::H1(conn, head)),
                 }
             }
             UpstreamResponse::H2(mut r) => {

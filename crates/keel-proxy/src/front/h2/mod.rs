@@ -369,7 +369,7 @@ async fn handle(
     };
     match response.into_parts(&out) {
         Ok((head, body)) => upstream_response(head, body, tail, pump, active, scope),
-        Err(_conn) => {
+        Err(_) => {
             // The leg wrote this head itself: it always converts. Should it not, the pick
             // is finished as the endpoint's failure.
             let cluster = tail.cluster.clone();

@@ -375,7 +375,7 @@ async fn handle(
     let _ = response.rest_of_request();
     match response.into_parts(&out) {
         Ok((head, body)) => upstream_response(head, body, tail, None, active, scope),
-        Err(_conn) => {
+        Err(_) => {
             let cluster = tail.cluster.clone();
             tail.end(BodyEnd::UpstreamFailed, None);
             let own = answer::unforwardable("the endpoint's response head could not be forwarded");
