@@ -254,7 +254,7 @@ impl Shared {
         }
         for c in &routing.clusters {
             let engine = crate::upstream::signals::spawn(c, &self.runtime);
-            for t in crate::upstream::health::spawn(c, &self.runtime)
+            for t in crate::control::health::spawn(c, &self.runtime)
                 .into_iter()
                 .chain(engine)
             {
@@ -274,7 +274,7 @@ impl Shared {
             other
         });
         let engine = crate::upstream::signals::spawn(cluster, &self.runtime);
-        for t in crate::upstream::health::spawn(cluster, &self.runtime)
+        for t in crate::control::health::spawn(cluster, &self.runtime)
             .into_iter()
             .chain(engine)
         {

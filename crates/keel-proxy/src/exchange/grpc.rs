@@ -1,6 +1,6 @@
 //! gRPC as keel meets it: the status codes it uses, and its own failures rendered as gRPC
 //! statuses (an HTTP 200 whose trailers carry `grpc-status`, never a bare 502 a gRPC client
-//! cannot read). The health check `grpc.health.v1.Health/Check` is `upstream::grpc_health`.
+//! cannot read). The health check `grpc.health.v1.Health/Check` is `control::grpc_health`.
 
 use hyper::http::{HeaderMap, HeaderValue};
 

@@ -2,19 +2,16 @@
 //! balancer ([`cluster`]), what discovery found for it ([`discovered`]), how its shared outlier
 //! evidence is going ([`evidence`]), connection pools
 //! ([`pool`], [`h2_conns`]), the HTTP/1.1 client the legs, health checks and probes share
-//! ([`h1_client`]), active health checks ([`health`], [`grpc_health`]) and load probes
-//! ([`probe`]).
+//! ([`h1_client`]), load probes ([`probe`]) and engine signals ([`signals`]). Active health
+//! checks, which run beside the requests and never on their path, are in `control/`.
 
 pub(crate) mod cluster;
 pub(crate) mod discovered;
 // Without etcd nothing publishes or exchanges evidence.
 #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
 pub(crate) mod evidence;
-pub(crate) mod grpc_health;
 pub(crate) mod h1_client;
 pub(crate) mod h2_conns;
-pub(crate) mod health;
-pub(crate) mod health_error;
 pub(crate) mod pool;
 pub(crate) mod probe;
 pub(crate) mod signals;

@@ -4,8 +4,8 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use hyper::http::{Request, Uri};
 
+use crate::control::health_error::CheckFailed;
 use crate::upstream::cluster::EndpointEntry;
-use crate::upstream::health_error::CheckFailed;
 
 /// A gRPC message frame: not compressed, its length, the bytes.
 fn frame(message: &[u8]) -> Bytes {

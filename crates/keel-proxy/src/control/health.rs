@@ -13,8 +13,8 @@ use std::sync::Arc;
 use tokio::task::JoinHandle;
 
 use crate::config::{HealthCheckConfig, HealthCheckKind, UpstreamProtocol};
+use crate::control::health_error::CheckFailed;
 use crate::upstream::cluster::{Cluster, EndpointEntry};
-use crate::upstream::health_error::CheckFailed;
 
 /// Starts one checker task per endpoint of the cluster (none without `[health_check]`), and
 /// with outlier detection a task that logs ejections as they end.
@@ -65,7 +65,7 @@ async fn probe(
     let timeout = hc.timeout;
     let work = async {
         if hc.kind == HealthCheckKind::Grpc {
-            return crate::upstream::grpc_health::probe(entry, tls, &hc.service).await;
+            return crate::control::grpc_health::probe(entry, tls, &hc.service).await;
         }
         let mut conn = entry
             .pool
