@@ -13,7 +13,7 @@ use tokio::time::Sleep;
 
 use crate::config::HashOn;
 use crate::driver::answer::{Answer, OwnAnswer, Upstream};
-use crate::driver::{drive, Driven};
+use crate::driver::{drive, Driven, DriverRequest};
 use crate::exchange::error::Cause;
 use crate::exchange::head::RequestHeaders;
 use crate::exchange::request::{BodyFraming, Client, RequestBody, RequestHead};
@@ -233,21 +233,15 @@ async fn forward_once<B: RequestBody>(
     // Read as an OpenAI request: its model named, or its prompt found.
     let openai = named || !prefix.is_empty();
     let mut leg = HttpLeg::new(cluster, head, meta, &mut body, out).openai(openai);
-    match drive(
-        cluster,
-        client,
-        req.start,
-        req.limits,
+    let asked = DriverRequest {
         hash,
         prefix,
-        &mut leg,
-        timer,
-        req.body_progress,
-        pin.flatten(),
+        body_progress: req.body_progress,
+        pin: pin.flatten(),
         trace,
-    )
-    .await
-    {
+        ..DriverRequest::new(cluster, client, req.start, req.limits)
+    };
+    match drive(asked, &mut leg, timer).await {
         Driven::Won(mut response, mut tail) => {
             if let Some((rw, vars)) = &rewrites {
                 let endpoint = cluster.endpoints[tail.endpoint].authority.as_str();
@@ -361,20 +355,8 @@ async fn mirror_once(
         OwnedHead::Map(parts) => RequestHeaders::Map(parts),
     };
     let mut leg = HttpLeg::new(&m.cluster, headers, meta, &mut body, &mut out);
-    let driven = drive(
-        &m.cluster,
-        client,
-        start,
-        m.limits,
-        None,
-        &[],
-        &mut leg,
-        &mut timer,
-        None,
-        None,
-        None,
-    )
-    .await;
+    let asked = DriverRequest::new(&m.cluster, client, start, m.limits);
+    let driven = drive(asked, &mut leg, &mut timer).await;
     let (response, tail) = match driven {
         Driven::Won(response, tail) => (response, tail),
         Driven::Own(_) => return MirrorResult::Failed,

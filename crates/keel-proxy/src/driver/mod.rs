@@ -47,27 +47,69 @@ pub(crate) enum Driven<W> {
     Own(OwnAnswer),
 }
 
+/// What [`drive`] needs of a request besides its leg: where it goes, who asked, when, within
+/// which limits, and what steers the pick.
+pub(crate) struct DriverRequest<'a> {
+    pub cluster: &'a Arc<Cluster>,
+    pub client: &'a Client,
+    pub start: Instant,
+    pub limits: Limits,
+    /// The hash key, for a cluster that hashes.
+    pub hash: Option<u64>,
+    /// The prompt's block names (a `prefix-affinity` cluster), for every pick.
+    pub prefix: &'a [u64],
+    /// How much of a streamed request body has been sent (a try that sent part of it cannot
+    /// be retried).
+    pub body_progress: Option<&'a crate::io::BodyProgress>,
+    /// The endpoint token of a sticky session, tried first while its endpoint may take the
+    /// call.
+    pub pin: Option<u64>,
+    /// The request's trace (`[tracing]`), whose span each try's `traceparent` is a child of,
+    /// with a span id of its own.
+    pub trace: Option<Box<Trace>>,
+}
+
+impl<'a> DriverRequest<'a> {
+    /// A request with no hash key, prompt, body progress, pin or trace.
+    pub(crate) fn new(
+        cluster: &'a Arc<Cluster>,
+        client: &'a Client,
+        start: Instant,
+        limits: Limits,
+    ) -> Self {
+        DriverRequest {
+            cluster,
+            client,
+            start,
+            limits,
+            hash: None,
+            prefix: &[],
+            body_progress: None,
+            pin: None,
+            trace: None,
+        }
+    }
+}
+
 /// The one attempt loop: `max_in_flight`, then picks (avoiding the endpoints tried, with the
 /// hash key if any) and tries on `leg` within the per-try and request deadlines, finishing
-/// each failed try's pick and retrying while it is safe and the budget allows. `pin`: the
-/// endpoint token of a sticky session, tried first while its endpoint may take the call.
-/// `prefix`: the prompt's block names (a `prefix-affinity` cluster), for every pick.
-/// `trace`: the request's trace (`[tracing]`), whose span each try's `traceparent` is a child
-/// of, with a span id of its own.
-#[allow(clippy::too_many_arguments)]
+/// each failed try's pick and retrying while it is safe and the budget allows.
 pub(crate) async fn drive<L: Leg>(
-    cluster: &Arc<Cluster>,
-    client: &Client,
-    start: Instant,
-    limits: Limits,
-    hash: Option<u64>,
-    prefix: &[u64],
+    req: DriverRequest<'_>,
     leg: &mut L,
     timer: &mut Pin<Box<Sleep>>,
-    body_progress: Option<&crate::io::BodyProgress>,
-    pin: Option<u64>,
-    trace: Option<Box<Trace>>,
 ) -> Driven<L::Won> {
+    let DriverRequest {
+        cluster,
+        client,
+        start,
+        limits,
+        hash,
+        prefix,
+        body_progress,
+        pin,
+        trace,
+    } = req;
     let Some(guard) = DownstreamGuard::try_new(
         &cluster.metrics,
         start,

@@ -17,7 +17,7 @@ use tokio::time::Sleep;
 use crate::config::{ClusterConfig, ErrorDetail};
 use crate::driver::account::DownstreamGuard;
 use crate::driver::leg::{Leg, Race, Tried, TryResult};
-use crate::driver::{drive, Driven};
+use crate::driver::{drive, Driven, DriverRequest};
 use crate::exchange::error::{Cause, ErrorKind, TryError, TryFailure};
 use crate::exchange::request::{Client, Reject};
 use crate::exchange::trace::{parse_traceparent, Trace, TraceParent};
@@ -199,20 +199,12 @@ async fn run_traced(cluster: &Arc<Cluster>, leg: &mut FakeLeg, trace: Option<Tra
     let limits = Limits::new(&cluster.config, None, None);
     let start = crate::io::now();
     let mut timer = crate::io::idle_timer();
-    let driven = drive(
-        cluster,
-        &client(),
-        start,
-        limits,
-        None,
-        &[],
-        leg,
-        &mut timer,
-        None,
-        None,
-        trace.map(Box::new),
-    )
-    .await;
+    let client = client();
+    let asked = DriverRequest {
+        trace: trace.map(Box::new),
+        ..DriverRequest::new(cluster, &client, start, limits)
+    };
+    let driven = drive(asked, leg, &mut timer).await;
     Outcome {
         driven,
         took: crate::io::since(start),

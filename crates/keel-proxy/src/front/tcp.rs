@@ -43,19 +43,11 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     };
     let mut timer = crate::io::idle_timer();
     let started = Instant::now();
-    let driven = driver::drive(
-        &cluster,
-        client,
-        started,
-        target.limits,
+    let asked = driver::DriverRequest {
         hash,
-        &[],
-        &mut leg,
-        &mut timer,
-        None,
-        None,
-        None,
-    );
+        ..driver::DriverRequest::new(&cluster, client, started, target.limits)
+    };
+    let driven = driver::drive(asked, &mut leg, &mut timer);
     match driven.await {
         // Counted and logged (TCP has no access-log line); a TCP client only sees the close.
         Driven::Own(own) => Record {
