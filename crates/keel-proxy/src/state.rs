@@ -53,7 +53,9 @@ impl std::fmt::Display for ReloadError {
 
 impl std::error::Error for ReloadError {}
 
-/// State shared by listeners, the admin listener and the handle.
+/// State shared by listeners, the admin listener and the handle. What one room owns is in its
+/// own part: [`ControlState`] (the control plane's tasks and reloads) and [`Listening`] (the
+/// sockets, workers and stop flags that `serve/` keeps); the rest is read by every room.
 pub(crate) struct Shared {
     pub epoch: Instant,
     pub routing: ArcSwap<Routing>,
@@ -63,6 +65,18 @@ pub(crate) struct Shared {
     /// Threads serving connections (1 when they are served on `runtime`): the number of
     /// per-thread stacks in each endpoint's pool.
     pub workers: usize,
+    /// Itself, for the tasks that apply what discovery finds (weak: they do not keep the proxy
+    /// alive).
+    pub me: std::sync::Weak<Shared>,
+    /// The access log, if configured; swapped by reload.
+    pub access_log: ArcSwapOption<crate::observe::access_log::AccessLog>,
+    pub control: ControlState,
+    pub listening: Listening,
+}
+
+/// What `control/` owns: the tasks it runs beside the requests, what they hold, and the reloads.
+#[derive(Default)]
+pub(crate) struct ControlState {
     /// Health-check tasks of the current clusters, by cluster name (cold path only).
     pub health_tasks: Mutex<Vec<(String, JoinHandle<()>)>>,
     /// Discovery state by cluster name.
@@ -73,13 +87,15 @@ pub(crate) struct Shared {
     pub evidence: Mutex<HashMap<String, Arc<crate::upstream::evidence::Evidence>>>,
     /// The evidence exchange tasks of the current clusters.
     pub evidence_tasks: Mutex<Vec<JoinHandle<()>>>,
-    /// Itself, for the tasks that apply what discovery finds (weak: they do not keep the proxy
-    /// alive).
-    pub me: std::sync::Weak<Shared>,
     /// Serializes reloads.
     pub reload_lock: Mutex<()>,
     pub reloads: AtomicU64,
     pub reload_failures: AtomicU64,
+}
+
+/// What `serve/` owns: the listening sockets, the admin slot, the workers' connections and the
+/// stop flags.
+pub(crate) struct Listening {
     /// The listeners in force, in configuration order.
     pub listeners: ArcSwap<Vec<Arc<ListenerSlot>>>,
     /// Every listener this process bound, by [`ListenerSlot::index`] (removed ones included,
@@ -87,8 +103,6 @@ pub(crate) struct Shared {
     pub all_listeners: ArcSwap<Vec<Arc<ListenerSlot>>>,
     /// The admin listener in force.
     pub admin: Mutex<Option<AdminSlot>>,
-    /// The access log, if configured; swapped by reload.
-    pub access_log: ArcSwapOption<crate::observe::access_log::AccessLog>,
     /// Client connections open on each worker thread (empty without workers).
     pub worker_connections: Arc<[AtomicUsize]>,
     /// Hands accepted connections to the workers (`None`: served on `runtime`).
@@ -161,7 +175,7 @@ pub(crate) use crate::metrics::{mark_connection, ConnKind, CONN_KIND};
 impl Shared {
     /// Counts a `404` for want of a route on listener `index`.
     pub fn count_not_found(&self, index: usize) {
-        if let Some(l) = self.all_listeners.load().get(index) {
+        if let Some(l) = self.listening.all_listeners.load().get(index) {
             l.not_found.fetch_add(1, Relaxed);
         }
     }
@@ -397,8 +411,19 @@ pub(crate) fn log_drained(what: &str, slots: &[Arc<ListenerSlot>]) {
 impl Shared {
     /// The addresses this process listens on: its listeners (those in force) and its admin.
     pub(crate) fn own_addrs(&self) -> Vec<SocketAddr> {
-        let mut own: Vec<SocketAddr> = self.listeners.load().iter().map(|l| l.addr).collect();
-        if let Some(a) = &*self.admin.lock().unwrap_or_else(|e| e.into_inner()) {
+        let mut own: Vec<SocketAddr> = self
+            .listening
+            .listeners
+            .load()
+            .iter()
+            .map(|l| l.addr)
+            .collect();
+        if let Some(a) = &*self
+            .listening
+            .admin
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+        {
             own.push(a.addr);
         }
         own

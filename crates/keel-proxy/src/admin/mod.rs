@@ -150,7 +150,7 @@ pub(crate) fn status_json(shared: &Shared, recent: &Recent) -> serde_json::Value
             })
         })
         .collect();
-    let live = shared.listeners.load();
+    let live = shared.listening.listeners.load();
     let listeners: Vec<_> = config
         .listeners
         .iter()
@@ -215,8 +215,8 @@ pub(crate) fn status_json(shared: &Shared, recent: &Recent) -> serde_json::Value
         "ready": not_ready(shared).is_none(),
         "access_log": access_log,
         "config_file": config.source.as_ref().map(|p| p.display().to_string()),
-        "reloads": shared.reloads.load(Relaxed),
-        "reload_failures": shared.reload_failures.load(Relaxed),
+        "reloads": shared.control.reloads.load(Relaxed),
+        "reload_failures": shared.control.reload_failures.load(Relaxed),
         "listeners": listeners,
         "clusters": clusters,
     })
@@ -233,6 +233,7 @@ fn rfc3339(t: std::time::SystemTime) -> String {
 /// through etcd now or the proxy judges on its own outcomes only, and why.
 fn evidence_json(shared: &Shared, cluster: &str) -> serde_json::Value {
     let found = shared
+        .control
         .evidence
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -256,6 +257,7 @@ fn evidence_json(shared: &Shared, cluster: &str) -> serde_json::Value {
 /// A cluster's discovery: its source and how its refreshes went (`null` without discovery).
 fn discovery_json(shared: &Shared, cluster: &str) -> serde_json::Value {
     let found = shared
+        .control
         .discovery
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -311,12 +313,12 @@ fn metrics_text(shared: &Shared) -> String {
         .collect();
     let mut out = metrics::render(
         &views,
-        shared.reloads.load(Relaxed),
-        shared.reload_failures.load(Relaxed),
+        shared.control.reloads.load(Relaxed),
+        shared.control.reload_failures.load(Relaxed),
     );
     // A listener is labelled by its bound address (a port 0 is the one it got), from its slot:
     // the route tables are by slot index.
-    let slots = shared.all_listeners.load();
+    let slots = shared.listening.all_listeners.load();
     let bound: Vec<String> = (0..routing.listeners.len())
         .map(|i| {
             slots
@@ -344,7 +346,11 @@ fn metrics_text(shared: &Shared) -> String {
     }
     {
         use std::fmt::Write as _;
-        let discovery = shared.discovery.lock().unwrap_or_else(|e| e.into_inner());
+        let discovery = shared
+            .control
+            .discovery
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if !discovery.is_empty() {
             out.push_str("# HELP keel_discovery_errors_total Discovery refreshes that failed (resolver error, timeout, NXDOMAIN, empty answer, unreadable file); the last known endpoints stayed.\n# TYPE keel_discovery_errors_total counter\n");
             let mut names: Vec<_> = discovery.iter().collect();
@@ -370,7 +376,11 @@ fn metrics_text(shared: &Shared) -> String {
     }
     {
         use std::fmt::Write as _;
-        let evidence = shared.evidence.lock().unwrap_or_else(|e| e.into_inner());
+        let evidence = shared
+            .control
+            .evidence
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if !evidence.is_empty() {
             out.push_str("# HELP keel_shared_evidence_connected 1 while a cluster's outlier evidence is exchanged through etcd; 0 while the proxy judges on its own outcomes only.\n# TYPE keel_shared_evidence_connected gauge\n");
             let mut names: Vec<_> = evidence.iter().collect();
@@ -394,10 +404,10 @@ fn metrics_text(shared: &Shared) -> String {
             }
         }
     }
-    if !shared.worker_connections.is_empty() {
+    if !shared.listening.worker_connections.is_empty() {
         use std::fmt::Write as _;
         out.push_str("# HELP keel_worker_connections Client connections open on each worker thread (new ones go to the worker with the fewest).\n# TYPE keel_worker_connections gauge\n");
-        for (w, n) in shared.worker_connections.iter().enumerate() {
+        for (w, n) in shared.listening.worker_connections.iter().enumerate() {
             let _ = writeln!(
                 out,
                 "keel_worker_connections{{worker=\"{w}\"}} {}",
@@ -409,7 +419,7 @@ fn metrics_text(shared: &Shared) -> String {
     {
         use std::fmt::Write as _;
         out.push_str("# HELP keel_no_route_total Requests answered 404 because no route matched on a listener without a cluster.\n# TYPE keel_no_route_total counter\n");
-        for l in shared.listeners.load().iter() {
+        for l in shared.listening.listeners.load().iter() {
             let _ = writeln!(
                 out,
                 "keel_no_route_total{{listener=\"{}\"}} {}",
@@ -428,7 +438,7 @@ fn metrics_text(shared: &Shared) -> String {
             log.dropped()
         );
     }
-    let live = shared.listeners.load();
+    let live = shared.listening.listeners.load();
     let tls: Vec<_> = config
         .listeners
         .iter()
@@ -718,10 +728,14 @@ fn probe(shared: &Shared, req: &Request<Incoming>) -> Option<Response<Full<Bytes
 
 /// Why `/ready` fails now, if it does.
 fn not_ready(shared: &Shared) -> Option<String> {
-    if shared.stopping.load(Relaxed) || shared.leaving.load(Relaxed) {
+    if shared.listening.stopping.load(Relaxed) || shared.listening.leaving.load(Relaxed) {
         return Some("draining\n".into());
     }
-    let discovery = shared.discovery.lock().unwrap_or_else(|e| e.into_inner());
+    let discovery = shared
+        .control
+        .discovery
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     let mut waiting: Vec<&str> = discovery
         .iter()
         .filter(|(_, d)| d.state().endpoints.is_none())

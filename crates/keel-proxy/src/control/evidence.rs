@@ -56,6 +56,7 @@ impl Shared {
     /// (Re)starts one evidence task per cluster with `shared` outlier detection.
     pub(crate) fn restart_evidence(&self) {
         let mut tasks = self
+            .control
             .evidence_tasks
             .lock()
             .unwrap_or_else(|e| e.into_inner());
@@ -63,7 +64,11 @@ impl Shared {
             t.abort();
         }
         let config = self.config.load();
-        let mut states = self.evidence.lock().unwrap_or_else(|e| e.into_inner());
+        let mut states = self
+            .control
+            .evidence
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let mut now = std::collections::HashMap::new();
         let (Some(etcd), Some(name)) = (&config.etcd, &config.name) else {
             *states = now;

@@ -58,7 +58,7 @@ impl Shared {
             .chain(previous.map(|p| p.listeners.len()))
             .max()
             .unwrap_or(0);
-        let all = self.all_listeners.load();
+        let all = self.listening.all_listeners.load();
         let none = Arc::new(ListenerRoutes::none());
         let mut out: Vec<Arc<ListenerRoutes>> = (0..len)
             .map(|i| {
@@ -84,7 +84,12 @@ impl Shared {
 
     /// The indexes of the listeners in force, in configuration order.
     pub(crate) fn live_indexes(&self) -> Vec<usize> {
-        self.listeners.load().iter().map(|l| l.index).collect()
+        self.listening
+            .listeners
+            .load()
+            .iter()
+            .map(|l| l.index)
+            .collect()
     }
 
     /// Builds what requests see from `config`; a cluster with discovery gets the endpoints
@@ -122,7 +127,11 @@ impl Shared {
     /// change; a new file source is read at once (DNS sources are first resolved by their
     /// task).
     pub(crate) fn sync_discovery(&self, config: &ProxyConfig) -> HashMap<String, Arc<Discovered>> {
-        let old = self.discovery.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self
+            .control
+            .discovery
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let mut now = HashMap::new();
         for c in &config.clusters {
             let Some(d) = &c.discovery else { continue };
@@ -149,6 +158,7 @@ impl Shared {
     /// Puts `discovered` in force and (re)starts one discovery task per cluster that has it.
     pub(crate) fn restart_discovery(&self, discovered: HashMap<String, Arc<Discovered>>) {
         let mut tasks = self
+            .control
             .discovery_tasks
             .lock()
             .unwrap_or_else(|e| e.into_inner());
@@ -157,7 +167,11 @@ impl Shared {
         }
         // In force before the tasks start: a set they find is applied only to the current
         // source (and it is recorded once, so one found too early would be lost).
-        *self.discovery.lock().unwrap_or_else(|e| e.into_inner()) = discovered.clone();
+        *self
+            .control
+            .discovery
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = discovered.clone();
         let etcd = self.config.load().etcd.clone();
         for (name, d) in discovered {
             let me = self.me.clone();
@@ -183,9 +197,14 @@ impl Shared {
         discovered: &Arc<Discovered>,
         set: Vec<EndpointSpec>,
     ) {
-        let _serial = self.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _serial = self
+            .control
+            .reload_lock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         // A reload may have replaced the source since this set was found.
         let current = self
+            .control
             .discovery
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -248,7 +267,11 @@ impl Shared {
     }
 
     pub(crate) fn restart_health_checks(&self, routing: &Routing) {
-        let mut tasks = self.health_tasks.lock().unwrap_or_else(|e| e.into_inner());
+        let mut tasks = self
+            .control
+            .health_tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         for (_, t) in tasks.drain(..) {
             t.abort();
         }
@@ -265,7 +288,11 @@ impl Shared {
 
     /// Restarts the health checks of one cluster (rebuilt by discovery).
     pub(crate) fn restart_health_checks_of(&self, cluster: &Arc<Cluster>) {
-        let mut tasks = self.health_tasks.lock().unwrap_or_else(|e| e.into_inner());
+        let mut tasks = self
+            .control
+            .health_tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         tasks.retain(|(name, t)| {
             let other = name != cluster.name();
             if !other {
@@ -291,7 +318,7 @@ impl Shared {
         match ProxyConfig::from_file(&path) {
             Ok(config) => self.reload(config).map_err(ReloadError::Refused),
             Err(e) => {
-                self.reload_failures.fetch_add(1, Relaxed);
+                self.control.reload_failures.fetch_add(1, Relaxed);
                 tracing::error!("configuration reload refused, the old one keeps serving: {e}");
                 Err(ReloadError::Refused(e.into()))
             }
@@ -301,15 +328,19 @@ impl Shared {
     /// Validates that the new configuration can be applied to the running listeners, then
     /// swaps it in.
     pub fn reload(&self, config: ProxyConfig) -> anyhow::Result<()> {
-        let _serial = self.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _serial = self
+            .control
+            .reload_lock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let result = self.try_reload(config);
         match &result {
             Ok(()) => {
-                self.reloads.fetch_add(1, Relaxed);
+                self.control.reloads.fetch_add(1, Relaxed);
                 tracing::info!("configuration reloaded");
             }
             Err(e) => {
-                self.reload_failures.fetch_add(1, Relaxed);
+                self.control.reload_failures.fetch_add(1, Relaxed);
                 tracing::error!("configuration reload refused, the old one keeps serving: {e:#}");
             }
         }
@@ -317,18 +348,18 @@ impl Shared {
     }
 
     pub(crate) fn try_reload(&self, config: ProxyConfig) -> anyhow::Result<()> {
-        if self.stopping.load(Relaxed) {
+        if self.listening.stopping.load(Relaxed) {
             anyhow::bail!("the proxy is shutting down");
         }
         let old = self.config.load();
-        let live = self.listeners.load_full();
+        let live = self.listening.listeners.load_full();
         // Everything that can fail comes first, the swap after: a listener that cannot be bound,
         // a certificate that cannot be read, an access log that cannot be opened or a cluster
         // that cannot be built refuses the whole reload, and the old configuration keeps
         // serving untouched (sockets bound for it are closed again when `plan` is dropped).
         let mut taken = vec![false; live.len()];
         let mut plan = Vec::with_capacity(config.listeners.len());
-        let mut next_index = self.all_listeners.load().len();
+        let mut next_index = self.listening.all_listeners.load().len();
         for (i, l) in config.listeners.iter().enumerate() {
             let ctx_for = |index| {
                 ListenerCtx::build(index, l)
@@ -393,7 +424,7 @@ impl Shared {
         }
         self.restart_health_checks(&routing);
         self.routing.store(Arc::new(routing));
-        self.listeners.store(Arc::new(now_live));
+        self.listening.listeners.store(Arc::new(now_live));
         self.config.store(Arc::new(config));
         self.restart_discovery(discovered);
         self.restart_evidence();
@@ -404,7 +435,12 @@ impl Shared {
             }
         }
         if let AdminPlan::Move(admin) = admin {
-            let old = self.admin.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let old = self
+                .listening
+                .admin
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
             if let Some(old) = old {
                 old.stop.send_replace(Some(Duration::ZERO));
                 tracing::info!(admin = %old.addr, "admin listener closed");

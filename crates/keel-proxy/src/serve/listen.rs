@@ -35,7 +35,11 @@ impl Shared {
     }
 
     pub(crate) fn take_inherited(&self, addr: SocketAddr) -> Option<std::io::Result<TcpListener>> {
-        let mut inherited = self.inherited.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inherited = self
+            .listening
+            .inherited
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let pos = inherited.iter().position(|(a, _)| *a == addr)?;
         let (_, l) = inherited.remove(pos);
         let _rt = self.runtime.enter();
@@ -78,19 +82,24 @@ impl Shared {
                 .unwrap_or_default(),
             task: Mutex::new(None),
         });
-        let mut all = Vec::clone(&self.all_listeners.load());
+        let mut all = Vec::clone(&self.listening.all_listeners.load());
         debug_assert_eq!(
             all.len(),
             slot.index,
             "listener indexes are handed out in order"
         );
         all.push(slot.clone());
-        self.all_listeners.store(Arc::new(all));
+        self.listening.all_listeners.store(Arc::new(all));
         let me = self
             .me
             .upgrade()
             .expect("the proxy is alive while it opens listeners");
-        let tcp = accept_loop(me.clone(), slot.clone(), listener, self.dispatch.clone());
+        let tcp = accept_loop(
+            me.clone(),
+            slot.clone(),
+            listener,
+            self.listening.dispatch.clone(),
+        );
         let quic = endpoint.map(|e| quic::accept_loop(me, slot.clone(), e));
         let task = self.runtime.spawn(async move {
             match quic {
@@ -134,7 +143,11 @@ impl Shared {
         let task = self
             .runtime
             .spawn(crate::admin::serve(me, listener, stop_rx));
-        *self.admin.lock().unwrap_or_else(|e| e.into_inner()) = Some(AdminSlot {
+        *self
+            .listening
+            .admin
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(AdminSlot {
             listen,
             addr,
             fd,
@@ -310,9 +323,9 @@ pub(crate) async fn accept_loop(
                     // Shed this connection rather than spend the last descriptors on it: the
                     // admin listener and the connections to endpoints need them.
                     drop(stream);
-                    if shared.fd_shed_log.allow() {
+                    if shared.listening.fd_shed_log.allow() {
                         tracing::warn!(
-                            suppressed = shared.fd_shed_log.take_suppressed(),
+                            suppressed = shared.listening.fd_shed_log.take_suppressed(),
                             "near the open-file limit ({} descriptors kept free): connection from {peer} closed",
                             fd_reserve(),
                         );

@@ -10,9 +10,8 @@ pub(crate) mod proxy_header;
 pub(crate) mod quic;
 pub(crate) mod sniff;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,7 +24,8 @@ use crate::config::ProxyConfig;
 use crate::metrics::Registry;
 use crate::serve::listen::worker_loop;
 use crate::state::{
-    log_drained, ConnKind, Dispatch, ListenerCtx, ListenerSlot, ReloadError, Routing, Shared,
+    log_drained, ConnKind, ControlState, Dispatch, ListenerCtx, ListenerSlot, Listening,
+    ReloadError, Routing, Shared,
 };
 
 /// A running proxy.
@@ -129,25 +129,20 @@ pub async fn start_with(config: ProxyConfig, options: StartOptions) -> anyhow::R
         registry: Registry::default(),
         runtime: tokio::runtime::Handle::current(),
         workers: workers.max(1),
-        health_tasks: Mutex::new(Vec::new()),
-        discovery: Mutex::new(HashMap::new()),
-        discovery_tasks: Mutex::new(Vec::new()),
-        evidence: Mutex::new(HashMap::new()),
-        evidence_tasks: Mutex::new(Vec::new()),
         me: me.clone(),
-        reload_lock: Mutex::new(()),
-        reloads: AtomicU64::new(0),
-        reload_failures: AtomicU64::new(0),
-        listeners: ArcSwap::from_pointee(Vec::new()),
-        all_listeners: ArcSwap::from_pointee(Vec::new()),
-        admin: Mutex::new(None),
         access_log: ArcSwapOption::new(access_log),
-        worker_connections,
-        dispatch,
-        stopping: AtomicBool::new(false),
-        leaving: AtomicBool::new(false),
-        inherited: Mutex::new(options.inherited),
-        fd_shed_log: crate::metrics::log_budget::LogBudget::new(1, Instant::now()),
+        control: ControlState::default(),
+        listening: Listening {
+            listeners: ArcSwap::from_pointee(Vec::new()),
+            all_listeners: ArcSwap::from_pointee(Vec::new()),
+            admin: Mutex::new(None),
+            worker_connections,
+            dispatch,
+            stopping: AtomicBool::new(false),
+            leaving: AtomicBool::new(false),
+            inherited: Mutex::new(options.inherited),
+            fd_shed_log: crate::metrics::log_budget::LogBudget::new(1, Instant::now()),
+        },
     });
     let mut bound = Vec::with_capacity(config.listeners.len());
     for l in &config.listeners {
@@ -167,6 +162,7 @@ pub async fn start_with(config: ProxyConfig, options: StartOptions) -> anyhow::R
     };
     // Inherited sockets no listener took are closed.
     shared
+        .listening
         .inherited
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -213,7 +209,7 @@ pub async fn start_with(config: ProxyConfig, options: StartOptions) -> anyhow::R
         .zip(ctxs)
         .map(|(listener, ctx)| shared.open_listener(listener, ctx))
         .collect();
-    shared.listeners.store(Arc::new(live));
+    shared.listening.listeners.store(Arc::new(live));
     if let Some(admin) = admin {
         shared.open_admin(admin);
     }
@@ -228,6 +224,7 @@ impl ProxyHandle {
     /// The listeners' bound addresses, in configuration order.
     pub fn listener_addrs(&self) -> Vec<SocketAddr> {
         self.shared
+            .listening
             .listeners
             .load()
             .iter()
@@ -238,6 +235,7 @@ impl ProxyHandle {
     /// The admin listener's bound address, if any.
     pub fn admin_addr(&self) -> Option<SocketAddr> {
         self.shared
+            .listening
             .admin
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -251,12 +249,19 @@ impl ProxyHandle {
     pub fn listening_fds(&self) -> Vec<(SocketAddr, std::os::fd::RawFd)> {
         let mut out: Vec<_> = self
             .shared
+            .listening
             .listeners
             .load()
             .iter()
             .map(|l| (l.listen, l.fd))
             .collect();
-        if let Some(a) = &*self.shared.admin.lock().unwrap_or_else(|e| e.into_inner()) {
+        if let Some(a) = &*self
+            .shared
+            .listening
+            .admin
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+        {
             out.push((a.listen, a.fd));
         }
         out
@@ -279,6 +284,7 @@ impl ProxyHandle {
     /// TLS handshakes that failed or timed out on a listener (by configuration index).
     pub fn tls_handshake_failures(&self, listener: usize) -> u64 {
         self.shared
+            .listening
             .listeners
             .load()
             .get(listener)
@@ -290,6 +296,7 @@ impl ProxyHandle {
     pub fn proxy_header_refusals(&self, listener: usize) -> ProxyRefusals {
         let n = |k: usize| {
             self.shared
+                .listening
                 .listeners
                 .load()
                 .get(listener)
@@ -305,6 +312,7 @@ impl ProxyHandle {
     /// Client connections open on each worker thread (empty without workers).
     pub fn worker_connections(&self) -> Vec<usize> {
         self.shared
+            .listening
             .worker_connections
             .iter()
             .map(|c| c.load(Relaxed))
@@ -333,21 +341,27 @@ impl ProxyHandle {
 
     /// Connections cut so far by drains (listeners removed by reload).
     pub fn drain_cut(&self) -> Drained {
-        Drained::of(&self.shared.all_listeners.load())
+        Drained::of(&self.shared.listening.all_listeners.load())
     }
 
     /// Closes the admin listener now (shutdown does it once the drain is over). For a binary
     /// upgrade: the new process answers on the admin socket it inherited, and a probe must not
     /// reach this one's `/ready`, which fails while it drains.
     pub fn stop_admin(&self) {
-        if let Some(a) = &*self.shared.admin.lock().unwrap_or_else(|e| e.into_inner()) {
+        if let Some(a) = &*self
+            .shared
+            .listening
+            .admin
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+        {
             a.stop.send_replace(Some(Duration::ZERO));
         }
     }
 
     /// True from the moment a shutdown begins (what the admin's `/ready` answers 503 to).
     pub fn is_draining(&self) -> bool {
-        self.shared.stopping.load(Relaxed)
+        self.shared.listening.stopping.load(Relaxed)
     }
 
     /// The stop SIGTERM asks for (fail, then drain): `/ready` answers 503 at once while the
@@ -355,7 +369,7 @@ impl ProxyHandle {
     /// load balancer in front sees the failing probe and stops sending before any connection
     /// is refused; then [`Self::shutdown`] with its `drain_timeout`.
     pub async fn terminate(self) -> Drained {
-        self.shared.leaving.store(true, Relaxed);
+        self.shared.listening.leaving.store(true, Relaxed);
         let (delay, drain) = {
             let c = self.shared.config.load();
             (c.drain_delay, c.drain_timeout)
@@ -370,15 +384,16 @@ impl ProxyHandle {
     /// still busy then is cut, counted by kind in the log and in the answer. The admin listener
     /// answers until then (`/ready` 503 from the start), then closes.
     pub async fn shutdown(self, drain: Duration) -> Drained {
-        self.shared.stopping.store(true, Relaxed);
+        self.shared.listening.stopping.store(true, Relaxed);
         // Serialized with reloads: a listener a reload is adding is drained too.
         let slots = {
             let _serial = self
                 .shared
+                .control
                 .reload_lock
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            let slots = self.shared.all_listeners.load_full();
+            let slots = self.shared.listening.all_listeners.load_full();
             for s in slots.iter() {
                 // Stored even if the accept loop has not subscribed yet: `send` would drop
                 // the value when no receiver exists, and that loop would then never stop.
@@ -398,11 +413,18 @@ impl ProxyHandle {
         for t in self.workers {
             let _ = t.await;
         }
-        if let Some(a) = &*self.shared.admin.lock().unwrap_or_else(|e| e.into_inner()) {
+        if let Some(a) = &*self
+            .shared
+            .listening
+            .admin
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+        {
             a.stop.send_replace(Some(drain));
         }
         let admin = self
             .shared
+            .listening
             .admin
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -414,6 +436,7 @@ impl ProxyHandle {
         {
             let mut tasks = self
                 .shared
+                .control
                 .health_tasks
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
@@ -424,6 +447,7 @@ impl ProxyHandle {
         {
             let mut tasks = self
                 .shared
+                .control
                 .discovery_tasks
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
@@ -435,6 +459,7 @@ impl ProxyHandle {
             // Its lease expires within its TTL, and its evidence key with it.
             let mut tasks = self
                 .shared
+                .control
                 .evidence_tasks
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
