@@ -401,6 +401,13 @@ fn batching(
     }
 }
 
+/// Mean TTFT of an engine with `n` requests always in it (closed loop) whose prompts find a
+/// share `cached` of their tokens in its cache, seconds: continuous batching as in [`pool`].
+pub fn closed_loop_ttft(spec: &EngineSpec, w: &Workload, n: f64, cached: f64) -> f64 {
+    let prefill = w.prompt_tokens() as f64 * (1.0 - cached.clamp(0.0, 1.0)) / spec.prefill_tps;
+    batching(spec, w, None, n, prefill).ttft
+}
+
 /// What a mix's cells are: shares expected of a routing, or a run's own counts over its
 /// requests (then each cell's first request is a miss for certain, not in expectation).
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -3,7 +3,8 @@
 //!
 //! - [`EngineSpec`]: the one description of an engine, used by the pure engine ([`engine`]), the
 //!   testbed's `keel backend --llm` that runs it in real time, the simulator ([`sim`]) that runs
-//!   it in virtual time, and the closed forms ([`formula`]; an engine's failure: [`failover`]).
+//!   it in virtual time, and the closed forms ([`formula`]; an engine's failure: [`failover`];
+//!   a fleet of routers: [`fleet`]).
 //! - Prompts become tokens and named blocks by `keel_balance::prefix`, the same rule the
 //!   `prefix-affinity` strategy and the proxy's prompt reader use.
 
@@ -11,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod engine;
 pub mod failover;
+pub mod fleet;
 pub mod formula;
 pub mod sim;
 

@@ -151,6 +151,8 @@ enum Due {
 
 struct InFlight {
     pick: Pick,
+    /// The balancer that picked it.
+    proxy: usize,
     engine: usize,
     group: usize,
     /// The client to send the next request (closed loop).
@@ -164,16 +166,60 @@ pub fn run(c: &SimConfig) -> Result<SimReport, SimError> {
     run_with_fault(c, None).map(|(r, _)| r)
 }
 
+/// A fleet of routers in front of the pool (the lab's E16): `proxies` balancers of their own,
+/// each with its own estimates and load view, request `i` (from 0) to balancer `i mod
+/// proxies`, as the lab's clients deal them to the proxies in turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Routers {
+    /// Balancers (at least 1).
+    pub proxies: usize,
+    /// Every pick carries the prompt's first block name as its key (prefix-affinity's
+    /// `hash_on` session key): a prompt matched nowhere goes where the key's rendezvous says,
+    /// the same engine in every balancer.
+    pub key: bool,
+    /// Every balancer is told each engine's queue (`Balancer::report_queue`) at the end of
+    /// each of its steps: the engines' own signals, read alike by every proxy.
+    pub signals: bool,
+}
+
+impl Routers {
+    /// One router, as [`run`].
+    pub const ONE: Routers = Routers {
+        proxies: 1,
+        key: false,
+        signals: false,
+    };
+}
+
+/// Runs the pool behind a fleet of routers (see [`Routers`]).
+pub fn run_fleet(c: &SimConfig, routers: &Routers) -> Result<SimReport, SimError> {
+    run_inner(c, None, routers).map(|(r, _)| r)
+}
+
 /// Runs the pool with an engine failing during the run (see [`Fault`]); without one, as
 /// [`run`].
 pub fn run_with_fault(
     c: &SimConfig,
     fault: Option<&Fault>,
 ) -> Result<(SimReport, Option<FaultReport>), SimError> {
+    run_inner(c, fault, &Routers::ONE)
+}
+
+fn run_inner(
+    c: &SimConfig,
+    fault: Option<&Fault>,
+    routers: &Routers,
+) -> Result<(SimReport, Option<FaultReport>), SimError> {
     let w = &c.workload;
     if c.engines == 0 {
         return Err(SimError::Invalid {
             field: "engines",
+            reason: "at least 1",
+        });
+    }
+    if routers.proxies == 0 {
+        return Err(SimError::Invalid {
+            field: "proxies",
             reason: "at least 1",
         });
     }
@@ -212,7 +258,24 @@ pub fn run_with_fault(
     if let Some(b) = c.cache_blocks {
         config.options.cache_blocks = b;
     }
-    let lb = Balancer::new(config, &specs)?;
+    if routers.signals {
+        // The proxy's default `max_age`: a report lasts until the engine's next step anyway.
+        config.queue_max_age = Some(Duration::from_secs(2));
+    }
+    // Each balancer its own seed: the fleet's proxies draw their ties independently.
+    let lbs: Vec<Balancer> = (0..routers.proxies)
+        .map(|p| {
+            let mut config = config.clone();
+            if p > 0 {
+                config.seed = mix64(config.seed ^ p as u64);
+            }
+            Balancer::new(config, &specs)
+        })
+        .collect::<Result<_, _>>()?;
+    let ids: Vec<Vec<EndpointId>> = lbs
+        .iter()
+        .map(|lb| lb.endpoints().iter().map(|e| e.id()).collect())
+        .collect();
     let mut engines: Vec<Engine> = (0..c.engines).map(|_| Engine::new(c.spec)).collect();
     let mut stepping = vec![false; c.engines];
     let mut pending: Vec<Vec<Event>> = vec![Vec::new(); c.engines];
@@ -312,9 +375,12 @@ pub fn run_with_fault(
                 let mut ctx = PickContext::new(now).with_prefix(blocks);
                 // The hash strategies partition the groups on the first block's name; the
                 // proxy gives prefix-affinity no key unless `hash_on` asks for one.
-                if let (Some(&first), true) = (blocks.first(), c.strategy.is_hash()) {
+                if let (Some(&first), true) = (blocks.first(), c.strategy.is_hash() || routers.key)
+                {
                     ctx = ctx.with_hash_key(first);
                 }
+                let proxy = (sent - 1) as usize % routers.proxies;
+                let lb = &lbs[proxy];
                 let no_engine = SimError::Invalid {
                     field: "strategy",
                     reason: "picked no engine",
@@ -349,6 +415,7 @@ pub fn run_with_fault(
                                 next_id,
                                 InFlight {
                                     pick,
+                                    proxy,
                                     engine: r.engine,
                                     group,
                                     client,
@@ -377,6 +444,7 @@ pub fn run_with_fault(
                     next_id,
                     InFlight {
                         pick,
+                        proxy,
                         engine: j,
                         group,
                         client,
@@ -396,7 +464,7 @@ pub fn run_with_fault(
             }
             Due::Failed(id) => {
                 let f = flights.remove(&id).expect("a failing try in flight");
-                lb.finish(f.pick, Outcome::Failure, now);
+                lbs[f.proxy].finish(f.pick, Outcome::Failure, now);
                 // A hung try ends at its timeout before its answer began, so the proxy retries
                 // it: no failure for the client. The retry is modelled as the client's next
                 // request (its group drawn again), which leaves failed tries and misses as
@@ -417,7 +485,7 @@ pub fn run_with_fault(
                         Event::Finished { id, usage } => {
                             let f = flights.remove(&id).expect("a request in flight");
                             debug_assert_eq!((f.engine, f.group < w.groups), (j, true));
-                            lb.finish(f.pick, Outcome::Success, now);
+                            lbs[f.proxy].finish(f.pick, Outcome::Success, now);
                             prompt_tokens += usage.prompt_tokens as u64;
                             cached_tokens += usage.cached_tokens as u64;
                             done += 1;
@@ -433,6 +501,12 @@ pub fn run_with_fault(
                     }
                 }
                 stepping[j] = false;
+                if routers.signals {
+                    let waiting = engines[j].counters().waiting as u32;
+                    for (lb, ids) in lbs.iter().zip(&ids) {
+                        lb.report_queue(ids[j], waiting, now);
+                    }
+                }
                 start_step(
                     &mut engines[j],
                     j,

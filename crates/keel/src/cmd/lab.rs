@@ -24,7 +24,9 @@ pub struct Args {
     /// cache pressure), e14 (the load above which prefix affinity stops paying: closed form
     /// and simulator only) and e15 (bounded affinity on the two inference workloads, with the
     /// routers of --peers vllm-router,smg), fake vLLM engines on loopback, only when named
-    /// (e15 also when --peers names an inference router); e17 (an affine inference engine
+    /// (e15 also when --peers names an inference router); e16 (a fleet of 1, 2, 4 keel proxies
+    /// in front of the same engines: cache hits lost, and what the engines' signals and a key
+    /// hashed alike recover; quick about 10 s, N = 1, 2); e17 (an affine inference engine
     /// fails: hang, 500, refuse; failed tries and cache hits lost, closed form, simulator and
     /// traffic; quick about 10 s), only when named. Default: e1..e6b (quick: e1,e2,e6,e6b).
     #[arg(long, value_delimiter = ',')]
@@ -89,6 +91,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Box::new(lab::E10::new(&opts)),
         Box::new(lab::Fleet::new(&opts)),
         Box::new(lab::Inference::new(&opts)),
+        Box::new(lab::E16::new(&opts)),
         Box::new(lab::E17::new(&opts)),
     ];
     let report = lab::run(&opts, &mut experiments)?;

@@ -11,9 +11,9 @@
 //! open-loop load: percentiles with their intervals, measured against the simulation of what
 //! the backends actually served and, for random placement, against queueing theory. E10
 //! (e10.rs, only when named) checks `keel advise` against real traffic; E12 (fleet.rs, only when
-//! named) measures a fleet of keel proxies on etcd; E13-E15 (inference/) and E17 (e17.rs, an
-//! affine inference engine failing) only when named; `--peers` puts NGINX, HAProxy and Envoy next
-//! to keel (peers.rs).
+//! named) measures a fleet of keel proxies on etcd; E13-E15 (inference/), E16 (e16.rs, a fleet
+//! of inference routers) and E17 (e17.rs, an affine inference engine failing) only when named;
+//! `--peers` puts NGINX, HAProxy and Envoy next to keel (peers.rs).
 //!
 //! Every experiment has one shape, [`Experiment`] (experiment.rs): `keel lab` lists them
 //! (cmd/lab.rs) and [`run`] drives each through the same loop.
@@ -23,6 +23,8 @@ mod cases;
 mod compare;
 pub mod e10;
 mod e10_rows;
+mod e16;
+mod e16_rows;
 mod e17;
 mod e17_rows;
 mod experiment;
@@ -50,6 +52,7 @@ use anyhow::Context;
 
 pub use cases::Timing;
 pub use e10::E10;
+pub use e16::E16;
 pub use e17::E17;
 pub use experiment::{Experiment, Lab, Planned};
 pub use fleet::Fleet;
@@ -144,6 +147,7 @@ pub fn run(
         e10: None,
         fleet: None,
         inference: None,
+        e16: None,
         e17: None,
     };
     for e in experiments.iter_mut() {

@@ -1,13 +1,14 @@
 //! Everything a lab run produced, [`LabReport`]: below the experiments, which fill it in
 //! (`Experiment::rows`) and read it (`Experiment::answer`, `print`, `html`), and made only of
 //! their row types (rows.rs, tail_rows.rs, e10_rows.rs, fleet_rows.rs, peers/rows.rs,
-//! inference/rows.rs, e17_rows.rs), so no experiment reads the file that runs it.
+//! inference/rows.rs, e16_rows.rs, e17_rows.rs), so no experiment reads the file that runs it.
 
 use serde::Serialize;
 
 use crate::lab::answer::Finding;
 use crate::lab::cases::Timing;
 use crate::lab::e10_rows::E10Report;
+use crate::lab::e16_rows::E16Report;
 use crate::lab::e17_rows::E17Report;
 use crate::lab::fleet_rows::FleetReport;
 use crate::lab::inference::rows::InferenceReport;
@@ -50,6 +51,9 @@ pub struct LabReport {
     /// E13-E15: prefix-cache affinity in an inference pool, and vLLM Router and SMG.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inference: Option<InferenceReport>,
+    /// E16: a fleet of routers under prefix-affinity, sharing nothing, signals or a key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub e16: Option<E16Report>,
     /// E17: an affine engine fails (hang, 500, refuse) under prefix-affinity.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub e17: Option<E17Report>,

@@ -1,0 +1,91 @@
+//! `keel lab --experiments e16`: a fleet of keel proxies (prefix-affinity) in front of three
+//! fake vLLM engines on loopback. The quick form's rows (N = 1 and 2 sharing nothing, N = 2
+//! with a key hashed alike; 72 requests each) must agree three ways on the share of prompt
+//! tokens from cache: the simulator's mean and the traffic each within 0.08 of the closed form
+//! (one run of 72 requests moves by about 0.03 from seed to seed: 0.08 is over two of its
+//! standard deviations plus the form's 0.03 off the presets). Two proxies sharing nothing lose
+//! hits against one by about what the closed form says: the two runs send the same prompts in
+//! the same order (one seed), so their difference moves by less than either, and is held to
+//! 0.05 of the form's; and a key hashed alike makes the fleet one router again.
+
+use std::process::Command;
+use std::time::Instant;
+
+#[test]
+fn e16_agrees_three_ways_and_two_proxies_lose_what_the_formula_says() {
+    let out_dir = std::env::temp_dir().join(format!("keel-lab-e16-{}", std::process::id()));
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args([
+            "lab",
+            "--json",
+            "--quiet",
+            "--quick",
+            "--experiments",
+            "e16",
+            "--out",
+        ])
+        .arg(&out_dir)
+        .output()
+        .expect("run keel lab");
+    let took = started.elapsed().as_secs_f64();
+    assert!(
+        out.status.success(),
+        "keel lab failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let html = std::fs::read_to_string(out_dir.join("index.html")).expect("index.html");
+    let _ = std::fs::remove_dir_all(&out_dir);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    let r = &v["e16"];
+    eprintln!("{}", serde_json::to_string_pretty(r).unwrap());
+    assert!(took < 30.0, "the quick form took {took:.1} s");
+    assert!(html.contains("E16: a fleet of routers"));
+    assert_eq!(v["answer"][0]["experiment"], "e16", "{}", v["answer"]);
+    let rows = r["rows"].as_array().expect("rows");
+    let names: Vec<(u64, &str)> = rows
+        .iter()
+        .map(|x| (x["proxies"].as_u64().unwrap(), x["sharing"].as_str().unwrap()))
+        .collect();
+    assert_eq!(names, [(1, "none"), (2, "none"), (2, "prefix key")]);
+    let three = |x: &serde_json::Value, k: &str| -> [f64; 3] {
+        let a = x[k].as_array().unwrap_or_else(|| panic!("{k}: {x}"));
+        [0, 1, 2].map(|i| a[i].as_f64().unwrap())
+    };
+    for x in rows {
+        let [f, s, t] = three(x, "cached");
+        assert!((s - f).abs() <= 0.08, "simulator {s} against {f}: {x}");
+        assert!((t - f).abs() <= 0.08, "traffic {t} against {f}: {x}");
+        assert_eq!(x["agrees"], true, "{x}");
+        let served: u64 = x["per_engine"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_u64().unwrap())
+            .sum();
+        assert_eq!(served, 72, "{x}");
+    }
+    let (one, two, key) = (&rows[0], &rows[1], &rows[2]);
+    let [f1, _, t1] = three(one, "cached");
+    let [f2, s2, t2] = three(two, "cached");
+    let lost = (f1 - f2, t1 - t2);
+    assert!(
+        lost.0 > 0.03,
+        "the closed form says two proxies lose hits: {lost:?}"
+    );
+    assert!(
+        (lost.1 - lost.0).abs() <= 0.05,
+        "two proxies lose {:.3} measured against {:.3} by the closed form (simulator {:.3})",
+        lost.1,
+        lost.0,
+        f1 - s2
+    );
+    // Each proxy places a group on its own: more homes than one router's.
+    let ([h1, _, th1], [h2, sh2, th2]) = (three(one, "homes"), three(two, "homes"));
+    assert!((h1 - 1.0).abs() < 1e-9 && (h2 - 5.0 / 3.0).abs() < 1e-9);
+    assert!(th2 > th1 && sh2 > 1.3, "homes: {th1} then {th2} (simulator {sh2})");
+    // A key hashed alike: one router's hits again, within the tolerance.
+    let [fk, _, tk] = three(key, "cached");
+    assert!((fk - f1).abs() < 1e-9, "{fk} against {f1}");
+    assert!(tk - t2 > -0.02, "the key {tk} against none {t2}");
+}
