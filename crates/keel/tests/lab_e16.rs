@@ -6,7 +6,7 @@
 //! standard deviations plus the form's 0.03 off the presets). Two proxies sharing nothing lose
 //! hits against one by about what the closed form says: the two runs send the same prompts in
 //! the same order (one seed), so their difference moves by less than either, and is held to
-//! 0.05 of the form's; and a key hashed alike makes the fleet one router again.
+//! 0.05 of the form's; and a key hashed alike gives each group one home again.
 
 use std::process::Command;
 use std::time::Instant;
@@ -45,7 +45,12 @@ fn e16_agrees_three_ways_and_two_proxies_lose_what_the_formula_says() {
     let rows = r["rows"].as_array().expect("rows");
     let names: Vec<(u64, &str)> = rows
         .iter()
-        .map(|x| (x["proxies"].as_u64().unwrap(), x["sharing"].as_str().unwrap()))
+        .map(|x| {
+            (
+                x["proxies"].as_u64().unwrap(),
+                x["sharing"].as_str().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(names, [(1, "none"), (2, "none"), (2, "prefix key")]);
     let three = |x: &serde_json::Value, k: &str| -> [f64; 3] {
@@ -83,9 +88,14 @@ fn e16_agrees_three_ways_and_two_proxies_lose_what_the_formula_says() {
     // Each proxy places a group on its own: more homes than one router's.
     let ([h1, _, th1], [h2, sh2, th2]) = (three(one, "homes"), three(two, "homes"));
     assert!((h1 - 1.0).abs() < 1e-9 && (h2 - 5.0 / 3.0).abs() < 1e-9);
-    assert!(th2 > th1 && sh2 > 1.3, "homes: {th1} then {th2} (simulator {sh2})");
-    // A key hashed alike: one router's hits again, within the tolerance.
+    assert!(
+        th2 > th1 && sh2 > 1.3,
+        "homes: {th1} then {th2} (simulator {sh2})"
+    );
+    // A key hashed alike: one home a group at any N, and the hits of a hash's placement
+    // (the form's 0.81 against 0.77 sharing nothing, 72 requests).
     let [fk, _, tk] = three(key, "cached");
-    assert!((fk - f1).abs() < 1e-9, "{fk} against {f1}");
-    assert!(tk - t2 > -0.02, "the key {tk} against none {t2}");
+    let [_, _, tkh] = three(key, "homes");
+    assert!(fk > f2 && tkh == 1.0, "{key}");
+    assert!(tk > t2 - 0.03, "the key {tk} against none {t2}");
 }

@@ -479,23 +479,32 @@ fn answer_text(r: &E16Report) -> String {
          a cold prefill and room in a cache of 120 blocks.",
         losses.join("; ")
     );
-    if let Some(x) = row(r, largest, "engine signals") {
+    let none = row(r, largest, "none");
+    if let (Some(x), Some(none)) = (row(r, largest, "engine signals"), none) {
         let _ = write!(
             s,
             " The engines' own signals, which every proxy reads alike, recover none of it \
-             (N = {}: {:.2}): they share load, not where prefixes are, and at 6 requests in \
-             flight nothing waits.",
-            x.proxies, x.cached[2]
+             (N = {}: {:.2} against {:.2} sharing nothing; formula and simulator {:.2} and \
+             {:.2}): they share load, not where prefixes are, and at 6 requests in flight \
+             nothing waits.",
+            x.proxies, x.cached[2], none.cached[2], x.cached[0], x.cached[1]
         );
     }
+    let per = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join("/");
     if let Some(x) = row(r, largest, "prefix key") {
         let _ = write!(
             s,
-            " A key every proxy hashes alike recovers it without sharing any state (`hash_on` \
-             on a session or prefix key: a prompt matched nowhere goes to the key's rendezvous \
-             engine, the same in every proxy): N = {}: {:.2} from cache, {:.1} homes, \
-             {:.0} ms.",
-            x.proxies, x.cached[2], x.homes[2], x.ttft_ms[2]
+            " A key every proxy hashes alike recovers the hits without sharing any state \
+             (`hash_on` on a session or prefix key: a prompt matched nowhere goes to the key's \
+             rendezvous engine, the same in every proxy): N = {}: {:.2} from cache, {:.1} \
+             homes, {:.0} ms; but a hash's placement is not the partition by fewest prefixes: \
+             {} requests per engine against one router's {}.",
+            x.proxies,
+            x.cached[2],
+            x.homes[2],
+            x.ttft_ms[2],
+            per(&x.per_engine),
+            per(&one.per_engine)
         );
     }
     let off: Vec<String> = r
@@ -546,8 +555,8 @@ fn table(r: &E16Report) -> Vec<String> {
         String::new(),
         format!(
             "E16: a fleet of routers ({} engines, {} groups, {} clients, {} requests a row, \
-             dealt {}; formula/simulator/traffic)",
-            r.engines, r.groups, r.clients, r.requests, r.dealt
+             dealt in turn; formula/simulator/traffic)",
+            r.engines, r.groups, r.clients, r.requests
         ),
         format!(
             "{:>2} {:<15} {:<15} {:<15} {:<13} {:<12} {}",
@@ -561,7 +570,10 @@ fn table(r: &E16Report) -> Vec<String> {
             x.sharing,
             format!("{:.2}/{:.2}/{:.2}", x.homes[0], x.homes[1], x.homes[2]),
             format!("{:.3}/{:.3}/{:.3}", x.cached[0], x.cached[1], x.cached[2]),
-            format!("{:.0}/{:.0}/{:.0}", x.ttft_ms[0], x.ttft_ms[1], x.ttft_ms[2]),
+            format!(
+                "{:.0}/{:.0}/{:.0}",
+                x.ttft_ms[0], x.ttft_ms[1], x.ttft_ms[2]
+            ),
             x.per_engine
                 .iter()
                 .map(u64::to_string)
