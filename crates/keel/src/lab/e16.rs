@@ -376,7 +376,7 @@ async fn measure(
     pool.shutdown().await;
     let replies = m?;
     let mut per_engine = vec![0u64; ENGINES];
-    let mut placed = vec![[false; ENGINES]; GROUPS];
+    let mut placed = [[false; ENGINES]; GROUPS];
     let (mut prompt, mut cached, mut ttft) = (0u64, 0u64, 0.0);
     for (i, r) in &replies {
         anyhow::ensure!(r.status == 200, "E16 request {i}: status {}", r.status);
