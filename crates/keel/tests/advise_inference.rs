@@ -3,8 +3,9 @@
 //! completions whose prompts share prefixes (6 groups, Poisson arrivals); advise reads the
 //! proxy's log and must recommend prefix-affinity; the proxy is then run with the section it
 //! printed, on fresh engines, with a run of the same workload, and the measured share of prompt
-//! tokens from cache and mean TTFT must land inside the predicted intervals. The reverse case:
-//! one prefix shared by every request, where advise must say affinity does not pay.
+//! tokens from cache and mean TTFT must land inside the predicted intervals. The reverse cases:
+//! one prefix shared by every request, and every prompt its own, where advise must say
+//! affinity does not pay.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -296,5 +297,21 @@ fn advise_says_affinity_pays_nothing_for_one_shared_prefix() {
         .as_str()
         .unwrap()
         .contains("strategy = \"round-robin\""));
+    // Every prompt its own: nothing to keep together.
+    let log = dir.join("unique.log");
+    {
+        let _e = engines(&ports);
+        let listen = free_port();
+        let _p = proxy(&dir, listen, &cluster(&ports), &log);
+        drive(listen, 45, 9.0, 0, 4);
+        flushed(&log, 45);
+    }
+    let a = advise(&log);
+    eprintln!("{}", a["answer"]);
+    assert_eq!(a["verdict"], "balance", "{}", a["answer"]);
+    assert!(a["answer"]
+        .as_str()
+        .unwrap()
+        .contains("no two requests share a prompt block"));
     let _ = std::fs::remove_dir_all(&dir);
 }

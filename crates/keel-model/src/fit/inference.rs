@@ -548,20 +548,37 @@ pub fn advise(fit: InferenceFit, opts: &InferenceOptions) -> InferenceAdvice {
         }
     }
     let grouped: u64 = fit.groups.iter().map(|g| g.requests).sum();
-    let shares_prefix = fit.shared_tokens as usize;
-    let w = workload(&fit, shares_prefix, grouped.max(1));
+    // No group at all: every request is its own, as one group with nothing shared (both
+    // routings then spread the requests alike: prefix-affinity places a prompt matched nowhere
+    // on the engine holding the fewest, then by load).
+    let none_shared = grouped == 0 || fit.shared_tokens == 0;
+    let w = workload(
+        &fit,
+        if none_shared {
+            0
+        } else {
+            fit.shared_tokens as usize
+        },
+        if none_shared { fit.requests } else { grouped }.max(1),
+    );
     // The rate of the grouped requests: singletons are modelled apart (below).
-    let rate = fit.rate_per_s * grouped as f64 / fit.requests.max(1) as f64;
-    let single_share = fit.singletons as f64 / fit.requests.max(1) as f64;
+    let (rate, single_share) = if none_shared {
+        (fit.rate_per_s, 0.0)
+    } else {
+        (
+            fit.rate_per_s * grouped as f64 / fit.requests.max(1) as f64,
+            fit.singletons as f64 / fit.requests.max(1) as f64,
+        )
+    };
     // The cache size: given, or the one that makes the closed form's hit ratio for the
     // routing the log saw equal to the log's own (the grouped requests' share of it).
-    let seen = if grouped > 0 {
+    let seen = if !none_shared {
         (fit.cached / (1.0 - single_share).max(1e-9)).min(1.0)
     } else {
         0.0
     };
     let kv_blocks_from;
-    if opts.kv_blocks_given || w.prefix_tokens == 0 || fit.groups.is_empty() {
+    if opts.kv_blocks_given || none_shared {
         kv_blocks_from = if opts.kv_blocks_given {
             "given (--kv-blocks)".to_string()
         } else {
@@ -611,7 +628,10 @@ pub fn advise(fit: InferenceFit, opts: &InferenceOptions) -> InferenceAdvice {
         spec.kv_blocks = hi;
     }
     let rho = load_of_rate(&spec, &w, n, rate);
-    let (bal_mix, aff_mix) = mixes(&w, n, fit.mean_in_flight);
+    let (bal_mix, mut aff_mix) = mixes(&w, n, fit.mean_in_flight);
+    if none_shared {
+        aff_mix = bal_mix.clone();
+    }
     let bal = formula::pool_with_mix(&spec, &w, &bal_mix, Arrivals::Load(rho));
     let aff = formula::pool_with_mix(&spec, &w, &aff_mix, Arrivals::Load(rho));
     let hot =
@@ -635,7 +655,7 @@ pub fn advise(fit: InferenceFit, opts: &InferenceOptions) -> InferenceAdvice {
             })
             .collect()
     };
-    let (bal_runs, aff_runs) = if w.prefix_tokens > 0 && !fit.groups.is_empty() {
+    let (bal_runs, aff_runs) = if !none_shared {
         (
             sim_runs(StrategyKind::RoundRobin),
             sim_runs(StrategyKind::PrefixAffinity),
@@ -698,7 +718,7 @@ pub fn advise(fit: InferenceFit, opts: &InferenceOptions) -> InferenceAdvice {
     };
     let balanced = predict("round-robin", &bal, &bal_runs, &bal_mix);
     let affinity = predict("prefix-affinity", &aff, &aff_runs, &aff_mix);
-    let limit = if w.prefix_tokens > 0 && !fit.groups.is_empty() {
+    let limit = if !none_shared {
         formula::affinity_limit(&spec, &w, n, Some(DEFAULT_AFFINITY_BOUND))
     } else {
         None
@@ -728,7 +748,7 @@ pub fn advise(fit: InferenceFit, opts: &InferenceOptions) -> InferenceAdvice {
             fmt_limit(limit),
         ),
         Verdict::Balance => {
-            let why = if fit.groups.is_empty() || w.prefix_tokens == 0 {
+            let why = if none_shared {
                 "no two requests share a prompt block, so there is nothing to keep together".to_string()
             } else if gain <= 0.01 {
                 format!(

@@ -9,7 +9,23 @@ use anyhow::Context;
 use keel_model::fit::inference::{self, InferenceAdvice, InferenceOptions};
 use keel_model::inference::EngineSpec;
 
-use crate::cmd::advise::Args;
+/// What `keel advise` was asked, for an inference pool's log.
+pub(crate) struct Ask<'a> {
+    pub access_log: &'a Path,
+    pub cluster: Option<&'a str>,
+    pub kv_blocks: Option<usize>,
+    pub block_tokens: Option<usize>,
+    pub prefill_tps: f64,
+    pub step_ms: f64,
+    pub step_per_seq_ms: f64,
+    pub replications: Option<u32>,
+    pub seed: u64,
+    pub out: Option<&'a Path>,
+    pub json: bool,
+    /// Sentences on one line each; else wrapped to `columns`.
+    pub wide: bool,
+    pub columns: usize,
+}
 
 /// Lines read to tell an inference pool's log from another.
 const SNIFF_LINES: usize = 1000;
@@ -31,17 +47,14 @@ pub(crate) fn looks_like_inference(path: &Path) -> bool {
 }
 
 /// Runs advise on an inference pool's log.
-pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+pub(crate) fn run(args: &Ask<'_>) -> anyhow::Result<()> {
     let source = args.access_log.display().to_string();
     let (cluster, answers) = if args.access_log == Path::new("-") {
-        inference::read_answers(std::io::stdin().lock(), args.cluster.as_deref())
+        inference::read_answers(std::io::stdin().lock(), args.cluster)
     } else {
-        let file = File::open(&args.access_log)
+        let file = File::open(args.access_log)
             .with_context(|| format!("cannot open {}", args.access_log.display()))?;
-        inference::read_answers(
-            BufReader::with_capacity(1 << 20, file),
-            args.cluster.as_deref(),
-        )
+        inference::read_answers(BufReader::with_capacity(1 << 20, file), args.cluster)
     }
     .map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
     let d = EngineSpec::default();
@@ -70,7 +83,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     };
     let fit = inference::fit(&cluster, &answers);
     let advice = inference::advise(fit, &opts);
-    if let Some(dir) = &args.out {
+    if let Some(dir) = args.out {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let p = dir.join("advice.json");
         std::fs::write(&p, serde_json::to_string_pretty(&advice)?)
@@ -80,17 +93,17 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&advice)?);
     } else {
-        print(&advice, args.wide);
+        print(&advice, args.wide, args.columns);
     }
     Ok(())
 }
 
-fn print(a: &InferenceAdvice, wide: bool) {
+fn print(a: &InferenceAdvice, wide: bool, columns: usize) {
     let say = |text: &str| {
         if wide {
             println!("{text}");
         } else {
-            for (i, line) in crate::lab::answer::wrap(text, super::COLUMNS, "  ")
+            for (i, line) in crate::lab::answer::wrap(text, columns, "  ")
                 .into_iter()
                 .enumerate()
             {

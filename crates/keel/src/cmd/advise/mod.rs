@@ -163,7 +163,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if args.log_format != LogFormatArg::Keel {
             return usage("--inference reads keel proxy's JSON access log (--log-format keel)");
         }
-        return inference::run(&args);
+        return inference::run(&inference::Ask {
+            access_log: &args.access_log,
+            cluster: args.cluster.as_deref(),
+            kv_blocks: args.kv_blocks,
+            block_tokens: args.block_tokens,
+            prefill_tps: args.prefill_tps,
+            step_ms: args.step_ms,
+            step_per_seq_ms: args.step_per_seq_ms,
+            replications: args.replications,
+            seed: args.seed,
+            out: args.out.as_deref(),
+            json: args.json,
+            wide: args.wide,
+            columns: COLUMNS,
+        });
     }
     let (format, balancer) = match args.log_format {
         LogFormatArg::Keel => (LogFormat::Keel, Balancer::Keel),
