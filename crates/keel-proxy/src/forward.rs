@@ -229,7 +229,16 @@ async fn forward_once<B: RequestBody>(
             meta = &sized_meta;
         }
     }
-    let prefix = prompt.as_deref().map_or(&[][..], |h| h.blocks());
+    // The pick reads the prompt's blocks only under `prefix-affinity`; an `inference`
+    // cluster's access log names them under any strategy.
+    let affinity = cluster.config.balance.strategy == keel_balance::StrategyKind::PrefixAffinity;
+    let prefix = prompt
+        .as_deref()
+        .filter(|_| affinity)
+        .map_or(&[][..], |h| h.blocks());
+    let prompt_name = prompt
+        .as_deref()
+        .and_then(|h| crate::driver::tries::PromptName::of(h.blocks()));
     // Read as an OpenAI request: its model named, or its prompt found.
     let openai = named || !prefix.is_empty();
     let mut leg = HttpLeg::new(cluster, head, meta, &mut body, out).openai(openai);
@@ -263,6 +272,7 @@ async fn forward_once<B: RequestBody>(
                 // Measured before any compression, which reads what the meter hands on.
                 let slot = crate::metrics::inference::MeasuredSlot::default();
                 tail.tries.inference = Some(slot.clone());
+                tail.tries.prompt = prompt_name;
                 let (strip, metrics) = (usage_added.is_some(), cluster.metrics.clone());
                 response = response.meter(leg.out(), req.start, strip, slot, metrics);
             }

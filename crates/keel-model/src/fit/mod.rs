@@ -11,6 +11,7 @@
 
 pub mod envoy;
 pub mod haproxy;
+pub mod inference;
 pub mod log;
 pub mod nginx;
 pub mod scenario;

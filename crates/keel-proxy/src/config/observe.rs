@@ -148,6 +148,11 @@ pub enum LogField {
     CachedTokens,
     /// The model the answer named.
     Model,
+    /// The name of the prompt's first block (`keel_balance::prefix`), 16 hex digits: requests
+    /// that share a prefix of at least one block share it.
+    Prefix,
+    /// The prompt's full blocks as keel named them (within `prompt_read_limit`).
+    PromptBlocks,
 }
 
 impl LogField {
@@ -161,6 +166,8 @@ impl LogField {
                 | LogField::CompletionTokens
                 | LogField::CachedTokens
                 | LogField::Model
+                | LogField::Prefix
+                | LogField::PromptBlocks
         )
     }
 }
@@ -199,6 +206,8 @@ pub const LOG_NAMES: &[(&str, LogField)] = &[
     ("completion_tokens", LogField::CompletionTokens),
     ("cached_tokens", LogField::CachedTokens),
     ("model", LogField::Model),
+    ("prefix", LogField::Prefix),
+    ("prompt_blocks", LogField::PromptBlocks),
     // NGINX's names.
     ("time_iso8601", LogField::Time),
     ("remote_addr", LogField::Client),
@@ -212,7 +221,7 @@ pub const LOG_NAMES: &[(&str, LogField)] = &[
 ];
 
 /// How many of [`LOG_NAMES`] are keel's own (the JSON keys; the rest are NGINX's).
-const KEEL_NAMES: usize = 30;
+const KEEL_NAMES: usize = 32;
 
 /// The JSON line's keys by default, in order (`client_cert_subject` only when there is one,
 /// the inference fields only for an answer measured).
@@ -243,6 +252,8 @@ pub const DEFAULT_JSON_FIELDS: &[LogField] = &[
     LogField::CompletionTokens,
     LogField::CachedTokens,
     LogField::Model,
+    LogField::Prefix,
+    LogField::PromptBlocks,
 ];
 
 impl LogField {

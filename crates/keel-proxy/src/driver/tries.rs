@@ -25,10 +25,32 @@ pub(crate) struct Tries {
     pub trace: Option<Box<Trace>>,
     /// What the answer measured (`inference = true`), filled when its body ends.
     pub inference: Option<crate::metrics::inference::MeasuredSlot>,
+    /// Its prompt as keel named it (`inference = true`), for the access log.
+    pub prompt: Option<PromptName>,
     len: u8,
     first: TryRecord,
     /// All the tries, the first included, once there is more than one.
     spilled: Vec<TryRecord>,
+}
+
+/// A prompt as keel named it in blocks (`keel_balance::prefix`): what `keel advise` groups
+/// requests by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PromptName {
+    /// The first block's name: requests sharing a prefix of a block or more share it.
+    pub first: u64,
+    /// Full blocks named (within `prompt_read_limit`).
+    pub blocks: u32,
+}
+
+impl PromptName {
+    /// The name of a prompt's blocks; `None` when it has no full block.
+    pub fn of(blocks: &[u64]) -> Option<Self> {
+        Some(PromptName {
+            first: *blocks.first()?,
+            blocks: u32::try_from(blocks.len()).unwrap_or(u32::MAX),
+        })
+    }
 }
 
 fn micros(d: Duration) -> u32 {

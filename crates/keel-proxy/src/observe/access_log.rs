@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::codec::push_u64;
 use crate::config::{AccessLogConfig, AccessLogFormat, LinePiece, LogField};
-use crate::driver::tries::Tries;
+use crate::driver::tries::{PromptName, Tries};
 use crate::metrics::inference::Measured;
 use crate::upstream::cluster::EndpointEntry;
 
@@ -69,6 +69,8 @@ pub(crate) struct Entry<'a> {
     pub trace_id: Option<[u8; 32]>,
     /// What an inference answer measured (`inference = true`).
     pub inference: Option<&'a Measured>,
+    /// Its prompt's name in blocks (`inference = true`).
+    pub prompt: Option<PromptName>,
 }
 
 /// A request's tries with the endpoints of the cluster they index.
@@ -581,6 +583,14 @@ fn json_value(out: &mut Vec<u8>, e: &Entry<'_>, now: SystemTime, f: LogField) {
         LogField::Referer => push_json_opt(out, r.referer),
         LogField::Tries => push_tries(out, e),
         LogField::Model => push_json_opt(out, model(e)),
+        LogField::Prefix => match e.prompt {
+            Some(p) => {
+                out.push(b'"');
+                push_hex16(out, p.first);
+                out.push(b'"');
+            }
+            None => out.extend_from_slice(b"null"),
+        },
         _ => match inference_number(e, f) {
             Some(Number::Ms(us)) => push_ms(out, us),
             Some(Number::Count(n)) => push_u64(out, n),
@@ -605,12 +615,21 @@ fn inference_number(e: &Entry<'_>, f: LogField) -> Option<Number> {
         LogField::PromptTokens => m.prompt_tokens.map(Number::Count),
         LogField::CompletionTokens => m.completion_tokens.map(Number::Count),
         LogField::CachedTokens => m.cached_tokens.map(Number::Count),
+        LogField::PromptBlocks => e.prompt.map(|p| Number::Count(u64::from(p.blocks))),
         _ => None,
     }
 }
 
 fn model<'a>(e: &Entry<'a>) -> Option<&'a [u8]> {
     e.inference?.model.as_deref().map(str::as_bytes)
+}
+
+/// A block's name as 16 hex digits.
+fn push_hex16(out: &mut Vec<u8>, name: u64) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for i in (0..16).rev() {
+        out.push(HEX[((name >> (4 * i)) & 15) as usize]);
+    }
 }
 
 /// `tries` as a JSON array.
@@ -706,6 +725,10 @@ fn operator_line(out: &mut Vec<u8>, e: &Entry<'_>, now: SystemTime, pieces: &[Li
             // Not a line's variable (refused at load).
             LogField::Tries => out.push(b'-'),
             LogField::Model => push_clf_field(out, model(e)),
+            LogField::Prefix => match e.prompt {
+                Some(p) => push_hex16(out, p.first),
+                None => out.push(b'-'),
+            },
             _ => match inference_number(e, f) {
                 Some(Number::Ms(us)) => push_ms(out, us),
                 Some(Number::Count(n)) => push_u64(out, n),
@@ -812,6 +835,7 @@ mod tests {
             tries: None,
             trace_id: Some(*b"4bf92f3577b34da6a3ce929d0e0e4736"),
             inference: None,
+            prompt: None,
         }
     }
 
@@ -839,11 +863,17 @@ mod tests {
             "completion_tokens",
             "cached_tokens",
             "model",
+            "prefix",
+            "prompt_blocks",
         ] {
             assert!(plain.get(k).is_none(), "{k} in {plain}");
         }
         let e = Entry {
             inference: Some(&measured),
+            prompt: Some(PromptName {
+                first: 0x00ab_cdef_0123_4567,
+                blocks: 26,
+            }),
             ..entry(head)
         };
         let v = json_of(&e);
@@ -855,11 +885,15 @@ mod tests {
         );
         assert!(v["cached_tokens"].is_null());
         assert_eq!(v["model"], "keel-llm");
-        let pieces =
-            crate::config::parse_log_line("$model $prompt_tokens $cached_tokens $ttft_ms").unwrap();
+        assert_eq!(v["prefix"], "00abcdef01234567");
+        assert_eq!(v["prompt_blocks"].as_u64(), Some(26));
+        let pieces = crate::config::parse_log_line(
+            "$model $prompt_tokens $cached_tokens $ttft_ms $prefix $prompt_blocks",
+        )
+        .unwrap();
         let mut line = Vec::new();
         operator_line(&mut line, &e, at(0, 0), &pieces);
-        assert_eq!(line, b"keel-llm 420 - 41.250\n");
+        assert_eq!(line, b"keel-llm 420 - 41.250 00abcdef01234567 26\n");
     }
 
     #[test]

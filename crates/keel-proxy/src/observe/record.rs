@@ -148,6 +148,7 @@ impl Record<'_> {
                     .tries
                     .and_then(|t| t.inference.as_deref())
                     .and_then(|m| m.get()),
+                prompt: self.tries.and_then(|t| t.prompt),
             },
         );
     }

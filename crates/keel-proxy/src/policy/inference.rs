@@ -604,7 +604,7 @@ impl<B: RequestBody> RequestBody for ForwardBody<'_, B> {
 
 /// What was read of a request before its pick.
 pub(crate) struct ReadRequest<'b, B> {
-    /// A `prefix-affinity` cluster's: the prompt's block names.
+    /// A `prefix-affinity` or `inference = true` cluster's: the prompt's block names.
     pub prompt: Option<Box<PrefixHasher>>,
     /// The body to forward.
     pub body: ForwardBody<'b, B>,
@@ -636,7 +636,9 @@ pub(crate) async fn read_prompt<'b, B: RequestBody>(
     }
     let limit = usize::try_from(balance.prompt_read_limit).unwrap_or(usize::MAX);
     let block_tokens = balance.block_tokens as usize;
-    let mut prompt = affinity.then(|| {
+    // An `inference` cluster names the prompt too, whatever its strategy: the access log's
+    // `prefix` and `prompt_blocks` (what `keel advise` groups requests by).
+    let mut prompt = (affinity || cluster.inference).then(|| {
         Box::new(PrefixHasher::new(block_tokens).with_max_blocks(max_blocks(limit, block_tokens)))
     });
     let mut read = match body {

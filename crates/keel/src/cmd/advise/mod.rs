@@ -16,6 +16,7 @@ use keel_model::fit::{self, FitOptions, FittedModel, LogFormat};
 use crate::cmd::advise::text::{family, rate};
 use crate::cmd::usage;
 
+mod inference;
 mod report;
 mod text;
 
@@ -26,6 +27,8 @@ Examples:
   keel advise --access-log examples/advise/access.log
   keel advise --access-log access.log --config keel.toml --since 1h --out advice/
   keel advise --access-log access.log --cluster app --json > advice.json
+  keel advise --access-log llm-access.log --inference
+
 
 What it does: reads the log (JSON lines; the `tries` field of each try when present), fits per
 endpoint the latency of successes, the share of fast errors, timeouts and resets, and a
@@ -34,6 +37,10 @@ health} (and the configuration of --config) and ranks them by success, then p99,
 where success intervals overlap the best's it is a tie, and more protection ranks first. The
 output opens with the answer; the section to paste is the --config cluster's own with only the
 keys the recommendation changes rewritten.
+An inference pool's log (an `inference = true` cluster's lines carry ttft_ms; or --inference):
+fits the prefix groups (the `prefix` field), their popularity, the tokens, the rate and the
+engines' cache, and says whether prefix-affinity pays, by how much and up to which load, with
+the section to paste (docs/advise.md, \"Inference pools\").
 --out DIR writes index.html, advice.json and fitted.toml (the model as a scenario: rerun it with
 `keel simulate --scenario DIR/fitted.toml`, edit it to ask what if). docs/advise.md says what is
 fitted, what the model leaves out, and how to read the report.
@@ -97,6 +104,27 @@ pub struct Args {
     /// %START_TIME%, %RESPONSE_CODE%, %DURATION% and %UPSTREAM_HOST%.
     #[arg(long, value_name = "STRING")]
     pub envoy_log_format: Option<String>,
+    /// The log is an inference pool's (`inference = true`): advise prefix-affinity or not.
+    /// Without it, a keel log whose first lines carry `ttft_ms` is taken as one.
+    #[arg(long)]
+    pub inference: bool,
+    /// Inference: the engines' KV cache in blocks (default: fitted from the log's hit ratio).
+    #[arg(long, value_name = "N")]
+    pub kv_blocks: Option<usize>,
+    /// Inference: tokens per KV block (default: read from the log's `prompt_tokens` against
+    /// `prompt_blocks`, else 16).
+    #[arg(long, value_name = "N")]
+    pub block_tokens: Option<usize>,
+    /// Inference: the engines' prefill speed, prompt tokens per second (default: the fake
+    /// engine's, `keel backend --llm`).
+    #[arg(long, value_name = "TPS", default_value_t = 4000.0)]
+    pub prefill_tps: f64,
+    /// Inference: fixed cost of an engine step, milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 6.0)]
+    pub step_ms: f64,
+    /// Inference: added cost per running sequence in a step, milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 0.3)]
+    pub step_per_seq_ms: f64,
 }
 
 /// `--log-format`.
@@ -127,6 +155,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.requests == Some(0) {
         return usage("--requests must be at least 1");
+    }
+    if args.inference
+        || (args.log_format == LogFormatArg::Keel
+            && inference::looks_like_inference(&args.access_log))
+    {
+        if args.log_format != LogFormatArg::Keel {
+            return usage("--inference reads keel proxy's JSON access log (--log-format keel)");
+        }
+        return inference::run(&inference::Ask {
+            access_log: &args.access_log,
+            cluster: args.cluster.as_deref(),
+            kv_blocks: args.kv_blocks,
+            block_tokens: args.block_tokens,
+            prefill_tps: args.prefill_tps,
+            step_ms: args.step_ms,
+            step_per_seq_ms: args.step_per_seq_ms,
+            replications: args.replications,
+            seed: args.seed,
+            out: args.out.as_deref(),
+            json: args.json,
+            wide: args.wide,
+            columns: COLUMNS,
+        });
     }
     let (format, balancer) = match args.log_format {
         LogFormatArg::Keel => (LogFormat::Keel, Balancer::Keel),
