@@ -37,6 +37,7 @@ mod reliability;
 mod report;
 mod report_tail;
 mod results;
+mod rotation;
 mod rows;
 mod style;
 pub mod tail;
