@@ -261,9 +261,9 @@ fn bare(peer: Option<Peer>, case: &PeerCase, r: &PeerRow) -> Option<(String, Vec
             let z = (of_requests - key) / (key * (1.0 - key) / r.requests.max(1) as f64).sqrt();
             Some((
                 format!(
-                    "a sample of keys: the ring gives the failed server {key:.3} of all keys \
-                     (keel: counted over 100,000 keys), and the row's {} request keys put {n} \
-                     requests on it, {of_requests:.3} ({z:+.1} standard deviations)",
+                    "where the keys went: the ring gives the failed server {key:.3} of the row's \
+                     keys counted before the row, and the row's {} requests put {n} on it, \
+                     {of_requests:.3} ({z:+.1} standard deviations)",
                     r.requests
                 ),
                 vec![
