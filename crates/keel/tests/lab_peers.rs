@@ -93,7 +93,7 @@ fn nginx_round_robin_rows_next_to_the_closed_form() {
         "NGINX must be installed for this test: {stderr}"
     );
     let nginx = rows(&v, "nginx");
-    assert_eq!(nginx.len(), 10);
+    assert_eq!(nginx.len(), 12);
     for r in &nginx {
         let m = r["measured"].as_f64().unwrap();
         let a = r["analytic"].as_f64().unwrap();
