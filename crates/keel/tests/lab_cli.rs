@@ -39,9 +39,10 @@ fn quick_lab_reproduces_e1_e2_e6_over_real_sockets() {
     };
     // E1: round-robin and random, failing fast with a 503 and with a 500 (`server-error`),
     // their requests stopping at the first failed call as applications' do; the same two with
-    // a client that makes all 3 calls; ring-hash with one key per request.
+    // 24 clients that make all 3 calls, round-robin again with 2 such clients; ring-hash with
+    // one key per request.
     let e1 = of("e1");
-    assert_eq!(e1.len(), 7);
+    assert_eq!(e1.len(), 8);
     let app: Vec<_> = e1
         .iter()
         .filter(|r| r["client"] == "stops at first failure" && r["key_share"].is_null())
@@ -77,15 +78,33 @@ fn quick_lab_reproduces_e1_e2_e6_over_real_sockets() {
             r["strategy"]
         );
         if r["strategy"] == "round-robin" {
-            assert!(
-                r["explanation"]
-                    .as_str()
-                    .unwrap()
-                    .contains("failed calls per failed request"),
-                "{r}"
-            );
+            // The closed form at the row's concurrency (lab/rotation.rs): 2 clients keep the
+            // rotation in step, a request's 3 calls land on 3 distinct servers, 1 - 3/5; 24
+            // interleave, independent calls' 0.8^3. It must lie in the measured interval, or
+            // the row names its mechanism with m, failed calls per failed request.
+            let clients = r["concurrency"].as_u64().unwrap();
+            let form = r["analytic"].as_f64().unwrap();
+            let expected = if clients <= 2 { 0.4 } else { 0.512 };
+            assert!((form - expected).abs() < 1e-12, "{r}");
+            let ci = r["measured_ci95"].as_array().unwrap();
+            let inside = ci[0].as_f64().unwrap() <= form && form <= ci[1].as_f64().unwrap();
+            eprintln!("E1 round-robin, all calls x{clients}: {m} {ci:?}, closed form {form:.4}");
+            if !inside {
+                assert!(
+                    r["explanation"]
+                        .as_str()
+                        .unwrap()
+                        .contains("failed calls per failed request"),
+                    "{r}"
+                );
+            }
         }
     }
+    let in_step: Vec<_> = e1
+        .iter()
+        .filter(|r| r["client"] == "all calls" && r["concurrency"] == 2)
+        .collect();
+    assert_eq!(in_step.len(), 1, "round-robin with 2 all-calls clients");
     let hashed: Vec<_> = e1.iter().filter(|r| !r["key_share"].is_null()).collect();
     assert_eq!(hashed.len(), 1);
     for r in hashed {
@@ -107,27 +126,42 @@ fn quick_lab_reproduces_e1_e2_e6_over_real_sockets() {
     let e2 = of("e2");
     assert_eq!(e2.len(), 1);
     assert_eq!(e2[0]["strategy"], "least-connections");
-    // The model's value depends on q (how much longer the hung server holds a call than a
-    // healthy one answers), which depends on this machine's speed: the measured value is held
-    // to the model at the measured q, and both far above round-robin's 0.512.
-    let m = e2[0]["measured"].as_f64().unwrap();
-    let model = e2[0]["analytic"].as_f64().expect("E2 has a model value");
+    // README's 0.992 is the closed form at q = 97.6 (the 400 ms timeout over a 4.1 ms call);
+    // the measurement sits below it by the hung server's in-flight count building up first,
+    // which the simulation (keel-balance's own least-connections) models. So: the closed form
+    // exactly, and the measurement within 4 standard deviations of the simulation (of their
+    // difference, each from its own 95 % interval: about 0.0025 at 1,500 requests, so 0.01;
+    // 4 of them fail a true agreement once in 16,000 runs).
+    let r = e2[0];
+    let m = r["measured"].as_f64().unwrap();
+    let model = r["analytic"].as_f64().expect("E2 has a model value");
+    assert!((model - 0.9924).abs() < 5e-5, "E2 closed form {model}");
+    let sd =
+        |ci: &serde_json::Value| (ci[1].as_f64().unwrap() - ci[0].as_f64().unwrap()) / (2.0 * 1.96);
+    let sim = r["simulated"].as_f64().unwrap();
+    let sd_diff = sd(&r["measured_ci95"]).hypot(sd(&r["simulated_ci95"]));
+    eprintln!(
+        "E2: measured {m}, simulated {sim}, closed form {model}, sd of difference {sd_diff:.4}"
+    );
     assert!(
-        model >= 0.9 && m >= 0.9 && (m - model).abs() <= 0.03,
-        "E2 least-connections measured {m}, model {model}: {}",
-        e2[0]["explanation"]
+        (m - sim).abs() <= 4.0 * sd_diff && m >= 0.9,
+        "E2 least-connections measured {m}, simulated {sim}: {}",
+        r["explanation"]
     );
     let e6 = of("e6");
     assert!(e6.len() >= 8, "E6 covers strategies x failure modes");
     for r in e6 {
         assert_eq!(r["protections"], "outlier+retry+health");
         let m = r["measured"].as_f64().unwrap();
-        // A fast 500 costs the few failures before its ejection (it is not retried by
-        // default): at least 0.99; every other failure mode is retried away.
+        // A fast 500 costs the failures before its ejection (it is not retried by default):
+        // the threshold's (3 here, 5 with keel's defaults) and the calls already sent to it;
+        // 4-11 failed requests a row measured (docs/reliability.md), so 0.99 (10 of 1,000, 20
+        // of 2,000) is about twice the most seen. Every other failure mode is retried on
+        // another server of five within the budget: no request may fail (README's 1.000).
         let goal = if r["failure_mode"] == "server-error" {
             0.99
         } else {
-            0.999
+            1.0
         };
         assert!(
             m >= goal,
@@ -145,10 +179,11 @@ fn quick_lab_reproduces_e1_e2_e6_over_real_sockets() {
     for r in e6b {
         assert_eq!(r["protections"], "keel defaults");
         let m = r["measured"].as_f64().unwrap();
+        // As E6 (the 500's ejection costs 5 to 11 of 2,000 here), and no failure otherwise.
         let goal = if r["failure_mode"] == "server-error" {
             0.99
         } else {
-            0.999
+            1.0
         };
         assert!(
             m >= goal,
@@ -172,6 +207,35 @@ fn quick_lab_reproduces_e1_e2_e6_over_real_sockets() {
             assert!(why.contains("standard errors"), "{why}");
         }
     }
+    // "Where they part, the report names why" (README): every row that departs from the model
+    // or the simulation has `explained` true (a mechanism whose condition holds on the row's
+    // own numbers), counted from the field, not from words every row carries.
+    let departing: Vec<_> = rows
+        .iter()
+        .filter(|r| r["model"]["agrees"] == false || r["simulation"]["agrees"] == false)
+        .collect();
+    let unexplained: Vec<String> = departing
+        .iter()
+        .filter(|r| r["explained"] != true)
+        .map(|r| {
+            format!(
+                "{} {} {} {} {}: {}",
+                r["experiment"],
+                r["strategy"],
+                r["failure_mode"],
+                r["protections"],
+                r["client"],
+                r["explanation"]
+            )
+        })
+        .collect();
+    eprintln!(
+        "{} rows, {} departing, {} unexplained",
+        rows.len(),
+        departing.len(),
+        unexplained.len()
+    );
+    assert!(unexplained.is_empty(), "unexplained: {unexplained:#?}");
     // A self-contained page with charts and the table.
     let html = std::fs::read_to_string(out_dir.join("index.html")).unwrap();
     assert!(
@@ -231,10 +295,39 @@ fn answer_comes_first(v: &serde_json::Value, stdout: &str, out_dir: &std::path::
     let best_bare = |mode: &str| {
         rows.iter()
             .filter(|r| r["protections"] == "none" && r["placement"] == "server-side")
+            .filter(|r| r["client"] == "stops at first failure" && r["p"] == 0.2 && r["k"] == 3)
             .filter(|r| r["failure_mode"] == mode)
             .filter_map(|r| r["measured"].as_f64())
             .fold(0.0, f64::max)
     };
+    // One margin per failure mode measured with the recommended protections, each against the
+    // best row without them in that mode (never a row against itself), and the headline's
+    // margin is the one the protections win most surely (the largest lower bound).
+    let by = answer["by_failure"].as_array().expect("by_failure");
+    assert!(!by.is_empty(), "{answer}");
+    let mut top = f64::NEG_INFINITY;
+    for g in by {
+        let mode = g["failure_mode"].as_str().unwrap();
+        let (value, versus_value) = (
+            g["value"].as_f64().unwrap(),
+            g["versus_value"].as_f64().unwrap(),
+        );
+        assert_eq!(versus_value, best_bare(mode), "{g}");
+        assert!((g["margin"].as_f64().unwrap() - (value - versus_value)).abs() < 1e-12);
+        assert!(
+            g["versus"]
+                .as_str()
+                .unwrap()
+                .ends_with("without protections"),
+            "{g}"
+        );
+        assert!(rows.iter().any(|r| r["failure_mode"] == mode
+            && r["protections"] == protections
+            && r["strategy"] == g["strategy"]
+            && r["measured"].as_f64() == Some(value)));
+        top = top.max(g["margin_ci95"][0].as_f64().unwrap());
+    }
+    assert_eq!(lo, top, "{answer}");
     let modes: Vec<&str> = rows
         .iter()
         .filter(|r| r["protections"] == "none")

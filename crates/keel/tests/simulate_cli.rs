@@ -480,3 +480,17 @@ fn reaction_opens_with_the_fastest_strategy_and_those_that_never_moved() {
     // Round-robin cannot see latency: it keeps sending the slowed server its fair share.
     assert!(answer.contains("round-robin never moved away"), "{answer}");
 }
+
+#[test]
+fn e5_gives_each_failure_of_one_strategy_without_ranking_it_against_itself() {
+    // Every E5 row is least-connections; its rows differ by tie-break and failure mode. The
+    // answer says each failure's value, not "least-connections (hang) is best ... over
+    // least-connections (fail-fast)".
+    let text = String::from_utf8(keel(&["simulate", "--preset", "e5"]).stdout).unwrap();
+    let answer = answer_of(&text);
+    assert!(
+        answer.contains("one strategy, so the failure mode makes the difference"),
+        "{answer}"
+    );
+    assert!(!answer.contains("is best at"), "{answer}");
+}

@@ -11,7 +11,7 @@ use crate::lab::{self, Experiment, LabOptions};
 /// Arguments of `keel lab`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// A first look in about a minute on 2 shared cores (58 s measured under a load of 12): experiments e1, e2, e6, e6b with fewer requests (e8 and e9
+    /// A first look in about a minute on 2 shared cores (66 s measured under a load of 12-13): experiments e1, e2, e6, e6b with fewer requests (e8 and e9
     /// only when named, then in a short form: about 4 s (e8) and 8 s (e9) per strategy).
     #[arg(long)]
     quick: bool,

@@ -624,8 +624,48 @@ fn finding(id: &str, results: &[SimResult]) -> Option<String> {
     };
     let mut rows = rows_of(label);
     rows.sort_by(|a, b| b.success.total_cmp(&a.success));
-    // Rows of one scenario that differ only in how the server fails are named by it.
+    // Rows of one scenario that differ only in how the server fails are one strategy under two
+    // failures, not two choices: each failure's value is said, none is "best over" another.
     let by_mode = rows.iter().any(|r| r.failure_mode != rows[0].failure_mode);
+    if by_mode && rows.iter().all(|r| who(r) == who(rows[0])) {
+        let parts: Vec<String> = rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "{:.4} [{:.4}, {:.4}] ({})",
+                    r.success, r.ci95[0], r.ci95[1], r.failure_mode
+                )
+            })
+            .collect();
+        let closed_forms: String = rows
+            .iter()
+            .filter(|r| r.analytic_success.is_some())
+            .map(|r| format!(" {}:{}", r.failure_mode, closed(r)))
+            .collect();
+        return Some(format!(
+            "{id} ({label}): {} measured {}: one strategy, so the failure mode makes the \
+             difference.{closed_forms}",
+            who(rows[0]),
+            parts.join(", ")
+        ));
+    }
+    // Several strategies under several failures: they are ranked within the best row's failure.
+    if by_mode {
+        let mode = rows[0].failure_mode.clone();
+        rows.retain(|r| r.failure_mode == mode);
+        if rows.len() < 2 {
+            let r = rows[0];
+            return Some(format!(
+                "{id} ({label}): {} {:.4} [{:.4}, {:.4}] ({}).{}",
+                who(r),
+                r.success,
+                r.ci95[0],
+                r.ci95[1],
+                r.failure_mode,
+                closed(r)
+            ));
+        }
+    }
     let who = |r: &SimResult| {
         if by_mode {
             format!("{} ({})", who(r), r.failure_mode)

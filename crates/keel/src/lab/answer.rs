@@ -45,6 +45,33 @@ pub struct Finding {
     pub formula: Option<String>,
     /// The finding in a sentence or three.
     pub text: String,
+    /// The run's answer only: in each failure mode measured with the recommended protections,
+    /// its row against the best row without them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub by_failure: Vec<FailureMargin>,
+}
+
+/// One failure mode of the answer: the recommendation's row against the best row without
+/// protections that the run measured in the same failure mode.
+#[derive(Debug, Clone, Serialize)]
+pub struct FailureMargin {
+    /// The failure mode, in keel's vocabulary.
+    pub failure_mode: String,
+    /// The protected row's strategy.
+    pub strategy: String,
+    /// Its measured success and 95 % interval.
+    pub value: f64,
+    pub ci95: [f64; 2],
+    /// The best row without protections in that failure mode, in words, and its experiment.
+    pub versus: String,
+    pub versus_experiment: String,
+    pub versus_value: f64,
+    /// `value - versus_value`, Newcombe's 95 % interval, and whether it contains 0.
+    pub margin: f64,
+    pub margin_ci95: [f64; 2],
+    pub tie: bool,
+    /// The closed form that the protected row's interval holds, else the unprotected row's.
+    pub formula: Option<String>,
 }
 
 impl Finding {
@@ -87,6 +114,7 @@ impl Finding {
             tie: false,
             formula: None,
             text: String::new(),
+            by_failure: Vec::new(),
         }
     }
 
@@ -148,6 +176,18 @@ fn kind(name: &str) -> Option<StrategyKind> {
 fn formula(r: &Row) -> Option<String> {
     let a = r.analytic?;
     let k = r.k;
+    if let Some(share) = r.key_share.filter(|_| r.protections == "none") {
+        return Some(format!(
+            "one key per request, so 1 minus the failed server's share of the row's keys on the \
+             ring, 1 - {share:.4} = {a:.4}"
+        ));
+    }
+    if r.client == Client::AllCalls.name() && (a - (1.0 - f64::from(k) * r.p)).abs() < 1e-12 {
+        return Some(format!(
+            "{} clients in step: a request's {k} calls on {k} distinct servers, 1 - k p = {a:.4}",
+            r.concurrency
+        ));
+    }
     Some(match kind(&r.strategy)? {
         StrategyKind::LeastConnections => format!(
             "least-connections' (1 - p / (p + q (1 - p)))^k at p = {:.2}, q = {}, k = {k}: {a:.4}",
@@ -220,7 +260,21 @@ fn ranked(experiment: &str, question: &str, rows: &[&Row], lead: &str) -> Option
         best.measured,
         ci_text(best.measured_ci95)
     );
-    if let Some(next) = sorted.get(1) {
+    // The runner-up is another strategy in the same failure mode: a row is never compared with
+    // itself under another failure.
+    let rivals: Vec<&Row> = sorted
+        .iter()
+        .copied()
+        .filter(|r| r.failure_mode == best.failure_mode && who(r) != who(best))
+        .collect();
+    let modes = sorted.iter().any(|r| r.failure_mode != best.failure_mode);
+    if modes {
+        text.push_str(&format!(
+            " with the server {}",
+            mode_words(&best.failure_mode)
+        ));
+    }
+    if let Some(next) = rivals.first() {
         let (ci, m, tie) = compare(best, next);
         f.against(with_protections(next), next.measured, m, Some(ci), tie);
         text.push_str(&format!(
@@ -235,9 +289,9 @@ fn ranked(experiment: &str, question: &str, rows: &[&Row], lead: &str) -> Option
                 ""
             }
         ));
-        if let Some(worst) = sorted
+        if let Some(worst) = rivals
             .last()
-            .filter(|w| sorted.len() > 2 && w.measured < next.measured)
+            .filter(|w| rivals.len() > 1 && w.measured < next.measured)
         {
             text.push_str(&format!("; {} lowest at {:.4}", who(worst), worst.measured));
         }
@@ -259,7 +313,7 @@ fn source_example(r: &Row) -> bool {
 }
 
 /// The run's answer: which protections and strategy keep success highest when a server fails,
-/// by how much over the best without them, and the closed form.
+/// and, in each failure mode measured with them, by how much over the best choice without them.
 fn headline(rows: &[Row]) -> Option<Finding> {
     let example: Vec<&Row> = rows.iter().filter(|r| source_example(r)).collect();
     let protected: Vec<&Row> = example
@@ -275,8 +329,53 @@ fn headline(rows: &[Row]) -> Option<Finding> {
     if protected.is_empty() {
         return headline_without_protections(&bare);
     }
-    // Every strategy's worst failure mode under protections; the best strategy is the one whose
-    // worst is highest.
+    // The recommended set is the one measured in the most failure modes (its claims cover the
+    // most), then the one whose lowest row is highest. Its claims are about itself only: rows
+    // of another set are stated apart, each with what it measured.
+    let modes_of = |set: &str| -> Vec<&str> {
+        let mut modes: Vec<&str> = Vec::new();
+        for r in protected.iter().filter(|r| r.protections == set) {
+            if !modes.contains(&r.failure_mode.as_str()) {
+                modes.push(&r.failure_mode);
+            }
+        }
+        modes
+    };
+    let lowest_of = |set: &str| {
+        protected
+            .iter()
+            .filter(|r| r.protections == set)
+            .map(|r| r.measured)
+            .fold(f64::INFINITY, f64::min)
+    };
+    let set = protected
+        .iter()
+        .map(|r| r.protections.as_str())
+        .max_by(|a, b| {
+            modes_of(a)
+                .len()
+                .cmp(&modes_of(b).len())
+                .then(lowest_of(a).total_cmp(&lowest_of(b)))
+        })?
+        .to_string();
+    let modes = modes_of(&set);
+    let others = other_sets(&protected, &set);
+    let protected: Vec<&Row> = protected
+        .into_iter()
+        .filter(|r| r.protections == set)
+        .collect();
+    // Each strategy's worst row; the strategies measured in every failure mode of the set come
+    // first, then the highest worst.
+    let modes_measured = |strategy: &str| {
+        modes
+            .iter()
+            .filter(|m| {
+                protected
+                    .iter()
+                    .any(|r| r.strategy == strategy && r.failure_mode == **m)
+            })
+            .count()
+    };
     let mut worst_per_strategy: Vec<&Row> = Vec::new();
     for r in &protected {
         match worst_per_strategy
@@ -288,29 +387,20 @@ fn headline(rows: &[Row]) -> Option<Finding> {
             None => worst_per_strategy.push(r),
         }
     }
-    worst_per_strategy.sort_by(by_success);
-    // The recommendation's claims are about its own protection set only: rows of another set
-    // (E6's explicit outlier+retry+health beside E6B's defaults) are stated apart, each with
-    // the failure modes and strategies it measured.
-    let set = worst_per_strategy[0].protections.clone();
-    let others = other_sets(&protected, &set);
-    let protected: Vec<&Row> = protected
-        .into_iter()
-        .filter(|r| r.protections == set)
-        .collect();
-    worst_per_strategy.retain(|r| r.protections == set);
-    for r in &protected {
-        if let Some(w) = worst_per_strategy
-            .iter_mut()
-            .find(|w| w.strategy == r.strategy)
-        {
-            if r.measured < w.measured {
-                *w = r;
-            }
-        }
-    }
-    worst_per_strategy.sort_by(by_success);
+    worst_per_strategy.sort_by(|a, b| {
+        modes_measured(&b.strategy)
+            .cmp(&modes_measured(&a.strategy))
+            .then(by_success(a, b))
+    });
     let best = worst_per_strategy[0];
+    let everywhere: Vec<&str> = worst_per_strategy
+        .iter()
+        .filter(|w| modes_measured(&w.strategy) == modes.len())
+        .map(|w| w.strategy.as_str())
+        .collect();
+    let tied = worst_per_strategy
+        .get(1)
+        .is_some_and(|next| modes_measured(&next.strategy) == modes.len() && compare(best, next).2);
     let lowest = protected
         .iter()
         .copied()
@@ -319,97 +409,139 @@ fn headline(rows: &[Row]) -> Option<Finding> {
         .iter()
         .map(|r| r.measured_ci95[0])
         .fold(f64::INFINITY, f64::min);
-    let mut modes: Vec<&str> = Vec::new();
-    for r in &protected {
-        if !modes.contains(&r.failure_mode.as_str()) {
-            modes.push(&r.failure_mode);
-        }
-    }
-    let strategies: Vec<&str> = worst_per_strategy
-        .iter()
-        .map(|r| r.strategy.as_str())
-        .collect();
     let mut f = Finding::of(
         "all",
         "Which strategy and protections keep requests succeeding when one of five servers fails?",
         best.strategy.clone(),
         best,
     );
-    let tied = worst_per_strategy
-        .get(1)
-        .is_some_and(|next| compare(best, next).2);
+    // What was measured, failure mode by failure mode: the strategies each ran with the set.
+    let measured_with: Vec<String> = modes
+        .iter()
+        .map(|m| {
+            let names: Vec<&str> = protected
+                .iter()
+                .filter(|r| r.failure_mode == *m)
+                .map(|r| r.strategy.as_str())
+                .collect();
+            if names.len() == everywhere.len() && everywhere.len() == worst_per_strategy.len() {
+                (*m).to_string()
+            } else {
+                format!("{m} ({})", names.join(", "))
+            }
+        })
+        .collect();
     let mut text = format!(
         "Use {} with {}: with one of 5 servers failed and {} calls per request, {} kept success \
-         at {:.4} or more (lowest 95% bound {:.4}) in {} failure mode{} measured with them ({}).",
+         at {:.4} or more (lowest 95% bound {:.4}) in the {} failure mode{} measured with them: {}.",
         best.protections,
-        if strategies.len() < 2 {
+        if everywhere.len() < 2 {
             best.strategy.clone()
         } else if tied {
-            format!("any of {} (a tie under protections)", strategies.join(", "))
+            format!("any of {} (a tie under protections)", everywhere.join(", "))
         } else {
             format!("{} (best at worst, {:.4})", best.strategy, best.measured)
         },
         best.k,
-        if strategies.len() > 1 {
-            "every strategy"
+        if worst_per_strategy.len() > 1 {
+            format!("the {} strategies measured", worst_per_strategy.len())
         } else {
-            "it"
+            "it".into()
         },
         lowest.measured,
         lowest_bound,
         modes.len(),
         if modes.len() == 1 { "" } else { "s" },
-        modes.join(", "),
+        measured_with.join(", "),
     );
-    // The margin over going without: in the failure mode where the best unprotected strategy
-    // does worst, the best protected row of this strategy against that bare best.
-    let mut hardest: Option<(&Row, &Row)> = None;
+    // Each failure mode: the recommendation (or, where it did not run, the set's best row)
+    // against the best row without protections in that mode, never a row against itself.
+    let mut margins: Vec<FailureMargin> = Vec::new();
+    let mut unmatched: Vec<&str> = Vec::new();
     for mode in &modes {
-        let Some(bare_best) = bare
-            .iter()
-            .copied()
-            .filter(|r| r.failure_mode == *mode)
-            .min_by(by_success)
-        else {
+        let in_mode = |r: &&&Row| r.failure_mode == *mode;
+        let Some(without) = bare.iter().filter(in_mode).min_by(|a, b| by_success(a, b)) else {
+            unmatched.push(mode);
             continue;
         };
-        let Some(with) = protected
+        let with = protected
             .iter()
-            .copied()
-            .filter(|r| r.failure_mode == *mode && r.strategy == best.strategy)
+            .filter(in_mode)
+            .filter(|r| r.strategy == best.strategy)
             .min_by(|a, b| a.measured.total_cmp(&b.measured))
-        else {
-            continue;
-        };
-        if hardest.is_none_or(|(_, b)| bare_best.measured < b.measured) {
-            hardest = Some((with, bare_best));
-        }
-    }
-    if let Some((with, without)) = hardest {
+            .or_else(|| {
+                protected
+                    .iter()
+                    .filter(in_mode)
+                    .min_by(|a, b| by_success(a, b))
+            })?;
         let (ci, m, tie) = compare(with, without);
-        f.value = with.measured;
-        f.ci95 = Some(with.measured_ci95);
-        f.against(
-            with_protections(without),
-            without.measured,
-            m,
-            Some(ci),
+        margins.push(FailureMargin {
+            failure_mode: (*mode).to_string(),
+            strategy: with.strategy.clone(),
+            value: with.measured,
+            ci95: with.measured_ci95,
+            versus: with_protections(without),
+            versus_experiment: without.experiment.clone(),
+            versus_value: without.measured,
+            margin: m,
+            margin_ci95: ci,
             tie,
+            // The protected row's closed form where its interval holds it; else the one the
+            // protections beat (ejection, which lifts a 500's row, has no closed form here).
+            formula: formula(with)
+                .filter(|_| {
+                    with.analytic
+                        .is_some_and(|a| with.measured_ci95[0] <= a && a <= with.measured_ci95[1])
+                })
+                .map(|f| format!("with them, {f}"))
+                .or_else(|| formula(without).map(|f| format!("without them, {f}"))),
+        });
+    }
+    // The headline margin is the failure mode where the protections gain most surely (the
+    // largest lower bound): a tie is the headline only when every mode is one. The others
+    // follow it, each with its own numbers.
+    margins.sort_by(|a, b| b.margin_ci95[0].total_cmp(&a.margin_ci95[0]));
+    if let Some(top) = margins.first() {
+        f.strategy = top.strategy.clone();
+        f.value = top.value;
+        f.ci95 = Some(top.ci95);
+        f.against(
+            top.versus.clone(),
+            top.versus_value,
+            top.margin,
+            Some(top.margin_ci95),
+            top.tie,
         );
-        f.formula = formula(with);
+        f.formula = top.formula.clone();
+        let parts: Vec<String> = margins
+            .iter()
+            .map(|g| {
+                format!(
+                    "{}: {} {:.4} against {} {:.4} ({}), {}{}",
+                    mode_words(&g.failure_mode),
+                    g.strategy,
+                    g.value,
+                    g.versus,
+                    g.versus_value,
+                    g.versus_experiment.to_uppercase(),
+                    margin_text(g.margin, g.margin_ci95),
+                    if g.tie { " (a tie)" } else { "" }
+                )
+            })
+            .collect();
         text.push_str(&format!(
-            " Why: when the server fails {}, the best strategy without protections, {}, \
-             measured {:.4}; {} with them measured {:.4} {}, {} more{}.",
-            mode_words(&with.failure_mode),
-            who(without),
-            without.measured,
-            best.strategy,
-            with.measured,
-            ci_text(with.measured_ci95),
-            margin_text(m, ci),
-            if tie { " (a tie)" } else { "" }
+            " Against the best choice without them, in each failure mode: {}.",
+            parts.join("; ")
         ));
-    } else {
+    }
+    if !unmatched.is_empty() {
+        text.push_str(&format!(
+            " Not compared (no row without protections in this run): {}.",
+            unmatched.join(", ")
+        ));
+    }
+    if margins.is_empty() {
         text.push_str(" This run measured no strategy without protections to compare with.");
     }
     if let Some(fm) = &f.formula {
@@ -417,6 +549,7 @@ fn headline(rows: &[Row]) -> Option<Finding> {
     }
     text.push_str(&others);
     f.text = text;
+    f.by_failure = margins;
     Some(f)
 }
 
@@ -459,10 +592,11 @@ fn other_sets(protected: &[&Row], set: &str) -> String {
 
 fn mode_words(mode: &str) -> String {
     match mode {
-        "hang" => "by hanging".into(),
-        "fail-fast" => "fast (an error at once)".into(),
-        "refuse" => "by refusing connections".into(),
-        "reset" => "by resetting connections".into(),
+        "hang" => "hanging".into(),
+        "fail-fast" => "failing fast (503 at once)".into(),
+        "refuse" => "refusing connections".into(),
+        "reset" => "resetting connections".into(),
+        "server-error" => "answering 500 at once".into(),
         other => format!("as {other}"),
     }
 }
@@ -497,10 +631,7 @@ fn headline_without_protections(bare: &[&Row]) -> Option<Finding> {
         "all",
         "Which strategy keeps requests succeeding when one of five servers fails?",
         &rows,
-        &format!(
-            "Without protections, when a server fails {}: ",
-            mode_words(mode)
-        ),
+        &format!("Without protections, with a server {}: ", mode_words(mode)),
     )?;
     f.text.push_str(
         " This run measured no protections; with them (keel lab --experiments e6) every strategy \
@@ -548,11 +679,19 @@ pub fn reliability(all_rows: &[Row]) -> Vec<Finding> {
 /// Round-robin's rows with one failing fast, made by both clients: what the rotation does to a
 /// client that makes all k calls, against one that stops at its first failure.
 fn clients(rows: &[Row]) -> Option<Finding> {
+    let in_step = |r: &Row| r.concurrency <= crate::lab::rotation::IN_STEP_CLIENTS;
     let all = rows.iter().find(|r| {
         r.client == Client::AllCalls.name()
             && r.strategy == "round-robin"
             && r.protections == "none"
+            && !in_step(r)
     })?;
+    let stepped = rows.iter().find(|r| {
+        r.client == Client::AllCalls.name()
+            && r.strategy == "round-robin"
+            && r.protections == "none"
+            && in_step(r)
+    });
     let stops = rows.iter().find(|r| {
         r.client == Client::StopsAtFirstFailure.name()
             && r.experiment == all.experiment
@@ -602,6 +741,19 @@ fn clients(rows: &[Row]) -> Option<Finding> {
             ": the further from independent, the more of the rotation's effect the real loop \
              keeps.",
         );
+    }
+    if let Some(st) = stepped {
+        text.push_str(&format!(
+            " With {} all-calls clients, whose picks keep their order, the rotation shows in \
+             full: {:.4} {}, closed form 1 - k p = {:.4}{}.",
+            st.concurrency,
+            st.measured,
+            ci_text(st.measured_ci95),
+            1.0 - f64::from(st.k) * st.p,
+            st.repeat_failures()
+                .map(|(m, _)| format!(" (m = {m:.3})"))
+                .unwrap_or_default()
+        ));
     }
     f.formula = Some(format!(
         "stopping at the first failure, (1 - p)^k = {:.4}; all calls, 1 - k s / m (s: share of \
@@ -759,6 +911,7 @@ fn e3(rows: &[&Row]) -> Option<Finding> {
             if tie { " (a tie)" } else { "" },
             formula(lc).unwrap_or_else(|| "none".into())
         ),
+        by_failure: Vec::new(),
     })
 }
 
@@ -881,7 +1034,7 @@ fn protected(e: &str, rows: &[&Row], all: &[Row]) -> Option<Finding> {
         );
         f.formula = formula(with);
         text.push_str(&format!(
-            "; {} when the server fails {}: {:.4}, {} over {:.4} without protections ({})",
+            "; {} with the server {}: {:.4}, {} over {:.4} without protections ({})",
             with.strategy,
             mode_words(&with.failure_mode),
             with.measured,
@@ -921,6 +1074,7 @@ fn e8(rows: &[LatencyRow]) -> Option<Finding> {
         tie: false,
         formula: None,
         text: String::new(),
+        by_failure: Vec::new(),
     };
     let mut text = format!(
         "E8 (open-loop load {:.2}, {} servers): {} has the lowest p99, {:.1} ms [{:.1}, {:.1}]",
@@ -988,6 +1142,7 @@ fn e9(rows: &[ReactionRow]) -> Option<Finding> {
         tie: false,
         formula: Some(format!("fair share 1 / servers = {:.3}", best.fair_share)),
         text: String::new(),
+        by_failure: Vec::new(),
     };
     let mut text = format!(
         "E9 (one of {} servers {:.0}x slower for {:.0} s): {} gave it the smallest share while \

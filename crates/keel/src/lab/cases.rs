@@ -228,7 +228,7 @@ impl Case {
             self.protections_name()
         );
         if self.client == Client::AllCalls {
-            s.push_str(" all-calls");
+            s.push_str(&format!(" all-calls x{}", self.concurrency));
         }
         if self.client_side {
             s.push_str(&format!(
@@ -413,6 +413,12 @@ pub fn plan(opts: &LabOptions) -> Vec<Case> {
             c.client = Client::AllCalls;
             cases.push(c);
         }
+        // The same with two clients: the rotation stays in step, a request's calls land on 3
+        // distinct servers, and its closed form is 1 - k p = 0.400, not (1 - p)^k = 0.512.
+        let mut c = Case::new("e1", RoundRobin, FailureMode::FAIL_AT_ONCE, n(2000, 1000));
+        c.client = Client::AllCalls;
+        c.concurrency = crate::lab::rotation::IN_STEP_CLIENTS;
+        cases.push(c);
         // A hash strategy with one key per request: a request's calls land on one server, so
         // it fails exactly when its key is on the failed server's part of the ring.
         cases.push(Case::new(

@@ -459,6 +459,7 @@ fn finding(r: &E10Report) -> Option<Finding> {
         tie: false,
         formula: None,
         text: String::new(),
+        by_failure: Vec::new(),
     };
     let mut text = format!(
         "E10 (keel advise on {} logged requests): its recommendation, {}, measured {:.4} {} \
@@ -533,7 +534,8 @@ fn html(r: &E10Report) -> String {
     );
     for row in &r.rows {
         let class = if row.agrees { "ok" } else { "off" };
-        let _ = write!(
+        let _ =
+            write!(
             h,
             "<tr class=\"{class}\"><td>{}{}</td><td class=l>{}</td><td class=l>{}</td><td>{}</td>\
              <td>{}</td><td>{:.2}</td><td>{:.1}</td><td>{:.1}</td><td class=\"l v\">{}</td></tr>",
@@ -546,7 +548,7 @@ fn html(r: &E10Report) -> String {
             row.z,
             row.predicted_p99_ms[0],
             row.measured_p99_ms,
-            if row.agrees { "agrees" } else { "differs" }
+            if row.agrees { "agrees" } else { "differs, mechanism unknown" }
         );
     }
     let _ = write!(

@@ -683,7 +683,11 @@ fn html(r: &FleetReport) -> String {
             } else {
                 " style=\"background:#fdeaea\""
             },
-            if x.agrees { "agrees" } else { "differs" },
+            if x.agrees {
+                "agrees"
+            } else {
+                "differs: mechanism unknown"
+            },
             runs.join(", ")
         );
     }

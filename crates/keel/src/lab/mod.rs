@@ -39,6 +39,7 @@ mod reliability;
 mod report;
 mod report_tail;
 mod results;
+mod rotation;
 mod rows;
 mod style;
 pub mod tail;

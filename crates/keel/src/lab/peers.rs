@@ -320,6 +320,18 @@ fn row(
     let analytic = match key_share {
         // One key per request: its calls all go to one server, failed or not.
         Some(share) => Some(1.0 - share),
+        // Round-robin's all-calls rows with clients few enough to stay in step: the rotation's
+        // 1 - k / n, hang or fast failure (one rotation per Envoy worker is in step as well).
+        None if case.client == Client::AllCalls
+            && case.strategy == PeerStrategy::RoundRobin
+            && case.concurrency <= crate::lab::rotation::IN_STEP_CLIENTS
+            && case.calls < case.servers =>
+        {
+            Some(crate::lab::rotation::rotation_success(
+                case.servers,
+                case.calls,
+            ))
+        }
         None => q.and_then(|q| analytic::success(case.strategy.model(), p, q, case.calls)),
     };
     let (lo, hi) = load.ci95();

@@ -273,7 +273,7 @@ fn print_narrow_table(report: &LabReport) {
                 t.split('-').next().unwrap_or(t)
             ),
             _ if r.client == keel_testbed::loadgen::Client::AllCalls.name() => {
-                format!("{} (all calls)", r.strategy)
+                format!("{} (all x{})", r.strategy, r.concurrency)
             }
             _ if r.key_share.is_some() => format!("{} (key/request)", r.strategy),
             _ => r.strategy.clone(),
@@ -304,8 +304,9 @@ fn print_narrow_table(report: &LabReport) {
     }
     let footer = format!(
         "{} rows in {:.1} s (healthy {:?}, timeout {:?}, seed {}). o+r+h: outlier ejection, \
-         retries and health checks; default: keel proxy's defaults. Every column and the \
-         verdicts' words: --wide.",
+         retries and health checks; default: keel proxy's defaults; (all xN): N clients each \
+         making all k calls (the others stop at a request's first failure). Every column and \
+         the verdicts' words: --wide.",
         report.rows.len(),
         report.wall_seconds,
         report.timing.healthy,
@@ -335,7 +336,7 @@ fn print_wide_table(report: &LabReport) {
         let strategy = match (&r.tie_break, &r.failed_position) {
             (Some(t), Some(pos)) => format!("{} ({t}, failed {pos})", short_strategy(&r.strategy)),
             _ if r.client == keel_testbed::loadgen::Client::AllCalls.name() => {
-                format!("{} (all calls)", r.strategy)
+                format!("{} (all x{})", r.strategy, r.concurrency)
             }
             _ if r.key_share.is_some() => format!("{} (key per request)", r.strategy),
             _ => r.strategy.clone(),

@@ -121,6 +121,8 @@ impl Row {
                     case.retries() as u64,
                     case.calls,
                 )
+            } else if let Some(a) = rotation(case) {
+                Some(a)
             } else {
                 analytic::success(case.strategy, p, q, case.calls)
             }
@@ -234,7 +236,7 @@ impl Row {
             (Some(m), false) if m.agrees && self.explained == Some(false) => (
                 "model-off",
                 format!(
-                    "not explained: agrees with the model; simulation {:+.1} SE away",
+                    "not explained, mechanism unknown: agrees with the model; simulation {:+.1} SE away",
                     sim.z
                 ),
             ),
@@ -264,26 +266,40 @@ impl Row {
             (Some(m), true) => (
                 "model-off",
                 format!(
-                    "not explained: model outside the interval ({:+.1} SE); simulation agrees",
+                    "not explained, mechanism unknown: model outside the interval ({:+.1} SE); simulation agrees",
                     m.z
                 ),
             ),
             (Some(m), false) => (
                 "off",
                 format!(
-                    "not explained: model {:+.1} SE, simulation {:+.1} SE away",
+                    "not explained, mechanism unknown: model {:+.1} SE, simulation {:+.1} SE away",
                     m.z, sim.z
                 ),
             ),
             (None, false) => (
                 "off",
                 format!(
-                    "not explained: simulation {:+.1} SE away (no closed form)",
+                    "not explained, mechanism unknown: simulation {:+.1} SE away (no closed form)",
                     sim.z
                 ),
             ),
         }
     }
+}
+
+/// Round-robin without protections, one server failed, an all-calls client with few enough
+/// clients to stay in step: the rotation's closed form, 1 - k / n (a hang too: only the
+/// spacing after healthy calls matters). None for any other
+/// row (many clients interleave: their closed form is independent calls', (1 - p)^k).
+pub(crate) fn rotation(case: &Case) -> Option<f64> {
+    (case.strategy == StrategyKind::RoundRobin
+        && case.protections == Protection::None
+        && case.client == Client::AllCalls
+        && case.concurrency <= crate::lab::rotation::IN_STEP_CLIENTS
+        && case.failed == 1
+        && case.calls < case.servers)
+        .then(|| crate::lab::rotation::rotation_success(case.servers, case.calls))
 }
 
 /// The q that would give least-connections this share of calls on the failed servers:
@@ -530,12 +546,23 @@ impl Mechanism {
                         .is_some_and(|(measured, independent)| measured < independent)
             }
             Mechanism::Interleaving => {
-                against == Against::Simulation
-                    && r.strategy == StrategyKind::RoundRobin.name()
+                // Against the rotation's closed form: its m is k p / (1 - form), what the
+                // rotation in step gives; a measured m above it says the others' picks moved
+                // the calls off the step.
+                let in_step = (against == Against::Model && r.client == Client::AllCalls.name())
+                    .then(|| f64::from(r.k) * r.p / (1.0 - predicted));
+                r.strategy == StrategyKind::RoundRobin.name()
                     && r.measured > predicted
-                    && r.repeat_failures()
-                        .zip(r.simulated_repeat_failures())
-                        .is_some_and(|((measured, _), simulated)| measured > simulated)
+                    && match against {
+                        Against::Simulation => r
+                            .repeat_failures()
+                            .zip(r.simulated_repeat_failures())
+                            .is_some_and(|((measured, _), simulated)| measured > simulated),
+                        Against::Model => r
+                            .repeat_failures()
+                            .zip(in_step)
+                            .is_some_and(|((measured, _), form)| measured > form),
+                    }
             }
             Mechanism::OtherRing => {
                 against == Against::Simulation

@@ -449,12 +449,12 @@ impl LatencyRow {
             ),
             (true, Some(false)) => (
                 "model-off",
-                "not explained: agrees with the simulation; the model misses".into(),
+                "not explained, mechanism unknown: agrees with the simulation; the model misses".into(),
             ),
             (false, m) => (
                 "off",
                 format!(
-                    "not explained: {differing} of 3 quantiles differ from the simulation{}",
+                    "not explained, mechanism unknown: {differing} of 3 quantiles differ from the simulation{}",
                     match m {
                         Some(true) => "; the model agrees",
                         Some(false) => "; the model misses",
@@ -476,7 +476,7 @@ impl ReactionRow {
             (
                 "off",
                 format!(
-                    "not explained: share while slow {:+.1} SE, after {:+.1} SE",
+                    "not explained, mechanism unknown: share while slow {:+.1} SE, after {:+.1} SE",
                     self.during.z, self.after.z
                 ),
             )

@@ -273,8 +273,8 @@ impl PeerCase {
             self.failure.name(),
             self.calls,
             match self.client {
-                Client::StopsAtFirstFailure => "",
-                Client::AllCalls => " all calls",
+                Client::StopsAtFirstFailure => String::new(),
+                Client::AllCalls => format!(" all calls x{}", self.concurrency),
             }
         )
     }
@@ -310,15 +310,22 @@ pub(crate) fn plan(quick: bool, only: &[StrategyKind]) -> Vec<PeerCase> {
                         requests: requests_per_row(quick),
                         client: Client::StopsAtFirstFailure,
                     };
+                    // Bare round-robin's 3-call rows again from all-calls clients: 24 (the
+                    // rotation interleaved by the others) and 2 (in step).
                     let all_calls = (setting == Setting::Bare
                         && strategy == PeerStrategy::RoundRobin
                         && calls > 1)
-                        .then(|| PeerCase {
-                            client: Client::AllCalls,
-                            ..case.clone()
+                        .then(|| {
+                            [case.concurrency, crate::lab::rotation::IN_STEP_CLIENTS].map(
+                                |concurrency| PeerCase {
+                                    client: Client::AllCalls,
+                                    concurrency,
+                                    ..case.clone()
+                                },
+                            )
                         });
                     out.push(case);
-                    out.extend(all_calls);
+                    out.extend(all_calls.into_iter().flatten());
                 }
             }
         }

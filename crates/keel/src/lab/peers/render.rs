@@ -189,7 +189,12 @@ fn all_calls(r: &PeerRow) -> Option<(String, Vec<Evidence>)> {
     let s = r.measured_failed_share;
     let identity = 1.0 - f64::from(r.k) * s / m;
     let rotation = m < independent && r.analytic.is_some_and(|a| r.measured < a);
-    let what = if rotation {
+    let in_step = r.concurrency <= crate::lab::rotation::IN_STEP_CLIENTS;
+    let what = if in_step && r.agrees == Some(true) {
+        "in step: with so few clients their picks keep their order, a client whose call fails \
+         at once takes the next position itself, and a request's calls land on distinct \
+         servers (closed form 1 - k p)"
+    } else if rotation {
         "rotation: a call that fails at once frees its client, and round-robin gives its next \
          call the next, healthy server, so a request's failures rarely repeat and spread over \
          more requests"
@@ -256,9 +261,9 @@ fn bare(peer: Option<Peer>, case: &PeerCase, r: &PeerRow) -> Option<(String, Vec
             let z = (of_requests - key) / (key * (1.0 - key) / r.requests.max(1) as f64).sqrt();
             Some((
                 format!(
-                    "a sample of keys: the ring gives the failed server {key:.3} of all keys \
-                     (keel: counted over 100,000 keys), and the row's {} request keys put {n} \
-                     requests on it, {of_requests:.3} ({z:+.1} standard deviations)",
+                    "where the keys went: the ring gives the failed server {key:.3} of the row's \
+                     keys counted before the row, and the row's {} requests put {n} on it, \
+                     {of_requests:.3} ({z:+.1} standard deviations)",
                     r.requests
                 ),
                 vec![
@@ -353,7 +358,8 @@ pub(crate) fn flag_disagreements(rows: &mut [PeerRow]) {
                 && a.strategy == b.strategy
                 && a.failure_mode == b.failure_mode
                 && a.k == b.k
-                && a.client == b.client;
+                && a.client == b.client
+                && a.concurrency == b.concurrency;
             if a.balancer != b.balancer
                 && same_case
                 && same_behaviour(a)
@@ -402,6 +408,7 @@ fn lines(report: &PeersReport) -> Vec<Vec<&PeerRow>> {
                 && a.failure_mode == r.failure_mode
                 && a.k == r.k
                 && a.client == r.client
+                && a.concurrency == r.concurrency
         }) {
             Some(l) => l.push(r),
             None => out.push(vec![r]),
@@ -410,10 +417,10 @@ fn lines(report: &PeersReport) -> Vec<Vec<&PeerRow>> {
     out
 }
 
-/// The strategy as the table names a line: `(all)` marks a client that makes all k calls.
+/// The strategy as the table names a line: `(all xN)` marks N clients that make all k calls.
 fn strategy_label(r: &PeerRow) -> String {
     if r.client == keel_testbed::loadgen::Client::AllCalls.name() {
-        format!("{} (all)", r.strategy)
+        format!("{} (all x{})", r.strategy, r.concurrency)
     } else {
         r.strategy.clone()
     }
@@ -519,7 +526,10 @@ pub(crate) fn answer(report: &PeersReport) -> String {
     if unexplained == 0 {
         s.push_str("every departure names its mechanism with a number from its own row.");
     } else {
-        let _ = write!(s, "{unexplained} departures are not explained (marked !).");
+        let _ = write!(
+            s,
+            "{unexplained} departures are not explained (marked !): mechanism unknown."
+        );
     }
     if disagreeing > 0 {
         let _ = write!(
@@ -617,8 +627,8 @@ pub(crate) fn print_table(report: &PeersReport) {
         println!("{line}");
     }
     println!(
-        "* outside the 95 % interval of the closed form, mechanism below; ! not explained; \
-         (all): a client that makes all k calls; 1-ks: 1 minus the failed server's share of the \
+        "* outside the 95 % interval of the closed form, mechanism below; ! mechanism unknown; \
+         (all xN): N clients that make all k calls (in step at 2: 1 - k p); 1-ks: 1 minus the failed server's share of the \
          keys on each balancer's own ring:"
     );
     for l in key_share_lines(report) {
@@ -711,10 +721,11 @@ pub(crate) fn html(report: &PeersReport) -> String {
                         esc(&r.run_as),
                         r.measured_ci95[0],
                         r.measured_ci95[1],
-                        r.mechanism
-                            .as_deref()
-                            .map(|m| format!(": {}", esc(m)))
-                            .unwrap_or_default(),
+                        match (&r.mechanism, r.agrees) {
+                            (Some(m), _) => format!(": {}", esc(m)),
+                            (None, Some(false)) => ": mechanism unknown".into(),
+                            (None, _) => String::new(),
+                        },
                         r.measured,
                         if r.agrees == Some(false) { "*" } else { "" },
                         if r.disagrees_with.is_empty() { "" } else { "≠" }
