@@ -1,4 +1,4 @@
-//! `keel lab --quick --experiments e18`: the first 100 requests of the Mooncake slice replayed
+//! `keel lab --quick --experiments e18`: the first 150 requests of the Mooncake slice replayed
 //! through keel's round-robin and prefix-affinity with the derived conversation as its session
 //! key, three fake vLLM engines on loopback. The closed form (Che's characteristic time on the
 //! trace's reuse distances, on the placement the run made) and the simulator must each be
@@ -45,7 +45,7 @@ fn e18_predicts_the_trace_and_sessions_keep_conversations_cached() {
     assert!(html.contains("E18: a real trace replayed"));
     // The answer comes first.
     assert_eq!(v["answer"][0]["experiment"], "e18", "{}", v["answer"]);
-    assert_eq!(r["requests"], 100);
+    assert_eq!(r["requests"], 150);
     let rows = r["rows"].as_array().expect("rows");
     let policies: Vec<&str> = rows.iter().map(|x| x["policy"].as_str().unwrap()).collect();
     assert_eq!(policies, ["round-robin", "prefix-affinity, session key"]);
@@ -53,7 +53,7 @@ fn e18_predicts_the_trace_and_sessions_keep_conversations_cached() {
     for x in rows {
         let name = x["policy"].as_str().unwrap();
         assert_eq!(x["failed"], 0, "{name}: failed requests");
-        assert_eq!(x["requests"], 100, "{name}");
+        assert_eq!(x["requests"], 150, "{name}");
         let (s, t) = (cached(x, 1), cached(x, 2));
         let f = x["formula_on_run"].as_f64().unwrap();
         assert!(

@@ -29,8 +29,8 @@ pub struct Args {
     /// hashed alike recover; quick about 10 s, N = 1, 2); e17 (an affine inference engine
     /// fails: hang, 500, refuse; failed tries and cache hits lost, closed form, simulator and
     /// traffic; quick about 10 s), only when named; e18 (Mooncake's conversation trace replayed
-    /// through keel and the routers of --peers vllm-router,smg; about 4 minutes, quick keel
-    /// only, about 30 s), only when named. Default: e1..e6b (quick: e1,e2,e6,e6b).
+    /// through keel and the routers of --peers vllm-router,smg; about 5 minutes, quick keel
+    /// only, about 45 s), only when named. Default: e1..e6b (quick: e1,e2,e6,e6b).
     #[arg(long, value_delimiter = ',')]
     experiments: Vec<String>,
     /// Only these strategies, comma-separated.
