@@ -351,17 +351,14 @@ pub fn predict_on(
         for (t, r) in stream.iter().enumerate() {
             let named = (r.prompt_tokens / bt).min(r.hash_ids.len());
             let most = r.prompt_tokens.saturating_sub(1) / bt;
-            let mut run = 0;
-            let mut leading = true;
-            for k in 0..named {
-                let (_, prev) = uses[u + k];
-                let found = prev.is_some_and(|p| ((t - p) as f64) <= t_char + in_flight);
-                if leading && found && k < most {
-                    run += 1;
-                } else {
-                    leading = false;
-                }
-            }
+            // The leading run of blocks found.
+            let run = uses[u..u + named]
+                .iter()
+                .take(most)
+                .take_while(|(_, prev)| {
+                    prev.is_some_and(|p| ((t - p) as f64) <= t_char + in_flight)
+                })
+                .count();
             u += named;
             cached += (run * bt) as u64;
             prompt += r.prompt_tokens as u64;
