@@ -182,7 +182,7 @@ impl Trace {
 
 /// The key of each leading run of `ids` (run `k` = the first `k + 1` ids).
 fn chain_keys(ids: &[u64]) -> Vec<u64> {
-    let mut h = 0x7472_6163_65u64;
+    let mut h = 0x0074_7261_6365_u64;
     ids.iter()
         .map(|&id| {
             h = mix64(h ^ mix64(id.wrapping_add(0x9e37_79b9)));
