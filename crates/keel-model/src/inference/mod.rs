@@ -4,7 +4,7 @@
 //! - [`EngineSpec`]: the one description of an engine, used by the pure engine ([`engine`]), the
 //!   testbed's `keel backend --llm` that runs it in real time, the simulator ([`sim`]) that runs
 //!   it in virtual time, and the closed forms ([`formula`]; an engine's failure: [`failover`];
-//!   a fleet of routers: [`fleet`]).
+//!   a fleet of routers: [`fleet`]; a recorded trace replayed: [`trace`]).
 //! - Prompts become tokens and named blocks by `keel_balance::prefix`, the same rule the
 //!   `prefix-affinity` strategy and the proxy's prompt reader use.
 
@@ -15,6 +15,7 @@ pub mod failover;
 pub mod fleet;
 pub mod formula;
 pub mod sim;
+pub mod trace;
 
 /// One inference engine: its KV cache and how long a step of continuous batching takes.
 ///

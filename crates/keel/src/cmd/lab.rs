@@ -28,7 +28,9 @@ pub struct Args {
     /// in front of the same engines: cache hits lost, and what the engines' signals and a key
     /// hashed alike recover; quick about 10 s, N = 1, 2); e17 (an affine inference engine
     /// fails: hang, 500, refuse; failed tries and cache hits lost, closed form, simulator and
-    /// traffic; quick about 10 s), only when named. Default: e1..e6b (quick: e1,e2,e6,e6b).
+    /// traffic; quick about 10 s), only when named; e18 (Mooncake's conversation trace replayed
+    /// through keel and the routers of --peers vllm-router,smg; about 5 minutes, quick keel
+    /// only, about 45 s), only when named. Default: e1..e6b (quick: e1,e2,e6,e6b).
     #[arg(long, value_delimiter = ',')]
     experiments: Vec<String>,
     /// Only these strategies, comma-separated.
@@ -93,6 +95,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Box::new(lab::Inference::new(&opts)),
         Box::new(lab::E16::new(&opts)),
         Box::new(lab::E17::new(&opts)),
+        Box::new(lab::E18::new(&opts)),
     ];
     let report = lab::run(&opts, &mut experiments)?;
     if args.json {

@@ -12,7 +12,8 @@
 //! the backends actually served and, for random placement, against queueing theory. E10
 //! (e10.rs, only when named) checks `keel advise` against real traffic; E12 (fleet.rs, only when
 //! named) measures a fleet of keel proxies on etcd; E13-E15 (inference/), E16 (e16.rs, a fleet
-//! of inference routers) and E17 (e17.rs, an affine inference engine failing) only when named;
+//! of inference routers), E17 (e17.rs, an affine inference engine failing) and E18 (e18.rs, a
+//! real trace replayed) only when named;
 //! `--peers` puts NGINX, HAProxy and Envoy next to keel (peers.rs).
 //!
 //! Every experiment has one shape, [`Experiment`] (experiment.rs): `keel lab` lists them
@@ -27,6 +28,8 @@ mod e16;
 mod e16_rows;
 mod e17;
 mod e17_rows;
+mod e18;
+mod e18_rows;
 mod experiment;
 mod fleet;
 mod fleet_rows;
@@ -55,6 +58,7 @@ pub use cases::Timing;
 pub use e10::E10;
 pub use e16::E16;
 pub use e17::E17;
+pub use e18::E18;
 pub use experiment::{Experiment, Lab, Planned};
 pub use fleet::Fleet;
 pub use inference::Inference;
@@ -150,6 +154,7 @@ pub fn run(
         inference: None,
         e16: None,
         e17: None,
+        e18: None,
     };
     for e in experiments.iter_mut() {
         e.rows(&mut report);

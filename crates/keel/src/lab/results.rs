@@ -1,7 +1,8 @@
 //! Everything a lab run produced, [`LabReport`]: below the experiments, which fill it in
 //! (`Experiment::rows`) and read it (`Experiment::answer`, `print`, `html`), and made only of
 //! their row types (rows.rs, tail_rows.rs, e10_rows.rs, fleet_rows.rs, peers/rows.rs,
-//! inference/rows.rs, e16_rows.rs, e17_rows.rs), so no experiment reads the file that runs it.
+//! inference/rows.rs, e16_rows.rs, e17_rows.rs, e18_rows.rs), so no experiment reads the file
+//! that runs it.
 
 use serde::Serialize;
 
@@ -10,6 +11,7 @@ use crate::lab::cases::Timing;
 use crate::lab::e10_rows::E10Report;
 use crate::lab::e16_rows::E16Report;
 use crate::lab::e17_rows::E17Report;
+use crate::lab::e18_rows::E18Report;
 use crate::lab::fleet_rows::FleetReport;
 use crate::lab::inference::rows::InferenceReport;
 use crate::lab::peers::rows::PeersReport;
@@ -57,6 +59,9 @@ pub struct LabReport {
     /// E17: an affine engine fails (hang, 500, refuse) under prefix-affinity.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub e17: Option<E17Report>,
+    /// E18: Mooncake's conversation trace replayed through keel and the inference peers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub e18: Option<E18Report>,
 }
 
 /// The machine a report was made on.

@@ -18,7 +18,7 @@
 //! `rendezvous` on the prompt's first block name, sent by the lab's client in a header (the
 //! rows say which).
 
-mod routers;
+pub(crate) mod routers;
 pub(crate) mod rows;
 pub(crate) mod traffic;
 
@@ -194,7 +194,8 @@ impl Inference {
         Inference {
             e13: named("e13"),
             e14: named("e14"),
-            e15: named("e15") || !routers.is_empty(),
+            // With --peers alone, E15; E18 takes the peers itself.
+            e15: named("e15") || (!routers.is_empty() && !named("e18")),
             routers,
             quick: opts.quick,
             report: None,

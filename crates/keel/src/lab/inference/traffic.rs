@@ -542,13 +542,27 @@ pub(crate) async fn ask(
     request_id: Option<&str>,
 ) -> anyhow::Result<Reply> {
     let id = request_id.map_or(String::new(), |id| format!("x-request-id: {id}\r\n"));
+    ask_with(
+        router,
+        body,
+        &format!("{PREFIX_HEADER}: {first_block}\r\n{id}"),
+    )
+    .await
+}
+
+/// [`ask`] with the request's own header lines (`headers`, each ending in CRLF).
+pub(crate) async fn ask_with(
+    router: SocketAddr,
+    body: &str,
+    headers: &str,
+) -> anyhow::Result<Reply> {
     let exchange = async {
         let start = Instant::now();
         let mut s = TcpStream::connect(router).await?;
         s.set_nodelay(true)?;
         let req = format!(
             "POST /v1/completions HTTP/1.0\r\nHost: {router}\r\nContent-Type: application/json\r\n\
-             {PREFIX_HEADER}: {first_block}\r\n{id}Content-Length: {}\r\n\r\n{body}",
+             {headers}Content-Length: {}\r\n\r\n{body}",
             body.len()
         );
         s.write_all(req.as_bytes()).await?;
