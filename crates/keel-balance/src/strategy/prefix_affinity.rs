@@ -8,7 +8,10 @@
 //! wins; equal matches go to the session key's endpoint (rendezvous on `PickContext::hash_key`)
 //! when there is one, then, for a prompt matched nowhere, to the endpoint holding the fewest
 //! prompts' first blocks (a new prefix gets the most room: the prefixes spread evenly), then
-//! to the least loaded, then at random. A prompt with no blocks at all goes by load.
+//! to the least loaded, then at random. A prompt with no blocks at all goes by load. A match
+//! shorter than [`MIN_MATCH`] of the prompt counts as none: a system prompt of a block or two
+//! that every request starts with would otherwise draw every new conversation to the
+//! endpoints that already hold it and leave another idle.
 //!
 //! An endpoint is full when it holds at least ceil(c x (calls in flight + 1) x weight share)
 //! calls (the hash strategies' bounded loads, c = `bounded_load`, default 1.25) **and** at
@@ -57,6 +60,13 @@ use crate::Outcome;
 /// call's endpoint). At larger loads the relative bound is the larger and decides. SMG's
 /// `cache_aware` has the same two terms (64 calls, 1.5 x the idlest).
 const SLACK: u32 = 5;
+
+/// The least share of a prompt's blocks an endpoint must hold for its match to count (SMG's
+/// `cache_threshold`, 0.3 by default there too). Shorter matches are the few blocks every
+/// request shares (a system prompt): on a Mooncake conversation trace, where every request
+/// starts with the same block, counting them sent new conversations to two of three engines
+/// (160/0/157 requests, 0.27 of prompt tokens from cache against 0.35 spread evenly).
+pub(crate) const MIN_MATCH: f64 = 0.3;
 
 /// How long an endpoint whose call failed is passed over (nanoseconds): long enough for its
 /// prefixes to settle on their next-best endpoints, short enough that a recovered engine
@@ -126,6 +136,11 @@ impl Strategy for PrefixAffinity {
                 continue;
             }
             let m = cache.leading(call.prefix);
+            let m = if (m as f64) < MIN_MATCH * call.prefix.len() as f64 {
+                0
+            } else {
+                m
+            };
             let s = call.key.map_or(0.0, |k| {
                 let e = &v.eps[i];
                 rendezvous_score(k, e.hash(), e.weight(), self.uniform)
@@ -437,6 +452,32 @@ mod tests {
         used.sort_unstable();
         used.dedup();
         assert!(used.len() >= 2, "{home:?}");
+    }
+
+    #[test]
+    fn a_system_prompt_every_request_shares_does_not_draw_new_conversations() {
+        let b = Bench::new(&[1; 3]);
+        let s = strategy(&b, 960);
+        // 30 conversations of 10 blocks, each starting with the same block (group 0's first
+        // block: a system prompt), one call at a time.
+        let mut per = [0usize; 3];
+        for c in 0..30u64 {
+            let p = prompt(0, 1, c, 10);
+            let i = start(&b, &s, with(&p));
+            end(&b, i);
+            per[i] += 1;
+        }
+        // Counting the shared block as a match sent all 30 to the first endpoint that held it.
+        assert!(per.iter().all(|&n| n >= 5), "{per:?}");
+        // A conversation's next turn still goes where its own blocks are.
+        let first = prompt(0, 1, 7, 10);
+        let home = (0..3)
+            .find(|&i| s.caches.lock().unwrap()[i].leading(&first) == 10)
+            .unwrap();
+        let next = prompt(0, 1, 7, 14);
+        let i = start(&b, &s, with(&next));
+        end(&b, i);
+        assert_eq!(i, home);
     }
 
     #[test]
