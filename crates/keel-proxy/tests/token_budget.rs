@@ -198,6 +198,10 @@ async fn a_tenants_budget_counts_exactly_the_engines_usage() {
         metric(admin, "keel_token_budget_refused_total{cluster=\"app\"}").await,
         Some(1.0)
     );
+    println!(
+        "{seen} answers: the engines counted {used} tokens, the budget charged {used}; {left} of {TOKENS} left: {} refused (Retry-After {secs}), {left} admitted",
+        left + 1
+    );
 
     // Another tenant has a budget of its own, whole.
     let b = complete(
@@ -214,6 +218,14 @@ async fn a_tenants_budget_counts_exactly_the_engines_usage() {
     assert_eq!(first.status, 200, "{}", first.body);
     let second = complete(addr, false, &[], &with_estimate(TOKENS, "anon2")).await;
     refused(&second, "the shared budget");
+    // For `promtool check metrics` (see scripts/check-metrics.sh).
+    if let Ok(path) = std::env::var("KEEL_BUDGET_METRICS_OUT") {
+        let text = get(&format!("http://{admin}/metrics"))
+            .await
+            .unwrap()
+            .text();
+        std::fs::write(path, text).unwrap();
+    }
     proxy.shutdown(Duration::from_secs(1)).await;
 }
 
@@ -267,6 +279,7 @@ async fn a_refused_tenant_is_admitted_after_retry_after_and_others_are_not_held(
         secs
     };
     let (one, two) = tokio::join!(tenant(false), tenant(true));
+    println!("refused, then admitted after Retry-After: {one} s (HTTP/1.1), {two} s (HTTP/2)");
     // Without a key: no budget (`without_key = "unlimited"`), whatever the estimate (here
     // over twice the budget; the engine takes at most 1920 tokens).
     let free = complete(addr, false, &[], &with_estimate(1500, "free")).await;
