@@ -152,6 +152,12 @@ async fn forward_once<B: RequestBody>(
     // The endpoint token a sticky session's cookie names (read before the rewrites, which may
     // remove the cookie).
     let pin = cluster.sticky.as_ref().map(|s| s.token(req.head.view()));
+    // The tenant of a token budget, as the client named it (a rewrite may replace the key
+    // the endpoint gets with the engines' own).
+    let tenant = cluster
+        .token_budget
+        .as_ref()
+        .and_then(|b| Some((b, b.tenant(req.head.view())?)));
     let mut head = req.head;
     // The trace context first (`[tracing]`): keel's own answers below are in the trace too.
     // Boxed: only a traced request moves it with its answer.
@@ -211,8 +217,25 @@ async fn forward_once<B: RequestBody>(
     // A `prefix-affinity` cluster reads the prompt before the pick, and an `inference` one
     // a streamed request's `stream_options` (both within `prompt_read_limit`; a `models`
     // route's reading goes on from where it stopped).
-    let read = crate::policy::inference::read_prompt(&cluster.config, meta.body, body).await;
+    let framing = meta.body;
+    let read = crate::policy::inference::read_prompt(&cluster.config, framing, body).await;
     let (prompt, mut body, usage_added) = (read.prompt, read.body, read.usage_added);
+    // A token budget admits a request with a body on its estimate, before the pick.
+    let mut charge = None;
+    if let Some((budget, key)) = tenant.filter(|_| framing != BodyFraming::None) {
+        let bytes = body.read_bytes();
+        let len = match framing {
+            BodyFraming::Length(n) => n,
+            _ => bytes.len() as u64,
+        };
+        let max_tokens = crate::policy::inference::max_tokens(bytes);
+        let estimate = crate::policy::budget::estimate(len, max_tokens, &budget.config);
+        let now = Instant::now();
+        match budget.admit(client.worker, key, estimate, now, &cluster.metrics) {
+            Ok(c) => charge = Some(c),
+            Err(spent) => return traced(budget_spent(cluster, &budget.config, spent), trace),
+        }
+    }
     let sized_meta;
     if let Some(n) = usage_added {
         // The body keel sends is longer than the client's: its length follows.
@@ -274,7 +297,7 @@ async fn forward_once<B: RequestBody>(
                 tail.tries.inference = Some(slot.clone());
                 tail.tries.prompt = prompt_name;
                 let (strip, metrics) = (usage_added.is_some(), cluster.metrics.clone());
-                response = response.meter(leg.out(), req.start, strip, slot, metrics);
+                response = response.meter(leg.out(), req.start, strip, slot, metrics, charge);
             }
             if let Some((c, offer)) = compression {
                 response = response.compress(leg.out(), c, offer);
@@ -427,16 +450,32 @@ fn rate_limited(
         burst: limit.config.burst(),
     };
     let mut own = crate::driver::answer::own(cluster, client, 429, &cause, None, None, 0);
-    let secs = limited
-        .retry_after
-        .as_nanos()
-        .div_ceil(1_000_000_000)
-        .max(1);
     own.headers.push((
         hyper::header::RETRY_AFTER,
-        hyper::http::HeaderValue::from(secs as u64),
+        hyper::http::HeaderValue::from(limited.seconds()),
     ));
     own
+}
+
+/// keel's `429` to a request its tenant's token budget cannot cover (see
+/// `crate::policy::budget`).
+fn budget_spent(
+    cluster: &Cluster,
+    config: &crate::config::TokenBudgetConfig,
+    spent: crate::policy::budget::Spent,
+) -> OwnAnswer {
+    let (unit, secs) = (config.unit.as_str(), spent.wait.seconds());
+    let message = format!(
+        "Token budget reached on tokens per {unit}: limit {}, requested {} (estimated). Please try again in {secs}s.",
+        config.tokens, spent.estimate
+    );
+    let cause = format!(
+        "token budget spent: cluster {}'s token_budget ({} tokens a {unit}) cannot cover the request's estimate of {} tokens for {secs} s; refused without trying an endpoint",
+        cluster.name(),
+        config.tokens,
+        spent.estimate
+    );
+    crate::driver::answer::token_budget_spent(&message, secs, cause)
 }
 
 /// keel's `403` to a client that `allow`/`deny` refuse, counted on the cluster.

@@ -138,6 +138,8 @@ pub struct ClusterConfig {
     /// `/metrics` and `/status`, and a streamed request that does not ask for `usage` is
     /// made to (the client does not see it). Default false.
     pub inference: bool,
+    /// Token budgets per tenant (`[cluster.token_budget]`; `inference = true` clusters only).
+    pub token_budget: Option<crate::config::budget::TokenBudgetConfig>,
     /// Responses whose `Content-Length` is at most this many bytes are read whole before they
     /// are forwarded, so that an endpoint failing mid-body can still be retried; larger or
     /// chunked bodies stream through. 0 streams everything. Default 65536.
@@ -343,6 +345,7 @@ pub(crate) const CLUSTER_KEYS: &[&str] = &[
     "probe",
     "engine_signals",
     "inference",
+    "token_budget",
     "max_amplification",
     "rate_limit",
     "strip_prefix",
@@ -382,6 +385,7 @@ impl<'de> Deserialize<'de> for ClusterConfig {
                         "probe" => c.probe = map.next_value()?,
                         "engine_signals" => c.engine_signals = Some(map.next_value()?),
                         "inference" => c.inference = map.next_value()?,
+                        "token_budget" => c.token_budget = Some(map.next_value()?),
                         "max_buffered_response" => c.max_buffered_response = map.next_value()?,
                         "pool_max_idle_per_endpoint" => {
                             c.pool_max_idle_per_endpoint = map.next_value()?
@@ -705,6 +709,19 @@ impl ClusterConfig {
             s.validate()
                 .map_err(|e| e.under(FieldPath::key("sticky")))?;
         }
+        if let Some(b) = &self.token_budget {
+            b.validate()
+                .map_err(|e| e.under(FieldPath::key("token_budget")))?;
+            if !self.inference {
+                return Err(InvalidField::at(
+                    "token_budget",
+                    Problem::Invalid(
+                        "a token budget is charged from the engines' `usage`: set `inference = true`"
+                            .into(),
+                    ),
+                ));
+            }
+        }
         self.policy.rewrites(None).validate()?;
         self.policy
             .compression
@@ -980,6 +997,7 @@ impl ClusterConfig {
             probe: ProbeConfig::default(),
             engine_signals: None,
             inference: false,
+            token_budget: None,
             max_buffered_response: default_max_buffered_response(),
             pool_max_idle_per_endpoint: default_pool_max_idle(),
             sticky: None,

@@ -21,6 +21,7 @@ use std::time::Duration;
 use keel_balance::{FieldPath, InvalidField, Problem};
 use serde::Deserialize;
 
+pub(crate) mod budget;
 pub(crate) mod cluster;
 pub(crate) mod compress;
 pub(crate) mod discovery;
@@ -35,6 +36,7 @@ pub(crate) mod route;
 #[cfg(test)]
 mod tests;
 
+pub use budget::{BudgetKey, BudgetUnit, TokenBudgetConfig, WithoutKey};
 pub use cluster::{
     Amplification, ClusterConfig, EngineSignalsConfig, ProxyProtocol, RetryConfig, SignalSource,
     UpstreamProtocol, UpstreamTlsConfig, MAX_RETRY_ATTEMPTS,

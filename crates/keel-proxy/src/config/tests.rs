@@ -695,6 +695,7 @@ fn every_flat_key_has_exactly_one_owner() {
         "probe",
         "engine_signals",
         "inference",
+        "token_budget",
         "max_buffered_response",
         "pool_max_idle_per_endpoint",
         "sticky",

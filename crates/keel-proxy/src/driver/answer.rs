@@ -78,6 +78,24 @@ pub(crate) fn model_missing(read_limit: usize) -> OwnAnswer {
     openai_error(400, &message, None, "the body names no model".to_string())
 }
 
+/// keel's answer to a request its tenant's token budget cannot cover: `429` in OpenAI's
+/// error shape (`"type": "tokens"`, `"code": "rate_limit_exceeded"`, as OpenAI answers a
+/// tokens-per-minute limit), with `Retry-After` (whole seconds, at least 1).
+pub(crate) fn token_budget_spent(message: &str, retry_after: u64, cause: String) -> OwnAnswer {
+    let body = serde_json::json!({"error": {
+        "message": message,
+        "type": "tokens",
+        "param": null,
+        "code": "rate_limit_exceeded",
+    }});
+    let mut own = openai_body(429, body, cause);
+    own.headers.push((
+        hyper::header::RETRY_AFTER,
+        hyper::http::HeaderValue::from(retry_after),
+    ));
+    own
+}
+
 /// `{"error":{"message","type":"invalid_request_error","param":"model","code"}}`, as
 /// OpenAI's API and vLLM answer a request's error, with its JSON content type.
 fn openai_error(status: u16, message: &str, code: Option<&str>, cause: String) -> OwnAnswer {
@@ -87,6 +105,11 @@ fn openai_error(status: u16, message: &str, code: Option<&str>, cause: String) -
         "param": "model",
         "code": code,
     }});
+    openai_body(status, body, cause)
+}
+
+/// keel's answer of `status` with an OpenAI error `body`.
+fn openai_body(status: u16, body: serde_json::Value, cause: String) -> OwnAnswer {
     let mut text = body.to_string();
     text.push('\n');
     OwnAnswer {

@@ -163,7 +163,8 @@ impl UpstreamResponse {
     /// it streams (server-sent events, or one JSON body), for both front ends alike; `strip`:
     /// keel asked for the usage the client did not, and takes it out of the events. An answer
     /// in a content coding is not read. `out`: an HTTP/1.1 endpoint's head, as
-    /// [`Self::into_parts`].
+    /// [`Self::into_parts`]. `charge`: the request's token budget charge, settled by the
+    /// answer's `usage` (dropped with an answer not read, it keeps its estimate).
     pub fn meter(
         self,
         out: &[u8],
@@ -171,6 +172,7 @@ impl UpstreamResponse {
         strip: bool,
         slot: crate::metrics::inference::MeasuredSlot,
         metrics: std::sync::Arc<crate::metrics::ClusterMetrics>,
+        charge: Option<crate::policy::budget::Charge>,
     ) -> Self {
         use crate::policy::meter::{Metering, Shape};
         if !(200..300).contains(&self.status()) {
@@ -200,7 +202,7 @@ impl UpstreamResponse {
         }
         let body = ResponseBody::Metered(Box::new(Metered {
             inner: body,
-            metering: Metering::new(started, shape, strip, slot, metrics),
+            metering: Metering::new(started, shape, strip, slot, metrics, charge),
             strip,
         }));
         UpstreamResponse::Transformed(Box::new((head, body)))

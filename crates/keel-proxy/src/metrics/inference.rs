@@ -3,9 +3,11 @@
 //! and a cluster's series by model ([`InferenceMetrics`]): time to first token, time between
 //! tokens, and tokens by kind. Models are counted under their own name up to [`MAX_MODELS`];
 //! later ones under `other`, so that a client naming models at will cannot grow `/metrics`.
+//! A cluster with a token budget also counts the tokens its budget charged and the requests it
+//! refused (by cluster only: tenants are never labels).
 
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -57,13 +59,27 @@ pub struct InferenceMetrics {
     models: Box<[ModelSeries]>,
     /// Held only to name a model not seen before.
     naming: Mutex<()>,
+    /// The cluster has a token budget (its series are shown).
+    pub budgeted: AtomicBool,
+    /// Tokens the budget charged, by [`BASES`]: the answers' `usage`, or the estimate of an
+    /// answer without one.
+    pub budget_tokens: [AtomicU64; 2],
+    /// Requests the budget refused.
+    pub budget_refused: AtomicU64,
 }
+
+/// What a budget's charge was based on, as `keel_token_budget_tokens_total`'s `basis` label
+/// names it.
+const BASES: [&str; 2] = ["usage", "estimate"];
 
 impl Default for InferenceMetrics {
     fn default() -> Self {
         InferenceMetrics {
             models: (0..=MAX_MODELS).map(|_| ModelSeries::default()).collect(),
             naming: Mutex::new(()),
+            budgeted: AtomicBool::new(false),
+            budget_tokens: Default::default(),
+            budget_refused: AtomicU64::new(0),
         }
     }
 }
@@ -224,6 +240,43 @@ pub(crate) fn render(out: &mut String, clusters: &[(&str, &InferenceMetrics)]) {
                 );
             }
         }
+    }
+    let budgeted: Vec<_> = clusters
+        .iter()
+        .filter(|(_, m)| m.budgeted.load(Relaxed))
+        .collect();
+    if budgeted.is_empty() {
+        return;
+    }
+    header(
+        out,
+        "keel_token_budget_tokens_total",
+        "counter",
+        "Tokens charged to the tenants' token budgets, by cluster and basis: usage (prompt + completion of the answer's usage) or estimate (an answer without usage keeps its estimate).",
+    );
+    for (cluster, m) in &budgeted {
+        for (basis, v) in BASES.iter().zip(&m.budget_tokens) {
+            let _ = writeln!(
+                out,
+                "keel_token_budget_tokens_total{{cluster=\"{}\",basis=\"{basis}\"}} {}",
+                label(cluster),
+                v.load(Relaxed)
+            );
+        }
+    }
+    header(
+        out,
+        "keel_token_budget_refused_total",
+        "counter",
+        "Requests answered 429 because their tenant's token budget could not cover their estimate, by cluster.",
+    );
+    for (cluster, m) in &budgeted {
+        let _ = writeln!(
+            out,
+            "keel_token_budget_refused_total{{cluster=\"{}\"}} {}",
+            label(cluster),
+            m.budget_refused.load(Relaxed)
+        );
     }
 }
 

@@ -88,6 +88,34 @@ pub(crate) fn model(body: &[u8], whole: bool) -> ModelField<'_> {
     }
 }
 
+/// The top-level `max_tokens` or `max_completion_tokens` (the first of them that is a whole
+/// number) of the JSON object `body` starts with: the completion tokens a request may take, for
+/// a token budget's estimate. `None` when neither is within the bytes.
+pub(crate) fn max_tokens(body: &[u8]) -> Option<u64> {
+    let mut c = Cur { b: body, i: 0 };
+    c.eat(b'{')?;
+    if c.peek()? == b'}' {
+        return None;
+    }
+    loop {
+        let key = c.string()?;
+        c.eat(b':')?;
+        if key.whole && matches!(key.raw, b"max_tokens" | b"max_completion_tokens") {
+            c.ws();
+            let start = c.i;
+            c.skip()?;
+            if let Ok(n) = std::str::from_utf8(&c.b[start..c.i]).unwrap_or("").parse() {
+                return Some(n);
+            }
+        } else {
+            c.skip()?;
+        }
+        if !c.next_member(b'}')? {
+            return None;
+        }
+    }
+}
+
 /// A position in the bytes; every method returns `None` at their end or at bytes that are not
 /// what it expects (the scan then stops).
 struct Cur<'a> {
@@ -557,6 +585,16 @@ pub(crate) enum ForwardBody<'b, B> {
     Read(Box<PromptBody<'b, B>>),
 }
 
+impl<B: RequestBody> ForwardBody<'_, B> {
+    /// The body's bytes read before the pick: all of it when it is held whole.
+    pub(crate) fn read_bytes(&self) -> &[u8] {
+        match self {
+            Self::Untouched(b) => b.inline().unwrap_or_default(),
+            Self::Read(b) => b.head(),
+        }
+    }
+}
+
 impl<B: RequestBody> RequestBody for ForwardBody<'_, B> {
     fn inline(&self) -> Option<&[u8]> {
         match self {
@@ -958,6 +996,32 @@ mod tests {
         }
         assert_eq!(model(br#"{"prompt":"x"#, false), ModelField::Undecided);
         assert_eq!(model(b"", false), ModelField::Undecided);
+    }
+
+    #[test]
+    fn max_tokens_is_a_top_level_whole_number() {
+        assert_eq!(
+            max_tokens(br#"{"messages":[{"max_tokens":9}],"max_tokens": 12,"n":1}"#),
+            Some(12)
+        );
+        assert_eq!(
+            max_tokens(br#"{"model":"m","max_completion_tokens":40}"#),
+            Some(40)
+        );
+        assert_eq!(
+            max_tokens(br#"{"max_tokens":null,"max_completion_tokens":5}"#),
+            Some(5)
+        );
+        for body in [
+            &br#"{"prompt":"x"}"#[..],
+            br#"{"max_tokens":-1}"#,
+            br#"{"max_tokens":1.5}"#,
+            br#"{"prompt":"cut sh"#,
+            b"[1]",
+            b"",
+        ] {
+            assert_eq!(max_tokens(body), None, "{}", String::from_utf8_lossy(body));
+        }
     }
 
     #[tokio::test]

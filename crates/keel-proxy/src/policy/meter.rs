@@ -19,6 +19,7 @@ use hyper::body::Frame;
 
 use crate::metrics::inference::{Measured, MeasuredSlot};
 use crate::metrics::ClusterMetrics;
+use crate::policy::budget::Charge;
 
 /// Longest event read for its `usage` and `model` (vLLM's usage event is about 300 bytes).
 const MAX_EVENT: usize = 4096;
@@ -295,7 +296,8 @@ type Polled<E> = Poll<Option<Result<Frame<Bytes>, E>>>;
 
 /// An answer's body measured on its way: each frame fed to the meter and handed on (without
 /// the usage-only event when `strip`). At its end (or when it is dropped before, cut) the
-/// measure goes to the request's record and to the cluster's series, once.
+/// measure goes to the request's record and to the cluster's series, once, and its `usage` to
+/// the tenant's token budget (the estimate stands without it).
 #[derive(Debug)]
 pub(crate) struct Metering {
     meter: StreamMeter,
@@ -303,6 +305,8 @@ pub(crate) struct Metering {
     strip: Option<Strip>,
     slot: MeasuredSlot,
     metrics: Arc<ClusterMetrics>,
+    /// What the request took from its tenant's token budget, if it has one.
+    charge: Option<Charge>,
     /// The source has ended.
     ended: bool,
     finished: bool,
@@ -310,13 +314,14 @@ pub(crate) struct Metering {
 
 impl Metering {
     /// Measures an answer of `shape` to a request that arrived at `started`; `strip`: keel
-    /// asked for the usage the client did not.
+    /// asked for the usage the client did not; `charge`: its token budget's charge.
     pub(crate) fn new(
         started: Instant,
         shape: Shape,
         strip: bool,
         slot: MeasuredSlot,
         metrics: Arc<ClusterMetrics>,
+        charge: Option<Charge>,
     ) -> Self {
         Metering {
             meter: StreamMeter::new(started),
@@ -324,6 +329,7 @@ impl Metering {
             strip: (strip && shape == Shape::Events).then(Strip::default),
             slot,
             metrics,
+            charge,
             ended: false,
             finished: false,
         }
@@ -404,6 +410,13 @@ impl Metering {
             return;
         }
         let measured = self.meter.measured();
+        if let Some(charge) = &mut self.charge {
+            let used = measured
+                .prompt_tokens
+                .zip(measured.completion_tokens)
+                .map(|(p, c)| p.saturating_add(c));
+            charge.settle(used);
+        }
         self.metrics
             .inference
             .get_or_init(Default::default)
@@ -510,7 +523,14 @@ mod tests {
     fn metered(text: &str, step: usize, strip: bool) -> (Vec<u8>, Measured) {
         let slot = MeasuredSlot::default();
         let metrics = Arc::new(ClusterMetrics::default());
-        let mut m = Metering::new(Instant::now(), Shape::Events, strip, slot.clone(), metrics);
+        let mut m = Metering::new(
+            Instant::now(),
+            Shape::Events,
+            strip,
+            slot.clone(),
+            metrics,
+            None,
+        );
         let mut pieces: std::collections::VecDeque<Bytes> = text
             .as_bytes()
             .chunks(step)

@@ -6,6 +6,7 @@
 //! the head already rewritten for the endpoint (HTTP/1.1 text for both front ends).
 
 pub(crate) mod access;
+pub(crate) mod budget;
 pub(crate) mod compress;
 pub(crate) mod inference;
 pub(crate) mod meter;

@@ -14,6 +14,7 @@ use keel_balance::{Balancer, EndpointId, Outcome, Pick, RetryBudget};
 
 use crate::config::ClusterConfig;
 use crate::metrics::{ClusterMetrics, EndpointMetrics, ErrorKind, Registry};
+use crate::policy::budget::TokenBudget;
 use crate::policy::rate::RateLimiter;
 use crate::policy::sticky::Sticky;
 use crate::tls::UpstreamTls;
@@ -76,6 +77,9 @@ pub struct Cluster {
     /// The cluster's `rate_limit`, shared by every route to it (kept across reloads while
     /// its settings stay, with its buckets).
     pub(crate) rate_limit: Option<Arc<RateLimiter>>,
+    /// The cluster's `token_budget` (kept across reloads while its settings stay, with its
+    /// buckets).
+    pub(crate) token_budget: Option<Arc<TokenBudget>>,
     /// Sticky sessions (`sticky`): cookie values of the endpoints, by balancer index.
     pub(crate) sticky: Option<Sticky>,
     /// W3C Trace Context (`[tracing]`, the proxy's, shared by its clusters); `None`: off.
@@ -132,6 +136,22 @@ impl Cluster {
                 )),
             }
         });
+        let token_budget = config.token_budget.as_ref().map(|b| {
+            match previous.and_then(|o| o.token_budget.as_ref()) {
+                Some(old) if old.config == *b && o_workers(previous) == workers.max(1) => {
+                    old.clone()
+                }
+                _ => Arc::new(TokenBudget::new(b, workers.max(1))),
+            }
+        });
+        let metrics = registry.cluster(&config.name);
+        if token_budget.is_some() {
+            metrics
+                .inference
+                .get_or_init(Default::default)
+                .budgeted
+                .store(true, Relaxed);
+        }
         // The handshake gets its own connect_timeout, after the TCP connect's.
         let tls = config
             .tls
@@ -175,7 +195,7 @@ impl Cluster {
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Cluster {
-            metrics: registry.cluster(&config.name),
+            metrics,
             log_budget: crate::metrics::log_budget::LogBudget::new(10, epoch),
             uses_load_reports: balancer.uses_load_reports(),
             uses_utilization: balancer.uses_utilization(),
@@ -191,6 +211,7 @@ impl Cluster {
             probes_in_flight: std::sync::atomic::AtomicUsize::new(0),
             workers: workers.max(1),
             rate_limit,
+            token_budget,
             sticky: config
                 .sticky
                 .as_ref()
