@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# Where each proxy's CPU per plain HTTP/1.1 request goes, counted rather than timed: keel, NGINX
+# and HAProxy in one run, one worker/thread each, the same backend and client as
+# bench/proxy/instructions.sh.
+#
+#   bench/proxy/cpu_counts.sh
+#
+# This machine is a VM without hardware performance counters (`perf stat -e cycles` is "not
+# supported"), so cycles, instructions per cycle and the caches are counted two other ways:
+#
+# - Simulated (load-independent): callgrind with its cache and branch simulators over 10 s of
+#   wrk traffic after 3 s of warm-up: instructions, L1 instruction and data misses, last-level
+#   misses and mispredicted branches per request (the simulator models this CPU's caches, read
+#   by cpuid). Only user space is counted.
+# - Native, over 10 s of wrk traffic (-c16) after 2 s of warm-up: user and system CPU time per
+#   request (/proc/PID/stat of every thread), voluntary and involuntary context switches per
+#   request (/proc/PID/task/*/status), CPU migrations and page faults (perf stat's software
+#   events), and the requests per second. These move with the machine's load: read them as
+#   ratios between proxies of the same run.
+#
+# Environment: KEEL_BIN (else `cargo build --release -p keel`), OUT (default
+# target/proxy-cpu-counts), DURATION (10), ONLY (`simulated` or `native`: one half). Ports 22001 and 22010-22012 on 127.0.0.1.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=bench/lib.sh
+. "$HERE/../lib.sh"
+for arg in "$@"; do
+    case "$arg" in
+        -h|--help) usage_from_header; exit 0 ;;
+        *) echo "cpu_counts.sh: unknown argument: $arg (try --help)" >&2; exit 2 ;;
+    esac
+done
+want_pkg valgrind valgrind
+want_pkg nginx nginx
+want_pkg haproxy haproxy
+want_pkg wrk wrk
+want_pkg perf linux-perf
+install_wanted
+KEEL_BIN="$(binary_or_build "${KEEL_BIN:-}" keel)"
+OUT="${OUT:-$REPO/target/proxy-cpu-counts}"
+DURATION="${DURATION:-10}"
+mkdir -p "$OUT"
+ports_free 22001 22010 22011 22012
+bench_workdir keel-cpu
+W="$WORK"
+
+nginx_backend "$W/backend" 22001 "backend: ok\n"
+nginx -p "$W/backend" -c "$W/backend/nginx.conf" -e "$W/backend/error.log" &
+STARTED+=("$!")
+wait_port 22001
+
+{
+    echo '[[listener]]'; echo 'listen = "127.0.0.1:22010"'; echo 'cluster = "app"'
+    echo '[[cluster]]'; echo 'name = "app"'; echo 'endpoints = [{ address = "127.0.0.1:22001" }]'
+} >"$W/keel.toml"
+cat >"$W/nginx.conf" <<EOF
+daemon off; master_process off; worker_processes 1; pid $W/nginx.pid; error_log $W/nginx.err warn;
+events { worker_connections 4096; }
+http { access_log off; keepalive_requests 10000000;
+  upstream app { server 127.0.0.1:22001; keepalive 256; }
+  server { listen 127.0.0.1:22011 backlog=4096;
+    location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection "";
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for; proxy_set_header X-Forwarded-Proto \$scheme;
+      proxy_set_header X-Forwarded-Host \$host; add_header X-Upstream \$upstream_addr; } } }
+EOF
+cat >"$W/haproxy.cfg" <<EOF
+global
+    nbthread 1
+defaults
+    mode http
+    timeout connect 1s
+    timeout client 30s
+    timeout server 30s
+    option http-keep-alive
+    http-reuse always
+frontend fe
+    bind 127.0.0.1:22012
+    option forwardfor
+    http-request set-header X-Forwarded-Host %[req.hdr(host)]
+    http-response set-header X-Upstream %[srv_name]
+    default_backend app
+backend app
+    server b1 127.0.0.1:22001
+EOF
+
+# Context switches of every thread of a process: voluntary, then involuntary.
+switches() {
+    local v=0 n=0 t a b
+    for t in /proc/"$1"/task/*/status; do
+        a="$(awk '/^voluntary_ctxt_switches:/ {print $2}' "$t" 2>/dev/null)" || continue
+        b="$(awk '/^nonvoluntary_ctxt_switches:/ {print $2}' "$t" 2>/dev/null)" || continue
+        v=$((v + ${a:-0})); n=$((n + ${b:-0}))
+    done
+    echo "$v $n"
+}
+
+simulated() { # name port command...
+    local name="$1" port="$2"; shift 2
+    rm -f "$OUT/$name.cachesim"*
+    valgrind --tool=callgrind --cache-sim=yes --branch-sim=yes \
+        --callgrind-out-file="$OUT/$name.cachesim" "$@" >"$OUT/$name.sim.log" 2>&1 &
+    local vp=$!
+    STARTED+=("$vp")
+    wait_port "$port" 120 || { cat "$OUT/$name.sim.log" >&2; return 1; }
+    wrk -t1 -c16 -d3s "http://127.0.0.1:$port/" >/dev/null
+    callgrind_control -z "$vp" >/dev/null 2>&1
+    wrk -t1 -c16 -d"${DURATION}s" "http://127.0.0.1:$port/" >"$OUT/$name.sim.wrk"
+    callgrind_control -d "$vp" >/dev/null 2>&1
+    sleep 1
+    stop_pid "$vp" 60
+    local req
+    req="$(grep -oP '\d+(?= requests in)' "$OUT/$name.sim.wrk")"
+    # events: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw Bc Bcm Bi Bim
+    grep -h '^events:\|^totals:' "$OUT/$name.cachesim.1" | awk -v n="$name" -v r="$req" '
+        /^events:/ { for (i = 2; i <= NF; i++) ev[i] = $i }
+        /^totals:/ { for (i = 2; i <= NF; i++) t[ev[i]] = $i
+            printf "%s\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\n", n, r, t["Ir"] / r,
+                t["I1mr"] / r, (t["D1mr"] + t["D1mw"]) / r,
+                (t["ILmr"] + t["DLmr"] + t["DLmw"]) / r, (t["Bcm"] + t["Bim"]) / r }'
+}
+
+native() { # name port command...
+    local name="$1" port="$2"; shift 2
+    "$@" >"$OUT/$name.native.log" 2>&1 &
+    local p=$!
+    STARTED+=("$p")
+    wait_port "$port" 30
+    wrk -t1 -c16 -d2s "http://127.0.0.1:$port/" >/dev/null
+    local u0 k0 v0 n0 u1 k1 v1 n1
+    read -r u0 k0 < <(cpu_split "$p")
+    read -r v0 n0 < <(switches "$p")
+    perf stat -x, -e task-clock,context-switches,cpu-migrations,page-faults -p "$p" \
+        -o "$OUT/$name.perfstat" -- sleep "$((DURATION + 1))" &
+    local ps=$!
+    wrk -t1 -c16 -d"${DURATION}s" "http://127.0.0.1:$port/" >"$OUT/$name.native.wrk"
+    read -r u1 k1 < <(cpu_split "$p")
+    read -r v1 n1 < <(switches "$p")
+    wait "$ps" || true
+    stop_pid "$p" 10
+    local req hz mig
+    req="$(grep -oP '\d+(?= requests in)' "$OUT/$name.native.wrk")"
+    hz="$(getconf CLK_TCK)"
+    mig="$(awk -F, '$3 == "cpu-migrations" {print $1}' "$OUT/$name.perfstat")"
+    awk -v n="$name" -v r="$req" -v d="$DURATION" -v hz="$hz" -v u="$((u1 - u0))" -v k="$((k1 - k0))" \
+        -v vv="$((v1 - v0))" -v nv="$((n1 - n0))" -v mig="${mig:-0}" 'BEGIN {
+        printf "%s\t%.0f\t%.2f\t%.2f\t%.3f\t%.3f\t%.4f\n", n, r / d, u / hz / r * 1e6,
+            k / hz / r * 1e6, vv / r, nv / r, mig / r }'
+}
+
+ONLY="${ONLY:-}"
+if [ "$ONLY" != native ]; then
+{
+    echo "# simulated (callgrind --cache-sim=yes --branch-sim=yes, user space, 1 worker, wrk -c16), per request"
+    printf 'proxy\trequests\tinstructions\tL1i misses\tL1d misses\tLL misses\tbranch mispredicts\n'
+} | tee "$OUT/simulated.tsv"
+simulated keel 22010 "$KEEL_BIN" proxy --config "$W/keel.toml" --workers 1 --log warn | tee -a "$OUT/simulated.tsv"
+simulated nginx 22011 nginx -p "$W" -c "$W/nginx.conf" | tee -a "$OUT/simulated.tsv"
+simulated haproxy 22012 haproxy -db -f "$W/haproxy.cfg" | tee -a "$OUT/simulated.tsv"
+fi
+[ "$ONLY" != simulated ] || exit 0
+{
+    echo "# native (1 worker, wrk -c16, ${DURATION} s), per request; load average at start: $(cut -d' ' -f1 /proc/loadavg)"
+    printf 'proxy\treq/s\tuser us\tsystem us\tvoluntary switches\tinvoluntary switches\tmigrations\n'
+} | tee "$OUT/native.tsv"
+native keel 22010 "$KEEL_BIN" proxy --config "$W/keel.toml" --workers 1 --log warn | tee -a "$OUT/native.tsv"
+native nginx 22011 nginx -p "$W" -c "$W/nginx.conf" | tee -a "$OUT/native.tsv"
+native haproxy 22012 haproxy -db -f "$W/haproxy.cfg" | tee -a "$OUT/native.tsv"
