@@ -277,16 +277,14 @@ async fn shared_prefixes_land_together_and_distinct_ones_spread() {
         .unwrap();
     let url = format!("http://{}/v1/chat/completions", proxy.listener_addrs()[0]);
     let mut homes: HashMap<usize, HashSet<String>> = HashMap::new();
-    // Six groups of 1,600-byte system prompts (25 blocks), three requests each, in turns;
-    // sizes from a few hundred bytes to past the inline bound (64 KiB) to past the read limit.
+    // Six groups, three requests each, in turns; a group's system prompt is 1,600 bytes (25
+    // blocks), 100 KB (past the inline bound, 64 KiB) or 300 KB (past the read limit), the
+    // same for each of its requests: a group's prompts share all but their question, as a
+    // conversation's turns do (a match of under 0.3 of the prompt counts as none).
     for round in 0..3 {
         for g in 0..6 {
-            let system = [1_600, 100_000, 300_000][(g + round) % 3].max(1_600);
-            let body = chat(
-                g,
-                if round == 0 { 1_600 } else { system },
-                &format!("q{round}"),
-            );
+            let system = [1_600, 100_000, 300_000][g % 3];
+            let body = chat(g, system, &format!("q{round}"));
             settle(&proxy).await;
             let (name, status, intact) = post(&url, body, &[]).await;
             assert_eq!((status, intact), (200, true), "group {g} round {round}");
@@ -317,9 +315,10 @@ async fn http2_clients_are_read_and_forwarded_too() {
     let mut homes: HashMap<usize, HashSet<String>> = HashMap::new();
     for round in 0..3 {
         for g in 0..4 {
-            // Small (read whole by the front end) and 100 KB (streamed) bodies alike.
-            let size = if (g + round) % 2 == 0 { 1_600 } else { 100_000 };
-            let body = chat(g, size, "h2");
+            // Small (read whole by the front end) and 100 KB (streamed) bodies alike, one size
+            // a group (its prompts then share all but their end).
+            let size = if g % 2 == 0 { 1_600 } else { 100_000 };
+            let body = chat(g, size, &format!("h2 {round}"));
             let want = (body.len() as u64, Digest::of(&body));
             settle(&proxy).await;
             let req = Request::post(format!("http://{addr}/v1/chat/completions"))
