@@ -171,3 +171,49 @@ http { access_log off; keepalive_requests 10000000; keepalive_timeout 120s; defa
   server { listen 127.0.0.1:$2 backlog=4096; location / { return 200 "$3"; } } }
 EOF
 }
+
+# The plain HTTP/1.1 setup that instructions.sh and cpu_counts.sh count alike, in DIR: an NGINX
+# backend on 22001 answering a small body (started, in STARTED), and keel.toml, nginx.conf and
+# haproxy.cfg for keel, NGINX and HAProxy on 22010-22012 in front of it (one worker each, the
+# same work: X-Forwarded-* and an upstream header).
+plain_proxy_setup() { # DIR
+    local W="$1"
+    nginx_backend "$W/backend" 22001 "backend: ok\n"
+    nginx -p "$W/backend" -c "$W/backend/nginx.conf" -e "$W/backend/error.log" &
+    STARTED+=("$!")
+    wait_port 22001
+
+    {
+        echo '[[listener]]'; echo 'listen = "127.0.0.1:22010"'; echo 'cluster = "app"'
+        echo '[[cluster]]'; echo 'name = "app"'; echo 'endpoints = [{ address = "127.0.0.1:22001" }]'
+    } >"$W/keel.toml"
+    cat >"$W/nginx.conf" <<EOF
+daemon off; master_process off; worker_processes 1; pid $W/nginx.pid; error_log $W/nginx.err warn;
+events { worker_connections 4096; }
+http { access_log off; keepalive_requests 10000000;
+  upstream app { server 127.0.0.1:22001; keepalive 256; }
+  server { listen 127.0.0.1:22011 backlog=4096;
+    location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection "";
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for; proxy_set_header X-Forwarded-Proto \$scheme;
+      proxy_set_header X-Forwarded-Host \$host; add_header X-Upstream \$upstream_addr; } } }
+EOF
+    cat >"$W/haproxy.cfg" <<EOF
+global
+    nbthread 1
+defaults
+    mode http
+    timeout connect 1s
+    timeout client 30s
+    timeout server 30s
+    option http-keep-alive
+    http-reuse always
+frontend fe
+    bind 127.0.0.1:22012
+    option forwardfor
+    http-request set-header X-Forwarded-Host %[req.hdr(host)]
+    http-response set-header X-Upstream %[srv_name]
+    default_backend app
+backend app
+    server b1 127.0.0.1:22001
+EOF
+}
