@@ -229,6 +229,10 @@ pub struct LoadReport {
     /// Requests by their number of failed calls (index 0: none failed). With
     /// [`Client::StopsAtFirstFailure`] no request has more than one.
     pub failed_calls_per_request: Vec<u64>,
+    /// Calls made right after a failed call of the same request, and how many of them failed
+    /// ([`Client::AllCalls`]): how a failure places the next call (a fast failure whose client
+    /// picks again before anyone else takes the next server in a rotation, which is healthy).
+    pub after_failure: [u64; 2],
     /// Median request latency (all requests, failed ones included).
     pub latency_p50: Duration,
     /// 90th percentile request latency.
@@ -467,6 +471,7 @@ struct WorkerStats {
     per_endpoint: BTreeMap<String, u64>,
     picks: BTreeMap<String, u64>,
     failed_calls_per_request: Vec<u64>,
+    after_failure: [u64; 2],
     latencies: Vec<Duration>,
     deadline_hit: bool,
 }
@@ -496,6 +501,8 @@ impl WorkerStats {
         for (i, v) in o.failed_calls_per_request.into_iter().enumerate() {
             self.failed_calls_per_request[i] += v;
         }
+        self.after_failure[0] += o.after_failure[0];
+        self.after_failure[1] += o.after_failure[1];
         self.latencies.extend(o.latencies);
         self.deadline_hit |= o.deadline_hit;
     }
@@ -546,6 +553,7 @@ impl WorkerStats {
             per_endpoint: self.per_endpoint,
             picks: self.picks,
             failed_calls_per_request: self.failed_calls_per_request,
+            after_failure: self.after_failure,
             latency_p50: pct(0.50),
             latency_p90: pct(0.90),
             latency_p99: pct(0.99),
@@ -607,6 +615,7 @@ async fn worker(plan: Arc<Plan>, balancer: Option<Arc<Balancer>>, epoch: Instant
             (name, value, hash)
         });
         let mut failed = 0usize;
+        let mut previous_failed = false;
         for _ in 0..plan.calls_per_request {
             let extra = key.as_ref().map(|(n, v, _)| (*n, v));
             let result = match &balancer {
@@ -619,7 +628,13 @@ async fn worker(plan: Arc<Plan>, balancer: Option<Arc<Balancer>>, epoch: Instant
                     client_side_call(&plan, lb, &mut conns, epoch, &mut stats, extra, hash).await
                 }
             };
-            if !stats.record(&result) {
+            let ok = stats.record(&result);
+            if previous_failed {
+                stats.after_failure[0] += 1;
+                stats.after_failure[1] += u64::from(!ok);
+            }
+            previous_failed = !ok;
+            if !ok {
                 failed += 1;
                 if plan.client == Client::StopsAtFirstFailure {
                     break;

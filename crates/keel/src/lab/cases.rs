@@ -22,9 +22,13 @@ use crate::lab::options::LabOptions;
 /// q = 100 and a run takes about a minute.
 #[derive(Debug, Clone, Serialize)]
 pub struct Timing {
-    /// Healthy service time (fixed).
+    /// Healthy service time (the mean when `healthy_dist` spreads it).
     #[serde(with = "humantime_serde")]
     pub healthy: Duration,
+    /// The healthy times' shape: fixed but for one row (round-robin's all-calls clients with
+    /// times spread, exponential).
+    #[serde(skip)]
+    pub healthy_dist: keel_model::LatencyDist,
     /// The caller's timeout for one try (a hanging server costs this much).
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
@@ -38,6 +42,7 @@ impl Default for Timing {
     fn default() -> Self {
         Self {
             healthy: Duration::from_millis(4),
+            healthy_dist: keel_model::LatencyDist::Fixed,
             timeout: Duration::from_millis(400),
             round_trip: Duration::from_micros(100),
         }
@@ -47,7 +52,10 @@ impl Default for Timing {
 impl Timing {
     /// The healthy servers' latency.
     pub fn latency(&self) -> Latency {
-        Latency::fixed(self.healthy)
+        Latency {
+            mean: self.healthy,
+            dist: self.healthy_dist,
+        }
     }
 }
 

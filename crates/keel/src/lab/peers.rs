@@ -157,6 +157,8 @@ pub(crate) fn run(
     }
     let mut rows = Vec::new();
     for case in plan::plan(quick, only) {
+        let timing = case.timing(t);
+        let t = &timing;
         {
             let kc = case.keel_case();
             progress(&format!("keel {}", case.describe()), 0);
@@ -322,6 +324,10 @@ fn row(
         Some(share) => Some(1.0 - share),
         // Round-robin's all-calls rows with clients few enough to stay in step: the rotation's
         // 1 - k / n, hang or fast failure (one rotation per Envoy worker is in step as well).
+        // Spread healthy times: the picks shuffle, and what a failure does to the next call
+        // (measured: the share of calls after a failed call that failed too) sets the rest.
+        None if case.spread => after_failure_rate(&load)
+            .map(|s| crate::lab::rotation::after_failure_success(p, case.calls, s)),
         None if case.client == Client::AllCalls
             && case.strategy == PeerStrategy::RoundRobin
             && case.concurrency <= crate::lab::rotation::IN_STEP_CLIENTS
@@ -393,6 +399,11 @@ fn row(
         failed_calls_per_request: load.failed_calls_per_request.clone(),
         mean_failing_call,
         repeat_failures,
+        after_failure: (case.client == Client::AllCalls).then_some(load.after_failure),
+        healthy_times: match t.healthy_dist {
+            keel_model::LatencyDist::Fixed => format!("fixed {} ms", ms(t.healthy)),
+            _ => format!("exponential, mean {} ms", ms(t.healthy)),
+        },
         p50_ms: load.latency_p50.as_secs_f64() * 1e3,
         p99_ms: load.latency_p99.as_secs_f64() * 1e3,
         seconds: load.elapsed.as_secs_f64(),
@@ -408,6 +419,12 @@ fn row(
     }
     r.explained = r.agrees != Some(false) || (r.mechanism.is_some() && !r.evidence.is_empty());
     r
+}
+
+/// The share of calls made right after a failed call of the same request that failed too.
+fn after_failure_rate(load: &LoadReport) -> Option<f64> {
+    let [after, failed] = load.after_failure;
+    (after > 0).then(|| failed as f64 / after as f64)
 }
 
 /// How a balancer ran, as the page says it.

@@ -224,7 +224,24 @@ pub(crate) struct PeerCase {
     pub requests: u64,
     /// What a request does after a failed call.
     pub client: Client,
+    /// Healthy times spread (exponential, [`SPREAD_MEAN`]) rather than fixed.
+    pub spread: bool,
 }
+
+/// Clients of the all-calls row whose healthy times are spread: few enough that two picks
+/// rarely fall within a fast failure's round trip of each other (the backends' timers fire on
+/// 1 ms ticks, so completions bunch when clients outnumber the milliseconds of a call), enough
+/// that the order shuffles (4 clients kept some of it: 0.42-0.44; 8: 0.43-0.45; 12: 0.44-0.45).
+pub(crate) const SPREAD_CLIENTS: usize = 12;
+
+/// Mean healthy time of that row: long against one timer tick, so that the clients' picks come
+/// one at a time, yet spread wide enough (exponential) that their order shuffles.
+pub(crate) const SPREAD_MEAN: Duration = Duration::from_millis(20);
+
+/// Requests of that row, quick or not: its closed form is compared with 0.512 and 0.400 on
+/// either side, so its interval must be narrower than the quick rows' (about +-0.022; 9 s a
+/// balancer).
+pub(crate) const SPREAD_REQUESTS: u64 = 2000;
 
 impl PeerCase {
     pub(crate) fn p(&self) -> f64 {
@@ -236,6 +253,16 @@ impl PeerCase {
         let t_fail = self.failure.failure_time(t.timeout, t.healthy)?;
         let t_fail = (t_fail + t.round_trip).min(t.timeout);
         Some(t_fail.as_secs_f64() / (t.healthy + t.round_trip).as_secs_f64())
+    }
+
+    /// The timing this row runs with: the lab's, with the healthy times spread for a spread row.
+    pub(crate) fn timing(&self, t: &Timing) -> Timing {
+        let mut t = t.clone();
+        if self.spread {
+            t.healthy = SPREAD_MEAN;
+            t.healthy_dist = keel_model::LatencyDist::Exponential;
+        }
+        t
     }
 
     pub(crate) fn is_failed(&self, i: u32) -> bool {
@@ -274,7 +301,15 @@ impl PeerCase {
             self.calls,
             match self.client {
                 Client::StopsAtFirstFailure => String::new(),
-                Client::AllCalls => format!(" all calls x{}", self.concurrency),
+                Client::AllCalls => format!(
+                    " all calls x{}{}",
+                    self.concurrency,
+                    if self.spread {
+                        ", healthy times spread"
+                    } else {
+                        ""
+                    }
+                ),
             }
         )
     }
@@ -309,23 +344,38 @@ pub(crate) fn plan(quick: bool, only: &[StrategyKind]) -> Vec<PeerCase> {
                         concurrency: 24,
                         requests: requests_per_row(quick),
                         client: Client::StopsAtFirstFailure,
+                        spread: false,
                     };
-                    // Bare round-robin's 3-call rows again from all-calls clients: 24 (the
-                    // rotation interleaved by the others) and 2 (in step).
-                    let all_calls = (setting == Setting::Bare
+                    // Bare round-robin's 3-call rows again from clients that make all 3 calls:
+                    // 24 (other clients' picks interleave a request's calls); and, failing fast,
+                    // 2 (in step: 1 - k p) and 12 with spread healthy times (the picks' order
+                    // shuffles, but a client whose call failed at once picks again before
+                    // anyone else). A hang's in-step row would take 75 s a balancer for what
+                    // the fast one shows.
+                    let all_calls = setting == Setting::Bare
                         && strategy == PeerStrategy::RoundRobin
-                        && calls > 1)
-                        .then(|| {
-                            [case.concurrency, crate::lab::rotation::IN_STEP_CLIENTS].map(
-                                |concurrency| PeerCase {
-                                    client: Client::AllCalls,
-                                    concurrency,
-                                    ..case.clone()
-                                },
-                            )
+                        && calls > 1;
+                    out.push(case.clone());
+                    if !all_calls {
+                        continue;
+                    }
+                    let all = PeerCase {
+                        client: Client::AllCalls,
+                        ..case
+                    };
+                    out.push(all.clone());
+                    if failure != FailureMode::Hang {
+                        out.push(PeerCase {
+                            concurrency: crate::lab::rotation::IN_STEP_CLIENTS,
+                            ..all.clone()
                         });
-                    out.push(case);
-                    out.extend(all_calls.into_iter().flatten());
+                        out.push(PeerCase {
+                            concurrency: SPREAD_CLIENTS,
+                            requests: SPREAD_REQUESTS,
+                            spread: true,
+                            ..all
+                        });
+                    }
                 }
             }
         }

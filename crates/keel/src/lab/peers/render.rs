@@ -184,6 +184,11 @@ fn operators(
 /// Interleaving when other clients' picks between a request's calls made it independent.
 fn all_calls(r: &PeerRow) -> Option<(String, Vec<Evidence>)> {
     let [m, independent] = r.repeat_failures?;
+    if let (Some([after, failed_after]), Some(analytic)) = (r.after_failure, r.analytic) {
+        if r.healthy_times.starts_with("exponential") {
+            return Some(spread(r, after, failed_after, analytic));
+        }
+    }
     let failed: u64 = r.failed_calls_per_request.iter().skip(1).sum();
     let twice: u64 = r.failed_calls_per_request.iter().skip(2).sum();
     let s = r.measured_failed_share;
@@ -215,6 +220,33 @@ fn all_calls(r: &PeerRow) -> Option<(String, Vec<Evidence>)> {
             cite("/measured_failed_share", s),
         ],
     ))
+}
+
+/// The all-calls row with spread healthy times: the picks' order shuffles, and the number that
+/// sets success is the share of calls right after a failed call that failed too.
+fn spread(r: &PeerRow, after: u64, failed_after: u64, analytic: f64) -> (String, Vec<Evidence>) {
+    let s = failed_after as f64 / after.max(1) as f64;
+    let what = if s < r.p / 2.0 {
+        "rotation, picks shuffled: healthy times spread (exponential) shuffle the clients' \
+         order, but a client whose call fails at once picks again before anyone else and gets \
+         the next, healthy server, so the failed server's calls fall on more requests"
+    } else {
+        "interleaving: other clients' picks came between a failed call and its request's next \
+         call, which then failed as often as any call"
+    };
+    (
+        format!(
+            "{what}: {failed_after} of {after} calls made right after a failed call failed \
+             (s = {s:.3}; independent calls: p = {:.3}); closed form (1 - p)(1 - r)^(k - 1), \
+             r = p(1 - s)/(1 - p): {analytic:.3} (independent calls: {:.3})",
+            r.p,
+            (1.0 - r.p).powi(r.k as i32)
+        ),
+        vec![
+            cite("/after_failure/1", failed_after as f64),
+            cite("/after_failure/0", after as f64),
+        ],
+    )
 }
 
 fn bare(peer: Option<Peer>, case: &PeerCase, r: &PeerRow) -> Option<(String, Vec<Evidence>)> {

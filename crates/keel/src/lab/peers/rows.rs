@@ -71,6 +71,13 @@ pub struct PeerRow {
     /// calls at the row's share of failed calls give.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repeat_failures: Option<[f64; 2]>,
+    /// An all-calls client: calls made right after a failed call of the same request, and how
+    /// many of those failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after_failure: Option<[u64; 2]>,
+    /// The healthy servers' times: `fixed` or `exponential` (the all-calls row whose picks
+    /// shuffle), with their mean.
+    pub healthy_times: String,
     /// Median and 99th percentile request latency, ms.
     pub p50_ms: f64,
     /// See `p50_ms`.
