@@ -2,8 +2,8 @@
 //! leader killed, a member stopped (SIGSTOP), every member down for 30 s, an endpoint's lease
 //! expiring, 200 endpoints registered at once. For each: the requests that failed (goal: none
 //! caused by etcd), how long until every proxy agrees on the new set, and what `/status` said.
-//! Ignored by a plain `cargo test` (it needs etcd): scripts/test-etcd.sh runs it in CI (about a
-//! minute and a half), `bash scripts/lab-e12.sh faults_` alone.
+//! Ignored by a plain `cargo test` (it needs etcd): scripts/test-etcd.sh runs it in CI (about 40 s
+//! measured), `bash scripts/lab-e12.sh faults_` alone.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -144,7 +144,7 @@ async fn register_one(c: &mut etcd_client::Client, b: &BackendHandle, lease: Opt
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs etcd, about a minute and a half: run scripts/test-etcd.sh"]
+#[ignore = "needs etcd, about 40 s: run scripts/test-etcd.sh"]
 async fn faults_etcd_trouble_under_steady_traffic_measured() {
     let mut etcd = etcd3();
     let bs = backends(8, Duration::ZERO).await;
