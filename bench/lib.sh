@@ -11,8 +11,11 @@
 #   install_each_wanted      the same one package at a time, a failure only logged (for tools a
 #                            script can do without)
 #   binary_or_build GIVEN PKG [BIN]  prints GIVEN, or else builds PKG's binary BIN (default PKG)
-#                            with `cargo build --release -p PKG [--bin BIN]` (CARGO_TARGET_DIR
-#                            honoured) and prints its path; status 1 if it is not executable
+#                            with `cargo build --profile P -p PKG [--bin BIN]` (CARGO_TARGET_DIR
+#                            honoured) and prints its path; status 1 if it is not executable.
+#                            P is `ship` for keel (the shipped binary's profile, deploy/build.sh;
+#                            KEEL_PROFILE=release for a quicker, unshipped build), `release`
+#                            for the test servers
 #   bench_workdir PREFIX     WORK = a new /tmp/PREFIX.XXXXXX; on exit (or INT/TERM) every pid in
 #                            STARTED is stopped (TERM, then KILL 0.3 s later) and WORK removed,
 #                            unless KEEP_WORK is set (bench_cleanup does that)
@@ -71,12 +74,15 @@ bench_sudo() { [ "$(id -u)" = 0 ] || echo sudo; }
 
 # In a command substitution errexit is off: every failure returns here by hand.
 binary_or_build() { # GIVEN PKG [BIN]
-    local bin="${1:-}" args=(--release -p "$2" --quiet)
+    local bin="${1:-}" profile=release
+    # keel is measured as it ships: the profile deploy/build.sh builds.
+    [ "$2" != keel ] || profile="${KEEL_PROFILE:-ship}"
+    local args=(--profile "$profile" -p "$2" --quiet)
     if [ -z "$bin" ]; then
         [ $# -lt 3 ] || args+=(--bin "$3")
         log "building ${3:-$2} (cargo build ${args[*]})"
         (cd "$REPO" && cargo build "${args[@]}" >&2) || return 1
-        bin="${CARGO_TARGET_DIR:-$REPO/target}/release/${3:-$2}"
+        bin="${CARGO_TARGET_DIR:-$REPO/target}/$profile/${3:-$2}"
     fi
     [ -x "$bin" ] || { echo "$BENCH: no binary at $bin" >&2; return 1; }
     echo "$bin"

@@ -19,7 +19,9 @@
 #   ratios between proxies of the same run.
 #
 # Environment: KEEL_BIN (else `cargo build --release -p keel`), OUT (default
-# target/proxy-cpu-counts), DURATION (10), ONLY (`simulated` or `native`: one half). Ports 22001 and 22010-22012 on 127.0.0.1.
+# target/proxy-cpu-counts), DURATION (10), ONLY (`simulated` or `native`: one half), PROXIES
+# (default "keel nginx haproxy": those measured, in that order). Ports 22001 and 22010-22012
+# on 127.0.0.1.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -112,20 +114,29 @@ native() { # name port command...
 }
 
 ONLY="${ONLY:-}"
+PROXIES="${PROXIES:-keel nginx haproxy}"
+# Each proxy's port and command line.
+each() { # simulated|native
+    local p
+    for p in $PROXIES; do
+        case "$p" in
+            keel) "$1" keel 22010 "$KEEL_BIN" proxy --config "$W/keel.toml" --workers 1 --log warn ;;
+            nginx) "$1" nginx 22011 nginx -p "$W" -c "$W/nginx.conf" ;;
+            haproxy) "$1" haproxy 22012 haproxy -db -f "$W/haproxy.cfg" ;;
+            *) echo "cpu_counts.sh: unknown proxy $p (PROXIES)" >&2; return 1 ;;
+        esac
+    done
+}
 if [ "$ONLY" != native ]; then
 {
     echo "# simulated (callgrind --cache-sim=yes --branch-sim=yes, user space, 1 worker, wrk -c16), per request"
     printf 'proxy\trequests\tinstructions\tL1i misses\tL1d misses\tLL misses\tbranch mispredicts\n'
 } | tee "$OUT/simulated.tsv"
-simulated keel 22010 "$KEEL_BIN" proxy --config "$W/keel.toml" --workers 1 --log warn | tee -a "$OUT/simulated.tsv"
-simulated nginx 22011 nginx -p "$W" -c "$W/nginx.conf" | tee -a "$OUT/simulated.tsv"
-simulated haproxy 22012 haproxy -db -f "$W/haproxy.cfg" | tee -a "$OUT/simulated.tsv"
+each simulated | tee -a "$OUT/simulated.tsv"
 fi
 [ "$ONLY" != simulated ] || exit 0
 {
     echo "# native (1 worker, wrk -c16, ${DURATION} s), per request; load average at start: $(cut -d' ' -f1 /proc/loadavg)"
     printf 'proxy\treq/s\tuser us\tsystem us\tvoluntary switches\tinvoluntary switches\tmigrations\n'
 } | tee "$OUT/native.tsv"
-native keel 22010 "$KEEL_BIN" proxy --config "$W/keel.toml" --workers 1 --log warn | tee -a "$OUT/native.tsv"
-native nginx 22011 nginx -p "$W" -c "$W/nginx.conf" | tee -a "$OUT/native.tsv"
-native haproxy 22012 haproxy -db -f "$W/haproxy.cfg" | tee -a "$OUT/native.tsv"
+each native | tee -a "$OUT/native.tsv"
