@@ -13,7 +13,7 @@ use tokio::time::Sleep;
 
 use crate::config::HashOn;
 use crate::driver::answer::{Answer, OwnAnswer, Upstream};
-use crate::driver::{drive, Driven, DriverRequest};
+use crate::driver::{drive, DriverRequest};
 use crate::exchange::error::Cause;
 use crate::exchange::head::RequestHeaders;
 use crate::exchange::request::{BodyFraming, Client, RequestBody, RequestHead};
@@ -273,39 +273,51 @@ async fn forward_once<B: RequestBody>(
         trace,
         ..DriverRequest::new(cluster, client, req.start, req.limits)
     };
-    match drive(asked, &mut leg, timer).await {
-        Driven::Won(mut response, mut tail) => {
-            if let Some((rw, vars)) = &rewrites {
-                let endpoint = cluster.endpoints[tail.endpoint].authority.as_str();
-                let mut headers = response.headers_mut(leg.out());
-                rw.response(&mut headers, vars, endpoint, client.proto);
-            }
-            if let Some(sticky) = &cluster.sticky {
-                // A session without a cookie, or whose endpoint could not take it, is pinned
-                // to the endpoint that answered.
-                let token = Some(cluster.endpoints[tail.endpoint].token);
-                if pin.flatten() != token {
-                    if let Some(v) = sticky.set_cookie(tail.endpoint) {
-                        let mut headers = response.headers_mut(leg.out());
-                        headers.append(&hyper::header::SET_COOKIE, v.as_bytes());
-                    }
+    // The answer is changed where the driver left it: it holds the endpoint's response and
+    // its tail (hundreds of bytes), each move of which is a copy per request.
+    let mut answer = drive(asked, &mut leg, timer).await;
+    if let Answer::Upstream(Upstream { response, tail }) = &mut answer {
+        if let Some((rw, vars)) = &rewrites {
+            let endpoint = cluster.endpoints[tail.endpoint].authority.as_str();
+            let mut headers = response.headers_mut(leg.out());
+            rw.response(&mut headers, vars, endpoint, client.proto);
+        }
+        if let Some(sticky) = &cluster.sticky {
+            // A session without a cookie, or whose endpoint could not take it, is pinned
+            // to the endpoint that answered.
+            let token = Some(cluster.endpoints[tail.endpoint].token);
+            if pin.flatten() != token {
+                if let Some(v) = sticky.set_cookie(tail.endpoint) {
+                    let mut headers = response.headers_mut(leg.out());
+                    headers.append(&hyper::header::SET_COOKIE, v.as_bytes());
                 }
             }
-            if cluster.config.inference {
-                // Measured before any compression, which reads what the meter hands on.
-                let slot = crate::metrics::inference::MeasuredSlot::default();
-                tail.tries.inference = Some(slot.clone());
-                tail.tries.prompt = prompt_name;
-                let (strip, metrics) = (usage_added.is_some(), cluster.metrics.clone());
-                response = response.meter(leg.out(), req.start, strip, slot, metrics, charge);
-            }
-            if let Some((c, offer)) = compression {
-                response = response.compress(leg.out(), c, offer);
-            }
-            Answer::Upstream(Upstream { response, tail })
         }
-        Driven::Own(own) => Answer::Own(own),
     }
+    // A metered or compressed response is another one (moved, rarely).
+    if cluster.config.inference || compression.is_some() {
+        answer = match answer {
+            Answer::Upstream(Upstream {
+                mut response,
+                mut tail,
+            }) => {
+                if cluster.config.inference {
+                    // Measured before any compression, which reads what the meter hands on.
+                    let slot = crate::metrics::inference::MeasuredSlot::default();
+                    tail.tries.inference = Some(slot.clone());
+                    tail.tries.prompt = prompt_name;
+                    let (strip, metrics) = (usage_added.is_some(), cluster.metrics.clone());
+                    response = response.meter(leg.out(), req.start, strip, slot, metrics, charge);
+                }
+                if let Some((c, offer)) = compression {
+                    response = response.compress(leg.out(), c, offer);
+                }
+                Answer::Upstream(Upstream { response, tail })
+            }
+            own => own,
+        };
+    }
+    answer
 }
 
 /// A request's head, owned by its copy to a mirror.
@@ -389,10 +401,9 @@ async fn mirror_once(
     };
     let mut leg = HttpLeg::new(&m.cluster, headers, meta, &mut body, &mut out);
     let asked = DriverRequest::new(&m.cluster, client, start, m.limits);
-    let driven = drive(asked, &mut leg, &mut timer).await;
-    let (response, tail) = match driven {
-        Driven::Won(response, tail) => (response, tail),
-        Driven::Own(_) => return MirrorResult::Failed,
+    let Answer::Upstream(Upstream { response, tail }) = drive(asked, &mut leg, &mut timer).await
+    else {
+        return MirrorResult::Failed;
     };
     let Ok((_, mut answer)) = response.into_parts(leg.out()) else {
         tail.end(BodyEnd::UpstreamFailed, None);

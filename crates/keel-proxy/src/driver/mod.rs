@@ -29,7 +29,7 @@ use tokio::time::Sleep;
 use crate::codec::pushback::Pushback;
 use crate::config::MAX_RETRY_ATTEMPTS;
 use crate::driver::account::{failed, timed_out, DownstreamGuard, Tail};
-use crate::driver::answer::{own, OwnAnswer};
+use crate::driver::answer::{own, Answer, Upstream};
 use crate::driver::leg::{Leg, Race, Tried};
 use crate::driver::tries::{Tries, TryOutcome};
 use crate::exchange::error::{Cause, ErrorKind, TryFailure};
@@ -37,15 +37,6 @@ use crate::exchange::request::{Client, Reject};
 use crate::exchange::trace::Trace;
 use crate::route::Limits;
 use crate::upstream::cluster::Cluster;
-
-/// What [`drive`] decided.
-pub(crate) enum Driven<W> {
-    /// An endpoint answered (possibly with a failure status, when no retry followed); the
-    /// tail finishes the pick.
-    Won(W, Tail),
-    /// keel answers itself.
-    Own(OwnAnswer),
-}
 
 /// What [`drive`] needs of a request besides its leg: where it goes, who asked, when, within
 /// which limits, and what steers the pick.
@@ -98,7 +89,7 @@ pub(crate) async fn drive<L: Leg>(
     req: DriverRequest<'_>,
     leg: &mut L,
     timer: &mut Pin<Box<Sleep>>,
-) -> Driven<L::Won> {
+) -> Answer<L::Won> {
     let DriverRequest {
         cluster,
         client,
@@ -121,7 +112,7 @@ pub(crate) async fn drive<L: Leg>(
         };
         let mut answer = own(cluster, client, 503, &cause, None, None, 0);
         answer.tries.trace = trace;
-        return Driven::Own(answer);
+        return Answer::Own(answer);
     };
     let deadline = start + limits.request_timeout;
     // The first try's clock readings are `start`'s; later ones read the clock again.
@@ -169,7 +160,7 @@ pub(crate) async fn drive<L: Leg>(
                 tried,
             );
             answer.tries = log;
-            return Driven::Own(answer);
+            return Answer::Own(answer);
         };
         // In flight on the endpoint when picked, this pick not counted.
         let first_in_flight = pick.endpoint().in_flight().saturating_sub(1);
@@ -189,14 +180,11 @@ pub(crate) async fn drive<L: Leg>(
         let hedge = hedger
             .filter(|_| attempt == 0)
             .and_then(|h| Some((h, h.delay()?)));
-        let (
-            tried_once,
-            Tried {
-                pick,
-                at: now,
-                wall: try_wall,
-            },
-        ) = match hedge {
+        // The try's result and the pick that won it are bound once, in place: the result
+        // holds the endpoint's whole response (hundreds of bytes), and each binding it passed
+        // through (a tuple, a re-wrapped `match`) was one more copy of it per request.
+        let winner;
+        let mut tried_once = match hedge {
             Some((hedger, delay)) => {
                 let race = Race {
                     cluster,
@@ -213,7 +201,7 @@ pub(crate) async fn drive<L: Leg>(
                 };
                 // Boxed: a race holds two tries, and unboxed it would make every request's
                 // future (hedged or not) that much larger to move.
-                let (result, winner, hedged) =
+                let (result, won_by, hedged) =
                     Box::pin(leg.hedged(&race, first, timer, try_deadline)).await;
                 // The loser is a span of a sampled trace (the access log leaves it out).
                 if let Some(l) = race.lost.get().filter(|_| log.sampled()) {
@@ -224,7 +212,8 @@ pub(crate) async fn drive<L: Leg>(
                     tried[n_tried] = id;
                     n_tried += 1;
                 }
-                (result, winner)
+                winner = won_by;
+                result
             }
             None => {
                 let entry = &cluster.endpoints[first.pick.index()];
@@ -245,22 +234,27 @@ pub(crate) async fn drive<L: Leg>(
                 if let Some(h) = hedger.filter(|_| attempt == 0) {
                     h.observe(crate::io::since(wall));
                 }
-                (result, first)
+                winner = first;
+                result
             }
         };
+        let Tried {
+            pick,
+            at: now,
+            wall: try_wall,
+        } = winner;
         // An answer that counts once its body has begun (an OpenAI request's) is waited on
         // within the same deadline: an engine that sent its head and failed before the first
-        // event failed this try, and the request may go again.
-        let tried_once = match tried_once {
-            Some(Ok(mut won)) if leg.awaits_first_byte() => {
-                match crate::io::until(timer, try_deadline, L::first_byte(&mut won)).await {
-                    Some(Ok(())) => Some(Ok(won)),
-                    Some(Err(e)) => Some(Err(TryFailure::Upstream(e))),
-                    None => None,
+        // event failed this try, and the request may go again. Changed in place (see above).
+        if leg.awaits_first_byte() {
+            if let Some(Ok(won)) = &mut tried_once {
+                match crate::io::until(timer, try_deadline, L::first_byte(won)).await {
+                    Some(Ok(())) => {}
+                    Some(Err(e)) => tried_once = Some(Err(TryFailure::Upstream(e))),
+                    None => tried_once = None,
                 }
             }
-            other => other,
-        };
+        }
         let index = pick.index();
         let entry = &cluster.endpoints[index];
         // A hedge's answer (not the first try's) goes on.
@@ -300,7 +294,10 @@ pub(crate) async fn drive<L: Leg>(
                     attempt,
                     hedge_won,
                 );
-                return Driven::Won(won, tail(Some((pick, now)), guard, log));
+                return Answer::Upstream(Upstream {
+                    response: won,
+                    tail: tail(Some((pick, now)), guard, log),
+                });
             }
             Some(Err(f)) => f,
             // Out of time while the client was still sending its body: the client's fault
@@ -333,7 +330,7 @@ pub(crate) async fn drive<L: Leg>(
                     tried,
                 );
                 answer.tries = log;
-                return Driven::Own(answer);
+                return Answer::Own(answer);
             }
             TryFailure::Upstream(e) => e.may_have_acted,
             // A gRPC status that is retried (UNAVAILABLE: the call was not processed, or one
@@ -408,9 +405,12 @@ pub(crate) async fn drive<L: Leg>(
                     tried,
                 );
                 answer.tries = log;
-                Driven::Own(answer)
+                Answer::Own(answer)
             }
-            TryFailure::Status(won, _) => Driven::Won(won, tail(None, guard, log)),
+            TryFailure::Status(won, _) => Answer::Upstream(Upstream {
+                response: won,
+                tail: tail(None, guard, log),
+            }),
             TryFailure::Client(_) => unreachable!("answered above"),
         };
     }

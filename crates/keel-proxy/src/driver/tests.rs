@@ -16,8 +16,9 @@ use tokio::time::Sleep;
 
 use crate::config::{ClusterConfig, ErrorDetail};
 use crate::driver::account::DownstreamGuard;
+use crate::driver::answer::{Answer, Upstream};
 use crate::driver::leg::{Leg, Race, Tried, TryResult};
-use crate::driver::{drive, Driven, DriverRequest};
+use crate::driver::{drive, DriverRequest};
 use crate::exchange::error::{Cause, ErrorKind, TryError, TryFailure};
 use crate::exchange::request::{Client, Reject};
 use crate::exchange::trace::{parse_traceparent, Trace, TraceParent};
@@ -187,7 +188,7 @@ fn client() -> Client {
 
 /// What `drive` decided, and how long it took on the (paused) clock.
 struct Outcome {
-    driven: Driven<usize>,
+    driven: Answer<usize>,
     took: Duration,
 }
 
@@ -214,16 +215,16 @@ async fn run_traced(cluster: &Arc<Cluster>, leg: &mut FakeLeg, trace: Option<Tra
 /// The endpoint that answered and the tries the tail counts.
 fn won(o: &Outcome) -> (usize, u32) {
     match &o.driven {
-        Driven::Won(index, tail) => (*index, tail.attempts),
-        Driven::Own(own) => panic!("keel answered {}: {}", own.status, own.cause),
+        Answer::Upstream(Upstream { response, tail }) => (*response, tail.attempts),
+        Answer::Own(own) => panic!("keel answered {}: {}", own.status, own.cause),
     }
 }
 
 /// keel's own status, its tries and its text.
 fn own(o: &Outcome) -> (u16, u32, &str) {
     match &o.driven {
-        Driven::Own(own) => (own.status, own.attempts, own.text.as_str()),
-        Driven::Won(index, _) => panic!("endpoint {index} answered"),
+        Answer::Own(own) => (own.status, own.attempts, own.text.as_str()),
+        Answer::Upstream(up) => panic!("endpoint {} answered", up.response),
     }
 }
 
@@ -397,7 +398,11 @@ async fn a_500_that_is_not_retried_finishes_its_pick_as_the_endpoint_s_failure()
     let c = cluster(|c| c.protections.retry.attempts = 2);
     let mut leg = FakeLeg::new(&[step(1, End::Status(500))]);
     let o = run(&c, &mut leg).await;
-    let Driven::Won(index, tail) = &o.driven else {
+    let Answer::Upstream(Upstream {
+        response: index,
+        tail,
+    }) = &o.driven
+    else {
         panic!("keel answered instead of the endpoint");
     };
     assert_eq!(leg.tries(), vec![*index]);
@@ -418,7 +423,11 @@ async fn a_500_that_is_not_retried_finishes_its_pick_as_the_endpoint_s_failure()
     // the body, and finishes as a success.
     let mut leg = FakeLeg::new(&[step(1, End::Status(501))]);
     let o = run(&c, &mut leg).await;
-    let Driven::Won(index, tail) = o.driven else {
+    let Answer::Upstream(Upstream {
+        response: index,
+        tail,
+    }) = o.driven
+    else {
         panic!("keel answered instead of the endpoint");
     };
     let before = counted(&c, index);
@@ -482,7 +491,7 @@ async fn each_try_hedge_and_retry_sends_a_span_of_its_own_in_the_requests_trace(
     spans.dedup();
     assert_eq!(spans.len(), 5, "each try's span is its own");
     // The answer's record keeps the trace, and which try was the hedge and the retry.
-    let Driven::Won(_, tail) = &o.driven else {
+    let Answer::Upstream(Upstream { tail, .. }) = &o.driven else {
         unreachable!()
     };
     assert_eq!(tail.tries.trace.as_deref(), Some(&trace));
@@ -526,7 +535,7 @@ async fn a_hedge_race_loser_is_recorded_cancelled_in_a_sampled_trace_only() {
         leg.hedge = true;
         let o = run_traced(&c, &mut leg, Some(Trace { flags, ..trace })).await;
         let tries = leg.tries();
-        let Driven::Won(_, tail) = &o.driven else {
+        let Answer::Upstream(Upstream { tail, .. }) = &o.driven else {
             unreachable!()
         };
         let all: Vec<_> = tail

@@ -8,7 +8,8 @@ use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::config::{HashOn, ListenerConfig};
-use crate::driver::{self, Driven};
+use crate::driver;
+use crate::driver::answer::{Answer, Upstream};
 use crate::exchange::request::Client;
 use crate::leg::tcp::TcpLeg;
 use crate::observe::record::Record;
@@ -50,7 +51,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     let driven = driver::drive(asked, &mut leg, &mut timer);
     match driven.await {
         // Counted and logged (TCP has no access-log line); a TCP client only sees the close.
-        Driven::Own(own) => Record {
+        Answer::Own(own) => Record {
             cluster: Some(&cluster),
             endpoint: own.endpoint.as_ref().map(|e| e.as_bytes()),
             attempts: own.attempts,
@@ -64,7 +65,10 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             )
         }
         .write(None),
-        Driven::Won(mut conn, tail) => {
+        Answer::Upstream(Upstream {
+            response: mut conn,
+            tail,
+        }) => {
             let _open = crate::leg::tunnel::TunnelGauge::new(&cluster.metrics);
             let end =
                 crate::leg::tunnel::run(&mut stream, &mut conn.io, &[], &[], settings.idle_timeout)
