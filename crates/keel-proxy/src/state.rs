@@ -139,6 +139,9 @@ pub(crate) struct ListenerSlot {
     pub(crate) stop: watch::Sender<Option<Duration>>,
     /// Connections open on it.
     pub(crate) open: AtomicUsize,
+    /// HTTP/1.1 connections parked: waiting for a request past the quiet spell, with no
+    /// buffer or request state held (`keel_connections_parked`).
+    pub(crate) parked: AtomicUsize,
     /// Connections cut at the drain timeout, by [`ConnKind`].
     pub(crate) cut: [AtomicU64; ConnKind::COUNT],
     /// TLS handshakes that failed or timed out.

@@ -427,6 +427,15 @@ fn metrics_text(shared: &Shared) -> String {
                 l.not_found.load(Relaxed)
             );
         }
+        out.push_str("# HELP keel_connections_parked HTTP/1.1 connections waiting for a request past the quiet spell, holding no buffer or request state.\n# TYPE keel_connections_parked gauge\n");
+        for l in shared.listening.listeners.load().iter() {
+            let _ = writeln!(
+                out,
+                "keel_connections_parked{{listener=\"{}\"}} {}",
+                l.addr,
+                l.parked.load(Relaxed)
+            );
+        }
     }
     if let Some(log) = &*shared.access_log.load() {
         use std::fmt::Write as _;

@@ -70,6 +70,7 @@ impl Shared {
             ctx: ArcSwap::from_pointee(ctx),
             stop,
             open: AtomicUsize::new(0),
+            parked: AtomicUsize::new(0),
             cut: Default::default(),
             tls_handshake_failures: AtomicU64::new(0),
             proxy_refused: Default::default(),

@@ -281,6 +281,17 @@ impl ProxyHandle {
         self.shared.reload_from_file()
     }
 
+    /// HTTP/1.1 connections parked on a listener (by configuration index): waiting for a
+    /// request past the quiet spell, holding no buffer.
+    pub fn connections_parked(&self, listener: usize) -> usize {
+        self.shared
+            .listening
+            .listeners
+            .load()
+            .get(listener)
+            .map_or(0, |l| l.parked.load(Relaxed))
+    }
+
     /// TLS handshakes that failed or timed out on a listener (by configuration index).
     pub fn tls_handshake_failures(&self, listener: usize) -> u64 {
         self.shared

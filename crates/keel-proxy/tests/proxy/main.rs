@@ -24,6 +24,7 @@ mod h3;
 mod health_checks;
 mod hedging;
 mod hostile_requests;
+mod idle_memory;
 mod load_reports;
 mod malformed_input;
 mod no_request_lost;

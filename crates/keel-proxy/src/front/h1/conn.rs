@@ -93,7 +93,19 @@ const LINGER_BYTES: usize = 1 << 20;
 /// answered with `Connection: close`.
 const DRAIN_QUIET: Duration = Duration::from_millis(250);
 
-/// Serves a client connection until it closes, or until HTTP/2 takes it over.
+/// A connection with no request byte for this long, between requests, lets go of its buffers,
+/// its timers and its request state (the busy period's future), and waits with a few bytes of
+/// its own ([`serve`]): as NGINX frees a keep-alive connection's buffers, but only after a
+/// quiet spell, so that requests that follow closely reuse them and pay nothing.
+pub(crate) const QUIET_SPELL: Duration = Duration::from_secs(1);
+
+/// The first bytes a parked connection reads when its client speaks again; the busy period
+/// that starts then takes them first.
+const WAKE_BYTES: usize = 64;
+
+/// Serves a client connection until it closes, or until HTTP/2 takes it over: busy periods
+/// (a boxed future with the buffers and timers, requests served back to back), each ended by
+/// a quiet spell, and between them a parked wait that holds the stream and one timer.
 pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     shared: Arc<Shared>,
     index: usize,
@@ -102,8 +114,136 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     stream: S,
     stop: watch::Receiver<Option<Duration>>,
 ) -> Served<S> {
-    // One shutdown waiter for the connection's life: it registers once, instead of at every
-    // wait for a request.
+    // The wait for a request's first byte: set to the quiet spell's end at each wait (only
+    // ever later while requests follow, which costs no timer-wheel work), then to the rest
+    // of the idle timeout while parked. Kept across busy periods.
+    let mut wait_timer = idle_timer();
+    let mut stream = stream;
+    let mut woke = [0u8; WAKE_BYTES];
+    let mut early = 0;
+    let mut waited = Instant::now();
+    loop {
+        let busy = Box::pin(busy(
+            &shared,
+            index,
+            settings,
+            client,
+            stream,
+            &stop,
+            &mut wait_timer,
+            waited,
+            &woke[..early],
+        ));
+        stream = match busy.await {
+            Busy::Served(served) => return served,
+            Busy::Quiet(stream, since) => {
+                waited = since;
+                stream
+            }
+        };
+        let _parked = Parked::new(&shared, index);
+        let first_byte = waited + settings.header_read_timeout.min(settings.idle_timeout);
+        match park(&mut stream, &mut wait_timer, first_byte, &stop, &mut woke).await {
+            Some(n) => early = n,
+            None => return Served::Closed,
+        }
+    }
+}
+
+/// How a busy period ended.
+enum Busy<S> {
+    Served(Served<S>),
+    /// No request byte within the quiet spell: the stream, to wait parked, and when its wait
+    /// for a request began.
+    Quiet(S, Instant),
+}
+
+/// Counts a parked connection in its listener's `keel_connections_parked` while it lives.
+struct Parked(Option<Arc<crate::state::ListenerSlot>>);
+
+impl Parked {
+    fn new(shared: &Shared, index: usize) -> Self {
+        let slot = shared.listening.all_listeners.load().get(index).cloned();
+        if let Some(l) = &slot {
+            l.parked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Parked(slot)
+    }
+}
+
+impl Drop for Parked {
+    fn drop(&mut self) {
+        if let Some(l) = &self.0 {
+            l.parked.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// Waits, parked, for the client's next bytes until `first_byte` (sooner once the proxy
+/// drains: [`DRAIN_QUIET`]); returns how many were read into `woke`, or `None` once the
+/// connection is closed.
+async fn park<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    timer: &mut Pin<Box<tokio::time::Sleep>>,
+    first_byte: Instant,
+    stop: &watch::Receiver<Option<Duration>>,
+    woke: &mut [u8],
+) -> Option<usize> {
+    let mut stop_waiter = stop.clone();
+    let mut draining = stop.borrow().is_some();
+    let mut deadline = first_byte;
+    if draining {
+        deadline = deadline.min(Instant::now() + DRAIN_QUIET);
+    }
+    loop {
+        let read = tokio::select! {
+            biased;
+            r = until(timer, deadline, stream.read(woke)) => r,
+            _ = crate::state::wait_shutdown(&mut stop_waiter), if !draining => {
+                draining = true;
+                deadline = deadline.min(Instant::now() + DRAIN_QUIET);
+                continue;
+            }
+        };
+        return match read {
+            Some(Ok(n)) if n > 0 => Some(n),
+            // Quiet through the drain's grace: closed with a lingering read, as a busy
+            // period's wait is.
+            None if draining => {
+                let _ = stream.shutdown().await;
+                let end = Instant::now() + LINGER_TIME;
+                let mut dropped = 0;
+                let mut sink = vec![0u8; 16384];
+                while dropped < LINGER_BYTES {
+                    match until(timer, end, stream.read(&mut sink)).await {
+                        Some(Ok(n)) if n > 0 => dropped += n,
+                        _ => break,
+                    }
+                }
+                None
+            }
+            _ => None,
+        };
+    }
+}
+
+/// A busy period: requests served back to back until the connection closes, HTTP/2 takes it,
+/// or no request byte comes within [`QUIET_SPELL`]. `waited`: when the wait for its first
+/// request began; `early`: bytes of it read while parked.
+#[allow(clippy::too_many_arguments)]
+async fn busy<S: AsyncRead + AsyncWrite + Unpin>(
+    shared: &Shared,
+    index: usize,
+    settings: &ListenerConfig,
+    client: &Client,
+    stream: S,
+    stop: &watch::Receiver<Option<Duration>>,
+    wait_timer: &mut Pin<Box<tokio::time::Sleep>>,
+    waited: Instant,
+    early: &[u8],
+) -> Busy<S> {
+    // One shutdown waiter for the busy period: it registers once, instead of at every wait
+    // for a request.
     let mut stop_waiter = stop.clone();
     let mut shutdown = std::pin::pin!(async move {
         crate::state::wait_shutdown(&mut stop_waiter).await;
@@ -113,8 +253,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             inner: stream,
             sent: 0,
         },
-        // Held for the connection's life: 4 KB fits most heads (it grows for others), and
-        // 4,000 connections hold 16 MB of it, not 32 (BENCHMARKS.md, 4,000 connections).
+        // Held for the busy period: 4 KB fits most heads (it grows for others).
         rbuf: BytesMut::with_capacity(4096),
         up_head: UpstreamHead {
             text: Vec::with_capacity(1024),
@@ -131,6 +270,8 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         replaced: None,
         body: Vec::new(),
     };
+    conn.rbuf.extend_from_slice(early);
+    let mut first_wait = Some(waited);
     let max_body = settings.max_request_body_bytes.unwrap_or(u64::MAX);
     // Set once the drain has begun while this connection waited for a request.
     let mut draining = stop.borrow().is_some();
@@ -139,7 +280,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         // timeout until its last (it runs between keep-alive requests too). Draining, a quiet
         // connection is closed sooner (DRAIN_QUIET); a request already read or on its way is
         // still answered (with `Connection: close`).
-        let waited = Instant::now();
+        let waited = first_wait.take().unwrap_or_else(Instant::now);
         let mut first_byte = waited + settings.header_read_timeout.min(settings.idle_timeout);
         if draining || stop.borrow().is_some() {
             draining = true;
@@ -168,19 +309,31 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 }
             };
             match parsed {
-                RequestParse::Http2Preface => return Served::Http2(conn.stream.inner, conn.rbuf),
-                RequestParse::Reject(r) => return conn.refuse(&shared, client, r).await,
+                RequestParse::Http2Preface => {
+                    return Busy::Served(Served::Http2(conn.stream.inner, conn.rbuf))
+                }
+                RequestParse::Reject(r) => {
+                    return Busy::Served(conn.refuse(shared, client, r).await)
+                }
                 RequestParse::Partial if conn.rbuf.len() >= settings.max_header_bytes => {
-                    return conn.refuse(&shared, client, Reject::HeadTooLarge).await
+                    return Busy::Served(conn.refuse(shared, client, Reject::HeadTooLarge).await)
                 }
                 _ => {}
             }
             let idle = conn.rbuf.is_empty();
-            let deadline = if idle { first_byte } else { whole_head };
+            // Waiting for a request's first byte, the quiet spell ends the busy period first
+            // (not once the proxy drains: that wait closes the connection).
+            let quiet = waited + QUIET_SPELL;
+            let parks = idle && !draining && quiet < first_byte;
+            let (timer, deadline) = match (idle, parks) {
+                (true, true) => (&mut *wait_timer, quiet),
+                (true, false) => (&mut *wait_timer, first_byte),
+                (false, _) => (&mut conn.client_timer, whole_head),
+            };
             conn.rbuf.reserve(4096);
             let read = tokio::select! {
                 biased;
-                r = until(&mut conn.client_timer, deadline, conn.stream.read_buf(&mut conn.rbuf)) => r,
+                r = until(timer, deadline, conn.stream.read_buf(&mut conn.rbuf)) => r,
                 _ = shutdown.as_mut(), if idle && !draining => {
                     draining = true;
                     first_byte = first_byte.min(Instant::now() + DRAIN_QUIET);
@@ -189,15 +342,16 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             };
             match read {
                 Some(Ok(n)) if n > 0 => {}
+                None if parks => return Busy::Quiet(conn.stream.inner, waited),
                 // Quiet through the drain's grace: closed with a lingering read, so that a
                 // request crossing the close gets an end of stream rather than a reset.
                 None if draining && idle => {
                     conn.unread = true;
                     conn.close().await;
-                    return Served::Closed;
+                    return Busy::Served(Served::Closed);
                 }
                 // Closed, failed, or too slow: nothing to answer.
-                _ => return Served::Closed,
+                _ => return Busy::Served(Served::Closed),
             }
         };
         conn.rbuf.advance(req.head_len);
@@ -223,7 +377,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             if !kept {
                 conn.unread |= req.body != BodyFraming::None;
                 conn.close().await;
-                return Served::Closed;
+                return Busy::Served(Served::Closed);
             }
             continue;
         };
@@ -239,7 +393,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         };
         let keep = match req.body {
             BodyFraming::Length(n) if n > MAX_INLINE_BODY => {
-                conn.streamed(&target, client, settings, &req, max_body, &stop, &scope)
+                conn.streamed(&target, client, settings, &req, max_body, stop, &scope)
                     .await
             }
             BodyFraming::Chunked => {
@@ -276,19 +430,19 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                         )
                         .await;
                         conn.rbuf.advance(raw);
-                        conn.send(answer, &whole, true, &stop, &scope).await
+                        conn.send(answer, &whole, true, stop, &scope).await
                     }
                     SmallChunked::Large { continued } => {
                         let mut req = req.clone();
                         req.expect_continue &= !continued;
-                        conn.streamed(&target, client, settings, &req, max_body, &stop, &scope)
+                        conn.streamed(&target, client, settings, &req, max_body, stop, &scope)
                             .await
                     }
                     SmallChunked::Refused(reject) => {
                         let own = HttpAnswer::Own(answer::refused(reject));
-                        conn.send(own, &req, false, &stop, &scope).await
+                        conn.send(own, &req, false, stop, &scope).await
                     }
-                    SmallChunked::Closed => return Served::Closed,
+                    SmallChunked::Closed => return Busy::Served(Served::Closed),
                 }
             }
             framing => {
@@ -300,7 +454,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     let sent =
                         write_all_2(&mut conn.stream, b"HTTP/1.1 100 Continue\r\n\r\n", &[]).await;
                     if sent.is_err() {
-                        return Served::Closed;
+                        return Busy::Served(Served::Closed);
                     }
                 }
                 // Read whole, within the body's bounds.
@@ -320,7 +474,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     )
                     .await;
                     if !matches!(read, Some(Ok(n)) if n > 0) {
-                        return Served::Closed;
+                        return Busy::Served(Served::Closed);
                     }
                 }
                 let answer = forward::forward(
@@ -341,12 +495,12 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 )
                 .await;
                 conn.rbuf.advance(n);
-                conn.send(answer, &req, true, &stop, &scope).await
+                conn.send(answer, &req, true, stop, &scope).await
             }
         };
         if !keep {
             conn.close().await;
-            return Served::Closed;
+            return Busy::Served(Served::Closed);
         }
     }
 }
