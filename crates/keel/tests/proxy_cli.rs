@@ -151,8 +151,10 @@ fn the_units_reload_fails_on_a_refused_file_and_signals_nothing() {
                 .success()
         })
     };
-    // The main process: anything SIGHUP ends.
-    let mut main = Command::new("sleep").arg("30").spawn().unwrap();
+    // The main process: anything SIGHUP ends. Long enough that it cannot end by itself while
+    // the checks run on a loaded machine (a 30 s one once did, in CI).
+    let mut main = Command::new("sleep").arg("600").spawn().unwrap();
+    let started = Instant::now();
     let bad = temp_file(
         "reload-bad.toml",
         &EXAMPLE_CONFIG.replace("attempts = 2", "attempts = 2\nbudget = 20"),
@@ -167,9 +169,28 @@ fn the_units_reload_fails_on_a_refused_file_and_signals_nothing() {
     );
     let good = temp_file("reload-good.toml", EXAMPLE_CONFIG);
     assert!(run_reload(&good, main.id()));
-    let status = main.wait().unwrap();
+    let mut status = None;
+    for _ in 0..100 {
+        status = main.try_wait().unwrap();
+        if status.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let Some(status) = status else {
+        let _ = main.kill();
+        panic!(
+            "no SIGHUP reached the main process ({:?} after it started)",
+            started.elapsed()
+        );
+    };
     use std::os::unix::process::ExitStatusExt;
-    assert_eq!(status.signal(), Some(1), "SIGHUP sent: {status:?}");
+    assert_eq!(
+        status.signal(),
+        Some(1),
+        "SIGHUP sent: {status:?}, {:?} after it started",
+        started.elapsed()
+    );
 }
 
 /// A GET on a fresh connection; the whole response as text.
