@@ -151,9 +151,19 @@ fn the_units_reload_fails_on_a_refused_file_and_signals_nothing() {
                 .success()
         })
     };
-    // The main process: anything SIGHUP ends. Long enough that it cannot end by itself while
-    // the checks run on a loaded machine (a 30 s one once did, in CI).
-    let mut main = Command::new("sleep").arg("600").spawn().unwrap();
+    // The main process: anything SIGHUP ends, with SIGHUP's default action even when this test
+    // runs under `nohup` (an ignored signal is inherited, and sleep would outlive the signal).
+    let mut main = Command::new("sleep");
+    main.arg("600");
+    // SAFETY: between fork and exec only signal(2), which is async-signal-safe.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        main.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let mut main = main.spawn().unwrap();
     let started = Instant::now();
     let bad = temp_file(
         "reload-bad.toml",
