@@ -211,15 +211,7 @@ async fn park<S: AsyncRead + AsyncWrite + Unpin>(
             // period's wait is.
             None if draining => {
                 let _ = stream.shutdown().await;
-                let end = Instant::now() + LINGER_TIME;
-                let mut dropped = 0;
-                let mut sink = vec![0u8; 16384];
-                while dropped < LINGER_BYTES {
-                    match until(timer, end, stream.read(&mut sink)).await {
-                        Some(Ok(n)) if n > 0 => dropped += n,
-                        _ => break,
-                    }
-                }
+                drop_unread(stream, timer, &mut BytesMut::new()).await;
                 None
             }
             _ => None,
@@ -970,24 +962,28 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     /// it reads keel's answer instead of a reset.
     async fn close(&mut self) {
         let _ = self.stream.shutdown().await;
-        if !self.unread {
-            return;
+        if self.unread {
+            drop_unread(&mut self.stream, &mut self.client_timer, &mut self.rbuf).await;
         }
-        let deadline = Instant::now() + LINGER_TIME;
-        let mut dropped = 0;
-        while dropped < LINGER_BYTES {
-            self.rbuf.clear();
-            self.rbuf.reserve(16384);
-            let read = until(
-                &mut self.client_timer,
-                deadline,
-                self.stream.read_buf(&mut self.rbuf),
-            )
-            .await;
-            match read {
-                Some(Ok(n)) if n > 0 => dropped += n,
-                _ => return,
-            }
+    }
+}
+
+/// Reads and drops what a client still sends after keel closed its side, bounded by
+/// `LINGER_TIME` and `LINGER_BYTES`, so that it reads keel's answer (or the close) instead of
+/// a reset.
+async fn drop_unread<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    timer: &mut Pin<Box<tokio::time::Sleep>>,
+    buf: &mut BytesMut,
+) {
+    let deadline = Instant::now() + LINGER_TIME;
+    let mut dropped = 0;
+    while dropped < LINGER_BYTES {
+        buf.clear();
+        buf.reserve(16384);
+        match until(timer, deadline, stream.read_buf(buf)).await {
+            Some(Ok(n)) if n > 0 => dropped += n,
+            _ => return,
         }
     }
 }

@@ -47,7 +47,7 @@ pub(crate) fn mechanism(
     r: &PeerRow,
 ) -> Option<(String, Vec<Evidence>)> {
     if case.setting == Setting::Bare && case.strategy == PeerStrategy::RoundRobin {
-        if let Some(m) = all_calls(r) {
+        if let Some(m) = all_calls(case, r) {
             return Some(m);
         }
     }
@@ -182,12 +182,11 @@ fn operators(
 /// calls', and what that makes of success (exactly 1 - k s / m, s the share of calls failed):
 /// Rotation when m is lower (a fast failure's next call lands on the next, healthy server),
 /// Interleaving when other clients' picks between a request's calls made it independent.
-fn all_calls(r: &PeerRow) -> Option<(String, Vec<Evidence>)> {
+fn all_calls(case: &PeerCase, r: &PeerRow) -> Option<(String, Vec<Evidence>)> {
     let [m, independent] = r.repeat_failures?;
-    if let (Some([after, failed_after]), Some(analytic)) = (r.after_failure, r.analytic) {
-        if r.healthy_times.starts_with("exponential") {
-            return Some(spread(r, after, failed_after, analytic));
-        }
+    if case.spread {
+        let [after, failed_after] = r.after_failure?;
+        return Some(spread(r, after, failed_after, r.analytic?));
     }
     let failed: u64 = r.failed_calls_per_request.iter().skip(1).sum();
     let twice: u64 = r.failed_calls_per_request.iter().skip(2).sum();
