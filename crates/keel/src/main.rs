@@ -12,23 +12,6 @@ use clap::{CommandFactory, Parser, Subcommand};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// mimalloc's `mi_option_purge_delay` (`mimalloc.h`'s `mi_option_e`, the same in v2 and v3).
-const MI_OPTION_PURGE_DELAY: std::ffi::c_int = 15;
-
-extern "C" {
-    fn mi_option_set(option: std::ffi::c_int, value: std::ffi::c_long);
-}
-
-/// The proxy's pages freed by a parked connection go back to the system when freed: by
-/// default mimalloc purges only on a later allocation in the same place, so memory freed by
-/// thousands of connections going quiet together stayed resident (15.8 KB a waiting
-/// connection at 4,000 against 3.3-3.7 KB purged at once, BENCHMARKS.md; the same
-/// instructions per request, 17,451 and 17,458).
-fn return_freed_memory_at_once() {
-    // SAFETY: sets an option of the allocator linked above; any value is valid.
-    unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
-}
-
 /// keel: a load balancer that can prove how reliable its choices are.
 #[derive(Parser)]
 #[command(name = "keel", version, about, long_about = None)]
@@ -82,10 +65,7 @@ fn main() -> std::process::ExitCode {
         Command::Analyze(args) => cmd::analyze::run(args),
         Command::Simulate(args) => cmd::simulate::run(args),
         Command::Advise(args) => cmd::advise::run(args),
-        Command::Proxy(args) => {
-            return_freed_memory_at_once();
-            cmd::proxy::run(args)
-        }
+        Command::Proxy(args) => cmd::proxy::run(args),
         Command::Backend(args) => cmd::backend::run(args),
         Command::Completions(args) => cmd::manual::completions(args, Cli::command()),
         Command::Man(args) => cmd::manual::man(args, Cli::command()),
