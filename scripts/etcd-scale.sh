@@ -9,4 +9,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v etcd >/dev/null || { echo "etcd-scale: etcd missing: apt-get install etcd-server (or run scripts/test-etcd.sh once)" >&2; exit 1; }
-cargo test --release -p keel-proxy --features etcd --test etcd scale_ -- --include-ignored --nocapture --test-threads=1
+cargo test --release -p keel-proxy --features etcd --test proxy etcd::scale:: -- --include-ignored --nocapture --test-threads=1

@@ -10,6 +10,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v etcd >/dev/null || { echo "lab-e12: etcd missing: apt-get install etcd-server (or run scripts/test-etcd.sh once)" >&2; exit 1; }
 if [ "${1:-}" = "faults_" ]; then
-    exec cargo test --release -p keel-proxy --features etcd --test etcd faults_ -- --include-ignored --nocapture --test-threads=1
+    exec cargo test --release -p keel-proxy --features etcd --test proxy etcd::faults:: -- --include-ignored --nocapture --test-threads=1
 fi
 exec cargo run --release -p keel -- lab --experiments e12 --out "${OUT:-lab-e12}" "$@"

@@ -5,12 +5,10 @@
 //! the same shape, or the route's default `cluster`; a model name split across the client's
 //! writes, after 70 KB of other members, is read whole.
 
-#[path = "proxy/support/mod.rs"]
-mod support;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::support::any_port;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request};
@@ -18,7 +16,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use keel_proxy::ProxyConfig;
 use keel_testbed::llm::{self, LlmConfig, LlmHandle};
-use support::any_port;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 async fn engine(model: &str) -> LlmHandle {

@@ -594,129 +594,130 @@ impl Chaos {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chaos_loses_no_request_and_leaks_nothing() {
-    let seed = std::env::var("KEEL_CHAOS_SEED")
-        .ok()
-        .map(|s| {
-            s.parse::<u64>()
-                .unwrap_or_else(|_| panic!("KEEL_CHAOS_SEED={s:?} is not a u64"))
-        })
-        .unwrap_or(DEFAULT_SEED);
-    let chaos_for = std::env::var("KEEL_CHAOS_SECS")
-        .ok()
-        .map(|s| Duration::from_secs(s.parse().expect("KEEL_CHAOS_SECS in seconds")))
-        .unwrap_or(DEFAULT_CHAOS);
-    println!("chaos: seed {seed} (replay with KEEL_CHAOS_SEED={seed}), {chaos_for:?} of chaos");
+#[test]
+fn chaos_loses_no_request_and_leaks_nothing() {
+    crate::alone(async {
+        let seed = std::env::var("KEEL_CHAOS_SEED")
+            .ok()
+            .map(|s| {
+                s.parse::<u64>()
+                    .unwrap_or_else(|_| panic!("KEEL_CHAOS_SEED={s:?} is not a u64"))
+            })
+            .unwrap_or(DEFAULT_SEED);
+        let chaos_for = std::env::var("KEEL_CHAOS_SECS")
+            .ok()
+            .map(|s| Duration::from_secs(s.parse().expect("KEEL_CHAOS_SECS in seconds")))
+            .unwrap_or(DEFAULT_CHAOS);
+        println!("chaos: seed {seed} (replay with KEEL_CHAOS_SEED={seed}), {chaos_for:?} of chaos");
 
-    let fds_before = open_fds();
-    let (rss_before, _) = memory_kb();
-    let t0 = Instant::now();
+        let fds_before = open_fds();
+        let (rss_before, _) = memory_kb();
+        let t0 = Instant::now();
 
-    let mut slots = Vec::new();
-    for _ in 0..INITIAL_ENDPOINTS {
-        let b = backend::spawn("127.0.0.1:0".parse().unwrap(), backend_config())
+        let mut slots = Vec::new();
+        for _ in 0..INITIAL_ENDPOINTS {
+            let b = backend::spawn("127.0.0.1:0".parse().unwrap(), backend_config())
+                .await
+                .unwrap();
+            slots.push(Slot {
+                addr: b.addr(),
+                backend: Some(b),
+                state: State::Up,
+                weight: 1,
+            });
+        }
+        let initial: Vec<SocketAddr> = slots.iter().map(|s| s.addr).collect();
+        let proxy = keel_proxy::start(proxy_config(&slots, StrategyKind::RoundRobin))
             .await
             .unwrap();
-        slots.push(Slot {
-            addr: b.addr(),
-            backend: Some(b),
-            state: State::Up,
-            weight: 1,
-        });
-    }
-    let initial: Vec<SocketAddr> = slots.iter().map(|s| s.addr).collect();
-    let proxy = keel_proxy::start(proxy_config(&slots, StrategyKind::RoundRobin))
-        .await
-        .unwrap();
-    let proxy_addr = proxy.listener_addrs()[0];
+        let proxy_addr = proxy.listener_addrs()[0];
 
-    let stop_monitor = Arc::new(AtomicBool::new(false));
-    let peaks = Arc::new(Peaks::default());
-    let monitor = {
-        let stop = stop_monitor.clone();
-        let peaks = peaks.clone();
-        tokio::spawn(async move {
-            while !stop.load(Relaxed) {
-                peaks.fds.fetch_max(open_fds() as u64, Relaxed);
-                peaks.rss_kb.fetch_max(memory_kb().0, Relaxed);
-                tokio::time::sleep(Duration::from_millis(20)).await;
+        let stop_monitor = Arc::new(AtomicBool::new(false));
+        let peaks = Arc::new(Peaks::default());
+        let monitor = {
+            let stop = stop_monitor.clone();
+            let peaks = peaks.clone();
+            tokio::spawn(async move {
+                while !stop.load(Relaxed) {
+                    peaks.fds.fetch_max(open_fds() as u64, Relaxed);
+                    peaks.rss_kb.fetch_max(memory_kb().0, Relaxed);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+        };
+
+        let stop_load = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(LoadStats::default());
+        let clients: Vec<_> = (0..CLIENTS)
+            .map(|id| tokio::spawn(client(id, proxy_addr, stop_load.clone(), stats.clone(), t0)))
+            .collect();
+
+        let mut chaos = Chaos {
+            rng: Rng(seed),
+            slots,
+            strategy: StrategyKind::RoundRobin,
+            retiring: Vec::new(),
+            counts: ChaosCounts::default(),
+            log: Vec::new(),
+            t0,
+        };
+        // A moment of calm first, so that the load is flowing before the first fault.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let chaos_start = Instant::now();
+        while chaos_start.elapsed() < chaos_for {
+            let pause = chaos.rng.between_ms(100, 500);
+            tokio::time::sleep(pause).await;
+            let did = chaos.step(&proxy).await;
+            chaos.note(did);
+            chaos.counts.most_down = chaos.counts.most_down.max(chaos.down());
+            assert!(chaos.down() * 2 <= chaos.slots.len(), "schedule invariant");
+        }
+        let chaos_took = chaos_start.elapsed();
+        stop_load.store(true, Relaxed);
+        for c in clients {
+            c.await.unwrap();
+        }
+        let load_took = t0.elapsed();
+        let sent = stats.sent.load(Relaxed);
+        let ok = stats.ok.load(Relaxed);
+        let failed = stats.failed.load(Relaxed);
+
+        let m = metrics_text(proxy.admin_addr().expect("admin listener")).await;
+        let retries = metric(&m, "keel_retries_total{cluster=\"app\"}");
+        let budget_refusals = metric(&m, "keel_retry_budget_refusals_total{cluster=\"app\"}");
+        let no_endpoint = metric(&m, "keel_no_endpoint_total{cluster=\"app\"}");
+        let reloads_ok = metric(&m, "keel_config_reloads_total{result=\"ok\"}");
+
+        // Everything stops: first every backend, with the proxy still running. Its pooled
+        // connections to them are then closed by the peer, but the pool closes its side only when
+        // it next checks a connection out or when `pool_idle_timeout` (2 s here) reaps it; until
+        // then they sit in CLOSE-WAIT. So the running proxy must come down to its two listening
+        // sockets (listener and admin) within a few idle timeouts.
+        let final_endpoints: Vec<SocketAddr> = chaos.slots.iter().map(|s| s.addr).collect();
+        for s in chaos.slots.drain(..) {
+            if let Some(b) = s.backend {
+                b.shutdown().await;
             }
-        })
-    };
-
-    let stop_load = Arc::new(AtomicBool::new(false));
-    let stats = Arc::new(LoadStats::default());
-    let clients: Vec<_> = (0..CLIENTS)
-        .map(|id| tokio::spawn(client(id, proxy_addr, stop_load.clone(), stats.clone(), t0)))
-        .collect();
-
-    let mut chaos = Chaos {
-        rng: Rng(seed),
-        slots,
-        strategy: StrategyKind::RoundRobin,
-        retiring: Vec::new(),
-        counts: ChaosCounts::default(),
-        log: Vec::new(),
-        t0,
-    };
-    // A moment of calm first, so that the load is flowing before the first fault.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let chaos_start = Instant::now();
-    while chaos_start.elapsed() < chaos_for {
-        let pause = chaos.rng.between_ms(100, 500);
-        tokio::time::sleep(pause).await;
-        let did = chaos.step(&proxy).await;
-        chaos.note(did);
-        chaos.counts.most_down = chaos.counts.most_down.max(chaos.down());
-        assert!(chaos.down() * 2 <= chaos.slots.len(), "schedule invariant");
-    }
-    let chaos_took = chaos_start.elapsed();
-    stop_load.store(true, Relaxed);
-    for c in clients {
-        c.await.unwrap();
-    }
-    let load_took = t0.elapsed();
-    let sent = stats.sent.load(Relaxed);
-    let ok = stats.ok.load(Relaxed);
-    let failed = stats.failed.load(Relaxed);
-
-    let m = metrics_text(proxy.admin_addr().expect("admin listener")).await;
-    let retries = metric(&m, "keel_retries_total{cluster=\"app\"}");
-    let budget_refusals = metric(&m, "keel_retry_budget_refusals_total{cluster=\"app\"}");
-    let no_endpoint = metric(&m, "keel_no_endpoint_total{cluster=\"app\"}");
-    let reloads_ok = metric(&m, "keel_config_reloads_total{result=\"ok\"}");
-
-    // Everything stops: first every backend, with the proxy still running. Its pooled
-    // connections to them are then closed by the peer, but the pool closes its side only when
-    // it next checks a connection out or when `pool_idle_timeout` (2 s here) reaps it; until
-    // then they sit in CLOSE-WAIT. So the running proxy must come down to its two listening
-    // sockets (listener and admin) within a few idle timeouts.
-    let final_endpoints: Vec<SocketAddr> = chaos.slots.iter().map(|s| s.addr).collect();
-    for s in chaos.slots.drain(..) {
-        if let Some(b) = s.backend {
+        }
+        for (_, b) in chaos.retiring.drain(..) {
             b.shutdown().await;
         }
-    }
-    for (_, b) in chaos.retiring.drain(..) {
-        b.shutdown().await;
-    }
-    let proxy_listeners = 2;
-    let fds_proxy_idle = settle_fds(fds_before + proxy_listeners, Duration::from_secs(8)).await;
-    // Then the proxy; connection tasks end a moment after their peer closed.
-    proxy.shutdown(Duration::from_secs(2)).await;
-    let fds_after = settle_fds(fds_before, Duration::from_secs(3)).await;
-    stop_monitor.store(true, Relaxed);
-    monitor.await.unwrap();
-    let (rss_after, hwm) = memory_kb();
-    let fds_peak = peaks.fds.load(Relaxed);
-    let rss_peak = peaks.rss_kb.load(Relaxed).max(hwm);
+        let proxy_listeners = 2;
+        let fds_proxy_idle = settle_fds(fds_before + proxy_listeners, Duration::from_secs(8)).await;
+        // Then the proxy; connection tasks end a moment after their peer closed.
+        proxy.shutdown(Duration::from_secs(2)).await;
+        let fds_after = settle_fds(fds_before, Duration::from_secs(3)).await;
+        stop_monitor.store(true, Relaxed);
+        monitor.await.unwrap();
+        let (rss_after, hwm) = memory_kb();
+        let fds_peak = peaks.fds.load(Relaxed);
+        let rss_peak = peaks.rss_kb.load(Relaxed).max(hwm);
 
-    let c = &chaos.counts;
-    let faults: Vec<String> = c.faults.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    let by_endpoint = stats.by_endpoint.lock().unwrap().clone();
-    let mut summary = String::new();
-    write!(
+        let c = &chaos.counts;
+        let faults: Vec<String> = c.faults.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let by_endpoint = stats.by_endpoint.lock().unwrap().clone();
+        let mut summary = String::new();
+        write!(
         summary,
         "chaos summary: seed {seed}; chaos {:.1}s (load {:.1}s); requests sent {sent} ok {ok} failed {failed} ({:.0}/s), proxy retries {retries} (budget refusals {budget_refusals}, no endpoint {no_endpoint}); \
          kills {} (connections cut {}) restarts {} (port taken {}); faults [{}] cleared {}; reloads {}; endpoints added {} removed {} (most down at once {}); \
@@ -738,73 +739,74 @@ async fn chaos_loses_no_request_and_leaks_nothing() {
         by_endpoint.len(),
     )
     .unwrap();
-    println!("{summary}");
+        println!("{summary}");
 
-    if failed > 0 || std::env::var_os("KEEL_CHAOS_VERBOSE").is_some() {
-        println!("--- chaos schedule ---\n{}", chaos.log.join("\n"));
-        let seconds: Vec<String> = (0..=(load_took.as_secs() as usize).min(127))
-            .map(|i| {
-                format!(
-                    "{i}s: {} ({} slow)",
-                    stats.per_second[i].load(Relaxed),
-                    stats.slow_per_second[i].load(Relaxed)
-                )
-            })
-            .collect();
-        println!(
-            "--- requests answered per second (slow: >= 250 ms) ---\n{}",
-            seconds.join("\n")
+        if failed > 0 || std::env::var_os("KEEL_CHAOS_VERBOSE").is_some() {
+            println!("--- chaos schedule ---\n{}", chaos.log.join("\n"));
+            let seconds: Vec<String> = (0..=(load_took.as_secs() as usize).min(127))
+                .map(|i| {
+                    format!(
+                        "{i}s: {} ({} slow)",
+                        stats.per_second[i].load(Relaxed),
+                        stats.slow_per_second[i].load(Relaxed)
+                    )
+                })
+                .collect();
+            println!(
+                "--- requests answered per second (slow: >= 250 ms) ---\n{}",
+                seconds.join("\n")
+            );
+            println!(
+                "--- failures (first 50) ---\n{}",
+                stats.failures.lock().unwrap().join("\n")
+            );
+        }
+        assert_eq!(
+            failed, 0,
+            "requests failed although at most half of the endpoints were down (see above)"
         );
-        println!(
-            "--- failures (first 50) ---\n{}",
-            stats.failures.lock().unwrap().join("\n")
-        );
-    }
-    assert_eq!(
-        failed, 0,
-        "requests failed although at most half of the endpoints were down (see above)"
-    );
-    assert_eq!(ok, sent);
-    // The faults were met (tries failed and were retried) and the proxy applied every reload.
-    assert!(retries > 0, "{summary}");
-    assert_eq!(reloads_ok, u64::from(c.reloads), "{summary}");
-    // The chaos did something: load flowed, and (in a run of the default length, ~100 events)
-    // every kind of event happened and added endpoints served requests. Shorter runs
-    // (KEEL_CHAOS_SECS) may miss a kind by chance, so only the default length checks that.
-    assert!(sent >= 1000, "too little load: {sent}");
-    if chaos_for >= DEFAULT_CHAOS {
+        assert_eq!(ok, sent);
+        // The faults were met (tries failed and were retried) and the proxy applied every reload.
+        assert!(retries > 0, "{summary}");
+        assert_eq!(reloads_ok, u64::from(c.reloads), "{summary}");
+        // The chaos did something: load flowed, and (in a run of the default length, ~100 events)
+        // every kind of event happened and added endpoints served requests. Shorter runs
+        // (KEEL_CHAOS_SECS) may miss a kind by chance, so only the default length checks that.
+        assert!(sent >= 1000, "too little load: {sent}");
+        if chaos_for >= DEFAULT_CHAOS {
+            assert!(
+                c.kills > 0 && c.restarts > 0 && c.reloads > 0 && c.added > 0 && c.removed > 0,
+                "{summary}"
+            );
+            assert!(
+                c.faults.keys().filter(|k| **k != "slow").count() >= 2,
+                "{summary}"
+            );
+            assert!(
+                by_endpoint
+                    .keys()
+                    .any(|e| !initial.iter().any(|a| a.to_string() == *e)),
+                "no answer from an added endpoint: {by_endpoint:?}"
+            );
+        }
         assert!(
-            c.kills > 0 && c.restarts > 0 && c.reloads > 0 && c.added > 0 && c.removed > 0,
-            "{summary}"
+            final_endpoints
+                .iter()
+                .any(|a| by_endpoint.contains_key(&a.to_string())),
+            "{by_endpoint:?}"
         );
         assert!(
-            c.faults.keys().filter(|k| **k != "slow").count() >= 2,
-            "{summary}"
-        );
-        assert!(
-            by_endpoint
-                .keys()
-                .any(|e| !initial.iter().any(|a| a.to_string() == *e)),
-            "no answer from an added endpoint: {by_endpoint:?}"
-        );
-    }
-    assert!(
-        final_endpoints
-            .iter()
-            .any(|a| by_endpoint.contains_key(&a.to_string())),
-        "{by_endpoint:?}"
-    );
-    assert!(
         fds_proxy_idle <= fds_before + proxy_listeners + FD_SLACK,
         "the running proxy holds descriptors after its backends stopped: {fds_before} before the start, {fds_proxy_idle} with the proxy idle (2 listeners)"
     );
-    assert!(
-        fds_after <= fds_before + FD_SLACK,
-        "descriptors leaked: {fds_before} before, {fds_after} after (peak {fds_peak})"
-    );
-    assert!(
-        rss_peak.saturating_sub(rss_before) < RSS_GROWTH_LIMIT_KB,
-        "RSS grew by {} kB (limit {RSS_GROWTH_LIMIT_KB} kB)",
-        rss_peak - rss_before
-    );
+        assert!(
+            fds_after <= fds_before + FD_SLACK,
+            "descriptors leaked: {fds_before} before, {fds_after} after (peak {fds_peak})"
+        );
+        assert!(
+            rss_peak.saturating_sub(rss_before) < RSS_GROWTH_LIMIT_KB,
+            "RSS grew by {} kB (limit {RSS_GROWTH_LIMIT_KB} kB)",
+            rss_peak - rss_before
+        );
+    });
 }

@@ -10,7 +10,7 @@ use keel_model::FailureMode;
 use keel_proxy::ProxyHandle;
 use keel_testbed::etcd::EtcdCluster;
 
-use crate::*;
+use super::*;
 
 /// Requests per run, fixed.
 const REQUESTS: usize = 150;

@@ -3,15 +3,13 @@
 //! engine's `/metrics` instead; a malformed report and a stale one change nothing and are
 //! counted.
 
-#[path = "proxy/support/mod.rs"]
-mod support;
-
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -19,7 +17,6 @@ use hyper::{Method, Request, Response};
 use hyper_util::rt::TokioIo;
 use keel_model::inference::EngineSpec;
 use keel_testbed::llm::{self, LlmConfig, LlmHandle};
-use support::*;
 
 /// An engine that runs one request at a time: every other request waits in its queue.
 async fn one_at_a_time() -> LlmHandle {

@@ -15,7 +15,7 @@ use rcgen::{
     KeyUsagePurpose,
 };
 
-use crate::*;
+use super::*;
 
 const PREFIX: &str = "/keel/clusters/api/";
 

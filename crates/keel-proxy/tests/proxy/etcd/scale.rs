@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use keel_proxy::ProxyHandle;
 use keel_testbed::etcd::EtcdCluster;
 
-use crate::*;
+use super::*;
 
 const PREFIX: &str = "/keel/clusters/api/";
 /// Changes per N (a key put, then deleted: each changes the set every proxy holds).

@@ -6,9 +6,6 @@
 //! Ignored by a plain `cargo test` (they need Debian's `etcd-server`); `scripts/test-etcd.sh`
 //! installs it when missing and runs them. Built only with the `etcd` feature.
 
-#[path = "../proxy/support/mod.rs"]
-mod support;
-
 mod discovery;
 mod evidence;
 mod faults;
@@ -21,7 +18,7 @@ use etcd_client::{Client, PutOptions};
 use keel_proxy::{ProxyConfig, ProxyHandle};
 use keel_testbed::etcd::EtcdCluster;
 
-pub use support::*;
+pub use crate::support::*;
 
 /// A three-member cluster (panics with the install hint when `etcd` is missing).
 pub fn etcd3() -> EtcdCluster {

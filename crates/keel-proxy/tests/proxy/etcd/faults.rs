@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use keel_proxy::ProxyHandle;
 use keel_testbed::backend::BackendHandle;
 
-use crate::*;
+use super::*;
 
 const PREFIX: &str = "/keel/clusters/api/";
 

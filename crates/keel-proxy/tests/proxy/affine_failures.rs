@@ -6,13 +6,11 @@
 //! sees the cut), one that has not is (an engine that sends a stream's head and closes: the
 //! client gets the whole stream from the other engine).
 
-#[path = "proxy/support/mod.rs"]
-mod support;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::support::*;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request};
@@ -20,7 +18,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use keel_model::FailureMode;
 use keel_testbed::llm::{self, LlmConfig, LlmHandle};
-use support::*;
 
 const GROUPS: usize = 6;
 

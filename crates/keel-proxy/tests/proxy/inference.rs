@@ -4,20 +4,17 @@
 //! conversation together, a body that is not JSON is routed, answers stream. A binary of its
 //! own: one test reads the process's peak RSS.
 
-#[path = "proxy/support/mod.rs"]
-mod support;
-
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// FNV-1a over a body fed in pieces (the digest both ends compute).

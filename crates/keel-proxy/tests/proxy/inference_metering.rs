@@ -4,19 +4,16 @@
 //! that did not ask for `usage` gets none (keel asked for it and took it out), one that asked
 //! gets the engine's event unchanged; `/metrics` and `/status` count the same tokens.
 
-#[path = "proxy/support/mod.rs"]
-mod support;
-
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use keel_testbed::llm::{self, LlmConfig};
-use support::*;
 
 /// What a client got: status, body, and when the first byte of the body arrived after the
 /// request was sent.

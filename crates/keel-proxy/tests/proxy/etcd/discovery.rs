@@ -7,7 +7,7 @@ use etcd_client::Client;
 use keel_proxy::etcd::{register, Registration};
 use keel_proxy::ProxyHandle;
 
-use crate::*;
+use super::*;
 
 /// The discovery line docs/configuration.md shows.
 const LINE: &str = r#"discovery = { etcd = "/keel/clusters/api/" }"#;
