@@ -277,16 +277,25 @@ pub(crate) async fn worker_loop(
 /// (1 s in v3) a page freed at one tick is given back at the next or the one after.
 const COLLECT_EVERY: Duration = Duration::from_secs(1);
 
-/// Calls `collect` every [`COLLECT_EVERY`] on the thread it runs on, until shutdown. A timer per
-/// thread, not per connection: nothing is added to a request's path.
-pub(crate) async fn collect_ticks(collect: fn(), mut shutdown: watch::Receiver<Option<Duration>>) {
+/// Every [`COLLECT_EVERY`] on the thread it runs on, until shutdown: frees the thread's spare
+/// read buffers no connection took ([`crate::io::spare::trim`]), then calls `collect`. A timer
+/// per thread, not per connection: nothing is added to a request's path.
+pub(crate) async fn collect_ticks(
+    collect: Option<fn()>,
+    mut shutdown: watch::Receiver<Option<Duration>>,
+) {
     let mut every =
         tokio::time::interval_at(tokio::time::Instant::now() + COLLECT_EVERY, COLLECT_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = wait_shutdown(&mut shutdown) => return,
-            _ = every.tick() => collect(),
+            _ = every.tick() => {
+                crate::io::spare::trim();
+                if let Some(collect) = collect {
+                    collect();
+                }
+            }
         }
     }
 }

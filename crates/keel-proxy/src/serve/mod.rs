@@ -184,9 +184,7 @@ pub async fn start_with(config: ProxyConfig, options: StartOptions) -> anyhow::R
     shared.restart_evidence();
 
     let (shutdown, shutdown_rx) = watch::channel(None);
-    if let Some(collect) = collect {
-        tokio::spawn(collect_ticks(collect, shutdown_rx.clone()));
-    }
+    tokio::spawn(collect_ticks(collect, shutdown_rx.clone()));
     let mut worker_tasks = Vec::new();
     for (w, rx) in receivers.into_iter().enumerate() {
         let shared = shared.clone();
@@ -205,9 +203,7 @@ pub async fn start_with(config: ProxyConfig, options: StartOptions) -> anyhow::R
                         return;
                     }
                 };
-                if let Some(collect) = collect {
-                    rt.spawn(collect_ticks(collect, shutdown_rx.clone()));
-                }
+                rt.spawn(collect_ticks(collect, shutdown_rx.clone()));
                 rt.block_on(worker_loop(w, shared, rx, shutdown_rx));
                 // Dropping the runtime here closes whatever the worker still held.
                 drop(rt);

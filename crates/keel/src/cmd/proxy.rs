@@ -243,8 +243,7 @@ async fn serve(
         .is_some_and(|a| a.file().is_none());
     let listeners = config.listeners.clone();
     let inherited = super::upgrade::inherited()?;
-    let proxy =
-        keel_proxy::start_with(
+    let proxy = keel_proxy::start_with(
         config,
         keel_proxy::StartOptions {
             workers,
