@@ -181,3 +181,119 @@ pub(crate) fn until_sent<'t, 'p, F: Future>(
 ) -> Until<'t, 'p, F> {
     Until::new(timer, deadline, progress, fut)
 }
+
+/// Spare read buffers, per thread: a connection that waits with nothing in its read buffer
+/// (a client's request forwarded, an endpoint's answer not yet begun, an endpoint connection
+/// idle in its pool) lends the buffer here and takes one back when it has bytes to read, so
+/// that thousands of waiting connections do not hold 4 KB each, while a loaded thread reuses
+/// the same few buffers and allocates none per request. [`spare::trim`], once a second, frees
+/// those no connection took since the last trim.
+pub(crate) mod spare {
+    use std::cell::RefCell;
+
+    use bytes::BytesMut;
+
+    /// A read buffer's size: a request or response head fits (reads grow it for others).
+    pub(crate) const SIZE: usize = 4096;
+    /// At most this many spares a thread (4 MB).
+    const MAX: usize = 1024;
+    /// A buffer grown past this (a large head or body) is freed rather than kept.
+    const KEEP_UP_TO: usize = 4 * SIZE;
+
+    struct Spares {
+        bufs: Vec<BytesMut>,
+        /// The fewest spares held since the last trim: those below it were not taken.
+        low: usize,
+    }
+
+    thread_local! {
+        static SPARES: RefCell<Spares> = const {
+            RefCell::new(Spares {
+                bufs: Vec::new(),
+                low: 0,
+            })
+        };
+    }
+
+    /// Lends `buf` to this thread's spares if it holds nothing (it is left without memory).
+    pub(crate) fn lend(buf: &mut BytesMut) {
+        if !buf.is_empty() || buf.capacity() == 0 {
+            return;
+        }
+        let b = std::mem::take(buf);
+        if b.capacity() > KEEP_UP_TO {
+            return;
+        }
+        // Not there once the thread ends: the buffer is freed.
+        let _ = SPARES.try_with(|s| {
+            let mut s = s.borrow_mut();
+            if s.bufs.len() < MAX {
+                s.bufs.push(b);
+            }
+        });
+    }
+
+    /// Gives `buf` memory again if it has none: a spare, or a new [`SIZE`] buffer.
+    pub(crate) fn take(buf: &mut BytesMut) {
+        if buf.capacity() != 0 {
+            return;
+        }
+        let spare = SPARES
+            .try_with(|s| {
+                let mut s = s.borrow_mut();
+                let b = s.bufs.pop();
+                s.low = s.low.min(s.bufs.len());
+                b
+            })
+            .ok()
+            .flatten();
+        *buf = spare.unwrap_or_else(|| BytesMut::with_capacity(SIZE));
+    }
+
+    /// Frees this thread's spares that were not taken since the last trim.
+    pub(crate) fn trim() {
+        let _ = SPARES.try_with(|s| {
+            let mut s = s.borrow_mut();
+            let unused = s.low;
+            s.bufs.drain(..unused);
+            s.low = s.bufs.len();
+        });
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn a_spare_is_reused_and_trimmed_once_untaken() {
+            let mut a = BytesMut::with_capacity(SIZE);
+            let ptr = a.as_ptr();
+            lend(&mut a);
+            assert_eq!(a.capacity(), 0);
+            take(&mut a);
+            assert_eq!(a.as_ptr(), ptr, "the same memory back");
+            // A buffer with bytes in it is not lent.
+            a.extend_from_slice(b"x");
+            lend(&mut a);
+            assert_eq!(a.len(), 1);
+            a.clear();
+            lend(&mut a);
+            trim(); // taken since the last trim: kept
+            let mut b = BytesMut::new();
+            take(&mut b);
+            assert_eq!(b.as_ptr(), ptr);
+            lend(&mut b);
+            trim();
+            assert_eq!(held(), 1, "lent since the last trim: kept");
+            trim();
+            assert_eq!(held(), 0, "not taken for a whole period: freed");
+            let mut c = BytesMut::new();
+            take(&mut c);
+            assert_eq!(c.capacity(), SIZE);
+        }
+
+        fn held() -> usize {
+            SPARES.with(|s| s.borrow().bufs.len())
+        }
+    }
+}

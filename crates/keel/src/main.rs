@@ -12,6 +12,22 @@ use clap::{CommandFactory, Parser, Subcommand};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+// mimalloc's own entry point, in the library the `mimalloc` crate links (libmimalloc-sys
+// declares it only under its `extended` feature, which would add a dependency).
+extern "C" {
+    fn mi_collect(force: bool);
+}
+
+/// The proxy's collection hook (`keel_proxy::StartOptions::collect`), called once a second on
+/// each serving thread. mimalloc v3 gives freed pages back (purges them) only when the
+/// allocator runs again, 1 s after the free: a thread whose connections all went quiet would
+/// keep them. `mi_collect(false)` frees this thread's empty pages and purges the expired ones,
+/// as an allocation would; `true` would also purge unexpired ones and walk the full pages.
+pub(crate) fn collect_allocator() {
+    // SAFETY: no arguments to uphold; mimalloc collects the calling thread's heap.
+    unsafe { mi_collect(false) }
+}
+
 /// keel: a load balancer that can prove how reliable its choices are.
 #[derive(Parser)]
 #[command(name = "keel", version, about, long_about = None)]

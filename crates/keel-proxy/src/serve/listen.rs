@@ -273,6 +273,33 @@ pub(crate) async fn worker_loop(
     wait_connections(conns, drain).await;
 }
 
+/// How often [`collect_ticks`] calls the allocator's collection: past mimalloc's purge delay
+/// (1 s in v3) a page freed at one tick is given back at the next or the one after.
+const COLLECT_EVERY: Duration = Duration::from_secs(1);
+
+/// Every [`COLLECT_EVERY`] on the thread it runs on, until shutdown: frees the thread's spare
+/// read buffers no connection took ([`crate::io::spare::trim`]), then calls `collect`. A timer
+/// per thread, not per connection: nothing is added to a request's path.
+pub(crate) async fn collect_ticks(
+    collect: Option<fn()>,
+    mut shutdown: watch::Receiver<Option<Duration>>,
+) {
+    let mut every =
+        tokio::time::interval_at(tokio::time::Instant::now() + COLLECT_EVERY, COLLECT_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = wait_shutdown(&mut shutdown) => return,
+            _ = every.tick() => {
+                crate::io::spare::trim();
+                if let Some(collect) = collect {
+                    collect();
+                }
+            }
+        }
+    }
+}
+
 /// Waits for connections that drain on their own; a backstop a little past the drain time
 /// aborts any that did not (none should).
 pub(crate) async fn wait_connections(mut conns: JoinSet<()>, drain: Duration) {

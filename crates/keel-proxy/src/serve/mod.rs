@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::ProxyConfig;
 use crate::metrics::Registry;
-use crate::serve::listen::worker_loop;
+use crate::serve::listen::{collect_ticks, worker_loop};
 use crate::state::{
     log_drained, ConnKind, ControlState, Dispatch, ListenerCtx, ListenerSlot, Listening,
     ReloadError, Routing, Shared,
@@ -53,6 +53,13 @@ pub struct StartOptions {
     /// the address each was configured with; a listener or admin address of the configuration
     /// takes its socket from here instead of binding. Those left over are closed.
     pub inherited: Vec<(SocketAddr, std::net::TcpListener)>,
+    /// Called about once a second on every thread that serves or accepts connections (each
+    /// worker and the calling runtime's): the binary sets it to its allocator's collection
+    /// (keel: mimalloc's `mi_collect(false)`), so that memory freed by connections that went
+    /// quiet is given back while the threads have nothing else to do. An allocator that only
+    /// returns pages when it runs again would otherwise keep them (BENCHMARKS.md, memory per
+    /// connection).
+    pub collect: Option<fn()>,
 }
 
 /// Binds every listener (port 0 = ephemeral) and the admin listener, starts health checks,
@@ -86,6 +93,7 @@ pub async fn start_with_workers(
 /// Starts a proxy with [`StartOptions`].
 pub async fn start_with(config: ProxyConfig, options: StartOptions) -> anyhow::Result<ProxyHandle> {
     let workers = options.workers;
+    let collect = options.collect;
     // TLS files are read again here (validation read them too) so that start fails, rather
     // than each connection, if they went away since.
     let ctxs = config
@@ -176,6 +184,7 @@ pub async fn start_with(config: ProxyConfig, options: StartOptions) -> anyhow::R
     shared.restart_evidence();
 
     let (shutdown, shutdown_rx) = watch::channel(None);
+    tokio::spawn(collect_ticks(collect, shutdown_rx.clone()));
     let mut worker_tasks = Vec::new();
     for (w, rx) in receivers.into_iter().enumerate() {
         let shared = shared.clone();
@@ -194,6 +203,7 @@ pub async fn start_with(config: ProxyConfig, options: StartOptions) -> anyhow::R
                         return;
                     }
                 };
+                rt.spawn(collect_ticks(collect, shutdown_rx.clone()));
                 rt.block_on(worker_loop(w, shared, rx, shutdown_rx));
                 // Dropping the runtime here closes whatever the worker still held.
                 drop(rt);

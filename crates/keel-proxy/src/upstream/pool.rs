@@ -197,9 +197,8 @@ impl EndpointPool {
     pub async fn connect_on(&self, port: Option<u16>) -> Result<RawConn, ConnectError> {
         Ok(RawConn {
             io: self.connect_stream(port).await?,
-            // A response head fits; a body's reads grow it (as the client side's, see
-            // `front::h1::conn`).
-            buf: bytes::BytesMut::with_capacity(4096),
+            // Taken when the first answer begins (`crate::io::spare`).
+            buf: bytes::BytesMut::new(),
             idle_since: Instant::now(),
             reused: false,
         })
@@ -213,6 +212,8 @@ impl EndpointPool {
         }
         let now = Instant::now();
         c.idle_since = now;
+        // Idle, it needs no buffer until its next answer.
+        crate::io::spare::lend(&mut c.buf);
         let mut q = self.stack(worker);
         while q.len() >= self.settings.max_idle
             || q.front()

@@ -243,8 +243,15 @@ async fn serve(
         .is_some_and(|a| a.file().is_none());
     let listeners = config.listeners.clone();
     let inherited = super::upgrade::inherited()?;
-    let proxy =
-        keel_proxy::start_with(config, keel_proxy::StartOptions { workers, inherited }).await?;
+    let proxy = keel_proxy::start_with(
+        config,
+        keel_proxy::StartOptions {
+            workers,
+            inherited,
+            collect: Some(crate::collect_allocator),
+        },
+    )
+    .await?;
     if let Some(p) = pid_file {
         std::fs::write(p, format!("{}\n", std::process::id()))
             .map_err(|e| anyhow::anyhow!("cannot write the PID file {}: {e}", p.display()))?;

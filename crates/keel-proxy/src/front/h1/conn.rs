@@ -245,8 +245,9 @@ async fn busy<S: AsyncRead + AsyncWrite + Unpin>(
             inner: stream,
             sent: 0,
         },
-        // Held for the busy period: 4 KB fits most heads (it grows for others).
-        rbuf: BytesMut::with_capacity(4096),
+        // Held for the busy period but while an answer is awaited: 4 KB fits most heads (it
+        // grows for others).
+        rbuf: BytesMut::with_capacity(crate::io::spare::SIZE),
         up_head: UpstreamHead {
             text: Vec::with_capacity(1024),
             map: None,
@@ -469,6 +470,9 @@ async fn busy<S: AsyncRead + AsyncWrite + Unpin>(
                         return Busy::Served(Served::Closed);
                     }
                 }
+                // Nothing in the read buffer (no body, no next request): lent while the
+                // answer is awaited, which may take long.
+                crate::io::spare::lend(&mut conn.rbuf);
                 let answer = forward::forward(
                     &target.cluster,
                     client,
@@ -486,6 +490,7 @@ async fn busy<S: AsyncRead + AsyncWrite + Unpin>(
                     &mut conn.try_timer,
                 )
                 .await;
+                crate::io::spare::take(&mut conn.rbuf);
                 conn.rbuf.advance(n);
                 conn.send(answer, &req, true, stop, &scope).await
             }

@@ -17,6 +17,7 @@ use crate::exchange::error::{Cause, TryError, TryFailure};
 use crate::exchange::request::{BodyFraming, RequestBody, RequestHead};
 use crate::io::write_all_vectored;
 use crate::metrics::{class_index, ErrorKind};
+use crate::tls::UpstreamStream;
 use crate::upstream::cluster::{Cluster, EndpointEntry};
 use crate::upstream::h1_client::read_at_least;
 use crate::upstream::pool::RawConn;
@@ -220,6 +221,16 @@ async fn read_response(
             }
             Ok(None) => {}
             Err(what) => return Err(invalid(what)),
+        }
+        if conn.buf.is_empty() {
+            if let UpstreamStream::Plain(tcp) = &conn.io {
+                // Waiting for the answer without a buffer: taken once there is something to
+                // read. (A wake without bytes leaves the read below waiting with it.) Polled
+                // as a read polls readiness: `readable()` would queue a waiter under a lock.
+                crate::io::spare::lend(&mut conn.buf);
+                let _ = std::future::poll_fn(|cx| tcp.poll_read_ready(cx)).await;
+            }
+            crate::io::spare::take(&mut conn.buf);
         }
         conn.buf.reserve(4096);
         match conn.io.read_buf(&mut conn.buf).await {
