@@ -40,6 +40,16 @@ pub(crate) const HOP_BY_HOP: [&str; 10] = [
     "http2-settings",
 ];
 
+/// A response head buffer's first size: most heads fit.
+const HEAD_SIZE: usize = 1024;
+
+/// Gives an empty response head buffer room for a head, once: the buffer is made at the
+/// first answer rather than with the connection, so that a connection waiting for its first
+/// answer holds none (then it is kept, and this is one comparison).
+pub(crate) fn reserve_head(out: &mut Vec<u8>) {
+    out.reserve(HEAD_SIZE);
+}
+
 /// Appends `name: value\r\n`.
 pub(crate) fn push_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(name);

@@ -196,6 +196,7 @@ pub(crate) fn parse_response(
         )));
     } else {
         out.clear();
+        super::reserve_head(out);
         push_status_line(out, status, resp.reason.unwrap_or(""));
     }
     let named = &named[..n_named];

@@ -197,7 +197,9 @@ impl Connection {
     pub(crate) async fn serve(self, shared: Arc<Shared>, worker: usize, stream: TcpStream) {
         let mut stop = self.listener.stop.subscribe();
         let kind = Arc::new(AtomicU8::new(ConnKind::Opening as u8));
-        let served = CONN_KIND.scope(
+        // Pinned where it is made (std's pin!, not tokio's, which moves it into a second
+        // local, which the task may then hold twice).
+        let mut served = std::pin::pin!(CONN_KIND.scope(
             kind.clone(),
             serve_accepted(
                 shared,
@@ -208,11 +210,12 @@ impl Connection {
                 self.peer,
                 stop.clone(),
             ),
-        );
-        tokio::pin!(served);
+        ));
         let deadline = async {
             let drain = wait_shutdown(&mut stop).await;
-            tokio::time::sleep(drain).await;
+            // Boxed: made only once the listener drains, a timer held inline would sit in
+            // every connection's task for its whole life.
+            Box::pin(tokio::time::sleep(drain)).await;
         };
         tokio::select! {
             () = &mut served => {}

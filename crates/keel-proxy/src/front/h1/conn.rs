@@ -208,10 +208,13 @@ async fn park<S: AsyncRead + AsyncWrite + Unpin>(
         return match read {
             Some(Ok(n)) if n > 0 => Some(n),
             // Quiet through the drain's grace: closed with a lingering read, as a busy
-            // period's wait is.
+            // period's wait is (boxed: rare, and every parked connection holds this future).
             None if draining => {
-                let _ = stream.shutdown().await;
-                drop_unread(stream, timer, &mut BytesMut::new()).await;
+                Box::pin(async {
+                    let _ = stream.shutdown().await;
+                    drop_unread(stream, timer, &mut BytesMut::new()).await;
+                })
+                .await;
                 None
             }
             _ => None,
@@ -248,11 +251,14 @@ async fn busy<S: AsyncRead + AsyncWrite + Unpin>(
         // Held for the busy period but while an answer is awaited: 4 KB fits most heads (it
         // grows for others).
         rbuf: BytesMut::with_capacity(crate::io::spare::SIZE),
+        // Made at the first request (parse_request), to its size.
         up_head: UpstreamHead {
-            text: Vec::with_capacity(1024),
+            text: Vec::new(),
             map: None,
         },
-        out: Vec::with_capacity(1024),
+        // Made at the first answer (codec::reserve_head): a connection whose first request
+        // waits for its answer holds none.
+        out: Vec::new(),
         client_timer: idle_timer(),
         try_timer: idle_timer(),
         request_timer: idle_timer(),
@@ -896,6 +902,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     /// Writes keel's own answer; returns whether the connection stays open.
     async fn answer(&mut self, own: &OwnAnswer, keep: bool, req: &RequestHead) -> bool {
         self.out.clear();
+        crate::codec::reserve_head(&mut self.out);
         push_status_line(&mut self.out, own.status, answer::reason(own.status));
         // Text, unless the answer says otherwise (an OpenAI-shaped error is JSON).
         if !own

@@ -25,6 +25,9 @@ pub(crate) enum RequestParse {
     Reject(Reject),
 }
 
+/// Room for what keel adds to a request head (`X-Forwarded-*`, a request id, `Host`).
+const HEAD_MARGIN: usize = 256;
+
 /// Parses the request head at the start of `buf`; when complete, writes into `out` the head
 /// to send upstream: as text without `Host` when the client sent none and without the final
 /// CRLF (both are per try), or as a map when the route's cluster speaks HTTP/2.
@@ -96,6 +99,12 @@ fn route_and_rewrite(
             head
         })
     } else {
+        // Sized by the connection's first request (what keel adds, X-Forwarded-For and the
+        // like, fits in the margin), not a fixed 1 KB: a connection holds it while its answer
+        // is awaited. Kept from request to request: a larger head grows it once.
+        if out.text.capacity() == 0 {
+            out.text.reserve(head_len + HEAD_MARGIN);
+        }
         rewrite(
             method,
             path,
