@@ -2,8 +2,13 @@
 """Runs the workspace's test binaries several at a time, then prints each one's time, longest
 first (`ci-time-binary: NAME SECONDS s`), so that CI shows where its minutes go.
 
-    python3 scripts/test-lanes.py [--lanes N] [CARGO TEST ARGS...] [-- TEST BINARY ARGS...]
+    python3 scripts/test-lanes.py [--lanes N] [--also NAME=COMMAND]... [CARGO TEST ARGS...]
+                                  [-- TEST BINARY ARGS...]
     e.g. python3 scripts/test-lanes.py --workspace --release
+
+`--also NAME=COMMAND` runs a shell command (from the repository's root) in a lane too, once the
+build is done, before the binaries: CI's other test scripts (etcd, E12, HTTP/3, ...), which
+reuse the build.
 
 Why: most of keel's test binaries wait rather than compute (real sockets, real processes, the
 lab's timed runs): `cargo test` runs them one after another, 440 s in all, with the machine's two
@@ -44,8 +49,17 @@ THREADS = {"tests/proxy/main.rs": 4}
 def main() -> int:
     args = sys.argv[1:]
     lanes = int(os.environ.get("KEEL_TEST_LANES", "3"))
-    if args[:1] == ["--lanes"]:
-        lanes, args = int(args[1]), args[2:]
+    also = []
+    while args[:1] in (["--lanes"], ["--also"]):
+        if args[0] == "--lanes":
+            lanes = int(args[1])
+        else:
+            name, _, command = args[1].partition("=")
+            if not command:
+                sys.exit(f"test-lanes: --also wants NAME=COMMAND, got {args[1]!r}")
+            also.append((name, command))
+        args = args[2:]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cargo_args, bin_args = args, []
     if "--" in args:
         i = args.index("--")
@@ -71,7 +85,12 @@ def main() -> int:
         return build.returncode
 
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    queue = sorted(binaries, key=lambda b: rank.get(b[0], len(rank)))
+    # The extra commands first: each is longer than all but the longest binary.
+    queue = [(name, ["bash", "-c", command], root) for name, command in also]
+    queue += [
+        (src, [exe, *bin_args], cwd)
+        for src, exe, cwd in sorted(binaries, key=lambda b: rank.get(b[0], len(rank)))
+    ]
     lock = threading.Lock()
     times, failed = [], []
 
@@ -80,20 +99,20 @@ def main() -> int:
             with lock:
                 if not queue:
                     return
-                src, exe, cwd = queue.pop(0)
+                src, argv, cwd = queue.pop(0)
             env = dict(os.environ)
             if src in THREADS and "RUST_TEST_THREADS" not in env:
                 env["RUST_TEST_THREADS"] = str(THREADS[src])
             t0 = time.monotonic()
             p = subprocess.run(
-                [exe, *bin_args],
+                argv,
                 cwd=cwd,
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
             )
             secs = time.monotonic() - t0
-            crate = os.path.basename(cwd)
+            crate = os.path.basename(cwd) if cwd != root else "ci"
             with lock:
                 sys.stdout.write(f"     Running {src} ({crate}, {secs:.1f} s)\n")
                 sys.stdout.write(p.stdout.decode(errors="replace"))
@@ -118,8 +137,8 @@ def main() -> int:
         print(f"ci-time-binary: {name} {secs:.1f} s")
     total = sum(s for s, _ in times)
     print(
-        f"ci-time-binary: {len(times)} binaries, {total:.0f} s of tests in all, "
-        f"{wall:.0f} s of wall time in {lanes} lanes"
+        f"ci-time-binary: {len(times) - len(also)} binaries and {len(also)} commands, "
+        f"{total:.0f} s of tests in all, {wall:.0f} s of wall time in {lanes} lanes"
     )
     if failed:
         print("test-lanes: FAILED: " + ", ".join(failed), file=sys.stderr)
