@@ -266,17 +266,23 @@ mod tests {
     /// A loopback HTTP/1.1 server counting the connections it accepted; with `close_after`,
     /// it drops each connection after that many responses without saying so (as a server
     /// with a short keep-alive timeout does), leaving a stale connection in the pool.
-    async fn server(close_after: Option<usize>) -> (SocketAddr, Arc<AtomicUsize>) {
+    /// A hyper server on loopback; with `close_after`, it cuts each connection 20 ms after that
+    /// many responses. Returns its address and how many connections it accepted and closed.
+    async fn server(
+        close_after: Option<usize>,
+    ) -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));
-        let count = accepted.clone();
+        let closed = Arc::new(AtomicUsize::new(0));
+        let (count, closes) = (accepted.clone(), closed.clone());
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
                 count.fetch_add(1, Ordering::SeqCst);
+                let closes = closes.clone();
                 tokio::spawn(async move {
                     let served = Arc::new(AtomicUsize::new(0));
                     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -301,10 +307,12 @@ mod tests {
                         // Gives the response time to leave, then cuts the connection.
                         _ = async { let _ = rx.await; tokio::time::sleep(Duration::from_millis(20)).await } => {}
                     }
+                    // The connection was dropped with the select: its socket is closed.
+                    closes.fetch_add(1, Ordering::SeqCst);
                 });
             }
         });
-        (addr, accepted)
+        (addr, accepted, closed)
     }
 
     fn settings(idle_timeout: Duration) -> PoolSettings {
@@ -336,7 +344,7 @@ mod tests {
 
     #[tokio::test]
     async fn sequential_requests_reuse_one_connection() {
-        let (addr, accepted) = server(None).await;
+        let (addr, accepted, _) = server(None).await;
         let pool = EndpointPool::new(&addr.to_string(), settings(Duration::from_secs(30)), None);
         for _ in 0..20 {
             assert_eq!(get(&pool, addr).await.unwrap(), "ok");
@@ -349,18 +357,27 @@ mod tests {
     async fn a_connection_closed_while_idle_is_not_a_failure() {
         // Every connection is cut after one response: each pooled connection is stale by the
         // time the next request takes it.
-        let (addr, accepted) = server(Some(1)).await;
+        let (addr, accepted, closed) = server(Some(1)).await;
         let pool = EndpointPool::new(&addr.to_string(), settings(Duration::from_secs(30)), None);
         for i in 0..10 {
             assert_eq!(get(&pool, addr).await.unwrap(), "ok", "request {i}");
-            tokio::time::sleep(Duration::from_millis(40)).await;
+            // Until the server has cut it (not a fixed sleep: a loaded machine can take longer
+            // than any margin to run the server's timer).
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while closed.load(Ordering::SeqCst) <= i {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "connection {i} never cut"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 10);
     }
 
     #[tokio::test]
     async fn idle_connections_close_after_the_idle_timeout() {
-        let (addr, _) = server(None).await;
+        let (addr, _, _) = server(None).await;
         let pool = EndpointPool::new(
             &addr.to_string(),
             settings(Duration::from_millis(100)),
@@ -379,7 +396,7 @@ mod tests {
     async fn connections_the_endpoint_closed_are_pruned_while_idle() {
         // The server cuts each connection after one response; nobody takes it from the pool,
         // yet the reaper (every 2 s at most) drops it long before the 60 s idle timeout.
-        let (addr, _) = server(Some(1)).await;
+        let (addr, _, _) = server(Some(1)).await;
         let pool = EndpointPool::new(&addr.to_string(), settings(Duration::from_secs(60)), None);
         assert_eq!(get(&pool, addr).await.unwrap(), "ok");
         assert_eq!(pool.idle_count(), 1);
