@@ -22,7 +22,11 @@ command -v haproxy >/dev/null || need+=(haproxy)
 command -v nginx >/dev/null || need+=(nginx-light)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v curl >/dev/null || need+=(curl)
-python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)
+venv="${KEEL_PEERS_VENV:-$HOME/.cache/keel/peers}"
+# Debian's python3 makes venvs only with its venv package.
+if [ ! -x "$venv/bin/python" ] && command -v dpkg >/dev/null && ! dpkg -s python3-venv >/dev/null 2>&1; then
+    need+=(python3-venv)
+fi
 
 if [ ${#need[@]} -gt 0 ]; then
     command -v apt-get >/dev/null || { log "no apt-get: install ${need[*]} with the system's package manager"; exit 1; }
@@ -41,7 +45,6 @@ if [ ${#need[@]} -gt 0 ]; then
     [ "$rc" = 0 ] || { log "apt-get install failed (exit $rc)"; exit 1; }
 fi
 
-venv="${KEEL_PEERS_VENV:-$HOME/.cache/keel/peers}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 pkgs=()
 "$venv/bin/python" -c 'import aioquic, httpx, h2' 2>/dev/null || pkgs+=(aioquic 'httpx[http2]')
