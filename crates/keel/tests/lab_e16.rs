@@ -39,7 +39,9 @@ fn e16_agrees_three_ways_and_two_proxies_lose_what_the_formula_says() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
     let r = &v["e16"];
     eprintln!("{}", serde_json::to_string_pretty(r).unwrap());
-    assert!(took < 30.0, "the quick form took {took:.1} s");
+    // A guard against a hang, not a speed check (that is for benchmarks: CI runs test binaries
+    // side by side on a shared machine, where 8-48 s has been measured for these).
+    assert!(took < 180.0, "the quick form took {took:.1} s");
     assert!(html.contains("E16: a fleet of routers"));
     assert_eq!(v["answer"][0]["experiment"], "e16", "{}", v["answer"]);
     let rows = r["rows"].as_array().expect("rows");

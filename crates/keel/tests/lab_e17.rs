@@ -37,7 +37,9 @@ fn e17_agrees_three_ways_and_a_failure_seen_at_once_costs_one_try_per_group() {
     let r = &v["e17"];
     eprintln!("{}", serde_json::to_string_pretty(r).unwrap());
     // About 6 s on a 2-core machine shared with other builds.
-    assert!(took < 30.0, "the quick form took {took:.1} s");
+    // A guard against a hang, not a speed check (that is for benchmarks: CI runs test binaries
+    // side by side on a shared machine, where 8-48 s has been measured for these).
+    assert!(took < 180.0, "the quick form took {took:.1} s");
     assert!(html.contains("E17: an affine engine fails"));
     // The answer comes first.
     assert_eq!(v["answer"][0]["experiment"], "e17", "{}", v["answer"]);

@@ -46,7 +46,9 @@ fn e18_predicts_the_trace_and_sessions_keep_conversations_cached() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
     let r = &v["e18"];
     eprintln!("{}", serde_json::to_string_pretty(r).unwrap());
-    assert!(took < 90.0, "the quick form took {took:.1} s");
+    // A guard against a hang, not a speed check (that is for benchmarks: CI runs test binaries
+    // side by side on a shared machine, where 8-48 s has been measured for these).
+    assert!(took < 300.0, "the quick form took {took:.1} s");
     assert!(html.contains("E18: a real trace replayed"));
     // The answer comes first.
     assert_eq!(v["answer"][0]["experiment"], "e18", "{}", v["answer"]);

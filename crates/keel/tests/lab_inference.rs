@@ -57,7 +57,9 @@ fn the_quick_form_agrees_three_ways_and_keel_asks_the_engines_nothing() {
     let r = &v["inference"];
     eprintln!("{}", serde_json::to_string_pretty(r).unwrap());
     // About 30 s on a 2-core machine shared with other builds (E14's quick traffic: about 8 of them).
-    assert!(took < 45.0, "the quick form took {took:.1} s");
+    // A guard against a hang, not a speed check (that is for benchmarks: CI runs test binaries
+    // side by side on a shared machine, where 8-48 s has been measured for these).
+    assert!(took < 240.0, "the quick form took {took:.1} s");
     // The answer first, on the page and in the report.
     let answer = r["answer"].as_str().unwrap();
     assert!(answer.starts_with("For this pool, use keel's "), "{answer}");
