@@ -306,7 +306,6 @@ impl ListenerCtx {
 pub(crate) struct Accepted {
     pub(crate) conn: Connection,
     pub(crate) stream: std::net::TcpStream,
-    pub(crate) open: OpenConnection,
 }
 
 /// One accepted connection's listener, settings and place in its listener's limit and count.
@@ -315,6 +314,9 @@ pub(crate) struct Connection {
     pub(crate) ctx: Arc<ListenerCtx>,
     pub(crate) peer: SocketAddr,
     pub(crate) _slot: tokio::sync::OwnedSemaphorePermit,
+    /// Its place in its worker's count, once handed to one (here rather than beside the
+    /// connection in its task: one field, not a second layer of future).
+    pub(crate) _open: Option<OpenConnection>,
 }
 
 impl Connection {
@@ -329,6 +331,7 @@ impl Connection {
             ctx: listener.ctx.load_full(),
             peer,
             _slot: slot,
+            _open: None,
         }
     }
 }
@@ -359,7 +362,7 @@ pub(crate) struct Dispatch {
 }
 
 impl Dispatch {
-    pub(crate) fn send(&self, conn: Connection, stream: TcpStream) {
+    pub(crate) fn send(&self, mut conn: Connection, stream: TcpStream) {
         let n = self.senders.len();
         let start = self.next.fetch_add(1, Relaxed);
         let worker = (0..n)
@@ -375,14 +378,11 @@ impl Dispatch {
             }
         };
         self.open[worker].fetch_add(1, Relaxed);
-        let accepted = Accepted {
-            conn,
-            stream,
-            open: OpenConnection {
-                open: self.open.clone(),
-                worker,
-            },
-        };
+        conn._open = Some(OpenConnection {
+            open: self.open.clone(),
+            worker,
+        });
+        let accepted = Accepted { conn, stream };
         // A worker that stopped (shutdown) drops the connection, which closes it.
         let _ = self.senders[worker].send(accepted);
     }

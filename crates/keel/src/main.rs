@@ -61,8 +61,43 @@ enum Command {
     Register(cmd::register::Args),
 }
 
+/// Transparent huge pages off for the proxy. mimalloc v3 asks for them on its arenas
+/// (`MADV_HUGEPAGE`, its `allow_thp` option), so with the kernel's `madvise` setting every
+/// 2 MB of heap a thread touched became resident at once: the empty proxy held 11.4 MB of
+/// anonymous memory, 2.0 MB without them (BENCHMARKS.md, memory per connection). Turned off
+/// before anything runs ([`THP_OFF_FIRST`]), mimalloc's set-up included, so that no page is
+/// faulted in huge; the other subcommands (the lab, simulations: no memory to save, CPU to
+/// spend) get them back once the command line is read. `MIMALLOC_ALLOW_THP` in the
+/// environment leaves it to mimalloc.
+#[cfg_attr(not(target_os = "linux"), allow(unused_variables))]
+fn thp_off(off: bool) {
+    // SAFETY: getenv reads the environment, which nothing writes yet (no thread is started);
+    // prctl takes a flag.
+    #[cfg(target_os = "linux")]
+    unsafe {
+        if libc::getenv(c"MIMALLOC_ALLOW_THP".as_ptr()).is_null() {
+            libc::prctl(libc::PR_SET_THP_DISABLE, libc::c_ulong::from(off), 0, 0, 0);
+        }
+    }
+}
+
+/// Run by the dynamic loader before every constructor (`.preinit_array`): mimalloc's own and
+/// the allocations made before `main` faulted two huge pages (4 MB) when this ran in `main`.
+#[cfg(target_os = "linux")]
+#[used]
+#[link_section = ".preinit_array"]
+static THP_OFF_FIRST: extern "C" fn() = {
+    extern "C" fn first() {
+        thp_off(true);
+    }
+    first
+};
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Proxy(_)) {
+        thp_off(false);
+    }
     // The proxy logs what it does (`--log`, default info; `--log-format`); the other
     // subcommands print their results and log only their own warnings, as text: the proxies the
     // lab runs in-process answer 504s and 503s on purpose, so theirs are errors only.

@@ -1,6 +1,7 @@
 //! Which front end serves an accepted connection: TLS and ALPN, HTTP/2's preface on plain
 //! TCP, or a TCP listener's tunnel.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -19,79 +20,93 @@ use crate::state::{mark_connection, ConnKind, ListenerCtx, ListenerSlot, Shared}
 /// for a TCP listener a tunnel to one endpoint. All hand their requests (or the connection)
 /// to the same attempt driver.
 ///
-/// Each front end's future is boxed: this future would otherwise be as large as the largest
-/// of them (HTTP/1.1 over TLS), and a connection holds it for its whole life: plain HTTP/1.1
-/// connections held 14 KB where they need 7 (BENCHMARKS.md, 4,000 connections).
-pub(crate) async fn serve_accepted(
+/// Each front end's future but plain HTTP/1.1's is boxed: this future would otherwise be as
+/// large as the largest of them (HTTP/1.1 over TLS), and a connection holds it for its whole
+/// life: plain HTTP/1.1 connections held 14 KB where they need 7 (BENCHMARKS.md, 4,000
+/// connections). An `async` block, not an `async fn`, for the same reason: an `async fn` holds
+/// each argument twice, as given and as moved into its body.
+#[allow(clippy::manual_async_fn)] // the async block is the point (see above)
+pub(crate) fn serve_accepted<'a>(
     shared: Arc<Shared>,
-    ctx: &ListenerCtx,
-    listener: &ListenerSlot,
+    ctx: &'a ListenerCtx,
+    listener: &'a ListenerSlot,
     worker: usize,
-    stream: TcpStream,
+    mut stream: TcpStream,
     peer: SocketAddr,
     stop: watch::Receiver<Option<Duration>>,
-) {
-    let index = ctx.index;
-    let settings = &ctx.settings;
-    let mut stream = stream;
-    // Of the peer's family (see the accept loop), for a PROXY protocol header.
-    let local = stream
-        .local_addr()
-        .map_or(peer, |a| SocketAddr::new(a.ip().to_canonical(), a.port()));
-    // Behind a proxy that sends a PROXY header, the client is the one it names, for every
-    // use below (allow/deny, rate limits, X-Forwarded-For, the access log, a PROXY header
-    // sent on); it comes before anything else, TLS included.
-    let (peer, local) = if settings.proxy_protocol {
-        match Box::pin(crate::serve::proxy_header::accept(
-            &mut stream,
-            peer,
-            local,
-            settings,
-            listener,
-        ))
-        .await
-        {
-            Some(addresses) => addresses,
-            None => return,
-        }
-    } else {
-        (peer, local)
-    };
-    let client = ctx.client(peer, worker);
-    let tcp = settings.protocol == crate::config::ListenerProtocol::Tcp;
-    if let Some(access) = &ctx.tcp_access {
-        if !access.permits(peer.ip()) {
-            // A TCP listener has no request to answer 403 to: the connection is closed.
-            let routing = shared.routing.load();
-            if let Some(t) = routing
-                .listeners
-                .get(index)
-                .and_then(|r| r.target(crate::route::RouteRef::Listener))
+) -> impl Future<Output = ()> + 'a {
+    async move {
+        let index = ctx.index;
+        let settings = &ctx.settings;
+        // Of the peer's family (see the accept loop), for a PROXY protocol header.
+        let local = stream
+            .local_addr()
+            .map_or(peer, |a| SocketAddr::new(a.ip().to_canonical(), a.port()));
+        // Behind a proxy that sends a PROXY header, the client is the one it names, for every
+        // use below (allow/deny, rate limits, X-Forwarded-For, the access log, a PROXY header
+        // sent on); it comes before anything else, TLS included.
+        let (peer, local) = if settings.proxy_protocol {
+            match Box::pin(crate::serve::proxy_header::accept(
+                &mut stream,
+                peer,
+                local,
+                settings,
+                listener,
+            ))
+            .await
             {
-                t.cluster.metrics.access_denied.fetch_add(1, Relaxed);
+                Some(addresses) => addresses,
+                None => return,
             }
-            tracing::debug!(%peer, "connection refused by the listener's allow/deny");
+        } else {
+            (peer, local)
+        };
+        let tcp = settings.protocol == crate::config::ListenerProtocol::Tcp;
+        if let Some(access) = &ctx.tcp_access {
+            if !access.permits(peer.ip()) {
+                // A TCP listener has no request to answer 403 to: the connection is closed.
+                let routing = shared.routing.load();
+                if let Some(t) = routing
+                    .listeners
+                    .get(index)
+                    .and_then(|r| r.target(crate::route::RouteRef::Listener))
+                {
+                    t.cluster.metrics.access_denied.fetch_add(1, Relaxed);
+                }
+                tracing::debug!(%peer, "connection refused by the listener's allow/deny");
+                return;
+            }
+        }
+        // The client made where it is handed on: a local moved into the front end would keep
+        // its room in this future beside the front end's copy.
+        if tcp && ctx.tls.is_none() {
+            mark_connection(ConnKind::Tunnel);
+            let client = ctx.client(peer, worker);
+            Box::pin(crate::front::tcp::serve(
+                shared, index, settings, &client, local, stream,
+            ))
+            .await;
             return;
         }
-    }
-    if tcp && ctx.tls.is_none() {
-        mark_connection(ConnKind::Tunnel);
-        Box::pin(crate::front::tcp::serve(
-            shared, index, settings, &client, local, stream,
+        let Some(acceptor) = &ctx.tls else {
+            serve_http1(shared, ctx, ctx.client(peer, worker), stream, stop).await;
+            return;
+        };
+        // Boxed: a TLS stream and its handshake are large, and a plain connection's future
+        // would otherwise hold room for them (4,000 waiting connections held 8.9 KB each in all).
+        Box::pin(serve_tls(
+            shared,
+            ctx,
+            listener,
+            acceptor,
+            ctx.client(peer, worker),
+            stream,
+            peer,
+            local,
+            stop,
         ))
         .await;
-        return;
     }
-    let Some(acceptor) = &ctx.tls else {
-        serve_http1(shared, ctx, client, stream, stop).await;
-        return;
-    };
-    // Boxed: a TLS stream and its handshake are large, and a plain connection's future would
-    // otherwise hold room for them (4,000 waiting connections held 8.9 KB each in all).
-    Box::pin(serve_tls(
-        shared, ctx, listener, acceptor, client, stream, peer, local, stop,
-    ))
-    .await;
 }
 
 /// The TLS handshake, then the TCP listener's tunnel, or HTTP/2 (ALPN `h2`), or HTTP/1.1.
@@ -168,38 +183,61 @@ async fn serve_tls(
 }
 
 /// keel's HTTP/1.1 front end on a connection; the HTTP/2 one takes it over if the client sends
-/// HTTP/2's preface (prior knowledge), with the bytes read so far.
-async fn serve_http1<S>(
+/// HTTP/2's preface (prior knowledge), with the bytes read so far. (An `async` block: see
+/// [`serve_accepted`].)
+#[allow(clippy::manual_async_fn)] // the async block is the point (see above)
+fn serve_http1<'a, S>(
     shared: Arc<Shared>,
-    ctx: &ListenerCtx,
+    ctx: &'a ListenerCtx,
     client: Client,
     stream: S,
     stop: watch::Receiver<Option<Duration>>,
-) where
+) -> impl Future<Output = ()> + 'a
+where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    mark_connection(ConnKind::Http1);
-    let settings = &ctx.settings;
-    let served = Box::pin(h1::conn::serve(
-        shared.clone(),
-        ctx.index,
-        settings,
-        &client,
-        stream,
-        stop.clone(),
-    ))
-    .await;
-    if let h1::conn::Served::Http2(stream, read) = served {
-        mark_connection(ConnKind::Http2);
-        let io = crate::front::h2::Prefixed::new(read, stream);
-        Box::pin(crate::front::h2::serve(
-            shared,
+    async move {
+        mark_connection(ConnKind::Http1);
+        let settings = &ctx.settings;
+        let served = Box::pin(h1::conn::serve(
+            shared.clone(),
             ctx.index,
-            settings.clone(),
-            Arc::new(client),
-            io,
-            stop,
+            settings,
+            &client,
+            stream,
+            stop.clone(),
         ))
         .await;
+        if let h1::conn::Served::Http2(stream, read) = served {
+            mark_connection(ConnKind::Http2);
+            let io = crate::front::h2::Prefixed::new(read, stream);
+            Box::pin(crate::front::h2::serve(
+                shared,
+                ctx.index,
+                settings.clone(),
+                Arc::new(client),
+                io,
+                stop,
+            ))
+            .await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    fn returned_5<F, A, B, C, D, E, R>(_: F) -> usize
+    where
+        F: FnOnce(A, B, C, D, E) -> R,
+    {
+        std::mem::size_of::<R>()
+    }
+
+    /// Sizes of the front ends' futures a connection's task holds inline (run with
+    /// `--nocapture`).
+    #[test]
+    fn front_end_sizes() {
+        let http1 = returned_5(super::serve_http1::<tokio::net::TcpStream>);
+        eprintln!("sizes: serve_http1 {http1} B");
     }
 }
