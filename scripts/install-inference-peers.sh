@@ -5,13 +5,10 @@
 # there (KEEL_INFERENCE_PEERS_VENV, default ~/.cache/keel/inference-peers).
 # Usage: bash scripts/install-inference-peers.sh
 set -euo pipefail
+. "$(dirname "$0")/install-lib.sh"
 venv=${KEEL_INFERENCE_PEERS_VENV:-$HOME/.cache/keel/inference-peers}
 if [ ! -x "$venv/bin/vllm-router" ] || [ ! -x "$venv/bin/smg" ]; then
-    python3 -m venv "$venv" 2>/dev/null || {
-        # Debian's python3 needs its venv package for this.
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv
-        python3 -m venv "$venv"
-    }
+    make_venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check vllm-router==0.1.17 smg==1.13.0
 fi
 "$venv/bin/vllm-router" --help >/dev/null

@@ -17,27 +17,7 @@ PEERS=("$@")
 [ "${#PEERS[@]}" -gt 0 ] || PEERS=(nginx haproxy envoy)
 
 log() { printf '[install-peers] %s\n' "$*" >&2; }
-sudo_() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
-
-APT_UPDATED=0
-apt_install() { # PKG...
-    command -v apt-get >/dev/null || { log "no apt-get here: install $* with the system's package manager"; return 1; }
-    if [ "$APT_UPDATED" = 0 ]; then
-        sudo_ apt-get update -qq
-        APT_UPDATED=1
-    fi
-    # Debian starts a package's service unless policy-rc.d forbids it: the lab starts its own.
-    local policy=/usr/sbin/policy-rc.d created=0
-    if [ ! -e "$policy" ]; then
-        printf '#!/bin/sh\nexit 101\n' | sudo_ tee "$policy" >/dev/null
-        sudo_ chmod +x "$policy"
-        created=1
-    fi
-    local rc=0
-    sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null || rc=$?
-    [ "$created" = 0 ] || sudo_ rm -f "$policy"
-    return "$rc"
-}
+. "$(dirname "$0")/install-lib.sh"
 
 pip_() {
     local pip="${PIP:-}"

@@ -8,13 +8,14 @@
 #   KEEL_SHOT_HEIGHT: height of the screenshot in pixels (default 8400: the whole default report;
 #   much taller screenshots came out with misplaced stripes in Chromium 156)
 set -euo pipefail
+. "$(dirname "$0")/install-lib.sh"
 dir=${1:-$(ls -d keel-lab-*/ 2>/dev/null | sort | tail -n 1)}
 dir=${dir%/}
 [ -n "$dir" ] || { echo "usage: $0 REPORT_DIR [OUT.png]" >&2; exit 2; }
 out=${2:-$dir/screenshot.png}
 height=${KEEL_SHOT_HEIGHT:-8400}
 if ! command -v chromium >/dev/null 2>&1; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  apt_install chromium
 fi
 page="file://$(cd "$dir" && pwd)/index.html"
 profile=$(mktemp -d)

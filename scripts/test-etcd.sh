@@ -8,17 +8,13 @@
 # that binary's ignored tests out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/install-lib.sh
 need=()
 command -v etcd >/dev/null || need+=(etcd-server)
 # etcdctl: the snapshot-restore test restores a store with it.
 command -v etcdctl >/dev/null || need+=(etcd-client)
 if [ ${#need[@]} -gt 0 ]; then
-    if [ "$(id -u)" -ne 0 ]; then
-        echo "test-etcd: ${need[*]} missing; run as root or: sudo apt-get install -y ${need[*]}" >&2
-        exit 1
-    fi
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+    apt_install "${need[@]}"
 fi
 etcd --version | sed -n 1p  # sed reads it all: head would leave etcd a SIGPIPE, failing the script under pipefail
 # One at a time: each test starts its own three members, and the fleet test measures. The

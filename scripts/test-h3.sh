@@ -9,15 +9,12 @@
 # Usage: bash scripts/test-h3.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/install-lib.sh
 log() { echo "test-h3: $*" >&2; }
 venv="${KEEL_PEERS_VENV:-$HOME/.cache/keel/peers}"
 if ! "$venv/bin/python" -c 'import aioquic, httpx, h2' 2>/dev/null; then
     log "installing aioquic and httpx[http2] into $venv (pip, once)"
-    [ -x "$venv/bin/python" ] || python3 -m venv "$venv" 2>/dev/null || {
-        # Debian's python3 needs its venv package for this.
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv
-        python3 -m venv "$venv"
-    }
+    make_venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check aioquic 'httpx[http2]'
 fi
 need=()
@@ -25,7 +22,7 @@ command -v openssl >/dev/null || need+=(openssl)
 command -v curl >/dev/null || need+=(curl)
 if [ ${#need[@]} -gt 0 ]; then
     log "installing ${need[*]} (apt)"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+    apt_install "${need[@]}"
 fi
 py="$venv/bin/python"
 log "aioquic $("$py" -c 'import aioquic; print(aioquic.__version__)')"
