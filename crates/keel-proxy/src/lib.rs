@@ -31,6 +31,8 @@ mod driver;
 mod exchange;
 mod forward;
 mod front;
+#[cfg(test)]
+mod future_size;
 mod io;
 mod leg;
 mod metrics;

@@ -419,29 +419,14 @@ mod tests {
     use std::mem::size_of;
 
     use super::*;
-
-    /// The size of the future `f` returns, without calling it (a named local holding the
-    /// future would itself be kept alive, and counted, by whatever printed it).
-    fn returned_4<F, A, B, C, D, R>(_: F) -> usize
-    where
-        F: FnOnce(A, B, C, D) -> R,
-    {
-        size_of::<R>()
-    }
-
-    fn returned_7<F, A, B, C, D, E, G, H, R>(_: F) -> usize
-    where
-        F: FnOnce(A, B, C, D, E, G, H) -> R,
-    {
-        size_of::<R>()
-    }
+    use crate::future_size::returned;
 
     /// What every connection's task holds for its life, whatever it waits for (run with
     /// `--nocapture` to see the sizes): 1,544 bytes before it was made of `async` blocks.
     #[test]
     fn a_connection_task_is_small() {
-        let task = returned_4(Connection::serve);
-        let accepted = returned_7(serve_accepted);
+        let task = returned(Connection::serve);
+        let accepted = returned(serve_accepted);
         eprintln!(
             "sizes: task {task} B, serve_accepted {accepted} B, Connection {} B, Client {} B, \
              TcpStream {} B",

@@ -226,18 +226,11 @@ where
 
 #[cfg(test)]
 mod tests {
-    fn returned_5<F, A, B, C, D, E, R>(_: F) -> usize
-    where
-        F: FnOnce(A, B, C, D, E) -> R,
-    {
-        std::mem::size_of::<R>()
-    }
-
     /// Sizes of the front ends' futures a connection's task holds inline (run with
     /// `--nocapture`).
     #[test]
     fn front_end_sizes() {
-        let http1 = returned_5(super::serve_http1::<tokio::net::TcpStream>);
+        let http1 = crate::future_size::returned(super::serve_http1::<tokio::net::TcpStream>);
         eprintln!("sizes: serve_http1 {http1} B");
     }
 }

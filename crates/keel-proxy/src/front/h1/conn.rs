@@ -1091,36 +1091,16 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
 #[cfg(test)]
 mod tests {
     use super::may_end_head;
-
-    fn returned_5<F, A, B, C, D, E, R>(_: F) -> usize
-    where
-        F: FnOnce(A, B, C, D, E) -> R,
-    {
-        std::mem::size_of::<R>()
-    }
-
-    fn returned_6<F, A, B, C, D, E, G, R>(_: F) -> usize
-    where
-        F: FnOnce(A, B, C, D, E, G) -> R,
-    {
-        std::mem::size_of::<R>()
-    }
-
-    fn returned_9<F, A, B, C, D, E, G, H, I, J, R>(_: F) -> usize
-    where
-        F: FnOnce(A, B, C, D, E, G, H, I, J) -> R,
-    {
-        std::mem::size_of::<R>()
-    }
+    use crate::future_size::returned;
 
     /// What a waiting connection's HTTP/1.1 front end holds (run with `--nocapture` to see the
     /// sizes): its boxed future for the connection's life, the parked wait inside it.
     #[test]
     fn a_parked_connection_is_small() {
         use tokio::net::TcpStream;
-        let serve = returned_6(super::serve::<TcpStream>);
-        let park = returned_5(super::park::<TcpStream>);
-        let busy = returned_9(super::busy::<TcpStream>);
+        let serve = returned(super::serve::<TcpStream>);
+        let park = returned(super::park::<TcpStream>);
+        let busy = returned(super::busy::<TcpStream>);
         eprintln!("sizes: h1 serve {serve} B, park {park} B, busy {busy} B");
         // 640 and 376 before they were `async` blocks. At most 512: mimalloc's size class
         // above is 640.
