@@ -8,42 +8,13 @@
 //! the same order (one seed), so their difference moves by less than either, and is held to
 //! 0.05 of the form's; and a key hashed alike gives each group one home again.
 
-use std::process::Command;
-use std::time::Instant;
+#[path = "support/quick_lab.rs"]
+mod quick_lab;
 
 #[test]
 fn e16_agrees_three_ways_and_two_proxies_lose_what_the_formula_says() {
-    let out_dir = std::env::temp_dir().join(format!("keel-lab-e16-{}", std::process::id()));
-    let started = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_keel"))
-        .args([
-            "lab",
-            "--json",
-            "--quiet",
-            "--quick",
-            "--experiments",
-            "e16",
-            "--out",
-        ])
-        .arg(&out_dir)
-        .output()
-        .expect("run keel lab");
-    let took = started.elapsed().as_secs_f64();
-    assert!(
-        out.status.success(),
-        "keel lab failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let html = std::fs::read_to_string(out_dir.join("index.html")).expect("index.html");
-    let _ = std::fs::remove_dir_all(&out_dir);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    let v = quick_lab::run("e16", 180.0, "E16: a fleet of routers");
     let r = &v["e16"];
-    eprintln!("{}", serde_json::to_string_pretty(r).unwrap());
-    // A guard against a hang, not a speed check (that is for benchmarks: CI runs test binaries
-    // side by side on a shared machine, where 8-48 s has been measured for these).
-    assert!(took < 180.0, "the quick form took {took:.1} s");
-    assert!(html.contains("E16: a fleet of routers"));
-    assert_eq!(v["answer"][0]["experiment"], "e16", "{}", v["answer"]);
     let rows = r["rows"].as_array().expect("rows");
     let names: Vec<(u64, &str)> = rows
         .iter()

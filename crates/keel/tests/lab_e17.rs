@@ -5,44 +5,13 @@
 //! misses (the moved groups' warm-ups); a failure seen at once costs at most one failed try per
 //! group, a refused connection none the client sees, and every group the engine held moves.
 
-use std::process::Command;
-use std::time::Instant;
+#[path = "support/quick_lab.rs"]
+mod quick_lab;
 
 #[test]
 fn e17_agrees_three_ways_and_a_failure_seen_at_once_costs_one_try_per_group() {
-    let out_dir = std::env::temp_dir().join(format!("keel-lab-e17-{}", std::process::id()));
-    let started = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_keel"))
-        .args([
-            "lab",
-            "--json",
-            "--quiet",
-            "--quick",
-            "--experiments",
-            "e17",
-            "--out",
-        ])
-        .arg(&out_dir)
-        .output()
-        .expect("run keel lab");
-    let took = started.elapsed().as_secs_f64();
-    assert!(
-        out.status.success(),
-        "keel lab failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let html = std::fs::read_to_string(out_dir.join("index.html")).expect("index.html");
-    let _ = std::fs::remove_dir_all(&out_dir);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    let v = quick_lab::run("e17", 180.0, "E17: an affine engine fails");
     let r = &v["e17"];
-    eprintln!("{}", serde_json::to_string_pretty(r).unwrap());
-    // About 6 s on a 2-core machine shared with other builds.
-    // A guard against a hang, not a speed check (that is for benchmarks: CI runs test binaries
-    // side by side on a shared machine, where 8-48 s has been measured for these).
-    assert!(took < 180.0, "the quick form took {took:.1} s");
-    assert!(html.contains("E17: an affine engine fails"));
-    // The answer comes first.
-    assert_eq!(v["answer"][0]["experiment"], "e17", "{}", v["answer"]);
     let rows = r["rows"].as_array().expect("rows");
     let names: Vec<&str> = rows
         .iter()

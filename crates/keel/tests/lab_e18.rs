@@ -12,46 +12,16 @@
 //! machine: 0.059 (closed form) and 0.074 (simulator) from the traffic on prefix-affinity's row
 //! in one run under a load average of 13, with the session key 0.23 against round-robin's 0.17.
 
-use std::process::Command;
-use std::time::Instant;
+#[path = "support/quick_lab.rs"]
+mod quick_lab;
 
 /// The quick form's tolerance (above; the lab's `e18::TOLERANCE` is 0.05, for the full slice).
 const TOLERANCE: f64 = 0.08;
 
 #[test]
 fn e18_predicts_the_trace_and_sessions_keep_conversations_cached() {
-    let out_dir = std::env::temp_dir().join(format!("keel-lab-e18-{}", std::process::id()));
-    let started = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_keel"))
-        .args([
-            "lab",
-            "--json",
-            "--quiet",
-            "--quick",
-            "--experiments",
-            "e18",
-            "--out",
-        ])
-        .arg(&out_dir)
-        .output()
-        .expect("run keel lab");
-    let took = started.elapsed().as_secs_f64();
-    assert!(
-        out.status.success(),
-        "keel lab failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let html = std::fs::read_to_string(out_dir.join("index.html")).expect("index.html");
-    let _ = std::fs::remove_dir_all(&out_dir);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    let v = quick_lab::run("e18", 300.0, "E18: a real trace replayed");
     let r = &v["e18"];
-    eprintln!("{}", serde_json::to_string_pretty(r).unwrap());
-    // A guard against a hang, not a speed check (that is for benchmarks: CI runs test binaries
-    // side by side on a shared machine, where 8-48 s has been measured for these).
-    assert!(took < 300.0, "the quick form took {took:.1} s");
-    assert!(html.contains("E18: a real trace replayed"));
-    // The answer comes first.
-    assert_eq!(v["answer"][0]["experiment"], "e18", "{}", v["answer"]);
     assert_eq!(r["requests"], 150);
     let rows = r["rows"].as_array().expect("rows");
     let policies: Vec<&str> = rows.iter().map(|x| x["policy"].as_str().unwrap()).collect();
