@@ -18,7 +18,6 @@ returns!(A, B, C, D);
 returns!(A, B, C, D, E);
 returns!(A, B, C, D, E, G);
 returns!(A, B, C, D, E, G, H);
-returns!(A, B, C, D, E, G, H, I, J);
 
 /// The size of what `f` returns.
 pub(crate) fn returned<F: Returns<A>, A>(_: F) -> usize {

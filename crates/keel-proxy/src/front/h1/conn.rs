@@ -127,17 +127,14 @@ pub(crate) fn serve<'a, S: AsyncRead + AsyncWrite + Unpin + 'a>(
         let mut early = 0;
         let mut waited = Instant::now();
         loop {
-            let busy = Box::pin(busy(
-                &shared,
+            let at = Serving {
+                shared: &shared,
                 index,
                 settings,
                 client,
-                stream,
-                &stop,
-                &mut wait_timer,
-                waited,
-                &woke[..early],
-            ));
+                stop: &stop,
+            };
+            let busy = Box::pin(busy(at, stream, &mut wait_timer, waited, &woke[..early]));
             stream = match busy.await {
                 Busy::Served(served) => return served,
                 Busy::Quiet(stream, since) => {
@@ -153,6 +150,17 @@ pub(crate) fn serve<'a, S: AsyncRead + AsyncWrite + Unpin + 'a>(
             }
         }
     }
+}
+
+/// What a connection is served with for its life: the proxy's state, its listener (index
+/// and settings), its client, and the signal of a drain.
+#[derive(Clone, Copy)]
+struct Serving<'a> {
+    shared: &'a Shared,
+    index: usize,
+    settings: &'a ListenerConfig,
+    client: &'a Client,
+    stop: &'a watch::Receiver<Option<Duration>>,
 }
 
 /// How a busy period ended.
@@ -233,18 +241,20 @@ fn park<'a, S: AsyncRead + AsyncWrite + Unpin>(
 /// A busy period: requests served back to back until the connection closes, HTTP/2 takes it,
 /// or no request byte comes within [`QUIET_SPELL`]. `waited`: when the wait for its first
 /// request began; `early`: bytes of it read while parked.
-#[allow(clippy::too_many_arguments)]
 async fn busy<S: AsyncRead + AsyncWrite + Unpin>(
-    shared: &Shared,
-    index: usize,
-    settings: &ListenerConfig,
-    client: &Client,
+    at: Serving<'_>,
     stream: S,
-    stop: &watch::Receiver<Option<Duration>>,
     wait_timer: &mut Pin<Box<tokio::time::Sleep>>,
     waited: Instant,
     early: &[u8],
 ) -> Busy<S> {
+    let Serving {
+        shared,
+        index,
+        settings,
+        client,
+        stop,
+    } = at;
     // One shutdown waiter for the busy period: it registers once, instead of at every wait
     // for a request.
     let mut stop_waiter = stop.clone();
