@@ -6,7 +6,7 @@
 //! head, what follows an early answer) and sends the response its own way.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use hyper::Response;
@@ -37,8 +37,9 @@ pub(crate) trait ClientStream: Sized {
     /// to an HTTP/2 endpoint alongside the response, see [`Self::pump`]).
     const FULL_DUPLEX: bool;
     /// Whether the body has already ended at the head (no body), and a first piece of it
-    /// read to learn that; an error is the client's fault.
-    async fn start(&mut self) -> Result<(bool, Option<Bytes>), Reject>;
+    /// read to learn that; an error is the client's fault. With `wait`, a stream that cannot
+    /// tell yet is waited on for up to that long (then `Reject::Timeout`).
+    async fn start(&mut self, wait: Option<Duration>) -> Result<(bool, Option<Bytes>), Reject>;
     /// The next DATA (`None` at the body's end; empty for a frame without data, such as
     /// trailers kept for [`Self::trailers`]); an error is the client's fault.
     async fn next_data(&mut self) -> Result<Option<Bytes>, Reject>;
@@ -93,14 +94,6 @@ pub(crate) async fn handle<S: ClientStream>(
         let scope = scope.with_request(|| LoggedHead::Map(Box::new(parts)));
         return refused(reject, active, scope, None, grpc);
     }
-    // Whether a body follows (HTTP/3 learns it only by reading: see its `start`).
-    let (ended, first) = match stream.start().await {
-        Ok(started) => started,
-        Err(reject) => {
-            let scope = scope.with_request(|| LoggedHead::Map(Box::new(parts)));
-            return refused(reject, active, scope, None, false);
-        }
-    };
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let fields = || {
         parts
@@ -142,6 +135,18 @@ pub(crate) async fn handle<S: ClientStream>(
     // (written straight from the client's map: cheaper than editing the map, then writing it
     // out), the map itself, edited in place, for an HTTP/2 one.
     let http1 = cluster.config.protocol == UpstreamProtocol::Http1;
+    // Whether a body follows (HTTP/3 learns it only by reading: see its `start`). An
+    // HTTP/1.1 head must say before it is sent, so without a `content-length` the stream is
+    // waited on for its end or its first data.
+    let sized = parts.headers.contains_key(hyper::header::CONTENT_LENGTH);
+    let wait = (http1 && !sized).then_some(settings.client_idle_timeout);
+    let (ended, first) = match stream.start(wait).await {
+        Ok(started) => started,
+        Err(reject) => {
+            let scope = scope.with_request(|| LoggedHead::Map(Box::new(parts)));
+            return refused(reject, active, scope, Some(cluster), false);
+        }
+    };
     let mut text = Vec::new();
     let unframed = !ended;
     let rewritten = if http1 {

@@ -155,7 +155,7 @@ impl ClientStream for H2Stream {
     const PROTOCOL: &'static str = "HTTP/2.0";
     const FULL_DUPLEX: bool = true;
 
-    async fn start(&mut self) -> Result<(bool, Option<Bytes>), Reject> {
+    async fn start(&mut self, _: Option<Duration>) -> Result<(bool, Option<Bytes>), Reject> {
         // h2 knows from the head's END_STREAM flag.
         Ok((self.body.is_end_stream(), None))
     }

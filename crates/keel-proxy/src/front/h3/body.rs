@@ -2,6 +2,7 @@
 //! receiving half of its QUIC stream, DATA by DATA, the trailers after the end.
 
 use std::task::Poll;
+use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use h3::server::RequestStream;
@@ -21,16 +22,26 @@ impl ClientStream for H3Stream {
     /// An HTTP/3 client's body is sent whole before the response.
     const FULL_DUPLEX: bool = false;
 
-    async fn start(&mut self) -> Result<(bool, Option<Bytes>), Reject> {
-        // Whether a body follows: HTTP/3 says so only by the stream's end, which usually
-        // comes with the head. What is already there is read now; a stream still open has a
-        // body to stream (of unknown length unless `content-length` says).
+    async fn start(&mut self, wait: Option<Duration>) -> Result<(bool, Option<Bytes>), Reject> {
+        // Whether a body follows: HTTP/3 says so only by the stream's end, which often comes
+        // with the head but may come in a later packet. What is already there is read now; a
+        // stream still open has a body to stream (of unknown length unless `content-length`
+        // says), or, with `wait`, is read until its end or its first data.
         let recv = &mut self.0;
-        match std::future::poll_fn(|cx| Poll::Ready(recv.poll_recv_data(cx))).await {
-            Poll::Ready(Ok(Some(mut buf))) => Ok((false, Some(buf.copy_to_bytes(buf.remaining())))),
-            Poll::Ready(Ok(None)) => Ok((true, None)),
-            Poll::Ready(Err(_)) => Err(Reject::InvalidBody),
-            Poll::Pending => Ok((false, None)),
+        let read = match std::future::poll_fn(|cx| Poll::Ready(recv.poll_recv_data(cx))).await {
+            Poll::Ready(read) => read.map(|b| b.map(|mut b| b.copy_to_bytes(b.remaining()))),
+            Poll::Pending => match wait {
+                None => return Ok((false, None)),
+                Some(wait) => match tokio::time::timeout(wait, recv.recv_data()).await {
+                    Ok(read) => read.map(|b| b.map(|mut b| b.copy_to_bytes(b.remaining()))),
+                    Err(_) => return Err(Reject::Timeout),
+                },
+            },
+        };
+        match read {
+            Ok(Some(data)) => Ok((false, Some(data))),
+            Ok(None) => Ok((true, None)),
+            Err(_) => Err(Reject::InvalidBody),
         }
     }
 
