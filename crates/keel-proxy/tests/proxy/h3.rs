@@ -362,6 +362,59 @@ async fn h3_answers_as_h2_through_routes_retries_and_the_access_log() {
     assert!(lines.iter().any(|l| l["protocol"] == "HTTP/2.0"));
 }
 
+/// A request whose head goes first and whose data (if any) and end follow 200 ms later: the
+/// response's body, as text.
+async fn late_end(h3: &mut H3Send, url: &str, method: &str, body: &'static [u8]) -> String {
+    let request = Request::builder().method(method).uri(url).body(()).unwrap();
+    let mut stream = h3.send_request(request).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    if !body.is_empty() {
+        stream.send_data(Bytes::from_static(body)).await.unwrap();
+    }
+    stream.finish().await.unwrap();
+    let response = stream.recv_response().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut text = Vec::new();
+    while let Some(mut chunk) = stream.recv_data().await.unwrap() {
+        text.extend_from_slice(&chunk.copy_to_bytes(chunk.remaining()));
+    }
+    String::from_utf8(text).unwrap()
+}
+
+/// HTTP/3 tells a request's end only by its stream's end, which may come after the head: a
+/// GET whose end comes 200 ms after its head reaches an HTTP/1.1 endpoint framed as having no
+/// body (as the same GET whose end came with its head), not chunked; a POST of no declared
+/// length whose data comes late is sent chunked, whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h3_a_request_whose_end_comes_after_its_head_is_framed_by_it() {
+    let pki = Pki::generate("late-end");
+    let (echo, _e) = echo_server().await;
+    let flaky = fails_once().await;
+    let proxy = keel_proxy::start(config(&pki, echo, flaky, None, ""))
+        .await
+        .unwrap();
+    let addr = proxy.listener_addrs()[0];
+    let (_ep, mut h3) = h3_connect(&pki, addr).await;
+    let url = format!("https://localhost:{}/echo", addr.port());
+    let get = late_end(&mut h3, &url, "GET", b"").await;
+    assert!(get.contains("body-length: 0"), "{get}");
+    assert!(!get.contains("transfer-encoding"), "{get}");
+    let post = late_end(&mut h3, &url, "POST", b"hello").await;
+    assert!(post.contains("body-length: 5"), "{post}");
+    assert!(post.contains("transfer-encoding: chunked"), "{post}");
+    let prompt = h3_request(&mut h3, "GET", &url, &[], b"").await.unwrap();
+    // The same head either way, but for the request id keel makes for each.
+    let id = |t: &str| {
+        t.lines()
+            .filter(|l| !l.starts_with("x-request-id:"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(id(&String::from_utf8_lossy(&prompt.body)), id(&get));
+    drop(h3);
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h3_serves_many_requests_on_several_connections_without_an_error() {
     let pki = Pki::generate("many");

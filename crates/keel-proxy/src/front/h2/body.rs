@@ -1,7 +1,7 @@
-//! The HTTP/2 front end's bodies: the client's request body as the legs read it
-//! ([`ClientBody`]), the response body sent to the client ([`H2Body`]: keel's own, or an
-//! endpoint's, frame by frame, whichever leg read it), and the
-//! connection's activity that its idle timer watches ([`ActiveRequest`]).
+//! The HTTP/2 (and HTTP/3) front end's bodies: the response body sent to the client
+//! ([`H2Body`]: keel's own, or an endpoint's, frame by frame, whichever leg read it), and the
+//! connection's activity that its idle timer watches ([`ActiveRequest`]). The client's
+//! request body is `front::stream`'s.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -11,14 +11,11 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, SizeHint};
 
 use crate::driver::account::{DownstreamGuard, Tail};
 use crate::exchange::error::BodyEnd;
-use crate::exchange::request::Upload;
-use crate::exchange::request::{Reject, RequestBody};
-use crate::leg::h2::{RecvBody, RequestPump};
+use crate::leg::h2::RequestPump;
 use crate::leg::{BodyError, ResponseBody};
 
 use super::log::H2Answered;
@@ -26,135 +23,6 @@ use super::log::H2Answered;
 /// Request bodies with a length up to this are read whole before the request is forwarded
 /// (any try can send them again); others stream.
 pub(crate) const MAX_INLINE_BODY: u64 = 64 * 1024;
-
-/// An HTTP/2 client's request body, streamed as the leg asks for it, each frame awaited
-/// within the body's bounds (`Upload`, shared with the HTTP/1.1 front end: the time waiting
-/// on the client stops the try's clock). Its first `MAX_INLINE_BODY` bytes are kept, so that
-/// a try that failed before the endpoint acted (a gRPC UNAVAILABLE) can send them again to
-/// another endpoint.
-pub(crate) struct ClientBody<'p> {
-    pub(crate) body: RecvBody,
-    pub(crate) piece: Bytes,
-    pub(crate) started: bool,
-    /// The reads' bounds, and the driver's try clock they report to.
-    upload: Upload<'p>,
-    /// The reads' timer, made at the first read.
-    timer: Option<Pin<Box<tokio::time::Sleep>>>,
-    pub(crate) received: u64,
-    pub(crate) max: u64,
-    /// What was handed out so far, while it fits in `MAX_INLINE_BODY`.
-    pub(crate) recorded: Vec<u8>,
-    /// More was handed out than was kept: the body cannot be sent again.
-    pub(crate) overflowed: bool,
-    /// The recording goes out again before the rest.
-    pub(crate) replay: bool,
-    /// The client's stream ended.
-    pub(crate) ended: bool,
-    pub(crate) trailers: Option<hyper::HeaderMap>,
-}
-
-impl<'p> ClientBody<'p> {
-    pub(crate) fn new(body: RecvBody, max: u64, upload: Upload<'p>) -> Self {
-        Self {
-            body,
-            piece: Bytes::new(),
-            started: false,
-            upload,
-            timer: None,
-            received: 0,
-            max,
-            recorded: Vec::new(),
-            overflowed: false,
-            replay: false,
-            ended: false,
-            trailers: None,
-        }
-    }
-
-    /// The recording, when a rewind made it due again and it was not sent yet.
-    pub(crate) fn take_unsent(&mut self) -> Option<Bytes> {
-        let due = std::mem::take(&mut self.replay) && !self.recorded.is_empty();
-        due.then(|| Bytes::from(std::mem::take(&mut self.recorded)))
-    }
-}
-
-impl RequestBody for ClientBody<'_> {
-    fn started(&self) -> bool {
-        self.started
-    }
-
-    fn waiting_on_client(&self) -> bool {
-        self.upload.reading()
-    }
-
-    fn rewind(&mut self) -> bool {
-        if !self.started {
-            return true;
-        }
-        if self.overflowed {
-            return false;
-        }
-        self.replay = true;
-        true
-    }
-
-    fn trailers(&mut self) -> Option<hyper::HeaderMap> {
-        self.trailers.clone()
-    }
-
-    fn full_duplex(&self) -> bool {
-        true
-    }
-
-    async fn next_piece(&mut self) -> Result<&[u8], Reject> {
-        self.started = true;
-        if std::mem::take(&mut self.replay) && !self.recorded.is_empty() {
-            return Ok(&self.recorded);
-        }
-        if self.ended {
-            return Ok(&[]);
-        }
-        loop {
-            let timer = self.timer.get_or_insert_with(crate::io::idle_timer);
-            let frame = self.upload.read(timer, self.body.frame()).await?;
-            match frame {
-                None => {
-                    self.ended = true;
-                    return Ok(&[]);
-                }
-                Some(Err(_)) => return Err(Reject::InvalidBody),
-                Some(Ok(frame)) => {
-                    // Trailers go to HTTP/2 endpoints (HTTP/1.1 ones get none).
-                    let data = match frame.into_data() {
-                        Ok(data) => data,
-                        Err(frame) => {
-                            self.trailers = frame.into_trailers().ok();
-                            continue;
-                        }
-                    };
-                    if data.is_empty() {
-                        continue;
-                    }
-                    self.upload.received(data.len() as u64);
-                    self.received += data.len() as u64;
-                    if self.received > self.max {
-                        return Err(Reject::BodyTooLarge);
-                    }
-                    if !self.overflowed {
-                        if self.recorded.len() + data.len() <= MAX_INLINE_BODY as usize {
-                            self.recorded.extend_from_slice(&data);
-                        } else {
-                            self.overflowed = true;
-                            self.recorded = Vec::new();
-                        }
-                    }
-                    self.piece = data;
-                    return Ok(&self.piece);
-                }
-            }
-        }
-    }
-}
 
 /// A response body sent to an HTTP/2 client.
 pub(crate) enum H2Body {
