@@ -24,6 +24,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 # other in a circle. A room imports only rooms on its own floor or below.
 PROXY_FLOORS = [
     ["io", "codec", "metrics"],  # vocabulary with no I/O of its own: bytes, HTTP/1.1, counters
+    ["future_size"],             # test-only: a future's size, for the rooms that hold them
     ["config"],                  # the file's types; parses and validates, reads no file
     ["tls"],                     # rustls setup from config's TLS types
     ["exchange"],                # the neutral request, response and errors
