@@ -27,19 +27,23 @@ fn run_lab(out_dir: &std::path::Path) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("one JSON document")
 }
 
-/// Send lag under which a row's speed checks run (see `calm` below).
-const CALM_LAG_MS: f64 = 20.0;
+/// Send lag (99th percentile, and the longest) under which a row's speed checks run (see
+/// `calm` below).
+const CALM_LAG_P99_MS: f64 = 20.0;
+const CALM_LAG_MAX_MS: f64 = 100.0;
+
+/// Whether a row ran calm enough for its speed checks.
+fn is_calm(r: &serde_json::Value) -> bool {
+    let lag = |k: &str| r[k].as_f64().unwrap_or(f64::INFINITY);
+    lag("send_lag_p99_ms") < CALM_LAG_P99_MS && lag("send_lag_max_ms") < CALM_LAG_MAX_MS
+}
 
 /// True when at least one E8 or E9 row ran calm enough for its speed checks.
 fn any_calm(v: &serde_json::Value) -> bool {
     ["tail_rows", "reaction_rows"].iter().any(|k| {
-        v[*k].as_array().is_some_and(|rows| {
-            rows.iter().any(|r| {
-                r["send_lag_max_ms"]
-                    .as_f64()
-                    .is_some_and(|l| l < CALM_LAG_MS)
-            })
-        })
+        v[*k]
+            .as_array()
+            .is_some_and(|rows| rows.iter().any(is_calm))
     })
 }
 
@@ -48,7 +52,7 @@ fn quick_e8_e9_measure_what_was_served() {
     let out_dir = std::env::temp_dir().join(format!("keel-lab-e8-test-{}", std::process::id()));
     let mut v = run_lab(&out_dir);
     if !any_calm(&v) {
-        eprintln!("every E8/E9 row stalled (send lag >= {CALM_LAG_MS} ms): running once more");
+        eprintln!("every E8/E9 row stalled (send lag p99 >= {CALM_LAG_P99_MS} ms or max >= {CALM_LAG_MAX_MS} ms): running once more");
         v = run_lab(&out_dir);
     }
     // A skipped check is said, never passed in silence; in CI (KEEL_CI set by .ci/run) a run
@@ -78,18 +82,25 @@ fn quick_e8_e9_measure_what_was_served() {
     };
     // A machine that stalls (other work on shared cores) stalls the backends' timers and the
     // load generator alike, and the run says so: its send lag. What depends on the machine's
-    // speed is checked only when no arrival at all was held up 20 ms: a stall that hits fewer
-    // than 1 % of the arrivals still lands on every call then in service (a CI run had its
-    // served mean outside 9.5-11 ms with the p99 lag under 20 ms).
+    // speed is checked only on a row whose arrivals were held up less than 20 ms at the 99th
+    // percentile and 100 ms at the most. A CI run that shared the machine with other test
+    // binaries had its served mean outside 9.5-11 ms with the p99 lag under 20 ms, so this
+    // binary runs alone in CI (scripts/test-lanes.py); alone, on this 2-core machine, the lab
+    // holds its own generator up 20-63 ms at the most in 8 rows of 9 (p99 2-31 ms) with every
+    // served mean 10.2-10.5 ms and SCV 0.96-1.03: a limit of 20 ms on the longest skipped the
+    // checks of most runs, and two runs in a row that skip them all fail in CI (likely why a
+    // CI run failed here: its log kept no message).
     let calm = |r: &serde_json::Value| {
-        let lag = f(r, &["send_lag_max_ms"]);
-        if lag >= CALM_LAG_MS {
+        let calm = is_calm(r);
+        if !calm {
             eprintln!(
-                "{}: send lag max {lag:.1} ms, speed checks skipped",
-                r["strategy"]
+                "{}: send lag p99 {:.1} ms, max {:.1} ms, speed checks skipped",
+                r["strategy"],
+                f(r, &["send_lag_p99_ms"]),
+                f(r, &["send_lag_max_ms"]),
             );
         }
-        lag < CALM_LAG_MS
+        calm
     };
     for r in tail {
         let served = f(r, &["served_ms", "mean"]);
