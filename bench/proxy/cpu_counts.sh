@@ -17,11 +17,19 @@
 #   request (/proc/PID/task/*/status), CPU migrations and page faults (perf stat's software
 #   events), and the requests per second. These move with the machine's load: read them as
 #   ratios between proxies of the same run.
+# - The kernel's floor: each proxy pinned to CPU 0, the endpoint and wrk to CPU 1, the whole
+#   machine sampled (`perf record -a -e cpu-clock`, 4 kHz) over DURATION s of wrk at each of
+#   CONNS: per request, the proxy's user-space and kernel time (a sample is 250 us; the kernel's
+#   includes the loopback receive path it runs for the other end of each send), CPU 0's idle
+#   time, the client's and the endpoint's CPU on CPU 1, and the TCP segments sent
+#   (/proc/net/snmp OutSegs, both ends; 4 is the least a proxied request can take: request in,
+#   request out, response in, response out). This is the half that says how far user-space
+#   work can move a proxy's CPU per request: not past its kernel time.
 #
 # Environment: KEEL_BIN (else `cargo build --release -p keel`), OUT (default
-# target/proxy-cpu-counts), DURATION (10), ONLY (`simulated` or `native`: one half), PROXIES
-# (default "keel nginx haproxy": those measured, in that order). Ports 22001 and 22010-22012
-# on 127.0.0.1.
+# target/proxy-cpu-counts), DURATION (10), ONLY (`simulated`, `native` or `floor`: one part),
+# PROXIES (default "keel nginx haproxy": those measured, in that order), CONNS (the floor's
+# connection counts, default "16 128"). Ports 22001 and 22010-22012 on 127.0.0.1.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -33,6 +41,8 @@ for arg in "$@"; do
         *) echo "cpu_counts.sh: unknown argument: $arg (try --help)" >&2; exit 2 ;;
     esac
 done
+ONLY="${ONLY:-}"
+case "$ONLY" in ""|simulated|native|floor) ;; *) echo "cpu_counts.sh: ONLY must be simulated, native or floor, not $ONLY" >&2; exit 2 ;; esac
 want_pkg valgrind valgrind
 want_pkg nginx nginx
 want_pkg haproxy haproxy
@@ -113,7 +123,6 @@ native() { # name port command...
             k / hz / r * 1e6, vv / r, nv / r, mig / r }'
 }
 
-ONLY="${ONLY:-}"
 PROXIES="${PROXIES:-keel nginx haproxy}"
 # Each proxy's port and command line.
 each() { # simulated|native
@@ -127,16 +136,58 @@ each() { # simulated|native
         esac
     done
 }
-if [ "$ONLY" != native ]; then
+if [ -z "$ONLY" ] || [ "$ONLY" = simulated ]; then
 {
     echo "# simulated (callgrind --cache-sim=yes --branch-sim=yes, user space, 1 worker, wrk -c16), per request"
     printf 'proxy\trequests\tinstructions\tL1i misses\tL1d misses\tLL misses\tbranch mispredicts\n'
 } | tee "$OUT/simulated.tsv"
 each simulated | tee -a "$OUT/simulated.tsv"
 fi
-[ "$ONLY" != simulated ] || exit 0
+if [ -z "$ONLY" ] || [ "$ONLY" = native ]; then
 {
     echo "# native (1 worker, wrk -c16, ${DURATION} s), per request; load average at start: $(cut -d' ' -f1 /proc/loadavg)"
     printf 'proxy\treq/s\tuser us\tsystem us\tvoluntary switches\tinvoluntary switches\tmigrations\n'
 } | tee "$OUT/native.tsv"
 each native | tee -a "$OUT/native.tsv"
+fi
+
+# TCP segments sent so far, on every socket of the machine (loopback counts both ends).
+out_segs() { awk '/^Tcp:/ { if (++n == 1) { for (i = 1; i <= NF; i++) if ($i == "OutSegs") c = i } else print $c }' /proc/net/snmp; }
+
+floor() { # name port command...
+    local name="$1" port="$2"; shift 2
+    taskset -c 0 "$@" >"$OUT/$name.floor.log" 2>&1 &
+    local p=$!
+    STARTED+=("$p")
+    wait_port "$port" 30
+    local c s0 s1 req
+    for c in $CONNS; do
+        taskset -c 1 wrk -t1 -c"$c" -d2s "http://127.0.0.1:$port/" >/dev/null
+        s0="$(out_segs)"
+        perf record -q -a -e cpu-clock -F 4000 -o "$OUT/$name.floor-c$c.data" -- sleep "$DURATION" 2>/dev/null &
+        local pr=$!
+        taskset -c 1 wrk -t1 -c"$c" -d"${DURATION}s" "http://127.0.0.1:$port/" >"$OUT/$name.floor-c$c.wrk"
+        wait "$pr" || true
+        s1="$(out_segs)"
+        req="$(grep -oP '\d+(?= requests in)' "$OUT/$name.floor-c$c.wrk")"
+        perf report -i "$OUT/$name.floor-c$c.data" --stdio -n --no-children --sort cpu,comm,dso -g none 2>/dev/null |
+            awk -v n="$name" -v c="$c" -v r="$req" -v d="$DURATION" -v segs="$((s1 - s0))" '
+            /^#/ || NF < 5 { next }
+            { cpu = $3 + 0; comm = $4; k = ($5 == "[kernel.kallsyms]"); us = $2 * 250 / r
+              if (cpu == 0 && comm == "swapper") idle += us
+              else if (cpu == 0 && comm != "perf") { if (k) kern += us; else user += us }
+              else if (cpu == 1 && comm != "swapper" && comm != "perf") load += us }
+            END { printf "%s\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.3f\n", n, c, r / d, user, kern,
+                  user + kern, idle, load, segs / r }'
+    done
+    stop_pid "$p" 10
+}
+if [ -z "$ONLY" ] || [ "$ONLY" = floor ]; then
+    CONNS="${CONNS:-16 128}"
+    for p in $(pids_of "${STARTED[0]}"); do taskset -pc 1 "$p" >/dev/null; done
+    {
+        echo "# the kernel's floor (proxy on CPU 0; wrk and the endpoint on CPU 1; perf record -a -e cpu-clock, ${DURATION} s a point), per request, us"
+        printf 'proxy\tconnections\treq/s\tuser\tkernel\tproxy CPU\tCPU 0 idle\tclient + endpoint\tTCP segments\n'
+    } | tee "$OUT/floor.tsv"
+    each floor | tee -a "$OUT/floor.tsv"
+fi
