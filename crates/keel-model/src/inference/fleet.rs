@@ -134,6 +134,38 @@ pub fn pool(
     }
 }
 
+/// The pool when group `g` is on engine `homes[g]` (one placement of [`Placement::Hashed`]:
+/// what one run of a hash places, which the form for `Hashed` averages over). Engines no group
+/// is on take nothing.
+pub fn placed(
+    spec: &EngineSpec,
+    w: &Workload,
+    engines: usize,
+    homes: &[usize],
+    clients: usize,
+) -> FleetPool {
+    let shares = w.popularity.shares(w.groups);
+    let (mut cached, mut ttft) = (0.0, 0.0);
+    for j in 0..engines.max(1) {
+        let here: Vec<usize> = (0..shares.len().min(homes.len()))
+            .filter(|&g| homes[g] == j)
+            .collect();
+        let share: f64 = here.iter().map(|&g| shares[g]).sum();
+        if share <= 0.0 {
+            continue;
+        }
+        let items: Vec<(f64, f64)> = here.iter().map(|&g| (shares[g] / share, 1.0)).collect();
+        let (c, t) = engine(spec, w, &items, share, clients);
+        cached += share * c;
+        ttft += share * t;
+    }
+    FleetPool {
+        homes: 1.0,
+        cached,
+        ttft,
+    }
+}
+
 /// One engine taking `share` of the requests, `items` its groups: (share of its requests,
 /// chance the group is there). Its share of prompt tokens from cache and its mean TTFT.
 fn engine(
@@ -239,6 +271,41 @@ mod tests {
                 f.ttft * 1e3
             );
             assert!((cached - f.cached).abs() <= 0.05, "N = {proxies} key {key}");
+        }
+    }
+
+    /// The form for a hash's placement is the mean, over every placement of the groups on
+    /// the engines (each equally likely), of the form for that placement: checked exactly over
+    /// all 3^5 placements of 5 groups, from cold caches and in the steady state. One placement
+    /// can fall far from that mean: every group on one engine.
+    #[test]
+    fn the_hashed_form_is_the_mean_over_placements() {
+        let spec = EngineSpec {
+            kv_blocks: 120,
+            ..EngineSpec::default()
+        };
+        for r in [Some(150), None] {
+            let w = w(5, r);
+            let mut mean = (0.0, 0.0);
+            let all = 3usize.pow(5);
+            for code in 0..all {
+                let homes: Vec<usize> = (0..5).map(|g| code / 3usize.pow(g) % 3).collect();
+                let p = placed(&spec, &w, 3, &homes, 6);
+                mean.0 += p.cached / all as f64;
+                mean.1 += p.ttft / all as f64;
+            }
+            let f = pool(&spec, &w, 3, Placement::Hashed, 6);
+            assert!((mean.0 - f.cached).abs() < 1e-9, "{mean:?} against {f:?}");
+            assert!(
+                (mean.1 - f.ttft).abs() < 1e-9 * f.ttft,
+                "{mean:?} against {f:?}"
+            );
+            let crowded = placed(&spec, &w, 3, &[0; 5], 6);
+            let spread = placed(&spec, &w, 3, &[0, 1, 2, 0, 1], 6);
+            assert!(
+                crowded.cached < f.cached && f.cached < spread.cached,
+                "all on one engine {crowded:?}, the mean {f:?}, spread {spread:?}"
+            );
         }
     }
 
