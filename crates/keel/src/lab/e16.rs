@@ -196,6 +196,21 @@ impl Experiment for E16 {
             let s = simulate(&spec, &w, sharing.routers(n), lab.seed)?;
             let t = lab.runtime.block_on(measure(lab, &spec, &w, n, sharing))?;
             let near = |x: f64| (x - f.cached).abs() <= tolerance;
+            // A key's hash places each group once, on an engine its hash picks: one run is one
+            // draw of the placement the form for `Hashed` averages over (every group on one
+            // engine is a draw too), so the traffic is held to the form for its own placement.
+            let placed = (sharing == Sharing::Key).then(|| {
+                [
+                    s.placed,
+                    fleet::placed(&spec, &w, ENGINES, &t.placement, CLIENTS).cached,
+                ]
+            });
+            let agrees = match placed {
+                Some([ps, pt]) => {
+                    (s.cached - ps).abs() <= tolerance && (t.cached - pt).abs() <= tolerance
+                }
+                None => near(s.cached) && near(t.cached),
+            };
             rows.push(E16Row {
                 proxies: n,
                 sharing: sharing.name().into(),
@@ -205,7 +220,13 @@ impl Experiment for E16 {
                 per_engine_sim: s.per_engine,
                 per_engine: t.per_engine,
                 extra_calls_per_request: t.extra_calls as f64 / t.requests.max(1) as f64,
-                agrees: near(s.cached) && near(t.cached),
+                agrees,
+                placement: if placed.is_some() {
+                    t.placement.clone()
+                } else {
+                    Vec::new()
+                },
+                cached_placed: placed,
             });
         }
         let mut report = E16Report {
@@ -264,6 +285,20 @@ struct Counted {
     cached: f64,
     ttft: f64,
     per_engine: Vec<f64>,
+    /// With a key: the closed form for each seed's placement (its groups' engines), mean.
+    placed: f64,
+}
+
+/// Each group's engine in a mix (`mix[j][g]`): the one that served most of its requests.
+fn placement_of(mix: &[Vec<f64>]) -> Vec<usize> {
+    let groups = mix.first().map_or(0, Vec::len);
+    (0..groups)
+        .map(|g| {
+            (0..mix.len())
+                .max_by(|&a, &b| mix[a][g].total_cmp(&mix[b][g]).then(b.cmp(&a)))
+                .unwrap_or(0)
+        })
+        .collect()
 }
 
 /// Engines each group was placed on, on average, from a mix (`mix[j][g]` > 0).
@@ -303,6 +338,9 @@ fn simulate(
         c.cached += r.cached / n;
         c.ttft += r.ttft_mean / n;
         c.homes += homes_of(&r.mix) / n;
+        if routers.key {
+            c.placed += fleet::placed(spec, w, ENGINES, &placement_of(&r.mix), CLIENTS).cached / n;
+        }
         for (a, b) in c.per_engine.iter_mut().zip(&r.per_engine) {
             *a += *b as f64 / n;
         }
@@ -318,6 +356,8 @@ struct Measured {
     ttft: f64,
     per_engine: Vec<u64>,
     extra_calls: u64,
+    /// Each group's engine: the one that served most of its requests.
+    placement: Vec<usize>,
 }
 
 /// Real traffic: fresh engines behind their relays, `proxies` keel proxies in this process
@@ -376,7 +416,7 @@ async fn measure(
     pool.shutdown().await;
     let replies = m?;
     let mut per_engine = vec![0u64; ENGINES];
-    let mut placed = [[false; ENGINES]; GROUPS];
+    let mut placed = [[0u64; ENGINES]; GROUPS];
     let (mut prompt, mut cached, mut ttft) = (0u64, 0u64, 0.0);
     for (i, r) in &replies {
         anyhow::ensure!(r.status == 200, "E16 request {i}: status {}", r.status);
@@ -385,11 +425,15 @@ async fn measure(
         ttft += r.ttft.context("no event in the stream")?.as_secs_f64();
         if let Some(j) = r.engine.filter(|&j| j < ENGINES) {
             per_engine[j] += 1;
-            placed[prompts.groups[*i]][j] = true;
+            placed[prompts.groups[*i]][j] += 1;
         }
     }
-    let seen = placed.iter().filter(|g| g.iter().any(|&x| x)).count();
-    let homes = placed.iter().flatten().filter(|&&x| x).count() as f64 / seen.max(1) as f64;
+    let seen = placed.iter().filter(|g| g.iter().any(|&x| x > 0)).count();
+    let homes = placed.iter().flatten().filter(|&&x| x > 0).count() as f64 / seen.max(1) as f64;
+    let mix: Vec<Vec<f64>> = (0..ENGINES)
+        .map(|j| placed.iter().map(|g| g[j] as f64).collect())
+        .collect();
+    let placement = placement_of(&mix);
     Ok(Measured {
         requests: replies.len() as u64,
         homes,
@@ -397,6 +441,7 @@ async fn measure(
         ttft: ttft / replies.len().max(1) as f64,
         per_engine,
         extra_calls: traffic::extra_calls(&before, &after),
+        placement,
     })
 }
 
@@ -437,6 +482,28 @@ fn row<'a>(r: &'a E16Report, n: usize, sharing: &str) -> Option<&'a E16Row> {
     r.rows
         .iter()
         .find(|x| x.proxies == n && x.sharing == sharing)
+}
+
+/// For a `prefix key` row: how many groups the traffic's hash placed on each engine, and the
+/// closed form for that placement ("2/4/0 groups an engine: formula 0.781").
+fn placement_text(x: &E16Row, engines: usize) -> Option<String> {
+    let [ps, p] = x.cached_placed?;
+    let mut count = vec![0usize; engines];
+    for &j in &x.placement {
+        if let Some(c) = count.get_mut(j) {
+            *c += 1;
+        }
+    }
+    let per: Vec<String> = count.iter().map(usize::to_string).collect();
+    Some(format!(
+        "this run's hash put {} groups on the engines: formula {p:.3} for that placement \
+         (traffic {:.3}), {ps:.3} for the simulator's (simulator {:.3}), {:.3} over all \
+         placements",
+        per.join("/"),
+        x.cached[2],
+        x.cached[1],
+        x.cached[0]
+    ))
 }
 
 fn answer_text(r: &E16Report) -> String {
@@ -498,7 +565,7 @@ fn answer_text(r: &E16Report) -> String {
              (`hash_on` on a session or prefix key: a prompt matched nowhere goes to the key's \
              rendezvous engine, the same in every proxy): N = {}: {:.2} from cache, {:.1} \
              homes, {:.0} ms; but a hash's placement is not the partition by fewest prefixes: \
-             {} requests per engine against one router's {}.",
+             {} requests per engine against one router's {}",
             x.proxies,
             x.cached[2],
             x.homes[2],
@@ -506,6 +573,12 @@ fn answer_text(r: &E16Report) -> String {
             per(&x.per_engine),
             per(&one.per_engine)
         );
+        match placement_text(x, r.engines) {
+            Some(t) => {
+                let _ = write!(s, " ({t}).");
+            }
+            None => s.push('.'),
+        }
     }
     let off: Vec<String> = r
         .rows
@@ -582,6 +655,11 @@ fn table(r: &E16Report) -> Vec<String> {
             if x.agrees { "yes" } else { "no" },
         ));
     }
+    for x in &r.rows {
+        if let Some(t) = placement_text(x, r.engines) {
+            out.push(format!("N = {} {}: {t}", x.proxies, x.sharing));
+        }
+    }
     for n in &r.not_measured {
         out.push(format!("not measured: {n}"));
     }
@@ -621,9 +699,21 @@ fn html(r: &E16Report) -> String {
         h,
         "</table><p>Each cell: closed form / simulator (mean of {SIM_SEEDS} seeds) / real \
          traffic; {} requests a row, {} clients, dealt {}; agrees: simulator and traffic within \
-         {} of the closed form's share from cache.</p>",
+         {} of the closed form's share from cache (with a prefix key: each of the form for the \
+         placement its hash drew, one of the placements the form averages over).</p>",
         r.requests, r.clients, r.dealt, r.tolerance
     );
+    for x in &r.rows {
+        if let Some(t) = placement_text(x, r.engines) {
+            let _ = write!(
+                h,
+                "<p>N = {} {}: {}.</p>",
+                x.proxies,
+                esc(&x.sharing),
+                esc(&t)
+            );
+        }
+    }
     for n in &r.not_measured {
         let _ = write!(h, "<p>Not measured: {}</p>", esc(n));
     }

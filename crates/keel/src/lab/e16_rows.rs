@@ -24,8 +24,17 @@ pub struct E16Row {
     /// Calls to the engines besides the requests (the signals' `/metrics` reads), per request.
     pub extra_calls_per_request: f64,
     /// Simulator and traffic within [`crate::lab::e16::TOLERANCE`] of the closed form's share
-    /// from cache.
+    /// from cache; for `prefix key`, each within it of the form for its own placement
+    /// (`cached_placed`).
     pub agrees: bool,
+    /// `prefix key`: the engine each group's hash placed it on in the traffic (the engine that
+    /// served most of its requests); empty otherwise.
+    pub placement: Vec<usize>,
+    /// `prefix key`: the closed form's share from cache for the simulator's placements (mean
+    /// over its seeds) and for the traffic's. The form in `cached` is its mean over placements
+    /// (each group's engine uniform): one run is one draw, and a draw may put every group on
+    /// one engine.
+    pub cached_placed: Option<[f64; 2]>,
 }
 
 /// E16's result.
