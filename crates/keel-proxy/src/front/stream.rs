@@ -20,9 +20,7 @@ use crate::exchange::request::{
     RequestRules, Upload, UploadBounds,
 };
 use crate::forward::{self, Request};
-use crate::front::h2::answer::{
-    grpc_own_response, is_grpc, own_response, refused, upstream_response,
-};
+use crate::front::h2::answer::{is_grpc, own_response, refused, upstream_response};
 use crate::front::h2::body::{ActiveRequest, H2Body, MAX_INLINE_BODY};
 use crate::front::h2::log::{H2Scope, LoggedHead};
 use crate::leg::h2::RequestPump;
@@ -115,7 +113,7 @@ pub(crate) async fn handle<S: ClientStream>(
     let Some(target) = target else {
         shared.count_not_found(index);
         let scope = scope.with_request(|| LoggedHead::Map(Box::new(parts)));
-        return own_response(answer::not_found(), active, scope, None);
+        return own_response(answer::not_found(), active, scope, None, false);
     };
     scope.route = route.index();
     scope.metrics = Some(target.route.metrics.clone());
@@ -203,12 +201,7 @@ pub(crate) async fn handle<S: ClientStream>(
                 read_whole(&mut stream, first, n),
             )
             .await;
-            let data = match read {
-                Ok(Ok(data)) => data,
-                Ok(Err(reject)) => Err(reject),
-                Err(_) => Err(Reject::Timeout),
-            };
-            let data = match data {
+            let data = match read.unwrap_or(Err(Reject::Timeout)) {
                 Ok(data) => data,
                 Err(reject) => {
                     let scope = scope.with_request(|| LoggedHead::of(http1, text, parts));
@@ -254,8 +247,7 @@ pub(crate) async fn handle<S: ClientStream>(
     };
     let scope = scope.with_request(|| LoggedHead::of(http1, text, parts));
     let up = match answer {
-        Answer::Own(own) if grpc => return grpc_own_response(own, active, scope, Some(cluster)),
-        Answer::Own(own) => return own_response(own, active, scope, Some(cluster)),
+        Answer::Own(own) => return own_response(own, active, scope, Some(cluster), grpc),
         Answer::Upstream(up) => up,
     };
     let Upstream { mut response, tail } = up;
@@ -276,7 +268,7 @@ pub(crate) async fn handle<S: ClientStream>(
             let cluster = tail.cluster.clone();
             tail.end(BodyEnd::UpstreamFailed, None);
             let own = answer::unforwardable("the endpoint's response head could not be forwarded");
-            own_response(own, active, scope, Some(&cluster))
+            own_response(own, active, scope, Some(&cluster), false)
         }
     }
 }
@@ -288,7 +280,7 @@ async fn read_whole<S: ClientStream>(
     stream: &mut S,
     first: Option<Bytes>,
     n: u64,
-) -> Result<Result<Bytes, Reject>, Reject> {
+) -> Result<Bytes, Reject> {
     let mut one = first.unwrap_or_default();
     let mut joined = BytesMut::new();
     while let Some(piece) = stream.next_data().await? {
@@ -296,7 +288,7 @@ async fn read_whole<S: ClientStream>(
             continue;
         }
         if (one.len() + joined.len() + piece.len()) as u64 > n {
-            return Ok(Err(Reject::InvalidBody));
+            return Err(Reject::InvalidBody);
         }
         if one.is_empty() && joined.is_empty() {
             one = piece;
@@ -313,9 +305,9 @@ async fn read_whole<S: ClientStream>(
     } else {
         joined.freeze()
     };
-    Ok(Some(data)
+    Some(data)
         .filter(|d| d.len() as u64 == n)
-        .ok_or(Reject::InvalidBody))
+        .ok_or(Reject::InvalidBody)
 }
 
 /// A client's request body, streamed as the leg asks for it, each piece awaited within the

@@ -34,11 +34,7 @@ pub(crate) fn refused(
     cluster: Option<&Cluster>,
     grpc: bool,
 ) -> Response<H2Body> {
-    if grpc {
-        grpc_own_response(answer::refused(reject), active, scope, cluster)
-    } else {
-        own_response(answer::refused(reject), active, scope, cluster)
-    }
+    own_response(answer::refused(reject), active, scope, cluster, grpc)
 }
 
 /// Writes the record of keel's own answer (`sent`: its body's bytes).
@@ -54,37 +50,6 @@ fn record_own(scope: &H2Scope, cluster: Option<&Cluster>, own: &OwnAnswer, sent:
         ..scope.record(cluster, own.status)
     }
     .write(scope.log.as_deref());
-}
-
-/// keel's own answer to a gRPC call: HTTP 200, trailers-only, its status as `grpc-status`
-/// (14 UNAVAILABLE for 502/503, 4 DEADLINE_EXCEEDED for 504) and its text as `grpc-message`.
-pub(crate) fn grpc_own_response(
-    own: OwnAnswer,
-    active: ActiveRequest,
-    scope: H2Scope,
-    cluster: Option<&Cluster>,
-) -> Response<H2Body> {
-    let shown = own.shown_endpoint().cloned();
-    record_own(&scope, cluster, &own, 0);
-    let mut r = Response::new(H2Body::Own {
-        data: None,
-        _guard: own.guard,
-        _active: active,
-    });
-    let headers = r.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    headers.insert(
-        "grpc-status",
-        HeaderValue::from(crate::exchange::grpc::status_for(own.status)),
-    );
-    headers.insert("grpc-message", crate::exchange::grpc::message(&own.text));
-    if let Some(e) = shown {
-        headers.insert(crate::codec::X_KEEL_ENDPOINT, e);
-    }
-    for (name, value) in own.headers {
-        headers.append(name, value);
-    }
-    r
 }
 
 /// An endpoint's response, whichever leg read it: its head (with `x-keel-endpoint`) and its
@@ -125,33 +90,52 @@ pub(crate) fn upstream_response(
     Response::from_parts(head, H2Body::Upstream(Box::new(body)))
 }
 
+/// keel's own answer: its text with its status, or to a gRPC call (`grpc`) HTTP 200,
+/// trailers-only, its status as `grpc-status` (14 UNAVAILABLE for 502/503, 4
+/// DEADLINE_EXCEEDED for 504) and its text as `grpc-message`.
 pub(crate) fn own_response(
     own: OwnAnswer,
     active: ActiveRequest,
     scope: H2Scope,
     cluster: Option<&Cluster>,
+    grpc: bool,
 ) -> Response<H2Body> {
     let shown = own.shown_endpoint().cloned();
-    record_own(&scope, cluster, &own, own.text.len() as u64);
+    record_own(
+        &scope,
+        cluster,
+        &own,
+        if grpc { 0 } else { own.text.len() as u64 },
+    );
+    let (status, content_type, grpc_fields) = if grpc {
+        let status = HeaderValue::from(crate::exchange::grpc::status_for(own.status));
+        let message = crate::exchange::grpc::message(&own.text);
+        (StatusCode::OK, "application/grpc", Some((status, message)))
+    } else {
+        let status = StatusCode::from_u16(own.status).unwrap_or(StatusCode::BAD_GATEWAY);
+        (status, "text/plain; charset=utf-8", None)
+    };
     let mut r = Response::new(H2Body::Own {
-        data: Some(Bytes::from(own.text)),
+        data: (!grpc).then(|| Bytes::from(own.text)),
         _guard: own.guard,
         _active: active,
     });
-    *r.status_mut() = StatusCode::from_u16(own.status).unwrap_or(StatusCode::BAD_GATEWAY);
-    r.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
+    *r.status_mut() = status;
+    let headers = r.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if let Some((status, message)) = grpc_fields {
+        headers.insert("grpc-status", status);
+        headers.insert("grpc-message", message);
+    }
     if let Some(e) = shown {
-        r.headers_mut().insert(crate::codec::X_KEEL_ENDPOINT, e);
+        headers.insert(crate::codec::X_KEEL_ENDPOINT, e);
     }
     for (name, value) in own.headers {
         // Its own content type replaces the text one (an OpenAI-shaped error is JSON).
-        if name == CONTENT_TYPE {
-            r.headers_mut().insert(name, value);
+        if name == CONTENT_TYPE && !grpc {
+            headers.insert(name, value);
         } else {
-            r.headers_mut().append(name, value);
+            headers.append(name, value);
         }
     }
     r
