@@ -29,28 +29,22 @@ impl ClientStream for H3Stream {
         // says), or, with `wait`, is read until its end or its first data.
         let recv = &mut self.0;
         let read = match std::future::poll_fn(|cx| Poll::Ready(recv.poll_recv_data(cx))).await {
-            Poll::Ready(read) => read.map(|b| b.map(|mut b| b.copy_to_bytes(b.remaining()))),
+            Poll::Ready(read) => data(read),
             Poll::Pending => match wait {
                 None => return Ok((false, None)),
-                Some(wait) => match tokio::time::timeout(wait, recv.recv_data()).await {
-                    Ok(read) => read.map(|b| b.map(|mut b| b.copy_to_bytes(b.remaining()))),
-                    Err(_) => return Err(Reject::Timeout),
-                },
+                Some(wait) => tokio::time::timeout(wait, self.next_data())
+                    .await
+                    .map_err(|_| Reject::Timeout)?,
             },
         };
-        match read {
-            Ok(Some(data)) => Ok((false, Some(data))),
-            Ok(None) => Ok((true, None)),
-            Err(_) => Err(Reject::InvalidBody),
-        }
+        Ok(match read? {
+            Some(first) => (false, Some(first)),
+            None => (true, None),
+        })
     }
 
     async fn next_data(&mut self) -> Result<Option<Bytes>, Reject> {
-        match self.0.recv_data().await {
-            Ok(Some(mut buf)) => Ok(Some(buf.copy_to_bytes(buf.remaining()))),
-            Ok(None) => Ok(None),
-            Err(_) => Err(Reject::InvalidBody),
-        }
+        data(self.0.recv_data().await)
     }
 
     async fn trailers(&mut self) -> Option<hyper::HeaderMap> {
@@ -59,5 +53,15 @@ impl ClientStream for H3Stream {
 
     fn pump(self, _: ::h2::SendStream<Bytes>, _: Option<Bytes>) -> Option<RequestPump> {
         None
+    }
+}
+
+/// A read of the stream's DATA as the shared handling takes it: its bytes, `None` at the
+/// stream's end; an error is the client's fault.
+fn data<B: Buf, E>(read: Result<Option<B>, E>) -> Result<Option<Bytes>, Reject> {
+    match read {
+        Ok(Some(mut b)) => Ok(Some(b.copy_to_bytes(b.remaining()))),
+        Ok(None) => Ok(None),
+        Err(_) => Err(Reject::InvalidBody),
     }
 }
