@@ -4,35 +4,9 @@
 //! (vLLM Router and SMG, opt-in with `--ignored`) measures the done-when targets next to them,
 //! and says so when the routers are absent rather than passing.
 
-use std::process::Command;
-use std::time::Instant;
-
-fn lab(args: &[&str], env: &[(&str, &str)], tag: &str) -> (serde_json::Value, String, f64) {
-    let out_dir =
-        std::env::temp_dir().join(format!("keel-lab-inference-{tag}-{}", std::process::id()));
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_keel"));
-    cmd.args(["lab", "--json", "--quiet", "--out"])
-        .arg(&out_dir)
-        .args(args);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let started = Instant::now();
-    let out = cmd.output().expect("run keel lab");
-    let took = started.elapsed().as_secs_f64();
-    assert!(
-        out.status.success(),
-        "keel lab failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let html = std::fs::read_to_string(out_dir.join("index.html")).expect("index.html");
-    let _ = std::fs::remove_dir_all(&out_dir);
-    (
-        serde_json::from_slice(&out.stdout).expect("one JSON document"),
-        html,
-        took,
-    )
-}
+#[path = "support/quick_lab.rs"]
+mod quick_lab;
+use quick_lab::lab;
 
 fn f(v: &serde_json::Value) -> Option<f64> {
     v.as_f64()
@@ -52,7 +26,7 @@ fn the_quick_form_agrees_three_ways_and_keel_asks_the_engines_nothing() {
             ("KEEL_VLLM_ROUTER", "/nonexistent/vllm-router"),
             ("KEEL_SMG", "/nonexistent/smg"),
         ],
-        "quick",
+        "inference-quick",
     );
     let r = &v["inference"];
     eprintln!("{}", serde_json::to_string_pretty(r).unwrap());
@@ -166,7 +140,7 @@ fn the_quick_form_agrees_three_ways_and_keel_asks_the_engines_nothing() {
 #[ignore = "opt-in: needs vLLM Router and SMG (scripts/install-inference-peers.sh); \
             cargo test --release -p keel --test lab_inference -- --ignored"]
 fn next_to_vllm_router_and_smg_keel_meets_the_targets() {
-    let (v, _, _) = lab(&["--peers", "vllm-router,smg"], &[], "peers");
+    let (v, _, _) = lab(&["--peers", "vllm-router,smg"], &[], "inference-peers");
     let r = &v["inference"];
     eprintln!("{}", serde_json::to_string_pretty(r).unwrap());
     let skipped = r["skipped"].as_array().unwrap();
