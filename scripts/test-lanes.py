@@ -137,7 +137,7 @@ def main() -> int:
         room = compute if k in COMPUTE else alone if k in ALONE else queue
         room.append((src, [exe, *bin_args], cwd))
     lock = threading.Lock()
-    times, failed, details = [], [], []
+    times, failed = [], []
 
     def run_one(src, argv, cwd):
         env = dict(os.environ)
@@ -153,14 +153,14 @@ def main() -> int:
         )
         secs = time.monotonic() - t0
         crate = os.path.basename(cwd) if cwd != root else "ci"
+        output = p.stdout.decode(errors="replace")
         with lock:
             sys.stdout.write(f"     Running {src} ({crate}, {secs:.1f} s)\n")
-            sys.stdout.write(p.stdout.decode(errors="replace"))
+            sys.stdout.write(output)
             sys.stdout.flush()
             times.append((secs, f"{crate}/{src}"))
             if p.returncode != 0:
-                failed.append(f"{crate}/{src} (exit {p.returncode})")
-                details.append((f"{crate}/{src}", why_failed(p.stdout.decode(errors="replace"))))
+                failed.append((f"{crate}/{src} (exit {p.returncode})", why_failed(output)))
 
     def run_lane(first):
         while True:
@@ -187,7 +187,7 @@ def main() -> int:
 
     doc = subprocess.run(["cargo", "test", "--doc", *cargo_args, "--", *bin_args])
     if doc.returncode != 0:
-        failed.append(f"doctests (exit {doc.returncode})")
+        failed.append((f"doctests (exit {doc.returncode})", "(cargo's output above)"))
 
     for secs, name in sorted(times, reverse=True):
         print(f"ci-time-binary: {name} {secs:.1f} s")
@@ -198,9 +198,9 @@ def main() -> int:
     )
     if failed:
         # The panics again, last, where a log cut in its middle still shows them.
-        for name, why in details:
+        for name, why in failed:
             print(f"test-lanes: why {name} failed:\n{why}", file=sys.stderr)
-        print("test-lanes: FAILED: " + ", ".join(failed), file=sys.stderr)
+        print("test-lanes: FAILED: " + ", ".join(name for name, _ in failed), file=sys.stderr)
         return 1
     return 0
 
